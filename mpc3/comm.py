@@ -1,0 +1,108 @@
+"""Communicator interface shared by every transport (in-process threads, gRPC).
+
+Party ``i`` talks only to its ring neighbours ``next = i+1`` and ``prev = i-1`` (mod 3).
+One call to :meth:`Communicator.exchange` is one communication round: the party posts at most
+one message to each neighbour and then waits for the messages it expects. Every message is
+keyed by the operation counter ``op``, which advances identically on all three parties
+(SPMD), so a protocol bug that makes parties disagree on the order of messages fails loudly
+with :class:`ProtocolError` instead of silently combining unrelated arrays.
+
+Transports implement two primitives, :meth:`_post` and :meth:`_take`; counting of bytes,
+messages and rounds is done here, once, from the payload actually handed to the transport.
+Bytes are payload bytes only (``ndarray.nbytes``): ring elements count 8 bytes, boolean
+shares are sent bit-packed (see :func:`mpc3.ring.pack_bits`).
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+NEXT = 1
+PREV = -1
+
+Payload = list[np.ndarray]
+
+
+class ProtocolError(RuntimeError):
+    """Parties disagree on the protocol state (wrong op counter, shape, peer)."""
+
+
+class PeerTimeout(ProtocolError):
+    """A peer did not deliver an expected message within the deadline."""
+
+
+class Aborted(ProtocolError):
+    """The job was aborted (another party failed or the job was cancelled)."""
+
+
+@dataclass
+class CommStats:
+    """Traffic counted by the communicator itself (never estimated)."""
+
+    bytes_sent: int = 0
+    messages: int = 0
+    rounds: int = 0
+
+    def snapshot(self) -> "CommStats":
+        return CommStats(self.bytes_sent, self.messages, self.rounds)
+
+    def __sub__(self, other: "CommStats") -> "CommStats":
+        return CommStats(self.bytes_sent - other.bytes_sent, self.messages - other.messages,
+                         self.rounds - other.rounds)
+
+
+@dataclass
+class Communicator(abc.ABC):
+    """Base class: op-counter keyed rounds between ring neighbours."""
+
+    rank: int
+    timeout: float = 60.0
+    op: int = 0
+    stats: CommStats = field(default_factory=CommStats)
+
+    def peer(self, direction: int) -> int:
+        return (self.rank + direction) % 3
+
+    def exchange(self, to_next: Sequence[np.ndarray] | None = None,
+                 to_prev: Sequence[np.ndarray] | None = None,
+                 from_next: bool = False, from_prev: bool = False
+                 ) -> tuple[Payload | None, Payload | None]:
+        """One round: send to neighbours, then receive what this party expects.
+
+        Returns ``(received_from_next, received_from_prev)``; an entry is ``None`` when
+        nothing was expected from that neighbour.
+        """
+        self.op += 1
+        op = self.op
+        active = False
+        for direction, payload in ((NEXT, to_next), (PREV, to_prev)):
+            if payload is None:
+                continue
+            arrays = [np.ascontiguousarray(a) for a in payload]
+            self.stats.bytes_sent += sum(a.nbytes for a in arrays)
+            self.stats.messages += 1
+            self._post(direction, op, arrays)
+            active = True
+        got_next = self._take(NEXT, op) if from_next else None
+        got_prev = self._take(PREV, op) if from_prev else None
+        if active or from_next or from_prev:
+            self.stats.rounds += 1
+        return got_next, got_prev
+
+    @abc.abstractmethod
+    def _post(self, direction: int, op: int, arrays: Payload) -> None:
+        """Deliver ``arrays`` tagged with ``op`` to the neighbour in ``direction``."""
+
+    @abc.abstractmethod
+    def _take(self, direction: int, op: int) -> Payload:
+        """Return the message tagged ``op`` from the neighbour in ``direction``.
+
+        Must raise :class:`ProtocolError` if the next message carries another op counter and
+        :class:`PeerTimeout` if none arrives within ``self.timeout`` seconds.
+        """
+
+    def abort(self, reason: str) -> None:  # pragma: no cover - transports override
+        """Tell the transport the job failed so peers stop waiting."""

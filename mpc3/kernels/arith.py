@@ -1,0 +1,290 @@
+"""Arithmetic kernels over Z_2^64: local linear ops, open, reshare, mul/matmul, truncation.
+
+Multiplication is the replicated-sharing product of Araki et al. (CCS'16) as used by ABY3
+and Privformer (Sec. 2.1, App. A): each party computes ``z_i = x_i y_i + x_i y_{i+1} +
+x_{i+1} y_i`` locally (a 3-out-of-3 sharing), masks it with a zero sharing and reshares.
+
+Fixed-point truncation is fused into that resharing through the *split form*: for the
+elements of group ``g`` the single (role 0) keeps ``A = z_0`` and the pair (roles 1, 2)
+exchange their parts so both know ``B = z_1 + z_2``; then ``x = A + B`` and
+
+    x >> f  =  (A >>a f) + (B >>a f) + a_t * b_t * 2^(64-f)  - c,      c in {0, 1}
+
+where ``>>a`` is the arithmetic shift, ``a_t``/``b_t`` the top bits of ``A`` and of ``B``
+offset by 2^62. Share-local truncation (SecureML, ABY3's Pi_trunc1) is the same formula
+without the ``a_t * b_t`` term, which is exactly its failure event. Mode "prob" omits it
+(one round, one ring element per party and output - the RSS minimum; fails w.p. ~|x|/2^64);
+mode "exact" (default) computes ``a_t * b_t`` mod 2^f with three f-bit messages in a second
+round and never fails for |x| < 2^62 (error in [-1, 0] ulp). Masks come from the pairwise
+PRGs, are uniform, and every message is hidden from its receiver by a key the receiver
+lacks; there is no setting that replaces them with constants.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import ring
+from ..comm import NEXT, PREV
+from ..party import Party
+from ..shares import AShare
+from .base import Cost, Round, group_bounds, packed_bytes
+
+OFFSET_BITS = 62          # exact truncation is exact for |x| < 2^62
+_ONE = np.uint64(1)
+
+
+def _dir(my_role: int, other_role: int) -> int:
+    return NEXT if (other_role - my_role) % 3 == 1 else PREV
+
+
+def _u(v: int) -> np.uint64:
+    return np.uint64(v % (1 << 64))
+
+
+# ---------------------------------------------------------------- local operations ----
+def add_public(p: Party, x: AShare, c: np.ndarray) -> AShare:
+    """x + c for a public ring array c (added to slot 0). Cost: local."""
+    c = ring.check_ring(np.asarray(c), "c")
+    a, b = x.a, x.b
+    if p.rank == 0:
+        a = a + c
+    elif p.rank == 2:
+        b = b + c
+    return AShare(np.broadcast_to(a, np.broadcast_shapes(a.shape, c.shape)).copy(),
+                  np.broadcast_to(b, np.broadcast_shapes(b.shape, c.shape)).copy())
+
+
+def public_share(p: Party, c: np.ndarray) -> AShare:
+    """The trivial sharing (c, 0, 0) of a public ring array. Cost: local."""
+    c = ring.check_ring(np.asarray(c), "c")
+    zero = np.zeros_like(c)
+    return AShare(c.copy() if p.rank == 0 else zero, c.copy() if p.rank == 2 else zero.copy())
+
+
+def matmul_public(x: AShare, w: np.ndarray) -> AShare:
+    """x @ W for a public ring matrix W (no truncation). Cost: local."""
+    w = ring.check_ring(w, "W")
+    return AShare(ring.matmul(x.a, w), ring.matmul(x.b, w))
+
+
+def matmul_public_left(w: np.ndarray, x: AShare) -> AShare:
+    """W @ x for a public ring matrix W (no truncation). Cost: local."""
+    w = ring.check_ring(w, "W")
+    return AShare(ring.matmul(w, x.a), ring.matmul(w, x.b))
+
+
+# ---------------------------------------------------------------------- open ----------
+def open_a(p: Party, x: AShare, to: int | None = None) -> np.ndarray | None:
+    """Reconstruct x to every party (to=None) or to party ``to`` only.
+
+    Each party misses slot i+2, which its next neighbour holds as its ``b``.
+    Cost: 1 round; to all: 8 bytes per element per party; to one: 8 bytes per element,
+    sent by the party after ``to``.
+    """
+    p.new_op()
+    if to is None:
+        got, _ = p.comm.exchange(to_prev=[x.b], from_next=True)
+        return x.a + x.b + got[0]
+    sender = (to + 1) % 3
+    got, _ = p.comm.exchange(to_prev=[x.b] if p.rank == sender else None,
+                             from_next=p.rank == to)
+    return x.a + x.b + got[0] if p.rank == to else None
+
+
+def cost_open_a(n: int, to: int | None = None) -> Cost:
+    if to is None:
+        return Cost.uniform(1, 8 * n)
+    per = [0, 0, 0]
+    per[(to + 1) % 3] = 8 * n
+    return Cost(1, tuple(per))
+
+
+# ------------------------------------------------------------------- reshare ----------
+def reshare(p: Party, z: np.ndarray, tag: str = "reshare") -> AShare:
+    """3-out-of-3 additive ``z`` (party i holds z_i) -> replicated sharing of sum(z).
+
+    Party i masks with a zero sharing and sends z_i + alpha_i to party i-1.
+    Cost: 1 round, 8 bytes per element per party.
+    """
+    z = ring.check_ring(z, "z")
+    zi = z + p.zero_share(z.shape, tag)
+    got, _ = p.comm.exchange(to_prev=[zi], from_next=True)
+    return AShare(zi, got[0].reshape(z.shape))
+
+
+def cost_reshare(n: int) -> Cost:
+    return Cost.uniform(1, 8 * n)
+
+
+# ------------------------------------------------------------ multiplication ----------
+def _local_mul(x: AShare, y: AShare) -> np.ndarray:
+    return x.a * (y.a + y.b) + x.b * y.a
+
+
+def _local_matmul(x: AShare, y: AShare) -> np.ndarray:
+    return ring.matmul(x.a, y.a + y.b) + ring.matmul(x.b, y.a)
+
+
+def mul_aa(p: Party, x: AShare, y: AShare, trunc: bool | int = True) -> AShare:
+    """Elementwise product of two shared arrays (Araki et al.; Privformer Pi_Mult).
+
+    ``trunc``: True = truncate by cfg.frac (fixed-point), an int = truncate by that many
+    bits, False = no truncation (integer product).
+    Cost: see :func:`cost_mul`; 1 element per party and output, 1 round without truncation.
+    """
+    if x.shape != y.shape:
+        raise ValueError(f"mul_aa: shapes differ {x.shape} vs {y.shape}")
+    p.new_op()
+    return _finish(p, _local_mul(x, y), trunc)
+
+
+def matmul_aa(p: Party, x: AShare, y: AShare, trunc: bool | int = True) -> AShare:
+    """Matrix product of two shared matrices (batched like np.matmul) (Privformer Pi_MatMul).
+
+    Communication depends on the output size only. Cost: :func:`cost_mul` of the output.
+    """
+    if x.shape[-1] != y.shape[-2 if len(y.shape) > 1 else 0]:
+        raise ValueError(f"matmul_aa: inner dimensions differ {x.shape} @ {y.shape}")
+    p.new_op()
+    return _finish(p, _local_matmul(x, y), trunc)
+
+
+def cost_mul(n: int, trunc: bool | int, frac: int, mode: str) -> Cost:
+    """Rounds and bytes per party of mul_aa/matmul_aa with ``n`` output elements."""
+    if trunc is False:
+        return cost_reshare(n)
+    bits = frac if trunc is True else int(trunc)
+    if mode == "prob":
+        return Cost.uniform(1, 8 * n)
+    return Cost.by_role(2, n, lambda role, ng: 8 * ng + packed_bytes(ng, bits))
+
+
+def _finish(p: Party, z: np.ndarray, trunc: bool | int) -> AShare:
+    if trunc is False:
+        return reshare(p, z)
+    bits = p.cfg.frac if trunc is True else int(trunc)
+    z = z + p.zero_share(z.shape, "mulmask")
+    return _trunc_split(p, z.reshape(-1), bits, from_rss=False).reshape(z.shape)
+
+
+# ------------------------------------------------------------------ truncation ----------
+def trunc_a(p: Party, x: AShare, bits: int | None = None) -> AShare:
+    """Fixed-point truncation x >> bits of a replicated sharing (default cfg.frac).
+
+    The split form is free for a replicated sharing (A = x_g + x_{g+1}, B = x_{g+2}).
+    Cost: :func:`cost_trunc`.
+    """
+    p.new_op()
+    bits = p.cfg.frac if bits is None else bits
+    flat = AShare(x.a.reshape(-1), x.b.reshape(-1))
+    return _trunc_split(p, flat, bits, from_rss=True).reshape(x.shape)
+
+
+def cost_trunc(n: int, bits: int, mode: str) -> Cost:
+    if mode == "prob":
+        return Cost.by_role(1, n, lambda role, ng: 8 * ng if role == 0 else 0)
+    return Cost.by_role(2, n, lambda role, ng: 8 * ng + packed_bytes(ng, bits) if role == 0
+                        else packed_bytes(ng, bits))
+
+
+def _trunc_split(p: Party, src, bits: int, from_rss: bool) -> AShare:
+    """Core of fused/standalone truncation; ``src`` is z (3-of-3, flat) or a flat AShare.
+
+    Output slots for group g (roles 0, 1, 2 hold slots (g, g+1), (g+1, g+2), (g+2, g)):
+    slot g = U - kappa + X2', slot g+1 = kappa + X1', slot g+2 = W - nu', where U, W are
+    the shifted pieces of role 0 and of the pair, and X1' + X2' - nu' = a_t*b_t*2^(64-f).
+    """
+    if not 1 <= bits < OFFSET_BITS:
+        raise ValueError(f"cannot truncate by {bits} bits")
+    exact = p.cfg.trunc == "exact"
+    n = src.a.size if from_rss else src.size
+    groups = group_bounds(n)
+    offset = _u(1 << OFFSET_BITS) if exact else np.uint64(0)
+    sh, up, top = np.uint64(bits), np.uint64(64 - bits), np.uint64(63)
+    low = _u((1 << bits) - 1)
+    ssh = np.int64(bits)
+    shift = lambda v: ring.from_signed(ring.to_signed(v) >> ssh)  # noqa: E731
+
+    # Round 1: split form (A at role 0, B at roles 1 and 2); role 0 sends its piece.
+    r1, state = Round(p), []
+    for g, sl in enumerate(groups):
+        role, ng = p.role(g), sl.stop - sl.start
+        st = {"role": role, "n": ng}
+        if role == 0:
+            A = (src.a[sl] + src.b[sl]) if from_rss else src[sl]
+            st["kappa"] = p.rand_with(0, 1, ng, f"kappa{g}")
+            st["U"] = shift(A)
+            msg = [st["U"] - st["kappa"]]
+            if exact:
+                rho = p.rand_with(0, 1, ng, f"rho{g}")
+                msg.append(ring.pack_uint(((A >> top) - rho) & low, bits))
+            r1.send(PREV, *msg)                                  # to role 2
+        else:
+            other = _dir(role, 3 - role)                         # role 1 <-> role 2
+            if from_rss:
+                st["B"] = src.b[sl] if role == 1 else src.a[sl]
+            else:
+                st["z"] = src[sl]
+                r1.send(other, src[sl])
+                r1.recv(other, g, 1)
+            if role == 2:
+                r1.recv(NEXT, g, 2 if exact else 1)              # from role 0
+        state.append(st)
+    got = r1.run()
+
+    for g, st in enumerate(state):
+        role = st["role"]
+        if role == 0:
+            continue
+        if not from_rss:
+            st["B"] = st["z"] + got[(_dir(role, 3 - role), g)][0]
+        Bp = st["B"] + offset
+        st["W"] = shift(Bp) - (offset >> sh)
+        st["bt"] = Bp >> top
+        if role == 2:
+            msg = got[(NEXT, g)]
+            st["s0"] = msg[0]
+            if exact:
+                st["at_rho"] = ring.unpack_uint(msg[1], bits, st["n"])
+
+    if exact:   # Round 2: a_t*b_t = b_t*rho + b_t*(a_t - rho), masked towards role 0.
+        r2 = Round(p)
+        for g, st in enumerate(state):
+            role, ng = st["role"], st["n"]
+            if role == 0:
+                r2.recv(NEXT, g, 1)
+                r2.recv(PREV, g, 1)
+                continue
+            nu1 = p.rand_with(role, 3 - role, ng, f"nu1{g}")
+            nu2 = p.rand_with(role, 3 - role, ng, f"nu2{g}")
+            st["W"] = st["W"] - ((nu1 + nu2) << up)
+            if role == 1:
+                rho = p.rand_with(1, 0, ng, f"rho{g}")
+                x1 = (st["bt"] * rho + nu1) & low
+                st["x1"] = x1 << up
+                r2.send(PREV, ring.pack_uint(x1, bits))
+            else:
+                x2 = (st["bt"] * st["at_rho"] + nu2) & low
+                st["s0"] = st["s0"] + (x2 << up)
+                r2.send(NEXT, ring.pack_uint(x2, bits))
+        got2 = r2.run()
+
+    a_out = np.empty(n, dtype=np.uint64)
+    b_out = np.empty(n, dtype=np.uint64)
+    for g, (sl, st) in enumerate(zip(groups, state)):
+        role = st["role"]
+        if role == 0:
+            x1 = x2 = np.uint64(0)
+            if exact:
+                x1 = ring.unpack_uint(got2[(NEXT, g)][0], bits, st["n"]) << up
+                x2 = ring.unpack_uint(got2[(PREV, g)][0], bits, st["n"]) << up
+            a_out[sl] = st["U"] - st["kappa"] + x2
+            b_out[sl] = st["kappa"] + x1
+        elif role == 1:
+            kappa = p.rand_with(1, 0, st["n"], f"kappa{g}")
+            a_out[sl] = kappa + (st["x1"] if exact else 0)
+            b_out[sl] = st["W"]
+        else:
+            a_out[sl] = st["W"]
+            b_out[sl] = st["s0"]
+    return AShare(a_out, b_out)

@@ -1,0 +1,96 @@
+"""Shared plumbing for kernels: declared costs, role groups, one-round message assembly.
+
+Every kernel module declares, next to its code, a ``cost_<kernel>(...) -> Cost`` function
+giving rounds and bytes sent by each party as a formula of the sizes; tests run the kernel
+and compare the communicator's measured traffic with the declaration.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..comm import NEXT, PREV
+from ..party import Party
+
+__all__ = ["Cost", "group_bounds", "Round", "NEXT", "PREV"]
+
+
+@dataclass(frozen=True)
+class Cost:
+    rounds: int
+    bytes_per_party: tuple[int, int, int]
+
+    @property
+    def bytes_total(self) -> int:
+        return sum(self.bytes_per_party)
+
+    def __add__(self, other: "Cost") -> "Cost":
+        return Cost(self.rounds + other.rounds,
+                    tuple(a + b for a, b in zip(self.bytes_per_party, other.bytes_per_party)))
+
+    @staticmethod
+    def uniform(rounds: int, per_party: int) -> "Cost":
+        return Cost(rounds, (per_party,) * 3)
+
+    @staticmethod
+    def by_role(rounds: int, n: int, role_bytes) -> "Cost":
+        """Cost of a role-rotated protocol: ``role_bytes(role, n_group)`` per group."""
+        sizes = group_sizes(n)
+        per = [0, 0, 0]
+        for g, ng in enumerate(sizes):
+            for rank in range(3):
+                per[rank] += role_bytes((rank - g) % 3, ng)
+        return Cost(rounds, tuple(per))
+
+
+def group_sizes(n: int) -> list[int]:
+    """Sizes of the three element groups led by parties 0, 1, 2."""
+    return [n // 3 + (1 if g < n % 3 else 0) for g in range(3)]
+
+
+def group_bounds(n: int) -> list[slice]:
+    bounds, start = [], 0
+    for size in group_sizes(n):
+        bounds.append(slice(start, start + size))
+        start += size
+    return bounds
+
+
+def packed_bytes(n: int, width: int) -> int:
+    return (n * width + 7) // 8
+
+
+class Round:
+    """Collects per-group messages for one exchange and hands back what arrived.
+
+    Groups are visited in order 0, 1, 2 by every party, so the sender's append order and
+    the receiver's read order agree for each directed link.
+    """
+
+    def __init__(self, party: Party) -> None:
+        self.party = party
+        self.out = {NEXT: [], PREV: []}
+        self.expect = {NEXT: [], PREV: []}   # (group, count)
+
+    def send(self, direction: int, *arrays: np.ndarray) -> None:
+        self.out[direction].extend(arrays)
+
+    def recv(self, direction: int, group: int, count: int) -> None:
+        self.expect[direction].append((group, count))
+
+    def run(self) -> dict[tuple[int, int], list[np.ndarray]]:
+        got_next, got_prev = self.party.comm.exchange(
+            to_next=self.out[NEXT] or None, to_prev=self.out[PREV] or None,
+            from_next=bool(self.expect[NEXT]), from_prev=bool(self.expect[PREV]))
+        result: dict[tuple[int, int], list[np.ndarray]] = {}
+        for direction, got in ((NEXT, got_next), (PREV, got_prev)):
+            pos = 0
+            for group, count in self.expect[direction]:
+                result[(direction, group)] = got[pos:pos + count]
+                pos += count
+            if got is not None and pos != len(got):
+                from ..comm import ProtocolError
+                raise ProtocolError(f"party {self.party.rank}: expected {pos} arrays from "
+                                    f"{'next' if direction == NEXT else 'prev'}, got {len(got)}")
+        return result

@@ -1,0 +1,104 @@
+"""The party context: everything a kernel needs, passed explicitly (no module globals).
+
+A :class:`Party` carries its rank, communicator, job PRG keys, the ring configuration and a
+kernel-call counter ``kop`` used to key correlated randomness (see :mod:`mpc3.prg`). Three
+parties can live in one process (tests, :mod:`mpc3.sim`) because nothing is global.
+
+Roles. Asymmetric protocols are written for three roles relative to a *leader* ``g``:
+``role = (rank - g) % 3``. Role 0 (the "single") holds slots ``g, g+1`` of a replicated
+sharing, so it knows ``A = x_g + x_{g+1}``; roles 1 and 2 (the "pair") both hold slot
+``g+2 = B``. Elements are split into three groups led by parties 0, 1, 2 so that every party
+plays every role on a third of the data and the traffic stays balanced.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import ring
+from .comm import Communicator, CommStats
+from .prg import PRG
+
+TRUNC_MODES = ("exact", "prob")
+
+
+@dataclass(frozen=True)
+class RingConfig:
+    """Typed knobs of the arithmetic.
+
+    frac: fixed-point fractional bits (default 18: ulp 3.8e-6, products carry 36 fractional
+        bits and leave 27 bits of integer headroom in Z_2^64).
+    trunc: "exact" (default) - truncation never fails for |x| < 2^62, error in [-1, 0] ulp,
+        costs 3*frac extra bits per element and a second round; "prob" - the classic
+        share-local truncation (SecureML/ABY3) in one round at the RSS minimum of one ring
+        element per party, failing with probability ~|x|/2^64 per element (|x| the value at
+        scale 2*frac before truncation).
+    relu_bound_bits: DReLU/ReLU inputs must satisfy |x| < 2^(frac + relu_bound_bits).
+    relu_drop_bits: low bits ignored by DReLU; DReLU(x) may be 1 for x in [-2^drop, 0) ulp
+        (DReLU(x) is exact for x >= 0, in particular DReLU(0) = 1).
+    """
+
+    frac: int = ring.DEFAULT_FRAC
+    trunc: str = "exact"
+    relu_bound_bits: int = 14
+    relu_drop_bits: int = 6
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.frac <= 30:
+            raise ValueError(f"frac={self.frac} outside 1..30")
+        if self.trunc not in TRUNC_MODES:
+            raise ValueError(f"trunc={self.trunc!r}, expected one of {TRUNC_MODES}")
+        if self.frac + self.relu_bound_bits > 60:
+            raise ValueError("frac + relu_bound_bits must be <= 60")
+        if not 0 <= self.relu_drop_bits < self.frac + self.relu_bound_bits:
+            raise ValueError("relu_drop_bits out of range")
+
+
+@dataclass
+class Party:
+    rank: int
+    comm: Communicator
+    prg: PRG
+    cfg: RingConfig = field(default_factory=RingConfig)
+    kop: int = 0
+
+    def __post_init__(self) -> None:
+        if self.rank not in (0, 1, 2):
+            raise ValueError(f"rank must be 0, 1 or 2, got {self.rank}")
+        if self.comm.rank != self.rank:
+            raise ValueError("communicator rank differs from party rank")
+
+    @property
+    def stats(self) -> CommStats:
+        return self.comm.stats
+
+    def new_op(self) -> int:
+        """Start a kernel invocation: a fresh key for its correlated randomness."""
+        self.kop += 1
+        return self.kop
+
+    def role(self, leader: int) -> int:
+        return (self.rank - leader) % 3
+
+    # -- randomness -------------------------------------------------------------------
+    def rand(self, stream: str, shape, tag: str) -> np.ndarray:
+        return self.prg.ring(stream, self.kop, tag, shape)
+
+    def rand_with(self, my_role: int, other_role: int, shape, tag: str) -> np.ndarray:
+        """Randomness shared with the party playing ``other_role`` (roles of one group)."""
+        return self.rand(self._stream_to(my_role, other_role), shape, tag)
+
+    def bits_with(self, my_role: int, other_role: int, nbytes: int, tag: str) -> np.ndarray:
+        return self.prg.bytes(self._stream_to(my_role, other_role), self.kop, tag, nbytes)
+
+    @staticmethod
+    def _stream_to(my_role: int, other_role: int) -> str:
+        d = (other_role - my_role) % 3
+        if d == 0:
+            raise ValueError("no shared stream with oneself")
+        return "next" if d == 1 else "prev"
+
+    def zero_share(self, shape, tag: str) -> np.ndarray:
+        """3-out-of-3 additive sharing of zero: next-stream minus prev-stream."""
+        return self.rand("next", shape, tag) - self.rand("prev", shape, tag)

@@ -1,0 +1,78 @@
+"""Correlated randomness from AES-128-CTR (``cryptography``), with no communication.
+
+Each party holds three 16-byte keys per job: ``prev`` (shared with party i-1), ``next``
+(shared with party i+1) and ``private``. Keys of a job are derived with HKDF-SHA256 from the
+long-lived pairwise seeds agreed when the links came up and the job id, so two concurrent
+jobs never share a stream.
+
+Streams are *stateless*: the AES-CTR nonce of a draw is derived from the caller's operation
+counter and a short tag, so the two owners of a key obtain identical values whenever they ask
+with the same ``(op, tag)`` - whatever else they drew before. A given ``(op, tag)`` must be
+used once per key; protocols use distinct tags within an operation.
+
+From these streams (CrypTen's split, ABY3's zero sharing):
+* zero sharing (3-out-of-3): ``alpha_i = F(next) - F(prev)`` sums to zero over the parties;
+* random replicated sharing: slot ``i`` from ``prev``, slot ``i+1`` from ``next``.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+STREAMS = ("prev", "next", "private")
+
+
+def derive_key(seed: bytes, context: bytes) -> bytes:
+    """16-byte AES key from a pairwise/private seed and a context (job id, purpose)."""
+    return HKDF(algorithm=hashes.SHA256(), length=16, salt=b"mpc3-prg-v1",
+                info=context).derive(seed)
+
+
+def _nonce(op: int, tag: str) -> bytes:
+    return hashlib.blake2b(f"{op}/{tag}".encode(), digest_size=16).digest()
+
+
+def aes_ctr_bytes(key: bytes, nonce: bytes, nbytes: int) -> bytes:
+    enc = Cipher(algorithms.AES(key), modes.CTR(nonce)).encryptor()
+    return enc.update(bytes(nbytes)) + enc.finalize()
+
+
+@dataclass(frozen=True)
+class PRG:
+    """The three AES-CTR keys of one party for one job."""
+
+    prev: bytes
+    next: bytes
+    private: bytes
+
+    def __post_init__(self) -> None:
+        for name in STREAMS:
+            key = getattr(self, name)
+            if not isinstance(key, bytes) or len(key) != 16:
+                raise ValueError(f"PRG key '{name}' must be 16 bytes")
+        if self.prev == self.next:
+            raise ValueError("PRG keys for prev and next must differ")
+
+    @classmethod
+    def for_job(cls, seed_prev: bytes, seed_next: bytes, seed_private: bytes,
+                job_id: str) -> "PRG":
+        ctx = f"job:{job_id}".encode()
+        return cls(derive_key(seed_prev, ctx), derive_key(seed_next, ctx),
+                   derive_key(seed_private, ctx))
+
+    def ring(self, stream: str, op: int, tag: str, shape) -> np.ndarray:
+        """Uniform uint64 array from ``stream`` for ``(op, tag)``."""
+        shape = tuple(np.atleast_1d(shape)) if not isinstance(shape, tuple) else shape
+        n = int(np.prod(shape, dtype=np.int64))
+        raw = aes_ctr_bytes(getattr(self, stream), _nonce(op, tag), 8 * n)
+        return np.frombuffer(raw, dtype=np.uint64).reshape(shape).copy()
+
+    def bytes(self, stream: str, op: int, tag: str, nbytes: int) -> np.ndarray:
+        """Uniform uint8 array (for bit masks)."""
+        raw = aes_ctr_bytes(getattr(self, stream), _nonce(op, tag), nbytes)
+        return np.frombuffer(raw, dtype=np.uint8).copy()

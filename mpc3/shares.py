@@ -1,0 +1,130 @@
+"""Replicated secret shares held by one party.
+
+Party ``i`` of a 2-out-of-3 replicated sharing of ``x = x_0 + x_1 + x_2 (mod 2^64)`` holds
+the pair ``(a, b) = (x_i, x_{i+1})``; slot ``j`` is therefore held by parties ``j`` and
+``j-1``. :class:`AShare` is the arithmetic sharing over Z_2^64. :class:`BShare` is the same
+over GF(2), bit-sliced: ``a`` and ``b`` are ``(planes, words)`` uint64 arrays where bit ``e``
+of word ``w`` of plane ``p`` is bit ``p`` of element ``64*w + e``; boolean circuits run as
+vectorised bitwise operations over whole planes.
+
+Linear operations are local and live here as operators; everything that needs
+communication or the party's rank (adding a public constant) lives in ``mpc3.kernels``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import ring
+
+
+@dataclass
+class AShare:
+    a: np.ndarray
+    b: np.ndarray
+
+    def __post_init__(self) -> None:
+        ring.check_ring(self.a, "AShare.a")
+        ring.check_ring(self.b, "AShare.b")
+        if self.a.shape != self.b.shape:
+            raise ValueError(f"AShare halves differ in shape: {self.a.shape} vs {self.b.shape}")
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.a.shape
+
+    @property
+    def size(self) -> int:
+        return self.a.size
+
+    def _other(self, other: "AShare") -> "AShare":
+        if not isinstance(other, AShare):
+            raise TypeError(f"expected AShare, got {type(other).__name__}")
+        return other
+
+    def __add__(self, other: "AShare") -> "AShare":
+        o = self._other(other)
+        return AShare(self.a + o.a, self.b + o.b)
+
+    def __sub__(self, other: "AShare") -> "AShare":
+        o = self._other(other)
+        return AShare(self.a - o.a, self.b - o.b)
+
+    def __neg__(self) -> "AShare":
+        return AShare(-self.a, -self.b)
+
+    def scale(self, c) -> "AShare":
+        """Multiply by a public integer (array broadcastable, taken mod 2^64); no truncation."""
+        c = np.asarray(c).astype(np.uint64) if np.asarray(c).dtype != np.uint64 else np.asarray(c)
+        return AShare(self.a * c, self.b * c)
+
+    def reshape(self, *shape) -> "AShare":
+        return AShare(self.a.reshape(*shape), self.b.reshape(*shape))
+
+    def __getitem__(self, idx) -> "AShare":
+        return AShare(self.a[idx], self.b[idx])
+
+    @property
+    def T(self) -> "AShare":
+        return AShare(np.swapaxes(self.a, -1, -2), np.swapaxes(self.b, -1, -2))
+
+    def transpose(self, *axes) -> "AShare":
+        return AShare(self.a.transpose(*axes), self.b.transpose(*axes))
+
+    def copy(self) -> "AShare":
+        return AShare(self.a.copy(), self.b.copy())
+
+    @staticmethod
+    def concat(parts: list["AShare"], axis: int = 0) -> "AShare":
+        return AShare(np.concatenate([p.a for p in parts], axis),
+                      np.concatenate([p.b for p in parts], axis))
+
+
+@dataclass
+class BShare:
+    """Bit-sliced replicated boolean sharing of ``n`` elements with ``planes`` bits each."""
+
+    a: np.ndarray
+    b: np.ndarray
+    n: int
+
+    def __post_init__(self) -> None:
+        for h in (self.a, self.b):
+            if not (isinstance(h, np.ndarray) and h.dtype == np.uint64 and h.ndim == 2):
+                raise TypeError("BShare halves must be 2-D uint64 (planes, words) arrays")
+        if self.a.shape != self.b.shape:
+            raise ValueError("BShare halves differ in shape")
+        if self.a.shape[1] != words(self.n):
+            raise ValueError(f"{self.a.shape[1]} words cannot hold {self.n} elements")
+
+    @property
+    def planes(self) -> int:
+        return self.a.shape[0]
+
+    def __xor__(self, other: "BShare") -> "BShare":
+        return BShare(self.a ^ other.a, self.b ^ other.b, self.n)
+
+    def plane(self, p) -> "BShare":
+        sel = np.atleast_1d(np.arange(self.planes)[p])
+        return BShare(self.a[sel], self.b[sel], self.n)
+
+
+def words(n: int) -> int:
+    return (n + 63) // 64
+
+
+def bits_to_planes(bits: np.ndarray) -> np.ndarray:
+    """(planes, n) array of 0/1 -> (planes, words) uint64 bit-sliced planes."""
+    bits = np.atleast_2d(np.asarray(bits, dtype=np.uint8))
+    planes, n = bits.shape
+    padded = np.zeros((planes, words(n) * 64), dtype=np.uint8)
+    padded[:, :n] = bits
+    packed = np.packbits(padded, axis=1, bitorder="little")
+    return packed.view(np.uint64).reshape(planes, words(n)).copy()
+
+
+def planes_to_bits(planes: np.ndarray, n: int) -> np.ndarray:
+    """Inverse of :func:`bits_to_planes`: (planes, words) -> (planes, n) uint8 0/1."""
+    as_bytes = np.ascontiguousarray(planes).view(np.uint8)
+    return np.unpackbits(as_bytes, axis=1, bitorder="little")[:, :n]
