@@ -1,0 +1,230 @@
+"""Tests for mpc3.ring: exact Z_2^64 matmul, fixed point, packing."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mpc3 import ring
+from mpc3.ring import (
+    DEFAULT_FRAC,
+    DTYPE,
+    check_ring,
+    decode,
+    encode,
+    from_signed,
+    matmul,
+    pack_bits,
+    pack_uint,
+    to_signed,
+    unpack_bits,
+    unpack_uint,
+)
+
+MOD = 2**64
+RNG = np.random.default_rng(1234)
+
+
+def rand_ring(*shape: int) -> np.ndarray:
+    return RNG.integers(0, 2**64 - 1, size=shape, dtype=np.uint64, endpoint=True)
+
+
+def ref_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Python big-int reference: (sum a*b) % 2**64."""
+    out = np.matmul(a.astype(object), b.astype(object)) % MOD
+    return np.asarray(out, dtype=object).astype(np.uint64)
+
+
+@pytest.mark.parametrize(
+    "sa,sb",
+    [
+        ((1, 1), (1, 1)),
+        ((3, 5), (5, 7)),
+        ((7, 13), (13, 1)),
+        ((17, 33), (33, 9)),
+        ((2, 2051), (2051, 3)),  # K > 2048
+        ((5, 4099), (4099, 2)),  # K > 4096
+        ((64, 64), (64, 64)),
+    ],
+)
+def test_matmul_2d_matches_bigint(sa, sb):
+    a, b = rand_ring(*sa), rand_ring(*sb)
+    np.testing.assert_array_equal(matmul(a, b), ref_matmul(a, b))
+
+
+@pytest.mark.parametrize(
+    "sa,sb",
+    [
+        ((4, 3, 5), (4, 5, 6)),  # batched
+        ((2, 3, 4, 5), (5, 2)),  # shared right operand
+        ((3, 5), (2, 5, 4)),  # broadcast left operand
+        ((2, 1, 3, 5), (1, 4, 5, 3)),  # broadcast both
+        ((9,), (9, 4)),  # vector @ matrix
+        ((4, 9), (9,)),  # matrix @ vector
+        ((9,), (9,)),  # dot product
+        ((9,), (3, 9, 2)),  # vector @ batch
+        ((3, 2, 9), (9,)),  # batch @ vector
+    ],
+)
+def test_matmul_shapes_like_numpy(sa, sb):
+    a, b = rand_ring(*sa), rand_ring(*sb)
+    got = matmul(a, b)
+    want = ref_matmul(a, b)
+    assert got.shape == np.matmul(a, b).shape
+    assert got.dtype == DTYPE
+    np.testing.assert_array_equal(got, want)
+
+
+def test_matmul_large_uses_parallel_kernel(monkeypatch):
+    monkeypatch.setattr(ring, "PARALLEL_MIN_MACS", 1)
+    a, b = rand_ring(2, 11, 37), rand_ring(2, 37, 6)
+    np.testing.assert_array_equal(matmul(a, b), ref_matmul(a, b))
+    a, b = rand_ring(33, 2100), rand_ring(2100, 5)
+    np.testing.assert_array_equal(matmul(a, b), ref_matmul(a, b))
+
+
+def test_matmul_edge_values():
+    edges = np.array([0, 1, 2**63, 2**64 - 1, 2**63 - 1, 2, 2**32, 2**32 - 1], dtype=np.uint64)
+    a = np.array(np.meshgrid(edges, edges)).reshape(2, -1).T.copy()  # (64, 2)
+    a = np.concatenate([a, a[::-1]], axis=1)  # (64, 4)
+    b = np.resize(edges, (4, 12))
+    np.testing.assert_array_equal(matmul(a, b), ref_matmul(a, b))
+    full = np.full((3, 2500), 2**64 - 1, dtype=np.uint64)
+    np.testing.assert_array_equal(matmul(full, full.T.copy()), ref_matmul(full, full.T))
+
+
+def test_matmul_empty_and_noncontiguous():
+    a = rand_ring(3, 0)
+    b = rand_ring(0, 4)
+    np.testing.assert_array_equal(matmul(a, b), np.zeros((3, 4), np.uint64))
+    a = rand_ring(8, 10)[::2, ::2]  # strided view, shape (4, 5)
+    b = rand_ring(7, 10)[::2, 1::2].T  # transposed strided view, shape (5, 4)
+    np.testing.assert_array_equal(matmul(a, b), ref_matmul(a, b))
+
+
+def test_matmul_rejects_bad_inputs():
+    with pytest.raises(TypeError):
+        matmul(np.ones((2, 2)), rand_ring(2, 2))
+    with pytest.raises(TypeError):
+        matmul(rand_ring(2, 2), np.ones((2, 2), np.int64))
+    with pytest.raises(ValueError):
+        matmul(rand_ring(2, 3), rand_ring(2, 3))
+
+
+def test_check_ring():
+    x = rand_ring(3)
+    assert check_ring(x) is x
+    for bad in (np.ones(3), np.ones(3, np.int64), [1, 2, 3], 5, np.ones(3, np.uint32)):
+        with pytest.raises(TypeError, match="myname: expected uint64 ring array"):
+            check_ring(bad, "myname")
+
+
+def test_signed_views():
+    s = np.array([-1, 0, 1, -(2**63), 2**63 - 1], dtype=np.int64)
+    u = from_signed(s)
+    assert u.dtype == DTYPE
+    assert u[0] == 2**64 - 1 and u[3] == 2**63
+    np.testing.assert_array_equal(to_signed(u), s)
+    np.testing.assert_array_equal(from_signed(np.array([-2, 3], np.int32)), np.array([2**64 - 2, 3], np.uint64))
+    with pytest.raises(TypeError):
+        to_signed(s)
+    with pytest.raises(TypeError):
+        from_signed(np.array([1.5]))
+
+
+def test_encode_decode_roundtrip():
+    x = RNG.uniform(-1000, 1000, size=1000)
+    x[:4] = [0.0, -0.0, 1.0, -1.0]
+    enc = encode(x)
+    assert enc.dtype == DTYPE
+    np.testing.assert_allclose(decode(enc), x, atol=2.0 ** -(DEFAULT_FRAC + 1))
+    assert encode(np.array([-1.0]))[0] == 2**64 - 2**DEFAULT_FRAC
+    assert encode(np.array([1.0]), frac=4)[0] == 16
+    assert decode(np.array([2**64 - 8], np.uint64), frac=3)[0] == -1.0
+    # fixed-point product has 2f fractional bits
+    a, b = encode(np.array([-3.5])), encode(np.array([2.25]))
+    assert decode(a * b, frac=2 * DEFAULT_FRAC)[0] == -7.875
+
+
+def test_encode_rejects_nan_inf_and_overflow():
+    for bad in (np.nan, np.inf, -np.inf):
+        with pytest.raises(ValueError):
+            encode(np.array([1.0, bad]))
+    with pytest.raises(ValueError, match="value out of fixed-point range"):
+        encode(np.array([2.0 ** (62 - DEFAULT_FRAC)]))
+    with pytest.raises(ValueError, match="value out of fixed-point range"):
+        encode(np.array([-(2.0**50)]), frac=12)
+    encode(np.array([2.0 ** (61 - DEFAULT_FRAC)]))  # just inside
+
+
+def test_decode_rejects_float():
+    with pytest.raises(TypeError):
+        decode(np.ones(3))
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 1001])
+def test_pack_bits_roundtrip(n):
+    bits = RNG.integers(0, 2, size=n, dtype=np.uint8)
+    buf = pack_bits(bits)
+    assert buf.dtype == np.uint8 and len(buf) == (n + 7) // 8
+    np.testing.assert_array_equal(unpack_bits(buf, n), bits)
+    np.testing.assert_array_equal(unpack_bits(buf.tobytes(), n), bits)
+
+
+def test_pack_bits_little_order():
+    assert pack_bits(np.array([1, 0, 0, 0, 0, 0, 0, 0, 0, 1], np.uint8)).tolist() == [1, 2]
+
+
+@pytest.mark.parametrize("width", [1, 7, 8, 18, 33, 63, 64])
+@pytest.mark.parametrize("n", [1, 13, 1001])
+def test_pack_uint_roundtrip(width, n):
+    vals = rand_ring(n)
+    buf = pack_uint(vals, width)
+    assert buf.dtype == np.uint8 and len(buf) == (n * width + 7) // 8
+    mask = np.uint64(2**width - 1)
+    np.testing.assert_array_equal(unpack_uint(buf, width, n), vals & mask)
+
+
+def test_pack_uint_layout_and_errors():
+    # two 4-bit values 0x3, 0xA -> one byte 0xA3 (little bit order)
+    assert pack_uint(np.array([3, 10], np.uint64), 4).tolist() == [0xA3]
+    assert pack_uint(np.array([0x0102], np.uint64), 16).tolist() == [2, 1]
+    with pytest.raises(ValueError):
+        pack_uint(rand_ring(3), 0)
+    with pytest.raises(ValueError):
+        pack_uint(rand_ring(3), 65)
+    with pytest.raises(TypeError):
+        pack_uint(np.arange(3), 8)
+
+
+def test_pack_uint_large_fast():
+    import time
+
+    vals = rand_ring(131072)
+    t = time.perf_counter()
+    for w in (18, 64):
+        np.testing.assert_array_equal(unpack_uint(pack_uint(vals, w), w, vals.size), vals & np.uint64(2**w - 1))
+    assert time.perf_counter() - t < 2.0
+
+
+def test_matmul_concurrent_threads(monkeypatch):
+    """Three parties call matmul at once (serial and parallel kernels)."""
+    import threading
+
+    a, b = rand_ring(2, 40, 70), rand_ring(2, 70, 30)
+    want = ref_matmul(a, b)
+    for threshold in (1, 1 << 60):
+        monkeypatch.setattr(ring, "PARALLEL_MIN_MACS", threshold)
+        results: list[np.ndarray] = []
+
+        def run() -> None:
+            for _ in range(5):
+                results.append(matmul(a, b))
+
+        threads = [threading.Thread(target=run) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(results) == 15
+        for r in results:
+            np.testing.assert_array_equal(r, want)
