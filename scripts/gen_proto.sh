@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Regenerate net/proto/mpc3_pb2.py and mpc3_pb2_grpc.py from net/proto/mpc3.proto.
+# Needs grpcio-tools (pip install -e '.[dev]'). The generated files are committed;
+# tests/test_net_proto.py checks that regenerating gives identical files.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+out="${1:-$root}"
+cd "$root"
+python -m grpc_tools.protoc -I . --python_out="$out" --grpc_python_out="$out" net/proto/mpc3.proto
