@@ -83,7 +83,12 @@ class AShare:
 
 @dataclass
 class BShare:
-    """Bit-sliced replicated boolean sharing of ``n`` elements with ``planes`` bits each."""
+    """Bit-sliced replicated boolean sharing of ``n`` elements with ``planes`` bits each.
+
+    Layout ("grouped planes"): elements are split into the three role groups of
+    :func:`group_sizes`; group ``g`` occupies ``ceil(n_g / 64)`` consecutive words of every
+    plane, so role-rotated protocols can address a group without moving bits.
+    """
 
     a: np.ndarray
     b: np.ndarray
@@ -95,36 +100,62 @@ class BShare:
                 raise TypeError("BShare halves must be 2-D uint64 (planes, words) arrays")
         if self.a.shape != self.b.shape:
             raise ValueError("BShare halves differ in shape")
-        if self.a.shape[1] != words(self.n):
-            raise ValueError(f"{self.a.shape[1]} words cannot hold {self.n} elements")
+        if self.a.shape[1] != grouped_words(self.n):
+            raise ValueError(f"{self.a.shape[1]} words do not match {self.n} elements")
 
     @property
     def planes(self) -> int:
         return self.a.shape[0]
 
+    @property
+    def sizes(self) -> list[int]:
+        return group_sizes(self.n)
+
     def __xor__(self, other: "BShare") -> "BShare":
         return BShare(self.a ^ other.a, self.b ^ other.b, self.n)
 
-    def plane(self, p) -> "BShare":
-        sel = np.atleast_1d(np.arange(self.planes)[p])
+    def __getitem__(self, idx) -> "BShare":
+        sel = np.atleast_1d(np.arange(self.planes)[idx])
         return BShare(self.a[sel], self.b[sel], self.n)
+
+    @staticmethod
+    def stack(parts: list["BShare"]) -> "BShare":
+        return BShare(np.concatenate([p.a for p in parts]), np.concatenate([p.b for p in parts]),
+                      parts[0].n)
+
+
+def group_sizes(n: int) -> list[int]:
+    """Sizes of the three element groups led by parties 0, 1, 2."""
+    return [n // 3 + (1 if g < n % 3 else 0) for g in range(3)]
 
 
 def words(n: int) -> int:
     return (n + 63) // 64
 
 
+def grouped_words(n: int) -> int:
+    return sum(words(m) for m in group_sizes(n))
+
+
 def bits_to_planes(bits: np.ndarray) -> np.ndarray:
-    """(planes, n) array of 0/1 -> (planes, words) uint64 bit-sliced planes."""
+    """(planes, n) array of 0/1 -> (planes, grouped_words(n)) uint64 planes."""
     bits = np.atleast_2d(np.asarray(bits, dtype=np.uint8))
-    planes, n = bits.shape
-    padded = np.zeros((planes, words(n) * 64), dtype=np.uint8)
-    padded[:, :n] = bits
-    packed = np.packbits(padded, axis=1, bitorder="little")
-    return packed.view(np.uint64).reshape(planes, words(n)).copy()
+    nplanes, n = bits.shape
+    out, start = [], 0
+    for m in group_sizes(n):
+        padded = np.zeros((nplanes, words(m) * 64), dtype=np.uint8)
+        padded[:, :m] = bits[:, start:start + m]
+        out.append(np.packbits(padded, axis=1, bitorder="little").view(np.uint64))
+        start += m
+    return np.ascontiguousarray(np.concatenate(out, axis=1))
 
 
 def planes_to_bits(planes: np.ndarray, n: int) -> np.ndarray:
-    """Inverse of :func:`bits_to_planes`: (planes, words) -> (planes, n) uint8 0/1."""
-    as_bytes = np.ascontiguousarray(planes).view(np.uint8)
-    return np.unpackbits(as_bytes, axis=1, bitorder="little")[:, :n]
+    """Inverse of :func:`bits_to_planes`: -> (planes, n) uint8 0/1."""
+    out, start = [], 0
+    for m in group_sizes(n):
+        w = words(m)
+        chunk = np.ascontiguousarray(planes[:, start:start + w]).view(np.uint8)
+        out.append(np.unpackbits(chunk, axis=1, bitorder="little")[:, :m])
+        start += w
+    return np.concatenate(out, axis=1)

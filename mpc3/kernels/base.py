@@ -12,6 +12,7 @@ import numpy as np
 
 from ..comm import NEXT, PREV
 from ..party import Party
+from ..shares import group_sizes
 
 __all__ = ["Cost", "group_bounds", "Round", "NEXT", "PREV"]
 
@@ -44,9 +45,6 @@ class Cost:
         return Cost(rounds, tuple(per))
 
 
-def group_sizes(n: int) -> list[int]:
-    """Sizes of the three element groups led by parties 0, 1, 2."""
-    return [n // 3 + (1 if g < n % 3 else 0) for g in range(3)]
 
 
 def group_bounds(n: int) -> list[slice]:

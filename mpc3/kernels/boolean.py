@@ -1,0 +1,83 @@
+"""Boolean kernels on bit-sliced replicated shares (ABY3 / Araki et al. over GF(2)).
+
+Boolean sharings use the grouped-plane layout of :class:`mpc3.shares.BShare`. Local gates are plain bitwise operations on whole arrays; on
+the wire only ``ceil(n_g / 8)`` bytes per plane and group are sent, so the byte counters
+report the real bit-packed size.
+
+AND of replicated bits: ``z_i = x_i y_i ^ x_i y_{i+1} ^ x_{i+1} y_i ^ alpha_i`` (boolean zero
+sharing), then ``z_i`` goes to party i-1. Cost: 1 round, 1 bit per AND per party.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..comm import NEXT
+from ..party import Party
+from ..shares import BShare, group_sizes, words
+
+
+def word_slices(sizes: list[int]) -> list[slice]:
+    out, start = [], 0
+    for n in sizes:
+        out.append(slice(start, start + words(n)))
+        start += words(n)
+    return out
+
+
+def total_words(sizes: list[int]) -> int:
+    return sum(words(n) for n in sizes)
+
+
+def pack_planes(planes: np.ndarray, n: int) -> np.ndarray:
+    """(P, words(n)) uint64 -> (P, ceil(n/8)) uint8: the bytes that go on the wire."""
+    nb = (n + 7) // 8
+    return np.ascontiguousarray(planes).view(np.uint8).reshape(planes.shape[0], -1)[:, :nb].copy()
+
+
+def unpack_planes(buf: np.ndarray, n: int) -> np.ndarray:
+    out = np.zeros((buf.shape[0], words(n) * 8), dtype=np.uint8)
+    out[:, :buf.shape[1]] = buf
+    return out.view(np.uint64)
+
+
+def pack_grouped(planes: np.ndarray, sizes: list[int]) -> np.ndarray:
+    return np.concatenate([pack_planes(planes[:, sl], n).reshape(-1)
+                           for sl, n in zip(word_slices(sizes), sizes)])
+
+
+def unpack_grouped(buf: np.ndarray, sizes: list[int], nplanes: int) -> np.ndarray:
+    parts, pos = [], 0
+    for n in sizes:
+        nb = (n + 7) // 8
+        parts.append(unpack_planes(buf[pos:pos + nplanes * nb].reshape(nplanes, nb), n))
+        pos += nplanes * nb
+    return np.concatenate(parts, axis=1)
+
+
+def grouped_bytes(sizes: list[int], nplanes: int) -> int:
+    return nplanes * sum((n + 7) // 8 for n in sizes)
+
+
+def random_planes(p: Party, stream: str, nplanes: int, nwords: int, tag: str) -> np.ndarray:
+    raw = p.prg.bytes(stream, p.kop, tag, 8 * nplanes * nwords)
+    return raw.view(np.uint64).reshape(nplanes, nwords)
+
+
+def and_local(p: Party, x: BShare, y: BShare, tag: str) -> np.ndarray:
+    """This party's masked 3-out-of-3 share of x AND y (no communication)."""
+    shape = x.a.shape
+    alpha = random_planes(p, "next", *shape, tag) ^ random_planes(p, "prev", *shape, tag)
+    return (x.a & y.a) ^ (x.a & y.b) ^ (x.b & y.a) ^ alpha
+
+
+def reshare_bits(p: Party, z: np.ndarray, n: int) -> BShare:
+    """3-out-of-3 (already masked) -> replicated: send z_i to party i-1."""
+    sizes = group_sizes(n)
+    got, _ = p.comm.exchange(to_prev=[pack_grouped(z, sizes)], from_next=True)
+    return BShare(z, unpack_grouped(got[0], sizes, z.shape[0]), n)
+
+
+def and_bb(p: Party, x: BShare, y: BShare, tag: str = "and") -> BShare:
+    """Plane-wise AND of two grouped boolean sharings. Cost: 1 round, 1 bit per AND/party."""
+    return reshare_bits(p, and_local(p, x, y, tag), x.n)
+

@@ -1,0 +1,404 @@
+"""Comparison and bit injection: msb_a, drelu_a, relu_a, b2a, mul_ab, select_ab.
+
+DReLU (Privformer Sec. 2.1, DReLU(0) = 1) is the sign of ``x = A + B`` in the split form of
+the role groups (role 0 knows ``A = x_g + x_{g+1}``, roles 1 and 2 know ``B = x_{g+2}``):
+
+1. Window. With |x| < 2^K (K = frac + relu_bound_bits) only bits [L, L+m) of A and of
+   B + 2^L matter, m = K - L + 2, L = relu_drop_bits: the sign of ``(A>>L) + ((B+2^L)>>L)``
+   mod 2^m equals DReLU(x) except for x in [-2^L, 0) ulp, where either answer may come out
+   (x >= 0 is always exact). ReLU's error is therefore below 2^L ulp.
+2. Leaves without AND gates. The carry into the top window bit is computed over 3-bit
+   blocks. Role 0 knows its block value ``a_j`` and sends the *thermometer code*
+   ``[a_j >= v]`` (v = 1..7), masked, to role 2 (its mask comes from the PRG it shares with
+   role 1). Since ``b_j`` is public to the pair, the block's generate ``G_j = [a_j >= 8-b_j]``
+   and propagate ``P_j = [a_j = 7-b_j]`` are each one or two entries of that code selected by
+   ``b_j``: the pair obtains XOR shares locally and reshares them to role 0 (one bit each).
+   Cost: 7 bits per block from role 0 plus 2 bits per leaf value, instead of the ~21 bits of
+   AND gates a bitwise adder spends per 3 bits.
+3. Tree. ``(G, P) o (G', P') = (G ^ P&G', P&P')`` over the blocks, all nodes of a level in one
+   round; the lowest node never needs P. Depth ceil(log2(#blocks)).
+4. Fused injection (relu_a, select_ab, mul_ab): with the bit as ``d = u ^ beta`` (u known to
+   role 0, beta to the pair), ``d*x = u*A + beta*V + u*(s*B) + beta*B`` where
+   ``V = (1-2u) A`` and ``s = 1-2 beta``. Role 0 sends V and u masked to role 1 and u*A masked
+   to role 2; the pair computes additive shares of the rest locally and reshares to role 0.
+   relu_a consumes the last AND gate's 3-out-of-3 output directly (the pair swaps one bit),
+   saving a round. Cost: 3 ring elements from role 0, one from each of roles 1 and 2.
+
+Every message is masked by PRG output shared by the sender and the third party.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import ring
+from ..comm import NEXT, PREV
+from ..party import Party
+from ..shares import AShare, BShare, bits_to_planes, group_sizes, planes_to_bits, words
+from .arith import public_share
+from .base import Cost, Round, group_bounds, packed_bytes
+from .boolean import (and_bb, and_local, pack_planes, random_planes, unpack_planes)
+
+BLOCK = 3
+
+
+# ------------------------------------------------------------------------ layout ------
+def window(p: Party, exact: bool = False) -> tuple[int, int]:
+    """(L, m): low bits dropped and window width for DReLU inputs."""
+    if exact:
+        return 0, 64
+    cfg = p.cfg
+    L = cfg.relu_drop_bits
+    return L, cfg.frac + cfg.relu_bound_bits - L + 2
+
+
+def _blocks(nlow: int) -> list[tuple[int, int]]:
+    return [(s, min(BLOCK, nlow - s)) for s in range(0, nlow, BLOCK)]
+
+
+def _tree_plan(nblocks: int) -> list[list[tuple[int, int, bool]]]:
+    """Levels of (hi, lo, need_P) index pairs over the current node list."""
+    levels, count = [], nblocks
+    while count > 1:
+        pairs = [(2 * i + 1, 2 * i, i != 0) for i in range(count // 2)]
+        levels.append(pairs)
+        count = count // 2 + count % 2
+    return levels
+
+
+def _ands_per_level(nblocks: int) -> list[int]:
+    return [sum(2 if need else 1 for _, _, need in lvl) for lvl in _tree_plan(nblocks)]
+
+
+def _bits_u64(planes: np.ndarray, n: int) -> np.ndarray:
+    """One grouped... (1, words(n)) plane of a single group -> uint64 0/1 array."""
+    return np.unpackbits(np.ascontiguousarray(planes).view(np.uint8), axis=1,
+                         bitorder="little")[0, :n].astype(np.uint64)
+
+
+# ------------------------------------------------------------------------ leaves ------
+def _leaves(p: Party, x: AShare, L: int, m: int) -> tuple[BShare, int]:
+    """Replicated bits [c, G_0..G_{N-1}, P_1..P_{N-1}] with c = 1 ^ a_top ^ b_top. 2 rounds."""
+    n = x.size
+    nlow = m - 1
+    blocks = _blocks(nlow)
+    nb = len(blocks)
+    nrows = sum((1 << k) - 1 for _, k in blocks) + 1          # thermometers + a_top
+    nconv = 2 * nb - 1
+    mask = ring.check_ring(np.array([(1 << m) - 1 if m < 64 else (1 << 64) - 1],
+                                    dtype=np.uint64), "mask")[0]
+    lsh, sL = np.uint64(L), np.uint64(1 << L if L > 0 else 0)
+    top = np.uint64(m - 1)
+    r1, st = Round(p), []
+    for g, sl in enumerate(group_bounds(n)):
+        role, ng = p.role(g), sl.stop - sl.start
+        w = words(ng)
+        s = {"role": role, "n": ng}
+        if role == 0:
+            a = ((x.a[sl] + x.b[sl]) >> lsh) & mask
+            rows = [(((a >> np.uint64(off)) & np.uint64((1 << k) - 1))[None, :] >=
+                     np.arange(1, 1 << k, dtype=np.uint64)[:, None]) for off, k in blocks]
+            rows.append(((a >> top) & np.uint64(1))[None, :].astype(bool))
+            rho = random_planes(p, "next", nrows, w, f"thermo{g}")
+            planes = bits_to_planes_group(np.concatenate(rows).astype(np.uint8), ng)
+            s["rho_top"], s["atop_masked"] = rho[-1:], (planes ^ rho)[-1:]
+            r1.send(PREV, pack_planes(planes ^ rho, ng))            # to role 2
+            r1.recv(NEXT, g, 1)                                     # role 1's half
+        else:
+            B = x.b[sl] if role == 1 else x.a[sl]
+            b = ((B + sL) >> lsh) & mask
+            s["b"], s["btop"] = b, (b >> top) & np.uint64(1)
+            if role == 1:
+                rho = random_planes(p, "prev", nrows, w, f"thermo{g}")
+                s["rho_top"] = rho[-1:]
+                u = _select_leaves(rho, b, blocks, ng, const_one=False)
+                s["kappa"] = random_planes(p, "next", nconv, w, f"kappa{g}")
+                s["sigma"] = random_planes(p, "next", nconv, w, f"sigma{g}")
+                s["u"] = u ^ s["kappa"]
+                r1.send(PREV, pack_planes(s["u"], ng))               # to role 0
+            else:
+                r1.recv(NEXT, g, 1)                                 # thermometer from role 0
+        st.append(s)
+    got = r1.run()
+
+    r2 = Round(p)
+    for g, s in enumerate(st):
+        ng, w = s["n"], words(s["n"])
+        if s["role"] == 0:
+            s["u1"] = unpack_planes(got[(NEXT, g)][0], ng)
+            r2.recv(PREV, g, 1)
+        elif s["role"] == 2:
+            therm = unpack_planes(got[(NEXT, g)][0], ng)
+            s["atop_masked"] = therm[-1:]
+            u = _select_leaves(therm, s["b"], blocks, ng, const_one=True)
+            s["kappa"] = random_planes(p, "prev", nconv, w, f"kappa{g}")
+            s["sigma"] = random_planes(p, "prev", nconv, w, f"sigma{g}")
+            s["u"] = u ^ s["kappa"] ^ s["sigma"]
+            r2.send(NEXT, pack_planes(s["u"], ng))                   # to role 0
+    got2 = r2.run()
+
+    a_parts, b_parts = [], []
+    for g, s in enumerate(st):
+        ng = s["n"]
+        if s["role"] == 0:
+            u2 = unpack_planes(got2[(PREV, g)][0], ng)
+            a_parts.append(np.concatenate([s["atop_masked"], u2]))
+            b_parts.append(np.concatenate([s["rho_top"], s["u1"]]))
+        else:
+            c_pair = _plane_of(s["btop"] ^ np.uint64(1), ng)
+            if s["role"] == 1:
+                a_parts.append(np.concatenate([s["rho_top"], s["u"]]))
+                b_parts.append(np.concatenate([c_pair, s["sigma"]]))
+            else:
+                a_parts.append(np.concatenate([c_pair, s["sigma"]]))
+                b_parts.append(np.concatenate([s["atop_masked"], s["u"]]))
+    return BShare(np.concatenate(a_parts, axis=1), np.concatenate(b_parts, axis=1), n), nb
+
+
+def bits_to_planes_group(bits: np.ndarray, n: int) -> np.ndarray:
+    padded = np.zeros((bits.shape[0], words(n) * 64), dtype=np.uint8)
+    padded[:, :n] = bits
+    return np.packbits(padded, axis=1, bitorder="little").view(np.uint64)
+
+
+def _plane_of(bit: np.ndarray, n: int) -> np.ndarray:
+    return bits_to_planes_group(bit.astype(np.uint8)[None, :], n)
+
+
+def _select_leaves(therm: np.ndarray, b: np.ndarray, blocks, n: int,
+                   const_one: bool) -> np.ndarray:
+    """XOR share of [G_0..G_{N-1}, P_1..P_{N-1}] from a share of the thermometer codes.
+
+    ``const_one``: this share carries the public t_0 = 1 entries.
+    """
+    bits = np.unpackbits(np.ascontiguousarray(therm).view(np.uint8), axis=1,
+                         bitorder="little")[:, :n]
+    G, P = [], []
+    row = 0
+    cols = np.arange(n)
+    for j, (off, k) in enumerate(blocks):
+        size = 1 << k
+        ext = np.zeros((size + 1, n), dtype=np.uint8)         # t_0 .. t_size
+        ext[0] = 1 if const_one else 0
+        ext[1:size] = bits[row:row + size - 1]
+        row += size - 1
+        bj = ((b >> np.uint64(off)) & np.uint64(size - 1)).astype(np.int64)
+        g = ext[size - bj, cols]
+        G.append(g)
+        if j > 0:
+            P.append(ext[size - 1 - bj, cols] ^ g)
+    return bits_to_planes_group(np.array(G + P, dtype=np.uint8), n)
+
+
+# -------------------------------------------------------------------------- tree ------
+def _carry(p: Party, leaves: BShare, nb: int, fused: bool):
+    """Carry into the top window bit. Returns an RSS BShare, or (fused) this party's
+    masked 3-out-of-3 share of the last node's G."""
+    G = [leaves[1 + j] for j in range(nb)]
+    P = [None] + [leaves[nb + 1 + j] for j in range(nb - 1)]
+    levels = _tree_plan(nb)
+    for li, lvl in enumerate(levels):
+        left = [P[hi] for hi, lo, need in lvl for _ in range(2 if need else 1)]
+        right = [x for hi, lo, need in lvl for x in ((G[lo], P[lo]) if need else (G[lo],))]
+        xs, ys = BShare.stack(left), BShare.stack(right)
+        last = li == len(levels) - 1
+        if last and fused:
+            z = and_local(p, xs, ys, f"tree{li}")
+            return z ^ G[lvl[0][0]].a
+        prod = and_bb(p, xs, ys, f"tree{li}")
+        newG, newP, pos = [], [], 0
+        for hi, lo, need in lvl:
+            newG.append(G[hi] ^ prod[pos])
+            newP.append(prod[pos + 1] if need else None)
+            pos += 2 if need else 1
+        if len(G) % 2:
+            newG.append(G[-1])
+            newP.append(P[-1])
+        G, P = newG, newP
+    if fused:   # a single block: mask slot values into a fresh 3-out-of-3 sharing
+        shape = G[0].a.shape
+        alpha = random_planes(p, "next", *shape, "one") ^ random_planes(p, "prev", *shape, "one")
+        return G[0].a ^ alpha
+    return G[0]
+
+
+def _drelu_bits(p: Party, x: AShare, exact: bool, fused: bool):
+    L, m = window(p, exact)
+    flat = AShare(x.a.reshape(-1), x.b.reshape(-1))
+    leaves, nb = _leaves(p, flat, L, m)
+    c = leaves[0]
+    carry = _carry(p, leaves, nb, fused)
+    if fused:
+        return carry ^ c.a, flat
+    return carry ^ c, flat
+
+
+def drelu_a(p: Party, x: AShare, exact: bool = False) -> BShare:
+    """DReLU(x) = [x >= 0] as a replicated boolean sharing (one plane).
+
+    ``exact=True`` uses the full 64-bit window (no magnitude bound, no error region).
+    Cost: :func:`cost_drelu`.
+    """
+    p.new_op()
+    bits, _ = _drelu_bits(p, x, exact, fused=False)
+    return bits
+
+
+def msb_a(p: Party, x: AShare, exact: bool = False) -> BShare:
+    """Sign bit [x < 0] = 1 ^ DReLU(x). Cost: as :func:`drelu_a`."""
+    d = drelu_a(p, x, exact)
+    one = np.uint64(0xFFFFFFFFFFFFFFFF)
+    if p.rank == 0:
+        return BShare(d.a ^ one, d.b, d.n)
+    if p.rank == 2:
+        return BShare(d.a, d.b ^ one, d.n)
+    return d
+
+
+# --------------------------------------------------------------------- injection ------
+def _inject(p: Party, x: AShare, bit, from_masked: bool) -> AShare:
+    """d * x for a bit d given as RSS BShare (``from_masked=False``) or as this party's
+    masked 3-out-of-3 planes (``from_masked=True``, the pair swaps its halves)."""
+    n = x.size
+    r1, st = Round(p), []
+    for g, (sl, wsl) in enumerate(zip(group_bounds(n), _word_bounds(n))):
+        role, ng = p.role(g), sl.stop - sl.start
+        s = {"role": role, "n": ng}
+        if role == 0:
+            e = bit[:, wsl] if from_masked else bit.a[:, wsl] ^ bit.b[:, wsl]
+            u = _bits_u64(e, ng)
+            A = x.a[sl] + x.b[sl]
+            uA = u * A
+            rho1 = p.rand_with(0, 2, ng, f"r1{g}")
+            rho2 = p.rand_with(0, 2, ng, f"r2{g}")
+            s["kappa"] = p.rand_with(0, 1, ng, f"k{g}")
+            s["s0"] = uA - s["kappa"]
+            r1.send(NEXT, A - uA - uA - rho1, u - rho2)             # to role 1
+            r1.send(PREV, s["s0"])                                  # to role 2
+        else:
+            other = NEXT if role == 1 else PREV
+            if from_masked:
+                s["e"] = bit[:, wsl]
+                r1.send(other, pack_planes(s["e"], ng))
+                r1.recv(other, g, 1)
+            else:
+                s["beta"] = _bits_u64((bit.b if role == 1 else bit.a)[:, wsl], ng)
+            r1.recv(PREV if role == 1 else NEXT, g, 2 if role == 1 else 1)
+        st.append(s)
+    got = r1.run()
+
+    r2 = Round(p)
+    for g, (sl, s) in enumerate(zip(group_bounds(n), st)):
+        role, ng = s["role"], s["n"]
+        if role == 0:
+            r2.recv(NEXT, g, 1)
+            r2.recv(PREV, g, 1)
+            continue
+        other = NEXT if role == 1 else PREV
+        if from_masked:
+            s["beta"] = _bits_u64(s["e"] ^ unpack_planes(got[(other, g)][0], ng), ng)
+        beta = s["beta"]
+        B = x.b[sl] if role == 1 else x.a[sl]
+        sB = B - beta * B - beta * B
+        tau1 = p.rand_with(role, 3 - role, ng, f"t1{g}")
+        tau2 = p.rand_with(role, 3 - role, ng, f"t2{g}")
+        s["s2"] = tau1 + tau2
+        if role == 1:
+            V, u = got[(PREV, g)]
+            s["s1"] = p.rand_with(1, 0, ng, f"k{g}") + beta * V + u * sB + beta * B - tau1
+            r2.send(PREV, s["s1"] - p.rand_with(1, 0, ng, f"k{g}"))
+        else:
+            rho1 = p.rand_with(2, 0, ng, f"r1{g}")
+            rho2 = p.rand_with(2, 0, ng, f"r2{g}")
+            y2 = beta * rho1 + rho2 * sB - tau2
+            s["s0"] = got[(NEXT, g)][0] + y2
+            r2.send(NEXT, y2)
+    got2 = r2.run()
+
+    a_out = np.empty(n, dtype=np.uint64)
+    b_out = np.empty(n, dtype=np.uint64)
+    for g, (sl, s) in enumerate(zip(group_bounds(n), st)):
+        if s["role"] == 0:
+            a_out[sl] = s["s0"] + got2[(PREV, g)][0]
+            b_out[sl] = s["kappa"] + got2[(NEXT, g)][0]
+        elif s["role"] == 1:
+            a_out[sl], b_out[sl] = s["s1"], s["s2"]
+        else:
+            a_out[sl], b_out[sl] = s["s2"], s["s0"]
+    return AShare(a_out, b_out)
+
+
+def _word_bounds(n: int) -> list[slice]:
+    out, start = [], 0
+    for m in group_sizes(n):
+        out.append(slice(start, start + words(m)))
+        start += words(m)
+    return out
+
+
+def cost_inject(n: int, fused: bool) -> Cost:
+    def role_bytes(role: int, ng: int) -> int:
+        if role == 0:
+            return 24 * ng
+        return 8 * ng + (packed_bytes(ng, 1) if fused else 0)
+    return Cost.by_role(2, n, role_bytes)
+
+
+# ------------------------------------------------------------------ public kernels ----
+def relu_a(p: Party, x: AShare) -> AShare:
+    """ReLU(x) = DReLU(x) * x with the injection fused onto the last AND layer.
+
+    Inputs must satisfy |x| < 2^(frac + relu_bound_bits); output error < 2^relu_drop_bits
+    ulp, only for inputs in [-2^drop, 0). Cost: :func:`cost_relu`.
+    """
+    p.new_op()
+    e, flat = _drelu_bits(p, x, exact=False, fused=True)
+    return _inject(p, flat, e, from_masked=True).reshape(x.shape)
+
+
+def mul_ab(p: Party, bit: BShare, x: AShare) -> AShare:
+    """bit * x for a replicated boolean bit (one plane over x.size elements)."""
+    if bit.planes != 1 or bit.n != x.size:
+        raise ValueError(f"mul_ab: need one bit plane over {x.size} elements")
+    p.new_op()
+    flat = AShare(x.a.reshape(-1), x.b.reshape(-1))
+    return _inject(p, flat, bit, from_masked=False).reshape(x.shape)
+
+
+def select_ab(p: Party, bit: BShare, x: AShare, y: AShare) -> AShare:
+    """bit ? y : x  (= x + bit * (y - x)). Cost: :func:`cost_inject`."""
+    return x + mul_ab(p, bit, y - x)
+
+
+def b2a(p: Party, bit: BShare) -> AShare:
+    """Bit injection of a replicated boolean bit into Z_2^64 (0/1 at scale 1)."""
+    one = public_share(p, np.ones(bit.n, dtype=np.uint64))
+    return mul_ab(p, bit, one)
+
+
+def _leaf_cost(n: int, L: int, m: int) -> tuple[Cost, int]:
+    blocks = _blocks(m - 1)
+    nb = len(blocks)
+    nrows = sum((1 << k) - 1 for _, k in blocks) + 1
+    nconv = 2 * nb - 1
+
+    def role_bytes(role: int, ng: int) -> int:
+        return packed_bytes(ng, 1) * (nrows if role == 0 else nconv if role in (1, 2) else 0)
+    return Cost.by_role(2, n, role_bytes), nb
+
+
+def _and_cost(n: int, planes: int) -> Cost:
+    return Cost.uniform(1, planes * sum(packed_bytes(m, 1) for m in group_sizes(n)))
+
+
+def cost_drelu(n: int, L: int, m: int, fused: bool = False) -> Cost:
+    """Leaves (2 rounds) + one round per tree level (the last one free when fused)."""
+    cost, nb = _leaf_cost(n, L, m)
+    levels = _ands_per_level(nb)
+    for li, k in enumerate(levels):
+        if not (fused and li == len(levels) - 1):
+            cost = cost + _and_cost(n, k)
+    return cost
+
+
+def cost_relu(n: int, L: int, m: int) -> Cost:
+    return cost_drelu(n, L, m, fused=True) + cost_inject(n, fused=True)
