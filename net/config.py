@@ -1,0 +1,162 @@
+"""The cluster configuration: one TOML file used by every command and process.
+
+Example (see deploy/cluster.toml)::
+
+    [cluster]
+    ca = "certs/ca.pem"            # relative paths are relative to this file
+    peer_timeout_s = 30            # a peer message not arriving in time fails the job
+    job_timeout_s = 600
+    max_jobs = 8                   # concurrent jobs per party; more are refused
+    frac = 18                      # fixed-point fractional bits (ring Z_2^64)
+
+    [[party]]
+    id = 0
+    address = "mpc-a.example.org:7700"   # what peers and clients dial
+    listen = "0.0.0.0:7700"              # optional bind address (default: address)
+    cert = "certs/party-0.pem"
+    key = "certs/party-0.key"
+    data_dir = "/var/lib/mpc3"
+    # dial = { 1 = "10.0.0.2:7700" }     # optional per-peer dial overrides
+
+    [clients.model-owner]
+    cert = "certs/owner.pem"
+    key = "certs/owner.key"
+
+Plaintext mode (no TLS, no authentication) exists only for local development, as
+``insecure_plaintext_for_local_dev = true`` in ``[cluster]`` or the CLI flag
+``--insecure-plaintext-for-local-dev``.
+"""
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+INSECURE_KEY = "insecure_plaintext_for_local_dev"
+
+
+@dataclass(frozen=True)
+class PartyConfig:
+    id: int
+    address: str
+    listen: str
+    cert: Path | None
+    key: Path | None
+    data_dir: Path
+    dial: dict[int, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ClientCreds:
+    cert: Path
+    key: Path
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    path: Path | None
+    parties: tuple[PartyConfig, PartyConfig, PartyConfig]
+    ca: Path | None
+    peer_timeout_s: float = 30.0
+    job_timeout_s: float = 600.0
+    connect_timeout_s: float = 10.0
+    max_jobs: int = 8
+    frac: int = 18
+    max_tensor_bytes: int = 1 << 31
+    clients: dict[str, ClientCreds] = field(default_factory=dict)
+    insecure_plaintext_for_local_dev: bool = False
+
+    def party(self, n: int) -> PartyConfig:
+        if n not in (0, 1, 2):
+            raise ValueError(f"party id must be 0, 1 or 2, got {n}")
+        return self.parties[n]
+
+    def dial_address(self, src: int | None, dst: int) -> str:
+        """Address that ``src`` (a party, or None for a client) dials to reach party ``dst``."""
+        if src is not None and dst in self.parties[src].dial:
+            return self.parties[src].dial[dst]
+        return self.parties[dst].address
+
+    @property
+    def tls(self) -> bool:
+        return not self.insecure_plaintext_for_local_dev
+
+
+def _path(base: Path, value, what: str) -> Path:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{what}: expected a path string")
+    p = Path(value).expanduser()
+    return p if p.is_absolute() else base / p
+
+
+def _num(table: dict, key: str, default, kind, lo):
+    v = table.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or kind(v) < lo:
+        raise ValueError(f"[cluster] {key} must be a number >= {lo}, got {v!r}")
+    return kind(v)
+
+
+def load(path, insecure_flag: bool = False) -> ClusterConfig:
+    """Parse and validate a cluster TOML; every error names the offending key."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"cluster config {path} not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{path}: invalid TOML: {exc}") from None
+    return from_dict(raw, path.parent.resolve(), path, insecure_flag)
+
+
+def from_dict(raw: dict, base: Path, path: Path | None = None,
+              insecure_flag: bool = False) -> ClusterConfig:
+    cl = raw.get("cluster", {})
+    insecure = bool(cl.get(INSECURE_KEY, False)) or insecure_flag
+    parties_raw = raw.get("party")
+    if not isinstance(parties_raw, list) or len(parties_raw) != 3:
+        raise ValueError("config needs exactly three [[party]] tables")
+    parties: list[PartyConfig | None] = [None, None, None]
+    for t in parties_raw:
+        pid = t.get("id")
+        if pid not in (0, 1, 2) or parties[pid] is not None:
+            raise ValueError(f"[[party]] id must be 0, 1, 2, each once; got {pid!r}")
+        addr = t.get("address")
+        if not isinstance(addr, str) or ":" not in addr:
+            raise ValueError(f"party {pid}: address must be 'host:port', got {addr!r}")
+        cert = key = None
+        if not insecure:
+            cert = _path(base, t.get("cert"), f"party {pid} cert")
+            key = _path(base, t.get("key"), f"party {pid} key")
+        dial = {int(k): str(v) for k, v in t.get("dial", {}).items()}
+        parties[pid] = PartyConfig(pid, addr, str(t.get("listen", addr)), cert, key,
+                                   _path(base, t.get("data_dir", f"data/party-{pid}"),
+                                         f"party {pid} data_dir"), dial)
+    clients = {role: ClientCreds(_path(base, c.get("cert"), f"clients.{role} cert"),
+                                 _path(base, c.get("key"), f"clients.{role} key"))
+               for role, c in raw.get("clients", {}).items()}
+    ca = None if insecure else _path(base, cl.get("ca"), "[cluster] ca")
+    return ClusterConfig(
+        path=path, parties=tuple(parties), ca=ca,
+        peer_timeout_s=_num(cl, "peer_timeout_s", 30.0, float, 0.1),
+        job_timeout_s=_num(cl, "job_timeout_s", 600.0, float, 1),
+        connect_timeout_s=_num(cl, "connect_timeout_s", 10.0, float, 0.1),
+        max_jobs=_num(cl, "max_jobs", 8, int, 1),
+        frac=_num(cl, "frac", 18, int, 1),
+        max_tensor_bytes=_num(cl, "max_tensor_bytes", 1 << 31, int, 16),
+        clients=clients, insecure_plaintext_for_local_dev=insecure)
+
+
+def render(parties: list[dict], cluster: dict, clients: dict[str, dict]) -> str:
+    """TOML text for a config (used by ``cluster up``); values are str/int/float/bool."""
+    def val(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return repr(v)
+        return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
+    lines = ["[cluster]"] + [f"{k} = {val(v)}" for k, v in cluster.items()]
+    for p in parties:
+        lines += ["", "[[party]]"] + [f"{k} = {val(v)}" for k, v in p.items()]
+    for role, c in clients.items():
+        lines += ["", f"[clients.{role}]"] + [f"{k} = {val(v)}" for k, v in c.items()]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,206 @@
+"""Certificates for a cluster: one CA, three parties, and clients whose role is in the cert.
+
+Roles live in the subject's OrganizationalUnit: ``party-0`` .. ``party-2``, ``model-owner``,
+``query-user``. The CommonName is the identity (a query user may fetch only outputs of jobs
+submitted under its own CN). Party certificates carry the DNS name ``party-N`` (clients and
+peers dial with that name as the TLS target, so the handshake proves which party answered)
+plus any host names / IP addresses the party is reached at.
+
+Private keys are written with mode 0600; the CA key stays in the directory it was created in
+and is needed only to issue more certificates (keep it offline in production).
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import functools
+import ipaddress
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+PARTY_ROLES = ("party-0", "party-1", "party-2")
+CLIENT_ROLES = ("model-owner", "query-user")
+ROLES = PARTY_ROLES + CLIENT_ROLES
+DEFAULT_CLIENTS = (("owner", "model-owner"), ("user", "query-user"), ("user2", "query-user"))
+VALID_DAYS = 365
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who is calling, as proven by the TLS client certificate."""
+
+    name: str   # CN
+    role: str   # OU
+
+    @property
+    def party_rank(self) -> int | None:
+        return PARTY_ROLES.index(self.role) if self.role in PARTY_ROLES else None
+
+
+def identity_from_pem(pem: bytes) -> Identity:
+    cert = x509.load_pem_x509_certificate(pem)
+    cn = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    ou = cert.subject.get_attributes_for_oid(NameOID.ORGANIZATIONAL_UNIT_NAME)
+    if not cn or not ou:
+        raise ValueError("certificate lacks CN or OU")
+    return Identity(str(cn[0].value), str(ou[0].value))
+
+
+def _key() -> ec.EllipticCurvePrivateKey:
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def _write_key(path: Path, key) -> None:
+    data = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+
+
+def _write_cert(path: Path, cert: x509.Certificate) -> None:
+    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+
+def _name(cn: str, ou: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "mpc3"),
+                      x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, ou),
+                      x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+
+def _san(hosts) -> list[x509.GeneralName]:
+    out: list[x509.GeneralName] = []
+    for h in hosts:
+        try:
+            out.append(x509.IPAddress(ipaddress.ip_address(h)))
+        except ValueError:
+            out.append(x509.DNSName(h))
+    return out
+
+
+def create_ca(directory: Path) -> None:
+    key = _key()
+    now = _dt.datetime.now(_dt.timezone.utc)
+    name = _name("mpc3 cluster CA", "ca")
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - _dt.timedelta(minutes=5))
+            .not_valid_after(now + _dt.timedelta(days=VALID_DAYS))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False,
+                                         False), critical=True)
+            .sign(key, hashes.SHA256()))
+    _write_key(directory / "ca.key", key)
+    _write_cert(directory / "ca.pem", cert)
+
+
+def issue(directory: Path, stem: str, cn: str, role: str, hosts=()) -> tuple[Path, Path]:
+    """Issue ``<stem>.pem``/``<stem>.key`` signed by the CA in ``directory``."""
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}; expected one of {', '.join(ROLES)}")
+    ca_key = serialization.load_pem_private_key((directory / "ca.key").read_bytes(), None)
+    ca_cert = x509.load_pem_x509_certificate((directory / "ca.pem").read_bytes())
+    key = _key()
+    now = _dt.datetime.now(_dt.timezone.utc)
+    usages = [ExtendedKeyUsageOID.CLIENT_AUTH]
+    builder = (x509.CertificateBuilder().subject_name(_name(cn, role))
+               .issuer_name(ca_cert.subject).public_key(key.public_key())
+               .serial_number(x509.random_serial_number())
+               .not_valid_before(now - _dt.timedelta(minutes=5))
+               .not_valid_after(now + _dt.timedelta(days=VALID_DAYS))
+               .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True))
+    if role in PARTY_ROLES:
+        usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
+        builder = builder.add_extension(
+            x509.SubjectAlternativeName(_san([role, *hosts])), critical=False)
+    cert = builder.add_extension(x509.ExtendedKeyUsage(usages), critical=False).sign(
+        ca_key, hashes.SHA256())
+    _write_key(directory / f"{stem}.key", key)
+    _write_cert(directory / f"{stem}.pem", cert)
+    return directory / f"{stem}.pem", directory / f"{stem}.key"
+
+
+def generate(directory, hosts=("localhost", "127.0.0.1"), party_hosts=None,
+             clients=DEFAULT_CLIENTS) -> Path:
+    """CA + three party certificates + client certificates in ``directory``.
+
+    ``party_hosts``: optional per-party host lists (else every party gets ``hosts``).
+    Refuses to overwrite an existing CA.
+    """
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    if (d / "ca.key").exists():
+        raise FileExistsError(f"{d / 'ca.key'} exists; refusing to overwrite a CA")
+    create_ca(d)
+    for n in range(3):
+        issue(d, f"party-{n}", f"party-{n}", PARTY_ROLES[n],
+              hosts=(party_hosts[n] if party_hosts else hosts))
+    for stem, role in clients:
+        issue(d, stem, stem, role)
+    return d
+
+
+def register(sub) -> None:
+    p = sub.add_parser("keys", help="create a CA and certificates for three parties and clients")
+    p.add_argument("--dir", required=True, help="output directory (must not hold a CA yet)")
+    p.add_argument("--host", action="append", default=None,
+                   help="host name or IP the parties are reached at (repeatable; "
+                        "default localhost and 127.0.0.1)")
+    p.add_argument("--client", action="append", default=None, metavar="NAME:ROLE",
+                   help="client certificate to issue, ROLE in model-owner|query-user "
+                        "(repeatable; default owner:model-owner user:query-user "
+                        "user2:query-user)")
+    p.set_defaults(func=_cmd_keys)
+
+
+def _cmd_keys(args) -> int:
+    clients = DEFAULT_CLIENTS
+    if args.client:
+        clients = []
+        for spec in args.client:
+            name, _, role = spec.partition(":")
+            if not name or role not in CLIENT_ROLES:
+                raise ValueError(f"--client {spec!r}: expected NAME:model-owner or NAME:query-user")
+            clients.append((name, role))
+    d = generate(args.dir, hosts=tuple(args.host or ("localhost", "127.0.0.1")), clients=clients)
+    print(f"certificates written to {d}")
+    return 0
+
+
+# ------------------------------------------------------------------- gRPC credentials ----
+@functools.lru_cache(maxsize=256)
+def _identity_cached(pem: bytes) -> Identity:
+    return identity_from_pem(pem)
+
+
+def peer_identity(context) -> Identity | None:
+    """Identity of the caller from its verified TLS client certificate (None if plaintext)."""
+    pems = context.auth_context().get("x509_pem_cert")
+    if not pems:
+        return None
+    return _identity_cached(bytes(pems[0]))
+
+
+def server_credentials(cert: Path, key: Path, ca: Path):
+    """mTLS server credentials: clients must present a certificate signed by the CA."""
+    import grpc
+    return grpc.ssl_server_credentials([(Path(key).read_bytes(), Path(cert).read_bytes())],
+                                       root_certificates=Path(ca).read_bytes(),
+                                       require_client_auth=True)
+
+
+def channel_credentials(cert: Path | None, key: Path | None, ca: Path):
+    import grpc
+    return grpc.ssl_channel_credentials(
+        Path(ca).read_bytes(), Path(key).read_bytes() if key else None,
+        Path(cert).read_bytes() if cert else None)
+
+
+def party_target_name(rank: int) -> str:
+    """TLS name every party certificate carries; dialled names are checked against it."""
+    return PARTY_ROLES[rank]
