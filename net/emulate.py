@@ -165,7 +165,8 @@ class Emulation:
         self.mechanism = mechanism
         self.emulation: str | None = None       # "netem" | "tbf+relay" once active
         self.relay_overhead_ms = 0.0            # calibrated relay forwarding latency
-        self.namespaces = [f"{NS_PREFIX}{os.getpid()}-{next(_counter)}-p{i}" for i in range(PARTIES)]
+        self.prefix = f"{NS_PREFIX}{os.getpid()}-{next(_counter)}"    # unique per instance
+        self.namespaces = [f"{self.prefix}-p{i}" for i in range(PARTIES)]
         self._procs: list[subprocess.Popen] = []
         self._exposed: set[tuple[int, int]] = set()
         self._probe_ports: set[int] = set()

@@ -70,6 +70,7 @@ def test_link_rtt_rate_and_teardown():
     with Emulation(prof) as emu:
         names = list(emu.namespaces)
         assert set(names) <= set(_netns_list())
+        assert len({n.rsplit("-", 1)[0] for n in names}) == 1     # one shared prefix
         # measured path (through the relay in tbf+relay mode)
         r = verify_link(emu, 0, 1, seconds=1.0, pings=10)
         assert r["emulation"] in ("netem", "tbf+relay")
