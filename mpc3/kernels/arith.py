@@ -15,7 +15,8 @@ offset by 2^62. Share-local truncation (SecureML, ABY3's Pi_trunc1) is the same 
 without the ``a_t * b_t`` term, which is exactly its failure event. Mode "prob" omits it
 (one round, one ring element per party and output - the RSS minimum; fails w.p. ~|x|/2^64);
 mode "exact" (default) computes ``a_t * b_t`` mod 2^f with three f-bit messages in a second
-round and never fails for |x| < 2^62 (error in [-1, 0] ulp). Masks come from the pairwise
+round and never fails for |x| < 2^62. A public half-ulp offset makes both modes round to
+nearest; with the dropped low carry the error lies in [-1.5, 0.5] ulp. Masks come from the pairwise
 PRGs, are uniform, and every message is hidden from its receiver by a key the receiver
 lacks; there is no setting that replaces them with constants.
 """
@@ -202,6 +203,7 @@ def _trunc_split(p: Party, src, bits: int, from_rss: bool) -> AShare:
     offset = _u(1 << OFFSET_BITS) if exact else np.uint64(0)
     sh, up, top = np.uint64(bits), np.uint64(64 - bits), np.uint64(63)
     low = _u((1 << bits) - 1)
+    half = _u(1 << (bits - 1))
     ssh = np.int64(bits)
     shift = lambda v: ring.from_signed(ring.to_signed(v) >> ssh)  # noqa: E731
 
@@ -238,7 +240,7 @@ def _trunc_split(p: Party, src, bits: int, from_rss: bool) -> AShare:
             continue
         if not from_rss:
             st["B"] = st["z"] + got[(_dir(role, 3 - role), g)][0]
-        Bp = st["B"] + offset
+        Bp = st["B"] + offset + half                             # half: round to nearest
         st["W"] = shift(Bp) - (offset >> sh)
         st["bt"] = Bp >> top
         if role == 2:

@@ -221,8 +221,8 @@ def _carry(p: Party, leaves: BShare, nb: int, fused: bool):
     return G[0]
 
 
-def _drelu_bits(p: Party, x: AShare, exact: bool, fused: bool):
-    L, m = window(p, exact)
+def _drelu_bits(p: Party, x: AShare, exact: bool, fused: bool, win=None):
+    L, m = win or window(p, exact)
     flat = AShare(x.a.reshape(-1), x.b.reshape(-1))
     leaves, nb = _leaves(p, flat, L, m)
     c = leaves[0]
@@ -232,14 +232,16 @@ def _drelu_bits(p: Party, x: AShare, exact: bool, fused: bool):
     return carry ^ c, flat
 
 
-def drelu_a(p: Party, x: AShare, exact: bool = False) -> BShare:
+def drelu_a(p: Party, x: AShare, exact: bool = False,
+            win: tuple[int, int] | None = None) -> BShare:
     """DReLU(x) = [x >= 0] as a replicated boolean sharing (one plane).
 
-    ``exact=True`` uses the full 64-bit window (no magnitude bound, no error region).
+    ``exact=True`` uses the full 64-bit window (no magnitude bound, no error region);
+    ``win=(L, m)`` sets the window explicitly (|x| < 2^(L+m-2), error region [-2^L, 0)).
     Cost: :func:`cost_drelu`.
     """
     p.new_op()
-    bits, _ = _drelu_bits(p, x, exact, fused=False)
+    bits, _ = _drelu_bits(p, x, exact, fused=False, win=win)
     return bits
 
 

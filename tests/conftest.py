@@ -1,0 +1,52 @@
+import numpy as np
+import pytest
+
+from mpc3 import ring
+from mpc3.party import RingConfig
+from mpc3.sim import deal, make_parties, reveal, run_parties
+
+
+class Run:
+    """Run an SPMD function on three in-process parties and keep their traffic."""
+
+    def __init__(self, cfg=None):
+        self.cfg = cfg or RingConfig()
+
+    def __call__(self, fn, *shared_args):
+        self.parties = make_parties(self.cfg)
+        args = [tuple(a[i] for a in shared_args) for i in range(3)]
+        return run_parties(fn, args, parties=self.parties)
+
+    @property
+    def bytes_per_party(self):
+        return tuple(p.stats.bytes_sent for p in self.parties)
+
+    @property
+    def rounds(self):
+        return max(p.stats.rounds for p in self.parties)
+
+    def assert_cost(self, cost):
+        assert self.bytes_per_party == cost.bytes_per_party
+        assert self.rounds == cost.rounds
+
+
+@pytest.fixture
+def run():
+    return Run()
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(12345)
+
+
+def share(x, frac=ring.DEFAULT_FRAC):
+    return deal(ring.encode(np.asarray(x, dtype=float), frac))
+
+
+def value(shares, frac=ring.DEFAULT_FRAC):
+    return ring.decode(reveal(shares), frac)
+
+
+EDGE = np.array([0.0, 2.0 ** -18, -2.0 ** -18, 1e-3, -1e-3, 1.0, -1.0, 1000.0, -1000.0,
+                 12345.678, -12345.678, 16383.0, -16383.0])

@@ -1,0 +1,98 @@
+"""Arithmetic kernels against numpy, measured traffic against declared cost."""
+import numpy as np
+import pytest
+
+from conftest import EDGE, Run, share, value
+from mpc3 import ring
+from mpc3.party import RingConfig
+from mpc3.sim import deal, reveal
+from mpc3.kernels import arith
+
+ULP = 2.0 ** -ring.DEFAULT_FRAC
+
+
+@pytest.mark.parametrize("mode", ["exact", "prob"])
+def test_mul_fixed_point(mode, rng):
+    run = Run(RingConfig(trunc=mode))
+    x = np.concatenate([EDGE, rng.normal(size=200) * 30])
+    y = np.concatenate([EDGE[::-1] / 1000, rng.normal(size=200)])
+    out = run(lambda p, a, b: arith.mul_aa(p, a, b), share(x), share(y))
+    # inputs carry 1/2 ulp encoding error each; the product adds at most one ulp
+    bound = 1.5 * ULP + ULP / 2 * (np.abs(x) + np.abs(y))
+    assert (np.abs(value(out) - x * y) <= bound).all()
+    run.assert_cost(arith.cost_mul(x.size, True, ring.DEFAULT_FRAC, mode))
+
+
+def test_mul_integer_and_open(run, rng):
+    x = rng.integers(0, 2**64, size=(5, 7), dtype=np.uint64)
+    y = rng.integers(0, 2**64, size=(5, 7), dtype=np.uint64)
+    out = run(lambda p, a, b: arith.open_a(p, arith.mul_aa(p, a, b, trunc=False)), deal(x), deal(y))
+    assert all((o == x * y).all() for o in out)
+    assert run.rounds == 2
+
+
+@pytest.mark.parametrize("mode", ["exact", "prob"])
+def test_matmul_fixed_point(mode, rng):
+    run = Run(RingConfig(trunc=mode))
+    a, b = rng.normal(size=(2, 9, 33)), rng.normal(size=(33, 5))
+    out = run(lambda p, x, y: arith.matmul_aa(p, x, y), share(a), share(b))
+    assert np.abs(value(out) - a @ b).max() < 40 * ULP
+    run.assert_cost(arith.cost_mul(2 * 9 * 5, True, ring.DEFAULT_FRAC, mode))
+
+
+@pytest.mark.parametrize("mode", ["exact", "prob"])
+def test_trunc(mode, rng):
+    run = Run(RingConfig(trunc=mode))
+    x = np.concatenate([EDGE, rng.normal(size=100) * 100])
+    out = run(lambda p, a: arith.trunc_a(p, a, 7), share(x * 128))
+    assert np.abs(value(out) - x).max() <= 1.5 * ULP          # round-to-nearest minus dropped carry
+    run.assert_cost(arith.cost_trunc(x.size, 7, mode))
+
+
+def _forced_wrap_shares(x_ring):
+    """Shares whose split form puts A in the probabilistic truncation's failure window."""
+    n = x_ring.size
+    slot0 = np.full(n, (1 << 63) - 10, dtype=np.uint64)   # A = 2^63 - 5: B wraps for x < 0
+    slot1 = np.full(n, 5, dtype=np.uint64)
+    slot2 = x_ring - slot0 - slot1
+    return [arith.AShare(s1.copy(), s2.copy()) for s1, s2 in
+            ((slot0, slot1), (slot1, slot2), (slot2, slot0))]
+
+
+def test_exact_truncation_never_fails_where_share_truncation_does():
+    x = np.full(6, -3.25)
+    shares = _forced_wrap_shares(ring.encode(x * 2.0 ** 18))
+    exact = Run(RingConfig(trunc="exact"))(lambda p, a: arith.trunc_a(p, a), shares)
+    assert np.abs(value(exact) - x).max() <= ULP
+    prob = Run(RingConfig(trunc="prob"))(lambda p, a: arith.trunc_a(p, a), shares)
+    assert np.abs(value(prob) - x).max() > 1e8          # the classic failure event (group 0)
+
+
+def test_public_ops(run, rng):
+    x, c = rng.normal(size=(4, 6)), rng.normal(size=(6, 3))
+    def f(p, a):
+        y = arith.matmul_public(a, ring.encode(c))
+        y = arith.trunc_a(p, y)
+        return arith.add_public(p, y, ring.encode(np.ones((4, 3))))
+    assert np.abs(value(run(f, share(x))) - (x @ c + 1)).max() < 10 * ULP
+
+
+def test_open_to_one_party(run, rng):
+    x = rng.integers(0, 2**64, size=10, dtype=np.uint64)
+    out = run(lambda p, a: arith.open_a(p, a, to=2), deal(x))
+    assert out[0] is None and out[1] is None and (out[2] == x).all()
+    run.assert_cost(arith.cost_open_a(10, to=2))
+
+
+def test_bad_inputs_raise(run):
+    good = share(np.ones(3))
+    with pytest.raises(TypeError, match="uint64"):
+        arith.AShare(np.ones(3), np.ones(3))
+    with pytest.raises(ValueError, match="shape"):
+        arith.AShare(np.zeros(3, np.uint64), np.zeros(4, np.uint64))
+    with pytest.raises(ValueError, match="shapes differ"):
+        run(lambda p, a, b: arith.mul_aa(p, a, b), good, share(np.ones(4)))
+    with pytest.raises(ValueError, match="inner dimensions"):
+        run(lambda p, a, b: arith.matmul_aa(p, a, b), share(np.ones((2, 3))), share(np.ones((4, 2))))
+    with pytest.raises(ValueError):
+        RingConfig(trunc="zero-masks")

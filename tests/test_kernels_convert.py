@@ -1,0 +1,96 @@
+"""DReLU / ReLU / select / b2a and the fixed-point functions."""
+import numpy as np
+import pytest
+
+from conftest import EDGE, Run, share, value
+from mpc3 import ring
+from mpc3.party import RingConfig
+from mpc3.shares import bits_to_planes, planes_to_bits, BShare
+from mpc3.sim import deal, reveal
+from mpc3.kernels import convert, fxp
+
+ULP = 2.0 ** -ring.DEFAULT_FRAC
+CFG = RingConfig()
+DROP = 2.0 ** (CFG.relu_drop_bits - CFG.frac)      # documented DReLU error region [-DROP, 0)
+
+
+def _bits(out, n):
+    return planes_to_bits(out[0].a ^ out[1].a ^ out[2].a, n)[0]
+
+
+def _inputs(rng, n=3000):
+    return np.concatenate([EDGE, [-DROP * 1.5, DROP * 1.5], rng.normal(size=n) * 50,
+                           rng.uniform(-16000, 16000, size=50)])
+
+
+def test_drelu(run, rng):
+    x = _inputs(rng)
+    xs = ring.decode(ring.encode(x))                     # the encoded values
+    out = run(lambda p, a: convert.drelu_a(p, a), share(x))
+    d = _bits(out, x.size)
+    outside = (xs >= 0) | (xs < -DROP)
+    assert (d[outside] == (xs[outside] >= 0)).all()
+    assert d[xs == 0].all()                              # DReLU(0) = 1 as in the paper
+    L, m = convert.window(run.parties[0])
+    run.assert_cost(convert.cost_drelu(x.size, L, m))
+
+
+def test_drelu_exact_and_msb(run, rng):
+    x = np.concatenate([_inputs(rng), [-ULP, ULP, 1e9, -1e9]])
+    xs = ring.decode(ring.encode(x))
+    out = run(lambda p, a: convert.msb_a(p, a, exact=True), share(x))
+    assert (_bits(out, x.size) == (xs < 0)).all()
+
+
+def test_relu_bytes_and_values(run, rng):
+    x = _inputs(rng)
+    out = run(lambda p, a: convert.relu_a(p, a), share(x))
+    err = np.abs(value(out) - np.maximum(x, 0))
+    assert err.max() <= DROP + ULP
+    L, m = convert.window(run.parties[0])
+    cost = convert.cost_relu(x.size, L, m)
+    run.assert_cost(cost)
+    assert cost.bytes_total / x.size <= 60                 # issue target: <= 60 B per ReLU
+
+
+def test_select_b2a_mul(run, rng):
+    n = 500
+    bits = rng.integers(0, 2, size=n).astype(np.uint8)
+    planes = bits_to_planes(bits[None, :])
+    r1, r2 = (rng.integers(0, 2**63, size=planes.shape, dtype=np.uint64) for _ in range(2))
+    slots = [r1, r2, planes ^ r1 ^ r2]
+    b = [BShare(slots[i], slots[(i + 1) % 3], n) for i in range(3)]
+    x, y = rng.normal(size=n), rng.normal(size=n)
+    out = run(lambda p, bb, xx, yy: (convert.select_ab(p, bb, xx, yy), convert.b2a(p, bb)),
+              b, share(x), share(y))
+    sel = value([o[0] for o in out])
+    assert np.abs(sel - np.where(bits == 1, y, x)).max() <= 2 * ULP
+    assert (reveal([o[1] for o in out]) == bits).all()
+
+
+def test_sqrt_inv(run, rng):
+    x = np.concatenate([[2.0 ** -10, 2.0 ** 14, 1.0, 0.5], 2.0 ** rng.uniform(-10, 14, 300)])
+    out = run(lambda p, a: fxp.sqrt_inv_a(p, a), share(x))
+    rel = np.abs(value(out) * np.sqrt(x) - 1)
+    assert rel.max() <= 1e-3
+    assert run.rounds <= 30
+
+
+def test_reciprocal(run, rng):
+    x = np.concatenate([[2.0 ** -10, 2.0 ** 8, 1.0], 2.0 ** rng.uniform(-10, 8, 200)])
+    out = run(lambda p, a: fxp.reciprocal_a(p, a), share(x))
+    got = value(out)
+    assert (np.abs(got - 1 / x) <= 2e-3 / x + 2 * ULP).all()
+
+
+def _paper_poly(x):
+    return 1 + x + 0.5 * x**2 + 0.1665 * x**3 + 0.0438 * x**4
+
+
+@pytest.mark.parametrize("method,lo,hi,ref,tol", [("limit", -16, 8, np.exp, 1e-3),
+                                                  ("poly", -4, 4, _paper_poly, 1e-5)])
+def test_exp(run, rng, method, lo, hi, ref, tol):
+    x = np.concatenate([[0.0, lo, hi], rng.uniform(lo, hi, 200)])
+    out = run(lambda p, a: fxp.exp_a(p, a, method), share(x))
+    want = ref(x)
+    assert (np.abs(value(out) - want) <= tol * np.abs(want) + 20 * ULP).all()
