@@ -1,0 +1,309 @@
+"""Secure attention cores on replicated shares (Privformer Sec. 5, Alg. 1-3, Eq. 12-15).
+
+Inputs are per-head tensors, heads already split: ``qf`` (B, h, Sq, r) and ``kf`` (B, h, Sk, r)
+are the ReLU random features Q', K' and ``v`` (B, h, Sk, dh). All heads go through one
+kernel call per step, so rounds never depend on ``h``. The public normalisation of
+:func:`protocols.model.attn_norm` is *not* applied here: :mod:`protocols.mha` folds the
+constant ``c`` into the shared W^V (free) and applies a per-row ``1/n_i`` with
+:func:`scale_rows` (one truncation) only for ``attn_norm == "mean"``.
+
+Cost declarations (``cost_*``) give rounds and bytes per party as formulas of the shapes and
+are checked against the communicator's counters in tests/test_protocols_attention.py.
+
+Batching helper: :func:`mul_many` runs several independent (mat)products in one truncated
+resharing (one kernel invocation, the rounds of a single product), which is how Q'K'^T and
+the block sums K'^T V of Alg. 3 share their rounds. It uses the 3-out-of-3 local product and
+``arith._finish`` (the fused reshare + truncation of mul_aa/matmul_aa).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from mpc3 import ring
+from mpc3.kernels import arith
+from mpc3.kernels.base import Cost
+from mpc3.party import Party
+from mpc3.shares import AShare
+
+ORDERS = ("auto", "kv", "qk")
+MASKED_FORMS = ("auto", "qk", "vk")
+SOFTMAX_EXP = ("poly", "limit")
+
+
+# ----------------------------------------------------------------- batched products ----
+def _local(x: AShare, y: AShare, kind: str) -> np.ndarray:
+    if kind == "mul":
+        return x.a * (y.a + y.b) + x.b * y.a
+    return ring.matmul(x.a, y.a + y.b) + ring.matmul(x.b, y.a)
+
+
+def mul_many(p: Party, items: list[tuple[AShare, AShare, str]],
+             trunc: bool | int = True) -> list[AShare]:
+    """Independent products ``x*y`` ("mul", same shapes) or ``x@y`` ("matmul") in one go.
+
+    One 3-out-of-3 local product per item, one fused reshare/truncation over all outputs:
+    cost of a single mul_aa with ``sum(output sizes)`` elements (:func:`cost_mul_many`).
+    """
+    zs = []
+    for x, y, kind in items:
+        if kind == "mul" and x.shape != y.shape:
+            raise ValueError(f"mul_many: shapes differ {x.shape} vs {y.shape}")
+        if kind == "matmul" and x.shape[-1] != y.shape[-2]:
+            raise ValueError(f"mul_many: inner dimensions differ {x.shape} @ {y.shape}")
+        zs.append(_local(x, y, kind))
+    p.new_op()
+    flat = arith._finish(p, np.concatenate([z.reshape(-1) for z in zs]), trunc)
+    out, pos = [], 0
+    for z in zs:
+        out.append(flat[pos:pos + z.size].reshape(z.shape))
+        pos += z.size
+    return out
+
+
+def cost_mul_many(n_out: int, trunc: bool | int, p_cfg) -> Cost:
+    return arith.cost_mul(n_out, trunc, p_cfg.frac, p_cfg.trunc)
+
+
+def scale_public(p: Party, x: AShare, s, extra: int = 0) -> AShare:
+    """x * s for a public real ``s`` (scalar or broadcastable array): scale + one truncation.
+
+    ``s`` is encoded with ``frac + extra`` fractional bits (relative error 2^-(frac+extra+1)/|s|)
+    and the product truncated by as many bits; the result must satisfy |x*s| < 2^(62-2*frac-extra).
+    Cost: :func:`cost_scale_public`.
+    """
+    bits = p.cfg.frac + extra
+    s_int = ring.encode(np.broadcast_to(np.asarray(s, dtype=np.float64), x.shape), bits)
+    return arith.trunc_a(p, x.scale(s_int), bits=bits)
+
+
+def cost_scale_public(n: int, p_cfg, extra: int = 0) -> Cost:
+    return arith.cost_trunc(n, p_cfg.frac + extra, p_cfg.trunc)
+
+
+ROW_SCALE_EXTRA = 4
+
+
+def scale_rows(p: Party, o: AShare, row_scale: np.ndarray) -> AShare:
+    """Multiply rows (axis -2) of ``o`` (..., S, d) by the public ``row_scale`` (S,)."""
+    return scale_public(p, o, np.asarray(row_scale, dtype=np.float64)[:, None], ROW_SCALE_EXTRA)
+
+
+def _relu(p: Party, xs: list[AShare]) -> list[AShare]:
+    """ReLU of several arrays in one relu_a call (one call per protocol step)."""
+    from mpc3.kernels import convert
+    flat = AShare.concat([x.reshape(-1) for x in xs])
+    out = convert.relu_a(p, flat)
+    res, pos = [], 0
+    for x in xs:
+        res.append(out[pos:pos + x.size].reshape(x.shape))
+        pos += x.size
+    return res
+
+
+relu_many = _relu
+
+
+# --------------------------------------------------------- unmasked (Alg. 1, Eq. 12) ----
+def choose_order(B: int, h: int, Sq: int, Sk: int, r: int, dh: int) -> str:
+    """Order with fewer reshared elements: K'^T V first (r*dh + Sq*dh) or Q'K'^T (Sq*Sk + Sq*dh)."""
+    return "qk" if Sq * Sk < r * dh else "kv"
+
+
+def relu_attention(p: Party, qf: AShare, kf: AShare, v: AShare, order: str = "auto") -> AShare:
+    """Unnormalised ReLU attention Q'(K'^T V) per head (Alg. 1 steps 5-6).
+
+    ``order``: "kv" = Q'(K'^T V) (Privformer), "qk" = (Q'K'^T)V (cheaper when Sq*Sk < r*dh),
+    "auto" picks by declared communication. Cost: :func:`cost_relu_attention`.
+    """
+    if order not in ORDERS:
+        raise ValueError(f"order={order!r} must be one of {ORDERS}")
+    B, h, Sq, r = qf.shape
+    Sk, dh = v.shape[-2], v.shape[-1]
+    if order == "auto":
+        order = choose_order(B, h, Sq, Sk, r, dh)
+    if order == "kv":
+        kv = arith.matmul_aa(p, kf.T, v)
+        return arith.matmul_aa(p, qf, kv)
+    a = arith.matmul_aa(p, qf, kf.T)
+    return arith.matmul_aa(p, a, v)
+
+
+def cost_relu_attention(p_cfg, B, h, Sq, Sk, r, dh, order="auto") -> Cost:
+    if order == "auto":
+        order = choose_order(B, h, Sq, Sk, r, dh)
+    first = B * h * (r * dh if order == "kv" else Sq * Sk)
+    return (arith.cost_mul(first, True, p_cfg.frac, p_cfg.trunc)
+            + arith.cost_mul(B * h * Sq * dh, True, p_cfg.frac, p_cfg.trunc))
+
+
+# ------------------------------------------------------------ masked (Alg. 2 and 3) ----
+def tril_mask(S: int) -> np.ndarray:
+    return np.tril(np.ones((S, S), dtype=np.uint64))
+
+
+def masked_attention_qk(p: Party, qf: AShare, kf: AShare, v: AShare) -> AShare:
+    """tril(Q'K'^T) V (Alg. 2): mask is public, applied locally. Cost: :func:`cost_masked_qk`."""
+    S = qf.shape[-2]
+    if kf.shape[-2] != S:
+        raise ValueError(f"masked attention needs Sq == Sk, got {S} != {kf.shape[-2]}")
+    a = arith.matmul_aa(p, qf, kf.T).scale(tril_mask(S))
+    return arith.matmul_aa(p, a, v)
+
+
+def cost_masked_qk(p_cfg, B, h, S, r, dh) -> Cost:
+    return (arith.cost_mul(B * h * S * S, True, p_cfg.frac, p_cfg.trunc)
+            + arith.cost_mul(B * h * S * dh, True, p_cfg.frac, p_cfg.trunc))
+
+
+def best_block(S: int, r: int, dh: int) -> int:
+    """Row block L minimising (S/L - 1)*r*dh + S*L reshared elements (Alg. 3 blocked)."""
+    best, best_cost = S, None
+    for L in range(1, S + 1):
+        nb = -(-S // L)
+        c = (nb - 1) * r * dh + nb * L * L
+        if best_cost is None or c < best_cost:
+            best, best_cost = L, c
+    return best
+
+
+def masked_attention_vk(p: Party, qf: AShare, kf: AShare, v: AShare,
+                        block: int | None = None) -> AShare:
+    """Causal Q'_i G_i with G_i = sum_{j<=i} K'_j^T V_j (Alg. 3, Eq. 15) in row blocks.
+
+    Rows are cut into ``nb`` blocks of ``L`` (``block``; default :func:`best_block`). Stage 1,
+    one kernel call: K'_b^T V_b for blocks 0..nb-2 and the in-block scores Q'_b K'_b^T.
+    Locally: exclusive prefix sums P_b = sum_{c<b} K'_c^T V_c (additions of shares) and the
+    in-block causal mask. Stage 2, one call: out_b = [Q'_b | tril(Q'_b K'_b^T)] @ [P_b ; V_b].
+    Rounds are those of two products whatever S, L and h; L = 1 is Privformer's per-row
+    running sum, L = S is Alg. 2. Cost: :func:`cost_masked_vk`.
+    """
+    B, h, S, r = qf.shape
+    dh = v.shape[-1]
+    if kf.shape[-2] != S or v.shape[-2] != S:
+        raise ValueError("masked attention needs Sq == Sk")
+    L = best_block(S, r, dh) if block is None else int(block)
+    if not 1 <= L <= S:
+        raise ValueError(f"block={block} must be in 1..{S}")
+    nb = -(-S // L)
+    pad = nb * L - S
+
+    def blocks(x: AShare) -> AShare:   # (B,h,S,k) -> (B,h,nb,L,k), zero-padded rows
+        if pad:
+            z = np.zeros(x.shape[:-2] + (pad, x.shape[-1]), dtype=np.uint64)
+            x = AShare.concat([x, AShare(z, z.copy())], axis=-2)
+        return x.reshape(B, h, nb, L, x.shape[-1])
+
+    qb, kb, vb = blocks(qf), blocks(kf), blocks(v)
+    items = [(qb, kb.T, "matmul")]
+    if nb > 1:
+        items.append((kb[:, :, :-1].T, vb[:, :, :-1], "matmul"))
+    got = mul_many(p, items)
+    scores = got[0].scale(tril_mask(L))
+    zero = np.zeros((B, h, 1, r, dh), dtype=np.uint64)
+    if nb > 1:
+        csum = AShare(np.cumsum(got[1].a, axis=2, dtype=np.uint64),
+                      np.cumsum(got[1].b, axis=2, dtype=np.uint64))
+        prefix = AShare.concat([AShare(zero, zero.copy()), csum], axis=2)
+        left = AShare.concat([qb, scores], axis=-1)              # (B,h,nb,L,r+L)
+        right = AShare.concat([prefix, vb], axis=-2)             # (B,h,nb,r+L,dh)
+    else:
+        left, right = scores, vb
+    out = arith.matmul_aa(p, left, right).reshape(B, h, nb * L, dh)
+    return out[:, :, :S]
+
+
+def cost_masked_vk(p_cfg, B, h, S, r, dh, block=None) -> Cost:
+    L = best_block(S, r, dh) if block is None else block
+    nb = -(-S // L)
+    first = B * h * (nb * L * L + (nb - 1) * r * dh)
+    return (arith.cost_mul(first, True, p_cfg.frac, p_cfg.trunc)
+            + arith.cost_mul(B * h * nb * L * dh, True, p_cfg.frac, p_cfg.trunc))
+
+
+def masked_attention(p: Party, qf: AShare, kf: AShare, v: AShare, form: str = "auto",
+                     block: int | None = None) -> AShare:
+    """Causal ReLU attention; "auto" = blocked VK with the best block (== QK when L = S)."""
+    if form not in MASKED_FORMS:
+        raise ValueError(f"masked form={form!r} must be one of {MASKED_FORMS}")
+    if form == "qk":
+        return masked_attention_qk(p, qf, kf, v)
+    return masked_attention_vk(p, qf, kf, v, block=block)
+
+
+# ------------------------------------------------------------- incremental decoding ----
+@dataclass
+class PrefixState:
+    """Secret running sum G = sum_{j<=t} K'_j^T V_j per head, (B, h, r, dh), and t."""
+
+    G: AShare
+    t: int = 0
+
+    @staticmethod
+    def empty(B: int, h: int, r: int, dh: int) -> "PrefixState":
+        z = np.zeros((B, h, r, dh), dtype=np.uint64)
+        return PrefixState(AShare(z, z.copy()), 0)
+
+
+def attention_step(p: Party, state: PrefixState, qf: AShare, kf: AShare, v: AShare) -> AShare:
+    """One new token: qf, kf (B, h, 1, r), v (B, h, 1, dh) -> Q'_t G_t (B, h, 1, dh).
+
+    Stage 1 (one call): K'_t^T V_t and Q'_t G_{t-1} and the score Q'_t K'_t^T;
+    stage 2: score * V_t. Out = Q'_t G_{t-1} + (Q'_t K'_t^T) V_t; G += K'_t^T V_t.
+    O(1) in the prefix length. Cost: :func:`cost_attention_step`.
+    """
+    outer, qg, s = mul_many(p, [(kf.T, v, "matmul"), (qf, state.G, "matmul"),
+                               (qf, kf.T, "matmul")])
+    sv = arith.matmul_aa(p, s, v)
+    state.G = state.G + outer
+    state.t += 1
+    return qg + sv
+
+
+def cost_attention_step(p_cfg, B, h, r, dh) -> Cost:
+    return (arith.cost_mul(B * h * (r * dh + dh + 1), True, p_cfg.frac, p_cfg.trunc)
+            + arith.cost_mul(B * h * dh, True, p_cfg.frac, p_cfg.trunc))
+
+
+def cross_attention_step(p: Party, qf: AShare, kv: AShare) -> AShare:
+    """Q'_t (K'^T V) with the cross-attention K'^T V (B,h,r,dh) computed once."""
+    return arith.matmul_aa(p, qf, kv)
+
+
+# ------------------------------------------------------------ softmax baselines ----
+def softmax_attention(p: Party, q: AShare, k: AShare, v: AShare, masked: bool = False,
+                      exp: str = "poly") -> AShare:
+    """softmax(Q K^T / sqrt(dh) [+ causal mask]) V per head, max-free (Privformer Sec. 9.2).
+
+    ``exp="poly"``: the paper's 1 + x + x^2/2 + 0.1665x^3 + 0.0438x^4 (its baseline);
+    ``exp="limit"``: the accurate kernel. Row sums are local; 1/sum by reciprocal_a.
+    Masked: exp of the scores is multiplied by the public 0/1 mask (local).
+    """
+    from mpc3.kernels import fxp
+    if exp not in SOFTMAX_EXP:
+        raise ValueError(f"exp={exp!r} must be one of {SOFTMAX_EXP}")
+    dh = q.shape[-1]
+    S = k.shape[-2]
+    sc = scale_public(p, arith.matmul_aa(p, q, k.T), 1.0 / math.sqrt(dh))
+    e = fxp.exp_a(p, sc, method=exp)
+    if masked:
+        if q.shape[-2] != S:
+            raise ValueError("masked softmax attention needs Sq == Sk")
+        e = e.scale(tril_mask(S))
+    den = AShare(e.a.sum(axis=-1, dtype=np.uint64), e.b.sum(axis=-1, dtype=np.uint64))
+    inv = fxp.reciprocal_a(p, den)
+    ev = arith.matmul_aa(p, e, v)
+    inv_b = AShare(np.ascontiguousarray(np.broadcast_to(inv.a[..., None], ev.shape)),
+                   np.ascontiguousarray(np.broadcast_to(inv.b[..., None], ev.shape)))
+    return arith.mul_aa(p, ev, inv_b)
+
+
+def ref_softmax_attention(q, k, v, masked=False, exp="limit"):
+    """Float reference for :func:`softmax_attention` (same polynomial when exp="poly")."""
+    sc = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])
+    e = np.exp(sc) if exp == "limit" else 1 + sc + 0.5 * sc**2 + 0.1665 * sc**3 + 0.0438 * sc**4
+    if masked:
+        e = e * np.tril(np.ones(e.shape[-2:]))
+    return (e / e.sum(-1, keepdims=True)) @ v

@@ -1,0 +1,44 @@
+"""Secure encoder stack (Privformer Alg. 8 with the residual connections it omits).
+
+Post-LN (Vaswani, ``cfg.norm_first=False``)::  x = LN1(x + MHA(x)); x = LN2(x + FFN(x))
+Pre-LN (``norm_first=True``)::  x = x + MHA(LN1(x)); x = x + FFN(LN2(x)); final LN at the end.
+Exactly :func:`protocols.model.ref_encoder` on shares; residual additions are local.
+"""
+from __future__ import annotations
+
+from mpc3.party import Party
+from mpc3.shares import AShare
+
+from . import model as M
+from .ffn import ffn
+from .layernorm import layernorm
+from .mha import mha
+from .secure_model import sub
+
+
+def _ln(p, cfg, shares, prefix, x):
+    return layernorm(p, x, shares[f"{prefix}.gamma"], shares[f"{prefix}.beta"], cfg.ln_eps)
+
+
+def encoder_layer(p: Party, cfg: M.ModelConfig, shares: dict, i: int, x: AShare,
+                  order: str = "auto") -> AShare:
+    pre = f"enc.{i}"
+    wa, wf = sub(shares, f"{pre}.attn"), sub(shares, f"{pre}.ffn")
+    if cfg.norm_first:
+        x = x + mha(p, cfg, wa, _ln(p, cfg, shares, f"{pre}.ln1", x), order=order)
+        return x + ffn(p, wf, _ln(p, cfg, shares, f"{pre}.ln2", x))
+    x = _ln(p, cfg, shares, f"{pre}.ln1", x + mha(p, cfg, wa, x, order=order))
+    return _ln(p, cfg, shares, f"{pre}.ln2", x + ffn(p, wf, x))
+
+
+def encoder(p: Party, cfg: M.ModelConfig, shares: dict, x: AShare, order: str = "auto",
+            layers: int | None = None) -> AShare:
+    """x (B, S, d) -> encoder output (B, S, d); ``layers`` runs only the first few (benchmarks)."""
+    if len(x.shape) != 3 or x.shape[-1] != cfg.d_model:
+        raise ValueError(f"encoder input must be (B, S, {cfg.d_model}), got {x.shape}")
+    n = cfg.n_enc_layers if layers is None else layers
+    for i in range(n):
+        x = encoder_layer(p, cfg, shares, i, x, order=order)
+    if cfg.norm_first:
+        x = _ln(p, cfg, shares, "enc.final_ln", x)
+    return x

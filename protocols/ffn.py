@@ -1,0 +1,27 @@
+"""Secure position-wise feed-forward network (Privformer Alg. 7): ReLU(x W1 + b1) W2 + b2.
+
+Biases are added locally; the one ReLU call covers every row of every batch element.
+Cost: two matmuls (:func:`mpc3.kernels.arith.cost_mul` of B*S*d_ff and B*S*d_model outputs)
+plus one relu_a on B*S*d_ff elements.
+"""
+from __future__ import annotations
+
+from mpc3.kernels import arith
+from mpc3.party import Party
+from mpc3.shares import AShare
+
+
+def _add(x: AShare, b: AShare) -> AShare:
+    """x + b with b broadcast over the leading dimensions (local)."""
+    import numpy as np
+    return AShare(x.a + b.a, x.b + b.b) if x.shape == b.shape else \
+        AShare(x.a + np.broadcast_to(b.a, x.shape), x.b + np.broadcast_to(b.b, x.shape))
+
+
+def ffn(p: Party, w: dict, x: AShare) -> AShare:
+    """``w``: shares ``w1`` (d, d_ff), ``b1``, ``w2`` (d_ff, d), ``b2``; ``x`` (..., d)."""
+    from mpc3.kernels import convert
+    if x.shape[-1] != w["w1"].shape[0]:
+        raise ValueError(f"ffn: input width {x.shape[-1]} != d_model {w['w1'].shape[0]}")
+    hid = _add(arith.matmul_aa(p, x, w["w1"]), w["b1"])
+    return _add(arith.matmul_aa(p, convert.relu_a(p, hid), w["w2"]), w["b2"])

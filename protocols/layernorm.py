@@ -1,0 +1,53 @@
+"""Secure LayerNorm (Privformer Alg. 5), leak-free inverse square root, rows batched.
+
+For x (..., d) (the residual sum is formed by the caller, locally):
+
+1. mu = (sum_k x_k) * (1/d)                         one truncation (scale_public)
+2. xc = x - mu (local); in one kernel call: sum_k xc_k^2 as a per-row dot product
+   (one output element per row, not d) and xc * gamma
+3. var + eps = sum xc^2 * (1/d) + eps               one truncation on one element per row
+4. rs = sqrt_inv_a(var + eps)                        (fxp kernel, never reveals anything)
+5. y = (xc * gamma) * rs + beta                      one multiplication
+
+Constraints: |x| and sum_k xc_k^2 below 2^26 (real units); var + eps inside sqrt_inv_a's
+domain [2^-10, 2^14].
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from mpc3 import ring
+from mpc3.kernels import arith
+from mpc3.party import Party
+from mpc3.shares import AShare
+
+from . import attention as A
+
+LN_SCALE_EXTRA = 8
+
+
+def _bcast(x: AShare, shape) -> AShare:
+    return AShare(np.ascontiguousarray(np.broadcast_to(x.a, shape)),
+                  np.ascontiguousarray(np.broadcast_to(x.b, shape)))
+
+
+def layernorm(p: Party, x: AShare, gamma: AShare, beta: AShare, eps: float) -> AShare:
+    from mpc3.kernels import fxp
+    d = x.shape[-1]
+    if gamma.shape != (d,) or beta.shape != (d,):
+        raise ValueError(f"layernorm: gamma/beta must have shape ({d},)")
+    s = AShare(x.a.sum(axis=-1, dtype=np.uint64), x.b.sum(axis=-1, dtype=np.uint64))
+    mu = A.scale_public(p, s, 1.0 / d, LN_SCALE_EXTRA)
+    xc = x - _bcast(mu.reshape(*mu.shape, 1), x.shape)
+    sq, xg = A.mul_many(p, [(xc.reshape(*x.shape[:-1], 1, d), xc.reshape(*x.shape, 1), "matmul"),
+                            (xc, _bcast(gamma, x.shape), "mul")])
+    var = A.scale_public(p, sq.reshape(x.shape[:-1]), 1.0 / d, LN_SCALE_EXTRA)
+    var = arith.add_public(p, var, ring.encode(np.full(var.shape, float(eps)), p.cfg.frac))
+    rs = fxp.sqrt_inv_a(p, var)
+    y = arith.mul_aa(p, xg, _bcast(rs.reshape(*rs.shape, 1), x.shape))
+    return y + _bcast(beta, x.shape)
+
+
+def add_norm(p: Party, x: AShare, sub: AShare, w: dict, eps: float) -> AShare:
+    """Post-LN residual block: LN(x + sublayer(x))."""
+    return layernorm(p, x + sub, w["gamma"], w["beta"], eps)

@@ -1,0 +1,113 @@
+"""Secure multi-head ReLU attention (Privformer Alg. 6), all heads batched.
+
+``w`` is the share dict of one attention prefix (see :mod:`protocols.secure_model`):
+``wq_proj, wk_proj`` (W^Q, W^K, or Omega-folded W^Q Omega, W^K Omega), ``wv_c`` (= c W^V),
+``omega`` (unfolded only), ``wo``. Steps, each one kernel call for all heads:
+
+1. projections X [W^Q | W^K | W^V] (one matmul; cross attention: both inputs in one call),
+   truncated by frac + PROJ_EXTRA;
+2. unfolded only: per-head Q_h Omega_h and K_h Omega_h in one batched matmul;
+3. one relu_a on Q and K features together;
+4. attention core (:mod:`protocols.attention`);
+5. attn_norm "mean": rows times the public 1/n_i (one truncation); "const" is folded in W^V;
+6. merge heads, @ W^O.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from mpc3.kernels import arith
+from mpc3.party import Party
+from mpc3.shares import AShare
+
+from . import attention as A
+from . import model as M
+from .secure_model import PROJ_EXTRA
+
+
+def split_heads(x: AShare, h: int) -> AShare:
+    """(B, S, h*k) -> (B, h, S, k)."""
+    B, S, D = x.shape
+    return x.reshape(B, S, h, D // h).transpose(0, 2, 1, 3)
+
+
+def merge_heads(x: AShare) -> AShare:
+    """(B, h, S, k) -> (B, S, h*k)."""
+    B, h, S, k = x.shape
+    return AShare(np.ascontiguousarray(x.a.transpose(0, 2, 1, 3)).reshape(B, S, h * k),
+                  np.ascontiguousarray(x.b.transpose(0, 2, 1, 3)).reshape(B, S, h * k))
+
+
+def _check_x(cfg: M.ModelConfig, x: AShare, name: str) -> None:
+    if len(x.shape) != 3 or x.shape[-1] != cfg.d_model:
+        raise ValueError(f"{name} must have shape (B, S, d_model={cfg.d_model}), got {x.shape}")
+
+
+def project(p: Party, cfg: M.ModelConfig, w: dict, xq: AShare, xkv: AShare | None,
+            want_q: bool = True, want_kv: bool = True):
+    """Q, K, V projections in one call; returns per-head (B,h,S,.) shares (None if not wanted)."""
+    bits = p.cfg.frac + PROJ_EXTRA
+    h = cfg.n_heads
+    if xkv is None and want_q and want_kv:
+        wcat = AShare.concat([w["wq_proj"], w["wk_proj"], w["wv_c"]], axis=1)
+        y = arith.matmul_aa(p, xq, wcat, trunc=bits)
+        nq = w["wq_proj"].shape[1]
+        q, k, v = y[..., :nq], y[..., nq:2 * nq], y[..., 2 * nq:]
+    else:
+        items = []
+        if want_q:
+            items.append((xq, w["wq_proj"], "matmul"))
+        if want_kv:
+            items.append((xq if xkv is None else xkv,
+                          AShare.concat([w["wk_proj"], w["wv_c"]], axis=1), "matmul"))
+        got = A.mul_many(p, items, trunc=bits)
+        q = got[0] if want_q else None
+        if want_kv:
+            kvp = got[-1]
+            nk = w["wk_proj"].shape[1]
+            k, v = kvp[..., :nk], kvp[..., nk:]
+        else:
+            k = v = None
+    sp = lambda t: None if t is None else split_heads(t, h)  # noqa: E731
+    return sp(q), sp(k), sp(v)
+
+
+def features(p: Party, cfg: M.ModelConfig, w: dict, q: AShare | None, k: AShare | None):
+    """ReLU random features Q' = ReLU(Q_h Omega_h), K' likewise, in one relu_a call."""
+    parts = [t for t in (q, k) if t is not None]
+    if "omega" in w:                       # unfolded: one batched matmul for Q and K
+        cat = AShare.concat(parts, axis=2) if len(parts) > 1 else parts[0]
+        proj = arith.matmul_aa(p, cat, w["omega"])
+        sizes = [t.shape[2] for t in parts]
+        parts = [proj[:, :, :sizes[0]]] + ([proj[:, :, sizes[0]:]] if len(parts) > 1 else [])
+    out = A.relu_many(p, parts)
+    it = iter(out)
+    return (next(it) if q is not None else None), (next(it) if k is not None else None)
+
+
+def finish(p: Party, cfg: M.ModelConfig, w: dict, o: AShare, n_keys) -> AShare:
+    """attn_norm "mean" row scaling (public 1/n_i), merge heads, @ W^O."""
+    if cfg.attn_norm == "mean":
+        o = A.scale_rows(p, o, 1.0 / np.asarray(n_keys, dtype=np.float64))
+    return arith.matmul_aa(p, merge_heads(o), w["wo"])
+
+
+def mha(p: Party, cfg: M.ModelConfig, w: dict, xq: AShare, xkv: AShare | None = None,
+        causal: bool = False, order: str = "auto", masked_form: str = "auto",
+        block: int | None = None) -> AShare:
+    """MHA(xq, xkv) (self attention when ``xkv`` is None) == :func:`protocols.model.ref_mha`."""
+    _check_x(cfg, xq, "xq")
+    if xkv is not None:
+        _check_x(cfg, xkv, "xkv")
+        if causal:
+            raise ValueError("causal attention is self attention (xkv must be None)")
+    q, k, v = project(p, cfg, w, xq, xkv)
+    qf, kf = features(p, cfg, w, q, k)
+    Sq, Sk = qf.shape[2], kf.shape[2]
+    if causal:
+        o = A.masked_attention(p, qf, kf, v, form=masked_form, block=block)
+        n = np.arange(1, Sq + 1)
+    else:
+        o = A.relu_attention(p, qf, kf, v, order=order)
+        n = np.full(Sq, Sk)
+    return finish(p, cfg, w, o, n)

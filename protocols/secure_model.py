@@ -1,0 +1,127 @@
+"""Secret-shared model: (ModelConfig, Weights) -> per-party dicts of AShares, and entry points.
+
+Share layout (every tensor a replicated sharing over Z_2^64; names below an attention prefix
+``p`` such as ``enc.0.attn`` / ``dec.1.self`` / ``dec.1.cross``):
+
+* ``p.wq_proj``, ``p.wk_proj``: W^Q, W^K (d, d) - or, folded (default), W^Q Omega, W^K Omega
+  (d, h*r) from :func:`protocols.model.fold_omega`; encoded with ``frac + PROJ_EXTRA`` bits;
+* ``p.wv_c``: ``attn_c * W^V`` (d, d), ``frac + PROJ_EXTRA`` bits. The public attention constant
+  is folded into the weight by the model owner, so applying it costs nothing online and keeps
+  Q'(K'^T cV) small (the ring must hold the unnormalised sums);
+* ``p.omega`` (h, dh, r) at ``frac`` bits (unfolded only); ``p.wo`` (d, d) at ``frac`` bits;
+* LayerNorm ``gamma``, ``beta`` and FFN ``w1, b1, w2, b2``: as in the Weights, ``frac`` bits.
+
+The projection weights carry PROJ_EXTRA more fractional bits (and their products are truncated
+by ``frac + PROJ_EXTRA``): weights like ``attn_c * W^V`` (attn_c = 1/r) keep full relative
+precision; the products must stay below 2^(62 - 2*frac - PROJ_EXTRA) = 2^18 in real units.
+
+Entry points for servers: :func:`run_encoder` and :func:`run_decoder_step` take
+``(party, cfg, shares, x_share)`` exactly as a job handler receives them.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from mpc3 import ring
+from mpc3.party import Party
+from mpc3.shares import AShare
+from mpc3.sim import deal
+
+from . import model as M
+
+PROJ_EXTRA = 8
+
+
+def is_folded(shares: dict[str, AShare], prefix: str) -> bool:
+    return f"{prefix}.omega" not in shares
+
+
+def plain_tensors(cfg: M.ModelConfig, weights: M.Weights, fold_omega: bool = True
+                  ) -> dict[str, tuple[np.ndarray, int]]:
+    """name -> (float tensor, extra fractional bits) of everything that gets shared."""
+    weights.validate(cfg)
+    folded = M.fold_omega(weights, cfg) if fold_omega else {}
+    attn = set(M.attn_prefixes(cfg))
+    out: dict[str, tuple[np.ndarray, int]] = {}
+    for name, t in weights.items():
+        prefix, leaf = name.rsplit(".", 1)
+        if prefix not in attn:
+            out[name] = (t, 0)
+        elif leaf in ("wq", "wk"):
+            src = folded[f"{prefix}.{leaf}_omega"] if fold_omega else t
+            out[f"{prefix}.{leaf}_proj"] = (src, PROJ_EXTRA)
+        elif leaf == "wv":
+            out[f"{prefix}.wv_c"] = (float(cfg.attn_c) * t, PROJ_EXTRA)
+        elif leaf == "omega" and fold_omega:
+            continue
+        else:
+            out[name] = (t, 0)
+    return out
+
+
+def share_model(cfg: M.ModelConfig, weights: M.Weights, fold_omega: bool = True,
+                frac: int = ring.DEFAULT_FRAC, rng=None) -> list[dict[str, AShare]]:
+    """Encode and deal every MPC tensor; returns the three parties' share dicts."""
+    parts: list[dict[str, AShare]] = [{}, {}, {}]
+    for name, (t, extra) in plain_tensors(cfg, weights, fold_omega).items():
+        for i, s in enumerate(deal(ring.encode(t, frac + extra), rng)):
+            parts[i][name] = s
+    return parts
+
+
+def share_input(x, frac: int = ring.DEFAULT_FRAC, rng=None) -> list[AShare]:
+    """Query-user side: encode and deal an activation tensor."""
+    return deal(ring.encode(np.asarray(x, dtype=np.float64), frac), rng)
+
+
+def sub(shares: dict[str, AShare], prefix: str) -> dict[str, AShare]:
+    p = prefix + "."
+    return {k[len(p):]: v for k, v in shares.items() if k.startswith(p)}
+
+
+def check_shares(cfg: M.ModelConfig, shares: dict[str, AShare], fold_omega: bool | None = None):
+    """Clear error if a share dict does not match ``cfg`` (missing/extra names, shapes)."""
+    if fold_omega is None:
+        fold_omega = not any(k.endswith(".omega") for k in shares)
+    d, h, r = cfg.d_model, cfg.n_heads, cfg.n_features
+    expect = {}
+    for name, shape in M.expected_shapes(cfg).items():
+        prefix, leaf = name.rsplit(".", 1)
+        if leaf in ("wq", "wk"):
+            expect[f"{prefix}.{leaf}_proj"] = (d, h * r) if fold_omega else (d, d)
+        elif leaf == "wv":
+            expect[f"{prefix}.wv_c"] = shape
+        elif leaf == "omega" and fold_omega:
+            continue
+        else:
+            expect[name] = shape
+    missing = sorted(set(expect) - set(shares))
+    if missing:
+        raise ValueError(f"model shares lack {missing[:5]}{'...' if len(missing) > 5 else ''}")
+    extra = sorted(set(shares) - set(expect))
+    if extra:
+        raise ValueError(f"unexpected model shares {extra[:5]}")
+    for k, shape in expect.items():
+        if shares[k].shape != tuple(shape):
+            raise ValueError(f"share {k!r} has shape {shares[k].shape}, expected {tuple(shape)}")
+
+
+def run_encoder(party: Party, cfg: M.ModelConfig, shares: dict[str, AShare], x_share: AShare,
+                **kw) -> AShare:
+    """Encoder job: x (B, S, d) shares -> encoder output shares (B, S, d)."""
+    from .encoder import encoder
+    return encoder(party, cfg, shares, x_share, **kw)
+
+
+def start_decoder(party: Party, cfg: M.ModelConfig, shares: dict[str, AShare], enc_share: AShare,
+                  **kw):
+    """Build the secret decode state (cross-attention K'^T V of every layer, empty prefix sums)."""
+    from .decoder import DecodeState
+    return DecodeState.start(party, cfg, shares, enc_share, **kw)
+
+
+def run_decoder_step(party: Party, cfg: M.ModelConfig, shares: dict[str, AShare], x_share: AShare,
+                     state) -> AShare:
+    """Decoder job step: newest embedded token (B, d) shares -> decoder output (B, d) shares."""
+    from .decoder import decoder_step
+    return decoder_step(party, cfg, shares, state, x_share)
