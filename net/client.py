@@ -1,0 +1,323 @@
+"""Clients of a cluster: :class:`ModelOwner` (uploads shared weights) and :class:`QueryUser`.
+
+ModelOwner encodes float weights in fixed point (:func:`mpc3.ring.encode`), splits each into
+replicated shares with ``os.urandom`` randomness (:func:`mpc3.sim.deal`) and streams party
+``i`` its pair ``(x_i, x_{i+1})`` in chunks of at most 1 MiB, each tensor with a SHA-256.
+All three uploads carry the same random ``upload_id``; if any party refuses, the owner
+deletes the model from the others, so the cluster never holds a partial model.
+
+QueryUser checks that the three parties hold the same upload of the model (same upload id,
+tensor names and shapes), shares its inputs the same way, submits the job to the three
+parties under one fresh job id, waits, fetches the three output pairs and reconstructs.
+Every element of a replicated sharing is held twice (slot ``j`` by parties ``j`` and
+``j-1``); reconstruction checks that the two copies agree and raises
+:class:`TamperingDetected` otherwise - copies are never averaged or trusted one-sided.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from typing import Callable, Mapping
+
+import grpc
+import numpy as np
+
+from mpc3 import ring
+from mpc3.shares import AShare
+from mpc3.sim import deal
+
+from . import keys
+from .config import ClusterConfig
+from .link import GRPC_OPTIONS
+from .proto import mpc3_pb2 as pb
+from .proto import mpc3_pb2_grpc as pb_grpc
+from .server import TensorAssembler, share_from_payload, tensor_chunks
+
+S = pb.JobStatusReply
+
+
+class ClusterError(RuntimeError):
+    """A party refused or failed a request; carries the party and the gRPC status code."""
+
+    def __init__(self, party: int | None, code: grpc.StatusCode | None, message: str) -> None:
+        where = f"party {party}: " if party is not None else ""
+        super().__init__(f"{where}{code.name + ': ' if code else ''}{message}")
+        self.party = party
+        self.code = code
+
+
+class InconsistentModel(ClusterError):
+    """The parties do not hold the same upload of a model."""
+
+
+class TamperingDetected(RuntimeError):
+    """Two copies of a replicated output share disagree: a party deviated or data was hit."""
+
+
+def reconstruct(pairs: list[Mapping[str, AShare]]) -> dict[str, np.ndarray]:
+    """Ring values from the three parties' output pairs, checking every replica."""
+    names = set(pairs[0])
+    if any(set(p) != names for p in pairs):
+        raise TamperingDetected("parties returned different output tensors: "
+                                f"{[sorted(p) for p in pairs]}")
+    out = {}
+    for name in sorted(names):
+        s = [p[name] for p in pairs]
+        if len({x.shape for x in s}) != 1:
+            raise TamperingDetected(f"output {name!r}: parties returned different shapes")
+        for i in range(3):
+            j = (i + 1) % 3
+            if not np.array_equal(s[i].b, s[j].a):
+                raise TamperingDetected(f"output {name!r}: the copies of share slot {j} held "
+                                        f"by party {i} and party {j} disagree")
+        out[name] = s[0].a + s[1].a + s[2].a
+    return out
+
+
+class _Client:
+    role = ""
+
+    def __init__(self, cfg: ClusterConfig, cert=None, key=None, rpc_timeout: float = 60.0,
+                 dev_identity: str = "dev") -> None:
+        self.cfg = cfg
+        self.frac = cfg.frac
+        self.timeout = rpc_timeout
+        self.metadata: tuple = ()
+        if cfg.tls:
+            creds_cfg = cfg.clients.get(self.role)
+            cert = cert or (creds_cfg.cert if creds_cfg else None)
+            key = key or (creds_cfg.key if creds_cfg else None)
+            if cert is None or key is None:
+                raise ValueError(f"no client certificate for role {self.role!r}: pass "
+                                 f"--cert/--key or add [clients.{self.role}] to the config")
+            creds = keys.channel_credentials(cert, key, cfg.ca)
+        else:
+            self.metadata = (("x-mpc3-identity", dev_identity), ("x-mpc3-role", self.role))
+        self.channels, self.stubs = [], []
+        for n in range(3):
+            addr = cfg.dial_address(None, n)
+            if cfg.tls:
+                opts = GRPC_OPTIONS + [("grpc.ssl_target_name_override",
+                                        keys.party_target_name(n))]
+                ch = grpc.secure_channel(addr, creds, options=opts)
+            else:
+                ch = grpc.insecure_channel(addr, options=GRPC_OPTIONS)
+            self.channels.append(ch)
+            self.stubs.append(pb_grpc.ClientServiceStub(ch))
+
+    def close(self) -> None:
+        for ch in self.channels:
+            ch.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _call(self, n: int, method: str, request, timeout: float | None = None):
+        try:
+            return getattr(self.stubs[n], method)(request, metadata=self.metadata,
+                                                  timeout=timeout or self.timeout)
+        except grpc.RpcError as exc:
+            raise ClusterError(n, exc.code(), exc.details() or "") from None
+
+    def _each(self, fn: Callable[[int], object]) -> list:
+        """Run ``fn(party)`` for the three parties concurrently; raise the first error."""
+        results: list = [None] * 3
+        errors: list = [None] * 3
+
+        def body(n: int) -> None:
+            try:
+                results[n] = fn(n)
+            except BaseException as exc:  # noqa: BLE001 - re-raised below
+                errors[n] = exc
+
+        threads = [threading.Thread(target=body, args=(n,)) for n in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self._last_errors = errors
+        for e in errors:
+            if e is not None:
+                raise e
+        return results
+
+    def list_models(self) -> list[list[pb.ModelInfo]]:
+        return self._each(lambda n: list(self._call(n, "ListModels",
+                                                    pb.ListModelsRequest()).models))
+
+    def status(self) -> list[pb.StatusReply]:
+        return self._each(lambda n: self._call(n, "Status", pb.Empty(), timeout=5))
+
+    def _share(self, tensors: Mapping[str, np.ndarray], encoded: bool) -> list[dict]:
+        per_party: list[dict] = [{}, {}, {}]
+        for name, value in tensors.items():
+            x = ring.check_ring(np.asarray(value), name) if encoded else ring.encode(
+                value, self.frac)
+            for n, s in enumerate(deal(x)):
+                per_party[n][name] = s
+        return per_party
+
+
+class ModelOwner(_Client):
+    role = "model-owner"
+
+    def upload(self, model_id: str, weights: Mapping[str, np.ndarray],
+               public_meta: Mapping | None = None, encoded: bool = False) -> str:
+        """Share and upload ``weights`` (floats, or ring arrays if ``encoded``).
+
+        Returns the upload id. On any refusal the model is deleted from the parties that
+        accepted it and :class:`ClusterError` is raised.
+        """
+        if not weights:
+            raise ValueError("no tensors to upload")
+        upload_id = os.urandom(8).hex()
+        shares = self._share(weights, encoded)
+        meta = json.dumps(dict(public_meta or {}), sort_keys=True)
+
+        def chunks(n: int):
+            first = True
+            for name, share in shares[n].items():
+                for c in tensor_chunks(name, share, self.frac):
+                    msg = pb.UploadChunk(model_id=model_id, upload_id=upload_id, tensor=c)
+                    if first:
+                        msg.public_meta, msg.n_tensors, first = meta, len(shares[n]), False
+                    yield msg
+
+        try:
+            self._each(lambda n: self._call(n, "UploadModelShares", chunks(n),
+                                            timeout=max(self.timeout, 600)))
+        except ClusterError:
+            for n, err in enumerate(self._last_errors):
+                if err is None:
+                    self._delete_quietly(n, model_id)
+            raise
+        return upload_id
+
+    def _delete_quietly(self, n: int, model_id: str) -> None:
+        try:
+            self._call(n, "DeleteModel", pb.ModelRef(model_id=model_id))
+        except ClusterError:
+            pass
+
+    def delete(self, model_id: str) -> None:
+        self._each(lambda n: self._call(n, "DeleteModel", pb.ModelRef(model_id=model_id)))
+
+
+class QueryUser(_Client):
+    role = "query-user"
+
+    def model(self, model_id: str) -> pb.ModelInfo:
+        """The model as stored on the three parties; raises unless they hold the same upload."""
+        infos = []
+        for n, models in enumerate(self.list_models()):
+            found = [m for m in models if m.model_id == model_id]
+            if not found:
+                raise ClusterError(n, grpc.StatusCode.NOT_FOUND, f"unknown model {model_id!r}")
+            if not found[0].complete:
+                raise ClusterError(n, grpc.StatusCode.FAILED_PRECONDITION,
+                                   f"model {model_id!r} is still being uploaded")
+            infos.append(found[0])
+        sig = [(m.upload_id, [(t.name, tuple(t.shape)) for t in m.tensors]) for m in infos]
+        if sig[1] != sig[0] or sig[2] != sig[0]:
+            raise InconsistentModel(None, grpc.StatusCode.FAILED_PRECONDITION,
+                                    f"model {model_id!r}: the parties hold different uploads "
+                                    f"({', '.join(m.upload_id for m in infos)}); re-upload it")
+        return infos[0]
+
+    def submit(self, model_id: str, kind: str, inputs: Mapping[str, np.ndarray],
+               params: Mapping | None = None, encoded: bool = False,
+               job_id: str | None = None) -> str:
+        """Share ``inputs`` and start the job on the three parties; returns the job id."""
+        if not inputs:
+            raise ValueError("no input tensors")
+        info = self.model(model_id)
+        job_id = job_id or os.urandom(12).hex()
+        shares = self._share(inputs, encoded)
+        params_json = json.dumps(dict(params or {}), sort_keys=True)
+
+        def chunks(n: int):
+            first = True
+            for name, share in shares[n].items():
+                for c in tensor_chunks(name, share, self.frac):
+                    msg = pb.SubmitChunk(job_id=job_id, tensor=c)
+                    if first:
+                        msg.model_id, msg.upload_id, msg.kind = model_id, info.upload_id, kind
+                        msg.params_json, msg.n_tensors, first = params_json, len(shares[n]), False
+                    yield msg
+
+        try:
+            self._each(lambda n: self._call(n, "SubmitJob", chunks(n)))
+        except ClusterError:
+            for n, err in enumerate(self._last_errors):
+                if err is None:
+                    try:
+                        self._call(n, "CancelJob", pb.JobRef(job_id=job_id))
+                    except ClusterError:
+                        pass
+            raise
+        return job_id
+
+    def job_status(self, job_id: str) -> list[pb.JobStatusReply]:
+        return self._each(lambda n: self._call(n, "JobStatus", pb.JobRef(job_id=job_id)))
+
+    def wait(self, job_id: str, timeout: float | None = None) -> list[pb.JobStatusReply]:
+        """Poll until the job is done on the three parties; raise if it failed anywhere."""
+        deadline = time.monotonic() + (timeout or self.cfg.job_timeout_s + 10)
+        delay = 0.01
+        while True:
+            st = self.job_status(job_id)
+            bad = [(n, s) for n, s in enumerate(st) if s.state in (S.FAILED, S.CANCELLED)]
+            if bad and all(s.state != S.RUNNING for s in st):
+                n, s = bad[0]
+                raise ClusterError(n, None, f"job {job_id} {S.State.Name(s.state)}: {s.error}")
+            if all(s.state == S.DONE for s in st):
+                return st
+            if time.monotonic() > deadline:
+                self.cancel(job_id)
+                raise ClusterError(None, grpc.StatusCode.DEADLINE_EXCEEDED,
+                                   f"job {job_id} not done in time; cancelled")
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.25)
+
+    def cancel(self, job_id: str) -> None:
+        for n in range(3):
+            try:
+                self._call(n, "CancelJob", pb.JobRef(job_id=job_id))
+            except ClusterError:
+                pass
+
+    def fetch_pairs(self, job_id: str) -> list[dict[str, AShare]]:
+        def one(n: int) -> dict[str, AShare]:
+            asm = TensorAssembler(self.frac, self.cfg.max_tensor_bytes)
+            out = {}
+            try:
+                for c in self.stubs[n].FetchOutput(pb.JobRef(job_id=job_id),
+                                                   metadata=self.metadata,
+                                                   timeout=max(self.timeout, 600)):
+                    done = asm.feed(c)
+                    if done is not None:
+                        name, shape, payload, _ = done
+                        out[name] = share_from_payload(payload, shape)
+            except grpc.RpcError as exc:
+                raise ClusterError(n, exc.code(), exc.details() or "") from None
+            except Exception as exc:  # BadRequest from the assembler: a party sent garbage
+                raise TamperingDetected(f"party {n} sent a malformed output: {exc}") from None
+            asm.finish()
+            return out
+        return self._each(one)
+
+    def fetch(self, job_id: str) -> dict[str, np.ndarray]:
+        """Reconstructed ring outputs (checked replicas)."""
+        return reconstruct(self.fetch_pairs(job_id))
+
+    def run(self, model_id: str, kind: str, inputs: Mapping[str, np.ndarray],
+            params: Mapping | None = None) -> dict[str, np.ndarray]:
+        """Submit, wait, fetch and decode: float outputs."""
+        job_id = self.submit(model_id, kind, inputs, params)
+        self.wait(job_id)
+        return {k: ring.decode(v, self.frac) for k, v in self.fetch(job_id).items()}
