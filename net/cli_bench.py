@@ -1,0 +1,163 @@
+"""``mpc3 bench``: benchmarks of kernels (``op``) and, from other modules, layers and
+translation. Every result carries the metric names of ../shared/DESIGN.md."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from mpc3 import ring
+from mpc3.kernels import arith, convert, fxp
+from mpc3.party import RingConfig
+from mpc3.shares import BShare, bits_to_planes
+from mpc3.sim import deal, make_parties, reveal, run_parties
+
+BENCH_EXTENSIONS = ("net.cli_layer", "net.cli_translate_bench")
+
+
+def _planes_share(bits: np.ndarray) -> list[BShare]:
+    planes = bits_to_planes(bits[None, :])
+    r1, r2 = (np.frombuffer(np.random.bytes(planes.nbytes), dtype=np.uint64).reshape(planes.shape)
+              for _ in range(2))
+    slots = [r1, r2, planes ^ r1 ^ r2]
+    return [BShare(slots[i].copy(), slots[(i + 1) % 3].copy(), bits.size) for i in range(3)]
+
+
+def _workload(name: str, n: int, shape: tuple[int, int, int], rng) -> tuple:
+    """(inputs per party, kernel, reference output, decode) for one op."""
+    enc = lambda v: deal(ring.encode(v))                          # noqa: E731
+    if name == "matmul":
+        m, k, nn = shape
+        a, b = rng.normal(size=(m, k)), rng.normal(size=(k, nn)) / np.sqrt(k)
+        return (enc(a), enc(b)), lambda p, x, y: arith.matmul_aa(p, x, y), a @ b
+    x = rng.normal(size=n) * 4
+    if name == "mult":
+        y = rng.normal(size=n)
+        return (enc(x), enc(y)), lambda p, u, v: arith.mul_aa(p, u, v), x * y
+    if name == "trunc":
+        return (enc(x * 2.0 ** 10),), lambda p, u: arith.trunc_a(p, u, 10), x
+    if name == "drelu":
+        return (enc(x),), lambda p, u: convert.drelu_a(p, u), (x >= 0).astype(float)
+    if name == "relu":
+        return (enc(x),), lambda p, u: convert.relu_a(p, u), np.maximum(x, 0)
+    if name == "select":
+        bits = rng.integers(0, 2, size=n).astype(np.uint8)
+        y = rng.normal(size=n)
+        return ((_planes_share(bits), enc(x), enc(y)),
+                lambda p, b, u, v: convert.select_ab(p, b, u, v), np.where(bits == 1, y, x))
+    pos = 2.0 ** rng.uniform(-10, 14, size=n)
+    if name == "sqrt-inv":
+        return (enc(pos),), lambda p, u: fxp.sqrt_inv_a(p, u), 1 / np.sqrt(pos)
+    if name == "reciprocal":
+        pos = 2.0 ** rng.uniform(-10, 8, size=n)
+        return (enc(pos),), lambda p, u: fxp.reciprocal_a(p, u), 1 / pos
+    if name == "exp":
+        e = rng.uniform(-8, 4, size=n)
+        return (enc(e),), lambda p, u: fxp.exp_a(p, u, "limit"), np.exp(e)
+    raise ValueError(f"unknown op {name!r}")
+
+
+OPS = ("mult", "matmul", "trunc", "drelu", "relu", "select", "sqrt-inv", "reciprocal", "exp")
+
+
+def _decode(name: str, out: list, n: int) -> np.ndarray:
+    if name == "drelu":
+        from mpc3.shares import planes_to_bits
+        return planes_to_bits(out[0].a ^ out[1].a ^ out[2].a, n)[0].astype(float)
+    return ring.decode(reveal(out))
+
+
+def run_op(name: str, n: int, shape, repeat: int, cfg: RingConfig, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    inputs, kernel, ref = _workload(name, n, shape, rng)
+    walls, parties, out = [], None, None
+    for _ in range(repeat):
+        parties = make_parties(cfg)
+        args = [tuple(x[i] for x in inputs) for i in range(3)]
+        t0 = time.perf_counter()
+        out = run_parties(kernel, args, parties=parties)
+        walls.append(time.perf_counter() - t0)
+    got = _decode(name, out, ref.size)
+    err = np.abs(got - ref)
+    elems = ref.size
+    per = [p.stats.bytes_sent for p in parties]
+    return {
+        "workload": f"op/{name}",
+        "params": {"n": elems, "shape": list(shape) if name == "matmul" else None,
+                   "frac": cfg.frac, "trunc": cfg.trunc, "repeat": repeat,
+                   "host": platform.node(), "cpus": __import__("os").cpu_count()},
+        "transport": "inproc", "net": "none", "emulation": "none",
+        "wall_s": {"min": min(walls), "median": statistics.median(walls)},
+        "bytes_total": sum(per), "bytes_per_party": per,
+        "bytes_per_element": sum(per) / elems,
+        "messages": sum(p.stats.messages for p in parties),
+        "rounds": max(p.stats.rounds for p in parties),
+        "max_abs_err": float(err.max()),
+        "max_rel_err": float((err / np.maximum(np.abs(ref), 1e-3)).max()),
+    }
+
+
+def print_table(result: dict) -> None:
+    rows = [("workload", result["workload"]), ("elements", result["params"]["n"]),
+            ("wall_s min / median", f"{result['wall_s']['min']:.4f} / {result['wall_s']['median']:.4f}"),
+            ("bytes_total", result["bytes_total"]),
+            ("bytes per element", f"{result['bytes_total'] / max(result['params']['n'], 1):.2f}"),
+            ("bytes_per_party", result["bytes_per_party"]), ("messages", result["messages"]),
+            ("rounds", result["rounds"]), ("max_abs_err", f"{result['max_abs_err']:.3g}"),
+            ("max_rel_err", f"{result['max_rel_err']:.3g}")]
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
+
+
+def write_json(result: dict, path: str | None) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {path}")
+
+
+def _parse_shape(text: str) -> tuple[int, int, int]:
+    try:
+        m, k, n = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shape must look like 64x512x2048, got {text!r}")
+    return m, k, n
+
+
+def _cmd_op(args: argparse.Namespace) -> int:
+    cfg = RingConfig(trunc=args.trunc)
+    result = run_op(args.name, args.n, args.shape, args.repeat, cfg)
+    print_table(result)
+    write_json(result, args.json)
+    return 0
+
+
+def register(sub) -> None:
+    bench = sub.add_parser("bench", help="run benchmarks (kernels, layers, translation)")
+    bsub = bench.add_subparsers(dest="bench_kind", required=True)
+    op = bsub.add_parser("op", help="benchmark one kernel on three in-process parties")
+    op.add_argument("name", choices=OPS)
+    op.add_argument("--n", type=int, default=131072, help="elements (not matmul)")
+    op.add_argument("--shape", type=_parse_shape, default=(64, 512, 2048),
+                    help="MxKxN for matmul (default 64x512x2048)")
+    op.add_argument("--repeat", type=int, default=3)
+    op.add_argument("--transport", choices=("inproc",), default="inproc")
+    op.add_argument("--trunc", choices=("exact", "prob"), default="exact")
+    op.add_argument("--json", help="write the result object here")
+    op.set_defaults(func=_cmd_op)
+    for name in BENCH_EXTENSIONS:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue
+        module.register(bsub)
