@@ -1,0 +1,338 @@
+"""Three real party processes on loopback with mTLS: jobs, roles, bad input, failures."""
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from mpc3 import ring
+from net import client as nc
+from net import cli_cluster, config, keys
+from net.proto import mpc3_pb2 as pb
+from net.proto import mpc3_pb2_grpc as pb_grpc
+
+ROOT = Path(__file__).resolve().parent.parent
+PEER_TIMEOUT = 5.0
+ULP = 2.0 ** -ring.DEFAULT_FRAC
+
+
+class Cluster:
+    def __init__(self, d: Path) -> None:
+        self.dir = d
+        self.path = cli_cluster.write_local_config(d, peer_timeout=PEER_TIMEOUT)
+        self.cfg = config.load(self.path)
+        self.procs = [self.start(n) for n in range(3)]
+        problems = cli_cluster.wait_healthy(self.cfg, 60, self.procs)
+        if problems:
+            self.stop()
+            raise RuntimeError(f"cluster did not come up: {problems}")
+
+    def start(self, n):
+        return cli_cluster.start_party(self.path, n, self.dir / f"party-{n}.log")
+
+    def stop(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+    def creds(self, stem):
+        c = self.dir / "certs"
+        return c / f"{stem}.pem", c / f"{stem}.key"
+
+    def owner(self):
+        return nc.ModelOwner(self.cfg, *self.creds("owner"))
+
+    def user(self, stem="user"):
+        return nc.QueryUser(self.cfg, *self.creds(stem))
+
+    def stub(self, n, stem):
+        cert, key = self.creds(stem)
+        creds = keys.channel_credentials(cert, key, self.cfg.ca)
+        ch = grpc.secure_channel(self.cfg.parties[n].address, creds,
+                                 options=[("grpc.ssl_target_name_override", f"party-{n}")])
+        return ch, pb_grpc.ClientServiceStub(ch)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = Cluster(tmp_path_factory.mktemp("cluster"))
+    rng = np.random.default_rng(7)
+    c.W = rng.standard_normal((48, 24)) * 0.2
+    c.Wsq = rng.standard_normal((32, 32)) / np.sqrt(32)
+    with c.owner() as o:
+        o.upload("lin", {"W": c.W}, {"purpose": "test"})
+        o.upload("sq", {"W": c.Wsq})
+    yield c
+    c.stop()
+
+
+def test_linear_job_equals_numpy(cluster):
+    x = np.random.default_rng(1).standard_normal((10, 48))
+    with cluster.user() as u:
+        y = u.run("lin", "linear_relu", {"X": x})["Y"]
+    assert y.shape == (10, 24)
+    assert np.abs(y - x @ cluster.W).max() < 40 * ULP
+
+
+def test_concurrent_jobs_from_two_users(cluster):
+    results, errors = {}, []
+
+    def one(k, stem):
+        try:
+            x = np.random.default_rng(100 + k).standard_normal((4 + k, 48))
+            with cluster.user(stem) as u:
+                results[k] = (u.run("lin", "linear_relu", {"X": x})["Y"], x)
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(k, ("user", "user2")[k % 2]))
+               for k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for y, x in results.values():
+        assert np.abs(y - x @ cluster.W).max() < 40 * ULP
+
+
+def test_roles_and_ownership(cluster):
+    x = np.ones((2, 48))
+    with cluster.user() as u, cluster.user("user2") as u2:
+        job = u.submit("lin", "linear_relu", {"X": x})
+        u.wait(job)
+        for call in (lambda: u2.fetch(job), lambda: u2.job_status(job)):
+            with pytest.raises(nc.ClusterError) as err:
+                call()
+            assert err.value.code == grpc.StatusCode.PERMISSION_DENIED
+        assert set(u.fetch(job)) == {"Y"}
+        with pytest.raises(nc.ClusterError) as err:     # a query user may not upload
+            nc.ModelOwner(cluster.cfg, *cluster.creds("user")).upload("evil", {"W": x})
+        assert err.value.code == grpc.StatusCode.PERMISSION_DENIED
+    with cluster.owner() as o:                          # an owner may not submit jobs
+        with pytest.raises(nc.ClusterError) as err:
+            nc.QueryUser(cluster.cfg, *cluster.creds("owner")).submit("lin", "linear_relu",
+                                                                     {"X": x})
+        assert err.value.code == grpc.StatusCode.PERMISSION_DENIED
+        assert len(o.list_models()[0]) == 2
+    ch, stub = cluster.stub(0, "user")                  # a client cert may not open peer links
+    with pytest.raises(grpc.RpcError) as err:
+        next(pb_grpc.PeerServiceStub(ch).Link(iter([pb.PeerFrame()]), timeout=5))
+    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    ch.close()
+
+
+def test_client_without_valid_certificate_is_refused(cluster, tmp_path):
+    addr = cluster.cfg.parties[0].address
+    opts = [("grpc.ssl_target_name_override", "party-0")]
+    no_cert = grpc.ssl_channel_credentials(cluster.cfg.ca.read_bytes())
+    keys.generate(tmp_path)                              # a different CA
+    foreign = keys.channel_credentials(tmp_path / "user.pem", tmp_path / "user.key",
+                                       cluster.cfg.ca)
+    for creds in (no_cert, foreign):
+        ch = grpc.secure_channel(addr, creds, options=opts)
+        with pytest.raises(grpc.RpcError) as err:
+            pb_grpc.ClientServiceStub(ch).ListModels(pb.ListModelsRequest(), timeout=5)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        ch.close()
+    ch = grpc.insecure_channel(addr)                     # plaintext is not spoken at all
+    with pytest.raises(grpc.RpcError):
+        pb_grpc.ClientServiceStub(ch).ListModels(pb.ListModelsRequest(), timeout=5)
+    ch.close()
+
+
+def _chunk(name="W", shape=(4, 4), data=None, **kw):
+    n = int(np.prod(shape))
+    payload = data if data is not None else os.urandom(16 * n)
+    fields = dict(name=name, dtype="uint64", shape=shape, ring_bits=64, frac=18, offset=0,
+                  total_bytes=16 * n, data=payload, sha256=hashlib.sha256(payload).digest())
+    fields.update(kw)
+    return pb.TensorChunk(**fields)
+
+
+def _upload(stub, model_id, chunks, n_tensors=1):
+    msgs = [pb.UploadChunk(model_id=model_id, upload_id="u1", tensor=c) for c in chunks]
+    msgs[0].n_tensors = n_tensors
+    with pytest.raises(grpc.RpcError) as err:
+        stub.UploadModelShares(iter(msgs), timeout=10)
+    return err.value
+
+
+def test_bad_uploads_are_rejected_and_change_nothing(cluster):
+    ch, stub = cluster.stub(1, "owner")
+    before = stub.ListModels(pb.ListModelsRequest()).models
+    C = grpc.StatusCode
+    big = os.urandom((1 << 20) + 16)
+    cases = {
+        "wrong dtype": ([_chunk(dtype="float64")], C.INVALID_ARGUMENT),
+        "wrong ring": ([_chunk(ring_bits=32)], C.INVALID_ARGUMENT),
+        "wrong frac": ([_chunk(frac=16)], C.INVALID_ARGUMENT),
+        "shape/size mismatch": ([_chunk(shape=(4, 5), data=os.urandom(256),
+                                        total_bytes=256)], C.INVALID_ARGUMENT),
+        "oversized chunk": ([_chunk(shape=(len(big) // 16,), data=big)], C.INVALID_ARGUMENT),
+        "too large tensor": ([_chunk(shape=(1 << 28,), data=b"", total_bytes=16 << 28)],
+                             C.RESOURCE_EXHAUSTED),
+        "bad checksum": ([_chunk(sha256=b"\0" * 32)], C.DATA_LOSS),
+        "truncated tensor": ([_chunk(data=os.urandom(100), sha256=b"")], C.INVALID_ARGUMENT),
+        "missing tensor": ([_chunk()], C.INVALID_ARGUMENT, 2),
+        "bad model id": ([_chunk()], C.INVALID_ARGUMENT, 1, "../etc"),
+        "existing model": ([_chunk()], C.ALREADY_EXISTS, 1, "lin"),
+    }
+    for what, (chunks, code, *rest) in cases.items():
+        n_tensors = rest[0] if rest else 1
+        model_id = rest[1] if len(rest) > 1 else "bad"
+        err = _upload(stub, model_id, chunks, n_tensors)
+        assert err.code() == code, (what, err.details())
+    after = stub.ListModels(pb.ListModelsRequest()).models
+    assert after == before
+    ch.close()
+    models = Path(cluster.cfg.parties[1].data_dir) / "models"
+    assert sorted(p.name for p in models.iterdir()) == ["lin", "sq"]   # no staging left
+    test_linear_job_equals_numpy(cluster)                               # model intact
+
+
+def test_bad_job_submissions(cluster):
+    C = grpc.StatusCode
+    ch, stub = cluster.stub(2, "user")
+    uid = [m for m in stub.ListModels(pb.ListModelsRequest()).models
+           if m.model_id == "lin"][0].upload_id
+    x = _chunk("X", (3, 48))
+
+    def submit(**kw):
+        first = dict(job_id=kw.pop("job_id", "bad-" + os.urandom(4).hex()), model_id="lin",
+                     upload_id=uid, kind="linear_relu", n_tensors=1, tensor=x)
+        first.update(kw)
+        with pytest.raises(grpc.RpcError) as err:
+            stub.SubmitJob(iter([pb.SubmitChunk(**first)]), timeout=10)
+        return err.value.code()
+
+    assert submit(model_id="nope") == C.NOT_FOUND
+    assert submit(kind="nope") == C.NOT_FOUND
+    assert submit(upload_id="other") == C.FAILED_PRECONDITION
+    assert submit(tensor=_chunk("X", (3, 47))) == C.INVALID_ARGUMENT
+    assert submit(params_json="[1]") == C.INVALID_ARGUMENT
+    assert submit(job_id="no/slash") == C.INVALID_ARGUMENT
+    with pytest.raises(grpc.RpcError) as err:
+        stub.FetchOutput(pb.JobRef(job_id="nope"), timeout=5).next()
+    assert err.value.code() == C.NOT_FOUND
+    ch.close()
+
+    # a job submitted while the model is still being uploaded is refused
+    och, ostub = cluster.stub(2, "owner")
+    release = threading.Event()
+
+    def slow_upload():
+        yield pb.UploadChunk(model_id="slow", upload_id="u2", n_tensors=1,
+                             tensor=_chunk(shape=(4, 4), data=os.urandom(128), sha256=b"",
+                                           total_bytes=256))
+        release.wait(10)
+
+    fut = ostub.UploadModelShares.future(slow_upload(), timeout=20)
+    ch, stub = cluster.stub(2, "user")
+    deadline = time.monotonic() + 5
+    while not any(m.model_id == "slow" for m in stub.ListModels(pb.ListModelsRequest()).models):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert submit(model_id="slow") == C.FAILED_PRECONDITION
+    release.set()
+    with pytest.raises(grpc.RpcError) as err:
+        fut.result()
+    assert err.value.code() == C.INVALID_ARGUMENT              # truncated: stream ended early
+    assert not any(m.model_id == "slow" for m in stub.ListModels(pb.ListModelsRequest()).models)
+    ch.close()
+    och.close()
+
+
+def test_inconsistent_model_across_parties_is_detected(cluster):
+    for n in range(3):
+        ch, stub = cluster.stub(n, "owner")
+        msg = pb.UploadChunk(model_id="mixed", upload_id="a" if n < 2 else "b", n_tensors=1,
+                             tensor=_chunk())
+        stub.UploadModelShares(iter([msg]), timeout=10)
+        ch.close()
+    with cluster.user() as u, pytest.raises(nc.InconsistentModel):
+        u.submit("mixed", "linear_relu", {"X": np.ones((1, 4))})
+    with cluster.owner() as o:
+        o.delete("mixed")
+
+
+def test_tampered_output_share_is_detected(cluster):
+    x = np.random.default_rng(3).standard_normal((5, 48))
+    with cluster.user() as u:
+        job = u.submit("lin", "linear_relu", {"X": x})
+        u.wait(job)
+        pairs = u.fetch_pairs(job)
+    assert np.abs(ring.decode(nc.reconstruct(pairs)["Y"]) - x @ cluster.W).max() < 40 * ULP
+    for n, half in ((0, "a"), (1, "b"), (2, "a")):
+        bad = [{k: v.copy() for k, v in p.items()} for p in pairs]
+        getattr(bad[n]["Y"], half)[2, 3] += np.uint64(1)
+        with pytest.raises(nc.TamperingDetected):
+            nc.reconstruct(bad)
+
+
+def test_cli_share_model_infer_status(cluster, tmp_path):
+    from protocols.model import ModelConfig, random_weights, random_user, save_model
+    cfg = ModelConfig(d_model=8, n_heads=2, d_head=4, n_features=4, d_ff=16, n_enc_layers=1,
+                      n_dec_layers=1, attn_c=0.5, attn_norm="mean", ln_eps=1e-5,
+                      norm_first=False, src_vocab=5, tgt_vocab=6, max_len=8).validate()
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    run = lambda *a: subprocess.run([sys.executable, "-m", "net.cli", *a], env=env,  # noqa: E731
+                                    capture_output=True, text=True, timeout=60)
+    conf = str(cluster.path)
+    if True:
+        model = tmp_path / "m.npz"
+        save_model(model, cfg, random_weights(cfg), random_user(cfg))
+        r = run("share-model", str(model), "--config", conf, "--model-id", "enc")
+        assert r.returncode == 0, r.stderr
+        with cluster.user() as u:
+            names = {t.name for t in u.model("enc").tensors}
+        assert names and not names & {"embed.src", "embed.tgt", "out.w", "out.b"}
+    x = np.random.default_rng(4).standard_normal((3, 48))
+    np.save(tmp_path / "x.npy", x)
+    r = run("infer", "--config", conf, "--model-id", "lin", "--kind", "linear_relu",
+            "--input", str(tmp_path / "x.npy"), "--output", str(tmp_path / "y.npy"))
+    assert r.returncode == 0, r.stderr
+    assert np.abs(np.load(tmp_path / "y.npy") - x @ cluster.W).max() < 40 * ULP
+    r = run("infer", "--config", conf, "--model-id", "nope", "--input", str(tmp_path / "x.npy"),
+            "--output", str(tmp_path / "z.npy"))
+    assert r.returncode != 0 and "unknown model 'nope'" in r.stderr
+    r = run("status", "--config", conf)
+    assert r.returncode == 0 and r.stdout.count("OK links") == 3, r.stdout + r.stderr
+
+
+def test_killed_party_aborts_job_and_cluster_recovers(cluster):
+    """Runs last: kills party 2 mid-job, checks the survivors, restarts it."""
+    x = np.random.default_rng(9).standard_normal((4, 32))
+    with cluster.user() as u:
+        job = u.submit("sq", "linear_relu", {"X": x}, params={"repeat": 50_000})
+        time.sleep(0.5)
+        assert all(s.state == pb.JobStatusReply.RUNNING for s in u.job_status(job))
+        cluster.procs[2].send_signal(signal.SIGKILL)
+        cluster.procs[2].wait()
+        t0 = time.monotonic()
+        while True:
+            st = [u._call(n, "JobStatus", pb.JobRef(job_id=job)) for n in (0, 1)]
+            if all(s.state == pb.JobStatusReply.FAILED for s in st):
+                break
+            assert time.monotonic() - t0 < PEER_TIMEOUT, st
+            time.sleep(0.05)
+        assert all("party 2" in s.error for s in st), [s.error for s in st]
+        # the survivors keep serving; party 2 comes back with its stored shares
+        assert len(u._call(0, "ListModels", pb.ListModelsRequest()).models) >= 2
+        cluster.procs[2] = cluster.start(2)
+        assert cli_cluster.wait_healthy(cluster.cfg, 60, cluster.procs) == []
+        y = u.run("sq", "linear_relu", {"X": x}, params={"repeat": 2})["Y"]
+    assert np.abs(y - x @ cluster.Wsq @ cluster.Wsq).max() < 1e-3
