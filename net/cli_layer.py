@@ -1,0 +1,169 @@
+"""``mpc3 bench layer NAME``: one Privformer layer (Table 2 workloads) on three parties.
+
+Random weights (:func:`protocols.model.random_weights`, Xavier) and, as in Privformer
+Sec. 9.1, inputs drawn uniformly from [-10, 10] (encoded with 18 fractional bits instead of
+the paper's 13). Exceptions, stated in the JSON under ``params.inputs``: the softmax
+baselines get per-head Q, K, V uniform in [-1, 1] (the paper's max-free polynomial exp is only
+meaningful for scores near 0), and ``decoder`` gets an encoder output uniform in [-2, 2]
+(the scale of a LayerNorm output). attn_norm defaults to "const" with
+c = 1 / (r * seq) (the paper's public constant; "mean" is selectable).
+
+Metrics (DESIGN.md names): wall_s {min, median} over ``--repeat`` runs with shares already in
+place; bytes_total / bytes_per_party / messages / rounds as counted by the communicators;
+max_abs_err against the float64 reference; max_rel_err = max_abs_err / max |reference|.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+
+WORKLOADS = ("mha", "mmha-qk", "mmha-vk", "ffn", "ln", "encoder", "decoder", "softmax-attn",
+             "masked-softmax-attn", "decoder-step")
+
+
+def _config(a):
+    from protocols import model as M
+    if a.d_model % a.heads:
+        raise ValueError(f"--d-model {a.d_model} is not divisible by --heads {a.heads}")
+    c = a.attn_c if a.attn_c is not None else 1.0 / (a.features * a.seq)
+    return M.ModelConfig(d_model=a.d_model, n_heads=a.heads, d_head=a.d_model // a.heads,
+                         n_features=a.features, d_ff=a.d_ff, n_enc_layers=a.layers,
+                         n_dec_layers=a.layers, attn_c=c, attn_norm=a.attn_norm, ln_eps=1e-5,
+                         norm_first=False, src_vocab=2, tgt_vocab=2, max_len=a.seq).validate()
+
+
+def _workload(a, cfg, w, rng):
+    """-> (per-party fn(p, shares, *inputs), [plaintext inputs], reference output)."""
+    from protocols import attention as A
+    from protocols import model as M
+    from protocols import decoder as D, encoder as E, ffn as F, layernorm as LN, mha as MH
+    from protocols.secure_model import sub
+    B, S, d, h, dh = a.batch, a.seq, cfg.d_model, cfg.n_heads, cfg.d_head
+    x = rng.uniform(-10, 10, (B, S, d))
+    name = a.name
+    if name in ("mha", "mmha-qk", "mmha-vk"):
+        causal = name != "mha"
+        pre = "enc.0.attn" if not causal else "dec.0.self"
+        form = "qk" if name == "mmha-qk" else "vk"
+        fn = lambda p, sh, xs: MH.mha(p, cfg, sub(sh, pre), xs, causal=causal,  # noqa: E731
+                                      masked_form=form, block=a.block)
+        ref = M.ref_mha(cfg, M.attn_params(w, pre, a.folded), x, x, causal=causal)
+        return fn, [x], ref
+    if name == "ffn":
+        pre = "enc.0.ffn"
+        return (lambda p, sh, xs: F.ffn(p, sub(sh, pre), xs), [x],
+                M.ref_ffn(x, *(w[f"{pre}.{k}"] for k in ("w1", "b1", "w2", "b2"))))
+    if name == "ln":
+        pre = "enc.0.ln1"
+        return (lambda p, sh, xs: LN.layernorm(p, xs, sh[f"{pre}.gamma"], sh[f"{pre}.beta"],
+                                               cfg.ln_eps), [x],
+                M.ref_layernorm(x, w[f"{pre}.gamma"], w[f"{pre}.beta"], cfg.ln_eps))
+    if name == "encoder":
+        return (lambda p, sh, xs: E.encoder(p, cfg, sh, xs), [x],
+                M.ref_encoder(cfg, w, x, folded=a.folded))
+    if name in ("decoder", "decoder-step"):
+        enc = rng.uniform(-2, 2, (B, S, d))
+        if name == "decoder":
+            return (lambda p, sh, ys, es: D.decoder(p, cfg, sh, ys, es), [x, enc],
+                    M.ref_decoder(cfg, w, x, enc, folded=a.folded))
+
+        def step(p, sh, ys, es):   # whole prefix, one token at a time, O(1) per token
+            st = D.DecodeState.start(p, cfg, sh, es)
+            outs = [D.decoder_step(p, cfg, sh, st, ys[:, t]) for t in range(S)]
+            from mpc3.shares import AShare
+            return AShare(np.stack([o.a for o in outs], 1), np.stack([o.b for o in outs], 1))
+        return step, [x, enc], M.ref_decoder(cfg, w, x, enc, folded=a.folded)
+    if name in ("softmax-attn", "masked-softmax-attn"):
+        masked = name.startswith("masked")
+        q, k, v = (rng.uniform(-1, 1, (B, h, S, dh)) for _ in range(3))
+        return (lambda p, sh, qs, ks, vs: A.softmax_attention(p, qs, ks, vs, masked=masked,
+                                                               exp=a.exp),
+                [q, k, v], A.ref_softmax_attention(q, k, v, masked=masked, exp=a.exp))
+    raise ValueError(f"unknown workload {name!r}; choose from {WORKLOADS}")
+
+
+def run_layer(a) -> dict:
+    from mpc3 import ring, sim
+    from protocols import model as M
+    from protocols.secure_model import share_input, share_model
+    if a.transport != "inproc":
+        raise ValueError(f"--transport {a.transport}: only 'inproc' is available here")
+    cfg = _config(a)
+    w = M.random_weights(cfg, seed=a.seed)
+    a.folded = M.fold_omega(w, cfg) if a.fold else None
+    rng = np.random.default_rng(a.seed + 1)
+    fn, inputs, ref = _workload(a, cfg, w, rng)
+    model_shares = share_model(cfg, w, fold_omega=a.fold)
+    in_shares = [share_input(t) for t in inputs]
+    args = [(model_shares[i],) + tuple(s[i] for s in in_shares) for i in range(3)]
+    walls, first = [], None
+    for _ in range(a.repeat):
+        parties = sim.make_parties(timeout=600.0)
+        t0 = time.perf_counter()
+        res = sim.run_parties(fn, args, parties=parties)
+        walls.append(time.perf_counter() - t0)
+        if first is None:
+            first = (res, [p.stats.snapshot() for p in parties])
+    res, stats = first
+    out = ring.decode(sim.reveal(res))
+    err = float(np.max(np.abs(out - ref)))
+    params = {k: getattr(a, k) for k in ("seq", "d_model", "heads", "features", "d_ff",
+                                         "layers", "batch", "attn_norm", "fold", "exp", "block")}
+    params.update(attn_c=cfg.attn_c, frac=ring.DEFAULT_FRAC,
+                  inputs="uniform[-1,1] q,k,v per head" if "softmax" in a.name
+                  else "uniform[-10,10]" + ("; enc_out uniform[-2,2]" if "decoder" in a.name
+                                            else ""))
+    return {"workload": a.name, "params": params, "transport": a.transport, "net": "none",
+            "emulation": "none",
+            "wall_s": {"min": min(walls), "median": statistics.median(walls)},
+            "bytes_total": sum(s.bytes_sent for s in stats),
+            "bytes_per_party": [s.bytes_sent for s in stats],
+            "messages": sum(s.messages for s in stats),
+            "rounds": max(s.rounds for s in stats),
+            "max_abs_err": err,
+            "max_rel_err": err / max(float(np.max(np.abs(ref))), 1e-300)}
+
+
+def _cmd(a) -> int:
+    result = run_layer(a)
+    text = json.dumps(result, indent=2)
+    if a.json:
+        with open(a.json, "w") as fh:
+            fh.write(text + "\n")
+    print(text)
+    return 0
+
+
+def register(subparsers) -> None:
+    bench = subparsers.choices.get("bench")
+    if bench is None:
+        bench = subparsers.add_parser("bench", help="benchmarks")
+        bench.set_defaults(func=lambda a: bench.print_help() or 2)
+        inner = bench.add_subparsers(dest="bench_command", required=True)
+    else:
+        inner = next(act for act in bench._actions
+                     if isinstance(act, argparse._SubParsersAction))
+    p = inner.add_parser("layer", help="one transformer layer / stack on three in-process parties")
+    p.add_argument("name", choices=WORKLOADS)
+    p.add_argument("--seq", type=int, default=64)
+    p.add_argument("--d-model", type=int, default=512)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--features", type=int, default=266)
+    p.add_argument("--d-ff", type=int, default=2048)
+    p.add_argument("--layers", type=int, default=6)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--transport", choices=("inproc", "grpc"), default="inproc")
+    p.add_argument("--json", default=None, metavar="PATH")
+    p.add_argument("--attn-norm", choices=("const", "mean"), default="const")
+    p.add_argument("--attn-c", type=float, default=None, help="default 1/(features*seq)")
+    p.add_argument("--no-fold", dest="fold", action="store_false",
+                   help="keep Omega separate instead of folding it into W^Q, W^K")
+    p.add_argument("--block", type=int, default=None, help="row block of masked VK")
+    p.add_argument("--exp", choices=("poly", "limit"), default="poly")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_cmd)

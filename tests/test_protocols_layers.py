@@ -1,0 +1,138 @@
+"""MHA (Alg. 6), FFN (Alg. 7), LayerNorm (Alg. 5) and model sharing against protocols.model.
+
+Small odd shapes: B=2, S=7, d_model=24, h=3, r=10, d_ff=40. Inputs uniform in [-1, 1] (MHA,
+FFN) or [-5, 5] (LN). Bounds: |err| <= 1e-3 * (1 + max|ref|) for MHA/FFN (a handful of
+18-bit truncations; measured ~2e-5), LN 2e-3 absolute (sqrt_inv_a relative error <= 1e-3).
+"""
+import numpy as np
+import pytest
+
+from mpc3.kernels import arith, convert
+from protocols import model as M
+from protocols import secure_model as SM
+from protocols.ffn import ffn
+from protocols.layernorm import layernorm
+from protocols.mha import mha
+
+from conftest import share, value
+
+
+def make_cfg(**kw):
+    base = dict(d_model=24, n_heads=3, d_head=8, n_features=10, d_ff=40, n_enc_layers=1,
+                n_dec_layers=1, attn_c=0.5, attn_norm="mean", ln_eps=1e-5, norm_first=False,
+                src_vocab=5, tgt_vocab=5, max_len=16)
+    base.update(kw)
+    return M.ModelConfig(**base).validate()
+
+
+def close(got, ref, tol=1e-3):
+    err = np.max(np.abs(got - ref))
+    assert err <= tol * (1 + np.max(np.abs(ref))), err
+
+
+def model_shares(cfg, fold, seed=3):
+    w = M.random_weights(cfg, seed)
+    return w, SM.share_model(cfg, w, fold_omega=fold)
+
+
+def args(sh, *xs):
+    return [(sh[i],) + tuple(x[i] for x in xs) for i in range(3)]
+
+
+@pytest.mark.parametrize("norm,c", [("mean", 0.5), ("const", -0.05)])
+@pytest.mark.parametrize("fold", [True, False])
+@pytest.mark.parametrize("causal", [False, True])
+def test_mha_matches_reference(run, rng, norm, c, fold, causal):
+    cfg = make_cfg(attn_norm=norm, attn_c=c)
+    w, sh = model_shares(cfg, fold)
+    x = rng.uniform(-1, 1, (2, 7, 24))
+    pre = "dec.0.self"
+    out = run(lambda p, s, xs: mha(p, cfg, SM.sub(s, pre), xs, causal=causal),
+              *zip(*args(sh, share(x))))
+    ref = M.ref_mha(cfg, w.sub(pre), x, x, causal=causal)
+    close(value(out), ref)
+
+
+@pytest.mark.parametrize("order", ["kv", "qk"])
+def test_cross_mha(run, rng, order):
+    cfg = make_cfg()
+    w, sh = model_shares(cfg, True)
+    xq, xkv = rng.uniform(-1, 1, (2, 5, 24)), rng.uniform(-1, 1, (2, 9, 24))
+    pre = "dec.0.cross"
+    out = run(lambda p, s, a, b: mha(p, cfg, SM.sub(s, pre), a, b, order=order),
+              *zip(*args(sh, share(xq), share(xkv))))
+    close(value(out), M.ref_mha(cfg, w.sub(pre), xq, xkv))
+
+
+def test_mha_realistic_shape(run, rng):
+    """S=32, d_model=128, h=4, r=64 (d ln d / h scale), both masked forms."""
+    cfg = make_cfg(d_model=128, n_heads=4, d_head=32, n_features=64, d_ff=256,
+                   attn_c=1 / 64)
+    w, sh = model_shares(cfg, True)
+    x = rng.uniform(-3, 3, (1, 32, 128))
+    pre = "dec.0.self"
+    for form in ("qk", "vk"):
+        out = run(lambda p, s, xs: mha(p, cfg, SM.sub(s, pre), xs, causal=True,
+                                       masked_form=form, block=8),
+                  *zip(*args(sh, share(x))))
+        close(value(out), M.ref_mha(cfg, w.sub(pre), x, x, causal=True))
+
+
+def test_ffn_value_and_cost(run, rng):
+    cfg = make_cfg()
+    w, sh = model_shares(cfg, True)
+    x = rng.uniform(-1, 1, (2, 7, 24))
+    out = run(lambda p, s, xs: ffn(p, SM.sub(s, "enc.0.ffn"), xs), *zip(*args(sh, share(x))))
+    ref = M.ref_ffn(x, *(w[f"enc.0.ffn.{k}"] for k in ("w1", "b1", "w2", "b2")))
+    close(value(out), ref)
+    L, m = convert.window(run.parties[0])
+    f, mode = run.cfg.frac, run.cfg.trunc
+    declared = (arith.cost_mul(2 * 7 * 40, True, f, mode) + convert.cost_relu(2 * 7 * 40, L, m)
+                + arith.cost_mul(2 * 7 * 24, True, f, mode))
+    run.assert_cost(declared)
+
+
+@pytest.mark.parametrize("shape", [(2, 7, 24), (3, 512)])
+def test_layernorm(run, rng, shape):
+    d = shape[-1]
+    x = rng.uniform(-5, 5, shape) + rng.uniform(-3, 3, shape[:-1] + (1,))
+    g, b = 1 + 0.1 * rng.standard_normal(d), 0.1 * rng.standard_normal(d)
+    out = run(lambda p, xs, gs, bs: layernorm(p, xs, gs, bs, 1e-5), share(x), share(g), share(b))
+    err = np.max(np.abs(value(out) - M.ref_layernorm(x, g, b, 1e-5)))
+    assert err < 2e-3, err
+
+
+def test_share_model_layout_and_errors():
+    cfg = make_cfg()
+    w = M.random_weights(cfg, 0)
+    for fold in (True, False):
+        parts = SM.share_model(cfg, w, fold_omega=fold)
+        for part in parts:
+            SM.check_shares(cfg, part)
+        assert ("dec.0.self.omega" in parts[0]) == (not fold)
+        wide = parts[0]["enc.0.attn.wq_proj"].shape
+        assert wide == ((24, 30) if fold else (24, 24))
+    bad = dict(parts[0])
+    del bad["enc.0.ffn.w1"]
+    with pytest.raises(ValueError, match="lack"):
+        SM.check_shares(cfg, bad)
+    bad = dict(parts[0])
+    bad["enc.0.ffn.b1"] = bad["enc.0.ffn.b2"]
+    with pytest.raises(ValueError, match="shape"):
+        SM.check_shares(cfg, bad)
+    with pytest.raises(ValueError):
+        SM.share_model(cfg, M.Weights({}))
+
+
+def test_bad_inputs(run, rng):
+    cfg = make_cfg()
+    _, sh = model_shares(cfg, True)
+    x = rng.uniform(-1, 1, (2, 7, 20))
+    with pytest.raises(ValueError, match="d_model"):
+        run(lambda p, s, xs: mha(p, cfg, SM.sub(s, "enc.0.attn"), xs), *zip(*args(sh, share(x))))
+    x = rng.uniform(-1, 1, (2, 7, 24))
+    with pytest.raises(ValueError, match="self attention"):
+        run(lambda p, s, xs: mha(p, cfg, SM.sub(s, "dec.0.self"), xs, xs, causal=True),
+            *zip(*args(sh, share(x))))
+    with pytest.raises(ValueError, match="gamma"):
+        run(lambda p, xs, g: layernorm(p, xs, g, g, 1e-5), share(x), share(np.ones(3)))
