@@ -70,7 +70,7 @@ def _ands_per_level(nblocks: int) -> list[int]:
 
 
 def _bits_u64(planes: np.ndarray, n: int) -> np.ndarray:
-    """One grouped... (1, words(n)) plane of a single group -> uint64 0/1 array."""
+    """A (1, words(n)) plane of one group -> uint64 array of its n bits (0 or 1)."""
     return np.unpackbits(np.ascontiguousarray(planes).view(np.uint8), axis=1,
                          bitorder="little")[0, :n].astype(np.uint64)
 
