@@ -1,0 +1,81 @@
+"""Cluster config, certificates and the cluster CLI (up/status/down, error exits)."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from net import config, keys
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def mpc3(*args, timeout=90):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "net.cli", *args], env=env, text=True,
+                          capture_output=True, timeout=timeout)
+
+
+def test_example_deploy_config_loads():
+    cfg = config.load(ROOT / "deploy" / "cluster.toml")
+    assert cfg.tls and cfg.party(2).address == "mpc-c.example.org:7700"
+    assert cfg.party(0).listen == "0.0.0.0:7700" and cfg.max_jobs == 8
+    assert cfg.clients["query-user"].cert.name == "user.pem"
+
+
+@pytest.mark.parametrize("text, match", [
+    ("[cluster]\nca='ca.pem'\n", "exactly three"),
+    ("[cluster]\nca='ca.pem'\n" + "[[party]]\nid=0\naddress='h:1'\ncert='c'\nkey='k'\n" * 3,
+     "each once"),
+    ("[cluster]\nca='c'\npeer_timeout_s=-1\n" + "".join(
+        f"[[party]]\nid={i}\naddress='h:{i}'\ncert='c'\nkey='k'\n" for i in range(3)),
+     "peer_timeout_s"),
+    ("[cluster]\nca='c'\n" + "".join(
+        f"[[party]]\nid={i}\naddress='h{i}'\ncert='c'\nkey='k'\n" for i in range(3)),
+     "host:port"),
+    ("not toml [", "invalid TOML"),
+])
+def test_config_errors_name_the_problem(tmp_path, text, match):
+    (tmp_path / "c.toml").write_text(text)
+    with pytest.raises(ValueError, match=match):
+        config.load(tmp_path / "c.toml")
+
+
+def test_certificates_carry_roles(tmp_path):
+    keys.generate(tmp_path, clients=[("alice", "query-user")])
+    assert keys.identity_from_pem((tmp_path / "alice.pem").read_bytes()) == \
+        keys.Identity("alice", "query-user")
+    assert keys.identity_from_pem((tmp_path / "party-2.pem").read_bytes()).party_rank == 2
+    assert (tmp_path / "ca.key").stat().st_mode & 0o777 == 0o600
+    with pytest.raises(FileExistsError):
+        keys.generate(tmp_path)
+
+
+def test_cluster_up_status_down_in_plaintext_dev_mode(tmp_path):
+    d = tmp_path / "c"
+    r = mpc3("cluster", "up", "--dir", str(d), "--insecure-plaintext-for-local-dev")
+    try:
+        assert r.returncode == 0, r.stderr
+        conf = r.stdout.strip()
+        assert conf == str(d / "cluster.toml")
+        r = mpc3("status", "--config", conf)
+        assert r.returncode == 0 and r.stdout.count("PLAINTEXT") == 3, r.stdout + r.stderr
+        assert "INSECURE" in r.stderr
+        r = mpc3("cluster", "up", "--dir", str(d), "--insecure-plaintext-for-local-dev")
+        assert r.returncode == 2 and "already running" in r.stderr
+    finally:
+        r = mpc3("cluster", "down", "--dir", str(d))
+    assert r.returncode == 0 and "stopped parties [0, 1, 2]" in r.stdout
+    r = mpc3("status", "--config", str(d / "cluster.toml"))
+    assert r.returncode == 1 and r.stdout.count("DOWN") == 3
+
+
+def test_cli_errors_exit_nonzero(tmp_path):
+    r = mpc3("status", "--config", str(tmp_path / "missing.toml"))
+    assert r.returncode == 2 and "not found" in r.stderr
+    r = mpc3("share-model", str(tmp_path / "none.npz"), "--config",
+             str(ROOT / "deploy" / "cluster.toml"), "--model-id", "m")
+    assert r.returncode != 0 and "error" in r.stderr
+    r = mpc3("cluster", "down", "--dir", str(tmp_path))
+    assert r.returncode == 2 and "no cluster" in r.stderr
