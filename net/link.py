@@ -416,10 +416,11 @@ class PeerRouter:
                 box.cond.wait(left)
 
     def abort_job(self, job_id: str, reason: str) -> None:
-        """Fail the job here and tell both peers (best effort)."""
+        """Fail the job here and tell both peers (best effort, also when the job was
+        already aborted here, e.g. by the loss of one link: the third party still waits)."""
         box = self._box(job_id, create=True)
-        if box is not None and not box.abort(reason):
-            return
+        if box is not None:
+            box.abort(reason)
         with self._lock:
             links = list(self._links.values())
         for link in links:
