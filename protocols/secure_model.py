@@ -3,11 +3,17 @@
 Share layout (every tensor a replicated sharing over Z_2^64; names below an attention prefix
 ``p`` such as ``enc.0.attn`` / ``dec.1.self`` / ``dec.1.cross``):
 
-* ``p.wq_proj``, ``p.wk_proj``: W^Q, W^K (d, d) - or, folded (default), W^Q Omega, W^K Omega
-  (d, h*r) from :func:`protocols.model.fold_omega`; encoded with ``frac + PROJ_EXTRA`` bits;
-* ``p.wv_c``: ``attn_c * W^V`` (d, d), ``frac + PROJ_EXTRA`` bits. The public attention constant
-  is folded into the weight by the model owner, so applying it costs nothing online and keeps
-  Q'(K'^T cV) small (the ring must hold the unnormalised sums);
+* ``p.wq_proj``, ``p.wk_proj``: ``s * W^Q``, ``s * W^K`` (d, d) - or, folded (default),
+  ``s * W^Q Omega``, ``s * W^K Omega`` (d, h*r) from :func:`protocols.model.fold_omega` - with
+  ``s = |attn_c|^(1/3)``; encoded with ``frac + PROJ_EXTRA`` bits;
+* ``p.wv_c``: ``attn_c / s^2 * W^V`` (d, d), ``frac + PROJ_EXTRA`` bits.
+
+  The public constant c of c * Q'(K'^T V) is folded into the weights by the model owner, split
+  evenly over Q, K and V (ReLU is positively homogeneous: ReLU(s x) = s ReLU(x) for s > 0):
+  applying it costs nothing online, and Q', K', V, K'^T V and the output all stay at moderate
+  magnitudes - fixed point has an absolute resolution of 2^-frac, so folding all of a small c
+  into V alone would leave c*V with few significant bits, and not folding it would let the
+  unnormalised sums approach the ring's 2^26 limit;
 * ``p.omega`` (h, dh, r) at ``frac`` bits (unfolded only); ``p.wo`` (d, d) at ``frac`` bits;
 * LayerNorm ``gamma``, ``beta`` and FFN ``w1, b1, w2, b2``: as in the Weights, ``frac`` bits.
 
@@ -36,12 +42,20 @@ def is_folded(shares: dict[str, AShare], prefix: str) -> bool:
     return f"{prefix}.omega" not in shares
 
 
+def fold_scales(cfg: M.ModelConfig) -> tuple[float, float]:
+    """(s, c / s^2): factors folded into W^Q, W^K and into W^V (product = attn_c)."""
+    c = float(cfg.attn_c)
+    s = abs(c) ** (1.0 / 3.0)
+    return s, (c / (s * s) if s else 0.0)
+
+
 def plain_tensors(cfg: M.ModelConfig, weights: M.Weights, fold_omega: bool = True
                   ) -> dict[str, tuple[np.ndarray, int]]:
     """name -> (float tensor, extra fractional bits) of everything that gets shared."""
     weights.validate(cfg)
     folded = M.fold_omega(weights, cfg) if fold_omega else {}
     attn = set(M.attn_prefixes(cfg))
+    qk_scale, v_scale = fold_scales(cfg)
     out: dict[str, tuple[np.ndarray, int]] = {}
     for name, t in weights.items():
         prefix, leaf = name.rsplit(".", 1)
@@ -49,9 +63,9 @@ def plain_tensors(cfg: M.ModelConfig, weights: M.Weights, fold_omega: bool = Tru
             out[name] = (t, 0)
         elif leaf in ("wq", "wk"):
             src = folded[f"{prefix}.{leaf}_omega"] if fold_omega else t
-            out[f"{prefix}.{leaf}_proj"] = (src, PROJ_EXTRA)
+            out[f"{prefix}.{leaf}_proj"] = (qk_scale * src, PROJ_EXTRA)
         elif leaf == "wv":
-            out[f"{prefix}.wv_c"] = (float(cfg.attn_c) * t, PROJ_EXTRA)
+            out[f"{prefix}.wv_c"] = (v_scale * t, PROJ_EXTRA)
         elif leaf == "omega" and fold_omega:
             continue
         else:

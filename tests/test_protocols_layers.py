@@ -136,3 +136,16 @@ def test_bad_inputs(run, rng):
             *zip(*args(sh, share(x))))
     with pytest.raises(ValueError, match="gamma"):
         run(lambda p, xs, g: layernorm(p, xs, g, g, 1e-5), share(x), share(np.ones(3)))
+
+
+def test_mha_small_c_large_inputs_keeps_precision(run, rng):
+    """Privformer Sec. 9.1 inputs (uniform [-10, 10]) with a tiny c: folding c evenly into
+    W^Q, W^K, W^V keeps every intermediate at a moderate magnitude (relative error < 1e-3)."""
+    cfg = make_cfg(attn_norm="const", attn_c=1.0 / (10 * 7 * 40))
+    w, sh = model_shares(cfg, True)
+    x = rng.uniform(-10, 10, (1, 7, 24))
+    for pre, causal in (("enc.0.attn", False), ("dec.0.self", True)):
+        out = run(lambda p, s, xs: mha(p, cfg, SM.sub(s, pre), xs, causal=causal),
+                  *zip(*args(sh, share(x))))
+        ref = M.ref_mha(cfg, w.sub(pre), x, x, causal=causal)
+        assert np.max(np.abs(value(out) - ref)) < 1e-3 * np.max(np.abs(ref))
