@@ -83,6 +83,8 @@ def register(sub) -> None:
     p = sub.add_parser("share-model", help="secret-share a model's MPC weights to the parties")
     p.add_argument("weights", help="model .npz (protocols/model.py format)")
     p.add_argument("--model-id", required=True)
+    p.add_argument("--no-fold-omega", action="store_true",
+                   help="share W^Q, W^K and Omega separately instead of W Omega")
     _add_client_creds(p)
     p.set_defaults(func=_cmd_share)
 
@@ -279,10 +281,20 @@ def _cmd_share(args) -> int:
     cfg = _load(args)
     mcfg, weights, _user = load_model(args.weights)   # user-side tensors are never shared
     meta = {"model_config": mcfg.to_dict(), "source": Path(args.weights).name}
+    try:   # the layout the secure encoder expects (folded Omega, scaled projections)
+        from protocols.secure_model import plain_tensors
+        layout = plain_tensors(mcfg, weights, fold_omega=not args.no_fold_omega)
+        meta["layout"] = "protocols.secure_model"
+        meta["fold_omega"] = not args.no_fold_omega
+    except ImportError:
+        layout = {k: (v, 0) for k, v in weights.items()}
+        meta["layout"] = "raw"
+    tensors = {k: v for k, (v, _) in layout.items()}
+    extra = {k: e for k, (_, e) in layout.items() if e}
     t0 = time.monotonic()
     with ModelOwner(cfg, args.cert, args.key) as owner:
-        upload_id = owner.upload(args.model_id, dict(weights.items()), public_meta=meta)
-    print(f"model {args.model_id}: {len(weights)} tensors, {weights.n_params()} parameters "
+        upload_id = owner.upload(args.model_id, tensors, public_meta=meta, extra_frac=extra)
+    print(f"model {args.model_id}: {len(tensors)} tensors ({weights.n_params()} parameters) "
           f"shared to 3 parties (upload {upload_id}) in {time.monotonic() - t0:.1f} s")
     return 0
 

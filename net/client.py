@@ -153,11 +153,13 @@ class _Client:
     def status(self) -> list[pb.StatusReply]:
         return self._each(lambda n: self._call(n, "Status", pb.Empty(), timeout=5))
 
-    def _share(self, tensors: Mapping[str, np.ndarray], encoded: bool) -> list[dict]:
+    def _share(self, tensors: Mapping[str, np.ndarray], encoded: bool,
+               extra_frac: Mapping[str, int] | None = None) -> list[dict]:
         per_party: list[dict] = [{}, {}, {}]
         for name, value in tensors.items():
+            frac = self.frac + (extra_frac or {}).get(name, 0)
             x = ring.check_ring(np.asarray(value), name) if encoded else ring.encode(
-                value, self.frac)
+                value, frac)
             for n, s in enumerate(deal(x)):
                 per_party[n][name] = s
         return per_party
@@ -167,8 +169,12 @@ class ModelOwner(_Client):
     role = "model-owner"
 
     def upload(self, model_id: str, weights: Mapping[str, np.ndarray],
-               public_meta: Mapping | None = None, encoded: bool = False) -> str:
+               public_meta: Mapping | None = None, encoded: bool = False,
+               extra_frac: Mapping[str, int] | None = None) -> str:
         """Share and upload ``weights`` (floats, or ring arrays if ``encoded``).
+
+        ``extra_frac``: tensors encoded with more fractional bits than the cluster's frac
+        (name -> extra bits); recorded per tensor by the parties.
 
         Returns the upload id. On any refusal the model is deleted from the parties that
         accepted it and :class:`ClusterError` is raised.
@@ -176,13 +182,14 @@ class ModelOwner(_Client):
         if not weights:
             raise ValueError("no tensors to upload")
         upload_id = os.urandom(8).hex()
-        shares = self._share(weights, encoded)
+        shares = self._share(weights, encoded, extra_frac)
+        fracs = {k: self.frac + (extra_frac or {}).get(k, 0) for k in weights}
         meta = json.dumps(dict(public_meta or {}), sort_keys=True)
 
         def chunks(n: int):
             first = True
             for name, share in shares[n].items():
-                for c in tensor_chunks(name, share, self.frac):
+                for c in tensor_chunks(name, share, fracs[name]):
                     msg = pb.UploadChunk(model_id=model_id, upload_id=upload_id, tensor=c)
                     if first:
                         msg.public_meta, msg.n_tensors, first = meta, len(shares[n]), False
@@ -301,7 +308,7 @@ class QueryUser(_Client):
                                                    timeout=max(self.timeout, 600)):
                     done = asm.feed(c)
                     if done is not None:
-                        name, shape, payload, _ = done
+                        name, shape, payload, _, _ = done
                         out[name] = share_from_payload(payload, shape)
             except grpc.RpcError as exc:
                 raise ClusterError(n, exc.code(), exc.details() or "") from None

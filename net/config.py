@@ -8,6 +8,7 @@ Example (see deploy/cluster.toml)::
     job_timeout_s = 600
     max_jobs = 8                   # concurrent jobs per party; more are refused
     frac = 18                      # fixed-point fractional bits (ring Z_2^64)
+    job_modules = []               # extra modules registering job kinds
 
     [[party]]
     id = 0
@@ -64,6 +65,7 @@ class ClusterConfig:
     frac: int = 18
     max_tensor_bytes: int = 1 << 31
     clients: dict[str, ClientCreds] = field(default_factory=dict)
+    job_modules: tuple[str, ...] = ()
     insecure_plaintext_for_local_dev: bool = False
 
     def party(self, n: int) -> PartyConfig:
@@ -135,6 +137,9 @@ def from_dict(raw: dict, base: Path, path: Path | None = None,
                                  _path(base, c.get("key"), f"clients.{role} key"))
                for role, c in raw.get("clients", {}).items()}
     ca = None if insecure else _path(base, cl.get("ca"), "[cluster] ca")
+    job_modules = cl.get("job_modules", [])
+    if not isinstance(job_modules, list) or not all(isinstance(m, str) for m in job_modules):
+        raise ValueError("[cluster] job_modules must be a list of module names")
     return ClusterConfig(
         path=path, parties=tuple(parties), ca=ca,
         peer_timeout_s=_num(cl, "peer_timeout_s", 30.0, float, 0.1),
@@ -143,7 +148,8 @@ def from_dict(raw: dict, base: Path, path: Path | None = None,
         max_jobs=_num(cl, "max_jobs", 8, int, 1),
         frac=_num(cl, "frac", 18, int, 1),
         max_tensor_bytes=_num(cl, "max_tensor_bytes", 1 << 31, int, 16),
-        clients=clients, insecure_plaintext_for_local_dev=insecure)
+        clients=clients, job_modules=tuple(job_modules),
+        insecure_plaintext_for_local_dev=insecure)
 
 
 def render(parties: list[dict], cluster: dict, clients: dict[str, dict]) -> str:

@@ -191,6 +191,7 @@ class PeerRouter:
         self._link_change = threading.Condition(self._lock)
         self._boxes: dict[str, _Box] = {}
         self._closed: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._used: set[str] = set()      # every job id ever opened: keys are never reused
         self._stop = threading.Event()
         self._channel: grpc.Channel | None = None
         self._dialer: threading.Thread | None = None
@@ -353,7 +354,7 @@ class PeerRouter:
                  timeout: float = 30.0) -> Party:
         """A :class:`Party` for ``job_id`` on the current links (both must be up)."""
         with self._lock:
-            if job_id in self._closed or (job_id in self._boxes and self._boxes[job_id].opened):
+            if job_id in self._used:
                 raise ValueError(f"job id {job_id!r} was already used")
             missing = [p for p in (self.prev, self.next) if p not in self._links]
             if missing:
@@ -363,6 +364,7 @@ class PeerRouter:
             seed_next = self._links[self.next].seed
             box = self._boxes.setdefault(job_id, _Box())
             box.opened = True
+            self._used.add(job_id)
             self._sweep_locked(timeout)
         prg = PRG.for_job(seed_prev, seed_next, self._private_seed, job_id)
         comm = GrpcComm(rank=self.rank, timeout=timeout, router=self, job_id=job_id)
@@ -523,6 +525,8 @@ def local_mesh(cert_dir=None, host: str = "127.0.0.1", ready_timeout: float = 20
         router.start()
 
     def stop() -> None:
+        for router in routers:
+            router._stop.set()
         for router in routers:
             router.stop()
         for srv in servers:

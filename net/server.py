@@ -66,8 +66,15 @@ ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 TENSOR_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:/-]{0,127}$")
 MAX_TENSORS = 10_000
 MAX_META = 1 << 16
+#: A tensor may carry up to this many fractional bits more than the cluster's ``frac``
+#: (e.g. projection weights encoded with frac + PROJ_EXTRA, see protocols.secure_model).
+MAX_EXTRA_FRAC = 16
 MAX_DONE_JOBS = 1000
 Code = grpc.StatusCode
+
+#: Modules imported by every party process so they can call :func:`register_job_kind`
+#: (a missing module is skipped); ``[cluster] job_modules = [...]`` adds more.
+JOB_KIND_MODULES = ("protocols.jobs",)
 
 JobFn = Callable[[Party, dict, dict, dict], dict]
 JOB_KINDS: dict[str, JobFn] = {}
@@ -84,6 +91,17 @@ def register_job_kind(name: str, fn: JobFn,
         JOB_VALIDATORS[name] = validate
     else:
         JOB_VALIDATORS.pop(name, None)
+
+
+def load_job_kinds(extra: tuple[str, ...] = ()) -> None:
+    """Import the modules that register job kinds (see :data:`JOB_KIND_MODULES`)."""
+    import importlib
+    for name in (*JOB_KIND_MODULES, *extra):
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name or name in extra:
+                raise
 
 
 # ---------------------------------------------------------------- built-in job kinds ----
@@ -167,7 +185,7 @@ class TensorAssembler:
         self.names: set[str] = set()
 
     def feed(self, c: pb.TensorChunk) -> tuple[str, tuple, bytes, str] | None:
-        """Returns (name, shape, payload, sha256 hex) when a tensor completes."""
+        """Returns (name, shape, payload, sha256 hex, frac) when a tensor completes."""
         bad = lambda msg: BadRequest(Code.INVALID_ARGUMENT, f"tensor {c.name!r}: {msg}")  # noqa: E731
         if len(c.data) > CHUNK_BYTES:
             raise bad(f"chunk of {len(c.data)} bytes exceeds the {CHUNK_BYTES}-byte limit")
@@ -180,8 +198,9 @@ class TensorAssembler:
                 raise bad(f"dtype {c.dtype!r} is not uint64 (shares are ring elements)")
             if c.ring_bits != 64:
                 raise bad(f"ring Z_2^{c.ring_bits} is not the cluster's Z_2^64")
-            if c.frac != self.frac:
-                raise bad(f"fixed-point frac {c.frac} differs from the cluster's {self.frac}")
+            if not self.frac <= c.frac <= self.frac + MAX_EXTRA_FRAC:
+                raise bad(f"fixed-point frac {c.frac} outside the cluster's {self.frac}.."
+                          f"{self.frac + MAX_EXTRA_FRAC}")
             if any(d < 0 for d in c.shape) or len(c.shape) > 8:
                 raise bad(f"invalid shape {tuple(c.shape)}")
             n = int(np.prod(c.shape, dtype=np.int64)) if c.shape else 1
@@ -216,7 +235,7 @@ class TensorAssembler:
             raise bad("last chunk lacks the sha256 checksum")
         if c.sha256.hex() != digest:
             raise BadRequest(Code.DATA_LOSS, f"tensor {c.name!r}: checksum mismatch")
-        out = (self.cur.name, tuple(self.cur.shape), bytes(self.buf), digest)
+        out = (self.cur.name, tuple(self.cur.shape), bytes(self.buf), digest, self.cur.frac)
         self.names.add(self.cur.name)
         self.cur, self.buf = None, None
         return out
@@ -449,7 +468,8 @@ def _model_info(meta: dict, complete: bool = True) -> pb.ModelInfo:
     return pb.ModelInfo(model_id=meta["model_id"], upload_id=meta["upload_id"],
                         owner=meta["owner"], total_bytes=meta["total_bytes"],
                         public_meta=meta.get("public_meta", ""), complete=complete,
-                        tensors=[pb.TensorInfo(name=t["name"], shape=t["shape"])
+                        tensors=[pb.TensorInfo(name=t["name"], shape=t["shape"],
+                                               frac=t.get("frac", meta.get("frac", 0)))
                                  for t in meta["tensors"]])
 
 
@@ -532,13 +552,13 @@ class ClientServicer(pb_grpc.ClientServiceServicer):
                                      "within one upload")
                 done = asm.feed(chunk.tensor)
                 if done is not None:
-                    name, shape, payload, digest = done
+                    name, shape, payload, digest, frac = done
                     if len(tensors) >= first.n_tensors:
                         raise BadRequest(Code.INVALID_ARGUMENT, f"more than {first.n_tensors} "
                                          "tensors sent")
                     fname = store.write_tensor(stage, len(tensors), payload)
                     tensors.append({"name": name, "shape": list(shape), "sha256": digest,
-                                    "file": fname})
+                                    "frac": frac, "file": fname})
                     total += len(payload)
                 chunk = next(it, None)
             asm.finish()
@@ -619,7 +639,7 @@ class ClientServicer(pb_grpc.ClientServiceServicer):
                 raise BadRequest(Code.INVALID_ARGUMENT, "job_id changed within one submission")
             done = asm.feed(chunk.tensor)
             if done is not None:
-                name, shape, payload, _ = done
+                name, shape, payload, _, _ = done
                 inputs[name] = share_from_payload(payload, shape)
             chunk = next(it, None)
         asm.finish()
@@ -627,6 +647,7 @@ class ClientServicer(pb_grpc.ClientServiceServicer):
             raise BadRequest(Code.INVALID_ARGUMENT, f"submission truncated: {len(inputs)} of "
                              f"{first.n_tensors} input tensors received")
         params["model_meta"] = json.loads(meta["public_meta"]) if meta.get("public_meta") else {}
+        params["model_frac"] = {t["name"]: t.get("frac", self.cfg.frac) for t in meta["tensors"]}
         validate = JOB_VALIDATORS.get(first.kind)
         if validate is not None:
             try:
@@ -683,6 +704,7 @@ class PartyServer:
         self.cfg = cfg
         self.rank = rank
         self.pcfg = cfg.party(rank)
+        load_job_kinds(cfg.job_modules)
         self.store = ModelStore(self.pcfg.data_dir)
         creds = None
         if cfg.tls:

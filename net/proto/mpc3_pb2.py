@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14net/proto/mpc3.proto\x12\x04mpc3\";\n\x05Hello\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x15\n\rx25519_public\x18\x02 \x01(\x0c\x12\r\n\x05nonce\x18\x03 \x01(\x0c\"\xb3\x01\n\tPeerFrame\x12\x1a\n\x05hello\x18\x01 \x01(\x0b\x32\x0b.mpc3.Hello\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\n\n\x02op\x18\x03 \x01(\x04\x12\x13\n\x0b\x61rray_index\x18\x04 \x01(\r\x12\x10\n\x08n_arrays\x18\x05 \x01(\r\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12\r\n\x05shape\x18\x07 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x08 \x01(\x0c\x12\x0c\n\x04more\x18\t \x01(\x08\x12\r\n\x05\x61\x62ort\x18\n \x01(\t\"\x9d\x01\n\x0bTensorChunk\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x11\n\tring_bits\x18\x04 \x01(\r\x12\x0c\n\x04\x66rac\x18\x05 \x01(\r\x12\x0e\n\x06offset\x18\x06 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x07 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x08 \x01(\x0c\x12\x0e\n\x06sha256\x18\t \x01(\x0c\"}\n\x0bUploadChunk\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x11\n\tupload_id\x18\x02 \x01(\t\x12\x13\n\x0bpublic_meta\x18\x03 \x01(\t\x12\x11\n\tn_tensors\x18\x04 \x01(\r\x12!\n\x06tensor\x18\x05 \x01(\x0b\x32\x11.mpc3.TensorChunk\")\n\nTensorInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\"\x9e\x01\n\tModelInfo\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x11\n\tupload_id\x18\x02 \x01(\t\x12\r\n\x05owner\x18\x03 \x01(\t\x12\x13\n\x0btotal_bytes\x18\x04 \x01(\x04\x12\x13\n\x0bpublic_meta\x18\x05 \x01(\t\x12!\n\x07tensors\x18\x06 \x03(\x0b\x32\x10.mpc3.TensorInfo\x12\x10\n\x08\x63omplete\x18\x07 \x01(\x08\"-\n\x0bUploadReply\x12\x1e\n\x05model\x18\x01 \x01(\x0b\x32\x0f.mpc3.ModelInfo\"\x13\n\x11ListModelsRequest\"2\n\x0fListModelsReply\x12\x1f\n\x06models\x18\x01 \x03(\x0b\x32\x0f.mpc3.ModelInfo\"\x1c\n\x08ModelRef\x12\x10\n\x08model_id\x18\x01 \x01(\t\"\x07\n\x05\x45mpty\"\x9b\x01\n\x0bSubmitChunk\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08model_id\x18\x02 \x01(\t\x12\x11\n\tupload_id\x18\x03 \x01(\t\x12\x0c\n\x04kind\x18\x04 \x01(\t\x12\x13\n\x0bparams_json\x18\x05 \x01(\t\x12\x11\n\tn_tensors\x18\x06 \x01(\r\x12!\n\x06tensor\x18\x07 \x01(\x0b\x32\x11.mpc3.TensorChunk\"\x18\n\x06JobRef\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\xe8\x01\n\x0eJobStatusReply\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12)\n\x05state\x18\x02 \x01(\x0e\x32\x1a.mpc3.JobStatusReply.State\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x0e\n\x06wall_s\x18\x04 \x01(\x01\x12\x12\n\nbytes_sent\x18\x05 \x01(\x04\x12\x10\n\x08messages\x18\x06 \x01(\x04\x12\x0e\n\x06rounds\x18\x07 \x01(\x04\"F\n\x05State\x12\x0b\n\x07UNKNOWN\x10\x00\x12\x0b\n\x07RUNNING\x10\x01\x12\x08\n\x04\x44ONE\x10\x02\x12\n\n\x06\x46\x41ILED\x10\x03\x12\r\n\tCANCELLED\x10\x04\"q\n\x0bStatusReply\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x10\n\x08links_up\x18\x02 \x03(\r\x12\x14\n\x0cjobs_running\x18\x03 \x01(\r\x12\x0e\n\x06models\x18\x04 \x01(\r\x12\x0b\n\x03tls\x18\x05 \x01(\x08\x12\x0f\n\x07version\x18\x06 \x01(\t2;\n\x0bPeerService\x12,\n\x04Link\x12\x0f.mpc3.PeerFrame\x1a\x0f.mpc3.PeerFrame(\x01\x30\x01\x32\xac\x03\n\rClientService\x12;\n\x11UploadModelShares\x12\x11.mpc3.UploadChunk\x1a\x11.mpc3.UploadReply(\x01\x12<\n\nListModels\x12\x17.mpc3.ListModelsRequest\x1a\x15.mpc3.ListModelsReply\x12*\n\x0b\x44\x65leteModel\x12\x0e.mpc3.ModelRef\x1a\x0b.mpc3.Empty\x12\x36\n\tSubmitJob\x12\x11.mpc3.SubmitChunk\x1a\x14.mpc3.JobStatusReply(\x01\x12\x30\n\x0b\x46\x65tchOutput\x12\x0c.mpc3.JobRef\x1a\x11.mpc3.TensorChunk0\x01\x12/\n\tCancelJob\x12\x0c.mpc3.JobRef\x1a\x14.mpc3.JobStatusReply\x12/\n\tJobStatus\x12\x0c.mpc3.JobRef\x1a\x14.mpc3.JobStatusReply\x12(\n\x06Status\x12\x0b.mpc3.Empty\x1a\x11.mpc3.StatusReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14net/proto/mpc3.proto\x12\x04mpc3\";\n\x05Hello\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x15\n\rx25519_public\x18\x02 \x01(\x0c\x12\r\n\x05nonce\x18\x03 \x01(\x0c\"\xb3\x01\n\tPeerFrame\x12\x1a\n\x05hello\x18\x01 \x01(\x0b\x32\x0b.mpc3.Hello\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\n\n\x02op\x18\x03 \x01(\x04\x12\x13\n\x0b\x61rray_index\x18\x04 \x01(\r\x12\x10\n\x08n_arrays\x18\x05 \x01(\r\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12\r\n\x05shape\x18\x07 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x08 \x01(\x0c\x12\x0c\n\x04more\x18\t \x01(\x08\x12\r\n\x05\x61\x62ort\x18\n \x01(\t\"\x9d\x01\n\x0bTensorChunk\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x11\n\tring_bits\x18\x04 \x01(\r\x12\x0c\n\x04\x66rac\x18\x05 \x01(\r\x12\x0e\n\x06offset\x18\x06 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x07 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x08 \x01(\x0c\x12\x0e\n\x06sha256\x18\t \x01(\x0c\"}\n\x0bUploadChunk\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x11\n\tupload_id\x18\x02 \x01(\t\x12\x13\n\x0bpublic_meta\x18\x03 \x01(\t\x12\x11\n\tn_tensors\x18\x04 \x01(\r\x12!\n\x06tensor\x18\x05 \x01(\x0b\x32\x11.mpc3.TensorChunk\"7\n\nTensorInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x66rac\x18\x03 \x01(\r\"\x9e\x01\n\tModelInfo\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x11\n\tupload_id\x18\x02 \x01(\t\x12\r\n\x05owner\x18\x03 \x01(\t\x12\x13\n\x0btotal_bytes\x18\x04 \x01(\x04\x12\x13\n\x0bpublic_meta\x18\x05 \x01(\t\x12!\n\x07tensors\x18\x06 \x03(\x0b\x32\x10.mpc3.TensorInfo\x12\x10\n\x08\x63omplete\x18\x07 \x01(\x08\"-\n\x0bUploadReply\x12\x1e\n\x05model\x18\x01 \x01(\x0b\x32\x0f.mpc3.ModelInfo\"\x13\n\x11ListModelsRequest\"2\n\x0fListModelsReply\x12\x1f\n\x06models\x18\x01 \x03(\x0b\x32\x0f.mpc3.ModelInfo\"\x1c\n\x08ModelRef\x12\x10\n\x08model_id\x18\x01 \x01(\t\"\x07\n\x05\x45mpty\"\x9b\x01\n\x0bSubmitChunk\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08model_id\x18\x02 \x01(\t\x12\x11\n\tupload_id\x18\x03 \x01(\t\x12\x0c\n\x04kind\x18\x04 \x01(\t\x12\x13\n\x0bparams_json\x18\x05 \x01(\t\x12\x11\n\tn_tensors\x18\x06 \x01(\r\x12!\n\x06tensor\x18\x07 \x01(\x0b\x32\x11.mpc3.TensorChunk\"\x18\n\x06JobRef\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\xe8\x01\n\x0eJobStatusReply\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12)\n\x05state\x18\x02 \x01(\x0e\x32\x1a.mpc3.JobStatusReply.State\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x0e\n\x06wall_s\x18\x04 \x01(\x01\x12\x12\n\nbytes_sent\x18\x05 \x01(\x04\x12\x10\n\x08messages\x18\x06 \x01(\x04\x12\x0e\n\x06rounds\x18\x07 \x01(\x04\"F\n\x05State\x12\x0b\n\x07UNKNOWN\x10\x00\x12\x0b\n\x07RUNNING\x10\x01\x12\x08\n\x04\x44ONE\x10\x02\x12\n\n\x06\x46\x41ILED\x10\x03\x12\r\n\tCANCELLED\x10\x04\"q\n\x0bStatusReply\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x10\n\x08links_up\x18\x02 \x03(\r\x12\x14\n\x0cjobs_running\x18\x03 \x01(\r\x12\x0e\n\x06models\x18\x04 \x01(\r\x12\x0b\n\x03tls\x18\x05 \x01(\x08\x12\x0f\n\x07version\x18\x06 \x01(\t2;\n\x0bPeerService\x12,\n\x04Link\x12\x0f.mpc3.PeerFrame\x1a\x0f.mpc3.PeerFrame(\x01\x30\x01\x32\xac\x03\n\rClientService\x12;\n\x11UploadModelShares\x12\x11.mpc3.UploadChunk\x1a\x11.mpc3.UploadReply(\x01\x12<\n\nListModels\x12\x17.mpc3.ListModelsRequest\x1a\x15.mpc3.ListModelsReply\x12*\n\x0b\x44\x65leteModel\x12\x0e.mpc3.ModelRef\x1a\x0b.mpc3.Empty\x12\x36\n\tSubmitJob\x12\x11.mpc3.SubmitChunk\x1a\x14.mpc3.JobStatusReply(\x01\x12\x30\n\x0b\x46\x65tchOutput\x12\x0c.mpc3.JobRef\x1a\x11.mpc3.TensorChunk0\x01\x12/\n\tCancelJob\x12\x0c.mpc3.JobRef\x1a\x14.mpc3.JobStatusReply\x12/\n\tJobStatus\x12\x0c.mpc3.JobRef\x1a\x14.mpc3.JobStatusReply\x12(\n\x06Status\x12\x0b.mpc3.Empty\x1a\x11.mpc3.StatusReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,31 +40,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_UPLOADCHUNK']._serialized_start=433
   _globals['_UPLOADCHUNK']._serialized_end=558
   _globals['_TENSORINFO']._serialized_start=560
-  _globals['_TENSORINFO']._serialized_end=601
-  _globals['_MODELINFO']._serialized_start=604
-  _globals['_MODELINFO']._serialized_end=762
-  _globals['_UPLOADREPLY']._serialized_start=764
-  _globals['_UPLOADREPLY']._serialized_end=809
-  _globals['_LISTMODELSREQUEST']._serialized_start=811
-  _globals['_LISTMODELSREQUEST']._serialized_end=830
-  _globals['_LISTMODELSREPLY']._serialized_start=832
-  _globals['_LISTMODELSREPLY']._serialized_end=882
-  _globals['_MODELREF']._serialized_start=884
-  _globals['_MODELREF']._serialized_end=912
-  _globals['_EMPTY']._serialized_start=914
-  _globals['_EMPTY']._serialized_end=921
-  _globals['_SUBMITCHUNK']._serialized_start=924
-  _globals['_SUBMITCHUNK']._serialized_end=1079
-  _globals['_JOBREF']._serialized_start=1081
-  _globals['_JOBREF']._serialized_end=1105
-  _globals['_JOBSTATUSREPLY']._serialized_start=1108
-  _globals['_JOBSTATUSREPLY']._serialized_end=1340
-  _globals['_JOBSTATUSREPLY_STATE']._serialized_start=1270
-  _globals['_JOBSTATUSREPLY_STATE']._serialized_end=1340
-  _globals['_STATUSREPLY']._serialized_start=1342
-  _globals['_STATUSREPLY']._serialized_end=1455
-  _globals['_PEERSERVICE']._serialized_start=1457
-  _globals['_PEERSERVICE']._serialized_end=1516
-  _globals['_CLIENTSERVICE']._serialized_start=1519
-  _globals['_CLIENTSERVICE']._serialized_end=1947
+  _globals['_TENSORINFO']._serialized_end=615
+  _globals['_MODELINFO']._serialized_start=618
+  _globals['_MODELINFO']._serialized_end=776
+  _globals['_UPLOADREPLY']._serialized_start=778
+  _globals['_UPLOADREPLY']._serialized_end=823
+  _globals['_LISTMODELSREQUEST']._serialized_start=825
+  _globals['_LISTMODELSREQUEST']._serialized_end=844
+  _globals['_LISTMODELSREPLY']._serialized_start=846
+  _globals['_LISTMODELSREPLY']._serialized_end=896
+  _globals['_MODELREF']._serialized_start=898
+  _globals['_MODELREF']._serialized_end=926
+  _globals['_EMPTY']._serialized_start=928
+  _globals['_EMPTY']._serialized_end=935
+  _globals['_SUBMITCHUNK']._serialized_start=938
+  _globals['_SUBMITCHUNK']._serialized_end=1093
+  _globals['_JOBREF']._serialized_start=1095
+  _globals['_JOBREF']._serialized_end=1119
+  _globals['_JOBSTATUSREPLY']._serialized_start=1122
+  _globals['_JOBSTATUSREPLY']._serialized_end=1354
+  _globals['_JOBSTATUSREPLY_STATE']._serialized_start=1284
+  _globals['_JOBSTATUSREPLY_STATE']._serialized_end=1354
+  _globals['_STATUSREPLY']._serialized_start=1356
+  _globals['_STATUSREPLY']._serialized_end=1469
+  _globals['_PEERSERVICE']._serialized_start=1471
+  _globals['_PEERSERVICE']._serialized_end=1530
+  _globals['_CLIENTSERVICE']._serialized_start=1533
+  _globals['_CLIENTSERVICE']._serialized_end=1961
 # @@protoc_insertion_point(module_scope)
