@@ -313,6 +313,17 @@ def test_cli_share_model_infer_status(cluster, tmp_path):
     assert r.returncode == 0 and r.stdout.count("OK links") == 3, r.stdout + r.stderr
 
 
+def test_standard_health_service(cluster):
+    health = pytest.importorskip("grpc_health.v1.health_pb2")
+    health_grpc = pytest.importorskip("grpc_health.v1.health_pb2_grpc")
+    for n in range(3):
+        ch, _ = cluster.stub(n, "user")
+        reply = health_grpc.HealthStub(ch).Check(health.HealthCheckRequest(service=""),
+                                                 timeout=5)
+        assert reply.status == health.HealthCheckResponse.SERVING
+        ch.close()
+
+
 def test_killed_party_aborts_job_and_cluster_recovers(cluster):
     """Runs last: kills party 2 mid-job, checks the survivors, restarts it."""
     x = np.random.default_rng(9).standard_normal((4, 32))
