@@ -140,9 +140,9 @@ class _Client:
             t.start()
         for t in threads:
             t.join()
-        self._last_errors = errors
         for e in errors:
             if e is not None:
+                e.party_errors = errors      # which parties failed, for the caller's cleanup
                 raise e
         return results
 
@@ -198,8 +198,8 @@ class ModelOwner(_Client):
         try:
             self._each(lambda n: self._call(n, "UploadModelShares", chunks(n),
                                             timeout=max(self.timeout, 600)))
-        except ClusterError:
-            for n, err in enumerate(self._last_errors):
+        except ClusterError as exc:
+            for n, err in enumerate(exc.party_errors):
                 if err is None:
                     self._delete_quietly(n, model_id)
             raise
@@ -259,8 +259,8 @@ class QueryUser(_Client):
 
         try:
             self._each(lambda n: self._call(n, "SubmitJob", chunks(n)))
-        except ClusterError:
-            for n, err in enumerate(self._last_errors):
+        except ClusterError as exc:
+            for n, err in enumerate(exc.party_errors):
                 if err is None:
                     try:
                         self._call(n, "CancelJob", pb.JobRef(job_id=job_id))

@@ -324,6 +324,23 @@ def test_standard_health_service(cluster):
         ch.close()
 
 
+def test_partial_upload_is_rolled_back(cluster):
+    """If one party refuses an upload, the owner removes it from the two that accepted."""
+    ch, stub = cluster.stub(1, "owner")
+    stub.UploadModelShares(iter([pb.UploadChunk(model_id="half", upload_id="x", n_tensors=1,
+                                                tensor=_chunk())]), timeout=10)
+    ch.close()
+    with cluster.owner() as o:
+        with pytest.raises(nc.ClusterError) as err:
+            o.upload("half", {"W": np.ones((2, 2))})
+        assert err.value.party == 1 and err.value.code == grpc.StatusCode.ALREADY_EXISTS
+        ids = [{m.model_id: m.upload_id for m in ms} for ms in o.list_models()]
+        assert "half" not in ids[0] and "half" not in ids[2] and ids[1]["half"] == "x"
+        ch, stub = cluster.stub(1, "owner")
+        stub.DeleteModel(pb.ModelRef(model_id="half"), timeout=10)
+        ch.close()
+
+
 def test_killed_party_aborts_job_and_cluster_recovers(cluster):
     """Runs last: kills party 2 mid-job, checks the survivors, restarts it."""
     x = np.random.default_rng(9).standard_normal((4, 32))
