@@ -111,3 +111,31 @@ def mha(p: Party, cfg: M.ModelConfig, w: dict, xq: AShare, xkv: AShare | None = 
         o = A.relu_attention(p, qf, kf, v, order=order)
         n = np.full(Sq, Sk)
     return finish(p, cfg, w, o, n)
+
+
+def cost_mha(p_cfg, cfg: M.ModelConfig, B: int, Sq: int, Sk: int | None = None,
+             causal: bool = False, folded: bool = True, order: str = "auto",
+             masked_form: str = "auto", block: int | None = None):
+    """Declared rounds and bytes per party of :func:`mha` (self attention when Sk is None)."""
+    from mpc3.kernels import convert
+    f, mode = p_cfg.frac, p_cfg.trunc
+    d, h, r, dh = cfg.d_model, cfg.n_heads, cfg.n_features, cfg.d_head
+    self_attn = Sk is None
+    Sk = Sq if self_attn else Sk
+    nq = h * r if folded else d
+    proj = B * Sq * nq + B * Sk * (nq + d)
+    cost = arith.cost_mul(proj, f + PROJ_EXTRA, f, mode)
+    if not folded:
+        cost = cost + arith.cost_mul(B * h * (Sq + Sk) * r, True, f, mode)
+    relu_lm = (p_cfg.relu_drop_bits, f + p_cfg.relu_bound_bits - p_cfg.relu_drop_bits + 2)
+    cost = cost + convert.cost_relu(B * h * (Sq + Sk) * r, *relu_lm)
+    if causal:
+        if masked_form == "qk":
+            cost = cost + A.cost_masked_qk(p_cfg, B, h, Sq, r, dh)
+        else:
+            cost = cost + A.cost_masked_vk(p_cfg, B, h, Sq, r, dh, block)
+    else:
+        cost = cost + A.cost_relu_attention(p_cfg, B, h, Sq, Sk, r, dh, order)
+    if cfg.attn_norm == "mean":
+        cost = cost + A.cost_scale_public(B * Sq * d, p_cfg, A.ROW_SCALE_EXTRA)
+    return cost + arith.cost_mul(B * Sq * d, True, f, mode)

@@ -149,3 +149,28 @@ def test_mha_small_c_large_inputs_keeps_precision(run, rng):
                   *zip(*args(sh, share(x))))
         ref = M.ref_mha(cfg, w.sub(pre), x, x, causal=causal)
         assert np.max(np.abs(value(out) - ref)) < 1e-3 * np.max(np.abs(ref))
+
+
+@pytest.mark.parametrize("fold,causal,norm", [(True, False, "mean"), (False, True, "const"),
+                                              (True, True, "mean")])
+def test_mha_declared_cost(run, rng, fold, causal, norm):
+    from protocols.mha import cost_mha
+    cfg = make_cfg(attn_norm=norm)
+    _, sh = model_shares(cfg, fold)
+    x = rng.uniform(-1, 1, (2, 7, 24))
+    run(lambda p, s, xs: mha(p, cfg, SM.sub(s, "dec.0.self"), xs, causal=causal, block=3,
+                             masked_form="vk"), *zip(*args(sh, share(x))))
+    run.assert_cost(cost_mha(run.cfg, cfg, 2, 7, causal=causal, folded=fold, block=3))
+
+
+def test_mha_rounds_do_not_depend_on_heads(run, rng):
+    rounds = set()
+    for h in (1, 3, 6):
+        cfg = make_cfg(n_heads=h, d_head=24 // h)
+        _, sh = model_shares(cfg, True)
+        x = rng.uniform(-1, 1, (1, 7, 24))
+        for causal in (False, True):
+            run(lambda p, s, xs: mha(p, cfg, SM.sub(s, "dec.0.self"), xs, causal=causal,
+                                     order="kv"), *zip(*args(sh, share(x))))
+            rounds.add((causal, run.rounds))
+    assert len(rounds) == 2
