@@ -1,7 +1,8 @@
 """Secure multi-head ReLU attention (Privformer Alg. 6), all heads batched.
 
 ``w`` is the share dict of one attention prefix (see :mod:`protocols.secure_model`):
-``wq_proj, wk_proj`` (W^Q, W^K, or Omega-folded W^Q Omega, W^K Omega), ``wv_c`` (= c W^V),
+``wq_proj, wk_proj`` (W^Q, W^K, or Omega-folded W^Q Omega, W^K Omega) and ``wv_c`` (W^V),
+with the public constant c folded into the three of them,
 ``omega`` (unfolded only), ``wo``. Steps, each one kernel call for all heads:
 
 1. projections X [W^Q | W^K | W^V] (one matmul; cross attention: both inputs in one call),
@@ -9,7 +10,7 @@
 2. unfolded only: per-head Q_h Omega_h and K_h Omega_h in one batched matmul;
 3. one relu_a on Q and K features together;
 4. attention core (:mod:`protocols.attention`);
-5. attn_norm "mean": rows times the public 1/n_i (one truncation); "const" is folded in W^V;
+5. attn_norm "mean": rows times the public 1/n_i (one truncation); c itself is in the weights;
 6. merge heads, @ W^O.
 """
 from __future__ import annotations
