@@ -48,7 +48,7 @@ from typing import Callable
 import grpc
 import numpy as np
 
-from mpc3.comm import Aborted, ProtocolError
+from mpc3.comm import Aborted
 from mpc3.kernels.arith import matmul_aa
 from mpc3.party import Party, RingConfig
 from mpc3.shares import AShare
@@ -777,4 +777,4 @@ def serve(cfg: ClusterConfig, rank: int) -> int:
 
 __all__ = ["JOB_KINDS", "register_job_kind", "PartyServer", "serve", "ModelStore",
            "TensorAssembler", "tensor_chunks", "share_payload", "share_from_payload",
-           "ProtocolError"]
+           "load_job_kinds"]

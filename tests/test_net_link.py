@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from mpc3 import ring
-from mpc3.comm import NEXT, PREV, Aborted, PeerTimeout, ProtocolError
+from mpc3.comm import Aborted, PeerTimeout, ProtocolError
 from mpc3.kernels import arith
 from mpc3.sim import deal, make_parties, reveal, run_parties
 from net import keys, link
