@@ -6,6 +6,7 @@
     mpc3 cluster down --dir D                 stop them
     mpc3 status --config C                    links, models and jobs of every party
     mpc3 share-model WEIGHTS --config C --model-id ID
+    mpc3 models --config C [--delete ID]      list (checking the parties agree) / delete
     mpc3 infer --config C --model-id ID --input X.npy --output Y.npy
 
 Every error prints one line and exits non-zero.
@@ -79,6 +80,11 @@ def register(sub) -> None:
     p = sub.add_parser("status", help="health, links, models and jobs of every party")
     _add_client_creds(p)
     p.set_defaults(func=_cmd_status)
+
+    p = sub.add_parser("models", help="list the models on every party, or delete one")
+    p.add_argument("--delete", metavar="MODEL_ID", help="delete this model (model owner)")
+    _add_client_creds(p)
+    p.set_defaults(func=_cmd_models)
 
     p = sub.add_parser("share-model", help="secret-share a model's MPC weights to the parties")
     p.add_argument("weights", help="model .npz (protocols/model.py format)")
@@ -272,6 +278,31 @@ def _cmd_status(args) -> int:
             print(f"party {n} {addr}: {'OK' if ok else 'DEGRADED'} links={links} "
                   f"models={st.models} jobs_running={st.jobs_running} "
                   f"{'mTLS' if st.tls else 'PLAINTEXT'}")
+    return 1 if bad else 0
+
+
+def _cmd_models(args) -> int:
+    from .client import ModelOwner, QueryUser
+    cfg = _load(args)
+    if args.delete:
+        with ModelOwner(cfg, args.cert, args.key) as owner:
+            owner.delete(args.delete)
+        print(f"model {args.delete} deleted from the three parties")
+        return 0
+    cls = QueryUser if (args.cert or "query-user" in cfg.clients or not cfg.tls) else ModelOwner
+    with cls(cfg, args.cert, args.key) as cl:
+        per_party = [{m.model_id: m for m in ms} for ms in cl.list_models()]
+    bad = 0
+    for model_id in sorted(set().union(*per_party)):
+        infos = [p.get(model_id) for p in per_party]
+        ok = all(i is not None and i.complete and i.upload_id == infos[0].upload_id
+                 for i in infos)
+        bad += not ok
+        first = next(i for i in infos if i is not None)
+        print(f"{model_id}: {'OK' if ok else 'INCONSISTENT'} upload={first.upload_id} "
+              f"owner={first.owner} tensors={len(first.tensors)} bytes/party="
+              f"{first.total_bytes} on parties "
+              f"{[n for n, i in enumerate(infos) if i is not None and i.complete]}")
     return 1 if bad else 0
 
 

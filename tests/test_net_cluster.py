@@ -311,6 +311,10 @@ def test_cli_share_model_infer_status(cluster, tmp_path):
     assert r.returncode != 0 and "unknown model 'nope'" in r.stderr
     r = run("status", "--config", conf)
     assert r.returncode == 0 and r.stdout.count("OK links") == 3, r.stdout + r.stderr
+    r = run("models", "--config", conf, "--delete", "enc")
+    assert r.returncode == 0, r.stderr
+    r = run("models", "--config", conf)
+    assert r.returncode == 0 and "lin: OK" in r.stdout and "enc" not in r.stdout, r.stdout
 
 
 def test_standard_health_service(cluster):
