@@ -71,9 +71,10 @@ def test_select_b2a_mul(run, rng):
 def test_sqrt_inv(run, rng):
     x = np.concatenate([[2.0 ** -10, 2.0 ** 14, 1.0, 0.5], 2.0 ** rng.uniform(-10, 14, 300)])
     out = run(lambda p, a: fxp.sqrt_inv_a(p, a), share(x))
-    rel = np.abs(value(out) * np.sqrt(x) - 1)
+    xq = ring.decode(ring.encode(x))                     # the value actually shared
+    rel = np.abs(value(out) * np.sqrt(xq) - 1)
     assert rel.max() <= 1e-3
-    assert run.rounds <= 30
+    assert run.rounds <= 20
 
 
 def test_reciprocal(run, rng):

@@ -130,7 +130,8 @@ def mul_aa(p: Party, x: AShare, y: AShare, trunc: bool | int = True) -> AShare:
     """Elementwise product of two shared arrays (Araki et al.; Privformer Pi_Mult).
 
     ``trunc``: True = truncate by cfg.frac (fixed-point), an int = truncate by that many
-    bits, False = no truncation (integer product).
+    bits, an array (broadcast to the output) = per-element shifts in the same rounds,
+    False = no truncation (integer product).
     Cost: see :func:`cost_mul`; 1 element per party and output, 1 round without truncation.
     """
     if x.shape != y.shape:
@@ -150,20 +151,21 @@ def matmul_aa(p: Party, x: AShare, y: AShare, trunc: bool | int = True) -> AShar
     return _finish(p, _local_matmul(x, y), trunc)
 
 
-def cost_mul(n: int, trunc: bool | int, frac: int, mode: str) -> Cost:
-    """Rounds and bytes per party of mul_aa/matmul_aa with ``n`` output elements."""
+def cost_mul(n: int, trunc, frac: int, mode: str) -> Cost:
+    """Rounds and bytes per party of mul_aa/matmul_aa with ``n`` output elements
+    (``trunc``: True, False, a shift, or per-element shifts - packed at the widest)."""
     if trunc is False:
         return cost_reshare(n)
-    bits = frac if trunc is True else int(trunc)
+    bits = frac if trunc is True else int(np.max(trunc))
     if mode == "prob":
         return Cost.uniform(1, 8 * n)
     return Cost.by_role(2, n, lambda role, ng: 8 * ng + packed_bytes(ng, bits))
 
 
-def _finish(p: Party, z: np.ndarray, trunc: bool | int) -> AShare:
+def _finish(p: Party, z: np.ndarray, trunc) -> AShare:
     if trunc is False:
         return reshare(p, z)
-    bits = p.cfg.frac if trunc is True else int(trunc)
+    bits = p.cfg.frac if trunc is True else np.broadcast_to(np.asarray(trunc), z.shape).reshape(-1)
     z = z + p.zero_share(z.shape, "mulmask")
     return _trunc_split(p, z.reshape(-1), bits, from_rss=False).reshape(z.shape)
 
@@ -188,24 +190,30 @@ def cost_trunc(n: int, bits: int, mode: str) -> Cost:
                         else packed_bytes(ng, bits))
 
 
-def _trunc_split(p: Party, src, bits: int, from_rss: bool) -> AShare:
+def _trunc_split(p: Party, src, bits, from_rss: bool) -> AShare:
     """Core of fused/standalone truncation; ``src`` is z (3-of-3, flat) or a flat AShare.
 
+    ``bits`` is one shift for all elements or a per-element array (products of different
+    scales then share the same rounds); f-bit messages are packed at the widest shift.
     Output slots for group g (roles 0, 1, 2 hold slots (g, g+1), (g+1, g+2), (g+2, g)):
     slot g = U - kappa + X2', slot g+1 = kappa + X1', slot g+2 = W - nu', where U, W are
     the shifted pieces of role 0 and of the pair, and X1' + X2' - nu' = a_t*b_t*2^(64-f).
     """
-    if not 1 <= bits < OFFSET_BITS:
-        raise ValueError(f"cannot truncate by {bits} bits")
     exact = p.cfg.trunc == "exact"
     n = src.a.size if from_rss else src.size
+    bits_arr = np.broadcast_to(np.asarray(bits, dtype=np.int64), (n,))
+    if bits_arr.size and not (1 <= bits_arr.min() and bits_arr.max() < OFFSET_BITS):
+        raise ValueError(f"cannot truncate by {bits} bits")
+    width = int(bits_arr.max()) if n else 1
     groups = group_bounds(n)
     offset = _u(1 << OFFSET_BITS) if exact else np.uint64(0)
-    sh, up, top = np.uint64(bits), np.uint64(64 - bits), np.uint64(63)
-    low = _u((1 << bits) - 1)
-    half = _u(1 << (bits - 1))
-    ssh = np.int64(bits)
-    shift = lambda v: ring.from_signed(ring.to_signed(v) >> ssh)  # noqa: E731
+    top = np.uint64(63)
+
+    def per(sl):   # shift, up-shift, low mask, half for a group's elements
+        b = bits_arr[sl].astype(np.uint64)
+        return b, np.uint64(64) - b, (_ONE << b) - _ONE, _ONE << (b - _ONE)
+
+    shift = lambda v, b: ring.from_signed(ring.to_signed(v) >> b.astype(np.int64))  # noqa: E731
 
     # Round 1: split form (A at role 0, B at roles 1 and 2); role 0 sends its piece.
     r1, state = Round(p), []
@@ -214,12 +222,13 @@ def _trunc_split(p: Party, src, bits: int, from_rss: bool) -> AShare:
         st = {"role": role, "n": ng}
         if role == 0:
             A = (src.a[sl] + src.b[sl]) if from_rss else src[sl]
+            sh, up, low, half = per(sl)
             st["kappa"] = p.rand_with(0, 1, ng, f"kappa{g}")
-            st["U"] = shift(A)
+            st["U"] = shift(A, sh)
             msg = [st["U"] - st["kappa"]]
             if exact:
                 rho = p.rand_with(0, 1, ng, f"rho{g}")
-                msg.append(ring.pack_uint(((A >> top) - rho) & low, bits))
+                msg.append(ring.pack_uint(((A >> top) - rho) & low, width))
             r1.send(PREV, *msg)                                  # to role 2
         else:
             other = _dir(role, 3 - role)                         # role 1 <-> role 2
@@ -240,19 +249,21 @@ def _trunc_split(p: Party, src, bits: int, from_rss: bool) -> AShare:
             continue
         if not from_rss:
             st["B"] = st["z"] + got[(_dir(role, 3 - role), g)][0]
+        sh, up, low, half = per(groups[g])
         Bp = st["B"] + offset + half                             # half: round to nearest
-        st["W"] = shift(Bp) - (offset >> sh)
+        st["W"] = shift(Bp, sh) - (offset >> sh)
         st["bt"] = Bp >> top
         if role == 2:
             msg = got[(NEXT, g)]
             st["s0"] = msg[0]
             if exact:
-                st["at_rho"] = ring.unpack_uint(msg[1], bits, st["n"])
+                st["at_rho"] = ring.unpack_uint(msg[1], width, st["n"])
 
     if exact:   # Round 2: a_t*b_t = b_t*rho + b_t*(a_t - rho), masked towards role 0.
         r2 = Round(p)
         for g, st in enumerate(state):
             role, ng = st["role"], st["n"]
+            sh, up, low, half = per(groups[g])
             if role == 0:
                 r2.recv(NEXT, g, 1)
                 r2.recv(PREV, g, 1)
@@ -264,22 +275,23 @@ def _trunc_split(p: Party, src, bits: int, from_rss: bool) -> AShare:
                 rho = p.rand_with(1, 0, ng, f"rho{g}")
                 x1 = (st["bt"] * rho + nu1) & low
                 st["x1"] = x1 << up
-                r2.send(PREV, ring.pack_uint(x1, bits))
+                r2.send(PREV, ring.pack_uint(x1, width))
             else:
                 x2 = (st["bt"] * st["at_rho"] + nu2) & low
                 st["s0"] = st["s0"] + (x2 << up)
-                r2.send(NEXT, ring.pack_uint(x2, bits))
+                r2.send(NEXT, ring.pack_uint(x2, width))
         got2 = r2.run()
 
     a_out = np.empty(n, dtype=np.uint64)
     b_out = np.empty(n, dtype=np.uint64)
     for g, (sl, st) in enumerate(zip(groups, state)):
         role = st["role"]
+        sh, up, low, half = per(sl)
         if role == 0:
             x1 = x2 = np.uint64(0)
             if exact:
-                x1 = ring.unpack_uint(got2[(NEXT, g)][0], bits, st["n"]) << up
-                x2 = ring.unpack_uint(got2[(PREV, g)][0], bits, st["n"]) << up
+                x1 = ring.unpack_uint(got2[(NEXT, g)][0], width, st["n"]) << up
+                x2 = ring.unpack_uint(got2[(PREV, g)][0], width, st["n"]) << up
             a_out[sl] = st["U"] - st["kappa"] + x2
             b_out[sl] = st["kappa"] + x1
         elif role == 1:
