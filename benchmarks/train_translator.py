@@ -232,6 +232,10 @@ def main():
     ap.add_argument("--vocab-out", default=str(ROOT / "protocols" / "assets" / "vocab.json"))
     ap.add_argument("--results", default=str(ROOT / "benchmarks" / "results" / "translator_accuracy.json"))
     ap.add_argument("--attn-norm", default="mean", choices=M.ATTN_NORMS)
+    ap.add_argument("--init", default=None,
+                    help="warm start (phase 2) from an exported .npz; its config is used")
+    ap.add_argument("--init-results", default=None,
+                    help="results json of the previous phase (its time/steps are accumulated)")
     args = ap.parse_args()
 
     torch.set_num_threads(2)
@@ -248,7 +252,23 @@ def main():
     print(f"data: {args.pool} train examples in {time.time() - t0:.1f}s", flush=True)
     train_t = [torch.tensor(a) for a in train]
 
+    prior = {"train_seconds": 0.0, "train_steps": 0, "phases": []}
+    if args.init:
+        cfg, w0, u0 = M.load_model(args.init)
+        print(f"warm start from {args.init}", flush=True)
+        if args.init_results:
+            r0 = json.loads(Path(args.init_results).read_text())
+            prior["train_seconds"] = r0.get("train_seconds", 0.0)
+            prior["train_steps"] = r0.get("train_steps", 0)
+            prior["phases"] = r0.get("phases") or [
+                {"seconds": r0.get("train_seconds"), "steps": r0.get("train_steps"),
+                 "batch": r0.get("batch"), "init": False}]
     model = TorchTranslator(cfg, seed=args.seed)
+    if args.init:
+        with torch.no_grad():
+            for k in model.names:
+                src_arr = u0[k] if k in M.USER_NAMES else w0[k]
+                model.p(k).copy_(torch.tensor(src_arr, dtype=torch.float32))
     n_par = sum(p.numel() for p in model.parameters())
     print(f"trainable params: {n_par}", flush=True)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
@@ -307,8 +327,12 @@ def main():
           f"({time.time() - t1:.1f}s)")
     for t, p_ in errs[:10]:
         print(f"  ERR {t!r}: got {p_!r}, want {TD.reference_translation(t)!r}")
-    res = {"exact_match": acc, "n": n, "config": cfg.to_dict(), "train_seconds": round(train_time, 1),
-           "train_steps": step, "batch": args.batch, "valid_exact_match_torch": em,
+    phases = prior["phases"] + [{"seconds": round(train_time, 1), "steps": step, "lr": args.lr,
+                                 "batch": args.batch, "init": bool(args.init)}]
+    res = {"exact_match": acc, "n": n, "config": cfg.to_dict(),
+           "train_seconds": round(prior["train_seconds"] + train_time, 1),
+           "train_steps": prior["train_steps"] + step, "phases": phases,
+           "batch": args.batch, "valid_exact_match_torch": em,
            "model_bytes": out.stat().st_size, "split": "test (hash-disjoint from train)"}
     Path(args.results).parent.mkdir(parents=True, exist_ok=True)
     Path(args.results).write_text(json.dumps(res, indent=1) + "\n")
