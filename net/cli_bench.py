@@ -74,6 +74,19 @@ def _decode(name: str, out: list, n: int) -> np.ndarray:
     return ring.decode(reveal(out))
 
 
+def op_errors(name: str, inputs, out: list, ref: np.ndarray, cfg: RingConfig) -> dict:
+    """max_abs_err / max_rel_err of the three parties' outputs ``out`` against ``ref``."""
+    err = np.abs(_decode(name, out, ref.size) - ref)
+    extra = {}
+    if name == "drelu":     # documented error region [-2^drop, 0): either answer is allowed
+        x = ring.decode(reveal(inputs[0]))
+        region = (x < 0) & (x >= -2.0 ** (cfg.relu_drop_bits - cfg.frac))
+        extra = {"elements_in_documented_error_region": int(region.sum())}
+        err = np.where(region, 0.0, err)
+    return {"max_abs_err": float(err.max()),
+            "max_rel_err": float((err / np.maximum(np.abs(ref), 1e-3)).max()), **extra}
+
+
 def run_op(name: str, n: int, shape, repeat: int, cfg: RingConfig, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
     inputs, kernel, ref = _workload(name, n, shape, rng)
@@ -84,14 +97,7 @@ def run_op(name: str, n: int, shape, repeat: int, cfg: RingConfig, seed: int = 0
         t0 = time.perf_counter()
         out = run_parties(kernel, args, parties=parties)
         walls.append(time.perf_counter() - t0)
-    got = _decode(name, out, ref.size)
-    err = np.abs(got - ref)
-    extra = {}
-    if name == "drelu":     # documented error region [-2^drop, 0): either answer is allowed
-        x = ring.decode(reveal(inputs[0]))
-        region = (x < 0) & (x >= -2.0 ** (cfg.relu_drop_bits - cfg.frac))
-        extra = {"elements_in_documented_error_region": int(region.sum())}
-        err = np.where(region, 0.0, err)
+    errs = op_errors(name, inputs, out, ref, cfg)
     elems = ref.size
     per = [p.stats.bytes_sent for p in parties]
     return {
@@ -105,14 +111,14 @@ def run_op(name: str, n: int, shape, repeat: int, cfg: RingConfig, seed: int = 0
         "bytes_per_element": sum(per) / elems,
         "messages": sum(p.stats.messages for p in parties),
         "rounds": max(p.stats.rounds for p in parties),
-        "max_abs_err": float(err.max()),
-        "max_rel_err": float((err / np.maximum(np.abs(ref), 1e-3)).max()),
-        **extra,
+        **errs,
     }
 
 
 def print_table(result: dict) -> None:
     rows = [("workload", result["workload"]), ("elements", result["params"]["n"]),
+            ("transport / net", f"{result['transport']} / {result['net']} "
+                                f"(emulation {result['emulation']})"),
             ("wall_s min / median", f"{result['wall_s']['min']:.4f} / {result['wall_s']['median']:.4f}"),
             ("bytes_total", result["bytes_total"]),
             ("bytes per element", f"{result['bytes_total'] / max(result['params']['n'], 1):.2f}"),
@@ -140,8 +146,14 @@ def _parse_shape(text: str) -> tuple[int, int, int]:
 
 
 def _cmd_op(args: argparse.Namespace) -> int:
-    cfg = RingConfig(trunc=args.trunc)
-    result = run_op(args.name, args.n, args.shape, args.repeat, cfg)
+    if args.net != "none" and args.transport != "grpc":
+        raise SystemExit(f"--net {args.net} runs three party processes: add --transport grpc")
+    if args.transport == "grpc":       # three party processes, optionally in emulated netns
+        from .remote_bench import RemoteCluster
+        with RemoteCluster(args.net) as rc:
+            result = rc.bench_op(args.name, args.n, args.shape, args.repeat, args.trunc)
+    else:
+        result = run_op(args.name, args.n, args.shape, args.repeat, RingConfig(trunc=args.trunc))
     print_table(result)
     write_json(result, args.json)
     return 0
@@ -156,7 +168,11 @@ def register(sub) -> None:
     op.add_argument("--shape", type=_parse_shape, default=(64, 512, 2048),
                     help="MxKxN for matmul (default 64x512x2048)")
     op.add_argument("--repeat", type=int, default=3)
-    op.add_argument("--transport", choices=("inproc",), default="inproc")
+    op.add_argument("--transport", choices=("inproc", "grpc"), default="inproc",
+                    help="grpc: three party processes (mTLS) - see net/remote_bench.py")
+    op.add_argument("--net", default="none",
+                    help="none | lan | wan | custom:RATE_MBIT:RTT_MS (emulated; needs root "
+                         "and --transport grpc)")
     op.add_argument("--trunc", choices=("exact", "prob"), default="exact")
     op.add_argument("--json", help="write the result object here")
     op.set_defaults(func=_cmd_op)

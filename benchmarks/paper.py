@@ -1,0 +1,502 @@
+"""Reproduce Privformer's experiments (Table 2, Fig. 3, Fig. 4, Table 3, 64-token translation)
+over three party processes on loopback and on emulated LAN / WAN.
+
+    python benchmarks/paper.py [--quick] [--only table2,fig3,fig4,table3,translate]
+                               [--nets none,lan,wan] [--out DIR] [--force] [--report-only]
+
+Every point runs as a ``bench_layer`` job on a :class:`net.remote_bench.RemoteCluster` (one
+cluster per network, links verified first) and is written as one JSON file under
+``DIR/points/`` (existing points are reused unless ``--force``, so a long run can be resumed).
+Then ``DIR/report.md`` sets the numbers beside the paper's (../shared/BENCHMARKS.md), with the
+time model ``compute (same point, net none) + rounds x one-way latency + bytes / bandwidth``
+beside each emulated time, and ``DIR/*.png`` plots Fig. 3/4 (matplotlib: the ``plot`` extra).
+
+``--quick`` uses small sizes (a few minutes) into ``benchmarks/results/paper_quick`` and checks
+that the emulation delays traffic: every emulated point must take at least rounds x one-way
+delay (exit status 1 otherwise). The full run writes ``benchmarks/results/paper_full``.
+
+Emulated networks need root (net/emulate.py); ``--nets none`` runs without.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+RESULTS = ROOT / "benchmarks" / "results"
+EXPERIMENTS = ("table2", "fig3", "fig4", "table3", "translate")
+
+# ../shared/BENCHMARKS.md: Privformer Table 2 (S=64, d_m=512, h=8, r=266, d_ff=2048, 6 layers)
+PAPER_TABLE2 = {   # workload: (LAN s, WAN s, comm MB, messages, same code on 2-core loopback s)
+    "mha": (0.611, 10.944, 48.361, 160, 1.18),
+    "mmha-qk": (0.613, 12.424, 47.231, 192, 0.99),
+    "ffn": (1.671, 6.669, 19.136, 38, 1.00),
+    "ln": (0.077, 10.753, 1.64, 278, 0.73),
+    "encoder": (14.141, 253.164, 424.668, 4524, 10.42),
+    "decoder": (17.768, 402.85, 717.894, 7344, 13.05),
+}
+LABELS = {"mha": "multi-head attention", "mmha-qk": "masked MHA (QK form)",
+          "mmha-vk": "masked MHA (VK form)", "ffn": "feed-forward network",
+          "ln": "layer normalization", "encoder": "encoder (6 layers)",
+          "decoder": "decoder (6 layers)", "softmax-attn": "softmax attention",
+          "masked-softmax-attn": "masked softmax attention", "decoder-step": "decoder steps"}
+PAPER_TRANSLATE = {"lan": 19 * 60.0, "wan": 7.3 * 3600.0}
+TARGET_TRANSLATE = {"lan": 60.0, "wan": 3600.0}
+
+
+# ------------------------------------------------------------------------ points ----
+def _cfg(quick: bool, **over) -> dict:
+    base = (dict(seq=16, d_model=64, heads=4, features=44, d_ff=128, layers=2) if quick else
+            dict(seq=64, d_model=512, heads=8, features=266, d_ff=2048, layers=6))
+    base.update(over)
+    return base
+
+
+def plan(quick: bool, only: set[str]) -> list[dict]:
+    """Every point: experiment, workload, layer_config kwargs, batch."""
+    pts = []
+    if "table2" in only:
+        for w in ("mha", "mmha-qk", "mmha-vk", "ffn", "ln", "encoder", "decoder"):
+            pts.append(dict(exp="table2", name=w, cfg=_cfg(quick), batch=1))
+    # Fig. 3/4: d_m = 64 in one head, so d = 64 and r = d ln d = 266 (8-dim and 17 in --quick)
+    seqs = (8, 16) if quick else (32, 64, 128, 256, 512, 1024)
+    sweep = dict(d_model=8, heads=1, features=17, d_ff=16, layers=1) if quick else \
+        dict(d_model=64, heads=1, features=266, d_ff=256, layers=1)
+    for exp, names in (("fig3", ("softmax-attn", "mha")),
+                       ("fig4", ("masked-softmax-attn", "mmha-qk", "mmha-vk"))):
+        if exp in only:
+            for s in seqs:
+                for w in names:
+                    pts.append(dict(exp=exp, name=w, cfg=_cfg(quick, seq=s, **sweep), batch=1))
+    if "table3" in only:
+        for b in ((1, 2) if quick else (1, 2, 4, 8)):
+            for w in ("encoder", "decoder"):
+                pts.append(dict(exp="table3", name=w, cfg=_cfg(quick), batch=b))
+    if "translate" in only:   # encoder once + one decoder step per output token
+        tokens = 8 if quick else 64
+        for w in ("encoder", "decoder-step"):
+            pts.append(dict(exp="translate", name=w, cfg=_cfg(quick, seq=tokens), batch=1))
+    return pts
+
+
+def slug(p: dict, net: str) -> str:
+    c = p["cfg"]
+    return (f"{p['exp']}_{p['name']}_S{c['seq']}_d{c['d_model']}_h{c['heads']}_r{c['features']}"
+            f"_L{c['layers']}_b{p['batch']}_{net.replace(':', '-')}")
+
+
+# --------------------------------------------------------------------- running ----
+class Progress:
+    def __init__(self, total: int) -> None:
+        self.total, self.done, self.t0 = total, 0, time.monotonic()
+
+    def show(self, label: str) -> None:
+        width, frac = 30, self.done / max(self.total, 1)
+        el = time.monotonic() - self.t0
+        eta = f" eta {el / self.done * (self.total - self.done) / 60:.1f} min" if self.done else ""
+        bar = "#" * int(width * frac) + "." * (width - int(width * frac))
+        print(f"\r[{bar}] {self.done}/{self.total} {el / 60:.1f} min{eta} | {label:<60.60}",
+              end="", file=sys.stderr, flush=True)
+
+    def step(self, label: str) -> None:
+        self.done += 1
+        self.show(label)
+        if self.done == self.total:
+            print(file=sys.stderr)
+
+
+def run_points(pts: list[dict], nets: list[str], out: Path, force: bool, repeat: int) -> None:
+    from net.remote_bench import RemoteCluster, layer_config
+    pdir = out / "points"
+    pdir.mkdir(parents=True, exist_ok=True)
+    todo = [(net, p) for net in nets for p in pts if force or not (pdir / f"{slug(p, net)}.json").exists()]
+    bar = Progress(len(todo))
+    for net in nets:
+        mine = [p for n, p in todo if n == net]
+        if not mine:
+            continue
+        bar.show(f"starting cluster, net {net}")
+        with RemoteCluster(net, quiet=True) as rc:
+            if rc.network.get("links"):
+                (out / f"paper_links_{net.replace(':', '-')}.json").write_text(
+                    json.dumps(rc.network, indent=2) + "\n")
+            for p in mine:
+                label = f"{net} {p['exp']} {p['name']} S={p['cfg']['seq']} b={p['batch']}"
+                bar.show(label)
+                try:
+                    r = rc.bench_layer(p["name"], layer_config(**p["cfg"]), batch=p["batch"],
+                                       repeat=repeat)
+                except Exception as exc:  # noqa: BLE001 - record the failure, go on
+                    r = {"workload": f"layer/{p['name']}", "net": net, "error": repr(exc)[:500]}
+                r.update(experiment=p["exp"], host=platform.node(), cpus=os.cpu_count(),
+                         date=time.strftime("%Y-%m-%dT%H:%M:%S"))
+                (pdir / f"{slug(p, net)}.json").write_text(json.dumps(r, indent=2) + "\n")
+                bar.step(label)
+
+
+def load_points(out: Path) -> list[dict]:
+    from net.remote_bench import time_model
+    pts = [json.loads(f.read_text()) for f in sorted((out / "points").glob("*.json"))]
+    ok = [p for p in pts if "error" not in p]
+    base = {_key(p): p["wall_s"]["min"] for p in ok if p["net"] == "none"}
+    for p in ok:                         # the time model, with compute from the net-none point
+        if p["net"] != "none":
+            p["time_model"] = time_model(base.get(_key(p)), p["rounds"], p["bytes_per_party"], p)
+    return pts
+
+
+def _key(p: dict) -> tuple:
+    q = p["params"]
+    return (p["experiment"], p["workload"], q["seq"], q["d_model"], q["layers"], q["batch"])
+
+
+# ---------------------------------------------------------------------- report ----
+def _s(x) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.3g}" if x < 10 else f"{x:.1f}"
+
+
+def _mb(b) -> str:
+    return f"{b / 1e6:.2f}"
+
+
+def _find(pts, exp, name, net, **params):
+    for p in pts:
+        if (p.get("experiment") == exp and p.get("workload") == f"layer/{name}"
+                and p.get("net") == net and "error" not in p
+                and all(p["params"].get(k) == v for k, v in params.items())):
+            return p
+    return None
+
+
+def _model_cell(p) -> str:
+    m = p.get("time_model") or {}
+    if not m:
+        return "-"
+    c = m.get("compute_s")
+    return (f"{_s(m.get('total_s'))} = {_s(c)} + {_s(m['latency_s'])} + {_s(m['bandwidth_s'])}"
+            if c is not None else f"? + {_s(m['latency_s'])} + {_s(m['bandwidth_s'])}")
+
+
+def _nets(pts) -> list[str]:
+    order = {"none": 0, "lan": 1, "wan": 2}
+    return sorted({p["net"] for p in pts}, key=lambda n: (order.get(n, 3), n))
+
+
+def _table2(pts, quick) -> list[str]:
+    L = ["## Table 2: every layer (batch 1)", ""]
+    if quick:
+        L += ["(--quick sizes: the paper's columns are for S=64, d_m=512 and do not compare.)", ""]
+    L += ["| layer | paper LAN | mpc3 LAN | model LAN (compute + latency + bw) | paper WAN | "
+          "mpc3 WAN | model WAN | mpc3 loopback (grpc) | paper comm MB | mpc3 comm MB | "
+          "paper msgs | mpc3 msgs | mpc3 rounds | max abs err |", "|" + "---|" * 14]
+    for w in ("mha", "mmha-qk", "mmha-vk", "ffn", "ln", "encoder", "decoder"):
+        ref = PAPER_TABLE2.get(w, (None,) * 5)
+        byn = {n: _find(pts, "table2", w, n) for n in ("none", "lan", "wan")}
+        any_p = next((p for p in byn.values() if p), None)
+        if any_p is None:
+            continue
+        t = {n: (p["wall_s"]["min"] if p else None) for n, p in byn.items()}
+        L.append(f"| {LABELS[w]} | {_s(ref[0])} | {_s(t['lan'])} | "
+                 f"{_model_cell(byn['lan']) if byn['lan'] else '-'} | {_s(ref[1])} | "
+                 f"{_s(t['wan'])} | {_model_cell(byn['wan']) if byn['wan'] else '-'} | "
+                 f"{_s(t['none'])} | {_s(ref[2])} | {_mb(any_p['bytes_total'])} | "
+                 f"{ref[3] or '-'} | {any_p['messages']} | {any_p['rounds']} | "
+                 f"{any_p['max_abs_err']:.2g} |")
+    return L + ["", "Times in seconds (min over runs, slowest party, measured on the parties). "
+                "Model = compute (same point over loopback gRPC) + rounds x one-way latency "
+                "+ max party bytes / 2 links / rate.", ""]
+
+
+def _sweep(pts, exp, names) -> tuple[list[str], dict]:
+    L = [f"| net | S | " + " | ".join(f"{LABELS[n]} s / MB / rounds" for n in names) + " |",
+         "|" + "---|" * (2 + len(names))]
+    series = {}
+    for net in _nets([p for p in pts if p.get("experiment") == exp]):
+        seqs = sorted({p["params"]["seq"] for p in pts if p.get("experiment") == exp
+                       and p.get("net") == net and "error" not in p})
+        for s in seqs:
+            cells = []
+            for n in names:
+                p = _find(pts, exp, n, net, seq=s)
+                if p:
+                    series.setdefault((net, n), []).append(
+                        (s, p["wall_s"]["min"], p["bytes_total"], p["rounds"]))
+                    cells.append(f"{_s(p['wall_s']['min'])} / {_mb(p['bytes_total'])} / "
+                                 f"{p['rounds']}")
+                else:
+                    cells.append("-")
+            L.append(f"| {net} | {s} | " + " | ".join(cells) + " |")
+    return L, series
+
+
+def _slope(rows, idx) -> float | None:
+    """Log-log slope of column ``idx`` against S over the upper half of the sweep."""
+    rows = sorted(rows)
+    rows = rows[len(rows) // 2:] if len(rows) >= 4 else rows
+    if len(rows) < 2 or rows[0][idx] <= 0:
+        return None
+    return math.log(rows[-1][idx] / rows[0][idx]) / math.log(rows[-1][0] / rows[0][0])
+
+
+def _fig(pts, exp, names, title) -> tuple[list[str], dict]:
+    L, series = _sweep(pts, exp, names)
+    L = [f"## {title}", ""] + L + [""]
+    for (net, n), rows in sorted(series.items()):
+        st, sb = _slope(rows, 1), _slope(rows, 2)
+        if st is not None:
+            L.append(f"- {net}, {LABELS[n]}: time grows as S^{st:.2f}, bytes as S^{sb:.2f} "
+                     "(log-log slope over the upper half of the sweep).")
+    return L + [""], series
+
+
+def _crossover(series) -> list[str]:
+    out = []
+    for net in sorted({k[0] for k in series}):
+        qk = dict((r[0], r[1]) for r in series.get((net, "mmha-qk"), []))
+        vk = dict((r[0], r[1]) for r in series.get((net, "mmha-vk"), []))
+        common = sorted(set(qk) & set(vk))
+        if not common:
+            continue
+        faster = [s for s in common if vk[s] < qk[s]]
+        where = (f"VK is faster from S = {faster[0]} on" if faster and
+                 all(s in faster for s in common if s >= faster[0]) else
+                 f"VK faster at S = {faster}" if faster else
+                 f"QK is faster on the whole sweep (S <= {common[-1]})")
+        out.append(f"- QK/VK crossover on {net}: {where} "
+                   f"(QK/VK time ratio at S={common[-1]}: {qk[common[-1]] / vk[common[-1]]:.2f}).")
+    return out
+
+
+def _table3(pts) -> list[str]:
+    L = ["## Table 3: batching (per-sample time)", "",
+         "| net | batch | encoder s | encoder s/sample | decoder s | decoder s/sample | "
+         "per-sample vs batch 1 (enc / dec) |", "|" + "---|" * 7]
+    for net in _nets([p for p in pts if p.get("experiment") == "table3"]):
+        b1 = {}
+        for b in (1, 2, 4, 8):
+            e = _find(pts, "table3", "encoder", net, batch=b)
+            d = _find(pts, "table3", "decoder", net, batch=b)
+            if not e and not d:
+                continue
+            te = e["wall_s"]["min"] if e else None
+            td = d["wall_s"]["min"] if d else None
+            if b == 1:
+                b1 = {"e": te, "d": td}
+            ratio = " / ".join(f"{(t / b) / b1[k]:.2f}" if t and b1.get(k) else "-"
+                               for k, t in (("e", te), ("d", td)))
+            L.append(f"| {net} | {b} | {_s(te)} | {_s(te / b if te else None)} | {_s(td)} | "
+                     f"{_s(td / b if td else None)} | {ratio} |")
+    return L + ["", "Paper: per-sample time does not improve with batch size in their code. "
+                "Target: batch 8 per-sample <= 1/3 of batch 1.", ""]
+
+
+def translation(pts) -> dict:
+    """net -> (total s, parts) for encoder once + decoder steps (+ client round trips)."""
+    out = {}
+    for net in _nets([p for p in pts if p.get("experiment") == "translate"]):
+        e = _find(pts, "translate", "encoder", net)
+        d = _find(pts, "translate", "decoder-step", net)
+        if not (e and d):
+            continue
+        tokens = d["params"]["seq"]
+        rtt = (e.get("profile") or {}).get("rtt_ms", 0.0) / 1e3
+        total = e["wall_s"]["min"] + d["wall_s"]["min"] + tokens * rtt
+        out[net] = {"total_s": total, "encoder_s": e["wall_s"]["min"],
+                    "decoder_steps_s": d["wall_s"]["min"], "tokens": tokens,
+                    "client_round_trips_s": tokens * rtt,
+                    "bytes_total": e["bytes_total"] + d["bytes_total"],
+                    "rounds": e["rounds"] + d["rounds"]}
+    return out
+
+
+def _translate_md(pts) -> list[str]:
+    tr = translation(pts)
+    L = ["## 64-token translation (Privformer workload, random weights)", "",
+         "Encoder once on the 64-token source, then the decoder one token at a time with the "
+         "secret decode state (O(1) per token), measured on the parties; plus one client round "
+         "trip per output token (the user reconstructs, picks the token and shares the next "
+         "embedding) added as tokens x RTT. `mpc3 bench translate` (issue of another engineer) "
+         "is not in the tree yet, so the timing uses the bench_layer job kinds directly.", "",
+         "| net | tokens | encoder s | decoder steps s | client RTTs s | total | paper | target |",
+         "|" + "---|" * 8]
+    for net, t in tr.items():
+        L.append(f"| {net} | {t['tokens']} | {_s(t['encoder_s'])} | {_s(t['decoder_steps_s'])} | "
+                 f"{_s(t['client_round_trips_s'])} | {_s(t['total_s'])} s | "
+                 f"{_s(PAPER_TRANSLATE.get(net))} s | "
+                 f"{'<= ' + _s(TARGET_TRANSLATE[net]) + ' s' if net in TARGET_TRANSLATE else '-'} |")
+    return L + [""]
+
+
+def _targets(pts, quick) -> list[str]:
+    L = ["## Targets (issue 6)", ""]
+    if quick:
+        return L + ["(--quick sizes: targets apply to the full run only.)", ""]
+    for net, col in (("lan", 0), ("wan", 1)):
+        for w in ("mha", "mmha-qk", "ffn", "ln", "encoder", "decoder"):
+            p = _find(pts, "table2", w, net)
+            if p:
+                t, ref = p["wall_s"]["min"], PAPER_TABLE2[w][col]
+                L.append(f"- Table 2 {net.upper()} {LABELS[w]}: {_s(t)} s vs paper {_s(ref)} s "
+                         f"-> {'MET' if t < ref else 'MISSED'}")
+            else:
+                L.append(f"- Table 2 {net.upper()} {LABELS[w]}: not measured")
+    tr = translation(pts)
+    for net in ("lan", "wan"):
+        if net in tr:
+            t = tr[net]["total_s"]
+            L.append(f"- 64-token translation {net.upper()}: {_s(t)} s (target <= "
+                     f"{_s(TARGET_TRANSLATE[net])} s, paper {_s(PAPER_TRANSLATE[net])} s) -> "
+                     f"{'MET' if t <= TARGET_TRANSLATE[net] else 'MISSED'}")
+        else:
+            L.append(f"- 64-token translation {net.upper()}: not measured")
+    return L + [""]
+
+
+def delay_check(pts) -> list[str]:
+    """Emulated points that took less than rounds x one-way delay (should be none)."""
+    bad = []
+    for p in pts:
+        prof = p.get("profile")
+        if "error" in p or not prof:
+            continue
+        floor = p["rounds"] * prof["rtt_ms"] / 2e3
+        if p["wall_s"]["min"] < floor:
+            bad.append(f"{p['experiment']} {p['workload']} {p['net']}: "
+                       f"{p['wall_s']['min']:.4f} s < {p['rounds']} x {prof['rtt_ms'] / 2} ms")
+    return bad
+
+
+def render_report(pts: list[dict], quick: bool, links: dict | None = None) -> str:
+    L = [f"# Privformer experiments with mpc3 ({'--quick sizes' if quick else 'full sizes'})", "",
+         f"Generated by `python benchmarks/paper.py{' --quick' if quick else ''}` on "
+         f"{platform.node()} ({os.cpu_count()} CPUs), {time.strftime('%Y-%m-%d')}. Three party "
+         "processes (gRPC, mTLS), each in its own network namespace under emulation; metrics "
+         "as in ../shared/DESIGN.md, counted on the parties.", ""]
+    for net, info in (links or {}).items():
+        ls = "; ".join(f"{x['link']} rtt {x['rtt_ms']} ms, {x['throughput_mbit']} Mbit/s"
+                       + (f" (ceiling: {x.get('ceiling')})" if x.get("rate_ceiling") else "")
+                       for x in info.get("links", []))
+        L.append(f"- **{net}**: emulation `{info['emulation']}`, profile "
+                 f"{info['profile']['rate_mbit']} Mbit/s / {info['profile']['rtt_ms']} ms RTT; "
+                 f"measured {ls}")
+    errs = [p for p in pts if "error" in p]
+    if errs:
+        L += ["", "Failed points: " + "; ".join(f"{p.get('experiment')} {p['workload']} "
+                                                 f"{p['net']}: {p['error'][:200]}" for p in errs)]
+    L.append("")
+    exps = {p.get("experiment") for p in pts}
+    if "table2" in exps:
+        L += _table2(pts, quick)
+    if "fig3" in exps:
+        L += _fig(pts, "fig3", ("softmax-attn", "mha"),
+                  "Fig. 3: unmasked softmax vs ReLU attention (d_m = 64, one head)")[0]
+        L += ["ReLU attention is the full MHA layer (projections included); softmax attention "
+              "gets Q, K, V directly, as in `mpc3 bench layer`.", ""]
+    if "fig4" in exps:
+        lines, series = _fig(pts, "fig4", ("masked-softmax-attn", "mmha-qk", "mmha-vk"),
+                             "Fig. 4: masked softmax vs masked ReLU attention, QK vs VK")
+        L += lines + _crossover(series) + [""]
+    if "table3" in exps:
+        L += _table3(pts)
+    if "translate" in exps:
+        L += _translate_md(pts)
+    L += _targets(pts, quick)
+    bad = delay_check(pts)
+    L += ["## Emulation check", "",
+          "Every emulated point took at least rounds x one-way delay." if not bad else
+          "Points faster than rounds x one-way delay (emulation not delaying?): " + "; ".join(bad),
+          ""]
+    return "\n".join(L)
+
+
+def plots(pts: list[dict], out: Path) -> list[Path]:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing (pip install -e '.[plot]'): no PNG plots", file=sys.stderr)
+        return []
+    made = []
+    for exp, names in (("fig3", ("softmax-attn", "mha")),
+                       ("fig4", ("masked-softmax-attn", "mmha-qk", "mmha-vk"))):
+        _, series = _sweep(pts, exp, names)
+        if not series:
+            continue
+        fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+        for (net, n), rows in sorted(series.items()):
+            rows = sorted(rows)
+            s = [r[0] for r in rows]
+            style = {"none": ":", "lan": "-", "wan": "--"}.get(net, "-.")
+            for ax, idx in zip(axes, (1, 2, 3)):
+                y = [r[idx] / (1e6 if idx == 2 else 1) for r in rows]
+                if idx == 2 and net != "none":
+                    continue          # bytes do not depend on the network
+                ax.plot(s, y, style, marker="o", label=f"{LABELS[n]} ({net})")
+        for ax, yl in zip(axes, ("time (s)", "communication (MB, all parties)", "rounds")):
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("sequence length S")
+            ax.set_ylabel(yl)
+            ax.grid(True, which="both", alpha=0.3)
+        axes[0].legend(fontsize=7)
+        fig.suptitle({"fig3": "Fig. 3: softmax vs ReLU attention (d_m=64)",
+                      "fig4": "Fig. 4: masked softmax vs masked ReLU QK / VK (d_m=64)"}[exp])
+        fig.tight_layout()
+        path = out / f"paper_{exp}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        made.append(path)
+    return made
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes, a few minutes")
+    ap.add_argument("--only", default=",".join(EXPERIMENTS),
+                    help=f"comma list of {', '.join(EXPERIMENTS)}")
+    ap.add_argument("--nets", default="none,lan,wan", help="comma list: none, lan, wan, custom:R:RTT")
+    ap.add_argument("--out", default=None, help="default benchmarks/results/paper_{quick,full}")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per point (min is reported)")
+    ap.add_argument("--force", action="store_true", help="re-run points that have JSON")
+    ap.add_argument("--report-only", action="store_true", help="only rebuild report and plots")
+    a = ap.parse_args(argv)
+    only = {x.strip() for x in a.only.split(",") if x.strip()}
+    if only - set(EXPERIMENTS):
+        ap.error(f"unknown experiments {sorted(only - set(EXPERIMENTS))}")
+    nets = [x.strip() for x in a.nets.split(",") if x.strip()]
+    out = Path(a.out) if a.out else RESULTS / ("paper_quick" if a.quick else "paper_full")
+    out.mkdir(parents=True, exist_ok=True)
+    if not a.report_only:
+        run_points(plan(a.quick, only), nets, out, a.force, a.repeat)
+    pts = load_points(out)
+    links = {}
+    for f in sorted(out.glob("paper_links_*.json")):
+        info = json.loads(f.read_text())
+        links[info["net"]] = info
+    (out / "report.md").write_text(render_report(pts, a.quick, links))
+    made = plots(pts, out)
+    print(f"wrote {out / 'report.md'}" + "".join(f", {p.name}" for p in made))
+    bad = delay_check(pts)
+    for b in bad:
+        print("EMULATION CHECK FAILED:", b, file=sys.stderr)
+    failed = [p for p in pts if "error" in p]
+    for p in failed:
+        print(f"POINT FAILED: {p.get('experiment')} {p['workload']} {p['net']}: {p['error']}",
+              file=sys.stderr)
+    return 1 if bad or failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
