@@ -8,6 +8,10 @@ meaningful for scores near 0), and ``decoder`` gets an encoder output uniform in
 (the scale of a LayerNorm output). attn_norm defaults to "const" with
 c = 1 / (r * seq) (the paper's public constant; "mean" is selectable).
 
+Transports: ``inproc`` (three threads over in-memory queues) or ``grpc`` (three party routers
+of :mod:`net.link` in this process, talking real gRPC over loopback with mTLS; certificates
+are generated in a temporary directory).
+
 Metrics (DESIGN.md names): wall_s {min, median} over ``--repeat`` runs with shares already in
 place; bytes_total / bytes_per_party / messages / rounds as counted by the communicators;
 max_abs_err against the float64 reference; max_rel_err = max_abs_err / max |reference|.
@@ -15,8 +19,11 @@ max_abs_err against the float64 reference; max_rel_err = max_abs_err / max |refe
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import json
 import statistics
+import tempfile
 import time
 
 import numpy as np
@@ -86,12 +93,33 @@ def _workload(a, cfg, w, rng):
     raise ValueError(f"unknown workload {name!r}; choose from {WORKLOADS}")
 
 
+@contextlib.contextmanager
+def _transport(kind: str):
+    """Yields a factory of three fresh parties: in-process queues, or a real gRPC mesh of
+    three routers on loopback with mTLS (certificates generated in a temporary directory)."""
+    from mpc3 import sim
+    if kind == "inproc":
+        yield lambda: sim.make_parties(timeout=600.0)
+        return
+    from net import keys, link
+    with tempfile.TemporaryDirectory() as d:
+        keys.generate(d)
+        routers, stop = link.local_mesh(d)
+        ids = itertools.count()
+
+        def parties():
+            jid = f"bench-layer-{next(ids)}"
+            return [r.open_job(jid, timeout=600.0) for r in routers]
+        try:
+            yield parties
+        finally:
+            stop()
+
+
 def run_layer(a) -> dict:
     from mpc3 import ring, sim
     from protocols import model as M
     from protocols.secure_model import share_input, share_model
-    if a.transport != "inproc":
-        raise ValueError(f"--transport {a.transport}: only 'inproc' is available here")
     cfg = _config(a)
     w = M.random_weights(cfg, seed=a.seed)
     a.folded = M.fold_omega(w, cfg) if a.fold else None
@@ -101,13 +129,14 @@ def run_layer(a) -> dict:
     in_shares = [share_input(t) for t in inputs]
     args = [(model_shares[i],) + tuple(s[i] for s in in_shares) for i in range(3)]
     walls, first = [], None
-    for _ in range(a.repeat):
-        parties = sim.make_parties(timeout=600.0)
-        t0 = time.perf_counter()
-        res = sim.run_parties(fn, args, parties=parties)
-        walls.append(time.perf_counter() - t0)
-        if first is None:
-            first = (res, [p.stats.snapshot() for p in parties])
+    with _transport(a.transport) as new_parties:
+        for _ in range(a.repeat):
+            parties = new_parties()
+            t0 = time.perf_counter()
+            res = sim.run_parties(fn, args, parties=parties)
+            walls.append(time.perf_counter() - t0)
+            if first is None:
+                first = (res, [p.stats.snapshot() for p in parties])
     res, stats = first
     out = ring.decode(sim.reveal(res))
     err = float(np.max(np.abs(out - ref)))
