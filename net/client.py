@@ -218,6 +218,10 @@ class ModelOwner(_Client):
 class QueryUser(_Client):
     role = "query-user"
 
+    def __init__(self, *args, **kw) -> None:
+        super().__init__(*args, **kw)
+        self._costs: dict[tuple[str, int], list] = {}
+
     def model(self, model_id: str) -> pb.ModelInfo:
         """The model as stored on the three parties; raises unless they hold the same upload."""
         infos = []
@@ -238,24 +242,34 @@ class QueryUser(_Client):
 
     def submit(self, model_id: str, kind: str, inputs: Mapping[str, np.ndarray],
                params: Mapping | None = None, encoded: bool = False,
-               job_id: str | None = None) -> str:
-        """Share ``inputs`` and start the job on the three parties; returns the job id."""
-        if not inputs:
+               job_id: str | None = None, upload_id: str | None = None,
+               allow_empty: bool = False) -> str:
+        """Share ``inputs`` and start the job on the three parties; returns the job id.
+
+        ``upload_id``: the model's upload as returned by :meth:`model` (saves the consistency
+        check's round trip when a caller submits many jobs, e.g. decoding steps).
+        ``allow_empty``: submit without input tensors (closing a session).
+        """
+        if not inputs and not allow_empty:
             raise ValueError("no input tensors")
-        info = self.model(model_id)
+        upload_id = upload_id or self.model(model_id).upload_id
         job_id = job_id or os.urandom(12).hex()
         shares = self._share(inputs, encoded)
         params_json = json.dumps(dict(params or {}), sort_keys=True)
 
         def chunks(n: int):
+            head = pb.SubmitChunk(job_id=job_id, model_id=model_id, upload_id=upload_id,
+                                  kind=kind, params_json=params_json, n_tensors=len(shares[n]))
             first = True
             for name, share in shares[n].items():
                 for c in tensor_chunks(name, share, self.frac):
                     msg = pb.SubmitChunk(job_id=job_id, tensor=c)
                     if first:
-                        msg.model_id, msg.upload_id, msg.kind = model_id, info.upload_id, kind
-                        msg.params_json, msg.n_tensors, first = params_json, len(shares[n]), False
+                        head.tensor.CopyFrom(c)
+                        msg, first = head, False
                     yield msg
+            if first:
+                yield head
 
         try:
             self._each(lambda n: self._call(n, "SubmitJob", chunks(n)))
@@ -269,15 +283,47 @@ class QueryUser(_Client):
             raise
         return job_id
 
-    def job_status(self, job_id: str) -> list[pb.JobStatusReply]:
-        return self._each(lambda n: self._call(n, "JobStatus", pb.JobRef(job_id=job_id)))
+    def job_status(self, job_id: str, wait_s: float = 0.0) -> list[pb.JobStatusReply]:
+        """The job's status on the three parties; ``wait_s`` > 0 long-polls (each party
+        answers when the job ends there or after ``wait_s`` seconds)."""
+        return [r for r, _ in self._each(lambda n: self._status(n, job_id, wait_s))]
+
+    def _status(self, n: int, job_id: str, wait_s: float) -> tuple[pb.JobStatusReply, list]:
+        md = self.metadata + ((("x-mpc3-wait-s", f"{wait_s:.3f}"),) if wait_s > 0 else ())
+        try:
+            reply, call = self.stubs[n].JobStatus.with_call(
+                pb.JobRef(job_id=job_id), metadata=md, timeout=self.timeout + wait_s)
+        except grpc.RpcError as exc:
+            raise ClusterError(n, exc.code(), exc.details() or "") from None
+        costs = []
+        for key, value in call.trailing_metadata() or ():
+            if key == "x-mpc3-costs":
+                try:
+                    costs = json.loads(value)
+                except ValueError:
+                    costs = []
+        self._costs[(job_id, n)] = costs
+        return reply, costs
+
+    def job_costs(self, job_id: str) -> list[list[dict]]:
+        """Per-party public per-layer costs of a finished job (as seen by the last status)."""
+        return [self._costs.get((job_id, n), []) for n in range(3)]
+
+    def forget(self, job_id: str) -> None:
+        for n in range(3):
+            self._costs.pop((job_id, n), None)
 
     def wait(self, job_id: str, timeout: float | None = None) -> list[pb.JobStatusReply]:
-        """Poll until the job is done on the three parties; raise if it failed anywhere."""
+        """Wait until the job is done on the three parties; raise if it failed anywhere.
+
+        Long-polls the parties (no busy polling); at most ``timeout`` seconds (default: the
+        cluster's job deadline + 10 s), then cancels the job.
+        """
         deadline = time.monotonic() + (timeout or self.cfg.job_timeout_s + 10)
         delay = 0.01
         while True:
-            st = self.job_status(job_id)
+            left = deadline - time.monotonic()
+            st = self.job_status(job_id, wait_s=max(0.0, min(5.0, left)))
             bad = [(n, s) for n, s in enumerate(st) if s.state in (S.FAILED, S.CANCELLED)]
             if bad and all(s.state != S.RUNNING for s in st):
                 n, s = bad[0]

@@ -27,6 +27,21 @@ model. Each job runs on its own thread with its own Party, GrpcComm and PRG; at 
 ``max_jobs`` run at once (more are refused rather than queued, so parties can never wait on
 each other in different orders).
 
+Sessions. A job kind registered with ``session="open" | "step" | "close"`` belongs to a
+*session*: state a party keeps between jobs (the incremental decode state of
+:mod:`protocols.jobs`), named by ``params["session"]``, owned by the query user who opened it
+and bound to one upload of one model. Every job of a session - each decoding step - is its
+own job with its own job id, so PRG keys are never reused. One job of a session runs at a
+time; a failed or cancelled job drops the session (its state may be half updated); a session
+idle for ``session_idle_s`` is dropped; ``close`` drops it at once (no peer traffic). The job
+function sees the session as ``params["_session"]``; client parameters starting with ``_``
+are refused.
+
+Costs. JobStatus replies carry the job's traffic counters; a job function may also append
+public per-layer costs to ``params["_costs"]``, returned as JSON in the trailing metadata
+``x-mpc3-costs`` of JobStatus once the job is done. A JobStatus request with metadata
+``x-mpc3-wait-s`` waits up to that long (at most 30 s) for a running job to end (long poll).
+
 Nothing secret is logged: only ids, names, shapes, states and error messages.
 """
 from __future__ import annotations
@@ -70,6 +85,11 @@ MAX_META = 1 << 16
 #: (e.g. projection weights encoded with frac + PROJ_EXTRA, see protocols.secure_model).
 MAX_EXTRA_FRAC = 16
 MAX_DONE_JOBS = 1000
+MAX_SESSIONS = 64
+#: Seconds a decode session may stay idle before the party drops it (env override for tests).
+SESSION_IDLE_S = float(os.environ.get("MPC3_SESSION_IDLE_S", "300"))
+MAX_WAIT_S = 30.0
+SESSION_MODES = ("open", "step", "close")
 Code = grpc.StatusCode
 
 #: Modules imported by every party process so they can call :func:`register_job_kind`
@@ -79,18 +99,30 @@ JOB_KIND_MODULES = ("protocols.jobs",)
 JobFn = Callable[[Party, dict, dict, dict], dict]
 JOB_KINDS: dict[str, JobFn] = {}
 JOB_VALIDATORS: dict[str, Callable[[dict, dict, dict], None]] = {}
+JOB_SESSION: dict[str, str] = {}
 
 
 def register_job_kind(name: str, fn: JobFn,
-                      validate: Callable[[dict, dict, dict], None] | None = None) -> None:
-    """Make job kind ``name`` available; ``validate`` raises ValueError on bad shapes/params."""
+                      validate: Callable[[dict, dict, dict], None] | None = None,
+                      session: str | None = None) -> None:
+    """Make job kind ``name`` available; ``validate`` raises ValueError on bad shapes/params.
+
+    ``session``: None (a stand-alone job) or the kind's role in a session, "open", "step" or
+    "close" (see the module docstring).
+    """
     if not ID_RE.match(name):
         raise ValueError(f"invalid job kind name {name!r}")
+    if session is not None and session not in SESSION_MODES:
+        raise ValueError(f"session must be one of {SESSION_MODES}, got {session!r}")
     JOB_KINDS[name] = fn
     if validate is not None:
         JOB_VALIDATORS[name] = validate
     else:
         JOB_VALIDATORS.pop(name, None)
+    if session is not None:
+        JOB_SESSION[name] = session
+    else:
+        JOB_SESSION.pop(name, None)
 
 
 def load_job_kinds(extra: tuple[str, ...] = ()) -> None:
@@ -98,10 +130,14 @@ def load_job_kinds(extra: tuple[str, ...] = ()) -> None:
     import importlib
     for name in (*JOB_KIND_MODULES, *extra):
         try:
-            importlib.import_module(name)
+            module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
             if exc.name != name or name in extra:
                 raise
+            continue
+        hook = getattr(module, "register_job_kinds", None)
+        if hook is not None:      # modules below net in the layering cannot import us
+            hook(register_job_kind)
 
 
 # ---------------------------------------------------------------- built-in job kinds ----
@@ -378,6 +414,8 @@ class Job:
     wall_s: float = 0.0
     party: Party | None = None
     done: threading.Event = field(default_factory=threading.Event)
+    costs: list = field(default_factory=list)
+    session: "Session | None" = None
 
     def reply(self) -> pb.JobStatusReply:
         st = self.party.stats if self.party is not None else None
@@ -388,14 +426,111 @@ class Job:
                                  rounds=st.rounds if st else 0)
 
 
+@dataclass
+class Session:
+    """State a party keeps between the jobs of one session (see the module docstring)."""
+
+    session_id: str
+    owner: str
+    model_id: str
+    upload_id: str
+    state: object = None          # owned by the job kinds (e.g. protocols.jobs.DecodeSession)
+    busy: bool = True             # a job of the session is running (true while opening)
+    last_used: float = field(default_factory=time.monotonic)
+    jobs: int = 0
+
+
+class SessionStore:
+    """Sessions of one party: at most :data:`MAX_SESSIONS`, dropped when idle too long."""
+
+    def __init__(self, rank: int, idle_s: float = SESSION_IDLE_S) -> None:
+        self.rank = rank
+        self.idle_s = idle_s
+        self._lock = threading.Lock()
+        self._live: dict[str, Session] = {}
+        self._gone: dict[str, str] = {}       # recently ended session -> why (clear errors)
+        self._used: set[str] = set()
+
+    def _bury_locked(self, sid: str, why: str) -> None:
+        self._live.pop(sid, None)
+        self._gone[sid] = why
+        while len(self._gone) > 4 * MAX_SESSIONS:
+            self._gone.pop(next(iter(self._gone)))
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self._live)
+
+    def open(self, sid: str, owner: str, model_id: str, upload_id: str) -> Session:
+        with self._lock:
+            if sid in self._used:
+                raise BadRequest(Code.ALREADY_EXISTS, f"session id {sid!r} already used")
+            if len(self._live) >= MAX_SESSIONS:
+                raise BadRequest(Code.RESOURCE_EXHAUSTED, f"party {self.rank} already keeps "
+                                 f"{MAX_SESSIONS} sessions; close some or retry later")
+            self._used.add(sid)
+            sess = Session(sid, owner, model_id, upload_id)
+            self._live[sid] = sess
+            return sess
+
+    def acquire(self, sid: str, owner: str, model_id: str, upload_id: str,
+                closing: bool = False) -> Session:
+        """The caller's idle session, marked busy (or removed, when ``closing``)."""
+        with self._lock:
+            sess = self._live.get(sid)
+            if sess is None:
+                why = self._gone.get(sid)
+                raise BadRequest(Code.NOT_FOUND, f"session {sid!r} " + (
+                    f"has ended: {why}" if why else "is unknown on this party"))
+            if sess.owner != owner:
+                raise BadRequest(Code.PERMISSION_DENIED, f"session {sid!r} belongs to "
+                                 "another user")
+            if (sess.model_id, sess.upload_id) != (model_id, upload_id):
+                raise BadRequest(Code.FAILED_PRECONDITION, f"session {sid!r} runs on model "
+                                 f"{sess.model_id!r}, not {model_id!r}")
+            if sess.busy and not closing:
+                raise BadRequest(Code.FAILED_PRECONDITION, f"session {sid!r} still runs a "
+                                 "job; wait for it before the next step")
+            if closing:
+                sess.state = None
+                self._bury_locked(sid, "closed by its owner")
+            else:
+                sess.busy = True
+                sess.jobs += 1
+            return sess
+
+    def release(self, sess: Session, ok: bool, why: str = "") -> None:
+        with self._lock:
+            if self._live.get(sess.session_id) is not sess:
+                return
+            if ok:
+                sess.busy = False
+                sess.last_used = time.monotonic()
+            else:
+                sess.state = None
+                self._bury_locked(sess.session_id, f"dropped after a failed job ({why})")
+
+    def expire(self) -> list[str]:
+        now = time.monotonic()
+        with self._lock:
+            old = [sid for sid, s in self._live.items()
+                   if not s.busy and now - s.last_used > self.idle_s]
+            for sid in old:
+                self._live[sid].state = None
+                self._bury_locked(sid, f"idle for more than {self.idle_s:g} s")
+        return old
+
+
 class JobManager:
-    def __init__(self, rank: int, router: PeerRouter, cfg: ClusterConfig) -> None:
+    def __init__(self, rank: int, router: PeerRouter, cfg: ClusterConfig,
+                 sessions: SessionStore | None = None) -> None:
         self.rank = rank
         self.router = router
         self.cfg = cfg
         self.ring = RingConfig(frac=cfg.frac)
         self._lock = threading.Lock()
         self.jobs: dict[str, Job] = {}
+        self.sessions = sessions or SessionStore(rank)
 
     def running(self) -> int:
         with self._lock:
@@ -404,6 +539,17 @@ class JobManager:
     def get(self, job_id: str) -> Job | None:
         with self._lock:
             return self.jobs.get(job_id)
+
+    def record_done(self, job: Job) -> Job:
+        """A job that needs no computation (closing a session): done at once."""
+        with self._lock:
+            if job.job_id in self.jobs:
+                raise BadRequest(Code.ALREADY_EXISTS, f"job id {job.job_id!r} already used")
+            job.state, job.outputs, job.wall_s = S.DONE, {}, time.monotonic() - job.started
+            job.done.set()
+            self.jobs[job.job_id] = job
+            self._trim_locked()
+        return job
 
     def submit(self, job: Job, fn: JobFn, model: dict, inputs: dict, params: dict) -> Job:
         with self._lock:
@@ -449,6 +595,8 @@ class JobManager:
             watchdog.cancel()
             job.wall_s = time.monotonic() - job.started
             self.router.close_job(job.job_id)
+            if job.session is not None:
+                self.sessions.release(job.session, job.state == S.DONE, job.error)
             job.done.set()
         log.info("party %d: job %s %s in %.3f s%s", self.rank, job.job_id,
                  S.State.Name(job.state), job.wall_s, f" ({job.error})" if job.error else "")
@@ -629,14 +777,26 @@ class ClientServicer(pb_grpc.ClientServiceServicer):
             raise BadRequest(Code.INVALID_ARGUMENT, f"params_json: {exc}") from None
         if not isinstance(params, dict):
             raise BadRequest(Code.INVALID_ARGUMENT, "params_json must be a JSON object")
-        if not 1 <= first.n_tensors <= MAX_TENSORS:
-            raise BadRequest(Code.INVALID_ARGUMENT, f"n_tensors must be 1..{MAX_TENSORS}")
+        reserved = sorted(k for k in params if k.startswith("_"))
+        if reserved:
+            raise BadRequest(Code.INVALID_ARGUMENT, f"reserved job parameters {reserved}")
+        mode = JOB_SESSION.get(first.kind)
+        min_tensors = 0 if mode == "close" else 1
+        if not min_tensors <= first.n_tensors <= MAX_TENSORS:
+            raise BadRequest(Code.INVALID_ARGUMENT,
+                             f"n_tensors must be {min_tensors}..{MAX_TENSORS}")
+        sid = None
+        if mode is not None:
+            sid = _check_id(str(params.get("session", "")), "session id")
         asm = TensorAssembler(self.cfg.frac, self.cfg.max_tensor_bytes)
         inputs: dict[str, AShare] = {}
         chunk = first
         while chunk is not None:
             if chunk.job_id != job_id:
                 raise BadRequest(Code.INVALID_ARGUMENT, "job_id changed within one submission")
+            if not chunk.HasField("tensor"):
+                chunk = next(it, None)
+                continue
             done = asm.feed(chunk.tensor)
             if done is not None:
                 name, shape, payload, _, _ = done
@@ -656,7 +816,22 @@ class ClientServicer(pb_grpc.ClientServiceServicer):
             except (ValueError, KeyError, TypeError) as exc:
                 raise BadRequest(Code.INVALID_ARGUMENT, f"{first.kind}: {exc}") from None
         job = Job(job_id=job_id, owner=ident.name, kind=first.kind, model_id=first.model_id)
-        self.srv.jobs.submit(job, JOB_KINDS[first.kind], model, inputs, params)
+        params["_costs"] = job.costs
+        sessions = self.srv.jobs.sessions
+        if mode == "close":
+            sessions.acquire(sid, ident.name, first.model_id, meta["upload_id"], closing=True)
+            return self.srv.jobs.record_done(job).reply()
+        if mode == "open":
+            job.session = sessions.open(sid, ident.name, first.model_id, meta["upload_id"])
+        elif mode == "step":
+            job.session = sessions.acquire(sid, ident.name, first.model_id, meta["upload_id"])
+        params["_session"] = job.session
+        try:
+            self.srv.jobs.submit(job, JOB_KINDS[first.kind], model, inputs, params)
+        except BadRequest as exc:
+            if job.session is not None:
+                sessions.release(job.session, mode == "step", str(exc))
+            raise
         return job.reply()
 
     def _own_job(self, job_id: str, ident) -> Job:
@@ -669,7 +844,18 @@ class ClientServicer(pb_grpc.ClientServiceServicer):
 
     @_rpc(USER)
     def JobStatus(self, request, context, ident):
-        return self._own_job(request.job_id, ident).reply()
+        job = self._own_job(request.job_id, ident)
+        wait = dict(context.invocation_metadata()).get("x-mpc3-wait-s")
+        if wait and job.state == S.RUNNING:
+            try:
+                job.done.wait(min(max(float(wait), 0.0), MAX_WAIT_S))
+            except ValueError:
+                raise BadRequest(Code.INVALID_ARGUMENT, f"x-mpc3-wait-s {wait!r} is not a "
+                                 "number") from None
+        reply = job.reply()
+        if job.costs and job.done.is_set():
+            context.set_trailing_metadata((("x-mpc3-costs", json.dumps(job.costs)),))
+        return reply
 
     @_rpc(USER)
     def CancelJob(self, request, context, ident):
@@ -711,7 +897,8 @@ class PartyServer:
             creds = keys.channel_credentials(self.pcfg.cert, self.pcfg.key, cfg.ca)
         self.router = PeerRouter(rank, cfg.dial_address(rank, (rank + 1) % 3), creds,
                                  tls=cfg.tls)
-        self.jobs = JobManager(rank, self.router, cfg)
+        self.sessions = SessionStore(rank)
+        self.jobs = JobManager(rank, self.router, cfg, self.sessions)
         self.grpc = grpc.server(futures.ThreadPoolExecutor(max_workers=16 + 4 * cfg.max_jobs),
                                 options=SERVER_OPTIONS)
         pb_grpc.add_PeerServiceServicer_to_server(self.router.servicer, self.grpc)
@@ -736,6 +923,7 @@ class PartyServer:
         self.grpc.start()
         self.router.start()
         threading.Thread(target=self._health_loop, daemon=True, name="mpc3-health").start()
+        threading.Thread(target=self._session_loop, daemon=True, name="mpc3-sessions").start()
         log.info("party %d listening on %s (%s)", self.rank, self.pcfg.listen,
                  "mTLS" if self.cfg.tls else "INSECURE PLAINTEXT")
 
@@ -753,6 +941,11 @@ class PartyServer:
                     self.health.set(svc, status)
                 last = ok
             self._stopped.wait(0.2)
+
+    def _session_loop(self) -> None:
+        while not self._stopped.wait(min(5.0, max(0.1, self.sessions.idle_s / 4))):
+            for sid in self.sessions.expire():
+                log.info("party %d: session %s expired (idle)", self.rank, sid)
 
     def stop(self, grace: float = 1.0) -> None:
         if self._stopped.is_set():
@@ -775,6 +968,6 @@ def serve(cfg: ClusterConfig, rank: int) -> int:
     return 0
 
 
-__all__ = ["JOB_KINDS", "register_job_kind", "PartyServer", "serve", "ModelStore",
+__all__ = ["JOB_KINDS", "JOB_SESSION", "SessionStore", "register_job_kind", "PartyServer", "serve", "ModelStore",
            "TensorAssembler", "tensor_chunks", "share_payload", "share_from_payload",
            "load_job_kinds"]

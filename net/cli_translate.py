@@ -1,0 +1,260 @@
+"""``mpc3 translate`` (secure translation on a running cluster) and ``mpc3 demo`` (everything
+on a throw-away local cluster: the first command to run after installing).
+
+    mpc3 translate --config C --model-id ID "4096" ["123" ...]
+    mpc3 demo [--inputs N] [--keep-dir]
+
+The query user's part of the model (embedding tables, output projection) and the vocabulary
+come from the shipped translator (``protocols/assets``) unless ``--model`` names another
+model file that holds them; they never leave this process.
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import config as cconf
+
+DEMO_INPUTS = 5
+DEMO_SEED = 2024
+
+
+# ---------------------------------------------------------------------------- helpers ----
+def share_transformer(cfg: cconf.ClusterConfig, model_id: str, mcfg, weights, cert=None,
+                      key=None, source: str = "") -> str:
+    """Model owner: share a transformer in the protocols.secure_model layout (as
+    ``mpc3 share-model`` does); returns the upload id."""
+    from protocols.secure_model import plain_tensors
+    from .client import ModelOwner
+    layout = plain_tensors(mcfg, weights, fold_omega=True)
+    meta = {"model_config": mcfg.to_dict(), "source": source,
+            "layout": "protocols.secure_model", "fold_omega": True}
+    with ModelOwner(cfg, cert, key) as owner:
+        return owner.upload(model_id, {k: v for k, (v, _) in layout.items()}, public_meta=meta,
+                            extra_frac={k: e for k, (_, e) in layout.items() if e})
+
+
+def _user_side(path: str | None):
+    """(model config, user tensors, vocab, weights or None) of the query user."""
+    from protocols import model as M
+    from protocols import textdata as TD
+    if path is None:
+        if not TD.SHIPPED_MODEL.exists():
+            raise FileNotFoundError(f"shipped model {TD.SHIPPED_MODEL} is missing; pass "
+                                    "--model PATH")
+        mcfg, w, user, vocab = TD.load_shipped()
+        return mcfg, user, vocab, w
+    mcfg, w, user = M.load_model(path)
+    if not user:
+        raise ValueError(f"{path} holds no query-user tensors (embed.src, embed.tgt, out.*)")
+    return mcfg, user, TD.VOCAB, w
+
+
+class Progress:
+    """One line per generated token (batch rows side by side), on stderr."""
+
+    def __init__(self, vocab, stream=sys.stderr, quiet: bool = False) -> None:
+        self.vocab, self.stream, self.quiet = vocab, stream, quiet
+        self.t0 = time.perf_counter()
+
+    def __call__(self, t: int, tokens: np.ndarray, probs: np.ndarray, sources) -> None:
+        if self.quiet:
+            return
+        words = "  ".join(f"{src}: {self.vocab.tgt[int(k)]} ({p:.2f})"
+                          for src, k, p in zip(sources, tokens, probs))
+        print(f"  [{time.perf_counter() - self.t0:6.2f} s] token {t + 1:2d}  {words}",
+              file=self.stream, flush=True)
+
+
+def cost_line(cost, n_tokens: int) -> str:
+    return (f"cost: {cost.wall_s:.2f} s, {cost.bytes_total / 1e6:.2f} MB sent by the three "
+            f"parties, {cost.messages} messages, {cost.rounds} rounds, {cost.jobs} jobs, "
+            f"{n_tokens} tokens")
+
+
+def layer_table(layers, cost) -> str:
+    rows = [("layer", "calls", "MB (all parties)/call", "rounds/call", "messages/call")]
+    for name, (b, m, r, calls) in layers.rows.items():
+        per = max(1, calls)
+        rows.append((name + (" (per step)" if name.startswith("dec.") and
+                             name != "dec.cross_kv" else ""), str(per),
+                     f"{b / 1e6 / per:.3f}", f"{r / per:.0f}", f"{m / per:.0f}"))
+    rows.append(("total (all jobs)", str(cost.jobs), f"{cost.bytes_total / 1e6:.3f}",
+                 str(cost.rounds), str(cost.messages)))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    lines = ["  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i])
+                       for i, c in enumerate(r)) for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+# -------------------------------------------------------------------------- translate ----
+def _cmd_translate(args) -> int:
+    from .client import QueryUser
+    from .cli_cluster import _load
+    from .translate import ClusterBackend, TranslationError, translate_texts
+    cfg = _load(args)
+    mcfg, user, vocab, _ = _user_side(args.model)
+    with QueryUser(cfg, args.cert, args.key, rpc_timeout=args.rpc_timeout) as qu:
+        backend = ClusterBackend(qu, args.model_id, step_timeout=args.step_timeout)
+        remote = backend.model_config()
+        if remote != mcfg:
+            raise TranslationError(f"model {args.model_id!r} on the cluster has another "
+                                   f"config than the local embedding/output tensors: "
+                                   f"{remote} vs {mcfg}")
+        res, cost, pairs = translate_texts(backend, mcfg, user, args.text, vocab,
+                                           on_token=Progress(vocab, quiet=args.quiet))
+    for r in res:
+        print(f"{r.source}\t{r.secure}")
+    print(cost_line(cost, sum(len(s) for s, _ in pairs)), file=sys.stderr)
+    return 0
+
+
+# ------------------------------------------------------------------------------- demo ----
+def demo_inputs(n: int = DEMO_INPUTS) -> list[str]:
+    """``n`` held-out (test split) numbers of different lengths, deterministic."""
+    from protocols import textdata as TD
+    picked, lengths = [], set()
+    for x in TD.sample_numbers(200, seed=DEMO_SEED, split="test"):
+        s = str(int(x))
+        if len(s) not in lengths or len(lengths) >= 7:
+            picked.append(s)
+            lengths.add(len(s))
+        if len(picked) == n:
+            break
+    return picked
+
+
+class _LocalCluster:
+    """Three party processes on loopback with fresh certificates in a temp dir."""
+
+    def __init__(self, d: Path, say) -> None:
+        from .cli_cluster import start_party, wait_healthy, write_local_config
+        self.dir, self.procs = d, []
+        t0 = time.perf_counter()
+        self.path = write_local_config(d, peer_timeout=15.0)
+        self.cfg = cconf.load(self.path)
+        for n in range(3):
+            self.procs.append(start_party(self.path, n, d / f"party-{n}.log"))
+        problems = wait_healthy(self.cfg, 60, self.procs)
+        if problems:
+            raise RuntimeError("local cluster did not come up: " + "; ".join(problems)
+                               + f" (logs in {d})")
+        say(f"three parties up on {', '.join(p.address for p in self.cfg.parties)} "
+            f"(mTLS, certificates in {d / 'certs'}) in {time.perf_counter() - t0:.1f} s")
+
+    def creds(self, stem: str):
+        return self.dir / "certs" / f"{stem}.pem", self.dir / "certs" / f"{stem}.key"
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        deadline = time.monotonic() + 5
+        for p in self.procs:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired
+                p.kill()
+                p.wait()
+
+
+def _cmd_demo(args) -> int:
+    from protocols import textdata as TD
+    from .client import QueryUser
+    from .translate import ClusterBackend, LayerCosts, token_agreement, translate_texts
+    say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, flush=True))
+    if not TD.SHIPPED_MODEL.exists():
+        raise FileNotFoundError(f"shipped model {TD.SHIPPED_MODEL} is missing (reinstall)")
+    mcfg, w, user, vocab = TD.load_shipped()
+    texts = args.text or demo_inputs(args.inputs)
+    t_start = time.perf_counter()
+    d = Path(tempfile.mkdtemp(prefix="mpc3-demo-"))
+    cluster = None
+    old_term = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        say("mpc3 demo: secure translation of digits to English words by three MPC parties")
+        cluster = _LocalCluster(d, say)
+        t0 = time.perf_counter()
+        upload = share_transformer(cluster.cfg, "translator", mcfg, w,
+                                   *cluster.creds("owner"), source=TD.SHIPPED_MODEL.name)
+        say(f"model owner: shared the shipped translator ({w.n_params()} parameters, "
+            f"d_model {mcfg.d_model}, {mcfg.n_enc_layers}+{mcfg.n_dec_layers} layers) as "
+            f"upload {upload} in {time.perf_counter() - t0:.1f} s")
+        say(f"query user: translating {len(texts)} held-out inputs (only embeddings leave "
+            "this process, secret-shared; one job per generated token)")
+        layers = LayerCosts()
+        with QueryUser(cluster.cfg, *cluster.creds("user"), rpc_timeout=30) as qu:
+            backend = ClusterBackend(qu, "translator", step_timeout=120)
+            res, cost, pairs = translate_texts(backend, mcfg, user, texts, vocab,
+                                               on_token=Progress(vocab, sys.stdout,
+                                                                 args.quiet),
+                                               layers=layers, plaintext_weights=w,
+                                               parallel=len(texts))
+        same, total = token_agreement(pairs)
+        width = max(len(r.source) for r in res)
+        print()
+        print(f"{'input':<{width}}  agree  secure output / plaintext output")
+        for r in res:
+            print(f"{r.source:<{width}}  {'yes' if r.agrees else 'NO ':<5}  {r.secure}")
+            if not r.agrees:
+                print(f"{'':<{width}}         plaintext: {r.plaintext}")
+        print(f"token agreement with the plaintext model: {same}/{total}; exact "
+              f"translations: {sum(TD.reference_translation(r.source) == r.secure for r in res)}"
+              f"/{len(res)}")
+        print()
+        print(layer_table(layers, cost))
+        print(cost_line(cost, sum(len(s) for s, _ in pairs))
+              + f" (jobs' own time; {len(texts)} sessions ran concurrently)")
+        print(f"demo finished in {time.perf_counter() - t_start:.1f} s")
+        return 0 if same == total else 1
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+        if cluster is not None:
+            cluster.stop()
+        elif d.exists():
+            _stop_started(d)
+        if args.keep_dir:
+            print(f"cluster files kept in {d}", file=sys.stderr)
+        else:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _stop_started(d: Path) -> None:
+    """Parties started before _LocalCluster finished (failure while coming up)."""
+    from .cli_cluster import _stop
+    _stop(d)
+
+
+def _raise_interrupt(*_):
+    raise KeyboardInterrupt
+
+
+def register(sub) -> None:
+    p = sub.add_parser("translate", help="translate text securely on a running cluster")
+    p.add_argument("text", nargs="+", help="input(s), e.g. 4096")
+    p.add_argument("--model-id", required=True)
+    p.add_argument("--model", help="model file with the query-user tensors (default: the "
+                   "shipped translator)")
+    p.add_argument("--step-timeout", type=float, default=120.0,
+                   help="seconds one job (encoder or step) may take")
+    p.add_argument("--rpc-timeout", type=float, default=30.0)
+    p.add_argument("--quiet", action="store_true", help="no per-token progress")
+    from .cli_cluster import _add_client_creds
+    _add_client_creds(p)
+    p.set_defaults(func=_cmd_translate)
+
+    p = sub.add_parser("demo", help="start a local three-party cluster, share the shipped "
+                       "translator, translate held-out inputs securely, shut down")
+    p.add_argument("text", nargs="*", help="inputs (default: held-out numbers)")
+    p.add_argument("--inputs", type=int, default=DEMO_INPUTS, help="how many held-out inputs")
+    p.add_argument("--keep-dir", action="store_true", help="keep certificates and logs")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=_cmd_demo)

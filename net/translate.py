@@ -1,0 +1,375 @@
+"""Secure translation, query-user side: the incremental decoding loop of DESIGN.md
+("One inference").
+
+The query user keeps the embedding tables and the output projection (never sent). Per batch
+of sources of one length it
+
+1. tokenises and embeds locally (``embed * sqrt(d) + PE``), shares X_src and opens a decode
+   session: the parties run the encoder once and keep the cross-attention K'^T V and empty
+   prefix sums (job ``decode_open``);
+2. per step shares only the newest token's embedding (job ``decode_step``, its own job id),
+   fetches the three output pairs, reconstructs the new row with the replica check
+   (:class:`~net.client.TamperingDetected`), applies Linear + softmax locally and picks the
+   most likely token greedily;
+3. stops when every row emitted ``<eos>`` or at the length limit, and closes the session.
+
+Two backends run the same job functions (:mod:`protocols.jobs`): :class:`ClusterBackend`
+(party processes over gRPC, via :class:`~net.client.QueryUser`) and :class:`InprocBackend`
+(three in-process threads, one fresh :func:`mpc3.sim.make_parties` - fresh PRG keys - per job).
+Costs: each party counts its own traffic per job; bytes and messages are summed over the
+parties, rounds are the maximum.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+import numpy as np
+
+from mpc3 import ring
+from mpc3.sim import deal, make_parties, run_parties
+from protocols import model as M
+
+from .client import QueryUser, TamperingDetected, reconstruct
+
+
+class TranslationError(RuntimeError):
+    """Secure translation could not finish (a party failed, a deadline passed, ...)."""
+
+
+@dataclass
+class Cost:
+    """Traffic of a set of jobs: bytes/messages summed over parties, rounds the maximum."""
+
+    wall_s: float = 0.0
+    bytes_per_party: list = field(default_factory=lambda: [0, 0, 0])
+    messages: int = 0
+    rounds: int = 0
+    jobs: int = 0
+
+    @property
+    def bytes_total(self) -> int:
+        return int(sum(self.bytes_per_party))
+
+    def add_parties(self, per_party: list[tuple[int, int, int]], wall_s: float) -> None:
+        """``per_party``: (bytes, messages, rounds) of one job on each party."""
+        for n, (b, _, _) in enumerate(per_party):
+            self.bytes_per_party[n] += int(b)
+        self.messages += int(sum(m for _, m, _ in per_party))
+        self.rounds += int(max(r for _, _, r in per_party))
+        self.wall_s += wall_s
+        self.jobs += 1
+
+    def __iadd__(self, other: "Cost") -> "Cost":
+        self.wall_s += other.wall_s
+        self.bytes_per_party = [a + b for a, b in zip(self.bytes_per_party,
+                                                      other.bytes_per_party)]
+        self.messages += other.messages
+        self.rounds += other.rounds
+        self.jobs += other.jobs
+        return self
+
+    def summary(self) -> str:
+        return (f"{self.wall_s:.2f} s, {self.bytes_total / 1e6:.2f} MB sent by the parties, "
+                f"{self.rounds} rounds, {self.jobs} jobs")
+
+
+class LayerCosts:
+    """Per-layer traffic reported by the parties (public), accumulated over jobs."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, list] = {}     # layer -> [bytes_total, messages, rounds, calls]
+        self._lock = threading.Lock()
+
+    def add(self, per_party: list[list[dict]]) -> None:
+        """One job's entries from the three parties (ignored unless all three reported)."""
+        if not per_party or not all(per_party) or \
+                len({len(p) for p in per_party}) != 1:
+            return
+        with self._lock:
+            self._add(per_party)
+
+    def _add(self, per_party: list[list[dict]]) -> None:
+        for entries in zip(*per_party):
+            row = self.rows.setdefault(entries[0]["layer"], [0, 0, 0, 0])
+            row[0] += sum(e["bytes"] for e in entries)
+            row[1] += sum(e["messages"] for e in entries)
+            row[2] += max(e["rounds"] for e in entries)
+            row[3] += 1
+
+
+# ------------------------------------------------------------------------ backends ----
+class ClusterBackend:
+    """Decode sessions on a running cluster (three party processes)."""
+
+    transport = "grpc"
+
+    def __init__(self, user: QueryUser, model_id: str, step_timeout: float | None = None):
+        self.user = user
+        self.model_id = model_id
+        self.info = user.model(model_id)          # checks the parties hold the same upload
+        self.step_timeout = step_timeout
+        self.frac = user.frac
+
+    def model_config(self) -> M.ModelConfig:
+        import json
+        meta = json.loads(self.info.public_meta or "{}")
+        if "model_config" not in meta:
+            raise TranslationError(f"model {self.model_id!r} has no public model_config "
+                                   "(not shared by 'mpc3 share-model'?)")
+        return M.ModelConfig.from_dict(meta["model_config"])
+
+    def _job(self, kind: str, inputs: dict, session: str, cost: Cost,
+             layers: LayerCosts | None) -> dict[str, np.ndarray]:
+        t0 = time.perf_counter()
+        job = self.user.submit(self.model_id, kind, inputs, {"session": session},
+                               upload_id=self.info.upload_id, allow_empty=not inputs)
+        st = self.user.wait(job, timeout=self.step_timeout)
+        out = self.user.fetch(job) if kind != "decode_close" else {}
+        cost.add_parties([(s.bytes_sent, s.messages, s.rounds) for s in st],
+                         time.perf_counter() - t0)
+        if layers is not None:
+            layers.add(self.user.job_costs(job))
+        self.user.forget(job)
+        return out
+
+    def open(self, session: str, x: np.ndarray, cost: Cost, layers=None) -> None:
+        self._job("decode_open", {"X": x}, session, cost, layers)
+
+    def step(self, session: str, y: np.ndarray, cost: Cost, layers=None) -> np.ndarray:
+        return self._job("decode_step", {"Y": y}, session, cost, layers)["H"]
+
+    def close(self, session: str) -> None:
+        self._job("decode_close", {}, session, Cost(), None)
+
+
+class _InprocSession:
+    state = None
+
+
+class InprocBackend:
+    """Three in-process parties (threads) holding model shares; same job functions."""
+
+    transport = "inproc"
+
+    def __init__(self, cfg: M.ModelConfig, weights: M.Weights, frac: int = ring.DEFAULT_FRAC,
+                 timeout: float = 120.0):
+        from protocols.secure_model import plain_tensors, share_model
+        self.cfg = cfg
+        self.frac = frac
+        self.timeout = timeout
+        self.shares = share_model(cfg, weights, frac=frac)
+        fracs = {k: frac + e for k, (_, e) in plain_tensors(cfg, weights).items()}
+        self.meta = {"model_config": cfg.to_dict(), "layout": "protocols.secure_model"}
+        self.fracs = fracs
+        self.sessions: dict[str, list[_InprocSession]] = {}
+
+    def model_config(self) -> M.ModelConfig:
+        return self.cfg
+
+    def _job(self, kind: str, inputs: dict, session: str, cost: Cost, layers) -> dict:
+        from protocols import jobs as J
+        fn, validate, mode = J.JOBS[kind]
+        params = {"session": session, "model_meta": self.meta, "model_frac": self.fracs}
+        validate({k: v.shape for k, v in self.shares[0].items()},
+                 {k: np.shape(v) for k, v in inputs.items()}, params)
+        if mode == "open":
+            if session in self.sessions:
+                raise ValueError(f"session {session!r} already used")
+            self.sessions[session] = [_InprocSession() for _ in range(3)]
+        sess = self.sessions[session]
+        dealt = {k: deal(ring.encode(np.asarray(v, dtype=np.float64), self.frac))
+                 for k, v in inputs.items()}
+        costs = [[], [], []]
+        per = [dict(params, _session=sess[n], _costs=costs[n]) for n in range(3)]
+        parties = make_parties(timeout=self.timeout, job_id=os.urandom(12).hex())
+        t0 = time.perf_counter()
+        try:
+            outs = run_parties(lambda p, n: fn(p, self.shares[n], {k: v[n] for k, v in
+                                                                   dealt.items()}, per[n]),
+                               [(n,) for n in range(3)], parties=parties)
+        except BaseException:
+            self.sessions.pop(session, None)     # state may be half updated: drop it
+            raise
+        cost.add_parties([(p.stats.bytes_sent, p.stats.messages, p.stats.rounds)
+                          for p in parties], time.perf_counter() - t0)
+        if layers is not None:
+            layers.add(costs)
+        if mode == "close":
+            self.sessions.pop(session, None)
+        return reconstruct(outs) if outs[0] else {}
+
+    def open(self, session: str, x: np.ndarray, cost: Cost, layers=None) -> None:
+        self._job("decode_open", {"X": x}, session, cost, layers)
+
+    def step(self, session: str, y: np.ndarray, cost: Cost, layers=None) -> np.ndarray:
+        return self._job("decode_step", {"Y": y}, session, cost, layers)["H"]
+
+    def close(self, session: str) -> None:
+        if session in self.sessions:
+            self._job("decode_close", {}, session, Cost(), None)
+
+
+# ---------------------------------------------------------------------------- loop ----
+@dataclass
+class BatchResult:
+    tokens: list[list[int]]            # per row, without BOS/EOS
+    open_cost: Cost
+    step_cost: Cost
+    steps: int
+    logits: list[np.ndarray]           # (B, V) per step (for checks/diagnostics)
+
+
+def softmax(z: np.ndarray) -> np.ndarray:
+    z = z - z.max(axis=-1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def decode_batch(backend, cfg: M.ModelConfig, user: Mapping[str, np.ndarray], src_ids,
+                 bos: int, eos: int | None, max_steps: int,
+                 on_token: Callable[[int, np.ndarray, np.ndarray], None] | None = None,
+                 layers: LayerCosts | None = None) -> BatchResult:
+    """Secure greedy decoding of a batch of equal-length sources; == M.greedy_decode.
+
+    ``eos=None`` decodes exactly ``max_steps`` tokens (benchmarks). ``on_token(t, tokens,
+    probs)`` is called after every step with the picked tokens (B,) and their probabilities.
+    """
+    src = np.asarray(src_ids, dtype=np.int64)
+    if src.ndim == 1:
+        src = src[None]
+    B = src.shape[0]
+    session = "s" + os.urandom(12).hex()
+    x = M.embed(cfg, user["embed.src"], src)
+    open_cost, step_cost = Cost(), Cost()
+    out: list[list[int]] = [[] for _ in range(B)]
+    all_logits = []
+    backend.open(session, x, open_cost, layers)
+    steps = 0
+    try:
+        tok = np.full(B, bos, dtype=np.int64)
+        done = np.zeros(B, dtype=bool)
+        for t in range(max_steps):
+            y = M.embed(cfg, user["embed.tgt"], tok[:, None], offset=t)[:, 0, :]
+            h = ring.decode(backend.step(session, y, step_cost, layers), backend.frac)
+            steps += 1
+            logits = M.output_logits(user, h)
+            all_logits.append(logits)
+            tok = logits.argmax(-1)
+            if on_token is not None:
+                on_token(t, tok, softmax(logits)[np.arange(B), tok])
+            for b in range(B):
+                if not done[b]:
+                    if eos is not None and tok[b] == eos:
+                        done[b] = True
+                    else:
+                        out[b].append(int(tok[b]))
+            if done.all():
+                break
+    finally:
+        try:
+            backend.close(session)
+        except Exception:  # noqa: BLE001 - best effort: parties also drop idle sessions
+            pass
+    return BatchResult(out, open_cost, step_cost, steps, all_logits)
+
+
+@dataclass
+class Translation:
+    source: str
+    secure: str
+    plaintext: str | None = None
+
+    @property
+    def agrees(self) -> bool | None:
+        return None if self.plaintext is None else self.secure == self.plaintext
+
+
+def translate_texts(backend, cfg, user, texts: list[str], vocab=None, batch: int = 32,
+                    on_token=None, layers: LayerCosts | None = None,
+                    plaintext_weights: M.Weights | None = None, parallel: int = 1
+                    ) -> tuple[list[Translation], Cost, list[tuple[list[int], list[int]]]]:
+    """Translate ``texts`` securely (grouped by source length, at most ``batch`` per group).
+
+    ``parallel`` > 1 runs that many groups at once, each in its own decode session (the
+    parties run their jobs concurrently; latency-bound rounds overlap). ``on_token(t, tokens,
+    probs, sources)`` reports every step of every group. The cost adds up every job's own
+    wall time, so with ``parallel`` > 1 it exceeds the elapsed time.
+
+    Returns the translations, the total cost and the (secure, plaintext) token lists per text
+    (with EOS; plaintext None unless ``plaintext_weights`` is given) for token agreement.
+    """
+    from protocols import textdata as TD
+    vocab = vocab or TD.VOCAB
+    ids = [TD.encode_src(t, vocab) for t in texts]     # ValueError on bad/over-long input
+    for t, s in zip(texts, ids):
+        if len(s) > cfg.max_len:
+            raise ValueError(f"source {t!r} has {len(s)} tokens; the model takes at most "
+                             f"{cfg.max_len}")
+    results: list[Translation | None] = [None] * len(texts)
+    pairs: list = [None] * len(texts)
+    total = Cost()
+    groups: dict[int, list[int]] = {}
+    for i, s in enumerate(ids):
+        groups.setdefault(len(s), []).append(i)
+    parts = [idx[k:k + batch] for _, idx in sorted(groups.items())
+             for k in range(0, len(idx), batch)]
+    lock = threading.Lock()
+
+    def run(part: list[int]) -> None:
+        src = np.array([ids[i] for i in part])
+        cb = None
+        if on_token is not None:
+            def cb(t, tok, probs, _srcs=[texts[i] for i in part]):
+                with lock:
+                    on_token(t, tok, probs, _srcs)
+        res = decode_batch(backend, cfg, user, src, vocab.bos, vocab.eos,
+                           vocab.max_tgt_len, cb, layers)
+        with lock:
+            nonlocal total
+            total += res.open_cost
+            total += res.step_cost
+            plain = None
+            if plaintext_weights is not None:
+                plain = M.greedy_decode(cfg, plaintext_weights, user, src, vocab.bos,
+                                        vocab.eos, max_steps=vocab.max_tgt_len)
+            for j, i in enumerate(part):
+                results[i] = Translation(texts[i], TD.decode_tgt(res.tokens[j], vocab),
+                                         None if plain is None else
+                                         TD.decode_tgt(plain[j], vocab))
+                pairs[i] = (_with_eos(res.tokens[j], vocab),
+                            None if plain is None else _with_eos(plain[j], vocab))
+
+    if parallel <= 1 or len(parts) == 1:
+        for part in parts:
+            run(part)
+    else:
+        with ThreadPoolExecutor(max_workers=parallel) as pool:
+            for f in [pool.submit(run, part) for part in parts]:
+                f.result()
+    return results, total, pairs
+
+
+def _with_eos(toks: list[int], vocab) -> list[int]:
+    return list(toks) + ([vocab.eos] if len(toks) < vocab.max_tgt_len else [])
+
+
+def token_agreement(pairs) -> tuple[int, int]:
+    """(equal positions, compared positions) over (secure, plaintext) token lists."""
+    same = total = 0
+    for a, b in pairs:
+        if b is None:
+            continue
+        n = max(len(a), len(b))
+        total += n
+        same += sum(1 for i in range(min(len(a), len(b))) if a[i] == b[i])
+    return same, total
+
+
+__all__ = ["ClusterBackend", "InprocBackend", "Cost", "LayerCosts", "decode_batch",
+           "translate_texts", "token_agreement", "Translation", "TranslationError",
+           "TamperingDetected"]

@@ -1,0 +1,146 @@
+"""Secure translation over gRPC: three party processes (mTLS) on loopback, decode sessions."""
+import subprocess
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+from mpc3 import ring
+from net import cli_cluster, config
+from net import client as nc
+from net import translate as T
+from protocols import model as M
+from protocols import textdata as TD
+
+pytestmark = pytest.mark.skipif(not TD.SHIPPED_MODEL.exists(), reason="no shipped model")
+
+
+class Cluster:
+    def __init__(self, d):
+        self.dir = d
+        self.path = cli_cluster.write_local_config(d, peer_timeout=5.0)
+        self.cfg = config.load(self.path)
+        self.procs = [cli_cluster.start_party(self.path, n, d / f"party-{n}.log")
+                      for n in range(3)]
+        problems = cli_cluster.wait_healthy(self.cfg, 60, self.procs)
+        if problems:
+            self.stop()
+            raise RuntimeError(f"cluster did not come up: {problems}")
+
+    def stop(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+    def user(self, stem="user"):
+        c = self.dir / "certs"
+        return nc.QueryUser(self.cfg, c / f"{stem}.pem", c / f"{stem}.key", rpc_timeout=20)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    from net.cli_translate import share_transformer
+    c = Cluster(tmp_path_factory.mktemp("translate"))
+    c.mcfg, c.w, c.user_t, c.vocab = TD.load_shipped()
+    try:
+        share_transformer(c.cfg, "tr", c.mcfg, c.w, cert=c.dir / "certs" / "owner.pem",
+                          key=c.dir / "certs" / "owner.key")
+    except BaseException:
+        c.stop()
+        raise
+    yield c
+    c.stop()
+
+
+def test_grpc_translation_equals_plaintext(cluster):
+    texts = ["4096", "7010"]
+    with cluster.user() as u:
+        be = T.ClusterBackend(u, "tr")
+        res, cost, pairs = T.translate_texts(be, cluster.mcfg, cluster.user_t, texts,
+                                             plaintext_weights=cluster.w)
+    assert [r.secure for r in res] == [TD.reference_translation(t) for t in texts]
+    assert [r.secure for r in res] == [r.plaintext for r in res]
+    same, total = T.token_agreement(pairs)
+    assert same == total
+    assert cost.rounds > 0 and all(b > 0 for b in cost.bytes_per_party)
+
+
+def test_grpc_incremental_decoding_equals_plaintext_steps(cluster):
+    cfg, w, ut = cluster.mcfg, cluster.w, cluster.user_t
+    src = np.array([TD.encode_src("52003")])
+    tgt = [cluster.vocab.bos] + TD.encode_tgt("fifty two thousand three")[:-1]
+    x = M.embed(cfg, ut["embed.src"], src)
+    ref = M.RefDecodeState(cfg, w, M.ref_encoder(cfg, w, x))
+    with cluster.user() as u:
+        be = T.ClusterBackend(u, "tr")
+        layers = T.LayerCosts()
+        be.open("inc-1", x, T.Cost(), layers)
+        for t, tok in enumerate(tgt):
+            y = M.embed(cfg, ut["embed.tgt"], np.array([[tok]]), offset=t)[:, 0]
+            got = ring.decode(be.step("inc-1", y, T.Cost(), layers))
+            want = M.ref_decoder_step(cfg, w, ref, y)
+            np.testing.assert_allclose(got, want, atol=0.05)
+            assert M.output_logits(ut, got).argmax() == M.output_logits(ut, want).argmax()
+        with pytest.raises(nc.ClusterError) as err:      # only the owner may use it
+            with cluster.user("user2") as other:
+                T.ClusterBackend(other, "tr").step("inc-1", y, T.Cost())
+        assert err.value.code == grpc.StatusCode.PERMISSION_DENIED
+        be.close("inc-1")
+        with pytest.raises(nc.ClusterError, match="closed by its owner"):
+            be.step("inc-1", y, T.Cost())
+    assert layers.rows["dec.0"][3] == len(tgt)            # one entry per step
+
+
+def test_grpc_clear_errors(cluster):
+    cfg = cluster.mcfg
+    with cluster.user() as u:
+        with pytest.raises(nc.ClusterError) as err:
+            T.ClusterBackend(u, "no-such-model")
+        assert err.value.code == grpc.StatusCode.NOT_FOUND
+        be = T.ClusterBackend(u, "tr")
+        with pytest.raises(nc.ClusterError, match="too long") as err:
+            be.open("long-1", np.zeros((1, cfg.max_len + 4, cfg.d_model)), T.Cost())
+        assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        with pytest.raises(nc.ClusterError, match="unknown on this party"):
+            be.step("never-opened", np.zeros((1, cfg.d_model)), T.Cost())
+        with pytest.raises(ValueError, match="too long"):
+            T.translate_texts(be, cfg, cluster.user_t, ["12345678901"])
+        with pytest.raises(nc.ClusterError, match="reserved"):
+            u.submit("tr", "encoder", {"X": np.zeros((1, 3, cfg.d_model))},
+                     {"_session": 1})
+
+
+def test_party_dying_mid_decoding_fails_cleanly(cluster):
+    """Last test of the module: kills party 2 while a session is open."""
+    cfg, ut = cluster.mcfg, cluster.user_t
+    x = M.embed(cfg, ut["embed.src"], np.array([TD.encode_src("123")]))
+    y = M.embed(cfg, ut["embed.tgt"], np.array([[cluster.vocab.bos]]))[:, 0]
+    with cluster.user() as u:
+        be = T.ClusterBackend(u, "tr", step_timeout=30)
+        be.open("dies-1", x, T.Cost())
+        be.step("dies-1", y, T.Cost())
+        cluster.procs[2].kill()
+        cluster.procs[2].wait(10)
+        t0 = time.monotonic()
+        with pytest.raises(nc.ClusterError) as err:
+            be.step("dies-1", y, T.Cost())
+        assert time.monotonic() - t0 < 20
+        assert err.value.code in (grpc.StatusCode.UNAVAILABLE, None) or \
+            "party 2" in str(err.value)
+        for n in (0, 1):     # the survivors still answer: closing is local, no peer needed
+            try:
+                st = u._call(n, "SubmitJob", iter([nc.pb.SubmitChunk(
+                    job_id=f"after-{n}", model_id="tr", upload_id=be.info.upload_id,
+                    kind="decode_close", params_json='{"session": "dies-1"}')]))
+                assert st.state == nc.S.DONE
+            except nc.ClusterError as exc:       # or it was dropped with the failed step
+                assert "dropped after a failed job" in str(exc)
+    for p in cluster.procs[:2]:
+        assert p.poll() is None                    # the survivors keep serving

@@ -1,0 +1,108 @@
+"""Secure translation on three in-process parties: agreement with plaintext, per-layer split."""
+import numpy as np
+import pytest
+
+from mpc3 import ring
+from mpc3.sim import make_parties, reveal, run_parties
+from net import translate as T
+from protocols import decoder as D
+from protocols import jobs as J
+from protocols import model as M
+from protocols import textdata as TD
+from protocols.secure_model import share_input, share_model
+
+shipped = pytest.mark.skipif(not TD.SHIPPED_MODEL.exists(), reason="no shipped model")
+
+
+def heldout(n, digits, seed=11):
+    nums = [int(x) for x in TD.sample_numbers(400, seed=seed, split="test")
+            if len(str(int(x))) == digits]
+    return [str(x) for x in nums[:n]]
+
+
+@shipped
+def test_shipped_secure_translation_agrees_with_plaintext():
+    cfg, w, user, vocab = TD.load_shipped()
+    texts = heldout(5, 4)
+    assert len(texts) == 5 and all(TD.split_of(int(t)) == "test" for t in texts)
+    be = T.InprocBackend(cfg, w)
+    layers = T.LayerCosts()
+    res, cost, pairs = T.translate_texts(be, cfg, user, texts, vocab, layers=layers,
+                                         plaintext_weights=w)
+    assert [r.secure for r in res] == [r.plaintext for r in res]
+    same, total = T.token_agreement(pairs)
+    assert same == total > 0
+    assert cost.jobs == 1 + max(len(p[1]) for p in pairs)    # one open, one job per step
+    assert cost.bytes_total == sum(cost.bytes_per_party) > 0
+    assert set(layers.rows) == {"enc.0", "enc.1", "dec.cross_kv", "dec.0", "dec.1"}
+
+
+def _small_cfg(norm_first=False):
+    return M.ModelConfig(d_model=16, n_heads=2, d_head=8, n_features=8, d_ff=32,
+                         n_enc_layers=1, n_dec_layers=2, attn_c=0.125, attn_norm="mean",
+                         ln_eps=1e-5, norm_first=norm_first, src_vocab=7, tgt_vocab=9,
+                         max_len=6).validate()
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_layer_split_is_the_decoder_step(norm_first):
+    """decoder_step_by_layer makes exactly the kernel calls of decoder_step (same seed ->
+    bit-identical shares) and reports one cost entry per layer that sums to the total."""
+    cfg = _small_cfg(norm_first)
+    w = M.random_weights(cfg, 3)
+    rng = np.random.default_rng(0)
+    shares = share_model(cfg, w, rng=rng)
+    enc = share_input(rng.uniform(-2, 2, (2, 3, cfg.d_model)), rng=rng)
+    ys = [share_input(rng.uniform(-2, 2, (2, cfg.d_model)), rng=rng) for _ in range(3)]
+
+    def run(split):
+        def fn(p, sh, e, yy):
+            st = D.DecodeState.start(p, cfg, sh, e)
+            costs, outs = [], []
+            for y in yy:
+                s0 = p.stats.snapshot()
+                if split:
+                    outs.append(J.decoder_step_by_layer(p, cfg, sh, st, y, costs))
+                else:
+                    outs.append(D.decoder_step(p, cfg, sh, st, y))
+                costs.append({"layer": "total", **J._cost(p, s0)})
+            return outs, costs
+        return run_parties(fn, [(shares[i], enc[i], [y[i] for y in ys]) for i in range(3)],
+                           parties=make_parties(seed=b"layer-split"))
+
+    whole, split = run(False), run(True)
+    for t in range(3):
+        assert np.array_equal(reveal([r[0][t] for r in whole]),
+                              reveal([r[0][t] for r in split]))
+    costs = split[0][1]
+    per_step = len(costs) // 3
+    assert per_step == (2 if norm_first else cfg.n_dec_layers + 1)
+    for t in range(3):
+        block = costs[t * per_step:(t + 1) * per_step]
+        assert sum(c["bytes"] for c in block[:-1]) == block[-1]["bytes"]
+        assert sum(c["rounds"] for c in block[:-1]) == block[-1]["rounds"]
+
+
+def test_inproc_steps_equal_plaintext_steps():
+    cfg = _small_cfg()
+    w, user = M.random_weights(cfg, 5), M.random_user(cfg, 5)
+    be = T.InprocBackend(cfg, w)
+    src = np.array([[3, 4, 5], [6, 1, 2]])
+    x = M.embed(cfg, user["embed.src"], src)
+    be.open("s1", x, T.Cost())
+    ref = M.RefDecodeState(cfg, w, M.ref_encoder(cfg, w, x))
+    for t, tok in enumerate([1, 4, 7]):
+        y = M.embed(cfg, user["embed.tgt"], np.full((2, 1), tok), offset=t)[:, 0]
+        got = ring.decode(be.step("s1", y, T.Cost()))
+        np.testing.assert_allclose(got, M.ref_decoder_step(cfg, w, ref, y), atol=2e-2)
+    be.close("s1")
+    assert "s1" not in be.sessions
+
+
+def test_over_long_input_is_refused_before_any_job():
+    cfg = _small_cfg()
+    be = T.InprocBackend(cfg, M.random_weights(cfg))
+    with pytest.raises(ValueError, match="too long"):
+        be.open("s2", np.zeros((1, cfg.max_len + 1, cfg.d_model)), T.Cost())
+    with pytest.raises(ValueError, match="too long"):
+        T.translate_texts(be, cfg, M.random_user(cfg), ["1234567890"])
