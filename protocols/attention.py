@@ -235,36 +235,77 @@ def masked_attention(p: Party, qf: AShare, kf: AShare, v: AShare, form: str = "a
 
 
 # ------------------------------------------------------------- incremental decoding ----
+def default_decode_block(r: int, dh: int) -> int:
+    """Cache length L minimising amortised traffic per token, r*dh/L + L/2 (per head)."""
+    return max(1, int(round(math.sqrt(2 * r * dh))))
+
+
 @dataclass
 class PrefixState:
-    """Secret running sum G = sum_{j<=t} K'_j^T V_j per head, (B, h, r, dh), and t."""
+    """Secret incremental state of one masked self-attention (Eq. 15), per head.
+
+    ``G`` (B, h, r, dh) = sum of K'_j^T V_j over the *folded* prefix; ``kc`` (B, h, n, r) and
+    ``vc`` (B, h, n, dh) cache the last ``n < block`` tokens not yet folded into G. Every
+    ``block`` tokens the cache is folded into G with one K'^T V product that rides in the same
+    kernel call as the step's own products (no extra rounds). The state is O(block) = O(1) in
+    the prefix length; block = 1 is Privformer's per-token G update (r*dh elements reshared
+    every token), the default :func:`default_decode_block` amortises that to a few elements.
+    """
 
     G: AShare
+    kc: AShare | None = None
+    vc: AShare | None = None
+    block: int = 1
     t: int = 0
+    folded: int = 0
 
     @staticmethod
-    def empty(B: int, h: int, r: int, dh: int) -> "PrefixState":
+    def empty(B: int, h: int, r: int, dh: int, block: int | None = None) -> "PrefixState":
+        block = default_decode_block(r, dh) if block is None else int(block)
+        if block < 1:
+            raise ValueError(f"decode block={block} must be >= 1")
         z = np.zeros((B, h, r, dh), dtype=np.uint64)
-        return PrefixState(AShare(z, z.copy()), 0)
+        return PrefixState(AShare(z, z.copy()), block=block)
+
+    @property
+    def cached(self) -> int:
+        return 0 if self.kc is None else self.kc.shape[2]
 
 
 def attention_step(p: Party, state: PrefixState, qf: AShare, kf: AShare, v: AShare) -> AShare:
     """One new token: qf, kf (B, h, 1, r), v (B, h, 1, dh) -> Q'_t G_t (B, h, 1, dh).
 
-    Stage 1 (one call): K'_t^T V_t and Q'_t G_{t-1} and the score Q'_t K'_t^T;
-    stage 2: score * V_t. Out = Q'_t G_{t-1} + (Q'_t K'_t^T) V_t; G += K'_t^T V_t.
-    O(1) in the prefix length. Cost: :func:`cost_attention_step`.
+    Stage 1 (one call): Q'_t G (if anything is folded), scores Q'_t K'_c^T against the cache
+    (current token included) and, when the cache is full, its fold K'_c^T V_c;
+    stage 2: scores @ V_c. Out = Q'_t G + (Q'_t K'_c^T) V_c. Cost: :func:`cost_attention_step`.
     """
-    outer, qg, s = mul_many(p, [(kf.T, v, "matmul"), (qf, state.G, "matmul"),
-                               (qf, kf.T, "matmul")])
-    sv = arith.matmul_aa(p, s, v)
-    state.G = state.G + outer
+    kc = kf if state.kc is None else AShare.concat([state.kc, kf], axis=2)
+    vc = v if state.vc is None else AShare.concat([state.vc, v], axis=2)
+    fold = kc.shape[2] >= state.block
+    items = [(qf, kc.T, "matmul")]
+    if state.folded:
+        items.append((qf, state.G, "matmul"))
+    if fold:
+        items.append((kc.T, vc, "matmul"))
+    got = mul_many(p, items)
+    out = arith.matmul_aa(p, got[0], vc)
+    if state.folded:
+        out = out + got[1]
+    if fold:
+        state.G = state.G + got[-1]
+        state.folded += kc.shape[2]
+        state.kc = state.vc = None
+    else:
+        state.kc, state.vc = kc, vc
     state.t += 1
-    return qg + sv
+    return out
 
 
-def cost_attention_step(p_cfg, B, h, r, dh) -> Cost:
-    return (arith.cost_mul(B * h * (r * dh + dh + 1), True, p_cfg.frac, p_cfg.trunc)
+def cost_attention_step(p_cfg, B, h, r, dh, cached: int, folded: bool, block: int) -> Cost:
+    """Cost of a step taken with ``cached`` tokens already in the cache."""
+    n = cached + 1
+    first = B * h * (n + (dh if folded else 0) + (r * dh if n >= block else 0))
+    return (arith.cost_mul(first, True, p_cfg.frac, p_cfg.trunc)
             + arith.cost_mul(B * h * dh, True, p_cfg.frac, p_cfg.trunc))
 
 

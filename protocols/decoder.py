@@ -8,8 +8,9 @@ Cross attention: K and V depend on the encoder output only, so K' and V (and K'^
 layers are computed once, in one kernel call per step for all layers (:func:`cross_precompute`).
 
 Incremental decoding (:class:`DecodeState`, :func:`decoder_step`): per layer and head the
-secret running sum G_t = sum_{j<=t} K'_j^T V_j of the masked self attention and the cross
-attention K'^T V; a new token costs O(1) in the prefix length (Eq. 15).
+secret running sum G = sum_j K'_j^T V_j of the masked self attention (plus a bounded cache of
+the newest K', V rows, folded into G every ``block`` tokens) and the cross attention K'^T V;
+a new token costs O(1) in the prefix length (Eq. 15).
 """
 from __future__ import annotations
 
@@ -128,11 +129,14 @@ class DecodeState:
     t: int = 0
 
     @staticmethod
-    def start(p: Party, cfg: M.ModelConfig, shares: dict, enc: AShare) -> "DecodeState":
+    def start(p: Party, cfg: M.ModelConfig, shares: dict, enc: AShare,
+              block: int | None = None) -> "DecodeState":
+        """``block``: tokens cached before folding into G (:class:`attention.PrefixState`)."""
         B, S, _ = enc.shape
         cross = cross_precompute(p, cfg, shares, enc, need_kv=True)
-        return DecodeState([A.PrefixState.empty(B, cfg.n_heads, cfg.n_features, cfg.d_head)
-                            for _ in range(cfg.n_dec_layers)], [c.kv for c in cross], S)
+        return DecodeState([A.PrefixState.empty(B, cfg.n_heads, cfg.n_features, cfg.d_head,
+                                                block) for _ in range(cfg.n_dec_layers)],
+                           [c.kv for c in cross], S)
 
 
 def _self_step(p, cfg, w, x, st: A.PrefixState):

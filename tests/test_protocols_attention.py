@@ -85,20 +85,45 @@ def test_best_block_minimises_declared_bytes():
         assert costs[best] == min(costs.values())
 
 
-def test_incremental_state_equals_masked(run, qkv):
+@pytest.mark.parametrize("block", [1, 3, None])
+def test_incremental_state_equals_masked(run, qkv, block):
     q, k, v = qkv
 
     def fn(p, a, b, c):
-        st = A.PrefixState.empty(B, H, R, DH)
+        st = A.PrefixState.empty(B, H, R, DH, block)
         outs = [A.attention_step(p, st, a[:, :, t:t + 1], b[:, :, t:t + 1], c[:, :, t:t + 1])
                 for t in range(S)]
-        assert st.t == S
+        assert st.t == S and st.cached < st.block
         return A.AShare.concat(outs, axis=2)
 
     close(value(run(fn, share(q), share(k), share(v))), ref_masked(q, k, v))
-    run(lambda p, a, b, c: A.attention_step(p, A.PrefixState.empty(B, H, R, DH), a, b, c),
-        share(q[:, :, :1]), share(k[:, :, :1]), share(v[:, :, :1]))
-    run.assert_cost(A.cost_attention_step(run.cfg, B, H, R, DH))
+
+
+@pytest.mark.parametrize("block", [1, 3])
+def test_incremental_step_costs(qkv, block):
+    """Every step's traffic equals its declaration; it depends only on t mod block."""
+    from mpc3.sim import make_parties, run_parties
+    q, k, v = qkv
+    parties = make_parties()
+    declared, measured = [], []
+
+    def fn(p, a, b, c):
+        st = A.PrefixState.empty(B, H, R, DH, block)
+        for t in range(S):
+            before = p.stats.snapshot()
+            if p.rank == 0:
+                declared.append(A.cost_attention_step(p.cfg, B, H, R, DH, st.cached,
+                                                      st.folded > 0, block))
+            A.attention_step(p, st, a[:, :, t:t + 1], b[:, :, t:t + 1], c[:, :, t:t + 1])
+            d = p.stats - before
+            measured.append((t, p.rank, d.bytes_sent, d.rounds))
+
+    run_parties(fn, [tuple(x[i] for x in (share(q), share(k), share(v))) for i in range(3)],
+                parties=parties)
+    for t, rank, nbytes, rounds in measured:
+        assert (nbytes, rounds) == (declared[t].bytes_per_party[rank], declared[t].rounds)
+    per_t = [declared[t].bytes_total for t in range(S)]
+    assert all(per_t[t] == per_t[t + block] for t in range(block, S - block))
 
 
 def test_mul_many_cost_is_one_product(run, rng):

@@ -43,7 +43,7 @@ def test_encoder_decoder_and_incremental(run, rng, norm_first, norm, c):
         enc = SM.run_encoder(p, cfg, s, xs)
         full_vk = D.decoder(p, cfg, s, ys, enc, masked_form="vk", block=2)
         full_qk = D.decoder(p, cfg, s, ys, enc, masked_form="qk", cross_order="qk")
-        st = SM.start_decoder(p, cfg, s, enc)
+        st = SM.start_decoder(p, cfg, s, enc, block=2)
         steps = [SM.run_decoder_step(p, cfg, s, ys[:, t], st) for t in range(5)]
         return enc, full_vk, full_qk, steps
 
@@ -62,8 +62,9 @@ def test_encoder_decoder_and_incremental(run, rng, norm_first, norm, c):
         assert np.max(np.abs(step - pick(1)[:, t])) < TOL
 
 
-def test_decoder_step_cost_flat_in_prefix(rng):
-    """A step's traffic does not depend on how many tokens came before (O(1) state)."""
+@pytest.mark.parametrize("block", [1, 2])
+def test_decoder_step_cost_bounded_in_prefix(rng, block):
+    """A step's traffic depends only on the position inside the decode block (O(1) state)."""
     from mpc3.sim import make_parties, run_parties
     cfg = make_cfg(n_enc_layers=1, n_dec_layers=1)
     w = M.random_weights(cfg, 2)
@@ -73,7 +74,7 @@ def test_decoder_step_cost_flat_in_prefix(rng):
     per_step = []
 
     def fn(p, s, es, ys):
-        st = SM.start_decoder(p, cfg, s, es)
+        st = SM.start_decoder(p, cfg, s, es, block=block)
         for t in range(6):
             before = p.stats.snapshot()
             SM.run_decoder_step(p, cfg, s, ys[:, t], st)
@@ -82,7 +83,9 @@ def test_decoder_step_cost_flat_in_prefix(rng):
         return st.t
 
     assert run_parties(fn, list(zip(*per_party(sh, enc, y))), parties=parties) == [6] * 3
-    assert len({(d.bytes_sent, d.rounds, d.messages) for d in per_step}) == 1
+    key = [(d.bytes_sent, d.rounds, d.messages) for d in per_step]
+    assert all(key[t] == key[t + block] for t in range(block, 6 - block))
+    assert len({k[1] for k in key}) == 1      # rounds never change
 
 
 def test_stack_errors(run, rng):
