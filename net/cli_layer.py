@@ -1,12 +1,15 @@
 """``mpc3 bench layer NAME``: one Privformer layer (Table 2 workloads) on three parties.
 
 Random weights (:func:`protocols.model.random_weights`, Xavier) and, as in Privformer
-Sec. 9.1, inputs drawn uniformly from [-10, 10] (encoded with 18 fractional bits instead of
-the paper's 13). Exceptions, stated in the JSON under ``params.inputs``: the softmax
-baselines get per-head Q, K, V uniform in [-1, 1] (the paper's max-free polynomial exp is only
-meaningful for scores near 0), and ``decoder`` gets an encoder output uniform in [-2, 2]
-(the scale of a LayerNorm output). attn_norm defaults to "const" with
-c = 1 / (r * seq) (the paper's public constant; "mean" is selectable).
+Sec. 9.1, single layers get inputs drawn uniformly from [-10, 10] (encoded with 18 fractional
+bits instead of the paper's 13). Rescaled, and stated in the JSON under ``params.inputs``:
+the encoder/decoder stacks get inputs (and the decoder an encoder output) uniform in
+[-sqrt(3), sqrt(3)] - unit variance, the scale of embeddings and LayerNorm outputs; with
+[-10, 10] and random weights the residual x + MHA(x) has a variance beyond sqrt_inv_a's domain
+(2^16), so the first LayerNorm would be meaningless - and the softmax baselines get per-head
+Q, K, V uniform in [-1, 1] (the paper's max-free polynomial exp is only meaningful for scores
+near 0). attn_norm defaults to "const" with c = 1 / (r * seq) (the paper's public constant;
+"mean" is selectable).
 
 Transports: ``inproc`` (three threads over in-memory queues) or ``grpc`` (three party routers
 of :mod:`net.link` in this process, talking real gRPC over loopback with mTLS; certificates
@@ -22,6 +25,7 @@ import argparse
 import contextlib
 import itertools
 import json
+import math
 import statistics
 import tempfile
 import time
@@ -30,6 +34,16 @@ import numpy as np
 
 WORKLOADS = ("mha", "mmha-qk", "mmha-vk", "ffn", "ln", "encoder", "decoder", "softmax-attn",
              "masked-softmax-attn", "decoder-step")
+
+
+STACK_RANGE = math.sqrt(3.0)   # uniform with unit variance: the scale of a LayerNorm output
+
+
+def input_range(a) -> float:
+    """Half-width of the uniform inputs: the paper's 10 for single layers, sqrt(3) for stacks."""
+    if a.input_range is not None:
+        return a.input_range
+    return STACK_RANGE if a.name in ("encoder", "decoder", "decoder-step") else 10.0
 
 
 def _config(a):
@@ -50,8 +64,8 @@ def _workload(a, cfg, w, rng):
     from protocols import decoder as D, encoder as E, ffn as F, layernorm as LN, mha as MH
     from protocols.secure_model import sub
     B, S, d, h, dh = a.batch, a.seq, cfg.d_model, cfg.n_heads, cfg.d_head
-    x = rng.uniform(-10, 10, (B, S, d))
     name = a.name
+    x = rng.uniform(-input_range(a), input_range(a), (B, S, d))
     if name in ("mha", "mmha-qk", "mmha-vk"):
         causal = name != "mha"
         pre = "enc.0.attn" if not causal else "dec.0.self"
@@ -73,13 +87,13 @@ def _workload(a, cfg, w, rng):
         return (lambda p, sh, xs: E.encoder(p, cfg, sh, xs), [x],
                 M.ref_encoder(cfg, w, x, folded=a.folded))
     if name in ("decoder", "decoder-step"):
-        enc = rng.uniform(-2, 2, (B, S, d))
+        enc = rng.uniform(-STACK_RANGE, STACK_RANGE, (B, S, d))
         if name == "decoder":
             return (lambda p, sh, ys, es: D.decoder(p, cfg, sh, ys, es), [x, enc],
                     M.ref_decoder(cfg, w, x, enc, folded=a.folded))
 
         def step(p, sh, ys, es):   # whole prefix, one token at a time, O(1) per token
-            st = D.DecodeState.start(p, cfg, sh, es)
+            st = D.DecodeState.start(p, cfg, sh, es, block=a.decode_block)
             outs = [D.decoder_step(p, cfg, sh, st, ys[:, t]) for t in range(S)]
             from mpc3.shares import AShare
             return AShare(np.stack([o.a for o in outs], 1), np.stack([o.b for o in outs], 1))
@@ -141,11 +155,13 @@ def run_layer(a) -> dict:
     out = ring.decode(sim.reveal(res))
     err = float(np.max(np.abs(out - ref)))
     params = {k: getattr(a, k) for k in ("seq", "d_model", "heads", "features", "d_ff",
-                                         "layers", "batch", "attn_norm", "fold", "exp", "block")}
+                                         "layers", "batch", "attn_norm", "fold", "exp", "block",
+                                         "decode_block")}
+    rng_txt = f"uniform[-{input_range(a):.4g},{input_range(a):.4g}]"
     params.update(attn_c=cfg.attn_c, frac=ring.DEFAULT_FRAC,
                   inputs="uniform[-1,1] q,k,v per head" if "softmax" in a.name
-                  else "uniform[-10,10]" + ("; enc_out uniform[-2,2]" if "decoder" in a.name
-                                            else ""))
+                  else rng_txt + (f"; enc_out uniform[-{STACK_RANGE:.4g},{STACK_RANGE:.4g}]"
+                                  if "decoder" in a.name else ""))
     return {"workload": a.name, "params": params, "transport": a.transport, "net": "none",
             "emulation": "none",
             "wall_s": {"min": min(walls), "median": statistics.median(walls)},
@@ -193,6 +209,11 @@ def register(subparsers) -> None:
     p.add_argument("--no-fold", dest="fold", action="store_false",
                    help="keep Omega separate instead of folding it into W^Q, W^K")
     p.add_argument("--block", type=int, default=None, help="row block of masked VK")
+    p.add_argument("--decode-block", type=int, default=None,
+                   help="decoder-step: tokens cached before folding into G (1 = Privformer)")
     p.add_argument("--exp", choices=("poly", "limit"), default="poly")
+    p.add_argument("--input-range", type=float, default=None,
+                   help="inputs uniform in [-A, A]; default 10 (paper) for single layers, "
+                        "sqrt(3) (unit variance) for encoder/decoder stacks")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_cmd)
