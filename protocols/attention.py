@@ -92,7 +92,7 @@ def scale_rows(p: Party, o: AShare, row_scale: np.ndarray) -> AShare:
     return scale_public(p, o, np.asarray(row_scale, dtype=np.float64)[:, None], ROW_SCALE_EXTRA)
 
 
-def _relu(p: Party, xs: list[AShare]) -> list[AShare]:
+def relu_many(p: Party, xs: list[AShare]) -> list[AShare]:
     """ReLU of several arrays in one relu_a call (one call per protocol step)."""
     from mpc3.kernels import convert
     flat = AShare.concat([x.reshape(-1) for x in xs])
@@ -103,8 +103,6 @@ def _relu(p: Party, xs: list[AShare]) -> list[AShare]:
         pos += x.size
     return res
 
-
-relu_many = _relu
 
 
 # --------------------------------------------------------- unmasked (Alg. 1, Eq. 12) ----

@@ -6,6 +6,8 @@ plus one relu_a on B*S*d_ff elements.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from mpc3.kernels import arith
 from mpc3.party import Party
 from mpc3.shares import AShare
@@ -13,7 +15,6 @@ from mpc3.shares import AShare
 
 def _add(x: AShare, b: AShare) -> AShare:
     """x + b with b broadcast over the leading dimensions (local)."""
-    import numpy as np
     return AShare(x.a + b.a, x.b + b.b) if x.shape == b.shape else \
         AShare(x.a + np.broadcast_to(b.a, x.shape), x.b + np.broadcast_to(b.b, x.shape))
 
