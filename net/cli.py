@@ -9,7 +9,7 @@ import argparse
 import importlib
 import sys
 
-SUBCOMMAND_MODULES = ("net.cli_bench", "net.cli_cluster", "net.cli_translate")
+SUBCOMMAND_MODULES = ("net.cli_bench", "net.cli_layer", "net.cli_cluster", "net.cli_translate")
 
 
 def build_parser() -> argparse.ArgumentParser:
