@@ -41,26 +41,39 @@ def _local(x: AShare, y: AShare, kind: str) -> np.ndarray:
     return ring.matmul(x.a, y.a + y.b) + ring.matmul(x.b, y.a)
 
 
-def mul_many(p: Party, items: list[tuple[AShare, AShare, str]],
-             trunc: bool | int = True) -> list[AShare]:
+def mul_many(p: Party, items: list[tuple], trunc: bool | int = True) -> list[AShare]:
     """Independent products ``x*y`` ("mul", same shapes) or ``x@y`` ("matmul") in one go.
 
-    One 3-out-of-3 local product per item, one fused reshare/truncation over all outputs:
-    cost of a single mul_aa with ``sum(output sizes)`` elements (:func:`cost_mul_many`).
+    Items are ``(x, y, kind)`` or ``(x, y, kind, keep)`` with ``keep`` a public boolean array
+    broadcastable to the output: only kept entries are reshared, the others are exactly 0
+    (a causal mask never pays for the masked half of Q'K'^T). One 3-out-of-3 local product
+    per item, one fused reshare/truncation over all kept outputs: the cost of a single
+    mul_aa with that many elements (:func:`cost_mul_many`).
     """
-    zs = []
-    for x, y, kind in items:
+    zs, keeps = [], []
+    for item in items:
+        x, y, kind = item[:3]
         if kind == "mul" and x.shape != y.shape:
             raise ValueError(f"mul_many: shapes differ {x.shape} vs {y.shape}")
         if kind == "matmul" and x.shape[-1] != y.shape[-2]:
             raise ValueError(f"mul_many: inner dimensions differ {x.shape} @ {y.shape}")
-        zs.append(_local(x, y, kind))
+        z = _local(x, y, kind)
+        zs.append(z)
+        keeps.append(None if len(item) < 4 else np.broadcast_to(item[3], z.shape))
     p.new_op()
-    flat = arith._finish(p, np.concatenate([z.reshape(-1) for z in zs]), trunc)
+    flat = arith._finish(p, np.concatenate(
+        [z.reshape(-1) if k is None else z[k] for z, k in zip(zs, keeps)]), trunc)
     out, pos = [], 0
-    for z in zs:
-        out.append(flat[pos:pos + z.size].reshape(z.shape))
-        pos += z.size
+    for z, k in zip(zs, keeps):
+        n = z.size if k is None else int(np.count_nonzero(k))
+        part = flat[pos:pos + n]
+        if k is None:
+            out.append(part.reshape(z.shape))
+        else:
+            a, b = np.zeros(z.shape, dtype=np.uint64), np.zeros(z.shape, dtype=np.uint64)
+            a[k], b[k] = part.a, part.b
+            out.append(AShare(a, b))
+        pos += n
     return out
 
 
@@ -144,25 +157,26 @@ def tril_mask(S: int) -> np.ndarray:
 
 
 def masked_attention_qk(p: Party, qf: AShare, kf: AShare, v: AShare) -> AShare:
-    """tril(Q'K'^T) V (Alg. 2): mask is public, applied locally. Cost: :func:`cost_masked_qk`."""
+    """tril(Q'K'^T) V (Alg. 2). The mask is public: only the S(S+1)/2 entries on and below
+    the diagonal are reshared (the others are zero). Cost: :func:`cost_masked_qk`."""
     S = qf.shape[-2]
     if kf.shape[-2] != S:
         raise ValueError(f"masked attention needs Sq == Sk, got {S} != {kf.shape[-2]}")
-    a = arith.matmul_aa(p, qf, kf.T).scale(tril_mask(S))
+    a = mul_many(p, [(qf, kf.T, "matmul", tril_mask(S).astype(bool))])[0]
     return arith.matmul_aa(p, a, v)
 
 
 def cost_masked_qk(p_cfg, B, h, S, r, dh) -> Cost:
-    return (arith.cost_mul(B * h * S * S, True, p_cfg.frac, p_cfg.trunc)
+    return (arith.cost_mul(B * h * S * (S + 1) // 2, True, p_cfg.frac, p_cfg.trunc)
             + arith.cost_mul(B * h * S * dh, True, p_cfg.frac, p_cfg.trunc))
 
 
 def best_block(S: int, r: int, dh: int) -> int:
-    """Row block L minimising (S/L - 1)*r*dh + S*L reshared elements (Alg. 3 blocked)."""
+    """Row block L minimising (nb - 1)*r*dh + nb*L(L+1)/2 reshared elements (Alg. 3 blocked)."""
     best, best_cost = S, None
     for L in range(1, S + 1):
         nb = -(-S // L)
-        c = (nb - 1) * r * dh + nb * L * L
+        c = (nb - 1) * r * dh + nb * L * (L + 1) // 2
         if best_cost is None or c < best_cost:
             best, best_cost = L, c
     return best
@@ -173,7 +187,8 @@ def masked_attention_vk(p: Party, qf: AShare, kf: AShare, v: AShare,
     """Causal Q'_i G_i with G_i = sum_{j<=i} K'_j^T V_j (Alg. 3, Eq. 15) in row blocks.
 
     Rows are cut into ``nb`` blocks of ``L`` (``block``; default :func:`best_block`). Stage 1,
-    one kernel call: K'_b^T V_b for blocks 0..nb-2 and the in-block scores Q'_b K'_b^T.
+    one kernel call: K'_b^T V_b for blocks 0..nb-2 and the in-block causal scores
+    Q'_b K'_b^T (lower triangles only).
     Locally: exclusive prefix sums P_b = sum_{c<b} K'_c^T V_c (additions of shares) and the
     in-block causal mask. Stage 2, one call: out_b = [Q'_b | tril(Q'_b K'_b^T)] @ [P_b ; V_b].
     Rounds are those of two products whatever S, L and h; L = 1 is Privformer's per-row
@@ -196,11 +211,11 @@ def masked_attention_vk(p: Party, qf: AShare, kf: AShare, v: AShare,
         return x.reshape(B, h, nb, L, x.shape[-1])
 
     qb, kb, vb = blocks(qf), blocks(kf), blocks(v)
-    items = [(qb, kb.T, "matmul")]
+    items = [(qb, kb.T, "matmul", tril_mask(L).astype(bool))]
     if nb > 1:
         items.append((kb[:, :, :-1].T, vb[:, :, :-1], "matmul"))
     got = mul_many(p, items)
-    scores = got[0].scale(tril_mask(L))
+    scores = got[0]
     zero = np.zeros((B, h, 1, r, dh), dtype=np.uint64)
     if nb > 1:
         csum = AShare(np.cumsum(got[1].a, axis=2, dtype=np.uint64),
@@ -217,7 +232,7 @@ def masked_attention_vk(p: Party, qf: AShare, kf: AShare, v: AShare,
 def cost_masked_vk(p_cfg, B, h, S, r, dh, block=None) -> Cost:
     L = best_block(S, r, dh) if block is None else block
     nb = -(-S // L)
-    first = B * h * (nb * L * L + (nb - 1) * r * dh)
+    first = B * h * (nb * L * (L + 1) // 2 + (nb - 1) * r * dh)
     return (arith.cost_mul(first, True, p_cfg.frac, p_cfg.trunc)
             + arith.cost_mul(B * h * nb * L * dh, True, p_cfg.frac, p_cfg.trunc))
 
@@ -318,20 +333,26 @@ def softmax_attention(p: Party, q: AShare, k: AShare, v: AShare, masked: bool = 
     """softmax(Q K^T / sqrt(dh) [+ causal mask]) V per head, max-free (Privformer Sec. 9.2).
 
     ``exp="poly"``: the paper's 1 + x + x^2/2 + 0.1665x^3 + 0.0438x^4 (its baseline);
-    ``exp="limit"``: the accurate kernel. Row sums are local; 1/sum by reciprocal_a.
-    Masked: exp of the scores is multiplied by the public 0/1 mask (local).
+    ``exp="limit"``: the accurate kernel. 1/sqrt(dh) rides in the score product (q times
+    round(2^12/sqrt(dh)), truncated by frac + 12); row sums are local; 1/sum by reciprocal_a.
+    Masked: only the S(S+1)/2 causal scores are reshared and exponentiated; the rest are 0.
+    Scores must stay below 2^14 (in practice exp bounds them far lower).
     """
     from mpc3.kernels import fxp
     if exp not in SOFTMAX_EXP:
         raise ValueError(f"exp={exp!r} must be one of {SOFTMAX_EXP}")
-    dh = q.shape[-1]
-    S = k.shape[-2]
-    sc = scale_public(p, arith.matmul_aa(p, q, k.T), 1.0 / math.sqrt(dh))
-    e = fxp.exp_a(p, sc, method=exp)
-    if masked:
-        if q.shape[-2] != S:
-            raise ValueError("masked softmax attention needs Sq == Sk")
-        e = e.scale(tril_mask(S))
+    dh, S = q.shape[-1], k.shape[-2]
+    if masked and q.shape[-2] != S:
+        raise ValueError("masked softmax attention needs Sq == Sk")
+    extra = 12
+    qs = q.scale(ring.encode(1.0 / math.sqrt(dh), extra))
+    keep = np.broadcast_to(tril_mask(S).astype(bool) if masked else np.ones((1, 1), bool),
+                           q.shape[:-1] + (S,))
+    sc = mul_many(p, [(qs, k.T, "matmul", keep)], trunc=p.cfg.frac + extra)[0]
+    e_kept = fxp.exp_a(p, AShare(sc.a[keep], sc.b[keep]), method=exp)
+    ea, eb = np.zeros(sc.shape, dtype=np.uint64), np.zeros(sc.shape, dtype=np.uint64)
+    ea[keep], eb[keep] = e_kept.a, e_kept.b
+    e = AShare(ea, eb)
     den = AShare(e.a.sum(axis=-1, dtype=np.uint64), e.b.sum(axis=-1, dtype=np.uint64))
     inv = fxp.reciprocal_a(p, den)
     ev = arith.matmul_aa(p, e, v)
