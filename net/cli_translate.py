@@ -60,7 +60,7 @@ def _user_side(path: str | None):
 class Progress:
     """One line per generated token (batch rows side by side), on stderr."""
 
-    def __init__(self, vocab, stream=sys.stderr, quiet: bool = False) -> None:
+    def __init__(self, vocab, stream=None, quiet: bool = False) -> None:
         self.vocab, self.stream, self.quiet = vocab, stream, quiet
         self.t0 = time.perf_counter()
 
@@ -70,7 +70,7 @@ class Progress:
         words = "  ".join(f"{src}: {self.vocab.tgt[int(k)]} ({p:.2f})"
                           for src, k, p in zip(sources, tokens, probs))
         print(f"  [{time.perf_counter() - self.t0:6.2f} s] token {t + 1:2d}  {words}",
-              file=self.stream, flush=True)
+              file=self.stream or sys.stderr, flush=True)
 
 
 def cost_line(cost, n_tokens: int) -> str:

@@ -222,6 +222,8 @@ class BatchResult:
     step_cost: Cost
     steps: int
     logits: list[np.ndarray]           # (B, V) per step (for checks/diagnostics)
+    hidden: list[np.ndarray] = field(default_factory=list)   # (B, d) decoder rows per step
+    fed: list[np.ndarray] = field(default_factory=list)      # (B,) token fed at each step
 
 
 def softmax(z: np.ndarray) -> np.ndarray:
@@ -247,7 +249,7 @@ def decode_batch(backend, cfg: M.ModelConfig, user: Mapping[str, np.ndarray], sr
     x = M.embed(cfg, user["embed.src"], src)
     open_cost, step_cost = Cost(), Cost()
     out: list[list[int]] = [[] for _ in range(B)]
-    all_logits = []
+    all_logits, hidden, fed = [], [], []
     backend.open(session, x, open_cost, layers)
     steps = 0
     try:
@@ -257,6 +259,8 @@ def decode_batch(backend, cfg: M.ModelConfig, user: Mapping[str, np.ndarray], sr
             y = M.embed(cfg, user["embed.tgt"], tok[:, None], offset=t)[:, 0, :]
             h = ring.decode(backend.step(session, y, step_cost, layers), backend.frac)
             steps += 1
+            hidden.append(h)
+            fed.append(tok.copy())
             logits = M.output_logits(user, h)
             all_logits.append(logits)
             tok = logits.argmax(-1)
@@ -275,7 +279,16 @@ def decode_batch(backend, cfg: M.ModelConfig, user: Mapping[str, np.ndarray], sr
             backend.close(session)
         except Exception:  # noqa: BLE001 - best effort: parties also drop idle sessions
             pass
-    return BatchResult(out, open_cost, step_cost, steps, all_logits)
+    return BatchResult(out, open_cost, step_cost, steps, all_logits, hidden, fed)
+
+
+def reference_rows(cfg: M.ModelConfig, w: M.Weights, user, src_ids, fed) -> list[np.ndarray]:
+    """Float64 decoder rows for the same source and the same fed tokens (error metrics)."""
+    x = M.embed(cfg, user["embed.src"], np.asarray(src_ids))
+    st = M.RefDecodeState(cfg, w, M.ref_encoder(cfg, w, x))
+    return [M.ref_decoder_step(cfg, w, st, M.embed(cfg, user["embed.tgt"], tok[:, None],
+                                                   offset=t)[:, 0, :])
+            for t, tok in enumerate(fed)]
 
 
 @dataclass

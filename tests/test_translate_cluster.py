@@ -117,6 +117,20 @@ def test_grpc_clear_errors(cluster):
                      {"_session": 1})
 
 
+def test_cli_translate(cluster, capsys):
+    from net import cli
+    c = cluster.dir / "certs"
+    rc = cli.main(["translate", "--config", str(cluster.path), "--model-id", "tr",
+                   "--cert", str(c / "user.pem"), "--key", str(c / "user.key"), "42"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert out.strip() == "42\tforty two"
+    assert "token  3" in err and "rounds" in err and "MB sent" in err
+    rc = cli.main(["translate", "--config", str(cluster.path), "--model-id", "nope",
+                   "--cert", str(c / "user.pem"), "--key", str(c / "user.key"), "42"])
+    assert rc == 2 and "unknown model 'nope'" in capsys.readouterr().err
+
+
 def test_party_dying_mid_decoding_fails_cleanly(cluster):
     """Last test of the module: kills party 2 while a session is open."""
     cfg, ut = cluster.mcfg, cluster.user_t

@@ -1,0 +1,37 @@
+"""`mpc3 demo` (own local cluster, cleaned up) and `mpc3 bench translate` JSON metrics."""
+import json
+import tempfile
+
+import pytest
+
+from net import cli
+from protocols import textdata as TD
+
+KEYS = {"workload", "params", "transport", "net", "emulation", "wall_s", "bytes_total",
+        "bytes_per_party", "messages", "rounds", "max_abs_err", "max_rel_err", "tokens",
+        "token_agreement", "per_token_wall_s", "per_token_bytes", "per_token_rounds"}
+
+
+def test_bench_translate_random_json(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    assert cli.main(["bench", "translate", "--model", "random", "--d-model", "16", "--heads",
+                     "2", "--features", "8", "--d-ff", "32", "--layers", "1", "--src-len",
+                     "4", "--tokens", "3", "--sentences", "2", "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert KEYS <= set(r)
+    assert r["transport"] == "inproc" and r["tokens"] == 6 and r["steps"] == 3
+    assert r["wall_s"]["min"] <= r["wall_s"]["median"]
+    assert r["bytes_total"] == sum(r["bytes_per_party"]) > 0
+    assert r["per_token_rounds"] * r["steps"] + r["open"]["rounds"] == r["rounds"]
+    assert r["max_rel_err"] < 1e-2 and r["token_agreement"] == 1.0
+
+
+@pytest.mark.skipif(not TD.SHIPPED_MODEL.exists(), reason="no shipped model")
+def test_demo_runs_and_cleans_up(capsys):
+    import glob
+    before = set(glob.glob(f"{tempfile.gettempdir()}/mpc3-demo-*"))
+    assert cli.main(["demo", "7000"]) == 0
+    out = capsys.readouterr().out
+    assert "seven thousand" in out and "token agreement with the plaintext model: 3/3" in out
+    assert "dec.0 (per step)" in out and "demo finished" in out
+    assert set(glob.glob(f"{tempfile.gettempdir()}/mpc3-demo-*")) == before        # temp dir removed
