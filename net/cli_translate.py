@@ -118,18 +118,17 @@ def _cmd_translate(args) -> int:
 
 
 # ------------------------------------------------------------------------------- demo ----
-def demo_inputs(n: int = DEMO_INPUTS) -> list[str]:
-    """``n`` held-out (test split) numbers of different lengths, deterministic."""
+def demo_inputs(n: int = DEMO_INPUTS, lengths: tuple[int, ...] = (4, 6)) -> list[str]:
+    """``n`` held-out (test split) numbers, deterministic, alternating between ``lengths``
+    digits: inputs of one length share a decode session (one batch), so the demo runs
+    ``len(lengths)`` sessions instead of ``n``."""
     from protocols import textdata as TD
-    picked, lengths = [], set()
-    for x in TD.sample_numbers(200, seed=DEMO_SEED, split="test"):
+    pools = {k: [] for k in lengths}
+    for x in TD.sample_numbers(400, seed=DEMO_SEED, split="test"):
         s = str(int(x))
-        if len(s) not in lengths or len(lengths) >= 7:
-            picked.append(s)
-            lengths.add(len(s))
-        if len(picked) == n:
-            break
-    return picked
+        if len(s) in pools and s not in pools[len(s)]:
+            pools[len(s)].append(s)
+    return [pools[lengths[i % len(lengths)]][i // len(lengths)] for i in range(n)]
 
 
 class _LocalCluster:
@@ -212,7 +211,8 @@ def _cmd_demo(args) -> int:
         print()
         print(layer_table(layers, cost))
         print(cost_line(cost, sum(len(s) for s, _ in pairs))
-              + f" (jobs' own time; {len(texts)} sessions ran concurrently)")
+              + f" (jobs' own time; {len({len(t.strip()) for t in texts})} sessions ran "
+              "concurrently)")
         print(f"demo finished in {time.perf_counter() - t_start:.1f} s")
         return 0 if same == total else 1
     finally:
