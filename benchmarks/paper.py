@@ -29,11 +29,13 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 RESULTS = ROOT / "benchmarks" / "results"
-EXPERIMENTS = ("table2", "fig3", "fig4", "table3", "translate")
+EXPERIMENTS = ("table2", "fig3", "fig4", "table3", "translate", "translate-e2e")
 
 # ../shared/BENCHMARKS.md: Privformer Table 2 (S=64, d_m=512, h=8, r=266, d_ff=2048, 6 layers)
 PAPER_TABLE2 = {   # workload: (LAN s, WAN s, comm MB, messages, same code on 2-core loopback s)
@@ -55,7 +57,7 @@ TARGET_TRANSLATE = {"lan": 60.0, "wan": 3600.0}
 
 # ------------------------------------------------------------------------ points ----
 def _cfg(quick: bool, **over) -> dict:
-    base = (dict(seq=16, d_model=64, heads=4, features=44, d_ff=128, layers=2) if quick else
+    base = (dict(seq=16, d_model=64, heads=4, features=44, d_ff=128, layers=1) if quick else
             dict(seq=64, d_model=512, heads=8, features=266, d_ff=2048, layers=6))
     base.update(over)
     return base
@@ -82,7 +84,7 @@ def plan(quick: bool, only: set[str]) -> list[dict]:
             for w in ("encoder", "decoder"):
                 pts.append(dict(exp="table3", name=w, cfg=_cfg(quick), batch=b))
     if "translate" in only:   # encoder once + one decoder step per output token
-        tokens = 8 if quick else 64
+        tokens = 4 if quick else 64
         for w in ("encoder", "decoder-step"):
             pts.append(dict(exp="translate", name=w, cfg=_cfg(quick, seq=tokens), batch=1))
     return pts
@@ -137,10 +139,81 @@ def run_points(pts: list[dict], nets: list[str], out: Path, force: bool, repeat:
                                        repeat=repeat)
                 except Exception as exc:  # noqa: BLE001 - record the failure, go on
                     r = {"workload": f"layer/{p['name']}", "net": net, "error": repr(exc)[:500]}
-                r.update(experiment=p["exp"], host=platform.node(), cpus=os.cpu_count(),
-                         date=time.strftime("%Y-%m-%dT%H:%M:%S"))
+                r.update(experiment=p["exp"], **_provenance())
                 (pdir / f"{slug(p, net)}.json").write_text(json.dumps(r, indent=2) + "\n")
                 bar.step(label)
+
+
+def translate_e2e(rc, tokens: int, d: dict, seed: int = 0) -> dict:
+    """The real secure translation as the query user runs it (net/translate.py: encoder +
+    cross-attention job, then one job per token, user-side embedding/projection), random
+    weights of the given shape, ``tokens`` source tokens and exactly ``tokens`` steps."""
+    from net import translate as T
+    from net.cli_translate import share_transformer
+    from net.client import QueryUser
+    from protocols import model as M
+    cfg = M.ModelConfig(d_model=d["d_model"], n_heads=d["heads"],
+                        d_head=d["d_model"] // d["heads"], n_features=d["features"],
+                        d_ff=d["d_ff"], n_enc_layers=d["layers"], n_dec_layers=d["layers"],
+                        attn_c=1.0 / d["features"], attn_norm="mean", ln_eps=1e-5,
+                        norm_first=False, src_vocab=256, tgt_vocab=256,
+                        max_len=tokens + 1).validate()
+    w, user = M.random_weights(cfg, seed), M.random_user(cfg, seed)
+    src = np.random.default_rng(seed + 1).integers(3, 256, size=(1, tokens))
+    model_id = f"e2e-{tokens}-{d['d_model']}-{d['layers']}"
+    share_transformer(rc.cfg, model_id, cfg, w, *rc.creds("owner"))
+    with QueryUser(rc.cfg, *rc.creds("user"), rpc_timeout=600) as qu:
+        backend = T.ClusterBackend(qu, model_id, step_timeout=3600)
+        t0 = time.perf_counter()
+        res = T.decode_batch(backend, cfg, user, src, 1, None, tokens)
+        wall = time.perf_counter() - t0
+    ref = T.reference_rows(cfg, w, user, src, res.fed)
+    err = max(float(np.abs(g - r).max()) for g, r in zip(res.hidden, ref))
+    total = T.Cost()
+    total += res.open_cost
+    total += res.step_cost
+    rtt = (rc.network.get("profile") or {}).get("rtt_ms", 0.0) / 1e3
+    return {"workload": "translate-e2e", **rc.network,
+            "params": {"seq": tokens, "d_model": d["d_model"], "heads": d["heads"],
+                       "features": d["features"], "d_ff": d["d_ff"], "layers": d["layers"],
+                       "batch": 1, "tokens": tokens, "attn_norm": "mean"},
+            "wall_s": {"min": wall, "median": wall}, "parties_wall_s": total.wall_s,
+            "open_wall_s": res.open_cost.wall_s, "steps_wall_s": res.step_cost.wall_s,
+            "client_round_trips_s": tokens * rtt, "total_with_client_rtt_s": wall + tokens * rtt,
+            "bytes_total": total.bytes_total, "bytes_per_party": list(total.bytes_per_party),
+            "messages": total.messages, "rounds": total.rounds, "jobs": total.jobs,
+            "max_abs_err": err}
+
+
+def run_e2e(nets: list[str], out: Path, quick: bool, force: bool) -> None:
+    from net.remote_bench import RemoteCluster
+    pdir = out / "points"
+    pdir.mkdir(parents=True, exist_ok=True)
+    tokens, d = (4, _cfg(True)) if quick else (64, _cfg(False))
+    todo = [n for n in nets if force or not (pdir / f"translate-e2e_{n}.json").exists()]
+    bar = Progress(len(todo))
+    for net in todo:
+        bar.show(f"starting cluster, net {net}")
+        with RemoteCluster(net, quiet=True) as rc:
+            bar.show(f"{net} translate-e2e warm-up")
+            translate_e2e(rc, 2, dict(d_model=8, heads=2, features=4, d_ff=8, layers=1))
+            bar.show(f"{net} translate-e2e {tokens} tokens")
+            try:
+                r = translate_e2e(rc, tokens, d)
+            except Exception as exc:  # noqa: BLE001 - record the failure, go on
+                r = {"workload": "translate-e2e", "net": net, "error": repr(exc)[:500]}
+            r.update(experiment="translate-e2e", **_provenance())
+            (pdir / f"translate-e2e_{net}.json").write_text(json.dumps(r, indent=2) + "\n")
+        bar.step(f"{net} translate-e2e")
+
+
+def _provenance() -> dict:
+    import subprocess
+    git = lambda *a: subprocess.run(["git", "-C", str(ROOT), *a], capture_output=True,  # noqa: E731
+                                    text=True).stdout.strip()
+    return {"host": platform.node(), "cpus": os.cpu_count(),
+            "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "commit": git("rev-parse", "--short", "HEAD"),
+            "dirty": bool(git("status", "--porcelain", "--", "mpc3", "protocols", "net"))}
 
 
 def load_points(out: Path) -> list[dict]:
@@ -260,6 +333,12 @@ def _fig(pts, exp, names, title) -> tuple[list[str], dict]:
     return L + [""], series
 
 
+def _sweep_dims(pts, exp) -> str:
+    q = next((p["params"] for p in pts if p.get("experiment") == exp and "error" not in p), {})
+    return (f"d_m = {q.get('d_model')}, {q.get('heads')} head(s), r = {q.get('features')}, "
+            "batch 1")
+
+
 def _crossover(series) -> list[str]:
     out = []
     for net in sorted({k[0] for k in series}):
@@ -333,8 +412,24 @@ def _translate_md(pts) -> list[str]:
     for net, t in tr.items():
         L.append(f"| {net} | {t['tokens']} | {_s(t['encoder_s'])} | {_s(t['decoder_steps_s'])} | "
                  f"{_s(t['client_round_trips_s'])} | {_s(t['total_s'])} s | "
-                 f"{_s(PAPER_TRANSLATE.get(net))} s | "
+                 f"{_s(PAPER_TRANSLATE[net]) + ' s' if net in PAPER_TRANSLATE else '-'} | "
                  f"{'<= ' + _s(TARGET_TRANSLATE[net]) + ' s' if net in TARGET_TRANSLATE else '-'} |")
+    e2e = [p for p in pts if p.get("experiment") == "translate-e2e" and "error" not in p]
+    if e2e:
+        L += ["End to end as the query user runs it (`net/translate.py`: the encoder + "
+              "cross-attention job, then one job per token with the user's local embedding, "
+              "projection and greedy choice; random weights, attn_norm mean), timed by the "
+              "client. Client RPCs travel on an unshaped link, so tokens x RTT is added for "
+              "a client that sits on the emulated network too.", "",
+              "| net | tokens | client wall s | on parties s (open + steps) | + tokens x RTT | "
+              "comm MB | rounds | jobs | max abs err |", "|" + "---|" * 9]
+        for p in sorted(e2e, key=lambda p: _nets(e2e).index(p["net"])):
+            L.append(f"| {p['net']} | {p['params']['tokens']} | {_s(p['wall_s']['min'])} | "
+                     f"{_s(p['parties_wall_s'])} ({_s(p['open_wall_s'])} + "
+                     f"{_s(p['steps_wall_s'])}) | {_s(p['total_with_client_rtt_s'])} | "
+                     f"{_mb(p['bytes_total'])} | {p['rounds']} | {p['jobs']} | "
+                     f"{p['max_abs_err']:.2g} |")
+        L.append("")
     return L + [""]
 
 
@@ -360,6 +455,13 @@ def _targets(pts, quick) -> list[str]:
                      f"{'MET' if t <= TARGET_TRANSLATE[net] else 'MISSED'}")
         else:
             L.append(f"- 64-token translation {net.upper()}: not measured")
+        e = next((p for p in pts if p.get("experiment") == "translate-e2e"
+                  and p.get("net") == net and "error" not in p), None)
+        if e:
+            t = e["total_with_client_rtt_s"]
+            L.append(f"- 64-token translation {net.upper()}, end to end (net/translate.py): "
+                     f"{_s(t)} s incl. tokens x RTT -> "
+                     f"{'MET' if t <= TARGET_TRANSLATE[net] else 'MISSED'}")
     return L + [""]
 
 
@@ -400,16 +502,17 @@ def render_report(pts: list[dict], quick: bool, links: dict | None = None) -> st
         L += _table2(pts, quick)
     if "fig3" in exps:
         L += _fig(pts, "fig3", ("softmax-attn", "mha"),
-                  "Fig. 3: unmasked softmax vs ReLU attention (d_m = 64, one head)")[0]
+                  f"Fig. 3: unmasked softmax vs ReLU attention ({_sweep_dims(pts, 'fig3')})")[0]
         L += ["ReLU attention is the full MHA layer (projections included); softmax attention "
               "gets Q, K, V directly, as in `mpc3 bench layer`.", ""]
     if "fig4" in exps:
         lines, series = _fig(pts, "fig4", ("masked-softmax-attn", "mmha-qk", "mmha-vk"),
-                             "Fig. 4: masked softmax vs masked ReLU attention, QK vs VK")
+                             "Fig. 4: masked softmax vs masked ReLU attention, QK vs VK "
+                             f"({_sweep_dims(pts, 'fig4')})")
         L += lines + _crossover(series) + [""]
     if "table3" in exps:
         L += _table3(pts)
-    if "translate" in exps:
+    if exps & {"translate", "translate-e2e"}:
         L += _translate_md(pts)
     L += _targets(pts, quick)
     bad = delay_check(pts)
@@ -435,6 +538,7 @@ def plots(pts: list[dict], out: Path) -> list[Path]:
         if not series:
             continue
         fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+        colour = {n: f"C{i}" for i, n in enumerate(names)}
         for (net, n), rows in sorted(series.items()):
             rows = sorted(rows)
             s = [r[0] for r in rows]
@@ -443,16 +547,21 @@ def plots(pts: list[dict], out: Path) -> list[Path]:
                 y = [r[idx] / (1e6 if idx == 2 else 1) for r in rows]
                 if idx == 2 and net != "none":
                     continue          # bytes do not depend on the network
-                ax.plot(s, y, style, marker="o", label=f"{LABELS[n]} ({net})")
+                ax.plot(s, y, style, marker="o", color=colour[n],
+                        label=f"{LABELS[n]} ({net})" if idx != 2 else LABELS[n])
         for ax, yl in zip(axes, ("time (s)", "communication (MB, all parties)", "rounds")):
             ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
+            ax.set_yscale("log" if yl != "rounds" else "linear")
             ax.set_xlabel("sequence length S")
             ax.set_ylabel(yl)
             ax.grid(True, which="both", alpha=0.3)
         axes[0].legend(fontsize=7)
-        fig.suptitle({"fig3": "Fig. 3: softmax vs ReLU attention (d_m=64)",
-                      "fig4": "Fig. 4: masked softmax vs masked ReLU QK / VK (d_m=64)"}[exp])
+        axes[1].legend(fontsize=7)
+        d = next(p["params"]["d_model"] for p in pts if p.get("experiment") == exp
+                 and "error" not in p)
+        fig.suptitle({"fig3": "Fig. 3: softmax vs ReLU attention",
+                      "fig4": "Fig. 4: masked softmax vs masked ReLU attention, QK / VK"}[exp]
+                     + f" (d_m = {d}, one head; dotted: loopback, solid: LAN, dashed: WAN)")
         fig.tight_layout()
         path = out / f"paper_{exp}.png"
         fig.savefig(path, dpi=110)
@@ -480,6 +589,8 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if not a.report_only:
         run_points(plan(a.quick, only), nets, out, a.force, a.repeat)
+        if "translate-e2e" in only:
+            run_e2e(nets, out, a.quick, a.force)
     pts = load_points(out)
     links = {}
     for f in sorted(out.glob("paper_links_*.json")):

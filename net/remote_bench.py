@@ -245,6 +245,10 @@ class RemoteCluster:
             shutil.rmtree(self.dir, ignore_errors=True)
         atexit.unregister(self.close)
 
+    def creds(self, stem: str) -> tuple[Path, Path]:
+        """(cert, key) of a client: ``owner`` (model-owner) or ``user`` (query-user)."""
+        return self.dir / "certs" / f"{stem}.pem", self.dir / "certs" / f"{stem}.key"
+
     # ------------------------------------------------------------------- running ----
     def _run_job(self, kind: str, model: dict, extra_frac: dict, inputs: dict, params: dict,
                  encoded_model: bool = False) -> tuple[list[dict], np.ndarray]:
