@@ -68,20 +68,34 @@ def test_select_b2a_mul(run, rng):
     assert (reveal([o[1] for o in out]) == bits).all()
 
 
-def test_sqrt_inv(run, rng):
-    x = np.concatenate([[2.0 ** -10, 2.0 ** 14, 1.0, 0.5], 2.0 ** rng.uniform(-10, 14, 300)])
-    out = run(lambda p, a: fxp.sqrt_inv_a(p, a), share(x))
+@pytest.mark.parametrize("mode,n,max_rounds", [("lean", 300, 20), ("fast", 40, 10),
+                                              ("auto", 16, 10)])
+def test_sqrt_inv(run, rng, mode, n, max_rounds):
+    x = np.concatenate([[2.0 ** -10, 2.0 ** 14, 1.0, 0.5], 2.0 ** rng.uniform(-10, 14, n - 4)])
+    out = run(lambda p, a: fxp.sqrt_inv_a(p, a, mode), share(x))
     xq = ring.decode(ring.encode(x))                     # the value actually shared
     rel = np.abs(value(out) * np.sqrt(xq) - 1)
     assert rel.max() <= 1e-3
-    assert run.rounds <= 20
+    assert run.rounds <= max_rounds
 
 
 def test_reciprocal(run, rng):
     x = np.concatenate([[2.0 ** -10, 2.0 ** 8, 1.0], 2.0 ** rng.uniform(-10, 8, 200)])
     out = run(lambda p, a: fxp.reciprocal_a(p, a), share(x))
-    got = value(out)
-    assert (np.abs(got - 1 / x) <= 2e-3 / x + 2 * ULP).all()
+    xq = ring.decode(ring.encode(x))
+    assert (np.abs(value(out) - 1 / xq) <= 1e-3 / xq + 2 * ULP).all()
+    assert run.rounds <= 18
+
+
+def test_select_broadcasts_a_bit_over_a_row(run, rng):
+    bits = rng.integers(0, 2, size=30).astype(np.uint8)
+    planes = bits_to_planes(bits[None, :])
+    zero = np.zeros_like(planes)
+    b = [BShare(planes, zero, 30), BShare(zero, zero.copy(), 30), BShare(zero.copy(), planes, 30)]
+    x = rng.normal(size=(30, 4))
+    out = run(lambda p, bb, xx: convert.mul_ab(p, bb, xx), b, share(x))
+    assert np.abs(value(out) - bits[:, None] * x).max() <= ULP
+    run.assert_cost(convert.cost_inject(30, fused=False, cols=4))
 
 
 def _paper_poly(x):

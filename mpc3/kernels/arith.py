@@ -171,14 +171,16 @@ def _finish(p: Party, z: np.ndarray, trunc) -> AShare:
 
 
 # ------------------------------------------------------------------ truncation ----------
-def trunc_a(p: Party, x: AShare, bits: int | None = None) -> AShare:
-    """Fixed-point truncation x >> bits of a replicated sharing (default cfg.frac).
+def trunc_a(p: Party, x: AShare, bits=None) -> AShare:
+    """Fixed-point truncation x >> bits of a replicated sharing (default cfg.frac; an
+    array broadcastable to x gives per-element shifts in the same rounds).
 
     The split form is free for a replicated sharing (A = x_g + x_{g+1}, B = x_{g+2}).
     Cost: :func:`cost_trunc`.
     """
     p.new_op()
-    bits = p.cfg.frac if bits is None else bits
+    bits = p.cfg.frac if bits is None else (
+        bits if np.ndim(bits) == 0 else np.broadcast_to(bits, x.shape).reshape(-1))
     flat = AShare(x.a.reshape(-1), x.b.reshape(-1))
     return _trunc_split(p, flat, bits, from_rss=True).reshape(x.shape)
 

@@ -259,22 +259,25 @@ def msb_a(p: Party, x: AShare, exact: bool = False) -> BShare:
 # --------------------------------------------------------------------- injection ------
 def _inject(p: Party, x: AShare, bit, from_masked: bool) -> AShare:
     """d * x for a bit d given as RSS BShare (``from_masked=False``) or as this party's
-    masked 3-out-of-3 planes (``from_masked=True``, the pair swaps its halves)."""
-    n = x.size
+    masked 3-out-of-3 planes (``from_masked=True``, the pair swaps its halves).
+
+    ``x`` has shape (n,) or (n, c): bit e multiplies the c values of row e."""
+    n = x.shape[0]
+    col = (slice(None),) + (None,) * (x.a.ndim - 1)       # broadcast a row bit over columns
     r1, st = Round(p), []
     for g, (sl, wsl) in enumerate(zip(group_bounds(n), _word_bounds(n))):
         role, ng = p.role(g), sl.stop - sl.start
         s = {"role": role, "n": ng}
         if role == 0:
             e = bit[:, wsl] if from_masked else bit.a[:, wsl] ^ bit.b[:, wsl]
-            u = _bits_u64(e, ng)
+            u = _bits_u64(e, ng)[col]
             A = x.a[sl] + x.b[sl]
             uA = u * A
-            rho1 = p.rand_with(0, 2, ng, f"r1{g}")
-            rho2 = p.rand_with(0, 2, ng, f"r2{g}")
-            s["kappa"] = p.rand_with(0, 1, ng, f"k{g}")
+            rho1 = p.rand_with(0, 2, A.shape, f"r1{g}")
+            rho2 = p.rand_with(0, 2, A.shape, f"r2{g}")
+            s["kappa"] = p.rand_with(0, 1, A.shape, f"k{g}")
             s["s0"] = uA - s["kappa"]
-            r1.send(NEXT, A - uA - uA - rho1, u - rho2)             # to role 1
+            r1.send(NEXT, A - uA - uA - rho1, np.broadcast_to(u, A.shape) - rho2)  # to role 1
             r1.send(PREV, s["s0"])                                  # to role 2
         else:
             other = NEXT if role == 1 else PREV
@@ -283,7 +286,7 @@ def _inject(p: Party, x: AShare, bit, from_masked: bool) -> AShare:
                 r1.send(other, pack_planes(s["e"], ng))
                 r1.recv(other, g, 1)
             else:
-                s["beta"] = _bits_u64((bit.b if role == 1 else bit.a)[:, wsl], ng)
+                s["beta"] = _bits_u64((bit.b if role == 1 else bit.a)[:, wsl], ng)[col]
             r1.recv(PREV if role == 1 else NEXT, g, 2 if role == 1 else 1)
         st.append(s)
     got = r1.run()
@@ -297,27 +300,30 @@ def _inject(p: Party, x: AShare, bit, from_masked: bool) -> AShare:
             continue
         other = NEXT if role == 1 else PREV
         if from_masked:
-            s["beta"] = _bits_u64(s["e"] ^ unpack_planes(got[(other, g)][0], ng), ng)
+            s["beta"] = _bits_u64(s["e"] ^ unpack_planes(got[(other, g)][0], ng), ng)[col]
         beta = s["beta"]
         B = x.b[sl] if role == 1 else x.a[sl]
+        shp = B.shape
         sB = B - beta * B - beta * B
-        tau1 = p.rand_with(role, 3 - role, ng, f"t1{g}")
-        tau2 = p.rand_with(role, 3 - role, ng, f"t2{g}")
+        tau1 = p.rand_with(role, 3 - role, shp, f"t1{g}")
+        tau2 = p.rand_with(role, 3 - role, shp, f"t2{g}")
         s["s2"] = tau1 + tau2
         if role == 1:
             V, u = got[(PREV, g)]
-            s["s1"] = p.rand_with(1, 0, ng, f"k{g}") + beta * V + u * sB + beta * B - tau1
-            r2.send(PREV, s["s1"] - p.rand_with(1, 0, ng, f"k{g}"))
+            kappa = p.rand_with(1, 0, shp, f"k{g}")
+            y1 = beta * V + u * sB + beta * B - tau1
+            s["s1"] = kappa + y1
+            r2.send(PREV, y1)
         else:
-            rho1 = p.rand_with(2, 0, ng, f"r1{g}")
-            rho2 = p.rand_with(2, 0, ng, f"r2{g}")
+            rho1 = p.rand_with(2, 0, shp, f"r1{g}")
+            rho2 = p.rand_with(2, 0, shp, f"r2{g}")
             y2 = beta * rho1 + rho2 * sB - tau2
             s["s0"] = got[(NEXT, g)][0] + y2
             r2.send(NEXT, y2)
     got2 = r2.run()
 
-    a_out = np.empty(n, dtype=np.uint64)
-    b_out = np.empty(n, dtype=np.uint64)
+    a_out = np.empty(x.shape, dtype=np.uint64)
+    b_out = np.empty(x.shape, dtype=np.uint64)
     for g, (sl, s) in enumerate(zip(group_bounds(n), st)):
         if s["role"] == 0:
             a_out[sl] = s["s0"] + got2[(PREV, g)][0]
@@ -337,11 +343,11 @@ def _word_bounds(n: int) -> list[slice]:
     return out
 
 
-def cost_inject(n: int, fused: bool) -> Cost:
+def cost_inject(n: int, fused: bool, cols: int = 1) -> Cost:
     def role_bytes(role: int, ng: int) -> int:
         if role == 0:
-            return 24 * ng
-        return 8 * ng + (packed_bytes(ng, 1) if fused else 0)
+            return 24 * ng * cols
+        return 8 * ng * cols + (packed_bytes(ng, 1) if fused else 0)
     return Cost.by_role(2, n, role_bytes)
 
 
@@ -358,12 +364,14 @@ def relu_a(p: Party, x: AShare) -> AShare:
 
 
 def mul_ab(p: Party, bit: BShare, x: AShare) -> AShare:
-    """bit * x for a replicated boolean bit (one plane over x.size elements)."""
-    if bit.planes != 1 or bit.n != x.size:
-        raise ValueError(f"mul_ab: need one bit plane over {x.size} elements")
+    """bit * x for a replicated boolean bit: one plane over x.size elements, or over
+    x.shape[0] rows (then each bit scales its whole row). Cost: :func:`cost_inject`."""
+    if bit.planes != 1 or bit.n not in (x.size, x.shape[0] if x.a.ndim else -1):
+        raise ValueError(f"mul_ab: need one bit plane over {x.size} elements "
+                         f"or {x.shape[0] if x.a.ndim else 0} rows, got {bit.n}")
     p.new_op()
-    flat = AShare(x.a.reshape(-1), x.b.reshape(-1))
-    return _inject(p, flat, bit, from_masked=False).reshape(x.shape)
+    rows = x.reshape(bit.n, -1) if bit.n != x.size else x.reshape(-1)
+    return _inject(p, rows, bit, from_masked=False).reshape(x.shape)
 
 
 def select_ab(p: Party, bit: BShare, x: AShare, y: AShare) -> AShare:
