@@ -14,7 +14,7 @@ are checked against the communicator's counters in tests/test_protocols_attentio
 Batching helper: :func:`mul_many` runs several independent (mat)products in one truncated
 resharing (one kernel invocation, the rounds of a single product), which is how Q'K'^T and
 the block sums K'^T V of Alg. 3 share their rounds. It uses the 3-out-of-3 local product and
-``arith._finish`` (the fused reshare + truncation of mul_aa/matmul_aa).
+``arith.mul_many_aa`` (the fused reshare + truncation of mul_aa/matmul_aa).
 """
 from __future__ import annotations
 
@@ -46,35 +46,11 @@ def mul_many(p: Party, items: list[tuple], trunc: bool | int = True) -> list[ASh
 
     Items are ``(x, y, kind)`` or ``(x, y, kind, keep)`` with ``keep`` a public boolean array
     broadcastable to the output: only kept entries are reshared, the others are exactly 0
-    (a causal mask never pays for the masked half of Q'K'^T). One 3-out-of-3 local product
-    per item, one fused reshare/truncation over all kept outputs: the cost of a single
+    (a causal mask never pays for the masked half of Q'K'^T). One fused reshare/truncation
+    over all kept outputs (:func:`mpc3.kernels.arith.mul_many_aa`): the cost of a single
     mul_aa with that many elements (:func:`cost_mul_many`).
     """
-    zs, keeps = [], []
-    for item in items:
-        x, y, kind = item[:3]
-        if kind == "mul" and x.shape != y.shape:
-            raise ValueError(f"mul_many: shapes differ {x.shape} vs {y.shape}")
-        if kind == "matmul" and x.shape[-1] != y.shape[-2]:
-            raise ValueError(f"mul_many: inner dimensions differ {x.shape} @ {y.shape}")
-        z = _local(x, y, kind)
-        zs.append(z)
-        keeps.append(None if len(item) < 4 else np.broadcast_to(item[3], z.shape))
-    p.new_op()
-    flat = arith._finish(p, np.concatenate(
-        [z.reshape(-1) if k is None else z[k] for z, k in zip(zs, keeps)]), trunc)
-    out, pos = [], 0
-    for z, k in zip(zs, keeps):
-        n = z.size if k is None else int(np.count_nonzero(k))
-        part = flat[pos:pos + n]
-        if k is None:
-            out.append(part.reshape(z.shape))
-        else:
-            a, b = np.zeros(z.shape, dtype=np.uint64), np.zeros(z.shape, dtype=np.uint64)
-            a[k], b[k] = part.a, part.b
-            out.append(AShare(a, b))
-        pos += n
-    return out
+    return arith.mul_many_aa(p, [(x, y, kind, trunc, *rest) for x, y, kind, *rest in items])
 
 
 def cost_mul_many(n_out: int, trunc: bool | int, p_cfg) -> Cost:

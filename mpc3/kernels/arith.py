@@ -151,6 +151,64 @@ def matmul_aa(p: Party, x: AShare, y: AShare, trunc: bool | int = True) -> AShar
     return _finish(p, _local_matmul(x, y), trunc)
 
 
+def mul_many_aa(p: Party, items: list[tuple]) -> list[AShare]:
+    """Several independent products in the rounds of one: items ``(x, y, kind, trunc)``
+    or ``(x, y, kind, trunc, keep)``; ``kind`` is "mul" (elementwise) or "matmul";
+    ``trunc`` True/int (fixed-point shift) or False (plain reshare, riding the first round);
+    ``keep`` is a public boolean mask: only kept outputs are reshared, the rest are 0.
+    Cost: :func:`cost_mul_many`.
+    """
+    p.new_op()
+    parts = {True: [], False: []}
+    for item in items:
+        x, y, kind, trunc = item[:4]
+        if kind == "mul" and x.shape != y.shape:
+            raise ValueError(f"mul_many_aa: shapes differ {x.shape} vs {y.shape}")
+        if kind == "matmul" and x.shape[-1] != y.shape[-2]:
+            raise ValueError(f"mul_many_aa: inner dimensions differ {x.shape} @ {y.shape}")
+        if kind not in ("mul", "matmul"):
+            raise ValueError(f"mul_many_aa: unknown kind {kind!r}")
+        z = _local_mul(x, y) if kind == "mul" else _local_matmul(x, y)
+        keep = None if len(item) < 5 else np.broadcast_to(item[4], z.shape)
+        zk = z.reshape(-1) if keep is None else z[keep]
+        shift = None if trunc is False else (p.cfg.frac if trunc is True else trunc)
+        parts[shift is not None].append((z.shape, keep, zk, shift))
+    cut = [z for _, _, z, _ in parts[True]]
+    flat_plain = np.concatenate([z for _, _, z, _ in parts[False]]) if parts[False] else None
+    if cut:
+        zt = np.concatenate(cut)
+        zt = zt + p.zero_share(zt.shape, "mulmask")
+        bits = np.concatenate([np.broadcast_to(np.asarray(s), z.shape).reshape(-1)
+                               for _, _, z, s in parts[True]])
+        if flat_plain is not None:
+            flat_plain = flat_plain + p.zero_share(flat_plain.shape, "plainmask")
+            tr, pl = _trunc_split(p, zt, bits, from_rss=False, plain=flat_plain)
+        else:
+            tr, pl = _trunc_split(p, zt, bits, from_rss=False), None
+    else:
+        tr, pl = None, reshare(p, flat_plain, "plainmask")
+    results, pos = {True: [], False: []}, {True: 0, False: 0}
+    for key, flat in ((True, tr), (False, pl)):
+        for shape, keep, z, _ in parts[key]:
+            piece = flat[pos[key]:pos[key] + z.size]
+            pos[key] += z.size
+            if keep is None:
+                results[key].append(piece.reshape(shape))
+            else:
+                a, b = np.zeros(shape, np.uint64), np.zeros(shape, np.uint64)
+                a[keep], b[keep] = piece.a, piece.b
+                results[key].append(AShare(a, b))
+    order = {True: iter(results[True]), False: iter(results[False])}
+    return [next(order[item[3] is not False]) for item in items]
+
+
+def cost_mul_many(n_trunc: int, n_plain: int, bits: int, frac: int, mode: str) -> Cost:
+    """mul_many_aa with n_trunc truncated (widest shift ``bits``) and n_plain plain outputs."""
+    if n_trunc == 0:
+        return cost_reshare(n_plain)
+    return cost_mul(n_trunc, bits, frac, mode) + Cost(0, (8 * n_plain,) * 3)
+
+
 def cost_mul(n: int, trunc, frac: int, mode: str) -> Cost:
     """Rounds and bytes per party of mul_aa/matmul_aa with ``n`` output elements
     (``trunc``: True, False, a shift, or per-element shifts - packed at the widest)."""
@@ -192,7 +250,7 @@ def cost_trunc(n: int, bits: int, mode: str) -> Cost:
                         else packed_bytes(ng, bits))
 
 
-def _trunc_split(p: Party, src, bits, from_rss: bool) -> AShare:
+def _trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None = None):
     """Core of fused/standalone truncation; ``src`` is z (3-of-3, flat) or a flat AShare.
 
     ``bits`` is one shift for all elements or a per-element array (products of different
@@ -217,8 +275,11 @@ def _trunc_split(p: Party, src, bits, from_rss: bool) -> AShare:
 
     shift = lambda v, b: ring.from_signed(ring.to_signed(v) >> b.astype(np.int64))  # noqa: E731
 
-    # Round 1: split form (A at role 0, B at roles 1 and 2); role 0 sends its piece.
     r1, state = Round(p), []
+    if plain is not None:                       # masked 3-of-3 products reshared, same round
+        r1.send(PREV, plain)
+        r1.recv(NEXT, -1, 1)
+    # Round 1: split form (A at role 0, B at roles 1 and 2); role 0 sends its piece.
     for g, sl in enumerate(groups):
         role, ng = p.role(g), sl.stop - sl.start
         st = {"role": role, "n": ng}
@@ -303,4 +364,6 @@ def _trunc_split(p: Party, src, bits, from_rss: bool) -> AShare:
         else:
             a_out[sl] = st["W"]
             b_out[sl] = st["s0"]
+    if plain is not None:
+        return AShare(a_out, b_out), AShare(plain, got[(NEXT, -1)][0])
     return AShare(a_out, b_out)
