@@ -96,3 +96,19 @@ def test_bad_inputs_raise(run):
         run(lambda p, a, b: arith.matmul_aa(p, a, b), share(np.ones((2, 3))), share(np.ones((4, 2))))
     with pytest.raises(ValueError):
         RingConfig(trunc="zero-masks")
+
+
+@pytest.mark.parametrize("mode", ["exact", "prob"])
+def test_mul_many_mixed_truncation(mode, rng):
+    run = Run(RingConfig(trunc=mode))
+    x, y, w = rng.normal(size=(5, 8)), rng.normal(size=(5, 8)), rng.normal(size=(8, 3))
+    keep = np.tril(np.ones((5, 8), dtype=bool))
+    def f(p, a, b, c):
+        return arith.mul_many_aa(p, [(a, b, "mul", True), (a, c, "matmul", False),
+                                     (a, b, "mul", 10, keep)])
+    out = run(f, share(x), share(y), share(w))
+    got = [reveal([o[k] for o in out]) for k in range(3)]
+    assert np.abs(ring.decode(got[0]) - x * y).max() < 3 * ULP
+    assert np.abs(ring.decode(got[1], 36) - x @ w).max() < 1e-4
+    assert np.abs(ring.decode(got[2], 26) - np.where(keep, x * y, 0)).max() < 1e-4
+    run.assert_cost(arith.cost_mul_many(40 + keep.sum(), 15, 18, 18, mode))
