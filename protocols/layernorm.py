@@ -6,6 +6,7 @@ For x (..., d) (the residual sum is formed by the caller, locally):
 2. xc = x - mu (local); in one kernel call: sum_k xc_k^2 as a per-row dot product
    (one output element per row, not d) and xc * gamma
 3. var + eps = sum xc^2 * (1/d) + eps               one truncation on one element per row
+   (for a power-of-two d the 1/d rides in step 2's truncation shift: two rounds fewer)
 4. rs = sqrt_inv_a(var + eps)                        (fxp kernel, never reveals anything)
 5. y = (xc * gamma) * rs + beta                      one multiplication
 
@@ -39,9 +40,14 @@ def layernorm(p: Party, x: AShare, gamma: AShare, beta: AShare, eps: float) -> A
     s = AShare(x.a.sum(axis=-1, dtype=np.uint64), x.b.sum(axis=-1, dtype=np.uint64))
     mu = A.scale_public(p, s, 1.0 / d, LN_SCALE_EXTRA)
     xc = x - _bcast(mu.reshape(*mu.shape, 1), x.shape)
-    sq, xg = A.mul_many(p, [(xc.reshape(*x.shape[:-1], 1, d), xc.reshape(*x.shape, 1), "matmul"),
-                            (xc, _bcast(gamma, x.shape), "mul")])
-    var = A.scale_public(p, sq.reshape(x.shape[:-1]), 1.0 / d, LN_SCALE_EXTRA)
+    pow2 = d & (d - 1) == 0
+    sq_shift = p.cfg.frac + (d.bit_length() - 1 if pow2 else 0)
+    sq, xg = arith.mul_many_aa(p, [
+        (xc.reshape(*x.shape[:-1], 1, d), xc.reshape(*x.shape, 1), "matmul", sq_shift),
+        (xc, _bcast(gamma, x.shape), "mul", True)])
+    var = sq.reshape(x.shape[:-1])
+    if not pow2:
+        var = A.scale_public(p, var, 1.0 / d, LN_SCALE_EXTRA)
     var = arith.add_public(p, var, ring.encode(np.full(var.shape, float(eps)), p.cfg.frac))
     rs = fxp.sqrt_inv_a(p, var)
     y = arith.mul_aa(p, xg, _bcast(rs.reshape(*rs.shape, 1), x.shape))

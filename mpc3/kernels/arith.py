@@ -202,22 +202,22 @@ def mul_many_aa(p: Party, items: list[tuple]) -> list[AShare]:
     return [next(order[item[3] is not False]) for item in items]
 
 
-def cost_mul_many(n_trunc: int, n_plain: int, bits: int, frac: int, mode: str) -> Cost:
-    """mul_many_aa with n_trunc truncated (widest shift ``bits``) and n_plain plain outputs."""
-    if n_trunc == 0:
+def cost_mul_many(shifts, n_plain: int, mode: str) -> Cost:
+    """mul_many_aa: ``shifts`` = the per-output shifts of the truncated items in item order
+    (concatenated), plus ``n_plain`` plainly reshared outputs."""
+    shifts = np.asarray(shifts).reshape(-1)
+    if shifts.size == 0:
         return cost_reshare(n_plain)
-    return cost_mul(n_trunc, bits, frac, mode) + Cost(0, (8 * n_plain,) * 3)
+    return cost_trunc_shifts(shifts, mode, from_rss=False) + Cost(0, (8 * n_plain,) * 3)
 
 
 def cost_mul(n: int, trunc, frac: int, mode: str) -> Cost:
     """Rounds and bytes per party of mul_aa/matmul_aa with ``n`` output elements
-    (``trunc``: True, False, a shift, or per-element shifts - packed at the widest)."""
+    (``trunc``: True, False, a shift, or per-element shifts)."""
     if trunc is False:
         return cost_reshare(n)
-    bits = frac if trunc is True else int(np.max(trunc))
-    if mode == "prob":
-        return Cost.uniform(1, 8 * n)
-    return Cost.by_role(2, n, lambda role, ng: 8 * ng + packed_bytes(ng, bits))
+    bits = frac if trunc is True else trunc
+    return cost_trunc_shifts(np.broadcast_to(np.asarray(bits), (n,)), mode, from_rss=False)
 
 
 def _finish(p: Party, z: np.ndarray, trunc) -> AShare:
@@ -229,6 +229,40 @@ def _finish(p: Party, z: np.ndarray, trunc) -> AShare:
 
 
 # ------------------------------------------------------------------ truncation ----------
+def _pack_by_width(values: np.ndarray, widths: np.ndarray) -> np.ndarray:
+    """Pack each value at its own (public) width: one tight bit string per distinct width."""
+    return np.concatenate([ring.pack_uint(values[widths == w], int(w))
+                           for w in np.unique(widths)] or [np.zeros(0, np.uint8)])
+
+
+def _unpack_by_width(buf: np.ndarray, widths: np.ndarray) -> np.ndarray:
+    out, pos = np.empty(widths.size, dtype=np.uint64), 0
+    for w in np.unique(widths):
+        sel = widths == w
+        nb = packed_bytes(int(sel.sum()), int(w))
+        out[sel] = ring.unpack_uint(buf[pos:pos + nb], int(w), int(sel.sum()))
+        pos += nb
+    return out
+
+
+def _width_bytes(widths: np.ndarray) -> int:
+    return sum(packed_bytes(int((widths == w).sum()), int(w)) for w in np.unique(widths))
+
+
+def cost_trunc_shifts(shifts, mode: str, from_rss: bool) -> Cost:
+    """Exact cost of a truncation (fused or standalone) with per-element public shifts."""
+    shifts = np.asarray(shifts).reshape(-1)
+    bounds = group_bounds(shifts.size)
+    per = [0, 0, 0]
+    for g, sl in enumerate(bounds):
+        ng, wb = sl.stop - sl.start, _width_bytes(shifts[sl])
+        for rank in range(3):
+            role = (rank - g) % 3
+            ring_bytes = 8 * ng if (role == 0 or not from_rss) else 0
+            per[rank] += ring_bytes + (wb if mode == "exact" else 0)
+    return Cost(2 if mode == "exact" else 1, tuple(per))
+
+
 def trunc_a(p: Party, x: AShare, bits=None) -> AShare:
     """Fixed-point truncation x >> bits of a replicated sharing (default cfg.frac; an
     array broadcastable to x gives per-element shifts in the same rounds).
@@ -243,18 +277,15 @@ def trunc_a(p: Party, x: AShare, bits=None) -> AShare:
     return _trunc_split(p, flat, bits, from_rss=True).reshape(x.shape)
 
 
-def cost_trunc(n: int, bits: int, mode: str) -> Cost:
-    if mode == "prob":
-        return Cost.by_role(1, n, lambda role, ng: 8 * ng if role == 0 else 0)
-    return Cost.by_role(2, n, lambda role, ng: 8 * ng + packed_bytes(ng, bits) if role == 0
-                        else packed_bytes(ng, bits))
+def cost_trunc(n: int, bits, mode: str) -> Cost:
+    return cost_trunc_shifts(np.broadcast_to(np.asarray(bits), (n,)), mode, from_rss=True)
 
 
 def _trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None = None):
     """Core of fused/standalone truncation; ``src`` is z (3-of-3, flat) or a flat AShare.
 
     ``bits`` is one shift for all elements or a per-element array (products of different
-    scales then share the same rounds); f-bit messages are packed at the widest shift.
+    scales then share the same rounds); each correction is packed at its own shift width.
     Output slots for group g (roles 0, 1, 2 hold slots (g, g+1), (g+1, g+2), (g+2, g)):
     slot g = U - kappa + X2', slot g+1 = kappa + X1', slot g+2 = W - nu', where U, W are
     the shifted pieces of role 0 and of the pair, and X1' + X2' - nu' = a_t*b_t*2^(64-f).
@@ -264,7 +295,6 @@ def _trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None =
     bits_arr = np.broadcast_to(np.asarray(bits, dtype=np.int64), (n,))
     if bits_arr.size and not (1 <= bits_arr.min() and bits_arr.max() < OFFSET_BITS):
         raise ValueError(f"cannot truncate by {bits} bits")
-    width = int(bits_arr.max()) if n else 1
     groups = group_bounds(n)
     offset = _u(1 << OFFSET_BITS) if exact else np.uint64(0)
     top = np.uint64(63)
@@ -291,7 +321,7 @@ def _trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None =
             msg = [st["U"] - st["kappa"]]
             if exact:
                 rho = p.rand_with(0, 1, ng, f"rho{g}")
-                msg.append(ring.pack_uint(((A >> top) - rho) & low, width))
+                msg.append(_pack_by_width(((A >> top) - rho) & low, bits_arr[sl]))
             r1.send(PREV, *msg)                                  # to role 2
         else:
             other = _dir(role, 3 - role)                         # role 1 <-> role 2
@@ -320,7 +350,7 @@ def _trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None =
             msg = got[(NEXT, g)]
             st["s0"] = msg[0]
             if exact:
-                st["at_rho"] = ring.unpack_uint(msg[1], width, st["n"])
+                st["at_rho"] = _unpack_by_width(msg[1], bits_arr[groups[g]])
 
     if exact:   # Round 2: a_t*b_t = b_t*rho + b_t*(a_t - rho), masked towards role 0.
         r2 = Round(p)
@@ -338,11 +368,11 @@ def _trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None =
                 rho = p.rand_with(1, 0, ng, f"rho{g}")
                 x1 = (st["bt"] * rho + nu1) & low
                 st["x1"] = x1 << up
-                r2.send(PREV, ring.pack_uint(x1, width))
+                r2.send(PREV, _pack_by_width(x1, bits_arr[groups[g]]))
             else:
                 x2 = (st["bt"] * st["at_rho"] + nu2) & low
                 st["s0"] = st["s0"] + (x2 << up)
-                r2.send(NEXT, ring.pack_uint(x2, width))
+                r2.send(NEXT, _pack_by_width(x2, bits_arr[groups[g]]))
         got2 = r2.run()
 
     a_out = np.empty(n, dtype=np.uint64)
@@ -353,8 +383,8 @@ def _trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None =
         if role == 0:
             x1 = x2 = np.uint64(0)
             if exact:
-                x1 = ring.unpack_uint(got2[(NEXT, g)][0], width, st["n"]) << up
-                x2 = ring.unpack_uint(got2[(PREV, g)][0], width, st["n"]) << up
+                x1 = _unpack_by_width(got2[(NEXT, g)][0], bits_arr[sl]) << up
+                x2 = _unpack_by_width(got2[(PREV, g)][0], bits_arr[sl]) << up
             a_out[sl] = st["U"] - st["kappa"] + x2
             b_out[sl] = st["kappa"] + x1
         elif role == 1:
