@@ -245,6 +245,11 @@ class RemoteCluster:
             shutil.rmtree(self.dir, ignore_errors=True)
         atexit.unregister(self.close)
 
+    @property
+    def alive(self) -> bool:
+        """All three party processes still run (False after Ctrl-C / SIGTERM tore them down)."""
+        return not self._closed and all(p.poll() is None for p in self.procs)
+
     def creds(self, stem: str) -> tuple[Path, Path]:
         """(cert, key) of a client: ``owner`` (model-owner) or ``user`` (query-user)."""
         return self.dir / "certs" / f"{stem}.pem", self.dir / "certs" / f"{stem}.key"
