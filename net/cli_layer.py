@@ -175,7 +175,15 @@ def run_layer(a) -> dict:
 
 
 def _cmd(a) -> int:
-    result = run_layer(a)
+    if a.net != "none":     # three party processes, each in an emulated network namespace
+        from net import remote_bench
+        result = remote_bench.run_layer(
+            a.name, net=a.net, seq=a.seq, d_model=a.d_model, heads=a.heads,
+            features=a.features, d_ff=a.d_ff, layers=a.layers, attn_norm=a.attn_norm,
+            attn_c=a.attn_c, batch=a.batch, repeat=a.repeat, fold=a.fold, block=a.block,
+            exp=a.exp, seed=a.seed)
+    else:
+        result = run_layer(a)
     text = json.dumps(result, indent=2)
     if a.json:
         with open(a.json, "w") as fh:
@@ -204,6 +212,9 @@ def register(subparsers) -> None:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--transport", choices=("inproc", "grpc"), default="inproc")
+    p.add_argument("--net", default="none",
+                   help="none | lan | wan | custom:RATE_MBIT:RTT_MS: run over gRPC party "
+                        "processes in emulated network namespaces (needs root)")
     p.add_argument("--json", default=None, metavar="PATH")
     p.add_argument("--attn-norm", choices=("const", "mean"), default="const")
     p.add_argument("--attn-c", type=float, default=None, help="default 1/(features*seq)")

@@ -84,13 +84,20 @@ def run_translate(a) -> dict:
         eos, steps, bos = None, a.tokens, 1
     batches, _ = _sources(a, cfg, TD.VOCAB)
     cluster, tmp, qu = None, None, None
+    network = {"net": "none", "emulation": "none"}
     t_setup = time.perf_counter()
     try:
-        if a.transport == "grpc":
+        if a.transport == "grpc" or a.net != "none":
             from .cli_translate import _LocalCluster, share_transformer
             from .client import QueryUser
             tmp = Path(tempfile.mkdtemp(prefix="mpc3-bench-translate-"))
-            cluster = _LocalCluster(tmp, lambda *m: print(*m, file=sys.stderr))
+            if a.net != "none":     # party processes in emulated network namespaces
+                from .remote_bench import RemoteCluster
+                cluster = RemoteCluster(a.net).__enter__()
+                cluster.stop = lambda c=cluster: c.__exit__(None, None, None)
+                network = cluster.network
+            else:
+                cluster = _LocalCluster(tmp, lambda *m: print(*m, file=sys.stderr))
             share_transformer(cluster.cfg, "bench", cfg, w, *cluster.creds("owner"))
             qu = QueryUser(cluster.cfg, *cluster.creds("user"), rpc_timeout=120)
             backend = T.ClusterBackend(qu, "bench", step_timeout=600)
@@ -144,7 +151,9 @@ def run_translate(a) -> dict:
                    "frac": 18, "trunc": "exact", "host": platform.node(),
                    "cpus": os.cpu_count(), "setup_s": round(setup_s, 3),
                    "load_avg_1m_at_end": os.getloadavg()[0]},
-        "transport": a.transport, "net": "none", "emulation": "none",
+        "transport": "grpc" if a.net != "none" else a.transport,
+        "net": network.get("net", "none"), "emulation": network.get("emulation", "none"),
+        "links": network.get("links"),
         "wall_s": {"min": min(walls), "median": statistics.median(walls)},
         "bytes_total": total.bytes_total, "bytes_per_party": total.bytes_per_party,
         "messages": total.messages, "rounds": total.rounds,
@@ -193,6 +202,9 @@ def register(bsub) -> None:
     p.add_argument("--sentences", type=int, default=1)
     p.add_argument("--batch", type=int, default=32, help="shipped: sentences per session")
     p.add_argument("--transport", choices=("inproc", "grpc"), default="inproc")
+    p.add_argument("--net", default="none",
+                   help="none | lan | wan | custom:RATE_MBIT:RTT_MS: party processes in emulated "
+                        "network namespaces (needs root; implies grpc)")
     p.add_argument("--d-model", type=int, default=512)
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--features", type=int, default=266)
