@@ -158,3 +158,13 @@ def test_party_dying_mid_decoding_fails_cleanly(cluster):
                 assert "dropped after a failed job" in str(exc)
     for p in cluster.procs[:2]:
         assert p.poll() is None                    # the survivors keep serving
+
+
+def test_grpc_encoder_job_matches_float_reference(cluster):
+    """The "encoder" job kind (what `mpc3 infer` runs) against protocols.model.ref_encoder."""
+    cfg, w, ut = cluster.mcfg, cluster.w, cluster.user_t
+    x = M.embed(cfg, ut["embed.src"], np.array([TD.encode_src("31415")]))
+    with cluster.user() as u:
+        out = u.run("tr", "encoder", {"X": x})
+    (got,) = out.values()                      # run() decodes the checked, reconstructed output
+    np.testing.assert_allclose(got, M.ref_encoder(cfg, w, x), atol=0.02)
