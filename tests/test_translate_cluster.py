@@ -72,6 +72,16 @@ def test_grpc_translation_equals_plaintext(cluster):
     assert cost.rounds > 0 and all(b > 0 for b in cost.bytes_per_party)
 
 
+def test_grpc_encoder_job_matches_float_reference(cluster):
+    """The "encoder" job kind (what `mpc3 infer` runs) against protocols.model.ref_encoder."""
+    cfg, w, ut = cluster.mcfg, cluster.w, cluster.user_t
+    x = M.embed(cfg, ut["embed.src"], np.array([TD.encode_src("31415")]))
+    with cluster.user() as u:
+        out = u.run("tr", "encoder", {"X": x})
+    (got,) = out.values()                      # run() decodes the checked, reconstructed output
+    np.testing.assert_allclose(got, M.ref_encoder(cfg, w, x), atol=0.02)
+
+
 def test_grpc_incremental_decoding_equals_plaintext_steps(cluster):
     cfg, w, ut = cluster.mcfg, cluster.w, cluster.user_t
     src = np.array([TD.encode_src("52003")])
@@ -159,12 +169,3 @@ def test_party_dying_mid_decoding_fails_cleanly(cluster):
     for p in cluster.procs[:2]:
         assert p.poll() is None                    # the survivors keep serving
 
-
-def test_grpc_encoder_job_matches_float_reference(cluster):
-    """The "encoder" job kind (what `mpc3 infer` runs) against protocols.model.ref_encoder."""
-    cfg, w, ut = cluster.mcfg, cluster.w, cluster.user_t
-    x = M.embed(cfg, ut["embed.src"], np.array([TD.encode_src("31415")]))
-    with cluster.user() as u:
-        out = u.run("tr", "encoder", {"X": x})
-    (got,) = out.values()                      # run() decodes the checked, reconstructed output
-    np.testing.assert_allclose(got, M.ref_encoder(cfg, w, x), atol=0.02)
