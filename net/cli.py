@@ -12,17 +12,21 @@ import sys
 SUBCOMMAND_MODULES = ("net.cli_bench", "net.cli_layer", "net.cli_cluster", "net.cli_translate")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mpc3", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    for name in SUBCOMMAND_MODULES:
+def register_modules(names, subparsers) -> None:
+    """Call ``register(subparsers)`` of each module that exists (optional features)."""
+    for name in names:
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
             if exc.name != name:
                 raise
             continue
-        module.register(sub)
+        module.register(subparsers)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mpc3", description=__doc__.splitlines()[0])
+    register_modules(SUBCOMMAND_MODULES, parser.add_subparsers(dest="command", required=True))
     return parser
 
 

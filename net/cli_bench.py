@@ -3,7 +3,6 @@ translation. Every result carries the metric names of ../shared/DESIGN.md."""
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import platform
 import statistics
@@ -177,11 +176,5 @@ def register(sub) -> None:
     op.add_argument("--trunc", choices=("exact", "prob"), default="exact")
     op.add_argument("--json", help="write the result object here")
     op.set_defaults(func=_cmd_op)
-    for name in BENCH_EXTENSIONS:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
-            continue
-        module.register(bsub)
+    from net.cli import register_modules
+    register_modules(BENCH_EXTENSIONS, bsub)
