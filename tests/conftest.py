@@ -50,3 +50,33 @@ def value(shares, frac=ring.DEFAULT_FRAC):
 
 EDGE = np.array([0.0, 2.0 ** -18, -2.0 ** -18, 1e-3, -1e-3, 1.0, -1.0, 1000.0, -1000.0,
                  12345.678, -12345.678, 16383.0, -16383.0])
+
+
+def netns_skip_reason():
+    """Why network-namespace tests cannot run here, or None when they can."""
+    import os
+    import shutil
+    import subprocess
+    if os.geteuid() != 0:
+        return "network emulation needs root"
+    if shutil.which("ip") is None or shutil.which("tc") is None:
+        return "iproute2 (ip, tc) not installed"
+    name = f"mpc3-{os.getpid()}-skipprobe"
+    if subprocess.run(["ip", "netns", "add", name], capture_output=True).returncode != 0:
+        return "ip netns add not permitted here"
+    subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    return None
+
+
+def stop_processes(procs, grace: float = 10.0) -> None:
+    """Terminate party processes, killing those that do not exit within ``grace`` s."""
+    import subprocess
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(grace)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()

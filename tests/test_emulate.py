@@ -1,7 +1,6 @@
 """Quick tests for net/emulate.py (need root + ip netns; skipped otherwise)."""
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -9,6 +8,7 @@ import textwrap
 import time
 
 import pytest
+from conftest import netns_skip_reason
 
 from net import emulate
 from net.emulate import Emulation, NetProfile, parse_profile, verify_link
@@ -21,19 +21,7 @@ def _netns_list() -> list[str]:
     return [line.split()[0] for line in out.splitlines() if line.strip()]
 
 
-def _netns_usable() -> str | None:
-    if os.geteuid() != 0:
-        return "network emulation needs root"
-    if shutil.which("ip") is None or shutil.which("tc") is None:
-        return "iproute2 (ip, tc) not installed"
-    name = f"mpc3-{os.getpid()}-skipprobe"
-    if subprocess.run(["ip", "netns", "add", name], capture_output=True).returncode != 0:
-        return "ip netns add not permitted here"
-    subprocess.run(["ip", "netns", "del", name], capture_output=True)
-    return None
-
-
-_SKIP = _netns_usable()
+_SKIP = netns_skip_reason()
 needs_netns = pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+from conftest import stop_processes
 
 from mpc3 import ring
 from net import client as nc
@@ -38,15 +39,7 @@ class Cluster:
         return cli_cluster.start_party(self.path, n, self.dir / f"party-{n}.log")
 
     def stop(self):
-        for p in self.procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_processes(self.procs)
 
     def creds(self, stem):
         c = self.dir / "certs"

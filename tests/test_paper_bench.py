@@ -3,14 +3,13 @@
 The loopback tests start three real party processes; the emulated one needs root and
 ``ip netns`` and is skipped cleanly otherwise.
 """
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import netns_skip_reason
 
 from mpc3 import ring, sim
 from protocols import bench_jobs
@@ -18,19 +17,7 @@ from protocols import bench_jobs
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _netns_usable() -> str | None:
-    if os.geteuid() != 0:
-        return "network emulation needs root"
-    if shutil.which("ip") is None or shutil.which("tc") is None:
-        return "iproute2 (ip, tc) not installed"
-    name = f"mpc3-{os.getpid()}-skipprobe"
-    if subprocess.run(["ip", "netns", "add", name], capture_output=True).returncode != 0:
-        return "ip netns add not permitted here"
-    subprocess.run(["ip", "netns", "del", name], capture_output=True)
-    return None
-
-
-_SKIP = _netns_usable()
+_SKIP = netns_skip_reason()
 
 
 def test_bench_job_reports_public_stats_in_process():

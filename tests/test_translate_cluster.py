@@ -1,10 +1,10 @@
 """Secure translation over gRPC: three party processes (mTLS) on loopback, decode sessions."""
-import subprocess
 import time
 
 import grpc
 import numpy as np
 import pytest
+from conftest import stop_processes
 
 from mpc3 import ring
 from net import cli_cluster, config
@@ -29,15 +29,7 @@ class Cluster:
             raise RuntimeError(f"cluster did not come up: {problems}")
 
     def stop(self):
-        for p in self.procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_processes(self.procs)
 
     def user(self, stem="user"):
         c = self.dir / "certs"
