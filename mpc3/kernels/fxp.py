@@ -21,17 +21,19 @@ tends to 0 for very negative x; x must stay below ~30 to fit the ring).
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .. import ring
 from ..party import Party
-from ..shares import AShare
-from ..shares import BShare, bits_to_planes, planes_to_bits
+from ..shares import AShare, BShare, bits_to_planes, planes_to_bits
 from . import arith, convert
 
 LOG_LO, LOG_HI = -12, 16
 
 
+@functools.lru_cache(maxsize=None)
 def _best_line(power: float, width: float) -> tuple[float, float]:
     """Line c0 + c1*u minimising the max relative error of u^-power on [1, 2^width]."""
     u = np.linspace(1.0, 2.0 ** width, 2001)
