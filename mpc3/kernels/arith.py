@@ -34,6 +34,14 @@ OFFSET_BITS = 62          # exact truncation is exact for |x| < 2^62
 _ONE = np.uint64(1)
 
 
+def product_limit(frac: int, extra: int = 0) -> float:
+    """The one documented range of a truncated product (mul_aa/matmul_aa/mul_many_aa):
+    a product of a ``frac``-bit and a ``frac + extra``-bit operand is exact only while its
+    real value satisfies |z| < product_limit(frac, extra) = 2^(62 - 2*frac - extra)
+    (2^26 for frac = 18); beyond it the sum wraps in the ring."""
+    return 2.0 ** (OFFSET_BITS - 2 * frac - extra)
+
+
 def _dir(my_role: int, other_role: int) -> int:
     return NEXT if (other_role - my_role) % 3 == 1 else PREV
 

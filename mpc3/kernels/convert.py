@@ -41,6 +41,12 @@ from .boolean import (and_bb, and_local, pack_planes, random_planes, unpack_plan
 BLOCK = 3
 
 
+def relu_limit(cfg) -> float:
+    """The one documented range of drelu_a/relu_a/msb-based comparisons (real units):
+    |x| < 2^relu_bound_bits (2^14 by default); outside it the sign comes out wrong."""
+    return 2.0 ** cfg.relu_bound_bits
+
+
 # ------------------------------------------------------------------------ layout ------
 def window(p: Party, exact: bool = False) -> tuple[int, int]:
     """(L, m): low bits dropped and window width for DReLU inputs."""

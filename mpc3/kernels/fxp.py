@@ -32,6 +32,12 @@ from . import arith, convert
 
 LOG_LO, LOG_HI = -12, 16
 
+#: The one documented input range of each function (real units, closed intervals); the
+#: calibration pass of ``share-model`` and the tests use these same constants.
+SQRT_INV_RANGE = (2.0 ** -10, 2.0 ** 14)
+RECIPROCAL_RANGE = (2.0 ** -10, 2.0 ** 14)
+EXP_RANGE = (-16.0, 8.0)
+
 
 @functools.lru_cache(maxsize=None)
 def _best_line(power: float, width: float) -> tuple[float, float]:
