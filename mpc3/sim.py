@@ -109,29 +109,3 @@ def run_parties(fn: Callable[..., Any], per_party_args: list[tuple] | None = Non
     if first is not None:
         raise first
     return results
-
-
-def deal(x, rng=None) -> list:
-    """Replicated shares of a plaintext uint64 array for the three parties (tests, clients).
-
-    Slots are uniform (``os.urandom`` unless a numpy Generator is passed for tests).
-    """
-    import numpy as np
-    from .shares import AShare
-    from . import ring
-    x = ring.check_ring(np.asarray(x), "x")
-    if rng is None:
-        r0, r1 = (np.frombuffer(os.urandom(8 * x.size), dtype=np.uint64).reshape(x.shape)
-                  for _ in range(2))
-    else:
-        r0, r1 = (rng.integers(0, 2**64, size=x.shape, dtype=np.uint64) for _ in range(2))
-    slots = [r0, r1, x - r0 - r1]
-    return [AShare(slots[i].copy(), slots[(i + 1) % 3].copy()) for i in range(3)]
-
-
-def reveal(shares) -> "object":
-    """Reconstruct from the three parties' pairs, checking the replicas agree."""
-    for i in range(3):
-        if not (shares[i].b == shares[(i + 1) % 3].a).all():
-            raise ValueError(f"replicated shares disagree between party {i} and {(i + 1) % 3}")
-    return shares[0].a + shares[1].a + shares[2].a

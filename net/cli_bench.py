@@ -16,7 +16,8 @@ from mpc3 import ring
 from mpc3.kernels import arith, convert, fxp
 from mpc3.party import RingConfig
 from mpc3.shares import BShare, bits_to_planes
-from mpc3.sim import deal, make_parties, reveal, run_parties
+from mpc3.sharing import deal, reveal
+from mpc3.sim import make_parties, run_parties
 
 BENCH_EXTENSIONS = ("net.cli_translate_bench",)   # net.cli_layer attaches itself via net.cli
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from mpc3 import ring
 from mpc3.shares import AShare
-from mpc3.sim import deal
+from mpc3.sharing import deal
 
 from . import keys
 from .config import ClusterConfig

@@ -337,7 +337,7 @@ class RemoteCluster:
                 name, 64, (4, 8, 4), trunc=trunc, warmup=False))
         from mpc3.party import RingConfig
         from mpc3.shares import AShare
-        from mpc3.sim import reveal
+        from mpc3.sharing import reveal
         from .cli_bench import _workload, op_errors
         if name not in bench_jobs.OPS:
             raise ValueError(f"op {name!r} is not available over the network "

@@ -31,7 +31,8 @@ from typing import Callable, Mapping
 import numpy as np
 
 from mpc3 import ring
-from mpc3.sim import deal, make_parties, run_parties
+from mpc3.sharing import deal
+from mpc3.sim import make_parties, run_parties
 from protocols import model as M
 
 from .client import QueryUser, TamperingDetected, reconstruct

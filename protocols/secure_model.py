@@ -31,7 +31,7 @@ import numpy as np
 from mpc3 import ring
 from mpc3.party import Party
 from mpc3.shares import AShare
-from mpc3.sim import deal
+from mpc3.sharing import deal
 
 from . import model as M
 

@@ -3,7 +3,8 @@ import pytest
 
 from mpc3 import ring
 from mpc3.party import RingConfig
-from mpc3.sim import deal, make_parties, reveal, run_parties
+from mpc3.sharing import deal, reveal
+from mpc3.sim import make_parties, run_parties
 
 
 class Run:

@@ -5,7 +5,7 @@ import pytest
 from conftest import EDGE, Run, share, value
 from mpc3 import ring
 from mpc3.party import RingConfig
-from mpc3.sim import deal, reveal
+from mpc3.sharing import deal, reveal
 from mpc3.kernels import arith
 
 ULP = 2.0 ** -ring.DEFAULT_FRAC

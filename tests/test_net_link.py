@@ -8,7 +8,8 @@ import pytest
 from mpc3 import ring
 from mpc3.comm import Aborted, PeerTimeout, ProtocolError
 from mpc3.kernels import arith
-from mpc3.sim import deal, make_parties, reveal, run_parties
+from mpc3.sharing import deal, reveal
+from mpc3.sim import make_parties, run_parties
 from net import keys, link
 
 ULP = 2.0 ** -ring.DEFAULT_FRAC

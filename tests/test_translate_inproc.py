@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 from mpc3 import ring
-from mpc3.sim import make_parties, reveal, run_parties
+from mpc3.sharing import reveal
+from mpc3.sim import make_parties, run_parties
 from net import translate as T
 from protocols import decoder as D
 from protocols import jobs as J
