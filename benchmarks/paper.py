@@ -151,7 +151,7 @@ def translate_e2e(rc, tokens: int, d: dict, seed: int = 0) -> dict:
     cross-attention job, then one job per token, user-side embedding/projection), random
     weights of the given shape, ``tokens`` source tokens and exactly ``tokens`` steps."""
     from net import translate as T
-    from net.cli_translate import share_transformer
+    from app.owner import share_transformer
     from net.client import QueryUser
     from protocols import model as M
     cfg = M.ModelConfig(d_model=d["d_model"], n_heads=d["heads"],
@@ -163,7 +163,7 @@ def translate_e2e(rc, tokens: int, d: dict, seed: int = 0) -> dict:
     w, user = M.random_weights(cfg, seed), M.random_user(cfg, seed)
     src = np.random.default_rng(seed + 1).integers(3, 256, size=(1, tokens))
     model_id = f"e2e-{tokens}-{d['d_model']}-{d['layers']}"
-    share_transformer(rc.cfg, model_id, cfg, w, *rc.creds("owner"))
+    share_transformer(rc.cfg, model_id, cfg, w, None, *rc.creds("owner"))
     with QueryUser(rc.cfg, *rc.creds("user"), rpc_timeout=600) as qu:
         backend = T.ClusterBackend(qu, model_id, step_timeout=3600)
         t0 = time.perf_counter()

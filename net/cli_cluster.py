@@ -91,6 +91,10 @@ def register(sub) -> None:
     p.add_argument("--model-id", required=True)
     p.add_argument("--no-fold-omega", action="store_true",
                    help="share W^Q, W^K and Omega separately instead of W Omega")
+    p.add_argument("--permit", metavar="COMPUTATIONS",
+                   help="comma-separated computations query users may run (default: the "
+                   "model's own inference, 'translate'; 'encoder' also returns encoder "
+                   "outputs, an intermediate value)")
     _add_client_creds(p)
     p.set_defaults(func=_cmd_share)
 
@@ -143,14 +147,14 @@ def _alive(pid: int) -> bool:
 
 
 def write_local_config(d: Path, host: str = "127.0.0.1", base_port: int = 0,
-                       peer_timeout: float = 30.0, insecure: bool = False) -> Path:
+                       peer_timeout: float = 30.0, insecure: bool = False,
+                       limits: dict | None = None) -> Path:
     """Certificates (unless insecure) and ``cluster.toml`` for three parties on one host."""
     d.mkdir(parents=True, exist_ok=True)
     if not insecure and not (d / "certs" / "ca.key").exists():
         keys.generate(d / "certs", hosts=("localhost", "127.0.0.1", host))
     ports = [base_port + n if base_port else _free_port(host) for n in range(3)]
-    cluster = {"peer_timeout_s": peer_timeout, "job_timeout_s": 600.0, "max_jobs": 8,
-               "frac": 18}
+    cluster = {"peer_timeout_s": peer_timeout, "job_timeout_s": 600.0, "frac": 18}
     if insecure:
         cluster[cconf.INSECURE_KEY] = True
     else:
@@ -165,16 +169,18 @@ def write_local_config(d: Path, host: str = "127.0.0.1", base_port: int = 0,
         "model-owner": {"cert": "certs/owner.pem", "key": "certs/owner.key"},
         "query-user": {"cert": "certs/user.pem", "key": "certs/user.key"}}
     path = d / "cluster.toml"
-    path.write_text(cconf.render(parties, cluster, clients))
+    path.write_text(cconf.render(parties, cluster, clients, limits))
     return path
 
 
-def start_party(cfg_path: Path, n: int, log_path: Path, insecure: bool = False
-                ) -> subprocess.Popen:
-    """Start ``mpc3 party`` as a detached process logging to ``log_path``."""
+def start_party(cfg_path: Path, n: int, log_path: Path, insecure: bool = False,
+                bench: bool = False) -> subprocess.Popen:
+    """Start ``mpc3 party`` (or, with ``bench``, the benchmark/test party process
+    :mod:`app.bench_party`) as a detached process logging to ``log_path``."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO), env.get("PYTHONPATH")]))
-    argv = [sys.executable, "-m", "net.cli", "party", "--config", str(cfg_path), "--id", str(n)]
+    argv = [sys.executable, "-m", "app.bench_party" if bench else "net.cli"] + \
+        ([] if bench else ["party"]) + ["--config", str(cfg_path), "--id", str(n)]
     if insecure:
         argv.append(INSECURE_FLAG)
     with open(log_path, "ab") as log:
@@ -307,26 +313,17 @@ def _cmd_models(args) -> int:
 
 
 def _cmd_share(args) -> int:
+    from app.owner import share_transformer
     from protocols.model import load_model
-    from .client import ModelOwner
     cfg = _load(args)
     mcfg, weights, _user = load_model(args.weights)   # user-side tensors are never shared
-    meta = {"model_config": mcfg.to_dict(), "source": Path(args.weights).name}
-    try:   # the layout the secure encoder expects (folded Omega, scaled projections)
-        from protocols.secure_model import plain_tensors
-        layout = plain_tensors(mcfg, weights, fold_omega=not args.no_fold_omega)
-        meta["layout"] = "protocols.secure_model"
-        meta["fold_omega"] = not args.no_fold_omega
-    except ImportError:
-        layout = {k: (v, 0) for k, v in weights.items()}
-        meta["layout"] = "raw"
-    tensors = {k: v for k, (v, _) in layout.items()}
-    extra = {k: e for k, (_, e) in layout.items() if e}
+    permit = [p for p in args.permit.split(",") if p] if args.permit is not None else None
     t0 = time.monotonic()
-    with ModelOwner(cfg, args.cert, args.key) as owner:
-        upload_id = owner.upload(args.model_id, tensors, public_meta=meta, extra_frac=extra)
-    print(f"model {args.model_id}: {len(tensors)} tensors ({weights.n_params()} parameters) "
-          f"shared to 3 parties (upload {upload_id}) in {time.monotonic() - t0:.1f} s")
+    upload_id = share_transformer(cfg, args.model_id, mcfg, weights, permit, args.cert,
+                                  args.key, source=Path(args.weights).name,
+                                  fold_omega=not args.no_fold_omega)
+    print(f"model {args.model_id}: {weights.n_params()} parameters shared to 3 parties "
+          f"(upload {upload_id}, verified) in {time.monotonic() - t0:.1f} s")
     return 0
 
 

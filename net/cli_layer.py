@@ -132,6 +132,7 @@ def _transport(kind: str):
 
 def run_layer(a) -> dict:
     from mpc3 import ring, sim
+    from mpc3.sharing import reveal
     from protocols import model as M
     from protocols.secure_model import share_input, share_model
     cfg = _config(a)
@@ -152,7 +153,7 @@ def run_layer(a) -> dict:
             if first is None:
                 first = (res, [p.stats.snapshot() for p in parties])
     res, stats = first
-    out = ring.decode(sim.reveal(res))
+    out = ring.decode(reveal(res))
     err = float(np.max(np.abs(out - ref)))
     params = {k: getattr(a, k) for k in ("seq", "d_model", "heads", "features", "d_ff",
                                          "layers", "batch", "attn_norm", "fold", "exp", "block",

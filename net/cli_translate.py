@@ -27,20 +27,6 @@ DEMO_SEED = 2024
 
 
 # ---------------------------------------------------------------------------- helpers ----
-def share_transformer(cfg: cconf.ClusterConfig, model_id: str, mcfg, weights, cert=None,
-                      key=None, source: str = "") -> str:
-    """Model owner: share a transformer in the protocols.secure_model layout (as
-    ``mpc3 share-model`` does); returns the upload id."""
-    from protocols.secure_model import plain_tensors
-    from .client import ModelOwner
-    layout = plain_tensors(mcfg, weights, fold_omega=True)
-    meta = {"model_config": mcfg.to_dict(), "source": source,
-            "layout": "protocols.secure_model", "fold_omega": True}
-    with ModelOwner(cfg, cert, key) as owner:
-        return owner.upload(model_id, {k: v for k, (v, _) in layout.items()}, public_meta=meta,
-                            extra_frac={k: e for k, (_, e) in layout.items() if e})
-
-
 def _user_side(path: str | None):
     """(model config, user tensors, vocab, weights or None) of the query user."""
     from protocols import model as M
@@ -182,7 +168,8 @@ def _cmd_demo(args) -> int:
         say("mpc3 demo: secure translation of digits to English words by three MPC parties")
         cluster = _LocalCluster(d, say)
         t0 = time.perf_counter()
-        upload = share_transformer(cluster.cfg, "translator", mcfg, w,
+        from app.owner import share_transformer
+        upload = share_transformer(cluster.cfg, "translator", mcfg, w, None,
                                    *cluster.creds("owner"), source=TD.SHIPPED_MODEL.name)
         say(f"model owner: shared the shipped translator ({w.n_params()} parameters, "
             f"d_model {mcfg.d_model}, {mcfg.n_enc_layers}+{mcfg.n_dec_layers} layers) as "

@@ -88,7 +88,8 @@ def run_translate(a) -> dict:
     t_setup = time.perf_counter()
     try:
         if a.transport == "grpc" or a.net != "none":
-            from .cli_translate import _LocalCluster, share_transformer
+            from app.owner import share_transformer
+            from .cli_translate import _LocalCluster
             from .client import QueryUser
             tmp = Path(tempfile.mkdtemp(prefix="mpc3-bench-translate-"))
             if a.net != "none":     # party processes in emulated network namespaces
@@ -98,7 +99,7 @@ def run_translate(a) -> dict:
                 network = cluster.network
             else:
                 cluster = _LocalCluster(tmp, lambda *m: print(*m, file=sys.stderr))
-            share_transformer(cluster.cfg, "bench", cfg, w, *cluster.creds("owner"))
+            share_transformer(cluster.cfg, "bench", cfg, w, None, *cluster.creds("owner"))
             qu = QueryUser(cluster.cfg, *cluster.creds("user"), rpc_timeout=120)
             backend = T.ClusterBackend(qu, "bench", step_timeout=600)
         else:

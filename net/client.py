@@ -1,7 +1,7 @@
 """Clients of a cluster: :class:`ModelOwner` (uploads shared weights) and :class:`QueryUser`.
 
 ModelOwner encodes float weights in fixed point (:func:`mpc3.ring.encode`), splits each into
-replicated shares with ``os.urandom`` randomness (:func:`mpc3.sim.deal`) and streams party
+replicated shares with ``os.urandom`` randomness (:func:`mpc3.sharing.deal`) and streams party
 ``i`` its pair ``(x_i, x_{i+1})`` in chunks of at most 1 MiB, each tensor with a SHA-256.
 All three uploads carry the same random ``upload_id``; if any party refuses, the owner
 deletes the model from the others, so the cluster never holds a partial model.
@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import re
 import threading
 import time
 from typing import Callable, Mapping
@@ -31,9 +33,9 @@ from mpc3.sharing import deal
 from . import keys
 from .config import ClusterConfig
 from .link import GRPC_OPTIONS
+from .codec import TensorAssembler, share_from_payload, tensor_chunks
 from .proto import mpc3_pb2 as pb
 from .proto import mpc3_pb2_grpc as pb_grpc
-from .server import TensorAssembler, share_from_payload, tensor_chunks
 
 S = pb.JobStatusReply
 
@@ -42,18 +44,29 @@ class ClusterError(RuntimeError):
     """A party refused or failed a request; carries the party and the gRPC status code."""
 
     def __init__(self, party: int | None, code: grpc.StatusCode | None, message: str) -> None:
-        where = f"party {party}: " if party is not None else ""
-        super().__init__(f"{where}{code.name + ': ' if code else ''}{message}")
+        where = f"party {party}: " if party is not None and \
+            not message.startswith(f"party {party}") else ""
+        super().__init__(f"{where}{message}" + (f" [{code.name}]" if code else ""))
         self.party = party
         self.code = code
 
 
 class InconsistentModel(ClusterError):
-    """The parties do not hold the same upload of a model."""
+    """The parties do not hold the same upload of a model, or a stored share was changed."""
+
+
+class JobFailed(ClusterError):
+    """A job failed or was aborted on the parties; nothing of it is kept, it can be resubmitted."""
 
 
 class TamperingDetected(RuntimeError):
     """Two copies of a replicated output share disagree: a party deviated or data was hit."""
+
+
+#: Work a party refused for now is retried with backoff for this fraction of ``retry_s``:
+#: a full limit frees up as jobs finish; a party that is down rarely comes back in seconds.
+RETRY_WINDOWS = {grpc.StatusCode.RESOURCE_EXHAUSTED: 1.0, grpc.StatusCode.UNAVAILABLE: 0.05}
+_BLAME = re.compile(r"from party (\d)")
 
 
 def reconstruct(pairs: list[Mapping[str, AShare]]) -> dict[str, np.ndarray]:
@@ -122,29 +135,34 @@ class _Client:
             return getattr(self.stubs[n], method)(request, metadata=self.metadata,
                                                   timeout=timeout or self.timeout)
         except grpc.RpcError as exc:
-            raise ClusterError(n, exc.code(), exc.details() or "") from None
+            raise rpc_error(n, exc) from None
 
-    def _each(self, fn: Callable[[int], object]) -> list:
-        """Run ``fn(party)`` for the three parties concurrently; raise the first error."""
-        results: list = [None] * 3
-        errors: list = [None] * 3
+    def _settled(self, fn: Callable[[int], object]) -> list[tuple[object, BaseException | None]]:
+        """Run ``fn(party)`` for the three parties concurrently; (result, error) of each."""
+        out: list = [(None, None)] * 3
 
         def body(n: int) -> None:
             try:
-                results[n] = fn(n)
-            except BaseException as exc:  # noqa: BLE001 - re-raised below
-                errors[n] = exc
+                out[n] = (fn(n), None)
+            except BaseException as exc:  # noqa: BLE001 - returned to the caller
+                out[n] = (None, exc)
 
         threads = [threading.Thread(target=body, args=(n,)) for n in range(3)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
+        return out
+
+    def _each(self, fn: Callable[[int], object]) -> list:
+        """Run ``fn(party)`` for the three parties concurrently; raise the first error."""
+        settled = self._settled(fn)
+        errors = [e for _, e in settled]
         for e in errors:
             if e is not None:
                 e.party_errors = errors      # which parties failed, for the caller's cleanup
                 raise e
-        return results
+        return [r for r, _ in settled]
 
     def list_models(self) -> list[list[pb.ModelInfo]]:
         return self._each(lambda n: list(self._call(n, "ListModels",
@@ -152,6 +170,22 @@ class _Client:
 
     def status(self) -> list[pb.StatusReply]:
         return self._each(lambda n: self._call(n, "Status", pb.Empty(), timeout=5))
+
+    def verify(self, model_id: str) -> list[pb.VerifyReply]:
+        """Compare every replicated share slot of the model between the parties holding it
+        (the parties exchange digests); raises :class:`InconsistentModel` on a mismatch."""
+        vid = os.urandom(8).hex()
+        timeout = self.cfg.peer_timeout_s + 10
+        replies = self._each(lambda n: self._call(n, "VerifyModel", pb.VerifyRequest(
+            model_id=model_id, verify_id=vid), timeout=timeout))
+        bad = [(n, r) for n, r in enumerate(replies) if r.state != "verified"]
+        if bad:
+            raise InconsistentModel(None, grpc.StatusCode.DATA_LOSS, f"model {model_id!r} "
+                                    "failed verification: " + "; ".join(
+                                        f"party {n}: {r.problem}" for n, r in bad) +
+                                    f"; its owner must delete it ('mpc3 models --delete "
+                                    f"{model_id}') and share it again")
+        return replies
 
     def _share(self, tensors: Mapping[str, np.ndarray], encoded: bool,
                extra_frac: Mapping[str, int] | None = None) -> list[dict]:
@@ -165,13 +199,30 @@ class _Client:
         return per_party
 
 
+def rpc_error(n: int, exc: grpc.RpcError) -> ClusterError:
+    """A ClusterError for party ``n`` with a message a user can act on."""
+    code, details = exc.code(), exc.details() or ""
+    low = details.lower()
+    if code == grpc.StatusCode.UNAVAILABLE and any(k in low for k in (
+            "certificate", "handshake", "ssl", "tls", "alert")):
+        details = ("the TLS connection was refused - the party rejected this client's "
+                   "certificate or this client rejected the party's (check that --cert/--key "
+                   f"and the config's CA belong to this cluster) [{details[:200]}]")
+    elif code == grpc.StatusCode.UNAVAILABLE:
+        details = f"party {n} is not reachable ({details[:200]}); is it running? ('mpc3 status')"
+    elif code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        details = f"party {n} did not answer in time ({details[:200]})"
+    return ClusterError(n, code, details)
+
+
 class ModelOwner(_Client):
     role = "model-owner"
 
     def upload(self, model_id: str, weights: Mapping[str, np.ndarray],
                public_meta: Mapping | None = None, encoded: bool = False,
                extra_frac: Mapping[str, int] | None = None) -> str:
-        """Share and upload ``weights`` (floats, or ring arrays if ``encoded``).
+        """Share and upload ``weights`` (floats, or ring arrays if ``encoded``), then verify
+        that the parties hold consistent copies.
 
         ``extra_frac``: tensors encoded with more fractional bits than the cluster's frac
         (name -> extra bits); recorded per tensor by the parties.
@@ -198,8 +249,10 @@ class ModelOwner(_Client):
         try:
             self._each(lambda n: self._call(n, "UploadModelShares", chunks(n),
                                             timeout=max(self.timeout, 600)))
+            self.verify(model_id)
         except ClusterError as exc:
-            for n, err in enumerate(exc.party_errors):
+            errors = getattr(exc, "party_errors", [None, None, None])
+            for n, err in enumerate(errors):
                 if err is None:
                     self._delete_quietly(n, model_id)
             raise
@@ -211,33 +264,61 @@ class ModelOwner(_Client):
         except ClusterError:
             pass
 
-    def delete(self, model_id: str) -> None:
-        self._each(lambda n: self._call(n, "DeleteModel", pb.ModelRef(model_id=model_id)))
+    def delete(self, model_id: str) -> list[str]:
+        """Delete the model from every party that holds it; returns one line per party.
+        Raises if no party held it or a party refused (other than not holding it)."""
+        results = self._settled(lambda n: self._call(n, "DeleteModel",
+                                                     pb.ModelRef(model_id=model_id)))
+        lines, missing = [], 0
+        for n, (_, err) in enumerate(results):
+            if err is None:
+                lines.append(f"party {n}: deleted")
+            elif isinstance(err, ClusterError) and err.code == grpc.StatusCode.NOT_FOUND:
+                lines.append(f"party {n}: did not hold it")
+                missing += 1
+            else:
+                raise err
+        if missing == 3:
+            raise ClusterError(None, grpc.StatusCode.NOT_FOUND,
+                               f"no party holds a model {model_id!r}")
+        return lines
 
 
 class QueryUser(_Client):
     role = "query-user"
 
-    def __init__(self, *args, **kw) -> None:
+    def __init__(self, *args, retry_s: float = 120.0, **kw) -> None:
         super().__init__(*args, **kw)
+        self.retry_s = retry_s
         self._costs: dict[tuple[str, int], list] = {}
+        self._verified: set[str] = set()
 
     def model(self, model_id: str) -> pb.ModelInfo:
-        """The model as stored on the three parties; raises unless they hold the same upload."""
+        """The model as stored on the three parties; raises unless they hold the same,
+        intact upload. A model not yet verified since a party loaded it is verified here."""
         infos = []
         for n, models in enumerate(self.list_models()):
             found = [m for m in models if m.model_id == model_id]
             if not found:
-                raise ClusterError(n, grpc.StatusCode.NOT_FOUND, f"unknown model {model_id!r}")
+                raise ClusterError(n, grpc.StatusCode.NOT_FOUND, f"unknown model "
+                                   f"{model_id!r} (see 'mpc3 models')")
             if not found[0].complete:
                 raise ClusterError(n, grpc.StatusCode.FAILED_PRECONDITION,
                                    f"model {model_id!r} is still being uploaded")
+            if found[0].state == "corrupt":
+                raise InconsistentModel(n, grpc.StatusCode.DATA_LOSS, f"model {model_id!r} "
+                                        f"is corrupt: {found[0].problem}; its owner must "
+                                        f"delete it ('mpc3 models --delete {model_id}') and "
+                                        "share it again")
             infos.append(found[0])
         sig = [(m.upload_id, [(t.name, tuple(t.shape)) for t in m.tensors]) for m in infos]
         if sig[1] != sig[0] or sig[2] != sig[0]:
             raise InconsistentModel(None, grpc.StatusCode.FAILED_PRECONDITION,
                                     f"model {model_id!r}: the parties hold different uploads "
-                                    f"({', '.join(m.upload_id for m in infos)}); re-upload it")
+                                    f"({', '.join(m.upload_id for m in infos)}); its owner "
+                                    "must delete it and share it again")
+        if any(m.state != "verified" for m in infos):
+            self.verify(model_id)
         return infos[0]
 
     def submit(self, model_id: str, kind: str, inputs: Mapping[str, np.ndarray],
@@ -246,17 +327,32 @@ class QueryUser(_Client):
                allow_empty: bool = False) -> str:
         """Share ``inputs`` and start the job on the three parties; returns the job id.
 
-        ``upload_id``: the model's upload as returned by :meth:`model` (saves the consistency
-        check's round trip when a caller submits many jobs, e.g. decoding steps).
-        ``allow_empty``: submit without input tensors (closing a session).
+        Work a party refuses for now is cancelled on the others and resubmitted under a new
+        job id with exponential backoff: for up to ``retry_s`` seconds when a limit is full,
+        for a few seconds when a party is unreachable. ``upload_id``: the model's upload as returned by :meth:`model` (saves the
+        consistency check's round trip when a caller submits many jobs, e.g. decoding
+        steps). ``allow_empty``: submit without input tensors (closing a session).
         """
         if not inputs and not allow_empty:
             raise ValueError("no input tensors")
         upload_id = upload_id or self.model(model_id).upload_id
-        job_id = job_id or os.urandom(12).hex()
         shares = self._share(inputs, encoded)
         params_json = json.dumps(dict(params or {}), sort_keys=True)
+        t0 = time.monotonic()
+        delay = 0.2
+        while True:
+            jid = job_id or os.urandom(12).hex()
+            try:
+                self._submit_once(jid, model_id, upload_id, kind, params_json, shares)
+                return jid
+            except ClusterError as exc:
+                window = RETRY_WINDOWS.get(exc.code, 0.0) * self.retry_s
+                if job_id is not None or time.monotonic() + delay > t0 + window:
+                    raise
+            time.sleep(delay * (0.5 + random.random()))
+            delay = min(2 * delay, 5.0)
 
+    def _submit_once(self, job_id, model_id, upload_id, kind, params_json, shares) -> None:
         def chunks(n: int):
             head = pb.SubmitChunk(job_id=job_id, model_id=model_id, upload_id=upload_id,
                                   kind=kind, params_json=params_json, n_tensors=len(shares[n]))
@@ -277,24 +373,25 @@ class QueryUser(_Client):
             for n, err in enumerate(exc.party_errors):
                 if err is None:
                     try:
-                        self._call(n, "CancelJob", pb.JobRef(job_id=job_id))
+                        self._call(n, "CancelJob", pb.JobRef(job_id=job_id), timeout=10)
                     except ClusterError:
                         pass
             raise
-        return job_id
 
     def job_status(self, job_id: str, wait_s: float = 0.0) -> list[pb.JobStatusReply]:
         """The job's status on the three parties; ``wait_s`` > 0 long-polls (each party
         answers when the job ends there or after ``wait_s`` seconds)."""
         return [r for r, _ in self._each(lambda n: self._status(n, job_id, wait_s))]
 
-    def _status(self, n: int, job_id: str, wait_s: float) -> tuple[pb.JobStatusReply, list]:
+    def _status(self, n: int, job_id: str, wait_s: float,
+                timeout: float | None = None) -> tuple[pb.JobStatusReply, list]:
         md = self.metadata + ((("x-mpc3-wait-s", f"{wait_s:.3f}"),) if wait_s > 0 else ())
         try:
             reply, call = self.stubs[n].JobStatus.with_call(
-                pb.JobRef(job_id=job_id), metadata=md, timeout=self.timeout + wait_s)
+                pb.JobRef(job_id=job_id), metadata=md,
+                timeout=(timeout or self.timeout) + wait_s)
         except grpc.RpcError as exc:
-            raise ClusterError(n, exc.code(), exc.details() or "") from None
+            raise rpc_error(n, exc) from None
         costs = []
         for key, value in call.trailing_metadata() or ():
             if key == "x-mpc3-costs":
@@ -314,39 +411,58 @@ class QueryUser(_Client):
             self._costs.pop((job_id, n), None)
 
     def wait(self, job_id: str, timeout: float | None = None) -> list[pb.JobStatusReply]:
-        """Wait until the job is done on the three parties; raise if it failed anywhere.
+        """Wait until the job is done on the three parties.
 
-        Long-polls the parties (no busy polling); at most ``timeout`` seconds (default: the
-        cluster's job deadline + 10 s), then cancels the job.
+        Long-polls the parties (no busy polling). As soon as one party reports the job
+        failed or cancelled, cancels it everywhere and raises :class:`JobFailed` naming the
+        party that failed or stopped answering; after ``timeout`` seconds (default: the
+        cluster's job deadline + 10 s) cancels it and raises too.
         """
         deadline = time.monotonic() + (timeout or self.cfg.job_timeout_s + 10)
-        delay = 0.01
+        silent: set[int] = set()
         while True:
             left = deadline - time.monotonic()
-            st = self.job_status(job_id, wait_s=max(0.0, min(5.0, left)))
-            bad = [(n, s) for n, s in enumerate(st) if s.state in (S.FAILED, S.CANCELLED)]
-            if bad and all(s.state != S.RUNNING for s in st):
-                n, s = bad[0]
-                raise ClusterError(n, None, f"job {job_id} {S.State.Name(s.state)}: {s.error}")
-            if all(s.state == S.DONE for s in st):
-                return st
+            poll = max(0.0, min(5.0, left))
+            settled = self._settled(lambda n: self._status(n, job_id, poll,
+                                                           timeout=min(self.timeout, 10.0)))
+            states = [None if e else r[0] for r, e in settled]
+            for n, (_, e) in enumerate(settled):
+                if e is not None:
+                    if isinstance(e, ClusterError) and e.code == grpc.StatusCode.NOT_FOUND:
+                        raise e
+                    silent.add(n)
+            failed = [(n, s) for n, s in enumerate(states)
+                      if s is not None and s.state in (S.FAILED, S.CANCELLED)]
+            if failed:
+                self.cancel(job_id)
+                raise self._failure(job_id, failed, silent)
+            if all(s is not None and s.state == S.DONE for s in states):
+                return states
             if time.monotonic() > deadline:
                 self.cancel(job_id)
-                raise ClusterError(None, grpc.StatusCode.DEADLINE_EXCEEDED,
-                                   f"job {job_id} not done in time; cancelled")
-            time.sleep(delay)
-            delay = min(delay * 1.5, 0.25)
+                raise JobFailed(None, grpc.StatusCode.DEADLINE_EXCEEDED,
+                                f"job {job_id} was not done in time and was cancelled" +
+                                (f"; party {sorted(silent)[0]} stopped answering" if silent
+                                 else "") + "; resubmit it")
+
+    @staticmethod
+    def _failure(job_id: str, failed, silent: set[int]) -> JobFailed:
+        n, s = failed[0]
+        blamed = sorted(silent) or sorted({int(m) for _, st in failed
+                                           for m in _BLAME.findall(st.error)})
+        who = (f"party {blamed[0]} stopped answering; " if blamed else "")
+        return JobFailed(n, None, f"job {job_id} was aborted ({S.State.Name(s.state)}: "
+                                  f"{s.error}); {who}nothing of it was kept - resubmit it" +
+                                  (f" when party {blamed[0]} is back ('mpc3 status')"
+                                   if blamed else ""))
 
     def cancel(self, job_id: str) -> None:
-        for n in range(3):
-            try:
-                self._call(n, "CancelJob", pb.JobRef(job_id=job_id))
-            except ClusterError:
-                pass
+        self._settled(lambda n: self._call(n, "CancelJob", pb.JobRef(job_id=job_id),
+                                           timeout=5))
 
     def fetch_pairs(self, job_id: str) -> list[dict[str, AShare]]:
         def one(n: int) -> dict[str, AShare]:
-            asm = TensorAssembler(self.frac, self.cfg.max_tensor_bytes)
+            asm = TensorAssembler(self.frac, self.cfg.limits.tensor_bytes)
             out = {}
             try:
                 for c in self.stubs[n].FetchOutput(pb.JobRef(job_id=job_id),
@@ -357,7 +473,7 @@ class QueryUser(_Client):
                         name, shape, payload, _, _ = done
                         out[name] = share_from_payload(payload, shape)
             except grpc.RpcError as exc:
-                raise ClusterError(n, exc.code(), exc.details() or "") from None
+                raise rpc_error(n, exc) from None
             except Exception as exc:  # BadRequest from the assembler: a party sent garbage
                 raise TamperingDetected(f"party {n} sent a malformed output: {exc}") from None
             asm.finish()

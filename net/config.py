@@ -6,9 +6,11 @@ Example (see deploy/cluster.toml)::
     ca = "certs/ca.pem"            # relative paths are relative to this file
     peer_timeout_s = 30            # a peer message not arriving in time fails the job
     job_timeout_s = 600
-    max_jobs = 8                   # concurrent jobs per party; more are refused
     frac = 18                      # fixed-point fractional bits (ring Z_2^64)
-    job_modules = []               # extra modules registering job kinds
+
+    [limits]                       # optional; every key of net.limits.Limits, e.g.
+    running_jobs = 8               # jobs computing at once; more wait in party 0's queue
+    user_jobs = 12                 # queued + running jobs of one user
 
     [[party]]
     id = 0
@@ -33,7 +35,15 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .limits import Limits
+
 INSECURE_KEY = "insecure_plaintext_for_local_dev"
+REMOVED_KEYS = {
+    "max_jobs": "use running_jobs in the [limits] table",
+    "max_tensor_bytes": "use tensor_bytes in the [limits] table",
+    "job_modules": "party processes run only the model-inference job kinds; benchmark "
+                   "harnesses start their own processes",
+}
 
 
 @dataclass(frozen=True)
@@ -61,11 +71,9 @@ class ClusterConfig:
     peer_timeout_s: float = 30.0
     job_timeout_s: float = 600.0
     connect_timeout_s: float = 10.0
-    max_jobs: int = 8
     frac: int = 18
-    max_tensor_bytes: int = 1 << 31
+    limits: Limits = field(default_factory=Limits)
     clients: dict[str, ClientCreds] = field(default_factory=dict)
-    job_modules: tuple[str, ...] = ()
     insecure_plaintext_for_local_dev: bool = False
 
     def party(self, n: int) -> PartyConfig:
@@ -137,22 +145,25 @@ def from_dict(raw: dict, base: Path, path: Path | None = None,
                                  _path(base, c.get("key"), f"clients.{role} key"))
                for role, c in raw.get("clients", {}).items()}
     ca = None if insecure else _path(base, cl.get("ca"), "[cluster] ca")
-    job_modules = cl.get("job_modules", [])
-    if not isinstance(job_modules, list) or not all(isinstance(m, str) for m in job_modules):
-        raise ValueError("[cluster] job_modules must be a list of module names")
+    for old, new in REMOVED_KEYS.items():
+        if old in cl:
+            raise ValueError(f"[cluster] {old} is no longer supported: {new}")
+    limits = raw.get("limits", {})
+    if not isinstance(limits, dict):
+        raise ValueError("[limits] must be a table")
     return ClusterConfig(
         path=path, parties=tuple(parties), ca=ca,
         peer_timeout_s=_num(cl, "peer_timeout_s", 30.0, float, 0.1),
         job_timeout_s=_num(cl, "job_timeout_s", 600.0, float, 1),
         connect_timeout_s=_num(cl, "connect_timeout_s", 10.0, float, 0.1),
-        max_jobs=_num(cl, "max_jobs", 8, int, 1),
         frac=_num(cl, "frac", 18, int, 1),
-        max_tensor_bytes=_num(cl, "max_tensor_bytes", 1 << 31, int, 16),
-        clients=clients, job_modules=tuple(job_modules),
+        limits=Limits.from_table(limits),
+        clients=clients,
         insecure_plaintext_for_local_dev=insecure)
 
 
-def render(parties: list[dict], cluster: dict, clients: dict[str, dict]) -> str:
+def render(parties: list[dict], cluster: dict, clients: dict[str, dict],
+           limits: dict | None = None) -> str:
     """TOML text for a config (used by ``cluster up``); values are str/int/float/bool."""
     def val(v):
         if isinstance(v, bool):
@@ -161,6 +172,8 @@ def render(parties: list[dict], cluster: dict, clients: dict[str, dict]) -> str:
             return repr(v)
         return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
     lines = ["[cluster]"] + [f"{k} = {val(v)}" for k, v in cluster.items()]
+    if limits:
+        lines += ["", "[limits]"] + [f"{k} = {val(v)}" for k, v in limits.items()]
     for p in parties:
         lines += ["", "[[party]]"] + [f"{k} = {val(v)}" for k, v in p.items()]
     for role, c in clients.items():

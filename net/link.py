@@ -196,6 +196,8 @@ class PeerRouter:
         self._channel: grpc.Channel | None = None
         self._dialer: threading.Thread | None = None
         self.servicer = _PeerServicer(self)
+        #: ``on_control(peer, job_id, control)``: control frames (job admission, net.runner)
+        self.on_control = None
 
     # ---------------------------------------------------------------- lifecycle ----
     def start(self) -> None:
@@ -304,6 +306,10 @@ class PeerRouter:
             return box
 
     def _on_frame(self, peer: int, f: pb.PeerFrame) -> None:
+        if f.control:
+            if self.on_control is not None:
+                self.on_control(peer, f.job_id, f.control)
+            return
         box = self._box(f.job_id, create=True)
         if box is None:
             return
@@ -416,6 +422,14 @@ class PeerRouter:
                     raise PeerTimeout(f"party {self.rank}: no message {op} from party {peer} "
                                       f"within {timeout:g} s")
                 box.cond.wait(left)
+
+    def send_control(self, peer: int, job_id: str, control: str) -> None:
+        """A control frame for ``job_id`` to ``peer`` (PeerUnavailable if its link is down)."""
+        with self._lock:
+            link = self._links.get(peer)
+        if link is None:
+            raise PeerUnavailable(f"party {self.rank}: no link to party {peer}")
+        link.put(pb.PeerFrame(job_id=job_id, control=control))
 
     def abort_job(self, job_id: str, reason: str) -> None:
         """Fail the job here and tell both peers (best effort, also when the job was

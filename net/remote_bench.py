@@ -25,8 +25,8 @@ in parallel; ``compute_s`` is supplied by the caller, e.g. the same workload wit
 ``net="none"``).
 
 Everything (parties, namespaces, relays, temp dir) is removed on exit, on exceptions and on
-Ctrl-C. Importing this module in a party process registers the bench job kinds (it is the
-cluster's ``job_modules`` entry).
+Ctrl-C. The parties are benchmark processes (:mod:`app.bench_party`): they run the diagnostic
+job kinds ``bench_layer`` and ``bench_op``.
 """
 from __future__ import annotations
 
@@ -51,13 +51,6 @@ REPO = Path(__file__).resolve().parent.parent
 MGMT_NET = "10.78"          # client <-> party k management link: 10.78.<slot>.{1,2}/30
 
 
-def _register_job_kinds() -> None:
-    from .server import register_job_kind
-    for name, (fn, validate) in bench_jobs.JOB_KINDS.items():
-        register_job_kind(name, fn, validate)
-
-
-_register_job_kinds()
 
 
 def layer_config(seq: int = 64, d_model: int = 512, heads: int = 8, features: int = 266,
@@ -141,8 +134,7 @@ class RemoteCluster:
         self.dir = Path(tempfile.mkdtemp(prefix="mpc3-bench-"))
         keys.generate(self.dir / "certs", hosts=("localhost", "127.0.0.1"))
         cluster = {"ca": "certs/ca.pem", "peer_timeout_s": self.peer_timeout_s,
-                   "job_timeout_s": self.job_timeout_s, "max_jobs": 2, "frac": 18,
-                   "job_modules": "__JOB_MODULES__"}
+                   "job_timeout_s": self.job_timeout_s, "frac": 18}
         parties = []
         if self.net == "none":
             for n in range(3):
@@ -158,8 +150,7 @@ class RemoteCluster:
                      data_dir=f"data/party-{n}")
         clients = {"model-owner": {"cert": "certs/owner.pem", "key": "certs/owner.key"},
                    "query-user": {"cert": "certs/user.pem", "key": "certs/user.key"}}
-        text = cconf.render(parties, cluster, clients).replace(
-            '"__JOB_MODULES__"', '["net.remote_bench"]')
+        text = cconf.render(parties, cluster, clients, {"running_jobs": 2})
         if self.emu is not None:     # peers dial through the emulation (relays or direct)
             for n in range(3):
                 dial = ", ".join(f'{j} = "{a}"' for j, a in self.emu.peers(n).items())
@@ -201,7 +192,7 @@ class RemoteCluster:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
         for n in range(3):
-            argv = [sys.executable, "-m", "net.cli", "party", "--config", str(path),
+            argv = [sys.executable, "-m", "app.bench_party", "--config", str(path),
                     "--id", str(n), "--log-level", "WARNING"]
             log = open(self.dir / f"party-{n}.log", "ab")
             kw = dict(stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

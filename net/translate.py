@@ -32,7 +32,6 @@ import numpy as np
 
 from mpc3 import ring
 from mpc3.sharing import deal
-from mpc3.sim import make_parties, run_parties
 from protocols import model as M
 
 from .client import QueryUser, TamperingDetected, reconstruct
@@ -148,70 +147,57 @@ class ClusterBackend:
         self._job("decode_close", {}, session, Cost(), None)
 
 
-class _InprocSession:
-    state = None
-
-
 class InprocBackend:
-    """Three in-process parties (threads) holding model shares; same job functions."""
+    """Three in-process parties (threads) holding model shares: the party service's own job
+    runner without a network (:class:`net.inproc.InprocParties`)."""
 
     transport = "inproc"
 
     def __init__(self, cfg: M.ModelConfig, weights: M.Weights, frac: int = ring.DEFAULT_FRAC,
                  timeout: float = 120.0):
+        from mpc3.party import RingConfig
+        from protocols.jobs import ModelView
         from protocols.secure_model import plain_tensors, share_model
+        from .inproc import InprocParties
         self.cfg = cfg
         self.frac = frac
-        self.timeout = timeout
-        self.shares = share_model(cfg, weights, frac=frac)
+        shares = share_model(cfg, weights, frac=frac)
         fracs = {k: frac + e for k, (_, e) in plain_tensors(cfg, weights).items()}
-        self.meta = {"model_config": cfg.to_dict(), "layout": "protocols.secure_model"}
-        self.fracs = fracs
-        self.sessions: dict[str, list[_InprocSession]] = {}
+        meta = {"model_config": cfg.to_dict(), "layout": "protocols.secure_model",
+                "kind": "encoder-decoder"}
+        self.parties = InprocParties([ModelView("inproc", shares[n], meta, fracs)
+                                      for n in range(3)], ring=RingConfig(frac=frac),
+                                     timeout=timeout)
+        self.sessions: set[str] = set()
 
     def model_config(self) -> M.ModelConfig:
         return self.cfg
 
     def _job(self, kind: str, inputs: dict, session: str, cost: Cost, layers) -> dict:
-        from protocols import jobs as J
-        fn, validate, mode = J.JOBS[kind]
-        params = {"session": session, "model_meta": self.meta, "model_frac": self.fracs}
-        validate({k: v.shape for k, v in self.shares[0].items()},
-                 {k: np.shape(v) for k, v in inputs.items()}, params)
-        if mode == "open":
-            if session in self.sessions:
-                raise ValueError(f"session {session!r} already used")
-            self.sessions[session] = [_InprocSession() for _ in range(3)]
-        sess = self.sessions[session]
         dealt = {k: deal(ring.encode(np.asarray(v, dtype=np.float64), self.frac))
                  for k, v in inputs.items()}
-        costs = [[], [], []]
-        per = [dict(params, _session=sess[n], _costs=costs[n]) for n in range(3)]
-        parties = make_parties(timeout=self.timeout, job_id=os.urandom(12).hex())
         t0 = time.perf_counter()
-        try:
-            outs = run_parties(lambda p, n: fn(p, self.shares[n], {k: v[n] for k, v in
-                                                                   dealt.items()}, per[n]),
-                               [(n,) for n in range(3)], parties=parties)
-        except BaseException:
-            self.sessions.pop(session, None)     # state may be half updated: drop it
-            raise
-        cost.add_parties([(p.stats.bytes_sent, p.stats.messages, p.stats.rounds)
-                          for p in parties], time.perf_counter() - t0)
+        jobs = self.parties.run(kind, {"session": session},
+                                [{k: v[n] for k, v in dealt.items()} for n in range(3)])
+        if jobs[0].party is not None:
+            cost.add_parties([(j.party.stats.bytes_sent, j.party.stats.messages,
+                               j.party.stats.rounds) for j in jobs],
+                             time.perf_counter() - t0)
         if layers is not None:
-            layers.add(costs)
-        if mode == "close":
-            self.sessions.pop(session, None)
+            layers.add([j.costs for j in jobs])
+        outs = [j.outputs for j in jobs]
         return reconstruct(outs) if outs[0] else {}
 
     def open(self, session: str, x: np.ndarray, cost: Cost, layers=None) -> None:
         self._job("decode_open", {"X": x}, session, cost, layers)
+        self.sessions.add(session)
 
     def step(self, session: str, y: np.ndarray, cost: Cost, layers=None) -> np.ndarray:
         return self._job("decode_step", {"Y": y}, session, cost, layers)["H"]
 
     def close(self, session: str) -> None:
         if session in self.sessions:
+            self.sessions.discard(session)
             self._job("decode_close", {}, session, Cost(), None)
 
 

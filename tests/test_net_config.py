@@ -20,7 +20,7 @@ def mpc3(*args, timeout=90):
 def test_example_deploy_config_loads():
     cfg = config.load(ROOT / "deploy" / "cluster.toml")
     assert cfg.tls and cfg.party(2).address == "mpc-c.example.org:7700"
-    assert cfg.party(0).listen == "0.0.0.0:7700" and cfg.max_jobs == 8
+    assert cfg.party(0).listen == "0.0.0.0:7700" and cfg.limits.running_jobs == 8
     assert cfg.clients["query-user"].cert.name == "user.pem"
 
 
@@ -35,6 +35,18 @@ def test_example_deploy_config_loads():
         f"[[party]]\nid={i}\naddress='h{i}'\ncert='c'\nkey='k'\n" for i in range(3)),
      "host:port"),
     ("not toml [", "invalid TOML"),
+    ("[cluster]\nca='c'\nmax_jobs=8\n" + "".join(
+        f"[[party]]\nid={i}\naddress='h:{i}'\ncert='c'\nkey='k'\n" for i in range(3)),
+     "running_jobs in the \\[limits\\] table"),
+    ("[cluster]\nca='c'\njob_modules=['net.remote_bench']\n" + "".join(
+        f"[[party]]\nid={i}\naddress='h:{i}'\ncert='c'\nkey='k'\n" for i in range(3)),
+     "model-inference job kinds"),
+    ("[cluster]\nca='c'\n[limits]\nuser_jobs=0\n" + "".join(
+        f"[[party]]\nid={i}\naddress='h:{i}'\ncert='c'\nkey='k'\n" for i in range(3)),
+     "user_jobs must be a positive integer"),
+    ("[cluster]\nca='c'\n[limits]\nuser_job=3\n" + "".join(
+        f"[[party]]\nid={i}\naddress='h:{i}'\ncert='c'\nkey='k'\n" for i in range(3)),
+     "unknown keys \\['user_job'\\]"),
 ])
 def test_config_errors_name_the_problem(tmp_path, text, match):
     (tmp_path / "c.toml").write_text(text)

@@ -11,8 +11,12 @@ import numpy as np
 import pytest
 from conftest import netns_skip_reason
 
-from mpc3 import ring, sim
-from protocols import bench_jobs
+from mpc3 import ring
+from mpc3.sharing import deal, reveal
+from mpc3.shares import AShare
+from net.inproc import InprocParties
+from protocols.jobs import ModelView, benchmark_registry
+from protocols.jobs import diagnostic as D
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -24,28 +28,29 @@ def test_bench_job_reports_public_stats_in_process():
     """The job kind times R runs per party and returns a (3, 4, R) public sharing that
     reconstructs to the communicators' own counters."""
     x = np.random.default_rng(0).normal(size=300)
-    model = [{"in0": s} for s in sim.deal(ring.encode(x))]
-    parties = sim.make_parties()
-    outs = sim.run_parties(bench_jobs.bench_op,
-                           [(model[i], {}, {"op": "relu", "repeat": 2}) for i in range(3)],
-                           parties=parties)
-    st = sim.reveal([o["stats"] for o in outs]).astype(np.int64)
+    models = [ModelView("m", {"in0": s}, {}) for s in deal(ring.encode(x))]
+    parties = InprocParties(models, benchmark_registry())
+    jobs = parties.run("bench_op", {"op": "relu", "repeat": 2},
+                       [{"X": s} for s in deal(np.zeros(1, np.uint64))])
+    outs = [j.outputs for j in jobs]
+    st = reveal([o["stats"] for o in outs]).astype(np.int64)
     assert st.shape == (3, 4, 2)
     assert (st[:, 0] > 0).all()                                  # wall_ns
     assert (st[:, 1, 0] == st[:, 1, 1]).all() and st[:, 3, 0].max() == 7   # ReLU: 7 rounds
     # counted: barrier (1 round) + 2 runs + stats swap (1 round)
-    assert [p.stats.bytes_sent for p in parties] == list(st[:, 1].sum(1) + 16 + 2 * 8 * 8)
-    y = ring.decode(sim.reveal([o["Y"] for o in outs]))
+    assert [j.party.stats.bytes_sent for j in jobs] == list(st[:, 1].sum(1) + 16 + 2 * 8 * 8)
+    y = ring.decode(reveal([o["Y"] for o in outs]))
     assert np.abs(y - np.maximum(x, 0)).max() < 1e-3
 
 
 def test_validators_refuse_bad_params():
+    model = ModelView("m", {"in0": AShare(np.zeros(3, np.uint64), np.zeros(3, np.uint64))}, {})
     with pytest.raises(ValueError):
-        bench_jobs.validate_bench_op({"in0": (3,)}, {"X": (1,)}, {"op": "nope"})
+        D.validate_bench_op(model, {"X": (1,)}, {"op": "nope"})
     with pytest.raises(ValueError):
-        bench_jobs.validate_bench_op({"in0": (3,)}, {"X": (1,)}, {"op": "relu", "repeat": 0})
+        D.validate_bench_op(model, {"X": (1,)}, {"op": "relu", "repeat": 0})
     with pytest.raises(ValueError):
-        bench_jobs.validate_bench_layer({}, {"X": (1,)}, {"workload": "mha", "config": {}})
+        D.validate_bench_layer(model, {"X": (1,)}, {"workload": "mha", "config": {}})
 
 
 def test_loopback_cluster_matches_inproc_counts():

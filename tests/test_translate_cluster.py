@@ -38,11 +38,12 @@ class Cluster:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    from net.cli_translate import share_transformer
+    from app.owner import share_transformer
     c = Cluster(tmp_path_factory.mktemp("translate"))
     c.mcfg, c.w, c.user_t, c.vocab = TD.load_shipped()
     try:
-        share_transformer(c.cfg, "tr", c.mcfg, c.w, cert=c.dir / "certs" / "owner.pem",
+        share_transformer(c.cfg, "tr", c.mcfg, c.w, permit=["translate", "encoder"],
+                          cert=c.dir / "certs" / "owner.pem",
                           key=c.dir / "certs" / "owner.key")
     except BaseException:
         c.stop()
@@ -110,11 +111,11 @@ def test_grpc_clear_errors(cluster):
         with pytest.raises(nc.ClusterError, match="too long") as err:
             be.open("long-1", np.zeros((1, cfg.max_len + 4, cfg.d_model)), T.Cost())
         assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
-        with pytest.raises(nc.ClusterError, match="unknown on this party"):
+        with pytest.raises(nc.ClusterError, match="unknown on party"):
             be.step("never-opened", np.zeros((1, cfg.d_model)), T.Cost())
         with pytest.raises(ValueError, match="too long"):
             T.translate_texts(be, cfg, cluster.user_t, ["12345678901"])
-        with pytest.raises(nc.ClusterError, match="reserved"):
+        with pytest.raises(nc.ClusterError, match="unknown parameters"):
             u.submit("tr", "encoder", {"X": np.zeros((1, 3, cfg.d_model))},
                      {"_session": 1})
 

@@ -8,6 +8,7 @@ from mpc3.sim import make_parties, run_parties
 from net import translate as T
 from protocols import decoder as D
 from protocols import jobs as J
+from protocols.jobs import transformer as JT
 from protocols import model as M
 from protocols import textdata as TD
 from protocols.secure_model import share_input, share_model
@@ -59,14 +60,18 @@ def test_layer_split_is_the_decoder_step(norm_first):
     def run(split):
         def fn(p, sh, e, yy):
             st = D.DecodeState.start(p, cfg, sh, e)
-            costs, outs = [], []
+            rec, costs, outs = J.CostRecorder(p), [], []
             for y in yy:
                 s0 = p.stats.snapshot()
+                rec.mark("before")
                 if split:
-                    outs.append(J.decoder_step_by_layer(p, cfg, sh, st, y, costs))
+                    outs.append(JT.decoder_step_by_layer(p, cfg, sh, st, y, rec))
                 else:
                     outs.append(D.decoder_step(p, cfg, sh, st, y))
-                costs.append({"layer": "total", **J._cost(p, s0)})
+                d = p.stats.snapshot() - s0
+                costs += [c for c in rec.entries[1:]] + [
+                    {"layer": "total", "bytes": d.bytes_sent, "rounds": d.rounds}]
+                rec.entries.clear()
             return outs, costs
         return run_parties(fn, [(shares[i], enc[i], [y[i] for y in ys]) for i in range(3)],
                            parties=make_parties(seed=b"layer-split"))

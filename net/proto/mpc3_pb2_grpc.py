@@ -146,6 +146,11 @@ class ClientServiceStub:
                 request_serializer=net_dot_proto_dot_mpc3__pb2.Empty.SerializeToString,
                 response_deserializer=net_dot_proto_dot_mpc3__pb2.StatusReply.FromString,
                 _registered_method=True)
+        self.VerifyModel = channel.unary_unary(
+                '/mpc3.ClientService/VerifyModel',
+                request_serializer=net_dot_proto_dot_mpc3__pb2.VerifyRequest.SerializeToString,
+                response_deserializer=net_dot_proto_dot_mpc3__pb2.VerifyReply.FromString,
+                _registered_method=True)
 
 
 class ClientServiceServicer:
@@ -199,6 +204,12 @@ class ClientServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def VerifyModel(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClientServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -241,6 +252,11 @@ def add_ClientServiceServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=net_dot_proto_dot_mpc3__pb2.Empty.FromString,
                     response_serializer=net_dot_proto_dot_mpc3__pb2.StatusReply.SerializeToString,
+            ),
+            'VerifyModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.VerifyModel,
+                    request_deserializer=net_dot_proto_dot_mpc3__pb2.VerifyRequest.FromString,
+                    response_serializer=net_dot_proto_dot_mpc3__pb2.VerifyReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -459,6 +475,33 @@ class ClientService:
             '/mpc3.ClientService/Status',
             net_dot_proto_dot_mpc3__pb2.Empty.SerializeToString,
             net_dot_proto_dot_mpc3__pb2.StatusReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def VerifyModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mpc3.ClientService/VerifyModel',
+            net_dot_proto_dot_mpc3__pb2.VerifyRequest.SerializeToString,
+            net_dot_proto_dot_mpc3__pb2.VerifyReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,34 @@
+"""A party process for benchmarks and tests: ``python -m app.bench_party --config C --id N``.
+
+It runs the production job kinds plus the diagnostic ones (:func:`protocols.jobs.
+benchmark_registry`: ``linear``, ``bench_layer``, ``bench_op``), which compute on arbitrary
+uploaded tensors and so would hand any model's weights to a query user. Only benchmark
+harnesses and tests start it, on throw-away clusters with random weights; ``mpc3 party`` and
+``mpc3 cluster up`` never do.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from net import config
+from net.server import serve
+from protocols.jobs import benchmark_registry
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m app.bench_party", description=__doc__)
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--id", type=int, required=True, choices=(0, 1, 2))
+    ap.add_argument("--log-level", default="INFO")
+    ap.add_argument("--insecure-plaintext-for-local-dev", dest="insecure", action="store_true")
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    cfg = config.load(a.config, insecure_flag=a.insecure)
+    return serve(cfg, a.id, benchmark_registry())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

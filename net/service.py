@@ -1,0 +1,374 @@
+"""``mpc3.ClientService``: what model owners and query users may ask of one party.
+
+Authorization comes from the verified client certificate (:mod:`net.keys`): OU
+``model-owner`` may upload, delete (its own) and verify models; OU ``query-user`` may verify
+models, submit jobs of the kinds this party runs (and the model's owner permitted) and see,
+fetch or cancel only its own jobs. Every streaming call holds one of the user's
+``user_streams`` and is cancelled when silent for ``stream_idle_s``; input bytes are charged to
+the user as they arrive (:mod:`net.limits`). Refusals carry a gRPC status and one line naming
+the party, the object or limit concerned and the next step. Nothing secret is logged.
+
+Costs. JobStatus replies carry the job's traffic counters and, once the job is done, its
+public per-layer costs as JSON in the trailing metadata ``x-mpc3-costs``. A JobStatus request
+with metadata ``x-mpc3-wait-s`` waits up to that long (at most 30 s) for the job to end.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from contextlib import contextmanager
+
+import grpc
+
+from protocols.jobs import ModelView
+
+from . import keys
+from .codec import TensorAssembler, share_from_payload, tensor_chunks
+from .errors import BadRequest, Code, check_id
+from .proto import mpc3_pb2 as pb
+from .proto import mpc3_pb2_grpc as pb_grpc
+from .runner import Job
+from .store import CORRUPT, StoredModel
+
+log = logging.getLogger("mpc3.service")
+
+VERSION = "mpc3-net/2"
+MAX_TENSORS = 10_000
+MAX_META = 1 << 16
+MAX_WAIT_S = 30.0
+S = pb.JobStatusReply
+
+ANY = keys.ROLES
+OWNER = ("model-owner",)
+USER = ("query-user",)
+
+
+class StreamReaper:
+    """Cancels streaming calls that stay silent for ``idle_s`` (a stalled client must not
+    hold a server thread)."""
+
+    def __init__(self, idle_s: float) -> None:
+        self.idle_s = idle_s
+        self._lock = threading.Lock()
+        self._live: dict[int, list] = {}
+        self._next = 0
+        self._stop = threading.Event()
+        threading.Thread(target=self._loop, daemon=True, name="mpc3-reaper").start()
+
+    @contextmanager
+    def watch(self, context):
+        with self._lock:
+            key = self._next
+            self._next += 1
+            self._live[key] = [time.monotonic(), context]
+        try:
+            yield lambda: self._touch(key)
+        finally:
+            with self._lock:
+                self._live.pop(key, None)
+
+    def _touch(self, key: int) -> None:
+        entry = self._live.get(key)
+        if entry is not None:
+            entry[0] = time.monotonic()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(min(1.0, self.idle_s / 4)):
+            now = time.monotonic()
+            with self._lock:
+                stale = [c for t, c in self._live.values() if now - t > self.idle_s]
+            for context in stale:
+                log.warning("cancelling a stream silent for more than %g s", self.idle_s)
+                context.cancel()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def _watched(iterator, touch):
+    for item in iterator:
+        touch()
+        yield item
+
+
+def _rpc(roles: tuple[str, ...], stream: bool = False):
+    """Decorator: authenticate, check the role, map BadRequest to a status; streaming
+    calls (``stream=True``) also hold one of the user's streams and the idle watch."""
+    def wrap(method):
+        def unary(self, request, context):
+            ident = self.authorize(context, roles, method.__name__)
+            try:
+                return method(self, request, context, ident)
+            except BadRequest as exc:
+                context.abort(exc.code, str(exc))
+
+        def streaming(self, request, context):
+            ident = self.authorize(context, roles, method.__name__)
+            try:
+                with self.srv.quotas.stream(ident.name), self.reaper.watch(context) as touch:
+                    if stream == "in":       # touch on every request message received
+                        yield from method(self, _watched(request, touch), context, ident)
+                    else:                    # touch on every response message sent
+                        for item in method(self, request, context, ident):
+                            touch()
+                            yield item
+            except BadRequest as exc:
+                context.abort(exc.code, str(exc))
+
+        def client_streaming(self, request, context):
+            gen = streaming(self, request, context)
+            try:
+                return next(gen)
+            finally:
+                gen.close()
+
+        fn = unary if not stream else (streaming if stream == "out" else client_streaming)
+        fn.__name__ = method.__name__
+        return fn
+    return wrap
+
+
+def _model_info(rec: StoredModel, complete: bool = True) -> pb.ModelInfo:
+    meta = rec.meta
+    return pb.ModelInfo(model_id=meta["model_id"], upload_id=meta.get("upload_id", ""),
+                        owner=meta.get("owner", ""), total_bytes=meta.get("total_bytes", 0),
+                        public_meta=meta.get("public_meta", ""), complete=complete,
+                        state=rec.state, problem=rec.problem,
+                        tensors=[pb.TensorInfo(name=t["name"], shape=t["shape"],
+                                               frac=t.get("frac", meta.get("frac", 0)))
+                                 for t in meta.get("tensors", [])])
+
+
+class ClientServicer(pb_grpc.ClientServiceServicer):
+    def __init__(self, server) -> None:
+        self.srv = server
+        self.cfg = server.cfg
+        self.reaper = StreamReaper(server.limits.stream_idle_s)
+
+    def authorize(self, context, roles, method: str) -> keys.Identity:
+        if not self.cfg.tls:
+            md = dict(context.invocation_metadata())
+            ident = keys.Identity(md.get("x-mpc3-identity", "dev"),
+                                  md.get("x-mpc3-role", "query-user"))
+        else:
+            ident = keys.peer_identity(context)
+            if ident is None:
+                context.abort(Code.UNAUTHENTICATED, "a client certificate is required")
+        if ident.role not in roles:
+            context.abort(Code.PERMISSION_DENIED, f"role {ident.role!r} may not call "
+                          f"{method} (allowed: {', '.join(roles)})")
+        return ident
+
+    # -------------------------------------------------------------------- models ----
+    def _upload(self, request_iterator, context, ident):
+        store, rank = self.srv.store, self.srv.rank
+        it = iter(request_iterator)
+        first = next(it, None)
+        if first is None:
+            raise BadRequest(Code.INVALID_ARGUMENT, "empty upload")
+        model_id = check_id(first.model_id, "model id")
+        upload_id = check_id(first.upload_id, "upload id")
+        if not 1 <= first.n_tensors <= MAX_TENSORS:
+            raise BadRequest(Code.INVALID_ARGUMENT, f"n_tensors must be 1..{MAX_TENSORS}")
+        if len(first.public_meta) > MAX_META:
+            raise BadRequest(Code.INVALID_ARGUMENT, "public_meta too long")
+        limit = self.srv.limits.owner_model_bytes
+        held = [store.owner_bytes(ident.name)]
+
+        def budget(n: int) -> None:
+            held[0] += n
+            if held[0] > limit:
+                raise BadRequest(Code.RESOURCE_EXHAUSTED, f"party {rank}: owner "
+                                 f"{ident.name!r} would store {held[0]} bytes of model "
+                                 f"shares (limit owner_model_bytes = {limit} in [limits]); "
+                                 "delete models it no longer needs")
+
+        stage = store.begin(model_id)
+        try:
+            asm = TensorAssembler(self.cfg.frac, self.srv.limits.tensor_bytes, budget)
+            tensors, shares, total = [], {}, 0
+            chunk = first
+            while chunk is not None:
+                if chunk.model_id != model_id or chunk.upload_id != upload_id:
+                    raise BadRequest(Code.INVALID_ARGUMENT, "model_id/upload_id changed "
+                                     "within one upload")
+                done = asm.feed(chunk.tensor)
+                if done is not None:
+                    name, shape, payload, digest, frac = done
+                    if len(tensors) >= first.n_tensors:
+                        raise BadRequest(Code.INVALID_ARGUMENT, f"more than "
+                                         f"{first.n_tensors} tensors sent")
+                    fname = store.write_tensor(stage, len(tensors), payload)
+                    tensors.append({"name": name, "shape": list(shape), "sha256": digest,
+                                    "frac": frac, "file": fname})
+                    shares[name] = share_from_payload(payload, shape)
+                    total += len(payload)
+                chunk = next(it, None)
+            asm.finish()
+            if len(tensors) != first.n_tensors:
+                raise BadRequest(Code.INVALID_ARGUMENT, f"upload truncated: {len(tensors)} "
+                                 f"of {first.n_tensors} tensors received")
+            meta = {"model_id": model_id, "upload_id": upload_id, "owner": ident.name,
+                    "total_bytes": total, "public_meta": first.public_meta,
+                    "tensors": tensors, "frac": self.cfg.frac, "created": time.time()}
+            rec = store.commit(model_id, stage, meta, shares)
+        except BaseException:
+            store.abandon(model_id, stage)
+            raise
+        log.info("party %d: model %s stored (%d tensors, %d bytes) for %s", rank, model_id,
+                 len(tensors), total, ident.name)
+        yield pb.UploadReply(model=_model_info(rec))
+
+    UploadModelShares = _rpc(OWNER, stream="in")(_upload)
+
+    @_rpc(ANY)
+    def ListModels(self, request, context, ident):
+        recs, uploading = self.srv.store.list()
+        models = [_model_info(r) for r in sorted(recs, key=lambda r: r.meta["model_id"])]
+        models += [pb.ModelInfo(model_id=m, complete=False) for m in uploading]
+        return pb.ListModelsReply(models=models)
+
+    @_rpc(OWNER)
+    def DeleteModel(self, request, context, ident):
+        rank = self.srv.rank
+        rec = self.srv.store.info(request.model_id)
+        if rec is None:
+            raise BadRequest(Code.NOT_FOUND, f"unknown model {request.model_id!r} on party "
+                             f"{rank}")
+        owner = rec.meta.get("owner", "")
+        if owner and owner != ident.name:
+            raise BadRequest(Code.PERMISSION_DENIED, f"model {request.model_id!r} belongs to "
+                             "another owner")
+        self.srv.store.delete(request.model_id)
+        log.info("party %d: model %s deleted by %s", rank, request.model_id, ident.name)
+        return pb.Empty()
+
+    @_rpc(ANY)
+    def VerifyModel(self, request, context, ident):
+        model_id = check_id(request.model_id, "model id")
+        verify_id = check_id(request.verify_id, "verify id")
+        state, problem = self.srv.verify_model(model_id, verify_id)
+        return pb.VerifyReply(model_id=model_id, state=state, problem=problem)
+
+    # ---------------------------------------------------------------------- jobs ----
+    def _submit(self, request_iterator, context, ident):
+        srv = self.srv
+        it = iter(request_iterator)
+        first = next(it, None)
+        if first is None:
+            raise BadRequest(Code.INVALID_ARGUMENT, "empty submission")
+        job_id = check_id(first.job_id, "job id")
+        rec = srv.store.get(first.model_id)
+        if first.upload_id != rec.meta["upload_id"]:
+            raise BadRequest(Code.FAILED_PRECONDITION, f"model {first.model_id!r} on party "
+                             f"{srv.rank} is upload {rec.meta['upload_id']}, not "
+                             f"{first.upload_id!r}: the parties hold different uploads")
+        if srv.runner.get(job_id) is not None:
+            raise BadRequest(Code.ALREADY_EXISTS, f"job id {job_id!r} already used")
+        try:
+            params = json.loads(first.params_json or "{}")
+        except ValueError as exc:
+            raise BadRequest(Code.INVALID_ARGUMENT, f"params_json: {exc}") from None
+        if not isinstance(params, dict):
+            raise BadRequest(Code.INVALID_ARGUMENT, "params_json must be a JSON object")
+        spec = srv.registry.get(first.kind)
+        session_role = spec.session if spec is not None else None
+        min_tensors = 0 if session_role == "close" else 1
+        if not min_tensors <= first.n_tensors <= MAX_TENSORS:
+            raise BadRequest(Code.INVALID_ARGUMENT,
+                             f"n_tensors must be {min_tensors}..{MAX_TENSORS}")
+        held = [0]
+
+        def budget(n: int) -> None:
+            srv.quotas.charge(ident.name, n)
+            held[0] += n
+
+        inputs = {}
+        try:
+            asm = TensorAssembler(self.cfg.frac, srv.limits.tensor_bytes, budget)
+            chunk = first
+            while chunk is not None:
+                if chunk.job_id != job_id:
+                    raise BadRequest(Code.INVALID_ARGUMENT, "job_id changed within one "
+                                     "submission")
+                if chunk.HasField("tensor"):
+                    done = asm.feed(chunk.tensor)
+                    if done is not None:
+                        name, shape, payload, _, _ = done
+                        inputs[name] = share_from_payload(payload, shape)
+                chunk = next(it, None)
+            asm.finish()
+            if len(inputs) != first.n_tensors:
+                raise BadRequest(Code.INVALID_ARGUMENT, f"submission truncated: {len(inputs)} "
+                                 f"of {first.n_tensors} input tensors received")
+            reply = self._admit(first, job_id, rec, params, inputs, ident, held[0])
+        except BaseException:
+            srv.quotas.release(ident.name, held[0])
+            raise
+        yield reply
+
+    def _admit(self, first, job_id, rec: StoredModel, params, inputs, ident, nbytes):
+        meta = rec.meta
+        public = json.loads(meta["public_meta"]) if meta.get("public_meta") else {}
+        model = ModelView(first.model_id, rec.shares, public,
+                          {t["name"]: t.get("frac", self.cfg.frac) for t in meta["tensors"]})
+        job = self.srv.runner.accept(first.kind, job_id, ident.name, model, meta["upload_id"],
+                                     params, inputs, nbytes)
+        return job.reply()
+
+    SubmitJob = _rpc(USER, stream="in")(_submit)
+
+    def _own_job(self, job_id: str, ident) -> Job:
+        job = self.srv.runner.get(job_id)
+        if job is None:
+            raise BadRequest(Code.NOT_FOUND, f"unknown job {job_id!r} on party "
+                             f"{self.srv.rank}")
+        if job.owner != ident.name:
+            raise BadRequest(Code.PERMISSION_DENIED, f"job {job_id!r} belongs to another user")
+        return job
+
+    @_rpc(USER)
+    def JobStatus(self, request, context, ident):
+        job = self._own_job(request.job_id, ident)
+        wait = dict(context.invocation_metadata()).get("x-mpc3-wait-s")
+        if wait and not job.done.is_set():
+            try:
+                job.done.wait(min(max(float(wait), 0.0), MAX_WAIT_S))
+            except ValueError:
+                raise BadRequest(Code.INVALID_ARGUMENT, f"x-mpc3-wait-s {wait!r} is not a "
+                                 "number") from None
+        reply = job.reply()
+        if job.costs and job.done.is_set():
+            context.set_trailing_metadata((("x-mpc3-costs", json.dumps(job.costs)),))
+        return reply
+
+    @_rpc(USER)
+    def CancelJob(self, request, context, ident):
+        job = self._own_job(request.job_id, ident)
+        self.srv.runner.cancel(job, f"cancelled by {job.owner}")
+        job.done.wait(5.0)
+        return job.reply()
+
+    def _fetch(self, request, context, ident):
+        job = self._own_job(request.job_id, ident)
+        if job.state != S.DONE:
+            raise BadRequest(Code.FAILED_PRECONDITION, f"job {job.job_id!r} is "
+                             f"{S.State.Name(job.state)} on party {self.srv.rank}" +
+                             (f": {job.error}" if job.error else ""))
+        for name, share in job.outputs.items():
+            yield from tensor_chunks(name, share, self.cfg.frac)
+
+    FetchOutput = _rpc(USER, stream="out")(_fetch)
+
+    @_rpc(ANY)
+    def Status(self, request, context, ident):
+        recs, _ = self.srv.store.list()
+        running, queued = self.srv.runner.counts()
+        return pb.StatusReply(rank=self.srv.rank, links_up=self.srv.router.links_up(),
+                              jobs_running=running, jobs_queued=queued,
+                              models=sum(1 for r in recs if r.state != CORRUPT),
+                              tls=self.cfg.tls, version=VERSION,
+                              diagnostic=self.srv.registry.diagnostic,
+                              job_kinds=self.srv.registry.names())

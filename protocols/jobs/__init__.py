@@ -1,0 +1,25 @@
+"""Job kinds a party runs, behind one typed contract (:mod:`protocols.jobs.contract`).
+
+:data:`PRODUCTION` is the registry of every party started by ``mpc3 party`` / ``cluster up``:
+model inference only. Benchmark and diagnostic kinds (:mod:`protocols.bench_jobs`) are added
+by benchmark processes alone. To add a job kind: write its function and :class:`JobSpec`
+beside the protocol it runs, and list it here.
+"""
+from __future__ import annotations
+
+from .contract import (DEFAULT_PERMITTED, ENCODER_DECODER, TENSORS, CostRecorder,
+                       JobContext, JobRefused, JobRegistry, JobSpec, ModelView, SessionSlot,
+                       TensorSpec, admit, execute)
+from .transformer import SPECS as _TRANSFORMER
+
+PRODUCTION = JobRegistry(_TRANSFORMER)
+
+__all__ = ["PRODUCTION", "benchmark_registry", "DEFAULT_PERMITTED", "ENCODER_DECODER", "TENSORS", "CostRecorder",
+           "JobContext", "JobRefused", "JobRegistry", "JobSpec", "ModelView", "SessionSlot",
+           "TensorSpec", "admit", "execute"]
+
+
+def benchmark_registry() -> JobRegistry:
+    """PRODUCTION plus the diagnostic kinds: for benchmark and test party processes only."""
+    from .diagnostic import SPECS
+    return PRODUCTION.extended(SPECS)
