@@ -4,7 +4,7 @@ over three party processes on loopback and on emulated LAN / WAN.
     python benchmarks/paper.py [--quick] [--only table2,fig3,fig4,table3,translate]
                                [--nets none,lan,wan] [--out DIR] [--force] [--report-only]
 
-Every point runs as a ``bench_layer`` job on a :class:`net.remote_bench.RemoteCluster` (one
+Every point runs as a ``bench_layer`` job on a :class:`app.bench.remote.RemoteCluster` (one
 cluster per network, links verified first) and is written as one JSON file under
 ``DIR/points/`` (existing points are reused unless ``--force``, so a long run can be resumed).
 Then ``DIR/report.md`` sets the numbers beside the paper's (../shared/BENCHMARKS.md), with the
@@ -24,7 +24,6 @@ import json
 import math
 import os
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -117,7 +116,7 @@ class Progress:
 
 
 def run_points(pts: list[dict], nets: list[str], out: Path, force: bool, repeat: int) -> None:
-    from net.remote_bench import RemoteCluster, layer_config
+    from app.bench.remote import RemoteCluster, layer_config
     pdir = out / "points"
     pdir.mkdir(parents=True, exist_ok=True)
     todo = [(net, p) for net in nets for p in pts if force or not (pdir / f"{slug(p, net)}.json").exists()]
@@ -147,10 +146,10 @@ def run_points(pts: list[dict], nets: list[str], out: Path, force: bool, repeat:
 
 
 def translate_e2e(rc, tokens: int, d: dict, seed: int = 0) -> dict:
-    """The real secure translation as the query user runs it (net/translate.py: encoder +
+    """The real secure translation as the query user runs it (app/translate.py: encoder +
     cross-attention job, then one job per token, user-side embedding/projection), random
     weights of the given shape, ``tokens`` source tokens and exactly ``tokens`` steps."""
-    from net import translate as T
+    from app import translate as T
     from app.owner import share_transformer
     from net.client import QueryUser
     from protocols import model as M
@@ -188,7 +187,7 @@ def translate_e2e(rc, tokens: int, d: dict, seed: int = 0) -> dict:
 
 
 def run_e2e(nets: list[str], out: Path, quick: bool, force: bool) -> None:
-    from net.remote_bench import RemoteCluster
+    from app.bench.remote import RemoteCluster
     pdir = out / "points"
     pdir.mkdir(parents=True, exist_ok=True)
     tokens, d = (4, _cfg(True)) if quick else (64, _cfg(False))
@@ -221,7 +220,7 @@ def _provenance() -> dict:
 
 
 def load_points(out: Path) -> list[dict]:
-    from net.remote_bench import time_model
+    from app.bench.remote import time_model
     pts = [json.loads(f.read_text()) for f in sorted((out / "points").glob("*.json"))]
     ok = [p for p in pts if "error" not in p]
     base = {_key(p): p["wall_s"]["min"] for p in ok if p["net"] == "none"}
@@ -297,7 +296,7 @@ def _table2(pts, quick) -> list[str]:
 
 
 def _sweep(pts, exp, names) -> tuple[list[str], dict]:
-    L = [f"| net | S | " + " | ".join(f"{LABELS[n]} s / MB / rounds" for n in names) + " |",
+    L = ["| net | S | " + " | ".join(f"{LABELS[n]} s / MB / rounds" for n in names) + " |",
          "|" + "---|" * (2 + len(names))]
     series = {}
     for net in _nets([p for p in pts if p.get("experiment") == exp]):
@@ -407,7 +406,7 @@ def translation(pts) -> dict:
 def translation_model(pts) -> dict:
     """net -> time model of the translation from the loopback points, for lan and wan."""
     from net.emulate import PROFILES
-    from net.remote_bench import time_model
+    from app.bench.remote import time_model
     e = _find(pts, "translate", "encoder", "none")
     d = _find(pts, "translate", "decoder-step", "none")
     if not (e and d):
@@ -446,7 +445,7 @@ def _translate_md(pts) -> list[str]:
                  f"{'<= ' + _s(TARGET_TRANSLATE[net]) + ' s' if net in TARGET_TRANSLATE else '-'} |")
     e2e = [p for p in pts if p.get("experiment") == "translate-e2e" and "error" not in p]
     if e2e:
-        L += ["", "End to end as the query user runs it (`net/translate.py`: the encoder + "
+        L += ["", "End to end as the query user runs it (`app/translate.py`: the encoder + "
               "cross-attention job, then one job per token with the user's local embedding, "
               "projection and greedy choice; random weights, attn_norm mean), timed by the "
               "client. Client RPCs travel on an unshaped link, so tokens x RTT is added for "
@@ -491,7 +490,7 @@ def _targets(pts, quick) -> list[str]:
                   and p.get("net") == net and "error" not in p), None)
         if e:
             t = e["total_with_client_rtt_s"]
-            L.append(f"- 64-token translation {net.upper()}, end to end (net/translate.py): "
+            L.append(f"- 64-token translation {net.upper()}, end to end (app/translate.py): "
                      f"{_s(t)} s incl. tokens x RTT -> "
                      f"{'MET' if t <= TARGET_TRANSLATE[net] else 'MISSED'}")
     return L + [""]

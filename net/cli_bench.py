@@ -8,7 +8,6 @@ import platform
 import statistics
 import time
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -19,7 +18,6 @@ from mpc3.shares import BShare, bits_to_planes
 from mpc3.sharing import deal, reveal
 from mpc3.sim import make_parties, run_parties
 
-BENCH_EXTENSIONS = ("net.cli_translate_bench",)   # net.cli_layer attaches itself via net.cli
 
 
 def _planes_share(bits: np.ndarray) -> list[BShare]:
@@ -150,7 +148,7 @@ def _cmd_op(args: argparse.Namespace) -> int:
     if args.net != "none" and args.transport != "grpc":
         raise SystemExit(f"--net {args.net} runs three party processes: add --transport grpc")
     if args.transport == "grpc":       # three party processes, optionally in emulated netns
-        from .remote_bench import RemoteCluster
+        from app.bench.remote import RemoteCluster
         with RemoteCluster(args.net) as rc:
             result = rc.bench_op(args.name, args.n, args.shape, args.repeat, args.trunc)
     else:
@@ -170,12 +168,11 @@ def register(sub) -> None:
                     help="MxKxN for matmul (default 64x512x2048)")
     op.add_argument("--repeat", type=int, default=3)
     op.add_argument("--transport", choices=("inproc", "grpc"), default="inproc",
-                    help="grpc: three party processes (mTLS) - see net/remote_bench.py")
+                    help="grpc: three party processes (mTLS) - see app/bench/remote.py")
     op.add_argument("--net", default="none",
                     help="none | lan | wan | custom:RATE_MBIT:RTT_MS (emulated; needs root "
                          "and --transport grpc)")
     op.add_argument("--trunc", choices=("exact", "prob"), default="exact")
     op.add_argument("--json", help="write the result object here")
     op.set_defaults(func=_cmd_op)
-    from net.cli import register_modules
-    register_modules(BENCH_EXTENSIONS, bsub)
+    return bsub

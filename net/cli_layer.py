@@ -177,7 +177,7 @@ def run_layer(a) -> dict:
 
 def _cmd(a) -> int:
     if a.net != "none":     # three party processes, each in an emulated network namespace
-        from net import remote_bench
+        from app.bench import remote as remote_bench
         result = remote_bench.run_layer(
             a.name, net=a.net, seq=a.seq, d_model=a.d_model, heads=a.heads,
             features=a.features, d_ff=a.d_ff, layers=a.layers, attn_norm=a.attn_norm,

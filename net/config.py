@@ -164,8 +164,11 @@ def from_dict(raw: dict, base: Path, path: Path | None = None,
 
 def render(parties: list[dict], cluster: dict, clients: dict[str, dict],
            limits: dict | None = None) -> str:
-    """TOML text for a config (used by ``cluster up``); values are str/int/float/bool."""
+    """TOML text for a config (used by ``cluster up``); values are str/int/float/bool or
+    flat dicts of them (inline tables)."""
     def val(v):
+        if isinstance(v, dict):
+            return "{ " + ", ".join(f"{k} = {val(x)}" for k, x in v.items()) + " }"
         if isinstance(v, bool):
             return "true" if v else "false"
         if isinstance(v, (int, float)):

@@ -20,7 +20,6 @@ import threading
 import time
 from contextlib import contextmanager
 
-import grpc
 
 from protocols.jobs import ModelView
 

@@ -14,11 +14,11 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from conftest import stop_processes
 
 from mpc3 import ring
 from net import client as nc
-from net import cli_cluster, config, keys
+from app.localcluster import LocalCluster
+from net import keys
 from net.proto import mpc3_pb2 as pb
 from net.proto import mpc3_pb2_grpc as pb_grpc
 
@@ -27,35 +27,10 @@ PEER_TIMEOUT = 5.0
 ULP = 2.0 ** -ring.DEFAULT_FRAC
 
 
-class Cluster:
+class Cluster(LocalCluster):
     def __init__(self, d: Path, bench: bool = True, limits: dict | None = None) -> None:
-        self.dir = d
-        self.bench = bench
-        self.path = cli_cluster.write_local_config(d, peer_timeout=PEER_TIMEOUT,
-                                                   limits=limits)
-        self.cfg = config.load(self.path)
-        self.procs = [self.start(n) for n in range(3)]
-        problems = cli_cluster.wait_healthy(self.cfg, 60, self.procs)
-        if problems:
-            self.stop()
-            raise RuntimeError(f"cluster did not come up: {problems}")
-
-    def start(self, n):
-        return cli_cluster.start_party(self.path, n, self.dir / f"party-{n}.log",
-                                       bench=self.bench)
-
-    def stop(self):
-        stop_processes(self.procs)
-
-    def creds(self, stem):
-        c = self.dir / "certs"
-        return c / f"{stem}.pem", c / f"{stem}.key"
-
-    def owner(self):
-        return nc.ModelOwner(self.cfg, *self.creds("owner"))
-
-    def user(self, stem="user"):
-        return nc.QueryUser(self.cfg, *self.creds(stem))
+        super().__init__(d, bench=bench, peer_timeout=PEER_TIMEOUT, limits=limits)
+        self.start()
 
     def stub(self, n, stem):
         cert, key = self.creds(stem)
@@ -288,7 +263,7 @@ def test_cli_share_model_infer_status(cluster, tmp_path):
                       n_dec_layers=1, attn_c=0.5, attn_norm="mean", ln_eps=1e-5,
                       norm_first=False, src_vocab=5, tgt_vocab=6, max_len=8).validate()
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    run = lambda *a: subprocess.run([sys.executable, "-m", "net.cli", *a], env=env,  # noqa: E731
+    run = lambda *a: subprocess.run([sys.executable, "-m", "app.cli", *a], env=env,  # noqa: E731
                                     capture_output=True, text=True, timeout=60)
     conf = str(cluster.path)
     if True:
@@ -363,7 +338,7 @@ def test_killed_party_aborts_job_and_cluster_recovers(cluster):
         assert all("party 2" in s.error for s in st), [s.error for s in st]
         # the survivors keep serving; party 2 comes back with its stored shares
         assert len(u._call(0, "ListModels", pb.ListModelsRequest()).models) >= 2
-        cluster.procs[2] = cluster.start(2)
-        assert cli_cluster.wait_healthy(cluster.cfg, 60, cluster.procs) == []
+        cluster.start_party(2)
+        assert cluster.wait_healthy() == []
         y = u.run("sq", "linear", {"X": x}, params={"repeat": 2})["Y"]
     assert np.abs(y - x @ cluster.Wsq @ cluster.Wsq).max() < 1e-3

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def mpc3(*args, timeout=90):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "net.cli", *args], env=env, text=True,
+    return subprocess.run([sys.executable, "-m", "app.cli", *args], env=env, text=True,
                           capture_output=True, timeout=timeout)
 
 

@@ -1,4 +1,4 @@
-"""Benchmarks over the network (net/remote_bench.py, protocols/bench_jobs.py, benchmarks/paper.py).
+"""Benchmarks over the network (app/bench/remote.py, protocols/bench_jobs.py, benchmarks/paper.py).
 
 The loopback tests start three real party processes; the emulated one needs root and
 ``ip netns`` and is skipped cleanly otherwise.
@@ -56,7 +56,7 @@ def test_validators_refuse_bad_params():
 def test_loopback_cluster_matches_inproc_counts():
     from net.cli_bench import run_op
     from mpc3.party import RingConfig
-    from net.remote_bench import RemoteCluster, layer_config
+    from app.bench.remote import RemoteCluster, layer_config
     with RemoteCluster("none", quiet=True) as rc:
         r = rc.bench_op("relu", n=2048, repeat=2)
         lay = rc.bench_layer("ln", layer_config(seq=8, d_model=32, heads=2, features=8,
@@ -75,7 +75,7 @@ def test_loopback_cluster_matches_inproc_counts():
 def test_emulated_network_delays_every_round():
     """Under emulation, measured time >= rounds x one-way delay; links verified and recorded;
     nothing left behind."""
-    from net.remote_bench import RemoteCluster
+    from app.bench.remote import RemoteCluster
     with RemoteCluster("custom:200:30", quiet=True, verify_seconds=0.5) as rc:
         r = rc.bench_op("relu", n=1024)
         ns = list(rc.emu.namespaces)

@@ -4,7 +4,7 @@ import tempfile
 
 import pytest
 
-from net import cli
+from app import cli
 from protocols import textdata as TD
 
 KEYS = {"workload", "params", "transport", "net", "emulation", "wall_s", "bytes_total",

@@ -4,36 +4,24 @@ import time
 import grpc
 import numpy as np
 import pytest
-from conftest import stop_processes
 
 from mpc3 import ring
-from net import cli_cluster, config
+from app.localcluster import LocalCluster
 from net import client as nc
-from net import translate as T
+from app import translate as T
 from protocols import model as M
 from protocols import textdata as TD
 
 pytestmark = pytest.mark.skipif(not TD.SHIPPED_MODEL.exists(), reason="no shipped model")
 
 
-class Cluster:
+class Cluster(LocalCluster):
     def __init__(self, d):
-        self.dir = d
-        self.path = cli_cluster.write_local_config(d, peer_timeout=5.0)
-        self.cfg = config.load(self.path)
-        self.procs = [cli_cluster.start_party(self.path, n, d / f"party-{n}.log")
-                      for n in range(3)]
-        problems = cli_cluster.wait_healthy(self.cfg, 60, self.procs)
-        if problems:
-            self.stop()
-            raise RuntimeError(f"cluster did not come up: {problems}")
-
-    def stop(self):
-        stop_processes(self.procs)
+        super().__init__(d, peer_timeout=5.0)
+        self.start()
 
     def user(self, stem="user"):
-        c = self.dir / "certs"
-        return nc.QueryUser(self.cfg, c / f"{stem}.pem", c / f"{stem}.key", rpc_timeout=20)
+        return super().user(stem, rpc_timeout=20)
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +109,7 @@ def test_grpc_clear_errors(cluster):
 
 
 def test_cli_translate(cluster, capsys):
-    from net import cli
+    from app import cli
     c = cluster.dir / "certs"
     rc = cli.main(["translate", "--config", str(cluster.path), "--model-id", "tr",
                    "--cert", str(c / "user.pem"), "--key", str(c / "user.key"), "42"])

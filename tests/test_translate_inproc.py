@@ -5,7 +5,7 @@ import pytest
 from mpc3 import ring
 from mpc3.sharing import reveal
 from mpc3.sim import make_parties, run_parties
-from net import translate as T
+from app import translate as T
 from protocols import decoder as D
 from protocols import jobs as J
 from protocols.jobs import transformer as JT

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..comm import NEXT
 from ..party import Party
 from ..shares import BShare, group_sizes, words
 

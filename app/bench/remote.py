@@ -34,13 +34,10 @@ import atexit
 import json
 import os
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -78,12 +75,6 @@ def time_model(compute_s: float | None, rounds: int, bytes_per_party, net: dict)
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _sh(*cmd) -> None:
     r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
     if r.returncode != 0:
@@ -105,6 +96,7 @@ class RemoteCluster:
         self.procs: list[subprocess.Popen] = []
         self.network: dict = {"net": "none", "emulation": "none", "transport": "grpc"}
         self.cfg = None
+        self.cluster = None
         self._mgmt: list[str] = []
         self._counter = 0
         self._warm: set[str] = set()
@@ -129,40 +121,34 @@ class RemoteCluster:
             print(msg, file=sys.stderr, flush=True)
 
     def _start(self) -> None:
-        from . import config as cconf
-        from . import keys
+        from ..localcluster import LocalCluster, free_port
         self.dir = Path(tempfile.mkdtemp(prefix="mpc3-bench-"))
-        keys.generate(self.dir / "certs", hosts=("localhost", "127.0.0.1"))
-        cluster = {"ca": "certs/ca.pem", "peer_timeout_s": self.peer_timeout_s,
-                   "job_timeout_s": self.job_timeout_s, "frac": 18}
-        parties = []
+        launch = None
         if self.net == "none":
-            for n in range(3):
-                parties.append({"id": n, "address": f"127.0.0.1:{_free_port()}"})
+            parties = [{"address": f"127.0.0.1:{free_port()}"} for _ in range(3)]
         else:
             self._start_emulation()
-            for n in range(3):
+            parties = []
+            for n in range(3):    # clients use the management link; peers the emulated one
                 port = self.emu.port(n)
-                parties.append({"id": n, "address": f"{self._mgmt_ip(n)}:{port}",
-                                "listen": f"0.0.0.0:{port}"})
-        for n, p in enumerate(parties):
-            p.update(cert=f"certs/party-{n}.pem", key=f"certs/party-{n}.key",
-                     data_dir=f"data/party-{n}")
-        clients = {"model-owner": {"cert": "certs/owner.pem", "key": "certs/owner.key"},
-                   "query-user": {"cert": "certs/user.pem", "key": "certs/user.key"}}
-        text = cconf.render(parties, cluster, clients, {"running_jobs": 2})
-        if self.emu is not None:     # peers dial through the emulation (relays or direct)
-            for n in range(3):
-                dial = ", ".join(f'{j} = "{a}"' for j, a in self.emu.peers(n).items())
-                text = text.replace(f'data_dir = "data/party-{n}"',
-                                    f'data_dir = "data/party-{n}"\ndial = {{ {dial} }}')
-        path = self.dir / "cluster.toml"
-        path.write_text(text)
-        self.cfg = cconf.load(path)
-        self._start_parties(path)
+                parties.append({"address": f"{self._mgmt_ip(n)}:{port}",
+                                "listen": f"0.0.0.0:{port}", "dial": self.emu.peers(n)})
+            launch = lambda n, argv, **kw: self.emu.run_in(n, argv, **kw)  # noqa: E731
+        self.cluster = LocalCluster(self.dir, bench=True, log_level="WARNING", launch=launch,
+                                    parties=parties, peer_timeout=self.peer_timeout_s,
+                                    job_timeout=self.job_timeout_s,
+                                    limits={"running_jobs": 2})
+        try:
+            self.cluster.start(wait=90.0)
+        except RuntimeError as exc:
+            logs = "\n".join((self.dir / f"party-{n}.log").read_text()[-2000:]
+                             for n in range(3) if (self.dir / f"party-{n}.log").exists())
+            raise RuntimeError(f"{exc}\n{logs}") from None
+        self.cfg = self.cluster.cfg
+        self.procs = self.cluster.procs
 
     def _start_emulation(self) -> None:
-        from .emulate import Emulation, verify_link
+        from net.emulate import Emulation, verify_link
         self.emu = Emulation(self.net).__enter__()
         prof = self.emu.profile
         self._log(f"[net] {prof.name}: {prof.rate_mbit} Mbit/s, {prof.rtt_ms} ms RTT, "
@@ -187,47 +173,12 @@ class RemoteCluster:
     def _mgmt_ip(self, n: int) -> str:
         return f"{MGMT_NET}.{(os.getpid() % 80) * 3 + n}.2"
 
-    def _start_parties(self, path: Path) -> None:
-        from .cli_cluster import wait_healthy
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-        for n in range(3):
-            argv = [sys.executable, "-m", "app.bench_party", "--config", str(path),
-                    "--id", str(n), "--log-level", "WARNING"]
-            log = open(self.dir / f"party-{n}.log", "ab")
-            kw = dict(stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                      env=env, cwd=str(REPO))
-            if self.emu is None:
-                self.procs.append(subprocess.Popen(argv, start_new_session=True, **kw))
-            else:
-                self.procs.append(self.emu.run_in(n, argv, **kw))
-            log.close()
-        problems = wait_healthy(self.cfg, 90.0, self.procs)
-        if problems:
-            logs = "\n".join((self.dir / f"party-{n}.log").read_text()[-2000:]
-                             for n in range(3))
-            raise RuntimeError("parties did not become healthy: " + "; ".join(problems)
-                               + "\n" + logs)
-
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        for p in self.procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGTERM)
-                except (ProcessLookupError, PermissionError):
-                    pass
-        deadline = time.monotonic() + 5
-        for p in self.procs:
-            try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        if self.cluster is not None:
+            self.cluster.stop()
         for dev in self._mgmt:
             subprocess.run(["ip", "link", "del", dev], capture_output=True)
         if self.emu is not None:
@@ -248,7 +199,7 @@ class RemoteCluster:
     # ------------------------------------------------------------------- running ----
     def _run_job(self, kind: str, model: dict, extra_frac: dict, inputs: dict, params: dict,
                  encoded_model: bool = False) -> tuple[list[dict], np.ndarray]:
-        from .client import ModelOwner, QueryUser, reconstruct
+        from net.client import ModelOwner, QueryUser, reconstruct
         self._counter += 1
         model_id = f"bench-{os.getpid()}-{self._counter}"
         with ModelOwner(self.cfg, rpc_timeout=600) as owner:
@@ -308,7 +259,7 @@ class RemoteCluster:
             "bench_layer", {k: t for k, (t, _) in layout.items()},
             {k: e for k, (_, e) in layout.items() if e},
             dict(zip(names.get(name, ("X",)), inputs)), params)
-        from .client import reconstruct
+        from net.client import reconstruct
         got = ring.decode(reconstruct(outs)["Y"], self.cfg.frac)
         err = float(np.max(np.abs(got - ref)))
         return {"workload": f"layer/{name}",
@@ -329,7 +280,7 @@ class RemoteCluster:
         from mpc3.party import RingConfig
         from mpc3.shares import AShare
         from mpc3.sharing import reveal
-        from .cli_bench import _workload, op_errors
+        from net.cli_bench import _workload, op_errors
         if name not in bench_jobs.OPS:
             raise ValueError(f"op {name!r} is not available over the network "
                              f"(choose from {', '.join(bench_jobs.OPS)})")
@@ -360,9 +311,9 @@ def run_layer(name: str, net: str = "none", **kw) -> dict:
 
 
 def main(argv=None) -> int:
-    """``python -m net.remote_bench layer|op NAME --net ...`` (prints the JSON result)."""
+    """``python -m app.bench.remote layer|op NAME --net ...`` (prints the JSON result)."""
     import argparse
-    ap = argparse.ArgumentParser(prog="python -m net.remote_bench")
+    ap = argparse.ArgumentParser(prog="python -m app.bench.remote")
     ap.add_argument("kind", choices=("layer", "op"))
     ap.add_argument("name")
     ap.add_argument("--net", default="none")

@@ -10,7 +10,6 @@ model file that holds them; they never leave this process.
 """
 from __future__ import annotations
 
-import argparse
 import shutil
 import signal
 import sys
@@ -20,7 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import config as cconf
+from ..localcluster import LocalCluster
+from .common import add_client_creds, load
 
 DEMO_INPUTS = 5
 DEMO_SEED = 2024
@@ -83,10 +83,9 @@ def layer_table(layers, cost) -> str:
 
 # -------------------------------------------------------------------------- translate ----
 def _cmd_translate(args) -> int:
-    from .client import QueryUser
-    from .cli_cluster import _load
-    from .translate import ClusterBackend, TranslationError, translate_texts
-    cfg = _load(args)
+    from net.client import QueryUser
+    from ..translate import ClusterBackend, TranslationError, translate_texts
+    cfg = load(args)
     mcfg, user, vocab, _ = _user_side(args.model)
     with QueryUser(cfg, args.cert, args.key, rpc_timeout=args.rpc_timeout) as qu:
         backend = ClusterBackend(qu, args.model_id, step_timeout=args.step_timeout)
@@ -117,44 +116,11 @@ def demo_inputs(n: int = DEMO_INPUTS, lengths: tuple[int, ...] = (4, 6)) -> list
     return [pools[lengths[i % len(lengths)]][i // len(lengths)] for i in range(n)]
 
 
-class _LocalCluster:
-    """Three party processes on loopback with fresh certificates in a temp dir."""
-
-    def __init__(self, d: Path, say) -> None:
-        from .cli_cluster import start_party, wait_healthy, write_local_config
-        self.dir, self.procs = d, []
-        t0 = time.perf_counter()
-        self.path = write_local_config(d, peer_timeout=15.0)
-        self.cfg = cconf.load(self.path)
-        for n in range(3):
-            self.procs.append(start_party(self.path, n, d / f"party-{n}.log"))
-        problems = wait_healthy(self.cfg, 60, self.procs)
-        if problems:
-            raise RuntimeError("local cluster did not come up: " + "; ".join(problems)
-                               + f" (logs in {d})")
-        say(f"three parties up on {', '.join(p.address for p in self.cfg.parties)} "
-            f"(mTLS, certificates in {d / 'certs'}) in {time.perf_counter() - t0:.1f} s")
-
-    def creds(self, stem: str):
-        return self.dir / "certs" / f"{stem}.pem", self.dir / "certs" / f"{stem}.key"
-
-    def stop(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.terminate()
-        deadline = time.monotonic() + 5
-        for p in self.procs:
-            try:
-                p.wait(max(0.1, deadline - time.monotonic()))
-            except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired
-                p.kill()
-                p.wait()
-
-
 def _cmd_demo(args) -> int:
     from protocols import textdata as TD
-    from .client import QueryUser
-    from .translate import ClusterBackend, LayerCosts, token_agreement, translate_texts
+    from net.client import QueryUser
+    from ..owner import share_transformer
+    from ..translate import ClusterBackend, LayerCosts, token_agreement, translate_texts
     say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, flush=True))
     if not TD.SHIPPED_MODEL.exists():
         raise FileNotFoundError(f"shipped model {TD.SHIPPED_MODEL} is missing (reinstall)")
@@ -162,13 +128,15 @@ def _cmd_demo(args) -> int:
     texts = args.text or demo_inputs(args.inputs)
     t_start = time.perf_counter()
     d = Path(tempfile.mkdtemp(prefix="mpc3-demo-"))
-    cluster = None
+    cluster = LocalCluster(d, peer_timeout=15.0)
     old_term = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         say("mpc3 demo: secure translation of digits to English words by three MPC parties")
-        cluster = _LocalCluster(d, say)
         t0 = time.perf_counter()
-        from app.owner import share_transformer
+        cluster.start()
+        say(f"three parties up on {', '.join(p.address for p in cluster.cfg.parties)} "
+            f"(mTLS, certificates in {d / 'certs'}) in {time.perf_counter() - t0:.1f} s")
+        t0 = time.perf_counter()
         upload = share_transformer(cluster.cfg, "translator", mcfg, w, None,
                                    *cluster.creds("owner"), source=TD.SHIPPED_MODEL.name)
         say(f"model owner: shared the shipped translator ({w.n_params()} parameters, "
@@ -204,20 +172,11 @@ def _cmd_demo(args) -> int:
         return 0 if same == total else 1
     finally:
         signal.signal(signal.SIGTERM, old_term)
-        if cluster is not None:
-            cluster.stop()
-        elif d.exists():
-            _stop_started(d)
+        cluster.stop()
         if args.keep_dir:
             print(f"cluster files kept in {d}", file=sys.stderr)
         else:
             shutil.rmtree(d, ignore_errors=True)
-
-
-def _stop_started(d: Path) -> None:
-    """Parties started before _LocalCluster finished (failure while coming up)."""
-    from .cli_cluster import _stop
-    _stop(d)
 
 
 def _raise_interrupt(*_):
@@ -234,8 +193,7 @@ def register(sub) -> None:
                    help="seconds one job (encoder or step) may take")
     p.add_argument("--rpc-timeout", type=float, default=30.0)
     p.add_argument("--quiet", action="store_true", help="no per-token progress")
-    from .cli_cluster import _add_client_creds
-    _add_client_creds(p)
+    add_client_creds(p)
     p.set_defaults(func=_cmd_translate)
 
     p = sub.add_parser("demo", help="start a local three-party cluster, share the shipped "

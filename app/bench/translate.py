@@ -74,7 +74,7 @@ def _sources(a, cfg, vocab):
 def run_translate(a) -> dict:
     from protocols import model as M
     from protocols import textdata as TD
-    from . import translate as T
+    from .. import translate as T
     if a.model == "shipped":
         cfg, w, user, vocab = TD.load_shipped()
         eos, steps = vocab.eos, min(a.tokens or vocab.max_tgt_len, vocab.max_tgt_len)
@@ -88,17 +88,17 @@ def run_translate(a) -> dict:
     t_setup = time.perf_counter()
     try:
         if a.transport == "grpc" or a.net != "none":
-            from app.owner import share_transformer
-            from .cli_translate import _LocalCluster
-            from .client import QueryUser
+            from net.client import QueryUser
+            from ..localcluster import LocalCluster
+            from ..owner import share_transformer
             tmp = Path(tempfile.mkdtemp(prefix="mpc3-bench-translate-"))
             if a.net != "none":     # party processes in emulated network namespaces
-                from .remote_bench import RemoteCluster
+                from .remote import RemoteCluster
                 cluster = RemoteCluster(a.net).__enter__()
                 cluster.stop = lambda c=cluster: c.__exit__(None, None, None)
                 network = cluster.network
             else:
-                cluster = _LocalCluster(tmp, lambda *m: print(*m, file=sys.stderr))
+                cluster = LocalCluster(tmp, peer_timeout=120.0).start()
             share_transformer(cluster.cfg, "bench", cfg, w, None, *cluster.creds("owner"))
             qu = QueryUser(cluster.cfg, *cluster.creds("user"), rpc_timeout=120)
             backend = T.ClusterBackend(qu, "bench", step_timeout=600)
@@ -171,7 +171,7 @@ def run_translate(a) -> dict:
 
 
 def _cmd(a) -> int:
-    from .cli_bench import write_json
+    from net.cli_bench import write_json
     if a.model == "random" and (not a.src_len or not a.tokens):
         raise ValueError("--model random needs --src-len and --tokens")
     r = run_translate(a)

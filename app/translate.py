@@ -34,7 +34,7 @@ from mpc3 import ring
 from mpc3.sharing import deal
 from protocols import model as M
 
-from .client import QueryUser, TamperingDetected, reconstruct
+from net.client import QueryUser, TamperingDetected, reconstruct
 
 
 class TranslationError(RuntimeError):
@@ -158,7 +158,7 @@ class InprocBackend:
         from mpc3.party import RingConfig
         from protocols.jobs import ModelView
         from protocols.secure_model import plain_tensors, share_model
-        from .inproc import InprocParties
+        from net.inproc import InprocParties
         self.cfg = cfg
         self.frac = frac
         shares = share_model(cfg, weights, frac=frac)

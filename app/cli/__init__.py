@@ -1,0 +1,51 @@
+"""The ``mpc3`` console command: one module per group of subcommands, each exposing
+``register(subparsers)``; this file lists them. A new command goes into one of them (or a new
+module added to :data:`GROUPS`).
+
+Every error prints one line (``mpc3 CMD: error: ...``) and exits non-zero; no tracebacks.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import bench, cluster, models, translate
+
+GROUPS = (cluster, models, translate, bench)
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    from net.service import VERSION
+    try:
+        v = dist_version("mpc3")
+    except PackageNotFoundError:
+        v = "unknown (not installed)"
+    return f"mpc3 {v} (wire protocol {VERSION})"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mpc3", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=version())
+    sub = parser.add_subparsers(dest="command", required=True)
+    for group in GROUPS:
+        group.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, OSError, RuntimeError) as exc:
+        print(f"mpc3 {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""Running a cluster: certificates, party processes, a local cluster, status.
+
+    mpc3 keys --dir D                         CA + party and client certificates
+    mpc3 party --config C --id N              run party N (foreground)
+    mpc3 cluster up --dir D [--new-ports]     three local parties; prints the config path
+    mpc3 cluster down --dir D                 stop them
+    mpc3 status --config C                    links, models and jobs of every party
+"""
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+from net import keys
+
+from ..localcluster import LocalCluster
+from .common import add_client_creds, add_insecure, any_client, load
+
+
+def register(sub) -> None:
+    p = sub.add_parser("keys", help="create a CA and certificates for three parties and clients")
+    p.add_argument("--dir", required=True, help="output directory (must not hold a CA yet)")
+    p.add_argument("--host", action="append", default=None,
+                   help="host name or IP the parties are reached at (repeatable; "
+                        "default localhost and 127.0.0.1)")
+    p.add_argument("--client", action="append", default=None, metavar="NAME:ROLE",
+                   help="client certificate to issue, ROLE in model-owner|query-user "
+                        "(repeatable; default owner:model-owner user:query-user "
+                        "user2:query-user)")
+    p.set_defaults(func=_cmd_keys)
+
+    p = sub.add_parser("party", help="run one MPC party process (model inference job kinds)")
+    p.add_argument("--config", required=True)
+    p.add_argument("--id", type=int, required=True, choices=(0, 1, 2))
+    p.add_argument("--log-level", default="INFO")
+    add_insecure(p)
+    p.set_defaults(func=_cmd_party)
+
+    p = sub.add_parser("cluster", help="start/stop three local parties")
+    csub = p.add_subparsers(dest="action", required=True)
+    up = csub.add_parser("up", help="generate certs + config, start three parties, wait")
+    up.add_argument("--dir", required=True)
+    up.add_argument("--host", default="127.0.0.1")
+    up.add_argument("--base-port", type=int, default=0,
+                    help="first of three ports (default: those of an earlier run in DIR, "
+                         "else free ephemeral ports)")
+    up.add_argument("--new-ports", action="store_true",
+                    help="pick fresh ports even if DIR holds a config from an earlier run")
+    up.add_argument("--peer-timeout", type=float, default=30.0)
+    up.add_argument("--wait", type=float, default=60.0, help="seconds to wait for health")
+    add_insecure(up)
+    up.set_defaults(func=_cmd_up)
+    down = csub.add_parser("down", help="stop the parties started by 'cluster up'")
+    down.add_argument("--dir", required=True)
+    down.set_defaults(func=_cmd_down)
+
+    p = sub.add_parser("status", help="health, links, models and jobs of every party; "
+                       "exits 1 if a party is down or the parties disagree")
+    add_client_creds(p)
+    p.set_defaults(func=_cmd_status)
+
+
+def _cmd_keys(args) -> int:
+    clients = keys.DEFAULT_CLIENTS
+    if args.client:
+        clients = []
+        for spec in args.client:
+            name, _, role = spec.partition(":")
+            if not name or role not in keys.CLIENT_ROLES:
+                raise ValueError(f"--client {spec!r}: expected NAME:model-owner or "
+                                 "NAME:query-user")
+            clients.append((name, role))
+    d = keys.generate(args.dir, hosts=tuple(args.host or ("localhost", "127.0.0.1")),
+                      clients=clients)
+    print(f"certificates written to {d}")
+    return 0
+
+
+def _cmd_party(args) -> int:
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    cfg = load(args)
+    from net.server import serve
+    return serve(cfg, args.id)
+
+
+def _cmd_up(args) -> int:
+    cluster = LocalCluster(args.dir, insecure=args.insecure, host=args.host,
+                           base_port=args.base_port, new_ports=args.new_ports,
+                           peer_timeout=args.peer_timeout)
+    cluster.start(wait=args.wait)
+    print(cluster.path)
+    return 0
+
+
+def _cmd_down(args) -> int:
+    d = Path(args.dir).resolve()
+    if not any((d / f"party-{n}.pid").exists() for n in range(3)):
+        raise RuntimeError(f"no cluster pid files in {d}")
+    stopped = LocalCluster(d).stop()
+    print(f"stopped parties {stopped}" if stopped else "no party was running")
+    return 0
+
+
+def _cmd_status(args) -> int:
+    from net.client import ClusterError
+    from net.proto import mpc3_pb2 as pb
+    cfg = load(args)
+    replies = {}
+    with any_client(args, cfg, rpc_timeout=5.0) as cl:
+        for n in range(3):
+            addr = cfg.dial_address(None, n)
+            try:
+                st = cl._call(n, "Status", pb.Empty(), 5.0)
+            except ClusterError as exc:
+                print(f"party {n} {addr}: DOWN ({exc})")
+                continue
+            replies[n] = st
+            links = sorted(st.links_up)
+            ok = len(links) == 2
+            print(f"party {n} {addr}: {'OK' if ok else 'DEGRADED'} links={links} "
+                  f"models={st.models} jobs_running={st.jobs_running} "
+                  f"jobs_queued={st.jobs_queued} {'mTLS' if st.tls else 'PLAINTEXT'}"
+                  + (" DIAGNOSTIC-JOBS" if st.diagnostic else ""))
+    problems = [f"party {n} is down" for n in range(3) if n not in replies]
+    problems += [f"party {n} has links to {sorted(st.links_up)} only"
+                 for n, st in replies.items() if len(st.links_up) != 2]
+    for what, get in (("versions", lambda s: s.version), ("model counts", lambda s: s.models),
+                      ("job kinds", lambda s: tuple(s.job_kinds)),
+                      ("TLS settings", lambda s: s.tls)):
+        if len({get(s) for s in replies.values()}) > 1:
+            problems.append("the parties disagree on " + what + ": " + ", ".join(
+                f"party {n}: {get(s)}" for n, s in replies.items()))
+    for p in problems:
+        print(f"PROBLEM: {p}")
+    return 1 if problems else 0

@@ -1,0 +1,137 @@
+"""Models on a cluster, and single jobs on them.
+
+    mpc3 share-model WEIGHTS --config C --model-id ID [--permit translate,encoder]
+    mpc3 models --config C [--verify ID | --delete ID]
+    mpc3 infer --config C --model-id ID --input X.npy --output Y.npy [--kind encoder]
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .common import add_client_creds, any_client, load, load_model_file
+
+
+def register(sub) -> None:
+    p = sub.add_parser("share-model", help="secret-share a model's MPC weights to the parties")
+    p.add_argument("weights", help="model .npz (protocols/model format)")
+    p.add_argument("--model-id", required=True)
+    p.add_argument("--no-fold-omega", action="store_true",
+                   help="share W^Q, W^K and Omega separately instead of W Omega")
+    p.add_argument("--permit", metavar="COMPUTATIONS",
+                   help="comma-separated computations query users may run (default: the "
+                   "model's own inference, 'translate'; 'encoder' also returns encoder "
+                   "outputs, an intermediate value of a translation model)")
+    add_client_creds(p)
+    p.set_defaults(func=_cmd_share)
+
+    p = sub.add_parser("models", help="list the models on every party; verify or delete one")
+    act = p.add_mutually_exclusive_group()
+    act.add_argument("--delete", metavar="MODEL_ID", help="delete this model (model owner)")
+    act.add_argument("--verify", metavar="MODEL_ID",
+                     help="compare the parties' copies of every share slot of this model")
+    add_client_creds(p)
+    p.set_defaults(func=_cmd_models)
+
+    p = sub.add_parser("infer", help="run one job on a shared model; writes its output")
+    p.add_argument("--model-id", required=True)
+    p.add_argument("--input", required=True, help=".npy of the embedded input X (B, S, d)")
+    p.add_argument("--output", required=True, help=".npy to write the output to")
+    p.add_argument("--kind", default="encoder",
+                   help="job kind (default: encoder; the model must permit it)")
+    p.add_argument("--params", default="{}", help="public job parameters (JSON object)")
+    add_client_creds(p)
+    p.set_defaults(func=_cmd_infer)
+
+
+def _cmd_share(args) -> int:
+    from app.owner import share_transformer
+    cfg = load(args)
+    mcfg, weights, _user = load_model_file(args.weights)   # user tensors are never shared
+    permit = [p for p in args.permit.split(",") if p] if args.permit is not None else None
+    t0 = time.monotonic()
+    upload_id = share_transformer(cfg, args.model_id, mcfg, weights, permit, args.cert,
+                                  args.key, source=Path(args.weights).name,
+                                  fold_omega=not args.no_fold_omega)
+    print(f"model {args.model_id}: {weights.n_params()} parameters shared to 3 parties "
+          f"(upload {upload_id}, copies verified) in {time.monotonic() - t0:.1f} s")
+    return 0
+
+
+def _cmd_models(args) -> int:
+    from net.client import ModelOwner
+    cfg = load(args)
+    if args.delete:
+        with ModelOwner(cfg, args.cert, args.key) as owner:
+            for line in owner.delete(args.delete):
+                print(f"{args.delete}: {line}")
+        return 0
+    with any_client(args, cfg) as cl:
+        if args.verify:
+            replies = cl.verify(args.verify)
+            print(f"{args.verify}: verified on parties "
+                  f"{[n for n, r in enumerate(replies) if r.state == 'verified']}")
+            return 0
+        settled = cl._settled(lambda n: list(cl._call(n, "ListModels", _list_request())
+                                             .models))
+    bad = 0
+    per_party = []
+    for n, (models, err) in enumerate(settled):
+        if err is not None:
+            print(f"party {n}: DOWN ({err})")
+            bad += 1
+            per_party.append(None)
+        else:
+            per_party.append({m.model_id: m for m in models})
+    names = sorted(set().union(*[p for p in per_party if p is not None]))
+    for model_id in names:
+        infos = [p.get(model_id) if p is not None else None for p in per_party]
+        held = [n for n, i in enumerate(infos) if i is not None and i.complete]
+        first = next(i for i in infos if i is not None)
+        problems = [f"party {n}: {i.state}" + (f" ({i.problem})" if i.problem else "")
+                    for n, i in enumerate(infos) if i is not None and i.state == "corrupt"]
+        same = len({infos[n].upload_id for n in held}) == 1 and len(held) == 3
+        ok = same and not problems
+        bad += not ok
+        states = sorted({infos[n].state for n in held})
+        print(f"{model_id}: {'OK' if ok else 'INCONSISTENT'} upload={first.upload_id} "
+              f"owner={first.owner} tensors={len(first.tensors)} bytes/party="
+              f"{first.total_bytes} on parties {held} state={'/'.join(states)}"
+              + "".join(f"; {p}" for p in problems))
+    if not names and not bad:
+        print("no models")
+    return 1 if bad else 0
+
+
+def _list_request():
+    from net.proto import mpc3_pb2 as pb
+    return pb.ListModelsRequest()
+
+
+def _cmd_infer(args) -> int:
+    from net.client import QueryUser
+    cfg = load(args)
+    try:
+        params = json.loads(args.params)
+    except ValueError as exc:
+        raise ValueError(f"--params: {exc}") from None
+    try:
+        x = np.load(args.input, allow_pickle=False)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"input {args.input} not found") from None
+    except (ValueError, OSError, EOFError) as exc:
+        raise ValueError(f"{args.input} is not a .npy array: {exc}") from None
+    if x.dtype.kind not in "fiu":
+        raise ValueError(f"{args.input}: expected a numeric array, got dtype {x.dtype}")
+    t0 = time.monotonic()
+    with QueryUser(cfg, args.cert, args.key) as user:
+        out = user.run(args.model_id, args.kind, {"X": x.astype(np.float64)}, params)
+    y = out["Y"] if "Y" in out else (next(iter(out.values())) if len(out) == 1 else None)
+    if y is None:
+        raise RuntimeError(f"job returned several outputs {sorted(out)} and none named 'Y'")
+    np.save(args.output, y)
+    print(f"{args.output}: output {y.shape} in {time.monotonic() - t0:.2f} s")
+    return 0
