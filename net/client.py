@@ -98,6 +98,7 @@ class _Client:
         self.frac = cfg.frac
         self.timeout = rpc_timeout
         self.metadata: tuple = ()
+        self._tls_files = None
         if cfg.tls:
             creds_cfg = cfg.clients.get(self.role)
             cert = cert or (creds_cfg.cert if creds_cfg else None)
@@ -106,6 +107,7 @@ class _Client:
                 raise ValueError(f"no client certificate for role {self.role!r}: pass "
                                  f"--cert/--key or add [clients.{self.role}] to the config")
             creds = keys.channel_credentials(cert, key, cfg.ca)
+            self._tls_files = (cert, key, cfg.ca)
         else:
             self.metadata = (("x-mpc3-identity", dev_identity), ("x-mpc3-role", self.role))
         self.channels, self.stubs = [], []
@@ -135,7 +137,16 @@ class _Client:
             return getattr(self.stubs[n], method)(request, metadata=self.metadata,
                                                   timeout=timeout or self.timeout)
         except grpc.RpcError as exc:
-            raise rpc_error(n, exc) from None
+            raise self._error(n, exc) from None
+
+    def _error(self, n: int, exc: grpc.RpcError) -> "ClusterError":
+        """rpc_error, with the TLS handshake diagnosed when a party is unavailable."""
+        if exc.code() == grpc.StatusCode.UNAVAILABLE and self._tls_files is not None:
+            why = diagnose_tls(self.cfg.dial_address(None, n), *self._tls_files,
+                               keys.party_target_name(n))
+            if why:
+                return ClusterError(n, exc.code(), why)
+        return rpc_error(n, exc)
 
     def _settled(self, fn: Callable[[int], object]) -> list[tuple[object, BaseException | None]]:
         """Run ``fn(party)`` for the three parties concurrently; (result, error) of each."""
@@ -199,15 +210,46 @@ class _Client:
         return per_party
 
 
+def diagnose_tls(address: str, cert, key, ca, server_name: str,
+                 timeout: float = 3.0) -> str | None:
+    """Why a TLS connection to ``address`` fails, in words; None if it does not (or the
+    party is not even listening, which the gRPC error already says)."""
+    import socket
+    import ssl
+    host, _, port = address.rpartition(":")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    try:
+        ctx.load_verify_locations(str(ca))
+        ctx.load_cert_chain(str(cert), str(key))
+    except (OSError, ssl.SSLError) as exc:
+        return f"cannot use this client's certificate or the cluster's CA: {exc}"
+    ctx.set_alpn_protocols(["h2"])
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as raw:
+            with ctx.wrap_socket(raw, server_hostname=server_name) as tls:
+                tls.settimeout(timeout)
+                if tls.recv(1):        # a party that accepted us sends its HTTP/2 preface
+                    return None
+    except ssl.SSLCertVerificationError as exc:
+        return (f"this client rejected the party's certificate ({exc.verify_message}): "
+                "is --config's CA the cluster's?")
+    except ssl.SSLEOFError:
+        pass
+    except (OSError, ValueError, ssl.SSLError):
+        return None
+    # the party closed the connection in or right after the handshake: it refused our cert
+    return ("the party rejected this client's certificate: "
+            + keys.why_not_trusted(cert, ca) + " (use --cert/--key issued for this cluster)")
+
+
 def rpc_error(n: int, exc: grpc.RpcError) -> ClusterError:
     """A ClusterError for party ``n`` with a message a user can act on."""
     code, details = exc.code(), exc.details() or ""
     low = details.lower()
     if code == grpc.StatusCode.UNAVAILABLE and any(k in low for k in (
             "certificate", "handshake", "ssl", "tls", "alert")):
-        details = ("the TLS connection was refused - the party rejected this client's "
-                   "certificate or this client rejected the party's (check that --cert/--key "
-                   f"and the config's CA belong to this cluster) [{details[:200]}]")
+        details = ("the TLS connection failed - a certificate was rejected (check that "
+                   f"--cert/--key and the config's CA belong to this cluster) [{details[:200]}]")
     elif code == grpc.StatusCode.UNAVAILABLE:
         details = f"party {n} is not reachable ({details[:200]}); is it running? ('mpc3 status')"
     elif code == grpc.StatusCode.DEADLINE_EXCEEDED:
@@ -391,7 +433,7 @@ class QueryUser(_Client):
                 pb.JobRef(job_id=job_id), metadata=md,
                 timeout=(timeout or self.timeout) + wait_s)
         except grpc.RpcError as exc:
-            raise rpc_error(n, exc) from None
+            raise self._error(n, exc) from None
         costs = []
         for key, value in call.trailing_metadata() or ():
             if key == "x-mpc3-costs":
@@ -473,7 +515,7 @@ class QueryUser(_Client):
                         name, shape, payload, _, _ = done
                         out[name] = share_from_payload(payload, shape)
             except grpc.RpcError as exc:
-                raise rpc_error(n, exc) from None
+                raise self._error(n, exc) from None
             except Exception as exc:  # BadRequest from the assembler: a party sent garbage
                 raise TamperingDetected(f"party {n} sent a malformed output: {exc}") from None
             asm.finish()

@@ -172,6 +172,26 @@ def _cmd_keys(args) -> int:
     return 0
 
 
+def why_not_trusted(cert: Path, ca: Path) -> str:
+    """Why a party could refuse ``cert`` given the cluster's ``ca``, as far as a client can
+    tell locally: another issuer, a bad signature, expiry, or a role a party does not take."""
+    c = x509.load_pem_x509_certificate(Path(cert).read_bytes())
+    authority = x509.load_pem_x509_certificate(Path(ca).read_bytes())
+    if c.issuer != authority.subject:
+        return (f"it was issued by '{c.issuer.rfc4514_string()}', not by the cluster's CA "
+                f"'{authority.subject.rfc4514_string()}'")
+    try:
+        c.verify_directly_issued_by(authority)
+    except (ValueError, TypeError, Exception):  # noqa: BLE001 - InvalidSignature and kin
+        return "its signature does not verify against the cluster's CA"
+    now = _dt.datetime.now(_dt.timezone.utc)
+    if now > c.not_valid_after_utc:
+        return f"it expired on {c.not_valid_after_utc:%Y-%m-%d}"
+    if now < c.not_valid_before_utc:
+        return f"it is valid only from {c.not_valid_before_utc:%Y-%m-%d}"
+    return "the party did not say why (the certificate looks valid for this CA)"
+
+
 # ------------------------------------------------------------------- gRPC credentials ----
 @functools.lru_cache(maxsize=256)
 def _identity_cached(pem: bytes) -> Identity:

@@ -91,3 +91,42 @@ def test_cli_errors_exit_nonzero(tmp_path):
     assert r.returncode != 0 and "error" in r.stderr
     r = mpc3("cluster", "down", "--dir", str(tmp_path))
     assert r.returncode == 2 and "no cluster" in r.stderr
+
+
+def test_cluster_up_keeps_its_ports_and_down_signals_only_its_parties(tmp_path):
+    import subprocess as sp
+    d = tmp_path / "c"
+    flag = "--insecure-plaintext-for-local-dev"
+    assert mpc3("cluster", "up", "--dir", str(d), flag).returncode == 0
+    first = (d / "cluster.toml").read_text()
+    assert mpc3("cluster", "down", "--dir", str(d)).returncode == 0
+    r = mpc3("cluster", "up", "--dir", str(d), flag)
+    try:
+        assert r.returncode == 0, r.stderr
+        assert (d / "cluster.toml").read_text() == first          # same ports
+    finally:
+        assert mpc3("cluster", "down", "--dir", str(d)).returncode == 0
+    stranger = sp.Popen(["sleep", "30"])                          # a recycled pid
+    try:
+        (d / "party-0.pid").write_text(f"{stranger.pid}\n")
+        r = mpc3("cluster", "down", "--dir", str(d))
+        assert r.returncode == 0 and "no party was running" in r.stdout
+        assert stranger.poll() is None
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+@pytest.mark.parametrize("content", [b"", b"PK\x03\x04truncated", b"not a model"])
+def test_share_model_refuses_unreadable_files_in_one_line(tmp_path, content):
+    f = tmp_path / "m.npz"
+    f.write_bytes(content)
+    r = mpc3("share-model", str(f), "--config", str(ROOT / "deploy" / "cluster.toml"),
+             "--model-id", "m")
+    assert r.returncode == 2 and "not a readable mpc3 model file" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_version():
+    r = mpc3("--version")
+    assert r.returncode == 0 and r.stdout.startswith("mpc3 ") and "mpc3-net/" in r.stdout

@@ -46,6 +46,6 @@ def load_model_file(path: str):
         return load_model(path)
     except FileNotFoundError:
         raise FileNotFoundError(f"model file {path} not found") from None
-    except (ValueError, KeyError, OSError, EOFError, zipfile.BadZipFile) as exc:
+    except (ValueError, KeyError, TypeError, OSError, EOFError, zipfile.BadZipFile) as exc:
         raise ValueError(f"{path} is not a readable mpc3 model file (.npz with config.json "
                          f"and weights): {exc}") from None
