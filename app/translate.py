@@ -42,8 +42,8 @@ class TranslationError(RuntimeError):
 
 
 @dataclass
-class Cost:
-    """Traffic of a set of jobs: bytes/messages summed over parties, rounds the maximum."""
+class Traffic:
+    """Measured traffic of a set of jobs: bytes/messages summed over parties, rounds the maximum."""
 
     wall_s: float = 0.0
     bytes_per_party: list = field(default_factory=lambda: [0, 0, 0])
@@ -64,7 +64,7 @@ class Cost:
         self.wall_s += wall_s
         self.jobs += 1
 
-    def __iadd__(self, other: "Cost") -> "Cost":
+    def __iadd__(self, other: "Traffic") -> "Traffic":
         self.wall_s += other.wall_s
         self.bytes_per_party = [a + b for a, b in zip(self.bytes_per_party,
                                                       other.bytes_per_party)]
@@ -72,10 +72,6 @@ class Cost:
         self.rounds += other.rounds
         self.jobs += other.jobs
         return self
-
-    def summary(self) -> str:
-        return (f"{self.wall_s:.2f} s, {self.bytes_total / 1e6:.2f} MB sent by the parties, "
-                f"{self.rounds} rounds, {self.jobs} jobs")
 
 
 class LayerCosts:
@@ -123,7 +119,7 @@ class ClusterBackend:
                                    "(not shared by 'mpc3 share-model'?)")
         return M.ModelConfig.from_dict(meta["model_config"])
 
-    def _job(self, kind: str, inputs: dict, session: str, cost: Cost,
+    def _job(self, kind: str, inputs: dict, session: str, cost: Traffic,
              layers: LayerCosts | None) -> dict[str, np.ndarray]:
         t0 = time.perf_counter()
         job = self.user.submit(self.model_id, kind, inputs, {"session": session},
@@ -137,14 +133,14 @@ class ClusterBackend:
         self.user.forget(job)
         return out
 
-    def open(self, session: str, x: np.ndarray, cost: Cost, layers=None) -> None:
+    def open(self, session: str, x: np.ndarray, cost: Traffic, layers=None) -> None:
         self._job("decode_open", {"X": x}, session, cost, layers)
 
-    def step(self, session: str, y: np.ndarray, cost: Cost, layers=None) -> np.ndarray:
+    def step(self, session: str, y: np.ndarray, cost: Traffic, layers=None) -> np.ndarray:
         return self._job("decode_step", {"Y": y}, session, cost, layers)["H"]
 
     def close(self, session: str) -> None:
-        self._job("decode_close", {}, session, Cost(), None)
+        self._job("decode_close", {}, session, Traffic(), None)
 
 
 class InprocBackend:
@@ -173,7 +169,7 @@ class InprocBackend:
     def model_config(self) -> M.ModelConfig:
         return self.cfg
 
-    def _job(self, kind: str, inputs: dict, session: str, cost: Cost, layers) -> dict:
+    def _job(self, kind: str, inputs: dict, session: str, cost: Traffic, layers) -> dict:
         dealt = {k: deal(ring.encode(np.asarray(v, dtype=np.float64), self.frac))
                  for k, v in inputs.items()}
         t0 = time.perf_counter()
@@ -188,25 +184,25 @@ class InprocBackend:
         outs = [j.outputs for j in jobs]
         return reconstruct(outs) if outs[0] else {}
 
-    def open(self, session: str, x: np.ndarray, cost: Cost, layers=None) -> None:
+    def open(self, session: str, x: np.ndarray, cost: Traffic, layers=None) -> None:
         self._job("decode_open", {"X": x}, session, cost, layers)
         self.sessions.add(session)
 
-    def step(self, session: str, y: np.ndarray, cost: Cost, layers=None) -> np.ndarray:
+    def step(self, session: str, y: np.ndarray, cost: Traffic, layers=None) -> np.ndarray:
         return self._job("decode_step", {"Y": y}, session, cost, layers)["H"]
 
     def close(self, session: str) -> None:
         if session in self.sessions:
             self.sessions.discard(session)
-            self._job("decode_close", {}, session, Cost(), None)
+            self._job("decode_close", {}, session, Traffic(), None)
 
 
 # ---------------------------------------------------------------------------- loop ----
 @dataclass
 class BatchResult:
     tokens: list[list[int]]            # per row, without BOS/EOS
-    open_cost: Cost
-    step_cost: Cost
+    open_cost: Traffic
+    step_cost: Traffic
     steps: int
     logits: list[np.ndarray]           # (B, V) per step (for checks/diagnostics)
     hidden: list[np.ndarray] = field(default_factory=list)   # (B, d) decoder rows per step
@@ -234,7 +230,7 @@ def decode_batch(backend, cfg: M.ModelConfig, user: Mapping[str, np.ndarray], sr
     B = src.shape[0]
     session = "s" + os.urandom(12).hex()
     x = M.embed(cfg, user["embed.src"], src)
-    open_cost, step_cost = Cost(), Cost()
+    open_cost, step_cost = Traffic(), Traffic()
     out: list[list[int]] = [[] for _ in range(B)]
     all_logits, hidden, fed = [], [], []
     backend.open(session, x, open_cost, layers)
@@ -292,7 +288,7 @@ class Translation:
 def translate_texts(backend, cfg, user, texts: list[str], vocab=None, batch: int = 32,
                     on_token=None, layers: LayerCosts | None = None,
                     plaintext_weights: M.Weights | None = None, parallel: int = 1
-                    ) -> tuple[list[Translation], Cost, list[tuple[list[int], list[int]]]]:
+                    ) -> tuple[list[Translation], Traffic, list[tuple[list[int], list[int]]]]:
     """Translate ``texts`` securely (grouped by source length, at most ``batch`` per group).
 
     ``parallel`` > 1 runs that many groups at once, each in its own decode session (the
@@ -312,7 +308,7 @@ def translate_texts(backend, cfg, user, texts: list[str], vocab=None, batch: int
                              f"{cfg.max_len}")
     results: list[Translation | None] = [None] * len(texts)
     pairs: list = [None] * len(texts)
-    total = Cost()
+    total = Traffic()
     groups: dict[int, list[int]] = {}
     for i, s in enumerate(ids):
         groups.setdefault(len(s), []).append(i)
@@ -370,6 +366,6 @@ def token_agreement(pairs) -> tuple[int, int]:
     return same, total
 
 
-__all__ = ["ClusterBackend", "InprocBackend", "Cost", "LayerCosts", "decode_batch",
+__all__ = ["ClusterBackend", "InprocBackend", "Traffic", "LayerCosts", "decode_batch",
            "translate_texts", "token_agreement", "Translation", "TranslationError",
            "TamperingDetected"]

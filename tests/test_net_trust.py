@@ -112,8 +112,8 @@ def test_no_permitted_kind_is_a_linear_function_of_its_input(prod):
     with prod.user() as u:
         enc = u.run("tr2", "encoder", {"X": X})["Y"]
         be = T.ClusterBackend(u, "tr2")
-        be.open("probe", rng.uniform(-1.5, 1.5, (48, 3, 16)), T.Cost())
-        hs = nc.ring.decode(be.step("probe", ys, T.Cost()))
+        be.open("probe", rng.uniform(-1.5, 1.5, (48, 3, 16)), T.Traffic())
+        hs = nc.ring.decode(be.step("probe", ys, T.Traffic()))
         be.close("probe")
     for inp, out in ((X.reshape(-1, 16), enc.reshape(-1, 16)), (ys, hs)):
         A = np.hstack([inp, np.ones((inp.shape[0], 1))])
@@ -174,13 +174,13 @@ def test_sessions_per_user_are_limited(prod):
     x = np.zeros((1, 2, 16))
     with prod.user(retry_s=0) as u:
         be = T.ClusterBackend(u, "tr1")
-        be.open("lim-1", x, T.Cost())
-        be.open("lim-2", x, T.Cost())
+        be.open("lim-1", x, T.Traffic())
+        be.open("lim-2", x, T.Traffic())
         with pytest.raises(nc.ClusterError) as err:
-            be.open("lim-3", x, T.Cost())
+            be.open("lim-3", x, T.Traffic())
         assert err.value.code == C.RESOURCE_EXHAUSTED and "user_sessions" in str(err.value)
         be.close("lim-1")
-        be.open("lim-3", x, T.Cost())             # a closed session frees its slot
+        be.open("lim-3", x, T.Traffic())             # a closed session frees its slot
         be.close("lim-2")
         be.close("lim-3")
 

@@ -95,11 +95,11 @@ def test_inproc_steps_equal_plaintext_steps():
     be = T.InprocBackend(cfg, w)
     src = np.array([[3, 4, 5], [6, 1, 2]])
     x = M.embed(cfg, user["embed.src"], src)
-    be.open("s1", x, T.Cost())
+    be.open("s1", x, T.Traffic())
     ref = M.RefDecodeState(cfg, w, M.ref_encoder(cfg, w, x))
     for t, tok in enumerate([1, 4, 7]):
         y = M.embed(cfg, user["embed.tgt"], np.full((2, 1), tok), offset=t)[:, 0]
-        got = ring.decode(be.step("s1", y, T.Cost()))
+        got = ring.decode(be.step("s1", y, T.Traffic()))
         np.testing.assert_allclose(got, M.ref_decoder_step(cfg, w, ref, y), atol=2e-2)
     be.close("s1")
     assert "s1" not in be.sessions
@@ -109,6 +109,6 @@ def test_over_long_input_is_refused_before_any_job():
     cfg = _small_cfg()
     be = T.InprocBackend(cfg, M.random_weights(cfg))
     with pytest.raises(ValueError, match="too long"):
-        be.open("s2", np.zeros((1, cfg.max_len + 1, cfg.d_model)), T.Cost())
+        be.open("s2", np.zeros((1, cfg.max_len + 1, cfg.d_model)), T.Traffic())
     with pytest.raises(ValueError, match="too long"):
         T.translate_texts(be, cfg, M.random_user(cfg), ["1234567890"])

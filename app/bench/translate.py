@@ -121,7 +121,7 @@ def run_translate(a) -> dict:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
     results = runs[-1]
-    open_c, step_c = T.Cost(), T.Cost()
+    open_c, step_c = T.Traffic(), T.Traffic()
     abs_err, ref_max, pairs = 0.0, 0.0, []
     for src, res in zip(batches, results):
         open_c += res.open_cost
@@ -138,7 +138,7 @@ def run_translate(a) -> dict:
             pl = plain[b] + ([eos] if eos is not None and len(plain[b]) < steps else [])
             pairs.append((sec, pl))
     same, compared = T.token_agreement(pairs)
-    total = T.Cost()
+    total = T.Traffic()
     total += open_c
     total += step_c
     n_steps = max(1, step_c.jobs)
