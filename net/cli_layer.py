@@ -115,10 +115,10 @@ def _transport(kind: str):
     if kind == "inproc":
         yield lambda: sim.make_parties(timeout=600.0)
         return
-    from net import keys, link
+    from net import keys, mesh
     with tempfile.TemporaryDirectory() as d:
         keys.generate(d)
-        routers, stop = link.local_mesh(d)
+        routers, stop = mesh.local_mesh(d)
         ids = itertools.count()
 
         def parties():

@@ -11,7 +11,7 @@ Shaping, on both ends of every link so every pair sees the profile:
   ``netem delay RTT/2 rate R`` qdisc per veth end; peers dial each other's
   listen address directly.
 * ``emulation == "tbf+relay"`` (otherwise): ``tbf rate R`` per veth end; the
-  one-way delay is added by a userspace TCP relay (``_relay`` below) running
+  one-way delay is added by a userspace TCP relay (:mod:`net.relay`) running
   in the dialling party's namespace.  Party ``i`` dials ``127.0.1.<j+1>:port``
   (``dial_addr``); the relay timestamps every received chunk and forwards it,
   in order, once ``now >= t_recv + RTT/2`` -- in both directions, so a
@@ -43,18 +43,15 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import collections
 import itertools
 import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import asdict, dataclass
 
 PARTIES = 3
@@ -64,7 +61,7 @@ NS_PREFIX = "mpc3-"
 DEFAULT_BASE_PORT = 47000
 PROBE_PORT_OFFSET = 100     # verify_link probe server of party j: base_port + 100 + j
 GOODPUT_OVERHEAD = 1514 / 1448   # wire bytes per TCP payload byte (MTU 1500, timestamps)
-_SELF = os.path.abspath(__file__)
+_HELPERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "relay.py")
 _counter = itertools.count()
 
 
@@ -279,7 +276,7 @@ class Emulation:
         return port
 
     def _start_helper(self, i: int, *args) -> subprocess.Popen:
-        proc = self.run_in(i, [sys.executable, _SELF, *args], stdout=subprocess.PIPE, text=True)
+        proc = self.run_in(i, [sys.executable, _HELPERS, *args], stdout=subprocess.PIPE, text=True)
         if proc.stdout.readline().strip() != "READY":
             raise RuntimeError(f"helper {args} in {self.ns(i)} failed to start")
         return proc
@@ -331,183 +328,9 @@ class Emulation:
         atexit.unregister(self.close)
 
 
-# ---- helper processes (run inside a namespace as ``python emulate.py _NAME ...``)
-def _listen(host: str, port: int, handler) -> None:
-    """Accept connections on host:port in a daemon thread; one thread per connection."""
-    ls = socket.create_server((host, port), reuse_port=False, backlog=128)
-
-    def serve():
-        while True:
-            c, _ = ls.accept()
-            c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            threading.Thread(target=handler, args=(c,), daemon=True).start()
-    threading.Thread(target=serve, daemon=True).start()
-
-
-def _ready_then_wait(detach: bool = False) -> None:
-    """Report readiness; then exit when the Emulation owner dies (even by SIGKILL)."""
-    print("READY", flush=True)
-    parent = os.getppid()
-    while detach or os.getppid() == parent:
-        time.sleep(0.5)
-    os._exit(0)
-
-
-def _sleep_until(deadline: float, comp: list) -> None:
-    """Sleep until ``time.monotonic() >= deadline``, never waking early: sleep
-    ``wait - comp[0]`` (running estimate of the kernel's overshoot), then spin
-    (releasing the GIL) for the rest."""
-    wait = deadline - time.monotonic() - comp[0]
-    if wait > 0:
-        t = time.monotonic()
-        time.sleep(wait)
-        comp[0] = min(max(0.9 * comp[0] + 0.1 * (time.monotonic() - t - wait), 0.0), 0.002)
-    while time.monotonic() < deadline:
-        time.sleep(0)
-
-
-def _relay_main(delay_ms: str, rate_mbit: str, *maps: str) -> None:
-    """Delay relay: ``maps`` are ``LHOST:LPORT=RHOST:RPORT``; every byte is
-    forwarded (in order) ``delay_ms`` after it was received, both directions."""
-    sys.setswitchinterval(0.0002)
-    try:                                            # prctl(PR_SET_TIMERSLACK, 1 ns)
-        import ctypes
-        ctypes.CDLL(None).prctl(29, 1, 0, 0, 0)
-    except Exception:
-        pass
-    delay = float(delay_ms) / 1e3
-    limit = int(max(4 << 20, 4 * float(rate_mbit) * 1e6 / 8 * delay))   # queue >= 4 BDP
-
-    def pump(src: socket.socket, dst: socket.socket) -> None:
-        q: collections.deque = collections.deque()  # (deadline, chunk); b"" marks EOF
-        cv, st = threading.Condition(), {"buffered": 0, "dead": False}
-
-        def reader():                               # timestamp chunks as they arrive
-            try:
-                while True:
-                    data = src.recv(1 << 18)
-                    with cv:
-                        q.append((time.monotonic() + delay, data))
-                        st["buffered"] += len(data)
-                        cv.notify_all()
-                        while st["buffered"] > limit and not st["dead"]:
-                            cv.wait()               # back-pressure
-                        if not data or st["dead"]:
-                            return
-            except OSError:
-                with cv:
-                    q.append((time.monotonic() + delay, b""))
-                    cv.notify_all()
-        threading.Thread(target=reader, daemon=True).start()
-        comp = [0.0001]
-        try:                                        # writer: release chunks when due
-            while True:
-                with cv:
-                    while not q:
-                        cv.wait()
-                    deadline = q[0][0]
-                _sleep_until(deadline, comp)
-                with cv:
-                    _, data = q.popleft()
-                if not data:
-                    dst.shutdown(socket.SHUT_WR)
-                    return
-                dst.sendall(data)
-                with cv:
-                    st["buffered"] -= len(data)
-                    cv.notify_all()
-        except OSError:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-        finally:
-            with cv:
-                st["dead"] = True
-                cv.notify_all()
-
-    def handler_for(target: tuple[str, int]):
-        def handle(client: socket.socket) -> None:
-            try:
-                upstream = socket.create_connection(target, timeout=10)
-            except OSError:
-                return client.close()
-            upstream.settimeout(None)
-            upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            back = threading.Thread(target=pump, args=(upstream, client), daemon=True)
-            back.start()
-            pump(client, upstream)
-            back.join()
-            client.close()
-            upstream.close()
-        return handle
-
-    for m in maps:
-        (lh, lp), (rh, rp) = (x.rsplit(":", 1) for x in m.split("="))
-        _listen(lh, int(lp), handler_for((rh, int(rp))))
-    _ready_then_wait(detach=os.environ.get("MPC3_RELAY_DETACH") == "1")
-
-
-def _recv_exact(s: socket.socket, n: int) -> bytes:
-    out = b""
-    while len(out) < n:
-        if not (chunk := s.recv(n - len(out))):
-            return b""
-        out += chunk
-    return out
-
-
-def _probe_server_main(host: str, port: str) -> None:
-    """'P' connections: echo 64-byte messages; 'B': count bulk bytes until EOF, reply JSON."""
-    def handle(c: socket.socket) -> None:
-        with c:
-            mode = c.recv(1)
-            while mode == b"P" and (msg := _recv_exact(c, 64)):
-                c.sendall(msg)
-            if mode == b"B":
-                n, t0, t1, first, buf = 0, None, None, 0, bytearray(1 << 20)
-                while k := c.recv_into(buf):
-                    t1 = time.monotonic()
-                    if t0 is None:
-                        t0, first = t1, k
-                    n += k
-                secs = (t1 - t0) if t0 is not None else 0.0
-                c.sendall(json.dumps({"bytes": n - first, "seconds": secs}).encode() + b"\n")
-    _listen(host, int(port), handle)
-    _ready_then_wait()
-
-
-def _probe_client_main(target: str, pings: str, seconds: str) -> None:
-    addr, res = (target.rsplit(":", 1)[0], int(target.rsplit(":", 1)[1])), {}
-    if int(pings) > 0:
-        with socket.create_connection(addr, timeout=30) as s:
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            s.sendall(b"P")
-            msg, rtts = b"x" * 64, []
-            for k in range(int(pings) + 1):         # first exchange is a warm-up
-                t = time.perf_counter()
-                s.sendall(msg)
-                if _recv_exact(s, 64) != msg:
-                    raise RuntimeError("ping-pong: bad echo")
-                rtts.append((time.perf_counter() - t) * 1e3)
-        res["rtts_ms"] = rtts[1:]
-    if float(seconds) > 0:
-        with socket.create_connection(addr, timeout=60) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
-            s.sendall(b"B")
-            buf, end = b"\0" * (1 << 20), time.monotonic() + float(seconds)
-            while time.monotonic() < end:
-                s.sendall(buf)
-            s.shutdown(socket.SHUT_WR)
-            stats = json.loads(s.makefile().readline())
-        res["throughput_mbit"] = stats["bytes"] * 8 / 1e6 / max(stats["seconds"], 1e-9)
-    print(json.dumps(res), flush=True)
-
-
 # ---- verification
 def _probe(emu: Emulation, i: int, target: str, pings: int, seconds: float) -> dict:
-    p = emu.run_in(i, [sys.executable, _SELF, "_probe-client", target, pings, seconds],
+    p = emu.run_in(i, [sys.executable, _HELPERS, "_probe-client", target, pings, seconds],
                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out, err = p.communicate(timeout=30 + seconds + pings * emu.profile.rtt_ms / 500)
     if p.returncode != 0:
@@ -557,11 +380,6 @@ def _summary(r: dict) -> str:
 # ---- CLI
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    helpers = {"_relay": _relay_main, "_probe-server": _probe_server_main,
-               "_probe-client": _probe_client_main}
-    if argv and argv[0] in helpers:
-        helpers[argv[0]](*argv[1:])
-        return 0
     ap = argparse.ArgumentParser(prog="python -m net.emulate", description=__doc__.split("\n")[0])
     c = ap.add_subparsers(dest="cmd", required=True).add_parser(
         "check", help="set up the emulation, verify all three links, tear down")

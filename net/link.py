@@ -32,7 +32,6 @@ import os
 import queue
 import threading
 import time
-from concurrent import futures
 from dataclasses import dataclass, field
 
 import grpc
@@ -503,50 +502,3 @@ class GrpcComm(Communicator):
 
     def abort(self, reason: str) -> None:
         self.router.abort_job(self.job_id, reason)
-
-
-# ------------------------------------------------------- local mesh (tests, benchmarks) ----
-def local_mesh(cert_dir=None, host: str = "127.0.0.1", ready_timeout: float = 20.0):
-    """Three routers in this process over real gRPC sockets on ephemeral loopback ports.
-
-    ``cert_dir``: directory made by :func:`net.keys.generate` (mTLS); None = plaintext.
-    Returns ``(routers, stop)``; call ``stop()`` to shut everything down.
-    """
-    from pathlib import Path
-    servers, ports = [], []
-    for r in range(3):
-        srv = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=SERVER_OPTIONS)
-        if cert_dir is None:
-            ports.append(srv.add_insecure_port(f"{host}:0"))
-        else:
-            d = Path(cert_dir)
-            ports.append(srv.add_secure_port(f"{host}:0", keys.server_credentials(
-                d / f"party-{r}.pem", d / f"party-{r}.key", d / "ca.pem")))
-        servers.append(srv)
-    routers = []
-    for r in range(3):
-        creds = None
-        if cert_dir is not None:
-            d = Path(cert_dir)
-            creds = keys.channel_credentials(d / f"party-{r}.pem", d / f"party-{r}.key",
-                                             d / "ca.pem")
-        router = PeerRouter(r, f"{host}:{ports[(r + 1) % 3]}", creds, tls=cert_dir is not None)
-        pb_grpc.add_PeerServiceServicer_to_server(router.servicer, servers[r])
-        routers.append(router)
-    for srv in servers:
-        srv.start()
-    for router in routers:
-        router.start()
-
-    def stop() -> None:
-        for router in routers:
-            router._stop.set()
-        for router in routers:
-            router.stop()
-        for srv in servers:
-            srv.stop(grace=None)
-
-    if not all(router.wait_ready(ready_timeout) for router in routers):
-        stop()
-        raise PeerUnavailable("local mesh: links did not come up")
-    return routers, stop

@@ -10,7 +10,8 @@ from mpc3.comm import Aborted, PeerTimeout, ProtocolError
 from mpc3.kernels import arith
 from mpc3.sharing import deal, reveal
 from mpc3.sim import make_parties, run_parties
-from net import keys, link
+from net import keys
+from net import mesh as local
 
 ULP = 2.0 ** -ring.DEFAULT_FRAC
 
@@ -19,7 +20,7 @@ ULP = 2.0 ** -ring.DEFAULT_FRAC
 def mesh(tmp_path_factory):
     d = tmp_path_factory.mktemp("certs")
     keys.generate(d)
-    routers, stop = link.local_mesh(d)
+    routers, stop = local.local_mesh(d)
     yield routers
     stop()
 
