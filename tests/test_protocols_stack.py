@@ -21,7 +21,7 @@ TOL = 2e-3
 
 def make_cfg(**kw):
     base = dict(d_model=24, n_heads=3, d_head=8, n_features=10, d_ff=40, n_enc_layers=2,
-                n_dec_layers=2, attn_c=0.5, attn_norm="mean", ln_eps=1e-5, norm_first=False,
+                n_dec_layers=2, attn_c=0.5, attn_norm="mean", norm_first=False,
                 src_vocab=5, tgt_vocab=5, max_len=16)
     base.update(kw)
     return M.ModelConfig(**base).validate()
