@@ -18,8 +18,9 @@ counted) and return them as the output ``stats``: a *public* sharing (slot 0 = v
 the unchanged client API reconstructs it with its replica check. The workload's output of the
 last run is returned as ``Y`` (boolean outputs as their two bit-plane slots).
 
-Workload functions live here (protocols/ may not import net/); :func:`layer_case` also builds
-the plaintext inputs and the float64 reference that the client compares against.
+The layer workloads (secure functions, inputs, float64 references) come from the one catalog
+:mod:`protocols.workloads`; ``layer_case`` and ``model_prefixes`` are re-exported for the
+client side (:mod:`net.remote_bench`).
 """
 from __future__ import annotations
 
@@ -31,81 +32,12 @@ from mpc3.party import Party, RingConfig
 from mpc3.shares import AShare, BShare
 
 from . import model as M
+from .workloads import LAYER_WORKLOADS, layer_fn
+from .workloads import layer_case, model_prefixes  # noqa: F401 (re-exported for net.remote_bench)
+from .workloads import layer_inputs as _layer_inputs
 
-LAYER_WORKLOADS = ("mha", "mmha-qk", "mmha-vk", "ffn", "ln", "encoder", "decoder",
-                   "softmax-attn", "masked-softmax-attn", "decoder-step")
 OPS = ("mult", "matmul", "trunc", "drelu", "relu", "sqrt-inv", "reciprocal", "exp")
 STATS_FIELDS = ("wall_ns", "bytes", "messages", "rounds")
-
-
-# ------------------------------------------------------------------ workloads ----
-def model_prefixes(name: str) -> tuple[str, ...]:
-    """Model tensors a layer workload reads (only these are uploaded)."""
-    return {"mha": ("enc.0.attn.",), "mmha-qk": ("dec.0.self.",), "mmha-vk": ("dec.0.self.",),
-            "ffn": ("enc.0.ffn.",), "ln": ("enc.0.ln1.",), "encoder": ("enc.",),
-            "decoder": ("dec.",), "decoder-step": ("dec.",),
-            "softmax-attn": (), "masked-softmax-attn": ()}[name]
-
-
-def layer_fn(name: str, cfg: M.ModelConfig, block: int | None = None, exp: str = "poly"):
-    """Per-party ``fn(party, shares, *input_shares) -> AShare`` of a layer workload."""
-    from . import attention as A
-    from . import decoder as D, encoder as E, ffn as F, layernorm as LN, mha as MH
-    from .secure_model import sub
-    if name in ("mha", "mmha-qk", "mmha-vk"):
-        causal = name != "mha"
-        pre = "dec.0.self" if causal else "enc.0.attn"
-        form = "qk" if name == "mmha-qk" else "vk"
-        return lambda p, sh, x: MH.mha(p, cfg, sub(sh, pre), x, causal=causal,
-                                       masked_form=form, block=block)
-    if name == "ffn":
-        return lambda p, sh, x: F.ffn(p, sub(sh, "enc.0.ffn"), x)
-    if name == "ln":
-        return lambda p, sh, x: LN.layernorm(p, x, sh["enc.0.ln1.gamma"], sh["enc.0.ln1.beta"],
-                                             cfg.ln_eps)
-    if name == "encoder":
-        return lambda p, sh, x: E.encoder(p, cfg, sh, x)
-    if name == "decoder":
-        return lambda p, sh, y, e: D.decoder(p, cfg, sh, y, e)
-    if name == "decoder-step":
-        def step(p, sh, ys, es):     # the whole prefix, one token at a time (O(1) per token)
-            st = D.DecodeState.start(p, cfg, sh, es)
-            outs = [D.decoder_step(p, cfg, sh, st, ys[:, t]) for t in range(ys.shape[1])]
-            return AShare(np.stack([o.a for o in outs], 1), np.stack([o.b for o in outs], 1))
-        return step
-    if name in ("softmax-attn", "masked-softmax-attn"):
-        masked = name.startswith("masked")
-        return lambda p, sh, q, k, v: A.softmax_attention(p, q, k, v, masked=masked, exp=exp)
-    raise ValueError(f"unknown layer workload {name!r}; choose from {LAYER_WORKLOADS}")
-
-
-def layer_case(name: str, cfg: M.ModelConfig, weights: M.Weights, batch: int, rng,
-               fold: bool = True, exp: str = "poly") -> tuple[list[np.ndarray], np.ndarray]:
-    """(plaintext inputs, float64 reference) as in ``mpc3 bench layer``: x uniform in
-    [-10, 10]; decoder encoder-output uniform in [-2, 2]; softmax q, k, v uniform in [-1, 1]."""
-    from . import attention as A
-    B, S, d, h, dh = batch, cfg.max_len, cfg.d_model, cfg.n_heads, cfg.d_head
-    folded = M.fold_omega(weights, cfg) if fold else None
-    x = rng.uniform(-10, 10, (B, S, d))
-    if name in ("mha", "mmha-qk", "mmha-vk"):
-        causal = name != "mha"
-        pre = "dec.0.self" if causal else "enc.0.attn"
-        return [x], M.ref_mha(cfg, M.attn_params(weights, pre, folded), x, x, causal=causal)
-    if name == "ffn":
-        return [x], M.ref_ffn(x, *(weights[f"enc.0.ffn.{k}"] for k in ("w1", "b1", "w2", "b2")))
-    if name == "ln":
-        return [x], M.ref_layernorm(x, weights["enc.0.ln1.gamma"], weights["enc.0.ln1.beta"],
-                                    cfg.ln_eps)
-    if name == "encoder":
-        return [x], M.ref_encoder(cfg, weights, x, folded=folded)
-    if name in ("decoder", "decoder-step"):
-        e = rng.uniform(-2, 2, (B, S, d))
-        return [x, e], M.ref_decoder(cfg, weights, x, e, folded=folded)
-    if name in ("softmax-attn", "masked-softmax-attn"):
-        q, k, v = (rng.uniform(-1, 1, (B, h, S, dh)) for _ in range(3))
-        return [q, k, v], A.ref_softmax_attention(q, k, v, masked=name.startswith("masked"),
-                                                  exp=exp)
-    raise ValueError(f"unknown layer workload {name!r}; choose from {LAYER_WORKLOADS}")
 
 
 def op_fn(name: str, shift: int = 10):
@@ -162,14 +94,6 @@ def _repeat(params: dict) -> int:
     if isinstance(r, bool) or not isinstance(r, int) or not 1 <= r <= 1000:
         raise ValueError("repeat must be an integer in 1..1000")
     return r
-
-
-def _layer_inputs(name: str) -> tuple[str, ...]:
-    if name in ("decoder", "decoder-step"):
-        return ("X", "E")
-    if name in ("softmax-attn", "masked-softmax-attn"):
-        return ("Q", "K", "V")
-    return ("X",)
 
 
 # ------------------------------------------------------------------ job kinds ----

@@ -12,6 +12,7 @@ import pytest
 from conftest import netns_skip_reason
 
 from mpc3 import ring, sim
+from mpc3.sharing import deal, reveal
 from protocols import bench_jobs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,18 +25,18 @@ def test_bench_job_reports_public_stats_in_process():
     """The job kind times R runs per party and returns a (3, 4, R) public sharing that
     reconstructs to the communicators' own counters."""
     x = np.random.default_rng(0).normal(size=300)
-    model = [{"in0": s} for s in sim.deal(ring.encode(x))]
+    model = [{"in0": s} for s in deal(ring.encode(x))]
     parties = sim.make_parties()
     outs = sim.run_parties(bench_jobs.bench_op,
                            [(model[i], {}, {"op": "relu", "repeat": 2}) for i in range(3)],
                            parties=parties)
-    st = sim.reveal([o["stats"] for o in outs]).astype(np.int64)
+    st = reveal([o["stats"] for o in outs]).astype(np.int64)
     assert st.shape == (3, 4, 2)
     assert (st[:, 0] > 0).all()                                  # wall_ns
     assert (st[:, 1, 0] == st[:, 1, 1]).all() and st[:, 3, 0].max() == 7   # ReLU: 7 rounds
     # counted: barrier (1 round) + 2 runs + stats swap (1 round)
     assert [p.stats.bytes_sent for p in parties] == list(st[:, 1].sum(1) + 16 + 2 * 8 * 8)
-    y = ring.decode(sim.reveal([o["Y"] for o in outs]))
+    y = ring.decode(reveal([o["Y"] for o in outs]))
     assert np.abs(y - np.maximum(x, 0)).max() < 1e-3
 
 
