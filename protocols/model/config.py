@@ -121,11 +121,17 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple]:
         out[f"{p}.b2"] = (d,)
 
     for i in range(cfg.n_enc_layers):
-        attn(f"enc.{i}.attn"); ln(f"enc.{i}.ln1"); ffn(f"enc.{i}.ffn"); ln(f"enc.{i}.ln2")
+        attn(f"enc.{i}.attn")
+        ln(f"enc.{i}.ln1")
+        ffn(f"enc.{i}.ffn")
+        ln(f"enc.{i}.ln2")
     for i in range(cfg.n_dec_layers):
-        attn(f"dec.{i}.self"); ln(f"dec.{i}.ln1")
-        attn(f"dec.{i}.cross"); ln(f"dec.{i}.ln2")
-        ffn(f"dec.{i}.ffn"); ln(f"dec.{i}.ln3")
+        attn(f"dec.{i}.self")
+        ln(f"dec.{i}.ln1")
+        attn(f"dec.{i}.cross")
+        ln(f"dec.{i}.ln2")
+        ffn(f"dec.{i}.ffn")
+        ln(f"dec.{i}.ln3")
     if cfg.norm_first:
         ln("enc.final_ln")
         if cfg.n_dec_layers:
