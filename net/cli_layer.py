@@ -1,15 +1,12 @@
 """``mpc3 bench layer NAME``: one Privformer layer (Table 2 workloads) on three parties.
 
-Random weights (:func:`protocols.model.random_weights`, Xavier) and, as in Privformer
-Sec. 9.1, single layers get inputs drawn uniformly from [-10, 10] (encoded with 18 fractional
-bits instead of the paper's 13). Rescaled, and stated in the JSON under ``params.inputs``:
-the encoder/decoder stacks get inputs (and the decoder an encoder output) uniform in
-[-sqrt(3), sqrt(3)] - unit variance, the scale of embeddings and LayerNorm outputs; with
-[-10, 10] and random weights the residual x + MHA(x) has a variance beyond sqrt_inv_a's domain
-(2^16), so the first LayerNorm would be meaningless - and the softmax baselines get per-head
-Q, K, V uniform in [-1, 1] (the paper's max-free polynomial exp is only meaningful for scores
-near 0). attn_norm defaults to "const" with c = 1 / (r * seq) (the paper's public constant;
-"mean" is selectable).
+The workloads (secure function, inputs, float64 reference, declared cost) come from the one
+catalog :mod:`protocols.workloads`. Random weights (:func:`protocols.model.random_weights`,
+Xavier) and, as in Privformer Sec. 9.1, single layers get inputs drawn uniformly from
+[-10, 10] (encoded with 18 fractional bits instead of the paper's 13); the encoder/decoder
+stacks get unit-variance inputs and the softmax baselines per-head Q, K, V in [-1, 1] (why:
+see the catalog), stated in the JSON under ``params.inputs``. attn_norm defaults to "const"
+with c = 1 / (r * seq) (the paper's public constant; "mean" is selectable).
 
 Transports: ``inproc`` (three threads over in-memory queues) or ``grpc`` (three party routers
 of :mod:`net.link` in this process, talking real gRPC over loopback with mTLS; certificates
@@ -25,25 +22,25 @@ import argparse
 import contextlib
 import itertools
 import json
-import math
 import statistics
 import tempfile
 import time
 
 import numpy as np
 
-WORKLOADS = ("mha", "mmha-qk", "mmha-vk", "ffn", "ln", "encoder", "decoder", "softmax-attn",
-             "masked-softmax-attn", "decoder-step")
+from protocols.workloads import LAYER_WORKLOADS as WORKLOADS
 
 
-STACK_RANGE = math.sqrt(3.0)   # uniform with unit variance: the scale of a LayerNorm output
+def _options(a):
+    from protocols.workloads import Options
+    return Options(fold=a.fold, block=a.block, decode_block=a.decode_block, exp=a.exp,
+                   input_range=a.input_range)
 
 
 def input_range(a) -> float:
     """Half-width of the uniform inputs: the paper's 10 for single layers, sqrt(3) for stacks."""
-    if a.input_range is not None:
-        return a.input_range
-    return STACK_RANGE if a.name in ("encoder", "decoder", "decoder-step") else 10.0
+    from protocols import workloads
+    return workloads.get(a.name).x_range(_options(a))
 
 
 def _config(a):
@@ -53,58 +50,8 @@ def _config(a):
     c = a.attn_c if a.attn_c is not None else 1.0 / (a.features * a.seq)
     return M.ModelConfig(d_model=a.d_model, n_heads=a.heads, d_head=a.d_model // a.heads,
                          n_features=a.features, d_ff=a.d_ff, n_enc_layers=a.layers,
-                         n_dec_layers=a.layers, attn_c=c, attn_norm=a.attn_norm, ln_eps=1e-5,
+                         n_dec_layers=a.layers, attn_c=c, attn_norm=a.attn_norm,
                          norm_first=False, src_vocab=2, tgt_vocab=2, max_len=a.seq).validate()
-
-
-def _workload(a, cfg, w, rng):
-    """-> (per-party fn(p, shares, *inputs), [plaintext inputs], reference output)."""
-    from protocols import attention as A
-    from protocols import model as M
-    from protocols import decoder as D, encoder as E, ffn as F, layernorm as LN, mha as MH
-    from protocols.secure_model import sub
-    B, S, d, h, dh = a.batch, a.seq, cfg.d_model, cfg.n_heads, cfg.d_head
-    name = a.name
-    x = rng.uniform(-input_range(a), input_range(a), (B, S, d))
-    if name in ("mha", "mmha-qk", "mmha-vk"):
-        causal = name != "mha"
-        pre = "enc.0.attn" if not causal else "dec.0.self"
-        form = "qk" if name == "mmha-qk" else "vk"
-        fn = lambda p, sh, xs: MH.mha(p, cfg, sub(sh, pre), xs, causal=causal,  # noqa: E731
-                                      masked_form=form, block=a.block)
-        ref = M.ref_mha(cfg, M.attn_params(w, pre, a.folded), x, x, causal=causal)
-        return fn, [x], ref
-    if name == "ffn":
-        pre = "enc.0.ffn"
-        return (lambda p, sh, xs: F.ffn(p, sub(sh, pre), xs), [x],
-                M.ref_ffn(x, *(w[f"{pre}.{k}"] for k in ("w1", "b1", "w2", "b2"))))
-    if name == "ln":
-        pre = "enc.0.ln1"
-        return (lambda p, sh, xs: LN.layernorm(p, xs, sh[f"{pre}.gamma"], sh[f"{pre}.beta"],
-                                               cfg.ln_eps), [x],
-                M.ref_layernorm(x, w[f"{pre}.gamma"], w[f"{pre}.beta"], cfg.ln_eps))
-    if name == "encoder":
-        return (lambda p, sh, xs: E.encoder(p, cfg, sh, xs), [x],
-                M.ref_encoder(cfg, w, x, folded=a.folded))
-    if name in ("decoder", "decoder-step"):
-        enc = rng.uniform(-STACK_RANGE, STACK_RANGE, (B, S, d))
-        if name == "decoder":
-            return (lambda p, sh, ys, es: D.decoder(p, cfg, sh, ys, es), [x, enc],
-                    M.ref_decoder(cfg, w, x, enc, folded=a.folded))
-
-        def step(p, sh, ys, es):   # whole prefix, one token at a time, O(1) per token
-            st = D.DecodeState.start(p, cfg, sh, es, block=a.decode_block)
-            outs = [D.decoder_step(p, cfg, sh, st, ys[:, t]) for t in range(S)]
-            from mpc3.shares import AShare
-            return AShare(np.stack([o.a for o in outs], 1), np.stack([o.b for o in outs], 1))
-        return step, [x, enc], M.ref_decoder(cfg, w, x, enc, folded=a.folded)
-    if name in ("softmax-attn", "masked-softmax-attn"):
-        masked = name.startswith("masked")
-        q, k, v = (rng.uniform(-1, 1, (B, h, S, dh)) for _ in range(3))
-        return (lambda p, sh, qs, ks, vs: A.softmax_attention(p, qs, ks, vs, masked=masked,
-                                                               exp=a.exp),
-                [q, k, v], A.ref_softmax_attention(q, k, v, masked=masked, exp=a.exp))
-    raise ValueError(f"unknown workload {name!r}; choose from {WORKLOADS}")
 
 
 @contextlib.contextmanager
@@ -134,12 +81,13 @@ def run_layer(a) -> dict:
     from mpc3 import ring, sim
     from mpc3.sharing import reveal
     from protocols import model as M
+    from protocols import workloads
     from protocols.secure_model import share_input, share_model
     cfg = _config(a)
     w = M.random_weights(cfg, seed=a.seed)
-    a.folded = M.fold_omega(w, cfg) if a.fold else None
-    rng = np.random.default_rng(a.seed + 1)
-    fn, inputs, ref = _workload(a, cfg, w, rng)
+    wl, opts = workloads.get(a.name), _options(a)
+    fn = wl.secure(cfg, opts)
+    inputs, ref = wl.case(cfg, w, a.batch, np.random.default_rng(a.seed + 1), opts)
     model_shares = share_model(cfg, w, fold_omega=a.fold)
     in_shares = [share_input(t) for t in inputs]
     args = [(model_shares[i],) + tuple(s[i] for s in in_shares) for i in range(3)]
@@ -158,11 +106,7 @@ def run_layer(a) -> dict:
     params = {k: getattr(a, k) for k in ("seq", "d_model", "heads", "features", "d_ff",
                                          "layers", "batch", "attn_norm", "fold", "exp", "block",
                                          "decode_block")}
-    rng_txt = f"uniform[-{input_range(a):.4g},{input_range(a):.4g}]"
-    params.update(attn_c=cfg.attn_c, frac=ring.DEFAULT_FRAC,
-                  inputs="uniform[-1,1] q,k,v per head" if "softmax" in a.name
-                  else rng_txt + (f"; enc_out uniform[-{STACK_RANGE:.4g},{STACK_RANGE:.4g}]"
-                                  if "decoder" in a.name else ""))
+    params.update(attn_c=cfg.attn_c, frac=ring.DEFAULT_FRAC, inputs=wl.describe_inputs(opts))
     params["load_avg_1m_at_end"] = __import__("os").getloadavg()[0]   # other jobs inflate times
     return {"workload": a.name, "params": params, "transport": a.transport, "net": "none",
             "emulation": "none",

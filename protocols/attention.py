@@ -35,12 +35,6 @@ SOFTMAX_EXP = ("poly", "limit")
 
 
 # ----------------------------------------------------------------- batched products ----
-def _local(x: AShare, y: AShare, kind: str) -> np.ndarray:
-    if kind == "mul":
-        return x.a * (y.a + y.b) + x.b * y.a
-    return ring.matmul(x.a, y.a + y.b) + ring.matmul(x.b, y.a)
-
-
 def mul_many(p: Party, items: list[tuple], trunc: bool | int = True) -> list[AShare]:
     """Independent products ``x*y`` ("mul", same shapes) or ``x@y`` ("matmul") in one go.
 
@@ -91,7 +85,6 @@ def relu_many(p: Party, xs: list[AShare]) -> list[AShare]:
         res.append(out[pos:pos + x.size].reshape(x.shape))
         pos += x.size
     return res
-
 
 
 # --------------------------------------------------------- unmasked (Alg. 1, Eq. 12) ----

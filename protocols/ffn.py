@@ -1,8 +1,8 @@
 """Secure position-wise feed-forward network (Privformer Alg. 7): ReLU(x W1 + b1) W2 + b2.
 
 Biases are added locally; the one ReLU call covers every row of every batch element.
-Cost: two matmuls (:func:`mpc3.kernels.arith.cost_mul` of B*S*d_ff and B*S*d_model outputs)
-plus one relu_a on B*S*d_ff elements.
+Cost (:func:`cost_ffn`): two matmuls (:func:`mpc3.kernels.arith.cost_mul` of B*S*d_ff and
+B*S*d_model outputs) plus one relu_a on B*S*d_ff elements.
 """
 from __future__ import annotations
 
@@ -26,3 +26,13 @@ def ffn(p: Party, w: dict, x: AShare) -> AShare:
         raise ValueError(f"ffn: input width {x.shape[-1]} != d_model {w['w1'].shape[0]}")
     hid = _add(arith.matmul_aa(p, x, w["w1"]), w["b1"])
     return _add(arith.matmul_aa(p, convert.relu_a(p, hid), w["w2"]), w["b2"])
+
+
+def cost_ffn(p_cfg, rows: int, d_model: int, d_ff: int):
+    """Declared rounds and bytes per party of :func:`ffn` on ``rows`` input rows (B*S)."""
+    from mpc3.kernels import convert
+    f, mode = p_cfg.frac, p_cfg.trunc
+    L = p_cfg.relu_drop_bits
+    m = f + p_cfg.relu_bound_bits - L + 2
+    return (arith.cost_mul(rows * d_ff, True, f, mode) + convert.cost_relu(rows * d_ff, L, m)
+            + arith.cost_mul(rows * d_model, True, f, mode))

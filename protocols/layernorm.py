@@ -52,8 +52,3 @@ def layernorm(p: Party, x: AShare, gamma: AShare, beta: AShare, eps: float) -> A
     rs = fxp.sqrt_inv_a(p, var)
     y = arith.mul_aa(p, xg, _bcast(rs.reshape(*rs.shape, 1), x.shape))
     return y + _bcast(beta, x.shape)
-
-
-def add_norm(p: Party, x: AShare, sub: AShare, w: dict, eps: float) -> AShare:
-    """Post-LN residual block: LN(x + sublayer(x))."""
-    return layernorm(p, x + sub, w["gamma"], w["beta"], eps)

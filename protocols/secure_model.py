@@ -21,25 +21,22 @@ The projection weights carry PROJ_EXTRA more fractional bits (and their products
 by ``frac + PROJ_EXTRA``): weights like ``attn_c * W^V`` (attn_c = 1/r) keep full relative
 precision; the products must stay below 2^(62 - 2*frac - PROJ_EXTRA) = 2^18 in real units.
 
-Entry points for servers: :func:`run_encoder` and :func:`run_decoder_step` take
-``(party, cfg, shares, x_share)`` exactly as a job handler receives them.
+This module is the layout only (encoding and dealing by the model owner, :func:`sub` and
+:data:`PROJ_EXTRA` for the protocols that read it); it imports no protocol, so mha, encoder and
+decoder import it without a cycle. The stacks are :func:`protocols.encoder.encoder`,
+:meth:`protocols.decoder.DecodeState.start` and :func:`protocols.decoder.decoder_step`.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from mpc3 import ring
-from mpc3.party import Party
 from mpc3.shares import AShare
 from mpc3.sharing import deal
 
 from . import model as M
 
 PROJ_EXTRA = 8
-
-
-def is_folded(shares: dict[str, AShare], prefix: str) -> bool:
-    return f"{prefix}.omega" not in shares
 
 
 def fold_scales(cfg: M.ModelConfig) -> tuple[float, float]:
@@ -118,24 +115,3 @@ def check_shares(cfg: M.ModelConfig, shares: dict[str, AShare], fold_omega: bool
     for k, shape in expect.items():
         if shares[k].shape != tuple(shape):
             raise ValueError(f"share {k!r} has shape {shares[k].shape}, expected {tuple(shape)}")
-
-
-def run_encoder(party: Party, cfg: M.ModelConfig, shares: dict[str, AShare], x_share: AShare,
-                **kw) -> AShare:
-    """Encoder job: x (B, S, d) shares -> encoder output shares (B, S, d)."""
-    from .encoder import encoder
-    return encoder(party, cfg, shares, x_share, **kw)
-
-
-def start_decoder(party: Party, cfg: M.ModelConfig, shares: dict[str, AShare], enc_share: AShare,
-                  **kw):
-    """Build the secret decode state (cross-attention K'^T V of every layer, empty prefix sums)."""
-    from .decoder import DecodeState
-    return DecodeState.start(party, cfg, shares, enc_share, **kw)
-
-
-def run_decoder_step(party: Party, cfg: M.ModelConfig, shares: dict[str, AShare], x_share: AShare,
-                     state) -> AShare:
-    """Decoder job step: newest embedded token (B, d) shares -> decoder output (B, d) shares."""
-    from .decoder import decoder_step
-    return decoder_step(party, cfg, shares, state, x_share)

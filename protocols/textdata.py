@@ -267,3 +267,31 @@ def translate(texts, cfg, w, user, vocab: Vocab = VOCAB) -> list[str]:
         for i, toks in zip(idx, dec):
             out[i] = decode_tgt(toks, vocab)
     return out
+
+
+def calibration_samples(cfg, w, user, n: int = 64, seed: int = 0, vocab: Vocab = VOCAB):
+    """Real inputs of the translator for :func:`protocols.calibrate.calibrate`: ``n`` numbers
+    of the train split (1 to 9 digits), their embedded sources grouped by length, each paired
+    with the decoder inputs a real greedy decoding feeds - ``<bos>`` and then the model's own
+    predictions for all ``max_len - 1`` further steps (a batched decoding keeps stepping rows
+    that already emitted ``<eos>``), so the prefix sums reach their full size."""
+    from . import calibrate as C
+    from . import model as M
+
+    by_len: dict[int, list[list[int]]] = {}
+    for x in sample_numbers(n, seed, "train"):
+        ids = encode_src(str(int(x)), vocab)
+        by_len.setdefault(len(ids), []).append(ids)
+    X, Y = [], []
+    for _, rows in sorted(by_len.items()):
+        src = M.embed(cfg, user["embed.src"], np.array(rows))
+        enc = M.ref_encoder(cfg, w, src)
+        state = M.RefDecodeState(cfg, w, enc)
+        toks = np.full((len(rows), 1), vocab.bos, dtype=np.int64)
+        for t in range(cfg.max_len - 1):
+            y = M.embed(cfg, user["embed.tgt"], toks[:, -1:], offset=t)[:, 0, :]
+            nxt = M.output_logits(user, M.ref_decoder_step(cfg, w, state, y)).argmax(-1)
+            toks = np.concatenate([toks, nxt[:, None]], axis=1)
+        X.append(src)
+        Y.append(M.embed(cfg, user["embed.tgt"], toks))
+    return C.Samples(X, Y)

@@ -10,7 +10,7 @@ B, S, T = 2, 7, 6
 
 def make_cfg(**kw):
     base = dict(d_model=24, n_heads=3, d_head=8, n_features=10, d_ff=40, n_enc_layers=2,
-                n_dec_layers=2, attn_c=0.5, attn_norm="mean", ln_eps=1e-5, norm_first=False,
+                n_dec_layers=2, attn_c=0.5, attn_norm="mean", norm_first=False,
                 src_vocab=13, tgt_vocab=11, max_len=16)
     base.update(kw)
     return M.ModelConfig(**base).validate()
@@ -56,6 +56,16 @@ def test_config_dict_roundtrip():
         M.ModelConfig.from_dict(d)
     with pytest.raises(ValueError, match="unknown config keys"):
         M.ModelConfig.from_dict({**cfg.to_dict(), "dropout": 0.1})
+
+
+def test_default_ln_eps_inside_sqrt_inv_range():
+    """LayerNorm computes 1/sqrt(var + eps) with sqrt_inv_a: the default eps alone must be a
+    value that kernel computes correctly (a constant row has var = 0)."""
+    from mpc3.kernels import fxp
+    lo, hi = fxp.SQRT_INV_RANGE
+    assert lo <= M.DEFAULT_LN_EPS <= hi
+    assert make_cfg().ln_eps == M.DEFAULT_LN_EPS
+    assert make_cfg(ln_eps=1e-5).ln_eps == 1e-5       # trained models keep their own eps
 
 
 # ------------------------------------------------------------------ weights

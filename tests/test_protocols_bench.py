@@ -6,6 +6,7 @@ import json
 import pytest
 
 from net import cli_layer
+from protocols import workloads
 
 TINY = ["--seq", "5", "--d-model", "12", "--heads", "2", "--features", "6", "--d-ff", "16",
         "--layers", "1", "--repeat", "1", "--attn-c", "0.002"]
@@ -42,3 +43,22 @@ def test_grpc_transport_same_traffic(tmp_path):
 def test_bad_config():
     with pytest.raises(ValueError, match="divisible"):
         cli_layer.run_layer(parse(["mha", "--heads", "5"] + TINY[:4] + TINY[6:]))
+
+
+@pytest.mark.parametrize("name", [n for n, w in workloads.WORKLOADS.items() if w.cost])
+def test_declared_cost_matches_traffic(name):
+    """Where the catalog declares a cost, the measured traffic of the CLI run is exactly it."""
+    from mpc3.party import RingConfig
+    a = parse([name, "--block", "2"] + TINY)
+    d = cli_layer.run_layer(a)
+    cost = workloads.get(name).cost(RingConfig(), cli_layer._config(a), 1, cli_layer._options(a))
+    assert (tuple(d["bytes_per_party"]), d["rounds"]) == (cost.bytes_per_party, cost.rounds)
+
+
+def test_one_catalog():
+    """The CLI, the bench job kind and the catalog list the same workloads and inputs."""
+    assert cli_layer.WORKLOADS == workloads.LAYER_WORKLOADS == tuple(workloads.WORKLOADS)
+    assert workloads.model_prefixes("ffn") == ("enc.0.ffn.",)
+    assert workloads.layer_inputs("decoder-step") == ("X", "E")
+    with pytest.raises(ValueError, match="unknown layer workload"):
+        workloads.get("conv")

@@ -14,12 +14,12 @@ from protocols.ffn import ffn
 from protocols.layernorm import layernorm
 from protocols.mha import mha
 
-from conftest import share, value
+from conftest import Run, share, value
 
 
 def make_cfg(**kw):
     base = dict(d_model=24, n_heads=3, d_head=8, n_features=10, d_ff=40, n_enc_layers=1,
-                n_dec_layers=1, attn_c=0.5, attn_norm="mean", ln_eps=1e-5, norm_first=False,
+                n_dec_layers=1, attn_c=0.5, attn_norm="mean", norm_first=False,
                 src_vocab=5, tgt_vocab=5, max_len=16)
     base.update(kw)
     return M.ModelConfig(**base).validate()
@@ -97,9 +97,26 @@ def test_layernorm(run, rng, shape):
     d = shape[-1]
     x = rng.uniform(-5, 5, shape) + rng.uniform(-3, 3, shape[:-1] + (1,))
     g, b = 1 + 0.1 * rng.standard_normal(d), 0.1 * rng.standard_normal(d)
-    out = run(lambda p, xs, gs, bs: layernorm(p, xs, gs, bs, 1e-5), share(x), share(g), share(b))
-    err = np.max(np.abs(value(out) - M.ref_layernorm(x, g, b, 1e-5)))
+    eps = M.DEFAULT_LN_EPS
+    out = run(lambda p, xs, gs, bs: layernorm(p, xs, gs, bs, eps), share(x), share(g), share(b))
+    err = np.max(np.abs(value(out) - M.ref_layernorm(x, g, b, eps)))
     assert err < 2e-3, err
+
+
+def test_layernorm_small_variance_needs_eps_in_range(rng):
+    """Rows with std 0.01: var + 1e-5 lies below sqrt_inv_a's range and LayerNorm comes out
+    wrong by O(1); with the default eps (inside the range) it matches the reference."""
+    from mpc3.kernels import fxp
+    x = 1.0 + 0.01 * rng.standard_normal((4, 16))
+    g, b = np.ones(16), np.zeros(16)
+    var = x.var(-1)
+    errs = {}
+    for eps in (1e-5, M.DEFAULT_LN_EPS):
+        out = Run()(lambda p, xs, gs, bs: layernorm(p, xs, gs, bs, eps), share(x), share(g),
+                    share(b))
+        errs[eps] = np.max(np.abs(value(out) - M.ref_layernorm(x, g, b, eps)))
+    assert np.all(var + 1e-5 < fxp.SQRT_INV_RANGE[0]) and errs[1e-5] > 0.1
+    assert np.all(var + M.DEFAULT_LN_EPS >= fxp.SQRT_INV_RANGE[0]) and errs[M.DEFAULT_LN_EPS] < 2e-3
 
 
 def test_share_model_layout_and_errors():
@@ -135,7 +152,8 @@ def test_bad_inputs(run, rng):
         run(lambda p, s, xs: mha(p, cfg, SM.sub(s, "dec.0.self"), xs, xs, causal=True),
             *zip(*args(sh, share(x))))
     with pytest.raises(ValueError, match="gamma"):
-        run(lambda p, xs, g: layernorm(p, xs, g, g, 1e-5), share(x), share(np.ones(3)))
+        run(lambda p, xs, g: layernorm(p, xs, g, g, M.DEFAULT_LN_EPS), share(x),
+            share(np.ones(3)))
 
 
 def test_mha_small_c_large_inputs_keeps_precision(run, rng):

@@ -1,5 +1,5 @@
 """Encoder (Alg. 8), decoder (Alg. 9 with residuals and real cross attention), incremental
-decoding and the secure_model entry points, against protocols.model (post-LN and pre-LN).
+decoding, against protocols.model (post-LN and pre-LN).
 
 Shapes: B=2, S=7 source, T=5 target, d_model=24, h=3, r=10, d_ff=40, 2 layers each.
 Inputs uniform in [-1, 1]. Bound: 2e-3 absolute on LayerNorm-scale outputs (sqrt_inv_a is
@@ -21,7 +21,7 @@ TOL = 2e-3
 
 def make_cfg(**kw):
     base = dict(d_model=24, n_heads=3, d_head=8, n_features=10, d_ff=40, n_enc_layers=2,
-                n_dec_layers=2, attn_c=0.5, attn_norm="mean", ln_eps=1e-5, norm_first=False,
+                n_dec_layers=2, attn_c=0.5, attn_norm="mean", norm_first=False,
                 src_vocab=5, tgt_vocab=5, max_len=16)
     base.update(kw)
     return M.ModelConfig(**base).validate()
@@ -40,11 +40,11 @@ def test_encoder_decoder_and_incremental(run, rng, norm_first, norm, c):
     x, y = rng.uniform(-1, 1, (2, 7, 24)), rng.uniform(-1, 1, (2, 5, 24))
 
     def fn(p, s, xs, ys):
-        enc = SM.run_encoder(p, cfg, s, xs)
+        enc = encoder(p, cfg, s, xs)
         full_vk = D.decoder(p, cfg, s, ys, enc, masked_form="vk", block=2)
         full_qk = D.decoder(p, cfg, s, ys, enc, masked_form="qk", cross_order="qk")
-        st = SM.start_decoder(p, cfg, s, enc, block=2)
-        steps = [SM.run_decoder_step(p, cfg, s, ys[:, t], st) for t in range(5)]
+        st = D.DecodeState.start(p, cfg, s, enc, block=2)
+        steps = [D.decoder_step(p, cfg, s, st, ys[:, t]) for t in range(5)]
         return enc, full_vk, full_qk, steps
 
     res = run(fn, *per_party(sh, share(x), share(y)))
@@ -74,10 +74,10 @@ def test_decoder_step_cost_bounded_in_prefix(rng, block):
     per_step = []
 
     def fn(p, s, es, ys):
-        st = SM.start_decoder(p, cfg, s, es, block=block)
+        st = D.DecodeState.start(p, cfg, s, es, block=block)
         for t in range(6):
             before = p.stats.snapshot()
-            SM.run_decoder_step(p, cfg, s, ys[:, t], st)
+            D.decoder_step(p, cfg, s, st, ys[:, t])
             if p.rank == 0:
                 per_step.append(p.stats - before)
         return st.t

@@ -15,7 +15,7 @@ client runs in the root namespace and reaches each party over an extra *unshaped
 party-to-party traffic.
 
 A bench call uploads random model shares as the model owner (only the tensors the workload
-reads), submits a ``bench_layer``/``bench_op`` job (:mod:`protocols.bench_jobs`) as the query
+reads), submits a ``bench_layer``/``bench_op`` job (:mod:`protocols.jobs.diagnostic`) as the query
 user, and returns a result with DESIGN.md's metric names: ``wall_s`` measured on the parties
 (protocol only, shares in place; per run the slowest party, min and median over runs),
 ``bytes_total``/``bytes_per_party``/``messages``/``rounds`` counted by the parties'
@@ -42,7 +42,8 @@ from pathlib import Path
 
 import numpy as np
 
-from protocols import bench_jobs
+from protocols import workloads
+from protocols.jobs import diagnostic
 
 REPO = Path(__file__).resolve().parent.parent
 MGMT_NET = "10.78"          # client <-> party k management link: 10.78.<slot>.{1,2}/30
@@ -58,7 +59,7 @@ def layer_config(seq: int = 64, d_model: int = 512, heads: int = 8, features: in
     c = attn_c if attn_c is not None else 1.0 / (features * seq)
     return M.ModelConfig(d_model=d_model, n_heads=heads, d_head=d_model // heads,
                          n_features=features, d_ff=d_ff, n_enc_layers=layers,
-                         n_dec_layers=layers, attn_c=c, attn_norm=attn_norm, ln_eps=1e-5,
+                         n_dec_layers=layers, attn_c=c, attn_norm=attn_norm,
                          norm_first=False, src_vocab=2, tgt_vocab=2, max_len=seq).validate()
 
 
@@ -246,19 +247,17 @@ class RemoteCluster:
         from protocols import model as M
         from protocols.secure_model import plain_tensors
         w = M.random_weights(cfg, seed=seed)
-        inputs, ref = bench_jobs.layer_case(name, cfg, w, batch, np.random.default_rng(seed + 1),
+        inputs, ref = workloads.layer_case(name, cfg, w, batch, np.random.default_rng(seed + 1),
                                             fold=fold, exp=exp)
-        pre = bench_jobs.model_prefixes(name)
+        pre = workloads.model_prefixes(name)
         layout = {k: v for k, v in plain_tensors(cfg, w, fold_omega=fold).items()
                   if k.startswith(pre)} if pre else {"unused": (np.zeros(1), 0)}
-        names = {"decoder": ("X", "E"), "decoder-step": ("X", "E"),
-                 "softmax-attn": ("Q", "K", "V"), "masked-softmax-attn": ("Q", "K", "V")}
         params = {"workload": name, "config": cfg.to_dict(), "repeat": repeat, "block": block,
                   "exp": exp}
         outs, stats = self._run_job(
             "bench_layer", {k: t for k, (t, _) in layout.items()},
             {k: e for k, (_, e) in layout.items() if e},
-            dict(zip(names.get(name, ("X",)), inputs)), params)
+            dict(zip(workloads.layer_inputs(name), inputs)), params)
         from net.client import reconstruct
         got = ring.decode(reconstruct(outs)["Y"], self.cfg.frac)
         err = float(np.max(np.abs(got - ref)))
@@ -281,9 +280,9 @@ class RemoteCluster:
         from mpc3.shares import AShare
         from mpc3.sharing import reveal
         from net.cli_bench import _workload, op_errors
-        if name not in bench_jobs.OPS:
+        if name not in diagnostic.OPS:
             raise ValueError(f"op {name!r} is not available over the network "
-                             f"(choose from {', '.join(bench_jobs.OPS)})")
+                             f"(choose from {', '.join(diagnostic.OPS)})")
         rng = np.random.default_rng(seed)
         operands, _kernel, ref = _workload(name, n, shape, rng)
         model = {f"in{i}": reveal(s) for i, s in enumerate(operands)}

@@ -43,7 +43,7 @@ def _random_model(a):
     cfg = M.ModelConfig(d_model=a.d_model, n_heads=a.heads, d_head=a.d_model // a.heads,
                         n_features=a.features, d_ff=a.d_ff, n_enc_layers=a.layers,
                         n_dec_layers=a.layers, attn_c=1.0 / a.features, attn_norm="mean",
-                        ln_eps=1e-5, norm_first=False, src_vocab=a.vocab, tgt_vocab=a.vocab,
+                        norm_first=False, src_vocab=a.vocab, tgt_vocab=a.vocab,
                         max_len=max(a.src_len, a.tokens) + 1).validate()
     return cfg, M.random_weights(cfg, a.seed), M.random_user(cfg, a.seed)
 

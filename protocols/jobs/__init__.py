@@ -1,7 +1,7 @@
 """Job kinds a party runs, behind one typed contract (:mod:`protocols.jobs.contract`).
 
 :data:`PRODUCTION` is the registry of every party started by ``mpc3 party`` / ``cluster up``:
-model inference only. Benchmark and diagnostic kinds (:mod:`protocols.bench_jobs`) are added
+model inference only. Benchmark and diagnostic kinds (:mod:`protocols.jobs.diagnostic`) are added
 by benchmark processes alone. To add a job kind: write its function and :class:`JobSpec`
 beside the protocol it runs, and list it here.
 """

@@ -30,12 +30,26 @@ from mpc3.kernels.arith import matmul_aa
 from mpc3.party import Party, RingConfig
 from mpc3.shares import AShare, BShare
 
-from .. import bench_jobs as W
+from .. import workloads as W
 from .. import model as M
 from .contract import ENCODER_DECODER, TENSORS, JobContext, JobSpec, TensorSpec
 
 STATS_FIELDS = ("wall_ns", "bytes", "messages", "rounds")
 MAX_REPEAT = 1000
+OPS = ("mult", "matmul", "trunc", "drelu", "relu", "sqrt-inv", "reciprocal", "exp")
+
+
+def op_fn(name: str, shift: int = 10):
+    """Per-party ``fn(party, *operand_shares)`` of a kernel workload (as ``mpc3 bench op``)."""
+    from mpc3.kernels import arith, convert, fxp
+    return {"mult": lambda p, x, y: arith.mul_aa(p, x, y),
+            "matmul": lambda p, x, y: arith.matmul_aa(p, x, y),
+            "trunc": lambda p, x: arith.trunc_a(p, x, shift),
+            "drelu": lambda p, x: convert.drelu_a(p, x),
+            "relu": lambda p, x: convert.relu_a(p, x),
+            "sqrt-inv": lambda p, x: fxp.sqrt_inv_a(p, x),
+            "reciprocal": lambda p, x: fxp.reciprocal_a(p, x),
+            "exp": lambda p, x: fxp.exp_a(p, x, "limit")}[name]
 
 
 # --------------------------------------------------------------- measurement ----
@@ -107,7 +121,7 @@ def run_bench_layer(ctx: JobContext, inputs: dict) -> dict:
     name = params["workload"]
     cfg = M.ModelConfig.from_dict(params["config"])
     fn = W.layer_fn(name, cfg, params.get("block"), params.get("exp", "poly"))
-    args = [inputs[k] for k in W._layer_inputs(name)]
+    args = [inputs[k] for k in W.layer_inputs(name)]
     out, mine = timed_runs(party, lambda: fn(party, ctx.model.shares, *args), _repeat(params))
     return {"Y": _as_output(out), "stats": public_stats(party, mine)}
 
@@ -118,7 +132,7 @@ def validate_bench_layer(model, inputs: dict, params) -> None:
         raise ValueError(f"workload must be one of {W.LAYER_WORKLOADS}, got {name!r}")
     M.ModelConfig.from_dict(params.get("config") or {})
     _repeat(params)
-    want = set(W._layer_inputs(name))
+    want = set(W.layer_inputs(name))
     if set(inputs) != want:
         raise ValueError(f"{name} takes inputs {sorted(want)}, got {sorted(inputs)}")
 
@@ -130,7 +144,7 @@ def run_bench_op(ctx: JobContext, inputs: dict) -> dict:
         party.cfg = RingConfig(frac=party.cfg.frac, trunc=trunc,
                                relu_bound_bits=party.cfg.relu_bound_bits,
                                relu_drop_bits=party.cfg.relu_drop_bits)
-    fn = W.op_fn(params["op"], int(params.get("shift", 10)))
+    fn = op_fn(params["op"], int(params.get("shift", 10)))
     shares = ctx.model.shares
     operands = [shares[f"in{i}"] for i in range(sum(1 for k in shares if k.startswith("in")))]
     out, mine = timed_runs(party, lambda: fn(party, *operands), _repeat(params))
@@ -138,8 +152,8 @@ def run_bench_op(ctx: JobContext, inputs: dict) -> dict:
 
 
 def validate_bench_op(model, inputs: dict, params) -> None:
-    if params.get("op") not in W.OPS:
-        raise ValueError(f"op must be one of {W.OPS}, got {params.get('op')!r}")
+    if params.get("op") not in OPS:
+        raise ValueError(f"op must be one of {OPS}, got {params.get('op')!r}")
     if params.get("trunc", "exact") not in ("exact", "prob"):
         raise ValueError("trunc must be 'exact' or 'prob'")
     if "in0" not in model.shapes():

@@ -1,0 +1,31 @@
+"""Plaintext definition of the Privformer-style transformer, in five modules:
+
+* :mod:`.config`    - :class:`ModelConfig` (public hyper-parameters) and tensor names/shapes;
+* :mod:`.weights`   - the :class:`Weights` container, random weights/Omega, the ``.npz`` format;
+* :mod:`.features`  - Performer ReLU random features, Omega folding, the attention scale;
+* :mod:`.reference` - the float64 reference (layers, stacks, incremental decoding) whose
+  semantics the MPC protocols compute on shares;
+* :mod:`.decode`    - the query user's side: embedding, logits, greedy decoding.
+
+Everything public is re-exported here: ``from protocols import model as M; M.ref_encoder``.
+"""
+from .config import (ATTN_NORMS, DEFAULT_LN_EPS, ModelConfig, attn_prefixes, expected_shapes,
+                     expected_user_shapes)
+from .decode import embed, greedy_decode, output_logits, positional_encoding
+from .features import (attn_norm, attn_params, fold_omega, merge_heads, ref_features, relu,
+                       split_heads)
+from .reference import (RefDecodeState, ref_decoder, ref_decoder_step, ref_encoder, ref_ffn,
+                        ref_layernorm, ref_mha)
+from .weights import (FORMAT_VERSION, USER_NAMES, Weights, load_model, make_omega,
+                      orthogonal_features, random_user, random_weights, save_model,
+                      validate_user)
+
+__all__ = [
+    "ATTN_NORMS", "DEFAULT_LN_EPS", "FORMAT_VERSION", "USER_NAMES", "ModelConfig",
+    "RefDecodeState", "Weights", "attn_norm", "attn_params", "attn_prefixes", "embed",
+    "expected_shapes", "expected_user_shapes", "fold_omega", "greedy_decode", "load_model",
+    "make_omega", "merge_heads", "orthogonal_features", "output_logits", "positional_encoding",
+    "random_user", "random_weights", "ref_decoder", "ref_decoder_step", "ref_encoder",
+    "ref_features", "ref_ffn", "ref_layernorm", "ref_mha", "relu", "save_model", "split_heads",
+    "validate_user",
+]

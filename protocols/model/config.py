@@ -1,0 +1,145 @@
+"""Model configuration: the public hyper-parameters of a Privformer-style transformer, and the
+names and shapes of every tensor such a model has (:func:`expected_shapes` for the MPC weights,
+:func:`expected_user_shapes` for the query user's embedding and output tables).
+
+``ln_eps`` defaults to :data:`DEFAULT_LN_EPS` = 2^-10, the lower end of the secure inverse square
+root's range (:data:`mpc3.kernels.fxp.SQRT_INV_RANGE`): LayerNorm computes 1/sqrt(var + eps) with
+that kernel, so with eps inside its range a row of (near-)constant values still yields a value
+the kernel computes correctly (the output is then beta, as in float). A smaller eps (the
+customary 1e-5) is accepted - trained models carry the eps they were trained with - and
+:mod:`protocols.calibrate` checks that var + eps stays inside the range on real inputs.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import Mapping
+
+import numpy as np
+
+ATTN_NORMS = ("const", "mean")
+
+#: Default LayerNorm epsilon: 2^-10, the lower bound of fxp.SQRT_INV_RANGE (tests check this).
+DEFAULT_LN_EPS = 2.0 ** -10
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    d_model: int
+    n_heads: int
+    d_head: int
+    n_features: int  # r, random features per head
+    d_ff: int
+    n_enc_layers: int
+    n_dec_layers: int
+    attn_c: float
+    attn_norm: str  # "const" | "mean"
+    ln_eps: float = field(default=DEFAULT_LN_EPS, kw_only=True)  # keyword only
+    norm_first: bool
+    src_vocab: int
+    tgt_vocab: int
+    max_len: int
+
+    def validate(self) -> "ModelConfig":
+        def posint(name, minimum=1):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise ValueError(f"{name} must be an int, got {type(v).__name__} {v!r}")
+            if v < minimum:
+                raise ValueError(f"{name}={v} must be >= {minimum}")
+
+        for n in ("d_model", "n_heads", "d_head", "n_features", "d_ff", "n_enc_layers",
+                  "src_vocab", "tgt_vocab", "max_len"):
+            posint(n)
+        posint("n_dec_layers", 0)
+        if self.d_model % self.n_heads != 0:
+            raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        if self.d_head != self.d_model // self.n_heads:
+            raise ValueError(f"d_head={self.d_head} must equal d_model // n_heads = "
+                             f"{self.d_model} // {self.n_heads} = {self.d_model // self.n_heads}")
+        if isinstance(self.attn_c, bool) or not isinstance(self.attn_c, (int, float, np.floating)):
+            raise ValueError(f"attn_c must be a float, got {self.attn_c!r}")
+        if not math.isfinite(float(self.attn_c)):
+            raise ValueError(f"attn_c={self.attn_c} must be finite")
+        if self.attn_norm not in ATTN_NORMS:
+            raise ValueError(f"attn_norm={self.attn_norm!r} must be one of {ATTN_NORMS}")
+        if isinstance(self.ln_eps, bool) or not isinstance(self.ln_eps, (int, float, np.floating)) \
+                or not (float(self.ln_eps) > 0 and math.isfinite(float(self.ln_eps))):
+            raise ValueError(f"ln_eps={self.ln_eps!r} must be a finite float > 0")
+        if not isinstance(self.norm_first, (bool, np.bool_)):
+            raise ValueError(f"norm_first must be a bool, got {self.norm_first!r}")
+        return self
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        for k, v in d.items():
+            if isinstance(v, np.generic):
+                d[k] = v.item()
+        d["attn_c"] = float(d["attn_c"])
+        d["ln_eps"] = float(d["ln_eps"])
+        d["norm_first"] = bool(d["norm_first"])
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "ModelConfig":
+        names = [f.name for f in fields(cls)]
+        extra = sorted(set(d) - set(names))
+        if extra:
+            raise ValueError(f"unknown config keys: {extra}")
+        missing = [n for n in names if n not in d]
+        if missing:
+            raise ValueError(f"missing config keys: {missing}")
+        return cls(**{n: d[n] for n in names}).validate()
+
+
+
+def attn_prefixes(cfg: ModelConfig) -> list[str]:
+    p = [f"enc.{i}.attn" for i in range(cfg.n_enc_layers)]
+    for i in range(cfg.n_dec_layers):
+        p += [f"dec.{i}.self", f"dec.{i}.cross"]
+    return p
+
+
+def expected_shapes(cfg: ModelConfig) -> dict[str, tuple]:
+    """Every MPC (secret-shared) tensor name -> exact shape."""
+    d, f, h, dh, r = cfg.d_model, cfg.d_ff, cfg.n_heads, cfg.d_head, cfg.n_features
+    out: dict[str, tuple] = {}
+
+    def attn(p):
+        for n in ("wq", "wk", "wv", "wo"):
+            out[f"{p}.{n}"] = (d, d)
+        out[f"{p}.omega"] = (h, dh, r)
+
+    def ln(p):
+        out[f"{p}.gamma"] = (d,)
+        out[f"{p}.beta"] = (d,)
+
+    def ffn(p):
+        out[f"{p}.w1"] = (d, f)
+        out[f"{p}.b1"] = (f,)
+        out[f"{p}.w2"] = (f, d)
+        out[f"{p}.b2"] = (d,)
+
+    for i in range(cfg.n_enc_layers):
+        attn(f"enc.{i}.attn")
+        ln(f"enc.{i}.ln1")
+        ffn(f"enc.{i}.ffn")
+        ln(f"enc.{i}.ln2")
+    for i in range(cfg.n_dec_layers):
+        attn(f"dec.{i}.self")
+        ln(f"dec.{i}.ln1")
+        attn(f"dec.{i}.cross")
+        ln(f"dec.{i}.ln2")
+        ffn(f"dec.{i}.ffn")
+        ln(f"dec.{i}.ln3")
+    if cfg.norm_first:
+        ln("enc.final_ln")
+        if cfg.n_dec_layers:
+            ln("dec.final_ln")
+    return out
+
+
+def expected_user_shapes(cfg: ModelConfig) -> dict[str, tuple]:
+    d = cfg.d_model
+    return {"embed.src": (cfg.src_vocab, d), "embed.tgt": (cfg.tgt_vocab, d),
+            "out.w": (d, cfg.tgt_vocab), "out.b": (cfg.tgt_vocab,)}

@@ -1,0 +1,81 @@
+"""Performer ReLU random features (Privformer Sec. 5, Eq. 12-15) in float64: the public
+attention scale, Omega folding into W^Q / W^K and the feature maps Q' = ReLU(Q_h Omega_h),
+K' = ReLU(K_h Omega_h) per head (Omega itself is drawn by :func:`weights.make_omega`).
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from .config import ModelConfig
+from .weights import Weights
+
+
+def relu(x):
+    return np.maximum(x, 0.0)
+
+
+def attn_norm(cfg: ModelConfig, n_keys) -> np.ndarray:
+    """Public scale per query row: c (const) or c / n_keys (mean)."""
+    n = np.asarray(n_keys, dtype=np.float64)
+    if cfg.attn_norm == "const":
+        return np.full(n.shape, float(cfg.attn_c))
+    return float(cfg.attn_c) / n
+
+
+def fold_omega(weights: Weights | Mapping, cfg: ModelConfig | None = None) -> dict[str, np.ndarray]:
+    """Fold Omega into W^Q / W^K.
+
+    Returns for every attention prefix ``p`` (``enc.0.attn``, ``dec.0.self``,
+    ...) the tensors ``p.wq_omega`` and ``p.wk_omega`` of shape
+    ``(d_model, n_heads * r)`` with column block ``h`` equal to
+    ``W^Q[:, h-slice] @ Omega_h`` so that ``Q'_h = ReLU(X @ W^{QOmega})[..., h*r:(h+1)*r]``.
+
+    Folding removes one matmul (and its MPC communication / truncation) per
+    attention input per layer, but multiplies the size of the folded weight by
+    ``r / d_head`` (``d_model x h*r`` instead of ``d_model x d_model``).
+    """
+    t = weights.tensors if isinstance(weights, Weights) else weights
+    out = {}
+    for k in sorted(t):
+        if not k.endswith(".omega"):
+            continue
+        p = k[: -len(".omega")]
+        om = np.asarray(t[k], dtype=np.float64)
+        h, dh, r = om.shape
+        for src, dst in (("wq", "wq_omega"), ("wk", "wk_omega")):
+            W = np.asarray(t[f"{p}.{src}"], dtype=np.float64)
+            out[f"{p}.{dst}"] = np.concatenate(
+                [W[:, j * dh:(j + 1) * dh] @ om[j] for j in range(h)], axis=1)
+    return out
+
+
+def attn_params(w: Weights, prefix: str, folded: Mapping | None = None) -> dict[str, np.ndarray]:
+    p = w.sub(prefix)
+    if folded is not None:
+        p["wq_omega"] = folded[f"{prefix}.wq_omega"]
+        p["wk_omega"] = folded[f"{prefix}.wk_omega"]
+    return p
+
+
+def split_heads(x, h):
+    # (..., S, h*k) -> (..., h, S, k)
+    *lead, S, D = x.shape
+    return np.moveaxis(x.reshape(*lead, S, h, D // h), -2, -3)
+
+
+def merge_heads(x):
+    # (..., h, S, k) -> (..., S, h*k)
+    x = np.moveaxis(x, -3, -2)
+    *lead, S, h, k = x.shape
+    return x.reshape(*lead, S, h * k)
+
+
+def ref_features(cfg: ModelConfig, p: Mapping, x, which: str) -> np.ndarray:
+    """ReLU random features per head: (..., h, S, r) for which in {'q','k'}."""
+    h = cfg.n_heads
+    if f"w{which}_omega" in p:
+        return split_heads(relu(x @ p[f"w{which}_omega"]), h)
+    proj = split_heads(x @ p[f"w{which}"], h)  # (..., h, S, dh)
+    return relu(np.einsum("...hsd,hdr->...hsr", proj, p["omega"]))

@@ -1,0 +1,220 @@
+"""Float64 reference of the Privformer-style transformer (the single source of truth: the MPC
+parties compute exactly these semantics on secret shares). numpy only (no torch).
+
+Architecture
+------------
+Encoder-decoder transformer (Vaswani et al.) in which softmax attention is
+replaced by Performer ReLU attention (Privformer Sec. 5, Eq. 12-15):
+
+* Per head ``h`` (``d_head = d_model // n_heads``)::
+
+      Q_h = Xq  @ W^Q[:, h*d_head:(h+1)*d_head]        (no biases anywhere in MHA)
+      K_h = Xkv @ W^K[:, h-slice],  V_h = Xkv @ W^V[:, h-slice]
+      Q'_h = ReLU(Q_h @ Omega_h),  K'_h = ReLU(K_h @ Omega_h)   Omega_h: (d_head, r)
+
+  unmasked (Eq. 12):   out_h[i] = norm_i * Q'_h[i] @ (K'_h^T V_h)
+  masked   (Eq. 14/15): out_h[i] = norm_i * Q'_h[i] @ G_i,  G_i = sum_{j<=i} K'_h[j]^T V_h[j]
+                        (== norm * tril(Q'_h K'_h^T) V_h)
+
+  ``norm_i = c`` for ``attn_norm == "const"`` and ``norm_i = c / n_i`` for
+  ``attn_norm == "mean"``, where ``n_i`` is the (public) number of keys query
+  ``i`` attends to: ``n_i = S_kv`` unmasked, ``n_i = i + 1`` (0-based ``i``)
+  masked.  ``c = cfg.attn_c`` is a public constant.  Heads are concatenated
+  (head-major column order) and multiplied by ``W^O``.
+
+* FFN(x) = ReLU(x W1 + b1) W2 + b2.
+* LayerNorm over the last dim: ``(x - mean) / sqrt(var + eps) * gamma + beta``
+  with the biased (population) variance.
+* Post-LN (``norm_first=False``, Vaswani)::
+
+      enc: x = LN1(x + MHA(x, x));        x = LN2(x + FFN(x))
+      dec: x = LN1(x + MaskedMHA(x, x));  x = LN2(x + MHA(x, enc_out));  x = LN3(x + FFN(x))
+
+  Pre-LN (``norm_first=True``): ``x = x + sublayer(LN(x))`` (cross attention
+  uses ``LN2(x)`` as query and ``enc_out`` as key/value) and a final LayerNorm
+  (``enc.final_ln`` / ``dec.final_ln``) on each stack output.
+* User side (never secret-shared, :mod:`protocols.model.decode`): ``emb(tok) =
+  embed[tok] * sqrt(d_model) + PE[pos]`` with the standard sinusoidal PE, and
+  ``logits = h @ out.w + out.b``.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from .config import ModelConfig
+from .features import attn_norm, attn_params, merge_heads, ref_features, relu, split_heads
+from .weights import Weights
+
+
+def ref_layernorm(x, gamma, beta, eps):
+    mu = x.mean(axis=-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(axis=-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + eps) * gamma + beta
+
+
+def ref_ffn(x, w1, b1, w2, b2):
+    return relu(x @ w1 + b1) @ w2 + b2
+
+
+def ref_mha(cfg: ModelConfig, p: Mapping, xq, xkv, causal: bool = False,
+            form: str = "kv", q_offset: int = 0) -> np.ndarray:
+    """Multi-head ReLU attention.
+
+    ``p`` holds ``wq, wk, wv, wo, omega`` (or folded ``wq_omega, wk_omega`` +
+    ``wv, wo``).  ``xq``: (B, Sq, d), ``xkv``: (B, Sk, d).  ``causal`` requires
+    Sq == Sk (query i sees keys j <= i).  ``form``: "kv" (K'^T V first, running
+    sums G_i for causal, Eq. 12/15), "qk" (norm * tril(Q'K'^T) V, Eq. 14) or
+    "loop" (naive per-(i, j) loop).  All forms are mathematically identical.
+    """
+    h = cfg.n_heads
+    qf = ref_features(cfg, p, xq, "q")  # (B,h,Sq,r)
+    kf = ref_features(cfg, p, xkv, "k")  # (B,h,Sk,r)
+    v = split_heads(xkv @ p["wv"], h)  # (B,h,Sk,dh)
+    Sq, Sk = qf.shape[-2], kf.shape[-2]
+    if causal:
+        if Sq != Sk:
+            raise ValueError(f"causal attention needs Sq == Sk, got {Sq} != {Sk}")
+        n = np.arange(1, Sq + 1)
+    else:
+        n = np.full(Sq, Sk)
+    scale = attn_norm(cfg, n)[:, None]  # (Sq,1)
+    if form == "kv":
+        if causal:
+            G = np.cumsum(np.einsum("...sr,...sd->...srd", kf, v), axis=-3)  # (B,h,S,r,dh)
+            o = np.einsum("...sr,...srd->...sd", qf, G)
+        else:
+            o = qf @ (np.swapaxes(kf, -1, -2) @ v)
+    elif form == "qk":
+        A = qf @ np.swapaxes(kf, -1, -2)
+        if causal:
+            A = np.tril(A)
+        o = A @ v
+    elif form == "loop":
+        o = np.zeros(qf.shape[:-1] + (v.shape[-1],))
+        for i in range(Sq):
+            for j in range(i + 1 if causal else Sk):
+                s = np.sum(qf[..., i, :] * kf[..., j, :], axis=-1)  # (B,h)
+                o[..., i, :] += s[..., None] * v[..., j, :]
+    else:
+        raise ValueError(f"unknown attention form {form!r}")
+    o = o * scale
+    return merge_heads(o) @ p["wo"]
+
+
+# --------------------------------------------------------------------------- stacks
+
+
+def _ln(cfg, w, prefix, x):
+    return ref_layernorm(x, w[f"{prefix}.gamma"], w[f"{prefix}.beta"], cfg.ln_eps)
+
+
+def _ffn(w, prefix, x):
+    return ref_ffn(x, w[f"{prefix}.w1"], w[f"{prefix}.b1"], w[f"{prefix}.w2"], w[f"{prefix}.b2"])
+
+
+def ref_encoder(cfg: ModelConfig, w: Weights, x, form: str = "kv", folded=None) -> np.ndarray:
+    """Encoder stack: x (B, S, d) -> (B, S, d)."""
+    x = np.asarray(x, dtype=np.float64)
+    for i in range(cfg.n_enc_layers):
+        p = attn_params(w, f"enc.{i}.attn", folded)
+        if cfg.norm_first:
+            u = _ln(cfg, w, f"enc.{i}.ln1", x)
+            x = x + ref_mha(cfg, p, u, u, form=form)
+            x = x + _ffn(w, f"enc.{i}.ffn", _ln(cfg, w, f"enc.{i}.ln2", x))
+        else:
+            x = _ln(cfg, w, f"enc.{i}.ln1", x + ref_mha(cfg, p, x, x, form=form))
+            x = _ln(cfg, w, f"enc.{i}.ln2", x + _ffn(w, f"enc.{i}.ffn", x))
+    if cfg.norm_first:
+        x = _ln(cfg, w, "enc.final_ln", x)
+    return x
+
+
+def ref_decoder(cfg: ModelConfig, w: Weights, y, enc_out, form: str = "kv",
+                folded=None) -> np.ndarray:
+    """Full (teacher-forced, causally masked) decoder: y (B,T,d), enc_out (B,S,d) -> (B,T,d)."""
+    x = np.asarray(y, dtype=np.float64)
+    for i in range(cfg.n_dec_layers):
+        ps = attn_params(w, f"dec.{i}.self", folded)
+        pc = attn_params(w, f"dec.{i}.cross", folded)
+        if cfg.norm_first:
+            u = _ln(cfg, w, f"dec.{i}.ln1", x)
+            x = x + ref_mha(cfg, ps, u, u, causal=True, form=form)
+            x = x + ref_mha(cfg, pc, _ln(cfg, w, f"dec.{i}.ln2", x), enc_out, form=form)
+            x = x + _ffn(w, f"dec.{i}.ffn", _ln(cfg, w, f"dec.{i}.ln3", x))
+        else:
+            x = _ln(cfg, w, f"dec.{i}.ln1", x + ref_mha(cfg, ps, x, x, causal=True, form=form))
+            x = _ln(cfg, w, f"dec.{i}.ln2", x + ref_mha(cfg, pc, x, enc_out, form=form))
+            x = _ln(cfg, w, f"dec.{i}.ln3", x + _ffn(w, f"dec.{i}.ffn", x))
+    if cfg.norm_first and cfg.n_dec_layers:
+        x = _ln(cfg, w, "dec.final_ln", x)
+    return x
+
+
+class RefDecodeState:
+    """Incremental decoder state (Privformer Alg. 3 / Eq. 15).
+
+    Per decoder layer: ``G[i]`` (B, h, r, d_head) running sum
+    ``sum_{j<=t} K'_j^T V_j`` of the masked self-attention, ``cross_kv[i]``
+    (B, h, r, d_head) = ``K'^T V`` of the cross attention (computed once from
+    ``enc_out``), ``n_enc`` the number of encoder positions and ``t`` the number
+    of tokens consumed so far (so the masked count is ``n = t + 1``).
+    """
+
+    def __init__(self, cfg: ModelConfig, w: Weights, enc_out):
+        enc_out = np.asarray(enc_out, dtype=np.float64)
+        B, S, _ = enc_out.shape
+        h, r, dh = cfg.n_heads, cfg.n_features, cfg.d_head
+        self.t = 0
+        self.n_enc = S
+        self.G = [np.zeros((B, h, r, dh)) for _ in range(cfg.n_dec_layers)]
+        self.cross_kv = []
+        for i in range(cfg.n_dec_layers):
+            p = w.sub(f"dec.{i}.cross")
+            kf = ref_features(cfg, p, enc_out, "k")  # (B,h,S,r)
+            v = split_heads(enc_out @ p["wv"], h)  # (B,h,S,dh)
+            self.cross_kv.append(np.swapaxes(kf, -1, -2) @ v)
+
+
+def _step_attn(cfg, p, x_t, kv, scale):
+    # x_t (B,d); kv (B,h,r,dh) -> (B,d)
+    qf = ref_features(cfg, p, x_t[:, None, :], "q")[:, :, 0, :]  # (B,h,r)
+    o = np.einsum("bhr,bhrd->bhd", qf, kv) * scale
+    return o.reshape(o.shape[0], -1) @ p["wo"]
+
+
+def _step_self(cfg, w, prefix, state, i, x_t):
+    p = w.sub(prefix)
+    kf = ref_features(cfg, p, x_t[:, None, :], "k")[:, :, 0, :]  # (B,h,r)
+    v = split_heads((x_t @ p["wv"])[:, None, :], cfg.n_heads)[:, :, 0, :]  # (B,h,dh)
+    state.G[i] = state.G[i] + np.einsum("bhr,bhd->bhrd", kf, v)
+    return _step_attn(cfg, p, x_t, state.G[i], float(attn_norm(cfg, state.t + 1)))
+
+
+def ref_decoder_step(cfg: ModelConfig, w: Weights, state: RefDecodeState | None, y_t,
+                     enc_out=None) -> np.ndarray:
+    """One decoder step: y_t (B, d) (embedded token at position state.t) -> (B, d).
+
+    O(1) in the prefix length.  Mutates ``state`` (t += 1).  ``enc_out`` is
+    only needed to build a state when ``state`` is None (prefer
+    ``RefDecodeState(cfg, w, enc_out)``).
+    """
+    if state is None:
+        raise ValueError("pass a RefDecodeState(cfg, w, enc_out)")
+    x = np.asarray(y_t, dtype=np.float64)
+    cscale = float(attn_norm(cfg, state.n_enc))
+    for i in range(cfg.n_dec_layers):
+        pc = w.sub(f"dec.{i}.cross")
+        if cfg.norm_first:
+            x = x + _step_self(cfg, w, f"dec.{i}.self", state, i, _ln(cfg, w, f"dec.{i}.ln1", x))
+            x = x + _step_attn(cfg, pc, _ln(cfg, w, f"dec.{i}.ln2", x), state.cross_kv[i], cscale)
+            x = x + _ffn(w, f"dec.{i}.ffn", _ln(cfg, w, f"dec.{i}.ln3", x))
+        else:
+            x = _ln(cfg, w, f"dec.{i}.ln1", x + _step_self(cfg, w, f"dec.{i}.self", state, i, x))
+            x = _ln(cfg, w, f"dec.{i}.ln2", x + _step_attn(cfg, pc, x, state.cross_kv[i], cscale))
+            x = _ln(cfg, w, f"dec.{i}.ln3", x + _ffn(w, f"dec.{i}.ffn", x))
+    if cfg.norm_first and cfg.n_dec_layers:
+        x = _ln(cfg, w, "dec.final_ln", x)
+    state.t += 1
+    return x

@@ -1,0 +1,213 @@
+"""MPC weights: the :class:`Weights` container, random (Xavier) weights and Omega for tests and
+benchmarks, and the model file format.
+
+Omega
+-----
+``omega`` has shape ``(n_heads, d_head, r)``; the ``r`` columns of ``Omega_h``
+are random features: Gaussian vectors drawn in blocks of ``d_head``, each block
+orthogonalised by Gram-Schmidt (the last block is partial when ``d_head`` does
+not divide ``r``) and every row rescaled to the norm of an independent Gaussian
+vector (Performer "orthogonal random features").  Omega is fixed (not trained)
+but owned by the model owner and secret-shared like any weight.
+
+File format (``.npz``, format version 1)
+---------------------------------------
+One ``np.savez`` archive (no pickled objects; read with ``allow_pickle=False``):
+
+* ``"format"``: int64 array ``[1]``;
+* ``"config.json"``: uint8 array holding the UTF-8 JSON of
+  :meth:`ModelConfig.to_dict`;
+* every MPC weight tensor under its name (``enc.0.attn.wq`` ...), float64;
+* optionally the query-user tensors ``embed.src``, ``embed.tgt``, ``out.w``,
+  ``out.b`` (float64).
+
+Tensor names and shapes are given by :func:`expected_shapes` /
+:func:`expected_user_shapes`.
+"""
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+from typing import Mapping
+
+import numpy as np
+
+from .config import ModelConfig, expected_shapes, expected_user_shapes
+
+FORMAT_VERSION = 1
+USER_NAMES = ("embed.src", "embed.tgt", "out.w", "out.b")
+_META_KEYS = ("format", "config.json")
+
+
+def _check_tensors(tensors: Mapping[str, np.ndarray], shapes: Mapping[str, tuple], what: str):
+    for name, shape in shapes.items():
+        if name not in tensors:
+            raise ValueError(f"missing tensor {name!r}")
+        got = tuple(np.shape(tensors[name]))
+        if got != tuple(shape):
+            raise ValueError(f"tensor {name!r} has shape {got}, expected {tuple(shape)}")
+        a = np.asarray(tensors[name])
+        if not np.issubdtype(a.dtype, np.floating) and not np.issubdtype(a.dtype, np.integer):
+            raise ValueError(f"tensor {name!r} has non-numeric dtype {a.dtype}")
+        if not np.all(np.isfinite(a)):
+            raise ValueError(f"tensor {name!r} contains non-finite values")
+    extra = sorted(set(tensors) - set(shapes))
+    if extra:
+        raise ValueError(f"unexpected {what} tensor(s): {extra}")
+
+
+class Weights:
+    """MPC-side model weights: name -> float64 array (see :func:`expected_shapes`)."""
+
+    def __init__(self, tensors: Mapping[str, np.ndarray] | None = None):
+        self.tensors: dict[str, np.ndarray] = {
+            k: np.asarray(v, dtype=np.float64) for k, v in (tensors or {}).items()}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.tensors[name]
+
+    def __setitem__(self, name: str, value) -> None:
+        self.tensors[name] = np.asarray(value, dtype=np.float64)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.tensors
+
+    def __iter__(self):
+        return iter(self.tensors)
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+    def keys(self):
+        return self.tensors.keys()
+
+    def items(self):
+        return self.tensors.items()
+
+    def sub(self, prefix: str) -> dict[str, np.ndarray]:
+        """Tensors below ``prefix`` with the prefix stripped (``sub('enc.0.ffn')['w1']``)."""
+        p = prefix + "."
+        return {k[len(p):]: v for k, v in self.tensors.items() if k.startswith(p)}
+
+    def validate(self, cfg: ModelConfig) -> "Weights":
+        cfg.validate()
+        _check_tensors(self.tensors, expected_shapes(cfg), "weight")
+        return self
+
+    def n_params(self) -> int:
+        return int(sum(v.size for v in self.tensors.values()))
+
+
+def validate_user(cfg: ModelConfig, user: Mapping[str, np.ndarray]) -> None:
+    _check_tensors(user, expected_user_shapes(cfg), "user")
+
+
+# --------------------------------------------------------------------------- init
+
+
+def orthogonal_features(rng: np.random.Generator, d_head: int, r: int) -> np.ndarray:
+    """Omega_h of shape (d_head, r): column k is feature vector omega_k.
+
+    Gaussian blocks of ``d_head`` vectors orthogonalised with (modified)
+    Gram-Schmidt; the last block holds ``r mod d_head`` vectors; each vector
+    is rescaled to the norm of an independent N(0, I_{d_head}) sample.
+    """
+    rows = []
+    remaining = r
+    while remaining > 0:
+        k = min(d_head, remaining)
+        g = rng.standard_normal((k, d_head))
+        basis: list[np.ndarray] = []
+        for v in g:
+            v = v.copy()
+            for b in basis:
+                v -= (v @ b) * b
+            v /= np.linalg.norm(v)
+            basis.append(v)
+        rows.extend(basis)
+        remaining -= k
+    block = np.stack(rows)  # (r, d_head), orthonormal within blocks
+    norms = np.linalg.norm(rng.standard_normal((r, d_head)), axis=1)
+    return (block * norms[:, None]).T.copy()
+
+
+def make_omega(cfg: ModelConfig, rng: np.random.Generator) -> np.ndarray:
+    return np.stack([orthogonal_features(rng, cfg.d_head, cfg.n_features)
+                     for _ in range(cfg.n_heads)])
+
+
+def random_weights(cfg: ModelConfig, seed: int = 0) -> Weights:
+    """Random (Xavier-scaled) weights for tests/benchmarks; activations stay O(1)."""
+    cfg.validate()
+    rng = np.random.default_rng(seed)
+    w = Weights()
+    for name, shape in expected_shapes(cfg).items():
+        leaf = name.rsplit(".", 1)[1]
+        if leaf == "omega":
+            w[name] = make_omega(cfg, rng)
+        elif leaf in ("wq", "wk", "wv", "wo", "w1", "w2"):
+            std = math.sqrt(2.0 / (shape[0] + shape[1]))
+            w[name] = rng.standard_normal(shape) * std
+        elif leaf == "gamma":
+            w[name] = 1.0 + 0.1 * rng.standard_normal(shape)
+        else:  # beta, b1, b2
+            w[name] = 0.1 * rng.standard_normal(shape)
+    return w
+
+
+def random_user(cfg: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed + 7919)
+    d = cfg.d_model
+    return {"embed.src": rng.standard_normal((cfg.src_vocab, d)) / math.sqrt(d),
+            "embed.tgt": rng.standard_normal((cfg.tgt_vocab, d)) / math.sqrt(d),
+            "out.w": rng.standard_normal((d, cfg.tgt_vocab)) * math.sqrt(2.0 / (d + cfg.tgt_vocab)),
+            "out.b": np.zeros(cfg.tgt_vocab)}
+
+
+# --------------------------------------------------------------------------- save / load
+
+
+def save_model(path, cfg: ModelConfig, weights: Weights, user: Mapping | None = None) -> None:
+    cfg.validate()
+    weights.validate(cfg)
+    arrays: dict[str, np.ndarray] = {
+        "format": np.array([FORMAT_VERSION], dtype=np.int64),
+        "config.json": np.frombuffer(json.dumps(cfg.to_dict(), sort_keys=True).encode("utf-8"),
+                                     dtype=np.uint8).copy(),
+    }
+    for k, v in weights.items():
+        arrays[k] = np.asarray(v, dtype=np.float64)
+    if user is not None:
+        validate_user(cfg, user)
+        for k in USER_NAMES:
+            arrays[k] = np.asarray(user[k], dtype=np.float64)
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
+    with open(tmp, "wb") as fh:
+        fh.write(buf.getvalue())
+    os.replace(tmp, path)
+
+
+def load_model(path) -> tuple[ModelConfig, Weights, dict[str, np.ndarray]]:
+    """Load ``(cfg, weights, user)``; ``user`` is ``{}`` if the file has no user tensors."""
+    with np.load(path, allow_pickle=False) as z:
+        data = {k: z[k] for k in z.files}
+    for k in _META_KEYS:
+        if k not in data:
+            raise ValueError(f"{path}: missing entry {k!r} (not an mpc3 model file)")
+    fmt = int(np.asarray(data.pop("format")).reshape(-1)[0])
+    if fmt != FORMAT_VERSION:
+        raise ValueError(f"{path}: unsupported format version {fmt} (expected {FORMAT_VERSION})")
+    raw = data.pop("config.json")
+    if raw.dtype != np.uint8:
+        raise ValueError(f"{path}: 'config.json' must be a uint8 array")
+    cfg = ModelConfig.from_dict(json.loads(raw.tobytes().decode("utf-8")))
+    user = {k: data.pop(k).astype(np.float64) for k in USER_NAMES if k in data}
+    if user:
+        validate_user(cfg, user)
+    w = Weights(data)
+    w.validate(cfg)
+    return cfg, w, user

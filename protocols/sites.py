@@ -1,0 +1,262 @@
+"""Range-limited kernel sites of the secure model, and a float64 trace that measures them.
+
+A *site* is a place where the secure encoder (:func:`protocols.encoder.encoder`) or the secure
+incremental decoder (:meth:`protocols.decoder.DecodeState.start` + :func:`decoder_step`)
+hands a value to a kernel that is exact only on a documented range:
+
+* ``product``: a truncated product (mul_aa / matmul_aa / mul_many_aa item / scale_public) is
+  exact while its real value satisfies |z| < ``arith.product_limit(frac, extra)``, ``extra``
+  being the additional fractional bits of one operand (PROJ_EXTRA for the projections,
+  ROW_SCALE_EXTRA / LN_SCALE_EXTRA for the public 1/n and 1/d scalings);
+* ``relu``: relu_a inputs must satisfy |x| < ``convert.relu_limit(ring)``;
+* ``sqrt_inv``: sqrt_inv_a inputs must lie in ``fxp.SQRT_INV_RANGE``.
+
+Reciprocal and exp (``fxp.RECIPROCAL_RANGE`` / ``EXP_RANGE``) are used only by the softmax
+baselines, never by a shared model, so no model site uses them.
+
+Sites per layer (:data:`SITES`); every one is measured in the secure protocol's own
+representation - attn_c folded as s = |c|^(1/3) into W^Q, W^K and c/s^2 into W^V
+(:func:`protocols.secure_model.fold_scales`), Omega folded or not, LayerNorm's sum of squares
+before its 1/d, unnormalised attention sums before the ``mean`` row scaling, and the decode
+steps' partial products with the decode block of :class:`protocols.attention.PrefixState`.
+
+:func:`trace` runs the same computation as :mod:`protocols.model.reference` in float64 and
+records the largest magnitude reaching each site (for ``var_eps`` its minimum and maximum).
+Its outputs equal the reference's (tests check it); the secure run differs from these values
+by its fixed-point error only (~1e-3 relative after a LayerNorm).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from mpc3.kernels import arith, convert, fxp
+from mpc3.party import RingConfig
+
+from . import model as M
+from .attention import ROW_SCALE_EXTRA, default_decode_block
+from .layernorm import LN_SCALE_EXTRA
+from .secure_model import PROJ_EXTRA, fold_scales
+
+
+@dataclass(frozen=True)
+class Site:
+    kernel: str         # "product" | "relu" | "sqrt_inv"
+    what: str           # what reaches the kernel
+    advice: str         # what the model owner can change
+    extra: int = 0      # product: extra fractional bits of one operand
+
+
+_ATTN = "lower attn_c or rescale W^Q/W^K/W^V"
+_LONG = "lower attn_c (or use attn_norm 'mean') or shorten max_len"
+SITES: dict[str, Site] = {
+    # attention (enc.i.attn, dec.i.self, dec.i.cross)
+    "proj": Site("product", "projection X [W^Q|W^K|W^V] (attn_c folded in)", _ATTN, PROJ_EXTRA),
+    "omega": Site("product", "unfolded feature projection Q_h Omega_h / K_h Omega_h", _ATTN),
+    "features": Site("relu", "ReLU feature input Q Omega / K Omega", _ATTN),
+    "kv": Site("product", "Performer sum K'^T V", _LONG),
+    "scores": Site("product", "attention scores Q'K'^T", _LONG),
+    "out": Site("product", "attention output Q'(K'^T V) (or a decode step's part of it)", _LONG),
+    "rowscale": Site("product", "attention output times 1/n", _LONG, ROW_SCALE_EXTRA),
+    "wo": Site("product", "output projection (.) W^O", "rescale W^O"),
+    # LayerNorm (enc.i.ln1, ..., dec.final_ln)
+    "mean": Site("product", "LayerNorm row mean", "rescale the weights", LN_SCALE_EXTRA),
+    "sumsq": Site("product", "LayerNorm sum of squares sum_k (x_k - mu)^2",
+                  "lower attn_c or rescale the weights"),
+    "xgamma": Site("product", "LayerNorm (x - mu) * gamma", "rescale gamma or the weights"),
+    "var": Site("product", "LayerNorm variance", "lower attn_c or rescale the weights",
+                LN_SCALE_EXTRA),
+    "var_eps": Site("sqrt_inv", "LayerNorm variance+eps", "lower attn_c or rescale the weights"),
+    "scale": Site("product", "LayerNorm output (x - mu) * gamma / sqrt(var + eps)",
+                  "rescale gamma"),
+    # FFN (enc.i.ffn, dec.i.ffn)
+    "w1": Site("product", "FFN product x W1", "rescale W1"),
+    "hidden": Site("relu", "FFN hidden x W1 + b1", "rescale W1 and b1"),
+    "w2": Site("product", "FFN product ReLU(.) W2", "rescale W2"),
+}
+
+
+def site_range(site: str, ring: RingConfig) -> tuple[float, float]:
+    """(lo, hi): magnitudes must stay below hi; sqrt_inv inputs inside [lo, hi]."""
+    s = SITES[site]
+    if s.kernel == "product":
+        return 0.0, arith.product_limit(ring.frac, s.extra)
+    if s.kernel == "relu":
+        return 0.0, convert.relu_limit(ring)
+    return tuple(float(v) for v in fxp.SQRT_INV_RANGE)
+
+
+class Recorder:
+    """(layer, site) -> largest |value| seen; ``var_eps`` keeps (min, max)."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, dict[str, float | list[float]]] = {}
+
+    def mag(self, layer: str, site: str, *arrays: np.ndarray) -> None:
+        v = max((float(np.max(np.abs(a))) for a in arrays if a.size), default=0.0)
+        row = self.values.setdefault(layer, {})
+        row[site] = max(row.get(site, 0.0), v)
+
+    def span(self, layer: str, site: str, a: np.ndarray) -> None:
+        row = self.values.setdefault(layer, {})
+        lo, hi = row.get(site, [np.inf, -np.inf])
+        row[site] = [min(lo, float(a.min())), max(hi, float(a.max()))]
+
+
+class Trace:
+    """Float64 mirror of the secure stacks that feeds a :class:`Recorder`."""
+
+    def __init__(self, cfg: M.ModelConfig, weights: M.Weights, fold_omega: bool = True,
+                 decode_block: int | None = None, rec: Recorder | None = None) -> None:
+        self.cfg, self.w, self.fold = cfg, weights, fold_omega
+        self.block = (default_decode_block(cfg.n_features, cfg.d_head) if decode_block is None
+                      else int(decode_block))
+        self.rec = rec or Recorder()
+        self.s, self.vs = fold_scales(cfg)
+        self._sub: dict[str, dict[str, np.ndarray]] = {}
+        self.attn = {p: self.sub(p) for p in M.attn_prefixes(cfg)}
+
+    def sub(self, prefix: str) -> dict[str, np.ndarray]:
+        if prefix not in self._sub:
+            self._sub[prefix] = self.w.sub(prefix)
+        return self._sub[prefix]
+
+    # ------------------------------------------------------------ building blocks ----
+    def ln(self, layer: str, x: np.ndarray) -> np.ndarray:
+        w, d, rec = self.sub(layer), x.shape[-1], self.rec
+        mu = x.mean(-1, keepdims=True)
+        xc = x - mu
+        sumsq = (xc * xc).sum(-1)
+        xg = xc * w["gamma"]
+        var = sumsq / d
+        ve = var + self.cfg.ln_eps
+        y = xg / np.sqrt(ve)[..., None]
+        rec.mag(layer, "mean", mu)
+        rec.mag(layer, "sumsq", sumsq)
+        rec.mag(layer, "xgamma", xg)
+        if d & (d - 1):                   # not a power of two: 1/d is a separate truncation
+            rec.mag(layer, "var", var)
+        rec.span(layer, "var_eps", ve)
+        rec.mag(layer, "scale", y)
+        return y + w["beta"]
+
+    def ffn(self, layer: str, x: np.ndarray) -> np.ndarray:
+        w = self.sub(layer)
+        xw = x @ w["w1"]
+        hid = xw + w["b1"]
+        hw = M.relu(hid) @ w["w2"]
+        self.rec.mag(layer, "w1", xw)
+        self.rec.mag(layer, "hidden", hid)
+        self.rec.mag(layer, "w2", hw)
+        return hw + w["b2"]
+
+    def _features(self, layer: str, x: np.ndarray, which: str) -> np.ndarray:
+        """Q' or K' (B, h, S, r). The products are formed unfolded, s * (X W_h) Omega_h, which
+        equals the folded s * X (W Omega)_h up to float rounding and costs r/d_head less."""
+        w = self.attn[layer]
+        t = x @ w[which]
+        pre = self.s * (np.ascontiguousarray(M.split_heads(t, self.cfg.n_heads)) @ w["omega"])
+        if self.fold:                       # one product X (s W Omega) per feature
+            self.rec.mag(layer, "proj", pre)
+        else:                               # X (s W), then (s X W)_h Omega_h
+            self.rec.mag(layer, "proj", self.s * t)
+            self.rec.mag(layer, "omega", pre)
+        self.rec.mag(layer, "features", pre)
+        return M.relu(pre)
+
+    def _values(self, layer: str, x: np.ndarray) -> np.ndarray:
+        v = self.vs * (x @ self.attn[layer]["wv"])
+        self.rec.mag(layer, "proj", v)
+        return np.ascontiguousarray(M.split_heads(v, self.cfg.n_heads))
+
+    def _finish(self, layer: str, o: np.ndarray, n: np.ndarray) -> np.ndarray:
+        if self.cfg.attn_norm == "mean":
+            o = o / np.asarray(n, dtype=np.float64)[:, None]
+            self.rec.mag(layer, "rowscale", o)
+        y = M.merge_heads(o) @ self.attn[layer]["wo"]
+        self.rec.mag(layer, "wo", y)
+        return y
+
+    # ---------------------------------------------------------------- attention ----
+    def self_attention(self, layer: str, x: np.ndarray) -> np.ndarray:
+        """Encoder self attention; both core orders (kv, qk) are recorded, since the secure
+        run picks one by the sequence length."""
+        qf, kf, v = self._features(layer, x, "wq"), self._features(layer, x, "wk"), \
+            self._values(layer, x)
+        kv = np.swapaxes(kf, -1, -2) @ v
+        o = qf @ kv
+        self.rec.mag(layer, "kv", kv)
+        self.rec.mag(layer, "scores", qf @ np.swapaxes(kf, -1, -2))
+        self.rec.mag(layer, "out", o)
+        return self._finish(layer, o, np.full(x.shape[1], x.shape[1]))
+
+    def masked_steps(self, layer: str, x: np.ndarray) -> np.ndarray:
+        """Masked self attention as the decode steps compute it (attention.attention_step):
+        token t sees the folded prefix G (one product) and the cached tokens of its block
+        (scores, then scores @ V); a full block is folded into G with one K'^T V."""
+        T, L = x.shape[1], self.block
+        qf, kf, v = self._features(layer, x, "wq"), self._features(layer, x, "wk"), \
+            self._values(layer, x)
+        o = np.zeros(qf.shape[:-1] + (v.shape[-1],))
+        G = np.zeros(qf.shape[:2] + (qf.shape[-1], v.shape[-1]))
+        for b0 in range(0, T, L):
+            sl = slice(b0, min(b0 + L, T))
+            sc = np.tril(qf[..., sl, :] @ np.swapaxes(kf[..., sl, :], -1, -2))
+            part = sc @ v[..., sl, :]
+            self.rec.mag(layer, "scores", sc)
+            self.rec.mag(layer, "out", part)
+            if b0:
+                prev = qf[..., sl, :] @ G
+                self.rec.mag(layer, "out", prev)
+                part = part + prev
+            o[..., sl, :] = part
+            if b0 + L <= T:
+                kvb = np.swapaxes(kf[..., sl, :], -1, -2) @ v[..., sl, :]
+                self.rec.mag(layer, "kv", kvb)
+                G = G + kvb
+        return self._finish(layer, o, np.arange(1, T + 1))
+
+    def cross_kv(self, layer: str, enc: np.ndarray) -> np.ndarray:
+        """DecodeState.start: K' and V of the encoder output and K'^T V, once."""
+        kf, v = self._features(layer, enc, "wk"), self._values(layer, enc)
+        kv = np.swapaxes(kf, -1, -2) @ v
+        self.rec.mag(layer, "kv", kv)
+        return kv
+
+    def cross_steps(self, layer: str, x: np.ndarray, kv: np.ndarray, n_enc: int) -> np.ndarray:
+        o = self._features(layer, x, "wq") @ kv
+        self.rec.mag(layer, "out", o)
+        return self._finish(layer, o, np.full(x.shape[1], n_enc))
+
+    # ------------------------------------------------------------------- stacks ----
+    def encoder(self, x: np.ndarray) -> np.ndarray:
+        cfg = self.cfg
+        for i in range(cfg.n_enc_layers):
+            pre = f"enc.{i}"
+            if cfg.norm_first:
+                x = x + self.self_attention(f"{pre}.attn", self.ln(f"{pre}.ln1", x))
+                x = x + self.ffn(f"{pre}.ffn", self.ln(f"{pre}.ln2", x))
+            else:
+                x = self.ln(f"{pre}.ln1", x + self.self_attention(f"{pre}.attn", x))
+                x = self.ln(f"{pre}.ln2", x + self.ffn(f"{pre}.ffn", x))
+        return self.ln("enc.final_ln", x) if cfg.norm_first else x
+
+    def decoder(self, y: np.ndarray, enc: np.ndarray) -> np.ndarray:
+        """Every decode step of the target ``y`` (B, T, d), layer by layer (the same values
+        as T calls of decoder_step: a step's layer i sees only layer i-1 up to its token)."""
+        cfg, x, S = self.cfg, y, enc.shape[1]
+        for i in range(cfg.n_dec_layers):
+            pre = f"dec.{i}"
+            kv = self.cross_kv(f"{pre}.cross", enc)
+            if cfg.norm_first:
+                x = x + self.masked_steps(f"{pre}.self", self.ln(f"{pre}.ln1", x))
+                x = x + self.cross_steps(f"{pre}.cross", self.ln(f"{pre}.ln2", x), kv, S)
+                x = x + self.ffn(f"{pre}.ffn", self.ln(f"{pre}.ln3", x))
+            else:
+                x = self.ln(f"{pre}.ln1", x + self.masked_steps(f"{pre}.self", x))
+                x = self.ln(f"{pre}.ln2", x + self.cross_steps(f"{pre}.cross", x, kv, S))
+                x = self.ln(f"{pre}.ln3", x + self.ffn(f"{pre}.ffn", x))
+        if cfg.norm_first and cfg.n_dec_layers:
+            x = self.ln("dec.final_ln", x)
+        return x
