@@ -1,16 +1,21 @@
 """The model owner's flow: put a transformer on a cluster as secret shares.
 
-:func:`share_transformer` builds the protocols.secure_model layout (Omega folded into W^Q,
-W^K; attn_c folded into the projections; projections at frac + PROJ_EXTRA bits), records in
-the model's public metadata its config, its kind and the computations query users may run
-(``permit``; default: the model's own inference only), uploads the shares and verifies that
-the parties hold consistent copies. The query-user tensors (embeddings, output layer) of a
+:func:`share_transformer` first **calibrates** the model (:mod:`protocols.calibrate`: the
+float64 trace of the secure protocols on sample inputs; a model whose values leave a
+kernel's range is refused with the layer, the value and the limit), then builds the
+protocols.secure_model layout (Omega folded into W^Q, W^K; attn_c folded into the
+projections; projections at frac + PROJ_EXTRA bits), records in the model's public metadata
+its config, its kind, the computations query users may run (``permit``; default: the model's
+own inference only) and the calibration (with the input range clients check), uploads the
+shares and verifies that the parties hold consistent copies. The query-user tensors (embeddings, output layer) of a
 model file are never shared: the owner hands them to its users, who thereby learn them.
 """
 from __future__ import annotations
 
+from mpc3.party import RingConfig
 from net.client import ModelOwner
 from net.config import ClusterConfig
+from protocols import calibrate as C
 from protocols import model as M
 from protocols.jobs import DEFAULT_PERMITTED, ENCODER_DECODER, PRODUCTION
 
@@ -29,20 +34,50 @@ def check_permit(permit) -> tuple[str, ...]:
     return permit
 
 
-def transformer_meta(mcfg: M.ModelConfig, permit=None, source: str = "",
-                     fold_omega: bool = True) -> dict:
+def calibration_samples(mcfg: M.ModelConfig, weights: M.Weights, user=None,
+                        path=None) -> C.Samples:
+    """The owner's samples (``path``: .npy/.npz of embedded inputs), else real inputs for a
+    model of the digits-to-words task (protocols.textdata), else random token sequences
+    embedded with the model's own tables; a bare model needs ``path``."""
+    from protocols import textdata as TD
+    import numpy as np
+    if path is not None:
+        return C.load_samples(path)
+    if not user or "embed.src" not in user:
+        raise ValueError("the model file has no embedding tables: pass sample inputs "
+                         "(--samples FILE.npz with X (B, S, d) and, for a decoder, Y) so that "
+                         "share-model can calibrate it")
+    if (mcfg.src_vocab, mcfg.tgt_vocab) == (len(TD.VOCAB.src), len(TD.VOCAB.tgt)):
+        return TD.calibration_samples(mcfg, weights, user)
+    return C.default_samples(mcfg, user, np.random.default_rng(0))
+
+
+def transformer_meta(mcfg: M.ModelConfig, calibration: C.Calibration, permit=None,
+                     source: str = "", fold_omega: bool = True) -> dict:
     """Public metadata stored with a shared transformer."""
     return {"model_config": mcfg.to_dict(), "kind": ENCODER_DECODER,
             "layout": "protocols.secure_model", "fold_omega": fold_omega,
-            "permitted": list(check_permit(permit)), "source": source}
+            "permitted": list(check_permit(permit)), "source": source,
+            "calibration": calibration.to_dict()}
 
 
 def share_transformer(cfg: ClusterConfig, model_id: str, mcfg: M.ModelConfig,
                       weights: M.Weights, permit=None, cert=None, key=None,
-                      source: str = "", fold_omega: bool = True) -> str:
-    """Share ``weights`` with the cluster as ``model_id``; returns the upload id."""
+                      source: str = "", fold_omega: bool = True, user=None,
+                      samples: C.Samples | None = None,
+                      margin: float = C.DEFAULT_MARGIN) -> str:
+    """Calibrate and share ``weights`` with the cluster as ``model_id``; returns the upload
+    id. ``user``: the model's query-user tensors (never shared; they give the exact input
+    range and default samples); ``samples``: calibration inputs (default:
+    :func:`calibration_samples`). Raises :class:`protocols.calibrate.RangeError` before
+    anything is uploaded if the model leaves a kernel's range."""
     from protocols.secure_model import plain_tensors
-    meta = transformer_meta(mcfg, permit, source, fold_omega)
+    check_permit(permit)
+    if samples is None:
+        samples = calibration_samples(mcfg, weights, user)
+    cal = C.calibrate(mcfg, weights, samples, RingConfig(frac=cfg.frac), margin, user=user,
+                      fold_omega=fold_omega)
+    meta = transformer_meta(mcfg, cal, permit, source, fold_omega)
     layout = plain_tensors(mcfg, weights, fold_omega=fold_omega)
     with ModelOwner(cfg, cert, key) as owner:
         return owner.upload(model_id, {k: v for k, (v, _) in layout.items()},

@@ -141,7 +141,8 @@ def main(argv=None) -> int:
     c.start()
     try:
         keys.issue(keys_dir, "user3", "user3", "query-user")
-        share_transformer(c.cfg, "tr", mcfg, w, ["translate", "encoder"], *c.creds("owner"))
+        share_transformer(c.cfg, "tr", mcfg, w, ["translate", "encoder"], *c.creds("owner"),
+                          user=user_t)
         result = {"workload": "trust/burst+hang", "limits": c.cfg.limits.to_table(),
                   "burst": burst(c, mcfg, user_t, vocab), "hang": hang(c, mcfg),
                   "load_avg_1m_at_end": os.getloadavg()[0]}

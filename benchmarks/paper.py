@@ -156,13 +156,13 @@ def translate_e2e(rc, tokens: int, d: dict, seed: int = 0) -> dict:
     cfg = M.ModelConfig(d_model=d["d_model"], n_heads=d["heads"],
                         d_head=d["d_model"] // d["heads"], n_features=d["features"],
                         d_ff=d["d_ff"], n_enc_layers=d["layers"], n_dec_layers=d["layers"],
-                        attn_c=1.0 / d["features"], attn_norm="mean", ln_eps=1e-5,
+                        attn_c=1.0 / d["features"], attn_norm="mean",
                         norm_first=False, src_vocab=256, tgt_vocab=256,
                         max_len=tokens + 1).validate()
     w, user = M.random_weights(cfg, seed), M.random_user(cfg, seed)
     src = np.random.default_rng(seed + 1).integers(3, 256, size=(1, tokens))
     model_id = f"e2e-{tokens}-{d['d_model']}-{d['layers']}"
-    share_transformer(rc.cfg, model_id, cfg, w, None, *rc.creds("owner"))
+    share_transformer(rc.cfg, model_id, cfg, w, None, *rc.creds("owner"), user=user)
     with QueryUser(rc.cfg, *rc.creds("user"), rpc_timeout=600) as qu:
         backend = T.ClusterBackend(qu, model_id, step_timeout=3600)
         t0 = time.perf_counter()

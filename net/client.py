@@ -266,7 +266,7 @@ class QueryUser(_Client):
         super().__init__(*args, **kw)
         self.retry_s = retry_s
         self._costs: dict[tuple[str, int], list] = {}
-        self._verified: set[str] = set()
+        self._models: dict[str, pb.ModelInfo] = {}
 
     def model(self, model_id: str) -> pb.ModelInfo:
         """The model as stored on the three parties; raises unless they hold the same,
@@ -294,7 +294,22 @@ class QueryUser(_Client):
                                     "must delete it and share it again")
         if any(m.state != "verified" for m in infos):
             self.verify(model_id)
+        self._models[model_id] = infos[0]
         return infos[0]
+
+    def check_inputs(self, model_id: str, inputs: Mapping[str, np.ndarray]) -> None:
+        """Refuse plaintext inputs outside the model's calibrated input range (stored by the
+        owner's share-model): out-of-range values would wrap in the ring and come back as
+        garbage, so they are never shared."""
+        info = self._models.get(model_id) or self.model(model_id)
+        meta = json.loads(info.public_meta or "{}")
+        if "calibration" not in meta:
+            return
+        from protocols.calibrate import Calibration, check_input
+        cal = Calibration.from_dict(meta["calibration"])
+        for name, value in inputs.items():
+            if name in cal.input_range:
+                check_input(cal, name, value)
 
     def submit(self, model_id: str, kind: str, inputs: Mapping[str, np.ndarray],
                params: Mapping | None = None, encoded: bool = False,
@@ -311,6 +326,8 @@ class QueryUser(_Client):
         if not inputs and not allow_empty:
             raise ValueError("no input tensors")
         upload_id = upload_id or self.model(model_id).upload_id
+        if not encoded:
+            self.check_inputs(model_id, inputs)
         shares = self._share(inputs, encoded)
         params_json = json.dumps(dict(params or {}), sort_keys=True)
         t0 = time.monotonic()

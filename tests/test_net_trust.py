@@ -41,10 +41,11 @@ def prod(tmp_path_factory):
     c.start()
     c.mcfg = small_cfg()
     c.w = M.random_weights(c.mcfg, 1)
+    c.user_t = M.random_user(c.mcfg, 1)
     try:
-        share_transformer(c.cfg, "tr1", c.mcfg, c.w, None, *c.creds("owner"))
+        share_transformer(c.cfg, "tr1", c.mcfg, c.w, None, *c.creds("owner"), user=c.user_t)
         share_transformer(c.cfg, "tr2", c.mcfg, c.w, ["translate", "encoder"],
-                          *c.creds("owner"))
+                          *c.creds("owner"), user=c.user_t)
     except BaseException:
         c.stop()
         raise
@@ -303,7 +304,7 @@ def _restart(c, n):
 def test_edited_share_with_recomputed_checksum_is_detected(prod):
     """A party's stored share changed on disk (checksum recomputed): after its restart the
     parties' slot digests disagree and the model is refused until it is replaced."""
-    share_transformer(prod.cfg, "tam", prod.mcfg, prod.w, None, *prod.creds("owner"))
+    share_transformer(prod.cfg, "tam", prod.mcfg, prod.w, None, *prod.creds("owner"), user=prod.user_t)
     d = _model_dir(prod, 1, "tam")
     meta = json.loads((d / "meta.json").read_text())
     t = meta["tensors"][0]
@@ -323,13 +324,13 @@ def test_edited_share_with_recomputed_checksum_is_detected(prod):
             u.run("tam", "decode_open", {"X": np.zeros((1, 2, 16))}, {"session": "t1"})
     with prod.owner() as o:                              # the owner replaces it
         o.delete("tam")
-    share_transformer(prod.cfg, "tam", prod.mcfg, prod.w, None, *prod.creds("owner"))
+    share_transformer(prod.cfg, "tam", prod.mcfg, prod.w, None, *prod.creds("owner"), user=prod.user_t)
     with prod.user() as u:
         assert u.model("tam").upload_id
 
 
 def test_corrupt_files_on_one_party_can_be_deleted_and_reshared(prod):
-    share_transformer(prod.cfg, "cor", prod.mcfg, prod.w, None, *prod.creds("owner"))
+    share_transformer(prod.cfg, "cor", prod.mcfg, prod.w, None, *prod.creds("owner"), user=prod.user_t)
     d = _model_dir(prod, 0, "cor")
     f = sorted(d.glob("t*.bin"))[0]
     f.write_bytes(f.read_bytes()[:40])                   # truncated on party 0
@@ -342,7 +343,7 @@ def test_corrupt_files_on_one_party_can_be_deleted_and_reshared(prod):
     with prod.owner() as o:
         lines = o.delete("cor")
     assert lines == ["party 0: deleted", "party 1: deleted", "party 2: deleted"]
-    share_transformer(prod.cfg, "cor", prod.mcfg, prod.w, None, *prod.creds("owner"))
+    share_transformer(prod.cfg, "cor", prod.mcfg, prod.w, None, *prod.creds("owner"), user=prod.user_t)
     with prod.user() as u:
         assert u.model("cor").state == "verified"
 
@@ -393,3 +394,38 @@ def test_cli_infer_refuses_out_of_permission_and_share_model_permits(prod, tmp_p
     assert r.returncode == 0 and "verified on parties [0, 1, 2]" in r.stdout
     r = _mpc3("share-model", tmp_path / "x.npy", "--config", prod.path, "--model-id", "bad")
     assert r.returncode == 2 and "not a readable mpc3 model file" in r.stderr, r.stderr
+
+
+# --------------------------------------------------------------------- right or refused ----
+def test_out_of_range_input_is_refused_before_sharing(prod, tmp_path):
+    from protocols.calibrate import RangeError
+    x = M.embed(prod.mcfg, prod.user_t["embed.src"], np.array([[1, 2, 3, 4]]))
+    with prod.user() as u:
+        y = u.run("tr2", "encoder", {"X": x})["Y"]                   # genuine input: right
+        assert np.abs(y - M.ref_encoder(prod.mcfg, prod.w, x)).max() < 1e-2
+        before = [s.jobs_running + s.jobs_queued for s in u.status()]
+        with pytest.raises(RangeError, match="calibrated input range"):
+            u.run("tr2", "encoder", {"X": 5 * x})                    # 5x: refused
+    np.save(tmp_path / "x5.npy", 5 * x)
+    r = _mpc3("infer", "--config", prod.path, "--model-id", "tr2", "--input",
+              tmp_path / "x5.npy", "--output", tmp_path / "y.npy")
+    assert r.returncode == 2 and "calibrated input range" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "y.npy").exists()
+    assert before == [0, 0, 0]
+
+
+def test_share_model_refuses_a_model_outside_the_kernels_ranges(prod, tmp_path):
+    from protocols.calibrate import RangeError
+    d = small_cfg().to_dict()
+    d["attn_c"] = 64.0                                               # passes validation
+    cfg = M.ModelConfig.from_dict(d)
+    w, user = M.random_weights(cfg, 4), M.random_user(cfg, 4)
+    with pytest.raises(RangeError) as err:
+        share_transformer(prod.cfg, "hot", cfg, w, None, *prod.creds("owner"), user=user)
+    msg = str(err.value)
+    assert msg.startswith("enc.0.ln1: ") and "reaches" in msg and "above the limit" in msg, msg
+    with prod.user() as u:                                           # nothing was uploaded
+        assert all("hot" not in {m.model_id for m in ms} for ms in u.list_models())
+    M.save_model(tmp_path / "hot.npz", cfg, w, user)
+    r = _mpc3("share-model", tmp_path / "hot.npz", "--config", prod.path, "--model-id", "hot")
+    assert r.returncode == 2 and "enc.0." in r.stderr and "Traceback" not in r.stderr

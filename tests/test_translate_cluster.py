@@ -30,7 +30,7 @@ def cluster(tmp_path_factory):
     c = Cluster(tmp_path_factory.mktemp("translate"))
     c.mcfg, c.w, c.user_t, c.vocab = TD.load_shipped()
     try:
-        share_transformer(c.cfg, "tr", c.mcfg, c.w, permit=["translate", "encoder"],
+        share_transformer(c.cfg, "tr", c.mcfg, c.w, permit=["translate", "encoder"], user=c.user_t,
                           cert=c.dir / "certs" / "owner.pem",
                           key=c.dir / "certs" / "owner.key")
     except BaseException:

@@ -99,7 +99,8 @@ def run_translate(a) -> dict:
                 network = cluster.network
             else:
                 cluster = LocalCluster(tmp, peer_timeout=120.0).start()
-            share_transformer(cluster.cfg, "bench", cfg, w, None, *cluster.creds("owner"))
+            share_transformer(cluster.cfg, "bench", cfg, w, None, *cluster.creds("owner"),
+                              user=user)
             qu = QueryUser(cluster.cfg, *cluster.creds("user"), rpc_timeout=120)
             backend = T.ClusterBackend(qu, "bench", step_timeout=600)
         else:

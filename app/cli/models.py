@@ -25,6 +25,12 @@ def register(sub) -> None:
                    help="comma-separated computations query users may run (default: the "
                    "model's own inference, 'translate'; 'encoder' also returns encoder "
                    "outputs, an intermediate value of a translation model)")
+    p.add_argument("--samples", metavar="FILE",
+                   help="calibration inputs: .npy (B, S, d) or .npz with X and Y (default: "
+                   "inputs built from the model's own embedding tables)")
+    p.add_argument("--margin", type=float, default=4.0,
+                   help="calibration safety margin: values must stay below each kernel's "
+                   "limit / MARGIN (default 4)")
     add_client_creds(p)
     p.set_defaults(func=_cmd_share)
 
@@ -50,14 +56,17 @@ def register(sub) -> None:
 def _cmd_share(args) -> int:
     from app.owner import share_transformer
     cfg = load(args)
-    mcfg, weights, _user = load_model_file(args.weights)   # user tensors are never shared
+    from app.owner import calibration_samples
+    mcfg, weights, user = load_model_file(args.weights)    # user tensors are never shared
     permit = [p for p in args.permit.split(",") if p] if args.permit is not None else None
     t0 = time.monotonic()
+    samples = calibration_samples(mcfg, weights, user, args.samples)
     upload_id = share_transformer(cfg, args.model_id, mcfg, weights, permit, args.cert,
                                   args.key, source=Path(args.weights).name,
-                                  fold_omega=not args.no_fold_omega)
-    print(f"model {args.model_id}: {weights.n_params()} parameters shared to 3 parties "
-          f"(upload {upload_id}, copies verified) in {time.monotonic() - t0:.1f} s")
+                                  fold_omega=not args.no_fold_omega, user=user,
+                                  samples=samples, margin=args.margin)
+    print(f"model {args.model_id}: {weights.n_params()} parameters calibrated and shared to "
+          f"3 parties (upload {upload_id}, copies verified) in {time.monotonic() - t0:.1f} s")
     return 0
 
 

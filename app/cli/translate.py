@@ -138,7 +138,8 @@ def _cmd_demo(args) -> int:
             f"(mTLS, certificates in {d / 'certs'}) in {time.perf_counter() - t0:.1f} s")
         t0 = time.perf_counter()
         upload = share_transformer(cluster.cfg, "translator", mcfg, w, None,
-                                   *cluster.creds("owner"), source=TD.SHIPPED_MODEL.name)
+                                   *cluster.creds("owner"), source=TD.SHIPPED_MODEL.name,
+                                   user=user)
         say(f"model owner: shared the shipped translator ({w.n_params()} parameters, "
             f"d_model {mcfg.d_model}, {mcfg.n_enc_layers}+{mcfg.n_dec_layers} layers) as "
             f"upload {upload} in {time.perf_counter() - t0:.1f} s")
