@@ -15,6 +15,7 @@ a new token costs O(1) in the prefix length (Eq. 15).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -153,8 +154,9 @@ def _cross_step(p, cfg, w, x, kv, n_enc):
 
 
 def decoder_step(p: Party, cfg: M.ModelConfig, shares: dict, state: DecodeState,
-                 y_t: AShare) -> AShare:
-    """One token: y_t (B, d) at position state.t -> (B, d); == model.ref_decoder_step."""
+                 y_t: AShare, on_layer: Callable[[str], None] | None = None) -> AShare:
+    """One token: y_t (B, d) at position state.t -> (B, d); == model.ref_decoder_step.
+    ``on_layer(name)`` is called after each layer (``dec.i``, ``dec.final_ln``)."""
     if len(y_t.shape) != 2 or y_t.shape[-1] != cfg.d_model:
         raise ValueError(f"decoder step input must be (B, {cfg.d_model}), got {y_t.shape}")
     B = y_t.shape[0]
@@ -171,7 +173,11 @@ def decoder_step(p: Party, cfg: M.ModelConfig, shares: dict, state: DecodeState,
             x = _ln(p, cfg, shares, f"{pre}.ln1", x + _self_step(p, cfg, ws, x, st))
             x = _ln(p, cfg, shares, f"{pre}.ln2", x + _cross_step(p, cfg, wc, x, kv, state.n_enc))
             x = _ln(p, cfg, shares, f"{pre}.ln3", x + ffn(p, wf, x))
+        if on_layer is not None:
+            on_layer(pre)
     if cfg.norm_first and cfg.n_dec_layers:
         x = _ln(p, cfg, shares, "dec.final_ln", x)
+        if on_layer is not None:
+            on_layer("dec.final_ln")
     state.t += 1
     return x.reshape(B, cfg.d_model)

@@ -6,6 +6,8 @@ Exactly :func:`protocols.model.ref_encoder` on shares; residual additions are lo
 """
 from __future__ import annotations
 
+from typing import Callable
+
 from mpc3.party import Party
 from mpc3.shares import AShare
 
@@ -32,13 +34,19 @@ def encoder_layer(p: Party, cfg: M.ModelConfig, shares: dict, i: int, x: AShare,
 
 
 def encoder(p: Party, cfg: M.ModelConfig, shares: dict, x: AShare, order: str = "auto",
-            layers: int | None = None) -> AShare:
-    """x (B, S, d) -> encoder output (B, S, d); ``layers`` runs only the first few (benchmarks)."""
+            layers: int | None = None,
+            on_layer: Callable[[str], None] | None = None) -> AShare:
+    """x (B, S, d) -> encoder output (B, S, d); ``layers`` runs only the first few (benchmarks).
+    ``on_layer(name)`` is called after each layer (``enc.i``, ``enc.final_ln``), e.g. to mark
+    per-layer traffic (:class:`protocols.jobs.CostRecorder`)."""
     if len(x.shape) != 3 or x.shape[-1] != cfg.d_model:
         raise ValueError(f"encoder input must be (B, S, {cfg.d_model}), got {x.shape}")
+    mark = on_layer or (lambda name: None)
     n = cfg.n_enc_layers if layers is None else layers
     for i in range(n):
         x = encoder_layer(p, cfg, shares, i, x, order=order)
+        mark(f"enc.{i}")
     if cfg.norm_first:
         x = _ln(p, cfg, shares, "enc.final_ln", x)
+        mark("enc.final_ln")
     return x

@@ -8,7 +8,6 @@ from mpc3.sim import make_parties, run_parties
 from app import translate as T
 from protocols import decoder as D
 from protocols import jobs as J
-from protocols.jobs import transformer as JT
 from protocols import model as M
 from protocols import textdata as TD
 from protocols.secure_model import share_input, share_model
@@ -47,9 +46,9 @@ def _small_cfg(norm_first=False):
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
-def test_layer_split_is_the_decoder_step(norm_first):
-    """decoder_step_by_layer makes exactly the kernel calls of decoder_step (same seed ->
-    bit-identical shares) and reports one cost entry per layer that sums to the total."""
+def test_on_layer_hook_marks_every_layer_and_changes_nothing(norm_first):
+    """decoder_step with an on_layer hook makes exactly the same kernel calls (same seed ->
+    bit-identical shares) and the per-layer costs it marks sum to the step's total."""
     cfg = _small_cfg(norm_first)
     w = M.random_weights(cfg, 3)
     rng = np.random.default_rng(0)
@@ -57,36 +56,32 @@ def test_layer_split_is_the_decoder_step(norm_first):
     enc = share_input(rng.uniform(-2, 2, (2, 3, cfg.d_model)), rng=rng)
     ys = [share_input(rng.uniform(-2, 2, (2, cfg.d_model)), rng=rng) for _ in range(3)]
 
-    def run(split):
+    def run(hooked):
         def fn(p, sh, e, yy):
             st = D.DecodeState.start(p, cfg, sh, e)
-            rec, costs, outs = J.CostRecorder(p), [], []
+            rec, totals, outs = J.CostRecorder(p), [], []
             for y in yy:
                 s0 = p.stats.snapshot()
                 rec.mark("before")
-                if split:
-                    outs.append(JT.decoder_step_by_layer(p, cfg, sh, st, y, rec))
-                else:
-                    outs.append(D.decoder_step(p, cfg, sh, st, y))
-                d = p.stats.snapshot() - s0
-                costs += [c for c in rec.entries[1:]] + [
-                    {"layer": "total", "bytes": d.bytes_sent, "rounds": d.rounds}]
-                rec.entries.clear()
-            return outs, costs
+                outs.append(D.decoder_step(p, cfg, sh, st, y,
+                                           on_layer=rec.mark if hooked else None))
+                totals.append((p.stats.snapshot() - s0).bytes_sent)
+            return outs, rec.entries, totals
         return run_parties(fn, [(shares[i], enc[i], [y[i] for y in ys]) for i in range(3)],
                            parties=make_parties(seed=b"layer-split"))
 
-    whole, split = run(False), run(True)
+    plain, hooked = run(False), run(True)
     for t in range(3):
-        assert np.array_equal(reveal([r[0][t] for r in whole]),
-                              reveal([r[0][t] for r in split]))
-    costs = split[0][1]
-    per_step = len(costs) // 3
-    assert per_step == (2 if norm_first else cfg.n_dec_layers + 1)
+        assert np.array_equal(reveal([r[0][t] for r in plain]),
+                              reveal([r[0][t] for r in hooked]))
+    entries, totals = hooked[0][1], hooked[0][2]
+    names = [f"dec.{i}" for i in range(cfg.n_dec_layers)] + (["dec.final_ln"] if norm_first
+                                                              else [])
+    per_step = len(names) + 1
     for t in range(3):
-        block = costs[t * per_step:(t + 1) * per_step]
-        assert sum(c["bytes"] for c in block[:-1]) == block[-1]["bytes"]
-        assert sum(c["rounds"] for c in block[:-1]) == block[-1]["rounds"]
+        block = entries[t * per_step:(t + 1) * per_step]
+        assert [e["layer"] for e in block] == ["before"] + names
+        assert sum(e["bytes"] for e in block[1:]) == totals[t]
 
 
 def test_inproc_steps_equal_plaintext_steps():

@@ -14,23 +14,19 @@ Computation ``encoder`` (only if the owner permits it: its output is an intermed
 translation model): ``encoder``: ``X`` (B, S, d) -> ``Y`` (B, S, d).
 
 Every job - each step included - runs under its own job id, so its PRG keys are fresh.
-Per-layer public costs are marked into the job's :class:`~protocols.jobs.contract.CostRecorder`.
-The per-layer split (:func:`encoder_by_layer`, :func:`decoder_step_by_layer`) performs exactly
-the kernel calls of :func:`protocols.encoder.encoder` / :func:`protocols.decoder.decoder_step`
-in the same order.
+Per-layer public costs are marked into the job's :class:`~protocols.jobs.contract.CostRecorder`
+through the stacks' ``on_layer`` hook.
 """
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from mpc3.party import Party
-from mpc3.shares import AShare
 
 from .. import model as M
 from ..decoder import DecodeState, decoder_step
-from ..encoder import _ln, encoder_layer
+from ..encoder import encoder
 from ..secure_model import PROJ_EXTRA, check_shares
-from .contract import (ENCODER_DECODER, CostRecorder, JobContext, JobSpec, ModelView,
+from .contract import (ENCODER_DECODER, JobContext, JobSpec, ModelView,
                        TensorSpec)
 
 MAX_BATCH = 256
@@ -71,82 +67,27 @@ def _validate_step(model: ModelView, inputs: dict, params) -> None:
     _check_rows(tuple(inputs["Y"]), model.config, "Y")
 
 
-# ------------------------------------------------------------------ per-layer stacks ----
-def encoder_by_layer(p: Party, cfg: M.ModelConfig, shares: dict, x: AShare,
-                     costs: CostRecorder | None = None) -> AShare:
-    """== protocols.encoder.encoder, marking the traffic of every layer into ``costs``."""
-    if len(x.shape) != 3 or x.shape[-1] != cfg.d_model:
-        raise ValueError(f"encoder input must be (B, S, {cfg.d_model}), got {x.shape}")
-    mark = costs.mark if costs is not None else (lambda name: None)
-    for i in range(cfg.n_enc_layers):
-        x = encoder_layer(p, cfg, shares, i, x)
-        mark(f"enc.{i}")
-    if cfg.norm_first:
-        x = _ln(p, cfg, shares, "enc.final_ln", x)
-        mark("enc.final_ln")
-    return x
-
-
-class _LayerView:
-    """Decoder layer ``i`` seen as a one-layer model (post-LN only: no final LayerNorm)."""
-
-    def __init__(self, cfg: M.ModelConfig, shares: dict, i: int) -> None:
-        d = cfg.to_dict()
-        d["n_dec_layers"] = 1
-        self.cfg = M.ModelConfig.from_dict(d)
-        pre = f"dec.{i}."
-        self.shares = {("dec.0." + k[len(pre):] if k.startswith(pre) else k): v
-                       for k, v in shares.items() if not k.startswith("dec.") or
-                       k.startswith(pre)}
-
-
-def decoder_step_by_layer(p: Party, cfg: M.ModelConfig, shares: dict, state: DecodeState,
-                          y_t: AShare, costs: CostRecorder | None = None,
-                          views: list | None = None) -> AShare:
-    """== protocols.decoder.decoder_step, marking the traffic of every decoder layer.
-
-    Post-LN stacks run layer by layer (each layer through ``decoder_step`` on a one-layer
-    view sharing this state's prefix sums); pre-LN stacks run in one call (one cost entry).
-    """
-    mark = costs.mark if costs is not None else (lambda name: None)
-    if cfg.norm_first or cfg.n_dec_layers <= 1:
-        out = decoder_step(p, cfg, shares, state, y_t)
-        mark("dec")
-        return out
-    views = views if views is not None else [_LayerView(cfg, shares, i)
-                                             for i in range(cfg.n_dec_layers)]
-    x = y_t
-    for i, v in enumerate(views):
-        sub_state = DecodeState([state.prefix[i]], [state.cross_kv[i]], state.n_enc, state.t)
-        x = decoder_step(p, v.cfg, v.shares, sub_state, x)
-        mark(f"dec.{i}")
-    state.t += 1
-    return x
-
-
 # ------------------------------------------------------------------------ job kinds ----
 def run_encoder(ctx: JobContext, inputs: dict) -> dict:
-    cfg = ctx.model.config
-    return {"Y": encoder_by_layer(ctx.party, cfg, ctx.model.shares, inputs["X"], ctx.costs)}
+    return {"Y": encoder(ctx.party, ctx.model.config, ctx.model.shares, inputs["X"],
+                         on_layer=ctx.costs.mark)}
 
 
 class DecodeSession:
     """What a party keeps between the jobs of one decode session (shares + public counters)."""
 
-    def __init__(self, cfg: M.ModelConfig, shares: dict, state: DecodeState) -> None:
+    def __init__(self, cfg: M.ModelConfig, state: DecodeState) -> None:
         self.cfg = cfg
         self.state = state
-        self.views = (None if cfg.norm_first or cfg.n_dec_layers <= 1 else
-                      [_LayerView(cfg, shares, i) for i in range(cfg.n_dec_layers)])
         self.batch = state.prefix[0].G.shape[0] if state.prefix else None
 
 
 def run_decode_open(ctx: JobContext, inputs: dict) -> dict:
     cfg, shares = ctx.model.config, ctx.model.shares
-    enc = encoder_by_layer(ctx.party, cfg, shares, inputs["X"], ctx.costs)
+    enc = encoder(ctx.party, cfg, shares, inputs["X"], on_layer=ctx.costs.mark)
     state = DecodeState.start(ctx.party, cfg, shares, enc)
     ctx.costs.mark("dec.cross_kv")
-    ctx.session.state = DecodeSession(cfg, shares, state)
+    ctx.session.state = DecodeSession(cfg, state)
     return {}
 
 
@@ -160,8 +101,8 @@ def run_decode_step(ctx: JobContext, inputs: dict) -> dict:
     if sess.state.t >= sess.cfg.max_len:
         raise ValueError(f"the session reached the model's length limit of "
                          f"{sess.cfg.max_len} tokens")
-    return {"H": decoder_step_by_layer(ctx.party, sess.cfg, ctx.model.shares, sess.state, y,
-                                       ctx.costs, sess.views)}
+    return {"H": decoder_step(ctx.party, sess.cfg, ctx.model.shares, sess.state, y,
+                              on_layer=ctx.costs.mark)}
 
 
 def run_decode_close(ctx: JobContext, inputs: dict) -> dict:
