@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from net import cli_layer
+from app.bench import layer as cli_layer
 from protocols import workloads
 
 TINY = ["--seq", "5", "--d-model", "12", "--heads", "2", "--features", "6", "--d-ff", "16",
@@ -15,7 +15,7 @@ TINY = ["--seq", "5", "--d-model", "12", "--heads", "2", "--features", "6", "--d
 def parse(argv):
     ap = argparse.ArgumentParser()
     cli_layer.register(ap.add_subparsers(dest="command"))
-    return ap.parse_args(["bench", "layer"] + argv)
+    return ap.parse_args(["layer"] + argv)
 
 
 @pytest.mark.parametrize("name", cli_layer.WORKLOADS)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 
 def register(sub) -> None:
-    from net import cli_bench, cli_layer
-    from ..bench import translate as cli_translate_bench
+    from net import cli_bench
+    from ..bench import layer, translate
     bsub = cli_bench.register(sub)
-    cli_layer.register(sub)
-    cli_translate_bench.register(bsub)
+    layer.register(bsub)
+    translate.register(bsub)

@@ -18,7 +18,6 @@ max_abs_err against the float64 reference; max_rel_err = max_abs_err / max |refe
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import itertools
 import json
@@ -121,7 +120,7 @@ def run_layer(a) -> dict:
 
 def _cmd(a) -> int:
     if a.net != "none":     # three party processes, each in an emulated network namespace
-        from app.bench import remote as remote_bench
+        from . import remote as remote_bench
         result = remote_bench.run_layer(
             a.name, net=a.net, seq=a.seq, d_model=a.d_model, heads=a.heads,
             features=a.features, d_ff=a.d_ff, layers=a.layers, attn_norm=a.attn_norm,
@@ -137,16 +136,9 @@ def _cmd(a) -> int:
     return 0
 
 
-def register(subparsers) -> None:
-    bench = subparsers.choices.get("bench")
-    if bench is None:
-        bench = subparsers.add_parser("bench", help="benchmarks")
-        bench.set_defaults(func=lambda a: bench.print_help() or 2)
-        inner = bench.add_subparsers(dest="bench_command", required=True)
-    else:
-        inner = next(act for act in bench._actions
-                     if isinstance(act, argparse._SubParsersAction))
-    p = inner.add_parser("layer", help="one transformer layer / stack on three in-process parties")
+def register(bsub) -> None:
+    """Add ``layer`` to the ``mpc3 bench`` subcommands."""
+    p = bsub.add_parser("layer", help="one transformer layer / stack on three in-process parties")
     p.add_argument("name", choices=WORKLOADS)
     p.add_argument("--seq", type=int, default=64)
     p.add_argument("--d-model", type=int, default=512)
