@@ -36,7 +36,8 @@ class RingConfig:
         truncation). Both round stochastically (mpc3.kernels.arith): the result is
         floor(x/2^f) or floor(x/2^f) + 1 with mean exactly x/2^f (unbiased), so every
         error is below 1 ulp and chained products do not drift.
-    relu_bound_bits: DReLU/ReLU inputs must satisfy |x| < 2^(frac + relu_bound_bits).
+    relu_bound_bits: DReLU/ReLU/MSB inputs must satisfy |x| < 2^relu_bound_bits in real units
+        (mpc3.kernels.convert.relu_limit; 2^(frac + relu_bound_bits) at scale frac).
     relu_drop_bits: low bits ignored by DReLU; DReLU(x) may be 1 for x in [-2^drop, 0) ulp
         (DReLU(x) is exact for x >= 0, in particular DReLU(0) = 1).
     """

@@ -44,10 +44,14 @@ _ONE = np.uint64(1)
 
 
 def product_limit(frac: int, extra: int = 0) -> float:
-    """The one documented range of a truncated product (mul_aa/matmul_aa/mul_many_aa):
-    a product of a ``frac``-bit and a ``frac + extra``-bit operand is exact only while its
-    real value satisfies |z| < product_limit(frac, extra) = 2^(62 - 2*frac - extra)
-    (2^26 for frac = 18); beyond it the sum wraps in the ring."""
+    """The one documented range of a truncated product (mul_aa/matmul_aa/mul_many_aa): a
+    product (or matmul sum) of a ``frac``-bit and a ``frac + extra``-bit operand is exact
+    while its real value satisfies |z| < product_limit(frac, extra) = 2^(62 - 2*frac - extra)
+    (2^26 for frac = 18). Outside, in exact mode: up to twice the limit the truncation's
+    2^62 offset no longer covers z (measured 13-37 % of results wrong), beyond that z wraps
+    in the ring (~90 % wrong). In prob mode a product fails with probability
+    ~|z| 2^(2*frac + extra - 64) at any size (2.3 % at |z| ~ 2^22.5, 19 % just below the
+    limit), as the module docstring explains (tests/test_kernels_ranges.py)."""
     return 2.0 ** (OFFSET_BITS - 2 * frac - extra)
 
 
