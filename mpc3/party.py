@@ -28,7 +28,7 @@ class RingConfig:
     """Typed knobs of the arithmetic.
 
     frac: fixed-point fractional bits (default 18: ulp 3.8e-6, products carry 36 fractional
-        bits and leave 27 bits of integer headroom in Z_2^64).
+        bits; truncated products are exact while |x*y| < 2^26: arith.product_limit).
     trunc: "exact" (default) - truncation never fails for |x| < 2^62, costs 3*frac extra
         bits per element and a second round; "prob" - the classic share-local truncation
         (SecureML/ABY3) in one round at the RSS minimum of one ring element per party,
