@@ -92,9 +92,6 @@ class Party:
         """Randomness shared with the party playing ``other_role`` (roles of one group)."""
         return self.rand(self._stream_to(my_role, other_role), shape, tag)
 
-    def bits_with(self, my_role: int, other_role: int, nbytes: int, tag: str) -> np.ndarray:
-        return self.prg.bytes(self._stream_to(my_role, other_role), self.kop, tag, nbytes)
-
     @staticmethod
     def _stream_to(my_role: int, other_role: int) -> str:
         d = (other_role - my_role) % 3

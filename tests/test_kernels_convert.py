@@ -6,7 +6,7 @@ from conftest import EDGE, Run, share, value
 from mpc3 import ring
 from mpc3.party import RingConfig
 from mpc3.shares import bits_to_planes, planes_to_bits, BShare
-from mpc3.sharing import deal, reveal
+from mpc3.sharing import reveal
 from mpc3.kernels import convert, fxp
 
 ULP = 2.0 ** -ring.DEFAULT_FRAC

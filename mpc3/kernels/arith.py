@@ -89,12 +89,6 @@ def matmul_public(x: AShare, w: np.ndarray) -> AShare:
     return AShare(ring.matmul(x.a, w), ring.matmul(x.b, w))
 
 
-def matmul_public_left(w: np.ndarray, x: AShare) -> AShare:
-    """W @ x for a public ring matrix W (no truncation). Cost: local."""
-    w = ring.check_ring(w, "W")
-    return AShare(ring.matmul(w, x.a), ring.matmul(w, x.b))
-
-
 # ---------------------------------------------------------------------- open ----------
 def open_a(p: Party, x: AShare, to: int | None = None) -> np.ndarray | None:
     """Reconstruct x to every party (to=None) or to party ``to`` only.

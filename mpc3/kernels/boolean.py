@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..comm import NEXT
 from ..party import Party
 from ..shares import BShare, group_sizes, words
 
@@ -22,10 +21,6 @@ def word_slices(sizes: list[int]) -> list[slice]:
         out.append(slice(start, start + words(n)))
         start += words(n)
     return out
-
-
-def total_words(sizes: list[int]) -> int:
-    return sum(words(n) for n in sizes)
 
 
 def pack_planes(planes: np.ndarray, n: int) -> np.ndarray:
@@ -52,10 +47,6 @@ def unpack_grouped(buf: np.ndarray, sizes: list[int], nplanes: int) -> np.ndarra
         parts.append(unpack_planes(buf[pos:pos + nplanes * nb].reshape(nplanes, nb), n))
         pos += nplanes * nb
     return np.concatenate(parts, axis=1)
-
-
-def grouped_bytes(sizes: list[int], nplanes: int) -> int:
-    return nplanes * sum((n + 7) // 8 for n in sizes)
 
 
 def random_planes(p: Party, stream: str, nplanes: int, nwords: int, tag: str) -> np.ndarray:

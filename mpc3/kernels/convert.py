@@ -33,7 +33,7 @@ import numpy as np
 from .. import ring
 from ..comm import NEXT, PREV
 from ..party import Party
-from ..shares import AShare, BShare, bits_to_planes, group_sizes, planes_to_bits, words
+from ..shares import AShare, BShare, group_sizes, words
 from .arith import public_share
 from .base import Cost, Round, group_bounds, packed_bytes
 from .boolean import (and_bb, and_local, pack_planes, random_planes, unpack_planes)
