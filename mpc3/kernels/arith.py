@@ -25,9 +25,10 @@ for s = 0). For uniformly random A (every kernel output and every dealt input) t
 is ``q + 1`` with probability ``s / 2^f`` and ``q`` otherwise: stochastic rounding,
 unbiased (mean error 0), every error in (-1, +1) ulp, exact when 2^f divides x, never
 negative for x >= 0. (A half-ulp offset h = 2^(f-1) would give round-to-nearest minus c:
-mean error -0.5 ulp, range [-1.5, 0.5], a drift of -0.5 ulp per chained product.) Masks come from the pairwise PRGs, are uniform,
-and every message is hidden from its receiver by a key the receiver lacks; there is no
-setting that replaces them with constants.
+mean error -0.5 ulp, range [-1.5, 0.5], a drift of -0.5 ulp per chained product.)
+
+Masks come from the pairwise PRGs, are uniform, and every message is hidden from its
+receiver by a key the receiver lacks; there is no setting that replaces them with constants.
 """
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ import numpy as np
 
 from ..party import Party
 from ..shares import BShare, group_sizes, words
+from .base import Cost
 
 
 def word_slices(sizes: list[int]) -> list[slice]:
@@ -69,6 +70,11 @@ def reshare_bits(p: Party, z: np.ndarray, n: int) -> BShare:
 
 
 def and_bb(p: Party, x: BShare, y: BShare, tag: str = "and") -> BShare:
-    """Plane-wise AND of two grouped boolean sharings. Cost: 1 round, 1 bit per AND/party."""
+    """Plane-wise AND of two grouped boolean sharings. Cost: :func:`cost_and_bb` (1 round,
+    1 bit per AND and party, packed per element group)."""
     return reshare_bits(p, and_local(p, x, y, tag), x.n)
+
+
+def cost_and_bb(n: int, planes: int = 1) -> Cost:
+    return Cost.uniform(1, planes * sum((m + 7) // 8 for m in group_sizes(n)))
 
