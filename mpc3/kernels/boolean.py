@@ -1,8 +1,8 @@
 """Boolean kernels on bit-sliced replicated shares (ABY3 / Araki et al. over GF(2)).
 
-Boolean sharings use the grouped-plane layout of :class:`mpc3.shares.BShare`. Local gates are plain bitwise operations on whole arrays; on
-the wire only ``ceil(n_g / 8)`` bytes per plane and group are sent, so the byte counters
-report the real bit-packed size.
+Boolean sharings use the grouped-plane layout of :class:`mpc3.shares.BShare`. Local gates
+are plain bitwise operations on whole arrays; on the wire only ``ceil(n_g / 8)`` bytes per
+plane and group are sent, so the byte counters report the real bit-packed size.
 
 AND of replicated bits: ``z_i = x_i y_i ^ x_i y_{i+1} ^ x_{i+1} y_i ^ alpha_i`` (boolean zero
 sharing), then ``z_i`` goes to party i-1. Cost: 1 round, 1 bit per AND per party.

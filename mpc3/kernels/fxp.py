@@ -28,9 +28,9 @@ exp "limit"     [-48, 9.5]       4 ulp on [-48, 0], 1.5e-5 y on [0, 9.5]        
 
 The exp bounds are worst cases from the rounding analysis in :func:`_exp_limit` (measured
 maxima over 1.5e5 inputs: 1.7 ulp and 6.6e-6 y; prob 107 ulp and 6.0e-4 y); the others are
-measured maxima with ~20 % margin (3.4e4 inputs: fast 2.0e-4 y + 1.5 ulp, lean 3.4e-5 y +
-2 ulp (prob 3.9e-5 y + 3 ulp), reciprocal 3.9e-6 y + 1.5 ulp). "poly" exp is Privformer's
-baseline polynomial, accurate only near 0.
+measured maxima with ~20 % margin (3.4e4 inputs, 4.8e3 for fast: fast 2.0e-4 y + 1.5 ulp,
+lean 3.4e-5 y + 2 ulp (prob 3.9e-5 y + 3 ulp), reciprocal 3.9e-6 y + 1.5 ulp). "poly" exp is
+Privformer's baseline polynomial, accurate only near 0.
 
 Outside the ranges (nothing signals it; the client's range check must):
 * sqrt_inv/reciprocal below 2^-12 (and x <= 0): the guess saturates at the first table
