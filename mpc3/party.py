@@ -28,13 +28,16 @@ class RingConfig:
     """Typed knobs of the arithmetic.
 
     frac: fixed-point fractional bits (default 18: ulp 3.8e-6, products carry 36 fractional
-        bits and leave 27 bits of integer headroom in Z_2^64).
-    trunc: "exact" (default) - truncation never fails for |x| < 2^62, error in [-1, 0] ulp,
-        costs 3*frac extra bits per element and a second round; "prob" - the classic
-        share-local truncation (SecureML/ABY3) in one round at the RSS minimum of one ring
-        element per party, failing with probability ~|x|/2^64 per element (|x| the value at
-        scale 2*frac before truncation).
-    relu_bound_bits: DReLU/ReLU inputs must satisfy |x| < 2^(frac + relu_bound_bits).
+        bits; truncated products are exact while |x*y| < 2^26: arith.product_limit).
+    trunc: "exact" (default) - truncation never fails for |x| < 2^62, costs 3*frac extra
+        bits per element and a second round; "prob" - the classic share-local truncation
+        (SecureML/ABY3) in one round at the RSS minimum of one ring element per party,
+        failing with probability ~|x|/2^64 per element (|x| the value at scale 2*frac before
+        truncation). Both round stochastically (mpc3.kernels.arith): the result is
+        floor(x/2^f) or floor(x/2^f) + 1 with mean exactly x/2^f (unbiased), so every
+        error is below 1 ulp and chained products do not drift.
+    relu_bound_bits: DReLU/ReLU/MSB inputs must satisfy |x| < 2^relu_bound_bits in real units
+        (mpc3.kernels.convert.relu_limit; 2^(frac + relu_bound_bits) at scale frac).
     relu_drop_bits: low bits ignored by DReLU; DReLU(x) may be 1 for x in [-2^drop, 0) ulp
         (DReLU(x) is exact for x >= 0, in particular DReLU(0) = 1).
     """
@@ -88,9 +91,6 @@ class Party:
     def rand_with(self, my_role: int, other_role: int, shape, tag: str) -> np.ndarray:
         """Randomness shared with the party playing ``other_role`` (roles of one group)."""
         return self.rand(self._stream_to(my_role, other_role), shape, tag)
-
-    def bits_with(self, my_role: int, other_role: int, nbytes: int, tag: str) -> np.ndarray:
-        return self.prg.bytes(self._stream_to(my_role, other_role), self.kop, tag, nbytes)
 
     @staticmethod
     def _stream_to(my_role: int, other_role: int) -> str:

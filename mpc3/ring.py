@@ -12,7 +12,8 @@ Conventions
 * Fixed point: a real ``x`` is encoded as ``round(x * 2^f) mod 2^64`` with
   ``f = DEFAULT_FRAC = 18``.  Why 18: in a 64-bit ring the product of two
   encodings carries 2f = 36 fractional bits before truncation; one bit is the
-  sign, which leaves 64 - 36 - 1 = 27 bits of integer headroom (|x*y| < 2^27)
+  sign, which leaves 64 - 36 - 1 = 27 bits of integer headroom (|x*y| < 2^27; exact
+  truncation needs one more bit: |x*y| < 2^26, ``kernels.arith.product_limit``)
   while the resolution is 2^-18 ~= 3.8e-6.  ``encode`` rejects anything with
   ``|x| * 2^f >= 2^62`` so that sums of a few encodings cannot wrap.
   Rounding is numpy's ``rint`` (round half to even).

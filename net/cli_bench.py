@@ -12,72 +12,35 @@ from pathlib import Path
 import numpy as np
 
 from mpc3 import ring
-from mpc3.kernels import arith, convert, fxp
+from mpc3.kernels import catalog
 from mpc3.party import RingConfig
-from mpc3.shares import BShare, bits_to_planes
-from mpc3.sharing import deal, reveal
+from mpc3.sharing import reveal
 from mpc3.sim import make_parties, run_parties
 
 
-
-def _planes_share(bits: np.ndarray) -> list[BShare]:
-    planes = bits_to_planes(bits[None, :])
-    r1, r2 = (np.frombuffer(np.random.bytes(planes.nbytes), dtype=np.uint64).reshape(planes.shape)
-              for _ in range(2))
-    slots = [r1, r2, planes ^ r1 ^ r2]
-    return [BShare(slots[i].copy(), slots[(i + 1) % 3].copy(), bits.size) for i in range(3)]
+#: Every kernel of the catalog, by the name typed after ``mpc3 bench op``.
+OPS = tuple(catalog.KERNELS)
 
 
-def _workload(name: str, n: int, shape: tuple[int, int, int], rng) -> tuple:
-    """(inputs per party, kernel, reference output, decode) for one op."""
-    enc = lambda v: deal(ring.encode(v))                          # noqa: E731
-    if name == "matmul":
-        m, k, nn = shape
-        a, b = rng.normal(size=(m, k)), rng.normal(size=(k, nn)) / np.sqrt(k)
-        return (enc(a), enc(b)), lambda p, x, y: arith.matmul_aa(p, x, y), a @ b
-    x = rng.normal(size=n) * 4
-    if name == "mult":
-        y = rng.normal(size=n)
-        return (enc(x), enc(y)), lambda p, u, v: arith.mul_aa(p, u, v), x * y
-    if name == "trunc":
-        return (enc(x * 2.0 ** 10),), lambda p, u: arith.trunc_a(p, u, 10), x
-    if name == "drelu":
-        return (enc(x),), lambda p, u: convert.drelu_a(p, u), (x >= 0).astype(float)
-    if name == "relu":
-        return (enc(x),), lambda p, u: convert.relu_a(p, u), np.maximum(x, 0)
-    if name == "select":
-        bits = rng.integers(0, 2, size=n).astype(np.uint8)
-        y = rng.normal(size=n)
-        return ((_planes_share(bits), enc(x), enc(y)),
-                lambda p, b, u, v: convert.select_ab(p, b, u, v), np.where(bits == 1, y, x))
-    pos = ring.decode(ring.encode(2.0 ** rng.uniform(-10, 14, size=n)))   # exactly encodable
-    if name == "sqrt-inv":
-        return (enc(pos),), lambda p, u: fxp.sqrt_inv_a(p, u), 1 / np.sqrt(pos)
-    if name == "reciprocal":
-        pos = 2.0 ** rng.uniform(-10, 8, size=n)
-        return (enc(pos),), lambda p, u: fxp.reciprocal_a(p, u), 1 / pos
-    if name == "exp":
-        e = rng.uniform(-8, 4, size=n)
-        return (enc(e),), lambda p, u: fxp.exp_a(p, u, "limit"), np.exp(e)
-    raise ValueError(f"unknown op {name!r}")
-
-
-OPS = ("mult", "matmul", "trunc", "drelu", "relu", "select", "sqrt-inv", "reciprocal", "exp")
-
-
-def _decode(name: str, out: list, n: int) -> np.ndarray:
-    if name == "drelu":
-        from mpc3.shares import planes_to_bits
-        return planes_to_bits(out[0].a ^ out[1].a ^ out[2].a, n)[0].astype(float)
-    return ring.decode(reveal(out))
+def _workload(name: str, n: int, shape: tuple[int, int, int], rng,
+              cfg: RingConfig | None = None) -> tuple:
+    """(shares of each operand as [party0, party1, party2], kernel, float64 reference) of
+    one catalog kernel on operands inside its documented range."""
+    if name not in catalog.KERNELS:
+        raise ValueError(f"unknown op {name!r}")
+    kernel, cfg = catalog.KERNELS[name], cfg or RingConfig()
+    plain = kernel.plaintext(rng, n, shape, cfg)
+    per_party = kernel.deal(plain, cfg)
+    operands = [[per_party[i][j] for i in range(3)] for j in range(len(plain))]
+    return operands, kernel.run, kernel.reference(*plain)
 
 
 def op_errors(name: str, inputs, out: list, ref: np.ndarray, cfg: RingConfig) -> dict:
     """max_abs_err / max_rel_err of the three parties' outputs ``out`` against ``ref``."""
-    err = np.abs(_decode(name, out, ref.size) - ref)
+    err = np.abs(catalog.KERNELS[name].value(out, cfg) - ref)
     extra = {}
     if name == "drelu":     # documented error region [-2^drop, 0): either answer is allowed
-        x = ring.decode(reveal(inputs[0]))
+        x = ring.decode(reveal(inputs[0]), cfg.frac)
         region = (x < 0) & (x >= -2.0 ** (cfg.relu_drop_bits - cfg.frac))
         extra = {"elements_in_documented_error_region": int(region.sum())}
         err = np.where(region, 0.0, err)
@@ -87,7 +50,7 @@ def op_errors(name: str, inputs, out: list, ref: np.ndarray, cfg: RingConfig) ->
 
 def run_op(name: str, n: int, shape, repeat: int, cfg: RingConfig, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
-    inputs, kernel, ref = _workload(name, n, shape, rng)
+    inputs, kernel, ref = _workload(name, n, shape, rng, cfg)
     walls, parties, out = [], None, None
     for _ in range(repeat):
         parties = make_parties(cfg)

@@ -6,7 +6,7 @@ from conftest import EDGE, Run, share, value
 from mpc3 import ring
 from mpc3.party import RingConfig
 from mpc3.shares import bits_to_planes, planes_to_bits, BShare
-from mpc3.sharing import deal, reveal
+from mpc3.sharing import reveal
 from mpc3.kernels import convert, fxp
 
 ULP = 2.0 ** -ring.DEFAULT_FRAC
@@ -68,23 +68,17 @@ def test_select_b2a_mul(run, rng):
     assert (reveal([o[1] for o in out]) == bits).all()
 
 
-@pytest.mark.parametrize("mode,n,max_rounds", [("lean", 300, 20), ("fast", 40, 10),
-                                              ("auto", 16, 10)])
-def test_sqrt_inv(run, rng, mode, n, max_rounds):
-    x = np.concatenate([[2.0 ** -10, 2.0 ** 14, 1.0, 0.5], 2.0 ** rng.uniform(-10, 14, n - 4)])
-    out = run(lambda p, a: fxp.sqrt_inv_a(p, a, mode), share(x))
-    xq = ring.decode(ring.encode(x))                     # the value actually shared
-    rel = np.abs(value(out) * np.sqrt(xq) - 1)
-    assert rel.max() <= 1e-3
-    assert run.rounds <= max_rounds
-
-
-def test_reciprocal(run, rng):
-    x = np.concatenate([[2.0 ** -10, 2.0 ** 8, 1.0], 2.0 ** rng.uniform(-10, 8, 200)])
-    out = run(lambda p, a: fxp.reciprocal_a(p, a), share(x))
+@pytest.mark.parametrize("n,mode", [(16, "fast"), (17, "lean")])
+def test_sqrt_inv_auto_picks_by_size(run, rng, n, mode):
+    """Values and bounds over the whole range: test_kernels_ranges.py."""
+    x = 2.0 ** rng.uniform(-12, 16, n)
+    out = run(lambda p, a: fxp.sqrt_inv_a(p, a), share(x))
+    rel, ulps = fxp.SQRT_INV_ERROR[mode]["exact"]
     xq = ring.decode(ring.encode(x))
-    assert (np.abs(value(out) - 1 / xq) <= 1e-3 / xq + 2 * ULP).all()
-    assert run.rounds <= 18
+    assert (np.abs(value(out) - 1 / np.sqrt(xq)) <= rel / np.sqrt(xq) + ulps * ULP).all()
+    run.assert_cost(fxp.cost_sqrt_inv(n, mode, ring.DEFAULT_FRAC, "exact"))
+    assert fxp.cost_sqrt_inv(n, "auto", ring.DEFAULT_FRAC, "exact") == \
+        fxp.cost_sqrt_inv(n, mode, ring.DEFAULT_FRAC, "exact")
 
 
 def test_select_broadcasts_a_bit_over_a_row(run, rng):
@@ -99,13 +93,20 @@ def test_select_broadcasts_a_bit_over_a_row(run, rng):
 
 
 def _paper_poly(x):
-    return 1 + x + 0.5 * x**2 + 0.1665 * x**3 + 0.0438 * x**4
+    """1 + x + 0.5x^2 + 0.1665x^3 + 0.0438x^4 with the coefficients as encoded."""
+    c = ring.decode(ring.encode(np.array([0.5, 0.1665, 0.0438])))
+    return 1 + x + c[0] * x**2 + c[1] * x**3 + c[2] * x**4
 
 
-@pytest.mark.parametrize("method,lo,hi,ref,tol", [("limit", -16, 8, np.exp, 1e-3),
-                                                  ("poly", -4, 4, _paper_poly, 1e-5)])
-def test_exp(run, rng, method, lo, hi, ref, tol):
-    x = np.concatenate([[0.0, lo, hi], rng.uniform(lo, hi, 200)])
-    out = run(lambda p, a: fxp.exp_a(p, a, method), share(x))
-    want = ref(x)
-    assert (np.abs(value(out) - want) <= tol * np.abs(want) + 20 * ULP).all()
+@pytest.mark.parametrize("mode", ["exact", "prob"])
+def test_exp_poly_is_the_paper_polynomial(mode, rng):
+    """exp_a(method="poly"): Privformer's baseline polynomial (not exp) within a few ulp;
+    exp_a("limit") is tested against exp over EXP_RANGE in test_kernels_ranges.py."""
+    run = Run(RingConfig(trunc=mode))
+    x = np.concatenate([[0.0, -4.0, 4.0], rng.uniform(-4, 4, 200)])
+    out = run(lambda p, a: fxp.exp_a(p, a, "poly"), share(x))
+    xq = ring.decode(ring.encode(x))
+    # x^2, x^3, x^4 carry < 1, |x| + 1, 2 x^2 + 1 ulp; weighted by the coefficients, plus
+    # the final truncation: < 4 ulp for |x| <= 4
+    assert np.abs(value(out) - _paper_poly(xq)).max() < 4 * ULP
+    run.assert_cost(fxp.cost_exp(x.size, "poly", ring.DEFAULT_FRAC, mode))

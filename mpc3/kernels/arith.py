@@ -15,10 +15,20 @@ offset by 2^62. Share-local truncation (SecureML, ABY3's Pi_trunc1) is the same 
 without the ``a_t * b_t`` term, which is exactly its failure event. Mode "prob" omits it
 (one round, one ring element per party and output - the RSS minimum; fails w.p. ~|x|/2^64);
 mode "exact" (default) computes ``a_t * b_t`` mod 2^f with three f-bit messages in a second
-round and never fails for |x| < 2^62. A public half-ulp offset makes both modes round to
-nearest; with the dropped low carry the error lies in [-1.5, 0.5] ulp. Masks come from the pairwise
-PRGs, are uniform, and every message is hidden from its receiver by a key the receiver
-lacks; there is no setting that replaces them with constants.
+round and never fails for |x| < 2^62. Costs of both: :func:`cost_trunc_shifts`.
+
+Rounding (both modes, every path: fused mul/matmul/mul_many, trunc_a, per-element shifts).
+Write ``x = q 2^f + s`` with ``0 <= s < 2^f``. The pair adds the public offset
+``h = 2^f - 1`` to B, so the shifted pieces sum to ``floor((x + h) / 2^f) - c``, i.e. to
+``q + [s > 0] - c``, where the dropped low carry ``c = [A mod 2^f >= s]`` for s > 0 (and 0
+for s = 0). For uniformly random A (every kernel output and every dealt input) the result
+is ``q + 1`` with probability ``s / 2^f`` and ``q`` otherwise: stochastic rounding,
+unbiased (mean error 0), every error in (-1, +1) ulp, exact when 2^f divides x, never
+negative for x >= 0. (A half-ulp offset h = 2^(f-1) would give round-to-nearest minus c:
+mean error -0.5 ulp, range [-1.5, 0.5], a drift of -0.5 ulp per chained product.)
+
+Masks come from the pairwise PRGs, are uniform, and every message is hidden from its
+receiver by a key the receiver lacks; there is no setting that replaces them with constants.
 """
 from __future__ import annotations
 
@@ -35,10 +45,14 @@ _ONE = np.uint64(1)
 
 
 def product_limit(frac: int, extra: int = 0) -> float:
-    """The one documented range of a truncated product (mul_aa/matmul_aa/mul_many_aa):
-    a product of a ``frac``-bit and a ``frac + extra``-bit operand is exact only while its
-    real value satisfies |z| < product_limit(frac, extra) = 2^(62 - 2*frac - extra)
-    (2^26 for frac = 18); beyond it the sum wraps in the ring."""
+    """The one documented range of a truncated product (mul_aa/matmul_aa/mul_many_aa): a
+    product (or matmul sum) of a ``frac``-bit and a ``frac + extra``-bit operand is exact
+    while its real value satisfies |z| < product_limit(frac, extra) = 2^(62 - 2*frac - extra)
+    (2^26 for frac = 18). Outside, in exact mode: up to twice the limit the truncation's
+    2^62 offset no longer covers z (measured 13-37 % of results wrong), beyond that z wraps
+    in the ring (~90 % wrong). In prob mode a product fails with probability
+    ~|z| 2^(2*frac + extra - 64) at any size (2.3 % at |z| ~ 2^22.5, 19 % just below the
+    limit), as the module docstring explains (tests/test_kernels_ranges.py)."""
     return 2.0 ** (OFFSET_BITS - 2 * frac - extra)
 
 
@@ -74,12 +88,6 @@ def matmul_public(x: AShare, w: np.ndarray) -> AShare:
     """x @ W for a public ring matrix W (no truncation). Cost: local."""
     w = ring.check_ring(w, "W")
     return AShare(ring.matmul(x.a, w), ring.matmul(x.b, w))
-
-
-def matmul_public_left(w: np.ndarray, x: AShare) -> AShare:
-    """W @ x for a public ring matrix W (no truncation). Cost: local."""
-    w = ring.check_ring(w, "W")
-    return AShare(ring.matmul(w, x.a), ring.matmul(w, x.b))
 
 
 # ---------------------------------------------------------------------- open ----------
@@ -307,9 +315,9 @@ def _trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None =
     offset = _u(1 << OFFSET_BITS) if exact else np.uint64(0)
     top = np.uint64(63)
 
-    def per(sl):   # shift, up-shift, low mask, half for a group's elements
+    def per(sl):   # shift, up-shift and low mask 2^f - 1 for a group's elements
         b = bits_arr[sl].astype(np.uint64)
-        return b, np.uint64(64) - b, (_ONE << b) - _ONE, _ONE << (b - _ONE)
+        return b, np.uint64(64) - b, (_ONE << b) - _ONE
 
     shift = lambda v, b: ring.from_signed(ring.to_signed(v) >> b.astype(np.int64))  # noqa: E731
 
@@ -323,7 +331,7 @@ def _trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None =
         st = {"role": role, "n": ng}
         if role == 0:
             A = (src.a[sl] + src.b[sl]) if from_rss else src[sl]
-            sh, up, low, half = per(sl)
+            sh, up, low = per(sl)
             st["kappa"] = p.rand_with(0, 1, ng, f"kappa{g}")
             st["U"] = shift(A, sh)
             msg = [st["U"] - st["kappa"]]
@@ -350,8 +358,8 @@ def _trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None =
             continue
         if not from_rss:
             st["B"] = st["z"] + got[(_dir(role, 3 - role), g)][0]
-        sh, up, low, half = per(groups[g])
-        Bp = st["B"] + offset + half                             # half: round to nearest
+        sh, up, low = per(groups[g])
+        Bp = st["B"] + offset + low               # + 2^f - 1: unbiased rounding (module doc)
         st["W"] = shift(Bp, sh) - (offset >> sh)
         st["bt"] = Bp >> top
         if role == 2:
@@ -364,7 +372,7 @@ def _trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None =
         r2 = Round(p)
         for g, st in enumerate(state):
             role, ng = st["role"], st["n"]
-            sh, up, low, half = per(groups[g])
+            sh, up, low = per(groups[g])
             if role == 0:
                 r2.recv(NEXT, g, 1)
                 r2.recv(PREV, g, 1)
@@ -387,7 +395,7 @@ def _trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None =
     b_out = np.empty(n, dtype=np.uint64)
     for g, (sl, st) in enumerate(zip(groups, state)):
         role = st["role"]
-        sh, up, low, half = per(sl)
+        sh, up, low = per(sl)
         if role == 0:
             x1 = x2 = np.uint64(0)
             if exact:

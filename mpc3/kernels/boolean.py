@@ -1,8 +1,8 @@
 """Boolean kernels on bit-sliced replicated shares (ABY3 / Araki et al. over GF(2)).
 
-Boolean sharings use the grouped-plane layout of :class:`mpc3.shares.BShare`. Local gates are plain bitwise operations on whole arrays; on
-the wire only ``ceil(n_g / 8)`` bytes per plane and group are sent, so the byte counters
-report the real bit-packed size.
+Boolean sharings use the grouped-plane layout of :class:`mpc3.shares.BShare`. Local gates
+are plain bitwise operations on whole arrays; on the wire only ``ceil(n_g / 8)`` bytes per
+plane and group are sent, so the byte counters report the real bit-packed size.
 
 AND of replicated bits: ``z_i = x_i y_i ^ x_i y_{i+1} ^ x_{i+1} y_i ^ alpha_i`` (boolean zero
 sharing), then ``z_i`` goes to party i-1. Cost: 1 round, 1 bit per AND per party.
@@ -13,6 +13,7 @@ import numpy as np
 
 from ..party import Party
 from ..shares import BShare, group_sizes, words
+from .base import Cost
 
 
 def word_slices(sizes: list[int]) -> list[slice]:
@@ -21,10 +22,6 @@ def word_slices(sizes: list[int]) -> list[slice]:
         out.append(slice(start, start + words(n)))
         start += words(n)
     return out
-
-
-def total_words(sizes: list[int]) -> int:
-    return sum(words(n) for n in sizes)
 
 
 def pack_planes(planes: np.ndarray, n: int) -> np.ndarray:
@@ -53,10 +50,6 @@ def unpack_grouped(buf: np.ndarray, sizes: list[int], nplanes: int) -> np.ndarra
     return np.concatenate(parts, axis=1)
 
 
-def grouped_bytes(sizes: list[int], nplanes: int) -> int:
-    return nplanes * sum((n + 7) // 8 for n in sizes)
-
-
 def random_planes(p: Party, stream: str, nplanes: int, nwords: int, tag: str) -> np.ndarray:
     raw = p.prg.bytes(stream, p.kop, tag, 8 * nplanes * nwords)
     return raw.view(np.uint64).reshape(nplanes, nwords)
@@ -77,6 +70,11 @@ def reshare_bits(p: Party, z: np.ndarray, n: int) -> BShare:
 
 
 def and_bb(p: Party, x: BShare, y: BShare, tag: str = "and") -> BShare:
-    """Plane-wise AND of two grouped boolean sharings. Cost: 1 round, 1 bit per AND/party."""
+    """Plane-wise AND of two grouped boolean sharings. Cost: :func:`cost_and_bb` (1 round,
+    1 bit per AND and party, packed per element group)."""
     return reshare_bits(p, and_local(p, x, y, tag), x.n)
+
+
+def cost_and_bb(n: int, planes: int = 1) -> Cost:
+    return Cost.uniform(1, planes * sum((m + 7) // 8 for m in group_sizes(n)))
 

@@ -36,23 +36,31 @@ from ..party import Party
 from ..shares import AShare, BShare, group_sizes, words
 from .arith import public_share
 from .base import Cost, Round, group_bounds, packed_bytes
-from .boolean import (and_bb, and_local, pack_planes, random_planes, unpack_planes)
+from .boolean import (and_bb, and_local, cost_and_bb, pack_planes, random_planes,
+                      unpack_planes)
 
 BLOCK = 3
 
 
 def relu_limit(cfg) -> float:
-    """The one documented range of drelu_a/relu_a/msb-based comparisons (real units):
-    |x| < 2^relu_bound_bits (2^14 by default); outside it the sign comes out wrong."""
+    """The one documented range of drelu_a/relu_a/msb_a (real units): |x| < 2^relu_bound_bits
+    (2^14 by default); inside it the result is exact outside the error region [-2^drop, 0)
+    ulp. The window keeps one bit of margin (signs still right below 2^(bound+1) - 2^-8 for
+    the defaults); on [2^(bound+1), 2^(bound+2)) every sign is wrong, beyond it about half
+    (tests/test_kernels_ranges.py). select_ab/mul_ab/b2a have no range (exact injection)."""
     return 2.0 ** cfg.relu_bound_bits
 
 
 # ------------------------------------------------------------------------ layout ------
 def window(p: Party, exact: bool = False) -> tuple[int, int]:
     """(L, m): low bits dropped and window width for DReLU inputs."""
+    return window_for(p.cfg, exact)
+
+
+def window_for(cfg, exact: bool = False) -> tuple[int, int]:
+    """:func:`window` of a RingConfig (for declared costs without a party)."""
     if exact:
         return 0, 64
-    cfg = p.cfg
     L = cfg.relu_drop_bits
     return L, cfg.frac + cfg.relu_bound_bits - L + 2
 
@@ -252,7 +260,7 @@ def drelu_a(p: Party, x: AShare, exact: bool = False,
 
 
 def msb_a(p: Party, x: AShare, exact: bool = False) -> BShare:
-    """Sign bit [x < 0] = 1 ^ DReLU(x). Cost: as :func:`drelu_a`."""
+    """Sign bit [x < 0] = 1 ^ DReLU(x) (the XOR with 1 is local). Cost: :func:`cost_msb`."""
     d = drelu_a(p, x, exact)
     one = np.uint64(0xFFFFFFFFFFFFFFFF)
     if p.rank == 0:
@@ -260,6 +268,10 @@ def msb_a(p: Party, x: AShare, exact: bool = False) -> BShare:
     if p.rank == 2:
         return BShare(d.a, d.b ^ one, d.n)
     return d
+
+
+def cost_msb(n: int, L: int, m: int) -> Cost:
+    return cost_drelu(n, L, m)
 
 
 # --------------------------------------------------------------------- injection ------
@@ -386,9 +398,14 @@ def select_ab(p: Party, bit: BShare, x: AShare, y: AShare) -> AShare:
 
 
 def b2a(p: Party, bit: BShare) -> AShare:
-    """Bit injection of a replicated boolean bit into Z_2^64 (0/1 at scale 1)."""
+    """Bit injection of a replicated boolean bit into Z_2^64 (0/1 at scale 1): mul_ab with
+    the public one. Cost: :func:`cost_b2a`."""
     one = public_share(p, np.ones(bit.n, dtype=np.uint64))
     return mul_ab(p, bit, one)
+
+
+def cost_b2a(n: int) -> Cost:
+    return cost_inject(n, fused=False)
 
 
 def _leaf_cost(n: int, L: int, m: int) -> tuple[Cost, int]:
@@ -402,17 +419,13 @@ def _leaf_cost(n: int, L: int, m: int) -> tuple[Cost, int]:
     return Cost.by_role(2, n, role_bytes), nb
 
 
-def _and_cost(n: int, planes: int) -> Cost:
-    return Cost.uniform(1, planes * sum(packed_bytes(m, 1) for m in group_sizes(n)))
-
-
 def cost_drelu(n: int, L: int, m: int, fused: bool = False) -> Cost:
     """Leaves (2 rounds) + one round per tree level (the last one free when fused)."""
     cost, nb = _leaf_cost(n, L, m)
     levels = _ands_per_level(nb)
     for li, k in enumerate(levels):
         if not (fused and li == len(levels) - 1):
-            cost = cost + _and_cost(n, k)
+            cost = cost + cost_and_bb(n, k)
     return cost
 
 

@@ -1,4 +1,4 @@
-"""Fixed-point functions: sqrt_inv_a, reciprocal_a, exp_a.
+"""Fixed-point functions: sqrt_inv_a, reciprocal_a, exp_a - one documented range each.
 
 Leak-free initialisation (Privformer Alg. 4 semantics: nothing is revealed, not even the
 bit length), restructured for rounds: instead of Alg. 4's 2*ell sequential DReLU/Select
@@ -7,17 +7,47 @@ ONE batched DReLU; the initial guess is then a public-table lookup written as th
 product ``y0 = T_0 + sum_k c_k (T_k - T_{k-1})`` (one batched bit injection; the c_k are a
 thermometer code of the interval holding x), followed by Newton iterations:
 
-* sqrt_inv: few inputs - 1/16-octave table of best lines, no Newton (10 rounds); many
-  inputs - octave table + three Newton steps of 4 rounds (20 rounds, fewer bytes).
-* reciprocal: half-octave table of best lines (1.5 %), y <- y (2 - x y) twice (18 rounds).
+* sqrt_inv: few inputs - 1/16-octave table of best lines, no Newton; many inputs - octave
+  table + three Newton steps of 4 rounds (fewer bytes).
+* reciprocal: half-octave table of best lines (1.5 %), y <- y (2 - x y) twice.
+* exp ("limit"): q(x/64)^64 - a degree-4 polynomial q fitted to e^u, six squarings.
 
-Supported inputs: x in [2^-12, 2^16] (real); outside it the guess saturates and Newton may
-need more steps. Round counts: sqrt_inv 10 (few inputs) / 20, reciprocal 18.
+Ranges and errors (frac = 18, ulp = 2^-18, y the exact value of the encoded input; measured
+on dense sweeps and tested at the range edges by tests/test_kernels_ranges.py; "prob" mode
+figures exclude its failure events, see below). Rounds: exact / prob truncation.
 
-exp_a: ``method="poly"`` is Privformer's max-free baseline 1 + x + 0.5x^2 + 0.1665x^3 +
-0.0438x^4 (accurate only near 0); ``method="limit"`` evaluates the degree-4 Taylor
-polynomial at u = x / 2^6 and squares six times (relative error < 1e-3 for x in [-16, 8],
-tends to 0 for very negative x; x must stay below ~30 to fit the ring).
+==============  ===============  ==================================================  =======
+kernel          range (closed)   error bound                                          rounds
+==============  ===============  ==================================================  =======
+sqrt_inv fast   [2^-12, 2^16]    2.5e-4 y + 2 ulp                                     10 / 9
+sqrt_inv lean   [2^-12, 2^16]    4e-5 y + 2 ulp  (prob: 5e-5 y + 4 ulp)               20 / 14
+reciprocal      [2^-12, 2^16]    5e-6 y + 2 ulp                                       18 / 13
+exp "limit"     [-48, 9.5]       4 ulp on [-48, 0], 1.5e-5 y on [0, 9.5]              16 / 9
+                                 (prob: 240 ulp, 1e-3 y); never negative
+==============  ===============  ==================================================  =======
+
+The exp bounds are worst cases from the rounding analysis in :func:`_exp_limit` (measured
+maxima over 1.5e5 inputs: 1.7 ulp and 6.6e-6 y; prob 107 ulp and 6.0e-4 y); the others are
+measured maxima with ~20 % margin (3.4e4 inputs, 4.8e3 for fast: fast 2.0e-4 y + 1.5 ulp,
+lean 3.4e-5 y + 2 ulp (prob 3.9e-5 y + 3 ulp), reciprocal 3.9e-6 y + 1.5 ulp). "poly" exp is
+Privformer's baseline polynomial, accurate only near 0.
+
+Outside the ranges (nothing signals it; the client's range check must):
+* sqrt_inv/reciprocal below 2^-12 (and x <= 0): the guess saturates at the first table
+  entry. "fast" returns exactly 2^6 for every x < 2^-12 (x > -2^17, including 0 and
+  negatives); lean's and reciprocal's Newton steps no longer converge (lean still meets its
+  bound down to 2^-13; at 2^-14 both are 0.6 % / 32 % off; x = 0 gives ~257 / 16384).
+* above 2^16: "fast" saturates at exactly 2^-8; lean keeps converging and reciprocal's
+  output is below 4 ulp, until x - 2^-12 reaches 2^17, where the comparisons leave their
+  window and the result is garbage (e.g. 64 / ~1000 / 16384 at 2^18).
+* exp below -48: the polynomial's product exceeds 2^62 and wraps by exactly 1.0 in q; the
+  result still rounds to 0 or 1 ulp down to about -120 (garbage below); above 9.5 (exact) the
+  last square reaches 2^62 from 14 ln 2 = 9.70 and an increasing share of results wraps.
+
+"prob" truncation fails with probability ~|z|/2^64 per product z (scale before the
+shift); these kernels keep their products small for it (PRODUCT_BITS, SQ_EXTRA, EXP_EXTRA):
+per element at most ~3e-6 for sqrt_inv at x = 1 (~2e-4 at 2^-12, where y^2 is 2^48),
+~2^-18 for reciprocal, and ~e^x 2^-28 for exp (5e-5 at 9.5).
 """
 from __future__ import annotations
 
@@ -29,14 +59,35 @@ from .. import ring
 from ..party import Party
 from ..shares import AShare, BShare, bits_to_planes, planes_to_bits
 from . import arith, convert
+from .base import Cost
 
 LOG_LO, LOG_HI = -12, 16
+#: Largest product (bits, at the scale before truncation) the table lookups form on purpose:
+#: "exact" truncation is exact below 2^62; "prob" fails with probability ~|z|/2^64, so its
+#: products are kept below 2^48 (failure < 2^-16 per product, as a product of in-range
+#: values y*y already is).
+PRODUCT_BITS = {"exact": 60, "prob": 48}
 
 #: The one documented input range of each function (real units, closed intervals); the
-#: calibration pass of ``share-model`` and the tests use these same constants.
-SQRT_INV_RANGE = (2.0 ** -10, 2.0 ** 14)
-RECIPROCAL_RANGE = (2.0 ** -10, 2.0 ** 14)
-EXP_RANGE = (-16.0, 8.0)
+#: calibration pass of ``share-model``, the kernel catalog and the tests use these constants.
+SQRT_INV_RANGE = (2.0 ** LOG_LO, 2.0 ** LOG_HI)
+RECIPROCAL_RANGE = (2.0 ** LOG_LO, 2.0 ** LOG_HI)
+EXP_RANGE = (-48.0, 9.5)
+#: Error claims on those ranges (module docstring), by truncation mode: (rel, ulps) means
+#: |out - y| <= rel * |y| + ulps * 2^-frac. For exp: ulps bounds the error on [lo, 0], rel
+#: the relative error on [0, hi] (so the (rel, ulps) form holds everywhere too).
+SQRT_INV_ERROR = {"fast": {"exact": (2.5e-4, 2.0), "prob": (2.5e-4, 2.0)},
+                  "lean": {"exact": (4e-5, 2.0), "prob": (5e-5, 4.0)}}
+RECIPROCAL_ERROR = {"exact": (5e-6, 2.0), "prob": (5e-6, 2.0)}
+EXP_ERROR = {"exact": (1.5e-5, 4.0), "prob": (1e-3, 240.0)}
+#: exp_a("limit") squares q(x / 2^EXP_SQUARINGS) this many times.
+EXP_SQUARINGS = 6
+#: Extra fractional bits exp_a("limit") keeps before its last squaring, per truncation mode.
+#: "exact": free (every product stays below 2^62 on EXP_RANGE); "prob": none, since each
+#: extra bit doubles every truncation's failure probability ~|z|/2^64.
+EXP_EXTRA = {"exact": 6, "prob": 0}
+#: Working scale cap of exp_a("limit"): e^hi * 2^(2F) must stay below 2^62.
+EXP_MAX_SCALE = 24
 
 
 @functools.lru_cache(maxsize=None)
@@ -66,6 +117,27 @@ def _one_hot(p: Party, c: BShare, rows: int, k: int) -> BShare:
     return BShare(halves[0], halves[1], rows * (k + 1))
 
 
+@functools.lru_cache(maxsize=None)
+def _table(power: float, per_octave: int, linear: bool, f: int, mode: str):
+    """Public table of :func:`_init_guess`: thresholds 2^e, per-interval alpha (and for a
+    linear table beta and the truncation shift f + sh of the slope products)."""
+    step = 1.0 / per_octave
+    exps = np.arange(LOG_LO * per_octave, LOG_HI * per_octave + 1) * step   # thresholds 2^e
+    if not linear:
+        middles = np.concatenate([[exps[0] - step / 2], exps + step / 2])
+        return exps, 2.0 ** (-power * middles), None, None
+    c0, c1 = _best_line(power, step)
+    alpha = np.concatenate([[2.0 ** (-power * exps[0])], c0 * 2.0 ** (-power * exps[:-1]),
+                            [2.0 ** (-power * exps[-1])]])
+    beta = np.concatenate([[0.0], c1 * 2.0 ** (-power * exps[:-1] - exps[:-1]), [0.0]])
+    # shift per interval: ~22 significant bits of b_j, but the active product below
+    # 2^(PRODUCT_BITS - 2) (sh may be negative: then fewer than f bits are cut)
+    want = np.maximum(np.round(22 - f - np.log2(np.maximum(np.abs(beta), 1e-30))), 0)
+    cap = PRODUCT_BITS[mode] - 2 * f - np.ceil(np.log2(np.maximum(alpha, 1e-30))) - 2
+    shifts = np.maximum(f + np.minimum(want, cap), 1).astype(np.int64)
+    return exps, alpha, beta, shifts
+
+
 def _init_guess(p: Party, x: AShare, power: float, per_octave: int, linear: bool) -> AShare:
     """x^(-power) from one batched comparison against thresholds 2^(j/per_octave) and one
     injection: y0 = sum_j e_j * (a_j + b_j x) over the one-hot interval bits e_j.
@@ -74,32 +146,23 @@ def _init_guess(p: Party, x: AShare, power: float, per_octave: int, linear: bool
     scalings, one truncation round with a per-interval shift that keeps ~20 significant
     bits); only the selected one survives the injection, so its error is that of a single
     truncation. Without ``linear`` the table is the interval's geometric middle.
+    Cost: :func:`cost_init_guess`.
     """
     f = p.cfg.frac
-    step = 1.0 / per_octave
-    exps = np.arange(LOG_LO * per_octave, LOG_HI * per_octave + 1) * step   # thresholds 2^e
+    exps, alpha, beta, shifts = _table(power, per_octave, linear, f, p.cfg.trunc)
     k = exps.size
     flat = x.reshape(-1)
     rows = flat.size
     if linear:
-        c0, c1 = _best_line(power, step)
-        alpha = np.concatenate([[2.0 ** (-power * exps[0])], c0 * 2.0 ** (-power * exps[:-1]),
-                                [2.0 ** (-power * exps[-1])]])
-        beta = np.concatenate([[0.0], c1 * 2.0 ** (-power * exps[:-1] - exps[:-1]), [0.0]])
-        # shift per interval: ~22 significant bits of b_j, product below 2^61 when active
-        ymax = np.maximum(alpha, 1e-30)
-        sh = np.clip(np.round(22 - f - np.log2(np.maximum(np.abs(beta), 1e-30))), 0,
-                     60 - 2 * f - np.ceil(np.log2(ymax)) - 2).astype(np.int64)
-        scaled = np.round(beta * 2.0 ** (f + sh))
+        scaled = np.round(beta * 2.0 ** shifts)
         wide = AShare(np.repeat(flat.a[:, None], k + 1, 1), np.repeat(flat.b[:, None], k + 1, 1))
         prods = wide.scale(ring.from_signed(scaled.astype(np.int64))[None, :])
-        slope = _trunc_cols(p, prods, f + sh)
+        slope = arith.trunc_a(p, prods.reshape(-1), np.tile(shifts, rows)).reshape(rows, k + 1)
     diff = arith.add_public(p, AShare(np.repeat(flat.a[:, None], k, 1),
                                       np.repeat(flat.b[:, None], k, 1)),
                             -ring.encode(2.0 ** exps, f)[None, :])
-    bits = _one_hot(p, convert.drelu_a(p, diff.reshape(-1), win=(0, f + LOG_HI + 2)), rows, k)
+    bits = _one_hot(p, convert.drelu_a(p, diff.reshape(-1), win=_window(f)), rows, k)
     if not linear:
-        alpha = 2.0 ** (-power * np.concatenate([[exps[0] - step / 2], exps + step / 2]))
         values = arith.public_share(p, np.tile(ring.encode(alpha, f), rows))
     else:
         values = arith.add_public(p, slope, np.tile(ring.encode(alpha, f), (rows, 1)))
@@ -107,59 +170,88 @@ def _init_guess(p: Party, x: AShare, power: float, per_octave: int, linear: bool
     return AShare(picked.a.sum(axis=1), picked.b.sum(axis=1)).reshape(x.shape)
 
 
-def _trunc_cols(p: Party, v: AShare, shifts: np.ndarray) -> AShare:
-    """Truncate column j of v by shifts[j] (zero shifts pass through), one kernel call."""
-    rows, cols = v.shape
-    full = np.broadcast_to(np.maximum(shifts, 1), (rows, cols))
-    out = arith.trunc_a(p, v.reshape(-1), full.reshape(-1)).reshape(rows, cols)
-    return out
+def _window(f: int) -> tuple[int, int]:
+    """DReLU window of the threshold comparisons: |x - t| < 2^(LOG_HI + 1) in real units."""
+    return 0, f + LOG_HI + 2
+
+
+def cost_init_guess(n: int, power: float, per_octave: int, linear: bool, frac: int,
+                    mode: str) -> Cost:
+    exps, _, _, shifts = _table(power, per_octave, linear, frac, mode)
+    k = exps.size
+    cost = convert.cost_drelu(n * k, *_window(frac)) + convert.cost_inject(n * (k + 1), False)
+    if linear:
+        cost = arith.cost_trunc_shifts(np.tile(shifts, n), mode, from_rss=True) + cost
+    return cost
 
 
 def _const(p: Party, x: AShare, c: float) -> AShare:
     return arith.add_public(p, x, np.full(x.shape, ring.encode(np.array(c), p.cfg.frac)))
 
 
-SQ_EXTRA = 8     # extra fractional bits kept on x*y and y^2 inside a Newton step
+#: Extra fractional bits (on x*y, on y^2) inside a sqrt_inv Newton step, per truncation mode.
+#: Their product (xy)(y^2) is y * 2^(2 frac + both) before its truncation: "prob" keeps it
+#: below 2^(PRODUCT_BITS["prob"] - 4) for y <= 2^6 (x >= 2^-12), "exact" below 2^62.
+SQ_EXTRA = {"exact": (8, 8), "prob": (2, 6)}
 
 
 FAST_ROWS = 16   # sqrt_inv "auto": up to this many inputs use the round-lean table
+NEWTON_SQRT = 3  # Newton steps of sqrt_inv "lean"
 
 
 def sqrt_inv_a(p: Party, x: AShare, mode: str = "auto") -> AShare:
-    """1/sqrt(x) for shared x > 0 (Privformer Alg. 4, leak-free), same fixed-point scale.
+    """1/sqrt(x) for shared x in SQRT_INV_RANGE (Privformer Alg. 4, leak-free), same scale.
 
     mode "fast": sixteenth-octave thresholds with the best line per interval (rel. error
-    9e-5 plus fixed point), no Newton step: 10 rounds, ~40 KB per input. mode "lean": octave thresholds,
-    constant guess (19 %), three Newton steps: 20 rounds, ~2.2 KB per input. "auto" picks
-    "fast" for at most FAST_ROWS inputs (decoding steps) and "lean" otherwise (whole
-    sequences). Newton step y <- y + y/2 - (x y)(y^2)/2 in two multiplication layers: x*y,
-    y^2 (kept at frac + SQ_EXTRA bits) and y/2 in one call with per-element shifts, then
-    their product.
+    9e-5 plus fixed point), no Newton step: 10 rounds, ~37 KB per input. mode "lean": octave
+    thresholds, constant guess (19 %), three Newton steps: 20 rounds, ~2.2 KB per input.
+    "auto" picks "fast" for at most FAST_ROWS inputs (decoding steps) and "lean" otherwise
+    (whole sequences). Newton step y <- y + y/2 - (x y)(y^2)/2 in two multiplication layers:
+    x*y, y^2 (kept at frac + SQ_EXTRA bits) and y/2 in one call with per-element shifts,
+    then their product. Error: SQRT_INV_ERROR. Cost: :func:`cost_sqrt_inv`.
     """
-    if mode == "auto":
-        mode = "fast" if x.size <= FAST_ROWS else "lean"
-    if mode not in ("fast", "lean"):
-        raise ValueError(f"sqrt_inv_a: unknown mode {mode!r} (auto, fast, lean)")
-    f, e = p.cfg.frac, SQ_EXTRA
+    mode = _sqrt_inv_mode(mode, x.size)
+    f, (e1, e2) = p.cfg.frac, SQ_EXTRA[p.cfg.trunc]
     shape = x.shape
     x = x.reshape(-1)
     if mode == "fast":
         return _init_guess(p, x, 0.5, per_octave=16, linear=True).reshape(shape)
-    iterations = 3
     y = _init_guess(p, x, 0.5, per_octave=1, linear=False)
     one = arith.public_share(p, ring.encode(np.ones(x.size), f))
-    shifts = np.repeat([f - e, f - e, f + 1], x.size)
-    for _ in range(iterations):
+    shifts = np.repeat([f - e1, f - e2, f + 1], x.size)
+    for _ in range(NEWTON_SQRT):
         layer = arith.mul_aa(p, AShare.concat([x, y, y]), AShare.concat([y, y, one]),
                              trunc=shifts)
         xy, y2, half = layer[:x.size], layer[x.size:2 * x.size], layer[2 * x.size:]
-        y = y + half - arith.mul_aa(p, xy, y2, trunc=f + 2 * e + 1)
+        y = y + half - arith.mul_aa(p, xy, y2, trunc=f + e1 + e2 + 1)
     return y.reshape(shape)
 
 
+def _sqrt_inv_mode(mode: str, n: int) -> str:
+    if mode == "auto":
+        return "fast" if n <= FAST_ROWS else "lean"
+    if mode not in ("fast", "lean"):
+        raise ValueError(f"sqrt_inv_a: unknown mode {mode!r} (auto, fast, lean)")
+    return mode
+
+
+def cost_sqrt_inv(n: int, mode: str, frac: int, trunc: str) -> Cost:
+    """Rounds and bytes per party of :func:`sqrt_inv_a` on ``n`` inputs."""
+    if _sqrt_inv_mode(mode, n) == "fast":
+        return cost_init_guess(n, 0.5, 16, True, frac, trunc)
+    e1, e2 = SQ_EXTRA[trunc]
+    step = (arith.cost_mul(3 * n, np.repeat([frac - e1, frac - e2, frac + 1], n), frac, trunc)
+            + arith.cost_mul(n, frac + e1 + e2 + 1, frac, trunc))
+    cost = cost_init_guess(n, 0.5, 1, False, frac, trunc)
+    for _ in range(NEWTON_SQRT):
+        cost = cost + step
+    return cost
+
+
 def reciprocal_a(p: Party, x: AShare, iterations: int = 2) -> AShare:
-    """1/x for shared x > 0: leak-free half-octave linear initialisation (1.5 %) + Newton
-    y <- y (2 - x y) twice (~5e-8). Cost: 10 + 4 * iterations rounds."""
+    """1/x for shared x in RECIPROCAL_RANGE: leak-free half-octave linear initialisation
+    (1.5 %) + Newton y <- y (2 - x y) twice. Error: RECIPROCAL_ERROR (for the default two
+    iterations). Cost: :func:`cost_reciprocal` (10 + 4 * iterations rounds)."""
     y = _init_guess(p, x, 1.0, per_octave=2, linear=True)
     for _ in range(iterations):
         xy = arith.mul_aa(p, x, y)
@@ -167,26 +259,97 @@ def reciprocal_a(p: Party, x: AShare, iterations: int = 2) -> AShare:
     return y
 
 
-def exp_a(p: Party, x: AShare, method: str = "limit") -> AShare:
-    """exp(x): "poly" (Privformer's polynomial) or "limit" (Taylor at x/64, six squarings)."""
+def cost_reciprocal(n: int, frac: int, trunc: str, iterations: int = 2) -> Cost:
+    cost = cost_init_guess(n, 1.0, 2, True, frac, trunc)
+    for _ in range(2 * iterations):
+        cost = cost + arith.cost_mul(n, True, frac, trunc)
+    return cost
+
+
+@functools.lru_cache(maxsize=None)
+def _exp_coeffs(hi: float) -> tuple[float, float, float]:
+    """(c2, c3, c4) of q(u) = 1 + u + u^2 (c2 + c3 u + c4 u^2) minimising the max relative
+    error of q(u)^64 against exp(64 u) for u in [0, hi / 64] (q(u) ~ e^u below 0 too)."""
+    u = np.linspace(hi / 2 ** EXP_SQUARINGS / 4000, hi / 2 ** EXP_SQUARINGS, 4000)
+    g = (np.exp(u) - 1 - u) / u ** 2
+    basis = np.stack([np.ones_like(u), u, u ** 2], 1)
+    w0 = u ** 2 * np.exp(-u)                      # error of q relative to e^u
+    w = w0.copy()
+    for _ in range(60):                           # reweighted least squares -> near-minimax
+        coef, *_ = np.linalg.lstsq(basis * w[:, None], g * w, rcond=None)
+        r = np.abs(basis @ coef - g) * w0
+        w = w * (1 + 50 * r / r.max())
+    return float(coef[0]), float(coef[1]), float(coef[2])
+
+
+def _exp_scales(frac: int, mode: str) -> tuple[int, int]:
+    """(F, K): working scale of exp "limit" and the bits of its public coefficients."""
+    F = min(frac + EXP_EXTRA[mode], EXP_MAX_SCALE)
+    return F, F - 8
+
+
+def _exp_limit(p: Party, x: AShare) -> AShare:
+    """q(x/64)^64. u = x/64 is x read at scale f + 6; u2 = u*u; y0 = 1 + u + u2 * w with
+    w = c2 + c3 u + c4 u2 formed locally at scale F + K; then six squarings at scale F, the
+    last one truncating back to f. F = f + EXP_EXTRA[mode] (exact: 24, u is free; prob: f,
+    u = trunc(x, 6)).
+
+    Rounding analysis (f = 18, exact). With y_k = e^(x / 2^(6-k)), an error d in y_k reaches
+    the output as d * 2^(6-k) * y_k^(2^(6-k) - 1); every squaring adds < 2^-F, and y0 carries
+    < 1.55 * 2^-F (u2's truncation times |w| <= 0.55, plus the product's) and the error of q
+    (< 1.1e-6 / 64 relative on [0, hi/64] with c3, c4 rounded to K bits). For x <= 0:
+    1 (last truncation) + 62/64 (squarings) + 64 * 1.55/64 = 3.52 ulp; for x >= 0:
+    2^-18 + (62 + 64 * 1.55) * 2^-24 + 1.1e-6 = 1.34e-5 relative. Prob (F = 18, u rounded):
+    237 ulp and 9.0e-4. Largest products: u2 * w < 2^61.85 at x = -48, e^x 2^2F < 2^61.7 at
+    x = 9.5 (exact); below 2^50 in prob mode. Squares are never negative, nor is their
+    truncation (arith rounds non-negative values to non-negative ones).
+    """
     f = p.cfg.frac
-    if method == "poly":
-        coeffs = (1.0, 1.0, 0.5, 0.1665, 0.0438)
-        u = x
-    elif method == "limit":
-        coeffs = (1.0, 1.0, 1 / 2, 1 / 6, 1 / 24)
-        u = arith.trunc_a(p, x, 6)
-    else:
-        raise ValueError(f"exp_a: unknown method {method!r} (poly, limit)")
-    u2 = arith.mul_aa(p, u, u)
-    both = arith.mul_aa(p, AShare.concat([u2, u2], 0), AShare.concat([u, u2], 0))
-    u3, u4 = both[:u.shape[0]], both[u.shape[0]:]
+    F, K = _exp_scales(f, p.cfg.trunc)
+    u = x if F == f + EXP_SQUARINGS else arith.trunc_a(p, x, f + EXP_SQUARINGS - F)
+    u2 = arith.mul_aa(p, u, u, trunc=F)
+    c2, c3, c4 = _exp_coeffs(EXP_RANGE[1])
+    w = u.scale(round(c3 * 2 ** K)) + u2.scale(round(c4 * 2 ** K))              # scale F + K
+    w = arith.add_public(p, w, np.full(x.shape, ring.encode(np.array(c2), F + K)))
+    y = u + arith.mul_aa(p, u2, w, trunc=F + K)
+    y = arith.add_public(p, y, np.full(x.shape, np.uint64(1 << F)))
+    for k in range(EXP_SQUARINGS):
+        y = arith.mul_aa(p, y, y, trunc=F if k < EXP_SQUARINGS - 1 else 2 * F - f)
+    return y
+
+
+def _exp_poly(p: Party, x: AShare) -> AShare:
+    """Privformer's 1 + x + 0.5x^2 + 0.1665x^3 + 0.0438x^4 (accurate only near 0)."""
+    f = p.cfg.frac
+    x2 = arith.mul_aa(p, x, x)
+    both = arith.mul_aa(p, AShare.concat([x2, x2], 0), AShare.concat([x, x2], 0))
+    x3, x4 = both[:x.shape[0]], both[x.shape[0]:]
     acc = None
-    for c, term in zip(coeffs[1:], (u, u2, u3, u4)):
+    for c, term in zip((1.0, 0.5, 0.1665, 0.0438), (x, x2, x3, x4)):
         t = term.scale(ring.encode(np.array(c), f))
         acc = t if acc is None else acc + t
-    y = _const(p, arith.trunc_a(p, acc), coeffs[0])
+    return _const(p, arith.trunc_a(p, acc), 1.0)
+
+
+def exp_a(p: Party, x: AShare, method: str = "limit") -> AShare:
+    """exp(x): "limit" (accurate on EXP_RANGE, see the module docstring) or "poly"
+    (Privformer's polynomial baseline). Cost: :func:`cost_exp`."""
     if method == "limit":
-        for _ in range(6):
-            y = arith.mul_aa(p, y, y)
-    return y
+        return _exp_limit(p, x)
+    if method == "poly":
+        return _exp_poly(p, x)
+    raise ValueError(f"exp_a: unknown method {method!r} (poly, limit)")
+
+
+def cost_exp(n: int, method: str, frac: int, mode: str) -> Cost:
+    """Rounds and bytes per party of :func:`exp_a` on ``n`` elements."""
+    if method == "poly":
+        return (arith.cost_mul(n, True, frac, mode) + arith.cost_mul(2 * n, True, frac, mode)
+                + arith.cost_trunc(n, frac, mode))
+    F, K = _exp_scales(frac, mode)
+    cost = arith.cost_mul(n, F, frac, mode) + arith.cost_mul(n, F + K, frac, mode)
+    if F < frac + EXP_SQUARINGS:
+        cost = arith.cost_trunc(n, frac + EXP_SQUARINGS - F, mode) + cost
+    for k in range(EXP_SQUARINGS):
+        cost = cost + arith.cost_mul(n, F if k < EXP_SQUARINGS - 1 else 2 * F - frac, frac, mode)
+    return cost

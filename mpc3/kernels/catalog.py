@@ -1,0 +1,269 @@
+"""The kernel catalog: every kernel once, in one registration list (SPU style).
+
+Each :class:`Kernel` names a per-party function (as ``mpc3 bench op NAME`` calls it), its
+declared cost, a float64 reference, an input generator that stays inside the kernel's
+documented range, the error tolerance on that range, and the range itself. The generic test
+(tests/test_kernel_catalog.py), ``mpc3 bench op`` and the benchmark job kinds all read this
+list, so adding a kernel touches only its own module and :data:`KERNELS`.
+
+Operands are plaintext float64/0-1 arrays of one of three kinds, shared by :meth:`Kernel.deal`:
+
+* ``"fxp"`` - fixed point at scale ``cfg.frac``, dealt as a replicated AShare;
+* ``"bit"`` - 0/1 values, dealt as a one-plane replicated BShare;
+* ``"add"`` - fixed point dealt 3-out-of-3 (party i holds one ring array z_i; reshare's input).
+
+Outputs are ``"fxp"`` (AShare at scale frac), ``"int"`` (AShare at scale 0), ``"bit"``
+(BShare) or ``"public"`` (the opened ring array every party holds).
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import ring
+from ..party import Party, RingConfig
+from ..shares import BShare, bits_to_planes, planes_to_bits
+from ..sharing import deal, reveal
+from . import arith, boolean, convert, fxp
+from .base import Cost
+
+#: Shift of the "trunc" kernel (its operand is a value at scale frac + TRUNC_SHIFT).
+TRUNC_SHIFT = 10
+
+Shapes = tuple  # the operand shapes, in operand order
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel: see the module docstring for operand and output kinds."""
+
+    name: str
+    fn: Callable[..., Any]                                   # fn(party, *operand shares)
+    cost: Callable[[Shapes, RingConfig], Cost]               # declared, from the kernel module
+    reference: Callable[..., np.ndarray]                     # float64 on the plaintext operands
+    inputs: Callable[[np.random.Generator, int, tuple, RingConfig], tuple]
+    tolerance: Callable[[Shapes, RingConfig], tuple[float, float]]   # |e| <= rel |y| + abs
+    domain: str                                              # the documented range, in words
+    operands: tuple[str, ...] = ("fxp",)
+    output: str = "fxp"
+
+    def run(self, party: Party, *operands) -> Any:
+        return self.fn(party, *operands)
+
+    def plaintext(self, rng: np.random.Generator, n: int = 1000, shape=(8, 16, 8),
+                  cfg: RingConfig | None = None) -> tuple:
+        """Operands inside the documented range, exactly representable in fixed point
+        (so the reference sees the values the parties share). ``shape`` is matmul's MxKxN."""
+        cfg = cfg or RingConfig()
+        ops = self.inputs(rng, n, tuple(shape), cfg)
+        return tuple(o if kind == "bit" else _quantize(o, cfg.frac)
+                     for kind, o in zip(self.operands, ops))
+
+    def deal(self, plain: tuple, cfg: RingConfig | None = None,
+             rng: np.random.Generator | None = None) -> list[tuple]:
+        """Per-party operand tuples: fresh uniform shares of every operand (``os.urandom``;
+        a numpy Generator only in tests that need reproducible shares)."""
+        cfg = cfg or RingConfig()
+        shared = [_DEAL[k](o, cfg.frac, rng) for k, o in zip(self.operands, plain)]
+        return [tuple(s[i] for s in shared) for i in range(3)]
+
+    def value(self, outputs: list, cfg: RingConfig | None = None) -> np.ndarray:
+        """float64 value of the three parties' outputs (checking that replicas agree)."""
+        cfg = cfg or RingConfig()
+        if self.output == "bit":                # padding bits beyond n are not compared
+            n = outputs[0].n
+            a, b = ([planes_to_bits(getattr(o, h), n) for o in outputs] for h in "ab")
+            if any((b[i] != a[(i + 1) % 3]).any() for i in range(3)):
+                raise ValueError("replicated bit shares disagree")
+            return (a[0] ^ a[1] ^ a[2])[0].astype(np.float64)
+        if self.output == "public":
+            if any((o != outputs[0]).any() for o in outputs):
+                raise ValueError("parties opened different values")
+            return ring.decode(outputs[0], cfg.frac)
+        return ring.decode(reveal(outputs), cfg.frac if self.output == "fxp" else 0)
+
+    def cost_of(self, plain: tuple, cfg: RingConfig | None = None) -> Cost:
+        return self.cost(tuple(np.shape(o) for o in plain), cfg or RingConfig())
+
+    def bound(self, plain: tuple, cfg: RingConfig | None = None) -> np.ndarray:
+        """Per-element error bound rel * |reference| + abs on these operands."""
+        cfg = cfg or RingConfig()
+        rel, ab = self.tolerance(tuple(np.shape(o) for o in plain), cfg)
+        return rel * np.abs(self.reference(*plain)) + ab
+
+
+# ------------------------------------------------------------------ operand helpers ----
+def _quantize(x, frac: int) -> np.ndarray:
+    return ring.decode(ring.encode(np.asarray(x, dtype=np.float64), frac), frac)
+
+
+def _uniform(shape, rng) -> np.ndarray:
+    if rng is not None:
+        return rng.integers(0, 2 ** 64, size=shape, dtype=np.uint64)
+    return np.frombuffer(os.urandom(8 * math.prod(shape)), dtype=np.uint64).reshape(shape)
+
+
+def _deal_bits(bits, frac: int, rng=None) -> list[BShare]:
+    bits = np.asarray(bits, dtype=np.uint8).reshape(-1)
+    planes = bits_to_planes(bits[None, :])
+    r1, r2 = _uniform(planes.shape, rng), _uniform(planes.shape, rng)
+    slots = [r1, r2, planes ^ r1 ^ r2]
+    return [BShare(slots[i].copy(), slots[(i + 1) % 3].copy(), bits.size) for i in range(3)]
+
+
+def _deal_additive(x, frac: int, rng=None) -> list[np.ndarray]:
+    z = ring.encode(x, frac)
+    r0, r1 = _uniform(z.shape, rng), _uniform(z.shape, rng)
+    return [r0, r1, z - r0 - r1]
+
+
+_DEAL = {"fxp": lambda x, frac, rng=None: deal(ring.encode(x, frac), rng),
+         "bit": _deal_bits, "add": _deal_additive}
+
+
+def _n(shapes: Shapes) -> int:
+    return math.prod(shapes[0])
+
+
+def _ulp(cfg: RingConfig) -> float:
+    return 2.0 ** -cfg.frac
+
+
+def _exact(shapes, cfg):
+    return 0.0, 0.0
+
+
+def _one_ulp(shapes, cfg):
+    return 0.0, _ulp(cfg)
+
+
+def _spread(rng, lo, hi, n, log=False) -> np.ndarray:
+    """n values over [lo, hi] (log-uniform if ``log``) with both ends included."""
+    a, b = (np.log2(lo), np.log2(hi)) if log else (lo, hi)
+    v = rng.uniform(a, b, n)
+    v[:2] = [a, b][:n]
+    return 2.0 ** v if log else v
+
+
+def _signs(rng, lim, n, avoid=0.0) -> np.ndarray:
+    """n values in (-lim, lim), ends included, none in [-avoid, 0) (moved below it)."""
+    x = _spread(rng, -lim * (1 - 2 ** -20), lim * (1 - 2 ** -20), n)
+    return np.where((x < 0) & (x >= -avoid), x - 2 * avoid, x)
+
+
+def _bits(rng, n) -> np.ndarray:
+    return rng.integers(0, 2, n).astype(np.uint8)
+
+
+def _relu_inputs(rng, n, shape, cfg):
+    drop = 2.0 ** (cfg.relu_drop_bits - cfg.frac)      # documented either-answer region
+    return (_signs(rng, convert.relu_limit(cfg), n, avoid=drop),)
+
+
+def _product_inputs(rng, n, shape, cfg):
+    """Typical products, and in exact mode two at the edges of the range (prob mode has
+    no edge: a product z fails w.p. ~|z| 2^(2 frac - 64), 25 % near 2^26)."""
+    lim = arith.product_limit(cfg.frac)
+    x, y = rng.normal(size=n) * 4, rng.normal(size=n)
+    if n >= 2 and cfg.trunc == "exact":
+        x[:2], y[:2] = [-math.sqrt(0.99 * lim), math.sqrt(0.99 * lim)], math.sqrt(0.99 * lim)
+    return x, y
+
+
+def _matmul_inputs(rng, n, shape, cfg):
+    m, k, nn = shape
+    return rng.normal(size=(m, k)), rng.normal(size=(k, nn)) / math.sqrt(k)
+
+
+def _sqrt_inv_tolerance(shapes, cfg):
+    rel, ulps = fxp.SQRT_INV_ERROR[fxp._sqrt_inv_mode("auto", _n(shapes))][cfg.trunc]
+    return rel, ulps * _ulp(cfg)
+
+
+def _exp_tolerance(shapes, cfg):
+    rel, ulps = fxp.EXP_ERROR[cfg.trunc]
+    return rel, ulps * _ulp(cfg)
+
+
+def _reciprocal_tolerance(shapes, cfg):
+    rel, ulps = fxp.RECIPROCAL_ERROR[cfg.trunc]
+    return rel, ulps * _ulp(cfg)
+
+
+# ------------------------------------------------------------------------ the list ----
+_ALL = [
+    Kernel("mult", lambda p, x, y: arith.mul_aa(p, x, y),
+           lambda s, c: arith.cost_mul(_n(s), True, c.frac, c.trunc),
+           lambda x, y: x * y, _product_inputs, _one_ulp,
+           "|x*y| < arith.product_limit(frac) = 2^26", ("fxp", "fxp")),
+    Kernel("matmul", lambda p, x, y: arith.matmul_aa(p, x, y),
+           lambda s, c: arith.cost_mul(s[0][0] * s[1][1], True, c.frac, c.trunc),
+           lambda x, y: x @ y, _matmul_inputs, _one_ulp,
+           "every |sum_k x_ik y_kj| < arith.product_limit(frac) = 2^26", ("fxp", "fxp")),
+    Kernel("trunc", lambda p, x: arith.trunc_a(p, x, TRUNC_SHIFT),
+           lambda s, c: arith.cost_trunc(_n(s), TRUNC_SHIFT, c.trunc),
+           lambda x: x / 2.0 ** TRUNC_SHIFT,
+           lambda r, n, sh, c: (r.normal(size=n) * 4 * 2.0 ** TRUNC_SHIFT,), _one_ulp,
+           "|x| < 2^(62 - frac) (exact mode; prob fails w.p. ~|x| 2^(frac-64))"),
+    Kernel("open", lambda p, x: arith.open_a(p, x),
+           lambda s, c: arith.cost_open_a(_n(s)),
+           lambda x: x, lambda r, n, sh, c: (r.normal(size=n) * 100,), _exact,
+           "any ring value", output="public"),
+    Kernel("reshare", lambda p, z: arith.reshare(p, z),
+           lambda s, c: arith.cost_reshare(_n(s)),
+           lambda x: x, lambda r, n, sh, c: (r.normal(size=n) * 100,), _exact,
+           "any ring value (3-out-of-3 input)", ("add",)),
+    Kernel("drelu", lambda p, x: convert.drelu_a(p, x),
+           lambda s, c: convert.cost_drelu(_n(s), *convert.window_for(c)),
+           lambda x: (x >= 0).astype(np.float64), _relu_inputs, _exact,
+           "|x| < convert.relu_limit(cfg) = 2^14; either answer on [-2^(drop-frac), 0)",
+           output="bit"),
+    Kernel("msb", lambda p, x: convert.msb_a(p, x),
+           lambda s, c: convert.cost_msb(_n(s), *convert.window_for(c)),
+           lambda x: (x < 0).astype(np.float64), _relu_inputs, _exact,
+           "as drelu", output="bit"),
+    Kernel("relu", lambda p, x: convert.relu_a(p, x),
+           lambda s, c: convert.cost_relu(_n(s), *convert.window_for(c)),
+           lambda x: np.maximum(x, 0), _relu_inputs, _exact,
+           "as drelu (error < 2^(drop-frac) on the either-answer region)"),
+    Kernel("b2a", lambda p, b: convert.b2a(p, b),
+           lambda s, c: convert.cost_b2a(_n(s)),
+           lambda b: b.astype(np.float64), lambda r, n, sh, c: (_bits(r, n),), _exact,
+           "bits", ("bit",), "int"),
+    Kernel("and", lambda p, a, b: boolean.and_bb(p, a, b),
+           lambda s, c: boolean.cost_and_bb(_n(s), 1),
+           lambda a, b: (a & b).astype(np.float64),
+           lambda r, n, sh, c: (_bits(r, n), _bits(r, n)), _exact, "bits", ("bit", "bit"),
+           "bit"),
+    Kernel("mul-ab", lambda p, b, x: convert.mul_ab(p, b, x),
+           lambda s, c: convert.cost_inject(_n(s), fused=False),
+           lambda b, x: b * x, lambda r, n, sh, c: (_bits(r, n), r.normal(size=n) * 100),
+           _exact, "any ring value", ("bit", "fxp")),
+    Kernel("select", lambda p, b, x, y: convert.select_ab(p, b, x, y),
+           lambda s, c: convert.cost_inject(_n(s), fused=False),
+           lambda b, x, y: np.where(b == 1, y, x),
+           lambda r, n, sh, c: (_bits(r, n), r.normal(size=n) * 4, r.normal(size=n)), _exact,
+           "any ring value", ("bit", "fxp", "fxp")),
+    Kernel("sqrt-inv", lambda p, x: fxp.sqrt_inv_a(p, x),
+           lambda s, c: fxp.cost_sqrt_inv(_n(s), "auto", c.frac, c.trunc),
+           lambda x: 1 / np.sqrt(x),
+           lambda r, n, sh, c: (_spread(r, *fxp.SQRT_INV_RANGE, n, log=True),),
+           _sqrt_inv_tolerance, "x in fxp.SQRT_INV_RANGE = [2^-12, 2^16]"),
+    Kernel("reciprocal", lambda p, x: fxp.reciprocal_a(p, x),
+           lambda s, c: fxp.cost_reciprocal(_n(s), c.frac, c.trunc),
+           lambda x: 1 / x,
+           lambda r, n, sh, c: (_spread(r, *fxp.RECIPROCAL_RANGE, n, log=True),),
+           _reciprocal_tolerance, "x in fxp.RECIPROCAL_RANGE = [2^-12, 2^16]"),
+    Kernel("exp", lambda p, x: fxp.exp_a(p, x, "limit"),
+           lambda s, c: fxp.cost_exp(_n(s), "limit", c.frac, c.trunc),
+           np.exp, lambda r, n, sh, c: (_spread(r, *fxp.EXP_RANGE, n),),
+           _exp_tolerance, "x in fxp.EXP_RANGE = [-48, 9.5]"),
+]
+
+#: name (as typed in ``mpc3 bench op``) -> Kernel, in registration order.
+KERNELS: dict[str, Kernel] = {k.name: k for k in _ALL}
+assert len(KERNELS) == len(_ALL), "duplicate kernel name in the catalog"
