@@ -36,15 +36,13 @@ from dataclasses import dataclass, field
 
 import grpc
 import numpy as np
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from mpc3.comm import Aborted, Communicator, Payload, PeerTimeout, ProtocolError
 from mpc3.party import Party, RingConfig
 from mpc3.prg import PRG
 
 from . import keys
+from .handshake import Handshake
 from .proto import mpc3_pb2 as pb
 from .proto import mpc3_pb2_grpc as pb_grpc
 
@@ -66,28 +64,6 @@ _CLOSED_MEMORY = 4096          # ids of finished jobs remembered to drop their l
 
 class PeerUnavailable(ProtocolError):
     """A link needed by a job is not up."""
-
-
-# ------------------------------------------------------------------ key agreement ----
-@dataclass
-class _Handshake:
-    private: X25519PrivateKey = field(default_factory=X25519PrivateKey.generate)
-    nonce: bytes = field(default_factory=lambda: os.urandom(32))
-
-    def hello(self, rank: int) -> pb.Hello:
-        from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
-        pub = self.private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
-        return pb.Hello(rank=rank, x25519_public=pub, nonce=self.nonce)
-
-    def seed(self, mine: pb.Hello, theirs: pb.Hello, dialer: int, listener: int) -> bytes:
-        if len(theirs.x25519_public) != 32 or len(theirs.nonce) != 32:
-            raise ProtocolError("malformed peer hello")
-        shared = self.private.exchange(X25519PublicKey.from_public_bytes(theirs.x25519_public))
-        d, l_ = (mine, theirs) if mine.rank == dialer else (theirs, mine)
-        info = (b"mpc3-pair-seed-v1/%d->%d/" % (dialer, listener) + d.x25519_public
-                + l_.x25519_public)
-        return HKDF(algorithm=hashes.SHA256(), length=32, salt=d.nonce + l_.nonce,
-                    info=info).derive(shared)
 
 
 # ----------------------------------------------------------------------- mailboxes ----
@@ -268,7 +244,7 @@ class PeerRouter:
             reason = "stream ended"
             try:
                 grpc.channel_ready_future(channel).result(timeout=2)
-                hs = _Handshake()
+                hs = Handshake()
                 mine = hs.hello(self.rank)
 
                 def requests():
@@ -462,7 +438,7 @@ class _PeerServicer(pb_grpc.PeerServiceServicer):
         if not first.HasField("hello") or first.hello.rank != r.prev:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           f"expected a hello from party {r.prev}")
-        hs = _Handshake()
+        hs = Handshake()
         mine = hs.hello(r.rank)
         link = _Link(r.prev)
         try:

@@ -7,4 +7,4 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 out="${1:-$root}"
 cd "$root"
-python -m grpc_tools.protoc -I . --python_out="$out" --grpc_python_out="$out" net/proto/mpc3.proto
+"${PYTHON:-python}" -m grpc_tools.protoc -I . --python_out="$out" --grpc_python_out="$out" net/proto/mpc3.proto

@@ -120,8 +120,9 @@ def test_large_attn_c_is_refused():
     with pytest.raises(C.RangeError) as err:
         C.calibrate(cfg, w, samples, user=user)
     msg = str(err.value)
+    lo, hi = fxp.SQRT_INV_RANGE
     assert msg.startswith("enc.0.ln1: LayerNorm variance+eps reaches 9.41e+05, above sqrt_inv's "
-                          "range [0.00098, 16384]"), msg
+                          f"range [{lo:.2g}, {hi:.6g}]"), msg
     assert "lower attn_c" in msg
     x = samples.X[0][:1]
     enc, _ = secure_run(cfg, w, x)

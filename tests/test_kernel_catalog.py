@@ -54,7 +54,7 @@ def test_generators_respect_the_documented_ranges():
 def test_bench_op_lists_and_runs_every_catalog_kernel():
     """``mpc3 bench op`` takes its op list, workloads and references from the catalog and
     reports the declared traffic."""
-    from net import cli_bench
+    from app.bench import op as cli_bench
     assert tuple(cli_bench.OPS) == tuple(catalog.KERNELS)
     cfg = RingConfig()
     for name, kernel in catalog.KERNELS.items():

@@ -13,8 +13,10 @@ def test_regenerating_gives_identical_files(tmp_path):
     from net.proto import mpc3_pb2_grpc
     if version("grpcio-tools") != mpc3_pb2_grpc.GRPC_GENERATED_VERSION:
         pytest.skip("grpcio-tools differs from the pinned version (pip install -e '.[dev]')")
+    import os
+    import sys
     subprocess.run(["bash", str(ROOT / "scripts" / "gen_proto.sh"), str(tmp_path)], check=True,
-                   cwd=ROOT)
+                   cwd=ROOT, env=dict(os.environ, PYTHON=sys.executable))
     for name in ("mpc3_pb2.py", "mpc3_pb2_grpc.py"):
         fresh = (tmp_path / "net" / "proto" / name).read_text()
         assert fresh == (ROOT / "net" / "proto" / name).read_text(), f"{name} is stale"

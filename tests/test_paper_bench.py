@@ -54,7 +54,7 @@ def test_validators_refuse_bad_params():
 
 
 def test_loopback_cluster_matches_inproc_counts():
-    from net.cli_bench import run_op
+    from app.bench.op import run_op
     from mpc3.party import RingConfig
     from app.bench.remote import RemoteCluster, layer_config
     with RemoteCluster("none", quiet=True) as rc:

@@ -43,7 +43,6 @@ from pathlib import Path
 import numpy as np
 
 from protocols import workloads
-from protocols.jobs import diagnostic
 
 REPO = Path(__file__).resolve().parent.parent
 MGMT_NET = "10.78"          # client <-> party k management link: 10.78.<slot>.{1,2}/30
@@ -276,22 +275,26 @@ class RemoteCluster:
         if warmup:
             self._warmup(f"op/{name}/{trunc}", lambda: self.bench_op(
                 name, 64, (4, 8, 4), trunc=trunc, warmup=False))
+        from mpc3.kernels import catalog
         from mpc3.party import RingConfig
         from mpc3.shares import AShare
         from mpc3.sharing import reveal
-        from net.cli_bench import _workload, op_errors
-        if name not in diagnostic.OPS:
+        from mpc3.shares import BShare
+        from protocols.jobs.diagnostic import OPS
+        if name not in OPS:
             raise ValueError(f"op {name!r} is not available over the network "
-                             f"(choose from {', '.join(diagnostic.OPS)})")
+                             f"(choose from {', '.join(OPS)})")
         rng = np.random.default_rng(seed)
-        operands, _kernel, ref = _workload(name, n, shape, rng)
+        operands, ref = catalog.workload(name, n, shape, rng, RingConfig(trunc=trunc))
         model = {f"in{i}": reveal(s) for i, s in enumerate(operands)}
         params = {"op": name, "repeat": repeat, "trunc": trunc}
         outs, stats = self._run_job("bench_op", model, {}, {"X": np.zeros(1)}, params,
                                     encoded_model=True)
-        out = [AShare(o["Y"].a, o["Y"].b) for o in outs]
+        bits = catalog.KERNELS[name].output == "bit"
+        out = [BShare(o["Y"].a, o["Y"].b, int(ref.size)) if bits else
+               AShare(o["Y"].a, o["Y"].b) for o in outs]
         cfg = RingConfig(trunc=trunc)
-        errs = op_errors(name, operands, out, ref, cfg)
+        errs = catalog.errors(name, operands, out, ref, cfg)
         return {"workload": f"op/{name}",
                 "params": {"n": int(ref.size), "shape": list(shape) if name == "matmul" else None,
                            "frac": cfg.frac, "trunc": trunc, "repeat": repeat, "seed": seed},

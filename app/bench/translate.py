@@ -172,7 +172,7 @@ def run_translate(a) -> dict:
 
 
 def _cmd(a) -> int:
-    from net.cli_bench import write_json
+    from .op import write_json
     if a.model == "random" and (not a.src_len or not a.tokens):
         raise ValueError("--model random needs --src-len and --tokens")
     r = run_translate(a)

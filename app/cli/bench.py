@@ -1,10 +1,11 @@
 """``mpc3 bench op|layer|translate``: benchmarks with DESIGN.md's metric names (JSON)."""
 from __future__ import annotations
 
+from ..bench import layer, op, translate
+
 
 def register(sub) -> None:
-    from net import cli_bench
-    from ..bench import layer, translate
-    bsub = cli_bench.register(sub)
-    layer.register(bsub)
-    translate.register(bsub)
+    bench = sub.add_parser("bench", help="run benchmarks (kernels, layers, translation)")
+    bsub = bench.add_subparsers(dest="bench_kind", required=True)
+    for group in (op, layer, translate):
+        group.register(bsub)

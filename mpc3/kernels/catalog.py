@@ -267,3 +267,31 @@ _ALL = [
 #: name (as typed in ``mpc3 bench op``) -> Kernel, in registration order.
 KERNELS: dict[str, Kernel] = {k.name: k for k in _ALL}
 assert len(KERNELS) == len(_ALL), "duplicate kernel name in the catalog"
+
+
+# ------------------------------------------------------------- benchmark workloads ----
+def workload(name: str, n: int, shape: tuple[int, int, int], rng,
+             cfg: RingConfig | None = None) -> tuple[list[list], np.ndarray]:
+    """(shares of each operand as [party0, party1, party2], float64 reference) of one kernel
+    on ``n`` elements (matmul: ``shape`` MxKxN) inside its documented range."""
+    if name not in KERNELS:
+        raise ValueError(f"unknown op {name!r}; choose from {', '.join(KERNELS)}")
+    kernel, cfg = KERNELS[name], cfg or RingConfig()
+    plain = kernel.plaintext(rng, n, shape, cfg)
+    per_party = kernel.deal(plain, cfg)
+    operands = [[per_party[i][j] for i in range(3)] for j in range(len(plain))]
+    return operands, kernel.reference(*plain)
+
+
+def errors(name: str, operands, out: list, ref: np.ndarray, cfg: RingConfig) -> dict:
+    """max_abs_err / max_rel_err of the three parties' outputs ``out`` against ``ref``
+    (DReLU's documented either-answer region [-2^drop, 0) is not counted as an error)."""
+    err = np.abs(KERNELS[name].value(out, cfg) - ref)
+    extra = {}
+    if name == "drelu":
+        x = ring.decode(reveal(operands[0]), cfg.frac)
+        region = (x < 0) & (x >= -2.0 ** (cfg.relu_drop_bits - cfg.frac))
+        extra = {"elements_in_documented_error_region": int(region.sum())}
+        err = np.where(region, 0.0, err)
+    return {"max_abs_err": float(err.max()),
+            "max_rel_err": float((err / np.maximum(np.abs(ref), 1e-3)).max()), **extra}

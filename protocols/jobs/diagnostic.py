@@ -9,7 +9,7 @@ any weight it is pointed at).
   baselines). Params: ``workload``, ``config`` (a ModelConfig dict), ``repeat``, ``block``,
   ``exp``.
 * ``bench_op`` - one kernel of ``mpc3 bench op`` on operands uploaded as the tensors ``in0``,
-  ``in1``, ... Params: ``op``, ``repeat``, ``trunc``, ``shift``.
+  ``in1``, ... (:mod:`mpc3.kernels.catalog`). Params: ``op``, ``repeat``, ``trunc``.
 
 Measurement. After a one-element barrier exchange (so the three parties start together and the
 streams are warm), each of ``repeat`` runs is timed on this party with ``perf_counter`` and
@@ -26,6 +26,7 @@ import time
 
 import numpy as np
 
+from mpc3.kernels import catalog
 from mpc3.kernels.arith import matmul_aa
 from mpc3.party import Party, RingConfig
 from mpc3.shares import AShare, BShare
@@ -36,20 +37,10 @@ from .contract import ENCODER_DECODER, TENSORS, JobContext, JobSpec, TensorSpec
 
 STATS_FIELDS = ("wall_ns", "bytes", "messages", "rounds")
 MAX_REPEAT = 1000
-OPS = ("mult", "matmul", "trunc", "drelu", "relu", "sqrt-inv", "reciprocal", "exp")
-
-
-def op_fn(name: str, shift: int = 10):
-    """Per-party ``fn(party, *operand_shares)`` of a kernel workload (as ``mpc3 bench op``)."""
-    from mpc3.kernels import arith, convert, fxp
-    return {"mult": lambda p, x, y: arith.mul_aa(p, x, y),
-            "matmul": lambda p, x, y: arith.matmul_aa(p, x, y),
-            "trunc": lambda p, x: arith.trunc_a(p, x, shift),
-            "drelu": lambda p, x: convert.drelu_a(p, x),
-            "relu": lambda p, x: convert.relu_a(p, x),
-            "sqrt-inv": lambda p, x: fxp.sqrt_inv_a(p, x),
-            "reciprocal": lambda p, x: fxp.reciprocal_a(p, x),
-            "exp": lambda p, x: fxp.exp_a(p, x, "limit")}[name]
+#: Kernels ``bench_op`` runs: those whose operands are all fixed-point AShares (uploaded as
+#: the model tensors in0, in1, ...) and whose output travels as a share.
+OPS = tuple(k.name for k in catalog.KERNELS.values()
+            if set(k.operands) == {"fxp"} and k.output in ("fxp", "int", "bit"))
 
 
 # --------------------------------------------------------------- measurement ----
@@ -144,7 +135,7 @@ def run_bench_op(ctx: JobContext, inputs: dict) -> dict:
         party.cfg = RingConfig(frac=party.cfg.frac, trunc=trunc,
                                relu_bound_bits=party.cfg.relu_bound_bits,
                                relu_drop_bits=party.cfg.relu_drop_bits)
-    fn = op_fn(params["op"], int(params.get("shift", 10)))
+    fn = catalog.KERNELS[params["op"]].run
     shares = ctx.model.shares
     operands = [shares[f"in{i}"] for i in range(sum(1 for k in shares if k.startswith("in")))]
     out, mine = timed_runs(party, lambda: fn(party, *operands), _repeat(params))
@@ -177,6 +168,6 @@ SPECS = (
             diagnostic=True, doc="time one layer workload on uploaded shares"),
     JobSpec("bench_op", run_bench_op, (TensorSpec("X", ("1",)),), (_Y, _STATS), _ANY,
             computation="diagnostic", validate=validate_bench_op,
-            params=("op", "repeat", "trunc", "shift"), diagnostic=True,
+            params=("op", "repeat", "trunc"), diagnostic=True,
             doc="time one kernel on operands uploaded as in0, in1, ..."),
 )

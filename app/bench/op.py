@@ -1,5 +1,5 @@
-"""``mpc3 bench``: benchmarks of kernels (``op``) and, from other modules, layers and
-translation. Every result carries the metric names of ../shared/DESIGN.md."""
+"""``mpc3 bench op NAME``: one kernel of the catalog (mpc3/kernels/catalog.py) on three
+parties, in process or over party processes; the metric names of docs/DESIGN.md."""
 from __future__ import annotations
 
 import argparse
@@ -11,10 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from mpc3 import ring
 from mpc3.kernels import catalog
 from mpc3.party import RingConfig
-from mpc3.sharing import reveal
 from mpc3.sim import make_parties, run_parties
 
 
@@ -22,35 +20,10 @@ from mpc3.sim import make_parties, run_parties
 OPS = tuple(catalog.KERNELS)
 
 
-def _workload(name: str, n: int, shape: tuple[int, int, int], rng,
-              cfg: RingConfig | None = None) -> tuple:
-    """(shares of each operand as [party0, party1, party2], kernel, float64 reference) of
-    one catalog kernel on operands inside its documented range."""
-    if name not in catalog.KERNELS:
-        raise ValueError(f"unknown op {name!r}")
-    kernel, cfg = catalog.KERNELS[name], cfg or RingConfig()
-    plain = kernel.plaintext(rng, n, shape, cfg)
-    per_party = kernel.deal(plain, cfg)
-    operands = [[per_party[i][j] for i in range(3)] for j in range(len(plain))]
-    return operands, kernel.run, kernel.reference(*plain)
-
-
-def op_errors(name: str, inputs, out: list, ref: np.ndarray, cfg: RingConfig) -> dict:
-    """max_abs_err / max_rel_err of the three parties' outputs ``out`` against ``ref``."""
-    err = np.abs(catalog.KERNELS[name].value(out, cfg) - ref)
-    extra = {}
-    if name == "drelu":     # documented error region [-2^drop, 0): either answer is allowed
-        x = ring.decode(reveal(inputs[0]), cfg.frac)
-        region = (x < 0) & (x >= -2.0 ** (cfg.relu_drop_bits - cfg.frac))
-        extra = {"elements_in_documented_error_region": int(region.sum())}
-        err = np.where(region, 0.0, err)
-    return {"max_abs_err": float(err.max()),
-            "max_rel_err": float((err / np.maximum(np.abs(ref), 1e-3)).max()), **extra}
-
-
 def run_op(name: str, n: int, shape, repeat: int, cfg: RingConfig, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
-    inputs, kernel, ref = _workload(name, n, shape, rng, cfg)
+    inputs, ref = catalog.workload(name, n, shape, rng, cfg)
+    kernel = catalog.KERNELS[name].run
     walls, parties, out = [], None, None
     for _ in range(repeat):
         parties = make_parties(cfg)
@@ -58,7 +31,7 @@ def run_op(name: str, n: int, shape, repeat: int, cfg: RingConfig, seed: int = 0
         t0 = time.perf_counter()
         out = run_parties(kernel, args, parties=parties)
         walls.append(time.perf_counter() - t0)
-    errs = op_errors(name, inputs, out, ref, cfg)
+    errs = catalog.errors(name, inputs, out, ref, cfg)
     elems = ref.size
     per = [p.stats.bytes_sent for p in parties]
     return {
@@ -111,7 +84,7 @@ def _cmd_op(args: argparse.Namespace) -> int:
     if args.net != "none" and args.transport != "grpc":
         raise SystemExit(f"--net {args.net} runs three party processes: add --transport grpc")
     if args.transport == "grpc":       # three party processes, optionally in emulated netns
-        from app.bench.remote import RemoteCluster
+        from .remote import RemoteCluster
         with RemoteCluster(args.net) as rc:
             result = rc.bench_op(args.name, args.n, args.shape, args.repeat, args.trunc)
     else:
@@ -121,9 +94,8 @@ def _cmd_op(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub) -> None:
-    bench = sub.add_parser("bench", help="run benchmarks (kernels, layers, translation)")
-    bsub = bench.add_subparsers(dest="bench_kind", required=True)
+def register(bsub) -> None:
+    """Add ``op`` to the ``mpc3 bench`` subcommands."""
     op = bsub.add_parser("op", help="benchmark one kernel on three in-process parties")
     op.add_argument("name", choices=OPS)
     op.add_argument("--n", type=int, default=131072, help="elements (not matmul)")
@@ -138,4 +110,3 @@ def register(sub) -> None:
     op.add_argument("--trunc", choices=("exact", "prob"), default="exact")
     op.add_argument("--json", help="write the result object here")
     op.set_defaults(func=_cmd_op)
-    return bsub

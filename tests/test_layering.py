@@ -1,0 +1,91 @@
+"""The folder tree is the architecture: imports point downward only (app -> net ->
+protocols -> mpc3), there are no import cycles, and no source file outside tests and
+benchmarks grows past ~500 lines without saying why at its top."""
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LAYERS = ["mpc3", "protocols", "net", "app"]          # each may import only those before it
+MAX_LINES = 500
+
+
+def _modules():
+    for layer in LAYERS:
+        for path in sorted((ROOT / layer).rglob("*.py")):
+            if "proto" in path.relative_to(ROOT).parts[:2] and path.name.endswith("_pb2.py") \
+                    or path.name.endswith("_pb2_grpc.py"):
+                continue
+            rel = path.relative_to(ROOT).with_suffix("")
+            parts = list(rel.parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            yield ".".join(parts), path
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """Modules of this repository imported anywhere in the file (also inside functions)."""
+    tree = ast.parse(path.read_text())
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            out.add(mod)
+            out |= {f"{mod}.{a.name}" for a in node.names}
+    return {m for m in out if m.split(".")[0] in LAYERS}
+
+
+MODULES = dict(_modules())
+GRAPH = {name: {m for m in _imports(name, path) if m in MODULES and m != name}
+         for name, path in MODULES.items()}
+
+
+def test_imports_point_downward():
+    bad = []
+    for name, deps in GRAPH.items():
+        mine = LAYERS.index(name.split(".")[0])
+        for d in deps:
+            if LAYERS.index(d.split(".")[0]) > mine:
+                bad.append(f"{name} imports {d}")
+    assert not bad, "upward imports:\n" + "\n".join(sorted(bad))
+
+
+def test_no_import_cycles():
+    """Module-level and function-level imports together: a cycle through a function-local
+    import is still a knot in the design."""
+    state, stack, cycles = {}, [], []
+
+    def visit(n):
+        state[n] = 1
+        stack.append(n)
+        for d in sorted(GRAPH[n]):
+            if d.startswith(n + "."):        # a package importing its own submodules
+                continue
+            if state.get(d) == 1:
+                cycles.append(stack[stack.index(d):] + [d])
+            elif d not in state:
+                visit(d)
+        stack.pop()
+        state[n] = 2
+
+    for n in sorted(GRAPH):
+        if n not in state:
+            visit(n)
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_modules_stay_small_or_say_why():
+    long = []
+    for name, path in MODULES.items():
+        lines = path.read_text().splitlines()
+        if len(lines) > MAX_LINES and "Why this module is long" not in "\n".join(lines[:40]):
+            long.append(f"{path.relative_to(ROOT)}: {len(lines)} lines")
+    assert not long, ("modules over ~500 lines without a reason stated at their top "
+                      "('Why this module is long: ...'):\n" + "\n".join(long))
