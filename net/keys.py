@@ -145,33 +145,6 @@ def generate(directory, hosts=("localhost", "127.0.0.1"), party_hosts=None,
     return d
 
 
-def register(sub) -> None:
-    p = sub.add_parser("keys", help="create a CA and certificates for three parties and clients")
-    p.add_argument("--dir", required=True, help="output directory (must not hold a CA yet)")
-    p.add_argument("--host", action="append", default=None,
-                   help="host name or IP the parties are reached at (repeatable; "
-                        "default localhost and 127.0.0.1)")
-    p.add_argument("--client", action="append", default=None, metavar="NAME:ROLE",
-                   help="client certificate to issue, ROLE in model-owner|query-user "
-                        "(repeatable; default owner:model-owner user:query-user "
-                        "user2:query-user)")
-    p.set_defaults(func=_cmd_keys)
-
-
-def _cmd_keys(args) -> int:
-    clients = DEFAULT_CLIENTS
-    if args.client:
-        clients = []
-        for spec in args.client:
-            name, _, role = spec.partition(":")
-            if not name or role not in CLIENT_ROLES:
-                raise ValueError(f"--client {spec!r}: expected NAME:model-owner or NAME:query-user")
-            clients.append((name, role))
-    d = generate(args.dir, hosts=tuple(args.host or ("localhost", "127.0.0.1")), clients=clients)
-    print(f"certificates written to {d}")
-    return 0
-
-
 def why_not_trusted(cert: Path, ca: Path) -> str:
     """Why a party could refuse ``cert`` given the cluster's ``ca``, as far as a client can
     tell locally: another issuer, a bad signature, expiry, or a role a party does not take."""
