@@ -305,7 +305,8 @@ def softmax_attention(p: Party, q: AShare, k: AShare, v: AShare, masked: bool = 
     ``exp="limit"``: the accurate kernel. 1/sqrt(dh) rides in the score product (q times
     round(2^12/sqrt(dh)), truncated by frac + 12); row sums are local; 1/sum by reciprocal_a.
     Masked: only the S(S+1)/2 causal scores are reshared and exponentiated; the rest are 0.
-    Scores must stay below 2^14 (in practice exp bounds them far lower).
+    Scores must lie in ``fxp.EXP_RANGE`` ([-48, 9.5]) for ``exp="limit"``; the "poly"
+    baseline is accurate only near 0.
     """
     from mpc3.kernels import fxp
     if exp not in SOFTMAX_EXP:

@@ -10,8 +10,8 @@ For x (..., d) (the residual sum is formed by the caller, locally):
 4. rs = sqrt_inv_a(var + eps)                        (fxp kernel, never reveals anything)
 5. y = (xc * gamma) * rs + beta                      one multiplication
 
-Constraints: |x| and sum_k xc_k^2 below 2^26 (real units); var + eps inside sqrt_inv_a's
-domain [2^-10, 2^14].
+Constraints (checked per layer by :mod:`protocols.calibrate`): |x| and sum_k xc_k^2 below
+``arith.product_limit`` (2^26 real); var + eps inside ``fxp.SQRT_INV_RANGE`` ([2^-12, 2^16]).
 """
 from __future__ import annotations
 
