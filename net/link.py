@@ -12,8 +12,10 @@ gets its keys from :meth:`mpc3.prg.PRG.for_job` (seed_prev, seed_next, private, 
 The dialled TLS name is ``party-N`` and the listener checks the caller's certificate OU, so
 each end knows which party it talks to.
 
-Messages. A communicator message (a list of arrays) is sent as frames tagged ``(job_id, op)``,
-each array split into chunks of at most :data:`CHUNK_BYTES`. Frames of one job arrive in order
+Messages. A communicator message (the list of arrays one round sends to one peer) is sent as
+ONE frame tagged ``(job_id, op)`` - its arrays' dtypes and shapes in the frame header, their
+bytes back to back - when it fits in :data:`CHUNK_BYTES`, else as consecutive chunks; there is
+no per-array framing on the hot path. Frames of one job arrive in order
 on a link, so the receiver reassembles them per (job, peer) into a FIFO mailbox; jobs running
 at the same time never see each other's messages, and a message carrying another op counter
 than the one expected raises :class:`~mpc3.comm.ProtocolError`.
@@ -32,7 +34,7 @@ import os
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import grpc
 import numpy as np
@@ -49,6 +51,7 @@ from .proto import mpc3_pb2_grpc as pb_grpc
 log = logging.getLogger("mpc3.link")
 
 CHUNK_BYTES = 1 << 20
+MAX_MESSAGE_BYTES = 1 << 34     # a peer announcing more is broken
 MAX_FRAME_BYTES = 4 << 20
 GRPC_OPTIONS = [
     ("grpc.max_send_message_length", MAX_FRAME_BYTES),
@@ -69,11 +72,10 @@ class PeerUnavailable(ProtocolError):
 # ----------------------------------------------------------------------- mailboxes ----
 @dataclass
 class _Partial:
+    """A message whose chunks are still arriving."""
     op: int
-    n: int
-    arrays: list = field(default_factory=list)
-    buf: bytearray | None = None
-    filled: int = 0
+    layout: list
+    buf: bytearray
 
 
 class _Box:
@@ -128,21 +130,51 @@ class _Link:
 
 
 def _frames_of(job_id: str, op: int, arrays: Payload):
+    """One frame for the whole message when it fits in CHUNK_BYTES, else its chunks."""
     if not arrays:
         yield pb.PeerFrame(job_id=job_id, op=op, n_arrays=0)
         return
-    for i, a in enumerate(arrays):
-        raw = memoryview(np.ascontiguousarray(a)).cast("B")
-        total = len(raw)
-        off = 0
-        while True:
-            end = min(off + CHUNK_BYTES, total)
-            yield pb.PeerFrame(job_id=job_id, op=op, array_index=i, n_arrays=len(arrays),
-                               dtype=a.dtype.str, shape=a.shape, data=bytes(raw[off:end]),
-                               more=end < total)
-            off = end
-            if off >= total:
-                break
+    arrays = [np.ascontiguousarray(a) for a in arrays]
+    data = arrays[0].tobytes() if len(arrays) == 1 else b"".join(a.tobytes() for a in arrays)
+    head = pb.PeerFrame(job_id=job_id, op=op, n_arrays=len(arrays),
+                        dtypes=[a.dtype.str for a in arrays], ndims=[a.ndim for a in arrays],
+                        dims=[d for a in arrays for d in a.shape],
+                        data=data[:CHUNK_BYTES], more=len(data) > CHUNK_BYTES)
+    yield head
+    for off in range(CHUNK_BYTES, len(data), CHUNK_BYTES):
+        yield pb.PeerFrame(job_id=job_id, op=op, data=data[off:off + CHUNK_BYTES],
+                           more=off + CHUNK_BYTES < len(data))
+
+
+def _layout(f: pb.PeerFrame) -> list[tuple[np.dtype, tuple[int, ...]]]:
+    """(dtype, shape) of each array a message's first frame announces (validated)."""
+    n = f.n_arrays
+    if len(f.dtypes) != n or len(f.ndims) != n or sum(f.ndims) != len(f.dims):
+        raise ProtocolError("malformed message header")
+    out, pos = [], 0
+    for dt, nd in zip(f.dtypes, f.ndims):
+        dtype = np.dtype(dt)
+        if dtype.kind not in "ui" or dtype.itemsize > 8:
+            raise ProtocolError(f"unexpected dtype {dt!r}")
+        shape = tuple(f.dims[pos:pos + nd])
+        pos += nd
+        if any(d < 0 for d in shape):
+            raise ProtocolError(f"negative dimension in {shape}")
+        out.append((dtype, shape))
+    return out
+
+
+def _split(buf: bytearray, layout) -> list[np.ndarray]:
+    need = sum(int(np.prod(s, dtype=np.int64)) * dt.itemsize for dt, s in layout)
+    if need != len(buf):
+        raise ProtocolError(f"message of {len(buf)} bytes, its header announces {need}")
+    arrays, off = [], 0
+    for dt, shape in layout:
+        nb = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        arrays.append(np.frombuffer(buf, dtype=dt, count=nb // dt.itemsize,
+                                    offset=off).reshape(shape))
+        off += nb
+    return arrays
 
 
 # -------------------------------------------------------------------------- router ----
@@ -299,36 +331,24 @@ class PeerRouter:
     @staticmethod
     def _assemble(box: _Box, peer: int, f: pb.PeerFrame) -> None:
         with box.cond:
-            if f.n_arrays == 0:
-                box.msgs[peer].append((f.op, []))
-                box.cond.notify_all()
-                return
             part = box.partial.get(peer)
             if part is None:
-                part = box.partial[peer] = _Partial(f.op, f.n_arrays)
-            if f.op != part.op or f.array_index != len(part.arrays) or f.n_arrays != part.n:
-                raise ProtocolError(f"frame of op {f.op} array {f.array_index} interleaved "
-                                    f"with op {part.op} array {len(part.arrays)}")
-            if part.buf is None:
-                nbytes = int(np.prod(f.shape, dtype=np.int64)) * np.dtype(f.dtype).itemsize
-                part.buf = bytearray(nbytes)
-                part.filled = 0
-            end = part.filled + len(f.data)
-            if end > len(part.buf):
-                raise ProtocolError("array longer than its shape")
-            part.buf[part.filled:end] = f.data
-            part.filled = end
+                if f.n_arrays == 0:
+                    box.msgs[peer].append((f.op, []))
+                    box.cond.notify_all()
+                    return
+                part = box.partial[peer] = _Partial(f.op, _layout(f), bytearray(f.data))
+            elif f.op != part.op or f.n_arrays:
+                raise ProtocolError(f"message {f.op} interleaved with message {part.op}")
+            else:
+                part.buf += f.data
+            if len(part.buf) > MAX_MESSAGE_BYTES:
+                raise ProtocolError(f"message longer than {MAX_MESSAGE_BYTES} bytes")
             if f.more:
                 return
-            if part.filled != len(part.buf):
-                raise ProtocolError("array shorter than its shape")
-            part.arrays.append(np.frombuffer(part.buf, dtype=np.dtype(f.dtype)).reshape(
-                tuple(f.shape)))
-            part.buf = None
-            if len(part.arrays) == part.n:
-                box.msgs[peer].append((part.op, part.arrays))
-                box.partial[peer] = None
-                box.cond.notify_all()
+            box.msgs[peer].append((part.op, _split(part.buf, part.layout)))
+            box.partial[peer] = None
+            box.cond.notify_all()
 
     # ---------------------------------------------------------------------- jobs ----
     def open_job(self, job_id: str, cfg: RingConfig | None = None,
