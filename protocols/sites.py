@@ -62,9 +62,14 @@ SITES: dict[str, Site] = {
     "wo": Site("product", "output projection (.) W^O", "rescale W^O"),
     # LayerNorm (enc.i.ln1, ..., dec.final_ln)
     "mean": Site("product", "LayerNorm row mean", "rescale the weights", LN_SCALE_EXTRA),
-    "sumsq": Site("product", "LayerNorm sum of squares sum_k (x_k - mu)^2",
-                  "lower attn_c or rescale the weights"),
-    "xgamma": Site("product", "LayerNorm (x - mu) * gamma", "rescale gamma or the weights"),
+    "sumsq": Site("product", "LayerNorm sum of squares (d a power of two: sum_k x_k^2, "
+                  "else sum_k (x_k - mu)^2)", "lower attn_c or rescale the weights"),
+    "sum2": Site("product", "LayerNorm squared row sum (sum_k x_k)^2",
+                 "lower attn_c or rescale the weights"),
+    "xgamma": Site("product", "LayerNorm x * gamma (d not a power of two: (x - mu) * gamma)",
+                   "rescale gamma or the weights"),
+    "sumgamma": Site("product", "LayerNorm row sum times gamma (sum_k x_k) * gamma",
+                     "rescale gamma or the weights"),
     "var": Site("product", "LayerNorm variance", "lower attn_c or rescale the weights",
                 LN_SCALE_EXTRA),
     "var_eps": Site("sqrt_inv", "LayerNorm variance+eps", "lower attn_c or rescale the weights"),
@@ -127,15 +132,20 @@ class Trace:
         w, d, rec = self.sub(layer), x.shape[-1], self.rec
         mu = x.mean(-1, keepdims=True)
         xc = x - mu
-        sumsq = (xc * xc).sum(-1)
         xg = xc * w["gamma"]
-        var = sumsq / d
+        var = (xc * xc).sum(-1) / d
         ve = var + self.cfg.ln_eps
         y = xg / np.sqrt(ve)[..., None]
-        rec.mag(layer, "mean", mu)
-        rec.mag(layer, "sumsq", sumsq)
-        rec.mag(layer, "xgamma", xg)
-        if d & (d - 1):                   # not a power of two: 1/d is a separate truncation
+        if d & (d - 1) == 0:              # E[x^2] - mu^2 from products of x and of sum x
+            s1 = x.sum(-1)
+            rec.mag(layer, "sumsq", (x * x).sum(-1))
+            rec.mag(layer, "sum2", s1 * s1)
+            rec.mag(layer, "xgamma", x * w["gamma"])
+            rec.mag(layer, "sumgamma", s1[..., None] * w["gamma"])
+        else:                             # mean, centred sum of squares, 1/d: truncations
+            rec.mag(layer, "mean", mu)
+            rec.mag(layer, "sumsq", (xc * xc).sum(-1))
+            rec.mag(layer, "xgamma", xg)
             rec.mag(layer, "var", var)
         rec.span(layer, "var_eps", ve)
         rec.mag(layer, "scale", y)

@@ -136,7 +136,11 @@ def _ln() -> Workload:
         return [x], M.ref_layernorm(x, weights[f"{pre}.gamma"], weights[f"{pre}.beta"],
                                     cfg.ln_eps)
 
-    return Workload("ln", (pre + ".",), ("X",), secure, case)
+    def cost(ring_cfg, cfg, batch, opts):
+        from .layernorm import cost_layernorm
+        return cost_layernorm(ring_cfg, batch * cfg.max_len, cfg.d_model)
+
+    return Workload("ln", (pre + ".",), ("X",), secure, case, cost)
 
 
 def _encoder() -> Workload:

@@ -85,10 +85,11 @@ def _sites(inner, kernel: str, n_items: int) -> list[str]:
         one = "rowscale" if kernel == "trunc_a" else "wo"
     elif fn == "layernorm":
         if kernel == "mul_many_aa":
-            return ["sumsq", "xgamma"]
+            return ["sumsq", "sum2", "xgamma", "sumgamma"] if n_items == 4 else \
+                ["sumsq", "xgamma"]
         one = {"sqrt_inv_a": "var_eps", "mul_aa": "scale"}.get(kernel) or \
             ("mean" if text.strip().startswith("mu =") else
-             "var" if text.strip().startswith("var =") else None)
+             "var" if text.strip().startswith("var = A.scale_public") else None)
     elif fn == "ffn":
         one = "hidden" if kernel == "relu_a" else \
             "w1" if 'w["w1"]' in text else "w2" if 'w["w2"]' in text else None

@@ -11,7 +11,8 @@ from mpc3.kernels import arith, convert
 from protocols import model as M
 from protocols import secure_model as SM
 from protocols.ffn import ffn
-from protocols.layernorm import layernorm
+from mpc3.party import RingConfig
+from protocols.layernorm import cost_layernorm, layernorm
 from protocols.mha import mha
 
 from conftest import Run, share, value
@@ -101,6 +102,10 @@ def test_layernorm(run, rng, shape):
     out = run(lambda p, xs, gs, bs: layernorm(p, xs, gs, bs, eps), share(x), share(g), share(b))
     err = np.max(np.abs(value(out) - M.ref_layernorm(x, g, b, eps)))
     assert err < 2e-3, err
+    rows = int(np.prod(shape[:-1]))
+    run.assert_cost(cost_layernorm(RingConfig(), rows, d))
+    if rows <= 16 and d & (d - 1) == 0:      # decoding: one product round before sqrt_inv
+        assert run.rounds == 2 + 10 + 2
 
 
 def test_layernorm_small_variance_needs_eps_in_range(rng):
