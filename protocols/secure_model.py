@@ -71,11 +71,16 @@ def plain_tensors(cfg: M.ModelConfig, weights: M.Weights, fold_omega: bool = Tru
 
 
 def share_model(cfg: M.ModelConfig, weights: M.Weights, fold_omega: bool = True,
-                frac: int = ring.DEFAULT_FRAC, rng=None) -> list[dict[str, AShare]]:
-    """Encode and deal every MPC tensor; returns the three parties' share dicts."""
+                frac: int = ring.DEFAULT_FRAC, rng=None, prefixes: tuple[str, ...] | None = None,
+                shared_replicas: bool = False) -> list[dict[str, AShare]]:
+    """Encode and deal the MPC tensors (those starting with one of ``prefixes``, default
+    all); returns the three parties' share dicts. ``shared_replicas``: see
+    :func:`mpc3.sharing.deal` (three parties in one process)."""
     parts: list[dict[str, AShare]] = [{}, {}, {}]
     for name, (t, extra) in plain_tensors(cfg, weights, fold_omega).items():
-        for i, s in enumerate(deal(ring.encode(t, frac + extra), rng)):
+        if prefixes is not None and not name.startswith(tuple(prefixes)):
+            continue
+        for i, s in enumerate(deal(ring.encode(t, frac + extra), rng, shared_replicas)):
             parts[i][name] = s
     return parts
 

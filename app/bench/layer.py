@@ -14,7 +14,10 @@ are generated in a temporary directory).
 
 Metrics (DESIGN.md names): wall_s {min, median} over ``--repeat`` runs with shares already in
 place; bytes_total / bytes_per_party / messages / rounds as counted by the communicators;
-max_abs_err against the float64 reference; max_rel_err = max_abs_err / max |reference|.
+max_abs_err against the float64 reference; max_rel_err = max_abs_err / max |reference|;
+``plain_wall_s`` the float64 reference of the same workload timed in the same run (input
+generation included, negligible) and ``peak_rss_bytes`` the process's peak memory. Only the
+tensors the workload reads are shared, each slot held once for the three parties.
 """
 from __future__ import annotations
 
@@ -42,15 +45,30 @@ def input_range(a) -> float:
     return workloads.get(a.name).x_range(_options(a))
 
 
-def _config(a):
+def _config(a, stacks: tuple[str, ...] = ("enc", "dec")):
+    """The model config of the workload; ``stacks`` it reads (the other gets the fewest
+    layers a config allows, so the benchmark holds only what it runs)."""
     from protocols import model as M
     if a.d_model % a.heads:
         raise ValueError(f"--d-model {a.d_model} is not divisible by --heads {a.heads}")
     c = a.attn_c if a.attn_c is not None else 1.0 / (a.features * a.seq)
     return M.ModelConfig(d_model=a.d_model, n_heads=a.heads, d_head=a.d_model // a.heads,
-                         n_features=a.features, d_ff=a.d_ff, n_enc_layers=a.layers,
-                         n_dec_layers=a.layers, attn_c=c, attn_norm=a.attn_norm,
-                         norm_first=False, src_vocab=2, tgt_vocab=2, max_len=a.seq).validate()
+                         n_features=a.features, d_ff=a.d_ff,
+                         n_enc_layers=a.layers if "enc" in stacks else 1,
+                         n_dec_layers=a.layers if "dec" in stacks else 0, attn_c=c,
+                         attn_norm=a.attn_norm, norm_first=False, src_vocab=2, tgt_vocab=2,
+                         max_len=a.seq).validate()
+
+
+def _stacks(prefixes: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(s for s in ("enc", "dec") if any(p.startswith(s + ".") for p in prefixes)) \
+        or ("enc",)
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process so far (Linux ru_maxrss is in KiB)."""
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 @contextlib.contextmanager
@@ -82,12 +100,19 @@ def run_layer(a) -> dict:
     from protocols import model as M
     from protocols import workloads
     from protocols.secure_model import share_input, share_model
-    cfg = _config(a)
-    w = M.random_weights(cfg, seed=a.seed)
     wl, opts = workloads.get(a.name), _options(a)
+    cfg = _config(a, _stacks(wl.prefixes))
+    w = M.random_weights(cfg, seed=a.seed)
     fn = wl.secure(cfg, opts)
-    inputs, ref = wl.case(cfg, w, a.batch, np.random.default_rng(a.seed + 1), opts)
-    model_shares = share_model(cfg, w, fold_omega=a.fold)
+    plain_walls = []
+    for _ in range(2):           # the float64 reference of the same workload, same inputs
+        t0 = time.perf_counter()
+        inputs, ref = wl.case(cfg, w, a.batch, np.random.default_rng(a.seed + 1), opts)
+        plain_walls.append(time.perf_counter() - t0)
+    plain_wall = min(plain_walls)
+    model_shares = share_model(cfg, w, fold_omega=a.fold, prefixes=wl.prefixes,
+                               shared_replicas=True)
+    del w                                        # the benchmark holds shares only
     in_shares = [share_input(t) for t in inputs]
     args = [(model_shares[i],) + tuple(s[i] for s in in_shares) for i in range(3)]
     walls, first = [], None
@@ -110,6 +135,7 @@ def run_layer(a) -> dict:
     return {"workload": a.name, "params": params, "transport": a.transport, "net": "none",
             "emulation": "none",
             "wall_s": {"min": min(walls), "median": statistics.median(walls)},
+            "plain_wall_s": plain_wall, "peak_rss_bytes": peak_rss_bytes(),
             "bytes_total": sum(s.bytes_sent for s in stats),
             "bytes_per_party": [s.bytes_sent for s in stats],
             "messages": sum(s.messages for s in stats),
