@@ -23,8 +23,9 @@ def test_workload_metrics(name):
     d = cli_layer.run_layer(parse([name] + TINY))
     assert set(d) == {"workload", "params", "transport", "net", "emulation", "wall_s",
                       "bytes_total", "bytes_per_party", "messages", "rounds", "max_abs_err",
-                      "max_rel_err"}
+                      "max_rel_err", "plain_wall_s", "peak_rss_bytes"}
     assert d["bytes_total"] == sum(d["bytes_per_party"]) > 0
+    assert d["plain_wall_s"] > 0 and d["peak_rss_bytes"] > 10 * 2**20
     assert set(d["wall_s"]) == {"min", "median"}
     assert d["max_rel_err"] < 5e-3, d   # LN inputs stay inside sqrt_inv_a's domain (small c)
 
