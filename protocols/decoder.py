@@ -20,13 +20,14 @@ from typing import Callable
 import numpy as np
 
 from mpc3.kernels import arith
+from mpc3.kernels.base import Cost
 from mpc3.party import Party
 from mpc3.shares import AShare
 
 from . import attention as A
 from . import model as M
-from .ffn import ffn
-from .layernorm import layernorm
+from .ffn import cost_ffn, ffn
+from .layernorm import cost_layernorm, layernorm
 from .mha import features, finish, mha, project, split_heads
 from .secure_model import PROJ_EXTRA, sub
 
@@ -181,3 +182,35 @@ def decoder_step(p: Party, cfg: M.ModelConfig, shares: dict, state: DecodeState,
             on_layer("dec.final_ln")
     state.t += 1
     return x.reshape(B, cfg.d_model)
+
+
+def cost_decoder_step(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int | None = None,
+                      folded: bool = True) -> Cost:
+    """Declared rounds and bytes per party of :func:`decoder_step` for the token at position
+    ``t`` (t tokens already decoded; the self-attention cache state follows from t and
+    ``block``). Rounds do not depend on t; bytes do, through the cache folding."""
+    from mpc3.kernels import convert
+    f, mode = p_cfg.frac, p_cfg.trunc
+    d, h, r, dh = cfg.d_model, cfg.n_heads, cfg.n_features, cfg.d_head
+    block = A.default_decode_block(r, dh) if block is None else int(block)
+    nq = h * r if folded else d
+    relu_lm = (p_cfg.relu_drop_bits, f + p_cfg.relu_bound_bits - p_cfg.relu_drop_bits + 2)
+
+    def feats(n_rows: int) -> Cost:          # (omega matmul when unfolded) + one relu call
+        c = convert.cost_relu(B * h * n_rows * r, *relu_lm)
+        return c if folded else arith.cost_mul(B * h * n_rows * r, True, f, mode) + c
+
+    finish = arith.cost_mul(B * d, True, f, mode)
+    if cfg.attn_norm == "mean":
+        finish = A.cost_scale_public(B * d, p_cfg, A.ROW_SCALE_EXTRA) + finish
+    self_step = (arith.cost_mul(B * (2 * nq + d), f + PROJ_EXTRA, f, mode) + feats(2)
+                 + A.cost_attention_step(p_cfg, B, h, r, dh, t % block, t >= block, block)
+                 + finish)
+    cross_step = (arith.cost_mul(B * nq, f + PROJ_EXTRA, f, mode) + feats(1)
+                  + arith.cost_mul(B * h * dh, True, f, mode) + finish)
+    ln = cost_layernorm(p_cfg, B, d)
+    layer = self_step + cross_step + cost_ffn(p_cfg, B, d, cfg.d_ff) + ln + ln + ln
+    total = Cost(0, (0, 0, 0))
+    for _ in range(cfg.n_dec_layers):
+        total = total + layer
+    return total + ln if cfg.norm_first and cfg.n_dec_layers else total
