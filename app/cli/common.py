@@ -37,15 +37,25 @@ def any_client(args, cfg, **kw):
     return cls(cfg, args.cert, args.key, **kw)
 
 
-def load_model_file(path: str):
-    """(config, weights, user tensors) of a model file, or one clear ValueError."""
+def load_model_file(path: str, config_path: str | None = None):
+    """(config, weights, user tensors) of a model file - mpc3 ``.npz``, or ``.safetensors``
+    in mpc3's naming with its config from ``config_path`` or the file's metadata - or one
+    clear ValueError."""
     import zipfile
 
     from protocols.model import load_model
+    from protocols.model.safetensors import load_safetensors_model
     try:
+        if str(path).endswith(".safetensors"):
+            return load_safetensors_model(path, config_path)
+        if config_path is not None:
+            raise ValueError("--model-config applies to .safetensors files only (an .npz "
+                             "model carries its own config)")
         return load_model(path)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"model file {path} not found") from None
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(f"model file {exc.filename or path} not found") from None
     except (ValueError, KeyError, TypeError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        if str(path).endswith(".safetensors"):
+            raise ValueError(f"{path}: not a usable mpc3 model: {exc}") from None
         raise ValueError(f"{path} is not a readable mpc3 model file (.npz with config.json "
                          f"and weights): {exc}") from None

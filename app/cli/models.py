@@ -3,6 +3,7 @@
     mpc3 share-model WEIGHTS --config C --model-id ID [--permit translate,encoder]
     mpc3 models --config C [--verify ID | --delete ID]
     mpc3 infer --config C --model-id ID --input X.npy --output Y.npy [--kind encoder]
+    mpc3 import MODEL.safetensors [--model-config CFG.json] --out MODEL.npz
 """
 from __future__ import annotations
 
@@ -17,7 +18,10 @@ from .common import add_client_creds, any_client, load, load_model_file
 
 def register(sub) -> None:
     p = sub.add_parser("share-model", help="secret-share a model's MPC weights to the parties")
-    p.add_argument("weights", help="model .npz (protocols/model format)")
+    p.add_argument("weights", help="model .npz (protocols/model format) or .safetensors "
+                   "(mpc3 tensor names; see docs/MODELS.md)")
+    p.add_argument("--model-config", metavar="JSON",
+                   help=".safetensors only: the model config (default: the file's metadata)")
     p.add_argument("--model-id", required=True)
     p.add_argument("--no-fold-omega", action="store_true",
                    help="share W^Q, W^K and Omega separately instead of W Omega")
@@ -52,12 +56,21 @@ def register(sub) -> None:
     add_client_creds(p)
     p.set_defaults(func=_cmd_infer)
 
+    p = sub.add_parser("import", help="check a model in another format and convert it to "
+                       "mpc3's .npz (or back to .safetensors)")
+    p.add_argument("source", help=".safetensors (mpc3 tensor names) or .npz")
+    p.add_argument("--model-config", metavar="JSON",
+                   help="the model config for a .safetensors source without one in its metadata")
+    p.add_argument("--out", required=True, help="output .npz or .safetensors")
+    p.set_defaults(func=_cmd_import)
+
 
 def _cmd_share(args) -> int:
     from app.owner import share_transformer
     cfg = load(args)
     from app.owner import calibration_samples
-    mcfg, weights, user = load_model_file(args.weights)    # user tensors are never shared
+    # user tensors are never shared
+    mcfg, weights, user = load_model_file(args.weights, args.model_config)
     permit = [p for p in args.permit.split(",") if p] if args.permit is not None else None
     t0 = time.monotonic()
     samples = calibration_samples(mcfg, weights, user, args.samples)
@@ -143,4 +156,21 @@ def _cmd_infer(args) -> int:
         raise RuntimeError(f"job returned several outputs {sorted(out)} and none named 'Y'")
     np.save(args.output, y)
     print(f"{args.output}: output {y.shape} in {time.monotonic() - t0:.2f} s")
+    return 0
+
+
+def _cmd_import(args) -> int:
+    from protocols.model import save_model
+    from protocols.model.safetensors import save_safetensors_model
+    mcfg, weights, user = load_model_file(args.source, args.model_config)
+    out = str(args.out)
+    if out.endswith(".safetensors"):
+        save_safetensors_model(out, mcfg, weights, user)
+    elif out.endswith(".npz"):
+        save_model(out, mcfg, weights, user or None)
+    else:
+        raise ValueError(f"--out {out}: use a .npz or .safetensors file name")
+    print(f"{args.source} -> {out}: {weights.n_params()} MPC parameters"
+          f"{', query-user tensors ' + ', '.join(sorted(user)) if user else ''}; "
+          f"config {json.dumps(mcfg.to_dict(), sort_keys=True)}")
     return 0
