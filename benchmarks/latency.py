@@ -1,0 +1,84 @@
+"""The latency figures of issue 12, measured in one run (ratios are read from the same run):
+
+1. software cost per round: ``mpc3 bench op mult --n 1`` in-process and over three gRPC party
+   processes on loopback, interleaved ``--pairs`` times; wall / rounds of each;
+2. one generated token of the Privformer translation workload (d=512, h=8, r=266,
+   d_ff=2048, 6+6 layers, 64-token source): ``mpc3 bench translate --model random`` in-process
+   and over gRPC, ``--tokens`` decoding steps each; per-token wall, rounds and bytes.
+
+    python benchmarks/latency.py --json benchmarks/results/latency.json
+
+Every number is read from the JSON the ``mpc3 bench`` commands write (the parties' own
+counters); the load average at start and end is recorded because other jobs on a shared
+machine inflate the times.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def _bench(args: list[str]) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "r.json"
+        subprocess.run([sys.executable, "-m", "app.cli", "bench", *args, "--json", str(out)],
+                       check=True, stdout=subprocess.DEVNULL)
+        return json.loads(out.read_text())
+
+
+def per_round(pairs: int, repeat: int) -> dict:
+    runs: dict[str, list[float]] = {"inproc": [], "grpc": []}
+    rounds = {}
+    for _ in range(pairs):
+        for transport in ("inproc", "grpc"):
+            r = _bench(["op", "mult", "--n", "1", "--repeat", str(repeat),
+                        "--transport", transport])
+            rounds[transport] = r["rounds"]
+            runs[transport].append(r["wall_s"]["min"] / r["rounds"])
+    out = {t: {"ms_per_round_min": 1e3 * min(v), "ms_per_round_median": 1e3 * statistics.median(v),
+               "rounds": rounds[t], "runs_ms": [round(1e3 * x, 4) for x in v]}
+           for t, v in runs.items()}
+    out["grpc_over_inproc_min"] = out["grpc"]["ms_per_round_min"] / out["inproc"]["ms_per_round_min"]
+    return out
+
+
+def decode(tokens: int) -> dict:
+    out = {}
+    for transport in ("inproc", "grpc"):
+        r = _bench(["translate", "--model", "random", "--src-len", "64", "--tokens", str(tokens),
+                    "--transport", transport])
+        out[transport] = {k: r[k] for k in ("per_token_wall_s", "per_token_rounds",
+                                            "per_token_bytes", "token_agreement", "max_abs_err")}
+        out[transport]["ms_per_round"] = 1e3 * r["per_token_wall_s"] / r["per_token_rounds"]
+    return out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--pairs", type=int, default=5, help="interleaved inproc/grpc op runs")
+    ap.add_argument("--repeat", type=int, default=20, help="repeats inside each op run")
+    ap.add_argument("--tokens", type=int, default=8, help="decoding steps per translate run")
+    ap.add_argument("--json", type=Path, default=None)
+    a = ap.parse_args(argv)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, cwd=Path(__file__).parent).stdout.strip()
+    result = {"benchmark": "latency", "commit": commit, "cpus": os.cpu_count(),
+              "load_avg_1m_at_start": os.getloadavg()[0], "started": time.strftime("%F %T")}
+    result["per_round"] = per_round(a.pairs, a.repeat)
+    result["decode_step"] = decode(a.tokens)
+    result["load_avg_1m_at_end"] = os.getloadavg()[0]
+    text = json.dumps(result, indent=2)
+    print(text)
+    if a.json:
+        a.json.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
