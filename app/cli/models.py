@@ -2,11 +2,14 @@
 
     mpc3 share-model WEIGHTS --config C --model-id ID [--permit translate,encoder]
     mpc3 models --config C [--verify ID | --delete ID]
-    mpc3 infer --config C --model-id ID --input X.npy --output Y.npy [--kind encoder]
+    mpc3 infer --config C --model-id ID --input X.npy [--output Y.npy] [--kind encoder]
+    mpc3 infer --config C --model-id ID --kind classify --input X.npy     (prints logits)
+    mpc3 infer --config C --model-id ID --kind classify_argmax --input X.npy  (the class)
 """
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -23,8 +26,10 @@ def register(sub) -> None:
                    help="share W^Q, W^K and Omega separately instead of W Omega")
     p.add_argument("--permit", metavar="COMPUTATIONS",
                    help="comma-separated computations query users may run (default: the "
-                   "model's own inference, 'translate'; 'encoder' also returns encoder "
-                   "outputs, an intermediate value of a translation model)")
+                   "model's own inference: 'translate' for an encoder-decoder, 'classify' "
+                   "for an encoder-classifier, 'generate' for a decoder-only LM; "
+                   "'classify-argmax' reveals only the class; 'encoder' also returns "
+                   "encoder outputs, an intermediate value of a translation model)")
     p.add_argument("--samples", metavar="FILE",
                    help="calibration inputs: .npy (B, S, d) or .npz with X and Y (default: "
                    "inputs built from the model's own embedding tables)")
@@ -45,9 +50,10 @@ def register(sub) -> None:
     p = sub.add_parser("infer", help="run one job on a shared model; writes its output")
     p.add_argument("--model-id", required=True)
     p.add_argument("--input", required=True, help=".npy of the embedded input X (B, S, d)")
-    p.add_argument("--output", required=True, help=".npy to write the output to")
+    p.add_argument("--output", help=".npy to write the output to (default: print it)")
     p.add_argument("--kind", default="encoder",
-                   help="job kind (default: encoder; the model must permit it)")
+                   help="job kind (default: encoder; classify, classify_argmax for a "
+                   "classifier; the model must permit it)")
     p.add_argument("--params", default="{}", help="public job parameters (JSON object)")
     add_client_creds(p)
     p.set_defaults(func=_cmd_infer)
@@ -141,6 +147,19 @@ def _cmd_infer(args) -> int:
     y = out["Y"] if "Y" in out else (next(iter(out.values())) if len(out) == 1 else None)
     if y is None:
         raise RuntimeError(f"job returned several outputs {sorted(out)} and none named 'Y'")
-    np.save(args.output, y)
-    print(f"{args.output}: output {y.shape} in {time.monotonic() - t0:.2f} s")
+    took = time.monotonic() - t0
+    if args.output is not None:
+        np.save(args.output, y)
+        print(f"{args.output}: output {y.shape} in {took:.2f} s")
+        return 0
+    name = next(iter(out)) if len(out) == 1 else "Y"
+    for row, v in enumerate(y):
+        if name == "class":
+            print(f"row {row}: class {int(round(float(v)))}")
+        elif name == "logits":
+            print(f"row {row}: class {int(np.argmax(v))} logits "
+                  f"{np.array2string(v, precision=4, max_line_width=10**6)}")
+        else:
+            print(f"row {row}: {np.array2string(v, precision=4, threshold=64)}")
+    print(f"{args.kind}: output {name} {y.shape} in {took:.2f} s", file=sys.stderr)
     return 0

@@ -34,8 +34,12 @@ MAX_SRC_LEN = 4096
 
 
 def check_model(model: ModelView) -> M.ModelConfig:
-    """The model's config, after checking its shares have the secure_model layout."""
+    """The model's config, after checking its shares have the secure_model layout and its
+    architecture is the model's kind."""
     cfg = model.config
+    if cfg.arch != model.kind:
+        raise ValueError(f"model {model.model_id!r} is stored as a {model.kind} model but its "
+                         f"config says arch {cfg.arch!r}")
     check_shares(cfg, {k: SimpleNamespace(shape=tuple(s)) for k, s in model.shapes().items()})
     if model.fracs:
         base = min(model.fracs.values())
