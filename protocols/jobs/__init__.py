@@ -7,6 +7,7 @@ beside the protocol it runs, and list it here.
 """
 from __future__ import annotations
 
+from .causal_lm import SPECS as _CAUSAL_LM
 from .classifier import SPECS as _CLASSIFIER
 from .contract import (DECODER_ONLY, DEFAULT_PERMITTED, ENCODER_CLASSIFIER, ENCODER_DECODER,
                        TENSORS, CostRecorder,
@@ -14,7 +15,7 @@ from .contract import (DECODER_ONLY, DEFAULT_PERMITTED, ENCODER_CLASSIFIER, ENCO
                        TensorSpec, admit, execute)
 from .transformer import SPECS as _TRANSFORMER
 
-PRODUCTION = JobRegistry(_TRANSFORMER + _CLASSIFIER)
+PRODUCTION = JobRegistry(_TRANSFORMER + _CLASSIFIER + _CAUSAL_LM)
 
 __all__ = ["PRODUCTION", "benchmark_registry", "DECODER_ONLY", "DEFAULT_PERMITTED",
            "ENCODER_CLASSIFIER", "ENCODER_DECODER", "TENSORS", "CostRecorder",
