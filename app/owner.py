@@ -36,7 +36,8 @@ def check_permit(permit, arch: str = ENCODER_DECODER) -> tuple[str, ...]:
     offered = computations(arch)
     unknown = sorted(set(permit) - set(offered))
     if unknown:
-        raise ValueError(f"cannot permit {unknown}: an {arch} model offers "
+        article = "an" if arch[0] in "aeiou" else "a"
+        raise ValueError(f"cannot permit {unknown}: {article} {arch} model offers "
                          f"{', '.join(offered)}")
     return permit
 
