@@ -8,6 +8,10 @@ documented range; outside it the ring wraps and the output is garbage with no er
   target (so the Performer prefix sums reach their largest size), records per layer and site
   the largest value reaching the kernel, and refuses (:class:`RangeError`) a model whose
   values leave a kernel's range divided by the safety margin;
+* per architecture (``cfg.arch``): an encoder classifier is traced through its encoder and
+  head (sites ``head``, ``pool``, ``argmax``), a decoder-only LM through its prefill and every
+  decode step of ``max_len``-token samples embedded with ``embed.tgt`` (input range ``X`` for
+  the prompt, ``Y`` for a step, the same table);
 * the result, :class:`Calibration`, is small and JSON-able (:meth:`Calibration.to_dict`) and is
   stored in the model's public metadata together with the **calibrated input range**;
 * the query user's client calls :func:`check_input` on the plaintext before sharing it and

@@ -79,6 +79,13 @@ def test_cli_classify_prints_logits_and_argmax_only_when_permitted(zoo, tmp_path
         assert line.startswith(f"row {row}: class {int(ref[row].argmax())} logits [")
         got = np.array(line.split("[", 1)[1].rstrip("]").split(), dtype=float)
         assert np.abs(got - ref[row]).max() < 1e-2
+    M.save_model(tmp_path / "clf.npz", zoo.clf, zoo.clf_w, zoo.clf_u)
+    r = _mpc3("infer", "--config", zoo.path, "--model-id", "clf", "--kind", "classify",
+              "--model", tmp_path / "clf.npz", "--ids", "1,2,3")    # embedded by the client
+    want = M.ref_classify(zoo.clf, zoo.clf_w, M.embed(zoo.clf, zoo.clf_u["embed.src"],
+                                                      np.array([[1, 2, 3]])))
+    assert r.returncode == 0 and r.stdout.startswith(f"row 0: class {int(want.argmax())} "), \
+        r.stderr
     r = _mpc3("infer", "--config", zoo.path, "--model-id", "clf", "--kind",
               "classify_argmax", "--input", tmp_path / "x.npy")
     assert r.returncode == 2 and "does not permit 'classify-argmax'" in r.stderr, r.stderr

@@ -49,7 +49,11 @@ def register(sub) -> None:
 
     p = sub.add_parser("infer", help="run one job on a shared model; writes its output")
     p.add_argument("--model-id", required=True)
-    p.add_argument("--input", required=True, help=".npy of the embedded input X (B, S, d)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--input", help=".npy of the embedded input X (B, S, d)")
+    src.add_argument("--ids", help="token ids of one input (comma-separated), embedded "
+                     "here with the embed.src table of --model")
+    p.add_argument("--model", help="model file holding the query-user tensors (with --ids)")
     p.add_argument("--output", help=".npy to write the output to (default: print it)")
     p.add_argument("--kind", default="encoder",
                    help="job kind (default: encoder; classify, classify_argmax for a "
@@ -126,6 +130,35 @@ def _list_request():
     return pb.ListModelsRequest()
 
 
+def _load_input(path: str) -> np.ndarray:
+    try:
+        x = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"input {path} not found") from None
+    except (ValueError, OSError, EOFError) as exc:
+        raise ValueError(f"{path} is not a .npy array: {exc}") from None
+    if x.dtype.kind not in "fiu":
+        raise ValueError(f"{path}: expected a numeric array, got dtype {x.dtype}")
+    return x
+
+
+def _embedded_ids(args) -> np.ndarray:
+    """One input of token ids embedded with the model's own table (never sent)."""
+    from protocols import model as M
+    if args.model is None:
+        raise ValueError("--ids needs --model (the model file with embed.src)")
+    mcfg, _, user = load_model_file(args.model)
+    if "embed.src" not in user:
+        raise ValueError(f"{args.model} holds no embed.src table to embed --ids with")
+    try:
+        ids = np.array([[int(t) for t in args.ids.split(",") if t.strip()]])
+    except ValueError:
+        raise ValueError(f"--ids {args.ids!r}: expected comma-separated integers") from None
+    if ids.size == 0 or ids.min() < 0 or ids.max() >= mcfg.src_vocab:
+        raise ValueError(f"--ids must be 1..{mcfg.max_len} ids in 0..{mcfg.src_vocab - 1}")
+    return M.embed(mcfg, user["embed.src"], ids)
+
+
 def _cmd_infer(args) -> int:
     from net.client import QueryUser
     cfg = load(args)
@@ -133,14 +166,7 @@ def _cmd_infer(args) -> int:
         params = json.loads(args.params)
     except ValueError as exc:
         raise ValueError(f"--params: {exc}") from None
-    try:
-        x = np.load(args.input, allow_pickle=False)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"input {args.input} not found") from None
-    except (ValueError, OSError, EOFError) as exc:
-        raise ValueError(f"{args.input} is not a .npy array: {exc}") from None
-    if x.dtype.kind not in "fiu":
-        raise ValueError(f"{args.input}: expected a numeric array, got dtype {x.dtype}")
+    x = _embedded_ids(args) if args.ids is not None else _load_input(args.input)
     t0 = time.monotonic()
     with QueryUser(cfg, args.cert, args.key) as user:
         out = user.run(args.model_id, args.kind, {"X": x.astype(np.float64)}, params)
