@@ -30,6 +30,8 @@ def test_encoder_decoder_dict_is_unchanged():
     cfg = M.ModelConfig.from_dict(json.loads(raw))
     assert cfg.arch == "encoder-decoder" and "arch" not in cfg.to_dict()
     assert json.dumps(cfg.to_dict(), sort_keys=True).encode() == raw
+    explicit = M.ModelConfig.from_dict({**json.loads(raw), "arch": "encoder-decoder"})
+    assert explicit == cfg and "arch" not in explicit.to_dict()
 
 
 @pytest.mark.parametrize("make,keys", [

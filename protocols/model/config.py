@@ -137,7 +137,7 @@ class ModelConfig:
         if arch not in ARCHS:
             raise ValueError(f"arch={arch!r} must be one of {ARCHS}")
         names = config_keys(arch)
-        extra = sorted(set(d) - set(names))
+        extra = sorted(set(d) - set(names) - {"arch"})     # "arch" may be explicit for ED
         if extra:
             other = sorted(set(extra) & {f.name for f in fields(cls)})
             why = (f" ({', '.join(other)} do not apply to arch {arch!r})" if other else "")
@@ -145,7 +145,7 @@ class ModelConfig:
         missing = [n for n in names if n not in d and n != "arch"]
         if missing:
             raise ValueError(f"missing config keys: {missing}")
-        return cls(**{n: d[n] for n in names if n in d}).validate()
+        return cls(**{n: d[n] for n in names if n in d and n != "arch"}, arch=arch).validate()
 
 
 def config_keys(arch: str) -> tuple[str, ...]:
