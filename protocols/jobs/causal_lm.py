@@ -18,15 +18,15 @@ from __future__ import annotations
 
 from ..causal_lm import LMState, lm_prefill, lm_step
 from .contract import DECODER_ONLY, JobContext, JobSpec, ModelView, TensorSpec
-from .transformer import _check_rows, check_model
+from .transformer import check_rows, check_model
 
 
 def _validate_prompt(model: ModelView, inputs: dict, params) -> None:
-    _check_rows(tuple(inputs["X"]), check_model(model), "X")
+    check_rows(tuple(inputs["X"]), check_model(model), "X")
 
 
 def _validate_step(model: ModelView, inputs: dict, params) -> None:
-    _check_rows(tuple(inputs["Y"]), model.config, "Y")
+    check_rows(tuple(inputs["Y"]), model.config, "Y")
 
 
 def run_lm_prefill(ctx: JobContext, inputs: dict) -> dict:

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from ..classifier import argmax_a, classify
 from .contract import ENCODER_CLASSIFIER, JobContext, JobSpec, ModelView, TensorSpec
-from .transformer import _check_rows, check_model
+from .transformer import check_rows, check_model
 
 
 def _validate(model: ModelView, inputs: dict, params) -> None:
-    _check_rows(tuple(inputs["X"]), check_model(model), "X")
+    check_rows(tuple(inputs["X"]), check_model(model), "X")
 
 
 def run_classify(ctx: JobContext, inputs: dict) -> dict:

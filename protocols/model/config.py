@@ -66,7 +66,7 @@ class ModelConfig:
     attn_norm: str  # "const" | "mean"
     norm_first: bool
     max_len: int
-    # keyword only (defaults: an encoder-decoder's own keys have none in practice)
+    # keyword only; the keys of another architecture stay 0 (checked by validate)
     n_enc_layers: int = field(default=0, kw_only=True)
     n_dec_layers: int = field(default=0, kw_only=True)
     src_vocab: int = field(default=0, kw_only=True)
@@ -114,15 +114,12 @@ class ModelConfig:
             raise ValueError(f"norm_first must be a bool, got {self.norm_first!r}")
         return self
 
-    def keys(self) -> tuple[str, ...]:
-        """The keys of this architecture's dictionary (:meth:`to_dict`)."""
-        return config_keys(self.arch)
-
     def to_dict(self) -> dict:
         """The public dictionary: only the keys of this architecture (an encoder-decoder
         writes no ``arch`` key, exactly as before architectures existed)."""
         full = asdict(self)
-        d = {k: full[k] for k in (f.name for f in fields(self)) if k in self.keys()}
+        keys = config_keys(self.arch)
+        d = {k: full[k] for k in (f.name for f in fields(self)) if k in keys}
         for k, v in d.items():
             if isinstance(v, np.generic):
                 d[k] = v.item()
