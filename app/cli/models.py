@@ -66,7 +66,7 @@ def register(sub) -> None:
 def _cmd_share(args) -> int:
     from app.owner import share_transformer
     cfg = load(args)
-    from app.owner import calibration_samples
+    from app.owner import calibration_samples, check_permit
     mcfg, weights, user = load_model_file(args.weights)    # user tensors are never shared
     permit = [p for p in args.permit.split(",") if p] if args.permit is not None else None
     t0 = time.monotonic()
@@ -75,7 +75,9 @@ def _cmd_share(args) -> int:
                                   args.key, source=Path(args.weights).name,
                                   fold_omega=not args.no_fold_omega, user=user,
                                   samples=samples, margin=args.margin)
-    print(f"model {args.model_id}: {weights.n_params()} parameters calibrated and shared to "
+    print(f"model {args.model_id} ({mcfg.arch}, permits "
+          f"{', '.join(check_permit(permit, mcfg.arch))}): {weights.n_params()} "
+          f"parameters calibrated and shared to "
           f"3 parties (upload {upload_id}, copies verified) in {time.monotonic() - t0:.1f} s")
     return 0
 
