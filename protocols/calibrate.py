@@ -222,7 +222,7 @@ class Calibration:
             return (f"{layer}: {s.what} falls to {v[0]:.3g}, below {name} [{lo:.2g}, {hi:.6g}]"
                     f" with safety margin {m:g} (min {lo * m:.3g}); raise ln_eps to at least "
                     f"{lo:.3g} (the default {M.DEFAULT_LN_EPS:.3g})")
-        kernel = ("a truncated product" if s.kernel == "product" else "ReLU") + \
+        kernel = {"product": "a truncated product", "relu": "ReLU", "gelu": "GELU"}[s.kernel] + \
             (f" (+{s.extra} fractional bits)" if s.extra else "")
         return (f"{layer}: {s.what} reaches {v:.3g}, above the limit {hi:.6g} of {kernel} "
                 f"with safety margin {m:g} (max {hi / m:.3g}); {s.advice}")

@@ -145,10 +145,10 @@ def lm_prefill(p: Party, cfg: M.ModelConfig, shares: dict, x: AShare,
         if last:                       # only the last position's hidden row is returned
             x = x[:, T - 1:]
         if cfg.norm_first:
-            x = x + ffn(p, wf, _ln(p, cfg, shares, f"{pre}.ln2", x))
+            x = x + ffn(p, wf, _ln(p, cfg, shares, f"{pre}.ln2", x), cfg.ffn_act)
         else:
             x = _ln(p, cfg, shares, f"{pre}.ln1", x)
-            x = _ln(p, cfg, shares, f"{pre}.ln2", x + ffn(p, wf, x))
+            x = _ln(p, cfg, shares, f"{pre}.ln2", x + ffn(p, wf, x, cfg.ffn_act))
         mark(pre)
     if cfg.norm_first:
         x = _ln(p, cfg, shares, "dec.final_ln", x)
@@ -175,10 +175,10 @@ def lm_step(p: Party, cfg: M.ModelConfig, shares: dict, state: LMState, y_t: ASh
         qf, kf = features(p, cfg, w, q, k)
         x = x + finish(p, cfg, w, A.attention_step(p, st, qf, kf, v), [st.t])
         if cfg.norm_first:
-            x = x + ffn(p, wf, _ln(p, cfg, shares, f"{pre}.ln2", x))
+            x = x + ffn(p, wf, _ln(p, cfg, shares, f"{pre}.ln2", x), cfg.ffn_act)
         else:
             x = _ln(p, cfg, shares, f"{pre}.ln1", x)
-            x = _ln(p, cfg, shares, f"{pre}.ln2", x + ffn(p, wf, x))
+            x = _ln(p, cfg, shares, f"{pre}.ln2", x + ffn(p, wf, x, cfg.ffn_act))
         if on_layer is not None:
             on_layer(pre)
     if cfg.norm_first:
@@ -206,7 +206,7 @@ def _rest(p_cfg, cfg: M.ModelConfig, rows_in: int, rows: int) -> Cost:
     """LayerNorms and FFN of a layer: the attention saw ``rows_in`` rows, ``rows`` go on."""
     d = cfg.d_model
     ln = cost_layernorm(p_cfg, rows_in if cfg.norm_first else rows, d)
-    return ln + cost_ffn(p_cfg, rows, d, cfg.d_ff) + cost_layernorm(p_cfg, rows, d)
+    return ln + cost_ffn(p_cfg, rows, d, cfg.d_ff, cfg.ffn_act) + cost_layernorm(p_cfg, rows, d)
 
 
 def cost_lm_prefill(p_cfg, cfg: M.ModelConfig, B: int, T: int,

@@ -73,7 +73,7 @@ def cost_classify(p_cfg, cfg: M.ModelConfig, B: int, S: int) -> Cost:
     automatic attention order) on B inputs of S positions."""
     rows, d = B * S, cfg.d_model
     layer = (cost_mha(p_cfg, cfg, B, S) + cost_layernorm(p_cfg, rows, d)
-             + cost_ffn(p_cfg, rows, d, cfg.d_ff) + cost_layernorm(p_cfg, rows, d))
+             + cost_ffn(p_cfg, rows, d, cfg.d_ff, cfg.ffn_act) + cost_layernorm(p_cfg, rows, d))
     cost = Cost(0, (0, 0, 0))
     for _ in range(cfg.n_enc_layers):
         cost = cost + layer

@@ -9,6 +9,7 @@ hands a value to a kernel that is exact only on a documented range:
   being the additional fractional bits of one operand (PROJ_EXTRA for the projections,
   ROW_SCALE_EXTRA / LN_SCALE_EXTRA for the public 1/n and 1/d scalings);
 * ``relu``: relu_a inputs must satisfy |x| < ``convert.relu_limit(ring)``;
+* ``gelu``: gelu_a inputs must satisfy |x| <= ``activations.gelu_limit(ring)`` (2^13);
 * ``sqrt_inv``: sqrt_inv_a inputs must lie in ``fxp.SQRT_INV_RANGE``.
 
 Reciprocal and exp (``fxp.RECIPROCAL_RANGE`` / ``EXP_RANGE``) are used only by the softmax
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mpc3.kernels import arith, convert, fxp
+from mpc3.kernels import activations, arith, convert, fxp
 from mpc3.party import RingConfig
 
 from . import model as M
@@ -78,6 +79,7 @@ SITES: dict[str, Site] = {
     # FFN (enc.i.ffn, dec.i.ffn)
     "w1": Site("product", "FFN product x W1", "rescale W1"),
     "hidden": Site("relu", "FFN hidden x W1 + b1", "rescale W1 and b1"),
+    "hidden_gelu": Site("gelu", "FFN hidden x W1 + b1 (GELU input)", "rescale W1 and b1"),
     "w2": Site("product", "FFN product ReLU(.) W2", "rescale W2"),
     # classifier head (head), protocols.classifier
     "head": Site("product", "classifier head (sum over positions of h) @ head.w",
@@ -96,6 +98,8 @@ def site_range(site: str, ring: RingConfig) -> tuple[float, float]:
         return 0.0, arith.product_limit(ring.frac, s.extra)
     if s.kernel == "relu":
         return 0.0, convert.relu_limit(ring)
+    if s.kernel == "gelu":
+        return 0.0, activations.gelu_limit(ring)
     return tuple(float(v) for v in fxp.SQRT_INV_RANGE)
 
 
@@ -162,9 +166,10 @@ class Trace:
         w = self.sub(layer)
         xw = x @ w["w1"]
         hid = xw + w["b1"]
-        hw = M.relu(hid) @ w["w2"]
+        hw = M.ffn_activation(hid, self.cfg.ffn_act) @ w["w2"]
         self.rec.mag(layer, "w1", xw)
-        self.rec.mag(layer, "hidden", hid)
+        if self.cfg.ffn_act != "none":
+            self.rec.mag(layer, "hidden" if self.cfg.ffn_act == "relu" else "hidden_gelu", hid)
         self.rec.mag(layer, "w2", hw)
         return hw + w["b2"]
 

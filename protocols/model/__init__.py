@@ -17,7 +17,7 @@ from .config import (ARCHS, ATTN_NORMS, DECODER_ONLY, DEFAULT_LN_EPS, ENCODER_CL
 from .decode import embed, greedy_decode, output_logits, positional_encoding
 from .features import (attn_norm, attn_params, fold_omega, merge_heads, ref_features, relu,
                        split_heads)
-from .reference import (RefDecodeState, ref_decoder, ref_decoder_step, ref_encoder, ref_ffn,
+from .reference import (RefDecodeState, ffn_activation, ref_decoder, ref_decoder_step, ref_encoder, ref_ffn,
                         ref_layernorm, ref_mha)
 from .weights import (FORMAT_VERSION, USER_NAMES, Weights, load_model, make_omega,
                       orthogonal_features, random_user, random_weights, save_model,
@@ -26,7 +26,7 @@ from .weights import (FORMAT_VERSION, USER_NAMES, Weights, load_model, make_omeg
 __all__ = [
     "ARCHS", "DECODER_ONLY", "ENCODER_CLASSIFIER", "ENCODER_DECODER", "RefLMState",
     "config_keys", "greedy_generate", "ref_classify", "ref_lm", "ref_lm_step", "ATTN_NORMS", "DEFAULT_LN_EPS", "FORMAT_VERSION", "USER_NAMES", "ModelConfig",
-    "RefDecodeState", "Weights", "attn_norm", "attn_params", "attn_prefixes", "embed",
+    "RefDecodeState", "Weights", "ffn_activation", "attn_norm", "attn_params", "attn_prefixes", "embed",
     "expected_shapes", "expected_user_shapes", "fold_omega", "greedy_decode", "load_model",
     "make_omega", "merge_heads", "orthogonal_features", "output_logits", "positional_encoding",
     "random_user", "random_weights", "ref_decoder", "ref_decoder_step", "ref_encoder",

@@ -49,10 +49,10 @@ def ref_lm(cfg: ModelConfig, w: Weights, x, form: str = "kv") -> np.ndarray:
         if cfg.norm_first:
             u = _ln(cfg, w, f"dec.{i}.ln1", x)
             x = x + ref_mha(cfg, p, u, u, causal=True, form=form)
-            x = x + _ffn(w, f"dec.{i}.ffn", _ln(cfg, w, f"dec.{i}.ln2", x))
+            x = x + _ffn(cfg, w, f"dec.{i}.ffn", _ln(cfg, w, f"dec.{i}.ln2", x))
         else:
             x = _ln(cfg, w, f"dec.{i}.ln1", x + ref_mha(cfg, p, x, x, causal=True, form=form))
-            x = _ln(cfg, w, f"dec.{i}.ln2", x + _ffn(w, f"dec.{i}.ffn", x))
+            x = _ln(cfg, w, f"dec.{i}.ln2", x + _ffn(cfg, w, f"dec.{i}.ffn", x))
     if cfg.norm_first:
         x = _ln(cfg, w, "dec.final_ln", x)
     return x
@@ -83,10 +83,10 @@ def ref_lm_step(cfg: ModelConfig, w: Weights, state: RefLMState, y_t) -> np.ndar
     for i in range(cfg.n_dec_layers):
         if cfg.norm_first:
             x = x + _self(cfg, w, i, state, _ln(cfg, w, f"dec.{i}.ln1", x))
-            x = x + _ffn(w, f"dec.{i}.ffn", _ln(cfg, w, f"dec.{i}.ln2", x))
+            x = x + _ffn(cfg, w, f"dec.{i}.ffn", _ln(cfg, w, f"dec.{i}.ln2", x))
         else:
             x = _ln(cfg, w, f"dec.{i}.ln1", x + _self(cfg, w, i, state, x))
-            x = _ln(cfg, w, f"dec.{i}.ln2", x + _ffn(w, f"dec.{i}.ffn", x))
+            x = _ln(cfg, w, f"dec.{i}.ln2", x + _ffn(cfg, w, f"dec.{i}.ffn", x))
     if cfg.norm_first:
         x = _ln(cfg, w, "dec.final_ln", x)
     state.t += 1

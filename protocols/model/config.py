@@ -32,6 +32,11 @@ from typing import Mapping
 import numpy as np
 
 ATTN_NORMS = ("const", "mean")
+#: FFN activations (``ffn_act``): ReLU (Privformer), exact-erf GELU (mpc3.kernels.activations,
+#: |x| <= 2^13), or none (a linear FFN, as in AERO's softmax-only block).
+FFN_ACTS = ("relu", "gelu", "none")
+#: Keys every architecture may carry and omits from its dictionary at their default value.
+_OPTIONAL = {"ffn_act": "relu"}
 ENCODER_DECODER, ENCODER_CLASSIFIER, DECODER_ONLY = \
     "encoder-decoder", "encoder-classifier", "decoder-only"
 ARCHS = (ENCODER_DECODER, ENCODER_CLASSIFIER, DECODER_ONLY)
@@ -74,6 +79,7 @@ class ModelConfig:
     ln_eps: float = field(default=DEFAULT_LN_EPS, kw_only=True)
     arch: str = field(default=ENCODER_DECODER, kw_only=True)
     n_classes: int = field(default=0, kw_only=True)
+    ffn_act: str = field(default="relu", kw_only=True)
 
     def validate(self) -> "ModelConfig":
         def posint(name, minimum=1):
@@ -110,6 +116,8 @@ class ModelConfig:
         if isinstance(self.ln_eps, bool) or not isinstance(self.ln_eps, (int, float, np.floating)) \
                 or not (float(self.ln_eps) > 0 and math.isfinite(float(self.ln_eps))):
             raise ValueError(f"ln_eps={self.ln_eps!r} must be a finite float > 0")
+        if self.ffn_act not in FFN_ACTS:
+            raise ValueError(f"ffn_act={self.ffn_act!r} must be one of {FFN_ACTS}")
         if not isinstance(self.norm_first, (bool, np.bool_)):
             raise ValueError(f"norm_first must be a bool, got {self.norm_first!r}")
         return self
@@ -126,6 +134,7 @@ class ModelConfig:
         d["attn_c"] = float(d["attn_c"])
         d["ln_eps"] = float(d["ln_eps"])
         d["norm_first"] = bool(d["norm_first"])
+        d.update({k: getattr(self, k) for k, v in _OPTIONAL.items() if getattr(self, k) != v})
         return d
 
     @classmethod
@@ -134,7 +143,7 @@ class ModelConfig:
         if arch not in ARCHS:
             raise ValueError(f"arch={arch!r} must be one of {ARCHS}")
         names = config_keys(arch)
-        extra = sorted(set(d) - set(names) - {"arch"})     # "arch" may be explicit for ED
+        extra = sorted(set(d) - set(names) - {"arch"} - set(_OPTIONAL))     # "arch" may be explicit for ED
         if extra:
             other = sorted(set(extra) & {f.name for f in fields(cls)})
             why = (f" ({', '.join(other)} do not apply to arch {arch!r})" if other else "")
@@ -142,7 +151,9 @@ class ModelConfig:
         missing = [n for n in names if n not in d and n != "arch"]
         if missing:
             raise ValueError(f"missing config keys: {missing}")
-        return cls(**{n: d[n] for n in names if n in d and n != "arch"}, arch=arch).validate()
+        opt = {k: d[k] for k in _OPTIONAL if k in d}
+        return cls(**{n: d[n] for n in names if n in d and n != "arch"}, arch=arch,
+                   **opt).validate()
 
 
 def config_keys(arch: str) -> tuple[str, ...]:
