@@ -19,18 +19,26 @@ from protocols import calibrate as C
 from protocols import model as M
 from protocols.jobs import DEFAULT_PERMITTED, ENCODER_DECODER, PRODUCTION
 
+
+def computations(arch: str = ENCODER_DECODER) -> tuple[str, ...]:
+    """Computations a query user may be permitted to run on a model of ``arch``."""
+    return tuple(sorted({s.computation for s in PRODUCTION if arch in s.model_kinds}))
+
+
 #: Computations a query user may be permitted to run on an encoder-decoder model.
-COMPUTATIONS = tuple(sorted({s.computation for s in PRODUCTION
-                             if ENCODER_DECODER in s.model_kinds}))
+COMPUTATIONS = computations(ENCODER_DECODER)
 
 
-def check_permit(permit) -> tuple[str, ...]:
-    """The permitted computations, refusing unknown names with the known ones listed."""
-    permit = tuple(DEFAULT_PERMITTED[ENCODER_DECODER] if permit is None else permit)
-    unknown = sorted(set(permit) - set(COMPUTATIONS))
+def check_permit(permit, arch: str = ENCODER_DECODER) -> tuple[str, ...]:
+    """The permitted computations (default: the model's own inference), refusing names the
+    architecture does not offer with the ones it does."""
+    permit = tuple(DEFAULT_PERMITTED[arch] if permit is None else permit)
+    offered = computations(arch)
+    unknown = sorted(set(permit) - set(offered))
     if unknown:
-        raise ValueError(f"cannot permit {unknown}: an encoder-decoder model offers "
-                         f"{', '.join(COMPUTATIONS)}")
+        article = "an" if arch[0] in "aeiou" else "a"
+        raise ValueError(f"cannot permit {unknown}: {article} {arch} model offers "
+                         f"{', '.join(offered)}")
     return permit
 
 
@@ -43,11 +51,12 @@ def calibration_samples(mcfg: M.ModelConfig, weights: M.Weights, user=None,
     import numpy as np
     if path is not None:
         return C.load_samples(path)
-    if not user or "embed.src" not in user:
+    if not user or not ({"embed.src", "embed.tgt"} & set(user)):
         raise ValueError("the model file has no embedding tables: pass sample inputs "
                          "(--samples FILE.npz with X (B, S, d) and, for a decoder, Y) so that "
                          "share-model can calibrate it")
-    if (mcfg.src_vocab, mcfg.tgt_vocab) == (len(TD.VOCAB.src), len(TD.VOCAB.tgt)):
+    if mcfg.arch == ENCODER_DECODER and \
+            (mcfg.src_vocab, mcfg.tgt_vocab) == (len(TD.VOCAB.src), len(TD.VOCAB.tgt)):
         return TD.calibration_samples(mcfg, weights, user)
     return C.default_samples(mcfg, user, np.random.default_rng(0))
 
@@ -55,9 +64,9 @@ def calibration_samples(mcfg: M.ModelConfig, weights: M.Weights, user=None,
 def transformer_meta(mcfg: M.ModelConfig, calibration: C.Calibration, permit=None,
                      source: str = "", fold_omega: bool = True) -> dict:
     """Public metadata stored with a shared transformer."""
-    return {"model_config": mcfg.to_dict(), "kind": ENCODER_DECODER,
+    return {"model_config": mcfg.to_dict(), "kind": mcfg.arch,
             "layout": "protocols.secure_model", "fold_omega": fold_omega,
-            "permitted": list(check_permit(permit)), "source": source,
+            "permitted": list(check_permit(permit, mcfg.arch)), "source": source,
             "calibration": calibration.to_dict()}
 
 
@@ -72,7 +81,7 @@ def share_transformer(cfg: ClusterConfig, model_id: str, mcfg: M.ModelConfig,
     :func:`calibration_samples`). Raises :class:`protocols.calibrate.RangeError` before
     anything is uploaded if the model leaves a kernel's range."""
     from protocols.secure_model import plain_tensors
-    check_permit(permit)
+    check_permit(permit, mcfg.arch)
     if samples is None:
         samples = calibration_samples(mcfg, weights, user)
     cal = C.calibrate(mcfg, weights, samples, RingConfig(frac=cfg.frac), margin, user=user,

@@ -125,7 +125,7 @@ class ClusterBackend:
         job = self.user.submit(self.model_id, kind, inputs, {"session": session},
                                upload_id=self.info.upload_id, allow_empty=not inputs)
         st = self.user.wait(job, timeout=self.step_timeout)
-        out = self.user.fetch(job) if kind != "decode_close" else {}
+        out = self.user.fetch(job) if not kind.endswith("_close") else {}
         cost.add_parties([(s.bytes_sent, s.messages, s.rounds) for s in st],
                          time.perf_counter() - t0)
         if layers is not None:
@@ -151,19 +151,10 @@ class InprocBackend:
 
     def __init__(self, cfg: M.ModelConfig, weights: M.Weights, frac: int = ring.DEFAULT_FRAC,
                  timeout: float = 120.0):
-        from mpc3.party import RingConfig
-        from protocols.jobs import ModelView
-        from protocols.secure_model import plain_tensors, share_model
         from net.inproc import InprocParties
         self.cfg = cfg
         self.frac = frac
-        shares = share_model(cfg, weights, frac=frac)
-        fracs = {k: frac + e for k, (_, e) in plain_tensors(cfg, weights).items()}
-        meta = {"model_config": cfg.to_dict(), "layout": "protocols.secure_model",
-                "kind": "encoder-decoder"}
-        self.parties = InprocParties([ModelView("inproc", shares[n], meta, fracs)
-                                      for n in range(3)], ring=RingConfig(frac=frac),
-                                     timeout=timeout)
+        self.parties = InprocParties.for_model(cfg, weights, frac=frac, timeout=timeout)
         self.sessions: set[str] = set()
 
     def model_config(self) -> M.ModelConfig:

@@ -42,6 +42,24 @@ class InprocParties:
                                   self._announce if r == 0 else None, job_timeout_s)
                         for r in range(3)]
 
+    @classmethod
+    def for_model(cls, cfg, weights, permitted=None, frac: int | None = None,
+                  model_id: str = "inproc", **kw) -> "InprocParties":
+        """Three parties holding fresh shares of a transformer (``cfg``, ``weights``) with the
+        public metadata ``share-model`` stores (kind = its arch; ``permitted`` default: the
+        model's own inference)."""
+        from protocols.jobs import DEFAULT_PERMITTED
+        from protocols.secure_model import plain_tensors, share_model
+        ring_cfg = kw.pop("ring", None) or RingConfig(**({} if frac is None else
+                                                         {"frac": frac}))
+        shares = share_model(cfg, weights, frac=ring_cfg.frac)
+        fracs = {k: ring_cfg.frac + e for k, (_, e) in plain_tensors(cfg, weights).items()}
+        meta = {"model_config": cfg.to_dict(), "layout": "protocols.secure_model",
+                "kind": cfg.arch, "permitted": list(DEFAULT_PERMITTED[cfg.arch]
+                                                    if permitted is None else permitted)}
+        return cls([ModelView(model_id, shares[n], meta, fracs) for n in range(3)],
+                   ring=ring_cfg, **kw)
+
     def _opener(self, rank: int):
         def open_party(job_id: str) -> Party:
             with self._lock:

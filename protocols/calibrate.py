@@ -8,6 +8,10 @@ documented range; outside it the ring wraps and the output is garbage with no er
   target (so the Performer prefix sums reach their largest size), records per layer and site
   the largest value reaching the kernel, and refuses (:class:`RangeError`) a model whose
   values leave a kernel's range divided by the safety margin;
+* per architecture (``cfg.arch``): an encoder classifier is traced through its encoder and
+  head (sites ``head``, ``pool``, ``argmax``), a decoder-only LM through its prefill and every
+  decode step of ``max_len``-token samples embedded with ``embed.tgt`` (input range ``X`` for
+  the prompt, ``Y`` for a step, the same table);
 * the result, :class:`Calibration`, is small and JSON-able (:meth:`Calibration.to_dict`) and is
   stored in the model's public metadata together with the **calibrated input range**;
 * the query user's client calls :func:`check_input` on the plaintext before sharing it and
@@ -60,7 +64,7 @@ class Samples:
     def validate(self, cfg: M.ModelConfig) -> "Samples":
         if not self.X:
             raise ValueError("calibration needs at least one encoder sample X")
-        if cfg.n_dec_layers and len(self.Y) != len(self.X):
+        if _needs_y(cfg) and len(self.Y) != len(self.X):
             raise ValueError(f"an encoder-decoder model needs one decoder sample Y per X "
                              f"(got {len(self.X)} X, {len(self.Y)} Y)")
         for name, arrs in (("X", self.X), ("Y", self.Y)):
@@ -74,6 +78,16 @@ class Samples:
             if x.shape[0] != y.shape[0]:
                 raise ValueError(f"paired samples differ in batch size: {x.shape} vs {y.shape}")
         return self
+
+
+def _needs_y(cfg: M.ModelConfig) -> bool:
+    """Only an encoder-decoder pairs each encoder sample with a decoder sample."""
+    return cfg.arch == M.ENCODER_DECODER and cfg.n_dec_layers > 0
+
+
+def _input_table(cfg: M.ModelConfig) -> str:
+    """The embedding table of the model's first input ``X``."""
+    return "embed.tgt" if cfg.arch == M.DECODER_ONLY else "embed.src"
 
 
 def load_samples(path) -> Samples:
@@ -110,14 +124,17 @@ def default_samples(cfg: M.ModelConfig, user: Mapping[str, np.ndarray],
     (:func:`protocols.model.embed`), each paired with ``n_seq`` random targets: ``max_len``
     tokens for the full-length sources (the decode steps' prefix sums at their largest size),
     max_len/4 for the shorter ones (cross attention on short sources; this halves the cost).
-    A bare model (no ``embed.src``) needs samples from its owner."""
-    if "embed.src" not in user or (cfg.n_dec_layers and "embed.tgt" not in user):
+    A bare model (no ``embed.src``) needs samples from its owner. A classifier has no
+    targets; a decoder-only LM's samples are token sequences embedded with ``embed.tgt``."""
+    table = _input_table(cfg)
+    if table not in user or (_needs_y(cfg) and "embed.tgt" not in user):
         raise ValueError("the model has no embedding tables: calibrating it needs sample "
                          "inputs from its owner (an .npy/.npz of embedded inputs)")
+    vocab = cfg.tgt_vocab if cfg.arch == M.DECODER_ONLY else cfg.src_vocab
     X, Y, quarter = [], [], max(1, cfg.max_len // 4)
     for S in sorted({cfg.max_len, max(1, cfg.max_len // 2), quarter, 1}, reverse=True):
-        X.append(M.embed(cfg, user["embed.src"], rng.integers(0, cfg.src_vocab, (n_seq, S))))
-        if cfg.n_dec_layers:
+        X.append(M.embed(cfg, user[table], rng.integers(0, vocab, (n_seq, S))))
+        if _needs_y(cfg):
             T = cfg.max_len if S == cfg.max_len else quarter
             Y.append(M.embed(cfg, user["embed.tgt"], rng.integers(0, cfg.tgt_vocab, (n_seq, T))))
     return Samples(X, Y)
@@ -205,7 +222,7 @@ class Calibration:
             return (f"{layer}: {s.what} falls to {v[0]:.3g}, below {name} [{lo:.2g}, {hi:.6g}]"
                     f" with safety margin {m:g} (min {lo * m:.3g}); raise ln_eps to at least "
                     f"{lo:.3g} (the default {M.DEFAULT_LN_EPS:.3g})")
-        kernel = ("a truncated product" if s.kernel == "product" else "ReLU") + \
+        kernel = {"product": "a truncated product", "relu": "ReLU", "gelu": "GELU"}[s.kernel] + \
             (f" (+{s.extra} fractional bits)" if s.extra else "")
         return (f"{layer}: {s.what} reaches {v:.3g}, above the limit {hi:.6g} of {kernel} "
                 f"with safety margin {m:g} (max {hi / m:.3g}); {s.advice}")
@@ -228,16 +245,24 @@ def calibrate(cfg: M.ModelConfig, weights: M.Weights, samples: Samples,
     rec = Recorder()
     tr = Trace(cfg, weights, fold_omega, decode_block, rec)
     for i, x in enumerate(samples.X):
-        enc = tr.encoder(x)
-        if cfg.n_dec_layers:
-            tr.decoder(samples.Y[i], enc)
+        if cfg.arch == M.ENCODER_CLASSIFIER:
+            tr.classifier(x)
+        elif cfg.arch == M.DECODER_ONLY:
+            tr.lm(x)
+        else:
+            enc = tr.encoder(x)
+            if cfg.n_dec_layers:
+                tr.decoder(samples.Y[i], enc)
     rng_in = {"X": max(float(np.abs(x).max()) for x in samples.X)}
-    if cfg.n_dec_layers:
+    if _needs_y(cfg):
         rng_in["Y"] = max(float(np.abs(y).max()) for y in samples.Y)
-    if user and "embed.src" in user:
-        rng_in["X"] = embedding_range(cfg, user["embed.src"])
-        if cfg.n_dec_layers and "embed.tgt" in user:
+    table = _input_table(cfg)
+    if user and table in user:
+        rng_in["X"] = embedding_range(cfg, user[table])
+        if _needs_y(cfg) and "embed.tgt" in user:
             rng_in["Y"] = embedding_range(cfg, user["embed.tgt"])
+    if cfg.arch == M.DECODER_ONLY:        # prefill X and step Y embed the same tokens
+        rng_in["Y"] = rng_in["X"]
     cal = Calibration(rec.values, rng_in, margin=float(margin), frac=ring.frac,
                       relu_bound_bits=ring.relu_bound_bits, fold_omega=fold_omega,
                       decode_block=tr.block, ln_eps=float(cfg.ln_eps))

@@ -111,11 +111,11 @@ def decoder(p: Party, cfg: M.ModelConfig, shares: dict, y: AShare, enc: AShare,
         if cfg.norm_first:
             x = x + mha(p, cfg, ws, _ln(p, cfg, shares, f"{pre}.ln1", x), **kw)
             x = x + cross_mha(p, cfg, wc, _ln(p, cfg, shares, f"{pre}.ln2", x), cross[i], order)
-            x = x + ffn(p, wf, _ln(p, cfg, shares, f"{pre}.ln3", x))
+            x = x + ffn(p, wf, _ln(p, cfg, shares, f"{pre}.ln3", x), cfg.ffn_act)
         else:
             x = _ln(p, cfg, shares, f"{pre}.ln1", x + mha(p, cfg, ws, x, **kw))
             x = _ln(p, cfg, shares, f"{pre}.ln2", x + cross_mha(p, cfg, wc, x, cross[i], order))
-            x = _ln(p, cfg, shares, f"{pre}.ln3", x + ffn(p, wf, x))
+            x = _ln(p, cfg, shares, f"{pre}.ln3", x + ffn(p, wf, x, cfg.ffn_act))
     if cfg.norm_first and cfg.n_dec_layers:
         x = _ln(p, cfg, shares, "dec.final_ln", x)
     return x
@@ -169,11 +169,11 @@ def decoder_step(p: Party, cfg: M.ModelConfig, shares: dict, state: DecodeState,
         if cfg.norm_first:
             x = x + _self_step(p, cfg, ws, _ln(p, cfg, shares, f"{pre}.ln1", x), st)
             x = x + _cross_step(p, cfg, wc, _ln(p, cfg, shares, f"{pre}.ln2", x), kv, state.n_enc)
-            x = x + ffn(p, wf, _ln(p, cfg, shares, f"{pre}.ln3", x))
+            x = x + ffn(p, wf, _ln(p, cfg, shares, f"{pre}.ln3", x), cfg.ffn_act)
         else:
             x = _ln(p, cfg, shares, f"{pre}.ln1", x + _self_step(p, cfg, ws, x, st))
             x = _ln(p, cfg, shares, f"{pre}.ln2", x + _cross_step(p, cfg, wc, x, kv, state.n_enc))
-            x = _ln(p, cfg, shares, f"{pre}.ln3", x + ffn(p, wf, x))
+            x = _ln(p, cfg, shares, f"{pre}.ln3", x + ffn(p, wf, x, cfg.ffn_act))
         if on_layer is not None:
             on_layer(pre)
     if cfg.norm_first and cfg.n_dec_layers:
@@ -209,7 +209,7 @@ def cost_decoder_step(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int | No
     cross_step = (arith.cost_mul(B * nq, f + PROJ_EXTRA, f, mode) + feats(1)
                   + arith.cost_mul(B * h * dh, True, f, mode) + finish)
     ln = cost_layernorm(p_cfg, B, d)
-    layer = self_step + cross_step + cost_ffn(p_cfg, B, d, cfg.d_ff) + ln + ln + ln
+    layer = self_step + cross_step + cost_ffn(p_cfg, B, d, cfg.d_ff, cfg.ffn_act) + ln + ln + ln
     total = Cost(0, (0, 0, 0))
     for _ in range(cfg.n_dec_layers):
         total = total + layer

@@ -1,6 +1,7 @@
 """Secure position-wise feed-forward network (Privformer Alg. 7): ReLU(x W1 + b1) W2 + b2.
 
-Biases are added locally; the one ReLU call covers every row of every batch element.
+Biases are added locally; the one activation call (ReLU, GELU or none: ModelConfig.ffn_act)
+covers every row of every batch element.
 Cost (:func:`cost_ffn`): two matmuls (:func:`mpc3.kernels.arith.cost_mul` of B*S*d_ff and
 B*S*d_model outputs) plus one relu_a on B*S*d_ff elements.
 """
@@ -19,20 +20,42 @@ def _add(x: AShare, b: AShare) -> AShare:
         AShare(x.a + np.broadcast_to(b.a, x.shape), x.b + np.broadcast_to(b.b, x.shape))
 
 
-def ffn(p: Party, w: dict, x: AShare) -> AShare:
-    """``w``: shares ``w1`` (d, d_ff), ``b1``, ``w2`` (d_ff, d), ``b2``; ``x`` (..., d)."""
-    from mpc3.kernels import convert
+def activation(p: Party, h: AShare, act: str) -> AShare:
+    """The FFN nonlinearity on shares: relu_a, gelu_a (|h| <= 2^13) or none."""
+    from mpc3.kernels import activations, convert
+    if act == "relu":
+        return convert.relu_a(p, h)
+    if act == "gelu":
+        return activations.gelu_a(p, h)
+    if act == "none":
+        return h
+    raise ValueError(f"ffn: unknown activation {act!r} (relu, gelu, none)")
+
+
+def ffn(p: Party, w: dict, x: AShare, act: str = "relu") -> AShare:
+    """``w``: shares ``w1`` (d, d_ff), ``b1``, ``w2`` (d_ff, d), ``b2``; ``x`` (..., d);
+    ``act``: ModelConfig.ffn_act."""
     if x.shape[-1] != w["w1"].shape[0]:
         raise ValueError(f"ffn: input width {x.shape[-1]} != d_model {w['w1'].shape[0]}")
     hid = _add(arith.matmul_aa(p, x, w["w1"]), w["b1"])
-    return _add(arith.matmul_aa(p, convert.relu_a(p, hid), w["w2"]), w["b2"])
+    return _add(arith.matmul_aa(p, activation(p, hid, act), w["w2"]), w["b2"])
 
 
-def cost_ffn(p_cfg, rows: int, d_model: int, d_ff: int):
+def cost_activation(p_cfg, n: int, act: str):
+    from mpc3.kernels import activations, convert
+    from mpc3.kernels.base import Cost
+    if act == "relu":
+        L = p_cfg.relu_drop_bits
+        return convert.cost_relu(n, L, p_cfg.frac + p_cfg.relu_bound_bits - L + 2)
+    if act == "gelu":
+        return activations.cost_gelu(n, p_cfg)
+    if act == "none":
+        return Cost(0, (0, 0, 0))
+    raise ValueError(f"ffn: unknown activation {act!r} (relu, gelu, none)")
+
+
+def cost_ffn(p_cfg, rows: int, d_model: int, d_ff: int, act: str = "relu"):
     """Declared rounds and bytes per party of :func:`ffn` on ``rows`` input rows (B*S)."""
-    from mpc3.kernels import convert
     f, mode = p_cfg.frac, p_cfg.trunc
-    L = p_cfg.relu_drop_bits
-    m = f + p_cfg.relu_bound_bits - L + 2
-    return (arith.cost_mul(rows * d_ff, True, f, mode) + convert.cost_relu(rows * d_ff, L, m)
+    return (arith.cost_mul(rows * d_ff, True, f, mode) + cost_activation(p_cfg, rows * d_ff, act)
             + arith.cost_mul(rows * d_model, True, f, mode))

@@ -9,6 +9,7 @@ hands a value to a kernel that is exact only on a documented range:
   being the additional fractional bits of one operand (PROJ_EXTRA for the projections,
   ROW_SCALE_EXTRA / LN_SCALE_EXTRA for the public 1/n and 1/d scalings);
 * ``relu``: relu_a inputs must satisfy |x| < ``convert.relu_limit(ring)``;
+* ``gelu``: gelu_a inputs must satisfy |x| <= ``activations.gelu_limit(ring)`` (2^13);
 * ``sqrt_inv``: sqrt_inv_a inputs must lie in ``fxp.SQRT_INV_RANGE``.
 
 Reciprocal and exp (``fxp.RECIPROCAL_RANGE`` / ``EXP_RANGE``) are used only by the softmax
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mpc3.kernels import arith, convert, fxp
+from mpc3.kernels import activations, arith, convert, fxp
 from mpc3.party import RingConfig
 
 from . import model as M
@@ -78,7 +79,15 @@ SITES: dict[str, Site] = {
     # FFN (enc.i.ffn, dec.i.ffn)
     "w1": Site("product", "FFN product x W1", "rescale W1"),
     "hidden": Site("relu", "FFN hidden x W1 + b1", "rescale W1 and b1"),
+    "hidden_gelu": Site("gelu", "FFN hidden x W1 + b1 (GELU input)", "rescale W1 and b1"),
     "w2": Site("product", "FFN product ReLU(.) W2", "rescale W2"),
+    # classifier head (head), protocols.classifier
+    "head": Site("product", "classifier head (sum over positions of h) @ head.w",
+                 "rescale head.w or shorten max_len"),
+    "pool": Site("product", "classifier logits before the bias (times 1/S)", "rescale head.w",
+                 ROW_SCALE_EXTRA),
+    "argmax": Site("relu", "difference of two logits compared by the arg-max",
+                   "rescale head.w and head.b"),
 }
 
 
@@ -89,6 +98,8 @@ def site_range(site: str, ring: RingConfig) -> tuple[float, float]:
         return 0.0, arith.product_limit(ring.frac, s.extra)
     if s.kernel == "relu":
         return 0.0, convert.relu_limit(ring)
+    if s.kernel == "gelu":
+        return 0.0, activations.gelu_limit(ring)
     return tuple(float(v) for v in fxp.SQRT_INV_RANGE)
 
 
@@ -155,9 +166,10 @@ class Trace:
         w = self.sub(layer)
         xw = x @ w["w1"]
         hid = xw + w["b1"]
-        hw = M.relu(hid) @ w["w2"]
+        hw = M.ffn_activation(hid, self.cfg.ffn_act) @ w["w2"]
         self.rec.mag(layer, "w1", xw)
-        self.rec.mag(layer, "hidden", hid)
+        if self.cfg.ffn_act != "none":
+            self.rec.mag(layer, "hidden" if self.cfg.ffn_act == "relu" else "hidden_gelu", hid)
         self.rec.mag(layer, "w2", hw)
         return hw + w["b2"]
 
@@ -201,10 +213,12 @@ class Trace:
         self.rec.mag(layer, "out", o)
         return self._finish(layer, o, np.full(x.shape[1], x.shape[1]))
 
-    def masked_steps(self, layer: str, x: np.ndarray) -> np.ndarray:
+    def masked_steps(self, layer: str, x: np.ndarray, prefill: bool = False) -> np.ndarray:
         """Masked self attention as the decode steps compute it (attention.attention_step):
         token t sees the folded prefix G (one product) and the cached tokens of its block
-        (scores, then scores @ V); a full block is folded into G with one K'^T V."""
+        (scores, then scores @ V); a full block is folded into G with one K'^T V.
+        ``prefill``: also the whole sum Q'_b G + scores V_b, which the LM's prefill
+        (:func:`protocols.causal_lm.prefill_attention`) forms in one product."""
         T, L = x.shape[1], self.block
         qf, kf, v = self._features(layer, x, "wq"), self._features(layer, x, "wk"), \
             self._values(layer, x)
@@ -220,6 +234,8 @@ class Trace:
                 prev = qf[..., sl, :] @ G
                 self.rec.mag(layer, "out", prev)
                 part = part + prev
+                if prefill:
+                    self.rec.mag(layer, "out", part)
             o[..., sl, :] = part
             if b0 + L <= T:
                 kvb = np.swapaxes(kf[..., sl, :], -1, -2) @ v[..., sl, :]
@@ -270,3 +286,29 @@ class Trace:
         if cfg.norm_first and cfg.n_dec_layers:
             x = self.ln("dec.final_ln", x)
         return x
+
+    def classifier(self, x: np.ndarray) -> np.ndarray:
+        """protocols.classifier.classify: encoder, sum over positions @ head.w, times 1/S,
+        + head.b; and the logit differences the arg-max compares. Returns the logits."""
+        h, w = self.encoder(x), self.sub("head")
+        z = h.sum(axis=1) @ w["w"]
+        self.rec.mag("head", "head", z)
+        z = z / h.shape[1]
+        self.rec.mag("head", "pool", z)
+        out = z + w["b"]
+        self.rec.mag("head", "argmax", out.max(axis=-1) - out.min(axis=-1))
+        return out
+
+    def lm(self, x: np.ndarray) -> np.ndarray:
+        """The decoder-only LM (protocols.causal_lm): its prefill and every decode step of
+        the sequence x (B, T, d), layer by layer. Returns the final hidden rows."""
+        cfg = self.cfg
+        for i in range(cfg.n_dec_layers):
+            pre = f"dec.{i}"
+            if cfg.norm_first:
+                x = x + self.masked_steps(f"{pre}.self", self.ln(f"{pre}.ln1", x), True)
+                x = x + self.ffn(f"{pre}.ffn", self.ln(f"{pre}.ln2", x))
+            else:
+                x = self.ln(f"{pre}.ln1", x + self.masked_steps(f"{pre}.self", x, True))
+                x = self.ln(f"{pre}.ln2", x + self.ffn(f"{pre}.ffn", x))
+        return self.ln("dec.final_ln", x) if cfg.norm_first else x

@@ -120,15 +120,16 @@ def _ffn() -> Workload:
     def secure(cfg, opts):
         from .ffn import ffn
         from .secure_model import sub
-        return lambda p, sh, x: ffn(p, sub(sh, pre), x)
+        return lambda p, sh, x: ffn(p, sub(sh, pre), x, cfg.ffn_act)
 
     def case(cfg, weights, batch, rng, opts):
         x = _x(WORKLOADS["ffn"], cfg, batch, rng, opts)
-        return [x], M.ref_ffn(x, *(weights[f"{pre}.{k}"] for k in ("w1", "b1", "w2", "b2")))
+        return [x], M.ref_ffn(x, *(weights[f"{pre}.{k}"] for k in ("w1", "b1", "w2", "b2")),
+                             act=cfg.ffn_act)
 
     def cost(ring_cfg, cfg, batch, opts):
         from .ffn import cost_ffn
-        return cost_ffn(ring_cfg, batch * cfg.max_len, cfg.d_model, cfg.d_ff)
+        return cost_ffn(ring_cfg, batch * cfg.max_len, cfg.d_model, cfg.d_ff, cfg.ffn_act)
 
     return Workload("ffn", (pre + ".",), ("X",), secure, case, cost)
 

@@ -26,7 +26,7 @@ from mpc3.sharing import reveal
 KERNELS = ((arith, "mul_aa"), (arith, "matmul_aa"), (arith, "mul_many_aa"), (arith, "trunc_a"),
            (convert, "relu_a"), (convert, "drelu_a"), (fxp, "sqrt_inv_a"),
            (fxp, "reciprocal_a"), (fxp, "exp_a"))
-HELPERS = {"mul_many", "scale_public", "scale_rows", "relu_many", "wrapped"}
+HELPERS = {"mul_many", "scale_public", "scale_rows", "relu_many", "wrapped", "activation"}
 SUBLAYER = {"mha": "attn", "ffn": "ffn", "_self_step": "self", "_cross_step": "cross"}
 
 

@@ -186,11 +186,13 @@ def test_probe_secure_run_matches_calibration(monkeypatch, kw, fold, block, unpr
 
 def test_site_limits_are_the_kernels_own():
     """Sites read their ranges from the kernels' named limits at run time."""
-    assert {s.kernel for s in SITES.values()} == {"product", "relu", "sqrt_inv"}
+    assert {s.kernel for s in SITES.values()} == {"product", "relu", "gelu", "sqrt_inv"}
     ring = RingConfig()
     assert site_range("proj", ring)[1] == arith.product_limit(ring.frac, SM.PROJ_EXTRA) == 2 ** 18
     assert site_range("features", ring)[1] == convert.relu_limit(ring)
     assert site_range("var_eps", ring) == fxp.SQRT_INV_RANGE
+    from mpc3.kernels import activations
+    assert site_range("hidden_gelu", ring)[1] == activations.gelu_limit(ring) == 2 ** 13
 
 
 # ------------------------------------------------------- (d) the shipped model ----

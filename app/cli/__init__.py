@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import bench, cluster, models, translate
+from . import bench, cluster, generate, models, translate
 
-GROUPS = (cluster, models, translate, bench)
+GROUPS = (cluster, models, translate, generate, bench)
 
 
 def version() -> str:

@@ -2,12 +2,15 @@
 
     mpc3 share-model WEIGHTS --config C --model-id ID [--permit translate,encoder]
     mpc3 models --config C [--verify ID | --delete ID]
-    mpc3 infer --config C --model-id ID --input X.npy --output Y.npy [--kind encoder]
+    mpc3 infer --config C --model-id ID --input X.npy [--output Y.npy] [--kind encoder]
+    mpc3 infer --config C --model-id ID --kind classify --input X.npy     (prints logits)
+    mpc3 infer --config C --model-id ID --kind classify_argmax --input X.npy  (the class)
     mpc3 import MODEL.safetensors [--model-config CFG.json] --out MODEL.npz
 """
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -27,8 +30,10 @@ def register(sub) -> None:
                    help="share W^Q, W^K and Omega separately instead of W Omega")
     p.add_argument("--permit", metavar="COMPUTATIONS",
                    help="comma-separated computations query users may run (default: the "
-                   "model's own inference, 'translate'; 'encoder' also returns encoder "
-                   "outputs, an intermediate value of a translation model)")
+                   "model's own inference: 'translate' for an encoder-decoder, 'classify' "
+                   "for an encoder-classifier, 'generate' for a decoder-only LM; "
+                   "'classify-argmax' reveals only the class; 'encoder' also returns "
+                   "encoder outputs, an intermediate value of a translation model)")
     p.add_argument("--samples", metavar="FILE",
                    help="calibration inputs: .npy (B, S, d) or .npz with X and Y (default: "
                    "inputs built from the model's own embedding tables)")
@@ -48,10 +53,15 @@ def register(sub) -> None:
 
     p = sub.add_parser("infer", help="run one job on a shared model; writes its output")
     p.add_argument("--model-id", required=True)
-    p.add_argument("--input", required=True, help=".npy of the embedded input X (B, S, d)")
-    p.add_argument("--output", required=True, help=".npy to write the output to")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--input", help=".npy of the embedded input X (B, S, d)")
+    src.add_argument("--ids", help="token ids of one input (comma-separated), embedded "
+                     "here with the embed.src table of --model")
+    p.add_argument("--model", help="model file holding the query-user tensors (with --ids)")
+    p.add_argument("--output", help=".npy to write the output to (default: print it)")
     p.add_argument("--kind", default="encoder",
-                   help="job kind (default: encoder; the model must permit it)")
+                   help="job kind (default: encoder; classify, classify_argmax for a "
+                   "classifier; the model must permit it)")
     p.add_argument("--params", default="{}", help="public job parameters (JSON object)")
     add_client_creds(p)
     p.set_defaults(func=_cmd_infer)
@@ -68,7 +78,7 @@ def register(sub) -> None:
 def _cmd_share(args) -> int:
     from app.owner import share_transformer
     cfg = load(args)
-    from app.owner import calibration_samples
+    from app.owner import calibration_samples, check_permit
     # user tensors are never shared
     mcfg, weights, user = load_model_file(args.weights, args.model_config)
     permit = [p for p in args.permit.split(",") if p] if args.permit is not None else None
@@ -78,7 +88,9 @@ def _cmd_share(args) -> int:
                                   args.key, source=Path(args.weights).name,
                                   fold_omega=not args.no_fold_omega, user=user,
                                   samples=samples, margin=args.margin)
-    print(f"model {args.model_id}: {weights.n_params()} parameters calibrated and shared to "
+    print(f"model {args.model_id} ({mcfg.arch}, permits "
+          f"{', '.join(check_permit(permit, mcfg.arch))}): {weights.n_params()} "
+          f"parameters calibrated and shared to "
           f"3 parties (upload {upload_id}, copies verified) in {time.monotonic() - t0:.1f} s")
     return 0
 
@@ -133,6 +145,35 @@ def _list_request():
     return pb.ListModelsRequest()
 
 
+def _load_input(path: str) -> np.ndarray:
+    try:
+        x = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"input {path} not found") from None
+    except (ValueError, OSError, EOFError) as exc:
+        raise ValueError(f"{path} is not a .npy array: {exc}") from None
+    if x.dtype.kind not in "fiu":
+        raise ValueError(f"{path}: expected a numeric array, got dtype {x.dtype}")
+    return x
+
+
+def _embedded_ids(args) -> np.ndarray:
+    """One input of token ids embedded with the model's own table (never sent)."""
+    from protocols import model as M
+    if args.model is None:
+        raise ValueError("--ids needs --model (the model file with embed.src)")
+    mcfg, _, user = load_model_file(args.model)
+    if "embed.src" not in user:
+        raise ValueError(f"{args.model} holds no embed.src table to embed --ids with")
+    try:
+        ids = np.array([[int(t) for t in args.ids.split(",") if t.strip()]])
+    except ValueError:
+        raise ValueError(f"--ids {args.ids!r}: expected comma-separated integers") from None
+    if ids.size == 0 or ids.min() < 0 or ids.max() >= mcfg.src_vocab:
+        raise ValueError(f"--ids must be 1..{mcfg.max_len} ids in 0..{mcfg.src_vocab - 1}")
+    return M.embed(mcfg, user["embed.src"], ids)
+
+
 def _cmd_infer(args) -> int:
     from net.client import QueryUser
     cfg = load(args)
@@ -140,22 +181,28 @@ def _cmd_infer(args) -> int:
         params = json.loads(args.params)
     except ValueError as exc:
         raise ValueError(f"--params: {exc}") from None
-    try:
-        x = np.load(args.input, allow_pickle=False)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"input {args.input} not found") from None
-    except (ValueError, OSError, EOFError) as exc:
-        raise ValueError(f"{args.input} is not a .npy array: {exc}") from None
-    if x.dtype.kind not in "fiu":
-        raise ValueError(f"{args.input}: expected a numeric array, got dtype {x.dtype}")
+    x = _embedded_ids(args) if args.ids is not None else _load_input(args.input)
     t0 = time.monotonic()
     with QueryUser(cfg, args.cert, args.key) as user:
         out = user.run(args.model_id, args.kind, {"X": x.astype(np.float64)}, params)
     y = out["Y"] if "Y" in out else (next(iter(out.values())) if len(out) == 1 else None)
     if y is None:
         raise RuntimeError(f"job returned several outputs {sorted(out)} and none named 'Y'")
-    np.save(args.output, y)
-    print(f"{args.output}: output {y.shape} in {time.monotonic() - t0:.2f} s")
+    took = time.monotonic() - t0
+    if args.output is not None:
+        np.save(args.output, y)
+        print(f"{args.output}: output {y.shape} in {took:.2f} s")
+        return 0
+    name = next(iter(out)) if len(out) == 1 else "Y"
+    for row, v in enumerate(y):
+        if name == "class":
+            print(f"row {row}: class {int(round(float(v)))}")
+        elif name == "logits":
+            print(f"row {row}: class {int(np.argmax(v))} logits "
+                  f"{np.array2string(v, precision=4, max_line_width=10**6)}")
+        else:
+            print(f"row {row}: {np.array2string(v, precision=4, threshold=64)}")
+    print(f"{args.kind}: output {name} {y.shape} in {took:.2f} s", file=sys.stderr)
     return 0
 
 

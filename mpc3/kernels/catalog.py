@@ -28,7 +28,7 @@ from .. import ring
 from ..party import Party, RingConfig
 from ..shares import BShare, bits_to_planes, planes_to_bits
 from ..sharing import deal, reveal
-from . import arith, boolean, convert, fxp
+from . import activations, arith, boolean, convert, fxp
 from .base import Cost
 
 #: Shift of the "trunc" kernel (its operand is a value at scale frac + TRUNC_SHIFT).
@@ -184,6 +184,18 @@ def _sqrt_inv_tolerance(shapes, cfg):
     return rel, ulps * _ulp(cfg)
 
 
+def _gelu_inputs(rng, n, shape, cfg):
+    """Mostly the polynomial segments [-5, 5], the range's ends, and the tails."""
+    lim = activations.gelu_limit(cfg)
+    x = rng.uniform(-5, 5, n)
+    x[:4] = [-lim, lim, -100.0, 100.0][:n]
+    return (x,)
+
+
+def _gelu_tolerance(shapes, cfg):
+    return 0.0, activations.GELU_ERROR[cfg.trunc]
+
+
 def _exp_tolerance(shapes, cfg):
     rel, ulps = fxp.EXP_ERROR[cfg.trunc]
     return rel, ulps * _ulp(cfg)
@@ -262,6 +274,10 @@ _ALL = [
            lambda s, c: fxp.cost_exp(_n(s), "limit", c.frac, c.trunc),
            np.exp, lambda r, n, sh, c: (_spread(r, *fxp.EXP_RANGE, n),),
            _exp_tolerance, "x in fxp.EXP_RANGE = [-48, 9.5]"),
+    Kernel("gelu", lambda p, x: activations.gelu_a(p, x),
+           lambda s, c: activations.cost_gelu(_n(s), c), activations.gelu_ref,
+           _gelu_inputs, _gelu_tolerance,
+           "|x| <= activations.gelu_limit(cfg) = 2^13; error <= 6e-4"),
 ]
 
 #: name (as typed in ``mpc3 bench op``) -> Kernel, in registration order.

@@ -7,14 +7,18 @@ beside the protocol it runs, and list it here.
 """
 from __future__ import annotations
 
-from .contract import (DEFAULT_PERMITTED, ENCODER_DECODER, TENSORS, CostRecorder,
+from .causal_lm import SPECS as _CAUSAL_LM
+from .classifier import SPECS as _CLASSIFIER
+from .contract import (DECODER_ONLY, DEFAULT_PERMITTED, ENCODER_CLASSIFIER, ENCODER_DECODER,
+                       TENSORS, CostRecorder,
                        JobContext, JobRefused, JobRegistry, JobSpec, ModelView, SessionSlot,
                        TensorSpec, admit, execute)
 from .transformer import SPECS as _TRANSFORMER
 
-PRODUCTION = JobRegistry(_TRANSFORMER)
+PRODUCTION = JobRegistry(_TRANSFORMER + _CLASSIFIER + _CAUSAL_LM)
 
-__all__ = ["PRODUCTION", "benchmark_registry", "DEFAULT_PERMITTED", "ENCODER_DECODER", "TENSORS", "CostRecorder",
+__all__ = ["PRODUCTION", "benchmark_registry", "DECODER_ONLY", "DEFAULT_PERMITTED",
+           "ENCODER_CLASSIFIER", "ENCODER_DECODER", "TENSORS", "CostRecorder",
            "JobContext", "JobRefused", "JobRegistry", "JobSpec", "ModelView", "SessionSlot",
            "TensorSpec", "admit", "execute"]
 

@@ -30,8 +30,11 @@ from mpc3.shares import AShare
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 SESSION_ROLES = ("open", "step", "close")
 
-#: Model kinds (``public_meta["kind"]``): what a shared model is.
+#: Model kinds (``public_meta["kind"]``): what a shared model is - for a transformer, its
+#: ``ModelConfig.arch``.
 ENCODER_DECODER = "encoder-decoder"
+ENCODER_CLASSIFIER = "encoder-classifier"
+DECODER_ONLY = "decoder-only"
 TENSORS = "tensors"                  # bare tensors (benchmarks, tests): no inference of its own
 
 
@@ -71,8 +74,8 @@ class ModelView:
     def kind(self) -> str:
         kind = self.meta.get("kind")
         if kind is None:   # models shared before kinds were recorded
-            kind = ENCODER_DECODER if self.meta.get("layout") == "protocols.secure_model" \
-                else TENSORS
+            kind = self.meta.get("model_config", {}).get("arch", ENCODER_DECODER) \
+                if self.meta.get("layout") == "protocols.secure_model" else TENSORS
         return kind
 
     @cached_property
@@ -96,7 +99,8 @@ class ModelView:
 
 
 #: What a model of each kind permits when its owner does not say: its own inference only.
-DEFAULT_PERMITTED = {ENCODER_DECODER: ("translate",), TENSORS: ()}
+DEFAULT_PERMITTED = {ENCODER_DECODER: ("translate",), ENCODER_CLASSIFIER: ("classify",),
+                     DECODER_ONLY: ("generate",), TENSORS: ()}
 
 
 class CostRecorder:

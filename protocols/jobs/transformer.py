@@ -34,8 +34,12 @@ MAX_SRC_LEN = 4096
 
 
 def check_model(model: ModelView) -> M.ModelConfig:
-    """The model's config, after checking its shares have the secure_model layout."""
+    """The model's config, after checking its shares have the secure_model layout and its
+    architecture is the model's kind."""
     cfg = model.config
+    if cfg.arch != model.kind:
+        raise ValueError(f"model {model.model_id!r} is stored as a {model.kind} model but its "
+                         f"config says arch {cfg.arch!r}")
     check_shares(cfg, {k: SimpleNamespace(shape=tuple(s)) for k, s in model.shapes().items()})
     if model.fracs:
         base = min(model.fracs.values())
@@ -47,7 +51,7 @@ def check_model(model: ModelView) -> M.ModelConfig:
     return cfg
 
 
-def _check_rows(shape: tuple, cfg: M.ModelConfig, name: str) -> None:
+def check_rows(shape: tuple, cfg: M.ModelConfig, name: str) -> None:
     if shape[-1] != cfg.d_model:
         raise ValueError(f"input {name} must have width d = {cfg.d_model}, got {shape}")
     if not 1 <= shape[0] <= MAX_BATCH:
@@ -60,11 +64,11 @@ def _check_rows(shape: tuple, cfg: M.ModelConfig, name: str) -> None:
 
 
 def _validate_source(model: ModelView, inputs: dict, params) -> None:
-    _check_rows(tuple(inputs["X"]), check_model(model), "X")
+    check_rows(tuple(inputs["X"]), check_model(model), "X")
 
 
 def _validate_step(model: ModelView, inputs: dict, params) -> None:
-    _check_rows(tuple(inputs["Y"]), model.config, "Y")
+    check_rows(tuple(inputs["Y"]), model.config, "Y")
 
 
 # ------------------------------------------------------------------------ job kinds ----

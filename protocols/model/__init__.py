@@ -5,24 +5,28 @@
 * :mod:`.features`  - Performer ReLU random features, Omega folding, the attention scale;
 * :mod:`.reference` - the float64 reference (layers, stacks, incremental decoding) whose
   semantics the MPC protocols compute on shares;
-* :mod:`.decode`    - the query user's side: embedding, logits, greedy decoding.
+* :mod:`.decode`    - the query user's side: embedding, logits, greedy decoding;
+* :mod:`.archs`     - the float64 reference of the encoder classifier and the decoder-only LM.
 
 Everything public is re-exported here: ``from protocols import model as M; M.ref_encoder``.
 """
-from .config import (ATTN_NORMS, DEFAULT_LN_EPS, ModelConfig, attn_prefixes, expected_shapes,
+from .archs import RefLMState, greedy_generate, ref_classify, ref_lm, ref_lm_step
+from .config import (ARCHS, ATTN_NORMS, DECODER_ONLY, DEFAULT_LN_EPS, ENCODER_CLASSIFIER,
+                     ENCODER_DECODER, ModelConfig, attn_prefixes, config_keys, expected_shapes,
                      expected_user_shapes)
 from .decode import embed, greedy_decode, output_logits, positional_encoding
 from .features import (attn_norm, attn_params, fold_omega, merge_heads, ref_features, relu,
                        split_heads)
-from .reference import (RefDecodeState, ref_decoder, ref_decoder_step, ref_encoder, ref_ffn,
+from .reference import (RefDecodeState, ffn_activation, ref_decoder, ref_decoder_step, ref_encoder, ref_ffn,
                         ref_layernorm, ref_mha)
 from .weights import (FORMAT_VERSION, USER_NAMES, Weights, load_model, make_omega,
                       orthogonal_features, random_user, random_weights, save_model,
                       validate_user)
 
 __all__ = [
-    "ATTN_NORMS", "DEFAULT_LN_EPS", "FORMAT_VERSION", "USER_NAMES", "ModelConfig",
-    "RefDecodeState", "Weights", "attn_norm", "attn_params", "attn_prefixes", "embed",
+    "ARCHS", "DECODER_ONLY", "ENCODER_CLASSIFIER", "ENCODER_DECODER", "RefLMState",
+    "config_keys", "greedy_generate", "ref_classify", "ref_lm", "ref_lm_step", "ATTN_NORMS", "DEFAULT_LN_EPS", "FORMAT_VERSION", "USER_NAMES", "ModelConfig",
+    "RefDecodeState", "Weights", "ffn_activation", "attn_norm", "attn_params", "attn_prefixes", "embed",
     "expected_shapes", "expected_user_shapes", "fold_omega", "greedy_decode", "load_model",
     "make_omega", "merge_heads", "orthogonal_features", "output_logits", "positional_encoding",
     "random_user", "random_weights", "ref_decoder", "ref_decoder_step", "ref_encoder",

@@ -2,6 +2,20 @@
 names and shapes of every tensor such a model has (:func:`expected_shapes` for the MPC weights,
 :func:`expected_user_shapes` for the query user's embedding and output tables).
 
+Architectures (``arch``, :data:`ARCHS`; docs/MODELS.md lists every key per architecture):
+
+* ``encoder-decoder`` (default): Privformer's translator. Its dictionary has no ``arch`` key,
+  so configs and model files written before architectures existed read and write unchanged.
+* ``encoder-classifier`` (BERT-style): encoder, mean pooling over the sequence, classifier head
+  ``head.w`` (d, n_classes), ``head.b`` (MPC weights); keys ``n_enc_layers``, ``src_vocab``,
+  ``n_classes``; the user holds ``embed.src``.
+* ``decoder-only`` (GPT-style causal LM): ``n_dec_layers`` layers of causally masked
+  self-attention and FFN, no cross-attention; keys ``n_dec_layers``, ``tgt_vocab``; the user
+  holds ``embed.tgt`` and the LM head ``out.w``, ``out.b``.
+
+Keys that do not apply to an architecture are absent from its dictionary (and 0 in the
+dataclass); :meth:`ModelConfig.from_dict` refuses them by name.
+
 ``ln_eps`` defaults to :data:`DEFAULT_LN_EPS` = 2^-10, the lower end of the secure inverse square
 root's range (:data:`mpc3.kernels.fxp.SQRT_INV_RANGE`): LayerNorm computes 1/sqrt(var + eps) with
 that kernel, so with eps inside its range a row of (near-)constant values still yields a value
@@ -18,6 +32,29 @@ from typing import Mapping
 import numpy as np
 
 ATTN_NORMS = ("const", "mean")
+#: FFN activations (``ffn_act``): ReLU (Privformer), exact-erf GELU (mpc3.kernels.activations,
+#: |x| <= 2^13), or none (a linear FFN, as in AERO's softmax-only block).
+FFN_ACTS = ("relu", "gelu", "none")
+#: Keys every architecture may carry and omits from its dictionary at their default value.
+_OPTIONAL = {"ffn_act": "relu"}
+ENCODER_DECODER, ENCODER_CLASSIFIER, DECODER_ONLY = \
+    "encoder-decoder", "encoder-classifier", "decoder-only"
+ARCHS = (ENCODER_DECODER, ENCODER_CLASSIFIER, DECODER_ONLY)
+_COMMON = ("d_model", "n_heads", "d_head", "n_features", "d_ff", "attn_c", "attn_norm",
+           "ln_eps", "norm_first", "max_len")
+#: Keys of each architecture's dictionary beyond the common ones (``arch`` is written for the
+#: new architectures only, so encoder-decoder dictionaries stay as they were).
+ARCH_KEYS = {
+    ENCODER_DECODER: ("n_enc_layers", "n_dec_layers", "src_vocab", "tgt_vocab"),
+    ENCODER_CLASSIFIER: ("arch", "n_enc_layers", "src_vocab", "n_classes"),
+    DECODER_ONLY: ("arch", "n_dec_layers", "tgt_vocab"),
+}
+#: Keys that must be >= 1 in each architecture (the others of ARCH_KEYS may be 0).
+_POSITIVE = {
+    ENCODER_DECODER: ("n_enc_layers", "src_vocab", "tgt_vocab"),
+    ENCODER_CLASSIFIER: ("n_enc_layers", "src_vocab", "n_classes"),
+    DECODER_ONLY: ("n_dec_layers", "tgt_vocab"),
+}
 
 #: Default LayerNorm epsilon: 2^-10, the lower bound of fxp.SQRT_INV_RANGE (tests check this).
 DEFAULT_LN_EPS = 2.0 ** -10
@@ -30,15 +67,19 @@ class ModelConfig:
     d_head: int
     n_features: int  # r, random features per head
     d_ff: int
-    n_enc_layers: int
-    n_dec_layers: int
     attn_c: float
     attn_norm: str  # "const" | "mean"
-    ln_eps: float = field(default=DEFAULT_LN_EPS, kw_only=True)  # keyword only
     norm_first: bool
-    src_vocab: int
-    tgt_vocab: int
     max_len: int
+    # keyword only; the keys of another architecture stay 0 (checked by validate)
+    n_enc_layers: int = field(default=0, kw_only=True)
+    n_dec_layers: int = field(default=0, kw_only=True)
+    src_vocab: int = field(default=0, kw_only=True)
+    tgt_vocab: int = field(default=0, kw_only=True)
+    ln_eps: float = field(default=DEFAULT_LN_EPS, kw_only=True)
+    arch: str = field(default=ENCODER_DECODER, kw_only=True)
+    n_classes: int = field(default=0, kw_only=True)
+    ffn_act: str = field(default="relu", kw_only=True)
 
     def validate(self) -> "ModelConfig":
         def posint(name, minimum=1):
@@ -48,10 +89,19 @@ class ModelConfig:
             if v < minimum:
                 raise ValueError(f"{name}={v} must be >= {minimum}")
 
-        for n in ("d_model", "n_heads", "d_head", "n_features", "d_ff", "n_enc_layers",
-                  "src_vocab", "tgt_vocab", "max_len"):
+        if self.arch not in ARCHS:
+            raise ValueError(f"arch={self.arch!r} must be one of {ARCHS}")
+        for n in ("d_model", "n_heads", "d_head", "n_features", "d_ff", "max_len"):
             posint(n)
-        posint("n_dec_layers", 0)
+        keys = ARCH_KEYS[self.arch]
+        for n in ("n_enc_layers", "n_dec_layers", "src_vocab", "tgt_vocab", "n_classes"):
+            if n in _POSITIVE[self.arch]:
+                posint(n)
+            elif n in keys:
+                posint(n, 0)
+            elif getattr(self, n) != 0:
+                raise ValueError(f"{n}={getattr(self, n)!r} does not apply to arch "
+                                 f"{self.arch!r} (leave it 0)")
         if self.d_model % self.n_heads != 0:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
         if self.d_head != self.d_model // self.n_heads:
@@ -66,37 +116,56 @@ class ModelConfig:
         if isinstance(self.ln_eps, bool) or not isinstance(self.ln_eps, (int, float, np.floating)) \
                 or not (float(self.ln_eps) > 0 and math.isfinite(float(self.ln_eps))):
             raise ValueError(f"ln_eps={self.ln_eps!r} must be a finite float > 0")
+        if self.ffn_act not in FFN_ACTS:
+            raise ValueError(f"ffn_act={self.ffn_act!r} must be one of {FFN_ACTS}")
         if not isinstance(self.norm_first, (bool, np.bool_)):
             raise ValueError(f"norm_first must be a bool, got {self.norm_first!r}")
         return self
 
     def to_dict(self) -> dict:
-        d = asdict(self)
+        """The public dictionary: only the keys of this architecture (an encoder-decoder
+        writes no ``arch`` key, exactly as before architectures existed)."""
+        full = asdict(self)
+        keys = config_keys(self.arch)
+        d = {k: full[k] for k in (f.name for f in fields(self)) if k in keys}
         for k, v in d.items():
             if isinstance(v, np.generic):
                 d[k] = v.item()
         d["attn_c"] = float(d["attn_c"])
         d["ln_eps"] = float(d["ln_eps"])
         d["norm_first"] = bool(d["norm_first"])
+        d.update({k: getattr(self, k) for k, v in _OPTIONAL.items() if getattr(self, k) != v})
         return d
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "ModelConfig":
-        names = [f.name for f in fields(cls)]
-        extra = sorted(set(d) - set(names))
+        arch = d.get("arch", ENCODER_DECODER)
+        if arch not in ARCHS:
+            raise ValueError(f"arch={arch!r} must be one of {ARCHS}")
+        names = config_keys(arch)
+        extra = sorted(set(d) - set(names) - {"arch"} - set(_OPTIONAL))     # "arch" may be explicit for ED
         if extra:
-            raise ValueError(f"unknown config keys: {extra}")
-        missing = [n for n in names if n not in d]
+            other = sorted(set(extra) & {f.name for f in fields(cls)})
+            why = (f" ({', '.join(other)} do not apply to arch {arch!r})" if other else "")
+            raise ValueError(f"unknown config keys: {extra}{why}")
+        missing = [n for n in names if n not in d and n != "arch"]
         if missing:
             raise ValueError(f"missing config keys: {missing}")
-        return cls(**{n: d[n] for n in names}).validate()
+        opt = {k: d[k] for k in _OPTIONAL if k in d}
+        return cls(**{n: d[n] for n in names if n in d and n != "arch"}, arch=arch,
+                   **opt).validate()
+
+
+def config_keys(arch: str) -> tuple[str, ...]:
+    """Every key of an ``arch`` config dictionary (ModelConfig.to_dict / from_dict)."""
+    return _COMMON + ARCH_KEYS[arch]
 
 
 
 def attn_prefixes(cfg: ModelConfig) -> list[str]:
     p = [f"enc.{i}.attn" for i in range(cfg.n_enc_layers)]
     for i in range(cfg.n_dec_layers):
-        p += [f"dec.{i}.self", f"dec.{i}.cross"]
+        p += [f"dec.{i}.self"] + ([f"dec.{i}.cross"] if cfg.arch == ENCODER_DECODER else [])
     return p
 
 
@@ -128,18 +197,33 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple]:
     for i in range(cfg.n_dec_layers):
         attn(f"dec.{i}.self")
         ln(f"dec.{i}.ln1")
+        if cfg.arch == DECODER_ONLY:      # self attention and FFN only, like an encoder layer
+            ffn(f"dec.{i}.ffn")
+            ln(f"dec.{i}.ln2")
+            continue
         attn(f"dec.{i}.cross")
         ln(f"dec.{i}.ln2")
         ffn(f"dec.{i}.ffn")
         ln(f"dec.{i}.ln3")
     if cfg.norm_first:
-        ln("enc.final_ln")
+        if cfg.n_enc_layers:
+            ln("enc.final_ln")
         if cfg.n_dec_layers:
             ln("dec.final_ln")
+    if cfg.arch == ENCODER_CLASSIFIER:
+        out["head.w"] = (d, cfg.n_classes)
+        out["head.b"] = (cfg.n_classes,)
     return out
 
 
 def expected_user_shapes(cfg: ModelConfig) -> dict[str, tuple]:
+    """The query user's tensors (never secret-shared): embedding tables and output layer."""
     d = cfg.d_model
-    return {"embed.src": (cfg.src_vocab, d), "embed.tgt": (cfg.tgt_vocab, d),
-            "out.w": (d, cfg.tgt_vocab), "out.b": (cfg.tgt_vocab,)}
+    src = {"embed.src": (cfg.src_vocab, d)}
+    tgt = {"embed.tgt": (cfg.tgt_vocab, d), "out.w": (d, cfg.tgt_vocab),
+           "out.b": (cfg.tgt_vocab,)}
+    if cfg.arch == ENCODER_CLASSIFIER:
+        return src
+    if cfg.arch == DECODER_ONLY:
+        return tgt
+    return {**src, **tgt}

@@ -54,8 +54,21 @@ def ref_layernorm(x, gamma, beta, eps):
     return (x - mu) / np.sqrt(var + eps) * gamma + beta
 
 
-def ref_ffn(x, w1, b1, w2, b2):
-    return relu(x @ w1 + b1) @ w2 + b2
+def ref_ffn(x, w1, b1, w2, b2, act: str = "relu"):
+    """act(x W1 + b1) W2 + b2 for act in ModelConfig's FFN_ACTS (relu, gelu, none)."""
+    h = x @ w1 + b1
+    return ffn_activation(h, act) @ w2 + b2
+
+
+def ffn_activation(h, act: str):
+    if act == "relu":
+        return relu(h)
+    if act == "gelu":
+        from mpc3.kernels.activations import gelu_ref
+        return gelu_ref(h)
+    if act == "none":
+        return h
+    raise ValueError(f"unknown FFN activation {act!r}")
 
 
 def ref_mha(cfg: ModelConfig, p: Mapping, xq, xkv, causal: bool = False,
@@ -110,8 +123,9 @@ def _ln(cfg, w, prefix, x):
     return ref_layernorm(x, w[f"{prefix}.gamma"], w[f"{prefix}.beta"], cfg.ln_eps)
 
 
-def _ffn(w, prefix, x):
-    return ref_ffn(x, w[f"{prefix}.w1"], w[f"{prefix}.b1"], w[f"{prefix}.w2"], w[f"{prefix}.b2"])
+def _ffn(cfg, w, prefix, x):
+    return ref_ffn(x, w[f"{prefix}.w1"], w[f"{prefix}.b1"], w[f"{prefix}.w2"], w[f"{prefix}.b2"],
+                   cfg.ffn_act)
 
 
 def ref_encoder(cfg: ModelConfig, w: Weights, x, form: str = "kv", folded=None) -> np.ndarray:
@@ -122,10 +136,10 @@ def ref_encoder(cfg: ModelConfig, w: Weights, x, form: str = "kv", folded=None) 
         if cfg.norm_first:
             u = _ln(cfg, w, f"enc.{i}.ln1", x)
             x = x + ref_mha(cfg, p, u, u, form=form)
-            x = x + _ffn(w, f"enc.{i}.ffn", _ln(cfg, w, f"enc.{i}.ln2", x))
+            x = x + _ffn(cfg, w, f"enc.{i}.ffn", _ln(cfg, w, f"enc.{i}.ln2", x))
         else:
             x = _ln(cfg, w, f"enc.{i}.ln1", x + ref_mha(cfg, p, x, x, form=form))
-            x = _ln(cfg, w, f"enc.{i}.ln2", x + _ffn(w, f"enc.{i}.ffn", x))
+            x = _ln(cfg, w, f"enc.{i}.ln2", x + _ffn(cfg, w, f"enc.{i}.ffn", x))
     if cfg.norm_first:
         x = _ln(cfg, w, "enc.final_ln", x)
     return x
@@ -142,11 +156,11 @@ def ref_decoder(cfg: ModelConfig, w: Weights, y, enc_out, form: str = "kv",
             u = _ln(cfg, w, f"dec.{i}.ln1", x)
             x = x + ref_mha(cfg, ps, u, u, causal=True, form=form)
             x = x + ref_mha(cfg, pc, _ln(cfg, w, f"dec.{i}.ln2", x), enc_out, form=form)
-            x = x + _ffn(w, f"dec.{i}.ffn", _ln(cfg, w, f"dec.{i}.ln3", x))
+            x = x + _ffn(cfg, w, f"dec.{i}.ffn", _ln(cfg, w, f"dec.{i}.ln3", x))
         else:
             x = _ln(cfg, w, f"dec.{i}.ln1", x + ref_mha(cfg, ps, x, x, causal=True, form=form))
             x = _ln(cfg, w, f"dec.{i}.ln2", x + ref_mha(cfg, pc, x, enc_out, form=form))
-            x = _ln(cfg, w, f"dec.{i}.ln3", x + _ffn(w, f"dec.{i}.ffn", x))
+            x = _ln(cfg, w, f"dec.{i}.ln3", x + _ffn(cfg, w, f"dec.{i}.ffn", x))
     if cfg.norm_first and cfg.n_dec_layers:
         x = _ln(cfg, w, "dec.final_ln", x)
     return x
@@ -209,11 +223,11 @@ def ref_decoder_step(cfg: ModelConfig, w: Weights, state: RefDecodeState | None,
         if cfg.norm_first:
             x = x + _step_self(cfg, w, f"dec.{i}.self", state, i, _ln(cfg, w, f"dec.{i}.ln1", x))
             x = x + _step_attn(cfg, pc, _ln(cfg, w, f"dec.{i}.ln2", x), state.cross_kv[i], cscale)
-            x = x + _ffn(w, f"dec.{i}.ffn", _ln(cfg, w, f"dec.{i}.ln3", x))
+            x = x + _ffn(cfg, w, f"dec.{i}.ffn", _ln(cfg, w, f"dec.{i}.ln3", x))
         else:
             x = _ln(cfg, w, f"dec.{i}.ln1", x + _step_self(cfg, w, f"dec.{i}.self", state, i, x))
             x = _ln(cfg, w, f"dec.{i}.ln2", x + _step_attn(cfg, pc, x, state.cross_kv[i], cscale))
-            x = _ln(cfg, w, f"dec.{i}.ln3", x + _ffn(w, f"dec.{i}.ffn", x))
+            x = _ln(cfg, w, f"dec.{i}.ln3", x + _ffn(cfg, w, f"dec.{i}.ffn", x))
     if cfg.norm_first and cfg.n_dec_layers:
         x = _ln(cfg, w, "dec.final_ln", x)
     state.t += 1

@@ -18,8 +18,8 @@ One ``np.savez`` archive (no pickled objects; read with ``allow_pickle=False``):
 * ``"config.json"``: uint8 array holding the UTF-8 JSON of
   :meth:`ModelConfig.to_dict`;
 * every MPC weight tensor under its name (``enc.0.attn.wq`` ...), float64;
-* optionally the query-user tensors ``embed.src``, ``embed.tgt``, ``out.w``,
-  ``out.b`` (float64).
+* optionally the query-user tensors of its architecture (``embed.src``, ``embed.tgt``,
+  ``out.w``, ``out.b`` for an encoder-decoder; see :func:`expected_user_shapes`), float64.
 
 Tensor names and shapes are given by :func:`expected_shapes` /
 :func:`expected_user_shapes`.
@@ -147,23 +147,26 @@ def random_weights(cfg: ModelConfig, seed: int = 0) -> Weights:
         leaf = name.rsplit(".", 1)[1]
         if leaf == "omega":
             w[name] = make_omega(cfg, rng)
-        elif leaf in ("wq", "wk", "wv", "wo", "w1", "w2"):
+        elif leaf in ("wq", "wk", "wv", "wo", "w1", "w2", "w"):
             std = math.sqrt(2.0 / (shape[0] + shape[1]))
             w[name] = rng.standard_normal(shape) * std
         elif leaf == "gamma":
             w[name] = 1.0 + 0.1 * rng.standard_normal(shape)
-        else:  # beta, b1, b2
+        else:  # beta, b1, b2, b
             w[name] = 0.1 * rng.standard_normal(shape)
     return w
 
 
 def random_user(cfg: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random query-user tensors of ``cfg``'s architecture (:func:`expected_user_shapes`)."""
     rng = np.random.default_rng(seed + 7919)
     d = cfg.d_model
-    return {"embed.src": rng.standard_normal((cfg.src_vocab, d)) / math.sqrt(d),
-            "embed.tgt": rng.standard_normal((cfg.tgt_vocab, d)) / math.sqrt(d),
-            "out.w": rng.standard_normal((d, cfg.tgt_vocab)) * math.sqrt(2.0 / (d + cfg.tgt_vocab)),
-            "out.b": np.zeros(cfg.tgt_vocab)}
+    out = {"embed.src": rng.standard_normal((max(cfg.src_vocab, 1), d)) / math.sqrt(d),
+           "embed.tgt": rng.standard_normal((max(cfg.tgt_vocab, 1), d)) / math.sqrt(d),
+           "out.w": rng.standard_normal((d, max(cfg.tgt_vocab, 1)))
+           * math.sqrt(2.0 / (d + cfg.tgt_vocab)),
+           "out.b": np.zeros(max(cfg.tgt_vocab, 1))}
+    return {k: out[k] for k in expected_user_shapes(cfg)}
 
 
 # --------------------------------------------------------------------------- save / load
@@ -181,7 +184,7 @@ def save_model(path, cfg: ModelConfig, weights: Weights, user: Mapping | None = 
         arrays[k] = np.asarray(v, dtype=np.float64)
     if user is not None:
         validate_user(cfg, user)
-        for k in USER_NAMES:
+        for k in expected_user_shapes(cfg):
             arrays[k] = np.asarray(user[k], dtype=np.float64)
     buf = io.BytesIO()
     np.savez(buf, **arrays)

@@ -1,0 +1,90 @@
+"""``mpc3 generate``: secure text generation with a decoder-only LM on a running cluster,
+streaming each token as it is produced.
+
+    mpc3 generate --config C --model-id ID --model LM.npz "prompt" [--tokens N]
+    mpc3 generate --config C --model-id ID --model LM.npz --ids 5,17,3 [--tokens N]
+
+``--model`` is the model file holding the query user's part of the LM (``embed.tgt``,
+``out.w``, ``out.b``); those tensors never leave this process. Text prompts are UTF-8 bytes
+(a model with tgt_vocab >= 256; id 256 ends the text when the vocabulary has it); ``--ids``
+gives token ids directly. The generated text goes to stdout as it is produced; the token ids
+and the cost to stderr.
+"""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from .common import add_client_creds, load, load_model_file
+
+
+def _cmd_generate(args) -> int:
+    from net.client import QueryUser
+    from ..generate import ByteStream, LMClusterBackend, encode_text, eos_of, generate
+    from ..translate import TranslationError
+    cfg = load(args)
+    mcfg, _, user = load_model_file(args.model)
+    if mcfg.arch != "decoder-only":
+        raise ValueError(f"{args.model} is an {mcfg.arch} model; generate needs a "
+                         "decoder-only LM")
+    if not user:
+        raise ValueError(f"{args.model} holds no query-user tensors (embed.tgt, out.w, out.b)")
+    if (args.prompt is None) == (args.ids is None):
+        raise ValueError("give a text prompt or --ids, not both or neither")
+    if args.ids is not None:
+        try:
+            ids = [int(t) for t in args.ids.split(",") if t.strip()]
+        except ValueError:
+            raise ValueError(f"--ids {args.ids!r}: expected comma-separated integers") from None
+        text = False
+    else:
+        ids, text = encode_text(mcfg, args.prompt), True
+    eos = eos_of(mcfg) if text else None
+    stream = ByteStream()
+
+    def show(k: int, tok: np.ndarray) -> None:
+        t = int(tok[0])
+        if eos is not None and t == eos:
+            return
+        sys.stdout.write(stream.feed(t) if text else f"{t} ")
+        sys.stdout.flush()
+
+    with QueryUser(cfg, args.cert, args.key, rpc_timeout=args.rpc_timeout) as qu:
+        backend = LMClusterBackend(qu, args.model_id, step_timeout=args.step_timeout)
+        remote = backend.model_config()
+        if remote != mcfg:
+            raise TranslationError(f"model {args.model_id!r} on the cluster has another "
+                                   f"config than {args.model}: {remote} vs {mcfg}")
+        res = generate(backend, mcfg, user, np.array([ids]), args.tokens, eos=eos,
+                       on_token=None if args.quiet else show)
+    if args.quiet:
+        out = res.tokens[0]
+        print("".join(stream.feed(t) for t in out) + stream.flush() if text
+              else " ".join(map(str, out)))
+    else:
+        sys.stdout.write(stream.flush() + "\n")
+    cost = res.step_cost
+    per = cost.bytes_total / max(1, cost.jobs)
+    print(f"tokens: {res.tokens[0]}", file=sys.stderr)
+    print(f"cost: prefill of {len(ids)} tokens {res.prefill_cost.bytes_total / 1e6:.3f} MB, "
+          f"{res.prefill_cost.rounds} rounds; {cost.jobs} steps {per / 1e6:.3f} MB and "
+          f"{cost.rounds // max(1, cost.jobs)} rounds per token (all parties)", file=sys.stderr)
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("generate", help="generate text securely with a decoder-only LM on a "
+                       "running cluster (streams tokens)")
+    p.add_argument("prompt", nargs="?", help="text prompt (UTF-8 bytes as tokens)")
+    p.add_argument("--ids", help="prompt as comma-separated token ids instead of text")
+    p.add_argument("--model-id", required=True)
+    p.add_argument("--model", required=True, help="model file with the query-user tensors "
+                   "(embed.tgt, out.w, out.b)")
+    p.add_argument("--tokens", type=int, default=16, help="tokens to generate (default 16)")
+    p.add_argument("--step-timeout", type=float, default=120.0,
+                   help="seconds one job (prefill or step) may take")
+    p.add_argument("--rpc-timeout", type=float, default=30.0)
+    p.add_argument("--quiet", action="store_true", help="print the text at the end only")
+    add_client_creds(p)
+    p.set_defaults(func=_cmd_generate)

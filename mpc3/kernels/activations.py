@@ -1,0 +1,172 @@
+"""Activations: gelu_a (exact erf GELU) - piecewise quartics selected by one batched DReLU.
+
+GELU(x) = x Phi(x) = x (1 + erf(x / sqrt 2)) / 2. The PUMA approach (Dong et al. 2023:
+segments with low-degree polynomials chosen by comparisons), re-cut for rounds:
+
+* Segments. Thresholds t = (-4, -1.5625, 0, 1.5625, 4) (:data:`GELU_BREAKS`): 0 below -4,
+  x above 4 (exact by construction: the tails |GELU - ReLU| = |x| Phi(-|x|) < 1.27e-4
+  there), and four quartics in between, one per segment, fitted in float64 at import
+  (reweighted least squares -> near-minimax, 4.3e-4 max error after quantisation; the cut points minimise
+  the largest of the four errors). Three segments need degree 8 (one more product
+  layer), five reach 4e-5 at one more comparison, product and injection per element.
+* Comparisons. All five c_k = [x >= t_k] in ONE drelu_a call (a thermometer code).
+* Quartics in two product layers, all segments at once. Layer 1: y = x^2 (one product,
+  kept at S = frac + e bits). Each segment j is written around a centre m_j (a multiple
+  of 2^-(e+1), so 2 m_j x is exact at scale S) in u = x - m_j, so its coefficients stay small (sum |a_k u^k| <= 4
+  instead of 9 for monomials in x): u and u^2 = y - 2 m_j x + m_j^2 are local.
+  P_j = u^2 (a4 u^2 + a3 u + a2) + a1 u + a0 = [u^2, a1 u] . [L_j, 1] + a0: layer 2 is ONE
+  two-term dot product per segment (matmul_aa of (.., 1, 2) @ (.., 2, 1): the products are
+  summed before the single truncation), a0 is a public addition. a4, a3, a1 are public
+  integers of K bits, quantised one at a time with the others refitted (so quantisation
+  costs < 1e-5).
+* Selection. With V_0 = 0, V_1..V_4 = P_1..P_4, V_5 = x, the output is
+  sum_k c_k (V_{k+1} - V_k) (it telescopes to V_j on segment j): one batched mul_ab over
+  the five bits, no one-hot conversion. Values of segments an input is not in may be
+  garbage (their products overflow for large |x|); they cancel exactly in the ring.
+  Horner would need four sequential products per segment (8 rounds in exact mode) instead
+  of two layers (4 rounds); the power form x^2, x^3, x^4 needs two layers as well but
+  one more product per element and large coefficients.
+
+Scales per truncation mode (:data:`GELU_SCALES`, (e, K)): "exact" e = 2, K = 16 - the dot
+product is formed at scale 2S + K = 56 bits (|value| <= 3 on a segment, < 2^62 always);
+"prob" e = 0, K = 14 - scale 50, so the selected product (|u^2 L + a1 u| <= 1.5) fails
+with probability ~2^50.6/2^64 ~ 1e-4 per element at most (measured: 4 failures in 4e5
+elements of [-6, 6]; documented like exp_a's, not prevented; products of segments an input is not in may fail or overflow harmlessly).
+
+Range (one, closed): |x| <= :func:`gelu_limit` (cfg) = relu_limit / 2 = 2^13: every
+comparison x - t_k then stays inside DReLU's window. Error on the range, both modes
+(:data:`GELU_ERROR`): max |out - GELU(x)| <= 6e-4 (measured 4.32e-4 exact, 4.37e-4 prob on
+a 4e4-point sweep of [-6, 6]; 1.3e-4 on the tails; tests/test_kernels_gelu.py). DReLU's either-answer region
+[t_k - 2^-12, t_k) picks the next segment's quartic, fitted 2^-10 beyond its ends.
+
+Outside the range: up to |x| < 2^15 - 4 - 2^-8 the comparisons are still right (DReLU's
+one bit of margin) and so is the result; beyond 2^15 + 4 every comparison is wrong -
+positive x give 0 and negative x give x - and from 2^16 + 4 about half are (garbage).
+
+Cost (:func:`cost_gelu`): rounds = DReLU (6) + 2 product layers + injection (2) = 12 in
+exact mode, 10 in prob mode; bytes: 5 comparisons, 1 + 4 products, 5 injections per element.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from .. import ring
+from ..party import Party, RingConfig
+from ..shares import AShare
+from . import arith, convert
+from .base import Cost
+
+#: Comparison thresholds t_0..t_4: 0 below t_0, quartic j on [t_{j-1}, t_j), x from t_4 on.
+GELU_BREAKS = (-4.0, -1.5625, 0.0, 1.5625, 4.0)
+#: (e, K) per truncation mode: u, u^2 kept at frac + e bits, coefficients a4, a3, a1 with K.
+GELU_SCALES = {"exact": (2, 16), "prob": (0, 14)}
+#: Error claim on the range (absolute), per truncation mode (prob: excluding its failures).
+GELU_ERROR = {"exact": 6e-4, "prob": 6e-4}
+#: The quartics are fitted this far beyond each segment (DReLU's either-answer region).
+_FIT_MARGIN = 2.0 ** -10
+
+
+def gelu_limit(cfg: RingConfig) -> float:
+    """The one documented range of gelu_a: |x| <= relu_limit(cfg) / 2 (2^13 by default)."""
+    return convert.relu_limit(cfg) / 2
+
+
+def gelu_ref(x) -> np.ndarray:
+    """float64 GELU, exact erf form."""
+    x = np.asarray(x, dtype=np.float64)
+    return 0.5 * x * (1.0 + np.vectorize(math.erf, otypes=[float])(x / math.sqrt(2.0)))
+
+
+def _fit(u: np.ndarray, y: np.ndarray, fixed: dict[int, float]) -> np.ndarray:
+    """Quartic coefficients a0..a4 in u minimising the max error (reweighted least
+    squares), with the coefficients in ``fixed`` held at their given values."""
+    free = [k for k in range(5) if k not in fixed]
+    target = y - sum(c * u ** k for k, c in fixed.items())
+    basis = np.stack([u ** k for k in free], 1)
+    w = np.ones_like(u)
+    for _ in range(40):
+        coef, *_ = np.linalg.lstsq(basis * w[:, None], target * w, rcond=None)
+        r = np.abs(basis @ coef - target)
+        w = w * (1 + 50 * r / r.max())
+        w = w / w.max()
+    out = np.zeros(5)
+    out[free] = coef
+    for k, c in fixed.items():
+        out[k] = c
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def gelu_table(extra: int, coef_bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """(centres m_j, coefficients (4, 5) a0..a4 in u = x - m_j) of the four quartics: m_j
+    a multiple of 2^-(extra + 1) (so 2 m_j x is exact at scale frac + extra), a4, a3, a1
+    multiples of 2^-coef_bits (quantised in that order, refitting the rest)."""
+    centres, coefs = [], []
+    for lo, hi in zip(GELU_BREAKS[:-1], GELU_BREAKS[1:]):
+        m = round((lo + hi) / 2 * 2 ** (extra + 1)) / 2 ** (extra + 1)
+        x = np.linspace(lo - _FIT_MARGIN, hi + _FIT_MARGIN, 801)
+        u, y = x - m, gelu_ref(x)
+        fixed: dict[int, float] = {}
+        for k in (4, 3, 1):
+            a = _fit(u, y, fixed)
+            fixed[k] = round(a[k] * 2 ** coef_bits) / 2 ** coef_bits
+        centres.append(m)
+        coefs.append(_fit(u, y, fixed))
+    return np.array(centres), np.array(coefs)
+
+
+def gelu_a(p: Party, x: AShare) -> AShare:
+    """GELU(x) (erf form) for |x| <= gelu_limit(cfg), same scale; error GELU_ERROR.
+    Algorithm and costs: module docstring. Cost: :func:`cost_gelu`."""
+    f, (e, K) = p.cfg.frac, GELU_SCALES[p.cfg.trunc]
+    S = f + e
+    shape = x.shape
+    x = x.reshape(-1)
+    n, nt = x.size, len(GELU_BREAKS)
+    centres, a = gelu_table(e, K)
+    nseg = centres.size
+
+    def wide(v: AShare, k: int) -> AShare:                  # (n,) -> (n, k), same row
+        return AShare(np.repeat(v.a[:, None], k, 1), np.repeat(v.b[:, None], k, 1))
+
+    diff = arith.add_public(p, wide(x, nt), -ring.encode(np.array(GELU_BREAKS), f)[None, :])
+    bits = convert.drelu_a(p, diff.reshape(-1))    # c_k = [x >= t_k]: 5 DReLUs, 6 rounds
+
+    y = arith.mul_aa(p, x, x, trunc=2 * f - S)     # x^2 at scale S: 1 product, 2 | 1 rounds
+    xs = wide(x.scale(1 << e), nseg)                         # x at scale S
+    u = arith.add_public(p, xs, -ring.encode(centres, S)[None, :])
+    two_m = ring.from_signed(np.rint(2 * centres * 2 ** e).astype(np.int64))[None, :]
+    u2 = arith.add_public(p, wide(y, nseg) - wide(x, nseg).scale(two_m),   # (x - m)^2 at S
+                          ring.encode(centres ** 2, S)[None, :])
+    def ints(c: np.ndarray) -> np.ndarray:                  # K-bit public coefficients
+        return ring.from_signed(np.rint(c * 2 ** K).astype(np.int64))[None, :]
+
+    L = arith.add_public(p, u2.scale(ints(a[:, 4])) + u.scale(ints(a[:, 3])),
+                         ring.encode(a[:, 2], S + K)[None, :])        # scale S + K
+    M = u.scale(ints(a[:, 1]))                                        # scale S + K
+    one = arith.public_share(p, np.full((n, nseg), np.uint64(1) << np.uint64(S)))
+    left = AShare(np.stack([u2.a, M.a], -1)[..., None, :], np.stack([u2.b, M.b], -1)[..., None, :])
+    right = AShare(np.stack([L.a, one.a], -1)[..., None], np.stack([L.b, one.b], -1)[..., None])
+    # 4 products (one per segment), 2 | 1 rounds
+    poly = arith.matmul_aa(p, left, right, trunc=2 * S + K - f).reshape(n, nseg)
+    poly = arith.add_public(p, poly, ring.encode(a[:, 0], f)[None, :])  # P_j at scale f
+
+    zero = np.zeros((n, 1), dtype=np.uint64)
+    values = AShare.concat([poly, x.reshape(n, 1)], 1)                # V_1..V_5
+    below = AShare.concat([AShare(zero, zero.copy()), poly], 1)       # V_0..V_4
+    # 5 injections, 2 rounds
+    picked = convert.mul_ab(p, bits, (values - below).reshape(-1)).reshape(n, nt)
+    return AShare(picked.a.sum(axis=1), picked.b.sum(axis=1)).reshape(shape)
+
+
+def cost_gelu(n: int, cfg: RingConfig) -> Cost:
+    """Rounds and bytes per party of :func:`gelu_a` on ``n`` elements."""
+    f, (e, K) = cfg.frac, GELU_SCALES[cfg.trunc]
+    S, nt = f + e, len(GELU_BREAKS)
+    return (convert.cost_drelu(n * nt, *convert.window_for(cfg))
+            + arith.cost_mul(n, 2 * f - S, f, cfg.trunc)
+            + arith.cost_mul(n * (nt - 1), 2 * S + K - f, f, cfg.trunc)
+            + convert.cost_inject(n * nt, fused=False))

@@ -1,0 +1,321 @@
+"""The seed papers' attention variants on replicated shares, causal masks included.
+
+All take per-head q, k, v of shape (B, h, S, dh) (heads split, as
+:func:`protocols.attention.softmax_attention`), form the scores s = q k^T / sqrt(dh) in one
+product (1/sqrt(dh) rides in q with 12 extra bits, as in softmax_attention) and, when
+``masked``, only the S(S+1)/2 causal scores are reshared and transformed; the others are 0.
+
+* :func:`power_softmax` - PowerSoftmax (seed 000, Eq. 2 with the 1/eps^2-Lipschitz division
+  of Eq. 4): out_i = sum_j s_ij^p v_j / (eps + sum_j s_ij^p), p even. Forms:
+  "plain" (Eq. 4); "stable" (Eq. 5 + 4: the same on t = s / c, c = ||s_i||_inf, so every
+  row's largest |t| is 1 and no digits are lost in t^p: c^-2 = max_j s_ij^2 by a ReLU
+  tournament max(a, b) = b + ReLU(a - b) over the row, c^-1 by fxp.sqrt_inv_a; the paper's
+  eps' only keeps c > 0 in floating point and is 0 here); "length" (Eq. 6, length-agnostic:
+  (s^p / L) / (eps + mean_j s^p) with L the row's number of keys, i + 1 for causal row i;
+  the reciprocal's input is the mean, so its range does not grow with L; 1/L rides in the
+  products (:func:`_mantissa`), the mean and (s^p / L) V in one call).
+  Powers by repeated squaring (p = 2, 4, 6, 8: 1, 2, 3, 3 product layers), 1/den by
+  ``fxp.reciprocal_a``.
+* :func:`sigma_attention` - scaled sigma-attention (seed 002, Eq. 5 with post-activation
+  scaling S(L) = 1/L and the mask of Eq. 9): out = (sigma(s) * M) V / L, with sigma = ReLU
+  (one relu_a) or a public polynomial sum_k c_k s^k (all powers in ceil(log2 deg) product
+  layers, the c_k / L ride in the last product, no extra truncation). L = the number of keys
+  (constant, also for causal rows, as in the paper) unless ``length`` is given.
+* softmax: :func:`protocols.attention.softmax_attention` (masked form included); its
+  declared cost is :func:`cost_softmax_attention` here.
+
+Ranges (checked by the calibration the model-zoo wiring adds; tests/test_attention_variants.py
+runs inside them): every score |s| < 2^13 and every product below arith.product_limit;
+power_softmax: each denominator (eps + sum_j s^p; eps + mean_j s^p for "length";
+eps + sum_j t^p in [1, Sk + eps] for "stable") in fxp.RECIPROCAL_RANGE = [2^-12, 2^16] - so
+eps >= 2^-12 is required for "plain"/"length" (refused otherwise); "stable" needs every
+row's max_j |s_ij| in [2^-6, 2^7) (fxp.SQRT_INV_RANGE and the ReLU limit for s^2);
+|sum_j s_ij^p v_j| < 2^14 for "length". sigma_attention: ReLU inputs within
+convert.relu_limit (2^14), |s|^deg < 2^26, and |out| * L < 2^14 (ReLU) or
+< 2^14 max_k |c_k| (polynomial). Error: fixed point (18 bits), the 12-bit factors (2^-12
+relative) and reciprocal_a's / sqrt_inv_a's; PowerSoftmax's is ~2 ulp * sum_j |v_j| / den
+(largest where den ~ eps). Measured in tests/test_attention_variants.py (<= 2e-3 absolute,
+measured <= 1.3e-3, at B=2, h=3, S=7, dh=8 with |q|, |k|, |v| <= 1.5, eps = 1e-2).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from mpc3 import ring
+from mpc3.kernels import arith, convert, fxp
+from mpc3.kernels.base import Cost
+from mpc3.party import Party, RingConfig
+from mpc3.shares import AShare
+from protocols.attention import tril_mask
+
+POWER_FORMS = ("plain", "stable", "length")
+#: Extra bits of 1/sqrt(dh) in the score product (as softmax_attention).
+SCORE_EXTRA = 12
+#: Significant bits of the public factors 1/L, eps and c_k/L that ride in products.
+SIG_BITS = 12
+
+
+# ------------------------------------------------------------------------ helpers ----
+def _mantissa(x) -> tuple[np.ndarray, np.ndarray]:
+    """Positive public reals x -> (integers c, shifts b) with c = round(x 2^b) in
+    [2^(SIG_BITS-1), 2^SIG_BITS]: x to SIG_BITS significant bits whatever its size."""
+    x = np.asarray(x, dtype=np.float64)
+    b = (SIG_BITS - 1 - np.floor(np.log2(x))).astype(np.int64)
+    return np.rint(x * 2.0 ** b).astype(np.uint64), b
+
+
+def _per_element(shift, shape) -> np.ndarray:
+    """Shifts broadcast to an output shape, flat (mul_many_aa's per-element form)."""
+    return np.broadcast_to(shift, shape).reshape(-1)
+
+
+def _keep(shape, Sk: int, masked: bool) -> np.ndarray:
+    """Public boolean (B, h, Sq, Sk): the scores that exist (causal: j <= i)."""
+    base = tril_mask(Sk).astype(bool) if masked else np.ones((1, Sk), bool)
+    return np.broadcast_to(base, tuple(shape[:-1]) + (Sk,))
+
+
+def _rows_keys(Sq: int, Sk: int, masked: bool) -> np.ndarray:
+    """L_i, the number of keys row i attends to."""
+    return np.arange(1, Sq + 1) if masked else np.full(Sq, Sk)
+
+
+def _scores(p: Party, q: AShare, k: AShare, keep: np.ndarray) -> AShare:
+    """The kept entries of q k^T / sqrt(dh), flat: one product."""
+    qs = q.scale(ring.encode(1.0 / math.sqrt(q.shape[-1]), SCORE_EXTRA))
+    items = [(qs, k.T, "matmul", p.cfg.frac + SCORE_EXTRA, keep)]
+    sc = arith.mul_many_aa(p, items)[0]
+    return AShare(sc.a[keep], sc.b[keep])
+
+
+def _scatter(x: AShare, keep: np.ndarray) -> AShare:
+    a, b = np.zeros(keep.shape, np.uint64), np.zeros(keep.shape, np.uint64)
+    a[keep], b[keep] = x.a, x.b
+    return AShare(a, b)
+
+
+def _row_sum(x: AShare) -> AShare:
+    return AShare(x.a.sum(axis=-1, dtype=np.uint64), x.b.sum(axis=-1, dtype=np.uint64))
+
+
+def _cols(x: AShare, d: int) -> AShare:
+    """(..., S) -> (..., S, d): each row value repeated over d columns."""
+    shape = x.shape + (d,)
+    return AShare(np.ascontiguousarray(np.broadcast_to(x.a[..., None], shape)),
+                  np.ascontiguousarray(np.broadcast_to(x.b[..., None], shape)))
+
+
+def _power_layers(n: int) -> int:
+    """Product layers of :func:`_power` (square-and-multiply)."""
+    if n == 1:
+        return 0
+    return _power_layers(n // 2) + 1 + n % 2
+
+
+def _power(p: Party, x: AShare, n: int) -> AShare:
+    """x^n by repeated squaring, each product truncated (one layer each)."""
+    if n == 1:
+        return x
+    half = _power(p, x, n // 2)
+    sq = arith.mul_aa(p, half, half)
+    return arith.mul_aa(p, sq, x) if n % 2 else sq
+
+
+def _check_power(power: int, eps: float, form: str) -> None:
+    if form not in POWER_FORMS:
+        raise ValueError(f"power_softmax: form={form!r} must be one of {POWER_FORMS}")
+    if power < 2 or power % 2:
+        raise ValueError(f"power_softmax: power={power} must be even and >= 2")
+    lo = fxp.RECIPROCAL_RANGE[0]
+    if form != "stable" and eps < lo:
+        raise ValueError(f"power_softmax: eps={eps} below the reciprocal's range "
+                         f"(eps >= 2^-12 = {lo:.3g} for form {form!r})")
+    if form == "stable" and not eps >= 0:
+        raise ValueError("power_softmax: eps must be >= 0")
+
+
+# --------------------------------------------------------------- power softmax ----
+def _tournament(p: Party, e: AShare) -> AShare:
+    """max over the last axis of nonnegative e: levels of max(a, b) = b + ReLU(a - b)."""
+    while e.shape[-1] > 1:
+        half = e.shape[-1] // 2
+        a, b = e[..., :half], e[..., half:2 * half]
+        m = b + convert.relu_a(p, a - b)
+        e = AShare.concat([m, e[..., 2 * half:]], axis=-1) if e.shape[-1] % 2 else m
+    return e[..., 0]
+
+
+def _tournament_pairs(Sk: int) -> list[int]:
+    out, n = [], Sk
+    while n > 1:
+        out.append(n // 2)
+        n = n // 2 + n % 2
+    return out
+
+
+def power_softmax(p: Party, q: AShare, k: AShare, v: AShare, power: int = 4,
+                  eps: float = 1e-2, form: str = "plain", masked: bool = False) -> AShare:
+    """PowerSoftmax attention (seed 000 Eq. 4-6; module docstring).
+    Cost: :func:`cost_power_softmax`."""
+    _check_power(power, eps, form)
+    f = p.cfg.frac
+    B, h, Sq, dh = q.shape
+    Sk = k.shape[-2]
+    if masked and Sq != Sk:
+        raise ValueError("masked power_softmax needs Sq == Sk")
+    keep = _keep(q.shape, Sk, masked)
+    s = _scores(p, q, k, keep)
+    if form == "stable":                          # s / ||s_i||_inf = s * (max_j s_ij^2)^-1/2
+        inv_c = fxp.sqrt_inv_a(p, _tournament(p, _scatter(arith.mul_aa(p, s, s), keep)))
+        wide = _cols(inv_c, Sk)
+        s = arith.mul_aa(p, s, AShare(wide.a[keep], wide.b[keep]))
+    e = _scatter(_power(p, s, power), keep)                      # s^p, 0 where masked
+    total = _row_sum(e)
+    if form == "length":
+        c, b = _mantissa(1.0 / _rows_keys(Sq, Sk, masked))
+        one = arith.public_share(p, np.ones(total.shape, np.uint64))      # 1 at scale 0
+        mean, ev = arith.mul_many_aa(p, [                              # one call:
+            (total.scale(c), one, "mul", _per_element(b, total.shape)),   # sum_j s^p / L_i
+            (e.scale(c[:, None]), v, "matmul",                            # (s^p / L_i) @ v
+             _per_element((f + b)[:, None], (B, h, Sq, v.shape[-1])))])
+        total = mean
+    den = arith.add_public(p, total, np.full(total.shape, ring.encode(np.array(eps), f)))
+    inv = fxp.reciprocal_a(p, den)
+    if form != "length":
+        ev = arith.matmul_aa(p, e, v)
+    return arith.mul_aa(p, ev, _cols(inv, v.shape[-1]))
+
+
+def cost_power_softmax(cfg: RingConfig, B: int, h: int, Sq: int, Sk: int, dh: int,
+                       power: int = 4, form: str = "plain", masked: bool = False,
+                       eps: float = 1e-2) -> Cost:
+    _check_power(power, eps, form)
+    f, mode = cfg.frac, cfg.trunc
+    kept = B * h * (Sq * (Sq + 1) // 2 if masked else Sq * Sk)
+    rows = B * h * Sq
+    cost = arith.cost_mul(kept, f + SCORE_EXTRA, f, mode)
+    if form == "stable":
+        cost = cost + arith.cost_mul(kept, True, f, mode)
+        for pairs in _tournament_pairs(Sk):
+            cost = cost + convert.cost_relu(rows * pairs, *convert.window_for(cfg))
+        cost = (cost + fxp.cost_sqrt_inv(rows, "auto", f, mode)
+                + arith.cost_mul(kept, True, f, mode))
+    for _ in range(_power_layers(power)):
+        cost = cost + arith.cost_mul(kept, True, f, mode)
+    if form == "length":
+        b = _mantissa(1.0 / _rows_keys(Sq, Sk, masked))[1]
+        shifts = np.concatenate([np.tile(b, B * h),
+                                 np.tile(np.repeat(f + b, dh), B * h)])
+        cost = cost + arith.cost_mul_many(shifts, 0, mode)
+    cost = cost + fxp.cost_reciprocal(rows, f, mode)
+    if form != "length":
+        cost = cost + arith.cost_mul(rows * dh, True, f, mode)
+    return cost + arith.cost_mul(rows * dh, True, f, mode)
+
+
+def ref_power_softmax(q, k, v, power=4, eps=1e-2, form="plain", masked=False):
+    """float64 reference of :func:`power_softmax`, written as the paper's equations."""
+    s = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])
+    Sq, Sk = s.shape[-2:]
+    mask = np.tril(np.ones((Sq, Sk))) if masked else np.ones((Sq, Sk))
+    if form == "stable":                                    # Eq. 5: s / (||s||_inf + 0)
+        s = s / np.max(np.abs(s) * mask, axis=-1, keepdims=True)
+    e = s ** power * mask
+    if form == "length":                                    # Eq. 6
+        L = mask.sum(-1)[:, None]
+        w = (e / L) / (eps + e.sum(-1, keepdims=True) / L)
+    else:                                                   # Eq. 4
+        w = e / (eps + e.sum(-1, keepdims=True))
+    return w @ v
+
+
+# ---------------------------------------------------------- scaled sigma-attention ----
+def _all_powers(p: Party, x: AShare, deg: int) -> list[AShare]:
+    """[x, x^2, ..., x^deg] in ceil(log2 deg) product layers: with x..x^m known, one call
+    forms x^(m+j) = x^m x^j for j = 1..min(m, deg - m)."""
+    pw, n = [x], x.size
+    while len(pw) < deg:
+        m = len(pw)
+        new = min(m, deg - m)
+        prod = arith.mul_aa(p, AShare.concat([pw[-1]] * new), AShare.concat(pw[:new]))
+        pw += [prod[j * n:(j + 1) * n] for j in range(new)]
+    return pw
+
+
+def _sigma_coeffs(coeffs, L: int) -> tuple[np.ndarray, int]:
+    c = np.asarray(coeffs, dtype=np.float64) / L
+    if c.ndim != 1 or c.size < 2 or not np.any(c[1:]):
+        raise ValueError("sigma_attention: polynomial coefficients c_0..c_deg, deg >= 1")
+    b = int(_mantissa(np.max(np.abs(c)))[1])
+    return ring.from_signed(np.rint(c * 2.0 ** b).astype(np.int64)), b
+
+
+def sigma_attention(p: Party, q: AShare, k: AShare, v: AShare, sigma="relu",
+                    masked: bool = False, length: int | None = None) -> AShare:
+    """Scaled sigma-attention (sigma(s) * M) V / L (seed 002 Eq. 5, 9): ``sigma`` is
+    "relu" or the coefficients (c_0, ..., c_deg) of a public polynomial. Cost:
+    :func:`cost_sigma_attention`."""
+    f = p.cfg.frac
+    Sq, Sk = q.shape[-2], k.shape[-2]
+    if masked and Sq != Sk:
+        raise ValueError("masked sigma_attention needs Sq == Sk")
+    L = Sk if length is None else int(length)
+    keep = _keep(q.shape, Sk, masked)
+    s = _scores(p, q, k, keep)
+    if isinstance(sigma, str):
+        if sigma != "relu":
+            raise ValueError(f"sigma_attention: sigma={sigma!r} must be 'relu' or coefficients")
+        c, b = _mantissa(1.0 / L)
+        act = convert.relu_a(p, s).scale(c)                   # ReLU(s) / L at scale f + b
+    else:
+        c, b = _sigma_coeffs(sigma, L)
+        pw = _all_powers(p, s, c.size - 1)
+        act = arith.add_public(p, s.scale(c[1]), np.full(s.shape, c[0] << np.uint64(f)))
+        for ck, x in zip(c[2:], pw[1:]):
+            act = act + x.scale(ck)                           # sum_k c_k s^k / L at f + b
+    return arith.matmul_aa(p, _scatter(act, keep), v, trunc=f + int(b))
+
+
+def cost_sigma_attention(cfg: RingConfig, B: int, h: int, Sq: int, Sk: int, dh: int,
+                         sigma="relu", masked: bool = False, length: int | None = None
+                         ) -> Cost:
+    f, mode = cfg.frac, cfg.trunc
+    kept = B * h * (Sq * (Sq + 1) // 2 if masked else Sq * Sk)
+    L = Sk if length is None else int(length)
+    cost = arith.cost_mul(kept, f + SCORE_EXTRA, f, mode)
+    if isinstance(sigma, str):
+        cost = cost + convert.cost_relu(kept, *convert.window_for(cfg))
+        b = int(_mantissa(1.0 / L)[1])
+    else:
+        deg = len(sigma) - 1
+        done = 1
+        while done < deg:
+            new = min(2 * done, deg) - done
+            cost = cost + arith.cost_mul(kept * new, True, f, mode)
+            done += new
+        b = _sigma_coeffs(sigma, L)[1]
+    return cost + arith.cost_mul(B * h * Sq * dh, f + b, f, mode)
+
+
+def ref_sigma_attention(q, k, v, sigma="relu", masked=False, length=None):
+    s = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])
+    Sq, Sk = s.shape[-2:]
+    L = Sk if length is None else length
+    act = np.maximum(s, 0) if isinstance(sigma, str) else sum(
+        c * s ** i for i, c in enumerate(sigma))
+    mask = np.tril(np.ones((Sq, Sk))) if masked else np.ones((Sq, Sk))
+    return (act * mask) @ v / L
+
+
+# --------------------------------------------------------------------- softmax ----
+def cost_softmax_attention(cfg: RingConfig, B: int, h: int, Sq: int, Sk: int, dh: int,
+                           masked: bool = False, exp: str = "poly") -> Cost:
+    """Declared cost of :func:`protocols.attention.softmax_attention`."""
+    f, mode = cfg.frac, cfg.trunc
+    kept = B * h * (Sq * (Sq + 1) // 2 if masked else Sq * Sk)
+    rows = B * h * Sq
+    return (arith.cost_mul(kept, f + SCORE_EXTRA, f, mode) + fxp.cost_exp(kept, exp, f, mode)
+            + fxp.cost_reciprocal(rows, f, mode) + arith.cost_mul(rows * dh, True, f, mode)
+            + arith.cost_mul(rows * dh, True, f, mode))

@@ -1,0 +1,240 @@
+"""Secure decoder-only causal LM (GPT-style, ``arch = "decoder-only"``): prompt prefill in one
+pass and O(1) incremental steps; exactly :func:`protocols.model.ref_lm` /
+:func:`protocols.model.ref_lm_step` on shares.
+
+Per layer ``dec.i`` (post-LN; pre-LN analogous, final LayerNorm ``dec.final_ln``)::
+
+    x = LN1(x + MaskedMHA(x));  x = LN2(x + FFN(x))
+
+The masked ReLU-Performer self-attention keeps, per layer and head, the decode state of the
+translator's decoder (:class:`protocols.attention.PrefixState`: G = sum_j K'_j^T V_j over
+the folded prefix plus a cache of fewer than ``block`` tokens), so a generated token costs
+O(1) in the prefix (:func:`lm_step`, the same kernel calls as the translator's decoder step
+without cross attention).
+
+Prefill (:func:`lm_prefill`): the prompt's T rows go through every layer at once. Its masked
+attention (:func:`prefill_attention`) is Alg. 3 in row blocks of the *decode* block L: stage 1
+(one kernel call) forms the in-block causal scores and K'_b^T V_b of every full block, stage 2
+one product [Q'_b | tril(Q'_b K'_b^T)] @ [P_b ; V_b] (P_b the exclusive prefix sum, local);
+the full blocks' sum is the state's G and the rows of the last partial block its cache - the
+state is exactly the one T decode steps would leave, with two products per layer instead of
+2T. In the last layer only the last row goes on past the attention (its FFN and LayerNorms),
+since only the last position's hidden state is returned.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from mpc3.kernels import arith, convert
+from mpc3.kernels.base import Cost
+from mpc3.party import Party
+from mpc3.shares import AShare
+
+from . import attention as A
+from . import model as M
+from .ffn import cost_ffn, ffn
+from .layernorm import cost_layernorm, layernorm
+from .mha import features, finish, project
+from .secure_model import PROJ_EXTRA, sub
+
+
+@dataclass
+class LMState:
+    """Secret state of one party's LM session: a PrefixState per layer; t is public."""
+
+    prefix: list[A.PrefixState]
+    t: int = 0
+
+    @property
+    def batch(self) -> int:
+        return self.prefix[0].G.shape[0]
+
+
+def _blocks(x: AShare, L: int, nb: int) -> AShare:
+    """(B, h, T, k) -> (B, h, nb, L, k), zero-padded rows."""
+    B, h, T, k = x.shape
+    pad = nb * L - T
+    if pad:
+        z = np.zeros((B, h, pad, k), dtype=np.uint64)
+        x = AShare.concat([x, AShare(z, z.copy())], axis=2)
+    return x.reshape(B, h, nb, L, k)
+
+
+def prefill_attention(p: Party, qf: AShare, kf: AShare, v: AShare,
+                      block: int | None = None) -> tuple[AShare, A.PrefixState]:
+    """Causal ReLU attention of T prompt rows and the decode state they leave.
+
+    qf, kf (B, h, T, r), v (B, h, T, dh) -> (Q'_i G_i rows (B, h, T, dh), PrefixState with
+    t = T, G over the floor(T/L)*L first tokens and the rest cached). ``block`` L: the decode
+    block (default :func:`protocols.attention.default_decode_block`).
+    Cost: :func:`cost_prefill_attention`."""
+    B, h, T, r = qf.shape
+    dh = v.shape[-1]
+    L = A.default_decode_block(r, dh) if block is None else int(block)
+    if L < 1:
+        raise ValueError(f"decode block={block} must be >= 1")
+    nb, nf = -(-T // L), T // L
+    qb, kb, vb = _blocks(qf, L, nb), _blocks(kf, L, nb), _blocks(v, L, nb)
+    items = [(qb, kb.T, "matmul", A.tril_mask(L).astype(bool))]
+    if nf:
+        items.append((kb[:, :, :nf].T, vb[:, :, :nf], "matmul"))
+    got = A.mul_many(p, items)
+    scores = got[0]
+    z = np.zeros((B, h, r, dh), dtype=np.uint64)
+    G = AShare(z, z.copy())
+    left, right = scores, vb
+    if nf:
+        csum = AShare(np.cumsum(got[1].a, axis=2, dtype=np.uint64),
+                      np.cumsum(got[1].b, axis=2, dtype=np.uint64))
+        G = csum[:, :, nf - 1].copy()
+        if nb > 1:
+            zero = np.zeros((B, h, 1, r, dh), dtype=np.uint64)
+            prefix = AShare.concat([AShare(zero, zero.copy()), csum[:, :, :nb - 1]], axis=2)
+            left = AShare.concat([qb, scores], axis=-1)              # (B,h,nb,L,r+L)
+            right = AShare.concat([prefix, vb], axis=-2)             # (B,h,nb,r+L,dh)
+    out = arith.matmul_aa(p, left, right).reshape(B, h, nb * L, dh)[:, :, :T]
+    rest = T - nf * L
+    state = A.PrefixState(G, block=L, t=T, folded=nf * L)
+    if rest:
+        state.kc, state.vc = kf[:, :, nf * L:].copy(), v[:, :, nf * L:].copy()
+    return out, state
+
+
+def cost_prefill_attention(p_cfg, B: int, h: int, T: int, r: int, dh: int,
+                           block: int | None = None) -> Cost:
+    L = A.default_decode_block(r, dh) if block is None else int(block)
+    nb, nf = -(-T // L), T // L
+    first = B * h * (nb * L * (L + 1) // 2 + nf * r * dh)
+    return (arith.cost_mul(first, True, p_cfg.frac, p_cfg.trunc)
+            + arith.cost_mul(B * h * nb * L * dh, True, p_cfg.frac, p_cfg.trunc))
+
+
+def _ln(p, cfg, shares, prefix, x):
+    return layernorm(p, x, shares[f"{prefix}.gamma"], shares[f"{prefix}.beta"], cfg.ln_eps)
+
+
+def _check(cfg: M.ModelConfig) -> None:
+    if cfg.arch != M.DECODER_ONLY:
+        raise ValueError(f"this needs a decoder-only model, got arch {cfg.arch!r}")
+
+
+def lm_prefill(p: Party, cfg: M.ModelConfig, shares: dict, x: AShare,
+               block: int | None = None, on_layer: Callable[[str], None] | None = None
+               ) -> tuple[AShare, LMState]:
+    """Prompt x (B, T, d) -> (final hidden row of its last position (B, d), the session's
+    LMState after T tokens). ``on_layer(name)`` after each layer (``dec.i``, ``dec.final_ln``).
+    Cost: :func:`cost_lm_prefill`."""
+    _check(cfg)
+    if len(x.shape) != 3 or x.shape[-1] != cfg.d_model:
+        raise ValueError(f"prompt must be (B, T, {cfg.d_model}), got {x.shape}")
+    B, T, _ = x.shape
+    mark = on_layer or (lambda name: None)
+    states, n = [], np.arange(1, T + 1)
+    for i in range(cfg.n_dec_layers):
+        pre, last = f"dec.{i}", i == cfg.n_dec_layers - 1
+        w, wf = sub(shares, f"{pre}.self"), sub(shares, f"{pre}.ffn")
+        u = _ln(p, cfg, shares, f"{pre}.ln1", x) if cfg.norm_first else x
+        q, k, v = project(p, cfg, w, u, None)
+        qf, kf = features(p, cfg, w, q, k)
+        o, st = prefill_attention(p, qf, kf, v, block)
+        states.append(st)
+        x = x + finish(p, cfg, w, o, n)
+        if last:                       # only the last position's hidden row is returned
+            x = x[:, T - 1:]
+        if cfg.norm_first:
+            x = x + ffn(p, wf, _ln(p, cfg, shares, f"{pre}.ln2", x), cfg.ffn_act)
+        else:
+            x = _ln(p, cfg, shares, f"{pre}.ln1", x)
+            x = _ln(p, cfg, shares, f"{pre}.ln2", x + ffn(p, wf, x, cfg.ffn_act))
+        mark(pre)
+    if cfg.norm_first:
+        x = _ln(p, cfg, shares, "dec.final_ln", x)
+        mark("dec.final_ln")
+    return x.reshape(B, cfg.d_model), LMState(states, T)
+
+
+def lm_step(p: Party, cfg: M.ModelConfig, shares: dict, state: LMState, y_t: AShare,
+            on_layer: Callable[[str], None] | None = None) -> AShare:
+    """One token: y_t (B, d) embedded at position state.t -> final hidden row (B, d);
+    O(1) in the prefix. Cost: :func:`cost_lm_step`."""
+    _check(cfg)
+    if len(y_t.shape) != 2 or y_t.shape[-1] != cfg.d_model:
+        raise ValueError(f"LM step input must be (B, {cfg.d_model}), got {y_t.shape}")
+    B = y_t.shape[0]
+    if B != state.batch:
+        raise ValueError(f"step batch {B} differs from the session's {state.batch}")
+    x = y_t.reshape(B, 1, cfg.d_model)
+    for i in range(cfg.n_dec_layers):
+        pre = f"dec.{i}"
+        w, wf, st = sub(shares, f"{pre}.self"), sub(shares, f"{pre}.ffn"), state.prefix[i]
+        u = _ln(p, cfg, shares, f"{pre}.ln1", x) if cfg.norm_first else x
+        q, k, v = project(p, cfg, w, u, None)
+        qf, kf = features(p, cfg, w, q, k)
+        x = x + finish(p, cfg, w, A.attention_step(p, st, qf, kf, v), [st.t])
+        if cfg.norm_first:
+            x = x + ffn(p, wf, _ln(p, cfg, shares, f"{pre}.ln2", x), cfg.ffn_act)
+        else:
+            x = _ln(p, cfg, shares, f"{pre}.ln1", x)
+            x = _ln(p, cfg, shares, f"{pre}.ln2", x + ffn(p, wf, x, cfg.ffn_act))
+        if on_layer is not None:
+            on_layer(pre)
+    if cfg.norm_first:
+        x = _ln(p, cfg, shares, "dec.final_ln", x)
+        if on_layer is not None:
+            on_layer("dec.final_ln")
+    state.t += 1
+    return x.reshape(B, cfg.d_model)
+
+
+# -------------------------------------------------------------------- declared costs ----
+def _attn_io(p_cfg, cfg: M.ModelConfig, B: int, T: int) -> Cost:
+    """Projections (Omega folded), ReLU features, 1/n rows and W^O of T new rows."""
+    f, mode = p_cfg.frac, p_cfg.trunc
+    d, h, r = cfg.d_model, cfg.n_heads, cfg.n_features
+    cost = arith.cost_mul(B * T * (2 * h * r + d), f + PROJ_EXTRA, f, mode)
+    L, m = p_cfg.relu_drop_bits, f + p_cfg.relu_bound_bits - p_cfg.relu_drop_bits + 2
+    cost = cost + convert.cost_relu(B * h * 2 * T * r, L, m)
+    if cfg.attn_norm == "mean":
+        cost = cost + A.cost_scale_public(B * T * d, p_cfg, A.ROW_SCALE_EXTRA)
+    return cost + arith.cost_mul(B * T * d, True, f, mode)
+
+
+def _rest(p_cfg, cfg: M.ModelConfig, rows_in: int, rows: int) -> Cost:
+    """LayerNorms and FFN of a layer: the attention saw ``rows_in`` rows, ``rows`` go on."""
+    d = cfg.d_model
+    ln = cost_layernorm(p_cfg, rows_in if cfg.norm_first else rows, d)
+    return ln + cost_ffn(p_cfg, rows, d, cfg.d_ff, cfg.ffn_act) + cost_layernorm(p_cfg, rows, d)
+
+
+def cost_lm_prefill(p_cfg, cfg: M.ModelConfig, B: int, T: int,
+                    block: int | None = None) -> Cost:
+    """Declared rounds and bytes per party of :func:`lm_prefill` (Omega folded)."""
+    h, r, dh = cfg.n_heads, cfg.n_features, cfg.d_head
+    cost = Cost(0, (0, 0, 0))
+    for i in range(cfg.n_dec_layers):
+        rows = B if i == cfg.n_dec_layers - 1 else B * T
+        cost = (cost + _attn_io(p_cfg, cfg, B, T)
+                + cost_prefill_attention(p_cfg, B, h, T, r, dh, block)
+                + _rest(p_cfg, cfg, B * T, rows))
+    if cfg.norm_first:
+        cost = cost + cost_layernorm(p_cfg, B, cfg.d_model)
+    return cost
+
+
+def cost_lm_step(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int | None = None) -> Cost:
+    """Declared cost of :func:`lm_step` for the token at position ``t`` (t tokens before it):
+    it depends on t only through t mod block (O(1) in the prefix)."""
+    h, r, dh = cfg.n_heads, cfg.n_features, cfg.d_head
+    L = A.default_decode_block(r, dh) if block is None else int(block)
+    layer = (_attn_io(p_cfg, cfg, B, 1)
+             + A.cost_attention_step(p_cfg, B, h, r, dh, t % L, t >= L, L)
+             + _rest(p_cfg, cfg, B, B))
+    cost = Cost(0, (0, 0, 0))
+    for _ in range(cfg.n_dec_layers):
+        cost = cost + layer
+    if cfg.norm_first:
+        cost = cost + cost_layernorm(p_cfg, B, cfg.d_model)
+    return cost

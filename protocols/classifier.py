@@ -1,0 +1,119 @@
+"""Secure encoder classifier (BERT-style, ``arch = "encoder-classifier"``) and a secure
+arg-max; exactly :func:`protocols.model.ref_classify` on shares.
+
+Steps, for an embedded input x (B, S, d) shared by the query user:
+
+1. the secure encoder (:func:`protocols.encoder.encoder`; final LayerNorm when norm_first);
+2. pooling and head in two rounds: the sum over the S positions is local, ``z = (sum_s h_s)
+   @ head.w`` is one matmul (B*C outputs truncated), and the public 1/S scales ``z`` with one
+   truncation (:func:`protocols.attention.scale_public`, ROW_SCALE_EXTRA bits) - scaling the
+   B*C logits rather than the B*d pooled rows; ``head.b`` is added locally;
+3. optionally (:func:`argmax_a`) the arg-max class: a tournament over the C logits, each
+   level one drelu_a on the differences of neighbouring pairs ([a >= b], so ties go to the
+   lower index, as numpy's argmax) and one mul_ab of the bit into (a - b, i_a - i_b) rows;
+   the class index rides along as a fixed-point share, so only the index is revealed.
+   ceil(log2 C) levels.
+
+Ranges (checked by :mod:`protocols.calibrate` at sites ``head``, ``pool``, ``argmax``):
+|sum_s h_s @ head.w| and |z / S| below ``arith.product_limit``; logit differences below
+``convert.relu_limit``. The arg-max of logits closer than 2^-12 (DReLU's error region) may
+come out either way.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from mpc3 import ring
+from mpc3.kernels import arith, convert
+from mpc3.kernels.base import Cost
+from mpc3.party import Party
+from mpc3.shares import AShare
+
+from . import attention as A
+from . import model as M
+from .encoder import encoder
+from .ffn import cost_ffn
+from .layernorm import cost_layernorm
+from .mha import cost_mha
+
+
+def pool_head(p: Party, cfg: M.ModelConfig, shares: dict, h: AShare) -> AShare:
+    """Mean over positions, then the head: h (B, S, d) -> logits (B, n_classes).
+    Cost: :func:`cost_pool_head`."""
+    S = h.shape[1]
+    s = AShare(h.a.sum(axis=1, dtype=np.uint64), h.b.sum(axis=1, dtype=np.uint64))
+    z = arith.matmul_aa(p, s, shares["head.w"])
+    logits = A.scale_public(p, z, 1.0 / S, A.ROW_SCALE_EXTRA)
+    b = shares["head.b"]
+    return logits + AShare(np.broadcast_to(b.a, logits.shape).copy(),
+                           np.broadcast_to(b.b, logits.shape).copy())
+
+
+def cost_pool_head(p_cfg, B: int, n_classes: int) -> Cost:
+    return (arith.cost_mul(B * n_classes, True, p_cfg.frac, p_cfg.trunc)
+            + A.cost_scale_public(B * n_classes, p_cfg, A.ROW_SCALE_EXTRA))
+
+
+def classify(p: Party, cfg: M.ModelConfig, shares: dict, x: AShare,
+             on_layer: Callable[[str], None] | None = None) -> AShare:
+    """x (B, S, d) embedded input -> logits (B, n_classes) == model.ref_classify."""
+    if cfg.arch != M.ENCODER_CLASSIFIER:
+        raise ValueError(f"classify needs an encoder-classifier model, got arch {cfg.arch!r}")
+    h = encoder(p, cfg, shares, x, on_layer=on_layer)
+    out = pool_head(p, cfg, shares, h)
+    if on_layer is not None:
+        on_layer("head")
+    return out
+
+
+def cost_classify(p_cfg, cfg: M.ModelConfig, B: int, S: int) -> Cost:
+    """Declared rounds and bytes per party of :func:`classify` (folded Omega, the encoder's
+    automatic attention order) on B inputs of S positions."""
+    rows, d = B * S, cfg.d_model
+    layer = (cost_mha(p_cfg, cfg, B, S) + cost_layernorm(p_cfg, rows, d)
+             + cost_ffn(p_cfg, rows, d, cfg.d_ff, cfg.ffn_act) + cost_layernorm(p_cfg, rows, d))
+    cost = Cost(0, (0, 0, 0))
+    for _ in range(cfg.n_enc_layers):
+        cost = cost + layer
+    if cfg.norm_first:
+        cost = cost + cost_layernorm(p_cfg, rows, d)
+    return cost + cost_pool_head(p_cfg, B, cfg.n_classes)
+
+
+def argmax_a(p: Party, x: AShare) -> AShare:
+    """Index of the largest entry of each row: x (B, C) -> (B,) shares of the index in fixed
+    point (``frac`` bits, so it decodes to a float equal to the index). Ties and differences
+    inside DReLU's error region go to the lower index. Cost: :func:`cost_argmax`."""
+    if len(x.shape) != 2 or x.shape[1] < 1:
+        raise ValueError(f"argmax_a needs (B, C) with C >= 1, got {x.shape}")
+    B, C = x.shape
+    vals = x
+    ids = arith.public_share(p, ring.encode(np.broadcast_to(np.arange(C, dtype=np.float64),
+                                                            (B, C)), p.cfg.frac))
+    while vals.shape[1] > 1:
+        n = vals.shape[1]
+        h = n // 2
+        a, b = vals[:, 0:2 * h:2], vals[:, 1:2 * h:2]
+        ia, ib = ids[:, 0:2 * h:2], ids[:, 1:2 * h:2]
+        bit = convert.drelu_a(p, a - b)                       # [a >= b] per pair
+        diff = AShare.concat([(a - b).reshape(B * h, 1), (ia - ib).reshape(B * h, 1)], axis=1)
+        sel = convert.mul_ab(p, bit, diff)                    # bit * (a - b, i_a - i_b)
+        nv = b + sel[:, 0].reshape(B, h)
+        ni = ib + sel[:, 1].reshape(B, h)
+        if n % 2:
+            nv = AShare.concat([nv, vals[:, n - 1:]], axis=1)
+            ni = AShare.concat([ni, ids[:, n - 1:]], axis=1)
+        vals, ids = nv, ni
+    return ids[:, 0]
+
+
+def cost_argmax(p_cfg, B: int, C: int) -> Cost:
+    L, m = convert.window_for(p_cfg)
+    cost, n = Cost(0, (0, 0, 0)), C
+    while n > 1:
+        pairs = B * (n // 2)
+        cost = cost + convert.cost_drelu(pairs, L, m) + convert.cost_inject(pairs, False, 2)
+        n = n // 2 + n % 2
+    return cost

@@ -1,0 +1,126 @@
+"""Float64 reference of the architectures beyond the translator (the semantics the secure
+protocols of :mod:`protocols.classifier` and :mod:`protocols.causal_lm` compute on shares).
+
+Encoder classifier (``arch = "encoder-classifier"``, BERT-style)::
+
+    h = ref_encoder(x)                        (B, S, d), final LayerNorm when norm_first
+    logits = mean_s(h) @ head.w + head.b      (B, n_classes), mean over the S positions
+
+Decoder-only causal LM (``arch = "decoder-only"``, GPT-style), per layer ``dec.i``::
+
+    post-LN:  x = LN1(x + MaskedMHA(x));  x = LN2(x + FFN(x))
+    pre-LN:   x = x + MaskedMHA(LN1(x));  x = x + FFN(LN2(x));  final LN dec.final_ln
+
+with the ReLU-Performer masked attention of :func:`ref_mha` (``causal=True``). The query user
+embeds tokens with ``embed.tgt`` (:func:`protocols.model.embed`) and applies the LM head
+``out.w``, ``out.b`` locally (:func:`protocols.model.output_logits`).
+:class:`RefLMState` / :func:`ref_lm_step` are the incremental form (O(1) per token).
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from .config import DECODER_ONLY, ENCODER_CLASSIFIER, ModelConfig
+from .features import attn_norm, ref_features, split_heads
+from .reference import _ffn, _ln, _step_attn, ref_encoder, ref_mha
+from .weights import Weights
+
+
+def _need(cfg: ModelConfig, arch: str) -> None:
+    if cfg.arch != arch:
+        raise ValueError(f"this needs an {arch} model, got arch {cfg.arch!r}")
+
+
+def ref_classify(cfg: ModelConfig, w: Weights, x, folded=None) -> np.ndarray:
+    """Classifier logits: x (B, S, d) embedded input -> (B, n_classes)."""
+    _need(cfg, ENCODER_CLASSIFIER)
+    h = ref_encoder(cfg, w, x, folded=folded)
+    return h.mean(axis=1) @ w["head.w"] + w["head.b"]
+
+
+def ref_lm(cfg: ModelConfig, w: Weights, x, form: str = "kv") -> np.ndarray:
+    """Decoder-only stack on a whole (teacher-forced) sequence: x (B, T, d) -> (B, T, d)."""
+    _need(cfg, DECODER_ONLY)
+    x = np.asarray(x, dtype=np.float64)
+    for i in range(cfg.n_dec_layers):
+        p = w.sub(f"dec.{i}.self")
+        if cfg.norm_first:
+            u = _ln(cfg, w, f"dec.{i}.ln1", x)
+            x = x + ref_mha(cfg, p, u, u, causal=True, form=form)
+            x = x + _ffn(cfg, w, f"dec.{i}.ffn", _ln(cfg, w, f"dec.{i}.ln2", x))
+        else:
+            x = _ln(cfg, w, f"dec.{i}.ln1", x + ref_mha(cfg, p, x, x, causal=True, form=form))
+            x = _ln(cfg, w, f"dec.{i}.ln2", x + _ffn(cfg, w, f"dec.{i}.ffn", x))
+    if cfg.norm_first:
+        x = _ln(cfg, w, "dec.final_ln", x)
+    return x
+
+
+class RefLMState:
+    """Incremental LM state: per layer the running sum G = sum_j K'_j^T V_j (B, h, r, dh)
+    and the number ``t`` of tokens consumed."""
+
+    def __init__(self, cfg: ModelConfig, batch: int):
+        _need(cfg, DECODER_ONLY)
+        self.t = 0
+        self.G = [np.zeros((batch, cfg.n_heads, cfg.n_features, cfg.d_head))
+                  for _ in range(cfg.n_dec_layers)]
+
+
+def _self(cfg, w, i, state, x_t):
+    p = w.sub(f"dec.{i}.self")
+    kf = ref_features(cfg, p, x_t[:, None, :], "k")[:, :, 0, :]
+    v = split_heads((x_t @ p["wv"])[:, None, :], cfg.n_heads)[:, :, 0, :]
+    state.G[i] = state.G[i] + np.einsum("bhr,bhd->bhrd", kf, v)
+    return _step_attn(cfg, p, x_t, state.G[i], float(attn_norm(cfg, state.t + 1)))
+
+
+def ref_lm_step(cfg: ModelConfig, w: Weights, state: RefLMState, y_t) -> np.ndarray:
+    """One token: y_t (B, d) embedded at position state.t -> final hidden row (B, d)."""
+    x = np.asarray(y_t, dtype=np.float64)
+    for i in range(cfg.n_dec_layers):
+        if cfg.norm_first:
+            x = x + _self(cfg, w, i, state, _ln(cfg, w, f"dec.{i}.ln1", x))
+            x = x + _ffn(cfg, w, f"dec.{i}.ffn", _ln(cfg, w, f"dec.{i}.ln2", x))
+        else:
+            x = _ln(cfg, w, f"dec.{i}.ln1", x + _self(cfg, w, i, state, x))
+            x = _ln(cfg, w, f"dec.{i}.ln2", x + _ffn(cfg, w, f"dec.{i}.ffn", x))
+    if cfg.norm_first:
+        x = _ln(cfg, w, "dec.final_ln", x)
+    state.t += 1
+    return x
+
+
+def greedy_generate(cfg: ModelConfig, w: Weights, user: Mapping, prompt_ids, n_tokens: int,
+                    eos: int | None = None) -> list[list[int]]:
+    """Greedy decoding with the reference LM: ``prompt_ids`` (B, T) -> up to ``n_tokens``
+    new tokens per row (stopping a row at ``eos``, which is not returned)."""
+    from .decode import embed, output_logits
+    ids = np.asarray(prompt_ids, dtype=np.int64)
+    if ids.ndim == 1:
+        ids = ids[None]
+    B, T = ids.shape
+    if T + n_tokens - 1 > cfg.max_len:
+        raise ValueError(f"prompt of {T} tokens + {n_tokens} generated exceeds max_len "
+                         f"{cfg.max_len}")
+    h = ref_lm(cfg, w, embed(cfg, user["embed.tgt"], ids))[:, -1]
+    state = RefLMState(cfg, B)
+    for t in range(T):            # the incremental state of the prompt (same values as h)
+        ref_lm_step(cfg, w, state, embed(cfg, user["embed.tgt"], ids[:, t:t + 1], t)[:, 0])
+    out: list[list[int]] = [[] for _ in range(B)]
+    done = np.zeros(B, dtype=bool)
+    for k in range(n_tokens):
+        tok = output_logits(user, h).argmax(-1)
+        for b in range(B):
+            if not done[b]:
+                if eos is not None and tok[b] == eos:
+                    done[b] = True
+                else:
+                    out[b].append(int(tok[b]))
+        if done.all() or k == n_tokens - 1:
+            break
+        y = embed(cfg, user["embed.tgt"], tok[:, None], offset=state.t)[:, 0]
+        h = ref_lm_step(cfg, w, state, y)
+    return out

@@ -1,0 +1,111 @@
+"""Attention variants of protocols.attention_variants (PowerSoftmax, scaled sigma-attention)
+and the masked softmax: values against their float64 references and measured traffic equal
+to the declared cost, unmasked and causal.
+
+Shapes small and odd (B=2, h=3, S=7, dh=8), |q|, |k|, |v| <= 1.5 (scores |s| <= ~6).
+Stated bound: max |secure - reference| <= 2e-3 (measured over 25 runs of fresh shares:
+PowerSoftmax <= 1.3e-3, sigma <= 6.0e-4, softmax "limit" 7.7e-5); every case also checks
+bytes per party and rounds. PowerSoftmax's error is ~2 ulp * sum_j |v_j| / den: largest in
+a causal row whose only score is ~0 (den ~ eps = 1e-2, plain p = 6: 1.3e-3).
+"""
+import numpy as np
+import pytest
+
+from conftest import share, value
+from protocols import attention as A
+from protocols import attention_variants as V
+
+B, H, S, DH = 2, 3, 7, 8
+BOUND = 2e-3
+
+
+@pytest.fixture
+def qkv(rng):
+    return tuple(rng.uniform(-1.5, 1.5, (B, H, S, DH)) for _ in range(3))
+
+
+def _check(run, fn, ref, cost, qkv):
+    q, k, v = qkv
+    got = value(run(fn, share(q), share(k), share(v)))
+    assert np.abs(got - ref).max() <= BOUND, np.abs(got - ref).max()
+    run.assert_cost(cost)
+    return got
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("form,power", [("plain", 2), ("plain", 4), ("plain", 6),
+                                        ("stable", 4), ("length", 4), ("length", 6)])
+def test_power_softmax(run, qkv, form, power, masked):
+    _check(run, lambda p, a, b, c: V.power_softmax(p, a, b, c, power, 1e-2, form, masked),
+           V.ref_power_softmax(*qkv, power, 1e-2, form, masked),
+           V.cost_power_softmax(run.cfg, B, H, S, S, DH, power, form, masked), qkv)
+
+
+def test_stable_form_is_scale_free(run, qkv):
+    """Eq. 5 divides each row by its largest |score|: shrinking q by 4 (every row's max
+    |s| stays inside the stated [2^-6, 2^7)) leaves the stable output unchanged, while the
+    plain form's output is pulled towards 0 by eps."""
+    q, k, v = qkv
+    k = k.copy()
+    k[:, :, 0] = q[:, :, 0]                        # causal row 0 sees one score, |q_0|^2
+    small = q / 4
+    s = small @ np.swapaxes(k, -1, -2) / np.sqrt(DH)
+    assert np.abs(s * np.tril(np.ones((S, S)))).max(-1).min() >= 2.0 ** -6
+    got = value(run(lambda p, a, b, c: V.power_softmax(p, a, b, c, 4, 1e-2, "stable", True),
+                    share(small), share(k), share(v)))
+    ref = V.ref_power_softmax(q, k, v, 4, 1e-2, "stable", True)
+    assert np.abs(got - ref).max() <= BOUND
+    plain = V.ref_power_softmax(small, k, v, 4, 1e-2, "plain", True)
+    assert np.abs(plain - ref).max() > 0.1
+
+
+def test_length_form_equals_eq6_and_plain_with_eps_times_l(qkv):
+    """Eq. 6 with eps is Eq. 4 with eps * L_i (the float references agree)."""
+    q, k, v = qkv
+    a = V.ref_power_softmax(q, k, v, 4, 1e-2, "length", False)
+    b = V.ref_power_softmax(q, k, v, 4, 1e-2 * S, "plain", False)
+    assert np.abs(a - b).max() < 1e-12
+
+
+def test_power_softmax_refuses_out_of_range_parameters(run, qkv):
+    q, k, v = (share(x) for x in qkv)
+    for kwargs, match in (({"eps": 1e-4}, "reciprocal's range"), ({"power": 3}, "even"),
+                          ({"form": "huge"}, "form")):
+        with pytest.raises(ValueError, match=match):
+            run(lambda p, a, b, c: V.power_softmax(p, a, b, c, **kwargs), q, k, v)
+    with pytest.raises(ValueError, match="Sq == Sk"):
+        run(lambda p, a, b, c: V.power_softmax(p, a, b, c, masked=True),
+            share(qkv[0][:, :, :3]), k, v)
+
+
+SIGMAS = ["relu", (0.0, 0.0, 1.0), (0.1, 0.5, 0.25), (0.2, 0.5, 0.3, 0.1, -0.02)]
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("sigma", SIGMAS, ids=["relu", "square", "quadratic", "quartic"])
+def test_sigma_attention(run, qkv, sigma, masked):
+    _check(run, lambda p, a, b, c: V.sigma_attention(p, a, b, c, sigma, masked),
+           V.ref_sigma_attention(*qkv, sigma, masked),
+           V.cost_sigma_attention(run.cfg, B, H, S, S, DH, sigma, masked), qkv)
+
+
+def test_sigma_attention_length_and_refusals(run, qkv):
+    _check(run, lambda p, a, b, c: V.sigma_attention(p, a, b, c, "relu", True, length=64),
+           V.ref_sigma_attention(*qkv, "relu", True, length=64),
+           V.cost_sigma_attention(run.cfg, B, H, S, S, DH, "relu", True, length=64), qkv)
+    q, k, v = (share(x) for x in qkv)
+    with pytest.raises(ValueError, match="sigma"):
+        run(lambda p, a, b, c: V.sigma_attention(p, a, b, c, "gelu"), q, k, v)
+    with pytest.raises(ValueError, match="coefficients"):
+        run(lambda p, a, b, c: V.sigma_attention(p, a, b, c, (1.0,)), q, k, v)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("exp", ["poly", "limit"])
+def test_softmax_attention_declared_cost(run, masked, exp, rng):
+    """protocols.attention.softmax_attention, masked and not: value (the "poly" baseline
+    against its own polynomial) and traffic == cost_softmax_attention."""
+    qkv = tuple(rng.uniform(-1, 1, (B, H, S, DH)) for _ in range(3))
+    _check(run, lambda p, a, b, c: A.softmax_attention(p, a, b, c, masked=masked, exp=exp),
+           A.ref_softmax_attention(*qkv, masked=masked, exp=exp),
+           V.cost_softmax_attention(run.cfg, B, H, S, S, DH, masked, exp), qkv)

@@ -1,0 +1,149 @@
+"""The new architectures over real party processes (`mpc3 party` on loopback, mTLS): an
+encoder classifier (logits, or only the arg-max class when that is all its owner permits) and
+a decoder-only LM (`mpc3 generate`, streamed), shared with `share-model`, used with the CLI,
+against the float64 reference; the new production kinds reveal no linear function of a
+chosen weight."""
+import subprocess
+import sys
+
+import grpc
+import numpy as np
+import pytest
+
+from app.localcluster import LocalCluster
+from app.owner import share_transformer
+from net import client as nc
+from protocols import model as M
+
+C = grpc.StatusCode
+COMMON = dict(d_model=16, n_heads=2, d_head=8, n_features=8, d_ff=32, attn_c=0.125,
+              attn_norm="mean", norm_first=True, max_len=16)
+PROMPT = "hi"
+
+
+def clf_cfg():
+    return M.ModelConfig(**COMMON, arch="encoder-classifier", n_enc_layers=2, src_vocab=11,
+                         n_classes=5).validate()
+
+
+def lm_cfg():
+    return M.ModelConfig(**COMMON, arch="decoder-only", n_dec_layers=2,
+                         tgt_vocab=257).validate()
+
+
+def _mpc3(*args):
+    return subprocess.run([sys.executable, "-m", "app.cli", *map(str, args)], text=True,
+                          capture_output=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory):
+    d = tmp_path_factory.mktemp("zoo")
+    c = LocalCluster(d, peer_timeout=5.0)
+    c.start()
+    c.clf, c.lm = clf_cfg(), lm_cfg()
+    c.clf_w, c.clf_u = M.random_weights(c.clf, 1), M.random_user(c.clf, 1)
+    c.lm_w, c.lm_u = M.random_weights(c.lm, 2), M.random_user(c.lm, 2)
+    c.lm_file = d / "lm.npz"
+    M.save_model(c.lm_file, c.lm, c.lm_w, c.lm_u)
+    M.save_model(d / "clf.npz", c.clf, c.clf_w, c.clf_u)
+    try:
+        r = _mpc3("share-model", d / "clf.npz", "--config", c.path, "--model-id", "clf")
+        assert r.returncode == 0, r.stderr
+        share_transformer(c.cfg, "clf-argmax", c.clf, c.clf_w, ["classify-argmax"],
+                          *c.creds("owner"), user=c.clf_u)
+        r = _mpc3("share-model", c.lm_file, "--config", c.path, "--model-id", "lm")
+        assert r.returncode == 0, r.stderr
+    except BaseException:
+        c.stop()
+        raise
+    yield c
+    c.stop()
+
+
+def _x(c, rows=2, S=6, seed=0):
+    ids = np.random.default_rng(seed).integers(0, c.clf.src_vocab, (rows, S))
+    return M.embed(c.clf, c.clf_u["embed.src"], ids)
+
+
+def test_cli_classify_prints_logits_and_argmax_only_when_permitted(zoo, tmp_path):
+    x = _x(zoo)
+    np.save(tmp_path / "x.npy", x)
+    ref = M.ref_classify(zoo.clf, zoo.clf_w, x)
+    r = _mpc3("infer", "--config", zoo.path, "--model-id", "clf", "--kind", "classify",
+              "--input", tmp_path / "x.npy")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == 2
+    for row, line in enumerate(lines):
+        assert line.startswith(f"row {row}: class {int(ref[row].argmax())} logits [")
+        got = np.array(line.split("[", 1)[1].rstrip("]").split(), dtype=float)
+        assert np.abs(got - ref[row]).max() < 1e-2
+    M.save_model(tmp_path / "clf.npz", zoo.clf, zoo.clf_w, zoo.clf_u)
+    r = _mpc3("infer", "--config", zoo.path, "--model-id", "clf", "--kind", "classify",
+              "--model", tmp_path / "clf.npz", "--ids", "1,2,3")    # embedded by the client
+    want = M.ref_classify(zoo.clf, zoo.clf_w, M.embed(zoo.clf, zoo.clf_u["embed.src"],
+                                                      np.array([[1, 2, 3]])))
+    assert r.returncode == 0 and r.stdout.startswith(f"row 0: class {int(want.argmax())} "), \
+        r.stderr
+    r = _mpc3("infer", "--config", zoo.path, "--model-id", "clf", "--kind",
+              "classify_argmax", "--input", tmp_path / "x.npy")
+    assert r.returncode == 2 and "does not permit 'classify-argmax'" in r.stderr, r.stderr
+    r = _mpc3("infer", "--config", zoo.path, "--model-id", "clf-argmax", "--kind",
+              "classify_argmax", "--input", tmp_path / "x.npy")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines() == [f"row {i}: class {int(ref[i].argmax())}"
+                                             for i in range(2)]
+    with zoo.user() as u:                     # logits of an argmax-only model: forbidden
+        with pytest.raises(nc.ClusterError) as err:
+            u.run("clf-argmax", "classify", {"X": x})
+        assert err.value.code == C.PERMISSION_DENIED
+        with pytest.raises(nc.ClusterError) as err:                     # wrong arch
+            u.run("lm", "classify", {"X": x})
+        assert err.value.code == C.PERMISSION_DENIED and "decoder-only model" in str(err.value)
+        with pytest.raises(nc.ClusterError) as err:                     # no weight picking
+            u.run("clf", "classify", {"X": x}, {"weight": "head.w"})
+        assert err.value.code == C.INVALID_ARGUMENT
+
+
+def test_cli_generate_streams_and_agrees_with_plaintext(zoo):
+    ref = M.greedy_generate(zoo.lm, zoo.lm_w, zoo.lm_u, np.array([list(PROMPT.encode())]), 6,
+                            eos=256)[0]
+    r = _mpc3("generate", "--config", zoo.path, "--model-id", "lm", "--model", zoo.lm_file,
+              "--tokens", 6, PROMPT)
+    assert r.returncode == 0, r.stderr
+    assert f"tokens: {ref}" in r.stderr                      # token agreement 1.0 over gRPC
+    assert "per token" in r.stderr
+    assert r.stdout.rstrip("\n") == bytes(ref).decode("utf-8", errors="replace")
+    r = _mpc3("share-model", zoo.lm_file, "--config", zoo.path, "--model-id", "lm2",
+              "--permit", "translate")
+    assert r.returncode == 2 and "cannot permit ['translate']: a decoder-only model offers " \
+        "generate" in r.stderr, r.stderr
+
+
+def test_new_kinds_are_no_linear_function_of_their_input(zoo):
+    """Probes through classify and lm_prefill/lm_step: no linear read-out explains the
+    outputs, and no output block equals a weight."""
+    from app import generate as G
+    from app import translate as T
+    rng = np.random.default_rng(5)
+    X = rng.uniform(-1.5, 1.5, (96, 2, 16))         # more probes than features (32 + 1)
+    with zoo.user() as u:
+        logits = u.run("clf", "classify", {"X": X})["logits"]
+        be = G.LMClusterBackend(u, "lm")
+        P = rng.uniform(-1.5, 1.5, (96, 2, 16))
+        h0 = nc.ring.decode(be.prefill("probe", P, T.Traffic()))
+        ys = rng.uniform(-1.5, 1.5, (96, 16))
+        h1 = nc.ring.decode(be.step("probe", ys, T.Traffic()))
+        be.close("probe")
+    for inp, out in ((X.reshape(96, -1), logits), (P.reshape(96, -1), h0), (ys, h1)):
+        A = np.hstack([inp, np.ones((inp.shape[0], 1))])
+        fit, *_ = np.linalg.lstsq(A, out, rcond=None)
+        resid = np.linalg.norm(A @ fit - out) / np.linalg.norm(out - out.mean(0))
+        assert resid > 0.1, resid
+    for w in [t for t in (*zoo.clf_w.tensors.values(), *zoo.lm_w.tensors.values())
+              if t.ndim == 2]:
+        for cand in (w, w.T):
+            for out in (logits, h0, h1):
+                if cand.shape == out.shape:
+                    assert np.abs(out - cand).max() > 1e-2
