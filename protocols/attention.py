@@ -29,6 +29,8 @@ from mpc3.kernels.base import Cost
 from mpc3.party import Party
 from mpc3.shares import AShare
 
+from .model.variants import ref_softmax_attention  # noqa: F401  (tests, benchmarks)
+
 ORDERS = ("auto", "kv", "qk")
 MASKED_FORMS = ("auto", "qk", "vk")
 SOFTMAX_EXP = ("poly", "limit")
@@ -331,10 +333,3 @@ def softmax_attention(p: Party, q: AShare, k: AShare, v: AShare, masked: bool = 
     return arith.mul_aa(p, ev, inv_b)
 
 
-def ref_softmax_attention(q, k, v, masked=False, exp="limit"):
-    """Float reference for :func:`softmax_attention` (same polynomial when exp="poly")."""
-    sc = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])
-    e = np.exp(sc) if exp == "limit" else 1 + sc + 0.5 * sc**2 + 0.1665 * sc**3 + 0.0438 * sc**4
-    if masked:
-        e = e * np.tril(np.ones(e.shape[-2:]))
-    return (e / e.sum(-1, keepdims=True)) @ v

@@ -49,6 +49,7 @@ from mpc3.kernels.base import Cost
 from mpc3.party import Party, RingConfig
 from mpc3.shares import AShare
 from protocols.attention import tril_mask
+from protocols.model.variants import ref_power_softmax, ref_sigma_attention  # noqa: F401
 
 POWER_FORMS = ("plain", "stable", "length")
 #: Extra bits of 1/sqrt(dh) in the score product (as softmax_attention).
@@ -215,22 +216,6 @@ def cost_power_softmax(cfg: RingConfig, B: int, h: int, Sq: int, Sk: int, dh: in
     return cost + arith.cost_mul(rows * dh, True, f, mode)
 
 
-def ref_power_softmax(q, k, v, power=4, eps=1e-2, form="plain", masked=False):
-    """float64 reference of :func:`power_softmax`, written as the paper's equations."""
-    s = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])
-    Sq, Sk = s.shape[-2:]
-    mask = np.tril(np.ones((Sq, Sk))) if masked else np.ones((Sq, Sk))
-    if form == "stable":                                    # Eq. 5: s / (||s||_inf + 0)
-        s = s / np.max(np.abs(s) * mask, axis=-1, keepdims=True)
-    e = s ** power * mask
-    if form == "length":                                    # Eq. 6
-        L = mask.sum(-1)[:, None]
-        w = (e / L) / (eps + e.sum(-1, keepdims=True) / L)
-    else:                                                   # Eq. 4
-        w = e / (eps + e.sum(-1, keepdims=True))
-    return w @ v
-
-
 # ---------------------------------------------------------- scaled sigma-attention ----
 def _all_powers(p: Party, x: AShare, deg: int) -> list[AShare]:
     """[x, x^2, ..., x^deg] in ceil(log2 deg) product layers: with x..x^m known, one call
@@ -297,16 +282,6 @@ def cost_sigma_attention(cfg: RingConfig, B: int, h: int, Sq: int, Sk: int, dh: 
             done += new
         b = _sigma_coeffs(sigma, L)[1]
     return cost + arith.cost_mul(B * h * Sq * dh, f + b, f, mode)
-
-
-def ref_sigma_attention(q, k, v, sigma="relu", masked=False, length=None):
-    s = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])
-    Sq, Sk = s.shape[-2:]
-    L = Sk if length is None else length
-    act = np.maximum(s, 0) if isinstance(sigma, str) else sum(
-        c * s ** i for i, c in enumerate(sigma))
-    mask = np.tril(np.ones((Sq, Sk))) if masked else np.ones((Sq, Sk))
-    return (act * mask) @ v / L
 
 
 # --------------------------------------------------------------------- softmax ----

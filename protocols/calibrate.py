@@ -188,6 +188,13 @@ class Calibration:
         lo, hi = site_range(site, self.ring())
         if not isinstance(v, list):
             return v * m / hi
+        if SITES[site].kernel == "exp":
+            # the margin bounds exp's output, e^max * m <= e^hi (what overflows); below lo
+            # the kernel still returns 0 or 1 ulp down to ~-120 (fxp docstring), so the
+            # lower side needs no margin
+            return max((v[1] + math.log(m)) / hi, v[0] / lo)
+        if SITES[site].kernel == "reciprocal":
+            return max(v[1] * m / hi, lo * m / max(v[0], 1e-300))
         low = 0.0 if self.ln_eps >= lo else lo * m / max(v[0], 1e-300)
         return max(v[1] * m / hi, low)
 
@@ -214,6 +221,12 @@ class Calibration:
         s, v = SITES[site], self.layers[layer][site]
         lo, hi = site_range(site, self.ring())
         m = self.margin
+        if s.kernel in ("exp", "reciprocal"):
+            return (f"{layer}: {s.what} spans [{v[0]:.3g}, {v[1]:.3g}], outside {s.kernel}'s "
+                    f"range [{lo:.3g}, {hi:.6g}] with safety margin {m:g} "
+                    f"(allowed [{lo if s.kernel == 'exp' else lo * m:.3g}, "
+                    f"{hi - math.log(m) if s.kernel == 'exp' else hi / m:.3g}]); "
+                    f"{s.advice}")
         if s.kernel == "sqrt_inv":
             name = "sqrt_inv's range"
             if v[1] * m > hi:

@@ -12,6 +12,9 @@ with the public constant c folded into the three of them,
 4. attention core (:mod:`protocols.attention`);
 5. attn_norm "mean": rows times the public 1/n_i (one truncation); c itself is in the weights;
 6. merge heads, @ W^O.
+
+Models with another ``attention`` (softmax, power-softmax, sigma-relu; encoder-classifier
+only) take steps 1 and 6 and run :func:`heads` (one call per layer, all heads) in between.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from mpc3.shares import AShare
 
 from . import attention as A
 from . import model as M
+from .model import variants as MV
 from .secure_model import PROJ_EXTRA
 
 
@@ -103,6 +107,8 @@ def mha(p: Party, cfg: M.ModelConfig, w: dict, xq: AShare, xkv: AShare | None = 
         if causal:
             raise ValueError("causal attention is self attention (xkv must be None)")
     q, k, v = project(p, cfg, w, xq, xkv)
+    if cfg.attention != M.PERFORMER:
+        return arith.matmul_aa(p, merge_heads(heads(p, cfg.attention, q, k, v, causal)), w["wo"])
     qf, kf = features(p, cfg, w, q, k)
     Sq, Sk = qf.shape[2], kf.shape[2]
     if causal:
@@ -114,6 +120,33 @@ def mha(p: Party, cfg: M.ModelConfig, w: dict, xq: AShare, xkv: AShare | None = 
     return finish(p, cfg, w, o, n)
 
 
+def heads(p: Party, attention: str, q: AShare, k: AShare, v: AShare,
+          masked: bool = False) -> AShare:
+    """A softmax-style attention of the model config on per-head q, k, v
+    (== :func:`protocols.model.variants.ref_heads`)."""
+    from . import attention_variants as V
+    if attention == "softmax":
+        return A.softmax_attention(p, q, k, v, masked=masked, exp="limit")
+    if attention == "power-softmax":
+        return V.power_softmax(p, q, k, v, MV.POWER, MV.POWER_EPS, "plain", masked)
+    if attention == "sigma-relu":
+        return V.sigma_attention(p, q, k, v, "relu", masked)
+    raise ValueError(f"unknown attention {attention!r}")
+
+
+def cost_heads(p_cfg, attention: str, B: int, h: int, Sq: int, Sk: int, dh: int,
+               masked: bool = False):
+    from . import attention_variants as V
+    if attention == "softmax":
+        return V.cost_softmax_attention(p_cfg, B, h, Sq, Sk, dh, masked, "limit")
+    if attention == "power-softmax":
+        return V.cost_power_softmax(p_cfg, B, h, Sq, Sk, dh, MV.POWER, "plain", masked,
+                                    MV.POWER_EPS)
+    if attention == "sigma-relu":
+        return V.cost_sigma_attention(p_cfg, B, h, Sq, Sk, dh, "relu", masked)
+    raise ValueError(f"unknown attention {attention!r}")
+
+
 def cost_mha(p_cfg, cfg: M.ModelConfig, B: int, Sq: int, Sk: int | None = None,
              causal: bool = False, folded: bool = True, order: str = "auto",
              masked_form: str = "auto", block: int | None = None):
@@ -123,6 +156,10 @@ def cost_mha(p_cfg, cfg: M.ModelConfig, B: int, Sq: int, Sk: int | None = None,
     d, h, r, dh = cfg.d_model, cfg.n_heads, cfg.n_features, cfg.d_head
     self_attn = Sk is None
     Sk = Sq if self_attn else Sk
+    if cfg.attention != M.PERFORMER:
+        return (arith.cost_mul(B * Sq * d + B * Sk * 2 * d, f + PROJ_EXTRA, f, mode)
+                + cost_heads(p_cfg, cfg.attention, B, h, Sq, Sk, dh, causal)
+                + arith.cost_mul(B * Sq * d, True, f, mode))
     nq = h * r if folded else d
     proj = B * Sq * nq + B * Sk * (nq + d)
     cost = arith.cost_mul(proj, f + PROJ_EXTRA, f, mode)

@@ -40,7 +40,10 @@ PROJ_EXTRA = 8
 
 
 def fold_scales(cfg: M.ModelConfig) -> tuple[float, float]:
-    """(s, c / s^2): factors folded into W^Q, W^K and into W^V (product = attn_c)."""
+    """(s, c / s^2): factors folded into W^Q, W^K and into W^V (product = attn_c); 1, 1 for
+    the softmax-style attentions, which scale their scores themselves."""
+    if cfg.attention != M.PERFORMER:
+        return 1.0, 1.0
     c = float(cfg.attn_c)
     s = abs(c) ** (1.0 / 3.0)
     return s, (c / (s * s) if s else 0.0)
@@ -50,6 +53,7 @@ def plain_tensors(cfg: M.ModelConfig, weights: M.Weights, fold_omega: bool = Tru
                   ) -> dict[str, tuple[np.ndarray, int]]:
     """name -> (float tensor, extra fractional bits) of everything that gets shared."""
     weights.validate(cfg)
+    fold_omega = fold_omega and cfg.attention == M.PERFORMER
     folded = M.fold_omega(weights, cfg) if fold_omega else {}
     attn = set(M.attn_prefixes(cfg))
     qk_scale, v_scale = fold_scales(cfg)
@@ -99,6 +103,7 @@ def check_shares(cfg: M.ModelConfig, shares: dict[str, AShare], fold_omega: bool
     """Clear error if a share dict does not match ``cfg`` (missing/extra names, shapes)."""
     if fold_omega is None:
         fold_omega = not any(k.endswith(".omega") for k in shares)
+    fold_omega = fold_omega and cfg.attention == M.PERFORMER
     d, h, r = cfg.d_model, cfg.n_heads, cfg.n_features
     expect = {}
     for name, shape in M.expected_shapes(cfg).items():

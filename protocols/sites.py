@@ -12,8 +12,8 @@ hands a value to a kernel that is exact only on a documented range:
 * ``gelu``: gelu_a inputs must satisfy |x| <= ``activations.gelu_limit(ring)`` (2^13);
 * ``sqrt_inv``: sqrt_inv_a inputs must lie in ``fxp.SQRT_INV_RANGE``.
 
-Reciprocal and exp (``fxp.RECIPROCAL_RANGE`` / ``EXP_RANGE``) are used only by the softmax
-baselines, never by a shared model, so no model site uses them.
+* ``exp`` / ``reciprocal`` (models with softmax-style ``attention``): inputs inside
+  ``fxp.EXP_RANGE`` / ``fxp.RECIPROCAL_RANGE``, both recorded as (min, max) spans.
 
 Sites per layer (:data:`SITES`); every one is measured in the secure protocol's own
 representation - attn_c folded as s = |c|^(1/3) into W^Q, W^K and c/s^2 into W^V
@@ -37,6 +37,8 @@ from mpc3.party import RingConfig
 
 from . import model as M
 from .attention import ROW_SCALE_EXTRA, default_decode_block
+from .attention_variants import SCORE_EXTRA
+from .model import variants as MV
 from .layernorm import LN_SCALE_EXTRA
 from .secure_model import PROJ_EXTRA, fold_scales
 
@@ -51,6 +53,7 @@ class Site:
 
 _ATTN = "lower attn_c or rescale W^Q/W^K/W^V"
 _LONG = "lower attn_c (or use attn_norm 'mean') or shorten max_len"
+_VAR = "rescale W^Q/W^K (the scores) or W^V"
 SITES: dict[str, Site] = {
     # attention (enc.i.attn, dec.i.self, dec.i.cross)
     "proj": Site("product", "projection X [W^Q|W^K|W^V] (attn_c folded in)", _ATTN, PROJ_EXTRA),
@@ -61,6 +64,13 @@ SITES: dict[str, Site] = {
     "out": Site("product", "attention output Q'(K'^T V) (or a decode step's part of it)", _LONG),
     "rowscale": Site("product", "attention output times 1/n", _LONG, ROW_SCALE_EXTRA),
     "wo": Site("product", "output projection (.) W^O", "rescale W^O"),
+    # softmax-style attentions (ModelConfig.attention != relu-performer)
+    "vscores": Site("product", "attention scores q k^T / sqrt(d_head)", _VAR, SCORE_EXTRA),
+    "exp": Site("exp", "softmax exponent (the scores)", _VAR),
+    "power": Site("product", "PowerSoftmax powers s^2 .. s^p", _VAR),
+    "den": Site("reciprocal", "softmax / PowerSoftmax row denominator", _VAR),
+    "sigma": Site("relu", "sigma-attention ReLU input (the scores)", _VAR),
+    "vout": Site("product", "attention weights times V (and times 1/denominator)", _VAR),
     # LayerNorm (enc.i.ln1, ..., dec.final_ln)
     "mean": Site("product", "LayerNorm row mean", "rescale the weights", LN_SCALE_EXTRA),
     "sumsq": Site("product", "LayerNorm sum of squares (d a power of two: sum_k x_k^2, "
@@ -100,6 +110,10 @@ def site_range(site: str, ring: RingConfig) -> tuple[float, float]:
         return 0.0, convert.relu_limit(ring)
     if s.kernel == "gelu":
         return 0.0, activations.gelu_limit(ring)
+    if s.kernel == "exp":
+        return tuple(float(v) for v in fxp.EXP_RANGE)
+    if s.kernel == "reciprocal":
+        return tuple(float(v) for v in fxp.RECIPROCAL_RANGE)
     return tuple(float(v) for v in fxp.SQRT_INV_RANGE)
 
 
@@ -201,9 +215,42 @@ class Trace:
         return y
 
     # ---------------------------------------------------------------- attention ----
+    def variant_attention(self, layer: str, x: np.ndarray) -> np.ndarray:
+        """A softmax-style attention (mha.heads): projections, scores and the kernel inputs
+        of the model's variant."""
+        w, h, rec = self.attn[layer], self.cfg.n_heads, self.rec
+        q, k, v = (x @ w[n] for n in ("wq", "wk", "wv"))
+        rec.mag(layer, "proj", q, k, v)
+        q, k, v = (np.ascontiguousarray(M.split_heads(t, h)) for t in (q, k, v))
+        s = MV.scores(q, k)
+        rec.mag(layer, "vscores", s)
+        kind = self.cfg.attention
+        if kind == "softmax":
+            rec.span(layer, "exp", s)
+            with np.errstate(over="ignore", invalid="ignore"):   # out of range: refused
+                e = np.exp(s)
+                rec.span(layer, "den", e.sum(-1))
+                rec.mag(layer, "vout", e @ v)
+        elif kind == "power-softmax":
+            e = s ** MV.POWER
+            rec.mag(layer, "power", s * s, e)
+            rec.span(layer, "den", MV.POWER_EPS + e.sum(-1))
+            rec.mag(layer, "vout", e @ v)
+        else:
+            rec.mag(layer, "sigma", s)
+            rec.mag(layer, "vout", np.maximum(s, 0) @ v)
+        with np.errstate(over="ignore", invalid="ignore"):
+            o = MV.ref_heads(kind, q, k, v)
+        rec.mag(layer, "vout", o)
+        y = M.merge_heads(o) @ w["wo"]
+        rec.mag(layer, "wo", y)
+        return y
+
     def self_attention(self, layer: str, x: np.ndarray) -> np.ndarray:
         """Encoder self attention; both core orders (kv, qk) are recorded, since the secure
         run picks one by the sequence length."""
+        if self.cfg.attention != M.PERFORMER:
+            return self.variant_attention(layer, x)
         qf, kf, v = self._features(layer, x, "wq"), self._features(layer, x, "wk"), \
             self._values(layer, x)
         kv = np.swapaxes(kf, -1, -2) @ v

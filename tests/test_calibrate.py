@@ -186,7 +186,10 @@ def test_probe_secure_run_matches_calibration(monkeypatch, kw, fold, block, unpr
 
 def test_site_limits_are_the_kernels_own():
     """Sites read their ranges from the kernels' named limits at run time."""
-    assert {s.kernel for s in SITES.values()} == {"product", "relu", "gelu", "sqrt_inv"}
+    assert {s.kernel for s in SITES.values()} == {"product", "relu", "gelu", "sqrt_inv", "exp",
+                                                  "reciprocal"}
+    assert site_range("den", RingConfig()) == fxp.RECIPROCAL_RANGE
+    assert site_range("exp", RingConfig()) == fxp.EXP_RANGE
     ring = RingConfig()
     assert site_range("proj", ring)[1] == arith.product_limit(ring.frac, SM.PROJ_EXTRA) == 2 ** 18
     assert site_range("features", ring)[1] == convert.relu_limit(ring)

@@ -11,8 +11,8 @@
 Everything public is re-exported here: ``from protocols import model as M; M.ref_encoder``.
 """
 from .archs import RefLMState, greedy_generate, ref_classify, ref_lm, ref_lm_step
-from .config import (ARCHS, ATTN_NORMS, DECODER_ONLY, DEFAULT_LN_EPS, ENCODER_CLASSIFIER,
-                     ENCODER_DECODER, ModelConfig, attn_prefixes, config_keys, expected_shapes,
+from .config import (ARCHS, ATTENTIONS, ATTN_NORMS, DECODER_ONLY, DEFAULT_LN_EPS,
+                     ENCODER_CLASSIFIER, ENCODER_DECODER, PERFORMER, ModelConfig, attn_prefixes, config_keys, expected_shapes,
                      expected_user_shapes)
 from .decode import embed, greedy_decode, output_logits, positional_encoding
 from .features import (attn_norm, attn_params, fold_omega, merge_heads, ref_features, relu,
@@ -24,7 +24,7 @@ from .weights import (FORMAT_VERSION, USER_NAMES, Weights, load_model, make_omeg
                       validate_user)
 
 __all__ = [
-    "ARCHS", "DECODER_ONLY", "ENCODER_CLASSIFIER", "ENCODER_DECODER", "RefLMState",
+    "ARCHS", "ATTENTIONS", "PERFORMER", "DECODER_ONLY", "ENCODER_CLASSIFIER", "ENCODER_DECODER", "RefLMState",
     "config_keys", "greedy_generate", "ref_classify", "ref_lm", "ref_lm_step", "ATTN_NORMS", "DEFAULT_LN_EPS", "FORMAT_VERSION", "USER_NAMES", "ModelConfig",
     "RefDecodeState", "Weights", "ffn_activation", "attn_norm", "attn_params", "attn_prefixes", "embed",
     "expected_shapes", "expected_user_shapes", "fold_omega", "greedy_decode", "load_model",

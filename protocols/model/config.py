@@ -35,8 +35,12 @@ ATTN_NORMS = ("const", "mean")
 #: FFN activations (``ffn_act``): ReLU (Privformer), exact-erf GELU (mpc3.kernels.activations,
 #: |x| <= 2^13), or none (a linear FFN, as in AERO's softmax-only block).
 FFN_ACTS = ("relu", "gelu", "none")
+#: Attention of the model (``attention``; float64 references in :mod:`.variants`). Only
+#: relu-performer has an incremental decode state; the others are encoder-classifier only.
+ATTENTIONS = ("relu-performer", "softmax", "power-softmax", "sigma-relu")
+PERFORMER = "relu-performer"
 #: Keys every architecture may carry and omits from its dictionary at their default value.
-_OPTIONAL = {"ffn_act": "relu"}
+_OPTIONAL = {"ffn_act": "relu", "attention": PERFORMER}
 ENCODER_DECODER, ENCODER_CLASSIFIER, DECODER_ONLY = \
     "encoder-decoder", "encoder-classifier", "decoder-only"
 ARCHS = (ENCODER_DECODER, ENCODER_CLASSIFIER, DECODER_ONLY)
@@ -80,6 +84,7 @@ class ModelConfig:
     arch: str = field(default=ENCODER_DECODER, kw_only=True)
     n_classes: int = field(default=0, kw_only=True)
     ffn_act: str = field(default="relu", kw_only=True)
+    attention: str = field(default=PERFORMER, kw_only=True)
 
     def validate(self) -> "ModelConfig":
         def posint(name, minimum=1):
@@ -116,6 +121,12 @@ class ModelConfig:
         if isinstance(self.ln_eps, bool) or not isinstance(self.ln_eps, (int, float, np.floating)) \
                 or not (float(self.ln_eps) > 0 and math.isfinite(float(self.ln_eps))):
             raise ValueError(f"ln_eps={self.ln_eps!r} must be a finite float > 0")
+        if self.attention not in ATTENTIONS:
+            raise ValueError(f"attention={self.attention!r} must be one of {ATTENTIONS}")
+        if self.attention != PERFORMER and self.arch != ENCODER_CLASSIFIER:
+            raise ValueError(f"attention={self.attention!r} needs arch {ENCODER_CLASSIFIER!r}: "
+                             f"only {PERFORMER} has a secure incremental decode state (a KV "
+                             f"cache protocol for softmax-style decoding is not built yet)")
         if self.ffn_act not in FFN_ACTS:
             raise ValueError(f"ffn_act={self.ffn_act!r} must be one of {FFN_ACTS}")
         if not isinstance(self.norm_first, (bool, np.bool_)):
@@ -177,7 +188,8 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple]:
     def attn(p):
         for n in ("wq", "wk", "wv", "wo"):
             out[f"{p}.{n}"] = (d, d)
-        out[f"{p}.omega"] = (h, dh, r)
+        if cfg.attention == PERFORMER:
+            out[f"{p}.omega"] = (h, dh, r)
 
     def ln(p):
         out[f"{p}.gamma"] = (d,)

@@ -43,8 +43,9 @@ from typing import Mapping
 
 import numpy as np
 
-from .config import ModelConfig
+from .config import PERFORMER, ModelConfig
 from .features import attn_norm, attn_params, merge_heads, ref_features, relu, split_heads
+from .variants import ref_heads
 from .weights import Weights
 
 
@@ -82,6 +83,9 @@ def ref_mha(cfg: ModelConfig, p: Mapping, xq, xkv, causal: bool = False,
     "loop" (naive per-(i, j) loop).  All forms are mathematically identical.
     """
     h = cfg.n_heads
+    if cfg.attention != PERFORMER:      # softmax-style: q, k, v per head, no features
+        q, k, v = (split_heads(x @ p[n], h) for x, n in ((xq, "wq"), (xkv, "wk"), (xkv, "wv")))
+        return merge_heads(ref_heads(cfg.attention, q, k, v, causal)) @ p["wo"]
     qf = ref_features(cfg, p, xq, "q")  # (B,h,Sq,r)
     kf = ref_features(cfg, p, xkv, "k")  # (B,h,Sk,r)
     v = split_heads(xkv @ p["wv"], h)  # (B,h,Sk,dh)

@@ -1,0 +1,71 @@
+"""float64 references of the attention variants a model config can select (``attention``):
+
+* ``relu-performer`` - Privformer's ReLU random-feature attention (:func:`.reference.ref_mha`);
+* ``softmax`` - softmax(q k^T / sqrt(dh)) v (exact exp);
+* ``power-softmax`` - seed 000's PowerSoftmax, Eq. 4: s^p / (eps + sum_j s^p), p =
+  :data:`POWER`, eps = :data:`POWER_EPS`;
+* ``sigma-relu`` - seed 002's scaled sigma-attention with sigma = ReLU: ReLU(s) v / L.
+
+The secure protocols computing them are in :mod:`protocols.attention` (softmax) and
+:mod:`protocols.attention_variants`; these functions are the one float64 definition both the
+model reference and those protocols' tests use. q, k, v are per head: (B, h, S, dh).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+ATTENTIONS = ("relu-performer", "softmax", "power-softmax", "sigma-relu")
+#: PowerSoftmax exponent and epsilon of models (eps >= 2^-12: the reciprocal's range).
+POWER, POWER_EPS = 4, 2.0 ** -6
+
+
+def scores(q, k) -> np.ndarray:
+    return q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])
+
+
+def _mask(Sq: int, Sk: int, masked: bool) -> np.ndarray:
+    return np.tril(np.ones((Sq, Sk))) if masked else np.ones((Sq, Sk))
+
+
+def ref_softmax_attention(q, k, v, masked=False, exp="limit"):
+    """softmax attention; ``exp="poly"`` is Privformer's polynomial baseline instead of exp."""
+    sc = scores(q, k)
+    e = np.exp(sc) if exp == "limit" else 1 + sc + 0.5 * sc**2 + 0.1665 * sc**3 + 0.0438 * sc**4
+    e = e * _mask(*sc.shape[-2:], masked)
+    return (e / e.sum(-1, keepdims=True)) @ v
+
+
+def ref_power_softmax(q, k, v, power=POWER, eps=POWER_EPS, form="plain", masked=False):
+    """PowerSoftmax written as the paper's equations (forms: plain Eq. 4, stable Eq. 5 + 4,
+    length-agnostic Eq. 6)."""
+    s = scores(q, k)
+    mask = _mask(*s.shape[-2:], masked)
+    if form == "stable":                                    # Eq. 5: s / (||s||_inf + 0)
+        s = s / np.max(np.abs(s) * mask, axis=-1, keepdims=True)
+    e = s ** power * mask
+    if form == "length":                                    # Eq. 6
+        L = mask.sum(-1)[:, None]
+        return ((e / L) / (eps + e.sum(-1, keepdims=True) / L)) @ v
+    return (e / (eps + e.sum(-1, keepdims=True))) @ v       # Eq. 4
+
+
+def ref_sigma_attention(q, k, v, sigma="relu", masked=False, length=None):
+    """(sigma(s) * M) v / L, sigma = ReLU or public polynomial coefficients (c_0, c_1, ...)."""
+    s = scores(q, k)
+    Sq, Sk = s.shape[-2:]
+    act = np.maximum(s, 0) if isinstance(sigma, str) else sum(
+        c * s ** i for i, c in enumerate(sigma))
+    return (act * _mask(Sq, Sk, masked)) @ v / (Sk if length is None else length)
+
+
+def ref_heads(attention: str, q, k, v, masked: bool = False) -> np.ndarray:
+    """The model's attention (not relu-performer) on per-head q, k, v."""
+    if attention == "softmax":
+        return ref_softmax_attention(q, k, v, masked)
+    if attention == "power-softmax":
+        return ref_power_softmax(q, k, v, masked=masked)
+    if attention == "sigma-relu":
+        return ref_sigma_attention(q, k, v, masked=masked)
+    raise ValueError(f"unknown attention {attention!r} (one of {ATTENTIONS})")
