@@ -230,11 +230,14 @@ def run(a, runner: Runner = run_invocation, spu_version: str | None = None) -> d
                           f"min {w['min']:.4f} s  bytes {r.get('bytes_total')}", flush=True)
             report_rows.append(summarize(row, m_res, s_res))
     load_end = os.getloadavg()
+    cpus = len(os.sched_getaffinity(0))
+    overloaded = max(load_start[0], load_end[0]) > cpus
     report = {
         "schema": SCHEMA, "started": started,
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "host": {**host_info(), "loadavg_start": [round(x, 2) for x in load_start],
-                 "loadavg_end": [round(x, 2) for x in load_end]},
+                 "loadavg_end": [round(x, 2) for x in load_end],
+                 "overloaded": overloaded},
         "versions": versions(spu_version or ""),
         "settings": {"rounds": a.rounds, "repeat": a.repeat,
                      "order": "per row: mpc3, SPU, mpc3, SPU, ... (rounds times)",
@@ -243,6 +246,10 @@ def run(a, runner: Runner = run_invocation, spu_version: str | None = None) -> d
                      "mpc3": {"transport": "grpc+mTLS, 3 party processes, 127.0.0.1",
                               "frac": 18, "ring": "Z_2^64", "truncation": "exact (default)"}},
         "timing": {"mpc3": MPC3_TIMING, "spu": SPU_TIMING},
+        "notes": [(f"1-minute load average above the {cpus} usable CPUs: other jobs shared "
+                   "the CPUs, times of both sides are inflated and the ratios are not those "
+                   "of a quiet machine (each command's load average is under commands)")
+                  ] if overloaded else [],
         "rows": report_rows, "commands": commands,
         "harness": shlex.join([sys.executable, *sys.argv]),
     }
@@ -266,7 +273,7 @@ def table(report: dict) -> str:
                      f"{r['ratio_time_min']:.2f} | {mb_s} / {sb_s} | {rb} |")
     h = report["host"]
     lines.append(f"\nload average start {h['loadavg_start']} end {h['loadavg_end']}, "
-                 f"{h['cpus_usable']} usable CPUs")
+                 f"{h['cpus_usable']} usable CPUs" + (" - OVERLOADED" if h["overloaded"] else ""))
     return "\n".join(lines)
 
 

@@ -56,6 +56,7 @@ def test_interleaved_run_writes_report(tmp_path):
     rep = json.loads(out.read_text())
     assert rep["schema"] == C.SCHEMA and rep["versions"]["spu"] == "0.9.5"
     assert len(rep["host"]["loadavg_start"]) == 3 and len(rep["host"]["loadavg_end"]) == 3
+    assert isinstance(rep["host"]["overloaded"], bool) and isinstance(rep["notes"], list)
     assert [r["key"] for r in rep["rows"]] == ["matmul", "ln"]
     for r in rep["rows"]:
         assert r["mpc3"]["wall_s"]["n"] == 4 and r["spu"]["wall_s"]["n"] == 4
