@@ -35,10 +35,11 @@ Privformer's baseline polynomial, accurate only near 0.
 Outside the ranges (nothing signals it; the client's range check must):
 * sqrt_inv/reciprocal below 2^-12 (and x <= 0): the guess saturates at the first table
   entry. "fast" returns exactly 2^6 for every x < 2^-12 (x > -2^17, including 0 and
-  negatives); lean's and reciprocal's Newton steps no longer converge (lean still meets its
-  bound down to 2^-13; at 2^-14 both are 0.6 % / 32 % off; x = 0 gives ~257 / 16384).
-* above 2^16: "fast" saturates at exactly 2^-8; lean keeps converging and reciprocal's
-  output is below 4 ulp, until x - 2^-12 reaches 2^17, where the comparisons leave their
+  negatives); lean's and reciprocal's Newton steps no longer converge (lean is 1.3 % off at
+  2^-13 and 11 % at 2^-14, reciprocal 32 % at 2^-14; x = 0 gives 1.5^2 2^6.0625 ~ 150 /
+  16384).
+* above 2^16: "fast" saturates at exactly 2^-8; lean's guess saturates too (0.1 % off at
+  2^16.5, 6 % at 2^16.99); reciprocal's output is below 4 ulp, until x - 2^-12 reaches 2^17, where the comparisons leave their
   window and the result is garbage (e.g. 64 / ~1000 / 16384 at 2^18).
 * exp below -48: the polynomial's product exceeds 2^62 and wraps by exactly 1.0 in q; the
   result still rounds to 0 or 1 ulp down to about -120 (garbage below); above 9.5 (exact) the
@@ -196,15 +197,19 @@ SQ_EXTRA = {"exact": (8, 8), "prob": (2, 6)}
 
 
 FAST_ROWS = 16   # sqrt_inv "auto": up to this many inputs use the round-lean table
-NEWTON_SQRT = 3  # Newton steps of sqrt_inv "lean"
+NEWTON_SQRT = 2  # Newton steps of sqrt_inv "lean"
+#: Thresholds per octave of sqrt_inv "lean"'s constant guess: 4 puts it within 2^(1/16) - 1
+#: = 4.4 % of x^-1/2, which two Newton steps (e -> ~1.5 e^2) take to ~1e-5; one threshold
+#: per octave (19 %) needed a third step, i.e. 4 more rounds.
+LEAN_PER_OCTAVE = 4
 
 
 def sqrt_inv_a(p: Party, x: AShare, mode: str = "auto") -> AShare:
     """1/sqrt(x) for shared x in SQRT_INV_RANGE (Privformer Alg. 4, leak-free), same scale.
 
     mode "fast": sixteenth-octave thresholds with the best line per interval (rel. error
-    9e-5 plus fixed point), no Newton step: 10 rounds, ~37 KB per input. mode "lean": octave
-    thresholds, constant guess (19 %), three Newton steps: 20 rounds, ~2.2 KB per input.
+    9e-5 plus fixed point), no Newton step: 10 rounds, ~37 KB per input. mode "lean": quarter-octave
+    thresholds, constant guess (4.4 %), two Newton steps: 16 rounds, ~7 KB per input.
     "auto" picks "fast" for at most FAST_ROWS inputs (decoding steps) and "lean" otherwise
     (whole sequences). Newton step y <- y + y/2 - (x y)(y^2)/2 in two multiplication layers:
     x*y, y^2 (kept at frac + SQ_EXTRA bits) and y/2 in one call with per-element shifts,
@@ -216,7 +221,7 @@ def sqrt_inv_a(p: Party, x: AShare, mode: str = "auto") -> AShare:
     x = x.reshape(-1)
     if mode == "fast":
         return _init_guess(p, x, 0.5, per_octave=16, linear=True).reshape(shape)
-    y = _init_guess(p, x, 0.5, per_octave=1, linear=False)
+    y = _init_guess(p, x, 0.5, per_octave=LEAN_PER_OCTAVE, linear=False)
     one = arith.public_share(p, ring.encode(np.ones(x.size), f))
     shifts = np.repeat([f - e1, f - e2, f + 1], x.size)
     for _ in range(NEWTON_SQRT):
@@ -242,7 +247,7 @@ def cost_sqrt_inv(n: int, mode: str, frac: int, trunc: str) -> Cost:
     e1, e2 = SQ_EXTRA[trunc]
     step = (arith.cost_mul(3 * n, np.repeat([frac - e1, frac - e2, frac + 1], n), frac, trunc)
             + arith.cost_mul(n, frac + e1 + e2 + 1, frac, trunc))
-    cost = cost_init_guess(n, 0.5, 1, False, frac, trunc)
+    cost = cost_init_guess(n, 0.5, LEAN_PER_OCTAVE, False, frac, trunc)
     for _ in range(NEWTON_SQRT):
         cost = cost + step
     return cost
