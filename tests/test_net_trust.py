@@ -155,19 +155,33 @@ def test_burst_of_jobs_from_two_users_all_complete(prod):
 
 
 def test_per_user_job_limit_names_the_limit(prod):
+    """Jobs submitted to party 1 only wait there for party 0's start, so they stay queued
+    (deterministic: no race with jobs finishing); the 7th is refused naming user_jobs."""
     x = np.zeros((1, 2, 16))
+    share = deal(ring.encode(x))[1]
     with prod.user("user2", retry_s=0) as u:
-        jobs, refused = [], None
-        for _ in range(10):
-            try:
-                jobs.append(u.submit("tr2", "encoder", {"X": x}))
-            except nc.ClusterError as exc:
-                refused = exc
-                break
-        for j in jobs:
-            u.wait(j)
-    assert refused is not None and refused.code == C.RESOURCE_EXHAUSTED
-    assert "user_jobs = 6" in str(refused) and "[limits]" in str(refused)
+        info = u.model("tr2")
+        ids, refused = [f"lim-{os.urandom(4).hex()}-{i}" for i in range(8)], None
+        try:
+            for i, job_id in enumerate(ids):
+                try:
+                    u._call(1, "SubmitJob", submit_chunks(job_id, "tr2", info.upload_id,
+                                                          "encoder", {}, share))
+                except nc.ClusterError as exc:
+                    refused = (i, exc)
+                    break
+        finally:
+            for job_id in ids:
+                try:
+                    u._call(1, "CancelJob", pb.JobRef(job_id=job_id), timeout=10)
+                except nc.ClusterError:
+                    pass
+    assert refused is not None and refused[0] == 6, refused
+    exc = refused[1]
+    assert exc.code == C.RESOURCE_EXHAUSTED
+    assert "user_jobs = 6" in str(exc) and "[limits]" in str(exc)
+    with prod.user("user2") as u:                       # cancelled jobs free the slots
+        u.run("tr2", "encoder", {"X": x})
 
 
 def test_sessions_per_user_are_limited(prod):
