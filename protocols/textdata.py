@@ -234,6 +234,8 @@ def make_split(n: int, seed: int, split: str) -> list[tuple[str, str]]:
 ASSETS = Path(__file__).resolve().parent / "assets"
 SHIPPED_MODEL = ASSETS / "translator.npz"
 SHIPPED_VOCAB = ASSETS / "vocab.json"
+#: The shipped decoder-only LM (benchmarks/train_lm.py): byte tokens, "N = " -> N's words.
+SHIPPED_LM = ASSETS / "lm.npz"
 
 
 def load_shipped():

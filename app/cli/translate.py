@@ -117,6 +117,9 @@ def demo_inputs(n: int = DEMO_INPUTS, lengths: tuple[int, ...] = (4, 6)) -> list
 
 
 def _cmd_demo(args) -> int:
+    if args.model == "lm":
+        from .generate import demo_lm
+        return demo_lm(args)
     from protocols import textdata as TD
     from net.client import QueryUser
     from ..owner import share_transformer
@@ -203,4 +206,7 @@ def register(sub) -> None:
     p.add_argument("--inputs", type=int, default=DEMO_INPUTS, help="how many held-out inputs")
     p.add_argument("--keep-dir", action="store_true", help="keep certificates and logs")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--model", choices=("translator", "lm"), default="translator",
+                   help="translator (default) or lm: the shipped decoder-only LM continues "
+                   "'N = ' with N's English words, streamed token by token")
     p.set_defaults(func=_cmd_demo)
