@@ -16,8 +16,12 @@ From these streams (CrypTen's split, ABY3's zero sharing):
 """
 from __future__ import annotations
 
+import functools
 import hashlib
-from dataclasses import dataclass
+import math
+import os
+import threading
+from dataclasses import dataclass, field
 
 import numpy as np
 from cryptography.hazmat.primitives import hashes
@@ -38,8 +42,70 @@ def _nonce(op: int, tag: str) -> bytes:
 
 
 def aes_ctr_bytes(key: bytes, nonce: bytes, nbytes: int) -> bytes:
+    """AES-128-CTR keystream (the reference the fast paths of :class:`PRG` must equal)."""
     enc = Cipher(algorithms.AES(key), modes.CTR(nonce)).encryptor()
     return enc.update(bytes(nbytes)) + enc.finalize()
+
+
+#: Draws up to this many bytes encrypt their CTR counter blocks with a cached AES-ECB context
+#: (setting up a CTR context costs ~25 us, more than building and encrypting the blocks);
+#: longer draws run CTR straight into the output buffer. Both give the same bytes for the
+#: same key and nonce (tests/test_security.py), so no counter is ever used twice.
+ECB_MAX_BYTES = 1 << 14
+_ZEROS = bytes(1 << 20)
+
+
+def _ctr_fill(nonces: np.ndarray, starts: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover
+    """Blocks starts[j] .. starts[j+1] - 1 of ``out`` (uint8, 16 bytes a block) = the
+    big-endian 128-bit counters nonces[j] + i (mod 2^128)."""
+    for j in range(nonces.shape[0]):
+        hi = np.uint64(0)
+        lo = np.uint64(0)
+        for k in range(8):
+            hi = (hi << np.uint64(8)) | np.uint64(nonces[j, k])
+            lo = (lo << np.uint64(8)) | np.uint64(nonces[j, 8 + k])
+        for i in range(starts[j + 1] - starts[j]):
+            c = lo + np.uint64(i)
+            h = hi + np.uint64(1) if c < lo else hi        # carry (wraps mod 2^128)
+            base = 16 * (starts[j] + i)
+            for k in range(8):
+                sh = np.uint64(56 - 8 * k)
+                out[base + k] = np.uint8((h >> sh) & np.uint64(0xFF))
+                out[base + 8 + k] = np.uint8((c >> sh) & np.uint64(0xFF))
+
+
+@functools.cache
+def _ctr_fill_jit():
+    import numba
+    return numba.njit(cache=True)(_ctr_fill)      # short: keeps the GIL (ring.NOGIL_MIN_WORK)
+
+
+def ctr_blocks(nonce: bytes, nblocks: int) -> np.ndarray:
+    """The counter blocks CTR mode encrypts: nonce + i (128-bit big-endian, mod 2^128)."""
+    out = np.empty(16 * nblocks, dtype=np.uint8)
+    _ctr_fill_jit()(np.frombuffer(nonce, dtype=np.uint8).reshape(1, 16),
+                    np.array([0, nblocks], dtype=np.int64), out)
+    return out
+
+
+def _ctr_into(key: bytes, nonce: bytes, buf: np.ndarray, nbytes: int) -> None:
+    """Write ``nbytes`` of AES-CTR keystream into ``buf`` (uint8, >= nbytes + 15 long)."""
+    enc = Cipher(algorithms.AES(key), modes.CTR(nonce)).encryptor()
+    for pos in range(0, nbytes, len(_ZEROS)):
+        chunk = min(len(_ZEROS), nbytes - pos)
+        enc.update_into(memoryview(_ZEROS)[:chunk], buf[pos:])
+
+
+def fresh_ring(shape) -> np.ndarray:
+    """A uniform uint64 array from AES-CTR under a fresh ``os.urandom`` key and nonce (one
+    32-byte draw from the OS instead of 8 bytes per element through getrandom, which the
+    kernel computes as system time: dealing a model's weights spent most of its time there)."""
+    shape = shape if isinstance(shape, tuple) else tuple(np.atleast_1d(shape).tolist())
+    n = math.prod(shape)
+    buf = np.empty(n + 2, dtype=np.uint64)
+    seed = os.urandom(32)
+    _ctr_into(seed[:16], seed[16:], buf.view(np.uint8), 8 * n)
+    return buf[:n].reshape(shape)
 
 
 @dataclass(frozen=True)
@@ -49,6 +115,9 @@ class PRG:
     prev: bytes
     next: bytes
     private: bytes
+    _ecb: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False,
+                                  compare=False)
 
     def __post_init__(self) -> None:
         for name in STREAMS:
@@ -65,14 +134,67 @@ class PRG:
         return cls(derive_key(seed_prev, ctx), derive_key(seed_next, ctx),
                    derive_key(seed_private, ctx))
 
+    def _keystream(self, stream: str, nonce: bytes, nbytes: int) -> np.ndarray:
+        """``nbytes`` of the AES-CTR keystream of ``stream`` at ``nonce`` as a fresh uint8
+        array (8-byte aligned, owned by the caller)."""
+        nblocks = -(-nbytes // 16)
+        buf = np.empty(2 * nblocks + 2, dtype=np.uint64).view(np.uint8)  # + update_into slack
+        key = getattr(self, stream)
+        if nbytes <= ECB_MAX_BYTES:
+            blocks = ctr_blocks(nonce, nblocks)
+            with self._lock:                       # one context per key, not thread-safe
+                ecb = self._ecb.get(stream)
+                if ecb is None:
+                    ecb = self._ecb[stream] = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
+                ecb.update_into(blocks, buf)
+        else:
+            _ctr_into(key, nonce, buf, nbytes)
+        return buf[:nbytes]
+
+    def _keystreams(self, stream: str, nonces: list[bytes], sizes: list[int]) -> list:
+        """Several keystreams of one stream in one pass through the cipher: each equal to
+        ``_keystream(stream, nonce, nbytes)`` (its own counters, the tail of its last block
+        dropped), as views of one fresh buffer."""
+        nblocks = [-(-nb // 16) for nb in sizes]
+        total = sum(nblocks)
+        if 16 * total > ECB_MAX_BYTES:
+            return [self._keystream(stream, nc, nb) for nc, nb in zip(nonces, sizes)]
+        starts = [0]
+        for nb in nblocks:
+            starts.append(starts[-1] + nb)
+        blocks = np.empty(16 * total, dtype=np.uint8)
+        _ctr_fill_jit()(np.frombuffer(b"".join(nonces), dtype=np.uint8).reshape(-1, 16),
+                        np.array(starts, dtype=np.int64), blocks)
+        buf = np.empty(2 * total + 2, dtype=np.uint64).view(np.uint8)
+        with self._lock:
+            ecb = self._ecb.get(stream)
+            if ecb is None:
+                key = getattr(self, stream)
+                ecb = self._ecb[stream] = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
+            ecb.update_into(blocks, buf)
+        return [buf[16 * st:16 * st + nb] for st, nb in zip(starts, sizes)]
+
+    def ring_many(self, stream: str, op: int, items) -> list[np.ndarray]:
+        """``[ring(stream, op, tag, shape) for tag, shape in items]``, one cipher call."""
+        shapes = [(s,) if isinstance(s, (int, np.integer)) else tuple(s) for _, s in items]
+        got = self._keystreams(stream, [_nonce(op, tag) for tag, _ in items],
+                               [8 * math.prod(s) for s in shapes])
+        return [g.view(np.uint64).reshape(s) for g, s in zip(got, shapes)]
+
+    def bytes_many(self, stream: str, op: int, items) -> list[np.ndarray]:
+        """``[bytes(stream, op, tag, nbytes) for tag, nbytes in items]``, one cipher call."""
+        return self._keystreams(stream, [_nonce(op, tag) for tag, _ in items],
+                                [int(nb) for _, nb in items])
+
     def ring(self, stream: str, op: int, tag: str, shape) -> np.ndarray:
         """Uniform uint64 array from ``stream`` for ``(op, tag)``."""
-        shape = tuple(np.atleast_1d(shape)) if not isinstance(shape, tuple) else shape
-        n = int(np.prod(shape, dtype=np.int64))
-        raw = aes_ctr_bytes(getattr(self, stream), _nonce(op, tag), 8 * n)
-        return np.frombuffer(raw, dtype=np.uint64).reshape(shape).copy()
+        if isinstance(shape, (int, np.integer)):
+            shape = (int(shape),)
+        elif not isinstance(shape, tuple):
+            shape = tuple(np.atleast_1d(shape).tolist())
+        n = math.prod(shape)
+        return self._keystream(stream, _nonce(op, tag), 8 * n).view(np.uint64).reshape(shape)
 
     def bytes(self, stream: str, op: int, tag: str, nbytes: int) -> np.ndarray:
         """Uniform uint8 array (for bit masks)."""
-        raw = aes_ctr_bytes(getattr(self, stream), _nonce(op, tag), nbytes)
-        return np.frombuffer(raw, dtype=np.uint8).copy()
+        return self._keystream(stream, _nonce(op, tag), nbytes)

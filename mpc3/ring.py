@@ -98,6 +98,10 @@ __all__ = [
     "unpack_bits",
     "pack_uint",
     "unpack_uint",
+    "WidthPlan",
+    "width_plan",
+    "pack_var",
+    "unpack_var",
 ]
 
 RING_BITS: int = 64
@@ -217,17 +221,39 @@ def _mm_parallel(A: np.ndarray, B: np.ndarray, C: np.ndarray) -> None:  # pragma
         _mm_unit_jit(A, B, C, t)
 
 
+#: Compiled kernels release the GIL only for calls of at least this much work (multiply-adds,
+#: elements): a short call that releases it hands the GIL to another party thread of the
+#: same process and then waits for it to come back (in-process parties, the GIL's convoy
+#: effect), which costs more than the call; a long one should let the others run meanwhile.
+NOGIL_MIN_WORK: int = 1 << 15
+
+
+def jit_pair(func: Callable[..., None], **flags) -> tuple[Callable[..., None], ...]:
+    """(GIL-holding, GIL-releasing) numba compilations of ``func`` (disk-cached under two
+    names: numba's cache key ignores the nogil flag)."""
+    import types
+
+    import numba
+
+    twin = types.FunctionType(func.__code__, func.__globals__, func.__name__ + "_nogil",
+                              func.__defaults__, func.__closure__)
+    twin.__qualname__ = func.__qualname__ + "_nogil"
+    return (numba.njit(cache=True, **flags)(func),
+            numba.njit(cache=True, nogil=True, **flags)(twin))
+
+
 @functools.cache
-def _kernels() -> tuple[Callable[..., None], Callable[..., None]]:
-    """Import numba and wrap the kernels (compiled on first call, disk-cached)."""
+def _kernels() -> tuple[Callable[..., None], Callable[..., None], Callable[..., None]]:
+    """Import numba and wrap the kernels (compiled on first call, disk-cached): serial
+    holding the GIL, serial releasing it, parallel."""
     import numba
 
     g = globals()
     g["_prange"] = numba.prange
     g["_mm_unit_jit"] = numba.njit(cache=True, nogil=True)(_mm_unit)
-    serial = numba.njit(cache=True, nogil=True)(_mm_serial)
+    serial_gil, serial = jit_pair(_mm_serial)
     parallel = numba.njit(cache=True, nogil=True, parallel=True)(_mm_parallel)
-    return serial, parallel
+    return serial_gil, serial, parallel
 
 
 def _kernel_arg(x: np.ndarray, shape: tuple[int, ...] | None = None) -> np.ndarray:
@@ -268,8 +294,10 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     C3 = np.zeros((B3.shape[0], A3.shape[1], N), dtype=np.int64)
     rows = C3.shape[0] * C3.shape[1]
     if rows and N and K:
-        serial, parallel = _kernels()
-        kernel = parallel if rows > 1 and rows * K * N >= PARALLEL_MIN_MACS else serial
+        serial_gil, serial, parallel = _kernels()
+        macs = rows * K * N
+        kernel = (parallel if rows > 1 and macs >= PARALLEL_MIN_MACS else
+                  serial if macs >= NOGIL_MIN_WORK else serial_gil)
         kernel(A3, B3, C3)
 
     out = C3.view(DTYPE).reshape(*batch, M, N)
@@ -304,14 +332,97 @@ def _check_width(width: int) -> None:
         raise ValueError(f"width must be in 1..{RING_BITS}, got {width}")
 
 
+def _pack_uint_kernel(vals: np.ndarray, width: int, out: np.ndarray) -> None:  # pragma: no cover
+    """OR the low ``width`` bits of vals[i] into ``out`` (zeroed uint8) at bit i*width."""
+    w = np.uint64(width)
+    mask = (np.uint64(1) << w) - np.uint64(1)
+    for i in range(vals.size):
+        v = vals[i] & mask
+        o = i * width
+        bi = o >> 3
+        s = np.uint64(o & 7)
+        lo = v << s
+        nb = ((o & 7) + width + 7) >> 3              # bytes touched: 1..9
+        for k in range(min(nb, 8)):
+            out[bi + k] |= np.uint8((lo >> np.uint64(8 * k)) & np.uint64(0xFF))
+        if nb > 8:
+            out[bi + 8] |= np.uint8(v >> (np.uint64(64) - s))
+
+
+def _unpack_uint_kernel(data: np.ndarray, width: int, out: np.ndarray) -> None:  # pragma: no cover
+    """out[i] = the ``width`` bits of ``data`` from bit i*width (inverse of the pack kernel)."""
+    w = np.uint64(width)
+    mask = (np.uint64(1) << w) - np.uint64(1)
+    for i in range(out.size):
+        o = i * width
+        bi = o >> 3
+        s = np.uint64(o & 7)
+        nb = ((o & 7) + width + 7) >> 3
+        lo = np.uint64(0)
+        for k in range(min(nb, 8)):
+            lo |= np.uint64(data[bi + k]) << np.uint64(8 * k)
+        v = lo >> s
+        if nb > 8:
+            v |= np.uint64(data[bi + 8]) << (np.uint64(64) - s)
+        out[i] = v & mask
+
+
+def _pack_var_kernel(vals: np.ndarray, order: np.ndarray, widths: np.ndarray,
+                     bitoff: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover
+    """OR vals[order[j]] (low widths[j] bits) into ``out`` (zeroed) at bit bitoff[j]."""
+    for j in range(order.size):
+        width = widths[j]
+        v = vals[order[j]] & ((np.uint64(1) << np.uint64(width)) - np.uint64(1))
+        o = bitoff[j]
+        bi = o >> 3
+        s = np.uint64(o & 7)
+        lo = v << s
+        nb = ((o & 7) + width + 7) >> 3
+        for k in range(min(nb, 8)):
+            out[bi + k] |= np.uint8((lo >> np.uint64(8 * k)) & np.uint64(0xFF))
+        if nb > 8:
+            out[bi + 8] |= np.uint8(v >> (np.uint64(64) - s))
+
+
+def _unpack_var_kernel(data: np.ndarray, order: np.ndarray, widths: np.ndarray,
+                       bitoff: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover
+    """out[order[j]] = the widths[j] bits of ``data`` from bit bitoff[j]."""
+    for j in range(order.size):
+        width = widths[j]
+        o = bitoff[j]
+        bi = o >> 3
+        s = np.uint64(o & 7)
+        nb = ((o & 7) + width + 7) >> 3
+        lo = np.uint64(0)
+        for k in range(min(nb, 8)):
+            lo |= np.uint64(data[bi + k]) << np.uint64(8 * k)
+        v = lo >> s
+        if nb > 8:
+            v |= np.uint64(data[bi + 8]) << (np.uint64(64) - s)
+        out[order[j]] = v & ((np.uint64(1) << np.uint64(width)) - np.uint64(1))
+
+
+@functools.cache
+def _bit_kernels() -> tuple[tuple[Callable[..., None], ...], ...]:
+    """The compiled pack/unpack kernels, each as :func:`jit_pair` (numba imported on first
+    use, disk-cached)."""
+    return tuple(jit_pair(k) for k in
+                 (_pack_uint_kernel, _unpack_uint_kernel, _pack_var_kernel, _unpack_var_kernel))
+
+
+def _bit_kernel(i: int, n: int) -> Callable[..., None]:
+    return _bit_kernels()[i][n >= NOGIL_MIN_WORK]
+
+
 def pack_uint(values: np.ndarray, width: int) -> np.ndarray:
     """Pack the low ``width`` bits of each uint64 into ``ceil(n*width/8)`` bytes."""
     _check_width(width)
     vals = np.ascontiguousarray(check_ring(values, "values").reshape(-1), dtype="<u8")
     if width % 8 == 0:  # byte aligned: just drop the high bytes
         return np.ascontiguousarray(vals.view(np.uint8).reshape(-1, 8)[:, : width // 8]).reshape(-1)
-    bits = np.unpackbits(vals.view(np.uint8).reshape(-1, 8), axis=1, bitorder="little")
-    return np.packbits(bits[:, :width].reshape(-1), bitorder="little")
+    out = np.zeros((vals.size * width + 7) // 8, dtype=np.uint8)
+    _bit_kernel(0, vals.size)(vals, width, out)
+    return out
 
 
 def unpack_uint(buf: np.ndarray, width: int, n: int) -> np.ndarray:
@@ -320,11 +431,61 @@ def unpack_uint(buf: np.ndarray, width: int, n: int) -> np.ndarray:
     data = np.frombuffer(buf, dtype=np.uint8) if isinstance(buf, (bytes, bytearray)) else buf
     if len(data) * 8 < n * width:
         raise ValueError(f"unpack_uint: buffer too short for {n} x {width} bits")
-    out = np.zeros((n, 8), dtype=np.uint8)
     if width % 8 == 0:
+        out = np.zeros((n, 8), dtype=np.uint8)
         out[:, : width // 8] = data[: n * width // 8].reshape(n, width // 8)
-    else:
-        bits = np.zeros((n, 64), dtype=np.uint8)
-        bits[:, :width] = np.unpackbits(data, count=n * width, bitorder="little").reshape(n, width)
-        out = np.packbits(bits, axis=1, bitorder="little")
-    return out.reshape(-1).view("<u8").astype(DTYPE, copy=False)
+        return out.reshape(-1).view("<u8").astype(DTYPE, copy=False)
+    out = np.empty(n, dtype=DTYPE)
+    _bit_kernel(1, n)(np.ascontiguousarray(data), width, out)
+    return out
+
+
+class WidthPlan:
+    """Wire layout of values with per-element public widths (1..63): the values of each
+    distinct width, in increasing width order and element order within a width, form one
+    tight bit string (:func:`pack_uint`) starting on a byte boundary."""
+
+    def __init__(self, widths: np.ndarray) -> None:
+        widths = np.asarray(widths, dtype=np.int64).reshape(-1)
+        if widths.size and not (1 <= widths.min() and widths.max() < RING_BITS):
+            raise ValueError(f"widths must be in 1..{RING_BITS - 1}")
+        self.n = widths.size
+        self.order = np.argsort(widths, kind="stable")
+        self.widths = widths[self.order]
+        starts = np.flatnonzero(np.diff(self.widths, prepend=-1)) if self.n else self.order
+        counts = np.diff(np.append(starts, self.n))
+        run_bytes = (counts * self.widths[starts] + 7) // 8
+        run_bit0 = 8 * (np.cumsum(run_bytes) - run_bytes)         # first bit of each run
+        rank = np.arange(self.n) - np.repeat(starts, counts)        # position in its run
+        self.bitoff = np.repeat(run_bit0, counts) + rank * self.widths
+        self.nbytes = int(run_bytes.sum())
+
+
+@functools.lru_cache(maxsize=256)
+def _width_plan(key: bytes) -> WidthPlan:
+    return WidthPlan(np.frombuffer(key, dtype=np.int64))
+
+
+def width_plan(widths: np.ndarray) -> WidthPlan:
+    """The (cached) :class:`WidthPlan` of an int array of widths."""
+    return _width_plan(np.ascontiguousarray(widths, dtype=np.int64).tobytes())
+
+
+def pack_var(values: np.ndarray, plan: WidthPlan) -> np.ndarray:
+    """Pack ``values`` (uint64, plan.n of them) by a :class:`WidthPlan`."""
+    vals = np.ascontiguousarray(check_ring(values, "values").reshape(-1))
+    if vals.size != plan.n:
+        raise ValueError(f"pack_var: {vals.size} values for a plan of {plan.n}")
+    out = np.zeros(plan.nbytes, dtype=np.uint8)
+    _bit_kernel(2, plan.n)(vals, plan.order, plan.widths, plan.bitoff, out)
+    return out
+
+
+def unpack_var(buf: np.ndarray, plan: WidthPlan) -> np.ndarray:
+    """Inverse of :func:`pack_var`."""
+    data = np.frombuffer(buf, dtype=np.uint8) if isinstance(buf, (bytes, bytearray)) else buf
+    if len(data) < plan.nbytes:
+        raise ValueError(f"unpack_var: buffer too short for {plan.nbytes} bytes")
+    out = np.empty(plan.n, dtype=DTYPE)
+    _bit_kernel(3, plan.n)(np.ascontiguousarray(data), plan.order, plan.widths, plan.bitoff, out)
+    return out

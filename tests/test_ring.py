@@ -184,6 +184,35 @@ def test_pack_uint_roundtrip(width, n):
     np.testing.assert_array_equal(unpack_uint(buf, width, n), vals & mask)
 
 
+def _pack_uint_numpy(values, width):
+    """The bit-expanding numpy reference of pack_uint (np.unpackbits per value)."""
+    vals = values.reshape(-1).astype("<u8")
+    bits = np.unpackbits(vals.view(np.uint8).reshape(-1, 8), axis=1, bitorder="little")
+    return np.packbits(bits[:, :width].reshape(-1), bitorder="little")
+
+
+def _unpack_uint_numpy(buf, width, n):
+    bits = np.zeros((n, 64), dtype=np.uint8)
+    bits[:, :width] = np.unpackbits(buf, count=n * width, bitorder="little").reshape(n, width)
+    return np.packbits(bits, axis=1, bitorder="little").reshape(-1).view("<u8")
+
+
+@pytest.mark.parametrize("width", [1, 2, 3, 5, 7, 9, 17, 18, 31, 33, 57, 62, 63])
+@pytest.mark.parametrize("n", [0, 1, 2, 7, 8, 9, 63, 65, 1001])
+def test_pack_uint_kernel_equals_numpy(width, n):
+    """The numba pack/unpack kernels give the bytes of the numpy bit-expansion path."""
+    vals = rand_ring(n)
+    buf = pack_uint(vals, width)
+    np.testing.assert_array_equal(buf, _pack_uint_numpy(vals, width))
+    noise = np.concatenate([buf, RNG.integers(0, 256, 3, dtype=np.uint8)])   # trailing bytes
+    np.testing.assert_array_equal(unpack_uint(noise, width, n), _unpack_uint_numpy(buf, width, n))
+    np.testing.assert_array_equal(unpack_uint(buf.tobytes(), width, n), vals & np.uint64(2**width - 1))
+    for v in (np.zeros(n, np.uint64), np.full(n, 2**64 - 1, np.uint64)):   # all-0 / all-1 bits
+        np.testing.assert_array_equal(pack_uint(v, width), _pack_uint_numpy(v, width))
+        np.testing.assert_array_equal(unpack_uint(pack_uint(v, width), width, n),
+                                      v & np.uint64(2**width - 1))
+
+
 def test_pack_uint_layout_and_errors():
     # two 4-bit values 0x3, 0xA -> one byte 0xA3 (little bit order)
     assert pack_uint(np.array([3, 10], np.uint64), 4).tolist() == [0xA3]
@@ -228,3 +257,43 @@ def test_matmul_concurrent_threads(monkeypatch):
         assert len(results) == 15
         for r in results:
             np.testing.assert_array_equal(r, want)
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 9, 450, 1001])
+def test_pack_var_equals_pack_per_width(n):
+    """pack_var/unpack_var give the bytes of one pack_uint per distinct width (increasing,
+    elements in order within a width) and invert each other."""
+    from mpc3.ring import WidthPlan, pack_var, unpack_var, width_plan
+    widths = RNG.integers(1, 64, size=n)
+    if n > 5:
+        widths[:3] = 18                                      # repeated widths
+    vals = rand_ring(n)
+    plan = width_plan(widths)
+    assert width_plan(widths.copy()) is plan                 # cached by content
+    want = np.concatenate([pack_uint(vals[widths == w], int(w)) for w in np.unique(widths)]
+                          or [np.zeros(0, np.uint8)])
+    buf = pack_var(vals, plan)
+    assert plan.nbytes == len(want)
+    np.testing.assert_array_equal(buf, want)
+    masks = (np.uint64(1) << widths.astype(np.uint64)) - np.uint64(1)
+    np.testing.assert_array_equal(unpack_var(np.append(buf, np.uint8(7)), plan), vals & masks)
+    np.testing.assert_array_equal(unpack_var(buf.tobytes(), plan), vals & masks)
+    with pytest.raises(ValueError):
+        WidthPlan(np.array([0, 3]))
+    with pytest.raises(ValueError):
+        unpack_var(buf[:-1], plan) if plan.nbytes else pack_var(rand_ring(n + 1), plan)
+
+
+@pytest.mark.parametrize("width", [5, 18, 63])
+def test_pack_kernels_gil_releasing_variant(width):
+    """Above NOGIL_MIN_WORK elements the GIL-releasing compilation runs: same bytes."""
+    from mpc3.ring import NOGIL_MIN_WORK, pack_var, unpack_var, width_plan
+    n = NOGIL_MIN_WORK + 3
+    vals = rand_ring(n)
+    buf = pack_uint(vals, width)
+    np.testing.assert_array_equal(buf, _pack_uint_numpy(vals, width))
+    np.testing.assert_array_equal(unpack_uint(buf, width, n), _unpack_uint_numpy(buf, width, n))
+    widths = np.where(np.arange(n) % 3 == 0, width, 7)
+    plan = width_plan(widths)
+    masks = (np.uint64(1) << widths.astype(np.uint64)) - np.uint64(1)
+    np.testing.assert_array_equal(unpack_var(pack_var(vals, plan), plan), vals & masks)

@@ -83,8 +83,76 @@ def test_pairwise_streams_agree_and_zero_shares_cancel():
     assert not total.any()
 
 
+@pytest.mark.parametrize("nbytes", [0, 1, 8, 15, 16, 17, 100, 128, 129, 4096, 16384, 16385, 65536,
+                                    (1 << 20) + 3, (2 << 20) + 40])
+def test_prg_fast_paths_equal_aes_ctr(nbytes):
+    """Short draws (AES-ECB over the counter blocks, cached context) and long draws (CTR
+    into the buffer, chunked) give exactly the AES-CTR keystream of the same (key, nonce)."""
+    from mpc3.prg import ECB_MAX_BYTES, _nonce, aes_ctr_bytes, ctr_blocks
+    assert 256 < ECB_MAX_BYTES < 65536
+    prg = PRG.for_job(b"s" * 32, b"t" * 32, b"u" * 32, job_id="fast")
+    for stream in ("prev", "next", "private"):
+        for op, tag in ((1, "x"), (2, "x"), (1, "y")):       # the context is reused
+            want = aes_ctr_bytes(getattr(prg, stream), _nonce(op, tag), nbytes)
+            got = prg.bytes(stream, op, tag, nbytes)
+            assert got.dtype == np.uint8 and got.flags.writeable
+            assert got.tobytes() == want
+            if nbytes % 8 == 0:
+                assert prg.ring(stream, op, tag, nbytes // 8).tobytes() == want
+    # the 128-bit counter carries and wraps like CTR mode's
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+    ecb = Cipher(algorithms.AES(b"k" * 16), modes.ECB()).encryptor()
+    for nonce in (b"\x00" * 8 + b"\xff" * 8, b"\xff" * 16, b"\x05" * 8 + b"\xff" * 7 + b"\xf0"):
+        for nblocks in (3, 9, 100, ECB_MAX_BYTES // 16):
+            start = int.from_bytes(nonce, "big")
+            want = b"".join(((start + i) % 2**128).to_bytes(16, "big") for i in range(nblocks))
+            assert bytes(ctr_blocks(nonce, nblocks)) == want
+            assert ecb.update(want) == aes_ctr_bytes(b"k" * 16, nonce, 16 * nblocks)
+
+
 def test_prg_rejects_bad_keys():
     with pytest.raises(ValueError):
         PRG(b"short", b"x" * 16, b"y" * 16)
     with pytest.raises(ValueError):
         PRG(b"k" * 16, b"k" * 16, b"y" * 16)
+
+
+def test_deal_slots_fresh_and_uniform():
+    """Dealt slots come from AES-CTR under a fresh OS key per draw: never repeated, balanced."""
+    from mpc3.prg import fresh_ring
+    from mpc3.sharing import deal, reveal
+    a, b = fresh_ring((3, 5)), fresh_ring((3, 5))
+    assert a.shape == (3, 5) and a.dtype == np.uint64 and a.flags.writeable
+    assert not np.array_equal(a, b)
+    assert fresh_ring(0).shape == (0,)
+    big = fresh_ring(1 << 17)
+    assert abs(np.unpackbits(big.view(np.uint8)).mean() - 0.5) < 0.003
+    x = np.arange(12, dtype=np.uint64).reshape(3, 4)
+    s1, s2 = deal(x), deal(x)
+    assert (reveal(s1) == x).all() and not np.array_equal(s1[0].a, s2[0].a)
+
+
+def test_prg_many_draws_equal_single_draws():
+    """ring_many/bytes_many (one cipher call for several tags) return exactly the arrays of
+    separate ring/bytes calls, also past the ECB threshold (then drawn one by one)."""
+    from mpc3.prg import ECB_MAX_BYTES
+    prg = PRG.for_job(b"s" * 32, b"t" * 32, b"u" * 32, job_id="many")
+    for shapes in ([1, 2, 3], [(2, 5), 7, (0,)], [ECB_MAX_BYTES // 8, 3], [4, 4, 4, 4]):
+        items = [(f"t{i}", s) for i, s in enumerate(shapes)]
+        got = prg.ring_many("next", 9, items)
+        for (tag, shape), g in zip(items, got):
+            want = prg.ring("next", 9, tag, shape)
+            assert g.shape == want.shape and g.dtype == np.uint64
+            assert np.array_equal(g, want)
+        sizes = [(f"b{i}", 8 * np.prod(s, dtype=int) + 3) for i, s in enumerate(shapes)]
+        for (tag, nb), g in zip(sizes, prg.bytes_many("prev", 4, sizes)):
+            assert g.tobytes() == prg.bytes("prev", 4, tag, nb).tobytes()
+
+
+def test_retain_freed_memory_is_accepted():
+    """The allocator setting party processes may apply at start-up (mpc3.memory) is valid."""
+    import sys
+    from mpc3.memory import retain_freed_memory
+    ok = retain_freed_memory()
+    assert ok or not sys.platform.startswith("linux")
+    assert retain_freed_memory() == ok                       # idempotent

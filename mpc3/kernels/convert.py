@@ -36,8 +36,9 @@ from ..party import Party
 from ..shares import AShare, BShare, group_sizes, words
 from .arith import public_share
 from .base import Cost, Round, group_bounds, packed_bytes
+from .bitplanes import select_planes, thermometer_planes
 from .boolean import (and_bb, and_local, cost_and_bb, pack_planes, random_planes,
-                      unpack_planes)
+                      random_planes_many, unpack_planes)
 
 BLOCK = 3
 
@@ -109,11 +110,8 @@ def _leaves(p: Party, x: AShare, L: int, m: int) -> tuple[BShare, int]:
         s = {"role": role, "n": ng}
         if role == 0:
             a = ((x.a[sl] + x.b[sl]) >> lsh) & mask
-            rows = [(((a >> np.uint64(off)) & np.uint64((1 << k) - 1))[None, :] >=
-                     np.arange(1, 1 << k, dtype=np.uint64)[:, None]) for off, k in blocks]
-            rows.append(((a >> top) & np.uint64(1))[None, :].astype(bool))
             rho = random_planes(p, "next", nrows, w, f"thermo{g}")
-            planes = bits_to_planes_group(np.concatenate(rows).astype(np.uint8), ng)
+            planes = thermometer_planes(a, blocks, m - 1, w)
             s["rho_top"], s["atop_masked"] = rho[-1:], (planes ^ rho)[-1:]
             r1.send(PREV, pack_planes(planes ^ rho, ng))            # to role 2
             r1.recv(NEXT, g, 1)                                     # role 1's half
@@ -124,9 +122,9 @@ def _leaves(p: Party, x: AShare, L: int, m: int) -> tuple[BShare, int]:
             if role == 1:
                 rho = random_planes(p, "prev", nrows, w, f"thermo{g}")
                 s["rho_top"] = rho[-1:]
-                u = _select_leaves(rho, b, blocks, ng, const_one=False)
-                s["kappa"] = random_planes(p, "next", nconv, w, f"kappa{g}")
-                s["sigma"] = random_planes(p, "next", nconv, w, f"sigma{g}")
+                u = select_planes(rho, b, blocks, const_one=False)
+                s["kappa"], s["sigma"] = random_planes_many(p, "next", nconv, w,
+                                                            (f"kappa{g}", f"sigma{g}"))
                 s["u"] = u ^ s["kappa"]
                 r1.send(PREV, pack_planes(s["u"], ng))               # to role 0
             else:
@@ -143,9 +141,9 @@ def _leaves(p: Party, x: AShare, L: int, m: int) -> tuple[BShare, int]:
         elif s["role"] == 2:
             therm = unpack_planes(got[(NEXT, g)][0], ng)
             s["atop_masked"] = therm[-1:]
-            u = _select_leaves(therm, s["b"], blocks, ng, const_one=True)
-            s["kappa"] = random_planes(p, "prev", nconv, w, f"kappa{g}")
-            s["sigma"] = random_planes(p, "prev", nconv, w, f"sigma{g}")
+            u = select_planes(therm, s["b"], blocks, const_one=True)
+            s["kappa"], s["sigma"] = random_planes_many(p, "prev", nconv, w,
+                                                        (f"kappa{g}", f"sigma{g}"))
             s["u"] = u ^ s["kappa"] ^ s["sigma"]
             r2.send(NEXT, pack_planes(s["u"], ng))                   # to role 0
     got2 = r2.run()
@@ -176,31 +174,6 @@ def bits_to_planes_group(bits: np.ndarray, n: int) -> np.ndarray:
 
 def _plane_of(bit: np.ndarray, n: int) -> np.ndarray:
     return bits_to_planes_group(bit.astype(np.uint8)[None, :], n)
-
-
-def _select_leaves(therm: np.ndarray, b: np.ndarray, blocks, n: int,
-                   const_one: bool) -> np.ndarray:
-    """XOR share of [G_0..G_{N-1}, P_1..P_{N-1}] from a share of the thermometer codes.
-
-    ``const_one``: this share carries the public t_0 = 1 entries.
-    """
-    bits = np.unpackbits(np.ascontiguousarray(therm).view(np.uint8), axis=1,
-                         bitorder="little")[:, :n]
-    G, P = [], []
-    row = 0
-    cols = np.arange(n)
-    for j, (off, k) in enumerate(blocks):
-        size = 1 << k
-        ext = np.zeros((size + 1, n), dtype=np.uint8)         # t_0 .. t_size
-        ext[0] = 1 if const_one else 0
-        ext[1:size] = bits[row:row + size - 1]
-        row += size - 1
-        bj = ((b >> np.uint64(off)) & np.uint64(size - 1)).astype(np.int64)
-        g = ext[size - bj, cols]
-        G.append(g)
-        if j > 0:
-            P.append(ext[size - 1 - bj, cols] ^ g)
-    return bits_to_planes_group(np.array(G + P, dtype=np.uint8), n)
 
 
 # -------------------------------------------------------------------------- tree ------
@@ -291,8 +264,7 @@ def _inject(p: Party, x: AShare, bit, from_masked: bool) -> AShare:
             u = _bits_u64(e, ng)[col]
             A = x.a[sl] + x.b[sl]
             uA = u * A
-            rho1 = p.rand_with(0, 2, A.shape, f"r1{g}")
-            rho2 = p.rand_with(0, 2, A.shape, f"r2{g}")
+            rho1, rho2 = p.rand_with_many(0, 2, [(f"r1{g}", A.shape), (f"r2{g}", A.shape)])
             s["kappa"] = p.rand_with(0, 1, A.shape, f"k{g}")
             s["s0"] = uA - s["kappa"]
             r1.send(NEXT, A - uA - uA - rho1, np.broadcast_to(u, A.shape) - rho2)  # to role 1
@@ -323,8 +295,7 @@ def _inject(p: Party, x: AShare, bit, from_masked: bool) -> AShare:
         B = x.b[sl] if role == 1 else x.a[sl]
         shp = B.shape
         sB = B - beta * B - beta * B
-        tau1 = p.rand_with(role, 3 - role, shp, f"t1{g}")
-        tau2 = p.rand_with(role, 3 - role, shp, f"t2{g}")
+        tau1, tau2 = p.rand_with_many(role, 3 - role, [(f"t1{g}", shp), (f"t2{g}", shp)])
         s["s2"] = tau1 + tau2
         if role == 1:
             V, u = got[(PREV, g)]
@@ -333,8 +304,7 @@ def _inject(p: Party, x: AShare, bit, from_masked: bool) -> AShare:
             s["s1"] = kappa + y1
             r2.send(PREV, y1)
         else:
-            rho1 = p.rand_with(2, 0, shp, f"r1{g}")
-            rho2 = p.rand_with(2, 0, shp, f"r2{g}")
+            rho1, rho2 = p.rand_with_many(2, 0, [(f"r1{g}", shp), (f"r2{g}", shp)])
             y2 = beta * rho1 + rho2 * sB - tau2
             s["s0"] = got[(NEXT, g)][0] + y2
             r2.send(NEXT, y2)
