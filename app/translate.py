@@ -240,12 +240,7 @@ def decode_batch(backend, cfg: M.ModelConfig, user: Mapping[str, np.ndarray], sr
             tok = logits.argmax(-1)
             if on_token is not None:
                 on_token(t, tok, softmax(logits)[np.arange(B), tok])
-            for b in range(B):
-                if not done[b]:
-                    if eos is not None and tok[b] == eos:
-                        done[b] = True
-                    else:
-                        out[b].append(int(tok[b]))
+            M.take_tokens(out, done, tok, eos)
             if done.all():
                 break
     finally:

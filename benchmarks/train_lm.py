@@ -32,6 +32,8 @@ sys.path.insert(0, str(ROOT))
 from protocols import model as M  # noqa: E402
 from protocols import textdata as TD  # noqa: E402
 
+from benchmarks.train_translator import TorchTranslator  # noqa: E402
+
 EOT = 256
 MAX_N = 9999
 
@@ -95,13 +97,7 @@ class TorchLM(torch.nn.Module):
             (u.__setitem__ if k in user else w.__setitem__)(k, a)
         return w.validate(self.cfg), u
 
-    def ln(self, prefix, x):
-        return F.layer_norm(x, (self.cfg.d_model,), self.p(prefix + ".gamma"),
-                            self.p(prefix + ".beta"), self.cfg.ln_eps)
-
-    def ffn(self, prefix, x):
-        return F.relu(x @ self.p(prefix + ".w1") + self.p(prefix + ".b1")) @ self.p(prefix + ".w2") \
-            + self.p(prefix + ".b2")
+    ln, ffn = TorchTranslator.ln, TorchTranslator.ffn      # the same LayerNorm and FFN
 
     def attn(self, prefix, x):
         cfg, (B, S, _) = self.cfg, x.shape

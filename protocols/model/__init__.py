@@ -14,7 +14,7 @@ from .archs import RefLMState, greedy_generate, ref_classify, ref_lm, ref_lm_ste
 from .config import (ARCHS, ATTENTIONS, ATTN_NORMS, DECODER_ONLY, DEFAULT_LN_EPS,
                      ENCODER_CLASSIFIER, ENCODER_DECODER, PERFORMER, ModelConfig, attn_prefixes, config_keys, expected_shapes,
                      expected_user_shapes)
-from .decode import embed, greedy_decode, output_logits, positional_encoding
+from .decode import embed, greedy_decode, output_logits, positional_encoding, take_tokens
 from .features import (attn_norm, attn_params, fold_omega, merge_heads, ref_features, relu,
                        split_heads)
 from .reference import (RefDecodeState, ffn_activation, ref_decoder, ref_decoder_step, ref_encoder, ref_ffn,
@@ -26,7 +26,7 @@ from .weights import (FORMAT_VERSION, USER_NAMES, Weights, load_model, make_omeg
 __all__ = [
     "ARCHS", "ATTENTIONS", "PERFORMER", "DECODER_ONLY", "ENCODER_CLASSIFIER", "ENCODER_DECODER", "RefLMState",
     "config_keys", "greedy_generate", "ref_classify", "ref_lm", "ref_lm_step", "ATTN_NORMS", "DEFAULT_LN_EPS", "FORMAT_VERSION", "USER_NAMES", "ModelConfig",
-    "RefDecodeState", "Weights", "ffn_activation", "attn_norm", "attn_params", "attn_prefixes", "embed",
+    "RefDecodeState", "Weights", "ffn_activation", "attn_norm", "attn_params", "attn_prefixes", "embed", "take_tokens",
     "expected_shapes", "expected_user_shapes", "fold_omega", "greedy_decode", "load_model",
     "make_omega", "merge_heads", "orthogonal_features", "output_logits", "positional_encoding",
     "random_user", "random_weights", "ref_decoder", "ref_decoder_step", "ref_encoder",

@@ -97,7 +97,7 @@ def greedy_generate(cfg: ModelConfig, w: Weights, user: Mapping, prompt_ids, n_t
                     eos: int | None = None) -> list[list[int]]:
     """Greedy decoding with the reference LM: ``prompt_ids`` (B, T) -> up to ``n_tokens``
     new tokens per row (stopping a row at ``eos``, which is not returned)."""
-    from .decode import embed, output_logits
+    from .decode import embed, output_logits, take_tokens
     ids = np.asarray(prompt_ids, dtype=np.int64)
     if ids.ndim == 1:
         ids = ids[None]
@@ -113,12 +113,7 @@ def greedy_generate(cfg: ModelConfig, w: Weights, user: Mapping, prompt_ids, n_t
     done = np.zeros(B, dtype=bool)
     for k in range(n_tokens):
         tok = output_logits(user, h).argmax(-1)
-        for b in range(B):
-            if not done[b]:
-                if eos is not None and tok[b] == eos:
-                    done[b] = True
-                else:
-                    out[b].append(int(tok[b]))
+        take_tokens(out, done, tok, eos)
         if done.all() or k == n_tokens - 1:
             break
         y = embed(cfg, user["embed.tgt"], tok[:, None], offset=state.t)[:, 0]

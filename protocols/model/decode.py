@@ -65,3 +65,15 @@ def greedy_decode(cfg: ModelConfig, w: Weights, user: Mapping, src_ids, bos: int
         if done.all():
             break
     return out
+
+
+def take_tokens(out: list[list[int]], done: np.ndarray, tok: np.ndarray,
+                eos: int | None) -> None:
+    """Greedy decoding bookkeeping: append row b's token to ``out[b]`` unless the row is
+    done; a row's ``eos`` ends it (and is not appended)."""
+    for b in range(len(out)):
+        if not done[b]:
+            if eos is not None and tok[b] == eos:
+                done[b] = True
+            else:
+                out[b].append(int(tok[b]))
