@@ -12,6 +12,7 @@ communication or the party's rank (adding a public constant) lives in ``mpc3.ker
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -115,6 +116,12 @@ class BShare:
         return BShare(self.a ^ other.a, self.b ^ other.b, self.n)
 
     def __getitem__(self, idx) -> "BShare":
+        """Planes ``idx`` (an int keeps one plane); ints and slices give views."""
+        if isinstance(idx, (int, np.integer)):
+            i = range(self.planes)[idx]                      # IndexError like numpy
+            return BShare(self.a[i:i + 1], self.b[i:i + 1], self.n)
+        if isinstance(idx, slice):
+            return BShare(self.a[idx], self.b[idx], self.n)
         sel = np.atleast_1d(np.arange(self.planes)[idx])
         return BShare(self.a[sel], self.b[sel], self.n)
 
@@ -126,15 +133,21 @@ class BShare:
 
 def group_sizes(n: int) -> list[int]:
     """Sizes of the three element groups led by parties 0, 1, 2."""
-    return [n // 3 + (1 if g < n % 3 else 0) for g in range(3)]
+    return list(_group_sizes(n))
+
+
+@functools.lru_cache(maxsize=4096)
+def _group_sizes(n: int) -> tuple[int, int, int]:
+    return tuple(n // 3 + (1 if g < n % 3 else 0) for g in range(3))
 
 
 def words(n: int) -> int:
     return (n + 63) // 64
 
 
+@functools.lru_cache(maxsize=4096)
 def grouped_words(n: int) -> int:
-    return sum(words(m) for m in group_sizes(n))
+    return sum(words(m) for m in _group_sizes(n))
 
 
 def bits_to_planes(bits: np.ndarray) -> np.ndarray:

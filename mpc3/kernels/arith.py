@@ -139,6 +139,10 @@ def _local_mul(x: AShare, y: AShare) -> np.ndarray:
 
 
 def _local_matmul(x: AShare, y: AShare) -> np.ndarray:
+    """x_i y_i + x_i y_{i+1} + x_{i+1} y_i, adding the halves of the smaller operand (a
+    decoding step multiplies one row by a weight matrix)."""
+    if x.size <= y.size:
+        return ring.matmul(x.a + x.b, y.a) + ring.matmul(x.a, y.b)
     return ring.matmul(x.a, y.a + y.b) + ring.matmul(x.b, y.a)
 
 
@@ -245,24 +249,41 @@ def _finish(p: Party, z: np.ndarray, trunc) -> AShare:
 
 
 # ------------------------------------------------------------------ truncation ----------
-def _pack_by_width(values: np.ndarray, widths: np.ndarray) -> np.ndarray:
+def _width_plan(widths) -> list[tuple[int, np.ndarray | None]]:
+    """How a group's elements are packed: ``(width, index)`` per distinct public width in
+    increasing order (``index`` None = every element); one entry when all widths agree."""
+    if np.ndim(widths) == 0:
+        return [(int(widths), None)]
+    widths = np.asarray(widths).reshape(-1)
+    if widths.size == 0:
+        return []
+    w0 = widths[0]
+    if (widths == w0).all():
+        return [(int(w0), None)]
+    return [(int(w), np.flatnonzero(widths == w)) for w in np.unique(widths)]
+
+
+def _pack_by_width(values: np.ndarray, plan) -> np.ndarray:
     """Pack each value at its own (public) width: one tight bit string per distinct width."""
-    return np.concatenate([ring.pack_uint(values[widths == w], int(w))
-                           for w in np.unique(widths)] or [np.zeros(0, np.uint8)])
+    parts = [ring.pack_uint(values if idx is None else values[idx], w) for w, idx in plan]
+    if len(parts) == 1:
+        return parts[0]
+    return np.concatenate(parts or [np.zeros(0, np.uint8)])
 
 
-def _unpack_by_width(buf: np.ndarray, widths: np.ndarray) -> np.ndarray:
-    out, pos = np.empty(widths.size, dtype=np.uint64), 0
-    for w in np.unique(widths):
-        sel = widths == w
-        nb = packed_bytes(int(sel.sum()), int(w))
-        out[sel] = ring.unpack_uint(buf[pos:pos + nb], int(w), int(sel.sum()))
+def _unpack_by_width(buf: np.ndarray, plan, n: int) -> np.ndarray:
+    if len(plan) == 1 and plan[0][1] is None:
+        return ring.unpack_uint(buf, plan[0][0], n)
+    out, pos = np.empty(n, dtype=np.uint64), 0
+    for w, idx in plan:
+        nb = packed_bytes(idx.size, w)
+        out[idx] = ring.unpack_uint(buf[pos:pos + nb], w, idx.size)
         pos += nb
     return out
 
 
-def _width_bytes(widths: np.ndarray) -> int:
-    return sum(packed_bytes(int((widths == w).sum()), int(w)) for w in np.unique(widths))
+def _width_bytes(plan, n: int) -> int:
+    return sum(packed_bytes(n if idx is None else idx.size, w) for w, idx in plan)
 
 
 def cost_trunc_shifts(shifts, mode: str, from_rss: bool) -> Cost:
@@ -271,7 +292,8 @@ def cost_trunc_shifts(shifts, mode: str, from_rss: bool) -> Cost:
     bounds = group_bounds(shifts.size)
     per = [0, 0, 0]
     for g, sl in enumerate(bounds):
-        ng, wb = sl.stop - sl.start, _width_bytes(shifts[sl])
+        ng = sl.stop - sl.start
+        wb = _width_bytes(_width_plan(shifts[sl]), ng)
         for rank in range(3):
             role = (rank - g) % 3
             ring_bytes = 8 * ng if (role == 0 or not from_rss) else 0
@@ -297,6 +319,24 @@ def cost_trunc(n: int, bits, mode: str) -> Cost:
     return cost_trunc_shifts(np.broadcast_to(np.asarray(bits), (n,)), mode, from_rss=True)
 
 
+def _group_shifts(bits, sl: slice):
+    """(shift as int64, 64 - shift, low mask 2^shift - 1, width plan) of a group's elements:
+    scalars when every element of the group shifts alike, else per-element arrays."""
+    if np.ndim(bits) != 0:
+        arr = bits[sl]
+        if arr.size and (arr == arr[0]).all():
+            bits = int(arr[0])
+    if np.ndim(bits) == 0:
+        b = int(bits)
+        if not 1 <= b < OFFSET_BITS:
+            raise ValueError(f"cannot truncate by {b} bits")
+        return np.int64(b), np.uint64(64 - b), _u((1 << b) - 1), [(b, None)]
+    if arr.size and not (1 <= arr.min() and arr.max() < OFFSET_BITS):
+        raise ValueError(f"cannot truncate by {bits} bits")
+    b = arr.astype(np.uint64)
+    return arr, np.uint64(64) - b, (_ONE << b) - _ONE, _width_plan(arr)
+
+
 def _trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None = None):
     """Core of fused/standalone truncation; ``src`` is z (3-of-3, flat) or a flat AShare.
 
@@ -308,18 +348,13 @@ def _trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None =
     """
     exact = p.cfg.trunc == "exact"
     n = src.a.size if from_rss else src.size
-    bits_arr = np.broadcast_to(np.asarray(bits, dtype=np.int64), (n,))
-    if bits_arr.size and not (1 <= bits_arr.min() and bits_arr.max() < OFFSET_BITS):
-        raise ValueError(f"cannot truncate by {bits} bits")
     groups = group_bounds(n)
+    if np.ndim(bits) != 0:
+        bits = np.broadcast_to(np.asarray(bits, dtype=np.int64), (n,))
+    per = [_group_shifts(bits, sl) for sl in groups]
     offset = _u(1 << OFFSET_BITS) if exact else np.uint64(0)
     top = np.uint64(63)
-
-    def per(sl):   # shift, up-shift and low mask 2^f - 1 for a group's elements
-        b = bits_arr[sl].astype(np.uint64)
-        return b, np.uint64(64) - b, (_ONE << b) - _ONE
-
-    shift = lambda v, b: ring.from_signed(ring.to_signed(v) >> b.astype(np.int64))  # noqa: E731
+    shift = lambda v, b: (v.view(np.int64) >> b).view(np.uint64)  # noqa: E731 (arithmetic)
 
     r1, state = Round(p), []
     if plain is not None:                       # masked 3-of-3 products reshared, same round
@@ -331,13 +366,13 @@ def _trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None =
         st = {"role": role, "n": ng}
         if role == 0:
             A = (src.a[sl] + src.b[sl]) if from_rss else src[sl]
-            sh, up, low = per(sl)
+            sh, up, low, plan = per[g]
             st["kappa"] = p.rand_with(0, 1, ng, f"kappa{g}")
             st["U"] = shift(A, sh)
             msg = [st["U"] - st["kappa"]]
             if exact:
                 rho = p.rand_with(0, 1, ng, f"rho{g}")
-                msg.append(_pack_by_width(((A >> top) - rho) & low, bits_arr[sl]))
+                msg.append(_pack_by_width(((A >> top) - rho) & low, plan))
             r1.send(PREV, *msg)                                  # to role 2
         else:
             other = _dir(role, 3 - role)                         # role 1 <-> role 2
@@ -358,21 +393,21 @@ def _trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None =
             continue
         if not from_rss:
             st["B"] = st["z"] + got[(_dir(role, 3 - role), g)][0]
-        sh, up, low = per(groups[g])
+        sh, up, low, plan = per[g]
         Bp = st["B"] + offset + low               # + 2^f - 1: unbiased rounding (module doc)
-        st["W"] = shift(Bp, sh) - (offset >> sh)
+        st["W"] = shift(Bp, sh) - (offset >> sh.view(np.uint64))
         st["bt"] = Bp >> top
         if role == 2:
             msg = got[(NEXT, g)]
             st["s0"] = msg[0]
             if exact:
-                st["at_rho"] = _unpack_by_width(msg[1], bits_arr[groups[g]])
+                st["at_rho"] = _unpack_by_width(msg[1], plan, st["n"])
 
     if exact:   # Round 2: a_t*b_t = b_t*rho + b_t*(a_t - rho), masked towards role 0.
         r2 = Round(p)
         for g, st in enumerate(state):
             role, ng = st["role"], st["n"]
-            sh, up, low = per(groups[g])
+            sh, up, low, plan = per[g]
             if role == 0:
                 r2.recv(NEXT, g, 1)
                 r2.recv(PREV, g, 1)
@@ -384,23 +419,23 @@ def _trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None =
                 rho = p.rand_with(1, 0, ng, f"rho{g}")
                 x1 = (st["bt"] * rho + nu1) & low
                 st["x1"] = x1 << up
-                r2.send(PREV, _pack_by_width(x1, bits_arr[groups[g]]))
+                r2.send(PREV, _pack_by_width(x1, plan))
             else:
                 x2 = (st["bt"] * st["at_rho"] + nu2) & low
                 st["s0"] = st["s0"] + (x2 << up)
-                r2.send(NEXT, _pack_by_width(x2, bits_arr[groups[g]]))
+                r2.send(NEXT, _pack_by_width(x2, plan))
         got2 = r2.run()
 
     a_out = np.empty(n, dtype=np.uint64)
     b_out = np.empty(n, dtype=np.uint64)
     for g, (sl, st) in enumerate(zip(groups, state)):
         role = st["role"]
-        sh, up, low = per(sl)
+        sh, up, low, plan = per[g]
         if role == 0:
             x1 = x2 = np.uint64(0)
             if exact:
-                x1 = _unpack_by_width(got2[(NEXT, g)][0], bits_arr[sl]) << up
-                x2 = _unpack_by_width(got2[(PREV, g)][0], bits_arr[sl]) << up
+                x1 = _unpack_by_width(got2[(NEXT, g)][0], plan, st["n"]) << up
+                x2 = _unpack_by_width(got2[(PREV, g)][0], plan, st["n"]) << up
             a_out[sl] = st["U"] - st["kappa"] + x2
             b_out[sl] = st["kappa"] + x1
         elif role == 1:

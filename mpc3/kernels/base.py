@@ -6,6 +6,7 @@ and compare the communicator's measured traffic with the declaration.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,11 +49,16 @@ class Cost:
 
 
 def group_bounds(n: int) -> list[slice]:
+    return list(_group_bounds(n))
+
+
+@functools.lru_cache(maxsize=4096)
+def _group_bounds(n: int) -> tuple[slice, ...]:
     bounds, start = [], 0
     for size in group_sizes(n):
         bounds.append(slice(start, start + size))
         start += size
-    return bounds
+    return tuple(bounds)
 
 
 def packed_bytes(n: int, width: int) -> int:
