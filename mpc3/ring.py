@@ -304,14 +304,59 @@ def _check_width(width: int) -> None:
         raise ValueError(f"width must be in 1..{RING_BITS}, got {width}")
 
 
+def _pack_uint_kernel(vals: np.ndarray, width: int, out: np.ndarray) -> None:  # pragma: no cover
+    """OR the low ``width`` bits of vals[i] into ``out`` (zeroed uint8) at bit i*width."""
+    w = np.uint64(width)
+    mask = (np.uint64(1) << w) - np.uint64(1)
+    for i in range(vals.size):
+        v = vals[i] & mask
+        o = i * width
+        bi = o >> 3
+        s = np.uint64(o & 7)
+        lo = v << s
+        nb = ((o & 7) + width + 7) >> 3              # bytes touched: 1..9
+        for k in range(min(nb, 8)):
+            out[bi + k] |= np.uint8((lo >> np.uint64(8 * k)) & np.uint64(0xFF))
+        if nb > 8:
+            out[bi + 8] |= np.uint8(v >> (np.uint64(64) - s))
+
+
+def _unpack_uint_kernel(data: np.ndarray, width: int, out: np.ndarray) -> None:  # pragma: no cover
+    """out[i] = the ``width`` bits of ``data`` from bit i*width (inverse of the pack kernel)."""
+    w = np.uint64(width)
+    mask = (np.uint64(1) << w) - np.uint64(1)
+    for i in range(out.size):
+        o = i * width
+        bi = o >> 3
+        s = np.uint64(o & 7)
+        nb = ((o & 7) + width + 7) >> 3
+        lo = np.uint64(0)
+        for k in range(min(nb, 8)):
+            lo |= np.uint64(data[bi + k]) << np.uint64(8 * k)
+        v = lo >> s
+        if nb > 8:
+            v |= np.uint64(data[bi + 8]) << (np.uint64(64) - s)
+        out[i] = v & mask
+
+
+@functools.cache
+def _bit_kernels() -> tuple[Callable[..., None], Callable[..., None]]:
+    """The compiled pack/unpack kernels (numba imported on first use, disk-cached)."""
+    import numba
+
+    return (numba.njit(cache=True, nogil=True)(_pack_uint_kernel),
+            numba.njit(cache=True, nogil=True)(_unpack_uint_kernel))
+
+
 def pack_uint(values: np.ndarray, width: int) -> np.ndarray:
     """Pack the low ``width`` bits of each uint64 into ``ceil(n*width/8)`` bytes."""
     _check_width(width)
     vals = np.ascontiguousarray(check_ring(values, "values").reshape(-1), dtype="<u8")
     if width % 8 == 0:  # byte aligned: just drop the high bytes
         return np.ascontiguousarray(vals.view(np.uint8).reshape(-1, 8)[:, : width // 8]).reshape(-1)
-    bits = np.unpackbits(vals.view(np.uint8).reshape(-1, 8), axis=1, bitorder="little")
-    return np.packbits(bits[:, :width].reshape(-1), bitorder="little")
+    out = np.zeros((vals.size * width + 7) // 8, dtype=np.uint8)
+    _bit_kernels()[0](vals, width, out)
+    return out
 
 
 def unpack_uint(buf: np.ndarray, width: int, n: int) -> np.ndarray:
@@ -320,11 +365,10 @@ def unpack_uint(buf: np.ndarray, width: int, n: int) -> np.ndarray:
     data = np.frombuffer(buf, dtype=np.uint8) if isinstance(buf, (bytes, bytearray)) else buf
     if len(data) * 8 < n * width:
         raise ValueError(f"unpack_uint: buffer too short for {n} x {width} bits")
-    out = np.zeros((n, 8), dtype=np.uint8)
     if width % 8 == 0:
+        out = np.zeros((n, 8), dtype=np.uint8)
         out[:, : width // 8] = data[: n * width // 8].reshape(n, width // 8)
-    else:
-        bits = np.zeros((n, 64), dtype=np.uint8)
-        bits[:, :width] = np.unpackbits(data, count=n * width, bitorder="little").reshape(n, width)
-        out = np.packbits(bits, axis=1, bitorder="little")
-    return out.reshape(-1).view("<u8").astype(DTYPE, copy=False)
+        return out.reshape(-1).view("<u8").astype(DTYPE, copy=False)
+    out = np.empty(n, dtype=DTYPE)
+    _bit_kernels()[1](np.ascontiguousarray(data), width, out)
+    return out

@@ -184,6 +184,35 @@ def test_pack_uint_roundtrip(width, n):
     np.testing.assert_array_equal(unpack_uint(buf, width, n), vals & mask)
 
 
+def _pack_uint_numpy(values, width):
+    """The bit-expanding numpy reference of pack_uint (np.unpackbits per value)."""
+    vals = values.reshape(-1).astype("<u8")
+    bits = np.unpackbits(vals.view(np.uint8).reshape(-1, 8), axis=1, bitorder="little")
+    return np.packbits(bits[:, :width].reshape(-1), bitorder="little")
+
+
+def _unpack_uint_numpy(buf, width, n):
+    bits = np.zeros((n, 64), dtype=np.uint8)
+    bits[:, :width] = np.unpackbits(buf, count=n * width, bitorder="little").reshape(n, width)
+    return np.packbits(bits, axis=1, bitorder="little").reshape(-1).view("<u8")
+
+
+@pytest.mark.parametrize("width", [1, 2, 3, 5, 7, 9, 17, 18, 31, 33, 57, 62, 63])
+@pytest.mark.parametrize("n", [0, 1, 2, 7, 8, 9, 63, 65, 1001])
+def test_pack_uint_kernel_equals_numpy(width, n):
+    """The numba pack/unpack kernels give the bytes of the numpy bit-expansion path."""
+    vals = rand_ring(n)
+    buf = pack_uint(vals, width)
+    np.testing.assert_array_equal(buf, _pack_uint_numpy(vals, width))
+    noise = np.concatenate([buf, RNG.integers(0, 256, 3, dtype=np.uint8)])   # trailing bytes
+    np.testing.assert_array_equal(unpack_uint(noise, width, n), _unpack_uint_numpy(buf, width, n))
+    np.testing.assert_array_equal(unpack_uint(buf.tobytes(), width, n), vals & np.uint64(2**width - 1))
+    for v in (np.zeros(n, np.uint64), np.full(n, 2**64 - 1, np.uint64)):   # all-0 / all-1 bits
+        np.testing.assert_array_equal(pack_uint(v, width), _pack_uint_numpy(v, width))
+        np.testing.assert_array_equal(unpack_uint(pack_uint(v, width), width, n),
+                                      v & np.uint64(2**width - 1))
+
+
 def test_pack_uint_layout_and_errors():
     # two 4-bit values 0x3, 0xA -> one byte 0xA3 (little bit order)
     assert pack_uint(np.array([3, 10], np.uint64), 4).tolist() == [0xA3]
