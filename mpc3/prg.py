@@ -17,7 +17,8 @@ From these streams (CrypTen's split, ABY3's zero sharing):
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 
 import numpy as np
 from cryptography.hazmat.primitives import hashes
@@ -38,8 +39,23 @@ def _nonce(op: int, tag: str) -> bytes:
 
 
 def aes_ctr_bytes(key: bytes, nonce: bytes, nbytes: int) -> bytes:
+    """AES-128-CTR keystream (the reference the fast paths of :class:`PRG` must equal)."""
     enc = Cipher(algorithms.AES(key), modes.CTR(nonce)).encryptor()
     return enc.update(bytes(nbytes)) + enc.finalize()
+
+
+#: Draws up to this many bytes encrypt their CTR counter blocks with a cached AES-ECB context
+#: (setting up a CTR context costs more than encrypting a few blocks); longer draws run CTR
+#: straight into the output buffer. Both give the same bytes (tests/test_security.py).
+ECB_MAX_BYTES = 256
+_ZEROS = bytes(1 << 20)
+_MASK128 = (1 << 128) - 1
+
+
+def ctr_blocks(nonce: bytes, nblocks: int) -> bytes:
+    """The counter blocks CTR mode encrypts: nonce + i (128-bit big-endian, mod 2^128)."""
+    start = int.from_bytes(nonce, "big")
+    return b"".join(((start + i) & _MASK128).to_bytes(16, "big") for i in range(nblocks))
 
 
 @dataclass(frozen=True)
@@ -49,6 +65,9 @@ class PRG:
     prev: bytes
     next: bytes
     private: bytes
+    _ecb: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False,
+                                  compare=False)
 
     def __post_init__(self) -> None:
         for name in STREAMS:
@@ -65,14 +84,31 @@ class PRG:
         return cls(derive_key(seed_prev, ctx), derive_key(seed_next, ctx),
                    derive_key(seed_private, ctx))
 
+    def _keystream(self, stream: str, nonce: bytes, nbytes: int) -> np.ndarray:
+        """``nbytes`` of the AES-CTR keystream of ``stream`` at ``nonce`` as a fresh uint8
+        array (8-byte aligned, owned by the caller)."""
+        nblocks = -(-nbytes // 16)
+        buf = np.empty(2 * nblocks + 2, dtype=np.uint64).view(np.uint8)  # + update_into slack
+        key = getattr(self, stream)
+        if nbytes <= ECB_MAX_BYTES:
+            with self._lock:
+                ecb = self._ecb.get(stream)
+                if ecb is None:
+                    ecb = self._ecb[stream] = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
+                ecb.update_into(ctr_blocks(nonce, nblocks), buf)
+        else:
+            enc = Cipher(algorithms.AES(key), modes.CTR(nonce)).encryptor()
+            for pos in range(0, nbytes, len(_ZEROS)):
+                chunk = min(len(_ZEROS), nbytes - pos)
+                enc.update_into(memoryview(_ZEROS)[:chunk], buf[pos:])
+        return buf[:nbytes]
+
     def ring(self, stream: str, op: int, tag: str, shape) -> np.ndarray:
         """Uniform uint64 array from ``stream`` for ``(op, tag)``."""
         shape = tuple(np.atleast_1d(shape)) if not isinstance(shape, tuple) else shape
         n = int(np.prod(shape, dtype=np.int64))
-        raw = aes_ctr_bytes(getattr(self, stream), _nonce(op, tag), 8 * n)
-        return np.frombuffer(raw, dtype=np.uint64).reshape(shape).copy()
+        return self._keystream(stream, _nonce(op, tag), 8 * n).view(np.uint64).reshape(shape)
 
     def bytes(self, stream: str, op: int, tag: str, nbytes: int) -> np.ndarray:
         """Uniform uint8 array (for bit masks)."""
-        raw = aes_ctr_bytes(getattr(self, stream), _nonce(op, tag), nbytes)
-        return np.frombuffer(raw, dtype=np.uint8).copy()
+        return self._keystream(stream, _nonce(op, tag), nbytes)

@@ -83,6 +83,31 @@ def test_pairwise_streams_agree_and_zero_shares_cancel():
     assert not total.any()
 
 
+@pytest.mark.parametrize("nbytes", [0, 1, 8, 15, 16, 17, 100, 255, 256, 257, 4096,
+                                    (1 << 20) + 3, (2 << 20) + 40])
+def test_prg_fast_paths_equal_aes_ctr(nbytes):
+    """Short draws (AES-ECB over the counter blocks, cached context) and long draws (CTR
+    into the buffer, chunked) give exactly the AES-CTR keystream of the same (key, nonce)."""
+    from mpc3.prg import ECB_MAX_BYTES, _nonce, aes_ctr_bytes, ctr_blocks
+    assert 16 < ECB_MAX_BYTES < 4096
+    prg = PRG.for_job(b"s" * 32, b"t" * 32, b"u" * 32, job_id="fast")
+    for stream in ("prev", "next", "private"):
+        for op, tag in ((1, "x"), (2, "x"), (1, "y")):       # the context is reused
+            want = aes_ctr_bytes(getattr(prg, stream), _nonce(op, tag), nbytes)
+            got = prg.bytes(stream, op, tag, nbytes)
+            assert got.dtype == np.uint8 and got.flags.writeable
+            assert got.tobytes() == want
+            if nbytes % 8 == 0:
+                assert prg.ring(stream, op, tag, nbytes // 8).tobytes() == want
+    # the 128-bit counter carries and wraps like CTR mode's
+    for nonce in (b"\x00" * 8 + b"\xff" * 8, b"\xff" * 16):
+        assert ctr_blocks(nonce, 3) == b"".join(
+            ((int.from_bytes(nonce, "big") + i) % 2**128).to_bytes(16, "big") for i in range(3))
+        from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+        ecb = Cipher(algorithms.AES(b"k" * 16), modes.ECB()).encryptor()
+        assert ecb.update(ctr_blocks(nonce, 3)) == aes_ctr_bytes(b"k" * 16, nonce, 48)
+
+
 def test_prg_rejects_bad_keys():
     with pytest.raises(ValueError):
         PRG(b"short", b"x" * 16, b"y" * 16)
