@@ -17,6 +17,7 @@ From these streams (CrypTen's split, ABY3's zero sharing):
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 from dataclasses import dataclass, field
 
@@ -58,6 +59,26 @@ def ctr_blocks(nonce: bytes, nblocks: int) -> bytes:
     return b"".join(((start + i) & _MASK128).to_bytes(16, "big") for i in range(nblocks))
 
 
+def _ctr_into(key: bytes, nonce: bytes, buf: np.ndarray, nbytes: int) -> None:
+    """Write ``nbytes`` of AES-CTR keystream into ``buf`` (uint8, >= nbytes + 15 long)."""
+    enc = Cipher(algorithms.AES(key), modes.CTR(nonce)).encryptor()
+    for pos in range(0, nbytes, len(_ZEROS)):
+        chunk = min(len(_ZEROS), nbytes - pos)
+        enc.update_into(memoryview(_ZEROS)[:chunk], buf[pos:])
+
+
+def fresh_ring(shape) -> np.ndarray:
+    """A uniform uint64 array from AES-CTR under a fresh ``os.urandom`` key and nonce (one
+    32-byte draw from the OS instead of 8 bytes per element through getrandom, which the
+    kernel computes as system time: dealing a model's weights spent most of its time there)."""
+    shape = tuple(np.atleast_1d(shape)) if not isinstance(shape, tuple) else shape
+    n = int(np.prod(shape, dtype=np.int64))
+    buf = np.empty(n + 2, dtype=np.uint64)
+    seed = os.urandom(32)
+    _ctr_into(seed[:16], seed[16:], buf.view(np.uint8), 8 * n)
+    return buf[:n].reshape(shape)
+
+
 @dataclass(frozen=True)
 class PRG:
     """The three AES-CTR keys of one party for one job."""
@@ -97,10 +118,7 @@ class PRG:
                     ecb = self._ecb[stream] = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
                 ecb.update_into(ctr_blocks(nonce, nblocks), buf)
         else:
-            enc = Cipher(algorithms.AES(key), modes.CTR(nonce)).encryptor()
-            for pos in range(0, nbytes, len(_ZEROS)):
-                chunk = min(len(_ZEROS), nbytes - pos)
-                enc.update_into(memoryview(_ZEROS)[:chunk], buf[pos:])
+            _ctr_into(key, nonce, buf, nbytes)
         return buf[:nbytes]
 
     def ring(self, stream: str, op: int, tag: str, shape) -> np.ndarray:

@@ -6,26 +6,24 @@ agrees (copies are never averaged or trusted one-sided).
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from . import ring
+from .prg import fresh_ring
 from .shares import AShare
 
 
 def deal(x, rng=None, shared_replicas: bool = False) -> list:
     """Replicated shares of a plaintext uint64 array for the three parties (tests, clients).
 
-    Slots are uniform (``os.urandom`` unless a numpy Generator is passed for tests). With
-    ``shared_replicas`` the two copies of each slot are one array (party i's ``b`` is party
-    i+1's ``a``): half the memory for three parties living in one process (benchmarks), valid
+    Slots are uniform (AES-CTR under fresh ``os.urandom`` keys, :func:`mpc3.prg.fresh_ring`,
+    unless a numpy Generator is passed for tests). With ``shared_replicas`` the two copies of
+    each slot are one array (party i's ``b`` is party i+1's ``a``): half the memory for three parties living in one process (benchmarks), valid
     because kernels never write into share arrays.
     """
     x = ring.check_ring(np.asarray(x), "x")
     if rng is None:
-        r0, r1 = (np.frombuffer(bytearray(os.urandom(8 * x.size)), dtype=np.uint64)
-                  .reshape(x.shape) for _ in range(2))
+        r0, r1 = fresh_ring(x.shape), fresh_ring(x.shape)
     else:
         r0, r1 = (rng.integers(0, 2**64, size=x.shape, dtype=np.uint64) for _ in range(2))
     slots = [r0, r1, x - r0 - r1]
