@@ -98,6 +98,10 @@ __all__ = [
     "unpack_bits",
     "pack_uint",
     "unpack_uint",
+    "WidthPlan",
+    "width_plan",
+    "pack_var",
+    "unpack_var",
 ]
 
 RING_BITS: int = 64
@@ -339,13 +343,48 @@ def _unpack_uint_kernel(data: np.ndarray, width: int, out: np.ndarray) -> None: 
         out[i] = v & mask
 
 
+def _pack_var_kernel(vals: np.ndarray, order: np.ndarray, widths: np.ndarray,
+                     bitoff: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover
+    """OR vals[order[j]] (low widths[j] bits) into ``out`` (zeroed) at bit bitoff[j]."""
+    for j in range(order.size):
+        width = widths[j]
+        v = vals[order[j]] & ((np.uint64(1) << np.uint64(width)) - np.uint64(1))
+        o = bitoff[j]
+        bi = o >> 3
+        s = np.uint64(o & 7)
+        lo = v << s
+        nb = ((o & 7) + width + 7) >> 3
+        for k in range(min(nb, 8)):
+            out[bi + k] |= np.uint8((lo >> np.uint64(8 * k)) & np.uint64(0xFF))
+        if nb > 8:
+            out[bi + 8] |= np.uint8(v >> (np.uint64(64) - s))
+
+
+def _unpack_var_kernel(data: np.ndarray, order: np.ndarray, widths: np.ndarray,
+                       bitoff: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover
+    """out[order[j]] = the widths[j] bits of ``data`` from bit bitoff[j]."""
+    for j in range(order.size):
+        width = widths[j]
+        o = bitoff[j]
+        bi = o >> 3
+        s = np.uint64(o & 7)
+        nb = ((o & 7) + width + 7) >> 3
+        lo = np.uint64(0)
+        for k in range(min(nb, 8)):
+            lo |= np.uint64(data[bi + k]) << np.uint64(8 * k)
+        v = lo >> s
+        if nb > 8:
+            v |= np.uint64(data[bi + 8]) << (np.uint64(64) - s)
+        out[order[j]] = v & ((np.uint64(1) << np.uint64(width)) - np.uint64(1))
+
+
 @functools.cache
-def _bit_kernels() -> tuple[Callable[..., None], Callable[..., None]]:
+def _bit_kernels() -> tuple[Callable[..., None], ...]:
     """The compiled pack/unpack kernels (numba imported on first use, disk-cached)."""
     import numba
 
-    return (numba.njit(cache=True, nogil=True)(_pack_uint_kernel),
-            numba.njit(cache=True, nogil=True)(_unpack_uint_kernel))
+    return tuple(numba.njit(cache=True, nogil=True)(k) for k in
+                 (_pack_uint_kernel, _unpack_uint_kernel, _pack_var_kernel, _unpack_var_kernel))
 
 
 def pack_uint(values: np.ndarray, width: int) -> np.ndarray:
@@ -371,4 +410,55 @@ def unpack_uint(buf: np.ndarray, width: int, n: int) -> np.ndarray:
         return out.reshape(-1).view("<u8").astype(DTYPE, copy=False)
     out = np.empty(n, dtype=DTYPE)
     _bit_kernels()[1](np.ascontiguousarray(data), width, out)
+    return out
+
+
+class WidthPlan:
+    """Wire layout of values with per-element public widths (1..63): the values of each
+    distinct width, in increasing width order and element order within a width, form one
+    tight bit string (:func:`pack_uint`) starting on a byte boundary."""
+
+    def __init__(self, widths: np.ndarray) -> None:
+        widths = np.asarray(widths, dtype=np.int64).reshape(-1)
+        if widths.size and not (1 <= widths.min() and widths.max() < RING_BITS):
+            raise ValueError(f"widths must be in 1..{RING_BITS - 1}")
+        self.n = widths.size
+        self.order = np.argsort(widths, kind="stable")
+        self.widths = widths[self.order]
+        starts = np.flatnonzero(np.diff(self.widths, prepend=-1)) if self.n else self.order
+        counts = np.diff(np.append(starts, self.n))
+        run_bytes = (counts * self.widths[starts] + 7) // 8
+        run_bit0 = 8 * (np.cumsum(run_bytes) - run_bytes)         # first bit of each run
+        rank = np.arange(self.n) - np.repeat(starts, counts)        # position in its run
+        self.bitoff = np.repeat(run_bit0, counts) + rank * self.widths
+        self.nbytes = int(run_bytes.sum())
+
+
+@functools.lru_cache(maxsize=256)
+def _width_plan(key: bytes) -> WidthPlan:
+    return WidthPlan(np.frombuffer(key, dtype=np.int64))
+
+
+def width_plan(widths: np.ndarray) -> WidthPlan:
+    """The (cached) :class:`WidthPlan` of an int array of widths."""
+    return _width_plan(np.ascontiguousarray(widths, dtype=np.int64).tobytes())
+
+
+def pack_var(values: np.ndarray, plan: WidthPlan) -> np.ndarray:
+    """Pack ``values`` (uint64, plan.n of them) by a :class:`WidthPlan`."""
+    vals = np.ascontiguousarray(check_ring(values, "values").reshape(-1))
+    if vals.size != plan.n:
+        raise ValueError(f"pack_var: {vals.size} values for a plan of {plan.n}")
+    out = np.zeros(plan.nbytes, dtype=np.uint8)
+    _bit_kernels()[2](vals, plan.order, plan.widths, plan.bitoff, out)
+    return out
+
+
+def unpack_var(buf: np.ndarray, plan: WidthPlan) -> np.ndarray:
+    """Inverse of :func:`pack_var`."""
+    data = np.frombuffer(buf, dtype=np.uint8) if isinstance(buf, (bytes, bytearray)) else buf
+    if len(data) < plan.nbytes:
+        raise ValueError(f"unpack_var: buffer too short for {plan.nbytes} bytes")
+    out = np.empty(plan.n, dtype=DTYPE)
+    _bit_kernels()[3](np.ascontiguousarray(data), plan.order, plan.widths, plan.bitoff, out)
     return out

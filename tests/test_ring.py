@@ -257,3 +257,28 @@ def test_matmul_concurrent_threads(monkeypatch):
         assert len(results) == 15
         for r in results:
             np.testing.assert_array_equal(r, want)
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 9, 450, 1001])
+def test_pack_var_equals_pack_per_width(n):
+    """pack_var/unpack_var give the bytes of one pack_uint per distinct width (increasing,
+    elements in order within a width) and invert each other."""
+    from mpc3.ring import WidthPlan, pack_var, unpack_var, width_plan
+    widths = RNG.integers(1, 64, size=n)
+    if n > 5:
+        widths[:3] = 18                                      # repeated widths
+    vals = rand_ring(n)
+    plan = width_plan(widths)
+    assert width_plan(widths.copy()) is plan                 # cached by content
+    want = np.concatenate([pack_uint(vals[widths == w], int(w)) for w in np.unique(widths)]
+                          or [np.zeros(0, np.uint8)])
+    buf = pack_var(vals, plan)
+    assert plan.nbytes == len(want)
+    np.testing.assert_array_equal(buf, want)
+    masks = (np.uint64(1) << widths.astype(np.uint64)) - np.uint64(1)
+    np.testing.assert_array_equal(unpack_var(np.append(buf, np.uint8(7)), plan), vals & masks)
+    np.testing.assert_array_equal(unpack_var(buf.tobytes(), plan), vals & masks)
+    with pytest.raises(ValueError):
+        WidthPlan(np.array([0, 3]))
+    with pytest.raises(ValueError):
+        unpack_var(buf[:-1], plan) if plan.nbytes else pack_var(rand_ring(n + 1), plan)

@@ -32,6 +32,8 @@ receiver by a key the receiver lacks; there is no setting that replaces them wit
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .. import ring
@@ -249,41 +251,32 @@ def _finish(p: Party, z: np.ndarray, trunc) -> AShare:
 
 
 # ------------------------------------------------------------------ truncation ----------
-def _width_plan(widths) -> list[tuple[int, np.ndarray | None]]:
-    """How a group's elements are packed: ``(width, index)`` per distinct public width in
-    increasing order (``index`` None = every element); one entry when all widths agree."""
+def _width_plan(widths):
+    """How a group's elements are packed: one int width when all agree, else the
+    :class:`ring.WidthPlan` (one tight bit string per distinct width, increasing)."""
     if np.ndim(widths) == 0:
-        return [(int(widths), None)]
+        return int(widths)
     widths = np.asarray(widths).reshape(-1)
-    if widths.size == 0:
-        return []
-    w0 = widths[0]
-    if (widths == w0).all():
-        return [(int(w0), None)]
-    return [(int(w), np.flatnonzero(widths == w)) for w in np.unique(widths)]
+    if widths.size and (widths == widths[0]).all():
+        return int(widths[0])
+    return ring.width_plan(widths)
 
 
 def _pack_by_width(values: np.ndarray, plan) -> np.ndarray:
-    """Pack each value at its own (public) width: one tight bit string per distinct width."""
-    parts = [ring.pack_uint(values if idx is None else values[idx], w) for w, idx in plan]
-    if len(parts) == 1:
-        return parts[0]
-    return np.concatenate(parts or [np.zeros(0, np.uint8)])
+    """Pack each value at its own (public) width."""
+    if isinstance(plan, int):
+        return ring.pack_uint(values, plan)
+    return ring.pack_var(values, plan)
 
 
 def _unpack_by_width(buf: np.ndarray, plan, n: int) -> np.ndarray:
-    if len(plan) == 1 and plan[0][1] is None:
-        return ring.unpack_uint(buf, plan[0][0], n)
-    out, pos = np.empty(n, dtype=np.uint64), 0
-    for w, idx in plan:
-        nb = packed_bytes(idx.size, w)
-        out[idx] = ring.unpack_uint(buf[pos:pos + nb], w, idx.size)
-        pos += nb
-    return out
+    if isinstance(plan, int):
+        return ring.unpack_uint(buf, plan, n)
+    return ring.unpack_var(buf, plan)
 
 
 def _width_bytes(plan, n: int) -> int:
-    return sum(packed_bytes(n if idx is None else idx.size, w) for w, idx in plan)
+    return packed_bytes(n, plan) if isinstance(plan, int) else plan.nbytes
 
 
 def cost_trunc_shifts(shifts, mode: str, from_rss: bool) -> Cost:
@@ -321,20 +314,29 @@ def cost_trunc(n: int, bits, mode: str) -> Cost:
 
 def _group_shifts(bits, sl: slice):
     """(shift as int64, 64 - shift, low mask 2^shift - 1, width plan) of a group's elements:
-    scalars when every element of the group shifts alike, else per-element arrays."""
+    scalars when every element of the group shifts alike, else per-element arrays (cached
+    by content: tables of per-element shifts recur)."""
     if np.ndim(bits) != 0:
         arr = bits[sl]
-        if arr.size and (arr == arr[0]).all():
+        if arr.size == 0:                         # an empty group: nothing to shift or send
+            return np.int64(1), np.uint64(63), _ONE, 1
+        if (arr == arr[0]).all():
             bits = int(arr[0])
-    if np.ndim(bits) == 0:
-        b = int(bits)
-        if not 1 <= b < OFFSET_BITS:
-            raise ValueError(f"cannot truncate by {b} bits")
-        return np.int64(b), np.uint64(64 - b), _u((1 << b) - 1), [(b, None)]
-    if arr.size and not (1 <= arr.min() and arr.max() < OFFSET_BITS):
-        raise ValueError(f"cannot truncate by {bits} bits")
+        else:
+            return _mixed_shifts(np.ascontiguousarray(arr, dtype=np.int64).tobytes())
+    b = int(bits)
+    if not 1 <= b < OFFSET_BITS:
+        raise ValueError(f"cannot truncate by {b} bits")
+    return np.int64(b), np.uint64(64 - b), _u((1 << b) - 1), b
+
+
+@functools.lru_cache(maxsize=256)
+def _mixed_shifts(key: bytes):
+    arr = np.frombuffer(key, dtype=np.int64)
+    if not (1 <= arr.min() and arr.max() < OFFSET_BITS):
+        raise ValueError(f"cannot truncate by {arr} bits")
     b = arr.astype(np.uint64)
-    return arr, np.uint64(64) - b, (_ONE << b) - _ONE, _width_plan(arr)
+    return arr, np.uint64(64) - b, (_ONE << b) - _ONE, ring.width_plan(arr)
 
 
 def _trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None = None):
