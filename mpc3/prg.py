@@ -17,6 +17,7 @@ From these streams (CrypTen's split, ABY3's zero sharing):
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import threading
 from dataclasses import dataclass, field
@@ -46,17 +47,31 @@ def aes_ctr_bytes(key: bytes, nonce: bytes, nbytes: int) -> bytes:
 
 
 #: Draws up to this many bytes encrypt their CTR counter blocks with a cached AES-ECB context
-#: (setting up a CTR context costs more than encrypting a few blocks); longer draws run CTR
-#: straight into the output buffer. Both give the same bytes (tests/test_security.py).
-ECB_MAX_BYTES = 256
+#: (setting up a CTR context costs ~25 us, more than building and encrypting the blocks);
+#: longer draws run CTR straight into the output buffer. Both give the same bytes for the
+#: same key and nonce (tests/test_security.py), so no counter is ever used twice.
+ECB_MAX_BYTES = 1 << 13
 _ZEROS = bytes(1 << 20)
 _MASK128 = (1 << 128) - 1
+_COUNT = np.arange(ECB_MAX_BYTES // 16, dtype=np.uint64)
+_COUNT.setflags(write=False)
 
 
-def ctr_blocks(nonce: bytes, nblocks: int) -> bytes:
-    """The counter blocks CTR mode encrypts: nonce + i (128-bit big-endian, mod 2^128)."""
-    start = int.from_bytes(nonce, "big")
-    return b"".join(((start + i) & _MASK128).to_bytes(16, "big") for i in range(nblocks))
+def ctr_blocks(nonce: bytes, nblocks: int):
+    """The counter blocks CTR mode encrypts: nonce + i (128-bit big-endian, mod 2^128), as
+    bytes (a few blocks) or a uint8 array (up to ECB_MAX_BYTES // 16 blocks)."""
+    if nblocks <= 8:
+        start = int.from_bytes(nonce, "big")
+        return b"".join(((start + i) & _MASK128).to_bytes(16, "big") for i in range(nblocks))
+    hi, lo = int.from_bytes(nonce[:8], "big"), int.from_bytes(nonce[8:], "big")
+    blocks = np.empty((nblocks, 2), dtype=np.uint64)
+    ctr = _COUNT[:nblocks] + np.uint64(lo)
+    blocks[:, 1] = ctr
+    if lo + nblocks > 1 << 64:                  # the low half wraps: carry into the high half
+        blocks[:, 0] = np.uint64(hi) + (ctr < np.uint64(lo))
+    else:
+        blocks[:, 0] = np.uint64(hi)
+    return blocks.byteswap(inplace=True).view(np.uint8).reshape(-1)
 
 
 def _ctr_into(key: bytes, nonce: bytes, buf: np.ndarray, nbytes: int) -> None:
@@ -71,8 +86,8 @@ def fresh_ring(shape) -> np.ndarray:
     """A uniform uint64 array from AES-CTR under a fresh ``os.urandom`` key and nonce (one
     32-byte draw from the OS instead of 8 bytes per element through getrandom, which the
     kernel computes as system time: dealing a model's weights spent most of its time there)."""
-    shape = tuple(np.atleast_1d(shape)) if not isinstance(shape, tuple) else shape
-    n = int(np.prod(shape, dtype=np.int64))
+    shape = shape if isinstance(shape, tuple) else tuple(np.atleast_1d(shape).tolist())
+    n = math.prod(shape)
     buf = np.empty(n + 2, dtype=np.uint64)
     seed = os.urandom(32)
     _ctr_into(seed[:16], seed[16:], buf.view(np.uint8), 8 * n)
@@ -123,8 +138,8 @@ class PRG:
 
     def ring(self, stream: str, op: int, tag: str, shape) -> np.ndarray:
         """Uniform uint64 array from ``stream`` for ``(op, tag)``."""
-        shape = tuple(np.atleast_1d(shape)) if not isinstance(shape, tuple) else shape
-        n = int(np.prod(shape, dtype=np.int64))
+        shape = shape if isinstance(shape, tuple) else tuple(np.atleast_1d(shape).tolist())
+        n = math.prod(shape)
         return self._keystream(stream, _nonce(op, tag), 8 * n).view(np.uint64).reshape(shape)
 
     def bytes(self, stream: str, op: int, tag: str, nbytes: int) -> np.ndarray:

@@ -83,13 +83,13 @@ def test_pairwise_streams_agree_and_zero_shares_cancel():
     assert not total.any()
 
 
-@pytest.mark.parametrize("nbytes", [0, 1, 8, 15, 16, 17, 100, 255, 256, 257, 4096,
+@pytest.mark.parametrize("nbytes", [0, 1, 8, 15, 16, 17, 100, 128, 129, 4096, 8192, 8193, 65536,
                                     (1 << 20) + 3, (2 << 20) + 40])
 def test_prg_fast_paths_equal_aes_ctr(nbytes):
     """Short draws (AES-ECB over the counter blocks, cached context) and long draws (CTR
     into the buffer, chunked) give exactly the AES-CTR keystream of the same (key, nonce)."""
     from mpc3.prg import ECB_MAX_BYTES, _nonce, aes_ctr_bytes, ctr_blocks
-    assert 16 < ECB_MAX_BYTES < 4096
+    assert 256 < ECB_MAX_BYTES < 65536
     prg = PRG.for_job(b"s" * 32, b"t" * 32, b"u" * 32, job_id="fast")
     for stream in ("prev", "next", "private"):
         for op, tag in ((1, "x"), (2, "x"), (1, "y")):       # the context is reused
@@ -100,12 +100,14 @@ def test_prg_fast_paths_equal_aes_ctr(nbytes):
             if nbytes % 8 == 0:
                 assert prg.ring(stream, op, tag, nbytes // 8).tobytes() == want
     # the 128-bit counter carries and wraps like CTR mode's
-    for nonce in (b"\x00" * 8 + b"\xff" * 8, b"\xff" * 16):
-        assert ctr_blocks(nonce, 3) == b"".join(
-            ((int.from_bytes(nonce, "big") + i) % 2**128).to_bytes(16, "big") for i in range(3))
-        from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
-        ecb = Cipher(algorithms.AES(b"k" * 16), modes.ECB()).encryptor()
-        assert ecb.update(ctr_blocks(nonce, 3)) == aes_ctr_bytes(b"k" * 16, nonce, 48)
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+    ecb = Cipher(algorithms.AES(b"k" * 16), modes.ECB()).encryptor()
+    for nonce in (b"\x00" * 8 + b"\xff" * 8, b"\xff" * 16, b"\x05" * 8 + b"\xff" * 7 + b"\xf0"):
+        for nblocks in (3, 9, 100, ECB_MAX_BYTES // 16):
+            start = int.from_bytes(nonce, "big")
+            want = b"".join(((start + i) % 2**128).to_bytes(16, "big") for i in range(nblocks))
+            assert bytes(ctr_blocks(nonce, nblocks)) == want
+            assert ecb.update(want) == aes_ctr_bytes(b"k" * 16, nonce, 16 * nblocks)
 
 
 def test_prg_rejects_bad_keys():
