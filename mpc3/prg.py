@@ -16,6 +16,7 @@ From these streams (CrypTen's split, ABY3's zero sharing):
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import os
@@ -50,28 +51,37 @@ def aes_ctr_bytes(key: bytes, nonce: bytes, nbytes: int) -> bytes:
 #: (setting up a CTR context costs ~25 us, more than building and encrypting the blocks);
 #: longer draws run CTR straight into the output buffer. Both give the same bytes for the
 #: same key and nonce (tests/test_security.py), so no counter is ever used twice.
-ECB_MAX_BYTES = 1 << 13
+ECB_MAX_BYTES = 1 << 14
 _ZEROS = bytes(1 << 20)
-_MASK128 = (1 << 128) - 1
-_COUNT = np.arange(ECB_MAX_BYTES // 16, dtype=np.uint64)
-_COUNT.setflags(write=False)
 
 
-def ctr_blocks(nonce: bytes, nblocks: int):
-    """The counter blocks CTR mode encrypts: nonce + i (128-bit big-endian, mod 2^128), as
-    bytes (a few blocks) or a uint8 array (up to ECB_MAX_BYTES // 16 blocks)."""
-    if nblocks <= 8:
-        start = int.from_bytes(nonce, "big")
-        return b"".join(((start + i) & _MASK128).to_bytes(16, "big") for i in range(nblocks))
-    hi, lo = int.from_bytes(nonce[:8], "big"), int.from_bytes(nonce[8:], "big")
-    blocks = np.empty((nblocks, 2), dtype=np.uint64)
-    ctr = _COUNT[:nblocks] + np.uint64(lo)
-    blocks[:, 1] = ctr
-    if lo + nblocks > 1 << 64:                  # the low half wraps: carry into the high half
-        blocks[:, 0] = np.uint64(hi) + (ctr < np.uint64(lo))
-    else:
-        blocks[:, 0] = np.uint64(hi)
-    return blocks.byteswap(inplace=True).view(np.uint8).reshape(-1)
+def _ctr_fill(nonce: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover
+    """out (uint8, 16 * nblocks) = the big-endian 128-bit counters nonce + i."""
+    hi = np.uint64(0)
+    lo = np.uint64(0)
+    for k in range(8):
+        hi = (hi << np.uint64(8)) | np.uint64(nonce[k])
+        lo = (lo << np.uint64(8)) | np.uint64(nonce[8 + k])
+    for i in range(out.size // 16):
+        c = lo + np.uint64(i)
+        h = hi + np.uint64(1) if c < lo else hi            # carry (wraps mod 2^128)
+        for k in range(8):
+            sh = np.uint64(56 - 8 * k)
+            out[16 * i + k] = np.uint8((h >> sh) & np.uint64(0xFF))
+            out[16 * i + 8 + k] = np.uint8((c >> sh) & np.uint64(0xFF))
+
+
+@functools.cache
+def _ctr_fill_jit():
+    import numba
+    return numba.njit(cache=True, nogil=True)(_ctr_fill)
+
+
+def ctr_blocks(nonce: bytes, nblocks: int) -> np.ndarray:
+    """The counter blocks CTR mode encrypts: nonce + i (128-bit big-endian, mod 2^128)."""
+    out = np.empty(16 * nblocks, dtype=np.uint8)
+    _ctr_fill_jit()(np.frombuffer(nonce, dtype=np.uint8), out)
+    return out
 
 
 def _ctr_into(key: bytes, nonce: bytes, buf: np.ndarray, nbytes: int) -> None:
@@ -127,18 +137,22 @@ class PRG:
         buf = np.empty(2 * nblocks + 2, dtype=np.uint64).view(np.uint8)  # + update_into slack
         key = getattr(self, stream)
         if nbytes <= ECB_MAX_BYTES:
-            with self._lock:
+            blocks = ctr_blocks(nonce, nblocks)
+            with self._lock:                       # one context per key, not thread-safe
                 ecb = self._ecb.get(stream)
                 if ecb is None:
                     ecb = self._ecb[stream] = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
-                ecb.update_into(ctr_blocks(nonce, nblocks), buf)
+                ecb.update_into(blocks, buf)
         else:
             _ctr_into(key, nonce, buf, nbytes)
         return buf[:nbytes]
 
     def ring(self, stream: str, op: int, tag: str, shape) -> np.ndarray:
         """Uniform uint64 array from ``stream`` for ``(op, tag)``."""
-        shape = shape if isinstance(shape, tuple) else tuple(np.atleast_1d(shape).tolist())
+        if isinstance(shape, (int, np.integer)):
+            shape = (int(shape),)
+        elif not isinstance(shape, tuple):
+            shape = tuple(np.atleast_1d(shape).tolist())
         n = math.prod(shape)
         return self._keystream(stream, _nonce(op, tag), 8 * n).view(np.uint64).reshape(shape)
 

@@ -83,7 +83,7 @@ def test_pairwise_streams_agree_and_zero_shares_cancel():
     assert not total.any()
 
 
-@pytest.mark.parametrize("nbytes", [0, 1, 8, 15, 16, 17, 100, 128, 129, 4096, 8192, 8193, 65536,
+@pytest.mark.parametrize("nbytes", [0, 1, 8, 15, 16, 17, 100, 128, 129, 4096, 16384, 16385, 65536,
                                     (1 << 20) + 3, (2 << 20) + 40])
 def test_prg_fast_paths_equal_aes_ctr(nbytes):
     """Short draws (AES-ECB over the counter blocks, cached context) and long draws (CTR
