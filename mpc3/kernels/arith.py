@@ -200,8 +200,12 @@ def mul_many_aa(p: Party, items: list[tuple]) -> list[AShare]:
     if cut:
         zt = np.concatenate(cut)
         zt = zt + p.zero_share(zt.shape, "mulmask")
-        bits = np.concatenate([np.broadcast_to(np.asarray(s), z.shape).reshape(-1)
-                               for _, _, z, s in parts[True]])
+        shifts = [s for _, _, _, s in parts[True]]
+        if all(np.ndim(s) == 0 and s == shifts[0] for s in shifts):
+            bits = int(shifts[0])                               # one shift for every item
+        else:
+            bits = np.concatenate([np.broadcast_to(np.asarray(s), z.shape).reshape(-1)
+                                   for _, _, z, s in parts[True]])
         if flat_plain is not None:
             flat_plain = flat_plain + p.zero_share(flat_plain.shape, "plainmask")
             tr, pl = _trunc_split(p, zt, bits, from_rss=False, plain=flat_plain)
@@ -245,7 +249,10 @@ def cost_mul(n: int, trunc, frac: int, mode: str) -> Cost:
 def _finish(p: Party, z: np.ndarray, trunc) -> AShare:
     if trunc is False:
         return reshare(p, z)
-    bits = p.cfg.frac if trunc is True else np.broadcast_to(np.asarray(trunc), z.shape).reshape(-1)
+    if trunc is True or np.ndim(trunc) == 0:                 # one shift: no per-element array
+        bits = p.cfg.frac if trunc is True else int(trunc)
+    else:
+        bits = np.broadcast_to(np.asarray(trunc), z.shape).reshape(-1)
     z = z + p.zero_share(z.shape, "mulmask")
     return _trunc_split(p, z.reshape(-1), bits, from_rss=False).reshape(z.shape)
 
