@@ -28,8 +28,6 @@ Every message is masked by PRG output shared by the sender and the third party.
 """
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from .. import ring
@@ -38,6 +36,7 @@ from ..party import Party
 from ..shares import AShare, BShare, group_sizes, words
 from .arith import public_share
 from .base import Cost, Round, group_bounds, packed_bytes
+from .bitplanes import select_planes, thermometer_planes
 from .boolean import (and_bb, and_local, cost_and_bb, pack_planes, random_planes,
                       unpack_planes)
 
@@ -111,9 +110,8 @@ def _leaves(p: Party, x: AShare, L: int, m: int) -> tuple[BShare, int]:
         s = {"role": role, "n": ng}
         if role == 0:
             a = ((x.a[sl] + x.b[sl]) >> lsh) & mask
-            rows = [_thermometer(a, blocks), ((a >> top) & np.uint64(1)).astype(np.uint8)[None]]
             rho = random_planes(p, "next", nrows, w, f"thermo{g}")
-            planes = bits_to_planes_group(np.concatenate(rows), ng)
+            planes = thermometer_planes(a, blocks, m - 1, w)
             s["rho_top"], s["atop_masked"] = rho[-1:], (planes ^ rho)[-1:]
             r1.send(PREV, pack_planes(planes ^ rho, ng))            # to role 2
             r1.recv(NEXT, g, 1)                                     # role 1's half
@@ -124,7 +122,7 @@ def _leaves(p: Party, x: AShare, L: int, m: int) -> tuple[BShare, int]:
             if role == 1:
                 rho = random_planes(p, "prev", nrows, w, f"thermo{g}")
                 s["rho_top"] = rho[-1:]
-                u = _select_leaves(rho, b, blocks, ng, const_one=False)
+                u = select_planes(rho, b, blocks, const_one=False)
                 s["kappa"] = random_planes(p, "next", nconv, w, f"kappa{g}")
                 s["sigma"] = random_planes(p, "next", nconv, w, f"sigma{g}")
                 s["u"] = u ^ s["kappa"]
@@ -143,7 +141,7 @@ def _leaves(p: Party, x: AShare, L: int, m: int) -> tuple[BShare, int]:
         elif s["role"] == 2:
             therm = unpack_planes(got[(NEXT, g)][0], ng)
             s["atop_masked"] = therm[-1:]
-            u = _select_leaves(therm, s["b"], blocks, ng, const_one=True)
+            u = select_planes(therm, s["b"], blocks, const_one=True)
             s["kappa"] = random_planes(p, "prev", nconv, w, f"kappa{g}")
             s["sigma"] = random_planes(p, "prev", nconv, w, f"sigma{g}")
             s["u"] = u ^ s["kappa"] ^ s["sigma"]
@@ -176,52 +174,6 @@ def bits_to_planes_group(bits: np.ndarray, n: int) -> np.ndarray:
 
 def _plane_of(bit: np.ndarray, n: int) -> np.ndarray:
     return bits_to_planes_group(bit.astype(np.uint8)[None, :], n)
-
-
-@functools.lru_cache(maxsize=64)
-def _leaf_plan(nlow: int):
-    """Gather plan of the leaves of ``nlow`` window bits in 3-bit blocks (all padded to 7
-    thermometer rows): block offsets and masks (nb, 1), the valid padded rows (nb, 7) in
-    sending order, and each block's size 2^k."""
-    blocks = _blocks(nlow)
-    offs = np.array([[off] for off, _ in blocks], dtype=np.uint64)
-    masks = np.array([[(1 << k) - 1] for _, k in blocks], dtype=np.uint64)
-    thr = np.arange(1, 1 << BLOCK, dtype=np.uint64)
-    valid = thr[None, :] <= masks
-    sizes = (masks[:, 0] + np.uint64(1)).astype(np.int64)
-    return offs, masks, thr, valid, sizes
-
-
-def _thermometer(a: np.ndarray, blocks) -> np.ndarray:
-    """Rows [a_j >= v] (v = 1..2^k - 1 per block j, in block order) as uint8 (rows, n)."""
-    offs, masks, thr, valid, _ = _leaf_plan(sum(k for _, k in blocks))
-    vals = (a[None, :] >> offs) & masks                              # (nb, n)
-    rows = vals[:, None, :] >= thr[None, :, None]                     # (nb, 7, n)
-    return rows[valid].view(np.uint8)
-
-
-def _select_leaves(therm: np.ndarray, b: np.ndarray, blocks, n: int,
-                   const_one: bool) -> np.ndarray:
-    """XOR share of [G_0..G_{N-1}, P_1..P_{N-1}] from a share of the thermometer codes.
-
-    Block j's code extended by t_0 and t_{2^k} = 0 gives G_j = t[2^k - b_j] and
-    P_j = t[2^k - 1 - b_j] ^ G_j; all blocks are gathered at once from a padded table.
-    ``const_one``: this share carries the public t_0 = 1 entries.
-    """
-    offs, masks, _, valid, sizes = _leaf_plan(sum(k for _, k in blocks))
-    nb = len(blocks)
-    bits = np.unpackbits(np.ascontiguousarray(therm).view(np.uint8), axis=1,
-                         bitorder="little")[:, :n]
-    ext = np.zeros((nb, (1 << BLOCK) + 1, n), dtype=np.uint8)        # t_0 .. t_8 per block
-    if const_one:
-        ext[:, 0] = 1
-    ext[:, 1:1 << BLOCK][valid] = bits[:int(valid.sum())]
-    bj = ((b[None, :] >> offs) & masks).astype(np.int64)              # (nb, n)
-    gi = (np.arange(nb)[:, None] * ((1 << BLOCK) + 1) + sizes[:, None] - bj) * n + np.arange(n)
-    flat = ext.reshape(-1)
-    G = flat[gi]
-    P = flat[gi[1:] - n] ^ G[1:]
-    return bits_to_planes_group(np.concatenate([G, P]), n)
 
 
 # -------------------------------------------------------------------------- tree ------

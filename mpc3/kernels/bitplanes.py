@@ -1,0 +1,108 @@
+"""Compiled bit-plane helpers of the DReLU leaves (:mod:`mpc3.kernels.convert`).
+
+Both work straight on the bit-sliced layout of one element group (plane ``r``, bit ``e % 64``
+of word ``e // 64`` is row ``r`` of element ``e``; bits beyond the group's ``n`` elements stay
+zero), so no (rows, n) byte matrix is unpacked, gathered and packed again. Blocks are given by
+their bit offsets ``offs`` and widths ``ks``; block j owns thermometer rows ``base_j ..
+base_j + 2^k_j - 2`` (``base`` = running sum of ``2^k - 1``). Compiled lazily by numba like
+:mod:`mpc3.ring`; tests compare them with the numpy formulation.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import numpy as np
+
+
+def _thermo_kernel(a: np.ndarray, offs: np.ndarray, ks: np.ndarray, top: int,
+                   out: np.ndarray) -> None:  # pragma: no cover
+    """out (zeroed (rows, words) uint64): rows [a_j >= v] (v = 1 .. 2^k_j - 1) per block, then
+    the bit ``top`` of a. One word (64 elements) at a time, its rows held in ``acc``."""
+    one = np.uint64(1)
+    rows = out.shape[0]
+    acc = np.zeros(rows, dtype=np.uint64)
+    for w in range(out.shape[1]):
+        acc[:] = 0
+        for e in range(64 * w, min(64 * w + 64, a.size)):
+            bit = one << np.uint64(e & 63)
+            x = a[e]
+            r = 0
+            for j in range(offs.size):
+                size = 1 << ks[j]
+                v = np.int64((x >> np.uint64(offs[j])) & np.uint64(size - 1))
+                for t in range(size - 1):                    # branch-free: rows t < v
+                    acc[r + t] |= bit * np.uint64(t < v)
+                r += size - 1
+            if (x >> np.uint64(top)) & one:
+                acc[r] |= bit
+        for r in range(rows):
+            out[r, w] = acc[r]
+
+
+def _select_kernel(therm: np.ndarray, b: np.ndarray, offs: np.ndarray, ks: np.ndarray,
+                   const_one: bool, out: np.ndarray) -> None:  # pragma: no cover
+    """out (zeroed (2 nb - 1, words) uint64) = [G_0..G_{nb-1}, P_1..P_{nb-1}] with, for the
+    code t extended by t_0 = const_one and t_{2^k} = 0, G_j = t[2^k - b_j] and
+    P_j = t[2^k - 1 - b_j] ^ G_j (t_v = therm row base_j + v - 1). One word at a time."""
+    one = np.uint64(1)
+    nb = offs.size
+    nt = 0
+    for j in range(nb):
+        nt += (1 << ks[j]) - 1
+    col = np.zeros(nt, dtype=np.uint64)
+    acc = np.zeros(2 * nb - 1, dtype=np.uint64)
+    c0 = one if const_one else np.uint64(0)
+    for w in range(out.shape[1]):
+        for r in range(nt):
+            col[r] = therm[r, w]
+        acc[:] = 0
+        for e in range(64 * w, min(64 * w + 64, b.size)):
+            sh = np.uint64(e & 63)
+            y = b[e]
+            r = 0
+            for j in range(nb):
+                size = 1 << ks[j]
+                bj = np.int64((y >> np.uint64(offs[j])) & np.uint64(size - 1))
+                gi = size - bj                               # 1 .. size
+                g = (col[r + gi - 1] >> sh) & one if gi < size else np.uint64(0)
+                acc[j] |= g << sh
+                if j > 0:
+                    pi = gi - 1                              # 0 .. size - 1
+                    t = c0 if pi == 0 else (col[r + pi - 1] >> sh) & one
+                    acc[nb + j - 1] |= (t ^ g) << sh
+                r += size - 1
+        for r in range(2 * nb - 1):
+            out[r, w] = acc[r]
+
+
+@functools.cache
+def _kernels() -> tuple[Callable[..., None], Callable[..., None]]:
+    import numba
+
+    return (numba.njit(cache=True, nogil=True)(_thermo_kernel),
+            numba.njit(cache=True, nogil=True)(_select_kernel))
+
+
+def _block_arrays(blocks) -> tuple[np.ndarray, np.ndarray]:
+    return (np.array([off for off, _ in blocks], dtype=np.int64),
+            np.array([k for _, k in blocks], dtype=np.int64))
+
+
+def thermometer_planes(a: np.ndarray, blocks, top: int, words: int) -> np.ndarray:
+    """(rows + 1, words) planes: the thermometer codes of a's blocks and a's bit ``top``."""
+    offs, ks = _block_arrays(blocks)
+    rows = int(sum((1 << k) - 1 for k in ks)) + 1
+    out = np.zeros((rows, words), dtype=np.uint64)
+    _kernels()[0](np.ascontiguousarray(a), offs, ks, top, out)
+    return out
+
+
+def select_planes(therm: np.ndarray, b: np.ndarray, blocks, const_one: bool) -> np.ndarray:
+    """(2 nb - 1, words) planes [G.., P..] of the leaves from a share of the thermometer
+    planes (:func:`thermometer_planes` rows, more rows or padding bits are ignored)."""
+    offs, ks = _block_arrays(blocks)
+    out = np.zeros((2 * offs.size - 1, therm.shape[1]), dtype=np.uint64)
+    _kernels()[1](np.ascontiguousarray(therm), np.ascontiguousarray(b), offs, ks,
+                  bool(const_one), out)
+    return out
