@@ -221,17 +221,39 @@ def _mm_parallel(A: np.ndarray, B: np.ndarray, C: np.ndarray) -> None:  # pragma
         _mm_unit_jit(A, B, C, t)
 
 
+#: Compiled kernels release the GIL only for calls of at least this much work (multiply-adds,
+#: elements): a short call that releases it hands the GIL to another party thread of the
+#: same process and then waits for it to come back (in-process parties, the GIL's convoy
+#: effect), which costs more than the call; a long one should let the others run meanwhile.
+NOGIL_MIN_WORK: int = 1 << 15
+
+
+def jit_pair(func: Callable[..., None], **flags) -> tuple[Callable[..., None], ...]:
+    """(GIL-holding, GIL-releasing) numba compilations of ``func`` (disk-cached under two
+    names: numba's cache key ignores the nogil flag)."""
+    import types
+
+    import numba
+
+    twin = types.FunctionType(func.__code__, func.__globals__, func.__name__ + "_nogil",
+                              func.__defaults__, func.__closure__)
+    twin.__qualname__ = func.__qualname__ + "_nogil"
+    return (numba.njit(cache=True, **flags)(func),
+            numba.njit(cache=True, nogil=True, **flags)(twin))
+
+
 @functools.cache
-def _kernels() -> tuple[Callable[..., None], Callable[..., None]]:
-    """Import numba and wrap the kernels (compiled on first call, disk-cached)."""
+def _kernels() -> tuple[Callable[..., None], Callable[..., None], Callable[..., None]]:
+    """Import numba and wrap the kernels (compiled on first call, disk-cached): serial
+    holding the GIL, serial releasing it, parallel."""
     import numba
 
     g = globals()
     g["_prange"] = numba.prange
     g["_mm_unit_jit"] = numba.njit(cache=True, nogil=True)(_mm_unit)
-    serial = numba.njit(cache=True, nogil=True)(_mm_serial)
+    serial_gil, serial = jit_pair(_mm_serial)
     parallel = numba.njit(cache=True, nogil=True, parallel=True)(_mm_parallel)
-    return serial, parallel
+    return serial_gil, serial, parallel
 
 
 def _kernel_arg(x: np.ndarray, shape: tuple[int, ...] | None = None) -> np.ndarray:
@@ -272,8 +294,10 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     C3 = np.zeros((B3.shape[0], A3.shape[1], N), dtype=np.int64)
     rows = C3.shape[0] * C3.shape[1]
     if rows and N and K:
-        serial, parallel = _kernels()
-        kernel = parallel if rows > 1 and rows * K * N >= PARALLEL_MIN_MACS else serial
+        serial_gil, serial, parallel = _kernels()
+        macs = rows * K * N
+        kernel = (parallel if rows > 1 and macs >= PARALLEL_MIN_MACS else
+                  serial if macs >= NOGIL_MIN_WORK else serial_gil)
         kernel(A3, B3, C3)
 
     out = C3.view(DTYPE).reshape(*batch, M, N)
@@ -379,12 +403,15 @@ def _unpack_var_kernel(data: np.ndarray, order: np.ndarray, widths: np.ndarray,
 
 
 @functools.cache
-def _bit_kernels() -> tuple[Callable[..., None], ...]:
-    """The compiled pack/unpack kernels (numba imported on first use, disk-cached)."""
-    import numba
-
-    return tuple(numba.njit(cache=True, nogil=True)(k) for k in
+def _bit_kernels() -> tuple[tuple[Callable[..., None], ...], ...]:
+    """The compiled pack/unpack kernels, each as :func:`jit_pair` (numba imported on first
+    use, disk-cached)."""
+    return tuple(jit_pair(k) for k in
                  (_pack_uint_kernel, _unpack_uint_kernel, _pack_var_kernel, _unpack_var_kernel))
+
+
+def _bit_kernel(i: int, n: int) -> Callable[..., None]:
+    return _bit_kernels()[i][n >= NOGIL_MIN_WORK]
 
 
 def pack_uint(values: np.ndarray, width: int) -> np.ndarray:
@@ -394,7 +421,7 @@ def pack_uint(values: np.ndarray, width: int) -> np.ndarray:
     if width % 8 == 0:  # byte aligned: just drop the high bytes
         return np.ascontiguousarray(vals.view(np.uint8).reshape(-1, 8)[:, : width // 8]).reshape(-1)
     out = np.zeros((vals.size * width + 7) // 8, dtype=np.uint8)
-    _bit_kernels()[0](vals, width, out)
+    _bit_kernel(0, vals.size)(vals, width, out)
     return out
 
 
@@ -409,7 +436,7 @@ def unpack_uint(buf: np.ndarray, width: int, n: int) -> np.ndarray:
         out[:, : width // 8] = data[: n * width // 8].reshape(n, width // 8)
         return out.reshape(-1).view("<u8").astype(DTYPE, copy=False)
     out = np.empty(n, dtype=DTYPE)
-    _bit_kernels()[1](np.ascontiguousarray(data), width, out)
+    _bit_kernel(1, n)(np.ascontiguousarray(data), width, out)
     return out
 
 
@@ -450,7 +477,7 @@ def pack_var(values: np.ndarray, plan: WidthPlan) -> np.ndarray:
     if vals.size != plan.n:
         raise ValueError(f"pack_var: {vals.size} values for a plan of {plan.n}")
     out = np.zeros(plan.nbytes, dtype=np.uint8)
-    _bit_kernels()[2](vals, plan.order, plan.widths, plan.bitoff, out)
+    _bit_kernel(2, plan.n)(vals, plan.order, plan.widths, plan.bitoff, out)
     return out
 
 
@@ -460,5 +487,5 @@ def unpack_var(buf: np.ndarray, plan: WidthPlan) -> np.ndarray:
     if len(data) < plan.nbytes:
         raise ValueError(f"unpack_var: buffer too short for {plan.nbytes} bytes")
     out = np.empty(plan.n, dtype=DTYPE)
-    _bit_kernels()[3](np.ascontiguousarray(data), plan.order, plan.widths, plan.bitoff, out)
+    _bit_kernel(3, plan.n)(np.ascontiguousarray(data), plan.order, plan.widths, plan.bitoff, out)
     return out

@@ -282,3 +282,18 @@ def test_pack_var_equals_pack_per_width(n):
         WidthPlan(np.array([0, 3]))
     with pytest.raises(ValueError):
         unpack_var(buf[:-1], plan) if plan.nbytes else pack_var(rand_ring(n + 1), plan)
+
+
+@pytest.mark.parametrize("width", [5, 18, 63])
+def test_pack_kernels_gil_releasing_variant(width):
+    """Above NOGIL_MIN_WORK elements the GIL-releasing compilation runs: same bytes."""
+    from mpc3.ring import NOGIL_MIN_WORK, pack_var, unpack_var, width_plan
+    n = NOGIL_MIN_WORK + 3
+    vals = rand_ring(n)
+    buf = pack_uint(vals, width)
+    np.testing.assert_array_equal(buf, _pack_uint_numpy(vals, width))
+    np.testing.assert_array_equal(unpack_uint(buf, width, n), _unpack_uint_numpy(buf, width, n))
+    widths = np.where(np.arange(n) % 3 == 0, width, 7)
+    plan = width_plan(widths)
+    masks = (np.uint64(1) << widths.astype(np.uint64)) - np.uint64(1)
+    np.testing.assert_array_equal(unpack_var(pack_var(vals, plan), plan), vals & masks)

@@ -14,6 +14,8 @@ from typing import Callable
 
 import numpy as np
 
+from .. import ring
+
 
 def _thermo_kernel(a: np.ndarray, offs: np.ndarray, ks: np.ndarray, top: int,
                    out: np.ndarray) -> None:  # pragma: no cover
@@ -77,11 +79,13 @@ def _select_kernel(therm: np.ndarray, b: np.ndarray, offs: np.ndarray, ks: np.nd
 
 
 @functools.cache
-def _kernels() -> tuple[Callable[..., None], Callable[..., None]]:
-    import numba
+def _kernels() -> tuple[tuple[Callable[..., None], ...], ...]:
+    return ring.jit_pair(_thermo_kernel), ring.jit_pair(_select_kernel)
 
-    return (numba.njit(cache=True, nogil=True)(_thermo_kernel),
-            numba.njit(cache=True, nogil=True)(_select_kernel))
+
+def _kernel(i: int, n: int) -> Callable[..., None]:
+    """Kernel ``i`` for ``n`` elements (~40 multiply-adds' work per element)."""
+    return _kernels()[i][40 * n >= ring.NOGIL_MIN_WORK]
 
 
 def _block_arrays(blocks) -> tuple[np.ndarray, np.ndarray]:
@@ -94,7 +98,7 @@ def thermometer_planes(a: np.ndarray, blocks, top: int, words: int) -> np.ndarra
     offs, ks = _block_arrays(blocks)
     rows = int(sum((1 << k) - 1 for k in ks)) + 1
     out = np.zeros((rows, words), dtype=np.uint64)
-    _kernels()[0](np.ascontiguousarray(a), offs, ks, top, out)
+    _kernel(0, a.size)(np.ascontiguousarray(a), offs, ks, top, out)
     return out
 
 
@@ -103,6 +107,6 @@ def select_planes(therm: np.ndarray, b: np.ndarray, blocks, const_one: bool) -> 
     planes (:func:`thermometer_planes` rows, more rows or padding bits are ignored)."""
     offs, ks = _block_arrays(blocks)
     out = np.zeros((2 * offs.size - 1, therm.shape[1]), dtype=np.uint64)
-    _kernels()[1](np.ascontiguousarray(therm), np.ascontiguousarray(b), offs, ks,
+    _kernel(1, b.size)(np.ascontiguousarray(therm), np.ascontiguousarray(b), offs, ks,
                   bool(const_one), out)
     return out
