@@ -92,6 +92,13 @@ class Party:
         """Randomness shared with the party playing ``other_role`` (roles of one group)."""
         return self.rand(self._stream_to(my_role, other_role), shape, tag)
 
+    def rand_many(self, stream: str, items) -> list[np.ndarray]:
+        """Several draws ``(tag, shape)`` of one stream, equal to :meth:`rand` each."""
+        return self.prg.ring_many(stream, self.kop, items)
+
+    def rand_with_many(self, my_role: int, other_role: int, items) -> list[np.ndarray]:
+        return self.rand_many(self._stream_to(my_role, other_role), items)
+
     @staticmethod
     def _stream_to(my_role: int, other_role: int) -> str:
         d = (other_role - my_role) % 3

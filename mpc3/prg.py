@@ -55,20 +55,23 @@ ECB_MAX_BYTES = 1 << 14
 _ZEROS = bytes(1 << 20)
 
 
-def _ctr_fill(nonce: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover
-    """out (uint8, 16 * nblocks) = the big-endian 128-bit counters nonce + i."""
-    hi = np.uint64(0)
-    lo = np.uint64(0)
-    for k in range(8):
-        hi = (hi << np.uint64(8)) | np.uint64(nonce[k])
-        lo = (lo << np.uint64(8)) | np.uint64(nonce[8 + k])
-    for i in range(out.size // 16):
-        c = lo + np.uint64(i)
-        h = hi + np.uint64(1) if c < lo else hi            # carry (wraps mod 2^128)
+def _ctr_fill(nonces: np.ndarray, starts: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover
+    """Blocks starts[j] .. starts[j+1] - 1 of ``out`` (uint8, 16 bytes a block) = the
+    big-endian 128-bit counters nonces[j] + i (mod 2^128)."""
+    for j in range(nonces.shape[0]):
+        hi = np.uint64(0)
+        lo = np.uint64(0)
         for k in range(8):
-            sh = np.uint64(56 - 8 * k)
-            out[16 * i + k] = np.uint8((h >> sh) & np.uint64(0xFF))
-            out[16 * i + 8 + k] = np.uint8((c >> sh) & np.uint64(0xFF))
+            hi = (hi << np.uint64(8)) | np.uint64(nonces[j, k])
+            lo = (lo << np.uint64(8)) | np.uint64(nonces[j, 8 + k])
+        for i in range(starts[j + 1] - starts[j]):
+            c = lo + np.uint64(i)
+            h = hi + np.uint64(1) if c < lo else hi        # carry (wraps mod 2^128)
+            base = 16 * (starts[j] + i)
+            for k in range(8):
+                sh = np.uint64(56 - 8 * k)
+                out[base + k] = np.uint8((h >> sh) & np.uint64(0xFF))
+                out[base + 8 + k] = np.uint8((c >> sh) & np.uint64(0xFF))
 
 
 @functools.cache
@@ -80,7 +83,8 @@ def _ctr_fill_jit():
 def ctr_blocks(nonce: bytes, nblocks: int) -> np.ndarray:
     """The counter blocks CTR mode encrypts: nonce + i (128-bit big-endian, mod 2^128)."""
     out = np.empty(16 * nblocks, dtype=np.uint8)
-    _ctr_fill_jit()(np.frombuffer(nonce, dtype=np.uint8), out)
+    _ctr_fill_jit()(np.frombuffer(nonce, dtype=np.uint8).reshape(1, 16),
+                    np.array([0, nblocks], dtype=np.int64), out)
     return out
 
 
@@ -146,6 +150,40 @@ class PRG:
         else:
             _ctr_into(key, nonce, buf, nbytes)
         return buf[:nbytes]
+
+    def _keystreams(self, stream: str, nonces: list[bytes], sizes: list[int]) -> list:
+        """Several keystreams of one stream in one pass through the cipher: each equal to
+        ``_keystream(stream, nonce, nbytes)`` (its own counters, the tail of its last block
+        dropped), as views of one fresh buffer."""
+        nblocks = [-(-nb // 16) for nb in sizes]
+        total = sum(nblocks)
+        if 16 * total > ECB_MAX_BYTES:
+            return [self._keystream(stream, nc, nb) for nc, nb in zip(nonces, sizes)]
+        starts = np.zeros(len(sizes) + 1, dtype=np.int64)
+        np.cumsum(nblocks, out=starts[1:])
+        blocks = np.empty(16 * total, dtype=np.uint8)
+        _ctr_fill_jit()(np.frombuffer(b"".join(nonces), dtype=np.uint8).reshape(-1, 16),
+                        starts, blocks)
+        buf = np.empty(2 * total + 2, dtype=np.uint64).view(np.uint8)
+        with self._lock:
+            ecb = self._ecb.get(stream)
+            if ecb is None:
+                key = getattr(self, stream)
+                ecb = self._ecb[stream] = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
+            ecb.update_into(blocks, buf)
+        return [buf[16 * int(st):16 * int(st) + nb] for st, nb in zip(starts, sizes)]
+
+    def ring_many(self, stream: str, op: int, items) -> list[np.ndarray]:
+        """``[ring(stream, op, tag, shape) for tag, shape in items]``, one cipher call."""
+        shapes = [(s,) if isinstance(s, (int, np.integer)) else tuple(s) for _, s in items]
+        got = self._keystreams(stream, [_nonce(op, tag) for tag, _ in items],
+                               [8 * math.prod(s) for s in shapes])
+        return [g.view(np.uint64).reshape(s) for g, s in zip(got, shapes)]
+
+    def bytes_many(self, stream: str, op: int, items) -> list[np.ndarray]:
+        """``[bytes(stream, op, tag, nbytes) for tag, nbytes in items]``, one cipher call."""
+        return self._keystreams(stream, [_nonce(op, tag) for tag, _ in items],
+                                [int(nb) for _, nb in items])
 
     def ring(self, stream: str, op: int, tag: str, shape) -> np.ndarray:
         """Uniform uint64 array from ``stream`` for ``(op, tag)``."""

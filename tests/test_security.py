@@ -130,3 +130,20 @@ def test_deal_slots_fresh_and_uniform():
     x = np.arange(12, dtype=np.uint64).reshape(3, 4)
     s1, s2 = deal(x), deal(x)
     assert (reveal(s1) == x).all() and not np.array_equal(s1[0].a, s2[0].a)
+
+
+def test_prg_many_draws_equal_single_draws():
+    """ring_many/bytes_many (one cipher call for several tags) return exactly the arrays of
+    separate ring/bytes calls, also past the ECB threshold (then drawn one by one)."""
+    from mpc3.prg import ECB_MAX_BYTES
+    prg = PRG.for_job(b"s" * 32, b"t" * 32, b"u" * 32, job_id="many")
+    for shapes in ([1, 2, 3], [(2, 5), 7, (0,)], [ECB_MAX_BYTES // 8, 3], [4, 4, 4, 4]):
+        items = [(f"t{i}", s) for i, s in enumerate(shapes)]
+        got = prg.ring_many("next", 9, items)
+        for (tag, shape), g in zip(items, got):
+            want = prg.ring("next", 9, tag, shape)
+            assert g.shape == want.shape and g.dtype == np.uint64
+            assert np.array_equal(g, want)
+        sizes = [(f"b{i}", 8 * np.prod(s, dtype=int) + 3) for i, s in enumerate(shapes)]
+        for (tag, nb), g in zip(sizes, prg.bytes_many("prev", 4, sizes)):
+            assert g.tobytes() == prg.bytes("prev", 4, tag, nb).tobytes()

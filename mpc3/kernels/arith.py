@@ -376,11 +376,13 @@ def _trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None =
         if role == 0:
             A = (src.a[sl] + src.b[sl]) if from_rss else src[sl]
             sh, up, low, plan = per[g]
-            st["kappa"] = p.rand_with(0, 1, ng, f"kappa{g}")
+            if exact:
+                st["kappa"], rho = p.rand_with_many(0, 1, [(f"kappa{g}", ng), (f"rho{g}", ng)])
+            else:
+                st["kappa"] = p.rand_with(0, 1, ng, f"kappa{g}")
             st["U"] = shift(A, sh)
             msg = [st["U"] - st["kappa"]]
             if exact:
-                rho = p.rand_with(0, 1, ng, f"rho{g}")
                 msg.append(_pack_by_width(((A >> top) - rho) & low, plan))
             r1.send(PREV, *msg)                                  # to role 2
         else:
@@ -421,11 +423,10 @@ def _trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None =
                 r2.recv(NEXT, g, 1)
                 r2.recv(PREV, g, 1)
                 continue
-            nu1 = p.rand_with(role, 3 - role, ng, f"nu1{g}")
-            nu2 = p.rand_with(role, 3 - role, ng, f"nu2{g}")
+            nu1, nu2 = p.rand_with_many(role, 3 - role, [(f"nu1{g}", ng), (f"nu2{g}", ng)])
             st["W"] = st["W"] - ((nu1 + nu2) << up)
             if role == 1:
-                rho = p.rand_with(1, 0, ng, f"rho{g}")
+                st["kappa"], rho = p.rand_with_many(1, 0, [(f"kappa{g}", ng), (f"rho{g}", ng)])
                 x1 = (st["bt"] * rho + nu1) & low
                 st["x1"] = x1 << up
                 r2.send(PREV, _pack_by_width(x1, plan))
@@ -448,7 +449,7 @@ def _trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None =
             a_out[sl] = st["U"] - st["kappa"] + x2
             b_out[sl] = st["kappa"] + x1
         elif role == 1:
-            kappa = p.rand_with(1, 0, st["n"], f"kappa{g}")
+            kappa = st["kappa"] if exact else p.rand_with(1, 0, st["n"], f"kappa{g}")
             a_out[sl] = kappa + (st["x1"] if exact else 0)
             b_out[sl] = st["W"]
         else:

@@ -55,6 +55,12 @@ def random_planes(p: Party, stream: str, nplanes: int, nwords: int, tag: str) ->
     return raw.view(np.uint64).reshape(nplanes, nwords)
 
 
+def random_planes_many(p: Party, stream: str, nplanes: int, nwords: int, tags) -> list:
+    """:func:`random_planes` for several tags of one stream (same values, one cipher call)."""
+    raws = p.prg.bytes_many(stream, p.kop, [(t, 8 * nplanes * nwords) for t in tags])
+    return [raw.view(np.uint64).reshape(nplanes, nwords) for raw in raws]
+
+
 def and_local(p: Party, x: BShare, y: BShare, tag: str) -> np.ndarray:
     """This party's masked 3-out-of-3 share of x AND y (no communication)."""
     shape = x.a.shape

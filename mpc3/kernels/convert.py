@@ -38,7 +38,7 @@ from .arith import public_share
 from .base import Cost, Round, group_bounds, packed_bytes
 from .bitplanes import select_planes, thermometer_planes
 from .boolean import (and_bb, and_local, cost_and_bb, pack_planes, random_planes,
-                      unpack_planes)
+                      random_planes_many, unpack_planes)
 
 BLOCK = 3
 
@@ -123,8 +123,8 @@ def _leaves(p: Party, x: AShare, L: int, m: int) -> tuple[BShare, int]:
                 rho = random_planes(p, "prev", nrows, w, f"thermo{g}")
                 s["rho_top"] = rho[-1:]
                 u = select_planes(rho, b, blocks, const_one=False)
-                s["kappa"] = random_planes(p, "next", nconv, w, f"kappa{g}")
-                s["sigma"] = random_planes(p, "next", nconv, w, f"sigma{g}")
+                s["kappa"], s["sigma"] = random_planes_many(p, "next", nconv, w,
+                                                            (f"kappa{g}", f"sigma{g}"))
                 s["u"] = u ^ s["kappa"]
                 r1.send(PREV, pack_planes(s["u"], ng))               # to role 0
             else:
@@ -142,8 +142,8 @@ def _leaves(p: Party, x: AShare, L: int, m: int) -> tuple[BShare, int]:
             therm = unpack_planes(got[(NEXT, g)][0], ng)
             s["atop_masked"] = therm[-1:]
             u = select_planes(therm, s["b"], blocks, const_one=True)
-            s["kappa"] = random_planes(p, "prev", nconv, w, f"kappa{g}")
-            s["sigma"] = random_planes(p, "prev", nconv, w, f"sigma{g}")
+            s["kappa"], s["sigma"] = random_planes_many(p, "prev", nconv, w,
+                                                        (f"kappa{g}", f"sigma{g}"))
             s["u"] = u ^ s["kappa"] ^ s["sigma"]
             r2.send(NEXT, pack_planes(s["u"], ng))                   # to role 0
     got2 = r2.run()
@@ -264,8 +264,7 @@ def _inject(p: Party, x: AShare, bit, from_masked: bool) -> AShare:
             u = _bits_u64(e, ng)[col]
             A = x.a[sl] + x.b[sl]
             uA = u * A
-            rho1 = p.rand_with(0, 2, A.shape, f"r1{g}")
-            rho2 = p.rand_with(0, 2, A.shape, f"r2{g}")
+            rho1, rho2 = p.rand_with_many(0, 2, [(f"r1{g}", A.shape), (f"r2{g}", A.shape)])
             s["kappa"] = p.rand_with(0, 1, A.shape, f"k{g}")
             s["s0"] = uA - s["kappa"]
             r1.send(NEXT, A - uA - uA - rho1, np.broadcast_to(u, A.shape) - rho2)  # to role 1
@@ -296,8 +295,7 @@ def _inject(p: Party, x: AShare, bit, from_masked: bool) -> AShare:
         B = x.b[sl] if role == 1 else x.a[sl]
         shp = B.shape
         sB = B - beta * B - beta * B
-        tau1 = p.rand_with(role, 3 - role, shp, f"t1{g}")
-        tau2 = p.rand_with(role, 3 - role, shp, f"t2{g}")
+        tau1, tau2 = p.rand_with_many(role, 3 - role, [(f"t1{g}", shp), (f"t2{g}", shp)])
         s["s2"] = tau1 + tau2
         if role == 1:
             V, u = got[(PREV, g)]
@@ -306,8 +304,7 @@ def _inject(p: Party, x: AShare, bit, from_masked: bool) -> AShare:
             s["s1"] = kappa + y1
             r2.send(PREV, y1)
         else:
-            rho1 = p.rand_with(2, 0, shp, f"r1{g}")
-            rho2 = p.rand_with(2, 0, shp, f"r2{g}")
+            rho1, rho2 = p.rand_with_many(2, 0, [(f"r1{g}", shp), (f"r2{g}", shp)])
             y2 = beta * rho1 + rho2 * sB - tau2
             s["s0"] = got[(NEXT, g)][0] + y2
             r2.send(NEXT, y2)
