@@ -24,8 +24,11 @@ from .prg import PRG
 
 @dataclass
 class _Net:
-    links: dict[tuple[int, int], queue.Queue] = field(
-        default_factory=lambda: {(s, d): queue.Queue() for s in range(3) for d in range(3) if s != d})
+    # SimpleQueue: put/get in C (no Python Condition per message; a blocked get waits on one
+    # lock with the GIL released), the per-round cost of in-process parties
+    links: dict[tuple[int, int], queue.SimpleQueue] = field(
+        default_factory=lambda: {(s, d): queue.SimpleQueue() for s in range(3) for d in range(3)
+                                 if s != d})
     failed: threading.Event = field(default_factory=threading.Event)
     reason: list[str] = field(default_factory=list)
 
