@@ -159,11 +159,12 @@ class PRG:
         total = sum(nblocks)
         if 16 * total > ECB_MAX_BYTES:
             return [self._keystream(stream, nc, nb) for nc, nb in zip(nonces, sizes)]
-        starts = np.zeros(len(sizes) + 1, dtype=np.int64)
-        np.cumsum(nblocks, out=starts[1:])
+        starts = [0]
+        for nb in nblocks:
+            starts.append(starts[-1] + nb)
         blocks = np.empty(16 * total, dtype=np.uint8)
         _ctr_fill_jit()(np.frombuffer(b"".join(nonces), dtype=np.uint8).reshape(-1, 16),
-                        starts, blocks)
+                        np.array(starts, dtype=np.int64), blocks)
         buf = np.empty(2 * total + 2, dtype=np.uint64).view(np.uint8)
         with self._lock:
             ecb = self._ecb.get(stream)
@@ -171,7 +172,7 @@ class PRG:
                 key = getattr(self, stream)
                 ecb = self._ecb[stream] = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
             ecb.update_into(blocks, buf)
-        return [buf[16 * int(st):16 * int(st) + nb] for st, nb in zip(starts, sizes)]
+        return [buf[16 * st:16 * st + nb] for st, nb in zip(starts, sizes)]
 
     def ring_many(self, stream: str, op: int, items) -> list[np.ndarray]:
         """``[ring(stream, op, tag, shape) for tag, shape in items]``, one cipher call."""
