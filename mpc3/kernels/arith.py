@@ -323,10 +323,10 @@ def _group_shifts(bits, sl: slice):
     """(shift as int64, 64 - shift, low mask 2^shift - 1, width plan) of a group's elements:
     scalars when every element of the group shifts alike, else per-element arrays (cached
     by content: tables of per-element shifts recur)."""
+    if sl.stop == sl.start:                       # an empty group: nothing to shift or send
+        return np.int64(1), np.uint64(63), _ONE, 1
     if np.ndim(bits) != 0:
         arr = bits[sl]
-        if arr.size == 0:                         # an empty group: nothing to shift or send
-            return np.int64(1), np.uint64(63), _ONE, 1
         if (arr == arr[0]).all():
             bits = int(arr[0])
         else:
