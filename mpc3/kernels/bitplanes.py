@@ -46,36 +46,51 @@ def _select_kernel(therm: np.ndarray, b: np.ndarray, offs: np.ndarray, ks: np.nd
                    const_one: bool, out: np.ndarray) -> None:  # pragma: no cover
     """out (zeroed (2 nb - 1, words) uint64) = [G_0..G_{nb-1}, P_1..P_{nb-1}] with, for the
     code t extended by t_0 = const_one and t_{2^k} = 0, G_j = t[2^k - b_j] and
-    P_j = t[2^k - 1 - b_j] ^ G_j (t_v = therm row base_j + v - 1). One word at a time."""
-    one = np.uint64(1)
+    P_j = t[2^k - 1 - b_j] ^ G_j (t_v = therm row base_j + v - 1).
+
+    Bit-sliced, one word (64 elements) at a time: the bits of b are transposed into planes,
+    then [b_j = v] is a minterm of block j's planes and G_j = XOR_v [b_j = v] & t[2^k - v]."""
     nb = offs.size
-    nt = 0
+    nbits = 0
     for j in range(nb):
-        nt += (1 << ks[j]) - 1
-    col = np.zeros(nt, dtype=np.uint64)
-    acc = np.zeros(2 * nb - 1, dtype=np.uint64)
-    c0 = one if const_one else np.uint64(0)
-    for w in range(out.shape[1]):
-        for r in range(nt):
-            col[r] = therm[r, w]
-        acc[:] = 0
-        for e in range(64 * w, min(64 * w + 64, b.size)):
-            sh = np.uint64(e & 63)
+        nbits = max(nbits, offs[j] + ks[j])
+    bp = np.zeros(nbits, dtype=np.uint64)
+    ones = ~np.uint64(0)
+    c0 = ones if const_one else np.uint64(0)
+    nwords = out.shape[1]
+    for w in range(nwords):
+        bp[:] = 0
+        e0 = 64 * w
+        for e in range(e0, min(e0 + 64, b.size)):
             y = b[e]
-            r = 0
-            for j in range(nb):
-                size = 1 << ks[j]
-                bj = np.int64((y >> np.uint64(offs[j])) & np.uint64(size - 1))
-                gi = size - bj                               # 1 .. size
-                g = (col[r + gi - 1] >> sh) & one if gi < size else np.uint64(0)
-                acc[j] |= g << sh
-                if j > 0:
-                    pi = gi - 1                              # 0 .. size - 1
-                    t = c0 if pi == 0 else (col[r + pi - 1] >> sh) & one
-                    acc[nb + j - 1] |= (t ^ g) << sh
-                r += size - 1
-        for r in range(2 * nb - 1):
-            out[r, w] = acc[r]
+            sh = np.uint64(e - e0)
+            for i in range(nbits):
+                bp[i] |= ((y >> np.uint64(i)) & np.uint64(1)) << sh
+        r = 0
+        for j in range(nb):
+            k = ks[j]
+            size = 1 << k
+            g = np.uint64(0)
+            q = np.uint64(0)
+            for v in range(size):
+                mv = ones
+                for i in range(k):
+                    plane = bp[offs[j] + i]
+                    mv &= plane if (v >> i) & 1 else ~plane
+                gi = size - v                                # t index of G: 1 .. size
+                if gi < size:
+                    g ^= mv & therm[r + gi - 1, w]
+                pi = gi - 1                                  # t index of P's first term
+                q ^= mv & (c0 if pi == 0 else therm[r + pi - 1, w])
+            out[j, w] = g
+            if j > 0:
+                out[nb + j - 1, w] = q ^ g
+            r += size - 1
+        tail = b.size - e0
+        if tail < 64:                                        # padding bits stay zero
+            keep = (np.uint64(1) << np.uint64(tail)) - np.uint64(1) if tail > 0 else np.uint64(0)
+            for row in range(2 * nb - 1):
+                out[row, w] &= keep
 
 
 @functools.cache
