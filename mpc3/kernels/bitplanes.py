@@ -20,26 +20,37 @@ from .. import ring
 def _thermo_kernel(a: np.ndarray, offs: np.ndarray, ks: np.ndarray, top: int,
                    out: np.ndarray) -> None:  # pragma: no cover
     """out (zeroed (rows, words) uint64): rows [a_j >= v] (v = 1 .. 2^k_j - 1) per block, then
-    the bit ``top`` of a. One word (64 elements) at a time, its rows held in ``acc``."""
-    one = np.uint64(1)
+    the bit ``top`` of a. Bit-sliced per 64-element word: a's bits transposed into planes,
+    [a_j >= v] = OR of the minterms [a_j = u] for u >= v."""
+    nb = offs.size
+    nbits = top + 1
+    for j in range(nb):
+        nbits = max(nbits, offs[j] + ks[j])
+    ap = np.zeros(nbits, dtype=np.uint64)
+    ones = ~np.uint64(0)
     rows = out.shape[0]
-    acc = np.zeros(rows, dtype=np.uint64)
     for w in range(out.shape[1]):
-        acc[:] = 0
-        for e in range(64 * w, min(64 * w + 64, a.size)):
-            bit = one << np.uint64(e & 63)
+        ap[:] = 0
+        e0 = 64 * w
+        for e in range(e0, min(e0 + 64, a.size)):
             x = a[e]
-            r = 0
-            for j in range(offs.size):
-                size = 1 << ks[j]
-                v = np.int64((x >> np.uint64(offs[j])) & np.uint64(size - 1))
-                for t in range(size - 1):                    # branch-free: rows t < v
-                    acc[r + t] |= bit * np.uint64(t < v)
-                r += size - 1
-            if (x >> np.uint64(top)) & one:
-                acc[r] |= bit
-        for r in range(rows):
-            out[r, w] = acc[r]
+            sh = np.uint64(e - e0)
+            for i in range(nbits):
+                ap[i] |= ((x >> np.uint64(i)) & np.uint64(1)) << sh
+        r = 0
+        for j in range(nb):
+            k = ks[j]
+            size = 1 << k
+            acc = np.uint64(0)
+            for v in range(size - 1, 0, -1):               # rows v = size-1 .. 1
+                mv = ones
+                for i in range(k):
+                    plane = ap[offs[j] + i]
+                    mv &= plane if (v >> i) & 1 else ~plane
+                acc |= mv
+                out[r + v - 1, w] = acc
+            r += size - 1
+        out[rows - 1, w] = ap[top]
 
 
 def _select_kernel(therm: np.ndarray, b: np.ndarray, offs: np.ndarray, ks: np.ndarray,
