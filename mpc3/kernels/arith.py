@@ -40,6 +40,7 @@ from .. import ring
 from ..comm import NEXT, PREV
 from ..party import Party
 from ..shares import AShare
+from . import fused
 from .base import Cost, Round, group_bounds, packed_bytes
 
 OFFSET_BITS = 62          # exact truncation is exact for |x| < 2^62
@@ -402,12 +403,13 @@ def _trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None =
         role = st["role"]
         if role == 0:
             continue
-        if not from_rss:
-            st["B"] = st["z"] + got[(_dir(role, 3 - role), g)][0]
         sh, up, low, plan = per[g]
-        Bp = st["B"] + offset + low               # + 2^f - 1: unbiased rounding (module doc)
-        st["W"] = shift(Bp, sh) - (offset >> sh.view(np.uint64))
-        st["bt"] = Bp >> top
+        # W = ((B + offset + 2^f - 1) >>a f) - (offset >> f) (+ 2^f - 1: unbiased rounding,
+        # module doc), bt = top bit of B + offset + 2^f - 1, with B = z + the other's z
+        st["W"], st["bt"] = fused.pair_split(
+            st["B"] if from_rss else st["z"],
+            None if from_rss else got[(_dir(role, 3 - role), g)][0],
+            offset + low, sh, offset >> sh.view(np.uint64))
         if role == 2:
             msg = got[(NEXT, g)]
             st["s0"] = msg[0]
@@ -424,15 +426,14 @@ def _trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None =
                 r2.recv(PREV, g, 1)
                 continue
             nu1, nu2 = p.rand_with_many(role, 3 - role, [(f"nu1{g}", ng), (f"nu2{g}", ng)])
-            st["W"] = st["W"] - ((nu1 + nu2) << up)
+            # W -= (nu1 + nu2) << (64 - f); x = (b_t * r + nu_own) & (2^f - 1)
             if role == 1:
                 st["kappa"], rho = p.rand_with_many(1, 0, [(f"kappa{g}", ng), (f"rho{g}", ng)])
-                x1 = (st["bt"] * rho + nu1) & low
-                st["x1"] = x1 << up
+                x1, st["x1"] = fused.pair_round2(st["W"], st["bt"], rho, nu1, nu2, low, up)
                 r2.send(PREV, _pack_by_width(x1, plan))
             else:
-                x2 = (st["bt"] * st["at_rho"] + nu2) & low
-                st["s0"] = st["s0"] + (x2 << up)
+                x2, x2s = fused.pair_round2(st["W"], st["bt"], st["at_rho"], nu2, nu1, low, up)
+                st["s0"] = st["s0"] + x2s
                 r2.send(NEXT, _pack_by_width(x2, plan))
         got2 = r2.run()
 

@@ -1,0 +1,74 @@
+"""Compiled element loops of the pair side of truncation (:func:`mpc3.kernels.arith._trunc_split`).
+
+Each replaces a chain of numpy expressions (one pass and one temporary array per operator) by
+one pass; shifts, offsets and masks are arrays of one element (every element alike) or of
+one per element. Compiled lazily by numba (:func:`mpc3.ring.jit_pair`); tests compare them
+with the numpy expressions they replace.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import numpy as np
+
+from .. import ring
+
+
+def _split_kernel(z: np.ndarray, other: np.ndarray, add_low: np.ndarray, sh: np.ndarray,
+                  off_sh: np.ndarray, w_out: np.ndarray, bt_out: np.ndarray
+                  ) -> None:  # pragma: no cover
+    """B = z + other (other empty: B = z); Bp = B + add_low; W = (Bp >>a sh) - off_sh;
+    bt = Bp >> 63."""
+    n = z.size
+    has_other = other.size == n
+    for i in range(n):
+        b = z[i] + other[i] if has_other else z[i]
+        bp = b + add_low[i if add_low.size > 1 else 0]
+        s = sh[i if sh.size > 1 else 0]
+        w_out[i] = np.uint64(np.int64(bp) >> s) - off_sh[i if off_sh.size > 1 else 0]
+        bt_out[i] = bp >> np.uint64(63)
+
+
+def _round2_kernel(w: np.ndarray, bt: np.ndarray, r: np.ndarray, nu_own: np.ndarray,
+                   nu_other: np.ndarray, low: np.ndarray, up: np.ndarray, x_out: np.ndarray,
+                   xs_out: np.ndarray) -> None:  # pragma: no cover
+    """w -= (nu_own + nu_other) << up (in place); x = (bt * r + nu_own) & low;
+    xs = x << up."""
+    for i in range(w.size):
+        u = up[i if up.size > 1 else 0]
+        w[i] -= (nu_own[i] + nu_other[i]) << u
+        x = (bt[i] * r[i] + nu_own[i]) & low[i if low.size > 1 else 0]
+        x_out[i] = x
+        xs_out[i] = x << u
+
+
+@functools.cache
+def _kernels() -> tuple[tuple[Callable[..., None], ...], ...]:
+    return ring.jit_pair(_split_kernel), ring.jit_pair(_round2_kernel)
+
+
+def _arr(v, dtype) -> np.ndarray:
+    return np.ascontiguousarray(np.atleast_1d(np.asarray(v, dtype=dtype)))
+
+
+def pair_split(z: np.ndarray, other: np.ndarray | None, add_low, sh, off_sh):
+    """(W, bt) of the pair for its B = z (+ other): see :func:`_split_kernel`."""
+    n = z.size
+    w, bt = np.empty(n, dtype=np.uint64), np.empty(n, dtype=np.uint64)
+    _kernels()[0][n >= ring.NOGIL_MIN_WORK](
+        np.ascontiguousarray(z), np.empty(0, np.uint64) if other is None else
+        np.ascontiguousarray(other), _arr(add_low, np.uint64), _arr(sh, np.int64),
+        _arr(off_sh, np.uint64), w, bt)
+    return w, bt
+
+
+def pair_round2(w: np.ndarray, bt: np.ndarray, r: np.ndarray, nu_own: np.ndarray,
+                nu_other: np.ndarray, low, up):
+    """Updates ``w`` in place; returns (x, x << up): see :func:`_round2_kernel`."""
+    n = w.size
+    x, xs = np.empty(n, dtype=np.uint64), np.empty(n, dtype=np.uint64)
+    _kernels()[1][n >= ring.NOGIL_MIN_WORK](
+        w, np.ascontiguousarray(bt), np.ascontiguousarray(r), np.ascontiguousarray(nu_own),
+        np.ascontiguousarray(nu_other), _arr(low, np.uint64), _arr(up, np.uint64), x, xs)
+    return x, xs
