@@ -39,3 +39,30 @@ def test_pair_kernels_equal_numpy(n, per_element):
     want_x = (bt * r + nu1) & low
     np.testing.assert_array_equal(x, want_x)
     np.testing.assert_array_equal(xs, want_x << up)
+
+
+@pytest.mark.parametrize("n", [0, 1, 5, 1000, NOGIL_MIN_WORK + 1])
+@pytest.mark.parametrize("per_element", [False, True])
+def test_single_kernels_equal_numpy(n, per_element):
+    from mpc3.kernels.fused import single_final, single_split
+    if per_element:
+        f = RNG.integers(1, 62, n).astype(np.int64)
+        sh, up = f, np.uint64(64) - f.astype(np.uint64)
+        low = (np.uint64(1) << f.astype(np.uint64)) - np.uint64(1)
+    else:
+        sh, up, low = np.int64(18), np.uint64(46), np.uint64((1 << 18) - 1)
+    a, b, kappa, rho = _r(n), _r(n), _r(n), _r(n)
+    for bb in (None, b):
+        A = a if bb is None else a + bb
+        want_uk = (A.view(np.int64) >> sh).view(np.uint64) - kappa
+        uk, t = single_split(a, bb, kappa, rho, sh, low)
+        np.testing.assert_array_equal(uk, want_uk)
+        np.testing.assert_array_equal(t, ((A >> np.uint64(63)) - rho) & low)
+        uk2, t2 = single_split(a, bb, kappa, None, sh, low)
+        assert t2 is None and np.array_equal(uk2, want_uk)
+    x1, x2 = _r(n), _r(n)
+    out = np.zeros((2, n + 3), np.uint64)
+    single_final(uk, kappa, x1, x2, up, out[0, 1:n + 1], out[1, 1:n + 1])
+    np.testing.assert_array_equal(out[0, 1:n + 1], uk + (x2 << up))
+    np.testing.assert_array_equal(out[1, 1:n + 1], kappa + (x1 << up))
+    assert not out[:, 0].any() and not out[:, n + 1:].any()

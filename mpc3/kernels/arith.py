@@ -363,8 +363,6 @@ def _trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None =
         bits = np.broadcast_to(np.asarray(bits, dtype=np.int64), (n,))
     per = [_group_shifts(bits, sl) for sl in groups]
     offset = _u(1 << OFFSET_BITS) if exact else np.uint64(0)
-    top = np.uint64(63)
-    shift = lambda v, b: (v.view(np.int64) >> b).view(np.uint64)  # noqa: E731 (arithmetic)
 
     r1, state = Round(p), []
     if plain is not None:                       # masked 3-of-3 products reshared, same round
@@ -375,16 +373,18 @@ def _trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None =
         role, ng = p.role(g), sl.stop - sl.start
         st = {"role": role, "n": ng}
         if role == 0:
-            A = (src.a[sl] + src.b[sl]) if from_rss else src[sl]
             sh, up, low, plan = per[g]
             if exact:
                 st["kappa"], rho = p.rand_with_many(0, 1, [(f"kappa{g}", ng), (f"rho{g}", ng)])
             else:
-                st["kappa"] = p.rand_with(0, 1, ng, f"kappa{g}")
-            st["U"] = shift(A, sh)
-            msg = [st["U"] - st["kappa"]]
+                st["kappa"], rho = p.rand_with(0, 1, ng, f"kappa{g}"), None
+            # A = z (or x_g + x_{g+1}); Uk = (A >>a f) - kappa; t = (a_t - rho) mod 2^f
+            st["Uk"], t = fused.single_split(src.a[sl] if from_rss else src[sl],
+                                             src.b[sl] if from_rss else None,
+                                             st["kappa"], rho, sh, low)
+            msg = [st["Uk"]]
             if exact:
-                msg.append(_pack_by_width(((A >> top) - rho) & low, plan))
+                msg.append(_pack_by_width(t, plan))
             r1.send(PREV, *msg)                                  # to role 2
         else:
             other = _dir(role, 3 - role)                         # role 1 <-> role 2
@@ -443,12 +443,13 @@ def _trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None =
         role = st["role"]
         sh, up, low, plan = per[g]
         if role == 0:
-            x1 = x2 = np.uint64(0)
             if exact:
-                x1 = _unpack_by_width(got2[(NEXT, g)][0], plan, st["n"]) << up
-                x2 = _unpack_by_width(got2[(PREV, g)][0], plan, st["n"]) << up
-            a_out[sl] = st["U"] - st["kappa"] + x2
-            b_out[sl] = st["kappa"] + x1
+                fused.single_final(st["Uk"], st["kappa"],
+                                   _unpack_by_width(got2[(NEXT, g)][0], plan, st["n"]),
+                                   _unpack_by_width(got2[(PREV, g)][0], plan, st["n"]),
+                                   up, a_out[sl], b_out[sl])
+            else:
+                a_out[sl], b_out[sl] = st["Uk"], st["kappa"]
         elif role == 1:
             kappa = st["kappa"] if exact else p.rand_with(1, 0, st["n"], f"kappa{g}")
             a_out[sl] = kappa + (st["x1"] if exact else 0)

@@ -43,9 +43,34 @@ def _round2_kernel(w: np.ndarray, bt: np.ndarray, r: np.ndarray, nu_own: np.ndar
         xs_out[i] = x << u
 
 
+def _single_kernel(a: np.ndarray, b: np.ndarray, kappa: np.ndarray, rho: np.ndarray,
+                   sh: np.ndarray, low: np.ndarray, uk_out: np.ndarray,
+                   t_out: np.ndarray) -> None:  # pragma: no cover
+    """A = a + b (b empty: A = a); Uk = (A >>a sh) - kappa; t = ((A >> 63) - rho) & low
+    (t_out empty: not computed)."""
+    n = a.size
+    has_b = b.size == n
+    exact = t_out.size == n
+    for i in range(n):
+        x = a[i] + b[i] if has_b else a[i]
+        uk_out[i] = np.uint64(np.int64(x) >> sh[i if sh.size > 1 else 0]) - kappa[i]
+        if exact:
+            t_out[i] = ((x >> np.uint64(63)) - rho[i]) & low[i if low.size > 1 else 0]
+
+
+def _final_kernel(uk: np.ndarray, kappa: np.ndarray, x1: np.ndarray, x2: np.ndarray,
+                  up: np.ndarray, a_out: np.ndarray, b_out: np.ndarray) -> None:  # pragma: no cover
+    """a = Uk + (x2 << up); b = kappa + (x1 << up)."""
+    for i in range(uk.size):
+        u = up[i if up.size > 1 else 0]
+        a_out[i] = uk[i] + (x2[i] << u)
+        b_out[i] = kappa[i] + (x1[i] << u)
+
+
 @functools.cache
 def _kernels() -> tuple[tuple[Callable[..., None], ...], ...]:
-    return ring.jit_pair(_split_kernel), ring.jit_pair(_round2_kernel)
+    return tuple(ring.jit_pair(k) for k in
+                 (_split_kernel, _round2_kernel, _single_kernel, _final_kernel))
 
 
 def _arr(v, dtype) -> np.ndarray:
@@ -72,3 +97,25 @@ def pair_round2(w: np.ndarray, bt: np.ndarray, r: np.ndarray, nu_own: np.ndarray
         w, np.ascontiguousarray(bt), np.ascontiguousarray(r), np.ascontiguousarray(nu_own),
         np.ascontiguousarray(nu_other), _arr(low, np.uint64), _arr(up, np.uint64), x, xs)
     return x, xs
+
+
+def single_split(a: np.ndarray, b: np.ndarray | None, kappa: np.ndarray, rho, sh, low):
+    """(U - kappa, t) of the single (role 0) for A = a (+ b): see :func:`_single_kernel`;
+    ``rho`` None: prob mode, t is None."""
+    n = a.size
+    uk = np.empty(n, dtype=np.uint64)
+    t = np.empty(0 if rho is None else n, dtype=np.uint64)
+    empty = np.empty(0, np.uint64)
+    _kernels()[2][n >= ring.NOGIL_MIN_WORK](
+        np.ascontiguousarray(a), empty if b is None else np.ascontiguousarray(b),
+        np.ascontiguousarray(kappa), empty if rho is None else np.ascontiguousarray(rho),
+        _arr(sh, np.int64), _arr(low, np.uint64), uk, t)
+    return uk, (None if rho is None else t)
+
+
+def single_final(uk: np.ndarray, kappa: np.ndarray, x1: np.ndarray, x2: np.ndarray, up,
+                 a_out: np.ndarray, b_out: np.ndarray) -> None:
+    """a_out = Uk + (x2 << up), b_out = kappa + (x1 << up) (contiguous output views)."""
+    _kernels()[3][uk.size >= ring.NOGIL_MIN_WORK](
+        uk, np.ascontiguousarray(kappa), np.ascontiguousarray(x1), np.ascontiguousarray(x2),
+        _arr(up, np.uint64), a_out, b_out)
