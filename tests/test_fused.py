@@ -66,3 +66,31 @@ def test_single_kernels_equal_numpy(n, per_element):
     np.testing.assert_array_equal(out[0, 1:n + 1], uk + (x2 << up))
     np.testing.assert_array_equal(out[1, 1:n + 1], kappa + (x1 << up))
     assert not out[:, 0].any() and not out[:, n + 1:].any()
+
+
+@pytest.mark.parametrize("shape", [(0,), (1,), (7,), (5, 3), (NOGIL_MIN_WORK + 1,)])
+def test_inject_kernels_equal_numpy(shape):
+    from mpc3.kernels.fused import inject_pair, inject_single
+    rows = shape[0]
+    col = (slice(None),) + (None,) * (len(shape) - 1)
+    r = lambda: _r(int(np.prod(shape))).reshape(shape)  # noqa: E731
+    xa, xb, kappa, rho1, rho2 = r(), r(), r(), r(), r()
+    u = RNG.integers(0, 2, rows).astype(np.uint64)
+    A = xa + xb
+    uA = u[col] * A
+    m1, m2, s0 = inject_single(xa, xb, u, kappa, rho1, rho2)
+    np.testing.assert_array_equal(m1, A - uA - uA - rho1)
+    np.testing.assert_array_equal(m2, np.broadcast_to(u[col], shape) - rho2)
+    np.testing.assert_array_equal(s0, uA - kappa)
+    B, p1, p2, t1, t2, add = r(), r(), r(), r(), r(), r()
+    beta = RNG.integers(0, 2, rows).astype(np.uint64)
+    bb = beta[col]
+    sB = B - bb * B - bb * B
+    y, s, s2 = inject_pair(B, beta, p1, p2, t1, t2, add, True)
+    np.testing.assert_array_equal(y, bb * p1 + p2 * sB + bb * B - t1)
+    np.testing.assert_array_equal(s, add + y)
+    np.testing.assert_array_equal(s2, t1 + t2)
+    y, s, s2 = inject_pair(B, beta, p1, p2, t2, t1, add, False)
+    np.testing.assert_array_equal(y, bb * p1 + p2 * sB - t2)
+    np.testing.assert_array_equal(s, add + y)
+    np.testing.assert_array_equal(s2, t1 + t2)

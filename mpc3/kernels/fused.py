@@ -67,10 +67,47 @@ def _final_kernel(uk: np.ndarray, kappa: np.ndarray, x1: np.ndarray, x2: np.ndar
         b_out[i] = kappa[i] + (x1[i] << u)
 
 
+def _inject0_kernel(xa: np.ndarray, xb: np.ndarray, u: np.ndarray, kappa: np.ndarray,
+                    rho1: np.ndarray, rho2: np.ndarray, m1: np.ndarray, m2: np.ndarray,
+                    s0: np.ndarray) -> None:  # pragma: no cover
+    """Bit injection, role 0; element i belongs to row i // c (c = xa.size // u.size):
+    A = xa + xb, uA = u A; m1 = A - 2 uA - rho1, m2 = u - rho2, s0 = uA - kappa."""
+    c = xa.size // u.size if u.size else 1
+    for i in range(xa.size):
+        ui = u[i // c]
+        x = xa[i] + xb[i]
+        ua = ui * x
+        m1[i] = x - ua - ua - rho1[i]
+        m2[i] = ui - rho2[i]
+        s0[i] = ua - kappa[i]
+
+
+def _inject_pair_kernel(bv: np.ndarray, beta: np.ndarray, p1: np.ndarray, p2: np.ndarray,
+                        tau_own: np.ndarray, tau_other: np.ndarray, add: np.ndarray,
+                        role1: bool, y: np.ndarray, s: np.ndarray,
+                        s2: np.ndarray) -> None:  # pragma: no cover
+    """Bit injection, roles 1 and 2, with sB = B - 2 beta B (beta of row i // c):
+    role 1 (p1, p2 = V, u): y = beta V + u sB + beta B - tau_own;
+    role 2 (p1, p2 = rho1, rho2): y = beta rho1 + rho2 sB - tau_own;
+    s = add + y (kappa, or the received s0), s2 = tau_own + tau_other."""
+    c = bv.size // beta.size if beta.size else 1
+    for i in range(bv.size):
+        bt = beta[i // c]
+        b = bv[i]
+        sb = b - bt * b - bt * b
+        yi = bt * p1[i] + p2[i] * sb - tau_own[i]
+        if role1:
+            yi += bt * b
+        y[i] = yi
+        s[i] = add[i] + yi
+        s2[i] = tau_own[i] + tau_other[i]
+
+
 @functools.cache
 def _kernels() -> tuple[tuple[Callable[..., None], ...], ...]:
     return tuple(ring.jit_pair(k) for k in
-                 (_split_kernel, _round2_kernel, _single_kernel, _final_kernel))
+                 (_split_kernel, _round2_kernel, _single_kernel, _final_kernel,
+                  _inject0_kernel, _inject_pair_kernel))
 
 
 def _arr(v, dtype) -> np.ndarray:
@@ -119,3 +156,26 @@ def single_final(uk: np.ndarray, kappa: np.ndarray, x1: np.ndarray, x2: np.ndarr
     _kernels()[3][uk.size >= ring.NOGIL_MIN_WORK](
         uk, np.ascontiguousarray(kappa), np.ascontiguousarray(x1), np.ascontiguousarray(x2),
         _arr(up, np.uint64), a_out, b_out)
+
+
+def _flat(v: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(v).reshape(-1)
+
+
+def inject_single(xa, xb, u, kappa, rho1, rho2):
+    """(m1, m2, s0) of role 0, shaped like xa: see :func:`_inject0_kernel` (u: row bits)."""
+    shape, n = xa.shape, xa.size
+    m1, m2, s0 = (np.empty(n, dtype=np.uint64) for _ in range(3))
+    _kernels()[4][n >= ring.NOGIL_MIN_WORK](_flat(xa), _flat(xb), _flat(u), _flat(kappa),
+                                           _flat(rho1), _flat(rho2), m1, m2, s0)
+    return m1.reshape(shape), m2.reshape(shape), s0.reshape(shape)
+
+
+def inject_pair(bv, beta, p1, p2, tau_own, tau_other, add, role1: bool):
+    """(y, s, s2) of role 1 or 2, shaped like bv: see :func:`_inject_pair_kernel`."""
+    shape, n = bv.shape, bv.size
+    y, s, s2 = (np.empty(n, dtype=np.uint64) for _ in range(3))
+    _kernels()[5][n >= ring.NOGIL_MIN_WORK](
+        _flat(bv), _flat(beta), _flat(p1), _flat(p2), _flat(tau_own), _flat(tau_other),
+        _flat(add), bool(role1), y, s, s2)
+    return y.reshape(shape), s.reshape(shape), s2.reshape(shape)
