@@ -40,6 +40,7 @@ from .. import ring
 from ..comm import NEXT, PREV
 from ..party import Party
 from ..shares import AShare
+from . import fused
 from .base import Cost, Round, group_bounds, packed_bytes
 
 OFFSET_BITS = 62          # exact truncation is exact for |x| < 2^62
@@ -362,8 +363,6 @@ def _trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None =
         bits = np.broadcast_to(np.asarray(bits, dtype=np.int64), (n,))
     per = [_group_shifts(bits, sl) for sl in groups]
     offset = _u(1 << OFFSET_BITS) if exact else np.uint64(0)
-    top = np.uint64(63)
-    shift = lambda v, b: (v.view(np.int64) >> b).view(np.uint64)  # noqa: E731 (arithmetic)
 
     r1, state = Round(p), []
     if plain is not None:                       # masked 3-of-3 products reshared, same round
@@ -374,16 +373,18 @@ def _trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None =
         role, ng = p.role(g), sl.stop - sl.start
         st = {"role": role, "n": ng}
         if role == 0:
-            A = (src.a[sl] + src.b[sl]) if from_rss else src[sl]
             sh, up, low, plan = per[g]
             if exact:
                 st["kappa"], rho = p.rand_with_many(0, 1, [(f"kappa{g}", ng), (f"rho{g}", ng)])
             else:
-                st["kappa"] = p.rand_with(0, 1, ng, f"kappa{g}")
-            st["U"] = shift(A, sh)
-            msg = [st["U"] - st["kappa"]]
+                st["kappa"], rho = p.rand_with(0, 1, ng, f"kappa{g}"), None
+            # A = z (or x_g + x_{g+1}); Uk = (A >>a f) - kappa; t = (a_t - rho) mod 2^f
+            st["Uk"], t = fused.single_split(src.a[sl] if from_rss else src[sl],
+                                             src.b[sl] if from_rss else None,
+                                             st["kappa"], rho, sh, low)
+            msg = [st["Uk"]]
             if exact:
-                msg.append(_pack_by_width(((A >> top) - rho) & low, plan))
+                msg.append(_pack_by_width(t, plan))
             r1.send(PREV, *msg)                                  # to role 2
         else:
             other = _dir(role, 3 - role)                         # role 1 <-> role 2
@@ -402,12 +403,13 @@ def _trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None =
         role = st["role"]
         if role == 0:
             continue
-        if not from_rss:
-            st["B"] = st["z"] + got[(_dir(role, 3 - role), g)][0]
         sh, up, low, plan = per[g]
-        Bp = st["B"] + offset + low               # + 2^f - 1: unbiased rounding (module doc)
-        st["W"] = shift(Bp, sh) - (offset >> sh.view(np.uint64))
-        st["bt"] = Bp >> top
+        # W = ((B + offset + 2^f - 1) >>a f) - (offset >> f) (+ 2^f - 1: unbiased rounding,
+        # module doc), bt = top bit of B + offset + 2^f - 1, with B = z + the other's z
+        st["W"], st["bt"] = fused.pair_split(
+            st["B"] if from_rss else st["z"],
+            None if from_rss else got[(_dir(role, 3 - role), g)][0],
+            offset + low, sh, offset >> sh.view(np.uint64))
         if role == 2:
             msg = got[(NEXT, g)]
             st["s0"] = msg[0]
@@ -424,15 +426,14 @@ def _trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None =
                 r2.recv(PREV, g, 1)
                 continue
             nu1, nu2 = p.rand_with_many(role, 3 - role, [(f"nu1{g}", ng), (f"nu2{g}", ng)])
-            st["W"] = st["W"] - ((nu1 + nu2) << up)
+            # W -= (nu1 + nu2) << (64 - f); x = (b_t * r + nu_own) & (2^f - 1)
             if role == 1:
                 st["kappa"], rho = p.rand_with_many(1, 0, [(f"kappa{g}", ng), (f"rho{g}", ng)])
-                x1 = (st["bt"] * rho + nu1) & low
-                st["x1"] = x1 << up
+                x1, st["x1"] = fused.pair_round2(st["W"], st["bt"], rho, nu1, nu2, low, up)
                 r2.send(PREV, _pack_by_width(x1, plan))
             else:
-                x2 = (st["bt"] * st["at_rho"] + nu2) & low
-                st["s0"] = st["s0"] + (x2 << up)
+                x2, x2s = fused.pair_round2(st["W"], st["bt"], st["at_rho"], nu2, nu1, low, up)
+                st["s0"] = st["s0"] + x2s
                 r2.send(NEXT, _pack_by_width(x2, plan))
         got2 = r2.run()
 
@@ -442,12 +443,13 @@ def _trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None =
         role = st["role"]
         sh, up, low, plan = per[g]
         if role == 0:
-            x1 = x2 = np.uint64(0)
             if exact:
-                x1 = _unpack_by_width(got2[(NEXT, g)][0], plan, st["n"]) << up
-                x2 = _unpack_by_width(got2[(PREV, g)][0], plan, st["n"]) << up
-            a_out[sl] = st["U"] - st["kappa"] + x2
-            b_out[sl] = st["kappa"] + x1
+                fused.single_final(st["Uk"], st["kappa"],
+                                   _unpack_by_width(got2[(NEXT, g)][0], plan, st["n"]),
+                                   _unpack_by_width(got2[(PREV, g)][0], plan, st["n"]),
+                                   up, a_out[sl], b_out[sl])
+            else:
+                a_out[sl], b_out[sl] = st["Uk"], st["kappa"]
         elif role == 1:
             kappa = st["kappa"] if exact else p.rand_with(1, 0, st["n"], f"kappa{g}")
             a_out[sl] = kappa + (st["x1"] if exact else 0)

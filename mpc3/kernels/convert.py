@@ -35,6 +35,7 @@ from ..comm import NEXT, PREV
 from ..party import Party
 from ..shares import AShare, BShare, group_sizes, words
 from .arith import public_share
+from . import fused
 from .base import Cost, Round, group_bounds, packed_bytes
 from .bitplanes import select_planes, thermometer_planes
 from .boolean import (and_bb, and_local, cost_and_bb, pack_planes, random_planes,
@@ -254,20 +255,19 @@ def _inject(p: Party, x: AShare, bit, from_masked: bool) -> AShare:
 
     ``x`` has shape (n,) or (n, c): bit e multiplies the c values of row e."""
     n = x.shape[0]
-    col = (slice(None),) + (None,) * (x.a.ndim - 1)       # broadcast a row bit over columns
     r1, st = Round(p), []
     for g, (sl, wsl) in enumerate(zip(group_bounds(n), _word_bounds(n))):
         role, ng = p.role(g), sl.stop - sl.start
         s = {"role": role, "n": ng}
         if role == 0:
             e = bit[:, wsl] if from_masked else bit.a[:, wsl] ^ bit.b[:, wsl]
-            u = _bits_u64(e, ng)[col]
-            A = x.a[sl] + x.b[sl]
-            uA = u * A
-            rho1, rho2 = p.rand_with_many(0, 2, [(f"r1{g}", A.shape), (f"r2{g}", A.shape)])
-            s["kappa"] = p.rand_with(0, 1, A.shape, f"k{g}")
-            s["s0"] = uA - s["kappa"]
-            r1.send(NEXT, A - uA - uA - rho1, np.broadcast_to(u, A.shape) - rho2)  # to role 1
+            u = _bits_u64(e, ng)
+            shp = x.a[sl].shape
+            rho1, rho2 = p.rand_with_many(0, 2, [(f"r1{g}", shp), (f"r2{g}", shp)])
+            s["kappa"] = p.rand_with(0, 1, shp, f"k{g}")
+            # A = x_g + x_{g+1}: m1 = A - 2 u A - rho1, m2 = u - rho2, s0 = u A - kappa
+            m1, m2, s["s0"] = fused.inject_single(x.a[sl], x.b[sl], u, s["kappa"], rho1, rho2)
+            r1.send(NEXT, m1, m2)                                   # to role 1
             r1.send(PREV, s["s0"])                                  # to role 2
         else:
             other = NEXT if role == 1 else PREV
@@ -276,7 +276,7 @@ def _inject(p: Party, x: AShare, bit, from_masked: bool) -> AShare:
                 r1.send(other, pack_planes(s["e"], ng))
                 r1.recv(other, g, 1)
             else:
-                s["beta"] = _bits_u64((bit.b if role == 1 else bit.a)[:, wsl], ng)[col]
+                s["beta"] = _bits_u64((bit.b if role == 1 else bit.a)[:, wsl], ng)
             r1.recv(PREV if role == 1 else NEXT, g, 2 if role == 1 else 1)
         st.append(s)
     got = r1.run()
@@ -290,24 +290,22 @@ def _inject(p: Party, x: AShare, bit, from_masked: bool) -> AShare:
             continue
         other = NEXT if role == 1 else PREV
         if from_masked:
-            s["beta"] = _bits_u64(s["e"] ^ unpack_planes(got[(other, g)][0], ng), ng)[col]
-        beta = s["beta"]
+            s["beta"] = _bits_u64(s["e"] ^ unpack_planes(got[(other, g)][0], ng), ng)
+        beta = s["beta"]                                     # one bit per row
         B = x.b[sl] if role == 1 else x.a[sl]
         shp = B.shape
-        sB = B - beta * B - beta * B
         tau1, tau2 = p.rand_with_many(role, 3 - role, [(f"t1{g}", shp), (f"t2{g}", shp)])
-        s["s2"] = tau1 + tau2
+        # sB = B - 2 beta B; role 1: y = beta V + u sB + beta B - tau1, s1 = kappa + y;
+        # role 2: y = beta rho1 + rho2 sB - tau2, s0 = (u A - kappa) + y; s2 = tau1 + tau2
         if role == 1:
             V, u = got[(PREV, g)]
             kappa = p.rand_with(1, 0, shp, f"k{g}")
-            y1 = beta * V + u * sB + beta * B - tau1
-            s["s1"] = kappa + y1
-            r2.send(PREV, y1)
+            y, s["s1"], s["s2"] = fused.inject_pair(B, beta, V, u, tau1, tau2, kappa, True)
         else:
             rho1, rho2 = p.rand_with_many(2, 0, [(f"r1{g}", shp), (f"r2{g}", shp)])
-            y2 = beta * rho1 + rho2 * sB - tau2
-            s["s0"] = got[(NEXT, g)][0] + y2
-            r2.send(NEXT, y2)
+            y, s["s0"], s["s2"] = fused.inject_pair(B, beta, rho1, rho2, tau2, tau1,
+                                                    got[(NEXT, g)][0], False)
+        r2.send(PREV if role == 1 else NEXT, y)
     got2 = r2.run()
 
     a_out = np.empty(x.shape, dtype=np.uint64)

@@ -1,0 +1,181 @@
+"""Compiled element loops of the pair side of truncation (:func:`mpc3.kernels.arith._trunc_split`).
+
+Each replaces a chain of numpy expressions (one pass and one temporary array per operator) by
+one pass; shifts, offsets and masks are arrays of one element (every element alike) or of
+one per element. Compiled lazily by numba (:func:`mpc3.ring.jit_pair`); tests compare them
+with the numpy expressions they replace.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import numpy as np
+
+from .. import ring
+
+
+def _split_kernel(z: np.ndarray, other: np.ndarray, add_low: np.ndarray, sh: np.ndarray,
+                  off_sh: np.ndarray, w_out: np.ndarray, bt_out: np.ndarray
+                  ) -> None:  # pragma: no cover
+    """B = z + other (other empty: B = z); Bp = B + add_low; W = (Bp >>a sh) - off_sh;
+    bt = Bp >> 63."""
+    n = z.size
+    has_other = other.size == n
+    for i in range(n):
+        b = z[i] + other[i] if has_other else z[i]
+        bp = b + add_low[i if add_low.size > 1 else 0]
+        s = sh[i if sh.size > 1 else 0]
+        w_out[i] = np.uint64(np.int64(bp) >> s) - off_sh[i if off_sh.size > 1 else 0]
+        bt_out[i] = bp >> np.uint64(63)
+
+
+def _round2_kernel(w: np.ndarray, bt: np.ndarray, r: np.ndarray, nu_own: np.ndarray,
+                   nu_other: np.ndarray, low: np.ndarray, up: np.ndarray, x_out: np.ndarray,
+                   xs_out: np.ndarray) -> None:  # pragma: no cover
+    """w -= (nu_own + nu_other) << up (in place); x = (bt * r + nu_own) & low;
+    xs = x << up."""
+    for i in range(w.size):
+        u = up[i if up.size > 1 else 0]
+        w[i] -= (nu_own[i] + nu_other[i]) << u
+        x = (bt[i] * r[i] + nu_own[i]) & low[i if low.size > 1 else 0]
+        x_out[i] = x
+        xs_out[i] = x << u
+
+
+def _single_kernel(a: np.ndarray, b: np.ndarray, kappa: np.ndarray, rho: np.ndarray,
+                   sh: np.ndarray, low: np.ndarray, uk_out: np.ndarray,
+                   t_out: np.ndarray) -> None:  # pragma: no cover
+    """A = a + b (b empty: A = a); Uk = (A >>a sh) - kappa; t = ((A >> 63) - rho) & low
+    (t_out empty: not computed)."""
+    n = a.size
+    has_b = b.size == n
+    exact = t_out.size == n
+    for i in range(n):
+        x = a[i] + b[i] if has_b else a[i]
+        uk_out[i] = np.uint64(np.int64(x) >> sh[i if sh.size > 1 else 0]) - kappa[i]
+        if exact:
+            t_out[i] = ((x >> np.uint64(63)) - rho[i]) & low[i if low.size > 1 else 0]
+
+
+def _final_kernel(uk: np.ndarray, kappa: np.ndarray, x1: np.ndarray, x2: np.ndarray,
+                  up: np.ndarray, a_out: np.ndarray, b_out: np.ndarray) -> None:  # pragma: no cover
+    """a = Uk + (x2 << up); b = kappa + (x1 << up)."""
+    for i in range(uk.size):
+        u = up[i if up.size > 1 else 0]
+        a_out[i] = uk[i] + (x2[i] << u)
+        b_out[i] = kappa[i] + (x1[i] << u)
+
+
+def _inject0_kernel(xa: np.ndarray, xb: np.ndarray, u: np.ndarray, kappa: np.ndarray,
+                    rho1: np.ndarray, rho2: np.ndarray, m1: np.ndarray, m2: np.ndarray,
+                    s0: np.ndarray) -> None:  # pragma: no cover
+    """Bit injection, role 0; element i belongs to row i // c (c = xa.size // u.size):
+    A = xa + xb, uA = u A; m1 = A - 2 uA - rho1, m2 = u - rho2, s0 = uA - kappa."""
+    c = xa.size // u.size if u.size else 1
+    for i in range(xa.size):
+        ui = u[i // c]
+        x = xa[i] + xb[i]
+        ua = ui * x
+        m1[i] = x - ua - ua - rho1[i]
+        m2[i] = ui - rho2[i]
+        s0[i] = ua - kappa[i]
+
+
+def _inject_pair_kernel(bv: np.ndarray, beta: np.ndarray, p1: np.ndarray, p2: np.ndarray,
+                        tau_own: np.ndarray, tau_other: np.ndarray, add: np.ndarray,
+                        role1: bool, y: np.ndarray, s: np.ndarray,
+                        s2: np.ndarray) -> None:  # pragma: no cover
+    """Bit injection, roles 1 and 2, with sB = B - 2 beta B (beta of row i // c):
+    role 1 (p1, p2 = V, u): y = beta V + u sB + beta B - tau_own;
+    role 2 (p1, p2 = rho1, rho2): y = beta rho1 + rho2 sB - tau_own;
+    s = add + y (kappa, or the received s0), s2 = tau_own + tau_other."""
+    c = bv.size // beta.size if beta.size else 1
+    for i in range(bv.size):
+        bt = beta[i // c]
+        b = bv[i]
+        sb = b - bt * b - bt * b
+        yi = bt * p1[i] + p2[i] * sb - tau_own[i]
+        if role1:
+            yi += bt * b
+        y[i] = yi
+        s[i] = add[i] + yi
+        s2[i] = tau_own[i] + tau_other[i]
+
+
+@functools.cache
+def _kernels() -> tuple[tuple[Callable[..., None], ...], ...]:
+    return tuple(ring.jit_pair(k) for k in
+                 (_split_kernel, _round2_kernel, _single_kernel, _final_kernel,
+                  _inject0_kernel, _inject_pair_kernel))
+
+
+def _arr(v, dtype) -> np.ndarray:
+    return np.ascontiguousarray(np.atleast_1d(np.asarray(v, dtype=dtype)))
+
+
+def pair_split(z: np.ndarray, other: np.ndarray | None, add_low, sh, off_sh):
+    """(W, bt) of the pair for its B = z (+ other): see :func:`_split_kernel`."""
+    n = z.size
+    w, bt = np.empty(n, dtype=np.uint64), np.empty(n, dtype=np.uint64)
+    _kernels()[0][n >= ring.NOGIL_MIN_WORK](
+        np.ascontiguousarray(z), np.empty(0, np.uint64) if other is None else
+        np.ascontiguousarray(other), _arr(add_low, np.uint64), _arr(sh, np.int64),
+        _arr(off_sh, np.uint64), w, bt)
+    return w, bt
+
+
+def pair_round2(w: np.ndarray, bt: np.ndarray, r: np.ndarray, nu_own: np.ndarray,
+                nu_other: np.ndarray, low, up):
+    """Updates ``w`` in place; returns (x, x << up): see :func:`_round2_kernel`."""
+    n = w.size
+    x, xs = np.empty(n, dtype=np.uint64), np.empty(n, dtype=np.uint64)
+    _kernels()[1][n >= ring.NOGIL_MIN_WORK](
+        w, np.ascontiguousarray(bt), np.ascontiguousarray(r), np.ascontiguousarray(nu_own),
+        np.ascontiguousarray(nu_other), _arr(low, np.uint64), _arr(up, np.uint64), x, xs)
+    return x, xs
+
+
+def single_split(a: np.ndarray, b: np.ndarray | None, kappa: np.ndarray, rho, sh, low):
+    """(U - kappa, t) of the single (role 0) for A = a (+ b): see :func:`_single_kernel`;
+    ``rho`` None: prob mode, t is None."""
+    n = a.size
+    uk = np.empty(n, dtype=np.uint64)
+    t = np.empty(0 if rho is None else n, dtype=np.uint64)
+    empty = np.empty(0, np.uint64)
+    _kernels()[2][n >= ring.NOGIL_MIN_WORK](
+        np.ascontiguousarray(a), empty if b is None else np.ascontiguousarray(b),
+        np.ascontiguousarray(kappa), empty if rho is None else np.ascontiguousarray(rho),
+        _arr(sh, np.int64), _arr(low, np.uint64), uk, t)
+    return uk, (None if rho is None else t)
+
+
+def single_final(uk: np.ndarray, kappa: np.ndarray, x1: np.ndarray, x2: np.ndarray, up,
+                 a_out: np.ndarray, b_out: np.ndarray) -> None:
+    """a_out = Uk + (x2 << up), b_out = kappa + (x1 << up) (contiguous output views)."""
+    _kernels()[3][uk.size >= ring.NOGIL_MIN_WORK](
+        uk, np.ascontiguousarray(kappa), np.ascontiguousarray(x1), np.ascontiguousarray(x2),
+        _arr(up, np.uint64), a_out, b_out)
+
+
+def _flat(v: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(v).reshape(-1)
+
+
+def inject_single(xa, xb, u, kappa, rho1, rho2):
+    """(m1, m2, s0) of role 0, shaped like xa: see :func:`_inject0_kernel` (u: row bits)."""
+    shape, n = xa.shape, xa.size
+    m1, m2, s0 = (np.empty(n, dtype=np.uint64) for _ in range(3))
+    _kernels()[4][n >= ring.NOGIL_MIN_WORK](_flat(xa), _flat(xb), _flat(u), _flat(kappa),
+                                           _flat(rho1), _flat(rho2), m1, m2, s0)
+    return m1.reshape(shape), m2.reshape(shape), s0.reshape(shape)
+
+
+def inject_pair(bv, beta, p1, p2, tau_own, tau_other, add, role1: bool):
+    """(y, s, s2) of role 1 or 2, shaped like bv: see :func:`_inject_pair_kernel`."""
+    shape, n = bv.shape, bv.size
+    y, s, s2 = (np.empty(n, dtype=np.uint64) for _ in range(3))
+    _kernels()[5][n >= ring.NOGIL_MIN_WORK](
+        _flat(bv), _flat(beta), _flat(p1), _flat(p2), _flat(tau_own), _flat(tau_other),
+        _flat(add), bool(role1), y, s, s2)
+    return y.reshape(shape), s.reshape(shape), s2.reshape(shape)
