@@ -53,26 +53,12 @@ def project(p: Party, cfg: M.ModelConfig, w: dict, xq: AShare, xkv: AShare | Non
     """Q, K, V projections in one call; returns per-head (B,h,S,.) shares (None if not wanted)."""
     bits = p.cfg.frac + PROJ_EXTRA
     h = cfg.n_heads
-    if xkv is None and want_q and want_kv:
-        wcat = AShare.concat([w["wq_proj"], w["wk_proj"], w["wv_c"]], axis=1)
-        y = arith.matmul_aa(p, xq, wcat, trunc=bits)
-        nq = w["wq_proj"].shape[1]
-        q, k, v = y[..., :nq], y[..., nq:2 * nq], y[..., 2 * nq:]
-    else:
-        items = []
-        if want_q:
-            items.append((xq, w["wq_proj"], "matmul"))
-        if want_kv:
-            items.append((xq if xkv is None else xkv,
-                          AShare.concat([w["wk_proj"], w["wv_c"]], axis=1), "matmul"))
-        got = A.mul_many(p, items, trunc=bits)
-        q = got[0] if want_q else None
-        if want_kv:
-            kvp = got[-1]
-            nk = w["wk_proj"].shape[1]
-            k, v = kvp[..., :nk], kvp[..., nk:]
-        else:
-            k = v = None
+    src = xq if xkv is None else xkv
+    names = (["wq_proj"] if want_q else []) + (["wk_proj", "wv_c"] if want_kv else [])
+    # one product call, one reshare + truncation for all (no [W^Q|W^K|W^V] copy per call)
+    got = dict(zip(names, A.mul_many(p, [(xq if n == "wq_proj" else src, w[n], "matmul")
+                                         for n in names], trunc=bits)))
+    q, k, v = got.get("wq_proj"), got.get("wk_proj"), got.get("wv_c")
     sp = lambda t: None if t is None else split_heads(t, h)  # noqa: E731
     return sp(q), sp(k), sp(v)
 
