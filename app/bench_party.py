@@ -23,10 +23,13 @@ def main(argv=None) -> int:
     ap.add_argument("--id", type=int, required=True, choices=(0, 1, 2))
     ap.add_argument("--log-level", default="INFO")
     ap.add_argument("--insecure-plaintext-for-local-dev", dest="insecure", action="store_true")
+    ap.add_argument("--exit-with-parent", type=int, metavar="PID", default=None)
     a = ap.parse_args(argv)
     logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     cfg = config.load(a.config, insecure_flag=a.insecure)
+    from app.localcluster import exit_with_parent
+    exit_with_parent(a.exit_with_parent)
     return serve(cfg, a.id, benchmark_registry())
 
 

@@ -80,11 +80,35 @@ def write_config(d: Path, host: str = "127.0.0.1", base_port: int = 0,
 
 
 def party_argv(cfg_path: Path, n: int, bench: bool = False, insecure: bool = False,
-               log_level: str = "INFO") -> list[str]:
+               log_level: str = "INFO", tied: bool = False) -> list[str]:
     module = ["app.bench_party"] if bench else ["app.cli", "party"]
     argv = [sys.executable, "-m", *module, "--config", str(cfg_path), "--id", str(n),
             "--log-level", log_level]
-    return argv + ([INSECURE_FLAG] if insecure else [])
+    return argv + ([INSECURE_FLAG] if insecure else []) + \
+        (["--exit-with-parent", str(os.getpid())] if tied else [])
+
+
+def exit_with_parent(pid: int | None, poll_s: float = 1.0) -> None:
+    """Party side of ``tied``: SIGTERM ourselves (the normal shutdown) once process ``pid``,
+    the launcher, is gone - so a benchmark or demo killed hard (SIGKILL, the OOM killer)
+    leaves no orphaned parties behind. A cluster started by ``mpc3 cluster up`` is not tied:
+    it outlives its command by design."""
+    if pid is None:
+        return
+    import threading
+
+    def watch() -> None:
+        while True:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+            except PermissionError:
+                pass
+            time.sleep(poll_s)
+
+    threading.Thread(target=watch, daemon=True, name="mpc3-exit-with-parent").start()
 
 
 def _env() -> dict:
@@ -133,9 +157,12 @@ def wait_healthy(cfg: cconf.ClusterConfig, timeout: float, procs=None) -> list[s
 
 class LocalCluster:
     def __init__(self, directory, *, bench: bool = False, insecure: bool = False,
-                 log_level: str = "INFO", launch: Callable | None = None, **config) -> None:
+                 log_level: str = "INFO", launch: Callable | None = None, tied: bool = False,
+                 **config) -> None:
         """``config``: keyword arguments of :func:`write_config`; ``launch(n, argv, **popen)``
-        starts party ``n`` (default: a new session on this host)."""
+        starts party ``n`` (default: a new session on this host); ``tied``: the parties exit
+        when this process does (benchmarks, demos, tests), see :func:`exit_with_parent`."""
+        self.tied = tied
         self.dir = Path(directory).resolve()
         self.bench = bench
         self.insecure = insecure
@@ -181,7 +208,7 @@ class LocalCluster:
         return self
 
     def start_party(self, n: int) -> subprocess.Popen:
-        argv = party_argv(self.path, n, self.bench, self.insecure, self.log_level)
+        argv = party_argv(self.path, n, self.bench, self.insecure, self.log_level, self.tied)
         with open(self.dir / f"party-{n}.log", "ab") as log:
             kw = dict(stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                       env=_env(), cwd=str(REPO))

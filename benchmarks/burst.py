@@ -136,7 +136,7 @@ def main(argv=None) -> int:
     mcfg, w, user_t, vocab = TD.load_shipped()
     d = Path(tempfile.mkdtemp(prefix="mpc3-burst-"))
     from net import keys
-    c = LocalCluster(d, peer_timeout=30.0)
+    c = LocalCluster(d, peer_timeout=30.0, tied=True)
     keys_dir = d / "certs"
     c.start()
     try:

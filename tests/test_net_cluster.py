@@ -342,3 +342,41 @@ def test_killed_party_aborts_job_and_cluster_recovers(cluster):
         assert cluster.wait_healthy() == []
         y = u.run("sq", "linear", {"X": x}, params={"repeat": 2})["Y"]
     assert np.abs(y - x @ cluster.Wsq @ cluster.Wsq).max() < 1e-3
+
+
+def test_tied_parties_exit_when_their_launcher_is_killed(tmp_path):
+    """A benchmark/demo cluster (tied=True) leaves no orphans when its launcher dies hard
+    (SIGKILL, as the OOM killer does): each party notices and shuts down."""
+    script = (
+        "import sys, time\n"
+        "from app.localcluster import LocalCluster\n"
+        f"c = LocalCluster({str(tmp_path)!r}, tied=True, peer_timeout=5.0).start()\n"
+        "print(' '.join(str(p.pid) for p in c.procs), flush=True)\n"
+        "time.sleep(600)\n")
+    launcher = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                                text=True, cwd=str(Path(__file__).resolve().parents[1]))
+    try:
+        pids = [int(x) for x in launcher.stdout.readline().split()]
+        assert len(pids) == 3
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait(10)
+        deadline = time.monotonic() + 30
+        alive = pids
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.5)
+            alive = [p for p in pids if _alive(p)]
+        assert not alive, f"parties {alive} outlived their launcher"
+    finally:
+        launcher.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:                                    # a zombie (exited, not yet reaped) counts as gone
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False

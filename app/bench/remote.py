@@ -135,6 +135,7 @@ class RemoteCluster:
                                 "listen": f"0.0.0.0:{port}", "dial": self.emu.peers(n)})
             launch = lambda n, argv, **kw: self.emu.run_in(n, argv, **kw)  # noqa: E731
         self.cluster = LocalCluster(self.dir, bench=True, log_level="WARNING", launch=launch,
+                                    tied=True,
                                     parties=parties, peer_timeout=self.peer_timeout_s,
                                     job_timeout=self.job_timeout_s,
                                     limits={"running_jobs": 2})

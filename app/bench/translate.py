@@ -98,7 +98,7 @@ def run_translate(a) -> dict:
                 cluster.stop = lambda c=cluster: c.__exit__(None, None, None)
                 network = cluster.network
             else:
-                cluster = LocalCluster(tmp, peer_timeout=120.0).start()
+                cluster = LocalCluster(tmp, peer_timeout=120.0, tied=True).start()
             share_transformer(cluster.cfg, "bench", cfg, w, None, *cluster.creds("owner"),
                               user=user)
             qu = QueryUser(cluster.cfg, *cluster.creds("user"), rpc_timeout=120)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from net import keys
 
-from ..localcluster import LocalCluster
+from ..localcluster import LocalCluster, exit_with_parent
 from .common import add_client_creds, add_insecure, any_client, load
 
 
@@ -34,6 +34,8 @@ def register(sub) -> None:
     p.add_argument("--config", required=True)
     p.add_argument("--id", type=int, required=True, choices=(0, 1, 2))
     p.add_argument("--log-level", default="INFO")
+    p.add_argument("--exit-with-parent", type=int, metavar="PID", default=None,
+                   help="stop when process PID exits (set by benchmark and demo launchers)")
     add_insecure(p)
     p.set_defaults(func=_cmd_party)
 
@@ -82,6 +84,7 @@ def _cmd_party(args) -> int:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     cfg = load(args)
     from net.server import serve
+    exit_with_parent(args.exit_with_parent)
     return serve(cfg, args.id)
 
 

@@ -114,7 +114,7 @@ def demo_lm(args) -> int:
     nums = args.text or [str(int(n)) for n in TD.sample_numbers(64, 7, "test") if n < 10000]
     nums = nums[:args.inputs]
     t_start, d = time.perf_counter(), Path(tempfile.mkdtemp(prefix="mpc3-demo-lm-"))
-    cluster = LocalCluster(d, peer_timeout=15.0)
+    cluster = LocalCluster(d, peer_timeout=15.0, tied=True)
     agree = total = exact = 0
     try:
         say("mpc3 demo --model lm: secure generation with a decoder-only LM by three parties")

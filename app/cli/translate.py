@@ -131,7 +131,7 @@ def _cmd_demo(args) -> int:
     texts = args.text or demo_inputs(args.inputs)
     t_start = time.perf_counter()
     d = Path(tempfile.mkdtemp(prefix="mpc3-demo-"))
-    cluster = LocalCluster(d, peer_timeout=15.0)
+    cluster = LocalCluster(d, peer_timeout=15.0, tied=True)
     old_term = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         say("mpc3 demo: secure translation of digits to English words by three MPC parties")
