@@ -28,7 +28,7 @@ from typing import Callable
 
 import numpy as np
 
-from mpc3.kernels import arith, convert
+from mpc3.kernels import arith
 from mpc3.kernels.base import Cost
 from mpc3.party import Party
 from mpc3.shares import AShare
@@ -37,8 +37,8 @@ from . import attention as A
 from . import model as M
 from .ffn import cost_ffn, ffn
 from .layernorm import cost_layernorm, layernorm
-from .mha import features, finish, project
-from .secure_model import PROJ_EXTRA, sub
+from .mha import cost_features, cost_finish, cost_project, features, finish, project
+from .secure_model import sub
 
 
 @dataclass
@@ -192,14 +192,9 @@ def lm_step(p: Party, cfg: M.ModelConfig, shares: dict, state: LMState, y_t: ASh
 # -------------------------------------------------------------------- declared costs ----
 def _attn_io(p_cfg, cfg: M.ModelConfig, B: int, T: int) -> Cost:
     """Projections (Omega folded), ReLU features, 1/n rows and W^O of T new rows."""
-    f, mode = p_cfg.frac, p_cfg.trunc
     d, h, r = cfg.d_model, cfg.n_heads, cfg.n_features
-    cost = arith.cost_mul(B * T * (2 * h * r + d), f + PROJ_EXTRA, f, mode)
-    L, m = p_cfg.relu_drop_bits, f + p_cfg.relu_bound_bits - p_cfg.relu_drop_bits + 2
-    cost = cost + convert.cost_relu(B * h * 2 * T * r, L, m)
-    if cfg.attn_norm == "mean":
-        cost = cost + A.cost_scale_public(B * T * d, p_cfg, A.ROW_SCALE_EXTRA)
-    return cost + arith.cost_mul(B * T * d, True, f, mode)
+    return (cost_project(p_cfg, B * T * (2 * h * r + d)) + cost_features(p_cfg, B * h * 2 * T * r)
+            + cost_finish(p_cfg, cfg, B * T))
 
 
 def _rest(p_cfg, cfg: M.ModelConfig, rows_in: int, rows: int) -> Cost:

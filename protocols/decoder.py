@@ -28,7 +28,8 @@ from . import attention as A
 from . import model as M
 from .ffn import cost_ffn, ffn
 from .layernorm import cost_layernorm, layernorm
-from .mha import features, finish, mha, project, split_heads
+from .mha import (cost_features, cost_finish, cost_project, features, finish, mha, project,
+                  split_heads)
 from .secure_model import PROJ_EXTRA, sub
 
 
@@ -189,25 +190,15 @@ def cost_decoder_step(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int | No
     """Declared rounds and bytes per party of :func:`decoder_step` for the token at position
     ``t`` (t tokens already decoded; the self-attention cache state follows from t and
     ``block``). Rounds do not depend on t; bytes do, through the cache folding."""
-    from mpc3.kernels import convert
-    f, mode = p_cfg.frac, p_cfg.trunc
     d, h, r, dh = cfg.d_model, cfg.n_heads, cfg.n_features, cfg.d_head
     block = A.default_decode_block(r, dh) if block is None else int(block)
     nq = h * r if folded else d
-    relu_lm = (p_cfg.relu_drop_bits, f + p_cfg.relu_bound_bits - p_cfg.relu_drop_bits + 2)
-
-    def feats(n_rows: int) -> Cost:          # (omega matmul when unfolded) + one relu call
-        c = convert.cost_relu(B * h * n_rows * r, *relu_lm)
-        return c if folded else arith.cost_mul(B * h * n_rows * r, True, f, mode) + c
-
-    finish = arith.cost_mul(B * d, True, f, mode)
-    if cfg.attn_norm == "mean":
-        finish = A.cost_scale_public(B * d, p_cfg, A.ROW_SCALE_EXTRA) + finish
-    self_step = (arith.cost_mul(B * (2 * nq + d), f + PROJ_EXTRA, f, mode) + feats(2)
+    self_step = (cost_project(p_cfg, B * (2 * nq + d)) + cost_features(p_cfg, B * h * 2 * r, folded)
                  + A.cost_attention_step(p_cfg, B, h, r, dh, t % block, t >= block, block)
-                 + finish)
-    cross_step = (arith.cost_mul(B * nq, f + PROJ_EXTRA, f, mode) + feats(1)
-                  + arith.cost_mul(B * h * dh, True, f, mode) + finish)
+                 + cost_finish(p_cfg, cfg, B))
+    cross_step = (cost_project(p_cfg, B * nq) + cost_features(p_cfg, B * h * r, folded)
+                  + arith.cost_mul(B * h * dh, True, p_cfg.frac, p_cfg.trunc)
+                  + cost_finish(p_cfg, cfg, B))
     ln = cost_layernorm(p_cfg, B, d)
     layer = self_step + cross_step + cost_ffn(p_cfg, B, d, cfg.d_ff, cfg.ffn_act) + ln + ln + ln
     total = Cost(0, (0, 0, 0))

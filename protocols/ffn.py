@@ -45,8 +45,7 @@ def cost_activation(p_cfg, n: int, act: str):
     from mpc3.kernels import activations, convert
     from mpc3.kernels.base import Cost
     if act == "relu":
-        L = p_cfg.relu_drop_bits
-        return convert.cost_relu(n, L, p_cfg.frac + p_cfg.relu_bound_bits - L + 2)
+        return convert.cost_relu(n, *convert.window_for(p_cfg))
     if act == "gelu":
         return activations.cost_gelu(n, p_cfg)
     if act == "none":

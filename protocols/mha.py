@@ -76,6 +76,27 @@ def features(p: Party, cfg: M.ModelConfig, w: dict, q: AShare | None, k: AShare 
     return (next(it) if q is not None else None), (next(it) if k is not None else None)
 
 
+def cost_project(p_cfg, n_out: int):
+    """:func:`project` producing ``n_out`` elements (Q, K, V together)."""
+    return arith.cost_mul(n_out, p_cfg.frac + PROJ_EXTRA, p_cfg.frac, p_cfg.trunc)
+
+
+def cost_features(p_cfg, n: int, folded: bool = True):
+    """:func:`features` on ``n`` feature elements (Q' and K' together): the Omega product
+    when unfolded, then one relu_a."""
+    from mpc3.kernels import convert
+    relu = convert.cost_relu(n, *convert.window_for(p_cfg))
+    return relu if folded else arith.cost_mul(n, True, p_cfg.frac, p_cfg.trunc) + relu
+
+
+def cost_finish(p_cfg, cfg: M.ModelConfig, rows: int):
+    """:func:`finish` on ``rows`` query rows: the 1/n row scale ("mean"), then @ W^O."""
+    cost = arith.cost_mul(rows * cfg.d_model, True, p_cfg.frac, p_cfg.trunc)
+    if cfg.attn_norm == "mean":
+        cost = A.cost_scale_public(rows * cfg.d_model, p_cfg, A.ROW_SCALE_EXTRA) + cost
+    return cost
+
+
 def finish(p: Party, cfg: M.ModelConfig, w: dict, o: AShare, n_keys) -> AShare:
     """attn_norm "mean" row scaling (public 1/n_i), merge heads, @ W^O."""
     if cfg.attn_norm == "mean":
@@ -137,22 +158,15 @@ def cost_mha(p_cfg, cfg: M.ModelConfig, B: int, Sq: int, Sk: int | None = None,
              causal: bool = False, folded: bool = True, order: str = "auto",
              masked_form: str = "auto", block: int | None = None):
     """Declared rounds and bytes per party of :func:`mha` (self attention when Sk is None)."""
-    from mpc3.kernels import convert
-    f, mode = p_cfg.frac, p_cfg.trunc
     d, h, r, dh = cfg.d_model, cfg.n_heads, cfg.n_features, cfg.d_head
-    self_attn = Sk is None
-    Sk = Sq if self_attn else Sk
+    Sk = Sq if Sk is None else Sk
     if cfg.attention != M.PERFORMER:
-        return (arith.cost_mul(B * Sq * d + B * Sk * 2 * d, f + PROJ_EXTRA, f, mode)
+        return (cost_project(p_cfg, B * Sq * d + B * Sk * 2 * d)
                 + cost_heads(p_cfg, cfg.attention, B, h, Sq, Sk, dh, causal)
-                + arith.cost_mul(B * Sq * d, True, f, mode))
+                + arith.cost_mul(B * Sq * d, True, p_cfg.frac, p_cfg.trunc))
     nq = h * r if folded else d
-    proj = B * Sq * nq + B * Sk * (nq + d)
-    cost = arith.cost_mul(proj, f + PROJ_EXTRA, f, mode)
-    if not folded:
-        cost = cost + arith.cost_mul(B * h * (Sq + Sk) * r, True, f, mode)
-    relu_lm = (p_cfg.relu_drop_bits, f + p_cfg.relu_bound_bits - p_cfg.relu_drop_bits + 2)
-    cost = cost + convert.cost_relu(B * h * (Sq + Sk) * r, *relu_lm)
+    cost = (cost_project(p_cfg, B * Sq * nq + B * Sk * (nq + d))
+            + cost_features(p_cfg, B * h * (Sq + Sk) * r, folded))
     if causal:
         if masked_form == "qk":
             cost = cost + A.cost_masked_qk(p_cfg, B, h, Sq, r, dh)
@@ -160,6 +174,4 @@ def cost_mha(p_cfg, cfg: M.ModelConfig, B: int, Sq: int, Sk: int | None = None,
             cost = cost + A.cost_masked_vk(p_cfg, B, h, Sq, r, dh, block)
     else:
         cost = cost + A.cost_relu_attention(p_cfg, B, h, Sq, Sk, r, dh, order)
-    if cfg.attn_norm == "mean":
-        cost = cost + A.cost_scale_public(B * Sq * d, p_cfg, A.ROW_SCALE_EXTRA)
-    return cost + arith.cost_mul(B * Sq * d, True, f, mode)
+    return cost + cost_finish(p_cfg, cfg, B * Sq)
