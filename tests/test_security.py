@@ -147,12 +147,3 @@ def test_prg_many_draws_equal_single_draws():
         sizes = [(f"b{i}", 8 * np.prod(s, dtype=int) + 3) for i, s in enumerate(shapes)]
         for (tag, nb), g in zip(sizes, prg.bytes_many("prev", 4, sizes)):
             assert g.tobytes() == prg.bytes("prev", 4, tag, nb).tobytes()
-
-
-def test_retain_freed_memory_is_accepted():
-    """The allocator setting party processes may apply at start-up (mpc3.memory) is valid."""
-    import sys
-    from mpc3.memory import retain_freed_memory
-    ok = retain_freed_memory()
-    assert ok or not sys.platform.startswith("linux")
-    assert retain_freed_memory() == ok                       # idempotent
