@@ -12,11 +12,14 @@ elsewhere (e.g. inside emulated network namespaces, :mod:`app.bench.remote`).
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -269,3 +272,27 @@ class LocalCluster:
     def user(self, stem: str = "user", **kw):
         from net.client import QueryUser
         return QueryUser(self.cfg, *(() if self.insecure else self.creds(stem)), **kw)
+
+
+@contextlib.contextmanager
+def temporary_cluster(prefix: str, keep_dir: bool = False, **kw):
+    """A tied LocalCluster in a fresh temporary directory for one command (the demos):
+    started, yielded, stopped; SIGTERM ends it like Ctrl-C; the directory (certificates,
+    logs) is removed unless ``keep_dir``."""
+    d = Path(tempfile.mkdtemp(prefix=prefix))
+    cluster = LocalCluster(d, tied=True, **kw)
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    old_term = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+        cluster.stop()
+        if keep_dir:
+            print(f"cluster files kept in {d}", file=sys.stderr)
+        else:
+            shutil.rmtree(d, ignore_errors=True)

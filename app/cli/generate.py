@@ -94,18 +94,16 @@ def register(sub) -> None:
 def demo_lm(args) -> int:
     """``mpc3 demo --model lm``: a local cluster, the shipped LM shared by the owner, and
     held-out prompts "N = " continued securely, streamed, against the plaintext reference."""
-    import shutil
-    import tempfile
     import time
-    from pathlib import Path
 
     from net.client import QueryUser
     from protocols import model as M
     from protocols import textdata as TD
 
     from ..generate import ByteStream, LMClusterBackend, eos_of, generate
-    from ..localcluster import LocalCluster
+    from ..localcluster import temporary_cluster
     from ..owner import share_transformer
+    from ..translate import token_agreement
     say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, flush=True))
     if not TD.SHIPPED_LM.exists():
         raise FileNotFoundError(f"shipped LM {TD.SHIPPED_LM} is missing (reinstall)")
@@ -113,12 +111,9 @@ def demo_lm(args) -> int:
     eos = eos_of(mcfg)
     nums = args.text or [str(int(n)) for n in TD.sample_numbers(64, 7, "test") if n < 10000]
     nums = nums[:args.inputs]
-    t_start, d = time.perf_counter(), Path(tempfile.mkdtemp(prefix="mpc3-demo-lm-"))
-    cluster = LocalCluster(d, peer_timeout=15.0, tied=True)
-    agree = total = exact = 0
-    try:
-        say("mpc3 demo --model lm: secure generation with a decoder-only LM by three parties")
-        cluster.start()
+    t_start, pairs, exact = time.perf_counter(), [], 0
+    say("mpc3 demo --model lm: secure generation with a decoder-only LM by three parties")
+    with temporary_cluster("mpc3-demo-lm-", args.keep_dir, peer_timeout=15.0) as cluster:
         upload = share_transformer(cluster.cfg, "lm", mcfg, w, None, *cluster.creds("owner"),
                                    source=TD.SHIPPED_LM.name, user=user)
         say(f"model owner: shared the shipped LM ({w.n_params()} parameters, d_model "
@@ -140,19 +135,13 @@ def demo_lm(args) -> int:
                                on_token=show)
                 ref = M.greedy_generate(mcfg, w, user, [prompt], budget, eos=eos)[0]
                 got = res.tokens[0]
-                agree += sum(a == b for a, b in zip(got, ref)) if len(got) == len(ref) else 0
-                total += max(len(got), len(ref))
+                pairs.append((got, ref))
                 text = bytes(got).decode("utf-8", "replace")
                 exact += text == TD.number_to_words(int(n))
                 sys.stdout.write(stream.flush() + ("" if got == ref else
                                                    f"   (plaintext: {bytes(ref).decode()})")
                                  + "\n")
-        print(f"token agreement with the plaintext model: {agree}/{total}; correct words: "
-              f"{exact}/{len(nums)}; demo finished in {time.perf_counter() - t_start:.1f} s")
-        return 0 if agree == total else 1
-    finally:
-        cluster.stop()
-        if args.keep_dir:
-            print(f"cluster files kept in {d}", file=sys.stderr)
-        else:
-            shutil.rmtree(d, ignore_errors=True)
+    agree, total = token_agreement(pairs)
+    print(f"token agreement with the plaintext model: {agree}/{total}; correct words: "
+          f"{exact}/{len(nums)}; demo finished in {time.perf_counter() - t_start:.1f} s")
+    return 0 if agree == total else 1

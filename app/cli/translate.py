@@ -10,16 +10,12 @@ model file that holds them; they never leave this process.
 """
 from __future__ import annotations
 
-import shutil
-import signal
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 
-from ..localcluster import LocalCluster
+from ..localcluster import temporary_cluster
 from .common import add_client_creds, load
 
 DEMO_INPUTS = 5
@@ -130,15 +126,11 @@ def _cmd_demo(args) -> int:
     mcfg, w, user, vocab = TD.load_shipped()
     texts = args.text or demo_inputs(args.inputs)
     t_start = time.perf_counter()
-    d = Path(tempfile.mkdtemp(prefix="mpc3-demo-"))
-    cluster = LocalCluster(d, peer_timeout=15.0, tied=True)
-    old_term = signal.signal(signal.SIGTERM, _raise_interrupt)
-    try:
-        say("mpc3 demo: secure translation of digits to English words by three MPC parties")
-        t0 = time.perf_counter()
-        cluster.start()
+    say("mpc3 demo: secure translation of digits to English words by three MPC parties")
+    with temporary_cluster("mpc3-demo-", args.keep_dir, peer_timeout=15.0) as cluster:
         say(f"three parties up on {', '.join(p.address for p in cluster.cfg.parties)} "
-            f"(mTLS, certificates in {d / 'certs'}) in {time.perf_counter() - t0:.1f} s")
+            f"(mTLS, certificates in {cluster.dir / 'certs'}) in "
+            f"{time.perf_counter() - t_start:.1f} s")
         t0 = time.perf_counter()
         upload = share_transformer(cluster.cfg, "translator", mcfg, w, None,
                                    *cluster.creds("owner"), source=TD.SHIPPED_MODEL.name,
@@ -174,17 +166,6 @@ def _cmd_demo(args) -> int:
               "concurrently)")
         print(f"demo finished in {time.perf_counter() - t_start:.1f} s")
         return 0 if same == total else 1
-    finally:
-        signal.signal(signal.SIGTERM, old_term)
-        cluster.stop()
-        if args.keep_dir:
-            print(f"cluster files kept in {d}", file=sys.stderr)
-        else:
-            shutil.rmtree(d, ignore_errors=True)
-
-
-def _raise_interrupt(*_):
-    raise KeyboardInterrupt
 
 
 def register(sub) -> None:
