@@ -32,6 +32,13 @@ class Cost:
                     tuple(a + b for a, b in zip(self.bytes_per_party, other.bytes_per_party)))
 
     @staticmethod
+    def parallel(*costs: "Cost") -> "Cost":
+        """Branches run in shared rounds (:func:`mpc3.parallel.parallel`): the largest
+        branch's rounds, the sum of the bytes."""
+        return Cost(max(c.rounds for c in costs),
+                    tuple(sum(c.bytes_per_party[i] for c in costs) for i in range(3)))
+
+    @staticmethod
     def uniform(rounds: int, per_party: int) -> "Cost":
         return Cost(rounds, (per_party,) * 3)
 

@@ -57,6 +57,7 @@ import functools
 import numpy as np
 
 from .. import ring
+from ..parallel import parallel
 from ..party import Party
 from ..shares import AShare, BShare, bits_to_planes, planes_to_bits
 from . import arith, convert
@@ -143,10 +144,10 @@ def _init_guess(p: Party, x: AShare, power: float, per_octave: int, linear: bool
     """x^(-power) from one batched comparison against thresholds 2^(j/per_octave) and one
     injection: y0 = sum_j e_j * (a_j + b_j x) over the one-hot interval bits e_j.
 
-    The products b_j * x are formed for every interval before the comparison (public
-    scalings, one truncation round with a per-interval shift that keeps ~20 significant
-    bits); only the selected one survives the injection, so its error is that of a single
-    truncation. Without ``linear`` the table is the interval's geometric middle.
+    The products b_j * x are formed for every interval alongside the comparison (public
+    scalings, one truncation running in the comparison's rounds (:func:`mpc3.parallel.parallel`)
+    with a per-interval shift that keeps ~20 significant bits); only the selected one survives
+    the injection, so its error is that of a single truncation. Without ``linear`` the table is the interval's geometric middle.
     Cost: :func:`cost_init_guess`.
     """
     f = p.cfg.frac
@@ -154,15 +155,20 @@ def _init_guess(p: Party, x: AShare, power: float, per_octave: int, linear: bool
     k = exps.size
     flat = x.reshape(-1)
     rows = flat.size
-    if linear:
-        scaled = np.round(beta * 2.0 ** shifts)
-        wide = AShare(np.repeat(flat.a[:, None], k + 1, 1), np.repeat(flat.b[:, None], k + 1, 1))
-        prods = wide.scale(ring.from_signed(scaled.astype(np.int64))[None, :])
-        slope = arith.trunc_a(p, prods.reshape(-1), np.tile(shifts, rows)).reshape(rows, k + 1)
     diff = arith.add_public(p, AShare(np.repeat(flat.a[:, None], k, 1),
                                       np.repeat(flat.b[:, None], k, 1)),
-                            -ring.encode(2.0 ** exps, f)[None, :])
-    bits = _one_hot(p, convert.drelu_a(p, diff.reshape(-1), win=_window(f)), rows, k)
+                            -ring.encode(2.0 ** exps, f)[None, :]).reshape(-1)
+    compare = lambda q: convert.drelu_a(q, diff, win=_window(f))  # noqa: E731
+    if linear:           # the slope products do not depend on the comparison: shared rounds
+        scaled = np.round(beta * 2.0 ** shifts)
+        wide = AShare(np.repeat(flat.a[:, None], k + 1, 1), np.repeat(flat.b[:, None], k + 1, 1))
+        prods = wide.scale(ring.from_signed(scaled.astype(np.int64))[None, :]).reshape(-1)
+        slope, above = parallel(p, lambda q: arith.trunc_a(q, prods, np.tile(shifts, rows)),
+                                compare)
+        slope = slope.reshape(rows, k + 1)
+    else:
+        above = compare(p)
+    bits = _one_hot(p, above, rows, k)
     if not linear:
         values = arith.public_share(p, np.tile(ring.encode(alpha, f), rows))
     else:
@@ -180,10 +186,11 @@ def cost_init_guess(n: int, power: float, per_octave: int, linear: bool, frac: i
                     mode: str) -> Cost:
     exps, _, _, shifts = _table(power, per_octave, linear, frac, mode)
     k = exps.size
-    cost = convert.cost_drelu(n * k, *_window(frac)) + convert.cost_inject(n * (k + 1), False)
+    compare = convert.cost_drelu(n * k, *_window(frac))
     if linear:
-        cost = arith.cost_trunc_shifts(np.tile(shifts, n), mode, from_rss=True) + cost
-    return cost
+        compare = Cost.parallel(arith.cost_trunc_shifts(np.tile(shifts, n), mode, from_rss=True),
+                                compare)
+    return compare + convert.cost_inject(n * (k + 1), False)
 
 
 def _const(p: Party, x: AShare, c: float) -> AShare:
@@ -208,8 +215,8 @@ def sqrt_inv_a(p: Party, x: AShare, mode: str = "auto") -> AShare:
     """1/sqrt(x) for shared x in SQRT_INV_RANGE (Privformer Alg. 4, leak-free), same scale.
 
     mode "fast": sixteenth-octave thresholds with the best line per interval (rel. error
-    9e-5 plus fixed point), no Newton step: 10 rounds, ~37 KB per input. mode "lean": quarter-octave
-    thresholds, constant guess (4.4 %), two Newton steps: 16 rounds, ~7 KB per input.
+    9e-5 plus fixed point), no Newton step: 8 rounds, ~37 KB per input. mode "lean":
+    quarter-octave thresholds, constant guess (4.4 %), two Newton steps: 16 rounds, ~7 KB per input.
     "auto" picks "fast" for at most FAST_ROWS inputs (decoding steps) and "lean" otherwise
     (whole sequences). Newton step y <- y + y/2 - (x y)(y^2)/2 in two multiplication layers:
     x*y, y^2 (kept at frac + SQ_EXTRA bits) and y/2 in one call with per-element shifts,
@@ -256,7 +263,7 @@ def cost_sqrt_inv(n: int, mode: str, frac: int, trunc: str) -> Cost:
 def reciprocal_a(p: Party, x: AShare, iterations: int = 2) -> AShare:
     """1/x for shared x in RECIPROCAL_RANGE: leak-free half-octave linear initialisation
     (1.5 %) + Newton y <- y (2 - x y) twice. Error: RECIPROCAL_ERROR (for the default two
-    iterations). Cost: :func:`cost_reciprocal` (10 + 4 * iterations rounds)."""
+    iterations). Cost: :func:`cost_reciprocal` (8 + 4 * iterations rounds)."""
     y = _init_guess(p, x, 1.0, per_octave=2, linear=True)
     for _ in range(iterations):
         xy = arith.mul_aa(p, x, y)
