@@ -14,7 +14,7 @@ a new token costs O(1) in the prefix length (Eq. 15).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -26,8 +26,8 @@ from mpc3.shares import AShare
 
 from . import attention as A
 from . import model as M
-from .ffn import cost_ffn, ffn
-from .layernorm import cost_layernorm, layernorm
+from .ffn import cost_ffn_hidden, ffn, ffn_hidden
+from .layernorm import cost_layernorm, cost_layernorm_project, layernorm, layernorm_project
 from .mha import (cost_features, cost_finish, cost_project, features, finish, mha, project,
                   split_heads)
 from .secure_model import PROJ_EXTRA, sub
@@ -122,59 +122,236 @@ def decoder(p: Party, cfg: M.ModelConfig, shares: dict, y: AShare, enc: AShare,
     return x
 
 
+#: Which projections a decode step forms inside the LayerNorm before them (FUSIONS names
+#: them): each saves the projection's 2 rounds per layer and costs one truncated product per
+#: projection output (rs times x W) - ~0.37 MB per token of the Privformer workload for
+#: "ffn" or "cross" (W1: d_ff, cross W^Q: h r outputs), 0.88 MB for "self" (W^Q, W^K, W^V).
+#: The default keeps a token within 10 % of the bytes it had before fusion (issue 12);
+#: ("self", "cross", "ffn") gives the fewest rounds.
+FUSIONS = ("self", "cross", "ffn")
+DEFAULT_FUSE = ("ffn",)
+
+
+def ln_fusions(cfg: M.ModelConfig, fuse=DEFAULT_FUSE) -> dict[str, list[str]]:
+    """The LayerNorms of a decode step fused with the projection that reads them
+    (:func:`protocols.layernorm.layernorm_project`): ln prefix -> weight share names.
+    Post-LN: ln1 -> the cross attention's W^Q, ln2 -> the FFN's W1, ln3 -> the next layer's
+    W^Q, W^K, W^V (the last layer's ln3 is the output). Pre-LN: ln1 -> W^Q, W^K, W^V,
+    ln2 -> the cross W^Q, ln3 -> W1 (the final LayerNorm is the output). Only the kinds in
+    ``fuse`` (:data:`FUSIONS`)."""
+    unknown = set(fuse) - set(FUSIONS)
+    if unknown:
+        raise ValueError(f"decode fusions {sorted(unknown)} unknown (choose from {FUSIONS})")
+    L, out = cfg.n_dec_layers, {}
+    qkv = lambda i: [f"dec.{i}.self.{n}" for n in ("wq_proj", "wk_proj", "wv_c")]  # noqa: E731
+    for i in range(L):
+        pre = f"dec.{i}"
+        kinds = {"cross": [f"{pre}.cross.wq_proj"], "ffn": [f"{pre}.ffn.w1"]}
+        if cfg.norm_first:
+            kinds["self"] = qkv(i)
+            lns = {"self": "ln1", "cross": "ln2", "ffn": "ln3"}
+        else:
+            if i + 1 < L:
+                kinds["self"] = qkv(i + 1)
+            lns = {"cross": "ln1", "ffn": "ln2", "self": "ln3"}
+        for kind in fuse:
+            if kind in kinds:
+                out[f"{pre}.{lns[kind]}"] = kinds[kind]
+    return out
+
+
+def _proj_bits(p_cfg, name: str) -> int:
+    return p_cfg.frac + (0 if name.endswith(".w1") else PROJ_EXTRA)
+
+
+def _ln_bias(p: Party, cfg: M.ModelConfig, shares: dict, fuse=DEFAULT_FUSE
+             ) -> dict[tuple[str, str], AShare]:
+    """beta W (+ b1 for W1) of every fused (LayerNorm, projection): model constants formed once
+    per session, one kernel call."""
+    pairs = [(ln, w) for ln, ws in ln_fusions(cfg, fuse).items() for w in ws]
+    if not pairs:
+        return {}
+    got = arith.mul_many_aa(p, [(shares[f"{ln}.beta"].reshape(1, -1), shares[w], "matmul",
+                                 _proj_bits(p.cfg, w)) for ln, w in pairs])
+    out = {}
+    for (ln, w), v in zip(pairs, got):
+        v = v.reshape(-1)
+        if w.endswith(".w1"):
+            v = v + shares[w[:-len("w1")] + "b1"]
+        out[(ln, w)] = v
+    return out
+
+
+def cost_ln_bias(p_cfg, cfg: M.ModelConfig, folded: bool = True, fuse=DEFAULT_FUSE) -> Cost:
+    shifts = [np.full(_width(cfg, w, folded), _proj_bits(p_cfg, w))
+              for ws in ln_fusions(cfg, fuse).values() for w in ws]
+    return arith.cost_mul_many(np.concatenate(shifts), 0, p_cfg.trunc) if shifts else \
+        Cost(0, (0, 0, 0))
+
+
+def _width(cfg: M.ModelConfig, name: str, folded: bool = True) -> int:
+    if name.endswith(".w1"):
+        return cfg.d_ff
+    if name.endswith(".wv_c"):
+        return cfg.d_model
+    return cfg.n_heads * cfg.n_features if folded else cfg.d_model
+
+
 @dataclass
 class DecodeState:
-    """Secret incremental-decoding state of one party (shares only; t and n_enc are public)."""
+    """Secret incremental-decoding state of one party (shares only; t and n_enc are public).
+
+    ``cross_kv[i]``: K'^T V of layer i's cross attention, times 1/n_enc when attn_norm is
+    "mean" (the row scale of every step, applied once); ``ln_bias``: beta W of the fused
+    LayerNorm projections (:func:`ln_fusions` of ``fuse``)."""
 
     prefix: list[A.PrefixState]
     cross_kv: list[AShare]
     n_enc: int
+    ln_bias: dict = field(default_factory=dict)
+    fuse: tuple = DEFAULT_FUSE
     t: int = 0
 
     @staticmethod
     def start(p: Party, cfg: M.ModelConfig, shares: dict, enc: AShare,
-              block: int | None = None) -> "DecodeState":
-        """``block``: tokens cached before folding into G (:class:`attention.PrefixState`)."""
+              block: int | None = None, fuse=DEFAULT_FUSE) -> "DecodeState":
+        """``block``: tokens cached before folding into G (:class:`attention.PrefixState`).
+        Cost: :func:`cost_decode_start` (beyond :func:`cross_precompute`)."""
         B, S, _ = enc.shape
-        cross = cross_precompute(p, cfg, shares, enc, need_kv=True)
+        cross = [c.kv for c in cross_precompute(p, cfg, shares, enc, need_kv=True)]
+        if cfg.attn_norm == "mean" and cross:
+            kv = A.scale_public(p, AShare.concat([c.reshape(-1) for c in cross]), 1.0 / S,
+                                A.ROW_SCALE_EXTRA)
+            n = cross[0].size
+            cross = [kv[i * n:(i + 1) * n].reshape(c.shape) for i, c in enumerate(cross)]
         return DecodeState([A.PrefixState.empty(B, cfg.n_heads, cfg.n_features, cfg.d_head,
                                                 block) for _ in range(cfg.n_dec_layers)],
-                           [c.kv for c in cross], S)
+                           cross, S, _ln_bias(p, cfg, shares, fuse), tuple(fuse))
 
 
-def _self_step(p, cfg, w, x, st: A.PrefixState):
-    q, k, v = project(p, cfg, w, x, None)
+def cost_decode_start(p_cfg, cfg: M.ModelConfig, B: int, folded: bool = True,
+                      fuse=DEFAULT_FUSE) -> Cost:
+    """What :meth:`DecodeState.start` adds to :func:`cross_precompute`: the cross K'^T V row
+    scale (attn_norm "mean") and the fused LayerNorms' beta W."""
+    cost = cost_ln_bias(p_cfg, cfg, folded, fuse)
+    if cfg.attn_norm == "mean" and cfg.n_dec_layers:
+        n = cfg.n_dec_layers * B * cfg.n_heads * cfg.n_features * cfg.d_head
+        cost = A.cost_scale_public(n, p_cfg, A.ROW_SCALE_EXTRA) + cost
+    return cost
+
+
+def _ln_proj(p, cfg, shares, state, ln: str, x, want_y: bool, names: list[str]):
+    """LN ``ln`` of x and its projections ``names``: (y or None, {name: LN(x) W (+ b1)}),
+    fused (:func:`protocols.layernorm.layernorm_project`) when the state's fusions include
+    it, else the LayerNorm and then one product call."""
+    fused = ln_fusions(cfg, state.fuse).get(ln)
+    if fused is None:
+        y = _ln(p, cfg, shares, ln, x)
+        got = arith.mul_many_aa(p, [(y, shares[w], "matmul", _proj_bits(p.cfg, w))
+                                    for w in names])
+        return (y if want_y else None), {w: _plus_b1(shares, w, o) for w, o in zip(names, got)}
+    assert fused == names, (fused, names)
+    y, outs = layernorm_project(p, x, shares[f"{ln}.gamma"], shares[f"{ln}.beta"], cfg.ln_eps,
+                                [(shares[w], _proj_bits(p.cfg, w)) for w in names], want_y)
+    return y, {w: o + _bcast_row(state.ln_bias[(ln, w)], o.shape) for w, o in zip(names, outs)}
+
+
+def _plus_b1(shares, name: str, o: AShare) -> AShare:
+    return o + _bcast_row(shares[name[:-len("w1")] + "b1"], o.shape) if name.endswith(".w1") \
+        else o
+
+
+def _cost_ln_proj(p_cfg, cfg, B: int, ln: str, names: list[str], want_y: bool, folded: bool,
+                  fuse) -> Cost:
+    outs = [(_width(cfg, w, folded), _proj_bits(p_cfg, w)) for w in names]
+    if ln in ln_fusions(cfg, fuse):
+        return cost_layernorm_project(p_cfg, B, cfg.d_model, outs, want_y)
+    shifts = np.concatenate([np.full(B * n, bits) for n, bits in outs])
+    return cost_layernorm(p_cfg, B, cfg.d_model) + arith.cost_mul_many(shifts, 0, p_cfg.trunc)
+
+
+def _bcast_row(v: AShare, shape) -> AShare:
+    return AShare(np.broadcast_to(v.a, shape).copy(), np.broadcast_to(v.b, shape).copy())
+
+
+def _self_step(p, cfg, w, q, k, v, st: A.PrefixState):
     qf, kf = features(p, cfg, w, q, k)
     o = A.attention_step(p, st, qf, kf, v)
     return finish(p, cfg, w, o, [st.t])
 
 
-def _cross_step(p, cfg, w, x, kv, n_enc):
-    q, _, _ = project(p, cfg, w, x, None, want_q=True, want_kv=False)
+def _cross_step(p, cfg, w, q, kv):
+    """The cross attention of one token from its projection q; kv carries 1/n_enc."""
     qf, _ = features(p, cfg, w, q, None)
-    return finish(p, cfg, w, A.cross_attention_step(p, qf, kv), [n_enc])
+    return finish(p, cfg, w, A.cross_attention_step(p, qf, kv), None)
+
+
+def _heads(cfg, got: dict, layer: str):
+    return [split_heads(got[f"{layer}.self.{n}"], cfg.n_heads)
+            for n in ("wq_proj", "wk_proj", "wv_c")]
+
+
+def _names(layer: int) -> dict[str, list[str]]:
+    pre = f"dec.{layer}"
+    return {"self": [f"{pre}.self.{n}" for n in ("wq_proj", "wk_proj", "wv_c")],
+            "cross": [f"{pre}.cross.wq_proj"], "ffn": [f"{pre}.ffn.w1"]}
+
+
+def _plan(cfg: M.ModelConfig, i: int) -> list[tuple[str, str | None, int]]:
+    """Layer i's three LayerNorms in order: (ln prefix, projection kind read from it, layer of
+    that projection); post-LN: ln1 -> cross, ln2 -> ffn, ln3 -> the next layer's self
+    (none after the last layer); pre-LN: ln1 -> self, ln2 -> cross, ln3 -> ffn."""
+    pre = f"dec.{i}"
+    if cfg.norm_first:
+        return [(f"{pre}.ln1", "self", i), (f"{pre}.ln2", "cross", i), (f"{pre}.ln3", "ffn", i)]
+    last = i + 1 == cfg.n_dec_layers
+    return [(f"{pre}.ln1", "cross", i), (f"{pre}.ln2", "ffn", i),
+            (f"{pre}.ln3", None if last else "self", i + 1)]
 
 
 def decoder_step(p: Party, cfg: M.ModelConfig, shares: dict, state: DecodeState,
                  y_t: AShare, on_layer: Callable[[str], None] | None = None) -> AShare:
     """One token: y_t (B, d) at position state.t -> (B, d); == model.ref_decoder_step.
-    ``on_layer(name)`` is called after each layer (``dec.i``, ``dec.final_ln``)."""
+    The LayerNorms of ``state.fuse`` run fused with the projection after them
+    (:func:`ln_fusions`). ``on_layer(name)`` is called after each layer (``dec.i``,
+    ``dec.final_ln``)."""
     if len(y_t.shape) != 2 or y_t.shape[-1] != cfg.d_model:
         raise ValueError(f"decoder step input must be (B, {cfg.d_model}), got {y_t.shape}")
     B = y_t.shape[0]
     x = y_t.reshape(B, 1, cfg.d_model)
+    post = not cfg.norm_first
+    got = {}
+    if post and cfg.n_dec_layers:                  # the first layer projects its own input
+        got = dict(zip(_names(0)["self"], arith.mul_many_aa(
+            p, [(x, shares[w], "matmul", _proj_bits(p.cfg, w)) for w in _names(0)["self"]])))
     for i in range(cfg.n_dec_layers):
         pre = f"dec.{i}"
         ws, wc, wf = sub(shares, f"{pre}.self"), sub(shares, f"{pre}.cross"), sub(shares, f"{pre}.ffn")
-        st, kv = state.prefix[i], state.cross_kv[i]
-        if cfg.norm_first:
-            x = x + _self_step(p, cfg, ws, _ln(p, cfg, shares, f"{pre}.ln1", x), st)
-            x = x + _cross_step(p, cfg, wc, _ln(p, cfg, shares, f"{pre}.ln2", x), kv, state.n_enc)
-            x = x + ffn(p, wf, _ln(p, cfg, shares, f"{pre}.ln3", x), cfg.ffn_act)
-        else:
-            x = _ln(p, cfg, shares, f"{pre}.ln1", x + _self_step(p, cfg, ws, x, st))
-            x = _ln(p, cfg, shares, f"{pre}.ln2", x + _cross_step(p, cfg, wc, x, kv, state.n_enc))
-            x = _ln(p, cfg, shares, f"{pre}.ln3", x + ffn(p, wf, x, cfg.ffn_act))
+        st, kv, names = state.prefix[i], state.cross_kv[i], _names(i)
+        plan = iter(_plan(cfg, i))
+
+        def through_ln(x):
+            ln, kind, j = next(plan)
+            if kind is None:
+                return _ln(p, cfg, shares, ln, x), {}
+            return _ln_proj(p, cfg, shares, state, ln, x, post, _names(j)[kind])
+
+        def sublayer(kind, got):
+            if kind == "self":
+                qkv = [split_heads(got[w], cfg.n_heads) for w in names["self"]]
+                return _self_step(p, cfg, ws, *qkv, st)
+            if kind == "cross":
+                return _cross_step(p, cfg, wc, split_heads(got[names["cross"][0]], cfg.n_heads),
+                                   kv)
+            return ffn_hidden(p, wf, got[names["ffn"][0]], cfg.ffn_act)
+
+        for kind in ("self", "cross", "ffn"):
+            if post:                # x = LN(x + sublayer(x)); LN forms the next projection
+                y, got = through_ln(x + sublayer(kind, got))
+                x = y
+            else:                   # x = x + sublayer(LN(x))
+                _, got = through_ln(x)
+                x = x + sublayer(kind, got)
         if on_layer is not None:
             on_layer(pre)
     if cfg.norm_first and cfg.n_dec_layers:
@@ -186,22 +363,29 @@ def decoder_step(p: Party, cfg: M.ModelConfig, shares: dict, state: DecodeState,
 
 
 def cost_decoder_step(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int | None = None,
-                      folded: bool = True) -> Cost:
+                      folded: bool = True, fuse=DEFAULT_FUSE) -> Cost:
     """Declared rounds and bytes per party of :func:`decoder_step` for the token at position
     ``t`` (t tokens already decoded; the self-attention cache state follows from t and
-    ``block``). Rounds do not depend on t; bytes do, through the cache folding."""
-    d, h, r, dh = cfg.d_model, cfg.n_heads, cfg.n_features, cfg.d_head
+    ``block``) with the LayerNorm fusions ``fuse``. Rounds do not depend on t; bytes do,
+    through the cache folding."""
+    d, h, r, dh, L = cfg.d_model, cfg.n_heads, cfg.n_features, cfg.d_head, cfg.n_dec_layers
     block = A.default_decode_block(r, dh) if block is None else int(block)
     nq = h * r if folded else d
-    self_step = (cost_project(p_cfg, B * (2 * nq + d)) + cost_features(p_cfg, B * h * 2 * r, folded)
-                 + A.cost_attention_step(p_cfg, B, h, r, dh, t % block, t >= block, block)
-                 + cost_finish(p_cfg, cfg, B))
-    cross_step = (cost_project(p_cfg, B * nq) + cost_features(p_cfg, B * h * r, folded)
-                  + arith.cost_mul(B * h * dh, True, p_cfg.frac, p_cfg.trunc)
-                  + cost_finish(p_cfg, cfg, B))
-    ln = cost_layernorm(p_cfg, B, d)
-    layer = self_step + cross_step + cost_ffn(p_cfg, B, d, cfg.d_ff, cfg.ffn_act) + ln + ln + ln
-    total = Cost(0, (0, 0, 0))
-    for _ in range(cfg.n_dec_layers):
-        total = total + layer
-    return total + ln if cfg.norm_first and cfg.n_dec_layers else total
+    core = {"self": (cost_features(p_cfg, B * h * 2 * r, folded)
+                     + A.cost_attention_step(p_cfg, B, h, r, dh, t % block, t >= block, block)
+                     + cost_finish(p_cfg, cfg, B)),
+            "cross": (cost_features(p_cfg, B * h * r, folded)
+                      + arith.cost_mul(B * h * dh, True, p_cfg.frac, p_cfg.trunc)
+                      + cost_finish(p_cfg, cfg, B, row_scale=False)),
+            "ffn": cost_ffn_hidden(p_cfg, B, d, cfg.d_ff, cfg.ffn_act)}
+    post = not cfg.norm_first
+    total = cost_project(p_cfg, B * (2 * nq + d)) if post and L else Cost(0, (0, 0, 0))
+    for i in range(L):
+        for ln, kind, j in _plan(cfg, i):
+            if kind is None:
+                total = total + cost_layernorm(p_cfg, B, d)
+            else:
+                total = total + _cost_ln_proj(p_cfg, cfg, B, ln, _names(j)[kind], post, folded,
+                                              fuse)
+        total = total + core["self"] + core["cross"] + core["ffn"]
+    return total + cost_layernorm(p_cfg, B, d) if cfg.norm_first and L else total

@@ -37,7 +37,12 @@ def ffn(p: Party, w: dict, x: AShare, act: str = "relu") -> AShare:
     ``act``: ModelConfig.ffn_act."""
     if x.shape[-1] != w["w1"].shape[0]:
         raise ValueError(f"ffn: input width {x.shape[-1]} != d_model {w['w1'].shape[0]}")
-    hid = _add(arith.matmul_aa(p, x, w["w1"]), w["b1"])
+    return ffn_hidden(p, w, _add(arith.matmul_aa(p, x, w["w1"]), w["b1"]), act)
+
+
+def ffn_hidden(p: Party, w: dict, hid: AShare, act: str = "relu") -> AShare:
+    """The FFN after its first layer: act(hid) W2 + b2 for ``hid = x W1 + b1`` (a decode
+    step forms hid inside a LayerNorm: :func:`protocols.layernorm.layernorm_project`)."""
     return _add(arith.matmul_aa(p, activation(p, hid, act), w["w2"]), w["b2"])
 
 
@@ -55,6 +60,11 @@ def cost_activation(p_cfg, n: int, act: str):
 
 def cost_ffn(p_cfg, rows: int, d_model: int, d_ff: int, act: str = "relu"):
     """Declared rounds and bytes per party of :func:`ffn` on ``rows`` input rows (B*S)."""
-    f, mode = p_cfg.frac, p_cfg.trunc
-    return (arith.cost_mul(rows * d_ff, True, f, mode) + cost_activation(p_cfg, rows * d_ff, act)
-            + arith.cost_mul(rows * d_model, True, f, mode))
+    return (arith.cost_mul(rows * d_ff, True, p_cfg.frac, p_cfg.trunc)
+            + cost_ffn_hidden(p_cfg, rows, d_model, d_ff, act))
+
+
+def cost_ffn_hidden(p_cfg, rows: int, d_model: int, d_ff: int, act: str = "relu"):
+    """:func:`ffn_hidden` on ``rows`` rows."""
+    return (cost_activation(p_cfg, rows * d_ff, act)
+            + arith.cost_mul(rows * d_model, True, p_cfg.frac, p_cfg.trunc))

@@ -4,15 +4,21 @@ For x (..., d) (the residual sum is formed by the caller, locally), with S1 = su
 (local):
 
 * d a power of two (one product round before sqrt_inv): in ONE kernel call
-  E[x^2] = (x . x) / d and mu^2 = S1^2 / d^2 (the 1/d, 1/d^2 ride in the truncation shifts),
-  x * gamma and S1 * gamma / d; then var + eps = E[x^2] - mu^2 + eps (local),
-  rs = sqrt_inv_a(var + eps), y = (x * gamma - mu * gamma) * rs + beta (one multiplication).
-  No separate truncation for the mean: 14 rounds when decoding (sqrt_inv "fast"), 24 else.
+  E[x^2] = (x . x) / d, mu^2 = S1^2 / d^2 and (x - mu) * gamma = (d x - S1) * gamma / d (the
+  1/d, 1/d^2 ride in the truncation shifts; d x - S1 is local); then var + eps = E[x^2] - mu^2 + eps (local),
+  rs = sqrt_inv_a(var + eps), y = ((x - mu) * gamma) * rs + beta (one multiplication).
+  No separate truncation for the mean: 12 rounds when decoding (sqrt_inv "fast"), 20 else.
 * otherwise: mu = S1 * (1/d) (one truncation), then sum_k (x_k - mu)^2 and (x - mu) * gamma in
-  one call, var = sum * (1/d) (one truncation), sqrt_inv, one multiplication (18 / 28 rounds).
+  one call, var = sum * (1/d) (one truncation), sqrt_inv, one multiplication (16 / 24 rounds).
+
+:func:`layernorm_project` fuses a LayerNorm with the linear layer that reads it (a decode
+step's next projection): the products (x - mu) * gamma @ W run in sqrt_inv's rounds and the
+row scale 1/sqrt(var + eps) is applied after them, so the projection costs no rounds of its
+own.
 
 Constraints (checked per layer by :mod:`protocols.calibrate`): every product below
-``arith.product_limit`` (2^26 real; for d a power of two that includes S1^2 and sum_k x_k^2);
+``arith.product_limit`` (2^26 real; for d a power of two that includes S1^2, sum_k x_k^2 and
+d (x - mu) * gamma);
 var + eps inside ``fxp.SQRT_INV_RANGE`` ([2^-12, 2^16]).
 """
 from __future__ import annotations
@@ -35,10 +41,10 @@ def _bcast(x: AShare, shape) -> AShare:
                   np.ascontiguousarray(np.broadcast_to(x.b, shape)))
 
 
-def layernorm(p: Party, x: AShare, gamma: AShare, beta: AShare, eps: float) -> AShare:
-    from mpc3.kernels import fxp
+def _stats(p: Party, x: AShare, gamma: AShare, eps: float) -> tuple[AShare, AShare]:
+    """The products before sqrt_inv: ((x - mu) * gamma, var + eps)."""
     d = x.shape[-1]
-    if gamma.shape != (d,) or beta.shape != (d,):
+    if gamma.shape != (d,):
         raise ValueError(f"layernorm: gamma/beta must have shape ({d},)")
     f = p.cfg.frac
     lead = x.shape[:-1]
@@ -46,14 +52,12 @@ def layernorm(p: Party, x: AShare, gamma: AShare, beta: AShare, eps: float) -> A
     g = _bcast(gamma, x.shape)
     if d & (d - 1) == 0:
         logd = d.bit_length() - 1
-        s1b = _bcast(s1.reshape(*lead, 1), x.shape)
-        ex2, mu2, xg, mg = arith.mul_many_aa(p, [
+        xc = x.scale(np.uint64(d)) - _bcast(s1.reshape(*lead, 1), x.shape)   # d (x - mu)
+        ex2, mu2, xg = arith.mul_many_aa(p, [
             (x.reshape(*lead, 1, d), x.reshape(*x.shape, 1), "matmul", f + logd),
             (s1, s1, "mul", f + 2 * logd),
-            (x, g, "mul", True),
-            (s1b, g, "mul", f + logd)])
+            (xc, g, "mul", f + logd)])
         var = ex2.reshape(lead) - mu2
-        xg = xg - mg
     else:
         mu = A.scale_public(p, s1, 1.0 / d, LN_SCALE_EXTRA)
         xc = x - _bcast(mu.reshape(*lead, 1), x.shape)
@@ -61,24 +65,77 @@ def layernorm(p: Party, x: AShare, gamma: AShare, beta: AShare, eps: float) -> A
             (xc.reshape(*lead, 1, d), xc.reshape(*x.shape, 1), "matmul", f),
             (xc, g, "mul", True)])
         var = A.scale_public(p, sq.reshape(lead), 1.0 / d, LN_SCALE_EXTRA)
-    var = arith.add_public(p, var, ring.encode(np.full(var.shape, float(eps)), f))
+    return xg, arith.add_public(p, var, ring.encode(np.full(var.shape, float(eps)), f))
+
+
+def layernorm(p: Party, x: AShare, gamma: AShare, beta: AShare, eps: float) -> AShare:
+    from mpc3.kernels import fxp
+    if beta.shape != (x.shape[-1],):
+        raise ValueError(f"layernorm: gamma/beta must have shape ({x.shape[-1]},)")
+    xg, var = _stats(p, x, gamma, eps)
     rs = fxp.sqrt_inv_a(p, var)
     y = arith.mul_aa(p, xg, _bcast(rs.reshape(*rs.shape, 1), x.shape))
     return y + _bcast(beta, x.shape)
+
+
+def layernorm_project(p: Party, x: AShare, gamma: AShare, beta: AShare, eps: float,
+                      mats: list[tuple[AShare, int]], want_y: bool = True):
+    """LayerNorm fused with the linear layer that reads its output: returns ``(y, outs)``
+    with ``y = LN(x)`` (None unless ``want_y``) and ``outs[i] = LN(x) W_i - beta W_i``.
+
+    With xg = (x - mu) * gamma and rs = 1/sqrt(var + eps), LN(x) W = (xg W) rs + beta W: the
+    products ``xg W_i`` (truncated by ``bits_i``, ``mats = [(W_i, bits_i)]``) run in the
+    rounds of sqrt_inv (:func:`mpc3.parallel.parallel`), and one call then scales xg and
+    every ``xg W_i`` by rs. The caller adds ``beta W_i`` (a constant of the model, formed
+    once per session). Cost: :func:`cost_layernorm_project` - the rounds of a LayerNorm
+    alone; the bytes of the products plus those of the extra ``rs`` scalings.
+    """
+    from mpc3.kernels import fxp
+    from mpc3.parallel import parallel
+    if beta.shape != (x.shape[-1],):
+        raise ValueError(f"layernorm: gamma/beta must have shape ({x.shape[-1]},)")
+    xg, var = _stats(p, x, gamma, eps)
+
+    def products(q: Party) -> list[AShare]:
+        return arith.mul_many_aa(q, [(xg, w, "matmul", bits) for w, bits in mats])
+
+    rs, prods = parallel(p, lambda q: fxp.sqrt_inv_a(q, var), products)
+    rs = rs.reshape(*rs.shape, 1)
+    items = ([xg] if want_y else []) + prods
+    out = arith.mul_many_aa(p, [(t, _bcast(rs, t.shape), "mul", True) for t in items])
+    if not want_y:
+        return None, out
+    return out[0] + _bcast(beta, x.shape), out[1:]
+
+
+def _cost_stats(ring_cfg, rows: int, d: int) -> Cost:
+    f, mode = ring_cfg.frac, ring_cfg.trunc
+    if d & (d - 1) == 0:
+        logd = d.bit_length() - 1
+        shifts = np.concatenate([np.full(rows, f + logd), np.full(rows, f + 2 * logd),
+                                 np.full(rows * d, f + logd)])
+        return arith.cost_mul_many(shifts, 0, mode)
+    return (A.cost_scale_public(rows, ring_cfg, LN_SCALE_EXTRA)
+            + arith.cost_mul_many(np.full(rows + rows * d, f), 0, mode)
+            + A.cost_scale_public(rows, ring_cfg, LN_SCALE_EXTRA))
 
 
 def cost_layernorm(ring_cfg, rows: int, d: int) -> Cost:
     """Declared rounds and bytes per party of :func:`layernorm` on ``rows`` rows of width d."""
     from mpc3.kernels import fxp
     f, mode = ring_cfg.frac, ring_cfg.trunc
-    if d & (d - 1) == 0:
-        logd = d.bit_length() - 1
-        shifts = np.concatenate([np.full(rows, f + logd), np.full(rows, f + 2 * logd),
-                                 np.full(rows * d, f), np.full(rows * d, f + logd)])
-        pre = arith.cost_mul_many(shifts, 0, mode)
-    else:
-        pre = (A.cost_scale_public(rows, ring_cfg, LN_SCALE_EXTRA)
-               + arith.cost_mul_many(np.full(rows + rows * d, f), 0, mode)
-               + A.cost_scale_public(rows, ring_cfg, LN_SCALE_EXTRA))
-    return (pre + fxp.cost_sqrt_inv(rows, "auto", f, mode)
+    return (_cost_stats(ring_cfg, rows, d) + fxp.cost_sqrt_inv(rows, "auto", f, mode)
             + arith.cost_mul(rows * d, True, f, mode))
+
+
+def cost_layernorm_project(ring_cfg, rows: int, d: int, outs: list[tuple[int, int]],
+                           want_y: bool = True) -> Cost:
+    """:func:`layernorm_project` on ``rows`` rows; ``outs = [(width_i, bits_i)]``."""
+    from mpc3.kernels import fxp
+    f, mode = ring_cfg.frac, ring_cfg.trunc
+    prods = arith.cost_mul_many(np.concatenate([np.full(rows * n, bits) for n, bits in outs]),
+                                0, mode)
+    scaled = rows * (d * want_y + sum(n for n, _ in outs))
+    return (_cost_stats(ring_cfg, rows, d)
+            + Cost.parallel(fxp.cost_sqrt_inv(rows, "auto", f, mode), prods)
+            + arith.cost_mul(scaled, True, f, mode))

@@ -89,17 +89,19 @@ def cost_features(p_cfg, n: int, folded: bool = True):
     return relu if folded else arith.cost_mul(n, True, p_cfg.frac, p_cfg.trunc) + relu
 
 
-def cost_finish(p_cfg, cfg: M.ModelConfig, rows: int):
-    """:func:`finish` on ``rows`` query rows: the 1/n row scale ("mean"), then @ W^O."""
+def cost_finish(p_cfg, cfg: M.ModelConfig, rows: int, row_scale: bool = True):
+    """:func:`finish` on ``rows`` query rows: the 1/n row scale ("mean"; not when the caller
+    folded it elsewhere, ``row_scale=False``), then @ W^O."""
     cost = arith.cost_mul(rows * cfg.d_model, True, p_cfg.frac, p_cfg.trunc)
-    if cfg.attn_norm == "mean":
+    if cfg.attn_norm == "mean" and row_scale:
         cost = A.cost_scale_public(rows * cfg.d_model, p_cfg, A.ROW_SCALE_EXTRA) + cost
     return cost
 
 
 def finish(p: Party, cfg: M.ModelConfig, w: dict, o: AShare, n_keys) -> AShare:
-    """attn_norm "mean" row scaling (public 1/n_i), merge heads, @ W^O."""
-    if cfg.attn_norm == "mean":
+    """attn_norm "mean" row scaling (public 1/n_i; ``n_keys=None``: already applied, e.g. to
+    a decode state's K'^T V), merge heads, @ W^O."""
+    if cfg.attn_norm == "mean" and n_keys is not None:
         o = A.scale_rows(p, o, 1.0 / np.asarray(n_keys, dtype=np.float64))
     return arith.matmul_aa(p, merge_heads(o), w["wo"])
 

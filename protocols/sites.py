@@ -77,15 +77,20 @@ SITES: dict[str, Site] = {
                   "else sum_k (x_k - mu)^2)", "lower attn_c or rescale the weights"),
     "sum2": Site("product", "LayerNorm squared row sum (sum_k x_k)^2",
                  "lower attn_c or rescale the weights"),
-    "xgamma": Site("product", "LayerNorm x * gamma (d not a power of two: (x - mu) * gamma)",
-                   "rescale gamma or the weights"),
-    "sumgamma": Site("product", "LayerNorm row sum times gamma (sum_k x_k) * gamma",
-                     "rescale gamma or the weights"),
+    "xgamma": Site("product", "LayerNorm centred input times gamma: d (x - mu) * gamma for d "
+                   "a power of two, else (x - mu) * gamma", "rescale gamma or the weights"),
     "var": Site("product", "LayerNorm variance", "lower attn_c or rescale the weights",
                 LN_SCALE_EXTRA),
     "var_eps": Site("sqrt_inv", "LayerNorm variance+eps", "lower attn_c or rescale the weights"),
     "scale": Site("product", "LayerNorm output (x - mu) * gamma / sqrt(var + eps)",
                   "rescale gamma"),
+    # a decode step's LayerNorm fused with the projection reading it (layernorm_project)
+    "lnproj": Site("product", "unnormalised attention projection ((x - mu) * gamma) W "
+                   "(and beta W)", "rescale gamma or W^Q/W^K/W^V", PROJ_EXTRA),
+    "lnw1": Site("product", "unnormalised FFN product ((x - mu) * gamma) W1 (and beta W1)",
+                 "rescale gamma or W1"),
+    "lnscale": Site("product", "unnormalised projection times 1/sqrt(var + eps)",
+                    "rescale gamma or the projection"),
     # FFN (enc.i.ffn, dec.i.ffn)
     "w1": Site("product", "FFN product x W1", "rescale W1"),
     "hidden": Site("relu", "FFN hidden x W1 + b1", "rescale W1 and b1"),
@@ -115,6 +120,10 @@ def site_range(site: str, ring: RingConfig) -> tuple[float, float]:
     if s.kernel == "reciprocal":
         return tuple(float(v) for v in fxp.RECIPROCAL_RANGE)
     return tuple(float(v) for v in fxp.SQRT_INV_RANGE)
+
+
+#: secure weight share name -> the trace's weight name (ln_fused targets)
+_TRACE_NAME = {"wq_proj": "wq", "wk_proj": "wk", "wv_c": "wv", "w1": "w1"}
 
 
 class Recorder:
@@ -153,7 +162,7 @@ class Trace:
         return self._sub[prefix]
 
     # ------------------------------------------------------------ building blocks ----
-    def ln(self, layer: str, x: np.ndarray) -> np.ndarray:
+    def ln(self, layer: str, x: np.ndarray, want_y: bool = True) -> np.ndarray:
         w, d, rec = self.sub(layer), x.shape[-1], self.rec
         mu = x.mean(-1, keepdims=True)
         xc = x - mu
@@ -165,49 +174,86 @@ class Trace:
             s1 = x.sum(-1)
             rec.mag(layer, "sumsq", (x * x).sum(-1))
             rec.mag(layer, "sum2", s1 * s1)
-            rec.mag(layer, "xgamma", x * w["gamma"])
-            rec.mag(layer, "sumgamma", s1[..., None] * w["gamma"])
+            rec.mag(layer, "xgamma", d * xg)
         else:                             # mean, centred sum of squares, 1/d: truncations
             rec.mag(layer, "mean", mu)
             rec.mag(layer, "sumsq", (xc * xc).sum(-1))
             rec.mag(layer, "xgamma", xg)
             rec.mag(layer, "var", var)
         rec.span(layer, "var_eps", ve)
-        rec.mag(layer, "scale", y)
+        if want_y:
+            rec.mag(layer, "scale", y)
         return y + w["beta"]
 
-    def ffn(self, layer: str, x: np.ndarray) -> np.ndarray:
+    def ln_fused(self, layer: str, x: np.ndarray, targets: list[tuple[str, str]],
+                 want_y: bool = True) -> np.ndarray:
+        """A decode step's LayerNorm fused with its projections (decoder._ln_targets):
+        ``targets`` = (attention prefix, "wq"/"wk"/"wv") or (ffn prefix, "w1")."""
+        w = self.sub(layer)
+        y = self.ln(layer, x, want_y)
+        rs = 1.0 / np.sqrt(x.var(-1, keepdims=True) + self.cfg.ln_eps)
+        xg = (x - x.mean(-1, keepdims=True)) * w["gamma"]
+        beta = w["beta"].reshape(1, -1)
+        for prefix, which in targets:
+            site = "lnw1" if which == "w1" else "lnproj"
+            f = (lambda t: t @ self.sub(prefix)["w1"]) if which == "w1" else \
+                (lambda t: self._project(prefix, t, which))
+            proj = f(xg)
+            self.rec.mag(layer, site, proj, f(beta))
+            self.rec.mag(layer, "lnscale", proj * rs)
+        return y
+
+    def _project(self, layer: str, x: np.ndarray, which: str) -> np.ndarray:
+        """x times an attention weight as the secure model holds it (attn_c folded; W^Q Omega,
+        W^K Omega when folded)."""
+        w = self.attn[layer]
+        if which == "wv":
+            return self.vs * (x @ w["wv"])
+        t = x @ w[which]
+        if not self.fold:
+            return self.s * t
+        lead = t.shape[:-1]
+        heads = t.reshape(-1, self.cfg.n_heads, self.cfg.d_head)[:, :, None, :]
+        return self.s * (heads @ w["omega"][None]).reshape(*lead, -1)
+
+    def ffn(self, layer: str, x: np.ndarray, w1: bool = True) -> np.ndarray:
+        """``w1`` False: x W1 was formed inside the LayerNorm before (ln_fused)."""
         w = self.sub(layer)
         xw = x @ w["w1"]
         hid = xw + w["b1"]
         hw = M.ffn_activation(hid, self.cfg.ffn_act) @ w["w2"]
-        self.rec.mag(layer, "w1", xw)
+        if w1:
+            self.rec.mag(layer, "w1", xw)
         if self.cfg.ffn_act != "none":
             self.rec.mag(layer, "hidden" if self.cfg.ffn_act == "relu" else "hidden_gelu", hid)
         self.rec.mag(layer, "w2", hw)
         return hw + w["b2"]
 
-    def _features(self, layer: str, x: np.ndarray, which: str) -> np.ndarray:
+    def _features(self, layer: str, x: np.ndarray, which: str, proj: bool = True) -> np.ndarray:
         """Q' or K' (B, h, S, r). The products are formed unfolded, s * (X W_h) Omega_h, which
         equals the folded s * X (W Omega)_h up to float rounding and costs r/d_head less."""
         w = self.attn[layer]
         t = x @ w[which]
         pre = self.s * (np.ascontiguousarray(M.split_heads(t, self.cfg.n_heads)) @ w["omega"])
         if self.fold:                       # one product X (s W Omega) per feature
-            self.rec.mag(layer, "proj", pre)
+            if proj:
+                self.rec.mag(layer, "proj", pre)
         else:                               # X (s W), then (s X W)_h Omega_h
-            self.rec.mag(layer, "proj", self.s * t)
+            if proj:
+                self.rec.mag(layer, "proj", self.s * t)
             self.rec.mag(layer, "omega", pre)
         self.rec.mag(layer, "features", pre)
         return M.relu(pre)
 
-    def _values(self, layer: str, x: np.ndarray) -> np.ndarray:
+    def _values(self, layer: str, x: np.ndarray, proj: bool = True) -> np.ndarray:
         v = self.vs * (x @ self.attn[layer]["wv"])
-        self.rec.mag(layer, "proj", v)
+        if proj:
+            self.rec.mag(layer, "proj", v)
         return np.ascontiguousarray(M.split_heads(v, self.cfg.n_heads))
 
-    def _finish(self, layer: str, o: np.ndarray, n: np.ndarray) -> np.ndarray:
-        if self.cfg.attn_norm == "mean":
+    def _finish(self, layer: str, o: np.ndarray, n: np.ndarray | None) -> np.ndarray:
+        """``n`` None: the 1/n row scale was applied before (a decode state's K'^T V)."""
+        if self.cfg.attn_norm == "mean" and n is not None:
             o = o / np.asarray(n, dtype=np.float64)[:, None]
             self.rec.mag(layer, "rowscale", o)
         y = M.merge_heads(o) @ self.attn[layer]["wo"]
@@ -260,15 +306,16 @@ class Trace:
         self.rec.mag(layer, "out", o)
         return self._finish(layer, o, np.full(x.shape[1], x.shape[1]))
 
-    def masked_steps(self, layer: str, x: np.ndarray, prefill: bool = False) -> np.ndarray:
+    def masked_steps(self, layer: str, x: np.ndarray, prefill: bool = False,
+                     proj: bool = True) -> np.ndarray:
         """Masked self attention as the decode steps compute it (attention.attention_step):
         token t sees the folded prefix G (one product) and the cached tokens of its block
         (scores, then scores @ V); a full block is folded into G with one K'^T V.
         ``prefill``: also the whole sum Q'_b G + scores V_b, which the LM's prefill
         (:func:`protocols.causal_lm.prefill_attention`) forms in one product."""
         T, L = x.shape[1], self.block
-        qf, kf, v = self._features(layer, x, "wq"), self._features(layer, x, "wk"), \
-            self._values(layer, x)
+        qf, kf, v = self._features(layer, x, "wq", proj), self._features(layer, x, "wk", proj), \
+            self._values(layer, x, proj)
         o = np.zeros(qf.shape[:-1] + (v.shape[-1],))
         G = np.zeros(qf.shape[:2] + (qf.shape[-1], v.shape[-1]))
         for b0 in range(0, T, L):
@@ -291,16 +338,21 @@ class Trace:
         return self._finish(layer, o, np.arange(1, T + 1))
 
     def cross_kv(self, layer: str, enc: np.ndarray) -> np.ndarray:
-        """DecodeState.start: K' and V of the encoder output and K'^T V, once."""
+        """DecodeState.start: K' and V of the encoder output and K'^T V, once; times 1/n_enc
+        for attn_norm "mean" (the steps' row scale, applied to the state)."""
         kf, v = self._features(layer, enc, "wk"), self._values(layer, enc)
         kv = np.swapaxes(kf, -1, -2) @ v
         self.rec.mag(layer, "kv", kv)
+        if self.cfg.attn_norm == "mean":
+            kv = kv / enc.shape[1]
+            self.rec.mag(layer, "rowscale", kv)
         return kv
 
-    def cross_steps(self, layer: str, x: np.ndarray, kv: np.ndarray, n_enc: int) -> np.ndarray:
-        o = self._features(layer, x, "wq") @ kv
+    def cross_steps(self, layer: str, x: np.ndarray, kv: np.ndarray,
+                    proj: bool = True) -> np.ndarray:
+        o = self._features(layer, x, "wq", proj) @ kv
         self.rec.mag(layer, "out", o)
-        return self._finish(layer, o, np.full(x.shape[1], n_enc))
+        return self._finish(layer, o, None)
 
     # ------------------------------------------------------------------- stacks ----
     def encoder(self, x: np.ndarray) -> np.ndarray:
@@ -315,21 +367,36 @@ class Trace:
                 x = self.ln(f"{pre}.ln2", x + self.ffn(f"{pre}.ffn", x))
         return self.ln("enc.final_ln", x) if cfg.norm_first else x
 
-    def decoder(self, y: np.ndarray, enc: np.ndarray) -> np.ndarray:
+    def decoder(self, y: np.ndarray, enc: np.ndarray, fuse=None) -> np.ndarray:
         """Every decode step of the target ``y`` (B, T, d), layer by layer (the same values
-        as T calls of decoder_step: a step's layer i sees only layer i-1 up to its token)."""
-        cfg, x, S = self.cfg, y, enc.shape[1]
-        for i in range(cfg.n_dec_layers):
+        as T calls of decoder_step: a step's layer i sees only layer i-1 up to its token),
+        with the LayerNorm fusions ``fuse`` (default: the decode step's default)."""
+        from .decoder import DEFAULT_FUSE, ln_fusions
+        cfg, x, L = self.cfg, y, self.cfg.n_dec_layers
+        fused = {ln: [(w.rsplit(".", 1)[0], _TRACE_NAME[w.rsplit(".", 1)[1]]) for w in names]
+                 for ln, names in ln_fusions(cfg, DEFAULT_FUSE if fuse is None else fuse).items()}
+
+        def ln(prefix, x, want_y):
+            if prefix not in fused:
+                return self.ln(prefix, x)
+            return self.ln_fused(prefix, x, fused[prefix], want_y)
+
+        post = not cfg.norm_first
+        for i in range(L):
             pre = f"dec.{i}"
             kv = self.cross_kv(f"{pre}.cross", enc)
-            if cfg.norm_first:
-                x = x + self.masked_steps(f"{pre}.self", self.ln(f"{pre}.ln1", x))
-                x = x + self.cross_steps(f"{pre}.cross", self.ln(f"{pre}.ln2", x), kv, S)
-                x = x + self.ffn(f"{pre}.ffn", self.ln(f"{pre}.ln3", x))
-            else:
-                x = self.ln(f"{pre}.ln1", x + self.masked_steps(f"{pre}.self", x))
-                x = self.ln(f"{pre}.ln2", x + self.cross_steps(f"{pre}.cross", x, kv, S))
-                x = self.ln(f"{pre}.ln3", x + self.ffn(f"{pre}.ffn", x))
+            # a projection is recorded at its own layer unless a LayerNorm formed it
+            own = {"self": f"dec.{i - 1}.ln3" not in fused if post else f"{pre}.ln1" not in fused,
+                   "cross": f"{pre}.ln{1 if post else 2}" not in fused,
+                   "ffn": f"{pre}.ln{2 if post else 3}" not in fused}
+            sub = {"self": lambda t: self.masked_steps(f"{pre}.self", t, proj=own["self"]),
+                   "cross": lambda t: self.cross_steps(f"{pre}.cross", t, kv, own["cross"]),
+                   "ffn": lambda t: self.ffn(f"{pre}.ffn", t, own["ffn"])}
+            for n, kind in enumerate(("self", "cross", "ffn"), start=1):
+                if post:
+                    x = ln(f"{pre}.ln{n}", x + sub[kind](x), True)
+                else:
+                    x = x + sub[kind](ln(f"{pre}.ln{n}", x, False))
         if cfg.norm_first and cfg.n_dec_layers:
             x = self.ln("dec.final_ln", x)
         return x

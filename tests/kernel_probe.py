@@ -19,6 +19,7 @@ from collections import defaultdict
 
 import numpy as np
 
+from mpc3 import parallel as mpc3_parallel
 from mpc3 import ring
 from mpc3.kernels import arith, convert, fxp
 from mpc3.sharing import reveal
@@ -26,9 +27,11 @@ from mpc3.sharing import reveal
 KERNELS = ((arith, "mul_aa"), (arith, "matmul_aa"), (arith, "mul_many_aa"), (arith, "trunc_a"),
            (convert, "relu_a"), (convert, "drelu_a"), (fxp, "sqrt_inv_a"),
            (fxp, "reciprocal_a"), (fxp, "exp_a"))
-PARALLEL_USERS = (fxp,)
-HELPERS = {"mul_many", "scale_public", "scale_rows", "relu_many", "wrapped", "activation"}
-SUBLAYER = {"mha": "attn", "ffn": "ffn", "_self_step": "self", "_cross_step": "cross"}
+PARALLEL_USERS = (fxp, mpc3_parallel)
+HELPERS = {"mul_many", "scale_public", "scale_rows", "relu_many", "wrapped", "activation",
+           "<lambda>"}
+SUBLAYER = {"mha": "attn", "ffn": "ffn", "ffn_hidden": "ffn", "_self_step": "self",
+            "_cross_step": "cross"}
 
 
 class UnmappedCall(AssertionError):
@@ -50,10 +53,16 @@ def _layer(frames) -> str:
         name = f.f_code.co_name
         if name == "_ln":
             return f.f_locals["prefix"]
-        if name == "cross_precompute":
+        if name == "_ln_proj":
+            return f.f_locals["ln"]
+        if name == "_ln_bias":                 # items of several layers: sites say which
+            return "dec.*"
+        if name in ("cross_precompute", "start"):
             return "dec.*.cross"
         if kind is None and name in SUBLAYER:
             kind = SUBLAYER[name]
+        if name == "decoder_step" and "pre" not in f.f_locals:
+            return "dec.0.self"                # the first layer's own projection
         if name in ("encoder_layer", "decoder_step"):
             return f"{f.f_locals['pre']}.{kind}"
     raise UnmappedCall("kernel call outside an encoder layer / decode step")
@@ -84,14 +93,31 @@ def _sites(inner, kernel: str, n_items: int) -> list[str]:
         one = "out"
     elif fn == "finish":
         one = "rowscale" if kernel == "trunc_a" else "wo"
-    elif fn == "layernorm":
+    elif fn == "decoder_step" and kernel == "mul_many_aa":   # the first layer's projection
+        return ["proj"] * n_items
+    elif fn == "_ln_proj" and kernel == "mul_many_aa":       # unfused: LN, then projections
+        return [f"{w.rsplit('.', 1)[0]}|{'w1' if w.endswith('.w1') else 'proj'}"
+                for w in inner.f_locals["names"]]
+    elif fn == "start":                         # DecodeState.start: K'^T V times 1/n_enc
+        one = "rowscale" if kernel == "trunc_a" else None
+    elif fn == "_ln_bias":                      # beta W of each fused LayerNorm projection
+        return [f"{ln}|{'lnw1' if w.endswith('.w1') else 'lnproj'}"
+                for ln, w in inner.f_locals["pairs"]]
+    elif fn == "products":                      # layernorm_project: (x - mu) gamma W_i
+        return ["lnw1" if bits == inner.f_locals["q"].cfg.frac else "lnproj"
+                for _, bits in inner.f_locals["mats"]]
+    elif fn == "layernorm_project":
         if kernel == "mul_many_aa":
-            return ["sumsq", "sum2", "xgamma", "sumgamma"] if n_items == 4 else \
-                ["sumsq", "xgamma"]
+            k = len(inner.f_locals["mats"])
+            return ["scale"] * (n_items - k) + ["lnscale"] * k
+        one = "var_eps" if kernel == "sqrt_inv_a" else None
+    elif fn in ("layernorm", "_stats"):
+        if kernel == "mul_many_aa":
+            return ["sumsq", "sum2", "xgamma"] if n_items == 3 else ["sumsq", "xgamma"]
         one = {"sqrt_inv_a": "var_eps", "mul_aa": "scale"}.get(kernel) or \
             ("mean" if text.strip().startswith("mu =") else
              "var" if text.strip().startswith("var = A.scale_public") else None)
-    elif fn == "ffn":
+    elif fn in ("ffn", "ffn_hidden"):
         one = "hidden" if kernel == "relu_a" else \
             "w1" if 'w["w1"]' in text else "w2" if 'w["w2"]' in text else None
     if one is None:
@@ -163,7 +189,12 @@ class Probe:
             if prods is not None:
                 for site, z in zip(sites, prods):
                     axis = -1 if site == "proj" else 0
-                    for lay, part in self._split(layer, z, axis):
+                    if "|" in site:                      # _ln_bias: "layer|site"
+                        lay, site = site.split("|")
+                        pairs = [(lay, z)]
+                    else:
+                        pairs = self._split(layer, z, axis)
+                    for lay, part in pairs:
                         fill = float(np.abs(ring.to_signed(part).astype(np.float64)).max()) \
                             / 2.0 ** arith.OFFSET_BITS
                         out[(lay, site)] = max(out[(lay, site)], fill)

@@ -36,7 +36,7 @@ def make_cfg(**kw):
     return M.ModelConfig(**base).validate()
 
 
-def secure_run(cfg, w, x, y=None, block=None, fold=True):
+def secure_run(cfg, w, x, y=None, block=None, fold=True, fuse=D.DEFAULT_FUSE):
     """Secure encoder on x (B, S, d), then one decode step per row of y (B, T, d)."""
     sh = SM.share_model(cfg, w, fold_omega=fold)
 
@@ -44,7 +44,7 @@ def secure_run(cfg, w, x, y=None, block=None, fold=True):
         enc = encoder(p, cfg, s, xs)
         if ys is None:
             return enc, []
-        st = D.DecodeState.start(p, cfg, s, enc, block=block)
+        st = D.DecodeState.start(p, cfg, s, enc, block=block, fuse=fuse)
         return enc, [D.decoder_step(p, cfg, s, st, ys[:, t]) for t in range(ys.shape[1])]
 
     xs = share(x)
@@ -57,16 +57,27 @@ def secure_run(cfg, w, x, y=None, block=None, fold=True):
 
 # ------------------------------------------------------------------ the trace ----
 @pytest.mark.parametrize("norm_first,fold", [(False, True), (True, False)])
-def test_trace_computes_the_reference(norm_first, fold):
+@pytest.mark.parametrize("fuse", [D.DEFAULT_FUSE, D.FUSIONS])
+def test_trace_computes_the_reference(norm_first, fold, fuse):
     cfg = make_cfg(norm_first=norm_first)
     w, rng = M.random_weights(cfg, 1), np.random.default_rng(2)
     x, y = rng.normal(size=(2, 5, 12)), rng.normal(size=(2, 6, 12))
     tr = Trace(cfg, w, fold_omega=fold, decode_block=2)
     enc = tr.encoder(x)
     np.testing.assert_allclose(enc, M.ref_encoder(cfg, w, x), atol=1e-10)
-    np.testing.assert_allclose(tr.decoder(y, enc), M.ref_decoder(cfg, w, y, enc), atol=1e-10)
-    assert set(tr.rec.values["dec.0.self"]) == {"proj", "features", "kv", "scores", "out",
-                                                "rowscale", "wo"} | (set() if fold else {"omega"})
+    np.testing.assert_allclose(tr.decoder(y, enc, fuse), M.ref_decoder(cfg, w, y, enc),
+                               atol=1e-10)
+    # a decode step may form a LayerNorm's next projection inside it (decoder.ln_fusions):
+    # then the projection's layer records no product of its own
+    own_self = "self" not in fuse or not norm_first
+    assert set(tr.rec.values["dec.0.self"]) == {"features", "kv", "scores", "out", "rowscale",
+                                                "wo"} | (set() if fold else {"omega"}) \
+        | ({"proj"} if own_self else set())
+    ln_ffn = "dec.0.ln3" if norm_first else "dec.0.ln2"
+    assert ("w1" in tr.rec.values["dec.0.ffn"]) == ("ffn" not in fuse)
+    assert ("w1" not in tr.rec.values["dec.0.ffn"]) == ("lnw1" in tr.rec.values[ln_ffn])
+    assert ("lnproj" in tr.rec.values["dec.0.ln1"]) == ("cross" in fuse or norm_first
+                                                        and "self" in fuse)
 
 
 # ------------------------------------------------------------- (a) fine model ----
@@ -156,14 +167,20 @@ def test_small_variance_with_tiny_eps_is_refused():
 
 
 # -------------------------------------------------------- (c) completeness probe ----
-@pytest.mark.parametrize("kw,fold,block,unprobed", [
-    (dict(), True, 2, "scores"),          # d=12 (1/d separate), mean, post-LN, kv order
-    (dict(d_model=16, d_head=8, n_features=8, d_ff=32, n_enc_layers=1, n_dec_layers=1,
-          attn_norm="const", norm_first=True), False, 3, "kv"),   # pre-LN, unfolded, qk order
+PRE_LN = dict(d_model=16, d_head=8, n_features=8, d_ff=32, n_enc_layers=1, n_dec_layers=1,
+              attn_norm="const", norm_first=True)
+
+
+@pytest.mark.parametrize("kw,fold,block,unprobed,fuse", [
+    (dict(), True, 2, "scores", D.DEFAULT_FUSE),   # d=12 (1/d separate), mean, post-LN, kv
+    (dict(), True, 2, "scores", D.FUSIONS),        # every LayerNorm forms its next projection
+    (PRE_LN, False, 3, "kv", D.DEFAULT_FUSE),      # pre-LN, unfolded, qk order
+    (PRE_LN, False, 3, "kv", D.FUSIONS),
 ])
-def test_probe_secure_run_matches_calibration(monkeypatch, kw, fold, block, unprobed):
+def test_probe_secure_run_matches_calibration(monkeypatch, kw, fold, block, unprobed, fuse):
     """Every value a SECURE encoder + decode-step run hands to a range-limited kernel is a
     calibrated site, and the calibration recorded the same largest value (PROBE_RTOL)."""
+    monkeypatch.setattr(D, "DEFAULT_FUSE", fuse)        # what the calibration traces
     cfg = make_cfg(**kw)
     w, user = M.random_weights(cfg, 5), M.random_user(cfg, 5)
     rng = np.random.default_rng(1)
@@ -172,7 +189,7 @@ def test_probe_secure_run_matches_calibration(monkeypatch, kw, fold, block, unpr
     cal = C.calibrate(cfg, w, C.Samples([x], [y]), margin=1.0, fold_omega=fold,
                       decode_block=block)
     probe = Probe(monkeypatch, cfg.n_dec_layers)
-    secure_run(cfg, w, x, y, block=block, fold=fold)
+    secure_run(cfg, w, x, y, block=block, fold=fold, fuse=fuse)
     monkeypatch.undo()
     got = probe.values(RingConfig().frac, convert.relu_limit(RingConfig()))
     missing = sorted(k for k in got if k[1] not in cal.layers.get(k[0], {}))
@@ -226,7 +243,7 @@ def test_calibration_dict_roundtrip_is_small_json():
     d = json.loads(json.dumps(cal.to_dict()))
     assert set(d) == {"version", "margin", "frac", "relu_bound_bits", "fold_omega",
                       "decode_block", "ln_eps", "input_range", "layers"}
-    assert len(json.dumps(d)) < 4000 and set(d["input_range"]) == {"X", "Y"}
+    assert len(json.dumps(d)) < 5000 and set(d["input_range"]) == {"X", "Y"}
     assert C.Calibration.from_dict(d) == cal
     with pytest.raises(ValueError, match="version"):
         C.Calibration.from_dict({**d, "version": 99})

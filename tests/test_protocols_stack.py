@@ -62,6 +62,27 @@ def test_encoder_decoder_and_incremental(run, rng, norm_first, norm, c):
         assert np.max(np.abs(step - pick(1)[:, t])) < TOL
 
 
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("fuse", [(), D.FUSIONS])
+def test_decoder_step_fusions_equal_reference(run, rng, norm_first, fuse):
+    """Every choice of LayerNorms fused with their next projection (decoder.ln_fusions)
+    computes the same decode steps (the default is covered above)."""
+    cfg = make_cfg(norm_first=norm_first)
+    w = M.random_weights(cfg, 12)
+    sh = SM.share_model(cfg, w)
+    x, y = rng.uniform(-1, 1, (2, 7, 24)), rng.uniform(-1, 1, (2, 4, 24))
+
+    def fn(p, s, xs, ys):
+        st = D.DecodeState.start(p, cfg, s, encoder(p, cfg, s, xs), block=2, fuse=fuse)
+        return [D.decoder_step(p, cfg, s, st, ys[:, t]) for t in range(4)]
+
+    res = run(fn, *per_party(sh, share(x), share(y)))
+    enc_ref = M.ref_encoder(cfg, w, x)
+    for t in range(4):
+        want = M.ref_decoder(cfg, w, y[:, :t + 1], enc_ref)[:, t]
+        assert np.max(np.abs(value([r[t] for r in res]) - want)) < TOL
+
+
 @pytest.mark.parametrize("block", [1, 2])
 def test_decoder_step_cost_bounded_in_prefix(rng, block):
     """A step's traffic depends only on the position inside the decode block (O(1) state)."""
