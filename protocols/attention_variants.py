@@ -20,7 +20,10 @@ product (1/sqrt(dh) rides in q with 12 extra bits, as in softmax_attention) and,
   scaling S(L) = 1/L and the mask of Eq. 9): out = (sigma(s) * M) V / L, with sigma = ReLU
   (one relu_a) or a public polynomial sum_k c_k s^k (all powers in ceil(log2 deg) product
   layers, the c_k / L ride in the last product, no extra truncation). L = the number of keys
-  (constant, also for causal rows, as in the paper) unless ``length`` is given.
+  (constant, also for causal rows, as in the paper) unless ``length`` is given: an int, or
+  "keys" = each row's own number of keys (i + 1 for causal row i; ReLU only), which models
+  use so that a causal row never depends on later tokens (1/L_i rides in the product with
+  per-row shifts, no extra round).
 * softmax: :func:`protocols.attention.softmax_attention` (masked form included); its
   declared cost is :func:`cost_softmax_attention` here.
 
@@ -238,7 +241,7 @@ def _sigma_coeffs(coeffs, L: int) -> tuple[np.ndarray, int]:
 
 
 def sigma_attention(p: Party, q: AShare, k: AShare, v: AShare, sigma="relu",
-                    masked: bool = False, length: int | None = None) -> AShare:
+                    masked: bool = False, length: int | str | None = None) -> AShare:
     """Scaled sigma-attention (sigma(s) * M) V / L (seed 002 Eq. 5, 9): ``sigma`` is
     "relu" or the coefficients (c_0, ..., c_deg) of a public polynomial. Cost:
     :func:`cost_sigma_attention`."""
@@ -246,13 +249,15 @@ def sigma_attention(p: Party, q: AShare, k: AShare, v: AShare, sigma="relu",
     Sq, Sk = q.shape[-2], k.shape[-2]
     if masked and Sq != Sk:
         raise ValueError("masked sigma_attention needs Sq == Sk")
-    L = Sk if length is None else int(length)
+    L = _sigma_length(length, Sq, Sk, masked, sigma)
     keep = _keep(q.shape, Sk, masked)
     s = _scores(p, q, k, keep)
     if isinstance(sigma, str):
         if sigma != "relu":
             raise ValueError(f"sigma_attention: sigma={sigma!r} must be 'relu' or coefficients")
         c, b = _mantissa(1.0 / L)
+        if np.ndim(L):                     # per row i: c_i on its entries, shift f + b_i
+            c, b = np.broadcast_to(c[:, None], keep.shape)[keep], b[:, None]
         act = convert.relu_a(p, s).scale(c)                   # ReLU(s) / L at scale f + b
     else:
         c, b = _sigma_coeffs(sigma, L)
@@ -260,19 +265,35 @@ def sigma_attention(p: Party, q: AShare, k: AShare, v: AShare, sigma="relu",
         act = arith.add_public(p, s.scale(c[1]), np.full(s.shape, c[0] << np.uint64(f)))
         for ck, x in zip(c[2:], pw[1:]):
             act = act + x.scale(ck)                           # sum_k c_k s^k / L at f + b
-    return arith.matmul_aa(p, _scatter(act, keep), v, trunc=f + int(b))
+    return arith.matmul_aa(p, _scatter(act, keep), v, trunc=f + b)
+
+
+def _sigma_length(length, Sq: int, Sk: int, masked: bool, sigma):
+    """L: an int, or the (Sq,) row key counts for length="keys" (ReLU only)."""
+    if length is None:
+        return Sk
+    if isinstance(length, str):
+        if length != "keys":
+            raise ValueError(f"sigma_attention: length={length!r} must be None, an int or "
+                             "'keys'")
+        if not isinstance(sigma, str):
+            raise ValueError("sigma_attention: length='keys' is built for sigma='relu' only")
+        return _rows_keys(Sq, Sk, masked)
+    return int(length)
 
 
 def cost_sigma_attention(cfg: RingConfig, B: int, h: int, Sq: int, Sk: int, dh: int,
-                         sigma="relu", masked: bool = False, length: int | None = None
-                         ) -> Cost:
+                         sigma="relu", masked: bool = False,
+                         length: int | str | None = None) -> Cost:
     f, mode = cfg.frac, cfg.trunc
     kept = B * h * (Sq * (Sq + 1) // 2 if masked else Sq * Sk)
-    L = Sk if length is None else int(length)
+    L = _sigma_length(length, Sq, Sk, masked, sigma)
     cost = arith.cost_mul(kept, f + SCORE_EXTRA, f, mode)
     if isinstance(sigma, str):
         cost = cost + convert.cost_relu(kept, *convert.window_for(cfg))
-        b = int(_mantissa(1.0 / L)[1])
+        b = _mantissa(1.0 / L)[1]
+        if np.ndim(L):
+            b = np.broadcast_to(b[:, None], (B, h, Sq, dh)).reshape(-1)
     else:
         deg = len(sigma) - 1
         done = 1
