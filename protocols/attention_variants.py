@@ -51,7 +51,7 @@ from mpc3.kernels import arith, convert, fxp
 from mpc3.kernels.base import Cost
 from mpc3.party import Party, RingConfig
 from mpc3.shares import AShare
-from protocols.attention import tril_mask
+from protocols.attention import cost_divide_rows, divide_rows, repeat_cols, tril_mask
 from protocols.model.variants import ref_power_softmax, ref_sigma_attention  # noqa: F401
 
 POWER_FORMS = ("plain", "stable", "length")
@@ -104,13 +104,6 @@ def _row_sum(x: AShare) -> AShare:
     return AShare(x.a.sum(axis=-1, dtype=np.uint64), x.b.sum(axis=-1, dtype=np.uint64))
 
 
-def _cols(x: AShare, d: int) -> AShare:
-    """(..., S) -> (..., S, d): each row value repeated over d columns."""
-    shape = x.shape + (d,)
-    return AShare(np.ascontiguousarray(np.broadcast_to(x.a[..., None], shape)),
-                  np.ascontiguousarray(np.broadcast_to(x.b[..., None], shape)))
-
-
 def _power_layers(n: int) -> int:
     """Product layers of :func:`_power` (square-and-multiply)."""
     if n == 1:
@@ -160,8 +153,10 @@ def _tournament_pairs(Sk: int) -> list[int]:
 
 
 def power_softmax(p: Party, q: AShare, k: AShare, v: AShare, power: int = 4,
-                  eps: float = 1e-2, form: str = "plain", masked: bool = False) -> AShare:
-    """PowerSoftmax attention (seed 000 Eq. 4-6; module docstring).
+                  eps: float = 1e-2, form: str = "plain", masked: bool = False,
+                  fused: bool = False) -> AShare:
+    """PowerSoftmax attention (seed 000 Eq. 4-6; module docstring). ``fused`` (forms plain
+    and stable): the division as :func:`protocols.attention.divide_rows` (4 rounds fewer).
     Cost: :func:`cost_power_softmax`."""
     _check_power(power, eps, form)
     f = p.cfg.frac
@@ -173,7 +168,7 @@ def power_softmax(p: Party, q: AShare, k: AShare, v: AShare, power: int = 4,
     s = _scores(p, q, k, keep)
     if form == "stable":                          # s / ||s_i||_inf = s * (max_j s_ij^2)^-1/2
         inv_c = fxp.sqrt_inv_a(p, _tournament(p, _scatter(arith.mul_aa(p, s, s), keep)))
-        wide = _cols(inv_c, Sk)
+        wide = repeat_cols(inv_c, Sk)
         s = arith.mul_aa(p, s, AShare(wide.a[keep], wide.b[keep]))
     e = _scatter(_power(p, s, power), keep)                      # s^p, 0 where masked
     total = _row_sum(e)
@@ -186,15 +181,17 @@ def power_softmax(p: Party, q: AShare, k: AShare, v: AShare, power: int = 4,
              _per_element((f + b)[:, None], (B, h, Sq, v.shape[-1])))])
         total = mean
     den = arith.add_public(p, total, np.full(total.shape, ring.encode(np.array(eps), f)))
+    if fused and form != "length":
+        return divide_rows(p, e, v, den)
     inv = fxp.reciprocal_a(p, den)
     if form != "length":
         ev = arith.matmul_aa(p, e, v)
-    return arith.mul_aa(p, ev, _cols(inv, v.shape[-1]))
+    return arith.mul_aa(p, ev, repeat_cols(inv, v.shape[-1]))
 
 
 def cost_power_softmax(cfg: RingConfig, B: int, h: int, Sq: int, Sk: int, dh: int,
                        power: int = 4, form: str = "plain", masked: bool = False,
-                       eps: float = 1e-2) -> Cost:
+                       eps: float = 1e-2, fused: bool = False) -> Cost:
     _check_power(power, eps, form)
     f, mode = cfg.frac, cfg.trunc
     kept = B * h * (Sq * (Sq + 1) // 2 if masked else Sq * Sk)
@@ -213,6 +210,8 @@ def cost_power_softmax(cfg: RingConfig, B: int, h: int, Sq: int, Sk: int, dh: in
         shifts = np.concatenate([np.tile(b, B * h),
                                  np.tile(np.repeat(f + b, dh), B * h)])
         cost = cost + arith.cost_mul_many(shifts, 0, mode)
+    elif fused:
+        return cost + cost_divide_rows(cfg, rows, dh)
     cost = cost + fxp.cost_reciprocal(rows, f, mode)
     if form != "length":
         cost = cost + arith.cost_mul(rows * dh, True, f, mode)
@@ -307,11 +306,14 @@ def cost_sigma_attention(cfg: RingConfig, B: int, h: int, Sq: int, Sk: int, dh: 
 
 # --------------------------------------------------------------------- softmax ----
 def cost_softmax_attention(cfg: RingConfig, B: int, h: int, Sq: int, Sk: int, dh: int,
-                           masked: bool = False, exp: str = "poly") -> Cost:
+                           masked: bool = False, exp: str = "poly", fused: bool = False
+                           ) -> Cost:
     """Declared cost of :func:`protocols.attention.softmax_attention`."""
     f, mode = cfg.frac, cfg.trunc
     kept = B * h * (Sq * (Sq + 1) // 2 if masked else Sq * Sk)
     rows = B * h * Sq
-    return (arith.cost_mul(kept, f + SCORE_EXTRA, f, mode) + fxp.cost_exp(kept, exp, f, mode)
-            + fxp.cost_reciprocal(rows, f, mode) + arith.cost_mul(rows * dh, True, f, mode)
+    cost = arith.cost_mul(kept, f + SCORE_EXTRA, f, mode) + fxp.cost_exp(kept, exp, f, mode)
+    if fused:
+        return cost + cost_divide_rows(cfg, rows, dh)
+    return (cost + fxp.cost_reciprocal(rows, f, mode) + arith.cost_mul(rows * dh, True, f, mode)
             + arith.cost_mul(rows * dh, True, f, mode))

@@ -125,3 +125,25 @@ def test_sigma_attention_per_row_length(run, qkv, masked):
            want, V.cost_sigma_attention(run.cfg, B, H, S, S, DH, "relu", masked, "keys"), qkv)
     with pytest.raises(ValueError, match="relu' only"):
         V.cost_sigma_attention(run.cfg, B, H, S, S, DH, (0.0, 1.0), masked, "keys")
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("kind", ["softmax", "power-plain", "power-stable"])
+def test_fused_division_matches_and_saves_four_rounds(run, qkv, kind, masked):
+    """fused=True (the models' form): (e @ v) / den with e @ v and the product by 1/den
+    riding in the reciprocal's Newton products - same values, 4 rounds fewer."""
+    if kind == "softmax":
+        fn = lambda fused: lambda p, a, b, c: A.softmax_attention(  # noqa: E731
+            p, a, b, c, masked=masked, exp="limit", fused=fused)
+        ref = A.ref_softmax_attention(*qkv, masked=masked)
+        cost = lambda fused: V.cost_softmax_attention(  # noqa: E731
+            run.cfg, B, H, S, S, DH, masked, "limit", fused)
+    else:
+        form = kind.split("-")[1]
+        fn = lambda fused: lambda p, a, b, c: V.power_softmax(  # noqa: E731
+            p, a, b, c, 4, 1e-2, form, masked, fused)
+        ref = V.ref_power_softmax(*qkv, 4, 1e-2, form, masked)
+        cost = lambda fused: V.cost_power_softmax(  # noqa: E731
+            run.cfg, B, H, S, S, DH, 4, form, masked, 1e-2, fused)
+    _check(run, fn(True), ref, cost(True), qkv)
+    assert cost(True).rounds == cost(False).rounds - 4
