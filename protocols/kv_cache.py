@@ -6,7 +6,9 @@ These attentions have no fixed-size prefix state like Performer's G = sum_j K'_j
 a new token's row needs every earlier key and value. Each party keeps, per layer, its
 replicated shares of the projected keys and values of every token so far
 (:class:`KVCache`, (B, h, capacity, d_head) each, capacity = the model's ``max_len``; shares
-only, nothing is opened). :func:`attend` appends the new tokens' k, v rows (local) and
+only, nothing is opened; the arrays grow by doubling as tokens arrive, up to the capacity:
+per party 32 h d_head bytes per token, layer and batch row, at most twice that while it
+grows - not max_len tokens' worth from the session's start). :func:`attend` appends the new tokens' k, v rows (local) and
 
 * on an empty cache with one query row per new token (the prompt): the causally masked
   attention of those rows (``heads(masked=True)``: only the T(T+1)/2 causal scores are
@@ -36,39 +38,46 @@ from mpc3.shares import AShare
 from .mha import cost_heads, heads
 
 
+def _zeros(B: int, h: int, n: int, dh: int) -> AShare:
+    return AShare(np.zeros((B, h, n, dh), np.uint64), np.zeros((B, h, n, dh), np.uint64))
+
+
 @dataclass
 class KVCache:
-    """Shares of the keys and values of the first ``t`` tokens (rows >= t are zero)."""
+    """Shares of the keys and values of the first ``t`` tokens (rows >= t are zero), at most
+    ``capacity`` tokens."""
 
-    k: AShare          # (B, h, capacity, dh)
+    k: AShare          # (B, h, allocated rows, dh)
     v: AShare
+    capacity: int
     t: int = 0
 
     @staticmethod
     def empty(B: int, h: int, dh: int, capacity: int) -> "KVCache":
         if capacity < 1:
             raise ValueError(f"KV cache capacity={capacity} must be >= 1")
-        z = [np.zeros((B, h, capacity, dh), dtype=np.uint64) for _ in range(4)]
-        return KVCache(AShare(z[0], z[1]), AShare(z[2], z[3]))
+        return KVCache(_zeros(B, h, 0, dh), _zeros(B, h, 0, dh), int(capacity))
 
     @property
     def batch(self) -> int:
         return self.k.shape[0]
 
-    @property
-    def capacity(self) -> int:
-        return self.k.shape[2]
-
     def append(self, k: AShare, v: AShare) -> None:
         """Keep n new tokens' rows, k and v (B, h, n, dh). Local."""
         n, t = k.shape[2], self.t
-        if k.shape[:2] != self.k.shape[:2] or k.shape != v.shape \
-                or k.shape[3] != self.k.shape[3]:
+        B, h, rows, dh = self.k.shape
+        if k.shape[:2] != (B, h) or k.shape != v.shape or k.shape[3] != dh:
             raise ValueError(f"KV rows {k.shape}/{v.shape} do not fit the cache "
                              f"{self.k.shape}")
         if t + n > self.capacity:
             raise ValueError(f"the KV cache holds {t} tokens; {n} more exceed its capacity "
                              f"of {self.capacity} (max_len)")
+        if t + n > rows:                                  # grow by doubling, up to capacity
+            grow = min(self.capacity, max(2 * rows, t + n))
+            for name in ("k", "v"):
+                old, new = getattr(self, name), _zeros(B, h, grow, dh)
+                new.a[:, :, :t], new.b[:, :, :t] = old.a[:, :, :t], old.b[:, :, :t]
+                setattr(self, name, new)
         for cache, new in ((self.k, k), (self.v, v)):
             cache.a[:, :, t:t + n] = new.a
             cache.b[:, :, t:t + n] = new.b

@@ -80,13 +80,14 @@ def test_cache_rows_are_the_projected_keys_and_refuse_overflow(run, rng):
     def fn(p, qq, kk, vv):
         st = KV.KVCache.empty(1, 2, 4, 6)
         first = KV.attend(p, "softmax", st, qq[:, :, :4], kk[:, :, :4], vv[:, :, :4])
+        allocated = st.k.shape[2]              # grows as tokens arrive, not max_len at once
         nxt = KV.attend(p, "softmax", st, qq[:, :, 4:], kk[:, :, 4:], vv[:, :, 4:])
         rows = st.rows()
         try:
             KV.attend(p, "softmax", st, qq[:, :, :1], kk[:, :, :2], vv[:, :, :2])
         except ValueError as e:
             refused = str(e)
-        return first, nxt, rows, refused
+        return first, nxt, rows, refused, (allocated, st.k.shape[2])
 
     res = run(fn, share(q), share(k), share(v))
     from protocols.model.variants import ref_softmax_attention
@@ -95,7 +96,7 @@ def test_cache_rows_are_the_projected_keys_and_refuse_overflow(run, rng):
     assert np.max(np.abs(value([r[1] for r in res]) - full[:, :, 4:])) < 1e-3
     assert np.max(np.abs(value([r[2][0] for r in res]) - k)) < 1e-5
     assert np.max(np.abs(value([r[2][1] for r in res]) - v)) < 1e-5
-    assert "capacity of 6" in res[0][3]
+    assert "capacity of 6" in res[0][3] and res[0][4] == (4, 6)
     with pytest.raises(ValueError, match="one row per token on an empty cache"):
         KV.cost_attend(RingConfig(), "softmax", 1, 2, 4, 3, 2, 2)
 
