@@ -127,6 +127,12 @@ def _ln(p, cfg, shares, prefix, x):
     return layernorm(p, x, shares[f"{prefix}.gamma"], shares[f"{prefix}.beta"], cfg.ln_eps)
 
 
+def _kv_attention(p: Party, cfg: M.ModelConfig, w: dict, st: KVCache, q: AShare, k: AShare,
+                  v: AShare) -> AShare:
+    """Softmax-style attention through the layer's KV cache, then W^O (cost: _kv_attn)."""
+    return arith.matmul_aa(p, merge_heads(attend(p, cfg.attention, st, q, k, v)), w["wo"])
+
+
 def _check(cfg: M.ModelConfig) -> None:
     if cfg.arch != M.DECODER_ONLY:
         raise ValueError(f"this needs a decoder-only model, got arch {cfg.arch!r}")
@@ -153,9 +159,7 @@ def lm_prefill(p: Party, cfg: M.ModelConfig, shares: dict, x: AShare,
         if cfg.attention != M.PERFORMER:   # KV cache; the last layer needs the last query only
             q, k, v = project(p, cfg, w, u[:, T - 1:] if last else u, u)
             st = KVCache.empty(B, cfg.n_heads, cfg.d_head, cfg.max_len)
-            y = arith.matmul_aa(p, merge_heads(attend(p, cfg.attention, st, q, k, v)),
-                                w["wo"])
-            x = (x[:, -1:] if last else x) + y
+            x = (x[:, -1:] if last else x) + _kv_attention(p, cfg, w, st, q, k, v)
         else:
             q, k, v = project(p, cfg, w, u, None)
             qf, kf = features(p, cfg, w, q, k)
@@ -193,8 +197,7 @@ def lm_step(p: Party, cfg: M.ModelConfig, shares: dict, state: LMState, y_t: ASh
         u = _ln(p, cfg, shares, f"{pre}.ln1", x) if cfg.norm_first else x
         q, k, v = project(p, cfg, w, u, None)
         if isinstance(st, KVCache):
-            x = x + arith.matmul_aa(p, merge_heads(attend(p, cfg.attention, st, q, k, v)),
-                                    w["wo"])
+            x = x + _kv_attention(p, cfg, w, st, q, k, v)
         else:
             qf, kf = features(p, cfg, w, q, k)
             x = x + finish(p, cfg, w, A.attention_step(p, st, qf, kf, v), [st.t])
