@@ -7,7 +7,8 @@ The query user keeps the token embedding ``embed.tgt`` and the LM head ``out.w``
    the parties run every layer on the prompt once and keep the decode state (job
    ``lm_prefill``), returning the last position's final hidden row;
 2. applies the LM head locally and picks the next token greedily; per further token shares
-   only that token's embedding (job ``lm_step``, O(1) in the prefix) and gets its hidden row;
+   only that token's embedding (job ``lm_step``, O(1) in the prefix with Performer attention,
+   O(t) bytes with a softmax-style one's KV cache) and gets its hidden row;
 3. stops after ``n_tokens`` tokens (or when every row produced ``eos``) and closes the session.
 
 Tokens are bytes (:func:`encode_text`): a model with ``tgt_vocab >= 256`` reads UTF-8 bytes

@@ -299,8 +299,46 @@ def cross_attention_step(p: Party, qf: AShare, kv: AShare) -> AShare:
 
 
 # ------------------------------------------------------------ softmax baselines ----
+def repeat_cols(x: AShare, d: int) -> AShare:
+    """(..., S) -> (..., S, d): each row value repeated over d columns."""
+    shape = x.shape + (d,)
+    return AShare(np.ascontiguousarray(np.broadcast_to(x.a[..., None], shape)),
+                  np.ascontiguousarray(np.broadcast_to(x.b[..., None], shape)))
+
+
+def _two_minus(p: Party, x: AShare) -> AShare:
+    return arith.add_public(p, -x, np.full(x.shape, ring.encode(np.array(2.0), p.cfg.frac)))
+
+
+def divide_rows(p: Party, e: AShare, v: AShare, den: AShare) -> AShare:
+    """(e @ v) / den per row - e (..., S, Sk), v (..., Sk, dh), den (..., S) in
+    ``fxp.RECIPROCAL_RANGE`` - in the rounds of ``fxp.reciprocal_a`` alone: its guess
+    (``iterations=0``), then its two Newton steps y <- y (2 - den y) with e @ v riding in
+    the first step's first product and the second step applied to (e @ v) y directly:
+    out = ((e @ v) y1) (2 - den y1). Four products after the guess, where reciprocal, e @ v
+    and the product by 1/den take six (4 rounds fewer); the value is reciprocal_a's up to
+    rounding (same Newton iterates). Cost: :func:`cost_divide_rows`."""
+    from mpc3.kernels import fxp
+    dh = v.shape[-1]
+    y = fxp.reciprocal_a(p, den, iterations=0)
+    xy, ev = mul_many(p, [(den, y, "mul"), (e, v, "matmul")])
+    y = arith.mul_aa(p, y, _two_minus(p, xy))
+    xy, evy = mul_many(p, [(den, y, "mul"), (ev, repeat_cols(y, dh), "mul")])
+    return arith.mul_aa(p, evy, repeat_cols(_two_minus(p, xy), dh))
+
+
+def cost_divide_rows(p_cfg, rows: int, dh: int) -> Cost:
+    """:func:`divide_rows` on ``rows`` rows of width ``dh``."""
+    from mpc3.kernels import fxp
+    f, mode = p_cfg.frac, p_cfg.trunc
+    return (fxp.cost_reciprocal(rows, f, mode, iterations=0)
+            + arith.cost_mul(rows + rows * dh, True, f, mode) + arith.cost_mul(rows, True, f, mode)
+            + arith.cost_mul(rows + rows * dh, True, f, mode)
+            + arith.cost_mul(rows * dh, True, f, mode))
+
+
 def softmax_attention(p: Party, q: AShare, k: AShare, v: AShare, masked: bool = False,
-                      exp: str = "poly") -> AShare:
+                      exp: str = "poly", fused: bool = False) -> AShare:
     """softmax(Q K^T / sqrt(dh) [+ causal mask]) V per head, max-free (Privformer Sec. 9.2).
 
     ``exp="poly"``: the paper's 1 + x + x^2/2 + 0.1665x^3 + 0.0438x^4 (its baseline);
@@ -308,7 +346,9 @@ def softmax_attention(p: Party, q: AShare, k: AShare, v: AShare, masked: bool = 
     round(2^12/sqrt(dh)), truncated by frac + 12); row sums are local; 1/sum by reciprocal_a.
     Masked: only the S(S+1)/2 causal scores are reshared and exponentiated; the rest are 0.
     Scores must lie in ``fxp.EXP_RANGE`` ([-48, 9.5]) for ``exp="limit"``; the "poly"
-    baseline is accurate only near 0.
+    baseline is accurate only near 0. ``fused``: the division by the row sums as
+    :func:`divide_rows` (4 rounds fewer; models use it); default: the paper baseline's
+    reciprocal, e @ v, product.
     """
     from mpc3.kernels import fxp
     if exp not in SOFTMAX_EXP:
@@ -326,6 +366,8 @@ def softmax_attention(p: Party, q: AShare, k: AShare, v: AShare, masked: bool = 
     ea[keep], eb[keep] = e_kept.a, e_kept.b
     e = AShare(ea, eb)
     den = AShare(e.a.sum(axis=-1, dtype=np.uint64), e.b.sum(axis=-1, dtype=np.uint64))
+    if fused:
+        return divide_rows(p, e, v, den)
     inv = fxp.reciprocal_a(p, den)
     ev = arith.matmul_aa(p, e, v)
     inv_b = AShare(np.ascontiguousarray(np.broadcast_to(inv.a[..., None], ev.shape)),

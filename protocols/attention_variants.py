@@ -20,7 +20,10 @@ product (1/sqrt(dh) rides in q with 12 extra bits, as in softmax_attention) and,
   scaling S(L) = 1/L and the mask of Eq. 9): out = (sigma(s) * M) V / L, with sigma = ReLU
   (one relu_a) or a public polynomial sum_k c_k s^k (all powers in ceil(log2 deg) product
   layers, the c_k / L ride in the last product, no extra truncation). L = the number of keys
-  (constant, also for causal rows, as in the paper) unless ``length`` is given.
+  (constant, also for causal rows, as in the paper) unless ``length`` is given: an int, or
+  "keys" = each row's own number of keys (i + 1 for causal row i; ReLU only), which models
+  use so that a causal row never depends on later tokens (1/L_i rides in the product with
+  per-row shifts, no extra round).
 * softmax: :func:`protocols.attention.softmax_attention` (masked form included); its
   declared cost is :func:`cost_softmax_attention` here.
 
@@ -48,7 +51,7 @@ from mpc3.kernels import arith, convert, fxp
 from mpc3.kernels.base import Cost
 from mpc3.party import Party, RingConfig
 from mpc3.shares import AShare
-from protocols.attention import tril_mask
+from protocols.attention import cost_divide_rows, divide_rows, repeat_cols, tril_mask
 from protocols.model.variants import ref_power_softmax, ref_sigma_attention  # noqa: F401
 
 POWER_FORMS = ("plain", "stable", "length")
@@ -101,13 +104,6 @@ def _row_sum(x: AShare) -> AShare:
     return AShare(x.a.sum(axis=-1, dtype=np.uint64), x.b.sum(axis=-1, dtype=np.uint64))
 
 
-def _cols(x: AShare, d: int) -> AShare:
-    """(..., S) -> (..., S, d): each row value repeated over d columns."""
-    shape = x.shape + (d,)
-    return AShare(np.ascontiguousarray(np.broadcast_to(x.a[..., None], shape)),
-                  np.ascontiguousarray(np.broadcast_to(x.b[..., None], shape)))
-
-
 def _power_layers(n: int) -> int:
     """Product layers of :func:`_power` (square-and-multiply)."""
     if n == 1:
@@ -157,8 +153,10 @@ def _tournament_pairs(Sk: int) -> list[int]:
 
 
 def power_softmax(p: Party, q: AShare, k: AShare, v: AShare, power: int = 4,
-                  eps: float = 1e-2, form: str = "plain", masked: bool = False) -> AShare:
-    """PowerSoftmax attention (seed 000 Eq. 4-6; module docstring).
+                  eps: float = 1e-2, form: str = "plain", masked: bool = False,
+                  fused: bool = False) -> AShare:
+    """PowerSoftmax attention (seed 000 Eq. 4-6; module docstring). ``fused`` (forms plain
+    and stable): the division as :func:`protocols.attention.divide_rows` (4 rounds fewer).
     Cost: :func:`cost_power_softmax`."""
     _check_power(power, eps, form)
     f = p.cfg.frac
@@ -170,7 +168,7 @@ def power_softmax(p: Party, q: AShare, k: AShare, v: AShare, power: int = 4,
     s = _scores(p, q, k, keep)
     if form == "stable":                          # s / ||s_i||_inf = s * (max_j s_ij^2)^-1/2
         inv_c = fxp.sqrt_inv_a(p, _tournament(p, _scatter(arith.mul_aa(p, s, s), keep)))
-        wide = _cols(inv_c, Sk)
+        wide = repeat_cols(inv_c, Sk)
         s = arith.mul_aa(p, s, AShare(wide.a[keep], wide.b[keep]))
     e = _scatter(_power(p, s, power), keep)                      # s^p, 0 where masked
     total = _row_sum(e)
@@ -183,15 +181,17 @@ def power_softmax(p: Party, q: AShare, k: AShare, v: AShare, power: int = 4,
              _per_element((f + b)[:, None], (B, h, Sq, v.shape[-1])))])
         total = mean
     den = arith.add_public(p, total, np.full(total.shape, ring.encode(np.array(eps), f)))
+    if fused and form != "length":
+        return divide_rows(p, e, v, den)
     inv = fxp.reciprocal_a(p, den)
     if form != "length":
         ev = arith.matmul_aa(p, e, v)
-    return arith.mul_aa(p, ev, _cols(inv, v.shape[-1]))
+    return arith.mul_aa(p, ev, repeat_cols(inv, v.shape[-1]))
 
 
 def cost_power_softmax(cfg: RingConfig, B: int, h: int, Sq: int, Sk: int, dh: int,
                        power: int = 4, form: str = "plain", masked: bool = False,
-                       eps: float = 1e-2) -> Cost:
+                       eps: float = 1e-2, fused: bool = False) -> Cost:
     _check_power(power, eps, form)
     f, mode = cfg.frac, cfg.trunc
     kept = B * h * (Sq * (Sq + 1) // 2 if masked else Sq * Sk)
@@ -210,6 +210,8 @@ def cost_power_softmax(cfg: RingConfig, B: int, h: int, Sq: int, Sk: int, dh: in
         shifts = np.concatenate([np.tile(b, B * h),
                                  np.tile(np.repeat(f + b, dh), B * h)])
         cost = cost + arith.cost_mul_many(shifts, 0, mode)
+    elif fused:
+        return cost + cost_divide_rows(cfg, rows, dh)
     cost = cost + fxp.cost_reciprocal(rows, f, mode)
     if form != "length":
         cost = cost + arith.cost_mul(rows * dh, True, f, mode)
@@ -238,7 +240,7 @@ def _sigma_coeffs(coeffs, L: int) -> tuple[np.ndarray, int]:
 
 
 def sigma_attention(p: Party, q: AShare, k: AShare, v: AShare, sigma="relu",
-                    masked: bool = False, length: int | None = None) -> AShare:
+                    masked: bool = False, length: int | str | None = None) -> AShare:
     """Scaled sigma-attention (sigma(s) * M) V / L (seed 002 Eq. 5, 9): ``sigma`` is
     "relu" or the coefficients (c_0, ..., c_deg) of a public polynomial. Cost:
     :func:`cost_sigma_attention`."""
@@ -246,13 +248,15 @@ def sigma_attention(p: Party, q: AShare, k: AShare, v: AShare, sigma="relu",
     Sq, Sk = q.shape[-2], k.shape[-2]
     if masked and Sq != Sk:
         raise ValueError("masked sigma_attention needs Sq == Sk")
-    L = Sk if length is None else int(length)
+    L = _sigma_length(length, Sq, Sk, masked, sigma)
     keep = _keep(q.shape, Sk, masked)
     s = _scores(p, q, k, keep)
     if isinstance(sigma, str):
         if sigma != "relu":
             raise ValueError(f"sigma_attention: sigma={sigma!r} must be 'relu' or coefficients")
         c, b = _mantissa(1.0 / L)
+        if np.ndim(L):                     # per row i: c_i on its entries, shift f + b_i
+            c, b = np.broadcast_to(c[:, None], keep.shape)[keep], b[:, None]
         act = convert.relu_a(p, s).scale(c)                   # ReLU(s) / L at scale f + b
     else:
         c, b = _sigma_coeffs(sigma, L)
@@ -260,19 +264,35 @@ def sigma_attention(p: Party, q: AShare, k: AShare, v: AShare, sigma="relu",
         act = arith.add_public(p, s.scale(c[1]), np.full(s.shape, c[0] << np.uint64(f)))
         for ck, x in zip(c[2:], pw[1:]):
             act = act + x.scale(ck)                           # sum_k c_k s^k / L at f + b
-    return arith.matmul_aa(p, _scatter(act, keep), v, trunc=f + int(b))
+    return arith.matmul_aa(p, _scatter(act, keep), v, trunc=f + b)
+
+
+def _sigma_length(length, Sq: int, Sk: int, masked: bool, sigma):
+    """L: an int, or the (Sq,) row key counts for length="keys" (ReLU only)."""
+    if length is None:
+        return Sk
+    if isinstance(length, str):
+        if length != "keys":
+            raise ValueError(f"sigma_attention: length={length!r} must be None, an int or "
+                             "'keys'")
+        if not isinstance(sigma, str):
+            raise ValueError("sigma_attention: length='keys' is built for sigma='relu' only")
+        return _rows_keys(Sq, Sk, masked)
+    return int(length)
 
 
 def cost_sigma_attention(cfg: RingConfig, B: int, h: int, Sq: int, Sk: int, dh: int,
-                         sigma="relu", masked: bool = False, length: int | None = None
-                         ) -> Cost:
+                         sigma="relu", masked: bool = False,
+                         length: int | str | None = None) -> Cost:
     f, mode = cfg.frac, cfg.trunc
     kept = B * h * (Sq * (Sq + 1) // 2 if masked else Sq * Sk)
-    L = Sk if length is None else int(length)
+    L = _sigma_length(length, Sq, Sk, masked, sigma)
     cost = arith.cost_mul(kept, f + SCORE_EXTRA, f, mode)
     if isinstance(sigma, str):
         cost = cost + convert.cost_relu(kept, *convert.window_for(cfg))
-        b = int(_mantissa(1.0 / L)[1])
+        b = _mantissa(1.0 / L)[1]
+        if np.ndim(L):
+            b = np.broadcast_to(b[:, None], (B, h, Sq, dh)).reshape(-1)
     else:
         deg = len(sigma) - 1
         done = 1
@@ -286,11 +306,14 @@ def cost_sigma_attention(cfg: RingConfig, B: int, h: int, Sq: int, Sk: int, dh: 
 
 # --------------------------------------------------------------------- softmax ----
 def cost_softmax_attention(cfg: RingConfig, B: int, h: int, Sq: int, Sk: int, dh: int,
-                           masked: bool = False, exp: str = "poly") -> Cost:
+                           masked: bool = False, exp: str = "poly", fused: bool = False
+                           ) -> Cost:
     """Declared cost of :func:`protocols.attention.softmax_attention`."""
     f, mode = cfg.frac, cfg.trunc
     kept = B * h * (Sq * (Sq + 1) // 2 if masked else Sq * Sk)
     rows = B * h * Sq
-    return (arith.cost_mul(kept, f + SCORE_EXTRA, f, mode) + fxp.cost_exp(kept, exp, f, mode)
-            + fxp.cost_reciprocal(rows, f, mode) + arith.cost_mul(rows * dh, True, f, mode)
+    cost = arith.cost_mul(kept, f + SCORE_EXTRA, f, mode) + fxp.cost_exp(kept, exp, f, mode)
+    if fused:
+        return cost + cost_divide_rows(cfg, rows, dh)
+    return (cost + fxp.cost_reciprocal(rows, f, mode) + arith.cost_mul(rows * dh, True, f, mode)
             + arith.cost_mul(rows * dh, True, f, mode))

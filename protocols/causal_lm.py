@@ -20,6 +20,13 @@ the full blocks' sum is the state's G and the rows of the last partial block its
 state is exactly the one T decode steps would leave, with two products per layer instead of
 2T. In the last layer only the last row goes on past the attention (its FFN and LayerNorms),
 since only the last position's hidden state is returned.
+
+Softmax-style attention (``attention`` softmax, power-softmax, sigma-relu) keeps a secret KV
+cache per layer instead (:class:`protocols.kv_cache.KVCache`, capacity ``max_len``): the
+prefill runs the masked attention over the prompt and keeps its keys and values (in the last
+layer only the last row's query is projected and attends, to all T keys), a step appends the
+token's k, v and computes its single row against every cached key - O(t) bytes per token,
+rounds independent of t (:func:`protocols.kv_cache.attend`).
 """
 from __future__ import annotations
 
@@ -36,21 +43,25 @@ from mpc3.shares import AShare
 from . import attention as A
 from . import model as M
 from .ffn import cost_ffn, ffn
+from .kv_cache import KVCache, attend, cost_attend
 from .layernorm import cost_layernorm, layernorm
-from .mha import cost_features, cost_finish, cost_project, features, finish, project
+from .mha import (cost_features, cost_finish, cost_project, features, finish, merge_heads,
+                  project)
 from .secure_model import sub
 
 
 @dataclass
 class LMState:
-    """Secret state of one party's LM session: a PrefixState per layer; t is public."""
+    """Secret state of one party's LM session: per layer a PrefixState (relu-performer) or a
+    KVCache (softmax-style attention); t is public."""
 
-    prefix: list[A.PrefixState]
+    prefix: list[A.PrefixState | KVCache]
     t: int = 0
 
     @property
     def batch(self) -> int:
-        return self.prefix[0].G.shape[0]
+        first = self.prefix[0]
+        return first.batch if isinstance(first, KVCache) else first.G.shape[0]
 
 
 def _blocks(x: AShare, L: int, nb: int) -> AShare:
@@ -116,6 +127,12 @@ def _ln(p, cfg, shares, prefix, x):
     return layernorm(p, x, shares[f"{prefix}.gamma"], shares[f"{prefix}.beta"], cfg.ln_eps)
 
 
+def _kv_attention(p: Party, cfg: M.ModelConfig, w: dict, st: KVCache, q: AShare, k: AShare,
+                  v: AShare) -> AShare:
+    """Softmax-style attention through the layer's KV cache, then W^O (cost: _kv_attn)."""
+    return arith.matmul_aa(p, merge_heads(attend(p, cfg.attention, st, q, k, v)), w["wo"])
+
+
 def _check(cfg: M.ModelConfig) -> None:
     if cfg.arch != M.DECODER_ONLY:
         raise ValueError(f"this needs a decoder-only model, got arch {cfg.arch!r}")
@@ -131,19 +148,26 @@ def lm_prefill(p: Party, cfg: M.ModelConfig, shares: dict, x: AShare,
     if len(x.shape) != 3 or x.shape[-1] != cfg.d_model:
         raise ValueError(f"prompt must be (B, T, {cfg.d_model}), got {x.shape}")
     B, T, _ = x.shape
+    if T > cfg.max_len:
+        raise ValueError(f"a prompt of {T} tokens exceeds max_len {cfg.max_len}")
     mark = on_layer or (lambda name: None)
     states, n = [], np.arange(1, T + 1)
     for i in range(cfg.n_dec_layers):
         pre, last = f"dec.{i}", i == cfg.n_dec_layers - 1
         w, wf = sub(shares, f"{pre}.self"), sub(shares, f"{pre}.ffn")
         u = _ln(p, cfg, shares, f"{pre}.ln1", x) if cfg.norm_first else x
-        q, k, v = project(p, cfg, w, u, None)
-        qf, kf = features(p, cfg, w, q, k)
-        o, st = prefill_attention(p, qf, kf, v, block)
+        if cfg.attention != M.PERFORMER:   # KV cache; the last layer needs the last query only
+            q, k, v = project(p, cfg, w, u[:, T - 1:] if last else u, u)
+            st = KVCache.empty(B, cfg.n_heads, cfg.d_head, cfg.max_len)
+            x = (x[:, -1:] if last else x) + _kv_attention(p, cfg, w, st, q, k, v)
+        else:
+            q, k, v = project(p, cfg, w, u, None)
+            qf, kf = features(p, cfg, w, q, k)
+            o, st = prefill_attention(p, qf, kf, v, block)
+            x = x + finish(p, cfg, w, o, n)
         states.append(st)
-        x = x + finish(p, cfg, w, o, n)
         if last:                       # only the last position's hidden row is returned
-            x = x[:, T - 1:]
+            x = x[:, -1:]
         if cfg.norm_first:
             x = x + ffn(p, wf, _ln(p, cfg, shares, f"{pre}.ln2", x), cfg.ffn_act)
         else:
@@ -172,8 +196,11 @@ def lm_step(p: Party, cfg: M.ModelConfig, shares: dict, state: LMState, y_t: ASh
         w, wf, st = sub(shares, f"{pre}.self"), sub(shares, f"{pre}.ffn"), state.prefix[i]
         u = _ln(p, cfg, shares, f"{pre}.ln1", x) if cfg.norm_first else x
         q, k, v = project(p, cfg, w, u, None)
-        qf, kf = features(p, cfg, w, q, k)
-        x = x + finish(p, cfg, w, A.attention_step(p, st, qf, kf, v), [st.t])
+        if isinstance(st, KVCache):
+            x = x + _kv_attention(p, cfg, w, st, q, k, v)
+        else:
+            qf, kf = features(p, cfg, w, q, k)
+            x = x + finish(p, cfg, w, A.attention_step(p, st, qf, kf, v), [st.t])
         if cfg.norm_first:
             x = x + ffn(p, wf, _ln(p, cfg, shares, f"{pre}.ln2", x), cfg.ffn_act)
         else:
@@ -204,16 +231,29 @@ def _rest(p_cfg, cfg: M.ModelConfig, rows_in: int, rows: int) -> Cost:
     return ln + cost_ffn(p_cfg, rows, d, cfg.d_ff, cfg.ffn_act) + cost_layernorm(p_cfg, rows, d)
 
 
+def _kv_attn(p_cfg, cfg: M.ModelConfig, B: int, t0: int, n: int, rows: int) -> Cost:
+    """Softmax-style attention with the KV cache: projections (q of ``rows`` rows, k and v
+    of n), :func:`protocols.kv_cache.attend` and W^O."""
+    d = cfg.d_model
+    return (cost_project(p_cfg, B * rows * d + B * n * 2 * d)
+            + cost_attend(p_cfg, cfg.attention, B, cfg.n_heads, cfg.d_head, t0, n, rows)
+            + arith.cost_mul(B * rows * d, True, p_cfg.frac, p_cfg.trunc))
+
+
 def cost_lm_prefill(p_cfg, cfg: M.ModelConfig, B: int, T: int,
                     block: int | None = None) -> Cost:
     """Declared rounds and bytes per party of :func:`lm_prefill` (Omega folded)."""
     h, r, dh = cfg.n_heads, cfg.n_features, cfg.d_head
     cost = Cost(0, (0, 0, 0))
     for i in range(cfg.n_dec_layers):
-        rows = B if i == cfg.n_dec_layers - 1 else B * T
-        cost = (cost + _attn_io(p_cfg, cfg, B, T)
-                + cost_prefill_attention(p_cfg, B, h, T, r, dh, block)
-                + _rest(p_cfg, cfg, B * T, rows))
+        last = i == cfg.n_dec_layers - 1
+        rows = B if last else B * T
+        if cfg.attention != M.PERFORMER:
+            attn = _kv_attn(p_cfg, cfg, B, 0, T, 1 if last else T)
+        else:
+            attn = (_attn_io(p_cfg, cfg, B, T)
+                    + cost_prefill_attention(p_cfg, B, h, T, r, dh, block))
+        cost = cost + attn + _rest(p_cfg, cfg, B * T, rows)
     if cfg.norm_first:
         cost = cost + cost_layernorm(p_cfg, B, cfg.d_model)
     return cost
@@ -221,12 +261,16 @@ def cost_lm_prefill(p_cfg, cfg: M.ModelConfig, B: int, T: int,
 
 def cost_lm_step(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int | None = None) -> Cost:
     """Declared cost of :func:`lm_step` for the token at position ``t`` (t tokens before it):
-    it depends on t only through t mod block (O(1) in the prefix)."""
+    relu-performer: it depends on t only through t mod block (O(1) in the prefix);
+    softmax-style (KV cache): bytes linear in t, rounds independent of t."""
     h, r, dh = cfg.n_heads, cfg.n_features, cfg.d_head
-    L = A.default_decode_block(r, dh) if block is None else int(block)
-    layer = (_attn_io(p_cfg, cfg, B, 1)
-             + A.cost_attention_step(p_cfg, B, h, r, dh, t % L, t >= L, L)
-             + _rest(p_cfg, cfg, B, B))
+    if cfg.attention != M.PERFORMER:
+        attn = _kv_attn(p_cfg, cfg, B, t, 1, 1)
+    else:
+        L = A.default_decode_block(r, dh) if block is None else int(block)
+        attn = (_attn_io(p_cfg, cfg, B, 1)
+                + A.cost_attention_step(p_cfg, B, h, r, dh, t % L, t >= L, L))
+    layer = attn + _rest(p_cfg, cfg, B, B)
     cost = Cost(0, (0, 0, 0))
     for _ in range(cfg.n_dec_layers):
         cost = cost + layer

@@ -13,8 +13,9 @@ with the public constant c folded into the three of them,
 5. attn_norm "mean": rows times the public 1/n_i (one truncation); c itself is in the weights;
 6. merge heads, @ W^O.
 
-Models with another ``attention`` (softmax, power-softmax, sigma-relu; encoder-classifier
-only) take steps 1 and 6 and run :func:`heads` (one call per layer, all heads) in between.
+Models with another ``attention`` (softmax, power-softmax, sigma-relu) take steps 1 and 6
+and run :func:`heads` (one call per kernel step, all heads) in between; a decoder-only LM
+keeps their keys and values in :class:`protocols.kv_cache.KVCache`.
 """
 from __future__ import annotations
 
@@ -135,11 +136,11 @@ def heads(p: Party, attention: str, q: AShare, k: AShare, v: AShare,
     (== :func:`protocols.model.variants.ref_heads`)."""
     from . import attention_variants as V
     if attention == "softmax":
-        return A.softmax_attention(p, q, k, v, masked=masked, exp="limit")
+        return A.softmax_attention(p, q, k, v, masked=masked, exp="limit", fused=True)
     if attention == "power-softmax":
-        return V.power_softmax(p, q, k, v, MV.POWER, MV.POWER_EPS, "plain", masked)
-    if attention == "sigma-relu":
-        return V.sigma_attention(p, q, k, v, "relu", masked)
+        return V.power_softmax(p, q, k, v, MV.POWER, MV.POWER_EPS, "plain", masked, fused=True)
+    if attention == "sigma-relu":           # causal rows: 1/L with L = the row's keys
+        return V.sigma_attention(p, q, k, v, "relu", masked, "keys" if masked else None)
     raise ValueError(f"unknown attention {attention!r}")
 
 
@@ -147,12 +148,13 @@ def cost_heads(p_cfg, attention: str, B: int, h: int, Sq: int, Sk: int, dh: int,
                masked: bool = False):
     from . import attention_variants as V
     if attention == "softmax":
-        return V.cost_softmax_attention(p_cfg, B, h, Sq, Sk, dh, masked, "limit")
+        return V.cost_softmax_attention(p_cfg, B, h, Sq, Sk, dh, masked, "limit", fused=True)
     if attention == "power-softmax":
         return V.cost_power_softmax(p_cfg, B, h, Sq, Sk, dh, MV.POWER, "plain", masked,
-                                    MV.POWER_EPS)
+                                    MV.POWER_EPS, fused=True)
     if attention == "sigma-relu":
-        return V.cost_sigma_attention(p_cfg, B, h, Sq, Sk, dh, "relu", masked)
+        return V.cost_sigma_attention(p_cfg, B, h, Sq, Sk, dh, "relu", masked,
+                                      "keys" if masked else None)
     raise ValueError(f"unknown attention {attention!r}")
 
 

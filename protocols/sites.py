@@ -37,7 +37,7 @@ from mpc3.party import RingConfig
 
 from . import model as M
 from .attention import ROW_SCALE_EXTRA, default_decode_block
-from .attention_variants import SCORE_EXTRA
+from .attention_variants import SCORE_EXTRA, SIG_BITS
 from .model import variants as MV
 from .layernorm import LN_SCALE_EXTRA
 from .secure_model import PROJ_EXTRA, fold_scales
@@ -70,6 +70,8 @@ SITES: dict[str, Site] = {
     "power": Site("product", "PowerSoftmax powers s^2 .. s^p", _VAR),
     "den": Site("reciprocal", "softmax / PowerSoftmax row denominator", _VAR),
     "sigma": Site("relu", "sigma-attention ReLU input (the scores)", _VAR),
+    "sigma_sum": Site("product", "sigma-attention ReLU(s) V before its 1/L (whose "
+                      f"{SIG_BITS}-bit factor rides in that product)", _VAR, SIG_BITS),
     "vout": Site("product", "attention weights times V (and times 1/denominator)", _VAR),
     # LayerNorm (enc.i.ln1, ..., dec.final_ln)
     "mean": Site("product", "LayerNorm row mean", "rescale the weights", LN_SCALE_EXTRA),
@@ -261,32 +263,36 @@ class Trace:
         return y
 
     # ---------------------------------------------------------------- attention ----
-    def variant_attention(self, layer: str, x: np.ndarray) -> np.ndarray:
+    def variant_attention(self, layer: str, x: np.ndarray, masked: bool = False) -> np.ndarray:
         """A softmax-style attention (mha.heads): projections, scores and the kernel inputs
-        of the model's variant."""
+        of the model's variant. ``masked``: the causal rows, which are also the KV-cache
+        decode steps' rows (protocols.kv_cache: a step's row is the masked row); only the
+        kept (causal) scores reach the kernels."""
         w, h, rec = self.attn[layer], self.cfg.n_heads, self.rec
         q, k, v = (x @ w[n] for n in ("wq", "wk", "wv"))
         rec.mag(layer, "proj", q, k, v)
         q, k, v = (np.ascontiguousarray(M.split_heads(t, h)) for t in (q, k, v))
         s = MV.scores(q, k)
-        rec.mag(layer, "vscores", s)
+        keep = np.tril(np.ones(s.shape[-2:])) if masked else np.ones(s.shape[-2:])
+        kept = s[..., keep.astype(bool)]
+        rec.mag(layer, "vscores", kept)
         kind = self.cfg.attention
         if kind == "softmax":
-            rec.span(layer, "exp", s)
+            rec.span(layer, "exp", kept)
             with np.errstate(over="ignore", invalid="ignore"):   # out of range: refused
-                e = np.exp(s)
+                e = np.exp(s) * keep
                 rec.span(layer, "den", e.sum(-1))
                 rec.mag(layer, "vout", e @ v)
         elif kind == "power-softmax":
-            e = s ** MV.POWER
-            rec.mag(layer, "power", s * s, e)
+            e = s ** MV.POWER * keep
+            rec.mag(layer, "power", kept * kept, e)
             rec.span(layer, "den", MV.POWER_EPS + e.sum(-1))
             rec.mag(layer, "vout", e @ v)
         else:
-            rec.mag(layer, "sigma", s)
-            rec.mag(layer, "vout", np.maximum(s, 0) @ v)
+            rec.mag(layer, "sigma", kept)
+            rec.mag(layer, "sigma_sum", (np.maximum(s, 0) * keep) @ v)
         with np.errstate(over="ignore", invalid="ignore"):
-            o = MV.ref_heads(kind, q, k, v)
+            o = MV.ref_heads(kind, q, k, v, masked)
         rec.mag(layer, "vout", o)
         y = M.merge_heads(o) @ w["wo"]
         rec.mag(layer, "wo", y)
@@ -415,14 +421,16 @@ class Trace:
 
     def lm(self, x: np.ndarray) -> np.ndarray:
         """The decoder-only LM (protocols.causal_lm): its prefill and every decode step of
-        the sequence x (B, T, d), layer by layer. Returns the final hidden rows."""
+        the sequence x (B, T, d), layer by layer (Performer's decode blocks, or the causal
+        rows a KV cache computes). Returns the final hidden rows."""
         cfg = self.cfg
+        attn = (self.variant_attention if cfg.attention != M.PERFORMER else self.masked_steps)
         for i in range(cfg.n_dec_layers):
             pre = f"dec.{i}"
             if cfg.norm_first:
-                x = x + self.masked_steps(f"{pre}.self", self.ln(f"{pre}.ln1", x), True)
+                x = x + attn(f"{pre}.self", self.ln(f"{pre}.ln1", x), True)
                 x = x + self.ffn(f"{pre}.ffn", self.ln(f"{pre}.ln2", x))
             else:
-                x = self.ln(f"{pre}.ln1", x + self.masked_steps(f"{pre}.self", x, True))
+                x = self.ln(f"{pre}.ln1", x + attn(f"{pre}.self", x, True))
                 x = self.ln(f"{pre}.ln2", x + self.ffn(f"{pre}.ffn", x))
         return self.ln("dec.final_ln", x) if cfg.norm_first else x

@@ -1,7 +1,8 @@
 """ModelConfig.attention: the seed papers' attention variants selectable in an
 encoder-classifier (softmax, power-softmax, sigma-relu; relu-performer stays the default and
-the only one with an incremental decode state) - config, weights (no Omega), float64
-reference, secure classify against it, declared cost, calibration."""
+the only one the encoder-decoder takes; decoder-only LMs: tests/test_kv_cache_lm.py) -
+config, weights (no Omega), float64 reference, secure classify against it, declared cost,
+calibration."""
 import json
 
 import numpy as np
@@ -34,8 +35,8 @@ def test_config_weights_and_refusals(tmp_path):
     assert M.load_model(tmp_path / "m.npz")[0] == cfg
     with pytest.raises(ValueError, match="attention='linear'"):
         clf("linear")
-    with pytest.raises(ValueError, match="incremental decode state"):
-        M.ModelConfig(**COMMON, arch="decoder-only", n_dec_layers=1, tgt_vocab=5,
+    with pytest.raises(ValueError, match="decode state for relu-performer only"):
+        M.ModelConfig(**COMMON, n_enc_layers=1, n_dec_layers=1, src_vocab=5, tgt_vocab=5,
                       attention="softmax").validate()
 
 

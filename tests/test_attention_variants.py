@@ -14,6 +14,7 @@ import pytest
 from conftest import share, value
 from protocols import attention as A
 from protocols import attention_variants as V
+from protocols.model import variants as MV
 
 B, H, S, DH = 2, 3, 7, 8
 BOUND = 2e-3
@@ -109,3 +110,40 @@ def test_softmax_attention_declared_cost(run, masked, exp, rng):
     _check(run, lambda p, a, b, c: A.softmax_attention(p, a, b, c, masked=masked, exp=exp),
            A.ref_softmax_attention(*qkv, masked=masked, exp=exp),
            V.cost_softmax_attention(run.cfg, B, H, S, S, DH, masked, exp), qkv)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_sigma_attention_per_row_length(run, qkv, masked):
+    """length="keys": each row divided by its own number of keys (i + 1 when causal), the
+    form models use; unmasked it is the paper's constant Sk."""
+    want = V.ref_sigma_attention(*qkv, "relu", masked, length="keys")
+    rows = np.arange(1, S + 1)[:, None] if masked else S
+    by_hand = (np.maximum(MV.scores(*qkv[:2]), 0) * (np.tril(np.ones((S, S))) if masked else 1)
+               ) @ qkv[2] / rows
+    assert np.abs(want - by_hand).max() < 1e-12
+    _check(run, lambda p, a, b, c: V.sigma_attention(p, a, b, c, "relu", masked, "keys"),
+           want, V.cost_sigma_attention(run.cfg, B, H, S, S, DH, "relu", masked, "keys"), qkv)
+    with pytest.raises(ValueError, match="relu' only"):
+        V.cost_sigma_attention(run.cfg, B, H, S, S, DH, (0.0, 1.0), masked, "keys")
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("kind", ["softmax", "power-plain", "power-stable"])
+def test_fused_division_matches_and_saves_four_rounds(run, qkv, kind, masked):
+    """fused=True (the models' form): (e @ v) / den with e @ v and the product by 1/den
+    riding in the reciprocal's Newton products - same values, 4 rounds fewer."""
+    if kind == "softmax":
+        fn = lambda fused: lambda p, a, b, c: A.softmax_attention(  # noqa: E731
+            p, a, b, c, masked=masked, exp="limit", fused=fused)
+        ref = A.ref_softmax_attention(*qkv, masked=masked)
+        cost = lambda fused: V.cost_softmax_attention(  # noqa: E731
+            run.cfg, B, H, S, S, DH, masked, "limit", fused)
+    else:
+        form = kind.split("-")[1]
+        fn = lambda fused: lambda p, a, b, c: V.power_softmax(  # noqa: E731
+            p, a, b, c, 4, 1e-2, form, masked, fused)
+        ref = V.ref_power_softmax(*qkv, 4, 1e-2, form, masked)
+        cost = lambda fused: V.cost_power_softmax(  # noqa: E731
+            run.cfg, B, H, S, S, DH, 4, form, masked, 1e-2, fused)
+    _check(run, fn(True), ref, cost(True), qkv)
+    assert cost(True).rounds == cost(False).rounds - 4

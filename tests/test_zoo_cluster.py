@@ -147,3 +147,25 @@ def test_new_kinds_are_no_linear_function_of_their_input(zoo):
             for out in (logits, h0, h1):
                 if cand.shape == out.shape:
                     assert np.abs(out - cand).max() > 1e-2
+
+
+@pytest.mark.parametrize("attention", ["softmax", "power-softmax", "sigma-relu"])
+def test_cli_generate_with_a_kv_cache_lm(zoo, attention):
+    """A random softmax-style LM (secret KV cache, protocols.kv_cache) shared with
+    share-model (calibrated) and run with `mpc3 generate` over party processes: the tokens
+    of the plaintext greedy decoding (seed 3: top-2 logit margin > 1e-2 along the path)."""
+    from test_causal_lm import top2_gap
+    cfg = M.ModelConfig(**COMMON, arch="decoder-only", n_dec_layers=2, tgt_vocab=257,
+                        attention=attention).validate()
+    w, user = M.random_weights(cfg, 3), M.random_user(cfg, 3)
+    path = zoo.lm_file.parent / f"lm-{attention}.npz"
+    M.save_model(path, cfg, w, user)
+    prompt = np.array([list(PROMPT.encode())])
+    ref = M.greedy_generate(cfg, w, user, prompt, 6, eos=256)
+    assert top2_gap(cfg, w, user, prompt, ref) > 1e-2
+    r = _mpc3("share-model", path, "--config", zoo.path, "--model-id", f"lm-{attention}")
+    assert r.returncode == 0, r.stderr
+    r = _mpc3("generate", "--config", zoo.path, "--model-id", f"lm-{attention}", "--model",
+              path, "--tokens", 6, PROMPT)
+    assert r.returncode == 0, r.stderr
+    assert f"tokens: {ref[0]}" in r.stderr and "per token" in r.stderr

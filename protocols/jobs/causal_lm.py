@@ -5,9 +5,11 @@ Computation ``generate`` (the model's own inference; permitted by default):
 
 * ``lm_prefill`` (session open): input ``X`` (B, T, d), the embedded prompt -> output ``H``
   (B, d), the final hidden row of its last position; keeps the secret decode state of every
-  layer (:class:`protocols.causal_lm.LMState`) in the session.
+  layer (:class:`protocols.causal_lm.LMState`: Performer prefix sums, or the secret KV
+  cache of a softmax-style attention) in the session.
 * ``lm_step`` (session step): input ``Y`` (B, d), the newest embedded token -> ``H`` (B, d).
-  O(1) in the prefix length; refused once the session holds ``max_len`` tokens.
+  O(1) in the prefix length (relu-performer; a KV cache: O(t) bytes, constant rounds);
+  refused once the session holds ``max_len`` tokens.
 * ``lm_close`` (session, no inputs): forgets the state.
 
 The query user applies the LM head (``out.w``, ``out.b``, its own tensors) to ``H`` and picks

@@ -11,10 +11,12 @@ Decoder-only causal LM (``arch = "decoder-only"``, GPT-style), per layer ``dec.i
     post-LN:  x = LN1(x + MaskedMHA(x));  x = LN2(x + FFN(x))
     pre-LN:   x = x + MaskedMHA(LN1(x));  x = x + FFN(LN2(x));  final LN dec.final_ln
 
-with the ReLU-Performer masked attention of :func:`ref_mha` (``causal=True``). The query user
-embeds tokens with ``embed.tgt`` (:func:`protocols.model.embed`) and applies the LM head
-``out.w``, ``out.b`` locally (:func:`protocols.model.output_logits`).
-:class:`RefLMState` / :func:`ref_lm_step` are the incremental form (O(1) per token).
+with the masked attention of :func:`ref_mha` (``causal=True``): ReLU-Performer or a
+softmax-style one (:mod:`.variants`). The query user embeds tokens with ``embed.tgt``
+(:func:`protocols.model.embed`) and applies the LM head ``out.w``, ``out.b`` locally
+(:func:`protocols.model.output_logits`). :class:`RefLMState` / :func:`ref_lm_step` are the
+incremental form: Performer's prefix sums (O(1) per token), or a KV cache (the token's row
+against every cached key, O(t) per token) for the softmax-style attentions.
 """
 from __future__ import annotations
 
@@ -22,9 +24,10 @@ from typing import Mapping
 
 import numpy as np
 
-from .config import DECODER_ONLY, ENCODER_CLASSIFIER, ModelConfig
-from .features import attn_norm, ref_features, split_heads
+from .config import DECODER_ONLY, ENCODER_CLASSIFIER, PERFORMER, ModelConfig
+from .features import attn_norm, merge_heads, ref_features, split_heads
 from .reference import _ffn, _ln, _step_attn, ref_encoder, ref_mha
+from .variants import ref_heads
 from .weights import Weights
 
 
@@ -60,17 +63,26 @@ def ref_lm(cfg: ModelConfig, w: Weights, x, form: str = "kv") -> np.ndarray:
 
 class RefLMState:
     """Incremental LM state: per layer the running sum G = sum_j K'_j^T V_j (B, h, r, dh)
-    and the number ``t`` of tokens consumed."""
+    (relu-performer) or the KV cache ``K``, ``V`` (B, h, t, dh) of every token so far (the
+    softmax-style attentions), and the number ``t`` of tokens consumed."""
 
     def __init__(self, cfg: ModelConfig, batch: int):
         _need(cfg, DECODER_ONLY)
         self.t = 0
-        self.G = [np.zeros((batch, cfg.n_heads, cfg.n_features, cfg.d_head))
-                  for _ in range(cfg.n_dec_layers)]
+        h, dh = cfg.n_heads, cfg.d_head
+        self.G = [np.zeros((batch, h, cfg.n_features, dh)) for _ in range(cfg.n_dec_layers)]
+        self.K = [np.zeros((batch, h, 0, dh)) for _ in range(cfg.n_dec_layers)]
+        self.V = [np.zeros((batch, h, 0, dh)) for _ in range(cfg.n_dec_layers)]
 
 
 def _self(cfg, w, i, state, x_t):
     p = w.sub(f"dec.{i}.self")
+    if cfg.attention != PERFORMER:        # KV cache: the new row against every key so far
+        q, k, v = (split_heads((x_t @ p[n])[:, None, :], cfg.n_heads)
+                   for n in ("wq", "wk", "wv"))
+        state.K[i] = np.concatenate([state.K[i], k], axis=2)
+        state.V[i] = np.concatenate([state.V[i], v], axis=2)
+        return merge_heads(ref_heads(cfg.attention, q, state.K[i], state.V[i]))[:, 0] @ p["wo"]
     kf = ref_features(cfg, p, x_t[:, None, :], "k")[:, :, 0, :]
     v = split_heads((x_t @ p["wv"])[:, None, :], cfg.n_heads)[:, :, 0, :]
     state.G[i] = state.G[i] + np.einsum("bhr,bhd->bhrd", kf, v)

@@ -35,8 +35,9 @@ ATTN_NORMS = ("const", "mean")
 #: FFN activations (``ffn_act``): ReLU (Privformer), exact-erf GELU (mpc3.kernels.activations,
 #: |x| <= 2^13), or none (a linear FFN, as in AERO's softmax-only block).
 FFN_ACTS = ("relu", "gelu", "none")
-#: Attention of the model (``attention``; float64 references in :mod:`.variants`). Only
-#: relu-performer has an incremental decode state; the others are encoder-classifier only.
+#: Attention of the model (``attention``; float64 references in :mod:`.variants`). The
+#: encoder-decoder needs relu-performer (its decoder's secure state is Performer's prefix
+#: sums); a decoder-only LM decodes the others with a secret KV cache (protocols.kv_cache).
 ATTENTIONS = ("relu-performer", "softmax", "power-softmax", "sigma-relu")
 PERFORMER = "relu-performer"
 #: Keys every architecture may carry and omits from its dictionary at their default value.
@@ -123,10 +124,11 @@ class ModelConfig:
             raise ValueError(f"ln_eps={self.ln_eps!r} must be a finite float > 0")
         if self.attention not in ATTENTIONS:
             raise ValueError(f"attention={self.attention!r} must be one of {ATTENTIONS}")
-        if self.attention != PERFORMER and self.arch != ENCODER_CLASSIFIER:
-            raise ValueError(f"attention={self.attention!r} needs arch {ENCODER_CLASSIFIER!r}: "
-                             f"only {PERFORMER} has a secure incremental decode state (a KV "
-                             f"cache protocol for softmax-style decoding is not built yet)")
+        if self.attention != PERFORMER and self.arch == ENCODER_DECODER:
+            raise ValueError(f"attention={self.attention!r} is not available for arch "
+                             f"{ENCODER_DECODER!r}: its decoder has a secure decode state "
+                             f"for {PERFORMER} only (softmax-style attention decodes in "
+                             f"arch {DECODER_ONLY!r} and runs in {ENCODER_CLASSIFIER!r})")
         if self.ffn_act not in FFN_ACTS:
             raise ValueError(f"ffn_act={self.ffn_act!r} must be one of {FFN_ACTS}")
         if not isinstance(self.norm_first, (bool, np.bool_)):

@@ -4,7 +4,9 @@
 * ``softmax`` - softmax(q k^T / sqrt(dh)) v (exact exp);
 * ``power-softmax`` - seed 000's PowerSoftmax, Eq. 4: s^p / (eps + sum_j s^p), p =
   :data:`POWER`, eps = :data:`POWER_EPS`;
-* ``sigma-relu`` - seed 002's scaled sigma-attention with sigma = ReLU: ReLU(s) v / L.
+* ``sigma-relu`` - seed 002's scaled sigma-attention with sigma = ReLU: ReLU(s) v / L, L the
+  number of keys the row attends to (S unmasked; i + 1 for causal row i, so a decoder's row
+  never depends on later tokens and a KV-cache step computes exactly the masked row).
 
 The secure protocols computing them are in :mod:`protocols.attention` (softmax) and
 :mod:`protocols.attention_variants`; these functions are the one float64 definition both the
@@ -52,12 +54,18 @@ def ref_power_softmax(q, k, v, power=POWER, eps=POWER_EPS, form="plain", masked=
 
 
 def ref_sigma_attention(q, k, v, sigma="relu", masked=False, length=None):
-    """(sigma(s) * M) v / L, sigma = ReLU or public polynomial coefficients (c_0, c_1, ...)."""
+    """(sigma(s) * M) v / L, sigma = ReLU or public polynomial coefficients (c_0, c_1, ...);
+    L = ``length``: None = Sk for every row (the paper's constant), an int, or "keys" = the
+    row's number of keys (i + 1 masked, Sk unmasked)."""
     s = scores(q, k)
     Sq, Sk = s.shape[-2:]
     act = np.maximum(s, 0) if isinstance(sigma, str) else sum(
         c * s ** i for i, c in enumerate(sigma))
-    return (act * _mask(Sq, Sk, masked)) @ v / (Sk if length is None else length)
+    if isinstance(length, str) and length != "keys":
+        raise ValueError(f"sigma attention: length={length!r} must be None, an int or 'keys'")
+    mask = _mask(Sq, Sk, masked)
+    L = mask.sum(-1)[:, None] if isinstance(length, str) else (Sk if length is None else length)
+    return (act * mask) @ v / L
 
 
 def ref_heads(attention: str, q, k, v, masked: bool = False) -> np.ndarray:
@@ -67,5 +75,5 @@ def ref_heads(attention: str, q, k, v, masked: bool = False) -> np.ndarray:
     if attention == "power-softmax":
         return ref_power_softmax(q, k, v, masked=masked)
     if attention == "sigma-relu":
-        return ref_sigma_attention(q, k, v, masked=masked)
+        return ref_sigma_attention(q, k, v, masked=masked, length="keys")
     raise ValueError(f"unknown attention {attention!r} (one of {ATTENTIONS})")

@@ -1,0 +1,114 @@
+"""Secret KV cache of a softmax-style causal self-attention: incremental decoding of a
+decoder-only LM whose ``attention`` is softmax, power-softmax or sigma-relu
+(:func:`protocols.mha.heads`; float64: :func:`protocols.model.variants.ref_heads`).
+
+These attentions have no fixed-size prefix state like Performer's G = sum_j K'_j^T V_j:
+a new token's row needs every earlier key and value. Each party keeps, per layer, its
+replicated shares of the projected keys and values of every token so far
+(:class:`KVCache`, (B, h, capacity, d_head) each, capacity = the model's ``max_len``; shares
+only, nothing is opened; the arrays grow by doubling as tokens arrive, up to the capacity:
+per party 32 h d_head bytes per token, layer and batch row, at most twice that while it
+grows - not max_len tokens' worth from the session's start). :func:`attend` appends the new tokens' k, v rows (local) and
+
+* on an empty cache with one query row per new token (the prompt): the causally masked
+  attention of those rows (``heads(masked=True)``: only the T(T+1)/2 causal scores are
+  reshared and transformed);
+* with a single query row (a decode step, or the last prompt row when only its output is
+  needed): that row against all t cached keys, unmasked - exactly row t of the masked
+  attention (sigma-relu divides by the row's number of keys, t, in both).
+
+All heads go through one kernel call per protocol step (scores for all heads in one product,
+one exp / power / ReLU call, one reciprocal, one weighted-V product), so a step's rounds do
+not depend on h or t; its bytes grow linearly in t (scores, exp and weights of t keys per
+head): :func:`cost_attend`. Ranges: those of the attention (module docstrings of
+:mod:`protocols.attention_variants` and :func:`protocols.attention.softmax_attention`;
+scores in ``fxp.EXP_RANGE`` for softmax), checked per site by the calibration
+(:meth:`protocols.sites.Trace.lm`) on the same rows.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from mpc3.kernels.base import Cost
+from mpc3.party import Party
+from mpc3.shares import AShare
+
+from .mha import cost_heads, heads
+
+
+def _zeros(B: int, h: int, n: int, dh: int) -> AShare:
+    return AShare(np.zeros((B, h, n, dh), np.uint64), np.zeros((B, h, n, dh), np.uint64))
+
+
+@dataclass
+class KVCache:
+    """Shares of the keys and values of the first ``t`` tokens (rows >= t are zero), at most
+    ``capacity`` tokens."""
+
+    k: AShare          # (B, h, allocated rows, dh)
+    v: AShare
+    capacity: int
+    t: int = 0
+
+    @staticmethod
+    def empty(B: int, h: int, dh: int, capacity: int) -> "KVCache":
+        if capacity < 1:
+            raise ValueError(f"KV cache capacity={capacity} must be >= 1")
+        return KVCache(_zeros(B, h, 0, dh), _zeros(B, h, 0, dh), int(capacity))
+
+    @property
+    def batch(self) -> int:
+        return self.k.shape[0]
+
+    def append(self, k: AShare, v: AShare) -> None:
+        """Keep n new tokens' rows, k and v (B, h, n, dh). Local."""
+        n, t = k.shape[2], self.t
+        B, h, rows, dh = self.k.shape
+        if k.shape[:2] != (B, h) or k.shape != v.shape or k.shape[3] != dh:
+            raise ValueError(f"KV rows {k.shape}/{v.shape} do not fit the cache "
+                             f"{self.k.shape}")
+        if t + n > self.capacity:
+            raise ValueError(f"the KV cache holds {t} tokens; {n} more exceed its capacity "
+                             f"of {self.capacity} (max_len)")
+        if t + n > rows:                                  # grow by doubling, up to capacity
+            grow = min(self.capacity, max(2 * rows, t + n))
+            for name in ("k", "v"):
+                old, new = getattr(self, name), _zeros(B, h, grow, dh)
+                new.a[:, :, :t], new.b[:, :, :t] = old.a[:, :, :t], old.b[:, :, :t]
+                setattr(self, name, new)
+        for cache, new in ((self.k, k), (self.v, v)):
+            cache.a[:, :, t:t + n] = new.a
+            cache.b[:, :, t:t + n] = new.b
+        self.t = t + n
+
+    def rows(self) -> tuple[AShare, AShare]:
+        """The cached keys and values, (B, h, t, dh) each."""
+        return self.k[:, :, :self.t], self.v[:, :, :self.t]
+
+
+def _shape(t0: int, n: int, rows: int) -> None:
+    if n < 1 or rows not in (1, n) or (rows > 1 and t0):
+        raise ValueError(f"attend: {rows} query rows for {n} new tokens after {t0} cached: "
+                         f"give one row per token on an empty cache (a prompt) or one row "
+                         f"(the newest token)")
+
+
+def attend(p: Party, attention: str, cache: KVCache, q: AShare, k: AShare,
+           v: AShare) -> AShare:
+    """Append the n new tokens' k, v (B, h, n, dh) and return the attention of the query
+    rows q (B, h, rows, dh): rows = n on an empty cache (causal mask) or rows = 1 (the
+    newest token against every cached key). Cost: :func:`cost_attend`."""
+    t0, n, rows = cache.t, k.shape[2], q.shape[2]
+    _shape(t0, n, rows)
+    cache.append(k, v)
+    keys, values = cache.rows()
+    return heads(p, attention, q, keys, values, masked=rows > 1)
+
+
+def cost_attend(p_cfg, attention: str, B: int, h: int, dh: int, t0: int, n: int = 1,
+                rows: int = 1) -> Cost:
+    """Declared rounds and bytes per party of :func:`attend` (t0 tokens cached before)."""
+    _shape(t0, n, rows)
+    return cost_heads(p_cfg, attention, B, h, rows, t0 + n, dh, masked=rows > 1)
