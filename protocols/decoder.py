@@ -125,7 +125,7 @@ def decoder(p: Party, cfg: M.ModelConfig, shares: dict, y: AShare, enc: AShare,
 #: Which projections a decode step forms inside the LayerNorm before them (FUSIONS names
 #: them): each saves the projection's 2 rounds per layer and costs one truncated product per
 #: projection output (rs times x W) - ~0.37 MB per token of the Privformer workload for
-#: "ffn" or "cross" (W1: d_ff, cross W^Q: h r outputs), 0.88 MB for "self" (W^Q, W^K, W^V).
+#: "ffn" or "cross" (W1: d_ff, cross W^Q: h r outputs), 0.73 MB for "self" (W^Q, W^K, W^V).
 #: The default keeps a token within 10 % of the bytes it had before fusion (issue 12);
 #: ("self", "cross", "ffn") gives the fewest rounds.
 FUSIONS = ("self", "cross", "ffn")

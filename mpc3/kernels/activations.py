@@ -9,7 +9,10 @@ segments with low-degree polynomials chosen by comparisons), re-cut for rounds:
   (reweighted least squares -> near-minimax, 4.3e-4 max error after quantisation; the cut points minimise
   the largest of the four errors). Three segments need degree 8 (one more product
   layer), five reach 4e-5 at one more comparison, product and injection per element.
-* Comparisons. All five c_k = [x >= t_k] in ONE drelu_a call (a thermometer code).
+* Comparisons. All five c_k = [x >= t_k] in ONE DReLU call (a thermometer code), running in
+  the rounds of the quartics (:func:`mpc3.parallel.parallel`) and left masked so its last
+  AND layer rides in the injection's first round (convert.drelu_masked / mul_masked):
+  7 rounds in all.
 * Quartics in two product layers, all segments at once. Layer 1: y = x^2 (one product,
   kept at S = frac + e bits). Each segment j is written around a centre m_j (a multiple
   of 2^-(e+1), so 2 m_j x is exact at scale S) in u = x - m_j, so its coefficients stay small (sum |a_k u^k| <= 4
@@ -20,7 +23,7 @@ segments with low-degree polynomials chosen by comparisons), re-cut for rounds:
   integers of K bits, quantised one at a time with the others refitted (so quantisation
   costs < 1e-5).
 * Selection. With V_0 = 0, V_1..V_4 = P_1..P_4, V_5 = x, the output is
-  sum_k c_k (V_{k+1} - V_k) (it telescopes to V_j on segment j): one batched mul_ab over
+  sum_k c_k (V_{k+1} - V_k) (it telescopes to V_j on segment j): one batched injection of
   the five bits, no one-hot conversion. Values of segments an input is not in may be
   garbage (their products overflow for large |x|); they cancel exactly in the ring.
   Horner would need four sequential products per segment (8 rounds in exact mode) instead
@@ -43,8 +46,9 @@ Outside the range: up to |x| < 2^15 - 4 - 2^-8 the comparisons are still right (
 one bit of margin) and so is the result; beyond 2^15 + 4 every comparison is wrong -
 positive x give 0 and negative x give x - and from 2^16 + 4 about half are (garbage).
 
-Cost (:func:`cost_gelu`): rounds = DReLU (6) + 2 product layers + injection (2) = 12 in
-exact mode, 10 in prob mode; bytes: 5 comparisons, 1 + 4 products, 5 injections per element.
+Cost (:func:`cost_gelu`): rounds = max(DReLU without its last AND layer (5), 2 product
+layers (4 | 2)) + injection (2) = 7 in both modes (was 12 / 10 one after the other); bytes:
+5 comparisons, 1 + 4 products, 5 injections per element.
 """
 from __future__ import annotations
 
@@ -54,6 +58,7 @@ import math
 import numpy as np
 
 from .. import ring
+from ..parallel import parallel
 from ..party import Party, RingConfig
 from ..shares import AShare
 from . import arith, convert
@@ -118,23 +123,37 @@ def gelu_table(extra: int, coef_bits: int) -> tuple[np.ndarray, np.ndarray]:
     return np.array(centres), np.array(coefs)
 
 
+def _wide(v: AShare, k: int) -> AShare:
+    """(n,) -> (n, k), the same value in every column."""
+    return AShare(np.repeat(v.a[:, None], k, 1), np.repeat(v.b[:, None], k, 1))
+
+
 def gelu_a(p: Party, x: AShare) -> AShare:
     """GELU(x) (erf form) for |x| <= gelu_limit(cfg), same scale; error GELU_ERROR.
     Algorithm and costs: module docstring. Cost: :func:`cost_gelu`."""
     f, (e, K) = p.cfg.frac, GELU_SCALES[p.cfg.trunc]
-    S = f + e
     shape = x.shape
     x = x.reshape(-1)
     n, nt = x.size, len(GELU_BREAKS)
+    diff = arith.add_public(p, _wide(x, nt), -ring.encode(np.array(GELU_BREAKS), f)[None, :])
+    # c_k = [x >= t_k] (5 DReLUs, kept masked for the injection) in the rounds of the quartics
+    bits, poly = parallel(p, lambda q: convert.drelu_masked(q, diff.reshape(-1)),
+                          lambda q: _quartics(q, x, e, K))
+    zero = np.zeros((n, 1), dtype=np.uint64)
+    values = AShare.concat([poly, x.reshape(n, 1)], 1)                # V_1..V_5
+    below = AShare.concat([AShare(zero, zero.copy()), poly], 1)       # V_0..V_4
+    # 5 injections, 2 rounds (the comparison's last AND layer in the first)
+    picked = convert.mul_masked(p, bits, (values - below).reshape(-1)).reshape(n, nt)
+    return AShare(picked.a.sum(axis=1), picked.b.sum(axis=1)).reshape(shape)
+
+
+def _quartics(p: Party, x: AShare, e: int, K: int) -> AShare:
+    """The four segment quartics P_j(x), (n, 4) at scale frac: two product layers."""
+    f, S = p.cfg.frac, p.cfg.frac + e
+    n = x.size
     centres, a = gelu_table(e, K)
     nseg = centres.size
-
-    def wide(v: AShare, k: int) -> AShare:                  # (n,) -> (n, k), same row
-        return AShare(np.repeat(v.a[:, None], k, 1), np.repeat(v.b[:, None], k, 1))
-
-    diff = arith.add_public(p, wide(x, nt), -ring.encode(np.array(GELU_BREAKS), f)[None, :])
-    bits = convert.drelu_a(p, diff.reshape(-1))    # c_k = [x >= t_k]: 5 DReLUs, 6 rounds
-
+    wide = _wide
     y = arith.mul_aa(p, x, x, trunc=2 * f - S)     # x^2 at scale S: 1 product, 2 | 1 rounds
     xs = wide(x.scale(1 << e), nseg)                         # x at scale S
     u = arith.add_public(p, xs, -ring.encode(centres, S)[None, :])
@@ -152,21 +171,15 @@ def gelu_a(p: Party, x: AShare) -> AShare:
     right = AShare(np.stack([L.a, one.a], -1)[..., None], np.stack([L.b, one.b], -1)[..., None])
     # 4 products (one per segment), 2 | 1 rounds
     poly = arith.matmul_aa(p, left, right, trunc=2 * S + K - f).reshape(n, nseg)
-    poly = arith.add_public(p, poly, ring.encode(a[:, 0], f)[None, :])  # P_j at scale f
-
-    zero = np.zeros((n, 1), dtype=np.uint64)
-    values = AShare.concat([poly, x.reshape(n, 1)], 1)                # V_1..V_5
-    below = AShare.concat([AShare(zero, zero.copy()), poly], 1)       # V_0..V_4
-    # 5 injections, 2 rounds
-    picked = convert.mul_ab(p, bits, (values - below).reshape(-1)).reshape(n, nt)
-    return AShare(picked.a.sum(axis=1), picked.b.sum(axis=1)).reshape(shape)
+    return arith.add_public(p, poly, ring.encode(a[:, 0], f)[None, :])  # P_j at scale f
 
 
 def cost_gelu(n: int, cfg: RingConfig) -> Cost:
     """Rounds and bytes per party of :func:`gelu_a` on ``n`` elements."""
     f, (e, K) = cfg.frac, GELU_SCALES[cfg.trunc]
     S, nt = f + e, len(GELU_BREAKS)
-    return (convert.cost_drelu(n * nt, *convert.window_for(cfg))
-            + arith.cost_mul(n, 2 * f - S, f, cfg.trunc)
-            + arith.cost_mul(n * (nt - 1), 2 * S + K - f, f, cfg.trunc)
-            + convert.cost_inject(n * nt, fused=False))
+    quartics = (arith.cost_mul(n, 2 * f - S, f, cfg.trunc)
+                + arith.cost_mul(n * (nt - 1), 2 * S + K - f, f, cfg.trunc))
+    return (Cost.parallel(convert.cost_drelu(n * nt, *convert.window_for(cfg), fused=True),
+                          quartics)
+            + convert.cost_inject(n * nt, fused=True))

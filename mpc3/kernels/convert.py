@@ -360,6 +360,35 @@ def mul_ab(p: Party, bit: BShare, x: AShare) -> AShare:
     return _inject(p, rows, bit, from_masked=False).reshape(x.shape)
 
 
+class MaskedBits:
+    """DReLU bits still in the masked 3-out-of-3 form of their last AND layer (one party's
+    part): :func:`drelu_masked` makes them, :func:`mul_masked` consumes them once. Keeping
+    them masked lets the injection's first round carry that layer, as relu_a does."""
+
+    def __init__(self, planes: np.ndarray, n: int) -> None:
+        self.planes, self.n = planes, n
+
+
+def drelu_masked(p: Party, x: AShare, win: tuple[int, int] | None = None) -> MaskedBits:
+    """DReLU(x) as :class:`MaskedBits` (for :func:`mul_masked`). Cost:
+    ``cost_drelu(n, L, m, fused=True)`` - one round less than drelu_a."""
+    p.new_op()
+    e, flat = _drelu_bits(p, x, exact=False, fused=True, win=win)
+    return MaskedBits(e, flat.size)
+
+
+def mul_masked(p: Party, bits: MaskedBits, y: AShare) -> AShare:
+    """DReLU bit * y for the bits of :func:`drelu_masked` (y of their size, or one row of
+    values per bit). Together with drelu_masked: DReLU(x) * y in the rounds of relu_a, e.g.
+    a public-table lookup sum_j [x >= t_j] (V_{j+1} - V_j) with y computed meanwhile.
+    Cost: ``cost_inject(n, fused=True, cols)``."""
+    if y.shape[0] != bits.n and y.size != bits.n:
+        raise ValueError(f"mul_masked: {bits.n} bits for values of shape {y.shape}")
+    p.new_op()
+    rows = y.reshape(-1) if y.size == bits.n else y.reshape(bits.n, -1)
+    return _inject(p, rows, bits.planes, from_masked=True).reshape(y.shape)
+
+
 def select_ab(p: Party, bit: BShare, x: AShare, y: AShare) -> AShare:
     """bit ? y : x  (= x + bit * (y - x)). Cost: :func:`cost_inject`."""
     return x + mul_ab(p, bit, y - x)

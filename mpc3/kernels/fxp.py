@@ -59,7 +59,7 @@ import numpy as np
 from .. import ring
 from ..parallel import parallel
 from ..party import Party
-from ..shares import AShare, BShare, bits_to_planes, planes_to_bits
+from ..shares import AShare
 from . import arith, convert
 from .base import Cost
 
@@ -106,19 +106,6 @@ def _best_line(power: float, width: float) -> tuple[float, float]:
     return float(coef[0]), float(coef[1])
 
 
-def _one_hot(p: Party, c: BShare, rows: int, k: int) -> BShare:
-    """Local: thermometer bits c (rows x k, [x >= t_j]) -> one-hot interval bits
-    (rows x (k+1)): e_0 = 1 ^ c_0, e_j = c_{j-1} ^ c_j, e_k = c_{k-1}."""
-    halves = []
-    for half, holds_one in ((c.a, p.rank == 0), (c.b, p.rank == 2)):   # slot 0 gets the 1
-        bits = planes_to_bits(half, rows * k)[0].reshape(rows, k)
-        pad = np.zeros((rows, 1), dtype=np.uint8)
-        left = np.concatenate([pad + (1 if holds_one else 0), bits], 1)
-        right = np.concatenate([bits, pad], 1)
-        halves.append(bits_to_planes((left ^ right).reshape(1, -1)))
-    return BShare(halves[0], halves[1], rows * (k + 1))
-
-
 @functools.lru_cache(maxsize=None)
 def _table(power: float, per_octave: int, linear: bool, f: int, mode: str):
     """Public table of :func:`_init_guess`: thresholds 2^e, per-interval alpha (and for a
@@ -141,14 +128,17 @@ def _table(power: float, per_octave: int, linear: bool, f: int, mode: str):
 
 
 def _init_guess(p: Party, x: AShare, power: float, per_octave: int, linear: bool) -> AShare:
-    """x^(-power) from one batched comparison against thresholds 2^(j/per_octave) and one
-    injection: y0 = sum_j e_j * (a_j + b_j x) over the one-hot interval bits e_j.
+    """x^(-power) from one batched comparison against thresholds t_j = 2^(j/per_octave) and one
+    injection. With c_j = [x >= t_j] (a thermometer code) and V_j the interval's value
+    (alpha_j, or alpha_j + beta_j x for a ``linear`` table), the guess telescopes:
+    y0 = V_0 + sum_j c_j (V_{j+1} - V_j); the comparison's last AND layer rides in the
+    injection's first round (convert.drelu_masked / mul_masked).
 
-    The products b_j * x are formed for every interval alongside the comparison (public
+    The products beta_j * x are formed for every interval alongside the comparison (public
     scalings, one truncation running in the comparison's rounds (:func:`mpc3.parallel.parallel`)
     with a per-interval shift that keeps ~20 significant bits); only the selected one survives
-    the injection, so its error is that of a single truncation. Without ``linear`` the table is the interval's geometric middle.
-    Cost: :func:`cost_init_guess`.
+    the sum (the injection is exact), so its error is that of a single truncation. Without
+    ``linear`` the table is the interval's geometric middle. Cost: :func:`cost_init_guess`.
     """
     f = p.cfg.frac
     exps, alpha, beta, shifts = _table(power, per_octave, linear, f, p.cfg.trunc)
@@ -158,23 +148,22 @@ def _init_guess(p: Party, x: AShare, power: float, per_octave: int, linear: bool
     diff = arith.add_public(p, AShare(np.repeat(flat.a[:, None], k, 1),
                                       np.repeat(flat.b[:, None], k, 1)),
                             -ring.encode(2.0 ** exps, f)[None, :]).reshape(-1)
-    compare = lambda q: convert.drelu_a(q, diff, win=_window(f))  # noqa: E731
+    compare = lambda q: convert.drelu_masked(q, diff, win=_window(f))  # noqa: E731
     if linear:           # the slope products do not depend on the comparison: shared rounds
         scaled = np.round(beta * 2.0 ** shifts)
         wide = AShare(np.repeat(flat.a[:, None], k + 1, 1), np.repeat(flat.b[:, None], k + 1, 1))
         prods = wide.scale(ring.from_signed(scaled.astype(np.int64))[None, :]).reshape(-1)
         slope, above = parallel(p, lambda q: arith.trunc_a(q, prods, np.tile(shifts, rows)),
                                 compare)
-        slope = slope.reshape(rows, k + 1)
+        values = arith.add_public(p, slope.reshape(rows, k + 1),
+                                  np.tile(ring.encode(alpha, f), (rows, 1)))
     else:
         above = compare(p)
-    bits = _one_hot(p, above, rows, k)
-    if not linear:
-        values = arith.public_share(p, np.tile(ring.encode(alpha, f), rows))
-    else:
-        values = arith.add_public(p, slope, np.tile(ring.encode(alpha, f), (rows, 1)))
-    picked = convert.mul_ab(p, bits, values.reshape(-1)).reshape(rows, k + 1)
-    return AShare(picked.a.sum(axis=1), picked.b.sum(axis=1)).reshape(x.shape)
+        values = arith.public_share(p, np.tile(ring.encode(alpha, f), (rows, 1)))
+    steps = AShare(values.a[:, 1:] - values.a[:, :-1], values.b[:, 1:] - values.b[:, :-1])
+    picked = convert.mul_masked(p, above, steps.reshape(-1)).reshape(rows, k)
+    return AShare(values.a[:, 0] + picked.a.sum(axis=1),
+                  values.b[:, 0] + picked.b.sum(axis=1)).reshape(x.shape)
 
 
 def _window(f: int) -> tuple[int, int]:
@@ -186,11 +175,11 @@ def cost_init_guess(n: int, power: float, per_octave: int, linear: bool, frac: i
                     mode: str) -> Cost:
     exps, _, _, shifts = _table(power, per_octave, linear, frac, mode)
     k = exps.size
-    compare = convert.cost_drelu(n * k, *_window(frac))
+    compare = convert.cost_drelu(n * k, *_window(frac), fused=True)
     if linear:
         compare = Cost.parallel(arith.cost_trunc_shifts(np.tile(shifts, n), mode, from_rss=True),
                                 compare)
-    return compare + convert.cost_inject(n * (k + 1), False)
+    return compare + convert.cost_inject(n * k, True)
 
 
 def _const(p: Party, x: AShare, c: float) -> AShare:
@@ -215,8 +204,9 @@ def sqrt_inv_a(p: Party, x: AShare, mode: str = "auto") -> AShare:
     """1/sqrt(x) for shared x in SQRT_INV_RANGE (Privformer Alg. 4, leak-free), same scale.
 
     mode "fast": sixteenth-octave thresholds with the best line per interval (rel. error
-    9e-5 plus fixed point), no Newton step: 8 rounds, ~37 KB per input. mode "lean":
-    quarter-octave thresholds, constant guess (4.4 %), two Newton steps: 16 rounds, ~7 KB per input.
+    9e-5 plus fixed point), no Newton step: 7 rounds, ~37 KB per input. mode "lean":
+    quarter-octave thresholds, constant guess (4.4 %), two Newton steps: 15 rounds, ~7 KB per
+    input.
     "auto" picks "fast" for at most FAST_ROWS inputs (decoding steps) and "lean" otherwise
     (whole sequences). Newton step y <- y + y/2 - (x y)(y^2)/2 in two multiplication layers:
     x*y, y^2 (kept at frac + SQ_EXTRA bits) and y/2 in one call with per-element shifts,
@@ -263,7 +253,7 @@ def cost_sqrt_inv(n: int, mode: str, frac: int, trunc: str) -> Cost:
 def reciprocal_a(p: Party, x: AShare, iterations: int = 2) -> AShare:
     """1/x for shared x in RECIPROCAL_RANGE: leak-free half-octave linear initialisation
     (1.5 %) + Newton y <- y (2 - x y) twice. Error: RECIPROCAL_ERROR (for the default two
-    iterations). Cost: :func:`cost_reciprocal` (8 + 4 * iterations rounds)."""
+    iterations). Cost: :func:`cost_reciprocal` (7 + 4 * iterations rounds)."""
     y = _init_guess(p, x, 1.0, per_octave=2, linear=True)
     for _ in range(iterations):
         xy = arith.mul_aa(p, x, y)
