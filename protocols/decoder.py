@@ -28,8 +28,8 @@ from . import attention as A
 from . import model as M
 from .ffn import cost_ffn, ffn
 from .layernorm import cost_layernorm, layernorm
-from .mha import (cost_features, cost_finish, cost_project, features, finish, mha, project,
-                  split_heads)
+from .mha import (add_bias, cost_features, cost_finish, cost_project, features, finish, mha,
+                  project, split_heads)
 from .secure_model import PROJ_EXTRA, sub
 
 
@@ -49,6 +49,9 @@ def cross_precompute(p: Party, cfg: M.ModelConfig, shares: dict, enc: AShare,
     ws = [sub(shares, f"dec.{i}.cross") for i in range(L)]
     wcat = AShare.concat([AShare.concat([w["wk_proj"], w["wv_c"]], axis=1) for w in ws], axis=1)
     y = arith.matmul_aa(p, enc, wcat, trunc=p.cfg.frac + PROJ_EXTRA)
+    if "bk" in ws[0]:                                  # attention biases: local
+        bcat = AShare.concat([AShare.concat([w["bk"], w["bv"]], axis=0) for w in ws], axis=0)
+        y = add_bias(y, {"b": bcat}, "b")
     nk, d = ws[0]["wk_proj"].shape[1], cfg.d_model
     ks, vs = [], []
     for i in range(L):

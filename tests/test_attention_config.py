@@ -36,7 +36,12 @@ def test_config_weights_and_refusals(tmp_path):
         clf("linear")
     with pytest.raises(ValueError, match="incremental decode state"):
         M.ModelConfig(**COMMON, arch="decoder-only", n_dec_layers=1, tgt_vocab=5,
-                      attention="softmax").validate()
+                      attention="power-softmax").validate()
+    lm = M.ModelConfig(**COMMON, arch="decoder-only", n_dec_layers=1, tgt_vocab=5,
+                       attention="softmax").validate()        # a reference; secure: refused
+    from protocols import secure_model as SM
+    with pytest.raises(ValueError, match="no secure protocol yet"):
+        SM.share_model(lm, M.random_weights(lm, 1))
 
 
 @pytest.mark.parametrize("attention", VARIANTS)
