@@ -107,6 +107,10 @@ def test_bert_reference_matches_transformers(bert, tmp_path, capsys):
     assert np.abs(f64).max() > 0.1                              # not a trivial output
     assert np.max(np.abs(ours - f64)) < 1e-9
     assert np.max(np.abs(ours - f32)) < 1e-4
+    from argparse import Namespace                  # `mpc3 infer --ids` embeds the same way
+    from app.cli.models import _embedded_ids
+    x = _embedded_ids(Namespace(model=str(tmp_path / "imported.npz"), ids="4,7,1"))
+    np.testing.assert_array_equal(x, M.embed_tokens(cfg, user, [[4, 7, 1]]))
 
 
 def test_bert_shares_calibrates_and_classifies_securely(bert, tmp_path):
