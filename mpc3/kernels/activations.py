@@ -199,8 +199,8 @@ def tanh_a(p: Party, x: AShare) -> AShare:
     input leaves EXP_RANGE but its result stays 0 or 1 ulp down to about -120, so tanh is
     still right up to |x| ~ 60; beyond, garbage; from |x| >= relu_limit (2^14) the sign too.
 
-    Cost (:func:`cost_tanh`): drelu + 2 injections + exp + reciprocal: 6 + 2 + 16 + 18 + 2
-    = 44 rounds in exact mode."""
+    Cost (:func:`cost_tanh`): drelu (6) + injection (2) + exp + reciprocal + injection (2)
+    rounds: 44 in exact mode with exp 16 and reciprocal 18."""
     shape = x.shape
     x = x.reshape(-1)
     b = convert.drelu_a(p, x)                                  # [x >= 0]
