@@ -87,7 +87,7 @@ def _needs_y(cfg: M.ModelConfig) -> bool:
 
 def _input_table(cfg: M.ModelConfig) -> str:
     """The embedding table of the model's first input ``X``."""
-    return "embed.tgt" if cfg.arch == M.DECODER_ONLY else "embed.src"
+    return M.input_table(cfg)
 
 
 def load_samples(path) -> Samples:
@@ -107,8 +107,24 @@ def load_samples(path) -> Samples:
     return Samples(pick("X"), pick("Y"))
 
 
-def embedding_range(cfg: M.ModelConfig, table: np.ndarray) -> float:
-    """Largest |table[tok] * sqrt(d) + PE[pos]| over every token and position < max_len."""
+def embedding_range(cfg: M.ModelConfig, table: np.ndarray,
+                    user: Mapping[str, np.ndarray] | None = None) -> float:
+    """Largest |x| of an embedded input over every token (and token type) and position <
+    max_len: |table[tok] * sqrt(d) + PE[pos]| (sinusoidal), |table[tok] + embed.pos[pos] +
+    embed.type[type]| (learned). For ``learned-ln`` a bound instead: a LayerNorm output is
+    at most |gamma_k| sqrt(d - 1) + |beta_k| in coordinate k, whatever its input."""
+    if cfg.embedding == "learned-ln":
+        g, b = (np.abs(np.asarray(user[k], dtype=np.float64)) for k in
+                ("embed.ln.gamma", "embed.ln.beta"))
+        return float((g * math.sqrt(max(cfg.d_model - 1, 1)) + b).max())
+    if cfg.embedding == "learned":
+        e = np.asarray(table, dtype=np.float64)
+        pe = np.asarray(user["embed.pos"], dtype=np.float64)
+        if "embed.type" in user:
+            t = np.asarray(user["embed.type"], dtype=np.float64)
+            e = np.concatenate([e + t.max(0), e + t.min(0)])
+        hi, lo = e.max(0)[None, :] + pe, e.min(0)[None, :] + pe
+        return float(max(np.abs(hi).max(), np.abs(lo).max()))
     e = np.asarray(table, dtype=np.float64) * math.sqrt(cfg.d_model)
     pe = M.positional_encoding(cfg.max_len, cfg.d_model)
     hi = e.max(0)[None, :] + pe
@@ -133,7 +149,7 @@ def default_samples(cfg: M.ModelConfig, user: Mapping[str, np.ndarray],
     vocab = cfg.tgt_vocab if cfg.arch == M.DECODER_ONLY else cfg.src_vocab
     X, Y, quarter = [], [], max(1, cfg.max_len // 4)
     for S in sorted({cfg.max_len, max(1, cfg.max_len // 2), quarter, 1}, reverse=True):
-        X.append(M.embed(cfg, user[table], rng.integers(0, vocab, (n_seq, S))))
+        X.append(M.embed_tokens(cfg, user, rng.integers(0, vocab, (n_seq, S)), table=table))
         if _needs_y(cfg):
             T = cfg.max_len if S == cfg.max_len else quarter
             Y.append(M.embed(cfg, user["embed.tgt"], rng.integers(0, cfg.tgt_vocab, (n_seq, T))))
@@ -235,7 +251,8 @@ class Calibration:
             return (f"{layer}: {s.what} falls to {v[0]:.3g}, below {name} [{lo:.2g}, {hi:.6g}]"
                     f" with safety margin {m:g} (min {lo * m:.3g}); raise ln_eps to at least "
                     f"{lo:.3g} (the default {M.DEFAULT_LN_EPS:.3g})")
-        kernel = {"product": "a truncated product", "relu": "ReLU", "gelu": "GELU"}[s.kernel] + \
+        kernel = {"product": "a truncated product", "relu": "ReLU", "gelu": "GELU",
+                  "tanh": "tanh"}[s.kernel] + \
             (f" (+{s.extra} fractional bits)" if s.extra else "")
         return (f"{layer}: {s.what} reaches {v:.3g}, above the limit {hi:.6g} of {kernel} "
                 f"with safety margin {m:g} (max {hi / m:.3g}); {s.advice}")
@@ -271,7 +288,7 @@ def calibrate(cfg: M.ModelConfig, weights: M.Weights, samples: Samples,
         rng_in["Y"] = max(float(np.abs(y).max()) for y in samples.Y)
     table = _input_table(cfg)
     if user and table in user:
-        rng_in["X"] = embedding_range(cfg, user[table])
+        rng_in["X"] = embedding_range(cfg, user[table], user)
         if _needs_y(cfg) and "embed.tgt" in user:
             rng_in["Y"] = embedding_range(cfg, user["embed.tgt"])
     if cfg.arch == M.DECODER_ONLY:        # prefill X and step Y embed the same tokens

@@ -45,7 +45,7 @@ from . import model as M
 from .ffn import cost_ffn, ffn
 from .kv_cache import KVCache, attend, cost_attend
 from .layernorm import cost_layernorm, layernorm
-from .mha import (cost_features, cost_finish, cost_project, features, finish, merge_heads,
+from .mha import (add_bias, cost_features, cost_finish, cost_project, features, finish, merge_heads,
                   project)
 from .secure_model import sub
 
@@ -130,7 +130,8 @@ def _ln(p, cfg, shares, prefix, x):
 def _kv_attention(p: Party, cfg: M.ModelConfig, w: dict, st: KVCache, q: AShare, k: AShare,
                   v: AShare) -> AShare:
     """Softmax-style attention through the layer's KV cache, then W^O (cost: _kv_attn)."""
-    return arith.matmul_aa(p, merge_heads(attend(p, cfg.attention, st, q, k, v)), w["wo"])
+    return add_bias(arith.matmul_aa(p, merge_heads(attend(p, cfg.attention, st, q, k, v)),
+                                    w["wo"]), w, "bo")
 
 
 def _check(cfg: M.ModelConfig) -> None:

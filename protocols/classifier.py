@@ -7,7 +7,9 @@ Steps, for an embedded input x (B, S, d) shared by the query user:
 2. pooling and head in two rounds: the sum over the S positions is local, ``z = (sum_s h_s)
    @ head.w`` is one matmul (B*C outputs truncated), and the public 1/S scales ``z`` with one
    truncation (:func:`protocols.attention.scale_public`, ROW_SCALE_EXTRA bits) - scaling the
-   B*C logits rather than the B*d pooled rows; ``head.b`` is added locally;
+   B*C logits rather than the B*d pooled rows; ``head.b`` is added locally. With ``pool``
+   ``cls-tanh`` (BERT): the first row, ``tanh(h_0 @ pool.w + pool.b)`` (one matmul and
+   :func:`mpc3.kernels.activations.tanh_a`), then the head (one matmul);
 3. optionally (:func:`argmax_a`) the arg-max class: a tournament over the C logits, each
    level one drelu_a on the differences of neighbouring pairs ([a >= b], so ties go to the
    lower index, as numpy's argmax) and one mul_ab of the bit into (a - b, i_a - i_b) rows;
@@ -39,20 +41,41 @@ from .layernorm import cost_layernorm
 from .mha import cost_mha
 
 
+def _add_row(x: AShare, b: AShare) -> AShare:
+    return x + AShare(np.broadcast_to(b.a, x.shape).copy(), np.broadcast_to(b.b, x.shape).copy())
+
+
 def pool_head(p: Party, cfg: M.ModelConfig, shares: dict, h: AShare) -> AShare:
-    """Mean over positions, then the head: h (B, S, d) -> logits (B, n_classes).
+    """Pooling (``cfg.pool``), then the head: h (B, S, d) -> logits (B, n_classes).
     Cost: :func:`cost_pool_head`."""
+    if cfg.pool == "cls-tanh":
+        return cls_tanh_head(p, shares, h)
     S = h.shape[1]
     s = AShare(h.a.sum(axis=1, dtype=np.uint64), h.b.sum(axis=1, dtype=np.uint64))
     z = arith.matmul_aa(p, s, shares["head.w"])
     logits = A.scale_public(p, z, 1.0 / S, A.ROW_SCALE_EXTRA)
-    b = shares["head.b"]
-    return logits + AShare(np.broadcast_to(b.a, logits.shape).copy(),
-                           np.broadcast_to(b.b, logits.shape).copy())
+    return _add_row(logits, shares["head.b"])
 
 
-def cost_pool_head(p_cfg, B: int, n_classes: int) -> Cost:
-    return (arith.cost_mul(B * n_classes, True, p_cfg.frac, p_cfg.trunc)
+def cls_tanh_head(p: Party, shares: dict, h: AShare) -> AShare:
+    """BERT's pooler and head: tanh(h[:, 0] @ pool.w + pool.b) @ head.w + head.b. The first
+    ([CLS]) row is a local slice; two matmuls and one tanh_a (|pre-activation| <=
+    activations.TANH_LIMIT, calibration site ``tanh``)."""
+    from mpc3.kernels import activations
+    cls = AShare(np.ascontiguousarray(h.a[:, 0]), np.ascontiguousarray(h.b[:, 0]))
+    z = _add_row(arith.matmul_aa(p, cls, shares["pool.w"]), shares["pool.b"])
+    return _add_row(arith.matmul_aa(p, activations.tanh_a(p, z), shares["head.w"]),
+                    shares["head.b"])
+
+
+def cost_pool_head(p_cfg, B: int, n_classes: int, pool: str = "mean", d: int = 0) -> Cost:
+    """:func:`pool_head` on B rows (``d``: model width, for ``pool`` cls-tanh)."""
+    f, mode = p_cfg.frac, p_cfg.trunc
+    if pool == "cls-tanh":
+        from mpc3.kernels import activations
+        return (arith.cost_mul(B * d, True, f, mode) + activations.cost_tanh(B * d, p_cfg)
+                + arith.cost_mul(B * n_classes, True, f, mode))
+    return (arith.cost_mul(B * n_classes, True, f, mode)
             + A.cost_scale_public(B * n_classes, p_cfg, A.ROW_SCALE_EXTRA))
 
 
@@ -79,7 +102,7 @@ def cost_classify(p_cfg, cfg: M.ModelConfig, B: int, S: int) -> Cost:
         cost = cost + layer
     if cfg.norm_first:
         cost = cost + cost_layernorm(p_cfg, rows, d)
-    return cost + cost_pool_head(p_cfg, B, cfg.n_classes)
+    return cost + cost_pool_head(p_cfg, B, cfg.n_classes, cfg.pool, d)
 
 
 def argmax_a(p: Party, x: AShare) -> AShare:

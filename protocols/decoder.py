@@ -28,7 +28,7 @@ from . import attention as A
 from . import model as M
 from .ffn import cost_ffn_hidden, ffn, ffn_hidden
 from .layernorm import cost_layernorm, cost_layernorm_project, layernorm, layernorm_project
-from .mha import (cost_features, cost_finish, cost_project, features, finish, mha, project,
+from .mha import (add_bias, cost_features, cost_finish, cost_project, features, finish, mha, project,
                   split_heads)
 from .secure_model import PROJ_EXTRA, sub
 
@@ -49,6 +49,9 @@ def cross_precompute(p: Party, cfg: M.ModelConfig, shares: dict, enc: AShare,
     ws = [sub(shares, f"dec.{i}.cross") for i in range(L)]
     wcat = AShare.concat([AShare.concat([w["wk_proj"], w["wv_c"]], axis=1) for w in ws], axis=1)
     y = arith.matmul_aa(p, enc, wcat, trunc=p.cfg.frac + PROJ_EXTRA)
+    if "bk" in ws[0]:                                  # attention biases: local
+        bcat = AShare.concat([AShare.concat([w["bk"], w["bv"]], axis=0) for w in ws], axis=0)
+        y = add_bias(y, {"b": bcat}, "b")
     nk, d = ws[0]["wk_proj"].shape[1], cfg.d_model
     ks, vs = [], []
     for i in range(L):
@@ -173,13 +176,7 @@ def _ln_bias(p: Party, cfg: M.ModelConfig, shares: dict, fuse=DEFAULT_FUSE
         return {}
     got = arith.mul_many_aa(p, [(shares[f"{ln}.beta"].reshape(1, -1), shares[w], "matmul",
                                  _proj_bits(p.cfg, w)) for ln, w in pairs])
-    out = {}
-    for (ln, w), v in zip(pairs, got):
-        v = v.reshape(-1)
-        if w.endswith(".w1"):
-            v = v + shares[w[:-len("w1")] + "b1"]
-        out[(ln, w)] = v
-    return out
+    return {(ln, w): _plus_bias(shares, w, v.reshape(-1)) for (ln, w), v in zip(pairs, got)}
 
 
 def cost_ln_bias(p_cfg, cfg: M.ModelConfig, folded: bool = True, fuse=DEFAULT_FUSE) -> Cost:
@@ -249,16 +246,22 @@ def _ln_proj(p, cfg, shares, state, ln: str, x, want_y: bool, names: list[str]):
         y = _ln(p, cfg, shares, ln, x)
         got = arith.mul_many_aa(p, [(y, shares[w], "matmul", _proj_bits(p.cfg, w))
                                     for w in names])
-        return (y if want_y else None), {w: _plus_b1(shares, w, o) for w, o in zip(names, got)}
+        return (y if want_y else None), {w: _plus_bias(shares, w, o) for w, o in zip(names, got)}
     assert fused == names, (fused, names)
     y, outs = layernorm_project(p, x, shares[f"{ln}.gamma"], shares[f"{ln}.beta"], cfg.ln_eps,
                                 [(shares[w], _proj_bits(p.cfg, w)) for w in names], want_y)
     return y, {w: o + _bcast_row(state.ln_bias[(ln, w)], o.shape) for w, o in zip(names, outs)}
 
 
-def _plus_b1(shares, name: str, o: AShare) -> AShare:
-    return o + _bcast_row(shares[name[:-len("w1")] + "b1"], o.shape) if name.endswith(".w1") \
-        else o
+#: the bias added after each projection's product: the FFN's b1, the attention biases
+#: (ModelConfig.attn_bias, present in the shares only then)
+_BIAS = {"w1": "b1", "wq_proj": "bq", "wk_proj": "bk", "wv_c": "bv"}
+
+
+def _plus_bias(shares, name: str, o: AShare) -> AShare:
+    prefix, leaf = name.rsplit(".", 1)
+    b = shares.get(f"{prefix}.{_BIAS[leaf]}")
+    return o if b is None else o + _bcast_row(b, o.shape)
 
 
 def _cost_ln_proj(p_cfg, cfg, B: int, ln: str, names: list[str], want_y: bool, folded: bool,
@@ -322,8 +325,8 @@ def decoder_step(p: Party, cfg: M.ModelConfig, shares: dict, state: DecodeState,
     post = not cfg.norm_first
     got = {}
     if post and cfg.n_dec_layers:                  # the first layer projects its own input
-        got = dict(zip(_names(0)["self"], arith.mul_many_aa(
-            p, [(x, shares[w], "matmul", _proj_bits(p.cfg, w)) for w in _names(0)["self"]])))
+        got = {w: _plus_bias(shares, w, o) for w, o in zip(_names(0)["self"], arith.mul_many_aa(
+            p, [(x, shares[w], "matmul", _proj_bits(p.cfg, w)) for w in _names(0)["self"]]))}
     for i in range(cfg.n_dec_layers):
         pre = f"dec.{i}"
         ws, wc, wf = sub(shares, f"{pre}.self"), sub(shares, f"{pre}.cross"), sub(shares, f"{pre}.ffn")

@@ -16,6 +16,9 @@ with the public constant c folded into the three of them,
 Models with another ``attention`` (softmax, power-softmax, sigma-relu) take steps 1 and 6
 and run :func:`heads` (one call per kernel step, all heads) in between; a decoder-only LM
 keeps their keys and values in :class:`protocols.kv_cache.KVCache`.
+
+Attention biases (``cfg.attn_bias``; shares ``bq, bk, bv, bo`` scaled and folded like their
+weights, :mod:`protocols.secure_model`) are added locally after steps 1 and 6 (no rounds).
 """
 from __future__ import annotations
 
@@ -49,6 +52,15 @@ def _check_x(cfg: M.ModelConfig, x: AShare, name: str) -> None:
         raise ValueError(f"{name} must have shape (B, S, d_model={cfg.d_model}), got {x.shape}")
 
 
+def add_bias(x: AShare | None, w: dict, name: str) -> AShare | None:
+    """x + w[name] broadcast over the leading dimensions, when the model has that attention
+    bias (ModelConfig.attn_bias); local, no communication."""
+    if x is None or name not in w:
+        return x
+    b = w[name]
+    return AShare(x.a + np.broadcast_to(b.a, x.shape), x.b + np.broadcast_to(b.b, x.shape))
+
+
 def project(p: Party, cfg: M.ModelConfig, w: dict, xq: AShare, xkv: AShare | None,
             want_q: bool = True, want_kv: bool = True):
     """Q, K, V projections in one call; returns per-head (B,h,S,.) shares (None if not wanted)."""
@@ -59,7 +71,8 @@ def project(p: Party, cfg: M.ModelConfig, w: dict, xq: AShare, xkv: AShare | Non
     # one product call, one reshare + truncation for all (no [W^Q|W^K|W^V] copy per call)
     got = dict(zip(names, A.mul_many(p, [(xq if n == "wq_proj" else src, w[n], "matmul")
                                          for n in names], trunc=bits)))
-    q, k, v = got.get("wq_proj"), got.get("wk_proj"), got.get("wv_c")
+    q, k, v = (add_bias(got.get(n), w, b) for n, b in
+               (("wq_proj", "bq"), ("wk_proj", "bk"), ("wv_c", "bv")))
     sp = lambda t: None if t is None else split_heads(t, h)  # noqa: E731
     return sp(q), sp(k), sp(v)
 
@@ -104,7 +117,7 @@ def finish(p: Party, cfg: M.ModelConfig, w: dict, o: AShare, n_keys) -> AShare:
     a decode state's K'^T V), merge heads, @ W^O."""
     if cfg.attn_norm == "mean" and n_keys is not None:
         o = A.scale_rows(p, o, 1.0 / np.asarray(n_keys, dtype=np.float64))
-    return arith.matmul_aa(p, merge_heads(o), w["wo"])
+    return add_bias(arith.matmul_aa(p, merge_heads(o), w["wo"]), w, "bo")
 
 
 def mha(p: Party, cfg: M.ModelConfig, w: dict, xq: AShare, xkv: AShare | None = None,
@@ -118,7 +131,8 @@ def mha(p: Party, cfg: M.ModelConfig, w: dict, xq: AShare, xkv: AShare | None = 
             raise ValueError("causal attention is self attention (xkv must be None)")
     q, k, v = project(p, cfg, w, xq, xkv)
     if cfg.attention != M.PERFORMER:
-        return arith.matmul_aa(p, merge_heads(heads(p, cfg.attention, q, k, v, causal)), w["wo"])
+        o = heads(p, cfg.attention, q, k, v, causal)
+        return add_bias(arith.matmul_aa(p, merge_heads(o), w["wo"]), w, "bo")
     qf, kf = features(p, cfg, w, q, k)
     Sq, Sk = qf.shape[2], kf.shape[2]
     if causal:

@@ -15,6 +15,10 @@ Share layout (every tensor a replicated sharing over Z_2^64; names below an atte
   into V alone would leave c*V with few significant bits, and not folding it would let the
   unnormalised sums approach the ring's 2^26 limit;
 * ``p.omega`` (h, dh, r) at ``frac`` bits (unfolded only); ``p.wo`` (d, d) at ``frac`` bits;
+* attention biases (``cfg.attn_bias``), all at ``frac`` bits and added locally after the
+  product's truncation: ``p.bq``, ``p.bk`` = ``s * b^Q``, ``s * b^K`` (d) - folded,
+  ``s * b^Q Omega`` per head (h*r) - ``p.bv`` = ``attn_c / s^2 * b^V``, ``p.bo`` = ``b^O``:
+  the same factors as their weights, since (X W + b) * f = X (f W) + f b;
 * LayerNorm ``gamma``, ``beta`` and FFN ``w1, b1, w2, b2``: as in the Weights, ``frac`` bits.
 
 The projection weights carry PROJ_EXTRA more fractional bits (and their products are truncated
@@ -67,6 +71,10 @@ def plain_tensors(cfg: M.ModelConfig, weights: M.Weights, fold_omega: bool = Tru
             out[f"{prefix}.{leaf}_proj"] = (qk_scale * src, PROJ_EXTRA)
         elif leaf == "wv":
             out[f"{prefix}.wv_c"] = (v_scale * t, PROJ_EXTRA)
+        elif leaf in ("bq", "bk"):
+            out[name] = (qk_scale * (folded[f"{name}_omega"] if fold_omega else t), 0)
+        elif leaf == "bv":
+            out[name] = (v_scale * t, 0)
         elif leaf == "omega" and fold_omega:
             continue
         else:
@@ -112,6 +120,8 @@ def check_shares(cfg: M.ModelConfig, shares: dict[str, AShare], fold_omega: bool
             expect[f"{prefix}.{leaf}_proj"] = (d, h * r) if fold_omega else (d, d)
         elif leaf == "wv":
             expect[f"{prefix}.wv_c"] = shape
+        elif leaf in ("bq", "bk"):
+            expect[name] = (h * r,) if fold_omega else (d,)
         elif leaf == "omega" and fold_omega:
             continue
         else:

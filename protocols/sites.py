@@ -10,6 +10,7 @@ hands a value to a kernel that is exact only on a documented range:
   ROW_SCALE_EXTRA / LN_SCALE_EXTRA for the public 1/n and 1/d scalings);
 * ``relu``: relu_a inputs must satisfy |x| < ``convert.relu_limit(ring)``;
 * ``gelu``: gelu_a inputs must satisfy |x| <= ``activations.gelu_limit(ring)`` (2^13);
+* ``tanh``: tanh_a inputs (BERT's pooler) must satisfy |x| <= ``activations.TANH_LIMIT`` (24);
 * ``sqrt_inv``: sqrt_inv_a inputs must lie in ``fxp.SQRT_INV_RANGE``.
 
 * ``exp`` / ``reciprocal`` (models with softmax-style ``attention``): inputs inside
@@ -105,6 +106,10 @@ SITES: dict[str, Site] = {
                  ROW_SCALE_EXTRA),
     "argmax": Site("relu", "difference of two logits compared by the arg-max",
                    "rescale head.w and head.b"),
+    # BERT's pooler (pool cls-tanh): first row @ pool.w, tanh, @ head.w
+    "pool_dense": Site("product", "pooler product h[CLS] @ pool.w", "rescale pool.w"),
+    "tanh": Site("tanh", "pooler tanh input h[CLS] @ pool.w + pool.b",
+                 "rescale pool.w and pool.b"),
 }
 
 
@@ -117,6 +122,8 @@ def site_range(site: str, ring: RingConfig) -> tuple[float, float]:
         return 0.0, convert.relu_limit(ring)
     if s.kernel == "gelu":
         return 0.0, activations.gelu_limit(ring)
+    if s.kernel == "tanh":
+        return 0.0, activations.TANH_LIMIT
     if s.kernel == "exp":
         return tuple(float(v) for v in fxp.EXP_RANGE)
     if s.kernel == "reciprocal":
@@ -126,6 +133,12 @@ def site_range(site: str, ring: RingConfig) -> tuple[float, float]:
 
 #: secure weight share name -> the trace's weight name (ln_fused targets)
 _TRACE_NAME = {"wq_proj": "wq", "wk_proj": "wk", "wv_c": "wv", "w1": "w1"}
+
+
+def _bias(y: np.ndarray, w: dict, name: str, scale: float = 1.0) -> np.ndarray:
+    """y + scale * w[name] when the model has that attention bias (added after the
+    product, as the secure protocol does, so the product sites record y alone)."""
+    return y + scale * w[name] if name in w else y
 
 
 class Recorder:
@@ -234,15 +247,17 @@ class Trace:
     def _features(self, layer: str, x: np.ndarray, which: str, proj: bool = True) -> np.ndarray:
         """Q' or K' (B, h, S, r). The products are formed unfolded, s * (X W_h) Omega_h, which
         equals the folded s * X (W Omega)_h up to float rounding and costs r/d_head less."""
-        w = self.attn[layer]
-        t = x @ w[which]
-        pre = self.s * (np.ascontiguousarray(M.split_heads(t, self.cfg.n_heads)) @ w["omega"])
+        w, h = self.attn[layer], self.cfg.n_heads
+        t0 = x @ w[which]
+        t = _bias(t0, w, f"b{which[1]}")    # the bias is added after the product
+        pre = self.s * (np.ascontiguousarray(M.split_heads(t, h)) @ w["omega"])
         if self.fold:                       # one product X (s W Omega) per feature
             if proj:
-                self.rec.mag(layer, "proj", pre)
-        else:                               # X (s W), then (s X W)_h Omega_h
+                self.rec.mag(layer, "proj",
+                             self.s * (np.ascontiguousarray(M.split_heads(t0, h)) @ w["omega"]))
+        else:                               # X (s W), then (s X W + s b)_h Omega_h
             if proj:
-                self.rec.mag(layer, "proj", self.s * t)
+                self.rec.mag(layer, "proj", self.s * t0)
             self.rec.mag(layer, "omega", pre)
         self.rec.mag(layer, "features", pre)
         return M.relu(pre)
@@ -251,6 +266,7 @@ class Trace:
         v = self.vs * (x @ self.attn[layer]["wv"])
         if proj:
             self.rec.mag(layer, "proj", v)
+        v = _bias(v, self.attn[layer], "bv", self.vs)
         return np.ascontiguousarray(M.split_heads(v, self.cfg.n_heads))
 
     def _finish(self, layer: str, o: np.ndarray, n: np.ndarray | None) -> np.ndarray:
@@ -260,7 +276,7 @@ class Trace:
             self.rec.mag(layer, "rowscale", o)
         y = M.merge_heads(o) @ self.attn[layer]["wo"]
         self.rec.mag(layer, "wo", y)
-        return y
+        return _bias(y, self.attn[layer], "bo")
 
     # ---------------------------------------------------------------- attention ----
     def variant_attention(self, layer: str, x: np.ndarray, masked: bool = False) -> np.ndarray:
@@ -269,9 +285,10 @@ class Trace:
         decode steps' rows (protocols.kv_cache: a step's row is the masked row); only the
         kept (causal) scores reach the kernels."""
         w, h, rec = self.attn[layer], self.cfg.n_heads, self.rec
-        q, k, v = (x @ w[n] for n in ("wq", "wk", "wv"))
+        q, k, v = (x @ w[f"w{n}"] for n in "qkv")
         rec.mag(layer, "proj", q, k, v)
-        q, k, v = (np.ascontiguousarray(M.split_heads(t, h)) for t in (q, k, v))
+        q, k, v = (np.ascontiguousarray(M.split_heads(_bias(t, w, f"b{n}"), h))
+                   for t, n in ((q, "q"), (k, "k"), (v, "v")))
         s = MV.scores(q, k)
         keep = np.tril(np.ones(s.shape[-2:])) if masked else np.ones(s.shape[-2:])
         kept = s[..., keep.astype(bool)]
@@ -296,7 +313,7 @@ class Trace:
         rec.mag(layer, "vout", o)
         y = M.merge_heads(o) @ w["wo"]
         rec.mag(layer, "wo", y)
-        return y
+        return _bias(y, w, "bo")
 
     def self_attention(self, layer: str, x: np.ndarray) -> np.ndarray:
         """Encoder self attention; both core orders (kv, qk) are recorded, since the secure
@@ -411,11 +428,26 @@ class Trace:
         """protocols.classifier.classify: encoder, sum over positions @ head.w, times 1/S,
         + head.b; and the logit differences the arg-max compares. Returns the logits."""
         h, w = self.encoder(x), self.sub("head")
+        if self.cfg.pool == "cls-tanh":
+            return self._cls_tanh(h, w)
         z = h.sum(axis=1) @ w["w"]
         self.rec.mag("head", "head", z)
         z = z / h.shape[1]
         self.rec.mag("head", "pool", z)
         out = z + w["b"]
+        self.rec.mag("head", "argmax", out.max(axis=-1) - out.min(axis=-1))
+        return out
+
+    def _cls_tanh(self, h: np.ndarray, w: dict) -> np.ndarray:
+        """protocols.classifier.cls_tanh_head: BERT's pooler on the first row, the head."""
+        pw = self.sub("pool")
+        z = h[:, 0] @ pw["w"]
+        self.rec.mag("head", "pool_dense", z)
+        z = z + pw["b"]
+        self.rec.mag("head", "tanh", z)
+        out = np.tanh(z) @ w["w"]
+        self.rec.mag("head", "head", out)
+        out = out + w["b"]
         self.rec.mag("head", "argmax", out.max(axis=-1) - out.min(axis=-1))
         return out
 

@@ -11,7 +11,7 @@ import pytest
 from conftest import share, value
 from kernel_probe import Probe
 
-from mpc3.kernels import arith, convert, fxp
+from mpc3.kernels import activations, arith, convert, fxp
 from mpc3.party import RingConfig
 from mpc3.sim import make_parties, run_parties
 from protocols import calibrate as C
@@ -204,14 +204,14 @@ def test_probe_secure_run_matches_calibration(monkeypatch, kw, fold, block, unpr
 def test_site_limits_are_the_kernels_own():
     """Sites read their ranges from the kernels' named limits at run time."""
     assert {s.kernel for s in SITES.values()} == {"product", "relu", "gelu", "sqrt_inv", "exp",
-                                                  "reciprocal"}
+                                                  "reciprocal", "tanh"}
+    assert site_range("tanh", RingConfig()) == (0.0, activations.TANH_LIMIT)
     assert site_range("den", RingConfig()) == fxp.RECIPROCAL_RANGE
     assert site_range("exp", RingConfig()) == fxp.EXP_RANGE
     ring = RingConfig()
     assert site_range("proj", ring)[1] == arith.product_limit(ring.frac, SM.PROJ_EXTRA) == 2 ** 18
     assert site_range("features", ring)[1] == convert.relu_limit(ring)
     assert site_range("var_eps", ring) == fxp.SQRT_INV_RANGE
-    from mpc3.kernels import activations
     assert site_range("hidden_gelu", ring)[1] == activations.gelu_limit(ring) == 2 ** 13
 
 

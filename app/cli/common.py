@@ -37,14 +37,36 @@ def any_client(args, cfg, **kw):
     return cls(cfg, args.cert, args.key, **kw)
 
 
-def load_model_file(path: str, config_path: str | None = None):
-    """(config, weights, user tensors) of a model file - mpc3 ``.npz``, or ``.safetensors``
-    in mpc3's naming with its config from ``config_path`` or the file's metadata - or one
-    clear ValueError."""
+def load_model_file(path: str, config_path: str | None = None, fmt: str = "auto",
+                    notes: list | None = None):
+    """(config, weights, user tensors) of a model - mpc3 ``.npz``, ``.safetensors`` in mpc3's
+    naming with its config from ``config_path`` or the file's metadata, or a directory laid
+    out like Hugging Face BERT / GPT-2 (``fmt`` auto, hf-bert, hf-gpt2:
+    protocols.model.hf_import; its notes are appended to ``notes``) - or one clear
+    ValueError."""
     import zipfile
+    from pathlib import Path
 
-    from protocols.model import load_model
+    from protocols.model import hf_import, load_model
     from protocols.model.safetensors import load_safetensors_model
+    if fmt not in ("auto", *hf_import.FORMATS):
+        raise ValueError(f"--format {fmt!r}: choose auto, {', '.join(hf_import.FORMATS)}")
+    if fmt.startswith("hf-") or (fmt == "auto" and Path(path).is_dir()):
+        if config_path is not None:
+            raise ValueError("--model-config applies to mpc3 .safetensors files only (a "
+                             "Hugging Face directory carries its config.json)")
+        try:
+            cfg, w, user, told = hf_import.load_hf(path, fmt)
+        except FileNotFoundError as exc:
+            raise FileNotFoundError(f"model {exc.filename or path} not found") from None
+        except (ValueError, KeyError, TypeError, OSError) as exc:
+            what = f"missing config key {exc}" if isinstance(exc, KeyError) else exc
+            raise ValueError(f"{path}: cannot import: {what}") from None
+        if notes is not None:
+            notes.extend(told)
+        return cfg, w, user
+    if Path(path).is_dir():
+        raise ValueError(f"{path} is a directory: --format {fmt} reads a model file")
     try:
         if str(path).endswith(".safetensors"):
             return load_safetensors_model(path, config_path)

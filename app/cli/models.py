@@ -6,6 +6,7 @@
     mpc3 infer --config C --model-id ID --kind classify --input X.npy     (prints logits)
     mpc3 infer --config C --model-id ID --kind classify_argmax --input X.npy  (the class)
     mpc3 import MODEL.safetensors [--model-config CFG.json] --out MODEL.npz
+    mpc3 import HF_DIR [--format auto|hf-bert|hf-gpt2] --out MODEL.npz   (save_pretrained dir)
 """
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ from .common import add_client_creds, any_client, load, load_model_file
 
 def register(sub) -> None:
     p = sub.add_parser("share-model", help="secret-share a model's MPC weights to the parties")
-    p.add_argument("weights", help="model .npz (protocols/model format) or .safetensors "
-                   "(mpc3 tensor names; see docs/MODELS.md)")
+    p.add_argument("weights", help="model .npz (protocols/model format), .safetensors "
+                   "(mpc3 tensor names) or a Hugging Face BERT / GPT-2 directory (config.json "
+                   "+ model.safetensors; see docs/MODELS.md)")
     p.add_argument("--model-config", metavar="JSON",
                    help=".safetensors only: the model config (default: the file's metadata)")
     p.add_argument("--model-id", required=True)
@@ -67,8 +69,12 @@ def register(sub) -> None:
     p.set_defaults(func=_cmd_infer)
 
     p = sub.add_parser("import", help="check a model in another format and convert it to "
-                       "mpc3's .npz (or back to .safetensors)")
-    p.add_argument("source", help=".safetensors (mpc3 tensor names) or .npz")
+                       "mpc3's .npz (or to .safetensors in mpc3 naming)")
+    p.add_argument("source", help=".safetensors (mpc3 tensor names), .npz, or a directory "
+                   "as Hugging Face save_pretrained writes it (BERT, GPT-2)")
+    p.add_argument("--format", default="auto", choices=("auto", "mpc3", "hf-bert", "hf-gpt2"),
+                   help="layout of SOURCE (default auto: a directory by its config.json's "
+                   "model_type, a file as mpc3)")
     p.add_argument("--model-config", metavar="JSON",
                    help="the model config for a .safetensors source without one in its metadata")
     p.add_argument("--out", required=True, help="output .npz or .safetensors")
@@ -171,7 +177,7 @@ def _embedded_ids(args) -> np.ndarray:
         raise ValueError(f"--ids {args.ids!r}: expected comma-separated integers") from None
     if ids.size == 0 or ids.min() < 0 or ids.max() >= mcfg.src_vocab:
         raise ValueError(f"--ids must be 1..{mcfg.max_len} ids in 0..{mcfg.src_vocab - 1}")
-    return M.embed(mcfg, user["embed.src"], ids)
+    return M.embed_tokens(mcfg, user, ids, table="embed.src")   # learned positions too
 
 
 def _cmd_infer(args) -> int:
@@ -209,7 +215,8 @@ def _cmd_infer(args) -> int:
 def _cmd_import(args) -> int:
     from protocols.model import save_model
     from protocols.model.safetensors import save_safetensors_model
-    mcfg, weights, user = load_model_file(args.source, args.model_config)
+    notes: list[str] = []
+    mcfg, weights, user = load_model_file(args.source, args.model_config, args.format, notes)
     out = str(args.out)
     if out.endswith(".safetensors"):
         save_safetensors_model(out, mcfg, weights, user)
@@ -220,4 +227,6 @@ def _cmd_import(args) -> int:
     print(f"{args.source} -> {out}: {weights.n_params()} MPC parameters"
           f"{', query-user tensors ' + ', '.join(sorted(user)) if user else ''}; "
           f"config {json.dumps(mcfg.to_dict(), sort_keys=True)}")
+    for note in notes:
+        print(f"note: {note}")
     return 0

@@ -1,4 +1,5 @@
-"""Activations: gelu_a (exact erf GELU) - piecewise quartics selected by one batched DReLU.
+"""Activations: gelu_a (exact erf GELU) - piecewise quartics selected by one batched DReLU -
+and tanh_a (from exp and reciprocal; see its docstring).
 
 GELU(x) = x Phi(x) = x (1 + erf(x / sqrt 2)) / 2. The PUMA approach (Dong et al. 2023:
 segments with low-degree polynomials chosen by comparisons), re-cut for rounds:
@@ -61,7 +62,7 @@ from .. import ring
 from ..parallel import parallel
 from ..party import Party, RingConfig
 from ..shares import AShare
-from . import arith, convert
+from . import arith, convert, fxp
 from .base import Cost
 
 #: Comparison thresholds t_0..t_4: 0 below t_0, quartic j on [t_{j-1}, t_j), x from t_4 on.
@@ -183,3 +184,53 @@ def cost_gelu(n: int, cfg: RingConfig) -> Cost:
     return (Cost.parallel(convert.cost_drelu(n * nt, *convert.window_for(cfg), fused=True),
                           quartics)
             + convert.cost_inject(n * nt, fused=True))
+
+
+#: The one documented range of tanh_a (closed): |x| <= 24, so that -2|x| stays inside
+#: fxp.EXP_RANGE (lower end -48).
+TANH_LIMIT = -fxp.EXP_RANGE[0] / 2
+#: Error claim of tanh_a on its range (absolute), per truncation mode (prob: excluding its
+#: failures): exact 2 * (reciprocal 5e-6 + 2 ulp + exp's 4 ulp) ~ 6e-5, claimed 1e-4; prob
+#: carries exp's 240 ulp twice ~ 1.8e-3, claimed 2.5e-3. Measured on 22k points of [-24, 24]
+#: (dense near 0): 1.7e-5 exact, 1.8e-4 prob.
+TANH_ERROR = {"exact": 1e-4, "prob": 2.5e-3}
+
+
+def tanh_a(p: Party, x: AShare) -> AShare:
+    """tanh(x) for |x| <= TANH_LIMIT (24), same scale; error TANH_ERROR.
+
+    tanh is odd, so with s = 2 [x >= 0] - 1 and a = s x = |x|:
+    tanh(x) = s (1 - e) / (1 + e) = s (2 / (1 + e) - 1), e = exp(-2a) in (0, 1].
+
+    * one drelu_a for the bit b = [x >= 0] and one mul_ab for b x (a = 2 b x - x, local);
+    * exp_a of -2a (inside EXP_RANGE's negative part: error <= 4 ulp);
+    * reciprocal_a of 1 + e in [1, 2] (well inside RECIPROCAL_RANGE);
+    * t = 2 r - 1 (local) and one mul_ab for s t = 2 b t - t.
+
+    DReLU's either-answer region [-2^-12, 0) is harmless: a wrong bit gives s = +1 on a
+    negative x, a = x, and s tanh(s x) = tanh(x) for either sign. Outside the range: exp's
+    input leaves EXP_RANGE but its result stays 0 or 1 ulp down to about -120, so tanh is
+    still right up to |x| ~ 60; beyond, garbage; from |x| >= relu_limit (2^14) the sign too.
+
+    Cost (:func:`cost_tanh`): drelu (6) + injection (2) + exp + reciprocal + injection (2)
+    rounds: 44 in exact mode with exp 16 and reciprocal 18."""
+    shape = x.shape
+    x = x.reshape(-1)
+    b = convert.drelu_a(p, x)                                  # [x >= 0]
+    bx = convert.mul_ab(p, b, x)                               # b x
+    a = bx + bx - x                                            # |x| (local)
+    e = fxp.exp_a(p, -(a + a))                                 # e^(-2|x|) in (0, 1]
+    one = ring.encode(np.ones(x.shape), p.cfg.frac)
+    r = fxp.reciprocal_a(p, arith.add_public(p, e, one))       # 1 / (1 + e)
+    t = arith.add_public(p, r + r, ring.encode(-np.ones(x.shape), p.cfg.frac))  # tanh(|x|)
+    bt = convert.mul_ab(p, b, t)
+    return (bt + bt - t).reshape(shape)
+
+
+def cost_tanh(n: int, cfg: RingConfig) -> Cost:
+    """Rounds and bytes per party of :func:`tanh_a` on ``n`` elements."""
+    f = cfg.frac
+    return (convert.cost_drelu(n, *convert.window_for(cfg))
+            + convert.cost_inject(n, fused=False)
+            + fxp.cost_exp(n, "limit", f, cfg.trunc) + fxp.cost_reciprocal(n, f, cfg.trunc)
+            + convert.cost_inject(n, fused=False))

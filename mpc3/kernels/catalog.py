@@ -196,6 +196,18 @@ def _gelu_tolerance(shapes, cfg):
     return 0.0, activations.GELU_ERROR[cfg.trunc]
 
 
+def _tanh_inputs(rng, n, shape, cfg):
+    """The range's ends, zero, and values spread over it (mostly where tanh bends)."""
+    lim = activations.TANH_LIMIT
+    x = np.concatenate([rng.uniform(-4, 4, n - n // 4), rng.uniform(-lim, lim, n // 4)])
+    x[:3] = [-lim, lim, 0.0][:n]
+    return (x,)
+
+
+def _tanh_tolerance(shapes, cfg):
+    return 0.0, activations.TANH_ERROR[cfg.trunc]
+
+
 def _exp_tolerance(shapes, cfg):
     rel, ulps = fxp.EXP_ERROR[cfg.trunc]
     return rel, ulps * _ulp(cfg)
@@ -278,6 +290,9 @@ _ALL = [
            lambda s, c: activations.cost_gelu(_n(s), c), activations.gelu_ref,
            _gelu_inputs, _gelu_tolerance,
            "|x| <= activations.gelu_limit(cfg) = 2^13; error <= 6e-4"),
+    Kernel("tanh", lambda p, x: activations.tanh_a(p, x),
+           lambda s, c: activations.cost_tanh(_n(s), c), np.tanh, _tanh_inputs,
+           _tanh_tolerance, "|x| <= activations.TANH_LIMIT = 24; error <= 1e-4"),
 ]
 
 #: name (as typed in ``mpc3 bench op``) -> Kernel, in registration order.

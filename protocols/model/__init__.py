@@ -6,7 +6,8 @@
 * :mod:`.reference` - the float64 reference (layers, stacks, incremental decoding) whose
   semantics the MPC protocols compute on shares;
 * :mod:`.decode`    - the query user's side: embedding, logits, greedy decoding;
-* :mod:`.archs`     - the float64 reference of the encoder classifier and the decoder-only LM.
+* :mod:`.archs`     - the float64 reference of the encoder classifier and the decoder-only LM;
+* :mod:`.hf_import` - checkpoints laid out like Hugging Face BERT and GPT-2 -> mpc3 models.
 
 Everything public is re-exported here: ``from protocols import model as M; M.ref_encoder``.
 """
@@ -14,9 +15,10 @@ from .archs import RefLMState, greedy_generate, ref_classify, ref_lm, ref_lm_ste
 from .config import (ARCHS, ATTENTIONS, ATTN_NORMS, DECODER_ONLY, DEFAULT_LN_EPS,
                      ENCODER_CLASSIFIER, ENCODER_DECODER, PERFORMER, ModelConfig, attn_prefixes, config_keys, expected_shapes,
                      expected_user_shapes)
-from .decode import embed, greedy_decode, output_logits, positional_encoding, take_tokens
-from .features import (attn_norm, attn_params, fold_omega, merge_heads, ref_features, relu,
-                       split_heads)
+from .decode import (embed, embed_tokens, greedy_decode, input_table, output_logits,
+                     positional_encoding, take_tokens)
+from .features import (attn_norm, attn_params, fold_omega, merge_heads, project, ref_features,
+                       relu, split_heads)
 from .reference import (RefDecodeState, ffn_activation, ref_decoder, ref_decoder_step, ref_encoder, ref_ffn,
                         ref_layernorm, ref_mha)
 from .weights import (FORMAT_VERSION, USER_NAMES, Weights, load_model, make_omega,
@@ -26,9 +28,9 @@ from .weights import (FORMAT_VERSION, USER_NAMES, Weights, load_model, make_omeg
 __all__ = [
     "ARCHS", "ATTENTIONS", "PERFORMER", "DECODER_ONLY", "ENCODER_CLASSIFIER", "ENCODER_DECODER", "RefLMState",
     "config_keys", "greedy_generate", "ref_classify", "ref_lm", "ref_lm_step", "ATTN_NORMS", "DEFAULT_LN_EPS", "FORMAT_VERSION", "USER_NAMES", "ModelConfig",
-    "RefDecodeState", "Weights", "ffn_activation", "attn_norm", "attn_params", "attn_prefixes", "embed", "take_tokens",
+    "RefDecodeState", "Weights", "ffn_activation", "attn_norm", "attn_params", "attn_prefixes", "embed", "embed_tokens", "input_table", "take_tokens",
     "expected_shapes", "expected_user_shapes", "fold_omega", "greedy_decode", "load_model",
-    "make_omega", "merge_heads", "orthogonal_features", "output_logits", "positional_encoding",
+    "make_omega", "merge_heads", "orthogonal_features", "project", "output_logits", "positional_encoding",
     "random_user", "random_weights", "ref_decoder", "ref_decoder_step", "ref_encoder",
     "ref_features", "ref_ffn", "ref_layernorm", "ref_mha", "relu", "save_model", "split_heads",
     "validate_user",

@@ -5,6 +5,7 @@ Encoder classifier (``arch = "encoder-classifier"``, BERT-style)::
 
     h = ref_encoder(x)                        (B, S, d), final LayerNorm when norm_first
     logits = mean_s(h) @ head.w + head.b      (B, n_classes), mean over the S positions
+    pool "cls-tanh" (BERT): logits = tanh(h[:, 0] @ pool.w + pool.b) @ head.w + head.b
 
 Decoder-only causal LM (``arch = "decoder-only"``, GPT-style), per layer ``dec.i``::
 
@@ -25,7 +26,7 @@ from typing import Mapping
 import numpy as np
 
 from .config import DECODER_ONLY, ENCODER_CLASSIFIER, PERFORMER, ModelConfig
-from .features import attn_norm, merge_heads, ref_features, split_heads
+from .features import attn_norm, merge_heads, project, ref_features, split_heads
 from .reference import _ffn, _ln, _step_attn, ref_encoder, ref_mha
 from .variants import ref_heads
 from .weights import Weights
@@ -40,7 +41,11 @@ def ref_classify(cfg: ModelConfig, w: Weights, x, folded=None) -> np.ndarray:
     """Classifier logits: x (B, S, d) embedded input -> (B, n_classes)."""
     _need(cfg, ENCODER_CLASSIFIER)
     h = ref_encoder(cfg, w, x, folded=folded)
-    return h.mean(axis=1) @ w["head.w"] + w["head.b"]
+    if cfg.pool == "cls-tanh":            # BERT's pooler: the first ([CLS]) position
+        pooled = np.tanh(h[:, 0] @ w["pool.w"] + w["pool.b"])
+    else:
+        pooled = h.mean(axis=1)
+    return pooled @ w["head.w"] + w["head.b"]
 
 
 def ref_lm(cfg: ModelConfig, w: Weights, x, form: str = "kv") -> np.ndarray:
@@ -78,13 +83,13 @@ class RefLMState:
 def _self(cfg, w, i, state, x_t):
     p = w.sub(f"dec.{i}.self")
     if cfg.attention != PERFORMER:        # KV cache: the new row against every key so far
-        q, k, v = (split_heads((x_t @ p[n])[:, None, :], cfg.n_heads)
-                   for n in ("wq", "wk", "wv"))
+        q, k, v = (split_heads(project(p, x_t, n)[:, None, :], cfg.n_heads) for n in "qkv")
         state.K[i] = np.concatenate([state.K[i], k], axis=2)
         state.V[i] = np.concatenate([state.V[i], v], axis=2)
-        return merge_heads(ref_heads(cfg.attention, q, state.K[i], state.V[i]))[:, 0] @ p["wo"]
+        return project(p, merge_heads(ref_heads(cfg.attention, q, state.K[i], state.V[i]))[:, 0],
+                       "o")
     kf = ref_features(cfg, p, x_t[:, None, :], "k")[:, :, 0, :]
-    v = split_heads((x_t @ p["wv"])[:, None, :], cfg.n_heads)[:, :, 0, :]
+    v = split_heads(project(p, x_t, "v")[:, None, :], cfg.n_heads)[:, :, 0, :]
     state.G[i] = state.G[i] + np.einsum("bhr,bhd->bhrd", kf, v)
     return _step_attn(cfg, p, x_t, state.G[i], float(attn_norm(cfg, state.t + 1)))
 
@@ -109,7 +114,7 @@ def greedy_generate(cfg: ModelConfig, w: Weights, user: Mapping, prompt_ids, n_t
                     eos: int | None = None) -> list[list[int]]:
     """Greedy decoding with the reference LM: ``prompt_ids`` (B, T) -> up to ``n_tokens``
     new tokens per row (stopping a row at ``eos``, which is not returned)."""
-    from .decode import embed, output_logits, take_tokens
+    from .decode import embed_tokens, output_logits, take_tokens
     ids = np.asarray(prompt_ids, dtype=np.int64)
     if ids.ndim == 1:
         ids = ids[None]
@@ -117,10 +122,11 @@ def greedy_generate(cfg: ModelConfig, w: Weights, user: Mapping, prompt_ids, n_t
     if T + n_tokens - 1 > cfg.max_len:
         raise ValueError(f"prompt of {T} tokens + {n_tokens} generated exceeds max_len "
                          f"{cfg.max_len}")
-    h = ref_lm(cfg, w, embed(cfg, user["embed.tgt"], ids))[:, -1]
-    state = RefLMState(cfg, B)
-    for t in range(T):            # the incremental state of the prompt (same values as h)
-        ref_lm_step(cfg, w, state, embed(cfg, user["embed.tgt"], ids[:, t:t + 1], t)[:, 0])
+    h = ref_lm(cfg, w, embed_tokens(cfg, user, ids))[:, -1]
+    performer = cfg.attention == PERFORMER    # softmax: the whole sequence again per token
+    state = RefLMState(cfg, B) if performer else None
+    for t in range(T if performer else 0):    # the incremental state of the prompt (= h)
+        ref_lm_step(cfg, w, state, embed_tokens(cfg, user, ids[:, t:t + 1], t)[:, 0])
     out: list[list[int]] = [[] for _ in range(B)]
     done = np.zeros(B, dtype=bool)
     for k in range(n_tokens):
@@ -128,6 +134,10 @@ def greedy_generate(cfg: ModelConfig, w: Weights, user: Mapping, prompt_ids, n_t
         take_tokens(out, done, tok, eos)
         if done.all() or k == n_tokens - 1:
             break
-        y = embed(cfg, user["embed.tgt"], tok[:, None], offset=state.t)[:, 0]
-        h = ref_lm_step(cfg, w, state, y)
+        if performer:
+            h = ref_lm_step(cfg, w, state, embed_tokens(cfg, user, tok[:, None],
+                                                        offset=state.t)[:, 0])
+        else:
+            ids = np.concatenate([ids, tok[:, None]], axis=1)
+            h = ref_lm(cfg, w, embed_tokens(cfg, user, ids))[:, -1]
     return out

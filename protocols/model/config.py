@@ -16,6 +16,13 @@ Architectures (``arch``, :data:`ARCHS`; docs/MODELS.md lists every key per archi
 Keys that do not apply to an architecture are absent from its dictionary (and 0 in the
 dataclass); :meth:`ModelConfig.from_dict` refuses them by name.
 
+Optional keys (absent from the dictionary at their default, so files written before them read
+and write unchanged): ``ffn_act``, ``attention``; and for models imported from other
+frameworks (:mod:`.hf_import`) ``attn_bias`` (biases ``bq, bk, bv, bo`` (d) on the attention
+projections), ``pool`` (:data:`POOLS`, encoder-classifier: ``cls-tanh`` adds ``pool.w`` (d, d),
+``pool.b``), ``embedding`` (:data:`EMBEDDINGS`: learned positions ``embed.pos`` (max_len, d),
+``learned-ln`` also ``embed.ln.gamma/beta``, user-side) and ``type_vocab`` (``embed.type``).
+
 ``ln_eps`` defaults to :data:`DEFAULT_LN_EPS` = 2^-10, the lower end of the secure inverse square
 root's range (:data:`mpc3.kernels.fxp.SQRT_INV_RANGE`): LayerNorm computes 1/sqrt(var + eps) with
 that kernel, so with eps inside its range a row of (near-)constant values still yields a value
@@ -40,8 +47,16 @@ FFN_ACTS = ("relu", "gelu", "none")
 #: sums); a decoder-only LM decodes the others with a secret KV cache (protocols.kv_cache).
 ATTENTIONS = ("relu-performer", "softmax", "power-softmax", "sigma-relu")
 PERFORMER = "relu-performer"
+#: Pooling of an encoder classifier (``pool``): the mean over the positions, or BERT's
+#: tanh(h[CLS] @ pool.w + pool.b) of the first position.
+POOLS = ("mean", "cls-tanh")
+#: How the query user embeds tokens (``embedding``): ``embed[tok] * sqrt(d) + sinusoidal PE``,
+#: learned positions ``embed[tok] + embed.pos[pos] (+ embed.type[type])`` (GPT-2), or the
+#: same followed by a LayerNorm ``embed.ln`` (BERT). All user-side, never shared.
+EMBEDDINGS = ("sinusoidal", "learned", "learned-ln")
 #: Keys every architecture may carry and omits from its dictionary at their default value.
-_OPTIONAL = {"ffn_act": "relu", "attention": PERFORMER}
+_OPTIONAL = {"ffn_act": "relu", "attention": PERFORMER, "attn_bias": False, "pool": "mean",
+             "embedding": "sinusoidal", "type_vocab": 0}
 ENCODER_DECODER, ENCODER_CLASSIFIER, DECODER_ONLY = \
     "encoder-decoder", "encoder-classifier", "decoder-only"
 ARCHS = (ENCODER_DECODER, ENCODER_CLASSIFIER, DECODER_ONLY)
@@ -86,6 +101,10 @@ class ModelConfig:
     n_classes: int = field(default=0, kw_only=True)
     ffn_act: str = field(default="relu", kw_only=True)
     attention: str = field(default=PERFORMER, kw_only=True)
+    attn_bias: bool = field(default=False, kw_only=True)
+    pool: str = field(default="mean", kw_only=True)
+    embedding: str = field(default="sinusoidal", kw_only=True)
+    type_vocab: int = field(default=0, kw_only=True)
 
     def validate(self) -> "ModelConfig":
         def posint(name, minimum=1):
@@ -129,11 +148,29 @@ class ModelConfig:
                              f"{ENCODER_DECODER!r}: its decoder has a secure decode state "
                              f"for {PERFORMER} only (softmax-style attention decodes in "
                              f"arch {DECODER_ONLY!r} and runs in {ENCODER_CLASSIFIER!r})")
+        self._validate_extras(posint)
         if self.ffn_act not in FFN_ACTS:
             raise ValueError(f"ffn_act={self.ffn_act!r} must be one of {FFN_ACTS}")
         if not isinstance(self.norm_first, (bool, np.bool_)):
             raise ValueError(f"norm_first must be a bool, got {self.norm_first!r}")
         return self
+
+    def _validate_extras(self, posint) -> None:
+        """The optional keys of imported models: attention biases, pooling, embedding."""
+        if not isinstance(self.attn_bias, (bool, np.bool_)):
+            raise ValueError(f"attn_bias must be a bool, got {self.attn_bias!r}")
+        if self.pool not in POOLS:
+            raise ValueError(f"pool={self.pool!r} must be one of {POOLS}")
+        if self.pool != "mean" and self.arch != ENCODER_CLASSIFIER:
+            raise ValueError(f"pool={self.pool!r} applies to arch {ENCODER_CLASSIFIER!r} only")
+        if self.embedding not in EMBEDDINGS:
+            raise ValueError(f"embedding={self.embedding!r} must be one of {EMBEDDINGS}")
+        if self.embedding != "sinusoidal" and self.arch == ENCODER_DECODER:
+            raise ValueError(f"embedding={self.embedding!r} needs one input table (arch "
+                             f"{ENCODER_CLASSIFIER!r} or {DECODER_ONLY!r})")
+        posint("type_vocab", 0)
+        if self.type_vocab and self.embedding == "sinusoidal":
+            raise ValueError("type_vocab (token-type embeddings) needs a learned embedding")
 
     def to_dict(self) -> dict:
         """The public dictionary: only the keys of this architecture (an encoder-decoder
@@ -147,7 +184,8 @@ class ModelConfig:
         d["attn_c"] = float(d["attn_c"])
         d["ln_eps"] = float(d["ln_eps"])
         d["norm_first"] = bool(d["norm_first"])
-        d.update({k: getattr(self, k) for k, v in _OPTIONAL.items() if getattr(self, k) != v})
+        opt = {k: getattr(self, k) for k, v in _OPTIONAL.items() if getattr(self, k) != v}
+        d.update({k: v.item() if isinstance(v, np.generic) else v for k, v in opt.items()})
         return d
 
     @classmethod
@@ -190,6 +228,9 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple]:
     def attn(p):
         for n in ("wq", "wk", "wv", "wo"):
             out[f"{p}.{n}"] = (d, d)
+        if cfg.attn_bias:
+            for n in ("bq", "bk", "bv", "bo"):
+                out[f"{p}.{n}"] = (d,)
         if cfg.attention == PERFORMER:
             out[f"{p}.omega"] = (h, dh, r)
 
@@ -225,6 +266,9 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple]:
         if cfg.n_dec_layers:
             ln("dec.final_ln")
     if cfg.arch == ENCODER_CLASSIFIER:
+        if cfg.pool == "cls-tanh":
+            out["pool.w"] = (d, d)
+            out["pool.b"] = (d,)
         out["head.w"] = (d, cfg.n_classes)
         out["head.b"] = (cfg.n_classes,)
     return out
@@ -236,8 +280,16 @@ def expected_user_shapes(cfg: ModelConfig) -> dict[str, tuple]:
     src = {"embed.src": (cfg.src_vocab, d)}
     tgt = {"embed.tgt": (cfg.tgt_vocab, d), "out.w": (d, cfg.tgt_vocab),
            "out.b": (cfg.tgt_vocab,)}
+    extra: dict[str, tuple] = {}
+    if cfg.embedding != "sinusoidal":
+        extra["embed.pos"] = (cfg.max_len, d)
+        if cfg.type_vocab:
+            extra["embed.type"] = (cfg.type_vocab, d)
+        if cfg.embedding == "learned-ln":
+            extra["embed.ln.gamma"] = (d,)
+            extra["embed.ln.beta"] = (d,)
     if cfg.arch == ENCODER_CLASSIFIER:
-        return src
+        return {**src, **extra}
     if cfg.arch == DECODER_ONLY:
-        return tgt
+        return {**tgt, **extra}
     return {**src, **tgt}

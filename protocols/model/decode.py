@@ -24,11 +24,53 @@ def positional_encoding(S: int, d: int) -> np.ndarray:
 
 
 def embed(cfg: ModelConfig, table: np.ndarray, ids, offset: int = 0) -> np.ndarray:
-    """embed[tok] * sqrt(d_model) + PE[offset + pos]; ids (B, S) -> (B, S, d)."""
+    """embed[tok] * sqrt(d_model) + PE[offset + pos]; ids (B, S) -> (B, S, d). Models with
+    learned positions embed with :func:`embed_tokens` (it needs their position table)."""
+    if cfg.embedding != "sinusoidal":
+        raise ValueError(f"this model embeds tokens with learned positions (embedding "
+                         f"{cfg.embedding!r}): use embed_tokens(cfg, user, ids)")
     ids = np.asarray(ids, dtype=np.int64)
     S = ids.shape[-1]
     pe = positional_encoding(offset + S, cfg.d_model)[offset:]
     return table[ids] * math.sqrt(cfg.d_model) + pe
+
+
+def input_table(cfg: ModelConfig) -> str:
+    """The token table of a model's first input: ``embed.tgt`` for a decoder-only LM, else
+    ``embed.src``."""
+    return "embed.tgt" if cfg.arch == "decoder-only" else "embed.src"
+
+
+def embed_tokens(cfg: ModelConfig, user: Mapping, ids, offset: int = 0, types=None,
+                 table: str | None = None) -> np.ndarray:
+    """The query user's embedding of token ids (B, S) -> (B, S, d), any ``cfg.embedding``:
+
+    * ``sinusoidal``: :func:`embed` with ``user[table]``;
+    * ``learned`` (GPT-2): ``table[tok] + embed.pos[offset + pos] (+ embed.type[type])``;
+    * ``learned-ln`` (BERT): the same, then LayerNorm ``embed.ln.gamma/beta`` (cfg.ln_eps).
+
+    ``table``: default :func:`input_table`; ``types`` (B, S) token types (default 0), only
+    with an ``embed.type`` table. Computed in float64 by the user, never shared."""
+    table = table or input_table(cfg)
+    if cfg.embedding == "sinusoidal":
+        if types is not None:
+            raise ValueError("token types need a model with an embed.type table")
+        return embed(cfg, user[table], ids, offset)
+    ids = np.asarray(ids, dtype=np.int64)
+    S = ids.shape[-1]
+    if offset + S > cfg.max_len:
+        raise ValueError(f"{offset + S} positions exceed the model's {cfg.max_len} "
+                         f"learned positions (max_len)")
+    x = user[table][ids] + user["embed.pos"][offset:offset + S]
+    if "embed.type" in user:
+        t = np.zeros_like(ids) if types is None else np.asarray(types, dtype=np.int64)
+        x = x + user["embed.type"][t]
+    elif types is not None:
+        raise ValueError("token types need a model with an embed.type table")
+    if cfg.embedding == "learned-ln":
+        from .reference import ref_layernorm
+        x = ref_layernorm(x, user["embed.ln.gamma"], user["embed.ln.beta"], cfg.ln_eps)
+    return x
 
 
 def output_logits(user: Mapping, h) -> np.ndarray:

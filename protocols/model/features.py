@@ -24,6 +24,13 @@ def attn_norm(cfg: ModelConfig, n_keys) -> np.ndarray:
     return float(cfg.attn_c) / n
 
 
+def project(p: Mapping, x, which: str):
+    """x @ W^which (+ its bias ``b<which>`` when the model has attention biases), which in
+    q, k, v, o; unfolded weights."""
+    y = x @ p[f"w{which}"]
+    return y + p[f"b{which}"] if f"b{which}" in p else y
+
+
 def fold_omega(weights: Weights | Mapping, cfg: ModelConfig | None = None) -> dict[str, np.ndarray]:
     """Fold Omega into W^Q / W^K.
 
@@ -48,14 +55,19 @@ def fold_omega(weights: Weights | Mapping, cfg: ModelConfig | None = None) -> di
             W = np.asarray(t[f"{p}.{src}"], dtype=np.float64)
             out[f"{p}.{dst}"] = np.concatenate(
                 [W[:, j * dh:(j + 1) * dh] @ om[j] for j in range(h)], axis=1)
+            if f"{p}.b{src[1]}" in t:
+                b = np.asarray(t[f"{p}.b{src[1]}"], dtype=np.float64)
+                out[f"{p}.b{src[1]}_omega"] = np.concatenate(
+                    [b[j * dh:(j + 1) * dh] @ om[j] for j in range(h)])
     return out
 
 
 def attn_params(w: Weights, prefix: str, folded: Mapping | None = None) -> dict[str, np.ndarray]:
     p = w.sub(prefix)
     if folded is not None:
-        p["wq_omega"] = folded[f"{prefix}.wq_omega"]
-        p["wk_omega"] = folded[f"{prefix}.wk_omega"]
+        for n in ("wq_omega", "wk_omega", "bq_omega", "bk_omega"):
+            if f"{prefix}.{n}" in folded:
+                p[n] = folded[f"{prefix}.{n}"]
     return p
 
 
@@ -76,6 +88,8 @@ def ref_features(cfg: ModelConfig, p: Mapping, x, which: str) -> np.ndarray:
     """ReLU random features per head: (..., h, S, r) for which in {'q','k'}."""
     h = cfg.n_heads
     if f"w{which}_omega" in p:
-        return split_heads(relu(x @ p[f"w{which}_omega"]), h)
-    proj = split_heads(x @ p[f"w{which}"], h)  # (..., h, S, dh)
+        y = x @ p[f"w{which}_omega"]
+        y = y + p[f"b{which}_omega"] if f"b{which}_omega" in p else y
+        return split_heads(relu(y), h)
+    proj = split_heads(project(p, x, which), h)  # (..., h, S, dh)
     return relu(np.einsum("...hsd,hdr->...hsr", proj, p["omega"]))

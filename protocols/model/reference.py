@@ -8,8 +8,8 @@ replaced by Performer ReLU attention (Privformer Sec. 5, Eq. 12-15):
 
 * Per head ``h`` (``d_head = d_model // n_heads``)::
 
-      Q_h = Xq  @ W^Q[:, h*d_head:(h+1)*d_head]        (no biases anywhere in MHA)
-      K_h = Xkv @ W^K[:, h-slice],  V_h = Xkv @ W^V[:, h-slice]
+      Q_h = Xq  @ W^Q[:, h*d_head:(h+1)*d_head] (+ b^Q[h-slice] when cfg.attn_bias)
+      K_h = Xkv @ W^K[:, h-slice],  V_h = Xkv @ W^V[:, h-slice]   (+ b^K, b^V likewise)
       Q'_h = ReLU(Q_h @ Omega_h),  K'_h = ReLU(K_h @ Omega_h)   Omega_h: (d_head, r)
 
   unmasked (Eq. 12):   out_h[i] = norm_i * Q'_h[i] @ (K'_h^T V_h)
@@ -20,7 +20,7 @@ replaced by Performer ReLU attention (Privformer Sec. 5, Eq. 12-15):
   ``attn_norm == "mean"``, where ``n_i`` is the (public) number of keys query
   ``i`` attends to: ``n_i = S_kv`` unmasked, ``n_i = i + 1`` (0-based ``i``)
   masked.  ``c = cfg.attn_c`` is a public constant.  Heads are concatenated
-  (head-major column order) and multiplied by ``W^O``.
+  (head-major column order) and multiplied by ``W^O`` (+ ``b^O`` when cfg.attn_bias).
 
 * FFN(x) = ReLU(x W1 + b1) W2 + b2.
 * LayerNorm over the last dim: ``(x - mean) / sqrt(var + eps) * gamma + beta``
@@ -44,7 +44,8 @@ from typing import Mapping
 import numpy as np
 
 from .config import PERFORMER, ModelConfig
-from .features import attn_norm, attn_params, merge_heads, ref_features, relu, split_heads
+from .features import (attn_norm, attn_params, merge_heads, project, ref_features, relu,
+                       split_heads)
 from .variants import ref_heads
 from .weights import Weights
 
@@ -84,11 +85,11 @@ def ref_mha(cfg: ModelConfig, p: Mapping, xq, xkv, causal: bool = False,
     """
     h = cfg.n_heads
     if cfg.attention != PERFORMER:      # softmax-style: q, k, v per head, no features
-        q, k, v = (split_heads(x @ p[n], h) for x, n in ((xq, "wq"), (xkv, "wk"), (xkv, "wv")))
-        return merge_heads(ref_heads(cfg.attention, q, k, v, causal)) @ p["wo"]
+        q, k, v = (split_heads(project(p, x, n), h) for x, n in ((xq, "q"), (xkv, "k"), (xkv, "v")))
+        return project(p, merge_heads(ref_heads(cfg.attention, q, k, v, causal)), "o")
     qf = ref_features(cfg, p, xq, "q")  # (B,h,Sq,r)
     kf = ref_features(cfg, p, xkv, "k")  # (B,h,Sk,r)
-    v = split_heads(xkv @ p["wv"], h)  # (B,h,Sk,dh)
+    v = split_heads(project(p, xkv, "v"), h)  # (B,h,Sk,dh)
     Sq, Sk = qf.shape[-2], kf.shape[-2]
     if causal:
         if Sq != Sk:
@@ -117,7 +118,7 @@ def ref_mha(cfg: ModelConfig, p: Mapping, xq, xkv, causal: bool = False,
     else:
         raise ValueError(f"unknown attention form {form!r}")
     o = o * scale
-    return merge_heads(o) @ p["wo"]
+    return project(p, merge_heads(o), "o")
 
 
 # --------------------------------------------------------------------------- stacks
@@ -191,7 +192,7 @@ class RefDecodeState:
         for i in range(cfg.n_dec_layers):
             p = w.sub(f"dec.{i}.cross")
             kf = ref_features(cfg, p, enc_out, "k")  # (B,h,S,r)
-            v = split_heads(enc_out @ p["wv"], h)  # (B,h,S,dh)
+            v = split_heads(project(p, enc_out, "v"), h)  # (B,h,S,dh)
             self.cross_kv.append(np.swapaxes(kf, -1, -2) @ v)
 
 
@@ -199,13 +200,13 @@ def _step_attn(cfg, p, x_t, kv, scale):
     # x_t (B,d); kv (B,h,r,dh) -> (B,d)
     qf = ref_features(cfg, p, x_t[:, None, :], "q")[:, :, 0, :]  # (B,h,r)
     o = np.einsum("bhr,bhrd->bhd", qf, kv) * scale
-    return o.reshape(o.shape[0], -1) @ p["wo"]
+    return project(p, o.reshape(o.shape[0], -1), "o")
 
 
 def _step_self(cfg, w, prefix, state, i, x_t):
     p = w.sub(prefix)
     kf = ref_features(cfg, p, x_t[:, None, :], "k")[:, :, 0, :]  # (B,h,r)
-    v = split_heads((x_t @ p["wv"])[:, None, :], cfg.n_heads)[:, :, 0, :]  # (B,h,dh)
+    v = split_heads(project(p, x_t, "v")[:, None, :], cfg.n_heads)[:, :, 0, :]  # (B,h,dh)
     state.G[i] = state.G[i] + np.einsum("bhr,bhd->bhrd", kf, v)
     return _step_attn(cfg, p, x_t, state.G[i], float(attn_norm(cfg, state.t + 1)))
 

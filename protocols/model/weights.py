@@ -37,7 +37,8 @@ import numpy as np
 from .config import ModelConfig, expected_shapes, expected_user_shapes
 
 FORMAT_VERSION = 1
-USER_NAMES = ("embed.src", "embed.tgt", "out.w", "out.b")
+USER_NAMES = ("embed.src", "embed.tgt", "out.w", "out.b", "embed.pos", "embed.type",
+              "embed.ln.gamma", "embed.ln.beta")
 _META_KEYS = ("format", "config.json")
 
 
@@ -152,7 +153,7 @@ def random_weights(cfg: ModelConfig, seed: int = 0) -> Weights:
             w[name] = rng.standard_normal(shape) * std
         elif leaf == "gamma":
             w[name] = 1.0 + 0.1 * rng.standard_normal(shape)
-        else:  # beta, b1, b2, b
+        else:  # beta, b1, b2, b, bq, bk, bv, bo
             w[name] = 0.1 * rng.standard_normal(shape)
     return w
 
@@ -165,7 +166,11 @@ def random_user(cfg: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:
            "embed.tgt": rng.standard_normal((max(cfg.tgt_vocab, 1), d)) / math.sqrt(d),
            "out.w": rng.standard_normal((d, max(cfg.tgt_vocab, 1)))
            * math.sqrt(2.0 / (d + cfg.tgt_vocab)),
-           "out.b": np.zeros(max(cfg.tgt_vocab, 1))}
+           "out.b": np.zeros(max(cfg.tgt_vocab, 1)),
+           "embed.pos": 0.5 * rng.standard_normal((cfg.max_len, d)),
+           "embed.type": 0.5 * rng.standard_normal((max(cfg.type_vocab, 1), d)),
+           "embed.ln.gamma": 1.0 + 0.1 * rng.standard_normal(d),
+           "embed.ln.beta": 0.1 * rng.standard_normal(d)}
     return {k: out[k] for k in expected_user_shapes(cfg)}
 
 

@@ -1,0 +1,321 @@
+"""Checkpoints laid out like Hugging Face BERT and GPT-2 -> mpc3 models (``mpc3 import``).
+
+A source is a directory as ``save_pretrained`` writes it: ``config.json`` and
+``model.safetensors`` (or shards listed in ``model.safetensors.index.json``), read with mpc3's
+own safetensors reader - no torch, no transformers, no pickle (a directory holding only
+``pytorch_model.bin`` is refused: pickled files can run code when read). Formats
+(:data:`FORMATS`; ``auto`` picks by config.json's ``model_type``):
+
+* ``hf-bert`` - ``BertForSequenceClassification`` -> arch ``encoder-classifier``, softmax
+  attention with biases, post-LN, GELU, pool ``cls-tanh`` (BERT's pooler), embedding
+  ``learned-ln`` (word + position + token-type tables, then the embedding LayerNorm);
+* ``hf-gpt2`` - ``GPT2LMHeadModel`` (or ``GPT2Model``) -> arch ``decoder-only``, softmax
+  attention with biases, pre-LN with the final ``ln_f``, GELU, embedding ``learned``
+  (``wte`` + ``wpe``), LM head tied to ``wte`` unless the file holds its own ``lm_head``.
+
+Name mapping (torch ``nn.Linear`` stores (out, in) and is transposed; GPT-2's ``Conv1D``
+stores (in, out) and is taken as it is, ``c_attn`` split into q | k | v columns):
+
+==========================================  ====================================  ==========
+Hugging Face (``bert.`` / ``transformer.``)  mpc3                                   side
+==========================================  ====================================  ==========
+embeddings.word_embeddings / wte            embed.src / embed.tgt                  user
+embeddings.position_embeddings / wpe        embed.pos                              user
+embeddings.token_type_embeddings            embed.type                             user
+embeddings.LayerNorm                        embed.ln.gamma, embed.ln.beta          user
+lm_head (tied: wte), transposed             out.w; out.b = 0                       user
+encoder.layer.i.attention.self.query ...    enc.i.attn.wq, bq (wk, bk, wv, bv)     shared
+encoder.layer.i.attention.output.dense      enc.i.attn.wo, bo                      shared
+encoder.layer.i.attention.output.LayerNorm  enc.i.ln1                              shared
+encoder.layer.i.intermediate.dense          enc.i.ffn.w1, b1                       shared
+encoder.layer.i.output.dense / LayerNorm    enc.i.ffn.w2, b2 / enc.i.ln2           shared
+pooler.dense / classifier                   pool.w, pool.b / head.w, head.b        shared
+h.i.attn.c_attn / c_proj                    dec.i.self.wq|wk|wv, bq|bk|bv / wo, bo shared
+h.i.ln_1 / ln_2 / ln_f                      dec.i.ln1 / dec.i.ln2 / dec.final_ln   shared
+h.i.mlp.c_fc / c_proj                       dec.i.ffn.w1, b1 / w2, b2              shared
+==========================================  ====================================  ==========
+
+What the query user holds follows the threat model (README): the tables that turn its tokens
+into the first layer's input (including, for BERT, the embedding LayerNorm, which runs on the
+user's plaintext) and the LM head; the owner reveals them by handing them out.
+
+Refused, naming the feature: any activation but relu / gelu / gelu_new / gelu_pytorch_tanh,
+relative position embeddings, cross-attention or decoder use of BERT, GPT-2's
+``scale_attn_by_inverse_layer_idx`` or unscaled scores, heads and tensors of other tasks
+(masked-LM, sequence classification on GPT-2, ...), tensors of unexpected shape.
+
+GELU: ``gelu_new`` / ``gelu_pytorch_tanh`` (GPT-2's default) are the tanh approximation
+0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); mpc3 computes the exact-erf GELU, which
+differs from it by at most :data:`GELU_TANH_GAP` = 4.8e-4 (at |x| ~ 2.7; measured on a 2e6
+point grid of [-10, 10]) - below the secure kernel's own 6e-4 error, so such models are
+imported with that difference stated in the import's notes, not refused.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from .config import DECODER_ONLY, ENCODER_CLASSIFIER, ModelConfig
+from .safetensors import read_safetensors
+from .weights import Weights, validate_user
+
+FORMATS = ("mpc3", "hf-bert", "hf-gpt2")
+HF_MODEL_TYPES = {"bert": "hf-bert", "gpt2": "hf-gpt2"}
+#: max |GELU_tanh(x) - GELU_erf(x)| over all x (4.73e-4 at |x| = 2.70).
+GELU_TANH_GAP = 4.8e-4
+_ACTS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu", "gelu_pytorch_tanh": "gelu"}
+_TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh")
+
+
+class ImportRefused(ValueError):
+    """The checkpoint uses a feature mpc3 cannot run (the message names it)."""
+
+
+def detect_format(path) -> str:
+    """``hf-bert`` / ``hf-gpt2`` for a save_pretrained directory (by ``model_type``), else
+    ``mpc3`` (an mpc3 .npz or .safetensors file)."""
+    p = Path(path)
+    if not p.is_dir():
+        return "mpc3"
+    conf = _read_config(p)
+    kind = conf.get("model_type")
+    if kind not in HF_MODEL_TYPES:
+        raise ImportRefused(f"{p}: model_type {kind!r} is not supported (importable: "
+                            f"{', '.join(sorted(HF_MODEL_TYPES))}, as hf-bert / hf-gpt2)")
+    return HF_MODEL_TYPES[kind]
+
+
+def _read_config(p: Path) -> dict:
+    f = p / "config.json"
+    if not f.is_file():
+        raise ValueError(f"{p}: no config.json (a directory as save_pretrained writes it)")
+    with open(f, encoding="utf-8") as fh:
+        conf = json.load(fh)
+    if not isinstance(conf, dict):
+        raise ValueError(f"{f}: not a JSON object")
+    return conf
+
+
+def read_checkpoint(path) -> tuple[dict, dict[str, np.ndarray]]:
+    """(config.json, tensors) of a save_pretrained directory (single or sharded
+    safetensors)."""
+    p = Path(path)
+    conf = _read_config(p)
+    single, index = p / "model.safetensors", p / "model.safetensors.index.json"
+    if single.is_file():
+        return conf, read_safetensors(single)[0]
+    if index.is_file():
+        with open(index, encoding="utf-8") as fh:
+            shards = sorted(set(json.load(fh)["weight_map"].values()))
+        tensors: dict[str, np.ndarray] = {}
+        for name in shards:
+            if os.path.basename(name) != name:
+                raise ValueError(f"{index}: shard {name!r} is not a file name in {p}")
+            tensors.update(read_safetensors(p / name)[0])
+        return conf, tensors
+    if any((p / n).exists() for n in ("pytorch_model.bin", "model.bin", "tf_model.h5")):
+        raise ImportRefused(f"{p}: only a pickled/TF checkpoint is there; mpc3 reads "
+                            f"safetensors only (re-save with model.save_pretrained(dir), "
+                            f"whose default is safetensors)")
+    raise ValueError(f"{p}: no model.safetensors or model.safetensors.index.json")
+
+
+class _Tensors:
+    """The checkpoint's tensors under one prefix; every tensor must be taken (or ignored)."""
+
+    def __init__(self, tensors: dict, prefix: str, ignore: tuple[str, ...], what: str):
+        self.t = {}
+        for k, v in tensors.items():
+            k = k[len(prefix):] if k.startswith(prefix) else k
+            k = k.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta",
+                                                                          "LayerNorm.bias")
+            if not any(k.endswith(s) for s in ignore):
+                self.t[k] = v
+        self.what = what
+
+    def has(self, name: str) -> bool:
+        return name in self.t
+
+    def take(self, name: str, shape: tuple) -> np.ndarray:
+        if name not in self.t:
+            raise ImportRefused(f"{self.what}: tensor {name!r} is missing")
+        a = np.asarray(self.t.pop(name), dtype=np.float64)
+        if a.shape != tuple(shape):
+            raise ImportRefused(f"{self.what}: tensor {name!r} has shape {a.shape}, expected "
+                                f"{tuple(shape)}")
+        return a
+
+    def linear(self, name: str, n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray]:
+        """torch nn.Linear ``name``: (x @ W, b) form, W transposed to (in, out)."""
+        return self.take(f"{name}.weight", (n_out, n_in)).T.copy(), \
+            self.take(f"{name}.bias", (n_out,))
+
+    def layernorm(self, name: str, d: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.take(f"{name}.weight", (d,)), self.take(f"{name}.bias", (d,))
+
+    def done(self) -> None:
+        if self.t:
+            left = sorted(self.t)
+            more = " ..." if len(left) > 6 else ""
+            raise ImportRefused(f"{self.what}: tensor(s) {left[:6]}{more} are not part of "
+                                f"what mpc3 imports (other heads or features are not "
+                                f"supported)")
+
+
+def _act(conf: dict, key: str, notes: list[str]) -> str:
+    act = conf.get(key, "gelu")
+    if act not in _ACTS:
+        raise ImportRefused(f"activation {key}={act!r} is not supported (mpc3 FFN "
+                            f"activations: relu, gelu; accepted names {sorted(_ACTS)})")
+    if act in _TANH_GELUS:
+        notes.append(f"GELU: the checkpoint's {act} (tanh approximation) runs as exact-erf "
+                     f"GELU, at most {GELU_TANH_GAP:g} apart per activation")
+    return _ACTS[act]
+
+
+def _heads(d: int, h: int) -> int:
+    if h < 1 or d % h:
+        raise ImportRefused(f"hidden size {d} is not divisible by {h} attention heads")
+    return d // h
+
+
+def _common(d: int, h: int, d_ff: int, max_len: int, eps: float) -> dict:
+    """Config keys that do not matter for softmax attention take neutral values
+    (n_features 1, attn_c 1, attn_norm const)."""
+    return dict(d_model=d, n_heads=h, d_head=_heads(d, h), n_features=1, d_ff=d_ff,
+                attn_c=1.0, attn_norm="const", max_len=max_len, ln_eps=float(eps),
+                attention="softmax", attn_bias=True)
+
+
+def _refuse_flags(conf: dict, flags: dict) -> None:
+    for key, (bad, feature) in flags.items():
+        if key in conf and bad(conf[key]):
+            raise ImportRefused(f"{feature} ({key}={conf[key]!r}) is not supported")
+
+
+# ------------------------------------------------------------------------------ BERT ----
+def bert(conf: dict, tensors: dict, name: str = "BERT") -> tuple:
+    """(cfg, weights, user, notes) of a BertForSequenceClassification checkpoint."""
+    if conf.get("model_type") != "bert":
+        raise ImportRefused(f"{name}: model_type {conf.get('model_type')!r} is not 'bert'")
+    arch = conf.get("architectures") or ["BertForSequenceClassification"]
+    if "BertForSequenceClassification" not in arch:
+        raise ImportRefused(f"{name}: architecture {arch} is not supported (mpc3 imports "
+                            f"BertForSequenceClassification: encoder, pooler, classifier)")
+    _refuse_flags(conf, {
+        "position_embedding_type": (lambda v: v != "absolute", "relative position embeddings"),
+        "is_decoder": (bool, "BERT as a decoder (causal attention)"),
+        "add_cross_attention": (bool, "cross-attention")})
+    notes: list[str] = []
+    d, h, L = conf["hidden_size"], conf["num_attention_heads"], conf["num_hidden_layers"]
+    f, V, P = conf["intermediate_size"], conf["vocab_size"], conf["max_position_embeddings"]
+    T = conf.get("type_vocab_size", 2)
+    C = len(conf["id2label"]) if conf.get("id2label") else conf.get("num_labels", 2)
+    cfg = ModelConfig(**_common(d, h, f, P, conf.get("layer_norm_eps", 1e-12)),
+                      norm_first=False, arch=ENCODER_CLASSIFIER, n_enc_layers=L, src_vocab=V,
+                      n_classes=C, ffn_act=_act(conf, "hidden_act", notes), pool="cls-tanh",
+                      embedding="learned-ln", type_vocab=T).validate()
+    t = _Tensors(tensors, "bert.", ("embeddings.position_ids", "embeddings.token_type_ids"),
+                 name)
+    if not t.has("classifier.weight"):
+        raise ImportRefused(f"{name}: no classifier head (classifier.weight): import a "
+                            f"BertForSequenceClassification checkpoint")
+    user = {"embed.src": t.take("embeddings.word_embeddings.weight", (V, d)),
+            "embed.pos": t.take("embeddings.position_embeddings.weight", (P, d))}
+    if T:
+        user["embed.type"] = t.take("embeddings.token_type_embeddings.weight", (T, d))
+    user["embed.ln.gamma"], user["embed.ln.beta"] = t.layernorm("embeddings.LayerNorm", d)
+    w = Weights()
+    for i in range(L):
+        src, dst = f"encoder.layer.{i}", f"enc.{i}"
+        for hf, q in (("query", "q"), ("key", "k"), ("value", "v")):
+            w[f"{dst}.attn.w{q}"], w[f"{dst}.attn.b{q}"] = \
+                t.linear(f"{src}.attention.self.{hf}", d, d)
+        w[f"{dst}.attn.wo"], w[f"{dst}.attn.bo"] = t.linear(f"{src}.attention.output.dense", d, d)
+        w[f"{dst}.ln1.gamma"], w[f"{dst}.ln1.beta"] = \
+            t.layernorm(f"{src}.attention.output.LayerNorm", d)
+        w[f"{dst}.ffn.w1"], w[f"{dst}.ffn.b1"] = t.linear(f"{src}.intermediate.dense", d, f)
+        w[f"{dst}.ffn.w2"], w[f"{dst}.ffn.b2"] = t.linear(f"{src}.output.dense", f, d)
+        w[f"{dst}.ln2.gamma"], w[f"{dst}.ln2.beta"] = t.layernorm(f"{src}.output.LayerNorm", d)
+    if not t.has("pooler.dense.weight"):
+        raise ImportRefused(f"{name}: no pooler (pooler.dense): mpc3 imports BERT's "
+                            f"[CLS]-tanh pooling")
+    w["pool.w"], w["pool.b"] = t.linear("pooler.dense", d, d)
+    w["head.w"], w["head.b"] = t.linear("classifier", d, C)
+    t.done()
+    w.validate(cfg)
+    validate_user(cfg, user)
+    return cfg, w, user, notes
+
+
+# ----------------------------------------------------------------------------- GPT-2 ----
+def gpt2(conf: dict, tensors: dict, name: str = "GPT-2") -> tuple:
+    """(cfg, weights, user, notes) of a GPT2LMHeadModel (or GPT2Model) checkpoint."""
+    if conf.get("model_type") != "gpt2":
+        raise ImportRefused(f"{name}: model_type {conf.get('model_type')!r} is not 'gpt2'")
+    arch = conf.get("architectures") or ["GPT2LMHeadModel"]
+    if not {"GPT2LMHeadModel", "GPT2Model"} & set(arch):
+        raise ImportRefused(f"{name}: architecture {arch} is not supported (mpc3 imports "
+                            f"GPT2LMHeadModel / GPT2Model as a decoder-only LM)")
+    _refuse_flags(conf, {
+        "scale_attn_by_inverse_layer_idx": (bool, "attention scaled by 1 / layer index"),
+        "scale_attn_weights": (lambda v: not v, "unscaled attention scores"),
+        "add_cross_attention": (bool, "cross-attention")})
+    notes: list[str] = []
+    d, h, L = conf["n_embd"], conf["n_head"], conf["n_layer"]
+    V, P = conf["vocab_size"], conf["n_positions"]
+    f = conf.get("n_inner") or 4 * d
+    cfg = ModelConfig(**_common(d, h, f, P, conf.get("layer_norm_epsilon", 1e-5)),
+                      norm_first=True, arch=DECODER_ONLY, n_dec_layers=L, tgt_vocab=V,
+                      ffn_act=_act(conf, "activation_function", notes),
+                      embedding="learned").validate()
+    t = _Tensors(tensors, "transformer.", (".attn.bias", ".attn.masked_bias"), name)
+    wte = t.take("wte.weight", (V, d))
+    head = t.take("lm_head.weight", (V, d)) if t.has("lm_head.weight") else wte
+    user = {"embed.tgt": wte, "embed.pos": t.take("wpe.weight", (P, d)),
+            "out.w": head.T.copy(), "out.b": np.zeros(V)}
+
+    def conv1d(src, n_in, n_out):          # Conv1D: weight (in, out), x @ W + b
+        shape = t.t[f"{src}.weight"].shape if t.has(f"{src}.weight") else None
+        if shape == (n_out, n_in) != (n_in, n_out):
+            raise ImportRefused(f"{name}: {src}.weight is (out, in) = ({n_out}, {n_in}): "
+                                f"GPT-2 stores Conv1D weights as (in, out)")
+        return t.take(f"{src}.weight", (n_in, n_out)), t.take(f"{src}.bias", (n_out,))
+
+    w = Weights()
+    for i in range(L):
+        src, dst = f"h.{i}", f"dec.{i}"
+        W, b = conv1d(f"{src}.attn.c_attn", d, 3 * d)
+        for j, q in enumerate("qkv"):
+            w[f"{dst}.self.w{q}"] = W[:, j * d:(j + 1) * d]
+            w[f"{dst}.self.b{q}"] = b[j * d:(j + 1) * d]
+        w[f"{dst}.self.wo"], w[f"{dst}.self.bo"] = conv1d(f"{src}.attn.c_proj", d, d)
+        w[f"{dst}.ln1.gamma"], w[f"{dst}.ln1.beta"] = t.layernorm(f"{src}.ln_1", d)
+        w[f"{dst}.ffn.w1"], w[f"{dst}.ffn.b1"] = conv1d(f"{src}.mlp.c_fc", d, f)
+        w[f"{dst}.ffn.w2"], w[f"{dst}.ffn.b2"] = conv1d(f"{src}.mlp.c_proj", f, d)
+        w[f"{dst}.ln2.gamma"], w[f"{dst}.ln2.beta"] = t.layernorm(f"{src}.ln_2", d)
+    w["dec.final_ln.gamma"], w["dec.final_ln.beta"] = t.layernorm("ln_f", d)
+    t.done()
+    w.validate(cfg)
+    validate_user(cfg, user)
+    return cfg, w, user, notes
+
+
+def load_hf(path, fmt: str = "auto") -> tuple[ModelConfig, Weights, dict, list[str]]:
+    """(cfg, weights, user tensors, notes) of a save_pretrained directory in ``fmt``
+    (``auto``, ``hf-bert``, ``hf-gpt2``); :class:`ImportRefused` names an unsupported
+    feature."""
+    if fmt == "auto":
+        fmt = detect_format(path)
+    if fmt not in ("hf-bert", "hf-gpt2"):
+        raise ValueError(f"format {fmt!r} is not a Hugging Face layout (hf-bert, hf-gpt2)")
+    if not Path(path).is_dir():
+        raise ValueError(f"{path}: format {fmt} reads a directory (config.json + "
+                         f"model.safetensors, as save_pretrained writes it)")
+    conf, tensors = read_checkpoint(path)
+    fn = bert if fmt == "hf-bert" else gpt2
+    cfg, w, user, notes = fn(conf, tensors, f"{path} ({fmt})")
+    return cfg, w, user, notes
