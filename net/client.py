@@ -453,7 +453,22 @@ class QueryUser(_Client):
                                            timeout=5))
 
     def fetch_pairs(self, job_id: str) -> list[dict[str, AShare]]:
+        """Each party's output shares; a fetch refused by a full limit (e.g. the user's open
+        streams, while its other jobs fetch) is retried with backoff for up to ``retry_s``."""
         def one(n: int) -> dict[str, AShare]:
+            t0, delay = time.monotonic(), 0.2
+            while True:
+                try:
+                    return fetch_once(n)
+                except ClusterError as exc:
+                    window = RETRY_WINDOWS.get(exc.code, 0.0) * self.retry_s
+                    if exc.code != grpc.StatusCode.RESOURCE_EXHAUSTED \
+                            or time.monotonic() + delay > t0 + window:
+                        raise
+                time.sleep(delay * (0.5 + random.random()))
+                delay = min(2 * delay, 5.0)
+
+        def fetch_once(n: int) -> dict[str, AShare]:
             asm = TensorAssembler(self.frac, self.cfg.limits.tensor_bytes)
             out = {}
             try:

@@ -110,3 +110,19 @@ def test_exp_poly_is_the_paper_polynomial(mode, rng):
     # the final truncation: < 4 ulp for |x| <= 4
     assert np.abs(value(out) - _paper_poly(xq)).max() < 4 * ULP
     run.assert_cost(fxp.cost_exp(x.size, "poly", ring.DEFAULT_FRAC, mode))
+
+
+@pytest.mark.parametrize("n,rounds", [(300, 6), (convert.ROUND_LEAN_ELEMENTS + 1, 7)])
+def test_relu_round_lean_for_few_elements(rng, n, rounds):
+    """Calls on few elements take wider leaf blocks (one tree level less); whole sequences
+    keep 3-bit blocks (fewest bytes). Both: values exact outside the error region, declared
+    cost = measured."""
+    win = convert.window_for(RingConfig())
+    assert [k for _, k in convert.leaf_blocks(win[1] - 1, n)] == \
+        ([4] * 6 + [3] if rounds == 6 else [3] * 9)
+    x = rng.uniform(-100, 100, n)
+    run = Run()
+    got = value(run(lambda p, a: convert.relu_a(p, a), share(x)))
+    np.testing.assert_allclose(got, np.maximum(x, 0), atol=2 ** -11)
+    run.assert_cost(convert.cost_relu(n, *win))
+    assert run.rounds == rounds

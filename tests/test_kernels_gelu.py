@@ -63,7 +63,7 @@ def test_outside_the_range():
     np.testing.assert_allclose(got[x < 0], x[x < 0], atol=2 * 2.0 ** -F)
 
 
-@pytest.mark.parametrize("mode,rounds", [("exact", 7), ("prob", 7)])
+@pytest.mark.parametrize("mode,rounds", [("exact", 6), ("prob", 6)])
 def test_rounds_and_declared_cost(mode, rounds, rng):
     cfg = RingConfig(trunc=mode)
     x = _q(rng.uniform(-5, 5, (3, 7)))

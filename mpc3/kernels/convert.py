@@ -8,7 +8,7 @@ the role groups (role 0 knows ``A = x_g + x_{g+1}``, roles 1 and 2 know ``B = x_
    mod 2^m equals DReLU(x) except for x in [-2^L, 0) ulp, where either answer may come out
    (x >= 0 is always exact). ReLU's error is therefore below 2^L ulp.
 2. Leaves without AND gates. The carry into the top window bit is computed over 3-bit
-   blocks. Role 0 knows its block value ``a_j`` and sends the *thermometer code*
+   blocks (wider for calls on few elements, to save a tree level: :func:`leaf_blocks`). Role 0 knows its block value ``a_j`` and sends the *thermometer code*
    ``[a_j >= v]`` (v = 1..7), masked, to role 2 (its mask comes from the PRG it shares with
    role 1). Since ``b_j`` is public to the pair, the block's generate ``G_j = [a_j >= 8-b_j]``
    and propagate ``P_j = [a_j = 7-b_j]`` are each one or two entries of that code selected by
@@ -42,6 +42,12 @@ from .boolean import (and_bb, and_local, cost_and_bb, pack_planes, random_planes
                       random_planes_many, unpack_planes)
 
 BLOCK = 3
+#: Calls on at most this many elements (a decode step's features, FFN and LayerNorm
+#: comparisons) take the leaf block width in 3..MAX_BLOCK that needs the fewest tree levels
+#: (then the fewest thermometer rows): one round less for a few more bits per element;
+#: larger calls (whole sequences) keep BLOCK, the fewest bytes. :func:`leaf_blocks`.
+ROUND_LEAN_ELEMENTS = 1 << 14
+MAX_BLOCK = 5
 
 
 def relu_limit(cfg) -> float:
@@ -67,8 +73,22 @@ def window_for(cfg, exact: bool = False) -> tuple[int, int]:
     return L, cfg.frac + cfg.relu_bound_bits - L + 2
 
 
-def _blocks(nlow: int) -> list[tuple[int, int]]:
-    return [(s, min(BLOCK, nlow - s)) for s in range(0, nlow, BLOCK)]
+def _blocks(nlow: int, k: int = BLOCK) -> list[tuple[int, int]]:
+    return [(s, min(k, nlow - s)) for s in range(0, nlow, k)]
+
+
+def leaf_blocks(nlow: int, n: int) -> list[tuple[int, int]]:
+    """The DReLU leaf blocks (offset, width) of ``nlow`` window bits for a call on ``n``
+    elements: BLOCK-bit blocks, or for at most ROUND_LEAN_ELEMENTS elements the width in
+    BLOCK..MAX_BLOCK with the fewest tree levels, then the fewest thermometer rows (the
+    relu window of 27 low bits: 4-bit blocks, 3 levels instead of 4; sqrt_inv's 35: 5-bit
+    blocks, 3 instead of 4)."""
+    if n > ROUND_LEAN_ELEMENTS:
+        return _blocks(nlow)
+    def key(k):
+        blocks = _blocks(nlow, k)
+        return len(_tree_plan(len(blocks))), sum((1 << w) - 1 for _, w in blocks)
+    return _blocks(nlow, min(range(BLOCK, MAX_BLOCK + 1), key=key))
 
 
 def _tree_plan(nblocks: int) -> list[list[tuple[int, int, bool]]]:
@@ -96,7 +116,7 @@ def _leaves(p: Party, x: AShare, L: int, m: int) -> tuple[BShare, int]:
     """Replicated bits [c, G_0..G_{N-1}, P_1..P_{N-1}] with c = 1 ^ a_top ^ b_top. 2 rounds."""
     n = x.size
     nlow = m - 1
-    blocks = _blocks(nlow)
+    blocks = leaf_blocks(nlow, n)
     nb = len(blocks)
     nrows = sum((1 << k) - 1 for _, k in blocks) + 1          # thermometers + a_top
     nconv = 2 * nb - 1
@@ -406,7 +426,7 @@ def cost_b2a(n: int) -> Cost:
 
 
 def _leaf_cost(n: int, L: int, m: int) -> tuple[Cost, int]:
-    blocks = _blocks(m - 1)
+    blocks = leaf_blocks(m - 1, n)
     nb = len(blocks)
     nrows = sum((1 << k) - 1 for _, k in blocks) + 1
     nconv = 2 * nb - 1
