@@ -8,14 +8,15 @@ A decoding step is a chain of few-element protocols whose rounds, not bytes, set
 (e.g. LayerNorm's inverse square root and the next layer's projection, or a comparison and
 the truncation of the same input).
 
-How it works. Each branch runs on its own thread with a child :class:`~mpc3.party.Party` whose
-communicator hands every exchange to a lockstep scheduler; the calling thread waits until
-every branch still running has posted its exchange for the round, performs ONE exchange on the
-parent communicator with the branches' arrays in branch order, each branch's part closed by a
-zero-byte separator (an empty int16 array of shape (0, nesting level), so byte counts are
-unchanged and merges nest), splits what arrives the same way and resumes the branches. Every
-party runs the same branches with the same number of exchanges (SPMD), so round k of branch
-i is merged into the same parent round on all three parties.
+How it works. Each branch runs on its own thread (the first on the caller's, the others on
+reused workers) with a child :class:`~mpc3.party.Party` whose communicator hands every
+exchange to a lockstep rendezvous; the branch that completes a round (every branch still
+running has posted its exchange) performs ONE exchange on the parent communicator with the
+branches' arrays in branch order, each branch's part closed by a zero-byte separator (an
+empty int16 array of shape (0, nesting level), so byte counts are unchanged and merges
+nest), splits what arrives the same way and resumes the branches. Every party runs the
+same branches with the same number of exchanges (SPMD), so round k of branch i is merged
+into the same parent round on all three parties.
 
 Randomness. Branch ``i`` of a fork taken at kernel counter ``F`` numbers its kernel calls from
 ``(F << 40) | (i << 32)``: disjoint from the parent's counters (below 2^40), from every other
@@ -26,6 +27,7 @@ re-raised in the caller; nothing is left running.
 """
 from __future__ import annotations
 
+import queue
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -55,9 +57,12 @@ def _level(comm: Communicator) -> int:
 
 
 class _Lockstep:
-    """Rendezvous of the branches' exchanges, one merged parent exchange per round."""
+    """Rendezvous of the branches' exchanges: the branch that completes a round (the last to
+    post, or to finish, while the others wait) performs the ONE merged parent exchange and
+    hands every waiting branch its part - no scheduler thread, no extra hand-off per round."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, comm: Communicator, n: int) -> None:
+        self.comm = comm
         self.cv = threading.Condition()
         self.requests: list[tuple | None] = [None] * n
         self.replies: list[tuple | None] = [None] * n
@@ -65,12 +70,35 @@ class _Lockstep:
         self.results: list[Any] = [None] * n
         self.error: BaseException | None = None
 
+    def _complete_round(self) -> None:
+        """Called with the lock held: if every live branch has posted, exchange (lock
+        released meanwhile; the others are all waiting, so nothing else touches the state)."""
+        if self.error is not None or not any(self.live) or any(
+                live and req is None for live, req in zip(self.live, self.requests)):
+            return
+        posted = [(i, req) for i, (live, req) in enumerate(zip(self.live, self.requests))
+                  if live]
+        for i, _ in posted:
+            self.requests[i] = None
+        self.cv.release()
+        try:
+            replies, error = _merged_exchange(self.comm, posted), None
+        except BaseException as exc:  # noqa: BLE001 - every branch gets it
+            replies, error = {}, exc
+        finally:
+            self.cv.acquire()
+        if error is not None:
+            self.error = self.error or error
+        for i, r in replies.items():
+            self.replies[i] = r
+        self.cv.notify_all()
+
     def request(self, i: int, req: tuple) -> tuple:
         with self.cv:
             if self.error is not None:
                 raise Aborted(f"parallel branch {i}: aborted ({self.error})")
             self.requests[i] = req
-            self.cv.notify_all()
+            self._complete_round()
             while self.replies[i] is None and self.error is None:
                 self.cv.wait()
             if self.error is not None:
@@ -88,27 +116,43 @@ class _Lockstep:
         with self.cv:
             self.results[i] = value
             self.live[i] = False
+            self._complete_round()          # the others may all be waiting on this one
             self.cv.notify_all()
 
-    def next_round(self) -> list[tuple[int, tuple]] | None:
-        """Wait until every live branch posted; the posted requests, or None when done."""
+    def wait_all(self) -> None:
+        """Until every branch has returned (after a failure too: none is left running)."""
         with self.cv:
-            while self.error is None and any(
-                    live and req is None for live, req in zip(self.live, self.requests)):
+            while any(self.live):
                 self.cv.wait()
-            if self.error is not None or not any(self.live):
-                return None
-            posted = [(i, req) for i, (live, req) in enumerate(zip(self.live, self.requests))
-                      if live]
-            for i, _ in posted:
-                self.requests[i] = None
-            return posted
 
-    def reply(self, replies: dict[int, tuple]) -> None:
-        with self.cv:
-            for i, r in replies.items():
-                self.replies[i] = r
-            self.cv.notify_all()
+
+class _Workers:
+    """Reused daemon threads for branches (a fork per LayerNorm would otherwise start and
+    join threads every few rounds); grows when every worker is busy, so nested forks never
+    wait for a free thread."""
+
+    def __init__(self) -> None:
+        self.tasks: queue.SimpleQueue = queue.SimpleQueue()
+        self.lock = threading.Lock()
+        self.idle = 0
+
+    def submit(self, fn: Callable[[], None]) -> None:
+        with self.lock:
+            spawn = self.idle == 0
+            if not spawn:
+                self.idle -= 1
+        self.tasks.put(fn)
+        if spawn:
+            threading.Thread(target=self._loop, daemon=True, name="mpc3-branch").start()
+
+    def _loop(self) -> None:
+        while True:
+            self.tasks.get()()
+            with self.lock:
+                self.idle += 1
+
+
+_WORKERS = _Workers()
 
 
 @dataclass
@@ -208,34 +252,32 @@ def parallel(p: Party, *branches: Callable[[Party], Any]) -> list[Any]:
     """Run ``branches[i](child_i)`` in shared rounds; returns their results in order.
 
     The branches must be independent (none reads another's output) and each must be a
-    complete SPMD protocol. Cost: rounds = the largest branch's, bytes = the sum
-    (:meth:`Cost.parallel`).
+    complete SPMD protocol. Branch 0 runs in the calling thread, the others on reused worker
+    threads. Cost: rounds = the largest branch's, bytes = the sum (:meth:`Cost.parallel`).
     """
     if not branches:
         return []
     if len(branches) > 1 << (_OP_BITS - _BRANCH_BITS):
         raise ValueError("too many parallel branches")
     fork_op = p.new_op()
-    sched = _Lockstep(len(branches))
+    sched = _Lockstep(p.comm, len(branches))
     children = [branch_party(p, fork_op, i, sched) for i in range(len(branches))]
 
     def body(i: int) -> None:
         try:
-            sched.finish(i, branches[i](children[i]))
+            value = branches[i](children[i])
         except BaseException as exc:  # noqa: BLE001 - re-raised by the caller
             sched.fail(exc)
+            with sched.cv:
+                sched.live[i] = False
+                sched.cv.notify_all()
+            return
+        sched.finish(i, value)
 
-    threads = [threading.Thread(target=body, args=(i,), name=f"mpc3-p{p.rank}-branch{i}",
-                                daemon=True) for i in range(len(branches))]
-    for t in threads:
-        t.start()
-    try:
-        while (posted := sched.next_round()) is not None:
-            sched.reply(_merged_exchange(p.comm, posted))
-    except BaseException as exc:  # noqa: BLE001
-        sched.fail(exc)
-    for t in threads:
-        t.join()
+    for i in range(1, len(branches)):
+        _WORKERS.submit(lambda i=i: body(i))
+    body(0)
+    sched.wait_all()
     if sched.error is not None:
         raise sched.error
     return sched.results
