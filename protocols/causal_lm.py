@@ -44,7 +44,7 @@ from . import attention as A
 from . import model as M
 from .ffn import cost_ffn, ffn
 from .kv_cache import KVCache, attend, cost_attend
-from .layernorm import cost_layernorm, layernorm
+from .norms import cost_norm, norm
 from .mha import (add_bias, cost_features, cost_finish, cost_project, features, finish, merge_heads,
                   project)
 from .secure_model import sub
@@ -124,7 +124,7 @@ def cost_prefill_attention(p_cfg, B: int, h: int, T: int, r: int, dh: int,
 
 
 def _ln(p, cfg, shares, prefix, x):
-    return layernorm(p, x, shares[f"{prefix}.gamma"], shares[f"{prefix}.beta"], cfg.ln_eps)
+    return norm(p, cfg, shares, prefix, x)
 
 
 def _kv_attention(p: Party, cfg: M.ModelConfig, w: dict, st: KVCache, q: AShare, k: AShare,
@@ -228,8 +228,8 @@ def _attn_io(p_cfg, cfg: M.ModelConfig, B: int, T: int) -> Cost:
 def _rest(p_cfg, cfg: M.ModelConfig, rows_in: int, rows: int) -> Cost:
     """LayerNorms and FFN of a layer: the attention saw ``rows_in`` rows, ``rows`` go on."""
     d = cfg.d_model
-    ln = cost_layernorm(p_cfg, rows_in if cfg.norm_first else rows, d)
-    return ln + cost_ffn(p_cfg, rows, d, cfg.d_ff, cfg.ffn_act) + cost_layernorm(p_cfg, rows, d)
+    ln = cost_norm(p_cfg, cfg, rows_in if cfg.norm_first else rows)
+    return ln + cost_ffn(p_cfg, rows, d, cfg.d_ff, cfg.ffn_act) + cost_norm(p_cfg, cfg, rows)
 
 
 def _kv_attn(p_cfg, cfg: M.ModelConfig, B: int, t0: int, n: int, rows: int) -> Cost:
@@ -256,7 +256,7 @@ def cost_lm_prefill(p_cfg, cfg: M.ModelConfig, B: int, T: int,
                     + cost_prefill_attention(p_cfg, B, h, T, r, dh, block))
         cost = cost + attn + _rest(p_cfg, cfg, B * T, rows)
     if cfg.norm_first:
-        cost = cost + cost_layernorm(p_cfg, B, cfg.d_model)
+        cost = cost + cost_norm(p_cfg, cfg, B)
     return cost
 
 
@@ -276,5 +276,5 @@ def cost_lm_step(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int | None = 
     for _ in range(cfg.n_dec_layers):
         cost = cost + layer
     if cfg.norm_first:
-        cost = cost + cost_layernorm(p_cfg, B, cfg.d_model)
+        cost = cost + cost_norm(p_cfg, cfg, B)
     return cost

@@ -19,7 +19,14 @@ Share layout (every tensor a replicated sharing over Z_2^64; names below an atte
   product's truncation: ``p.bq``, ``p.bk`` = ``s * b^Q``, ``s * b^K`` (d) - folded,
   ``s * b^Q Omega`` per head (h*r) - ``p.bv`` = ``attn_c / s^2 * b^V``, ``p.bo`` = ``b^O``:
   the same factors as their weights, since (X W + b) * f = X (f W) + f b;
-* LayerNorm ``gamma``, ``beta`` and FFN ``w1, b1, w2, b2``: as in the Weights, ``frac`` bits.
+* LayerNorm ``gamma``, ``beta`` and FFN ``w1, b1, w2, b2``: as in the Weights, ``frac`` bits;
+* BatchNorm (``cfg.norm`` batchnorm): the running statistics folded by the owner,
+  ``scale = gamma / sqrt(var + eps)``, ``shift = beta - mean * scale``
+  (:func:`protocols.model.batchnorm_affine`), ``frac`` bits; ``norm`` none: nothing;
+* a linear FFN (``cfg.ffn_act`` none, AERO) is one affine map, fused by the owner:
+  ``w1`` = W1 W2 (d, d) and ``b1`` = b1 W2 + b2, no ``w2``, ``b2`` - exact in float64, and
+  one product on shares instead of two (:func:`protocols.ffn.ffn`: a round and the d_ff-wide
+  hidden product saved).
 
 The projection weights carry PROJ_EXTRA more fractional bits (and their products are truncated
 by ``frac + PROJ_EXTRA``): weights like ``attn_c * W^V`` (attn_c = 1/r) keep full relative
@@ -64,7 +71,17 @@ def plain_tensors(cfg: M.ModelConfig, weights: M.Weights, fold_omega: bool = Tru
     out: dict[str, tuple[np.ndarray, int]] = {}
     for name, t in weights.items():
         prefix, leaf = name.rsplit(".", 1)
-        if prefix not in attn:
+        if cfg.norm == "batchnorm" and leaf in ("gamma", "beta", "mean", "var"):
+            if leaf == "gamma":
+                a, b = M.batchnorm_affine(*(weights[f"{prefix}.{n}"] for n in
+                                          ("gamma", "beta", "mean", "var")), cfg.ln_eps)
+                out[f"{prefix}.scale"], out[f"{prefix}.shift"] = (a, 0), (b, 0)
+        elif cfg.ffn_act == "none" and prefix.endswith(".ffn"):
+            if leaf == "w1":
+                w2 = weights[f"{prefix}.w2"]
+                out[name] = (t @ w2, 0)
+                out[f"{prefix}.b1"] = (weights[f"{prefix}.b1"] @ w2 + weights[f"{prefix}.b2"], 0)
+        elif prefix not in attn:
             out[name] = (t, 0)
         elif leaf in ("wq", "wk"):
             src = folded[f"{prefix}.{leaf}_omega"] if fold_omega else t
@@ -116,7 +133,12 @@ def check_shares(cfg: M.ModelConfig, shares: dict[str, AShare], fold_omega: bool
     expect = {}
     for name, shape in M.expected_shapes(cfg).items():
         prefix, leaf = name.rsplit(".", 1)
-        if leaf in ("wq", "wk"):
+        if cfg.norm == "batchnorm" and leaf in ("gamma", "beta", "mean", "var"):
+            expect.update({f"{prefix}.{n}": shape for n in ("scale", "shift")})
+        elif cfg.ffn_act == "none" and prefix.endswith(".ffn"):
+            if leaf in ("w1", "b1"):
+                expect[name] = (d, d) if leaf == "w1" else (d,)
+        elif leaf in ("wq", "wk"):
             expect[f"{prefix}.{leaf}_proj"] = (d, h * r) if fold_omega else (d, d)
         elif leaf == "wv":
             expect[f"{prefix}.wv_c"] = shape

@@ -17,8 +17,8 @@ Keys that do not apply to an architecture are absent from its dictionary (and 0 
 dataclass); :meth:`ModelConfig.from_dict` refuses them by name.
 
 Optional keys (absent from the dictionary at their default, so files written before them read
-and write unchanged): ``ffn_act``, ``attention``; and for models imported from other
-frameworks (:mod:`.hf_import`) ``attn_bias`` (biases ``bq, bk, bv, bo`` (d) on the attention
+and write unchanged): ``ffn_act``, ``attention``, ``norm`` (:data:`NORMS`); and for models
+imported from other frameworks (:mod:`.hf_import`) ``attn_bias`` (biases ``bq, bk, bv, bo`` (d) on the attention
 projections), ``pool`` (:data:`POOLS`, encoder-classifier: ``cls-tanh`` adds ``pool.w`` (d, d),
 ``pool.b``), ``embedding`` (:data:`EMBEDDINGS`: learned positions ``embed.pos`` (max_len, d),
 ``learned-ln`` also ``embed.ln.gamma/beta``, user-side) and ``type_vocab`` (``embed.type``).
@@ -54,9 +54,14 @@ POOLS = ("mean", "cls-tanh")
 #: learned positions ``embed[tok] + embed.pos[pos] (+ embed.type[type])`` (GPT-2), or the
 #: same followed by a LayerNorm ``embed.ln`` (BERT). All user-side, never shared.
 EMBEDDINGS = ("sinusoidal", "learned", "learned-ln")
+#: Normalization where a transformer has its LayerNorms (``norm``): LayerNorm (tensors
+#: ``gamma, beta``); none (the identity, AERO's softmax-only block: no tensors); or BatchNorm
+#: with running statistics (seed 002's normalization of its vision transformers: tensors
+#: ``gamma, beta, mean, var``, eps = ``ln_eps``; at inference a per-channel affine map).
+NORMS = ("layernorm", "none", "batchnorm")
 #: Keys every architecture may carry and omits from its dictionary at their default value.
 _OPTIONAL = {"ffn_act": "relu", "attention": PERFORMER, "attn_bias": False, "pool": "mean",
-             "embedding": "sinusoidal", "type_vocab": 0}
+             "embedding": "sinusoidal", "type_vocab": 0, "norm": "layernorm"}
 ENCODER_DECODER, ENCODER_CLASSIFIER, DECODER_ONLY = \
     "encoder-decoder", "encoder-classifier", "decoder-only"
 ARCHS = (ENCODER_DECODER, ENCODER_CLASSIFIER, DECODER_ONLY)
@@ -105,6 +110,7 @@ class ModelConfig:
     pool: str = field(default="mean", kw_only=True)
     embedding: str = field(default="sinusoidal", kw_only=True)
     type_vocab: int = field(default=0, kw_only=True)
+    norm: str = field(default="layernorm", kw_only=True)
 
     def validate(self) -> "ModelConfig":
         def posint(name, minimum=1):
@@ -149,6 +155,8 @@ class ModelConfig:
                              f"for {PERFORMER} only (softmax-style attention decodes in "
                              f"arch {DECODER_ONLY!r} and runs in {ENCODER_CLASSIFIER!r})")
         self._validate_extras(posint)
+        if self.norm not in NORMS:
+            raise ValueError(f"norm={self.norm!r} must be one of {NORMS}")
         if self.ffn_act not in FFN_ACTS:
             raise ValueError(f"ffn_act={self.ffn_act!r} must be one of {FFN_ACTS}")
         if not isinstance(self.norm_first, (bool, np.bool_)):
@@ -235,8 +243,10 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple]:
             out[f"{p}.omega"] = (h, dh, r)
 
     def ln(p):
-        out[f"{p}.gamma"] = (d,)
-        out[f"{p}.beta"] = (d,)
+        names = {"layernorm": ("gamma", "beta"), "none": (),
+                 "batchnorm": ("gamma", "beta", "mean", "var")}[cfg.norm]
+        for n in names:
+            out[f"{p}.{n}"] = (d,)
 
     def ffn(p):
         out[f"{p}.w1"] = (d, f)

@@ -153,7 +153,9 @@ def random_weights(cfg: ModelConfig, seed: int = 0) -> Weights:
             w[name] = rng.standard_normal(shape) * std
         elif leaf == "gamma":
             w[name] = 1.0 + 0.1 * rng.standard_normal(shape)
-        else:  # beta, b1, b2, b, bq, bk, bv, bo
+        elif leaf == "var":    # BatchNorm running variance (norm batchnorm)
+            w[name] = 0.5 + rng.random(shape)
+        else:  # beta, mean, b1, b2, b, bq, bk, bv, bo
             w[name] = 0.1 * rng.standard_normal(shape)
     return w
 

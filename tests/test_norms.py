@@ -1,0 +1,198 @@
+"""ModelConfig.norm (layernorm | none | batchnorm) and the fused linear FFN (ffn_act none):
+config and file, float64 reference, share layout, and the secure stacks of all three
+architectures against the reference with measured traffic == declared cost.
+
+Shapes: B=2, d=16, h=2, r=8, d_ff=32, 2 layers. Bound 2e-3 relative to max(1, |reference|):
+without LayerNorm the residual stream is not renormalised and its rows grow to ~60 in a
+pre-norm decoder; fixed point has an absolute resolution, its products relative errors."""
+import json
+
+import numpy as np
+import pytest
+
+from conftest import share, value
+from mpc3.kernels import arith
+from mpc3.party import RingConfig
+from mpc3.sim import run_parties
+from protocols import causal_lm as LM
+from protocols import decoder as D
+from protocols import model as M
+from protocols import norms as N
+from protocols import secure_model as SM
+from protocols.classifier import classify, cost_classify
+from protocols.encoder import encoder
+
+TOL = 2e-3
+
+
+def close(got, ref) -> bool:
+    return np.max(np.abs(got - ref)) < TOL * max(1.0, float(np.max(np.abs(ref))))
+BASE = dict(d_model=16, n_heads=2, d_head=8, n_features=8, d_ff=32, attn_c=0.125,
+            attn_norm="mean", max_len=12)
+
+
+def fit_batchnorm(cfg, w, x, y=None):
+    """Set every BatchNorm's running mean / var to the statistics of its input on x (and the
+    decoder input y), layer after layer - what training's running averages converge to; with
+    random weights and unrelated statistics an un-normalised Performer stack (cubic in its
+    input) overflows."""
+    from protocols.model import reference as R
+    plain = R.ref_norm
+
+    def fit(cfg_, w_, prefix, t):
+        flat = t.reshape(-1, t.shape[-1])
+        w_[f"{prefix}.mean"], w_[f"{prefix}.var"] = flat.mean(0), flat.var(0)
+        return plain(cfg_, w_, prefix, t)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(R, "ref_norm", fit)
+        if cfg.arch == M.ENCODER_DECODER:
+            M.ref_decoder(cfg, w, y, M.ref_encoder(cfg, w, x))
+        elif cfg.arch == M.DECODER_ONLY:
+            M.ref_lm(cfg, w, x)
+        else:
+            M.ref_encoder(cfg, w, x)
+    return w
+
+
+def cfg_of(arch, **kw):
+    extra = {"encoder-decoder": dict(n_enc_layers=1, n_dec_layers=2, src_vocab=7, tgt_vocab=7),
+             "encoder-classifier": dict(arch=arch, n_enc_layers=2, src_vocab=7, n_classes=3),
+             "decoder-only": dict(arch=arch, n_dec_layers=2, tgt_vocab=7)}[arch]
+    return M.ModelConfig(**{**BASE, "norm_first": False, **extra, **kw}).validate()
+
+
+def test_norm_key_is_optional_checked_and_round_trips(tmp_path):
+    ln = cfg_of("decoder-only")
+    assert "norm" not in ln.to_dict()                      # layernorm: dictionaries unchanged
+    for norm, leaves in (("none", set()), ("batchnorm", {"gamma", "beta", "mean", "var"})):
+        c = cfg_of("decoder-only", norm=norm, norm_first=True)
+        assert c.to_dict()["norm"] == norm
+        assert M.ModelConfig.from_dict(json.loads(json.dumps(c.to_dict()))) == c
+        got = {n.rsplit(".", 1)[1] for n in M.expected_shapes(c) if ".ln" in n or "final_ln" in n}
+        assert got == leaves
+        w = M.random_weights(c, 1)
+        M.save_model(tmp_path / f"{norm}.npz", c, w)
+        c2, w2, _ = M.load_model(tmp_path / f"{norm}.npz")
+        assert c2 == c and set(w2) == set(w)
+    with pytest.raises(ValueError, match="norm='rmsnorm' must be one of"):
+        M.ModelConfig.from_dict({**ln.to_dict(), "norm": "rmsnorm"})
+
+
+def test_reference_norms():
+    rng = np.random.default_rng(0)
+    x = rng.normal(0, 2, (3, 4, 16))
+    g, b, mu, var = (rng.normal(0, 1, 16) for _ in range(4))
+    var = np.abs(var) + 0.1
+    bn = M.ref_batchnorm(x, g, b, mu, var, 1e-5)
+    a, c = M.batchnorm_affine(g, b, mu, var, 1e-5)
+    np.testing.assert_allclose(bn, x * a + c, atol=1e-12)
+    np.testing.assert_allclose(bn[..., 3], (x[..., 3] - mu[3]) / np.sqrt(var[3] + 1e-5) * g[3]
+                               + b[3], atol=1e-12)
+    with pytest.raises(ValueError, match="running var"):
+        M.batchnorm_affine(g, b, mu, -var, 1e-5)
+    cfg = cfg_of("decoder-only", norm="none")
+    assert M.ref_norm(cfg, {}, "dec.0.ln1", x) is x
+    # norm none: pre-LN and post-LN are the same network (x + f(x) either way)
+    w = M.random_weights(cfg, 3)
+    np.testing.assert_allclose(M.ref_lm(cfg, w, x), M.ref_lm(cfg_of("decoder-only", norm="none",
+                                                                     norm_first=True), w, x))
+
+
+def test_share_layout_folds_batchnorm_and_fuses_the_linear_ffn():
+    cfg = cfg_of("decoder-only", norm="batchnorm", ffn_act="none")
+    w = M.random_weights(cfg, 4)
+    plain = SM.plain_tensors(cfg, w)
+    a, b = M.batchnorm_affine(*(w[f"dec.0.ln1.{n}"] for n in ("gamma", "beta", "mean", "var")),
+                              cfg.ln_eps)
+    np.testing.assert_array_equal(plain["dec.0.ln1.scale"][0], a)
+    np.testing.assert_array_equal(plain["dec.0.ln1.shift"][0], b)
+    assert "dec.0.ln1.gamma" not in plain and "dec.0.ffn.w2" not in plain
+    x = np.random.default_rng(1).normal(0, 1, (5, 16))
+    f = w.sub("dec.1.ffn")
+    fused = x @ plain["dec.1.ffn.w1"][0] + plain["dec.1.ffn.b1"][0]
+    np.testing.assert_allclose(fused, M.ref_ffn(x, f["w1"], f["b1"], f["w2"], f["b2"], "none"),
+                               atol=1e-12)
+    SM.check_shares(cfg, SM.share_model(cfg, w)[0])        # names and shapes agree
+    rc = RingConfig()
+    assert N.cost_norm(rc, cfg, 10) == arith.cost_mul(160, True, rc.frac, rc.trunc)
+    assert N.cost_norm(rc, cfg_of("decoder-only", norm="none"), 10).rounds == 0
+
+
+NORM_CASES = [("none", "none", False), ("batchnorm", "relu", False),
+              ("batchnorm", "none", True), ("layernorm", "none", True)]
+
+
+@pytest.mark.parametrize("norm,act,norm_first", NORM_CASES)
+def test_classifier(run, rng, norm, act, norm_first):
+    cfg = cfg_of("encoder-classifier", norm=norm, ffn_act=act, norm_first=norm_first)
+    w = M.random_weights(cfg, 5)
+    x = rng.uniform(-1, 1, (2, 6, 16))
+    out = run(lambda p, s, xi: classify(p, cfg, s, xi), SM.share_model(cfg, w), share(x))
+    assert close(value(out), M.ref_classify(cfg, w, x))
+    run.assert_cost(cost_classify(RingConfig(), cfg, 2, 6))
+
+
+@pytest.mark.parametrize("norm,act,norm_first", NORM_CASES)
+@pytest.mark.parametrize("attention", ["relu-performer", "softmax"])
+def test_lm_prefill_and_steps(run, rng, norm, act, norm_first, attention):
+    cfg = cfg_of("decoder-only", norm=norm, ffn_act=act, norm_first=norm_first,
+                 attention=attention)
+    w = M.random_weights(cfg, 2)
+    x = rng.uniform(-1, 1, (2, 7, 16))
+
+    def fn(p, s, xs):
+        measured = []
+        c0 = p.stats.snapshot()
+        h, st = LM.lm_prefill(p, cfg, s, xs[:, :4], block=3)
+        measured.append(p.stats.snapshot() - c0)
+        hs = [h]
+        for t in range(4, 7):
+            c0 = p.stats.snapshot()
+            hs.append(LM.lm_step(p, cfg, s, st, xs[:, t]))
+            measured.append(p.stats.snapshot() - c0)
+        return hs, measured
+
+    res = run(fn, SM.share_model(cfg, w), share(x))
+    full = M.ref_lm(cfg, w, x)
+    for k in range(4):
+        assert close(value([r[0][k] for r in res]), full[:, 3 + k])
+    rc = RingConfig()
+    for k, t in enumerate([-1, 4, 5, 6]):
+        declared = LM.cost_lm_prefill(rc, cfg, 2, 4, 3) if t < 0 else \
+            LM.cost_lm_step(rc, cfg, 2, t, 3)
+        assert tuple(r[1][k].bytes_sent for r in res) == declared.bytes_per_party
+        assert max(r[1][k].rounds for r in res) == declared.rounds
+
+
+@pytest.mark.parametrize("norm,act,norm_first", NORM_CASES)
+@pytest.mark.parametrize("fuse", [D.DEFAULT_FUSE, D.FUSIONS])
+def test_translator_encoder_and_decode_steps(rng, norm, act, norm_first, fuse):
+    """Encoder-decoder: the secure encoder and decode steps (LayerNorm fusions: only a
+    LayerNorm fuses; ``ln_fusions`` is empty for the other norms) against the reference."""
+    cfg = cfg_of("encoder-decoder", norm=norm, ffn_act=act, norm_first=norm_first)
+    assert (D.ln_fusions(cfg, fuse) == {}) == (norm != "layernorm")
+    w = M.random_weights(cfg, 3)
+    x, y = rng.uniform(-1, 1, (2, 5, 16)), rng.uniform(-1, 1, (2, 4, 16))
+    xs, ys = share(x), share(y)
+
+    def fn(p, s, xi, yi):
+        enc = encoder(p, cfg, s, xi)
+        st = D.DecodeState.start(p, cfg, s, enc, block=2, fuse=fuse)
+        outs, costs = [], []
+        for t in range(4):
+            c0 = p.stats.snapshot()
+            outs.append(D.decoder_step(p, cfg, s, st, yi[:, t]))
+            costs.append(p.stats.snapshot() - c0)
+        return enc, outs, costs
+
+    sh = SM.share_model(cfg, w)
+    res = run_parties(fn, [(sh[i], xs[i], ys[i]) for i in range(3)])
+    enc = M.ref_encoder(cfg, w, x)
+    assert close(value([r[0] for r in res]), enc)
+    dec = M.ref_decoder(cfg, w, y, enc)
+    for t in range(4):
+        assert close(value([r[1][t] for r in res]), dec[:, t])
+        declared = D.cost_decoder_step(RingConfig(), cfg, 2, t, block=2, fuse=fuse)
+        assert tuple(r[2][t].bytes_sent for r in res) == declared.bytes_per_party
+        assert max(r[2][t].rounds for r in res) == declared.rounds
