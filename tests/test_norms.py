@@ -196,3 +196,47 @@ def test_translator_encoder_and_decode_steps(rng, norm, act, norm_first, fuse):
         declared = D.cost_decoder_step(RingConfig(), cfg, 2, t, block=2, fuse=fuse)
         assert tuple(r[2][t].bytes_sent for r in res) == declared.bytes_per_party
         assert max(r[2][t].rounds for r in res) == declared.rounds
+
+
+def test_aero_preset():
+    base = cfg_of("decoder-only", norm_first=True)
+    c = M.aero(base)
+    assert (c.norm, c.ffn_act, c.attention) == ("none", "none", "softmax")
+    assert M.apply_preset(base, "aero") == c
+    assert M.aero(base, attention=None).attention == "relu-performer"
+    assert not any(".ln" in n or "final_ln" in n for n in M.expected_shapes(c))
+    with pytest.raises(ValueError, match="preset aero: attention 'softmax' is not available"):
+        M.aero(cfg_of("encoder-decoder"))
+    assert M.aero(cfg_of("encoder-decoder"), attention=None).norm == "none"
+    with pytest.raises(ValueError, match="unknown preset"):
+        M.apply_preset(base, "bert")
+
+
+def test_fused_linear_ffn_saves_a_round_and_bytes(rng):
+    """The same linear FFN, shared fused (the layout of every ffn_act none model) and unfused:
+    both equal the unfused float64 reference; fused measures fewer rounds and bytes, each
+    as declared."""
+    from protocols.ffn import cost_ffn, ffn
+    cfg = M.aero(cfg_of("decoder-only", norm_first=True))
+    w = M.random_weights(cfg, 6)
+    f = w.sub("dec.0.ffn")
+    x = rng.uniform(-1.5, 1.5, (2, 5, 16))
+    ref = M.ref_ffn(x, f["w1"], f["b1"], f["w2"], f["b2"], "none")
+    fused = SM.share_model(cfg, w, prefixes=("dec.0.ffn",))
+    assert set(fused[0]) == {"dec.0.ffn.w1", "dec.0.ffn.b1"}
+    plain = {k: share(v) for k, v in f.items()}
+    got = {}
+    for name, ws in (("fused", fused), ("unfused", [{k: s[i] for k, s in plain.items()}
+                                                    for i in range(3)])):
+        def fn(p, s, xs):
+            c0 = p.stats.snapshot()
+            out = ffn(p, SM.sub(s, "dec.0.ffn") if name == "fused" else s, xs, "none")
+            return out, p.stats.snapshot() - c0
+        xs = share(x)
+        res = run_parties(fn, [(ws[i], xs[i]) for i in range(3)])
+        assert close(value([r[0] for r in res]), ref)
+        got[name] = (max(r[1].rounds for r in res), tuple(r[1].bytes_sent for r in res))
+        declared = cost_ffn(RingConfig(), 10, 16, 32, "none", fused=name == "fused")
+        assert got[name] == (declared.rounds, declared.bytes_per_party)
+    assert got["fused"][0] < got["unfused"][0]
+    assert sum(got["fused"][1]) < sum(got["unfused"][1]) / 2   # d vs d_ff + d outputs per row

@@ -7,6 +7,7 @@
   semantics the MPC protocols compute on shares;
 * :mod:`.decode`    - the query user's side: embedding, logits, greedy decoding;
 * :mod:`.archs`     - the float64 reference of the encoder classifier and the decoder-only LM;
+* :mod:`.presets`   - named config presets (AERO's softmax-only block);
 * :mod:`.hf_import` - checkpoints laid out like Hugging Face BERT and GPT-2 -> mpc3 models.
 
 Everything public is re-exported here: ``from protocols import model as M; M.ref_encoder``.
@@ -19,6 +20,7 @@ from .decode import (embed, embed_tokens, greedy_decode, input_table, output_log
                      positional_encoding, take_tokens)
 from .features import (attn_norm, attn_params, fold_omega, merge_heads, project, ref_features,
                        relu, split_heads)
+from .presets import PRESETS, aero, apply_preset
 from .reference import (RefDecodeState, ffn_activation, ref_decoder, ref_decoder_step, ref_encoder, ref_ffn,
                         batchnorm_affine, ref_batchnorm, ref_layernorm, ref_mha, ref_norm)
 from .weights import (FORMAT_VERSION, USER_NAMES, Weights, load_model, make_omega,
@@ -26,7 +28,7 @@ from .weights import (FORMAT_VERSION, USER_NAMES, Weights, load_model, make_omeg
                       validate_user)
 
 __all__ = [
-    "ARCHS", "ATTENTIONS", "NORMS", "batchnorm_affine", "ref_batchnorm", "ref_norm", "PERFORMER", "DECODER_ONLY", "ENCODER_CLASSIFIER", "ENCODER_DECODER", "RefLMState",
+    "ARCHS", "ATTENTIONS", "NORMS", "PRESETS", "aero", "apply_preset", "batchnorm_affine", "ref_batchnorm", "ref_norm", "PERFORMER", "DECODER_ONLY", "ENCODER_CLASSIFIER", "ENCODER_DECODER", "RefLMState",
     "config_keys", "greedy_generate", "ref_classify", "ref_lm", "ref_lm_step", "ATTN_NORMS", "DEFAULT_LN_EPS", "FORMAT_VERSION", "USER_NAMES", "ModelConfig",
     "RefDecodeState", "Weights", "ffn_activation", "attn_norm", "attn_params", "attn_prefixes", "embed", "embed_tokens", "input_table", "take_tokens",
     "expected_shapes", "expected_user_shapes", "fold_omega", "greedy_decode", "load_model",

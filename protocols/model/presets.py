@@ -1,0 +1,46 @@
+"""Named model presets: config transformations that select a seed paper's block.
+
+:func:`aero` - AERO's softmax-only block (seed 001, Sec. 4.1-4.2, "SM + FuFFN"):
+
+* no LayerNorm: ``norm = "none"`` (the identity; no tensors, 0 rounds);
+* no FFN nonlinearity: ``ffn_act = "none"``;
+* the FFN fused into one matrix: with no nonlinearity, FFN(x) = x W1 W2 + (b1 W2 + b2)
+  exactly, and :mod:`protocols.secure_model` shares it so (``w1`` = W1 W2 (d, d), ``b1`` =
+  b1 W2 + b2): one product of d outputs per row instead of d_ff + d, one round fewer
+  (:func:`protocols.ffn.ffn`) - on every config with ``ffn_act`` none, not only this preset;
+* softmax attention (the softmax is the block's only nonlinearity), unless ``attention``
+  says otherwise.
+
+Not implemented: AERO's learnable FFN scales (Eq. 6: x_out = beta x_SA + FFN(x_SA) / alpha;
+1/alpha would fold into the fused W1 W2 for free, beta needs the residual stream rescaled),
+the pruning of the deepest FFNs (ScFuFFN_x: identity instead of FFN), weight or spectral
+normalization of the FFN weights (a training-time reparameterization: the trained W is what
+mpc3 receives) and the entropy regularization (a training loss).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .config import ENCODER_DECODER, PERFORMER, ModelConfig
+
+#: the presets by name (``--preset NAME`` of config builders)
+PRESETS = ("aero",)
+
+
+def aero(cfg: ModelConfig, attention: str | None = "softmax") -> ModelConfig:
+    """``cfg`` with AERO's softmax-only block (module docstring); ``attention`` None keeps
+    ``cfg.attention``. Refused for an encoder-decoder with a softmax-style attention (its
+    decoder has a secure decode state for relu-performer only)."""
+    att = cfg.attention if attention is None else attention
+    if cfg.arch == ENCODER_DECODER and att != PERFORMER:
+        raise ValueError(f"preset aero: attention {att!r} is not available for arch "
+                         f"{ENCODER_DECODER!r}; pass attention={PERFORMER!r} (or None) for "
+                         f"a Performer translator without LayerNorm and FFN nonlinearity")
+    return replace(cfg, norm="none", ffn_act="none", attention=att).validate()
+
+
+def apply_preset(cfg: ModelConfig, name: str) -> ModelConfig:
+    """``cfg`` with the preset ``name`` (one of :data:`PRESETS`)."""
+    if name == "aero":
+        return aero(cfg)
+    raise ValueError(f"unknown preset {name!r} (one of {PRESETS})")
