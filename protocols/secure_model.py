@@ -26,7 +26,10 @@ Share layout (every tensor a replicated sharing over Z_2^64; names below an atte
 * a linear FFN (``cfg.ffn_act`` none, AERO) is one affine map, fused by the owner:
   ``w1`` = W1 W2 (d, d) and ``b1`` = b1 W2 + b2, no ``w2``, ``b2`` - exact in float64, and
   one product on shares instead of two (:func:`protocols.ffn.ffn`: a round and the d_ff-wide
-  hidden product saved).
+  hidden product saved);
+* AERO's FFN scales (``cfg.ffn_scale``): folded into the attention and FFN weights by
+  :func:`protocols.model.fold_ffn_scales`, no ``alpha``, ``beta`` shares; ``dec.out_scale``
+  (1,) = the product of the betas, by which the LM multiplies its last hidden row.
 
 The projection weights carry PROJ_EXTRA more fractional bits (and their products are truncated
 by ``frac + PROJ_EXTRA``): weights like ``attn_c * W^V`` (attn_c = 1/r) keep full relative
@@ -48,6 +51,9 @@ from mpc3.sharing import deal
 from . import model as M
 
 PROJ_EXTRA = 8
+#: AERO's FFN scales (``cfg.ffn_scale``), folded: the product of every layer's beta, applied to
+#: the last hidden row (:func:`protocols.model.fold_ffn_scales`)
+OUT_SCALE = "dec.out_scale"
 
 
 def fold_scales(cfg: M.ModelConfig) -> tuple[float, float]:
@@ -64,6 +70,9 @@ def plain_tensors(cfg: M.ModelConfig, weights: M.Weights, fold_omega: bool = Tru
                   ) -> dict[str, tuple[np.ndarray, int]]:
     """name -> (float tensor, extra fractional bits) of everything that gets shared."""
     weights.validate(cfg)
+    out_scale = None
+    if cfg.ffn_scale:                    # AERO's FFN scales folded into the weights
+        cfg, weights, out_scale = M.fold_ffn_scales(cfg, weights)
     fold_omega = fold_omega and cfg.attention == M.PERFORMER
     folded = M.fold_omega(weights, cfg) if fold_omega else {}
     attn = set(M.attn_prefixes(cfg))
@@ -96,6 +105,8 @@ def plain_tensors(cfg: M.ModelConfig, weights: M.Weights, fold_omega: bool = Tru
             continue
         else:
             out[name] = (t, 0)
+    if out_scale is not None:
+        out[OUT_SCALE] = (np.array([out_scale]), 0)
     return out
 
 
@@ -148,6 +159,8 @@ def check_shares(cfg: M.ModelConfig, shares: dict[str, AShare], fold_omega: bool
             continue
         else:
             expect[name] = shape
+    if cfg.ffn_scale:
+        expect[OUT_SCALE] = (1,)
     missing = sorted(set(expect) - set(shares))
     if missing:
         raise ValueError(f"model shares lack {missing[:5]}{'...' if len(missing) > 5 else ''}")

@@ -97,6 +97,8 @@ SITES: dict[str, Site] = {
     # BatchNorm (norm batchnorm): x times the folded per-channel scale gamma / sqrt(var + eps)
     "bn": Site("product", "BatchNorm input times gamma / sqrt(running var + eps)",
                "rescale gamma or raise the running var"),
+    "out_scale": Site("product", "LM output times AERO's folded FFN scales (product of betas)",
+                      "rescale the FFN betas"),
     # FFN (enc.i.ffn, dec.i.ffn)
     "w1": Site("product", "FFN product x W1 (a linear FFN: x W1 W2, shared fused)",
                "rescale W1"),
@@ -167,13 +169,15 @@ class Trace:
 
     def __init__(self, cfg: M.ModelConfig, weights: M.Weights, fold_omega: bool = True,
                  decode_block: int | None = None, rec: Recorder | None = None) -> None:
-        self.cfg, self.w, self.fold = cfg, weights, fold_omega
+        self.cfg, self.w, self.fold, self.c_out = cfg, weights, fold_omega, None
+        if cfg.ffn_scale:                 # traced as shared: AERO's scales folded in
+            self.cfg, self.w, self.c_out = M.fold_ffn_scales(cfg, weights)
         self.block = (default_decode_block(cfg.n_features, cfg.d_head) if decode_block is None
                       else int(decode_block))
         self.rec = rec or Recorder()
-        self.s, self.vs = fold_scales(cfg)
+        self.s, self.vs = fold_scales(self.cfg)
         self._sub: dict[str, dict[str, np.ndarray]] = {}
-        self.attn = {p: self.sub(p) for p in M.attn_prefixes(cfg)}
+        self.attn = {p: self.sub(p) for p in M.attn_prefixes(self.cfg)}
 
     def sub(self, prefix: str) -> dict[str, np.ndarray]:
         if prefix not in self._sub:
@@ -482,8 +486,14 @@ class Trace:
             pre = f"dec.{i}"
             if cfg.norm_first:
                 x = x + attn(f"{pre}.self", self.ln(f"{pre}.ln1", x), True)
-                x = x + self.ffn(f"{pre}.ffn", self.ln(f"{pre}.ln2", x))
+                if cfg.has_ffn(i):
+                    x = x + self.ffn(f"{pre}.ffn", self.ln(f"{pre}.ln2", x))
             else:
                 x = self.ln(f"{pre}.ln1", x + attn(f"{pre}.self", x, True))
-                x = self.ln(f"{pre}.ln2", x + self.ffn(f"{pre}.ffn", x))
-        return self.ln("dec.final_ln", x) if cfg.norm_first else x
+                if cfg.has_ffn(i):
+                    x = self.ln(f"{pre}.ln2", x + self.ffn(f"{pre}.ffn", x))
+        x = self.ln("dec.final_ln", x) if cfg.norm_first else x
+        if self.c_out is not None:        # AERO's folded FFN scales: the last row times C_L
+            x = x * self.c_out
+            self.rec.mag("dec.out_scale", "out_scale", x)
+        return x

@@ -240,3 +240,78 @@ def test_fused_linear_ffn_saves_a_round_and_bytes(rng):
         assert got[name] == (declared.rounds, declared.bytes_per_party)
     assert got["fused"][0] < got["unfused"][0]
     assert sum(got["fused"][1]) < sum(got["unfused"][1]) / 2   # d vs d_ff + d outputs per row
+
+
+def aero_lm(attention="softmax", **kw):
+    return M.aero(cfg_of("decoder-only", n_dec_layers=3, norm_first=True, **kw), attention)
+
+
+def test_aero_scaled_pruned_ffn_config_and_folding():
+    c = M.ModelConfig(**{**aero_lm().to_dict(), "ffn_scale": True, "ffn_pruned": 1})
+    assert M.ModelConfig.from_dict(json.loads(json.dumps(c.to_dict()))) == c
+    shapes = M.expected_shapes(c)
+    assert shapes["dec.0.ffn.alpha"] == (1,) and "dec.2.ffn.w1" not in shapes
+    assert [c.has_ffn(i) for i in range(3)] == [True, True, False]
+    for bad in (dict(norm="layernorm"), dict(ffn_act="relu"), dict(ffn_pruned=4)):
+        with pytest.raises(ValueError, match="ffn_scale|ffn_pruned"):
+            M.ModelConfig.from_dict({**c.to_dict(), **bad})
+    with pytest.raises(ValueError, match="AERO's softmax-only block"):
+        M.ModelConfig(**{**BASE, "norm_first": True, "n_enc_layers": 1, "src_vocab": 7,
+                         "n_classes": 3}, arch="encoder-classifier", norm="none",
+                      ffn_act="none", ffn_pruned=1).validate()
+    for attention, bias in (("softmax", True), ("relu-performer", False)):
+        cb = M.ModelConfig(**{**aero_lm(attention, attn_bias=bias).to_dict(),
+                              "ffn_scale": True, "ffn_pruned": 1})
+        w = M.random_weights(cb, 2)
+        x = np.random.default_rng(2).uniform(-1, 1, (2, 5, 16))
+        c2, w2, C = M.fold_ffn_scales(cb, w)
+        assert not c2.ffn_scale and C == np.prod([w[f"dec.{i}.ffn.beta"][0] for i in (0, 1)])
+        ref = M.ref_lm(cb, w, x)
+        assert np.max(np.abs(C * M.ref_lm(c2, w2, x) - ref)) < 1e-12 * np.max(np.abs(ref))
+        assert not np.allclose(ref, M.ref_lm(c2, w2, x))      # the scales change the model
+
+
+@pytest.mark.parametrize("attention", ["softmax", "relu-performer"])
+def test_aero_scaled_pruned_lm_secure(run, rng, attention):
+    """Scales folded into the shares (one product by their product at the end), the pruned
+    layer's FFN skipped: secure prefill + steps == the scaled reference, declared == measured,
+    and cheaper than the unscaled, unpruned model by the pruned FFN minus one product."""
+    from protocols import calibrate as C
+    base = aero_lm(attention, attn_c=0.05)
+    cfg = M.ModelConfig(**{**base.to_dict(), "ffn_scale": True, "ffn_pruned": 1})
+    w = M.random_weights(cfg, 2)
+    for i in range(3):                  # without any norm, keep the softmax scores in range
+        w[f"dec.{i}.self.wq"] = 0.35 * w[f"dec.{i}.self.wq"]
+    x = rng.uniform(-1, 1, (2, 7, 16))
+    C.calibrate(cfg, w, C.Samples([x]))               # the folded trace: in range
+
+    def fn(p, s, xs):
+        measured, c0 = [], p.stats.snapshot()
+        h, st = LM.lm_prefill(p, cfg, s, xs[:, :4], block=3)
+        measured.append(p.stats.snapshot() - c0)
+        hs = [h]
+        for t in range(4, 7):
+            c0 = p.stats.snapshot()
+            hs.append(LM.lm_step(p, cfg, s, st, xs[:, t]))
+            measured.append(p.stats.snapshot() - c0)
+        return hs, measured
+
+    shares = SM.share_model(cfg, w)
+    assert SM.OUT_SCALE in shares[0] and not any(k.endswith(".alpha") for k in shares[0])
+    res = run(fn, shares, share(x))
+    full = M.ref_lm(cfg, w, x)
+    for k in range(4):
+        assert close(value([r[0][k] for r in res]), full[:, 3 + k])
+    rc = RingConfig()
+    for k, t in enumerate([-1, 4, 5, 6]):
+        declared = LM.cost_lm_prefill(rc, cfg, 2, 4, 3) if t < 0 else \
+            LM.cost_lm_step(rc, cfg, 2, t, 3)
+        assert tuple(r[1][k].bytes_sent for r in res) == declared.bytes_per_party
+        assert max(r[1][k].rounds for r in res) == declared.rounds
+    plain = LM.cost_lm_step(rc, base, 2, 5, 3)
+    got = LM.cost_lm_step(rc, cfg, 2, 5, 3)
+    from protocols.ffn import cost_ffn
+    saved = cost_ffn(rc, 2, 16, 32, "none")
+    scale = arith.cost_mul(2 * 16, True, rc.frac, rc.trunc)
+    assert got.rounds == plain.rounds - saved.rounds + scale.rounds
+    assert got.bytes_total == plain.bytes_total - saved.bytes_total + scale.bytes_total

@@ -1,6 +1,6 @@
 """protocols.model.torch_ref.TorchModel == the float64 reference for every config: the
 whole grid arch x attention x ffn_act x norm x norm_first x attn_bias x pool x embedding
-(with and without token types), each with random small shapes and weights; logits from
+(with and without token types) x AERO's ffn_scale / ffn_pruned where they apply, each with random small shapes and weights; logits from
 token ids within 1e-9 (relative to max(1, |logit|): without normalization a random
 Performer stack can reach large values). Plus the decode path (the reference's
 incremental LM steps give the same rows), export, and a training step with BatchNorm."""
@@ -28,17 +28,20 @@ def grid():
         for att, pool, emb, act, norm, first, bias in itertools.product(
                 opts["attention"], opts["pool"], opts["embedding"], ("relu", "gelu", "none"),
                 M.NORMS, (False, True), (False, True)):
-            yield arch, att, pool, emb, act, norm, first, bias
+            aero = arch == "decoder-only" and norm == "none" and act == "none"
+            for scale, pruned in ((False, 0), (True, 0), (False, 1), (True, 1)) if aero else \
+                    ((False, 0),):
+                yield arch, att, pool, emb, act, norm, first, bias, scale, pruned
 
 
-def make(arch, att, pool, emb, act, norm, first, bias, rng):
+def make(arch, att, pool, emb, act, norm, first, bias, rng, scale=False, pruned=0):
     h = int(rng.integers(1, 3))
     dh = int(rng.integers(2, 5))
     kw = dict(d_model=h * dh, n_heads=h, d_head=dh, n_features=int(rng.integers(2, 6)),
               d_ff=int(rng.integers(3, 9)), attn_c=float(rng.uniform(0.1, 0.6)),
               attn_norm=str(rng.choice(["const", "mean"])), norm_first=first, max_len=7,
               attention=att, ffn_act=act, norm=norm, attn_bias=bias, pool=pool, embedding=emb,
-              ln_eps=float(rng.choice([M.DEFAULT_LN_EPS, 1e-5])))
+              ln_eps=float(rng.choice([M.DEFAULT_LN_EPS, 1e-5])), ffn_scale=scale)
     layers = int(rng.integers(1, 3))
     if arch == "encoder-decoder":
         kw.update(n_enc_layers=layers, n_dec_layers=int(rng.integers(0, 3)), src_vocab=6,
@@ -46,7 +49,7 @@ def make(arch, att, pool, emb, act, norm, first, bias, rng):
     elif arch == "encoder-classifier":
         kw.update(arch=arch, n_enc_layers=layers, src_vocab=6, n_classes=3)
     else:
-        kw.update(arch=arch, n_dec_layers=layers, tgt_vocab=6)
+        kw.update(arch=arch, n_dec_layers=layers, tgt_vocab=6, ffn_pruned=pruned)
     if emb != "sinusoidal" and rng.random() < 0.5:
         kw["type_vocab"] = 2
     return M.ModelConfig(**kw).validate()
@@ -72,7 +75,7 @@ def test_forward_equals_reference_on_the_whole_config_grid():
     n = 0
     seen = set()
     for case in grid():
-        cfg = make(*case, rng)
+        cfg = make(*case[:8], rng, *case[8:])
         w, user = M.random_weights(cfg, n), M.random_user(cfg, n)
         model = TorchModel(cfg, w, user).eval()
         B, S = 2, int(rng.integers(2, 6))
@@ -88,7 +91,8 @@ def test_forward_equals_reference_on_the_whole_config_grid():
         n += 1
     # every value of every key was run
     assert {c[0] for c in seen} == set(M.ARCHS) and {c[1] for c in seen} == set(M.ATTENTIONS)
-    assert {c[5] for c in seen} == set(M.NORMS) and n >= 1000
+    assert {c[5] for c in seen} == set(M.NORMS) and {c[8:] for c in seen} == {
+        (False, 0), (True, 0), (False, 1), (True, 1)} and n >= 1000
 
 
 @pytest.mark.parametrize("att,norm", [("relu-performer", "batchnorm"), ("softmax", "none"),

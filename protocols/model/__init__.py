@@ -12,7 +12,7 @@
 
 Everything public is re-exported here: ``from protocols import model as M; M.ref_encoder``.
 """
-from .archs import RefLMState, greedy_generate, ref_classify, ref_lm, ref_lm_step
+from .archs import RefLMState, fold_ffn_scales, greedy_generate, ref_classify, ref_lm, ref_lm_step
 from .config import (ARCHS, ATTENTIONS, ATTN_NORMS, DECODER_ONLY, NORMS, DEFAULT_LN_EPS,
                      ENCODER_CLASSIFIER, ENCODER_DECODER, PERFORMER, ModelConfig, attn_prefixes, config_keys, expected_shapes,
                      expected_user_shapes)
@@ -28,7 +28,7 @@ from .weights import (FORMAT_VERSION, USER_NAMES, Weights, load_model, make_omeg
                       validate_user)
 
 __all__ = [
-    "ARCHS", "ATTENTIONS", "NORMS", "PRESETS", "aero", "apply_preset", "batchnorm_affine", "ref_batchnorm", "ref_norm", "PERFORMER", "DECODER_ONLY", "ENCODER_CLASSIFIER", "ENCODER_DECODER", "RefLMState",
+    "ARCHS", "ATTENTIONS", "NORMS", "PRESETS", "fold_ffn_scales", "aero", "apply_preset", "batchnorm_affine", "ref_batchnorm", "ref_norm", "PERFORMER", "DECODER_ONLY", "ENCODER_CLASSIFIER", "ENCODER_DECODER", "RefLMState",
     "config_keys", "greedy_generate", "ref_classify", "ref_lm", "ref_lm_step", "ATTN_NORMS", "DEFAULT_LN_EPS", "FORMAT_VERSION", "USER_NAMES", "ModelConfig",
     "RefDecodeState", "Weights", "ffn_activation", "attn_norm", "attn_params", "attn_prefixes", "embed", "embed_tokens", "input_table", "take_tokens",
     "expected_shapes", "expected_user_shapes", "fold_omega", "greedy_decode", "load_model",

@@ -176,12 +176,18 @@ class TorchModel(torch.nn.Module):
             self.cfg.n_dec_layers else y
 
     def lm(self, x: torch.Tensor) -> torch.Tensor:
-        for i in range(self.cfg.n_dec_layers):
+        cfg = self.cfg
+        for i in range(cfg.n_dec_layers):
             pre = f"dec.{i}"
-            x = self._layer(pre, x, [
-                ("ln1", lambda u: self.mha(f"{pre}.self", u, u, causal=True)),
-                ("ln2", lambda u: self.ffn(f"{pre}.ffn", u))])
-        return self.norm("dec.final_ln", x) if self.cfg.norm_first else x
+            x = self._layer(pre, x, [("ln1", lambda u: self.mha(f"{pre}.self", u, u, True))])
+            if not cfg.has_ffn(i):                 # AERO's pruned FFN: identity
+                continue
+            if cfg.ffn_scale:                      # AERO Eq. 6 (norm none)
+                x = self.p(f"{pre}.ffn.beta") * x \
+                    + self.ffn(f"{pre}.ffn", x) / self.p(f"{pre}.ffn.alpha")
+            else:
+                x = self._layer(pre, x, [("ln2", lambda u: self.ffn(f"{pre}.ffn", u))])
+        return self.norm("dec.final_ln", x) if cfg.norm_first else x
 
     def classify(self, x: torch.Tensor) -> torch.Tensor:
         h = self.encoder(x)

@@ -155,6 +155,8 @@ def random_weights(cfg: ModelConfig, seed: int = 0) -> Weights:
             w[name] = 1.0 + 0.1 * rng.standard_normal(shape)
         elif leaf == "var":    # BatchNorm running variance (norm batchnorm)
             w[name] = 0.5 + rng.random(shape)
+        elif name.endswith((".ffn.alpha", ".ffn.beta")):    # AERO's FFN scales (ffn_scale)
+            w[name] = 1.0 + rng.random(shape)
         else:  # beta, mean, b1, b2, b, bq, bk, bv, bo
             w[name] = 0.1 * rng.standard_normal(shape)
     return w
