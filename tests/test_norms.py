@@ -204,6 +204,9 @@ def test_aero_preset():
     assert (c.norm, c.ffn_act, c.attention) == ("none", "none", "softmax")
     assert M.apply_preset(base, "aero") == c
     assert M.aero(base, attention=None).attention == "relu-performer"
+    sp = M.aero(base, scale=True, pruned=1)
+    assert (sp.ffn_scale, sp.ffn_pruned) == (True, 1) and "dec.1.ffn.w1" not in \
+        M.expected_shapes(sp) and "dec.0.ffn.alpha" in M.expected_shapes(sp)
     assert not any(".ln" in n or "final_ln" in n for n in M.expected_shapes(c))
     with pytest.raises(ValueError, match="preset aero: attention 'softmax' is not available"):
         M.aero(cfg_of("encoder-decoder"))

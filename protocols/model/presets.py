@@ -11,11 +11,17 @@
 * softmax attention (the softmax is the block's only nonlinearity), unless ``attention``
   says otherwise.
 
-Not implemented: AERO's learnable FFN scales (Eq. 6: x_out = beta x_SA + FFN(x_SA) / alpha;
-1/alpha would fold into the fused W1 W2 for free, beta needs the residual stream rescaled),
-the pruning of the deepest FFNs (ScFuFFN_x: identity instead of FFN), weight or spectral
-normalization of the FFN weights (a training-time reparameterization: the trained W is what
-mpc3 receives) and the entropy regularization (a training loss).
+Also selectable on top of the preset (config keys, decoder-only, exact and cheap):
+
+* ``ffn_scale`` (AERO Eq. 6, x_out = beta x_SA + FFN(x_SA) / alpha, per-layer alpha, beta):
+  folded into the weights by :func:`protocols.model.fold_ffn_scales` - one product of the
+  returned row by the product of the betas, instead of a product per layer;
+* ``ffn_pruned`` = x (AERO's ScFuFFN_x): the deepest x layers have no FFN (identity): their
+  FFN product is saved.
+
+Not implemented: weight or spectral normalization of the FFN weights (training-time
+reparameterizations: the trained W is what mpc3 receives) and the entropy regularization
+(a training loss).
 """
 from __future__ import annotations
 
@@ -27,16 +33,18 @@ from .config import ENCODER_DECODER, PERFORMER, ModelConfig
 PRESETS = ("aero",)
 
 
-def aero(cfg: ModelConfig, attention: str | None = "softmax") -> ModelConfig:
+def aero(cfg: ModelConfig, attention: str | None = "softmax", scale: bool = False,
+         pruned: int = 0) -> ModelConfig:
     """``cfg`` with AERO's softmax-only block (module docstring); ``attention`` None keeps
-    ``cfg.attention``. Refused for an encoder-decoder with a softmax-style attention (its
+    ``cfg.attention``; ``scale`` / ``pruned``: ``ffn_scale`` / ``ffn_pruned`` (decoder-only). Refused for an encoder-decoder with a softmax-style attention (its
     decoder has a secure decode state for relu-performer only)."""
     att = cfg.attention if attention is None else attention
     if cfg.arch == ENCODER_DECODER and att != PERFORMER:
         raise ValueError(f"preset aero: attention {att!r} is not available for arch "
                          f"{ENCODER_DECODER!r}; pass attention={PERFORMER!r} (or None) for "
                          f"a Performer translator without LayerNorm and FFN nonlinearity")
-    return replace(cfg, norm="none", ffn_act="none", attention=att).validate()
+    return replace(cfg, norm="none", ffn_act="none", attention=att, ffn_scale=scale,
+                   ffn_pruned=pruned).validate()
 
 
 def apply_preset(cfg: ModelConfig, name: str) -> ModelConfig:
