@@ -27,6 +27,8 @@ Share layout (every tensor a replicated sharing over Z_2^64; names below an atte
   ``w1`` = W1 W2 (d, d) and ``b1`` = b1 W2 + b2, no ``w2``, ``b2`` - exact in float64, and
   one product on shares instead of two (:func:`protocols.ffn.ffn`: a round and the d_ff-wide
   hidden product saved);
+* seed 002's BatchNorm in the MLP (``cfg.ffn_bn``): folded into ``w1``, ``b1`` by
+  :func:`protocols.model.fold_ffn_bn` (no ``bn_*`` shares, no cost online);
 * AERO's FFN scales (``cfg.ffn_scale``): folded into the attention and FFN weights by
   :func:`protocols.model.fold_ffn_scales`, no ``alpha``, ``beta`` shares; ``dec.out_scale``
   (1,) = the product of the betas, by which the LM multiplies its last hidden row.
@@ -71,6 +73,8 @@ def plain_tensors(cfg: M.ModelConfig, weights: M.Weights, fold_omega: bool = Tru
     """name -> (float tensor, extra fractional bits) of everything that gets shared."""
     weights.validate(cfg)
     out_scale = None
+    if cfg.ffn_bn:                       # seed 002's BatchNorm in the MLP, folded into W1, b1
+        cfg, weights = M.fold_ffn_bn(cfg, weights)
     if cfg.ffn_scale:                    # AERO's FFN scales folded into the weights
         cfg, weights, out_scale = M.fold_ffn_scales(cfg, weights)
     fold_omega = fold_omega and cfg.attention == M.PERFORMER
@@ -144,6 +148,8 @@ def check_shares(cfg: M.ModelConfig, shares: dict[str, AShare], fold_omega: bool
     expect = {}
     for name, shape in M.expected_shapes(cfg).items():
         prefix, leaf = name.rsplit(".", 1)
+        if leaf.startswith("bn_") or leaf in ("alpha", "beta") and prefix.endswith(".ffn"):
+            continue                     # folded by the owner (ffn_bn, ffn_scale)
         if cfg.norm == "batchnorm" and leaf in ("gamma", "beta", "mean", "var"):
             expect.update({f"{prefix}.{n}": shape for n in ("scale", "shift")})
         elif cfg.ffn_act == "none" and prefix.endswith(".ffn"):

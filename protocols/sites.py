@@ -97,8 +97,7 @@ SITES: dict[str, Site] = {
     # BatchNorm (norm batchnorm): x times the folded per-channel scale gamma / sqrt(var + eps)
     "bn": Site("product", "BatchNorm input times gamma / sqrt(running var + eps)",
                "rescale gamma or raise the running var"),
-    "out_scale": Site("product", "LM output times AERO's folded FFN scales (product of betas)",
-                      "rescale the FFN betas"),
+    "out_scale": Site("product", "LM output times the product of AERO's betas", "rescale beta"),
     # FFN (enc.i.ffn, dec.i.ffn)
     "w1": Site("product", "FFN product x W1 (a linear FFN: x W1 W2, shared fused)",
                "rescale W1"),
@@ -170,8 +169,10 @@ class Trace:
     def __init__(self, cfg: M.ModelConfig, weights: M.Weights, fold_omega: bool = True,
                  decode_block: int | None = None, rec: Recorder | None = None) -> None:
         self.cfg, self.w, self.fold, self.c_out = cfg, weights, fold_omega, None
-        if cfg.ffn_scale:                 # traced as shared: AERO's scales folded in
-            self.cfg, self.w, self.c_out = M.fold_ffn_scales(cfg, weights)
+        if cfg.ffn_bn:                    # traced as shared: the MLP's BatchNorm folded in,
+            self.cfg, self.w = M.fold_ffn_bn(cfg, weights)
+        if cfg.ffn_scale:                 # AERO's FFN scales too
+            self.cfg, self.w, self.c_out = M.fold_ffn_scales(self.cfg, self.w)
         self.block = (default_decode_block(cfg.n_features, cfg.d_head) if decode_block is None
                       else int(decode_block))
         self.rec = rec or Recorder()

@@ -178,7 +178,8 @@ PRE_LN = dict(d_model=16, d_head=8, n_features=8, d_ff=32, n_enc_layers=1, n_dec
     (PRE_LN, False, 3, "kv", D.DEFAULT_FUSE),      # pre-LN, unfolded, qk order
     (PRE_LN, False, 3, "kv", D.FUSIONS),
     # seed 002's BatchNorm (site bn) and AERO's linear FFN, shared fused (site w1 = x W1 W2)
-    (dict(norm="batchnorm"), True, 2, "scores", D.FUSIONS),
+    (dict(norm="batchnorm", ffn_bn=True), True, 2, "scores", D.FUSIONS),
+    (dict(ffn_bn=True), True, 2, "scores", D.FUSIONS),       # folded BN-FFN inside the LN
     ({**PRE_LN, "norm": "batchnorm", "ffn_act": "none"}, True, 3, "kv", D.DEFAULT_FUSE),
     # no normalization: a Performer stack is cubic in its input, so small attn_c
     ({**PRE_LN, "norm": "none", "attn_norm": "mean", "attn_c": 0.05}, False, 3, "kv",

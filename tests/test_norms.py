@@ -99,6 +99,24 @@ def test_reference_norms():
                                                                      norm_first=True), w, x))
 
 
+def test_ffn_batchnorm_folds_exactly():
+    cfg = cfg_of("encoder-classifier", ffn_bn=True, ffn_act="gelu")
+    assert cfg.to_dict()["ffn_bn"] is True and "ffn_bn" not in cfg_of("decoder-only").to_dict()
+    w = M.random_weights(cfg, 3)
+    assert M.expected_shapes(cfg)["enc.1.ffn.bn_var"] == (32,)
+    x = np.random.default_rng(0).normal(0, 1, (2, 5, 16))
+    c2, w2 = M.fold_ffn_bn(cfg, w)
+    assert not c2.ffn_bn and not any(".bn_" in n for n in w2)
+    ref = M.ref_classify(cfg, w, x)
+    np.testing.assert_allclose(M.ref_classify(c2, w2, x), ref, atol=1e-12)
+    w3 = M.Weights(dict(w.tensors))
+    w3["enc.0.ffn.bn_mean"] = w3["enc.0.ffn.bn_mean"] + 1.0
+    assert not np.allclose(M.ref_classify(cfg, w3, x), ref)    # the statistics matter
+    sh = SM.share_model(cfg, w)[0]
+    SM.check_shares(cfg, sh)
+    assert not any(".bn_" in n for n in sh)
+
+
 def test_share_layout_folds_batchnorm_and_fuses_the_linear_ffn():
     cfg = cfg_of("decoder-only", norm="batchnorm", ffn_act="none")
     w = M.random_weights(cfg, 4)
@@ -119,13 +137,15 @@ def test_share_layout_folds_batchnorm_and_fuses_the_linear_ffn():
     assert N.cost_norm(rc, cfg_of("decoder-only", norm="none"), 10).rounds == 0
 
 
-NORM_CASES = [("none", "none", False), ("batchnorm", "relu", False),
-              ("batchnorm", "none", True), ("layernorm", "none", True)]
+#: (norm, ffn_act, norm_first, ffn_bn): ffn_bn is seed 002's BatchNorm in the MLP, folded
+NORM_CASES = [("none", "none", False, False), ("batchnorm", "relu", False, False),
+              ("batchnorm", "none", True, False), ("layernorm", "none", True, False),
+              ("layernorm", "gelu", False, True), ("batchnorm", "relu", True, True)]
 
 
-@pytest.mark.parametrize("norm,act,norm_first", NORM_CASES)
-def test_classifier(run, rng, norm, act, norm_first):
-    cfg = cfg_of("encoder-classifier", norm=norm, ffn_act=act, norm_first=norm_first)
+@pytest.mark.parametrize("norm,act,norm_first,bn", NORM_CASES)
+def test_classifier(run, rng, norm, act, norm_first, bn):
+    cfg = cfg_of("encoder-classifier", norm=norm, ffn_act=act, norm_first=norm_first, ffn_bn=bn)
     w = M.random_weights(cfg, 5)
     x = rng.uniform(-1, 1, (2, 6, 16))
     out = run(lambda p, s, xi: classify(p, cfg, s, xi), SM.share_model(cfg, w), share(x))
@@ -133,11 +153,11 @@ def test_classifier(run, rng, norm, act, norm_first):
     run.assert_cost(cost_classify(RingConfig(), cfg, 2, 6))
 
 
-@pytest.mark.parametrize("norm,act,norm_first", NORM_CASES)
+@pytest.mark.parametrize("norm,act,norm_first,bn", NORM_CASES)
 @pytest.mark.parametrize("attention", ["relu-performer", "softmax"])
-def test_lm_prefill_and_steps(run, rng, norm, act, norm_first, attention):
+def test_lm_prefill_and_steps(run, rng, norm, act, norm_first, bn, attention):
     cfg = cfg_of("decoder-only", norm=norm, ffn_act=act, norm_first=norm_first,
-                 attention=attention)
+                 attention=attention, ffn_bn=bn)
     w = M.random_weights(cfg, 2)
     x = rng.uniform(-1, 1, (2, 7, 16))
 
@@ -165,12 +185,12 @@ def test_lm_prefill_and_steps(run, rng, norm, act, norm_first, attention):
         assert max(r[1][k].rounds for r in res) == declared.rounds
 
 
-@pytest.mark.parametrize("norm,act,norm_first", NORM_CASES)
+@pytest.mark.parametrize("norm,act,norm_first,bn", NORM_CASES)
 @pytest.mark.parametrize("fuse", [D.DEFAULT_FUSE, D.FUSIONS])
-def test_translator_encoder_and_decode_steps(rng, norm, act, norm_first, fuse):
+def test_translator_encoder_and_decode_steps(rng, norm, act, norm_first, bn, fuse):
     """Encoder-decoder: the secure encoder and decode steps (LayerNorm fusions: only a
     LayerNorm fuses; ``ln_fusions`` is empty for the other norms) against the reference."""
-    cfg = cfg_of("encoder-decoder", norm=norm, ffn_act=act, norm_first=norm_first)
+    cfg = cfg_of("encoder-decoder", norm=norm, ffn_act=act, norm_first=norm_first, ffn_bn=bn)
     assert (D.ln_fusions(cfg, fuse) == {}) == (norm != "layernorm")
     w = M.random_weights(cfg, 3)
     x, y = rng.uniform(-1, 1, (2, 5, 16)), rng.uniform(-1, 1, (2, 4, 16))

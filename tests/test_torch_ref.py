@@ -1,7 +1,7 @@
 """protocols.model.torch_ref.TorchModel == the float64 reference for every config: the
 whole grid arch x attention x ffn_act x norm x norm_first x attn_bias x pool x embedding
-(with and without token types) x AERO's ffn_scale / ffn_pruned where they apply, each with random small shapes and weights; logits from
-token ids within 1e-9 (relative to max(1, |logit|): without normalization a random
+(with and without token types) x ffn_bn x AERO's ffn_scale / ffn_pruned where they apply,
+each with random small shapes and weights; logits from token ids within 1e-9 (relative to max(1, |logit|): without normalization a random
 Performer stack can reach large values). Plus the decode path (the reference's
 incremental LM steps give the same rows), export, and a training step with BatchNorm."""
 import itertools
@@ -25,23 +25,24 @@ def grid():
              "decoder-only": dict(attention=list(M.ATTENTIONS), pool=["mean"],
                                   embedding=["sinusoidal", "learned", "learned-ln"])}
     for arch, opts in archs.items():
-        for att, pool, emb, act, norm, first, bias in itertools.product(
+        for att, pool, emb, act, norm, first, bias, bn in itertools.product(
                 opts["attention"], opts["pool"], opts["embedding"], ("relu", "gelu", "none"),
-                M.NORMS, (False, True), (False, True)):
+                M.NORMS, (False, True), (False, True), (False, True)):
             aero = arch == "decoder-only" and norm == "none" and act == "none"
             for scale, pruned in ((False, 0), (True, 0), (False, 1), (True, 1)) if aero else \
                     ((False, 0),):
-                yield arch, att, pool, emb, act, norm, first, bias, scale, pruned
+                yield arch, att, pool, emb, act, norm, first, bias, scale, pruned, bn
 
 
-def make(arch, att, pool, emb, act, norm, first, bias, rng, scale=False, pruned=0):
+def make(arch, att, pool, emb, act, norm, first, bias, rng, scale=False, pruned=0, bn=False):
     h = int(rng.integers(1, 3))
     dh = int(rng.integers(2, 5))
     kw = dict(d_model=h * dh, n_heads=h, d_head=dh, n_features=int(rng.integers(2, 6)),
               d_ff=int(rng.integers(3, 9)), attn_c=float(rng.uniform(0.1, 0.6)),
               attn_norm=str(rng.choice(["const", "mean"])), norm_first=first, max_len=7,
               attention=att, ffn_act=act, norm=norm, attn_bias=bias, pool=pool, embedding=emb,
-              ln_eps=float(rng.choice([M.DEFAULT_LN_EPS, 1e-5])), ffn_scale=scale)
+              ln_eps=float(rng.choice([M.DEFAULT_LN_EPS, 1e-5])), ffn_scale=scale,
+              ffn_bn=bn)
     layers = int(rng.integers(1, 3))
     if arch == "encoder-decoder":
         kw.update(n_enc_layers=layers, n_dec_layers=int(rng.integers(0, 3)), src_vocab=6,
@@ -91,8 +92,9 @@ def test_forward_equals_reference_on_the_whole_config_grid():
         n += 1
     # every value of every key was run
     assert {c[0] for c in seen} == set(M.ARCHS) and {c[1] for c in seen} == set(M.ATTENTIONS)
-    assert {c[5] for c in seen} == set(M.NORMS) and {c[8:] for c in seen} == {
-        (False, 0), (True, 0), (False, 1), (True, 1)} and n >= 1000
+    assert {c[5] for c in seen} == set(M.NORMS) and {c[8:10] for c in seen} == {
+        (False, 0), (True, 0), (False, 1), (True, 1)} and {c[10] for c in seen} == {False, True}
+    assert n >= 2000
 
 
 @pytest.mark.parametrize("att,norm", [("relu-performer", "batchnorm"), ("softmax", "none"),
@@ -111,9 +113,8 @@ def test_lm_rows_equal_the_reference_decode_steps(att, norm):
 
 
 def test_export_round_trips_and_training_updates_batchnorm(tmp_path):
-    cfg = M.aero(make("decoder-only", "softmax", "mean", "sinusoidal", "relu", "batchnorm",
-                      True, False, np.random.default_rng(5)))
-    cfg = M.ModelConfig(**{**cfg.to_dict(), "norm": "batchnorm"})
+    cfg = make("decoder-only", "softmax", "mean", "sinusoidal", "gelu", "batchnorm", True,
+               False, np.random.default_rng(5), bn=True)
     model = TorchModel(cfg, seed=2)
     w, user = model.export()
     M.save_model(tmp_path / "m.npz", cfg, w, user)
@@ -127,5 +128,6 @@ def test_export_round_trips_and_training_updates_batchnorm(tmp_path):
     loss = model(ids).logsumexp(-1).mean()
     loss.backward()
     assert not torch.equal(before, model.p("dec.0.ln1.mean"))      # running stats moved
+    assert not torch.equal(again.p("dec.0.ffn.bn_var"), model.p("dec.0.ffn.bn_var"))
     assert model.p("dec.0.ffn.w1").grad is not None
     assert "dec__0__ln1__mean" in dict(model.named_buffers())

@@ -22,13 +22,13 @@ from .features import (attn_norm, attn_params, fold_omega, merge_heads, project,
                        relu, split_heads)
 from .presets import PRESETS, aero, apply_preset
 from .reference import (RefDecodeState, ffn_activation, ref_decoder, ref_decoder_step, ref_encoder, ref_ffn,
-                        batchnorm_affine, ref_batchnorm, ref_layernorm, ref_mha, ref_norm)
+                        batchnorm_affine, fold_ffn_bn, ref_batchnorm, ref_layernorm, ref_mha, ref_norm)
 from .weights import (FORMAT_VERSION, USER_NAMES, Weights, load_model, make_omega,
                       orthogonal_features, random_user, random_weights, save_model,
                       validate_user)
 
 __all__ = [
-    "ARCHS", "ATTENTIONS", "NORMS", "PRESETS", "fold_ffn_scales", "aero", "apply_preset", "batchnorm_affine", "ref_batchnorm", "ref_norm", "PERFORMER", "DECODER_ONLY", "ENCODER_CLASSIFIER", "ENCODER_DECODER", "RefLMState",
+    "ARCHS", "ATTENTIONS", "NORMS", "PRESETS", "fold_ffn_scales", "fold_ffn_bn", "aero", "apply_preset", "batchnorm_affine", "ref_batchnorm", "ref_norm", "PERFORMER", "DECODER_ONLY", "ENCODER_CLASSIFIER", "ENCODER_DECODER", "RefLMState",
     "config_keys", "greedy_generate", "ref_classify", "ref_lm", "ref_lm_step", "ATTN_NORMS", "DEFAULT_LN_EPS", "FORMAT_VERSION", "USER_NAMES", "ModelConfig",
     "RefDecodeState", "Weights", "ffn_activation", "attn_norm", "attn_params", "attn_prefixes", "embed", "embed_tokens", "input_table", "take_tokens",
     "expected_shapes", "expected_user_shapes", "fold_omega", "greedy_decode", "load_model",

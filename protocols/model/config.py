@@ -17,13 +17,15 @@ Keys that do not apply to an architecture are absent from its dictionary (and 0 
 dataclass); :meth:`ModelConfig.from_dict` refuses them by name.
 
 Optional keys (absent from the dictionary at their default, so files written before them read
-and write unchanged): ``ffn_act``, ``attention``, ``norm`` (:data:`NORMS`), ``ffn_scale`` and ``ffn_pruned`` (AERO's scaled / pruned FFN,
-decoder-only softmax-only blocks: per-layer ``dec.i.ffn.alpha``, ``beta`` (1,); the deepest
-``ffn_pruned`` layers have no FFN); and for models
-imported from other frameworks (:mod:`.hf_import`) ``attn_bias`` (biases ``bq, bk, bv, bo`` (d) on the attention
-projections), ``pool`` (:data:`POOLS`, encoder-classifier: ``cls-tanh`` adds ``pool.w`` (d, d),
-``pool.b``), ``embedding`` (:data:`EMBEDDINGS`: learned positions ``embed.pos`` (max_len, d),
-``learned-ln`` also ``embed.ln.gamma/beta``, user-side) and ``type_vocab`` (``embed.type``).
+and write unchanged): ``ffn_act``, ``attention``, ``norm`` (:data:`NORMS`); ``ffn_scale`` and
+``ffn_pruned`` (AERO's scaled / pruned FFN, decoder-only softmax-only blocks: per-layer
+``dec.i.ffn.alpha``, ``beta`` (1,); the deepest ``ffn_pruned`` layers have no FFN); ``ffn_bn``
+(seed 002's BatchNorm inside the MLP: ``p.ffn.bn_gamma, bn_beta, bn_mean, bn_var`` (d_ff));
+and for models imported from other frameworks (:mod:`.hf_import`) ``attn_bias`` (biases
+``bq, bk, bv, bo`` (d) on the attention projections), ``pool`` (:data:`POOLS`,
+encoder-classifier: ``cls-tanh`` adds ``pool.w`` (d, d), ``pool.b``), ``embedding``
+(:data:`EMBEDDINGS`: learned positions ``embed.pos`` (max_len, d), ``learned-ln`` also
+``embed.ln.gamma/beta``, user-side) and ``type_vocab`` (``embed.type``).
 
 ``ln_eps`` defaults to :data:`DEFAULT_LN_EPS` = 2^-10, the lower end of the secure inverse square
 root's range (:data:`mpc3.kernels.fxp.SQRT_INV_RANGE`): LayerNorm computes 1/sqrt(var + eps) with
@@ -64,7 +66,7 @@ NORMS = ("layernorm", "none", "batchnorm")
 #: Keys every architecture may carry and omits from its dictionary at their default value.
 _OPTIONAL = {"ffn_act": "relu", "attention": PERFORMER, "attn_bias": False, "pool": "mean",
              "embedding": "sinusoidal", "type_vocab": 0, "norm": "layernorm",
-             "ffn_scale": False, "ffn_pruned": 0}
+             "ffn_scale": False, "ffn_pruned": 0, "ffn_bn": False}
 ENCODER_DECODER, ENCODER_CLASSIFIER, DECODER_ONLY = \
     "encoder-decoder", "encoder-classifier", "decoder-only"
 ARCHS = (ENCODER_DECODER, ENCODER_CLASSIFIER, DECODER_ONLY)
@@ -116,6 +118,7 @@ class ModelConfig:
     norm: str = field(default="layernorm", kw_only=True)
     ffn_scale: bool = field(default=False, kw_only=True)
     ffn_pruned: int = field(default=0, kw_only=True)
+    ffn_bn: bool = field(default=False, kw_only=True)
 
     def validate(self) -> "ModelConfig":
         def posint(name, minimum=1):
@@ -189,8 +192,9 @@ class ModelConfig:
     def _validate_aero(self, posint) -> None:
         """AERO's scaled / pruned FFN (seed 001, Eq. 6 and ScFuFFN_x): softmax-only blocks of
         a decoder-only LM (norm none, ffn_act none)."""
-        if not isinstance(self.ffn_scale, (bool, np.bool_)):
-            raise ValueError(f"ffn_scale must be a bool, got {self.ffn_scale!r}")
+        for key in ("ffn_scale", "ffn_bn"):
+            if not isinstance(getattr(self, key), (bool, np.bool_)):
+                raise ValueError(f"{key} must be a bool, got {getattr(self, key)!r}")
         posint("ffn_pruned", 0)
         if not (self.ffn_scale or self.ffn_pruned):
             return
@@ -281,6 +285,9 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple]:
             out[f"{p}.beta"] = (1,)
         out[f"{p}.w1"] = (d, f)
         out[f"{p}.b1"] = (f,)
+        if cfg.ffn_bn:                    # seed 002's BatchNorm between W1 and the activation
+            for n in ("bn_gamma", "bn_beta", "bn_mean", "bn_var"):
+                out[f"{p}.{n}"] = (f,)
         out[f"{p}.w2"] = (f, d)
         out[f"{p}.b2"] = (d,)
 

@@ -36,8 +36,9 @@ PRESETS = ("aero",)
 def aero(cfg: ModelConfig, attention: str | None = "softmax", scale: bool = False,
          pruned: int = 0) -> ModelConfig:
     """``cfg`` with AERO's softmax-only block (module docstring); ``attention`` None keeps
-    ``cfg.attention``; ``scale`` / ``pruned``: ``ffn_scale`` / ``ffn_pruned`` (decoder-only). Refused for an encoder-decoder with a softmax-style attention (its
-    decoder has a secure decode state for relu-performer only)."""
+    ``cfg.attention``; ``scale`` / ``pruned``: ``ffn_scale`` / ``ffn_pruned`` (decoder-only).
+    Refused for an encoder-decoder with a softmax-style attention (its decoder has a secure
+    decode state for relu-performer only)."""
     att = cfg.attention if attention is None else attention
     if cfg.arch == ENCODER_DECODER and att != PERFORMER:
         raise ValueError(f"preset aero: attention {att!r} is not available for arch "

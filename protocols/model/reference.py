@@ -27,7 +27,8 @@ replaced by Performer ReLU attention (Privformer Sec. 5, Eq. 12-15):
   with the biased (population) variance (``cfg.norm`` "layernorm"). ``cfg.norm`` "none":
   the identity wherever a LayerNorm would be (and no final LayerNorm); "batchnorm":
   BatchNorm at inference, ``(x - mean_c) / sqrt(var_c + eps) * gamma_c + beta_c`` with the
-  running statistics ``mean``, ``var`` of each channel c (:func:`ref_norm`).
+  running statistics ``mean``, ``var`` of each channel c (:func:`ref_norm`). ``cfg.ffn_bn``
+  (seed 002's vision MLP): FFN(x) = act(BN(x W1 + b1)) W2 + b2, BN over the d_ff channels.
 * Post-LN (``norm_first=False``, Vaswani)::
 
       enc: x = LN1(x + MHA(x, x));        x = LN2(x + FFN(x))
@@ -156,8 +157,30 @@ def _ln(cfg, w, prefix, x):
 
 
 def _ffn(cfg, w, prefix, x):
+    if cfg.ffn_bn:      # seed 002: BatchNorm between the first product and the activation
+        h = ref_batchnorm(x @ w[f"{prefix}.w1"] + w[f"{prefix}.b1"],
+                          *(w[f"{prefix}.bn_{n}"] for n in ("gamma", "beta", "mean", "var")),
+                          cfg.ln_eps)
+        return ffn_activation(h, cfg.ffn_act) @ w[f"{prefix}.w2"] + w[f"{prefix}.b2"]
     return ref_ffn(x, w[f"{prefix}.w1"], w[f"{prefix}.b1"], w[f"{prefix}.w2"], w[f"{prefix}.b2"],
                    cfg.ffn_act)
+
+
+def fold_ffn_bn(cfg: ModelConfig, w: Weights) -> tuple[ModelConfig, Weights]:
+    """``cfg.ffn_bn`` folded: BN(x W1 + b1) = x (W1 diag a) + (b1 a + b) with
+    (a, b) = :func:`batchnorm_affine` of the FFN's statistics - the same model without
+    ``ffn_bn`` (exact up to float rounding; :mod:`protocols.secure_model` shares it so, at no
+    cost online)."""
+    from dataclasses import replace
+    out = Weights(dict(w.tensors))
+    for name in [n for n in w.keys() if n.endswith(".ffn.bn_gamma")]:
+        p = name[:-len(".bn_gamma")]
+        a, b = batchnorm_affine(*(w[f"{p}.bn_{n}"] for n in ("gamma", "beta", "mean", "var")),
+                                cfg.ln_eps)
+        out[f"{p}.w1"], out[f"{p}.b1"] = w[f"{p}.w1"] * a, w[f"{p}.b1"] * a + b
+        for n in ("gamma", "beta", "mean", "var"):
+            del out.tensors[f"{p}.bn_{n}"]
+    return replace(cfg, ffn_bn=False).validate(), out
 
 
 def ref_encoder(cfg: ModelConfig, w: Weights, x, form: str = "kv", folded=None) -> np.ndarray:

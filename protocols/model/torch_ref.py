@@ -5,7 +5,8 @@ protocols.model.torch_ref import TorchModel``): nothing else in mpc3 needs torch
 :class:`TorchModel` holds every tensor of a config - the MPC weights of
 :func:`~protocols.model.expected_shapes` and the query user's of
 :func:`~protocols.model.expected_user_shapes` - as parameters named like the model file
-(``.`` -> ``__``); BatchNorm's running ``mean``, ``var`` (``norm`` batchnorm) are buffers,
+(``.`` -> ``__``); BatchNorm's running ``mean``, ``var`` (``norm`` batchnorm; ``bn_mean``,
+``bn_var`` of ``ffn_bn``) are buffers,
 and Performer's ``omega`` is a fixed buffer (Privformer draws it, it is not trained).
 :meth:`TorchModel.export` returns ``(Weights, user)`` for :func:`protocols.model.save_model`.
 
@@ -40,7 +41,7 @@ from .decode import positional_encoding
 from .variants import POWER, POWER_EPS
 from .weights import Weights, random_user, random_weights
 
-_BUFFERS = ("omega", "mean", "var")
+_BUFFERS = ("omega", "mean", "var", "bn_mean", "bn_var")
 BN_MOMENTUM = 0.1
 
 
@@ -88,24 +89,31 @@ class TorchModel(torch.nn.Module):
         cfg = self.cfg
         if cfg.norm == "none":
             return x
-        g, b = self.p(f"{prefix}.gamma"), self.p(f"{prefix}.beta")
         if cfg.norm == "layernorm":
+            g, b = self.p(f"{prefix}.gamma"), self.p(f"{prefix}.beta")
             mu = x.mean(-1, keepdim=True)
             var = ((x - mu) ** 2).mean(-1, keepdim=True)
             return (x - mu) / torch.sqrt(var + cfg.ln_eps) * g + b
-        mean, var = self.p(f"{prefix}.mean"), self.p(f"{prefix}.var")
+        return self.batchnorm(f"{prefix}.", x)
+
+    def batchnorm(self, stem: str, x: torch.Tensor) -> torch.Tensor:
+        """BatchNorm over the last dim with ``{stem}gamma, beta, mean, var``."""
+        g, b = self.p(f"{stem}gamma"), self.p(f"{stem}beta")
+        mean, var = self.p(f"{stem}mean"), self.p(f"{stem}var")
         if self.training:                      # batch statistics over (batch, positions)
             flat = x.reshape(-1, x.shape[-1])
             mean, var = flat.mean(0), flat.var(0, unbiased=False)
             with torch.no_grad():
                 n = flat.shape[0]
-                mean_r, var_r = self.p(f"{prefix}.mean"), self.p(f"{prefix}.var")
+                mean_r, var_r = self.p(f"{stem}mean"), self.p(f"{stem}var")
                 mean_r.mul_(1 - BN_MOMENTUM).add_(BN_MOMENTUM * mean)
                 var_r.mul_(1 - BN_MOMENTUM).add_(BN_MOMENTUM * var * n / max(n - 1, 1))
-        return (x - mean) / torch.sqrt(var + cfg.ln_eps) * g + b
+        return (x - mean) / torch.sqrt(var + self.cfg.ln_eps) * g + b
 
     def ffn(self, prefix: str, x: torch.Tensor) -> torch.Tensor:
         h = x @ self.p(f"{prefix}.w1") + self.p(f"{prefix}.b1")
+        if self.cfg.ffn_bn:                     # seed 002: BatchNorm inside the MLP
+            h = self.batchnorm(f"{prefix}.bn_", h)
         act = self.cfg.ffn_act
         h = F.relu(h) if act == "relu" else F.gelu(h) if act == "gelu" else h
         return h @ self.p(f"{prefix}.w2") + self.p(f"{prefix}.b2")
