@@ -338,3 +338,36 @@ def test_aero_scaled_pruned_lm_secure(run, rng, attention):
     scale = arith.cost_mul(2 * 16, True, rc.frac, rc.trunc)
     assert got.rounds == plain.rounds - saved.rounds + scale.rounds
     assert got.bytes_total == plain.bytes_total - saved.bytes_total + scale.bytes_total
+
+
+@pytest.mark.parametrize("variant", ["aero-scaled-pruned", "batchnorm-bnffn"])
+def test_secure_generation_agrees_with_plaintext_greedy(variant, tmp_path):
+    """The production LM path (model file -> lm_prefill / lm_step / lm_close over the
+    in-process transport, app.generate) generates the reference's greedy tokens."""
+    from app import generate as G
+    from test_causal_lm import top2_gap
+    if variant == "aero-scaled-pruned":
+        cfg = M.aero(cfg_of("decoder-only", n_dec_layers=3, attn_c=0.05, tgt_vocab=13),
+                     scale=True, pruned=1)
+    else:
+        cfg = cfg_of("decoder-only", norm="batchnorm", ffn_bn=True, ffn_act="gelu",
+                     norm_first=True, tgt_vocab=13)
+    from protocols import calibrate as C          # what share-model checks first
+    w, user = M.random_weights(cfg, 1), M.random_user(cfg, 1)
+    samples = C.default_samples(cfg, user, np.random.default_rng(0))
+    if variant.startswith("aero"):      # nothing bounds the stream: the random model is refused
+        with pytest.raises(C.RangeError, match="softmax exponent"):
+            C.calibrate(cfg, w, samples, user=user)
+    for i in range(cfg.n_dec_layers):   # softmax scores inside exp's range without any norm
+        w[f"dec.{i}.self.wq"] = 0.03 * w[f"dec.{i}.self.wq"]
+    M.save_model(tmp_path / "m.npz", cfg, w, user)
+    cfg, w, user = M.load_model(tmp_path / "m.npz")
+    prompt = np.array([[1, 5, 2], [3, 3, 0]])
+    C.calibrate(cfg, w, samples, user=user)
+    be = G.LMInprocBackend(cfg, w)
+    res = G.generate(be, cfg, user, prompt, 6)
+    ref = M.greedy_generate(cfg, w, user, prompt, 6)
+    assert top2_gap(cfg, w, user, prompt, ref) > 2e-2 and len({*ref[0], *ref[1]}) >= 2
+    assert res.tokens == ref and not be.sessions
+    assert res.step_cost.bytes_total == sum(sum(LM.cost_lm_step(RingConfig(), cfg, 2, t)
+                                                .bytes_per_party) for t in range(3, 8))
