@@ -47,8 +47,8 @@ from .kv_cache import KVCache, attend, cost_attend
 from .norms import cost_norm, norm
 from .mha import (add_bias, cost_features, cost_finish, cost_project, features, finish, merge_heads,
                   project)
-from . import secure_model as SM
-from .secure_model import sub
+from .layernorm import _bcast
+from .secure_model import OUT_SCALE, sub
 
 
 @dataclass
@@ -154,8 +154,7 @@ def _out_scale(p: Party, cfg: M.ModelConfig, shares: dict, x: AShare) -> AShare:
     ``dec.out_scale`` (one truncated product of the returned rows)."""
     if not cfg.ffn_scale:
         return x
-    from .layernorm import _bcast
-    return arith.mul_aa(p, x, _bcast(shares[SM.OUT_SCALE], x.shape))
+    return arith.mul_aa(p, x, _bcast(shares[OUT_SCALE], x.shape))
 
 
 def _check(cfg: M.ModelConfig) -> None:

@@ -19,8 +19,6 @@ Range (checked by :mod:`protocols.calibrate`, site ``bn``): the product ``x * a`
 """
 from __future__ import annotations
 
-import numpy as np
-
 from mpc3.kernels import arith
 from mpc3.kernels.base import Cost
 from mpc3.party import Party
@@ -28,10 +26,6 @@ from mpc3.shares import AShare
 
 from . import model as M
 from .layernorm import _bcast, cost_layernorm, layernorm
-
-#: the shared tensors of one normalization site per ``norm``
-SHARE_LEAVES = {"layernorm": ("gamma", "beta"), "none": (), "batchnorm": ("scale", "shift")}
-
 
 def batchnorm(p: Party, x: AShare, scale: AShare, shift: AShare) -> AShare:
     """x (..., d) * scale + shift, per channel; one truncated product (:func:`cost_batchnorm`)."""
