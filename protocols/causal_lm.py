@@ -44,10 +44,11 @@ from . import attention as A
 from . import model as M
 from .ffn import cost_ffn, ffn
 from .kv_cache import KVCache, attend, cost_attend
-from .layernorm import cost_layernorm, layernorm
+from .norms import cost_norm, norm
 from .mha import (add_bias, cost_features, cost_finish, cost_project, features, finish, merge_heads,
                   project)
-from .secure_model import sub
+from .layernorm import _bcast
+from .secure_model import OUT_SCALE, sub
 
 
 @dataclass
@@ -124,7 +125,7 @@ def cost_prefill_attention(p_cfg, B: int, h: int, T: int, r: int, dh: int,
 
 
 def _ln(p, cfg, shares, prefix, x):
-    return layernorm(p, x, shares[f"{prefix}.gamma"], shares[f"{prefix}.beta"], cfg.ln_eps)
+    return norm(p, cfg, shares, prefix, x)
 
 
 def _kv_attention(p: Party, cfg: M.ModelConfig, w: dict, st: KVCache, q: AShare, k: AShare,
@@ -132,6 +133,28 @@ def _kv_attention(p: Party, cfg: M.ModelConfig, w: dict, st: KVCache, q: AShare,
     """Softmax-style attention through the layer's KV cache, then W^O (cost: _kv_attn)."""
     return add_bias(arith.matmul_aa(p, merge_heads(attend(p, cfg.attention, st, q, k, v)),
                                     w["wo"]), w, "bo")
+
+
+def _ffn_block(p: Party, cfg: M.ModelConfig, shares: dict, i: int, x: AShare,
+               wf: dict) -> AShare:
+    """Layer i after its attention's residual sum x (post-LN: before LN1): LN1 (post-LN),
+    the FFN and LN2; nothing for a pruned FFN (``ffn_pruned``: norm none, so no LN either).
+    AERO's FFN scales are folded into the shares (:func:`_out_scale`)."""
+    pre = f"dec.{i}"
+    if not cfg.has_ffn(i):
+        return x
+    if cfg.norm_first:
+        return x + ffn(p, wf, _ln(p, cfg, shares, f"{pre}.ln2", x), cfg.ffn_act)
+    x = _ln(p, cfg, shares, f"{pre}.ln1", x)
+    return _ln(p, cfg, shares, f"{pre}.ln2", x + ffn(p, wf, x, cfg.ffn_act))
+
+
+def _out_scale(p: Party, cfg: M.ModelConfig, shares: dict, x: AShare) -> AShare:
+    """AERO's folded FFN scales (``ffn_scale``): the stack ran on x / C_L; times C_L =
+    ``dec.out_scale`` (one truncated product of the returned rows)."""
+    if not cfg.ffn_scale:
+        return x
+    return arith.mul_aa(p, x, _bcast(shares[OUT_SCALE], x.shape))
 
 
 def _check(cfg: M.ModelConfig) -> None:
@@ -169,16 +192,12 @@ def lm_prefill(p: Party, cfg: M.ModelConfig, shares: dict, x: AShare,
         states.append(st)
         if last:                       # only the last position's hidden row is returned
             x = x[:, -1:]
-        if cfg.norm_first:
-            x = x + ffn(p, wf, _ln(p, cfg, shares, f"{pre}.ln2", x), cfg.ffn_act)
-        else:
-            x = _ln(p, cfg, shares, f"{pre}.ln1", x)
-            x = _ln(p, cfg, shares, f"{pre}.ln2", x + ffn(p, wf, x, cfg.ffn_act))
+        x = _ffn_block(p, cfg, shares, i, x, wf)
         mark(pre)
     if cfg.norm_first:
         x = _ln(p, cfg, shares, "dec.final_ln", x)
         mark("dec.final_ln")
-    return x.reshape(B, cfg.d_model), LMState(states, T)
+    return _out_scale(p, cfg, shares, x).reshape(B, cfg.d_model), LMState(states, T)
 
 
 def lm_step(p: Party, cfg: M.ModelConfig, shares: dict, state: LMState, y_t: AShare,
@@ -202,11 +221,7 @@ def lm_step(p: Party, cfg: M.ModelConfig, shares: dict, state: LMState, y_t: ASh
         else:
             qf, kf = features(p, cfg, w, q, k)
             x = x + finish(p, cfg, w, A.attention_step(p, st, qf, kf, v), [st.t])
-        if cfg.norm_first:
-            x = x + ffn(p, wf, _ln(p, cfg, shares, f"{pre}.ln2", x), cfg.ffn_act)
-        else:
-            x = _ln(p, cfg, shares, f"{pre}.ln1", x)
-            x = _ln(p, cfg, shares, f"{pre}.ln2", x + ffn(p, wf, x, cfg.ffn_act))
+        x = _ffn_block(p, cfg, shares, i, x, wf)
         if on_layer is not None:
             on_layer(pre)
     if cfg.norm_first:
@@ -214,7 +229,7 @@ def lm_step(p: Party, cfg: M.ModelConfig, shares: dict, state: LMState, y_t: ASh
         if on_layer is not None:
             on_layer("dec.final_ln")
     state.t += 1
-    return x.reshape(B, cfg.d_model)
+    return _out_scale(p, cfg, shares, x).reshape(B, cfg.d_model)
 
 
 # -------------------------------------------------------------------- declared costs ----
@@ -225,11 +240,13 @@ def _attn_io(p_cfg, cfg: M.ModelConfig, B: int, T: int) -> Cost:
             + cost_finish(p_cfg, cfg, B * T))
 
 
-def _rest(p_cfg, cfg: M.ModelConfig, rows_in: int, rows: int) -> Cost:
-    """LayerNorms and FFN of a layer: the attention saw ``rows_in`` rows, ``rows`` go on."""
+def _rest(p_cfg, cfg: M.ModelConfig, rows_in: int, rows: int, i: int = 0) -> Cost:
+    """LayerNorms and FFN of layer i: the attention saw ``rows_in`` rows, ``rows`` go on."""
     d = cfg.d_model
-    ln = cost_layernorm(p_cfg, rows_in if cfg.norm_first else rows, d)
-    return ln + cost_ffn(p_cfg, rows, d, cfg.d_ff, cfg.ffn_act) + cost_layernorm(p_cfg, rows, d)
+    if not cfg.has_ffn(i):
+        return Cost(0, (0, 0, 0))
+    ln = cost_norm(p_cfg, cfg, rows_in if cfg.norm_first else rows)
+    return ln + cost_ffn(p_cfg, rows, d, cfg.d_ff, cfg.ffn_act) + cost_norm(p_cfg, cfg, rows)
 
 
 def _kv_attn(p_cfg, cfg: M.ModelConfig, B: int, t0: int, n: int, rows: int) -> Cost:
@@ -254,9 +271,15 @@ def cost_lm_prefill(p_cfg, cfg: M.ModelConfig, B: int, T: int,
         else:
             attn = (_attn_io(p_cfg, cfg, B, T)
                     + cost_prefill_attention(p_cfg, B, h, T, r, dh, block))
-        cost = cost + attn + _rest(p_cfg, cfg, B * T, rows)
-    if cfg.norm_first:
-        cost = cost + cost_layernorm(p_cfg, B, cfg.d_model)
+        cost = cost + attn + _rest(p_cfg, cfg, B * T, rows, i)
+    return cost + _cost_end(p_cfg, cfg, B)
+
+
+def _cost_end(p_cfg, cfg: M.ModelConfig, B: int) -> Cost:
+    """The final norm (pre-LN) and AERO's folded FFN scales (:func:`_out_scale`)."""
+    cost = cost_norm(p_cfg, cfg, B) if cfg.norm_first else Cost(0, (0, 0, 0))
+    if cfg.ffn_scale:
+        cost = cost + arith.cost_mul(B * cfg.d_model, True, p_cfg.frac, p_cfg.trunc)
     return cost
 
 
@@ -271,10 +294,7 @@ def cost_lm_step(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int | None = 
         L = A.default_decode_block(r, dh) if block is None else int(block)
         attn = (_attn_io(p_cfg, cfg, B, 1)
                 + A.cost_attention_step(p_cfg, B, h, r, dh, t % L, t >= L, L))
-    layer = attn + _rest(p_cfg, cfg, B, B)
     cost = Cost(0, (0, 0, 0))
-    for _ in range(cfg.n_dec_layers):
-        cost = cost + layer
-    if cfg.norm_first:
-        cost = cost + cost_layernorm(p_cfg, B, cfg.d_model)
-    return cost
+    for i in range(cfg.n_dec_layers):
+        cost = cost + attn + _rest(p_cfg, cfg, B, B, i)
+    return cost + _cost_end(p_cfg, cfg, B)

@@ -37,7 +37,7 @@ from . import attention as A
 from . import model as M
 from .encoder import encoder
 from .ffn import cost_ffn
-from .layernorm import cost_layernorm
+from .norms import cost_norm
 from .mha import cost_mha
 
 
@@ -95,13 +95,13 @@ def cost_classify(p_cfg, cfg: M.ModelConfig, B: int, S: int) -> Cost:
     """Declared rounds and bytes per party of :func:`classify` (folded Omega, the encoder's
     automatic attention order) on B inputs of S positions."""
     rows, d = B * S, cfg.d_model
-    layer = (cost_mha(p_cfg, cfg, B, S) + cost_layernorm(p_cfg, rows, d)
-             + cost_ffn(p_cfg, rows, d, cfg.d_ff, cfg.ffn_act) + cost_layernorm(p_cfg, rows, d))
+    layer = (cost_mha(p_cfg, cfg, B, S) + cost_norm(p_cfg, cfg, rows)
+             + cost_ffn(p_cfg, rows, d, cfg.d_ff, cfg.ffn_act) + cost_norm(p_cfg, cfg, rows))
     cost = Cost(0, (0, 0, 0))
     for _ in range(cfg.n_enc_layers):
         cost = cost + layer
     if cfg.norm_first:
-        cost = cost + cost_layernorm(p_cfg, rows, d)
+        cost = cost + cost_norm(p_cfg, cfg, rows)
     return cost + cost_pool_head(p_cfg, B, cfg.n_classes, cfg.pool, d)
 
 

@@ -27,9 +27,10 @@ from mpc3.shares import AShare
 from . import attention as A
 from . import model as M
 from .ffn import cost_ffn_hidden, ffn, ffn_hidden
-from .layernorm import cost_layernorm, cost_layernorm_project, layernorm, layernorm_project
+from .layernorm import cost_layernorm_project, layernorm_project
 from .mha import (add_bias, cost_features, cost_finish, cost_project, features, finish, mha, project,
                   split_heads)
+from .norms import cost_norm, norm
 from .secure_model import PROJ_EXTRA, sub
 
 
@@ -83,7 +84,7 @@ def cross_mha(p: Party, cfg: M.ModelConfig, w: dict, xq: AShare, ckv: CrossKV,
 
 
 def _ln(p, cfg, shares, prefix, x):
-    return layernorm(p, x, shares[f"{prefix}.gamma"], shares[f"{prefix}.beta"], cfg.ln_eps)
+    return norm(p, cfg, shares, prefix, x)
 
 
 def _cross_order(cfg, T, S, order):
@@ -141,11 +142,14 @@ def ln_fusions(cfg: M.ModelConfig, fuse=DEFAULT_FUSE) -> dict[str, list[str]]:
     Post-LN: ln1 -> the cross attention's W^Q, ln2 -> the FFN's W1, ln3 -> the next layer's
     W^Q, W^K, W^V (the last layer's ln3 is the output). Pre-LN: ln1 -> W^Q, W^K, W^V,
     ln2 -> the cross W^Q, ln3 -> W1 (the final LayerNorm is the output). Only the kinds in
-    ``fuse`` (:data:`FUSIONS`)."""
+    ``fuse`` (:data:`FUSIONS`). Only LayerNorm has an inverse square root whose rounds can
+    carry the projection: with ``cfg.norm`` none or batchnorm nothing is fused ({})."""
     unknown = set(fuse) - set(FUSIONS)
     if unknown:
         raise ValueError(f"decode fusions {sorted(unknown)} unknown (choose from {FUSIONS})")
     L, out = cfg.n_dec_layers, {}
+    if cfg.norm != "layernorm":
+        return out
     qkv = lambda i: [f"dec.{i}.self.{n}" for n in ("wq_proj", "wk_proj", "wv_c")]  # noqa: E731
     for i in range(L):
         pre = f"dec.{i}"
@@ -187,8 +191,8 @@ def cost_ln_bias(p_cfg, cfg: M.ModelConfig, folded: bool = True, fuse=DEFAULT_FU
 
 
 def _width(cfg: M.ModelConfig, name: str, folded: bool = True) -> int:
-    if name.endswith(".w1"):
-        return cfg.d_ff
+    if name.endswith(".w1"):      # a linear FFN is shared fused: w1 = W1 W2 (d, d)
+        return cfg.d_model if cfg.ffn_act == "none" else cfg.d_ff
     if name.endswith(".wv_c"):
         return cfg.d_model
     return cfg.n_heads * cfg.n_features if folded else cfg.d_model
@@ -270,7 +274,7 @@ def _cost_ln_proj(p_cfg, cfg, B: int, ln: str, names: list[str], want_y: bool, f
     if ln in ln_fusions(cfg, fuse):
         return cost_layernorm_project(p_cfg, B, cfg.d_model, outs, want_y)
     shifts = np.concatenate([np.full(B * n, bits) for n, bits in outs])
-    return cost_layernorm(p_cfg, B, cfg.d_model) + arith.cost_mul_many(shifts, 0, p_cfg.trunc)
+    return cost_norm(p_cfg, cfg, B) + arith.cost_mul_many(shifts, 0, p_cfg.trunc)
 
 
 def _bcast_row(v: AShare, shape) -> AShare:
@@ -386,9 +390,9 @@ def cost_decoder_step(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int | No
     for i in range(L):
         for ln, kind, j in _plan(cfg, i):
             if kind is None:
-                total = total + cost_layernorm(p_cfg, B, d)
+                total = total + cost_norm(p_cfg, cfg, B)
             else:
                 total = total + _cost_ln_proj(p_cfg, cfg, B, ln, _names(j)[kind], post, folded,
                                               fuse)
         total = total + core["self"] + core["cross"] + core["ffn"]
-    return total + cost_layernorm(p_cfg, B, d) if cfg.norm_first and L else total
+    return total + cost_norm(p_cfg, cfg, B) if cfg.norm_first and L else total

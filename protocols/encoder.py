@@ -2,7 +2,8 @@
 
 Post-LN (Vaswani, ``cfg.norm_first=False``)::  x = LN1(x + MHA(x)); x = LN2(x + FFN(x))
 Pre-LN (``norm_first=True``)::  x = x + MHA(LN1(x)); x = x + FFN(LN2(x)); final LN at the end.
-Exactly :func:`protocols.model.ref_encoder` on shares; residual additions are local.
+Exactly :func:`protocols.model.ref_encoder` on shares; residual additions are local. "LN" is
+the model's normalization (``cfg.norm``, :func:`protocols.norms.norm`).
 """
 from __future__ import annotations
 
@@ -13,13 +14,13 @@ from mpc3.shares import AShare
 
 from . import model as M
 from .ffn import ffn
-from .layernorm import layernorm
+from .norms import norm
 from .mha import mha
 from .secure_model import sub
 
 
 def _ln(p, cfg, shares, prefix, x):
-    return layernorm(p, x, shares[f"{prefix}.gamma"], shares[f"{prefix}.beta"], cfg.ln_eps)
+    return norm(p, cfg, shares, prefix, x)
 
 
 def encoder_layer(p: Party, cfg: M.ModelConfig, shares: dict, i: int, x: AShare,

@@ -4,6 +4,10 @@ Biases are added locally; the one activation call (ReLU, GELU or none: ModelConf
 covers every row of every batch element.
 Cost (:func:`cost_ffn`): two matmuls (:func:`mpc3.kernels.arith.cost_mul` of B*S*d_ff and
 B*S*d_model outputs) plus one relu_a on B*S*d_ff elements.
+
+A linear FFN (``ffn_act`` none) is shared fused (:mod:`protocols.secure_model`: ``w1`` =
+W1 W2, ``b1`` = b1 W2 + b2, no ``w2``): one matmul of B*S*d_model outputs, exactly
+x W1 W2 + b1 W2 + b2 (AERO's softmax-only block). Shares with a ``w2`` run the two products.
 """
 from __future__ import annotations
 
@@ -42,7 +46,12 @@ def ffn(p: Party, w: dict, x: AShare, act: str = "relu") -> AShare:
 
 def ffn_hidden(p: Party, w: dict, hid: AShare, act: str = "relu") -> AShare:
     """The FFN after its first layer: act(hid) W2 + b2 for ``hid = x W1 + b1`` (a decode
-    step forms hid inside a LayerNorm: :func:`protocols.layernorm.layernorm_project`)."""
+    step forms hid inside a LayerNorm: :func:`protocols.layernorm.layernorm_project`); for
+    fused shares (no ``w2``) ``hid`` is already the output."""
+    if "w2" not in w:
+        if act != "none":
+            raise ValueError(f"ffn: fused shares (no w2) are a linear FFN, not {act!r}")
+        return hid
     return _add(arith.matmul_aa(p, activation(p, hid, act), w["w2"]), w["b2"])
 
 
@@ -58,13 +67,20 @@ def cost_activation(p_cfg, n: int, act: str):
     raise ValueError(f"ffn: unknown activation {act!r} (relu, gelu, none)")
 
 
-def cost_ffn(p_cfg, rows: int, d_model: int, d_ff: int, act: str = "relu"):
-    """Declared rounds and bytes per party of :func:`ffn` on ``rows`` input rows (B*S)."""
-    return (arith.cost_mul(rows * d_ff, True, p_cfg.frac, p_cfg.trunc)
-            + cost_ffn_hidden(p_cfg, rows, d_model, d_ff, act))
+def cost_ffn(p_cfg, rows: int, d_model: int, d_ff: int, act: str = "relu",
+             fused: bool | None = None):
+    """Declared rounds and bytes per party of :func:`ffn` on ``rows`` input rows (B*S);
+    ``fused`` (default: act is none, as the share layout does) for shares without ``w2``."""
+    width = d_model if (act == "none" if fused is None else fused) else d_ff
+    return (arith.cost_mul(rows * width, True, p_cfg.frac, p_cfg.trunc)
+            + cost_ffn_hidden(p_cfg, rows, d_model, d_ff, act, fused))
 
 
-def cost_ffn_hidden(p_cfg, rows: int, d_model: int, d_ff: int, act: str = "relu"):
+def cost_ffn_hidden(p_cfg, rows: int, d_model: int, d_ff: int, act: str = "relu",
+                    fused: bool | None = None):
     """:func:`ffn_hidden` on ``rows`` rows."""
+    from mpc3.kernels.base import Cost
+    if act == "none" if fused is None else fused:
+        return Cost(0, (0, 0, 0))
     return (cost_activation(p_cfg, rows * d_ff, act)
             + arith.cost_mul(rows * d_model, True, p_cfg.frac, p_cfg.trunc))

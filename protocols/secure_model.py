@@ -19,7 +19,19 @@ Share layout (every tensor a replicated sharing over Z_2^64; names below an atte
   product's truncation: ``p.bq``, ``p.bk`` = ``s * b^Q``, ``s * b^K`` (d) - folded,
   ``s * b^Q Omega`` per head (h*r) - ``p.bv`` = ``attn_c / s^2 * b^V``, ``p.bo`` = ``b^O``:
   the same factors as their weights, since (X W + b) * f = X (f W) + f b;
-* LayerNorm ``gamma``, ``beta`` and FFN ``w1, b1, w2, b2``: as in the Weights, ``frac`` bits.
+* LayerNorm ``gamma``, ``beta`` and FFN ``w1, b1, w2, b2``: as in the Weights, ``frac`` bits;
+* BatchNorm (``cfg.norm`` batchnorm): the running statistics folded by the owner,
+  ``scale = gamma / sqrt(var + eps)``, ``shift = beta - mean * scale``
+  (:func:`protocols.model.batchnorm_affine`), ``frac`` bits; ``norm`` none: nothing;
+* a linear FFN (``cfg.ffn_act`` none, AERO) is one affine map, fused by the owner:
+  ``w1`` = W1 W2 (d, d) and ``b1`` = b1 W2 + b2, no ``w2``, ``b2`` - exact in float64, and
+  one product on shares instead of two (:func:`protocols.ffn.ffn`: a round and the d_ff-wide
+  hidden product saved);
+* seed 002's BatchNorm in the MLP (``cfg.ffn_bn``): folded into ``w1``, ``b1`` by
+  :func:`protocols.model.fold_ffn_bn` (no ``bn_*`` shares, no cost online);
+* AERO's FFN scales (``cfg.ffn_scale``): folded into the attention and FFN weights by
+  :func:`protocols.model.fold_ffn_scales`, no ``alpha``, ``beta`` shares; ``dec.out_scale``
+  (1,) = the product of the betas, by which the LM multiplies its last hidden row.
 
 The projection weights carry PROJ_EXTRA more fractional bits (and their products are truncated
 by ``frac + PROJ_EXTRA``): weights like ``attn_c * W^V`` (attn_c = 1/r) keep full relative
@@ -41,6 +53,9 @@ from mpc3.sharing import deal
 from . import model as M
 
 PROJ_EXTRA = 8
+#: AERO's FFN scales (``cfg.ffn_scale``), folded: the product of every layer's beta, applied to
+#: the last hidden row (:func:`protocols.model.fold_ffn_scales`)
+OUT_SCALE = "dec.out_scale"
 
 
 def fold_scales(cfg: M.ModelConfig) -> tuple[float, float]:
@@ -57,6 +72,11 @@ def plain_tensors(cfg: M.ModelConfig, weights: M.Weights, fold_omega: bool = Tru
                   ) -> dict[str, tuple[np.ndarray, int]]:
     """name -> (float tensor, extra fractional bits) of everything that gets shared."""
     weights.validate(cfg)
+    out_scale = None
+    if cfg.ffn_bn:                       # seed 002's BatchNorm in the MLP, folded into W1, b1
+        cfg, weights = M.fold_ffn_bn(cfg, weights)
+    if cfg.ffn_scale:                    # AERO's FFN scales folded into the weights
+        cfg, weights, out_scale = M.fold_ffn_scales(cfg, weights)
     fold_omega = fold_omega and cfg.attention == M.PERFORMER
     folded = M.fold_omega(weights, cfg) if fold_omega else {}
     attn = set(M.attn_prefixes(cfg))
@@ -64,7 +84,17 @@ def plain_tensors(cfg: M.ModelConfig, weights: M.Weights, fold_omega: bool = Tru
     out: dict[str, tuple[np.ndarray, int]] = {}
     for name, t in weights.items():
         prefix, leaf = name.rsplit(".", 1)
-        if prefix not in attn:
+        if cfg.norm == "batchnorm" and leaf in ("gamma", "beta", "mean", "var"):
+            if leaf == "gamma":
+                a, b = M.batchnorm_affine(*(weights[f"{prefix}.{n}"] for n in
+                                          ("gamma", "beta", "mean", "var")), cfg.ln_eps)
+                out[f"{prefix}.scale"], out[f"{prefix}.shift"] = (a, 0), (b, 0)
+        elif cfg.ffn_act == "none" and prefix.endswith(".ffn"):
+            if leaf == "w1":
+                w2 = weights[f"{prefix}.w2"]
+                out[name] = (t @ w2, 0)
+                out[f"{prefix}.b1"] = (weights[f"{prefix}.b1"] @ w2 + weights[f"{prefix}.b2"], 0)
+        elif prefix not in attn:
             out[name] = (t, 0)
         elif leaf in ("wq", "wk"):
             src = folded[f"{prefix}.{leaf}_omega"] if fold_omega else t
@@ -79,6 +109,8 @@ def plain_tensors(cfg: M.ModelConfig, weights: M.Weights, fold_omega: bool = Tru
             continue
         else:
             out[name] = (t, 0)
+    if out_scale is not None:
+        out[OUT_SCALE] = (np.array([out_scale]), 0)
     return out
 
 
@@ -116,7 +148,14 @@ def check_shares(cfg: M.ModelConfig, shares: dict[str, AShare], fold_omega: bool
     expect = {}
     for name, shape in M.expected_shapes(cfg).items():
         prefix, leaf = name.rsplit(".", 1)
-        if leaf in ("wq", "wk"):
+        if leaf.startswith("bn_") or leaf in ("alpha", "beta") and prefix.endswith(".ffn"):
+            continue                     # folded by the owner (ffn_bn, ffn_scale)
+        if cfg.norm == "batchnorm" and leaf in ("gamma", "beta", "mean", "var"):
+            expect.update({f"{prefix}.{n}": shape for n in ("scale", "shift")})
+        elif cfg.ffn_act == "none" and prefix.endswith(".ffn"):
+            if leaf in ("w1", "b1"):
+                expect[name] = (d, d) if leaf == "w1" else (d,)
+        elif leaf in ("wq", "wk"):
             expect[f"{prefix}.{leaf}_proj"] = (d, h * r) if fold_omega else (d, d)
         elif leaf == "wv":
             expect[f"{prefix}.wv_c"] = shape
@@ -126,6 +165,8 @@ def check_shares(cfg: M.ModelConfig, shares: dict[str, AShare], fold_omega: bool
             continue
         else:
             expect[name] = shape
+    if cfg.ffn_scale:
+        expect[OUT_SCALE] = (1,)
     missing = sorted(set(expect) - set(shares))
     if missing:
         raise ValueError(f"model shares lack {missing[:5]}{'...' if len(missing) > 5 else ''}")

@@ -94,8 +94,13 @@ SITES: dict[str, Site] = {
                  "rescale gamma or W1"),
     "lnscale": Site("product", "unnormalised projection times 1/sqrt(var + eps)",
                     "rescale gamma or the projection"),
+    # BatchNorm (norm batchnorm): x times the folded per-channel scale gamma / sqrt(var + eps)
+    "bn": Site("product", "BatchNorm input times gamma / sqrt(running var + eps)",
+               "rescale gamma or raise the running var"),
+    "out_scale": Site("product", "LM output times the product of AERO's betas", "rescale beta"),
     # FFN (enc.i.ffn, dec.i.ffn)
-    "w1": Site("product", "FFN product x W1", "rescale W1"),
+    "w1": Site("product", "FFN product x W1 (a linear FFN: x W1 W2, shared fused)",
+               "rescale W1"),
     "hidden": Site("relu", "FFN hidden x W1 + b1", "rescale W1 and b1"),
     "hidden_gelu": Site("gelu", "FFN hidden x W1 + b1 (GELU input)", "rescale W1 and b1"),
     "w2": Site("product", "FFN product ReLU(.) W2", "rescale W2"),
@@ -163,13 +168,17 @@ class Trace:
 
     def __init__(self, cfg: M.ModelConfig, weights: M.Weights, fold_omega: bool = True,
                  decode_block: int | None = None, rec: Recorder | None = None) -> None:
-        self.cfg, self.w, self.fold = cfg, weights, fold_omega
+        self.cfg, self.w, self.fold, self.c_out = cfg, weights, fold_omega, None
+        if cfg.ffn_bn:                    # traced as shared: the MLP's BatchNorm folded in,
+            self.cfg, self.w = M.fold_ffn_bn(cfg, weights)
+        if cfg.ffn_scale:                 # AERO's FFN scales too
+            self.cfg, self.w, self.c_out = M.fold_ffn_scales(self.cfg, self.w)
         self.block = (default_decode_block(cfg.n_features, cfg.d_head) if decode_block is None
                       else int(decode_block))
         self.rec = rec or Recorder()
-        self.s, self.vs = fold_scales(cfg)
+        self.s, self.vs = fold_scales(self.cfg)
         self._sub: dict[str, dict[str, np.ndarray]] = {}
-        self.attn = {p: self.sub(p) for p in M.attn_prefixes(cfg)}
+        self.attn = {p: self.sub(p) for p in M.attn_prefixes(self.cfg)}
 
     def sub(self, prefix: str) -> dict[str, np.ndarray]:
         if prefix not in self._sub:
@@ -178,7 +187,15 @@ class Trace:
 
     # ------------------------------------------------------------ building blocks ----
     def ln(self, layer: str, x: np.ndarray, want_y: bool = True) -> np.ndarray:
+        """The model's normalization (cfg.norm; protocols.norms)."""
         w, d, rec = self.sub(layer), x.shape[-1], self.rec
+        if self.cfg.norm != "layernorm":
+            if self.cfg.norm == "none":
+                return x
+            a, b = M.batchnorm_affine(w["gamma"], w["beta"], w["mean"], w["var"],
+                                      self.cfg.ln_eps)
+            rec.mag(layer, "bn", x * a)
+            return x * a + b
         mu = x.mean(-1, keepdims=True)
         xc = x - mu
         xg = xc * w["gamma"]
@@ -211,12 +228,17 @@ class Trace:
         beta = w["beta"].reshape(1, -1)
         for prefix, which in targets:
             site = "lnw1" if which == "w1" else "lnproj"
-            f = (lambda t: t @ self.sub(prefix)["w1"]) if which == "w1" else \
+            f = (lambda t: t @ self._w1(prefix)) if which == "w1" else \
                 (lambda t: self._project(prefix, t, which))
             proj = f(xg)
             self.rec.mag(layer, site, proj, f(beta))
             self.rec.mag(layer, "lnscale", proj * rs)
         return y
+
+    def _w1(self, prefix: str) -> np.ndarray:
+        """The FFN's first weight as shared: W1, or W1 W2 for a linear FFN (fused)."""
+        w = self.sub(prefix)
+        return w["w1"] @ w["w2"] if self.cfg.ffn_act == "none" else w["w1"]
 
     def _project(self, layer: str, x: np.ndarray, which: str) -> np.ndarray:
         """x times an attention weight as the secure model holds it (attn_c folded; W^Q Omega,
@@ -234,13 +256,17 @@ class Trace:
     def ffn(self, layer: str, x: np.ndarray, w1: bool = True) -> np.ndarray:
         """``w1`` False: x W1 was formed inside the LayerNorm before (ln_fused)."""
         w = self.sub(layer)
+        if self.cfg.ffn_act == "none":     # shared fused: x (W1 W2) + (b1 W2 + b2)
+            xw = x @ self._w1(layer)
+            if w1:
+                self.rec.mag(layer, "w1", xw)
+            return xw + (w["b1"] @ w["w2"] + w["b2"])
         xw = x @ w["w1"]
         hid = xw + w["b1"]
         hw = M.ffn_activation(hid, self.cfg.ffn_act) @ w["w2"]
         if w1:
             self.rec.mag(layer, "w1", xw)
-        if self.cfg.ffn_act != "none":
-            self.rec.mag(layer, "hidden" if self.cfg.ffn_act == "relu" else "hidden_gelu", hid)
+        self.rec.mag(layer, "hidden" if self.cfg.ffn_act == "relu" else "hidden_gelu", hid)
         self.rec.mag(layer, "w2", hw)
         return hw + w["b2"]
 
@@ -461,8 +487,14 @@ class Trace:
             pre = f"dec.{i}"
             if cfg.norm_first:
                 x = x + attn(f"{pre}.self", self.ln(f"{pre}.ln1", x), True)
-                x = x + self.ffn(f"{pre}.ffn", self.ln(f"{pre}.ln2", x))
+                if cfg.has_ffn(i):
+                    x = x + self.ffn(f"{pre}.ffn", self.ln(f"{pre}.ln2", x))
             else:
                 x = self.ln(f"{pre}.ln1", x + attn(f"{pre}.self", x, True))
-                x = self.ln(f"{pre}.ln2", x + self.ffn(f"{pre}.ffn", x))
-        return self.ln("dec.final_ln", x) if cfg.norm_first else x
+                if cfg.has_ffn(i):
+                    x = self.ln(f"{pre}.ln2", x + self.ffn(f"{pre}.ffn", x))
+        x = self.ln("dec.final_ln", x) if cfg.norm_first else x
+        if self.c_out is not None:        # AERO's folded FFN scales: the last row times C_L
+            x = x * self.c_out
+            self.rec.mag("dec.out_scale", "out_scale", x)
+        return x

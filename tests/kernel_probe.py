@@ -111,6 +111,8 @@ def _sites(inner, kernel: str, n_items: int) -> list[str]:
             k = len(inner.f_locals["mats"])
             return ["scale"] * (n_items - k) + ["lnscale"] * k
         one = "var_eps" if kernel == "sqrt_inv_a" else None
+    elif fn == "batchnorm":                     # norm batchnorm: x * scale
+        one = "bn"
     elif fn in ("layernorm", "_stats"):
         if kernel == "mul_many_aa":
             return ["sumsq", "sum2", "xgamma"] if n_items == 3 else ["sumsq", "xgamma"]

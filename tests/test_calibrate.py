@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from conftest import share, value
 from kernel_probe import Probe
+from test_norms import fit_batchnorm
 
 from mpc3.kernels import activations, arith, convert, fxp
 from mpc3.party import RingConfig
@@ -176,6 +177,14 @@ PRE_LN = dict(d_model=16, d_head=8, n_features=8, d_ff=32, n_enc_layers=1, n_dec
     (dict(), True, 2, "scores", D.FUSIONS),        # every LayerNorm forms its next projection
     (PRE_LN, False, 3, "kv", D.DEFAULT_FUSE),      # pre-LN, unfolded, qk order
     (PRE_LN, False, 3, "kv", D.FUSIONS),
+    # seed 002's BatchNorm (site bn) and AERO's linear FFN, shared fused (site w1 = x W1 W2)
+    (dict(norm="batchnorm", ffn_bn=True), True, 2, "scores", D.FUSIONS),
+    (dict(ffn_bn=True), True, 2, "scores", D.FUSIONS),       # folded BN-FFN inside the LN
+    ({**PRE_LN, "norm": "batchnorm", "ffn_act": "none"}, True, 3, "kv", D.DEFAULT_FUSE),
+    # no normalization: a Performer stack is cubic in its input, so small attn_c
+    ({**PRE_LN, "norm": "none", "attn_norm": "mean", "attn_c": 0.05}, False, 3, "kv",
+     D.DEFAULT_FUSE),
+    ({**PRE_LN, "ffn_act": "none"}, True, 3, "kv", D.FUSIONS),   # fused W1 W2 inside the LN
 ])
 def test_probe_secure_run_matches_calibration(monkeypatch, kw, fold, block, unprobed, fuse):
     """Every value a SECURE encoder + decode-step run hands to a range-limited kernel is a
@@ -186,6 +195,8 @@ def test_probe_secure_run_matches_calibration(monkeypatch, kw, fold, block, unpr
     rng = np.random.default_rng(1)
     x = M.embed(cfg, user["embed.src"], rng.integers(0, 9, (2, 6)))
     y = M.embed(cfg, user["embed.tgt"], rng.integers(0, 9, (2, cfg.max_len)))
+    if cfg.norm == "batchnorm":
+        fit_batchnorm(cfg, w, x, y)
     cal = C.calibrate(cfg, w, C.Samples([x], [y]), margin=1.0, fold_omega=fold,
                       decode_block=block)
     probe = Probe(monkeypatch, cfg.n_dec_layers)

@@ -89,3 +89,22 @@ def test_modules_stay_small_or_say_why():
             long.append(f"{path.relative_to(ROOT)}: {len(lines)} lines")
     assert not long, ("modules over ~500 lines without a reason stated at their top "
                       "('Why this module is long: ...'):\n" + "\n".join(long))
+
+
+#: modules that may import torch (the optional [train] extra); nothing imports them in turn
+TORCH_MODULES = {"protocols.model.torch_ref"}
+
+
+def test_torch_stays_optional():
+    """Only TORCH_MODULES import torch, and no module of the layers imports those: mpc3,
+    its protocols, parties and CLI run without torch installed."""
+    bad = []
+    for name, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        mods = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        mods |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        if any(m.split(".")[0] == "torch" for m in mods) and name not in TORCH_MODULES:
+            bad.append(f"{name} imports torch")
+        bad += [f"{name} imports {d}" for d in GRAPH[name]
+                if any(d == t or d.startswith(t + ".") for t in TORCH_MODULES)]
+    assert not bad, "\n".join(sorted(bad))

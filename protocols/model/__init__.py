@@ -7,26 +7,28 @@
   semantics the MPC protocols compute on shares;
 * :mod:`.decode`    - the query user's side: embedding, logits, greedy decoding;
 * :mod:`.archs`     - the float64 reference of the encoder classifier and the decoder-only LM;
+* :mod:`.presets`   - named config presets (AERO's softmax-only block);
 * :mod:`.hf_import` - checkpoints laid out like Hugging Face BERT and GPT-2 -> mpc3 models.
 
 Everything public is re-exported here: ``from protocols import model as M; M.ref_encoder``.
 """
-from .archs import RefLMState, greedy_generate, ref_classify, ref_lm, ref_lm_step
-from .config import (ARCHS, ATTENTIONS, ATTN_NORMS, DECODER_ONLY, DEFAULT_LN_EPS,
+from .archs import RefLMState, fold_ffn_scales, greedy_generate, ref_classify, ref_lm, ref_lm_step
+from .config import (ARCHS, ATTENTIONS, ATTN_NORMS, DECODER_ONLY, NORMS, DEFAULT_LN_EPS,
                      ENCODER_CLASSIFIER, ENCODER_DECODER, PERFORMER, ModelConfig, attn_prefixes, config_keys, expected_shapes,
                      expected_user_shapes)
 from .decode import (embed, embed_tokens, greedy_decode, input_table, output_logits,
                      positional_encoding, take_tokens)
 from .features import (attn_norm, attn_params, fold_omega, merge_heads, project, ref_features,
                        relu, split_heads)
+from .presets import PRESETS, aero, apply_preset
 from .reference import (RefDecodeState, ffn_activation, ref_decoder, ref_decoder_step, ref_encoder, ref_ffn,
-                        ref_layernorm, ref_mha)
+                        batchnorm_affine, fold_ffn_bn, ref_batchnorm, ref_layernorm, ref_mha, ref_norm)
 from .weights import (FORMAT_VERSION, USER_NAMES, Weights, load_model, make_omega,
                       orthogonal_features, random_user, random_weights, save_model,
                       validate_user)
 
 __all__ = [
-    "ARCHS", "ATTENTIONS", "PERFORMER", "DECODER_ONLY", "ENCODER_CLASSIFIER", "ENCODER_DECODER", "RefLMState",
+    "ARCHS", "ATTENTIONS", "NORMS", "PRESETS", "fold_ffn_scales", "fold_ffn_bn", "aero", "apply_preset", "batchnorm_affine", "ref_batchnorm", "ref_norm", "PERFORMER", "DECODER_ONLY", "ENCODER_CLASSIFIER", "ENCODER_DECODER", "RefLMState",
     "config_keys", "greedy_generate", "ref_classify", "ref_lm", "ref_lm_step", "ATTN_NORMS", "DEFAULT_LN_EPS", "FORMAT_VERSION", "USER_NAMES", "ModelConfig",
     "RefDecodeState", "Weights", "ffn_activation", "attn_norm", "attn_params", "attn_prefixes", "embed", "embed_tokens", "input_table", "take_tokens",
     "expected_shapes", "expected_user_shapes", "fold_omega", "greedy_decode", "load_model",

@@ -12,6 +12,11 @@ Decoder-only causal LM (``arch = "decoder-only"``, GPT-style), per layer ``dec.i
     post-LN:  x = LN1(x + MaskedMHA(x));  x = LN2(x + FFN(x))
     pre-LN:   x = x + MaskedMHA(LN1(x));  x = x + FFN(LN2(x));  final LN dec.final_ln
 
+AERO's softmax-only block (norm none, ffn_act none) may scale its FFN (``ffn_scale``, seed
+001 Eq. 6: ``x = beta_i x + FFN(x) / alpha_i`` after the attention's residual) and drop the
+FFN of its deepest ``ffn_pruned`` layers (``x`` unchanged). :func:`fold_ffn_scales` rewrites
+such a model into one without scales whose output times one constant is the original's.
+
 with the masked attention of :func:`ref_mha` (``causal=True``): ReLU-Performer or a
 softmax-style one (:mod:`.variants`). The query user embeds tokens with ``embed.tgt``
 (:func:`protocols.model.embed`) and applies the LM head ``out.w``, ``out.b`` locally
@@ -21,6 +26,7 @@ against every cached key, O(t) per token) for the softmax-style attentions.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Mapping
 
 import numpy as np
@@ -48,6 +54,49 @@ def ref_classify(cfg: ModelConfig, w: Weights, x, folded=None) -> np.ndarray:
     return pooled @ w["head.w"] + w["head.b"]
 
 
+def _ffn_block(cfg: ModelConfig, w: Weights, i: int, x) -> np.ndarray:
+    """Layer i's FFN sub-block after its attention (pre- or post-LN, AERO's scaled / pruned)."""
+    pre = f"dec.{i}"
+    if not cfg.has_ffn(i):
+        return x
+    if cfg.ffn_scale:
+        return (w[f"{pre}.ffn.beta"] * x
+                + _ffn(cfg, w, f"{pre}.ffn", x) / w[f"{pre}.ffn.alpha"])
+    if cfg.norm_first:
+        return x + _ffn(cfg, w, f"{pre}.ffn", _ln(cfg, w, f"{pre}.ln2", x))
+    return _ln(cfg, w, f"{pre}.ln2", x + _ffn(cfg, w, f"{pre}.ffn", x))
+
+
+def fold_ffn_scales(cfg: ModelConfig, w: Weights) -> tuple[ModelConfig, Weights, float]:
+    """``(cfg', w', c)`` with ``ref_lm(cfg, w, x) == c * ref_lm(cfg', w', x)``, cfg' without
+    ``ffn_scale``: the residual stream of layer l is carried divided by C_l = the product of
+    the betas before it. Layer l's W^Q, W^K, W^V are multiplied by C_l and W^O, b^O divided by
+    it; its FFN (linear) becomes F(C_l z) / (alpha_l C_(l+1)): W1 / (alpha beta), b1 and b2
+    divided by alpha C_(l+1); c = C_L. Exact up to float rounding; shared so by
+    :mod:`protocols.secure_model` (one product by c at the end instead of one per layer).
+    Refuses alpha or beta = 0."""
+    out = Weights(dict(w.tensors))
+    C = 1.0
+    for i in range(cfg.n_dec_layers):
+        p, f = f"dec.{i}.self", f"dec.{i}.ffn"
+        for n in ("wq", "wk", "wv"):
+            out[f"{p}.{n}"] = w[f"{p}.{n}"] * C
+        for n in ("wo", "bo"):
+            if f"{p}.{n}" in w:
+                out[f"{p}.{n}"] = w[f"{p}.{n}"] / C
+        if not cfg.has_ffn(i):
+            continue
+        a, b = float(w[f"{f}.alpha"][0]), float(w[f"{f}.beta"][0])
+        if a == 0 or b == 0:
+            raise ValueError(f"{f}: alpha={a}, beta={b}: FFN scales must be nonzero")
+        out[f"{f}.w1"] = w[f"{f}.w1"] / (a * b)
+        for n in ("b1", "b2"):
+            out[f"{f}.{n}"] = w[f"{f}.{n}"] / (a * b * C)
+        del out.tensors[f"{f}.alpha"], out.tensors[f"{f}.beta"]
+        C *= b
+    return replace(cfg, ffn_scale=False).validate(), out, C
+
+
 def ref_lm(cfg: ModelConfig, w: Weights, x, form: str = "kv") -> np.ndarray:
     """Decoder-only stack on a whole (teacher-forced) sequence: x (B, T, d) -> (B, T, d)."""
     _need(cfg, DECODER_ONLY)
@@ -57,10 +106,9 @@ def ref_lm(cfg: ModelConfig, w: Weights, x, form: str = "kv") -> np.ndarray:
         if cfg.norm_first:
             u = _ln(cfg, w, f"dec.{i}.ln1", x)
             x = x + ref_mha(cfg, p, u, u, causal=True, form=form)
-            x = x + _ffn(cfg, w, f"dec.{i}.ffn", _ln(cfg, w, f"dec.{i}.ln2", x))
         else:
             x = _ln(cfg, w, f"dec.{i}.ln1", x + ref_mha(cfg, p, x, x, causal=True, form=form))
-            x = _ln(cfg, w, f"dec.{i}.ln2", x + _ffn(cfg, w, f"dec.{i}.ffn", x))
+        x = _ffn_block(cfg, w, i, x)
     if cfg.norm_first:
         x = _ln(cfg, w, "dec.final_ln", x)
     return x
@@ -100,10 +148,9 @@ def ref_lm_step(cfg: ModelConfig, w: Weights, state: RefLMState, y_t) -> np.ndar
     for i in range(cfg.n_dec_layers):
         if cfg.norm_first:
             x = x + _self(cfg, w, i, state, _ln(cfg, w, f"dec.{i}.ln1", x))
-            x = x + _ffn(cfg, w, f"dec.{i}.ffn", _ln(cfg, w, f"dec.{i}.ln2", x))
         else:
             x = _ln(cfg, w, f"dec.{i}.ln1", x + _self(cfg, w, i, state, x))
-            x = _ln(cfg, w, f"dec.{i}.ln2", x + _ffn(cfg, w, f"dec.{i}.ffn", x))
+        x = _ffn_block(cfg, w, i, x)
     if cfg.norm_first:
         x = _ln(cfg, w, "dec.final_ln", x)
     state.t += 1

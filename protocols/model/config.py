@@ -17,11 +17,15 @@ Keys that do not apply to an architecture are absent from its dictionary (and 0 
 dataclass); :meth:`ModelConfig.from_dict` refuses them by name.
 
 Optional keys (absent from the dictionary at their default, so files written before them read
-and write unchanged): ``ffn_act``, ``attention``; and for models imported from other
-frameworks (:mod:`.hf_import`) ``attn_bias`` (biases ``bq, bk, bv, bo`` (d) on the attention
-projections), ``pool`` (:data:`POOLS`, encoder-classifier: ``cls-tanh`` adds ``pool.w`` (d, d),
-``pool.b``), ``embedding`` (:data:`EMBEDDINGS`: learned positions ``embed.pos`` (max_len, d),
-``learned-ln`` also ``embed.ln.gamma/beta``, user-side) and ``type_vocab`` (``embed.type``).
+and write unchanged): ``ffn_act``, ``attention``, ``norm`` (:data:`NORMS`); ``ffn_scale`` and
+``ffn_pruned`` (AERO's scaled / pruned FFN, decoder-only softmax-only blocks: per-layer
+``dec.i.ffn.alpha``, ``beta`` (1,); the deepest ``ffn_pruned`` layers have no FFN); ``ffn_bn``
+(seed 002's BatchNorm inside the MLP: ``p.ffn.bn_gamma, bn_beta, bn_mean, bn_var`` (d_ff));
+and for models imported from other frameworks (:mod:`.hf_import`) ``attn_bias`` (biases
+``bq, bk, bv, bo`` (d) on the attention projections), ``pool`` (:data:`POOLS`,
+encoder-classifier: ``cls-tanh`` adds ``pool.w`` (d, d), ``pool.b``), ``embedding``
+(:data:`EMBEDDINGS`: learned positions ``embed.pos`` (max_len, d), ``learned-ln`` also
+``embed.ln.gamma/beta``, user-side) and ``type_vocab`` (``embed.type``).
 
 ``ln_eps`` defaults to :data:`DEFAULT_LN_EPS` = 2^-10, the lower end of the secure inverse square
 root's range (:data:`mpc3.kernels.fxp.SQRT_INV_RANGE`): LayerNorm computes 1/sqrt(var + eps) with
@@ -54,9 +58,15 @@ POOLS = ("mean", "cls-tanh")
 #: learned positions ``embed[tok] + embed.pos[pos] (+ embed.type[type])`` (GPT-2), or the
 #: same followed by a LayerNorm ``embed.ln`` (BERT). All user-side, never shared.
 EMBEDDINGS = ("sinusoidal", "learned", "learned-ln")
+#: Normalization where a transformer has its LayerNorms (``norm``): LayerNorm (tensors
+#: ``gamma, beta``); none (the identity, AERO's softmax-only block: no tensors); or BatchNorm
+#: with running statistics (seed 002's normalization of its vision transformers: tensors
+#: ``gamma, beta, mean, var``, eps = ``ln_eps``; at inference a per-channel affine map).
+NORMS = ("layernorm", "none", "batchnorm")
 #: Keys every architecture may carry and omits from its dictionary at their default value.
 _OPTIONAL = {"ffn_act": "relu", "attention": PERFORMER, "attn_bias": False, "pool": "mean",
-             "embedding": "sinusoidal", "type_vocab": 0}
+             "embedding": "sinusoidal", "type_vocab": 0, "norm": "layernorm",
+             "ffn_scale": False, "ffn_pruned": 0, "ffn_bn": False}
 ENCODER_DECODER, ENCODER_CLASSIFIER, DECODER_ONLY = \
     "encoder-decoder", "encoder-classifier", "decoder-only"
 ARCHS = (ENCODER_DECODER, ENCODER_CLASSIFIER, DECODER_ONLY)
@@ -105,6 +115,10 @@ class ModelConfig:
     pool: str = field(default="mean", kw_only=True)
     embedding: str = field(default="sinusoidal", kw_only=True)
     type_vocab: int = field(default=0, kw_only=True)
+    norm: str = field(default="layernorm", kw_only=True)
+    ffn_scale: bool = field(default=False, kw_only=True)
+    ffn_pruned: int = field(default=0, kw_only=True)
+    ffn_bn: bool = field(default=False, kw_only=True)
 
     def validate(self) -> "ModelConfig":
         def posint(name, minimum=1):
@@ -149,6 +163,9 @@ class ModelConfig:
                              f"for {PERFORMER} only (softmax-style attention decodes in "
                              f"arch {DECODER_ONLY!r} and runs in {ENCODER_CLASSIFIER!r})")
         self._validate_extras(posint)
+        if self.norm not in NORMS:
+            raise ValueError(f"norm={self.norm!r} must be one of {NORMS}")
+        self._validate_aero(posint)
         if self.ffn_act not in FFN_ACTS:
             raise ValueError(f"ffn_act={self.ffn_act!r} must be one of {FFN_ACTS}")
         if not isinstance(self.norm_first, (bool, np.bool_)):
@@ -171,6 +188,28 @@ class ModelConfig:
         posint("type_vocab", 0)
         if self.type_vocab and self.embedding == "sinusoidal":
             raise ValueError("type_vocab (token-type embeddings) needs a learned embedding")
+
+    def _validate_aero(self, posint) -> None:
+        """AERO's scaled / pruned FFN (seed 001, Eq. 6 and ScFuFFN_x): softmax-only blocks of
+        a decoder-only LM (norm none, ffn_act none)."""
+        for key in ("ffn_scale", "ffn_bn"):
+            if not isinstance(getattr(self, key), (bool, np.bool_)):
+                raise ValueError(f"{key} must be a bool, got {getattr(self, key)!r}")
+        posint("ffn_pruned", 0)
+        if not (self.ffn_scale or self.ffn_pruned):
+            return
+        what = "ffn_scale" if self.ffn_scale else f"ffn_pruned={self.ffn_pruned}"
+        if self.arch != DECODER_ONLY or self.norm != "none" or self.ffn_act != "none":
+            raise ValueError(f"{what} (AERO's scaled / pruned FFN) needs AERO's softmax-only "
+                             f"block: arch {DECODER_ONLY!r}, norm 'none', ffn_act 'none' "
+                             f"(got {self.arch!r}, {self.norm!r}, {self.ffn_act!r})")
+        if self.ffn_pruned > self.n_dec_layers:
+            raise ValueError(f"ffn_pruned={self.ffn_pruned} exceeds n_dec_layers="
+                             f"{self.n_dec_layers}")
+
+    def has_ffn(self, layer: int) -> bool:
+        """Whether decoder layer ``layer`` has an FFN (the deepest ``ffn_pruned`` do not)."""
+        return layer < self.n_dec_layers - self.ffn_pruned
 
     def to_dict(self) -> dict:
         """The public dictionary: only the keys of this architecture (an encoder-decoder
@@ -235,12 +274,20 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple]:
             out[f"{p}.omega"] = (h, dh, r)
 
     def ln(p):
-        out[f"{p}.gamma"] = (d,)
-        out[f"{p}.beta"] = (d,)
+        names = {"layernorm": ("gamma", "beta"), "none": (),
+                 "batchnorm": ("gamma", "beta", "mean", "var")}[cfg.norm]
+        for n in names:
+            out[f"{p}.{n}"] = (d,)
 
     def ffn(p):
+        if cfg.ffn_scale:                 # AERO Eq. 6: x = beta x_SA + FFN(x_SA) / alpha
+            out[f"{p}.alpha"] = (1,)
+            out[f"{p}.beta"] = (1,)
         out[f"{p}.w1"] = (d, f)
         out[f"{p}.b1"] = (f,)
+        if cfg.ffn_bn:                    # seed 002's BatchNorm between W1 and the activation
+            for n in ("bn_gamma", "bn_beta", "bn_mean", "bn_var"):
+                out[f"{p}.{n}"] = (f,)
         out[f"{p}.w2"] = (f, d)
         out[f"{p}.b2"] = (d,)
 
@@ -253,7 +300,8 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple]:
         attn(f"dec.{i}.self")
         ln(f"dec.{i}.ln1")
         if cfg.arch == DECODER_ONLY:      # self attention and FFN only, like an encoder layer
-            ffn(f"dec.{i}.ffn")
+            if cfg.has_ffn(i):
+                ffn(f"dec.{i}.ffn")
             ln(f"dec.{i}.ln2")
             continue
         attn(f"dec.{i}.cross")

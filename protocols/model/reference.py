@@ -24,7 +24,11 @@ replaced by Performer ReLU attention (Privformer Sec. 5, Eq. 12-15):
 
 * FFN(x) = ReLU(x W1 + b1) W2 + b2.
 * LayerNorm over the last dim: ``(x - mean) / sqrt(var + eps) * gamma + beta``
-  with the biased (population) variance.
+  with the biased (population) variance (``cfg.norm`` "layernorm"). ``cfg.norm`` "none":
+  the identity wherever a LayerNorm would be (and no final LayerNorm); "batchnorm":
+  BatchNorm at inference, ``(x - mean_c) / sqrt(var_c + eps) * gamma_c + beta_c`` with the
+  running statistics ``mean``, ``var`` of each channel c (:func:`ref_norm`). ``cfg.ffn_bn``
+  (seed 002's vision MLP): FFN(x) = act(BN(x W1 + b1)) W2 + b2, BN over the d_ff channels.
 * Post-LN (``norm_first=False``, Vaswani)::
 
       enc: x = LN1(x + MHA(x, x));        x = LN2(x + FFN(x))
@@ -54,6 +58,30 @@ def ref_layernorm(x, gamma, beta, eps):
     mu = x.mean(axis=-1, keepdims=True)
     var = ((x - mu) ** 2).mean(axis=-1, keepdims=True)
     return (x - mu) / np.sqrt(var + eps) * gamma + beta
+
+
+def ref_batchnorm(x, gamma, beta, mean, var, eps):
+    """BatchNorm with running statistics (torch's BatchNorm1d in eval mode) over the last dim."""
+    return (x - mean) / np.sqrt(var + eps) * gamma + beta
+
+
+def batchnorm_affine(gamma, beta, mean, var, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """(a, b) with BatchNorm(x) = x * a + b; refuses var + eps <= 0."""
+    ve = np.asarray(var, dtype=np.float64) + eps
+    if np.any(ve <= 0):
+        raise ValueError(f"batchnorm: running var + eps must be > 0 (min {float(ve.min())})")
+    a = np.asarray(gamma, dtype=np.float64) / np.sqrt(ve)
+    return a, np.asarray(beta, dtype=np.float64) - np.asarray(mean, dtype=np.float64) * a
+
+
+def ref_norm(cfg: ModelConfig, w: Mapping, prefix: str, x) -> np.ndarray:
+    """The normalization ``cfg.norm`` with the tensors below ``prefix`` (``enc.0.ln1`` ...)."""
+    if cfg.norm == "none":
+        return x
+    if cfg.norm == "batchnorm":
+        return ref_batchnorm(x, *(w[f"{prefix}.{n}"] for n in ("gamma", "beta", "mean", "var")),
+                             cfg.ln_eps)
+    return ref_layernorm(x, w[f"{prefix}.gamma"], w[f"{prefix}.beta"], cfg.ln_eps)
 
 
 def ref_ffn(x, w1, b1, w2, b2, act: str = "relu"):
@@ -125,12 +153,34 @@ def ref_mha(cfg: ModelConfig, p: Mapping, xq, xkv, causal: bool = False,
 
 
 def _ln(cfg, w, prefix, x):
-    return ref_layernorm(x, w[f"{prefix}.gamma"], w[f"{prefix}.beta"], cfg.ln_eps)
+    return ref_norm(cfg, w, prefix, x)
 
 
 def _ffn(cfg, w, prefix, x):
+    if cfg.ffn_bn:      # seed 002: BatchNorm between the first product and the activation
+        h = ref_batchnorm(x @ w[f"{prefix}.w1"] + w[f"{prefix}.b1"],
+                          *(w[f"{prefix}.bn_{n}"] for n in ("gamma", "beta", "mean", "var")),
+                          cfg.ln_eps)
+        return ffn_activation(h, cfg.ffn_act) @ w[f"{prefix}.w2"] + w[f"{prefix}.b2"]
     return ref_ffn(x, w[f"{prefix}.w1"], w[f"{prefix}.b1"], w[f"{prefix}.w2"], w[f"{prefix}.b2"],
                    cfg.ffn_act)
+
+
+def fold_ffn_bn(cfg: ModelConfig, w: Weights) -> tuple[ModelConfig, Weights]:
+    """``cfg.ffn_bn`` folded: BN(x W1 + b1) = x (W1 diag a) + (b1 a + b) with
+    (a, b) = :func:`batchnorm_affine` of the FFN's statistics - the same model without
+    ``ffn_bn`` (exact up to float rounding; :mod:`protocols.secure_model` shares it so, at no
+    cost online)."""
+    from dataclasses import replace
+    out = Weights(dict(w.tensors))
+    for name in [n for n in w.keys() if n.endswith(".ffn.bn_gamma")]:
+        p = name[:-len(".bn_gamma")]
+        a, b = batchnorm_affine(*(w[f"{p}.bn_{n}"] for n in ("gamma", "beta", "mean", "var")),
+                                cfg.ln_eps)
+        out[f"{p}.w1"], out[f"{p}.b1"] = w[f"{p}.w1"] * a, w[f"{p}.b1"] * a + b
+        for n in ("gamma", "beta", "mean", "var"):
+            del out.tensors[f"{p}.bn_{n}"]
+    return replace(cfg, ffn_bn=False).validate(), out
 
 
 def ref_encoder(cfg: ModelConfig, w: Weights, x, form: str = "kv", folded=None) -> np.ndarray:

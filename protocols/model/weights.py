@@ -151,9 +151,13 @@ def random_weights(cfg: ModelConfig, seed: int = 0) -> Weights:
         elif leaf in ("wq", "wk", "wv", "wo", "w1", "w2", "w"):
             std = math.sqrt(2.0 / (shape[0] + shape[1]))
             w[name] = rng.standard_normal(shape) * std
-        elif leaf == "gamma":
+        elif leaf in ("gamma", "bn_gamma"):
             w[name] = 1.0 + 0.1 * rng.standard_normal(shape)
-        else:  # beta, b1, b2, b, bq, bk, bv, bo
+        elif leaf in ("var", "bn_var"):    # BatchNorm running variance (norm batchnorm, ffn_bn)
+            w[name] = 0.5 + rng.random(shape)
+        elif name.endswith((".ffn.alpha", ".ffn.beta")):    # AERO's FFN scales (ffn_scale)
+            w[name] = 1.0 + rng.random(shape)
+        else:  # beta, mean, b1, b2, b, bq, bk, bv, bo
             w[name] = 0.1 * rng.standard_normal(shape)
     return w
 

@@ -1,0 +1,133 @@
+"""protocols.model.torch_ref.TorchModel == the float64 reference for every config: the
+whole grid arch x attention x ffn_act x norm x norm_first x attn_bias x pool x embedding
+(with and without token types) x ffn_bn x AERO's ffn_scale / ffn_pruned where they apply,
+each with random small shapes and weights; logits from token ids within 1e-9 (relative to max(1, |logit|): without normalization a random
+Performer stack can reach large values). Plus the decode path (the reference's
+incremental LM steps give the same rows), export, and a training step with BatchNorm."""
+import itertools
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from protocols import model as M  # noqa: E402
+from protocols.model.torch_ref import TorchModel  # noqa: E402
+
+TOL = 1e-9
+
+
+def grid():
+    archs = {"encoder-decoder": dict(attention=["relu-performer"], pool=["mean"],
+                                     embedding=["sinusoidal"]),
+             "encoder-classifier": dict(attention=list(M.ATTENTIONS), pool=["mean", "cls-tanh"],
+                                        embedding=["sinusoidal", "learned", "learned-ln"]),
+             "decoder-only": dict(attention=list(M.ATTENTIONS), pool=["mean"],
+                                  embedding=["sinusoidal", "learned", "learned-ln"])}
+    for arch, opts in archs.items():
+        for att, pool, emb, act, norm, first, bias, bn in itertools.product(
+                opts["attention"], opts["pool"], opts["embedding"], ("relu", "gelu", "none"),
+                M.NORMS, (False, True), (False, True), (False, True)):
+            aero = arch == "decoder-only" and norm == "none" and act == "none"
+            for scale, pruned in ((False, 0), (True, 0), (False, 1), (True, 1)) if aero else \
+                    ((False, 0),):
+                yield arch, att, pool, emb, act, norm, first, bias, scale, pruned, bn
+
+
+def make(arch, att, pool, emb, act, norm, first, bias, rng, scale=False, pruned=0, bn=False):
+    h = int(rng.integers(1, 3))
+    dh = int(rng.integers(2, 5))
+    kw = dict(d_model=h * dh, n_heads=h, d_head=dh, n_features=int(rng.integers(2, 6)),
+              d_ff=int(rng.integers(3, 9)), attn_c=float(rng.uniform(0.1, 0.6)),
+              attn_norm=str(rng.choice(["const", "mean"])), norm_first=first, max_len=7,
+              attention=att, ffn_act=act, norm=norm, attn_bias=bias, pool=pool, embedding=emb,
+              ln_eps=float(rng.choice([M.DEFAULT_LN_EPS, 1e-5])), ffn_scale=scale,
+              ffn_bn=bn)
+    layers = int(rng.integers(1, 3))
+    if arch == "encoder-decoder":
+        kw.update(n_enc_layers=layers, n_dec_layers=int(rng.integers(0, 3)), src_vocab=6,
+                  tgt_vocab=5)
+    elif arch == "encoder-classifier":
+        kw.update(arch=arch, n_enc_layers=layers, src_vocab=6, n_classes=3)
+    else:
+        kw.update(arch=arch, n_dec_layers=layers, tgt_vocab=6, ffn_pruned=pruned)
+    if emb != "sinusoidal" and rng.random() < 0.5:
+        kw["type_vocab"] = 2
+    return M.ModelConfig(**kw).validate()
+
+
+def reference_logits(cfg, w, user, ids, tgt, types):
+    if cfg.arch == "encoder-classifier":
+        return M.ref_classify(cfg, w, M.embed_tokens(cfg, user, ids, types=types))
+    if cfg.arch == "decoder-only":
+        return M.output_logits(user, M.ref_lm(cfg, w, M.embed_tokens(cfg, user, ids,
+                                                                     types=types)))
+    enc = M.ref_encoder(cfg, w, M.embed(cfg, user["embed.src"], ids))
+    return M.output_logits(user, M.ref_decoder(cfg, w, M.embed(cfg, user["embed.tgt"], tgt),
+                                               enc))
+
+
+def close(got, ref, tol=TOL):
+    return np.max(np.abs(got - ref)) <= tol * max(1.0, float(np.max(np.abs(ref))))
+
+
+def test_forward_equals_reference_on_the_whole_config_grid():
+    rng = np.random.default_rng(0)
+    n = 0
+    seen = set()
+    for case in grid():
+        cfg = make(*case[:8], rng, *case[8:])
+        w, user = M.random_weights(cfg, n), M.random_user(cfg, n)
+        model = TorchModel(cfg, w, user).eval()
+        B, S = 2, int(rng.integers(2, 6))
+        ids = rng.integers(0, 5, (B, S))
+        tgt = rng.integers(0, 5, (B, int(rng.integers(1, 6))))
+        types = rng.integers(0, 2, (B, S)) if cfg.type_vocab else None
+        ref = reference_logits(cfg, w, user, ids, tgt, types)
+        with torch.no_grad():
+            got = model(torch.tensor(ids), torch.tensor(tgt),
+                        None if types is None else torch.tensor(types)).numpy()
+        assert got.shape == ref.shape and close(got, ref), (case, cfg.to_dict())
+        seen.add(case)
+        n += 1
+    # every value of every key was run
+    assert {c[0] for c in seen} == set(M.ARCHS) and {c[1] for c in seen} == set(M.ATTENTIONS)
+    assert {c[5] for c in seen} == set(M.NORMS) and {c[8:10] for c in seen} == {
+        (False, 0), (True, 0), (False, 1), (True, 1)} and {c[10] for c in seen} == {False, True}
+    assert n >= 2000
+
+
+@pytest.mark.parametrize("att,norm", [("relu-performer", "batchnorm"), ("softmax", "none"),
+                                      ("sigma-relu", "layernorm")])
+def test_lm_rows_equal_the_reference_decode_steps(att, norm):
+    cfg = make("decoder-only", att, "mean", "learned", "gelu", norm, True, True,
+               np.random.default_rng(3))
+    w, user = M.random_weights(cfg, 1), M.random_user(cfg, 1)
+    ids = np.random.default_rng(4).integers(0, 5, (2, 6))
+    with torch.no_grad():
+        got = TorchModel(cfg, w, user).eval()(torch.tensor(ids)).numpy()
+    st = M.RefLMState(cfg, 2)
+    for t in range(6):
+        row = M.ref_lm_step(cfg, w, st, M.embed_tokens(cfg, user, ids[:, t:t + 1], t)[:, 0])
+        assert close(got[:, t], M.output_logits(user, row))
+
+
+def test_export_round_trips_and_training_updates_batchnorm(tmp_path):
+    cfg = make("decoder-only", "softmax", "mean", "sinusoidal", "gelu", "batchnorm", True,
+               False, np.random.default_rng(5), bn=True)
+    model = TorchModel(cfg, seed=2)
+    w, user = model.export()
+    M.save_model(tmp_path / "m.npz", cfg, w, user)
+    c2, w2, u2 = M.load_model(tmp_path / "m.npz")
+    again = TorchModel(c2, w2, u2).eval()
+    ids = torch.tensor(np.random.default_rng(6).integers(0, 5, (3, 5)))
+    with torch.no_grad():
+        assert torch.equal(model.eval()(ids), again(ids))
+    model.train()
+    before = model.p("dec.0.ln1.mean").clone()
+    loss = model(ids).logsumexp(-1).mean()
+    loss.backward()
+    assert not torch.equal(before, model.p("dec.0.ln1.mean"))      # running stats moved
+    assert not torch.equal(again.p("dec.0.ffn.bn_var"), model.p("dec.0.ffn.bn_var"))
+    assert model.p("dec.0.ffn.w1").grad is not None
+    assert "dec__0__ln1__mean" in dict(model.named_buffers())
