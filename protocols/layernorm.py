@@ -7,9 +7,10 @@ For x (..., d) (the residual sum is formed by the caller, locally), with S1 = su
   E[x^2] = (x . x) / d, mu^2 = S1^2 / d^2 and (x - mu) * gamma = (d x - S1) * gamma / d (the
   1/d, 1/d^2 ride in the truncation shifts; d x - S1 is local); then var + eps = E[x^2] - mu^2 + eps (local),
   rs = sqrt_inv_a(var + eps), y = ((x - mu) * gamma) * rs + beta (one multiplication).
-  No separate truncation for the mean: 11 rounds when decoding (sqrt_inv "fast"), 19 else.
+  No separate truncation for the mean: 10 rounds when decoding (sqrt_inv "fast"), 18-19 else.
 * otherwise: mu = S1 * (1/d) (one truncation), then sum_k (x_k - mu)^2 and (x - mu) * gamma in
-  one call, var = sum * (1/d) (one truncation), sqrt_inv, one multiplication (15 / 23 rounds).
+  one call, var = sum * (1/d) (one truncation), sqrt_inv, one multiplication (14 / 22-23
+  rounds).
 
 :func:`layernorm_project` fuses a LayerNorm with the linear layer that reads it (a decode
 step's next projection): the products (x - mu) * gamma @ W run in sqrt_inv's rounds and the

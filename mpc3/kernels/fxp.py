@@ -204,9 +204,9 @@ def sqrt_inv_a(p: Party, x: AShare, mode: str = "auto") -> AShare:
     """1/sqrt(x) for shared x in SQRT_INV_RANGE (Privformer Alg. 4, leak-free), same scale.
 
     mode "fast": sixteenth-octave thresholds with the best line per interval (rel. error
-    9e-5 plus fixed point), no Newton step: 7 rounds, ~37 KB per input. mode "lean":
-    quarter-octave thresholds, constant guess (4.4 %), two Newton steps: 15 rounds, ~7 KB per
-    input.
+    9e-5 plus fixed point), no Newton step: 6 rounds, ~42 KB per input. mode "lean":
+    quarter-octave thresholds, constant guess (4.4 %), two Newton steps: 14-15 rounds (fewer
+    comparison levels for few inputs, convert.leaf_blocks), ~7 KB per input.
     "auto" picks "fast" for at most FAST_ROWS inputs (decoding steps) and "lean" otherwise
     (whole sequences). Newton step y <- y + y/2 - (x y)(y^2)/2 in two multiplication layers:
     x*y, y^2 (kept at frac + SQ_EXTRA bits) and y/2 in one call with per-element shifts,
@@ -253,7 +253,7 @@ def cost_sqrt_inv(n: int, mode: str, frac: int, trunc: str) -> Cost:
 def reciprocal_a(p: Party, x: AShare, iterations: int = 2) -> AShare:
     """1/x for shared x in RECIPROCAL_RANGE: leak-free half-octave linear initialisation
     (1.5 %) + Newton y <- y (2 - x y) twice. Error: RECIPROCAL_ERROR (for the default two
-    iterations). Cost: :func:`cost_reciprocal` (7 + 4 * iterations rounds)."""
+    iterations). Cost: :func:`cost_reciprocal` (6-7 + 4 * iterations rounds)."""
     y = _init_guess(p, x, 1.0, per_octave=2, linear=True)
     for _ in range(iterations):
         xy = arith.mul_aa(p, x, y)
