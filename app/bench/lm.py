@@ -142,15 +142,14 @@ def _inputs(x, y) -> dict:
     return {"X": x} if y is None else {"X": x, "Y": y}
 
 
-def run_inproc(cfg, w, x, y) -> dict:
-    """The bench_lm job on three in-process parties: {"Y", "stats", "mem"} as ring arrays."""
+def run_inproc(cfg, shares: list, x, y) -> dict:
+    """The bench_lm job on three in-process parties holding ``shares``
+    (:func:`protocols.secure_model.share_model`): {"Y", "stats", "mem"} as ring arrays."""
     from mpc3.sharing import reveal
     from net.inproc import InprocParties
     from protocols.jobs import ModelView, benchmark_registry
-    from protocols.secure_model import share_input, share_model
-    shares = share_model(cfg, w, shared_replicas=True)
+    from protocols.secure_model import share_input
     models = [ModelView("bench", shares[r], {"bench": "bench_lm"}) for r in range(3)]
-    del shares
     ip = InprocParties(models, registry=benchmark_registry(), timeout=600.0)
     ins = {k: share_input(v) for k, v in _inputs(x, y).items()}
     params = {"config": cfg.to_dict(), "tokens": 0 if y is None else int(y.shape[0])}
@@ -158,11 +157,10 @@ def run_inproc(cfg, w, x, y) -> dict:
     return {k: reveal([j.outputs[k] for j in jobs]) for k in ("Y", "stats", "mem")}
 
 
-def run_remote(rc, cfg, w, x, y) -> dict:
-    """The same on a :class:`app.bench.remote.RemoteCluster` (model uploaded, then deleted)."""
+def run_remote(rc, cfg, layout: dict, x, y) -> dict:
+    """The same on a :class:`app.bench.remote.RemoteCluster`, uploading ``layout``
+    (:func:`protocols.secure_model.plain_tensors`) as the model (deleted after)."""
     from net.client import reconstruct
-    from protocols.secure_model import plain_tensors
-    layout = plain_tensors(cfg, w)
     params = {"config": cfg.to_dict(), "tokens": 0 if y is None else int(y.shape[0])}
     pairs = rc.run_job("bench_lm", {k: t for k, (t, _) in layout.items()},
                        {k: e for k, (_, e) in layout.items() if e}, _inputs(x, y), params)
@@ -225,17 +223,21 @@ def run_lm(a) -> dict:
     plain_wall = time.perf_counter() - t0
     network = {"net": "none", "emulation": "none"}
     t_setup = time.perf_counter()
+    from protocols.secure_model import plain_tensors, share_model
     if a.transport == "inproc" and a.net == "none":
-        run_inproc(tiny, *warm)
-        got = run_inproc(cfg, w, x, y)
+        run_inproc(tiny, share_model(tiny, warm[0], shared_replicas=True), *warm[1:])
+        shares = share_model(cfg, w, shared_replicas=True)
+        del w                                  # the parties' shares only from here on
+        got = run_inproc(cfg, shares, x, y)
     else:
         from .remote import RemoteCluster
+        layout = plain_tensors(cfg, w)
+        del w
         with RemoteCluster(a.net) as rc:
-            run_remote(rc, tiny, *warm)
+            run_remote(rc, tiny, plain_tensors(tiny, warm[0]), *warm[1:])
             network = rc.network
-            got = run_remote(rc, cfg, w, x, y)
+            got = run_remote(rc, cfg, layout, x, y)
     elapsed = time.perf_counter() - t_setup
-    del w
     stats = got["stats"].astype(np.int64)
     costs = declared(cfg, 1, a.prompt, a.tokens)
     phases = [_phase(stats[:, k], costs[k]) for k in range(stats.shape[1])]
