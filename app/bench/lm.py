@@ -211,6 +211,7 @@ def _sum(phases: list[dict]) -> dict:
 def run_lm(a) -> dict:
     """The ``mpc3 bench lm`` result object for parsed arguments ``a``."""
     from mpc3 import ring
+    load_at_start = os.getloadavg()[0]
     cfg = lm_config(a.arch, a.attention, a.d_model, a.heads, a.layers, a.d_ff, a.prompt,
                     a.tokens, a.ffn, a.preset, a.features)
     warm_len = min(a.prompt, 32)        # > 16 rows: the kernels' batched paths warm up too
@@ -256,6 +257,7 @@ def run_lm(a) -> dict:
                    "tokens": a.tokens, "batch": 1, "seed": a.seed, "frac": ring.DEFAULT_FRAC,
                    "trunc": "exact", "model_config": cfg.to_dict(), "host": platform.node(),
                    "cpus": os.cpu_count(), "run_s_with_upload": round(elapsed, 3),
+                   "load_avg_1m_at_start": load_at_start,
                    "load_avg_1m_at_end": os.getloadavg()[0]},
         "transport": "grpc" if a.net != "none" else a.transport,
         "net": network.get("net", "none"), "emulation": network.get("emulation", "none"),
