@@ -51,29 +51,76 @@ def _gb(b: float) -> str:
     return f"{b / 1e9:.3f}"
 
 
+def _where(r: dict) -> str:
+    if r["net"] != "none":
+        return r["net"]
+    return "loopback" if r["transport"] == "grpc" else "inproc"
+
+
+def _row(r: dict, name: str) -> str:
+    p, pre, tok = r["params"], r["prefill"], r["per_token"]
+    bd = r["breakdown"]
+    share = " / ".join(f"{100 * bd[c]['bytes_total'] / r['bytes_total']:.0f}"
+                       for c in ("matmul", "attention", "ffn_act", "norm"))
+    rss = r["peak_rss_bytes"]["parties"] or [r["peak_rss_bytes"]["this_process"]]
+    return (f"| {p['attention']} | {p['ffn_act']} | {p['layers']} | {_where(r)} | "
+            f"{_gb(pre['bytes_total'])} / {pre['rounds']} | "
+            f"{tok['bytes_total'] / 1e6:.1f} MB / {tok['rounds']:.0f} | "
+            f"{_gb(r['bytes_total'])} | {r['wall_s']['min']:.1f} s "
+            f"({pre['wall_s']:.1f} + {tok['wall_s']:.2f}) | {share} | "
+            f"{max(rss) / 1e9:.2f} GB | {p['load_avg_1m_at_end']:.1f} | {name} |")
+
+
+def extrapolate(runs: dict[int, dict], layers: int = 12) -> dict | None:
+    """Linear in the number of layers from the two largest measured layer counts below
+    ``layers``: a decoder-only LM's prompt phase and token are (L - 1) full layers + the last
+    one (+ the final LayerNorm), so bytes and rounds are exactly linear in L and wall time
+    nearly so. An estimate, labelled as one wherever it is printed."""
+    ls = sorted(n for n in runs if n < layers)
+    if len(ls) < 2:
+        return None
+    a, b = ls[-2], ls[-1]
+    k = (layers - b) / (b - a)
+
+    def lin(get):
+        return get(runs[b]) + k * (get(runs[b]) - get(runs[a]))
+    return {"from_layers": [a, b],
+            "wall_s": lin(lambda r: r["wall_s"]["min"]),
+            "prefill_wall_s": lin(lambda r: r["prefill"]["wall_s"]),
+            "per_token_wall_s": lin(lambda r: r["per_token"]["wall_s"]),
+            "bytes_total": lin(lambda r: r["bytes_total"]),
+            "rounds": lin(lambda r: r["rounds"])}
+
+
 def table(a) -> int:
-    rows = []
+    rows, groups = [], {}
     for path in sorted(RESULTS.glob("lm_gpt2small_*.json")):
         r = json.loads(path.read_text())
-        p, pre, tok = r["params"], r["prefill"], r["per_token"]
-        bd = r["breakdown"]
-        share = " / ".join(f"{100 * bd[c]['bytes_total'] / r['bytes_total']:.0f}"
-                           for c in ("matmul", "attention", "ffn_act", "norm"))
-        where = r["net"] if r["net"] != "none" else ("loopback" if r["transport"] == "grpc"
-                                                     else "inproc")
-        rss = r["peak_rss_bytes"]["parties"] or [r["peak_rss_bytes"]["this_process"]]
-        rows.append(f"| {p['attention']} | {p['ffn_act']} | {p['layers']} | {where} | "
-                    f"{_gb(pre['bytes_total'])} / {pre['rounds']} | "
-                    f"{tok['bytes_total'] / 1e6:.1f} MB / {tok['rounds']:.0f} | "
-                    f"{_gb(r['bytes_total'])} | {r['wall_s']['min']:.1f} s "
-                    f"({pre['wall_s']:.1f} + {tok['wall_s']:.2f}) | {share} | "
-                    f"{max(rss) / 1e9:.2f} GB | {r['params']['load_avg_1m_at_end']:.1f} | "
-                    f"{path.name} |")
+        rows.append(_row(r, path.name))
+        key = (r["params"]["attention"], r["params"]["ffn_act"], _where(r))
+        groups.setdefault(key, {})[r["params"]["layers"]] = r
+    print("Measured:\n")
     print("| attention | FFN | layers | where | prompt: GB / rounds | token: bytes / rounds | "
           "total GB | wall (prompt + token) | bytes % matmul / attn / FFN act / LN | "
           "peak RSS | load | JSON |")
     print("|" + "---|" * 12)
     print("\n".join(rows))
+    est = []
+    for (att, ffn, where), runs in sorted(groups.items()):
+        if 12 in runs:
+            continue
+        e = extrapolate(runs)
+        if e is not None:
+            est.append(f"| {att} | {ffn} | {where} | {e['from_layers']} | "
+                       f"{_gb(e['bytes_total'])} | {e['rounds']:.0f} | {e['wall_s']:.1f} s "
+                       f"({e['prefill_wall_s']:.1f} + {e['per_token_wall_s']:.2f}) |")
+    if est:
+        print("\nExtrapolated to 12 layers (NOT measured; linear in layers from two measured "
+              "layer counts):\n")
+        print("| attention | FFN | where | from layers | total GB | rounds | wall (prompt + "
+              "token) |")
+        print("|" + "---|" * 7)
+        print("\n".join(est))
     print()
     print("AERO (seed 001, Table 4; 2 parties, SecretFlow, 100 Mbit/s, 80 ms):")
     for k, (gb, mins) in AERO.items():

@@ -156,3 +156,19 @@ def test_bad_arguments_are_refused():
         _run("--arch", "classifier", "--tokens", "1")
     with pytest.raises(ValueError, match="divisible"):
         L.lm_config("decoder-only", "softmax", 10, 3, 1, 8, 4, 1)
+
+
+def test_gpt2small_extrapolation_is_exact_for_bytes_and_rounds():
+    """benchmarks/lm_gpt2small.py extrapolates a run measured at fewer layers linearly: for
+    bytes and rounds that is exact (L - 1 full layers + the last one), checked against a
+    measured run with more layers."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import lm_gpt2small as G
+    runs = {n: _run("--layers", str(n), "--tokens", "1") for n in (1, 2, 3)}
+    est = G.extrapolate({n: runs[n] for n in (1, 2)}, layers=3)
+    assert est["from_layers"] == [1, 2]
+    assert est["bytes_total"] == runs[3]["bytes_total"]
+    assert est["rounds"] == runs[3]["rounds"]
+    assert G.extrapolate({2: runs[2]}, layers=3) is None
