@@ -1,6 +1,6 @@
 """The ``mpc3 bench lm --plot`` figure: the measured breakdown by operation type of the prompt
 phase and of one generated token (mean over the steps), communication and wall time side by
-side, as stacked bars (AERO's Figure 1 style). matplotlib is the optional ``plot`` extra
+side, as stacked bars with each category's share (AERO's Figure 1 style). matplotlib is the optional ``plot`` extra
 (``pip install -e ".[plot]"``), imported only here."""
 from __future__ import annotations
 
@@ -21,28 +21,35 @@ def require_matplotlib():
 
 
 def plot_breakdown(r: dict, path: str) -> None:
-    """Two panels (MB, seconds), one stacked bar per phase, one colour per category."""
+    """One panel per (phase, metric): a stacked horizontal bar per category, absolute units
+    on the axis and each category's share written on it (the token's bytes are ~1 % of the
+    prompt's, so every phase gets its own scale)."""
     plt = require_matplotlib()
     phases = [(r["phase0"], r[r["phase0"]]["breakdown"])]
     if r.get("per_token"):
-        phases.append(("per token", r["per_token"]["breakdown"]))
-    fig, axes = plt.subplots(1, 2, figsize=(9, 4))
-    for ax, key, scale, unit in ((axes[0], "bytes_total", 1e-6, "MB, all parties"),
-                                 (axes[1], "wall_s", 1.0, "s, slowest party")):
-        for x, (_, bd) in enumerate(phases):
-            bottom = 0.0
+        phases.append(("one token (mean)", r["per_token"]["breakdown"]))
+    metrics = (("bytes_total", 1e-6, "MB, all parties"), ("wall_s", 1.0, "s, slowest party"))
+    fig, axes = plt.subplots(len(phases), 2, figsize=(10, 1.6 + 1.4 * len(phases)),
+                             squeeze=False)
+    for i, (phase, bd) in enumerate(phases):
+        for j, (key, scale, unit) in enumerate(metrics):
+            ax, left = axes[i][j], 0.0
+            total = sum(v[key] for v in bd.values()) * scale or 1.0
             for cat, v in bd.items():
-                h = v[key] * scale
-                ax.bar(x, h, bottom=bottom, color=COLORS.get(cat, "#333333"),
-                       label=cat if x == 0 else None)
-                bottom += h
-        ax.set_xticks(range(len(phases)), [n for n, _ in phases])
-        ax.set_ylabel(unit)
-    axes[0].legend(fontsize=8)
+                w = v[key] * scale
+                ax.barh(0, w, left=left, color=COLORS.get(cat, "#333333"),
+                        label=cat if i == 0 and j == 0 else None)
+                if w / total > 0.06:
+                    ax.text(left + w / 2, 0, f"{100 * w / total:.0f}%", ha="center",
+                            va="center", fontsize=8, color="white")
+                left += w
+            ax.set_yticks([0], [phase])
+            ax.set_xlabel(unit)
+    fig.legend(loc="upper center", bbox_to_anchor=(0.5, 0.93), fontsize=8, ncol=len(COLORS))
     p = r["params"]
     fig.suptitle(f"{r['workload']}: d={p['d_model']}, h={p['heads']}, {p['layers']} layers, "
                  f"d_ff={p['d_ff']}, prompt {p['prompt']}, {p['tokens']} token(s); "
-                 f"{r['transport']}, net {r['net']}", fontsize=9)
-    fig.tight_layout()
+                 f"{r['transport']}, net {r['net']}", fontsize=9, y=0.99)
+    fig.tight_layout(rect=(0, 0, 1, 0.84))
     fig.savefig(path, dpi=120)
     plt.close(fig)
