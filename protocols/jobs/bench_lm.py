@@ -33,7 +33,7 @@ from mpc3.shares import AShare
 
 from .. import breakdown
 from .. import model as M
-from .contract import ENCODER_DECODER, TENSORS, JobContext, JobSpec, TensorSpec
+from .contract import TENSORS, JobContext, JobSpec, TensorSpec
 from .diagnostic import public_stats
 
 MAX_TOKENS = 4096
@@ -107,7 +107,7 @@ SPECS = (
     JobSpec("bench_lm", run_bench_lm, None,
             (TensorSpec("Y", ("...",)), TensorSpec("stats", ("3", "phases", "cats", "4")),
              TensorSpec("mem", ("3", "1"))),
-            (TENSORS, ENCODER_DECODER), computation="diagnostic", validate=validate_bench_lm,
+            (TENSORS,), computation="diagnostic", validate=validate_bench_lm,
             params=("config", "tokens"), diagnostic=True,
             doc="a model's prefill and generated tokens with the breakdown by operation type"),
 )
