@@ -72,6 +72,21 @@ def cross_precompute(p: Party, cfg: M.ModelConfig, shares: dict, enc: AShare,
     return [CrossKV(kf[i], vs[i], None if kv is None else kv[i]) for i in range(L)]
 
 
+def cost_cross_precompute(p_cfg, cfg: M.ModelConfig, B: int, S: int, folded: bool = True,
+                          need_kv: bool = True) -> Cost:
+    """Declared rounds and bytes per party of :func:`cross_precompute` on B encoder outputs of
+    S positions (Omega folded into W^K unless ``folded`` is False)."""
+    L, h, r, dh, d = cfg.n_dec_layers, cfg.n_heads, cfg.n_features, cfg.d_head, cfg.d_model
+    if L == 0:
+        return Cost(0, (0, 0, 0))
+    nk = h * r if folded else d
+    cost = cost_project(p_cfg, B * S * L * (nk + d)) + cost_features(p_cfg, L * B * h * S * r,
+                                                                      folded)
+    if need_kv:
+        cost = cost + arith.cost_mul(L * B * h * r * dh, True, p_cfg.frac, p_cfg.trunc)
+    return cost
+
+
 def cross_mha(p: Party, cfg: M.ModelConfig, w: dict, xq: AShare, ckv: CrossKV,
               order: str = "kv") -> AShare:
     q, _, _ = project(p, cfg, w, xq, None, want_q=True, want_kv=False)

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from typing import Callable
 
+from mpc3.kernels.base import Cost
 from mpc3.party import Party
 from mpc3.shares import AShare
 
 from . import model as M
-from .ffn import ffn
-from .norms import norm
-from .mha import mha
+from .ffn import cost_ffn, ffn
+from .mha import cost_mha, mha
+from .norms import cost_norm, norm
 from .secure_model import sub
 
 
@@ -51,3 +52,15 @@ def encoder(p: Party, cfg: M.ModelConfig, shares: dict, x: AShare, order: str = 
         x = _ln(p, cfg, shares, "enc.final_ln", x)
         mark("enc.final_ln")
     return x
+
+
+def cost_encoder(p_cfg, cfg: M.ModelConfig, B: int, S: int, folded: bool = True) -> Cost:
+    """Declared rounds and bytes per party of :func:`encoder` (the automatic attention
+    order) on B inputs of S positions."""
+    rows, d = B * S, cfg.d_model
+    layer = (cost_mha(p_cfg, cfg, B, S, folded=folded) + cost_norm(p_cfg, cfg, rows)
+             + cost_ffn(p_cfg, rows, d, cfg.d_ff, cfg.ffn_act) + cost_norm(p_cfg, cfg, rows))
+    cost = Cost(0, (0, 0, 0))
+    for _ in range(cfg.n_enc_layers):
+        cost = cost + layer
+    return cost + cost_norm(p_cfg, cfg, rows) if cfg.norm_first else cost

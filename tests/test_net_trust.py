@@ -91,7 +91,7 @@ def test_weight_extraction_through_a_diagnostic_kind_is_refused(prod):
     X = I returned the weight exactly."""
     eye = np.eye(16)
     with prod.user() as u:
-        for kind in ("linear_relu", "linear", "bench_layer", "bench_op"):
+        for kind in ("linear_relu", "linear", "bench_layer", "bench_op", "bench_lm"):
             with pytest.raises(nc.ClusterError) as err:
                 u.run("tr1", kind, {"X": eye}, {"weight": "enc.0.ffn.w1"})
             assert err.value.code == C.NOT_FOUND and "unknown job kind" in str(err.value)

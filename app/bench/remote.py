@@ -200,7 +200,16 @@ class RemoteCluster:
     # ------------------------------------------------------------------- running ----
     def _run_job(self, kind: str, model: dict, extra_frac: dict, inputs: dict, params: dict,
                  encoded_model: bool = False) -> tuple[list[dict], np.ndarray]:
-        from net.client import ModelOwner, QueryUser, reconstruct
+        from net.client import reconstruct
+        pairs = self.run_job(kind, model, extra_frac, inputs, params, encoded_model)
+        stats = reconstruct([{"s": p["stats"]} for p in pairs])["s"]
+        return [{"Y": p["Y"]} for p in pairs], stats.astype(np.int64)
+
+    def run_job(self, kind: str, model: dict, extra_frac: dict, inputs: dict, params: dict,
+                encoded_model: bool = False) -> list[dict]:
+        """Upload ``model`` (plaintext tensors, shared here) as a bench model, run one
+        diagnostic job on it, delete it: the three parties' output pairs."""
+        from net.client import ModelOwner, QueryUser
         self._counter += 1
         model_id = f"bench-{os.getpid()}-{self._counter}"
         with ModelOwner(self.cfg, rpc_timeout=600) as owner:
@@ -214,8 +223,7 @@ class RemoteCluster:
         finally:
             with ModelOwner(self.cfg, rpc_timeout=600) as owner:
                 owner.delete(model_id)
-        stats = reconstruct([{"s": p["stats"]} for p in pairs])["s"]
-        return [{"Y": p["Y"]} for p in pairs], stats.astype(np.int64)
+        return pairs
 
     def _metrics(self, stats: np.ndarray) -> dict:
         """(3, 4, R) [party][wall_ns, bytes, messages, rounds][run] -> DESIGN.md metrics."""

@@ -25,5 +25,6 @@ __all__ = ["PRODUCTION", "benchmark_registry", "DECODER_ONLY", "DEFAULT_PERMITTE
 
 def benchmark_registry() -> JobRegistry:
     """PRODUCTION plus the diagnostic kinds: for benchmark and test party processes only."""
+    from .bench_lm import SPECS as LM
     from .diagnostic import SPECS
-    return PRODUCTION.extended(SPECS)
+    return PRODUCTION.extended(SPECS + LM)

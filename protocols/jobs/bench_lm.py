@@ -1,0 +1,113 @@
+"""Diagnostic job kind ``bench_lm`` (``mpc3 bench lm``): a whole model's inference on uploaded
+shares, phase by phase, with the measured breakdown by operation type
+(:mod:`protocols.breakdown`). Benchmark and test processes only, like every diagnostic kind.
+
+Params: ``config`` (a ModelConfig dict; the uploaded tensors are its
+:mod:`protocols.secure_model` layout, Omega folded), ``tokens`` T. Inputs: ``X`` (B, S, d),
+the embedded prompt / source / classifier input, and for T > 0 ``Y`` (T, B, d), the embedded
+tokens fed to the T steps (a generation feeds back its own greedy tokens through the query
+user; the cost does not depend on which tokens they are). Phases, by architecture:
+
+* ``decoder-only``: phase 0 :func:`protocols.causal_lm.lm_prefill` of X, phase 1 + t
+  :func:`protocols.causal_lm.lm_step` of Y[t]; output ``Y`` (1 + T, B, d), the final hidden
+  rows;
+* ``encoder-decoder``: phase 0 the encoder and :meth:`protocols.decoder.DecodeState.start`
+  (what ``decode_open`` runs), phase 1 + t :func:`protocols.decoder.decoder_step` (T >= 1);
+  output (T, B, d);
+* ``encoder-classifier``: phase 0 :func:`protocols.classifier.classify` (T = 0); output
+  (1, B, n_classes), the logits.
+
+Measurement as :mod:`protocols.jobs.diagnostic` (a barrier round first, protocol only, shares
+in place): output ``stats``, the public (3, 1 + T, len(CATEGORIES) + 1, 4) array
+[party][phase][category..., total][wall_ns, bytes, messages, rounds], the last category row
+being the communicator's and the clock's own totals of the phase; ``mem``, the public (3, 1)
+peak resident set size in bytes of each party process at the end of the job.
+"""
+from __future__ import annotations
+
+import resource
+
+import numpy as np
+
+from mpc3.shares import AShare
+
+from .. import breakdown
+from .. import model as M
+from .contract import TENSORS, JobContext, JobSpec, TensorSpec
+from .diagnostic import public_stats
+
+MAX_TOKENS = 4096
+
+
+def _stack(rows: list[AShare]) -> AShare:
+    return AShare(np.stack([r.a for r in rows]), np.stack([r.b for r in rows]))
+
+
+def _phases(ctx: JobContext, cfg: M.ModelConfig, x: AShare, ys: AShare | None, T: int):
+    """Yields each phase's output (None when the phase has none) as it finishes."""
+    p, shares = ctx.party, ctx.model.shares
+    if cfg.arch == M.DECODER_ONLY:
+        from ..causal_lm import lm_prefill, lm_step
+        h, state = lm_prefill(p, cfg, shares, x)
+        yield h
+        for t in range(T):
+            yield lm_step(p, cfg, shares, state, ys[t])
+    elif cfg.arch == M.ENCODER_CLASSIFIER:
+        from ..classifier import classify
+        yield classify(p, cfg, shares, x)
+    else:
+        from ..decoder import DecodeState, decoder_step
+        from ..encoder import encoder
+        state = DecodeState.start(p, cfg, shares, encoder(p, cfg, shares, x))
+        yield None
+        for t in range(T):
+            yield decoder_step(p, cfg, shares, state, ys[t])
+
+
+def run_bench_lm(ctx: JobContext, inputs: dict) -> dict:
+    party, params = ctx.party, ctx.params
+    cfg = M.ModelConfig.from_dict(params["config"])
+    T = int(params.get("tokens", 0))
+    one = np.zeros(1, np.uint64)
+    party.comm.exchange([one], [one], from_next=True, from_prev=True)      # barrier, 16 B
+    rows, outs = [], []
+    with breakdown.instrumented(), breakdown.recording(party) as rec:
+        for out in _phases(ctx, cfg, inputs["X"], inputs.get("Y"), T):
+            rows.append(rec.take())
+            if out is not None:
+                outs.append(out)
+    mine = np.stack(rows).astype(np.uint64)
+    rss = np.array([[resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024]], np.uint64)
+    return {"Y": _stack(outs), "stats": public_stats(party, mine),
+            "mem": public_stats(party, rss)}
+
+
+def validate_bench_lm(model, inputs: dict, params) -> None:
+    cfg = M.ModelConfig.from_dict(params.get("config") or {})
+    T = params.get("tokens", 0)
+    if isinstance(T, bool) or not isinstance(T, int) or not 0 <= T <= MAX_TOKENS:
+        raise ValueError(f"tokens must be an integer in 0..{MAX_TOKENS}")
+    if cfg.arch == M.ENCODER_CLASSIFIER and T:
+        raise ValueError("a classifier generates no tokens (tokens = 0)")
+    if cfg.arch == M.ENCODER_DECODER and not T:
+        raise ValueError("an encoder-decoder run needs tokens >= 1 (its output is per token)")
+    want = {"X", "Y"} if T else {"X"}
+    if set(inputs) != want:
+        raise ValueError(f"bench_lm takes inputs {sorted(want)}, got {sorted(inputs)}")
+    x = tuple(inputs["X"])
+    if len(x) != 3 or x[-1] != cfg.d_model:
+        raise ValueError(f"X must be (B, S, {cfg.d_model}), got {x}")
+    if x[1] + T > cfg.max_len and cfg.arch == M.DECODER_ONLY:
+        raise ValueError(f"{x[1]} prompt + {T} tokens exceed max_len {cfg.max_len}")
+    if T and tuple(inputs["Y"]) != (T, x[0], cfg.d_model):
+        raise ValueError(f"Y must be ({T}, {x[0]}, {cfg.d_model}), got {tuple(inputs['Y'])}")
+
+
+SPECS = (
+    JobSpec("bench_lm", run_bench_lm, None,
+            (TensorSpec("Y", ("...",)), TensorSpec("stats", ("3", "phases", "cats", "4")),
+             TensorSpec("mem", ("3", "1"))),
+            (TENSORS,), computation="diagnostic", validate=validate_bench_lm,
+            params=("config", "tokens"), diagnostic=True,
+            doc="a model's prefill and generated tokens with the breakdown by operation type"),
+)

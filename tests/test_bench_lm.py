@@ -1,0 +1,176 @@
+"""``mpc3 bench lm`` and the measured breakdown by operation type (protocols.breakdown): the
+command runs for every architecture and attention, the JSON has DESIGN.md's fields, the
+categories sum to the communicators' totals, the totals equal the declared costs, and the
+categories hold what they say (LayerNorm and FFN-activation bytes = their declared costs)."""
+import json
+
+import numpy as np
+import pytest
+
+from app.bench import lm as L
+from app.cli import build_parser, main
+from mpc3.kernels import arith
+from mpc3.party import RingConfig
+from mpc3.sharing import deal
+from mpc3.sim import make_parties, run_parties
+from protocols import breakdown as BD
+from protocols.ffn import cost_activation
+from protocols.layernorm import cost_layernorm
+
+SMALL = ["--d-model", "16", "--heads", "2", "--layers", "2", "--d-ff", "32", "--prompt", "8"]
+CASES = ([("decoder-only", a, 2) for a in L.ATTENTIONS]
+         + [("classifier", a, 0) for a in L.ATTENTIONS]
+         + [("encoder-decoder", "relu-performer", 2)])
+KEYS = ("wall_s", "bytes_total", "messages", "rounds")
+
+
+def _run(*extra):
+    a = build_parser().parse_args(["bench", "lm", *SMALL, *extra])
+    return L.run_lm(a)
+
+
+def _check_phase(ph):
+    bd = ph["breakdown"]
+    assert set(bd) == set(BD.CATEGORIES)
+    for k in ("bytes_total", "messages"):
+        assert sum(v[k] for v in bd.values()) == ph[k]
+    assert sum(v["wall_s"] for v in bd.values()) == pytest.approx(ph["wall_s"], rel=1e-9)
+    assert sum(v["rounds"] for v in bd.values()) == ph["rounds"]
+    assert bd["other"]["bytes_total"] == 0 and bd["other"]["rounds"] == 0
+    assert ph["declared"]["bytes_total"] == ph["bytes_total"]
+    assert ph["declared"]["bytes_per_party"] == ph["bytes_per_party"]
+    assert ph["declared"]["rounds"] == ph["rounds"]
+
+
+@pytest.mark.parametrize("arch,attention,tokens", CASES)
+def test_bench_lm_runs_every_arch_and_attention(arch, attention, tokens):
+    r = _run("--arch", arch, "--attention", attention, "--tokens", str(tokens))
+    for k in ("workload", "params", "transport", "net", "wall_s", "bytes_total",
+              "bytes_per_party", "messages", "rounds", "breakdown", "checks", "max_abs_err",
+              "plain_wall_s", "peak_rss_bytes", "per_token_bytes", "per_token_rounds"):
+        assert k in r, k
+    assert r["params"]["load_avg_1m_at_end"] >= 0
+    assert r["checks"] == {"breakdown_equals_measured": True, "declared_equals_measured": True}
+    phases = [r[r["phase0"]]] + r["steps"]
+    assert len(phases) == 1 + tokens
+    for ph in phases:
+        _check_phase(ph)
+    assert sum(p["bytes_total"] for p in phases) == r["bytes_total"]
+    assert sum(p["rounds"] for p in phases) == r["rounds"]
+    for c in BD.CATEGORIES:
+        assert r["breakdown"][c]["bytes_total"] == sum(p["breakdown"][c]["bytes_total"]
+                                                       for p in phases)
+    if tokens:
+        assert r["per_token_bytes"] == pytest.approx(np.mean([p["bytes_total"]
+                                                              for p in r["steps"]]))
+    assert r["max_abs_err"] < 1e-2
+    assert r["breakdown"]["matmul"]["bytes_total"] > 0
+    assert r["breakdown"]["attention"]["bytes_total"] > 0
+    assert r["breakdown"]["norm"]["bytes_total"] > 0
+
+
+@pytest.mark.parametrize("ffn", ["relu", "gelu"])
+def test_categories_hold_their_layers(ffn):
+    """Decoder-only, pre-LN, L = 2, T = 8: the prefill's LayerNorms (LN1 on T rows, LN2 on
+    T rows then on the last row only, the final LN on one row) and FFN activations, and a
+    step's (one row each), are exactly their declared costs."""
+    r = _run("--arch", "decoder-only", "--attention", "softmax", "--ffn", ffn, "--tokens", "1")
+    ring, d, T, dff = RingConfig(), 16, 8, 32
+    ln = lambda rows: cost_layernorm(ring, rows, d).bytes_total          # noqa: E731
+    act = lambda rows: cost_activation(ring, rows * dff, ffn).bytes_total  # noqa: E731
+    pre, step = r["prefill"]["breakdown"], r["steps"][0]["breakdown"]
+    assert pre["norm"]["bytes_total"] == ln(T) + ln(T) + ln(T) + ln(1) + ln(1)
+    assert pre["ffn_act"]["bytes_total"] == act(T) + act(1)
+    assert step["norm"]["bytes_total"] == 5 * ln(1)
+    assert step["ffn_act"]["bytes_total"] == 2 * act(1)
+
+
+def test_aero_preset_has_no_ffn_activation():
+    r = _run("--preset", "aero", "--tokens", "1")
+    assert r["params"]["ffn_act"] == "none" and r["params"]["preset_note"]
+    act = r["breakdown"]["ffn_act"]                     # the identity: no traffic
+    assert (act["bytes_total"], act["messages"], act["rounds"]) == (0, 0, 0)
+    with pytest.raises(ValueError, match="softmax-only"):
+        _run("--preset", "aero", "--attention", "sigma")
+
+
+def test_recorder_attributes_innermost_and_passes_through():
+    """A product inside a region of another category belongs to that region; calls from a
+    party without a recorder are not counted; the wrapping is gone afterwards."""
+    rng = np.random.default_rng(0)
+    x = deal(rng.integers(0, 2 ** 20, (4, 4), dtype=np.uint64))
+    from mpc3.kernels import fxp
+    original = arith.mul_aa
+
+    def fn(p, x):
+        y = arith.mul_aa(p, x, x)                         # matmul
+        z = fxp.exp_a(p, arith.trunc_a(p, y, 20))        # trunc: matmul; exp: attention
+        return y, z
+
+    with BD.instrumented():
+        assert arith.mul_aa is not original
+        parties = make_parties(RingConfig())
+        recs = []
+
+        def body(p, x):
+            if p.rank == 2:                               # no recorder: passes through
+                return fn(p, x)
+            with BD.recording(p) as rec:
+                out = fn(p, x)
+                recs.append((p.rank, rec.take()))
+            return out
+
+        run_parties(body, [(s,) for s in x], parties=parties)
+    assert arith.mul_aa is original
+    for rank, got in recs:
+        cats, total = got[:-1], got[-1]
+        assert (cats.sum(axis=0) == total).all()
+        assert total[1] == parties[rank].stats.bytes_sent
+        m, a = BD.CATEGORIES.index("matmul"), BD.CATEGORIES.index("attention")
+        assert cats[m, 3] == (arith.cost_mul(16, True, 18, "exact").rounds
+                              + arith.cost_trunc(16, 20, "exact").rounds)
+        assert cats[a, 3] > 0 and cats[a, 1] > 0
+        assert cats[BD.CATEGORIES.index("norm"), 1] == 0
+
+
+def test_cli_writes_json_and_plot(tmp_path, capsys):
+    """With the plot extra a PNG; without it (CI installs .[test] only) one clear error
+    before anything runs."""
+    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    argv = ["bench", "lm", *SMALL, "--attention", "sigma", "--tokens", "1", "--json", str(out)]
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert main(argv + ["--plot", str(png)]) == 2
+        assert "pip install" in capsys.readouterr().err and not out.exists()
+        assert main(argv) == 0
+    else:
+        assert main(argv + ["--plot", str(png)]) == 0
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    r = json.loads(out.read_text())
+    assert r["workload"] == "lm/decoder-only/sigma" and r["checks"]["declared_equals_measured"]
+
+
+def test_bad_arguments_are_refused():
+    with pytest.raises(ValueError, match="no tokens"):
+        _run("--arch", "classifier", "--tokens", "1")
+    with pytest.raises(ValueError, match="divisible"):
+        L.lm_config("decoder-only", "softmax", 10, 3, 1, 8, 4, 1)
+    with pytest.raises(ValueError, match="not available for arch 'encoder-decoder'"):
+        L.lm_config("encoder-decoder", "softmax", 16, 2, 1, 16, 4, 1)
+
+
+def test_gpt2small_extrapolation_is_exact_for_bytes_and_rounds():
+    """benchmarks/lm_gpt2small.py extrapolates a run measured at fewer layers linearly: for
+    bytes and rounds that is exact (L - 1 full layers + the last one), checked against a
+    measured run with more layers."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import lm_gpt2small as G
+    runs = {n: _run("--layers", str(n), "--tokens", "1") for n in (1, 2, 3)}
+    est = G.extrapolate({n: runs[n] for n in (1, 2)}, layers=3)
+    assert est["from_layers"] == [1, 2]
+    assert est["bytes_total"] == runs[3]["bytes_total"]
+    assert est["rounds"] == runs[3]["rounds"]
+    assert G.extrapolate({2: runs[2]}, layers=3) is None
