@@ -50,6 +50,7 @@ FIELDS = ("wall_ns", "bytes", "messages", "rounds")
 TARGETS = (
     ("protocols.layernorm", "layernorm", "norm"),
     ("protocols.layernorm", "layernorm_project", "norm"),
+    ("protocols.norms", "batchnorm", "norm"),
     ("protocols.ffn", "activation", "ffn_act"),
     ("protocols.attention", "relu_many", "attention"),
     ("protocols.attention", "scale_rows", "attention"),

@@ -12,10 +12,10 @@ further random ids (what a generation feeds back does not change its cost). Arch
 ``decoder-only`` (prefill of the prompt, then T KV-cache / Performer steps), ``encoder-decoder``
 (the translator: ``--prompt`` source positions through the encoder once, then T decoder
 steps; relu-performer only), ``classifier`` (encoder + pooling + head on ``--prompt``
-positions, T = 0). ``--preset aero`` is AERO's softmax-only block as far as mpc3 has it:
-softmax attention and a linear FFN (``ffn_act`` none); mpc3 has no ``norm: none`` config
-yet, so the LayerNorms stay and the preset is partial (AERO also fuses W1 W2 into one d x d
-matrix and prunes deep FFNs, which are weight edits of a trained model, not done here).
+positions, T = 0). ``--preset aero`` here is softmax attention and a linear FFN (``ffn_act``
+none) with the LayerNorms kept: random weights without normalization leave the kernels'
+ranges. The full preset (``norm`` none, W1 W2 fused, scaled / pruned FFN) is
+:func:`protocols.model.aero`, for trained models.
 
 The parties run one diagnostic ``bench_lm`` job (:mod:`protocols.jobs.bench_lm`): in process
 (``--transport inproc``, three threads) or on three party processes (``grpc``; ``--net lan|wan``
@@ -282,8 +282,9 @@ def run_lm(a) -> dict:
 
 
 PRESET_NOTE = ("AERO softmax-only block, partial: softmax attention and ffn_act none (linear "
-               "FFN, still two matrices W1, W2); LayerNorms kept (mpc3 has no norm: none "
-               "config); no FFN fusion or pruning")
+               "FFN; shared fused as one matrix since the norms merge); LayerNorms kept "
+               "(random weights without normalization leave the kernels' ranges; the full "
+               "preset is protocols.model.aero, for trained models)")
 
 
 def _print(r: dict) -> None:
