@@ -330,16 +330,23 @@ class QueryUser(_Client):
             self.check_inputs(model_id, inputs)
         shares = self._share(inputs, encoded)
         params_json = json.dumps(dict(params or {}), sort_keys=True)
-        t0 = time.monotonic()
-        delay = 0.2
-        while True:
+        def attempt() -> str:
             jid = job_id or os.urandom(12).hex()
+            self._submit_once(jid, model_id, upload_id, kind, params_json, shares)
+            return jid
+        return self._retrying(attempt, lambda exc: job_id is None)
+
+    def _retrying(self, attempt: Callable[[], object], may_retry: Callable[[ClusterError], bool]):
+        """``attempt()`` again with exponential backoff while it fails with a ClusterError that
+        ``may_retry`` allows, for up to ``retry_s`` when a limit is full (RESOURCE_EXHAUSTED),
+        a few seconds when a party is unreachable (failures.RETRY_WINDOWS)."""
+        t0, delay = time.monotonic(), 0.2
+        while True:
             try:
-                self._submit_once(jid, model_id, upload_id, kind, params_json, shares)
-                return jid
+                return attempt()
             except ClusterError as exc:
                 window = RETRY_WINDOWS.get(exc.code, 0.0) * self.retry_s
-                if job_id is not None or time.monotonic() + delay > t0 + window:
+                if not may_retry(exc) or time.monotonic() + delay > t0 + window:
                     raise
             time.sleep(delay * (0.5 + random.random()))
             delay = min(2 * delay, 5.0)
@@ -456,17 +463,8 @@ class QueryUser(_Client):
         """Each party's output shares; a fetch refused by a full limit (e.g. the user's open
         streams, while its other jobs fetch) is retried with backoff for up to ``retry_s``."""
         def one(n: int) -> dict[str, AShare]:
-            t0, delay = time.monotonic(), 0.2
-            while True:
-                try:
-                    return fetch_once(n)
-                except ClusterError as exc:
-                    window = RETRY_WINDOWS.get(exc.code, 0.0) * self.retry_s
-                    if exc.code != grpc.StatusCode.RESOURCE_EXHAUSTED \
-                            or time.monotonic() + delay > t0 + window:
-                        raise
-                time.sleep(delay * (0.5 + random.random()))
-                delay = min(2 * delay, 5.0)
+            return self._retrying(lambda: fetch_once(n),
+                                  lambda exc: exc.code == grpc.StatusCode.RESOURCE_EXHAUSTED)
 
         def fetch_once(n: int) -> dict[str, AShare]:
             asm = TensorAssembler(self.frac, self.cfg.limits.tensor_bytes)

@@ -14,6 +14,7 @@ a new token costs O(1) in the prefix length (Eq. 15).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -151,6 +152,7 @@ FUSIONS = ("self", "cross", "ffn")
 DEFAULT_FUSE = ("ffn",)
 
 
+@functools.lru_cache(maxsize=64)
 def ln_fusions(cfg: M.ModelConfig, fuse=DEFAULT_FUSE) -> dict[str, list[str]]:
     """The LayerNorms of a decode step fused with the projection that reads them
     (:func:`protocols.layernorm.layernorm_project`): ln prefix -> weight share names.

@@ -42,10 +42,11 @@ def _bcast(x: AShare, shape) -> AShare:
                   np.ascontiguousarray(np.broadcast_to(x.b, shape)))
 
 
-def _stats(p: Party, x: AShare, gamma: AShare, eps: float) -> tuple[AShare, AShare]:
+def _stats(p: Party, x: AShare, gamma: AShare, beta: AShare, eps: float
+           ) -> tuple[AShare, AShare]:
     """The products before sqrt_inv: ((x - mu) * gamma, var + eps)."""
     d = x.shape[-1]
-    if gamma.shape != (d,):
+    if gamma.shape != (d,) or beta.shape != (d,):
         raise ValueError(f"layernorm: gamma/beta must have shape ({d},)")
     f = p.cfg.frac
     lead = x.shape[:-1]
@@ -71,9 +72,7 @@ def _stats(p: Party, x: AShare, gamma: AShare, eps: float) -> tuple[AShare, ASha
 
 def layernorm(p: Party, x: AShare, gamma: AShare, beta: AShare, eps: float) -> AShare:
     from mpc3.kernels import fxp
-    if beta.shape != (x.shape[-1],):
-        raise ValueError(f"layernorm: gamma/beta must have shape ({x.shape[-1]},)")
-    xg, var = _stats(p, x, gamma, eps)
+    xg, var = _stats(p, x, gamma, beta, eps)
     rs = fxp.sqrt_inv_a(p, var)
     y = arith.mul_aa(p, xg, _bcast(rs.reshape(*rs.shape, 1), x.shape))
     return y + _bcast(beta, x.shape)
@@ -93,9 +92,7 @@ def layernorm_project(p: Party, x: AShare, gamma: AShare, beta: AShare, eps: flo
     """
     from mpc3.kernels import fxp
     from mpc3.parallel import parallel
-    if beta.shape != (x.shape[-1],):
-        raise ValueError(f"layernorm: gamma/beta must have shape ({x.shape[-1]},)")
-    xg, var = _stats(p, x, gamma, eps)
+    xg, var = _stats(p, x, gamma, beta, eps)
 
     def products(q: Party) -> list[AShare]:
         return arith.mul_many_aa(q, [(xg, w, "matmul", bits) for w, bits in mats])

@@ -174,15 +174,7 @@ def test_lm_prefill_and_steps(run, rng, norm, act, norm_first, bn, attention):
         return hs, measured
 
     res = run(fn, SM.share_model(cfg, w), share(x))
-    full = M.ref_lm(cfg, w, x)
-    for k in range(4):
-        assert close(value([r[0][k] for r in res]), full[:, 3 + k])
-    rc = RingConfig()
-    for k, t in enumerate([-1, 4, 5, 6]):
-        declared = LM.cost_lm_prefill(rc, cfg, 2, 4, 3) if t < 0 else \
-            LM.cost_lm_step(rc, cfg, 2, t, 3)
-        assert tuple(r[1][k].bytes_sent for r in res) == declared.bytes_per_party
-        assert max(r[1][k].rounds for r in res) == declared.rounds
+    _check_lm_run(cfg, w, x, res)
 
 
 @pytest.mark.parametrize("norm,act,norm_first,bn", NORM_CASES)
@@ -324,15 +316,8 @@ def test_aero_scaled_pruned_lm_secure(run, rng, attention):
     shares = SM.share_model(cfg, w)
     assert SM.OUT_SCALE in shares[0] and not any(k.endswith(".alpha") for k in shares[0])
     res = run(fn, shares, share(x))
-    full = M.ref_lm(cfg, w, x)
-    for k in range(4):
-        assert close(value([r[0][k] for r in res]), full[:, 3 + k])
+    _check_lm_run(cfg, w, x, res)
     rc = RingConfig()
-    for k, t in enumerate([-1, 4, 5, 6]):
-        declared = LM.cost_lm_prefill(rc, cfg, 2, 4, 3) if t < 0 else \
-            LM.cost_lm_step(rc, cfg, 2, t, 3)
-        assert tuple(r[1][k].bytes_sent for r in res) == declared.bytes_per_party
-        assert max(r[1][k].rounds for r in res) == declared.rounds
     plain = LM.cost_lm_step(rc, base, 2, 5, 3)
     got = LM.cost_lm_step(rc, cfg, 2, 5, 3)
     from protocols.ffn import cost_ffn
@@ -373,3 +358,16 @@ def test_secure_generation_agrees_with_plaintext_greedy(variant, tmp_path):
     assert res.tokens == ref and not be.sessions
     assert res.step_cost.bytes_total == sum(sum(LM.cost_lm_step(RingConfig(), cfg, 2, t)
                                                 .bytes_per_party) for t in range(3, 8))
+
+
+def _check_lm_run(cfg, w, x, res):
+    """A prompt of 4 then 3 steps (block 3): hidden rows vs ref_lm, traffic vs declared."""
+    full = M.ref_lm(cfg, w, x)
+    for k in range(4):
+        assert close(value([r[0][k] for r in res]), full[:, 3 + k])
+    rc = RingConfig()
+    for k, t in enumerate([-1, 4, 5, 6]):
+        declared = LM.cost_lm_prefill(rc, cfg, 2, 4, 3) if t < 0 else \
+            LM.cost_lm_step(rc, cfg, 2, t, 3)
+        assert tuple(r[1][k].bytes_sent for r in res) == declared.bytes_per_party
+        assert max(r[1][k].rounds for r in res) == declared.rounds

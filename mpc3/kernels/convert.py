@@ -28,6 +28,8 @@ Every message is masked by PRG output shared by the sender and the third party.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .. import ring
@@ -73,22 +75,27 @@ def window_for(cfg, exact: bool = False) -> tuple[int, int]:
     return L, cfg.frac + cfg.relu_bound_bits - L + 2
 
 
-def _blocks(nlow: int, k: int = BLOCK) -> list[tuple[int, int]]:
-    return [(s, min(k, nlow - s)) for s in range(0, nlow, k)]
+@functools.cache
+def _blocks(nlow: int, k: int = BLOCK) -> tuple[tuple[int, int], ...]:
+    return tuple((s, min(k, nlow - s)) for s in range(0, nlow, k))
 
 
-def leaf_blocks(nlow: int, n: int) -> list[tuple[int, int]]:
+def leaf_blocks(nlow: int, n: int) -> tuple[tuple[int, int], ...]:
     """The DReLU leaf blocks (offset, width) of ``nlow`` window bits for a call on ``n``
     elements: BLOCK-bit blocks, or for at most ROUND_LEAN_ELEMENTS elements the width in
     BLOCK..MAX_BLOCK with the fewest tree levels, then the fewest thermometer rows (the
     relu window of 27 low bits: 4-bit blocks, 3 levels instead of 4; sqrt_inv's 35: 5-bit
     blocks, 3 instead of 4)."""
-    if n > ROUND_LEAN_ELEMENTS:
-        return _blocks(nlow)
+    return _blocks(nlow, BLOCK if n > ROUND_LEAN_ELEMENTS else _lean_width(nlow))
+
+
+@functools.cache
+def _lean_width(nlow: int) -> int:
+    """Block width in BLOCK..MAX_BLOCK with the fewest tree levels, then thermometer rows."""
     def key(k):
         blocks = _blocks(nlow, k)
         return len(_tree_plan(len(blocks))), sum((1 << w) - 1 for _, w in blocks)
-    return _blocks(nlow, min(range(BLOCK, MAX_BLOCK + 1), key=key))
+    return min(range(BLOCK, MAX_BLOCK + 1), key=key)
 
 
 def _tree_plan(nblocks: int) -> list[list[tuple[int, int, bool]]]:
