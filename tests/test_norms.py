@@ -161,19 +161,7 @@ def test_lm_prefill_and_steps(run, rng, norm, act, norm_first, bn, attention):
     w = M.random_weights(cfg, 2)
     x = rng.uniform(-1, 1, (2, 7, 16))
 
-    def fn(p, s, xs):
-        measured = []
-        c0 = p.stats.snapshot()
-        h, st = LM.lm_prefill(p, cfg, s, xs[:, :4], block=3)
-        measured.append(p.stats.snapshot() - c0)
-        hs = [h]
-        for t in range(4, 7):
-            c0 = p.stats.snapshot()
-            hs.append(LM.lm_step(p, cfg, s, st, xs[:, t]))
-            measured.append(p.stats.snapshot() - c0)
-        return hs, measured
-
-    res = run(fn, SM.share_model(cfg, w), share(x))
+    res = run(_lm_run(cfg), SM.share_model(cfg, w), share(x))
     _check_lm_run(cfg, w, x, res)
 
 
@@ -302,17 +290,7 @@ def test_aero_scaled_pruned_lm_secure(run, rng, attention):
     from protocols.sites import Trace                 # ... and it computes the reference
     assert close(Trace(cfg, w).lm(x), M.ref_lm(cfg, w, x))
 
-    def fn(p, s, xs):
-        measured, c0 = [], p.stats.snapshot()
-        h, st = LM.lm_prefill(p, cfg, s, xs[:, :4], block=3)
-        measured.append(p.stats.snapshot() - c0)
-        hs = [h]
-        for t in range(4, 7):
-            c0 = p.stats.snapshot()
-            hs.append(LM.lm_step(p, cfg, s, st, xs[:, t]))
-            measured.append(p.stats.snapshot() - c0)
-        return hs, measured
-
+    fn = _lm_run(cfg)
     shares = SM.share_model(cfg, w)
     assert SM.OUT_SCALE in shares[0] and not any(k.endswith(".alpha") for k in shares[0])
     res = run(fn, shares, share(x))
@@ -371,3 +349,18 @@ def _check_lm_run(cfg, w, x, res):
             LM.cost_lm_step(rc, cfg, 2, t, 3)
         assert tuple(r[1][k].bytes_sent for r in res) == declared.bytes_per_party
         assert max(r[1][k].rounds for r in res) == declared.rounds
+
+
+def _lm_run(cfg):
+    """Per party: a prompt of 4 tokens (block 3), then 3 steps; hidden rows and traffic."""
+    def fn(p, s, xs):
+        measured, c0 = [], p.stats.snapshot()
+        h, st = LM.lm_prefill(p, cfg, s, xs[:, :4], block=3)
+        measured.append(p.stats.snapshot() - c0)
+        hs = [h]
+        for t in range(4, 7):
+            c0 = p.stats.snapshot()
+            hs.append(LM.lm_step(p, cfg, s, st, xs[:, t]))
+            measured.append(p.stats.snapshot() - c0)
+        return hs, measured
+    return fn
