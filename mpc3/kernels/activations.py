@@ -1,8 +1,20 @@
-"""Activations: gelu_a (exact erf GELU) - piecewise quartics selected by one batched DReLU -
-and tanh_a (from exp and reciprocal; see its docstring).
+"""Activations: gelu_a (exact erf GELU) in two forms chosen by call size, and tanh_a (from
+exp and reciprocal; see its docstring).
 
-GELU(x) = x Phi(x) = x (1 + erf(x / sqrt 2)) / 2. The PUMA approach (Dong et al. 2023:
-segments with low-degree polynomials chosen by comparisons), re-cut for rounds:
+GELU(x) = x Phi(x) = x (1 + erf(x / sqrt 2)) / 2. gelu_a(method="auto") takes
+
+* "segments" for calls of at most convert.ROUND_LEAN_ELEMENTS (2^14) elements - a decode
+  step's FFN row: fewest rounds (7 exact), 466 B per element over the three parties;
+* "cheb" above - a prompt's or a batch's FFN: fewest bytes (247.5 B per element, 10
+  rounds exact, 6-7 prob), see :func:`_gelu_cheb`. GELU(x) = x / 2 + E(x) with
+  E(x) = x erf(x / sqrt 2) / 2 even and smooth, so on |x| < T = sqrt(2^9 / 37) = 3.72 one
+  degree-6 Chebyshev polynomial in z = 2 x^2 / T^2 - 1 (degree 12 in x: 3.9e-4 in float64)
+  replaces the four quartics, and two comparisons [x >= -T], [x >= T] (tails: |GELU - ReLU|
+  <= T Phi(-T) = 3.7e-4) replace five; three products z, T_2, T_4 and one 4-term dot
+  product give it. Measured error 3.95e-4 (exact) on the grid of tests/test_kernels_gelu.py.
+
+Both have the same range and error claim. The segments form - the PUMA approach (Dong et
+al. 2023: segments with low-degree polynomials chosen by comparisons), re-cut for rounds:
 
 * Segments. Thresholds t = (-4, -1.5625, 0, 1.5625, 4) (:data:`GELU_BREAKS`): 0 below -4,
   x above 4 (exact by construction: the tails |GELU - ReLU| = |x| Phi(-|x|) < 1.27e-4
@@ -129,9 +141,21 @@ def _wide(v: AShare, k: int) -> AShare:
     return AShare(np.repeat(v.a[:, None], k, 1), np.repeat(v.b[:, None], k, 1))
 
 
-def gelu_a(p: Party, x: AShare) -> AShare:
+def gelu_method(method: str, n: int, trunc: str) -> str:
+    """"auto": "segments" (fewest rounds) for calls of at most ROUND_LEAN_ELEMENTS
+    elements, else "cheb" (fewest bytes)."""
+    if method == "auto":
+        return "segments" if n <= convert.ROUND_LEAN_ELEMENTS else "cheb"
+    if method not in ("segments", "cheb"):
+        raise ValueError(f"gelu_a: unknown method {method!r} (auto, segments, cheb)")
+    return method
+
+
+def gelu_a(p: Party, x: AShare, method: str = "auto") -> AShare:
     """GELU(x) (erf form) for |x| <= gelu_limit(cfg), same scale; error GELU_ERROR.
     Algorithm and costs: module docstring. Cost: :func:`cost_gelu`."""
+    if gelu_method(method, x.size, p.cfg.trunc) == "cheb":
+        return _gelu_cheb(p, x)
     f, (e, K) = p.cfg.frac, GELU_SCALES[p.cfg.trunc]
     shape = x.shape
     x = x.reshape(-1)
@@ -175,8 +199,10 @@ def _quartics(p: Party, x: AShare, e: int, K: int) -> AShare:
     return arith.add_public(p, poly, ring.encode(a[:, 0], f)[None, :])  # P_j at scale f
 
 
-def cost_gelu(n: int, cfg: RingConfig) -> Cost:
+def cost_gelu(n: int, cfg: RingConfig, method: str = "auto") -> Cost:
     """Rounds and bytes per party of :func:`gelu_a` on ``n`` elements."""
+    if gelu_method(method, n, cfg.trunc) == "cheb":
+        return _cost_gelu_cheb(n, cfg)
     f, (e, K) = cfg.frac, GELU_SCALES[cfg.trunc]
     S, nt = f + e, len(GELU_BREAKS)
     quartics = (arith.cost_mul(n, 2 * f - S, f, cfg.trunc)
@@ -184,6 +210,108 @@ def cost_gelu(n: int, cfg: RingConfig) -> Cost:
     return (Cost.parallel(convert.cost_drelu(n * nt, *convert.window_for(cfg), fused=True),
                           quartics)
             + convert.cost_inject(n * nt, fused=True))
+
+
+# ------------------------------------------------------------ GELU, method "cheb" ----
+#: 2 / T^2 = 37 / 2^8 (exact in the ring): the polynomial covers |x| < T = 3.7199, where
+#: the tails' |GELU - ReLU| = T Phi(-T) = 3.7e-4 balances the polynomial's error.
+GELU_CHEB_Z = (37, 8)
+#: Chebyshev degree in z = 2 x^2 / T^2 - 1 (degree 12 in x).
+GELU_CHEB_DEGREE = 6
+#: (e, K) per truncation mode: z, T_2, T_4 kept at frac + e bits, combination coefficients
+#: K-bit integers, so the final dot product is formed at scale 2 (frac + e) + K: exact 58
+#: (|value| <= 4 < 2^62), prob 50 (fails with probability ~ 2^51.8 / 2^64 ~ 2e-4 per element,
+#: like the segments' prob form; documented, not prevented).
+GELU_CHEB_SCALES = {"exact": (2, 18), "prob": (0, 14)}
+
+
+def gelu_cheb_threshold() -> float:
+    num, sh = GELU_CHEB_Z
+    return math.sqrt(2 * 2 ** sh / num)
+
+
+@functools.lru_cache(maxsize=None)
+def gelu_cheb_table() -> np.ndarray:
+    """Chebyshev coefficients c_0..c_6 in z of E(x) = x erf(x / sqrt 2) / 2 (even, smooth:
+    GELU(x) = x / 2 + E(x)) on |x| <= T + 2^-10, near-minimax (reweighted least squares)."""
+    T = gelu_cheb_threshold()
+    x = np.linspace(0, T + _FIT_MARGIN, 6001)
+    z = 2 * (x / T) ** 2 - 1
+    target = gelu_ref(x) - x / 2
+    eye = np.eye(GELU_CHEB_DEGREE + 1)
+    basis = np.stack([np.polynomial.chebyshev.chebval(z, eye[k]) for k in range(len(eye))], 1)
+    w = np.ones_like(x)
+    for _ in range(80):
+        coef, *_ = np.linalg.lstsq(basis * w[:, None], target * w, rcond=None)
+        r = np.abs(basis @ coef - target)
+        w = w * (1 + 50 * r / r.max())
+        w = w / w.max()
+    return coef
+
+
+def _gelu_cheb(p: Party, x: AShare) -> AShare:
+    """GELU for many elements: 2 comparisons, 4 products, 2 injections per element.
+
+    c_lo = [x >= -T], c_hi = [x >= T] (one drelu_masked call, in the rounds of the
+    polynomial); P(x) = x / 2 + sum_k c_k T_k(z) on |x| < T; out = c_lo P + c_hi (x - P),
+    which telescopes to 0 / P / x (garbage P outside cancels exactly in the ring).
+    P from three products z, T_2 = 2 z^2 - 1, T_4 = 2 T_2^2 - 1 and ONE 4-term dot product:
+    with T_3 = 2 z T_2 - z, T_5 = 2 z T_4 - T_3, T_6 = 2 T_2 T_4 - T_2,
+    sum c_k T_k = c_0 + L + z T_2 (2 c_3 - 2 c_5) + T_4 (2 c_5 z + 2 c_6 T_2),
+    L = (c_1 - c_3 + c_5) z + (c_2 - c_6) T_2 + c_4 T_4 (local), and x / 2 rides in the
+    same sum as x times a public power of two."""
+    f, (e, K) = p.cfg.frac, GELU_CHEB_SCALES[p.cfg.trunc]
+    S = f + e
+    shape = x.shape
+    x = x.reshape(-1)
+    n = x.size
+    T = gelu_cheb_threshold()
+    diff = arith.add_public(p, _wide(x, 2), -ring.encode(np.array([-T, T]), f)[None, :])
+    bits, poly = parallel(p, lambda q: convert.drelu_masked(q, diff.reshape(-1)),
+                          lambda q: _cheb_poly(q, x, S, K))
+    values = AShare.concat([poly.reshape(n, 1), (x - poly).reshape(n, 1)], 1)
+    picked = convert.mul_masked(p, bits, values.reshape(-1)).reshape(n, 2)
+    return AShare(picked.a.sum(axis=1), picked.b.sum(axis=1)).reshape(shape)
+
+
+def _cheb_poly(p: Party, x: AShare, S: int, K: int) -> AShare:
+    """P(x) = x / 2 + sum_k c_k T_k(z) at scale frac: four product layers."""
+    f = p.cfg.frac
+    num, sh = GELU_CHEB_Z
+    c = gelu_cheb_table()
+    n = x.size
+    one_S = ring.encode(np.ones(n), S)
+    # z = 2 x^2 / T^2 - 1 = 37 x^2 / 2^8 - 1 at scale S
+    z = arith.add_public(p, arith.mul_aa(p, x, x.scale(num), trunc=2 * f + sh - S), -one_S)
+    t2 = arith.add_public(p, arith.mul_aa(p, z, z, trunc=S - 1), -one_S)
+    t4 = arith.add_public(p, arith.mul_aa(p, t2, t2, trunc=S - 1), -one_S)
+
+    def k_int(v: float) -> np.uint64:                       # K-bit public coefficient
+        return ring.from_signed(np.array([round(v * 2 ** K)], dtype=np.int64))[0]
+    local = z.scale(k_int(c[1] - c[3] + c[5])) + t2.scale(k_int(c[2] - c[6])) \
+        + t4.scale(k_int(c[4]))                                         # scale S + K
+    mixed = z.scale(k_int(2 * c[5])) + t2.scale(k_int(2 * c[6]))      # scale S + K
+    half = np.uint64(1) << np.uint64(2 * S + K - f - 1)                # x * half = x / 2
+    left = [t2, t4, local, x]
+    right = [z.scale(k_int(2 * c[3] - 2 * c[5])), mixed,
+             arith.public_share(p, one_S), arith.public_share(p, np.full(n, half))]
+    L = AShare(np.stack([v.a for v in left], -1)[:, None, :],
+               np.stack([v.b for v in left], -1)[:, None, :])
+    R = AShare(np.stack([v.a for v in right], -1)[:, :, None],
+               np.stack([v.b for v in right], -1)[:, :, None])
+    poly = arith.matmul_aa(p, L, R, trunc=2 * S + K - f).reshape(n)   # scale f
+    return arith.add_public(p, poly, ring.encode(np.full(n, c[0]), f))
+
+
+def _cost_gelu_cheb(n: int, cfg: RingConfig) -> Cost:
+    f, (e, K) = cfg.frac, GELU_CHEB_SCALES[cfg.trunc]
+    S = f + e
+    sh = GELU_CHEB_Z[1]
+    poly = (arith.cost_mul(n, 2 * f + sh - S, f, cfg.trunc)
+            + arith.cost_mul(n, S - 1, f, cfg.trunc) + arith.cost_mul(n, S - 1, f, cfg.trunc)
+            + arith.cost_mul(n, 2 * S + K - f, f, cfg.trunc))
+    return (Cost.parallel(convert.cost_drelu(2 * n, *convert.window_for(cfg), fused=True), poly)
+            + convert.cost_inject(2 * n, fused=True))
 
 
 #: The one documented range of tanh_a (closed): |x| <= 24, so that -2|x| stays inside
