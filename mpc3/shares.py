@@ -82,6 +82,35 @@ class AShare:
                       np.concatenate([p.b for p in parts], axis))
 
 
+class SplitShare:
+    """A sharing stopped at the truncation's split form (made by
+    :func:`mpc3.kernels.arith.mul_split_aa`): in element group g (:func:`group_sizes` of
+    its size; roles rotate with g) role 0 holds A = a + b, roles 1 and 2 hold B (role 1 as
+    ``b``, role 2 as ``a``), value = A + B; the other slots are not a replicated sharing.
+    Valid uses only: adding replicated shares elementwise (``+``, which keeps A and B right),
+    reshaping, and :func:`mpc3.kernels.convert.relu_a` of the whole array, which reads no
+    other slot."""
+
+    def __init__(self, a: np.ndarray, b: np.ndarray) -> None:
+        self.a, self.b = a, b
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.a.shape
+
+    @property
+    def size(self) -> int:
+        return self.a.size
+
+    def reshape(self, *shape) -> "SplitShare":
+        return SplitShare(self.a.reshape(*shape), self.b.reshape(*shape))
+
+    def __add__(self, other: AShare) -> "SplitShare":
+        if not isinstance(other, AShare):
+            raise TypeError(f"SplitShare + {type(other).__name__}: only replicated shares add")
+        return SplitShare(self.a + other.a, self.b + other.b)
+
+
 @dataclass
 class BShare:
     """Bit-sliced replicated boolean sharing of ``n`` elements with ``planes`` bits each.

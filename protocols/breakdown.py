@@ -17,7 +17,10 @@ Categories (:data:`CATEGORIES`):
 * ``attention`` - the attention nonlinearity: softmax's exp and the division by the row sums
   (:func:`protocols.attention.divide_rows`: in fused softmax / PowerSoftmax the e V product
   shares the kernel call of the reciprocal's Newton step, so it is counted here),
-  PowerSoftmax's powers, sigma's ReLU, Performer's ReLU features and 1/n row scale;
+  PowerSoftmax's powers, sigma's ReLU, Performer's ReLU features and 1/n row scale - and,
+  for a full sequence of the folded Performer, its Q/K/V projections too
+  (:func:`protocols.mha.project_features` runs them in the rounds of the feature ReLU, one
+  region: concurrent branches cannot be told apart in one party's counters);
 * ``ffn_act`` - the FFN's activation (ReLU, GELU);
 * ``norm`` - LayerNorm, all of it (its products and inverse square root; a decode step's
   fused LayerNorm projection :func:`protocols.layernorm.layernorm_project` included);
@@ -53,6 +56,8 @@ TARGETS = (
     ("protocols.norms", "batchnorm", "norm"),
     ("protocols.ffn", "activation", "ffn_act"),
     ("protocols.attention", "relu_many", "attention"),
+    # the folded Performer's Q/K/V products share rounds with its feature ReLU (one region)
+    ("protocols.mha", "project_features", "attention"),
     ("protocols.attention", "scale_rows", "attention"),
     ("protocols.attention", "divide_rows", "attention"),
     ("protocols.attention_variants", "_power", "attention"),
@@ -62,6 +67,7 @@ TARGETS = (
     ("mpc3.kernels.activations", "tanh_a", "other"),
     ("protocols.classifier", "argmax_a", "other"),
     ("mpc3.kernels.arith", "mul_many_aa", "matmul"),
+    ("mpc3.kernels.arith", "mul_split_aa", "matmul"),
     ("mpc3.kernels.arith", "matmul_aa", "matmul"),
     ("mpc3.kernels.arith", "mul_aa", "matmul"),
     ("mpc3.kernels.arith", "trunc_a", "matmul"),

@@ -1,9 +1,10 @@
 """Secure position-wise feed-forward network (Privformer Alg. 7): ReLU(x W1 + b1) W2 + b2.
 
 Biases are added locally; the one activation call (ReLU, GELU or none: ModelConfig.ffn_act)
-covers every row of every batch element.
-Cost (:func:`cost_ffn`): two matmuls (:func:`mpc3.kernels.arith.cost_mul` of B*S*d_ff and
-B*S*d_model outputs) plus one relu_a on B*S*d_ff elements.
+covers every row of every batch element. With ReLU the x W1 product stops at the split form
+relu_a reads (:func:`mpc3.kernels.arith.mul_split_aa`: 8 bytes per hidden element less).
+Cost (:func:`cost_ffn`): two matmuls (:func:`mpc3.kernels.arith.cost_mul` of B*S*d_ff -
+cost_mul_split with ReLU - and B*S*d_model outputs) plus one activation on B*S*d_ff elements.
 
 A linear FFN (``ffn_act`` none) is shared fused (:mod:`protocols.secure_model`: ``w1`` =
 W1 W2, ``b1`` = b1 W2 + b2, no ``w2``): one matmul of B*S*d_model outputs, exactly
@@ -15,13 +16,14 @@ import numpy as np
 
 from mpc3.kernels import arith
 from mpc3.party import Party
-from mpc3.shares import AShare
+from mpc3.shares import AShare, SplitShare
 
 
-def _add(x: AShare, b: AShare) -> AShare:
-    """x + b with b broadcast over the leading dimensions (local)."""
-    return AShare(x.a + b.a, x.b + b.b) if x.shape == b.shape else \
-        AShare(x.a + np.broadcast_to(b.a, x.shape), x.b + np.broadcast_to(b.b, x.shape))
+def _add(x: AShare | SplitShare, b: AShare):
+    """x + b with b broadcast over the leading dimensions (local; a SplitShare stays one)."""
+    out = type(x)
+    return out(x.a + b.a, x.b + b.b) if x.shape == b.shape else \
+        out(x.a + np.broadcast_to(b.a, x.shape), x.b + np.broadcast_to(b.b, x.shape))
 
 
 def activation(p: Party, h: AShare, act: str) -> AShare:
@@ -41,6 +43,9 @@ def ffn(p: Party, w: dict, x: AShare, act: str = "relu") -> AShare:
     ``act``: ModelConfig.ffn_act."""
     if x.shape[-1] != w["w1"].shape[0]:
         raise ValueError(f"ffn: input width {x.shape[-1]} != d_model {w['w1'].shape[0]}")
+    if act == "relu" and "w2" in w:            # ReLU reads the product's split form
+        z = arith.mul_split_aa(p, [(x, w["w1"], "matmul")])
+        return ffn_hidden(p, w, _add(z.reshape(*x.shape[:-1], w["w1"].shape[1]), w["b1"]), act)
     return ffn_hidden(p, w, _add(arith.matmul_aa(p, x, w["w1"]), w["b1"]), act)
 
 
@@ -71,8 +76,10 @@ def cost_ffn(p_cfg, rows: int, d_model: int, d_ff: int, act: str = "relu",
              fused: bool | None = None):
     """Declared rounds and bytes per party of :func:`ffn` on ``rows`` input rows (B*S);
     ``fused`` (default: act is none, as the share layout does) for shares without ``w2``."""
-    width = d_model if (act == "none" if fused is None else fused) else d_ff
-    return (arith.cost_mul(rows * width, True, p_cfg.frac, p_cfg.trunc)
+    linear = act == "none" if fused is None else fused
+    width = d_model if linear else d_ff
+    first = arith.cost_mul_split if (act == "relu" and not linear) else arith.cost_mul
+    return (first(rows * width, True, p_cfg.frac, p_cfg.trunc)
             + cost_ffn_hidden(p_cfg, rows, d_model, d_ff, act, fused))
 
 

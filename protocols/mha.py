@@ -8,7 +8,9 @@ with the public constant c folded into the three of them,
 1. projections X [W^Q | W^K | W^V] (one matmul; cross attention: both inputs in one call),
    truncated by frac + PROJ_EXTRA;
 2. unfolded only: per-head Q_h Omega_h and K_h Omega_h in one batched matmul;
-3. one relu_a on Q and K features together;
+3. one relu_a on Q and K features together; folded, the Q and K products of step 1 stop at
+   the split form relu_a reads (:func:`project_features`: 8 bytes per feature element less,
+   V's product in the same rounds);
 4. attention core (:mod:`protocols.attention`);
 5. attn_norm "mean": rows times the public 1/n_i (one truncation); c itself is in the weights;
 6. merge heads, @ W^O.
@@ -24,7 +26,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from mpc3.kernels import arith
+from mpc3.kernels import arith, convert
+from mpc3.kernels.base import Cost
+from mpc3.parallel import parallel
 from mpc3.party import Party
 from mpc3.shares import AShare
 
@@ -90,6 +94,42 @@ def features(p: Party, cfg: M.ModelConfig, w: dict, q: AShare | None, k: AShare 
     return (next(it) if q is not None else None), (next(it) if k is not None else None)
 
 
+def project_features(p: Party, cfg: M.ModelConfig, w: dict, xq: AShare, xkv: AShare | None):
+    """Folded Performer projection and features: Q' = ReLU(xq W^Q Omega + b_q), K' likewise
+    (per-head (B,h,S,r)) and V (per-head), equal to :func:`project` + :func:`features`.
+    The Q and K products go to relu_a in split form (arith.mul_split_aa), V's product runs
+    in the same rounds (mpc3.parallel). Cost: :func:`cost_project_features`."""
+    bits, h = p.cfg.frac + PROJ_EXTRA, cfg.n_heads
+    src = xq if xkv is None else xkv
+    shapes = [(*xq.shape[:-1], w["wq_proj"].shape[1]), (*src.shape[:-1], w["wk_proj"].shape[1])]
+
+    def qk_features(q: Party) -> list[AShare]:
+        z = arith.mul_split_aa(q, [(xq, w["wq_proj"], "matmul"), (src, w["wk_proj"], "matmul")],
+                               trunc=bits)
+        if "bq" in w:                      # attention biases: replicated, added to the split form
+            z = z + AShare.concat([AShare(np.broadcast_to(w[n].a, s).reshape(-1),
+                                          np.broadcast_to(w[n].b, s).reshape(-1))
+                                   for n, s in (("bq", shapes[0]), ("bk", shapes[1]))])
+        f = convert.relu_a(q, z)
+        cut = int(np.prod(shapes[0]))
+        return [split_heads(f[:cut].reshape(shapes[0]), h), split_heads(f[cut:].reshape(shapes[1]), h)]
+
+    def v_values(q: Party) -> AShare:
+        v, = A.mul_many(q, [(src, w["wv_c"], "matmul")], trunc=bits)
+        return split_heads(add_bias(v, w, "bv"), h)
+
+    (qf, kf), v = parallel(p, qk_features, v_values)
+    return qf, kf, v
+
+
+def cost_project_features(p_cfg, n_qk: int, n_v: int):
+    """:func:`project_features` with ``n_qk`` feature and ``n_v`` value elements."""
+    bits = p_cfg.frac + PROJ_EXTRA
+    qk = (arith.cost_mul_split(n_qk, bits, p_cfg.frac, p_cfg.trunc)
+          + convert.cost_relu(n_qk, *convert.window_for(p_cfg)))
+    return Cost.parallel(qk, cost_project(p_cfg, n_v))
+
+
 def cost_project(p_cfg, n_out: int):
     """:func:`project` producing ``n_out`` elements (Q, K, V together)."""
     return arith.cost_mul(n_out, p_cfg.frac + PROJ_EXTRA, p_cfg.frac, p_cfg.trunc)
@@ -129,11 +169,14 @@ def mha(p: Party, cfg: M.ModelConfig, w: dict, xq: AShare, xkv: AShare | None = 
         _check_x(cfg, xkv, "xkv")
         if causal:
             raise ValueError("causal attention is self attention (xkv must be None)")
-    q, k, v = project(p, cfg, w, xq, xkv)
-    if cfg.attention != M.PERFORMER:
-        o = heads(p, cfg.attention, q, k, v, causal)
-        return add_bias(arith.matmul_aa(p, merge_heads(o), w["wo"]), w, "bo")
-    qf, kf = features(p, cfg, w, q, k)
+    if cfg.attention == M.PERFORMER and "omega" not in w:
+        qf, kf, v = project_features(p, cfg, w, xq, xkv)
+    else:
+        q, k, v = project(p, cfg, w, xq, xkv)
+        if cfg.attention != M.PERFORMER:
+            o = heads(p, cfg.attention, q, k, v, causal)
+            return add_bias(arith.matmul_aa(p, merge_heads(o), w["wo"]), w, "bo")
+        qf, kf = features(p, cfg, w, q, k)
     Sq, Sk = qf.shape[2], kf.shape[2]
     if causal:
         o = A.masked_attention(p, qf, kf, v, form=masked_form, block=block)
@@ -183,8 +226,11 @@ def cost_mha(p_cfg, cfg: M.ModelConfig, B: int, Sq: int, Sk: int | None = None,
                 + cost_heads(p_cfg, cfg.attention, B, h, Sq, Sk, dh, causal)
                 + arith.cost_mul(B * Sq * d, True, p_cfg.frac, p_cfg.trunc))
     nq = h * r if folded else d
-    cost = (cost_project(p_cfg, B * Sq * nq + B * Sk * (nq + d))
-            + cost_features(p_cfg, B * h * (Sq + Sk) * r, folded))
+    if folded:
+        cost = cost_project_features(p_cfg, B * h * (Sq + Sk) * r, B * Sk * d)
+    else:
+        cost = (cost_project(p_cfg, B * Sq * nq + B * Sk * (nq + d))
+                + cost_features(p_cfg, B * h * (Sq + Sk) * r, folded))
     if causal:
         if masked_form == "qk":
             cost = cost + A.cost_masked_qk(p_cfg, B, h, Sq, r, dh)

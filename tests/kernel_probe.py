@@ -22,12 +22,16 @@ import numpy as np
 from mpc3 import parallel as mpc3_parallel
 from mpc3 import ring
 from mpc3.kernels import arith, convert, fxp
+from mpc3.kernels.base import group_bounds
+from mpc3.shares import SplitShare
 from mpc3.sharing import reveal
+from protocols import mha
 
-KERNELS = ((arith, "mul_aa"), (arith, "matmul_aa"), (arith, "mul_many_aa"), (arith, "trunc_a"),
+KERNELS = ((arith, "mul_aa"), (arith, "matmul_aa"), (arith, "mul_many_aa"),
+           (arith, "mul_split_aa"), (arith, "trunc_a"),
            (convert, "relu_a"), (convert, "drelu_a"), (fxp, "sqrt_inv_a"),
            (fxp, "reciprocal_a"), (fxp, "exp_a"))
-PARALLEL_USERS = (fxp, mpc3_parallel)
+PARALLEL_USERS = (fxp, mpc3_parallel, mha)
 HELPERS = {"mul_many", "scale_public", "scale_rows", "relu_many", "wrapped", "activation",
            "<lambda>"}
 SUBLAYER = {"mha": "attn", "ffn": "ffn", "ffn_hidden": "ffn", "_self_step": "self",
@@ -36,6 +40,19 @@ SUBLAYER = {"mha": "attn", "ffn": "ffn", "ffn_hidden": "ffn", "_self_step": "sel
 
 class UnmappedCall(AssertionError):
     pass
+
+
+def _reveal_any(shares):
+    """reveal, or for SplitShares (arith.mul_split_aa) A + B per element group: role 0 of
+    group g is rank g % 3 (its a + b), role 1 the next rank (its b)."""
+    if not isinstance(shares[0], SplitShare):
+        return reveal(shares)
+    flat = [s.reshape(-1) for s in shares]
+    out = np.empty(flat[0].size, dtype=np.uint64)
+    for g, sl in enumerate(group_bounds(out.size)):
+        single, pair = flat[g % 3], flat[(g + 1) % 3]
+        out[sl] = single.a[sl] + single.b[sl] + pair.b[sl]
+    return out.reshape(shares[0].shape)
 
 
 def _frames():
@@ -73,8 +90,10 @@ def _sites(inner, kernel: str, n_items: int) -> list[str]:
     fn = inner.f_code.co_name
     text = linecache.getline(inner.f_code.co_filename, inner.f_lineno)
     one = None
-    if fn == "project":
+    if fn in ("project", "v_values") or (fn == "qk_features" and kernel != "relu_a"):
         return ["proj"] * n_items
+    if fn == "qk_features":
+        return ["features"]
     if fn == "features":
         one = "omega" if kernel == "matmul_aa" else "features"
     elif fn == "cross_precompute":
@@ -147,7 +166,7 @@ class Probe:
             if depth == 0:
                 frames = list(_frames())
                 inner = next(f for f in frames if f.f_code.co_name not in HELPERS)
-                n = len(args[0]) if kernel == "mul_many_aa" else 1
+                n = len(args[0]) if kernel in ("mul_many_aa", "mul_split_aa") else 1
                 self.calls[p.rank].append((kernel, _layer(frames), _sites(inner, kernel, n),
                                            args, kw))
             self.local.depth = depth + 1
@@ -172,7 +191,7 @@ class Probe:
         for per in zip(*(self.calls[r] for r in range(3))):
             kernel, layer, sites, _, _ = per[0]
             args = [c[3] for c in per]
-            if kernel == "mul_many_aa":
+            if kernel in ("mul_many_aa", "mul_split_aa"):
                 prods = []
                 for k in range(len(args[0][0])):
                     item = [a[0][k] for a in args]
@@ -201,7 +220,7 @@ class Probe:
                             / 2.0 ** arith.OFFSET_BITS
                         out[(lay, site)] = max(out[(lay, site)], fill)
                 continue
-            x = ring.decode(reveal([a[0] for a in args]), frac)
+            x = ring.decode(_reveal_any([a[0] for a in args]), frac)
             if kernel == "relu_a":
                 x = x.reshape(self.n_dec, -1) if layer == "dec.*.cross" else x
                 for lay, part in self._split(layer, x, 0):

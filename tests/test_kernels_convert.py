@@ -5,9 +5,9 @@ import pytest
 from conftest import EDGE, Run, share, value
 from mpc3 import ring
 from mpc3.party import RingConfig
-from mpc3.shares import bits_to_planes, planes_to_bits, BShare
+from mpc3.shares import AShare, BShare, SplitShare, bits_to_planes, planes_to_bits
 from mpc3.sharing import reveal
-from mpc3.kernels import convert, fxp
+from mpc3.kernels import arith, convert, fxp
 
 ULP = 2.0 ** -ring.DEFAULT_FRAC
 CFG = RingConfig()
@@ -126,3 +126,39 @@ def test_relu_round_lean_for_few_elements(rng, n, rounds):
     np.testing.assert_allclose(got, np.maximum(x, 0), atol=2 ** -11)
     run.assert_cost(convert.cost_relu(n, *win))
     assert run.rounds == rounds
+
+
+@pytest.mark.parametrize("mode", ["exact", "prob"])
+def test_products_in_split_form_feed_relu(mode, rng):
+    """mul_split_aa (a matmul and an elementwise product, plus a replicated bias added to
+    the split form) -> relu_a: the value of ReLU(products + bias), at exactly 8 bytes per
+    element less than the replicated path mul_many_aa -> relu_a (role 0 never sends U)."""
+    cfg = RingConfig(trunc=mode)
+    x, w, y = rng.normal(size=(5, 16)), rng.normal(size=(16, 30)) * 0.3, rng.normal(size=7)
+    bias = rng.normal(size=157)
+    ref = np.maximum(np.concatenate([(x @ w).ravel(), y * y]) + bias, 0)
+
+    def split(p, X, W, Y, B):
+        return convert.relu_a(p, arith.mul_split_aa(p, [(X, W, "matmul"), (Y, Y, "mul")]) + B)
+
+    def replicated(p, X, W, Y, B):
+        z = arith.mul_many_aa(p, [(X, W, "matmul", True), (Y, Y, "mul", True)])
+        return convert.relu_a(p, AShare.concat([t.reshape(-1) for t in z]) + B)
+
+    got = {}
+    for name, fn in (("split", split), ("replicated", replicated)):
+        run = Run(cfg)
+        got[name] = (value(run(fn, share(x), share(w), share(y), share(bias))), run)
+        assert np.abs(got[name][0] - ref).max() < 2.0 ** -12 + 2.0 ** -16
+    run = got["split"][1]
+    run.assert_cost(arith.cost_mul_split(157, True, cfg.frac, mode)
+                    + convert.cost_relu(157, *convert.window_for(cfg)))
+    saved = sum(got["replicated"][1].bytes_per_party) - sum(run.bytes_per_party)
+    assert saved == 8 * 157
+
+
+def test_split_share_only_adds_replicated_shares():
+    s = SplitShare(np.zeros(3, np.uint64), np.zeros(3, np.uint64))
+    assert isinstance(s + AShare(np.ones(3, np.uint64), np.ones(3, np.uint64)), SplitShare)
+    with pytest.raises(TypeError, match="only replicated shares"):
+        s + s

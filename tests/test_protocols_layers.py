@@ -88,7 +88,8 @@ def test_ffn_value_and_cost(run, rng):
     close(value(out), ref)
     L, m = convert.window(run.parties[0])
     f, mode = run.cfg.frac, run.cfg.trunc
-    declared = (arith.cost_mul(2 * 7 * 40, True, f, mode) + convert.cost_relu(2 * 7 * 40, L, m)
+    # x W1 stops at the split form relu_a reads (mul_split_aa)
+    declared = (arith.cost_mul_split(2 * 7 * 40, True, f, mode) + convert.cost_relu(2 * 7 * 40, L, m)
                 + arith.cost_mul(2 * 7 * 24, True, f, mode))
     run.assert_cost(declared)
 

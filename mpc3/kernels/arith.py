@@ -39,7 +39,7 @@ import numpy as np
 from .. import ring
 from ..comm import NEXT, PREV
 from ..party import Party
-from ..shares import AShare
+from ..shares import AShare, SplitShare
 from . import fused
 from .base import Cost, Round, group_bounds, packed_bytes
 
@@ -229,6 +229,26 @@ def mul_many_aa(p: Party, items: list[tuple]) -> list[AShare]:
     return [next(order[item[3] is not False]) for item in items]
 
 
+def mul_split_aa(p: Party, items: list[tuple], trunc: bool | int = True) -> SplitShare:
+    """Products ``(x, y, kind)`` (kind "mul" or "matmul"), truncated by ``trunc``, flattened
+    and concatenated in item order, delivered in split form (:class:`SplitShare`) for a
+    kernel that reads only that form - :func:`mpc3.kernels.convert.relu_a` of the whole
+    result: the replicated sharing is never completed (8 bytes per element less than
+    mul_many_aa). Cost: :func:`cost_mul_split`."""
+    p.new_op()
+    zs = [(_local_mul(x, y) if kind == "mul" else _local_matmul(x, y)).reshape(-1)
+          for x, y, kind in items]
+    z = np.concatenate(zs)
+    bits = p.cfg.frac if trunc is True else int(trunc)
+    return _trunc_split(p, z + p.zero_share(z.shape, "mulmask"), bits, from_rss=False,
+                        split=True)
+
+
+def cost_mul_split(n: int, trunc: bool | int, frac: int, mode: str) -> Cost:
+    bits = frac if trunc is True else trunc
+    return cost_trunc_shifts(np.full(n, bits), mode, from_rss=False, split=True)
+
+
 def cost_mul_many(shifts, n_plain: int, mode: str) -> Cost:
     """mul_many_aa: ``shifts`` = the per-output shifts of the truncated items in item order
     (concatenated), plus ``n_plain`` plainly reshared outputs."""
@@ -287,8 +307,9 @@ def _width_bytes(plan, n: int) -> int:
     return packed_bytes(n, plan) if isinstance(plan, int) else plan.nbytes
 
 
-def cost_trunc_shifts(shifts, mode: str, from_rss: bool) -> Cost:
-    """Exact cost of a truncation (fused or standalone) with per-element public shifts."""
+def cost_trunc_shifts(shifts, mode: str, from_rss: bool, split: bool = False) -> Cost:
+    """Exact cost of a truncation (fused or standalone) with per-element public shifts
+    (``split``: delivered in split layout, :func:`mul_split_aa`)."""
     shifts = np.asarray(shifts).reshape(-1)
     bounds = group_bounds(shifts.size)
     per = [0, 0, 0]
@@ -297,7 +318,8 @@ def cost_trunc_shifts(shifts, mode: str, from_rss: bool) -> Cost:
         wb = _width_bytes(_width_plan(shifts[sl]), ng)
         for rank in range(3):
             role = (rank - g) % 3
-            ring_bytes = 8 * ng if (role == 0 or not from_rss) else 0
+            ring_bytes = 8 * ng if ((role == 0 and not split) or
+                                    (role != 0 and not from_rss)) else 0
             per[rank] += ring_bytes + (wb if mode == "exact" else 0)
     return Cost(2 if mode == "exact" else 1, tuple(per))
 
@@ -347,8 +369,12 @@ def _mixed_shifts(key: bytes):
     return arr, np.uint64(64) - b, (_ONE << b) - _ONE, ring.width_plan(arr)
 
 
-def _trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None = None):
+def _trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None = None,
+                 split: bool = False):
     """Core of fused/standalone truncation; ``src`` is z (3-of-3, flat) or a flat AShare.
+
+    ``split``: stop at the split form (:class:`SplitShare`): role 0 keeps U and never sends
+    it, so role 2's slot g stays 0 - 8 bytes per element less.
 
     ``bits`` is one shift for all elements or a per-element array (products of different
     scales then share the same rounds); each correction is packed at its own shift width.
@@ -382,10 +408,11 @@ def _trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None =
             st["Uk"], t = fused.single_split(src.a[sl] if from_rss else src[sl],
                                              src.b[sl] if from_rss else None,
                                              st["kappa"], rho, sh, low)
-            msg = [st["Uk"]]
+            msg = [] if split else [st["Uk"]]
             if exact:
                 msg.append(_pack_by_width(t, plan))
-            r1.send(PREV, *msg)                                  # to role 2
+            if msg:
+                r1.send(PREV, *msg)                              # to role 2
         else:
             other = _dir(role, 3 - role)                         # role 1 <-> role 2
             if from_rss:
@@ -394,8 +421,8 @@ def _trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None =
                 st["z"] = src[sl]
                 r1.send(other, src[sl])
                 r1.recv(other, g, 1)
-            if role == 2:
-                r1.recv(NEXT, g, 2 if exact else 1)              # from role 0
+            if role == 2 and (exact or not split):
+                r1.recv(NEXT, g, int(exact) + int(not split))    # from role 0
         state.append(st)
     got = r1.run()
 
@@ -411,10 +438,10 @@ def _trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None =
             None if from_rss else got[(_dir(role, 3 - role), g)][0],
             offset + low, sh, offset >> sh.view(np.uint64))
         if role == 2:
-            msg = got[(NEXT, g)]
-            st["s0"] = msg[0]
+            msg = got[(NEXT, g)] if (exact or not split) else ()
+            st["s0"] = np.zeros(st["n"], np.uint64) if split else msg[0]
             if exact:
-                st["at_rho"] = _unpack_by_width(msg[1], plan, st["n"])
+                st["at_rho"] = _unpack_by_width(msg[-1], plan, st["n"])
 
     if exact:   # Round 2: a_t*b_t = b_t*rho + b_t*(a_t - rho), masked towards role 0.
         r2 = Round(p)
@@ -459,4 +486,4 @@ def _trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None =
             b_out[sl] = st["s0"]
     if plain is not None:
         return AShare(a_out, b_out), AShare(plain, got[(NEXT, -1)][0])
-    return AShare(a_out, b_out)
+    return SplitShare(a_out, b_out) if split else AShare(a_out, b_out)

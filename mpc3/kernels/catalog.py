@@ -179,6 +179,17 @@ def _matmul_inputs(rng, n, shape, cfg):
     return rng.normal(size=(m, k)), rng.normal(size=(k, nn)) / math.sqrt(k)
 
 
+def _matmul_relu(p, x, y):
+    """ReLU(x @ y), the product stopping at the split form relu_a reads (mul_split_aa)."""
+    return convert.relu_a(p, arith.mul_split_aa(p, [(x, y, "matmul")])).reshape(
+        x.shape[0], y.shape[1])
+
+
+def _matmul_relu_tolerance(shapes, cfg):
+    """One ulp of the product, and relu's either-answer region [-2^(drop-frac), 0)."""
+    return 0.0, 2.0 ** (cfg.relu_drop_bits - cfg.frac) + 2 * _ulp(cfg)
+
+
 def _sqrt_inv_tolerance(shapes, cfg):
     rel, ulps = fxp.SQRT_INV_ERROR[fxp._sqrt_inv_mode("auto", _n(shapes))][cfg.trunc]
     return rel, ulps * _ulp(cfg)
@@ -228,6 +239,12 @@ _ALL = [
            lambda s, c: arith.cost_mul(s[0][0] * s[1][1], True, c.frac, c.trunc),
            lambda x, y: x @ y, _matmul_inputs, _one_ulp,
            "every |sum_k x_ik y_kj| < arith.product_limit(frac) = 2^26", ("fxp", "fxp")),
+    Kernel("matmul-relu", _matmul_relu,
+           lambda s, c: (arith.cost_mul_split(s[0][0] * s[1][1], True, c.frac, c.trunc)
+                         + convert.cost_relu(s[0][0] * s[1][1], *convert.window_for(c))),
+           lambda x, y: np.maximum(x @ y, 0), _matmul_inputs, _matmul_relu_tolerance,
+           "as matmul, and every |sum_k x_ik y_kj| < convert.relu_limit(cfg) = 2^14",
+           ("fxp", "fxp")),
     Kernel("trunc", lambda p, x: arith.trunc_a(p, x, TRUNC_SHIFT),
            lambda s, c: arith.cost_trunc(_n(s), TRUNC_SHIFT, c.trunc),
            lambda x: x / 2.0 ** TRUNC_SHIFT,

@@ -35,7 +35,7 @@ import numpy as np
 from .. import ring
 from ..comm import NEXT, PREV
 from ..party import Party
-from ..shares import AShare, BShare, group_sizes, words
+from ..shares import AShare, BShare, SplitShare, group_sizes, words
 from .arith import public_share
 from . import fused
 from .base import Cost, Round, group_bounds, packed_bytes
@@ -365,13 +365,17 @@ def cost_inject(n: int, fused: bool, cols: int = 1) -> Cost:
 
 
 # ------------------------------------------------------------------ public kernels ----
-def relu_a(p: Party, x: AShare) -> AShare:
-    """ReLU(x) = DReLU(x) * x with the injection fused onto the last AND layer.
+def relu_a(p: Party, x: AShare | SplitShare) -> AShare:
+    """ReLU(x) = DReLU(x) * x with the injection fused onto the last AND layer. ``x`` may be
+    a :class:`SplitShare` straight from mul_split_aa (the whole array: its element groups
+    are this call's): the comparison's leaves and the injection read only A and B.
 
     Inputs must satisfy |x| < 2^(frac + relu_bound_bits); output error < 2^relu_drop_bits
     ulp, only for inputs in [-2^drop, 0). Cost: :func:`cost_relu`.
     """
     p.new_op()
+    if isinstance(x, SplitShare):
+        x = AShare(x.a, x.b)
     e, flat = _drelu_bits(p, x, exact=False, fused=True)
     return _inject(p, flat, e, from_masked=True).reshape(x.shape)
 
