@@ -94,6 +94,14 @@ def _scores(p: Party, q: AShare, k: AShare, keep: np.ndarray) -> AShare:
     return AShare(sc.a[keep], sc.b[keep])
 
 
+def _relu_scores(p: Party, q: AShare, k: AShare, keep: np.ndarray) -> AShare:
+    """ReLU of :func:`_scores`, the product stopping at the split form relu_a reads
+    (arith.mul_split_aa: 8 bytes per kept score less)."""
+    qs = q.scale(ring.encode(1.0 / math.sqrt(q.shape[-1]), SCORE_EXTRA))
+    return convert.relu_a(p, arith.mul_split_aa(p, [(qs, k.T, "matmul", keep)],
+                                                trunc=p.cfg.frac + SCORE_EXTRA))
+
+
 def _scatter(x: AShare, keep: np.ndarray) -> AShare:
     a, b = np.zeros(keep.shape, np.uint64), np.zeros(keep.shape, np.uint64)
     a[keep], b[keep] = x.a, x.b
@@ -250,15 +258,15 @@ def sigma_attention(p: Party, q: AShare, k: AShare, v: AShare, sigma="relu",
         raise ValueError("masked sigma_attention needs Sq == Sk")
     L = _sigma_length(length, Sq, Sk, masked, sigma)
     keep = _keep(q.shape, Sk, masked)
-    s = _scores(p, q, k, keep)
     if isinstance(sigma, str):
         if sigma != "relu":
             raise ValueError(f"sigma_attention: sigma={sigma!r} must be 'relu' or coefficients")
         c, b = _mantissa(1.0 / L)
         if np.ndim(L):                     # per row i: c_i on its entries, shift f + b_i
             c, b = np.broadcast_to(c[:, None], keep.shape)[keep], b[:, None]
-        act = convert.relu_a(p, s).scale(c)                   # ReLU(s) / L at scale f + b
+        act = _relu_scores(p, q, k, keep).scale(c)            # ReLU(s) / L at scale f + b
     else:
+        s = _scores(p, q, k, keep)
         c, b = _sigma_coeffs(sigma, L)
         pw = _all_powers(p, s, c.size - 1)
         act = arith.add_public(p, s.scale(c[1]), np.full(s.shape, c[0] << np.uint64(f)))
@@ -287,13 +295,14 @@ def cost_sigma_attention(cfg: RingConfig, B: int, h: int, Sq: int, Sk: int, dh: 
     f, mode = cfg.frac, cfg.trunc
     kept = B * h * (Sq * (Sq + 1) // 2 if masked else Sq * Sk)
     L = _sigma_length(length, Sq, Sk, masked, sigma)
-    cost = arith.cost_mul(kept, f + SCORE_EXTRA, f, mode)
     if isinstance(sigma, str):
-        cost = cost + convert.cost_relu(kept, *convert.window_for(cfg))
+        cost = (arith.cost_mul_split(kept, f + SCORE_EXTRA, f, mode)
+                + convert.cost_relu(kept, *convert.window_for(cfg)))
         b = _mantissa(1.0 / L)[1]
         if np.ndim(L):
             b = np.broadcast_to(b[:, None], (B, h, Sq, dh)).reshape(-1)
     else:
+        cost = arith.cost_mul(kept, f + SCORE_EXTRA, f, mode)
         deg = len(sigma) - 1
         done = 1
         while done < deg:

@@ -230,14 +230,17 @@ def mul_many_aa(p: Party, items: list[tuple]) -> list[AShare]:
 
 
 def mul_split_aa(p: Party, items: list[tuple], trunc: bool | int = True) -> SplitShare:
-    """Products ``(x, y, kind)`` (kind "mul" or "matmul"), truncated by ``trunc``, flattened
-    and concatenated in item order, delivered in split form (:class:`SplitShare`) for a
-    kernel that reads only that form - :func:`mpc3.kernels.convert.relu_a` of the whole
-    result: the replicated sharing is never completed (8 bytes per element less than
+    """Products ``(x, y, kind)`` or ``(x, y, kind, keep)`` (kind "mul" or "matmul"; ``keep``
+    a public boolean mask: only kept outputs, in row-major order), truncated by ``trunc``,
+    flattened and concatenated in item order, delivered in split form (:class:`SplitShare`)
+    for a kernel that reads only that form - :func:`mpc3.kernels.convert.relu_a` of the
+    whole result: the replicated sharing is never completed (8 bytes per element less than
     mul_many_aa). Cost: :func:`cost_mul_split`."""
     p.new_op()
-    zs = [(_local_mul(x, y) if kind == "mul" else _local_matmul(x, y)).reshape(-1)
-          for x, y, kind in items]
+    zs = []
+    for x, y, kind, *keep in items:
+        z = _local_mul(x, y) if kind == "mul" else _local_matmul(x, y)
+        zs.append(z[np.broadcast_to(keep[0], z.shape)] if keep else z.reshape(-1))
     z = np.concatenate(zs)
     bits = p.cfg.frac if trunc is True else int(trunc)
     return _trunc_split(p, z + p.zero_share(z.shape, "mulmask"), bits, from_rss=False,
