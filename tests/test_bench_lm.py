@@ -20,7 +20,7 @@ from protocols.layernorm import cost_layernorm
 SMALL = ["--d-model", "16", "--heads", "2", "--layers", "2", "--d-ff", "32", "--prompt", "8"]
 CASES = ([("decoder-only", a, 2) for a in L.ATTENTIONS]
          + [("classifier", a, 0) for a in L.ATTENTIONS]
-         + [("encoder-decoder", "relu-performer", 2)])
+         + [("encoder-decoder", a, 2) for a in L.ATTENTIONS])
 KEYS = ("wall_s", "bytes_total", "messages", "rounds")
 
 
