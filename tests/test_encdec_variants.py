@@ -8,7 +8,10 @@ the calibration of the decoder's variant sites.
 
 Shapes: B=2, d=16, h=2, d_head=8, d_ff=32, 1 encoder and 2 decoder layers, source 5,
 max_len 8; inputs uniform in [-1, 1] (unit scale). Bound 1e-2 absolute on the decoder rows
-(issue 14); measured max errors are printed by ``-s``."""
+(issue 14; with BatchNorm, whose rows are not unit scale, 2e-3 relative to the largest);
+measured max errors are printed by ``-s``: with LayerNorm <= 4e-3 (power-softmax: its
+1/(eps + sum s^p) amplifies fixed-point error where the sum is small), <= 5e-4 for the
+others."""
 import itertools
 
 import numpy as np
@@ -44,13 +47,17 @@ def open_cost(cfg, B, S, fuse=D.DEFAULT_FUSE):
 
 
 @pytest.mark.parametrize("attention", VARIANTS)
-@pytest.mark.parametrize("norm_first,fuse", [(False, D.DEFAULT_FUSE), (True, D.FUSIONS)])
-def test_decode_steps_match_reference_and_declared_cost(run, rng, attention, norm_first, fuse):
+@pytest.mark.parametrize("norm_first,fuse,extra", [
+    (False, D.DEFAULT_FUSE, {}), (True, D.FUSIONS, {}),
+    (True, D.DEFAULT_FUSE, {"norm": "batchnorm", "ffn_act": "gelu"})])
+def test_decode_steps_match_reference_and_declared_cost(run, rng, attention, norm_first, fuse,
+                                                        extra):
     """Every decode position against the teacher-forced float64 decoder (= the incremental
     reference); the measured traffic of the start and of each step equals the declaration.
     ``fuse``: post-LN with the default fusions, pre-LN with every LayerNorm forming the
-    projection after it (the variant's W^Q, W^K, W^V are d wide)."""
-    cfg = ed_cfg(attention, norm_first=norm_first)
+    projection after it (the variant's W^Q, W^K, W^V are d wide); and BatchNorm with a GELU
+    FFN (nothing fused)."""
+    cfg = ed_cfg(attention, norm_first=norm_first, **extra)
     w = M.random_weights(cfg, 2)
     x, y = rng.uniform(-1, 1, (2, S_SRC, 16)), rng.uniform(-1, 1, (2, STEPS, 16))
     measured = []
@@ -70,8 +77,12 @@ def test_decode_steps_match_reference_and_declared_cost(run, rng, attention, nor
     assert res[0][1:] == (STEPS, [STEPS] * 2, 2)
     full = M.ref_decoder(cfg, w, y, M.ref_encoder(cfg, w, x))
     err = max(np.max(np.abs(value([r[0][t] for r in res]) - full[:, t])) for t in range(STEPS))
-    print(f"{attention} norm_first={norm_first}: max abs error {err:.2e}")
-    assert err < TOL
+    top = float(np.abs(full).max())
+    print(f"{attention} norm_first={norm_first} {extra}: max abs error {err:.2e}, max |h| "
+          f"{top:.1f}")
+    # LayerNorm keeps the rows at unit scale (|h| < 4 here): 1e-2 absolute; BatchNorm's rows
+    # reach ~10 (random running statistics): 2e-3 of the largest (measured <= 7e-4)
+    assert err < (TOL if cfg.norm == "layernorm" else 2e-3 * top)
     rc = RingConfig()
     for t in [-1] + list(range(STEPS)):
         declared = (open_cost(cfg, 2, S_SRC, fuse) if t < 0 else
