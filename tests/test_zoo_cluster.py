@@ -1,8 +1,8 @@
 """The new architectures over real party processes (`mpc3 party` on loopback, mTLS): an
-encoder classifier (logits, or only the arg-max class when that is all its owner permits) and
-a decoder-only LM (`mpc3 generate`, streamed), an encoder-decoder with softmax attention
-(`mpc3 translate`), shared with `share-model`, used with the CLI,
-against the float64 reference; the new production kinds reveal no linear function of a
+encoder classifier (logits, or only the arg-max class when that is all its owner permits), a
+decoder-only LM (`mpc3 generate`, streamed) and an encoder-decoder with softmax attention
+(`mpc3 translate`), shared with `share-model`, used with the CLI, against the float64
+reference; the new production kinds reveal no linear function of a
 chosen weight."""
 import subprocess
 import sys
