@@ -37,6 +37,10 @@ replaced by Performer ReLU attention (Privformer Sec. 5, Eq. 12-15):
   Pre-LN (``norm_first=True``): ``x = x + sublayer(LN(x))`` (cross attention
   uses ``LN2(x)`` as query and ``enc_out`` as key/value) and a final LayerNorm
   (``enc.final_ln`` / ``dec.final_ln``) on each stack output.
+* ``cfg.attention`` softmax, power-softmax or sigma-relu: every attention (self, masked,
+  cross) is that variant on the per-head q, k, v (:func:`.variants.ref_heads`, no Omega);
+  the incremental decoder (:class:`RefDecodeState`) then keeps a KV cache of the target
+  prefix and the encoder output's K, V instead of Performer's sums.
 * User side (never secret-shared, :mod:`protocols.model.decode`): ``emb(tok) =
   embed[tok] * sqrt(d_model) + PE[pos]`` with the standard sinusoidal PE, and
   ``logits = h @ out.w + out.b``.
