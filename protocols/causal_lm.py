@@ -43,10 +43,9 @@ from mpc3.shares import AShare
 from . import attention as A
 from . import model as M
 from .ffn import cost_ffn, ffn
-from .kv_cache import KVCache, attend, cost_attend
+from .kv_cache import KVCache, attend_out, cost_attend_out
 from .norms import cost_norm, norm
-from .mha import (add_bias, cost_features, cost_finish, cost_project, features, finish, merge_heads,
-                  project)
+from .mha import cost_features, cost_finish, cost_project, features, finish, project
 from .layernorm import _bcast
 from .secure_model import OUT_SCALE, sub
 
@@ -128,13 +127,6 @@ def _ln(p, cfg, shares, prefix, x):
     return norm(p, cfg, shares, prefix, x)
 
 
-def _kv_attention(p: Party, cfg: M.ModelConfig, w: dict, st: KVCache, q: AShare, k: AShare,
-                  v: AShare) -> AShare:
-    """Softmax-style attention through the layer's KV cache, then W^O (cost: _kv_attn)."""
-    return add_bias(arith.matmul_aa(p, merge_heads(attend(p, cfg.attention, st, q, k, v)),
-                                    w["wo"]), w, "bo")
-
-
 def _ffn_block(p: Party, cfg: M.ModelConfig, shares: dict, i: int, x: AShare,
                wf: dict) -> AShare:
     """Layer i after its attention's residual sum x (post-LN: before LN1): LN1 (post-LN),
@@ -183,7 +175,7 @@ def lm_prefill(p: Party, cfg: M.ModelConfig, shares: dict, x: AShare,
         if cfg.attention != M.PERFORMER:   # KV cache; the last layer needs the last query only
             q, k, v = project(p, cfg, w, u[:, T - 1:] if last else u, u)
             st = KVCache.empty(B, cfg.n_heads, cfg.d_head, cfg.max_len)
-            x = (x[:, -1:] if last else x) + _kv_attention(p, cfg, w, st, q, k, v)
+            x = (x[:, -1:] if last else x) + attend_out(p, cfg, w, st, q, k, v)
         else:
             q, k, v = project(p, cfg, w, u, None)
             qf, kf = features(p, cfg, w, q, k)
@@ -217,7 +209,7 @@ def lm_step(p: Party, cfg: M.ModelConfig, shares: dict, state: LMState, y_t: ASh
         u = _ln(p, cfg, shares, f"{pre}.ln1", x) if cfg.norm_first else x
         q, k, v = project(p, cfg, w, u, None)
         if isinstance(st, KVCache):
-            x = x + _kv_attention(p, cfg, w, st, q, k, v)
+            x = x + attend_out(p, cfg, w, st, q, k, v)
         else:
             qf, kf = features(p, cfg, w, q, k)
             x = x + finish(p, cfg, w, A.attention_step(p, st, qf, kf, v), [st.t])
@@ -251,11 +243,10 @@ def _rest(p_cfg, cfg: M.ModelConfig, rows_in: int, rows: int, i: int = 0) -> Cos
 
 def _kv_attn(p_cfg, cfg: M.ModelConfig, B: int, t0: int, n: int, rows: int) -> Cost:
     """Softmax-style attention with the KV cache: projections (q of ``rows`` rows, k and v
-    of n), :func:`protocols.kv_cache.attend` and W^O."""
+    of n), :func:`protocols.kv_cache.attend_out` (the attention and W^O)."""
     d = cfg.d_model
     return (cost_project(p_cfg, B * rows * d + B * n * 2 * d)
-            + cost_attend(p_cfg, cfg.attention, B, cfg.n_heads, cfg.d_head, t0, n, rows)
-            + arith.cost_mul(B * rows * d, True, p_cfg.frac, p_cfg.trunc))
+            + cost_attend_out(p_cfg, cfg, B, t0, n, rows))
 
 
 def cost_lm_prefill(p_cfg, cfg: M.ModelConfig, B: int, T: int,

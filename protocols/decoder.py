@@ -11,6 +11,14 @@ Incremental decoding (:class:`DecodeState`, :func:`decoder_step`): per layer and
 secret running sum G = sum_j K'_j^T V_j of the masked self attention (plus a bounded cache of
 the newest K', V rows, folded into G every ``block`` tokens) and the cross attention K'^T V;
 a new token costs O(1) in the prefix length (Eq. 15).
+
+Softmax-style attention (``cfg.attention`` softmax, power-softmax, sigma-relu; issue 14): the
+self attention keeps a secret KV cache of the target prefix per layer
+(:class:`protocols.kv_cache.KVCache`; a step appends the token's k, v and computes its row
+against every cached key, :func:`protocols.kv_cache.attend_out`), the cross attention the
+encoder output's K and V per layer (projected once when the session opens, like K'^T V) and
+runs :func:`protocols.mha.heads` of the token's query against them. A token then costs
+O(t + S) bytes (t cached target tokens, S source positions) in rounds independent of both.
 """
 from __future__ import annotations
 
@@ -28,23 +36,25 @@ from mpc3.shares import AShare
 from . import attention as A
 from . import model as M
 from .ffn import cost_ffn_hidden, ffn, ffn_hidden
+from .kv_cache import KVCache, attend_out, cost_attend_out
 from .layernorm import cost_layernorm_project, layernorm_project
-from .mha import (add_bias, cost_features, cost_finish, cost_project, features, finish, mha, project,
-                  split_heads)
+from .mha import (add_bias, cost_features, cost_finish, cost_heads, cost_project, features, finish,
+                  heads, mha, project, split_heads)
 from .norms import cost_norm, norm
 from .secure_model import PROJ_EXTRA, sub
 
 
 @dataclass
 class CrossKV:
-    kf: AShare           # (B, h, S, r) K' of the encoder output
+    kf: AShare           # (B, h, S, r) K' of the encoder output (softmax-style: K, (B,h,S,dh))
     v: AShare            # (B, h, S, dh)
-    kv: AShare | None    # (B, h, r, dh) K'^T V, when the kv order is used
+    kv: AShare | None    # (B, h, r, dh) K'^T V, when the kv order is used (Performer only)
 
 
 def cross_precompute(p: Party, cfg: M.ModelConfig, shares: dict, enc: AShare,
                      need_kv: bool = True) -> list[CrossKV]:
-    """K', V (and K'^T V) of every decoder layer's cross attention: 3-4 kernel calls in all."""
+    """K', V (and K'^T V) of every decoder layer's cross attention: 3-4 kernel calls in all;
+    softmax-style attention: K and V (one product call)."""
     L, h = cfg.n_dec_layers, cfg.n_heads
     if L == 0:
         return []
@@ -60,6 +70,8 @@ def cross_precompute(p: Party, cfg: M.ModelConfig, shares: dict, enc: AShare,
         base = i * (nk + d)
         ks.append(split_heads(y[..., base:base + nk], h))
         vs.append(split_heads(y[..., base + nk:base + nk + d], h))
+    if cfg.attention != M.PERFORMER:
+        return [CrossKV(ks[i], vs[i], None) for i in range(L)]
     kst = AShare(np.stack([k.a for k in ks]), np.stack([k.b for k in ks]))   # (L,B,h,S,.)
     if "omega" in ws[0]:
         om = AShare(np.stack([w["omega"].a for w in ws])[:, None],
@@ -80,6 +92,8 @@ def cost_cross_precompute(p_cfg, cfg: M.ModelConfig, B: int, S: int, folded: boo
     L, h, r, dh, d = cfg.n_dec_layers, cfg.n_heads, cfg.n_features, cfg.d_head, cfg.d_model
     if L == 0:
         return Cost(0, (0, 0, 0))
+    if cfg.attention != M.PERFORMER:
+        return cost_project(p_cfg, B * S * L * 2 * d)
     nk = h * r if folded else d
     cost = cost_project(p_cfg, B * S * L * (nk + d)) + cost_features(p_cfg, L * B * h * S * r,
                                                                       folded)
@@ -91,6 +105,8 @@ def cost_cross_precompute(p_cfg, cfg: M.ModelConfig, B: int, S: int, folded: boo
 def cross_mha(p: Party, cfg: M.ModelConfig, w: dict, xq: AShare, ckv: CrossKV,
               order: str = "kv") -> AShare:
     q, _, _ = project(p, cfg, w, xq, None, want_q=True, want_kv=False)
+    if cfg.attention != M.PERFORMER:
+        return finish(p, cfg, w, heads(p, cfg.attention, q, ckv.kf, ckv.v), None)
     qf, _ = features(p, cfg, w, q, None)
     if order == "kv" and ckv.kv is not None:
         o = arith.matmul_aa(p, qf, ckv.kv)
@@ -210,7 +226,7 @@ def cost_ln_bias(p_cfg, cfg: M.ModelConfig, folded: bool = True, fuse=DEFAULT_FU
 def _width(cfg: M.ModelConfig, name: str, folded: bool = True) -> int:
     if name.endswith(".w1"):      # a linear FFN is shared fused: w1 = W1 W2 (d, d)
         return cfg.d_model if cfg.ffn_act == "none" else cfg.d_ff
-    if name.endswith(".wv_c"):
+    if name.endswith(".wv_c") or cfg.attention != M.PERFORMER:     # no features: W (d, d)
         return cfg.d_model
     return cfg.n_heads * cfg.n_features if folded else cfg.d_model
 
@@ -219,12 +235,15 @@ def _width(cfg: M.ModelConfig, name: str, folded: bool = True) -> int:
 class DecodeState:
     """Secret incremental-decoding state of one party (shares only; t and n_enc are public).
 
-    ``cross_kv[i]``: K'^T V of layer i's cross attention, times 1/n_enc when attn_norm is
-    "mean" (the row scale of every step, applied once); ``ln_bias``: beta W of the fused
-    LayerNorm projections (:func:`ln_fusions` of ``fuse``)."""
+    ``prefix[i]``: layer i's masked self-attention state, Performer's prefix sums
+    (:class:`attention.PrefixState`) or a KV cache (:class:`protocols.kv_cache.KVCache`,
+    softmax-style attention); ``cross_kv[i]``: K'^T V of layer i's cross attention, times
+    1/n_enc when attn_norm is "mean" (the row scale of every step, applied once) - or, for a
+    softmax-style attention, the :class:`CrossKV` K, V of the encoder output; ``ln_bias``:
+    beta W of the fused LayerNorm projections (:func:`ln_fusions` of ``fuse``)."""
 
-    prefix: list[A.PrefixState]
-    cross_kv: list[AShare]
+    prefix: list[A.PrefixState | KVCache]
+    cross_kv: list[AShare | CrossKV]
     n_enc: int
     ln_bias: dict = field(default_factory=dict)
     fuse: tuple = DEFAULT_FUSE
@@ -236,6 +255,11 @@ class DecodeState:
         """``block``: tokens cached before folding into G (:class:`attention.PrefixState`).
         Cost: :func:`cost_decode_start` (beyond :func:`cross_precompute`)."""
         B, S, _ = enc.shape
+        if cfg.attention != M.PERFORMER:            # KV caches of capacity max_len
+            return DecodeState([KVCache.empty(B, cfg.n_heads, cfg.d_head, cfg.max_len)
+                                for _ in range(cfg.n_dec_layers)],
+                               cross_precompute(p, cfg, shares, enc), S,
+                               _ln_bias(p, cfg, shares, fuse), tuple(fuse))
         cross = [c.kv for c in cross_precompute(p, cfg, shares, enc, need_kv=True)]
         if cfg.attn_norm == "mean" and cross:
             kv = A.scale_public(p, AShare.concat([c.reshape(-1) for c in cross]), 1.0 / S,
@@ -246,13 +270,21 @@ class DecodeState:
                                                 block) for _ in range(cfg.n_dec_layers)],
                            cross, S, _ln_bias(p, cfg, shares, fuse), tuple(fuse))
 
+    @property
+    def batch(self) -> int | None:
+        """The session's batch size (None for a model without decoder layers)."""
+        if not self.prefix:
+            return None
+        first = self.prefix[0]
+        return first.batch if isinstance(first, KVCache) else first.G.shape[0]
+
 
 def cost_decode_start(p_cfg, cfg: M.ModelConfig, B: int, folded: bool = True,
                       fuse=DEFAULT_FUSE) -> Cost:
     """What :meth:`DecodeState.start` adds to :func:`cross_precompute`: the cross K'^T V row
     scale (attn_norm "mean") and the fused LayerNorms' beta W."""
     cost = cost_ln_bias(p_cfg, cfg, folded, fuse)
-    if cfg.attn_norm == "mean" and cfg.n_dec_layers:
+    if cfg.attn_norm == "mean" and cfg.n_dec_layers and cfg.attention == M.PERFORMER:
         n = cfg.n_dec_layers * B * cfg.n_heads * cfg.n_features * cfg.d_head
         cost = A.cost_scale_public(n, p_cfg, A.ROW_SCALE_EXTRA) + cost
     return cost
@@ -298,14 +330,19 @@ def _bcast_row(v: AShare, shape) -> AShare:
     return AShare(np.broadcast_to(v.a, shape).copy(), np.broadcast_to(v.b, shape).copy())
 
 
-def _self_step(p, cfg, w, q, k, v, st: A.PrefixState):
+def _self_step(p, cfg, w, q, k, v, st: A.PrefixState | KVCache):
+    if isinstance(st, KVCache):               # softmax-style: the row against the cache
+        return attend_out(p, cfg, w, st, q, k, v)
     qf, kf = features(p, cfg, w, q, k)
     o = A.attention_step(p, st, qf, kf, v)
     return finish(p, cfg, w, o, [st.t])
 
 
 def _cross_step(p, cfg, w, q, kv):
-    """The cross attention of one token from its projection q; kv carries 1/n_enc."""
+    """The cross attention of one token from its projection q; kv carries 1/n_enc (a
+    :class:`CrossKV`, softmax-style: the row against the encoder output's K, V)."""
+    if isinstance(kv, CrossKV):
+        return finish(p, cfg, w, heads(p, cfg.attention, q, kv.kf, kv.v), None)
     qf, _ = features(p, cfg, w, q, None)
     return finish(p, cfg, w, A.cross_attention_step(p, qf, kv), None)
 
@@ -387,21 +424,16 @@ def decoder_step(p: Party, cfg: M.ModelConfig, shares: dict, state: DecodeState,
 
 
 def cost_decoder_step(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int | None = None,
-                      folded: bool = True, fuse=DEFAULT_FUSE) -> Cost:
+                      folded: bool = True, fuse=DEFAULT_FUSE, n_enc: int | None = None) -> Cost:
     """Declared rounds and bytes per party of :func:`decoder_step` for the token at position
     ``t`` (t tokens already decoded; the self-attention cache state follows from t and
     ``block``) with the LayerNorm fusions ``fuse``. Rounds do not depend on t; bytes do,
-    through the cache folding."""
-    d, h, r, dh, L = cfg.d_model, cfg.n_heads, cfg.n_features, cfg.d_head, cfg.n_dec_layers
-    block = A.default_decode_block(r, dh) if block is None else int(block)
-    nq = h * r if folded else d
-    core = {"self": (cost_features(p_cfg, B * h * 2 * r, folded)
-                     + A.cost_attention_step(p_cfg, B, h, r, dh, t % block, t >= block, block)
-                     + cost_finish(p_cfg, cfg, B)),
-            "cross": (cost_features(p_cfg, B * h * r, folded)
-                      + arith.cost_mul(B * h * dh, True, p_cfg.frac, p_cfg.trunc)
-                      + cost_finish(p_cfg, cfg, B, row_scale=False)),
+    through the cache folding - or, softmax-style attention, linearly in t and in ``n_enc``
+    (the source positions the cross attention reads; required then)."""
+    d, L = cfg.d_model, cfg.n_dec_layers
+    core = {**_cost_attention_cores(p_cfg, cfg, B, t, block, folded, n_enc),
             "ffn": cost_ffn_hidden(p_cfg, B, d, cfg.d_ff, cfg.ffn_act)}
+    nq = _width(cfg, "self.wq_proj", folded)
     post = not cfg.norm_first
     total = cost_project(p_cfg, B * (2 * nq + d)) if post and L else Cost(0, (0, 0, 0))
     for i in range(L):
@@ -413,3 +445,23 @@ def cost_decoder_step(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int | No
                                               fuse)
         total = total + core["self"] + core["cross"] + core["ffn"]
     return total + cost_norm(p_cfg, cfg, B) if cfg.norm_first and L else total
+
+
+def _cost_attention_cores(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int | None,
+                          folded: bool, n_enc: int | None) -> dict[str, Cost]:
+    """A decode step's self and cross attention of one layer after their projections."""
+    h, r, dh = cfg.n_heads, cfg.n_features, cfg.d_head
+    if cfg.attention != M.PERFORMER:
+        if n_enc is None:
+            raise ValueError("a softmax-style decode step's cost depends on the source "
+                             "length: pass n_enc")
+        return {"self": cost_attend_out(p_cfg, cfg, B, t),
+                "cross": (cost_heads(p_cfg, cfg.attention, B, h, 1, n_enc, dh)
+                          + cost_finish(p_cfg, cfg, B, row_scale=False))}
+    block = A.default_decode_block(r, dh) if block is None else int(block)
+    return {"self": (cost_features(p_cfg, B * h * 2 * r, folded)
+                     + A.cost_attention_step(p_cfg, B, h, r, dh, t % block, t >= block, block)
+                     + cost_finish(p_cfg, cfg, B)),
+            "cross": (cost_features(p_cfg, B * h * r, folded)
+                      + arith.cost_mul(B * h * dh, True, p_cfg.frac, p_cfg.trunc)
+                      + cost_finish(p_cfg, cfg, B, row_scale=False))}

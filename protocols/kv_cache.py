@@ -35,7 +35,7 @@ from mpc3.kernels.base import Cost
 from mpc3.party import Party
 from mpc3.shares import AShare
 
-from .mha import cost_heads, heads
+from .mha import cost_finish, cost_heads, finish, heads
 
 
 def _zeros(B: int, h: int, n: int, dh: int) -> AShare:
@@ -112,3 +112,15 @@ def cost_attend(p_cfg, attention: str, B: int, h: int, dh: int, t0: int, n: int 
     """Declared rounds and bytes per party of :func:`attend` (t0 tokens cached before)."""
     _shape(t0, n, rows)
     return cost_heads(p_cfg, attention, B, h, rows, t0 + n, dh, masked=rows > 1)
+
+
+def attend_out(p: Party, cfg, w: dict, cache: KVCache, q: AShare, k: AShare,
+               v: AShare) -> AShare:
+    """:func:`attend` with the model's attention, then the heads merged @ W^O (+ b^O): the
+    attention sublayer's output (B, rows, d). Cost: :func:`cost_attend_out`."""
+    return finish(p, cfg, w, attend(p, cfg.attention, cache, q, k, v), None)
+
+
+def cost_attend_out(p_cfg, cfg, B: int, t0: int, n: int = 1, rows: int = 1) -> Cost:
+    return (cost_attend(p_cfg, cfg.attention, B, cfg.n_heads, cfg.d_head, t0, n, rows)
+            + cost_finish(p_cfg, cfg, B * rows, row_scale=False))

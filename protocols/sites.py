@@ -1,139 +1,32 @@
-"""Range-limited kernel sites of the secure model, and a float64 trace that measures them.
+"""A float64 trace of the secure model that measures the values reaching its range-limited
+kernel sites (:mod:`protocols.site_catalog`: :data:`SITES`, :func:`site_range`).
 
 A *site* is a place where the secure encoder (:func:`protocols.encoder.encoder`) or the secure
 incremental decoder (:meth:`protocols.decoder.DecodeState.start` + :func:`decoder_step`)
-hands a value to a kernel that is exact only on a documented range:
+hands a value to a kernel that is exact only on a documented range.
 
-* ``product``: a truncated product (mul_aa / matmul_aa / mul_many_aa item / scale_public) is
-  exact while its real value satisfies |z| < ``arith.product_limit(frac, extra)``, ``extra``
-  being the additional fractional bits of one operand (PROJ_EXTRA for the projections,
-  ROW_SCALE_EXTRA / LN_SCALE_EXTRA for the public 1/n and 1/d scalings);
-* ``relu``: relu_a inputs must satisfy |x| < ``convert.relu_limit(ring)``;
-* ``gelu``: gelu_a inputs must satisfy |x| <= ``activations.gelu_limit(ring)`` (2^13);
-* ``tanh``: tanh_a inputs (BERT's pooler) must satisfy |x| <= ``activations.TANH_LIMIT`` (24);
-* ``sqrt_inv``: sqrt_inv_a inputs must lie in ``fxp.SQRT_INV_RANGE``.
-
-* ``exp`` / ``reciprocal`` (models with softmax-style ``attention``): inputs inside
-  ``fxp.EXP_RANGE`` / ``fxp.RECIPROCAL_RANGE``, both recorded as (min, max) spans.
-
-Sites per layer (:data:`SITES`); every one is measured in the secure protocol's own
+Every site is measured per layer in the secure protocol's own
 representation - attn_c folded as s = |c|^(1/3) into W^Q, W^K and c/s^2 into W^V
 (:func:`protocols.secure_model.fold_scales`), Omega folded or not, LayerNorm's sum of squares
 before its 1/d, unnormalised attention sums before the ``mean`` row scaling, and the decode
 steps' partial products with the decode block of :class:`protocols.attention.PrefixState`.
 
-:func:`trace` runs the same computation as :mod:`protocols.model.reference` in float64 and
+:class:`Trace` runs the same computation as :mod:`protocols.model.reference` in float64 and
 records the largest magnitude reaching each site (for ``var_eps`` its minimum and maximum).
 Its outputs equal the reference's (tests check it); the secure run differs from these values
 by its fixed-point error only (~1e-3 relative after a LayerNorm).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-from mpc3.kernels import activations, arith, convert, fxp
-from mpc3.party import RingConfig
-
 from . import model as M
-from .attention import ROW_SCALE_EXTRA, default_decode_block
-from .attention_variants import SCORE_EXTRA, SIG_BITS
+from .attention import default_decode_block
 from .model import variants as MV
-from .layernorm import LN_SCALE_EXTRA
-from .secure_model import PROJ_EXTRA, fold_scales
+from .secure_model import fold_scales
+from .site_catalog import SITES, Site, site_range
 
-
-@dataclass(frozen=True)
-class Site:
-    kernel: str         # "product" | "relu" | "sqrt_inv"
-    what: str           # what reaches the kernel
-    advice: str         # what the model owner can change
-    extra: int = 0      # product: extra fractional bits of one operand
-
-
-_ATTN = "lower attn_c or rescale W^Q/W^K/W^V"
-_LONG = "lower attn_c (or use attn_norm 'mean') or shorten max_len"
-_VAR = "rescale W^Q/W^K (the scores) or W^V"
-SITES: dict[str, Site] = {
-    # attention (enc.i.attn, dec.i.self, dec.i.cross)
-    "proj": Site("product", "projection X [W^Q|W^K|W^V] (attn_c folded in)", _ATTN, PROJ_EXTRA),
-    "omega": Site("product", "unfolded feature projection Q_h Omega_h / K_h Omega_h", _ATTN),
-    "features": Site("relu", "ReLU feature input Q Omega / K Omega", _ATTN),
-    "kv": Site("product", "Performer sum K'^T V", _LONG),
-    "scores": Site("product", "attention scores Q'K'^T", _LONG),
-    "out": Site("product", "attention output Q'(K'^T V) (or a decode step's part of it)", _LONG),
-    "rowscale": Site("product", "attention output times 1/n", _LONG, ROW_SCALE_EXTRA),
-    "wo": Site("product", "output projection (.) W^O", "rescale W^O"),
-    # softmax-style attentions (ModelConfig.attention != relu-performer)
-    "vscores": Site("product", "attention scores q k^T / sqrt(d_head)", _VAR, SCORE_EXTRA),
-    "exp": Site("exp", "softmax exponent (the scores)", _VAR),
-    "power": Site("product", "PowerSoftmax powers s^2 .. s^p", _VAR),
-    "den": Site("reciprocal", "softmax / PowerSoftmax row denominator", _VAR),
-    "sigma": Site("relu", "sigma-attention ReLU input (the scores)", _VAR),
-    "sigma_sum": Site("product", "sigma-attention ReLU(s) V before its 1/L (whose "
-                      f"{SIG_BITS}-bit factor rides in that product)", _VAR, SIG_BITS),
-    "vout": Site("product", "attention weights times V (and times 1/denominator)", _VAR),
-    # LayerNorm (enc.i.ln1, ..., dec.final_ln)
-    "mean": Site("product", "LayerNorm row mean", "rescale the weights", LN_SCALE_EXTRA),
-    "sumsq": Site("product", "LayerNorm sum of squares (d a power of two: sum_k x_k^2, "
-                  "else sum_k (x_k - mu)^2)", "lower attn_c or rescale the weights"),
-    "sum2": Site("product", "LayerNorm squared row sum (sum_k x_k)^2",
-                 "lower attn_c or rescale the weights"),
-    "xgamma": Site("product", "LayerNorm centred input times gamma: d (x - mu) * gamma for d "
-                   "a power of two, else (x - mu) * gamma", "rescale gamma or the weights"),
-    "var": Site("product", "LayerNorm variance", "lower attn_c or rescale the weights",
-                LN_SCALE_EXTRA),
-    "var_eps": Site("sqrt_inv", "LayerNorm variance+eps", "lower attn_c or rescale the weights"),
-    "scale": Site("product", "LayerNorm output (x - mu) * gamma / sqrt(var + eps)",
-                  "rescale gamma"),
-    # a decode step's LayerNorm fused with the projection reading it (layernorm_project)
-    "lnproj": Site("product", "unnormalised attention projection ((x - mu) * gamma) W "
-                   "(and beta W)", "rescale gamma or W^Q/W^K/W^V", PROJ_EXTRA),
-    "lnw1": Site("product", "unnormalised FFN product ((x - mu) * gamma) W1 (and beta W1)",
-                 "rescale gamma or W1"),
-    "lnscale": Site("product", "unnormalised projection times 1/sqrt(var + eps)",
-                    "rescale gamma or the projection"),
-    # BatchNorm (norm batchnorm): x times the folded per-channel scale gamma / sqrt(var + eps)
-    "bn": Site("product", "BatchNorm input times gamma / sqrt(running var + eps)",
-               "rescale gamma or raise the running var"),
-    "out_scale": Site("product", "LM output times the product of AERO's betas", "rescale beta"),
-    # FFN (enc.i.ffn, dec.i.ffn)
-    "w1": Site("product", "FFN product x W1 (a linear FFN: x W1 W2, shared fused)",
-               "rescale W1"),
-    "hidden": Site("relu", "FFN hidden x W1 + b1", "rescale W1 and b1"),
-    "hidden_gelu": Site("gelu", "FFN hidden x W1 + b1 (GELU input)", "rescale W1 and b1"),
-    "w2": Site("product", "FFN product ReLU(.) W2", "rescale W2"),
-    # classifier head (head), protocols.classifier
-    "head": Site("product", "classifier head (sum over positions of h) @ head.w",
-                 "rescale head.w or shorten max_len"),
-    "pool": Site("product", "classifier logits before the bias (times 1/S)", "rescale head.w",
-                 ROW_SCALE_EXTRA),
-    "argmax": Site("relu", "difference of two logits compared by the arg-max",
-                   "rescale head.w and head.b"),
-    # BERT's pooler (pool cls-tanh): first row @ pool.w, tanh, @ head.w
-    "pool_dense": Site("product", "pooler product h[CLS] @ pool.w", "rescale pool.w"),
-    "tanh": Site("tanh", "pooler tanh input h[CLS] @ pool.w + pool.b",
-                 "rescale pool.w and pool.b"),
-}
-
-
-def site_range(site: str, ring: RingConfig) -> tuple[float, float]:
-    """(lo, hi): magnitudes must stay below hi; sqrt_inv inputs inside [lo, hi]."""
-    s = SITES[site]
-    if s.kernel == "product":
-        return 0.0, arith.product_limit(ring.frac, s.extra)
-    if s.kernel == "relu":
-        return 0.0, convert.relu_limit(ring)
-    if s.kernel == "gelu":
-        return 0.0, activations.gelu_limit(ring)
-    if s.kernel == "tanh":
-        return 0.0, activations.TANH_LIMIT
-    if s.kernel == "exp":
-        return tuple(float(v) for v in fxp.EXP_RANGE)
-    if s.kernel == "reciprocal":
-        return tuple(float(v) for v in fxp.RECIPROCAL_RANGE)
-    return tuple(float(v) for v in fxp.SQRT_INV_RANGE)
+__all__ = ["SITES", "Recorder", "Site", "Trace", "site_range"]
 
 
 #: secure weight share name -> the trace's weight name (ln_fused targets)
@@ -247,7 +140,7 @@ class Trace:
         if which == "wv":
             return self.vs * (x @ w["wv"])
         t = x @ w[which]
-        if not self.fold:
+        if not self.fold or self.cfg.attention != M.PERFORMER:     # no Omega to fold
             return self.s * t
         lead = t.shape[:-1]
         heads = t.reshape(-1, self.cfg.n_heads, self.cfg.d_head)[:, :, None, :]
@@ -305,14 +198,19 @@ class Trace:
         return _bias(y, self.attn[layer], "bo")
 
     # ---------------------------------------------------------------- attention ----
-    def variant_attention(self, layer: str, x: np.ndarray, masked: bool = False) -> np.ndarray:
+    def variant_attention(self, layer: str, x: np.ndarray, masked: bool = False,
+                          xkv: np.ndarray | None = None, proj: bool = True) -> np.ndarray:
         """A softmax-style attention (mha.heads): projections, scores and the kernel inputs
         of the model's variant. ``masked``: the causal rows, which are also the KV-cache
         decode steps' rows (protocols.kv_cache: a step's row is the masked row); only the
-        kept (causal) scores reach the kernels."""
+        kept (causal) scores reach the kernels. ``xkv``: keys and values from there (cross
+        attention); ``proj`` False: q, k, v were formed inside a LayerNorm (ln_fused)."""
         w, h, rec = self.attn[layer], self.cfg.n_heads, self.rec
-        q, k, v = (x @ w[f"w{n}"] for n in "qkv")
-        rec.mag(layer, "proj", q, k, v)
+        src = x if xkv is None else xkv
+        q, k, v = x @ w["wq"], src @ w["wk"], src @ w["wv"]
+        formed = ([q] if proj else []) + ([k, v] if proj or xkv is not None else [])
+        if formed:                                  # cross K, V: projected at the start
+            rec.mag(layer, "proj", *formed)
         q, k, v = (np.ascontiguousarray(M.split_heads(_bias(t, w, f"b{n}"), h))
                    for t, n in ((q, "q"), (k, "k"), (v, "v")))
         s = MV.scores(q, k)
@@ -433,22 +331,36 @@ class Trace:
         post = not cfg.norm_first
         for i in range(L):
             pre = f"dec.{i}"
-            kv = self.cross_kv(f"{pre}.cross", enc)
+            kv = self.cross_kv(f"{pre}.cross", enc) if cfg.attention == M.PERFORMER else None
             # a projection is recorded at its own layer unless a LayerNorm formed it
             own = {"self": f"dec.{i - 1}.ln3" not in fused if post else f"{pre}.ln1" not in fused,
                    "cross": f"{pre}.ln{1 if post else 2}" not in fused,
                    "ffn": f"{pre}.ln{2 if post else 3}" not in fused}
-            sub = {"self": lambda t: self.masked_steps(f"{pre}.self", t, proj=own["self"]),
-                   "cross": lambda t: self.cross_steps(f"{pre}.cross", t, kv, own["cross"]),
-                   "ffn": lambda t: self.ffn(f"{pre}.ffn", t, own["ffn"])}
             for n, kind in enumerate(("self", "cross", "ffn"), start=1):
                 if post:
-                    x = ln(f"{pre}.ln{n}", x + sub[kind](x), True)
+                    x = ln(f"{pre}.ln{n}", x + self._dec_sublayer(kind, pre, x, enc, kv,
+                                                                  own[kind]), True)
                 else:
-                    x = x + sub[kind](ln(f"{pre}.ln{n}", x, False))
+                    x = x + self._dec_sublayer(kind, pre, ln(f"{pre}.ln{n}", x, False), enc, kv,
+                                               own[kind])
         if cfg.norm_first and cfg.n_dec_layers:
             x = self.ln("dec.final_ln", x)
         return x
+
+    def _dec_sublayer(self, kind: str, pre: str, x: np.ndarray, enc: np.ndarray,
+                      kv: np.ndarray | None, proj: bool) -> np.ndarray:
+        """Decoder layer ``pre``'s sublayer ``kind`` (self, cross, ffn) as the decode steps
+        compute it: Performer's decode blocks and cross K'^T V ``kv``, or - softmax-style,
+        KV-cache steps - the causal self rows and the cross rows against the whole source.
+        ``proj`` False: its input projection was formed inside the LayerNorm before."""
+        if kind == "ffn":
+            return self.ffn(f"{pre}.ffn", x, proj)
+        if self.cfg.attention != M.PERFORMER:
+            return self.variant_attention(f"{pre}.{kind}", x, kind == "self",
+                                          enc if kind == "cross" else None, proj)
+        if kind == "self":
+            return self.masked_steps(f"{pre}.self", x, proj=proj)
+        return self.cross_steps(f"{pre}.cross", x, kv, proj)
 
     def classifier(self, x: np.ndarray) -> np.ndarray:
         """protocols.classifier.classify: encoder, sum over positions @ head.w, times 1/S,

@@ -1,6 +1,6 @@
 """ModelConfig.attention: the seed papers' attention variants selectable in an
-encoder-classifier (softmax, power-softmax, sigma-relu; relu-performer stays the default and
-the only one the encoder-decoder takes; decoder-only LMs: tests/test_kv_cache_lm.py) -
+encoder-classifier (softmax, power-softmax, sigma-relu; relu-performer stays the default;
+decoder-only LMs: tests/test_kv_cache_lm.py; the encoder-decoder: tests/test_encdec_variants.py) -
 config, weights (no Omega), float64 reference, secure classify against it, declared cost,
 calibration."""
 import json
@@ -35,9 +35,6 @@ def test_config_weights_and_refusals(tmp_path):
     assert M.load_model(tmp_path / "m.npz")[0] == cfg
     with pytest.raises(ValueError, match="attention='linear'"):
         clf("linear")
-    with pytest.raises(ValueError, match="decode state for relu-performer only"):
-        M.ModelConfig(**COMMON, n_enc_layers=1, n_dec_layers=1, src_vocab=5, tgt_vocab=5,
-                      attention="softmax").validate()
 
 
 @pytest.mark.parametrize("attention", VARIANTS)

@@ -144,12 +144,11 @@ def test_calibration_covers_the_decode_and_refuses(rng, attention, site, hot, re
         C.calibrate(cfg, hot, C.default_samples(cfg, user, rng), user=user)
 
 
-def test_config_accepts_decoder_only_and_refuses_the_encoder_decoder():
+def test_config_accepts_every_architecture():
     for attention in VARIANTS:
-        cfg = lm_cfg(attention)
-        assert M.ModelConfig.from_dict(cfg.to_dict()) == cfg
-        assert not any(k.endswith(".omega") for k in M.expected_shapes(cfg))
-    with pytest.raises(ValueError, match="not available for arch 'encoder-decoder'"):
-        M.ModelConfig(d_model=16, n_heads=2, d_head=8, n_features=8, d_ff=32, attn_c=0.125,
-                      attn_norm="mean", norm_first=True, max_len=12, n_enc_layers=1,
-                      n_dec_layers=1, src_vocab=5, tgt_vocab=5, attention="softmax").validate()
+        for cfg in (lm_cfg(attention), M.ModelConfig(
+                d_model=16, n_heads=2, d_head=8, n_features=8, d_ff=32, attn_c=0.125,
+                attn_norm="mean", norm_first=True, max_len=12, n_enc_layers=1, n_dec_layers=1,
+                src_vocab=5, tgt_vocab=5, attention=attention).validate()):
+            assert M.ModelConfig.from_dict(cfg.to_dict()) == cfg
+            assert not any(k.endswith(".omega") for k in M.expected_shapes(cfg))

@@ -2,8 +2,8 @@
 whole grid arch x attention x ffn_act x norm x norm_first x attn_bias x pool x embedding
 (with and without token types) x ffn_bn x AERO's ffn_scale / ffn_pruned where they apply,
 each with random small shapes and weights; logits from token ids within 1e-9 (relative to max(1, |logit|): without normalization a random
-Performer stack can reach large values). Plus the decode path (the reference's
-incremental LM steps give the same rows), export, and a training step with BatchNorm."""
+Performer stack can reach large values). Plus the decode paths (the reference's
+incremental LM and translator steps give the same rows), export, and a training step with BatchNorm."""
 import itertools
 
 import numpy as np
@@ -18,7 +18,7 @@ TOL = 1e-9
 
 
 def grid():
-    archs = {"encoder-decoder": dict(attention=["relu-performer"], pool=["mean"],
+    archs = {"encoder-decoder": dict(attention=list(M.ATTENTIONS), pool=["mean"],
                                      embedding=["sinusoidal"]),
              "encoder-classifier": dict(attention=list(M.ATTENTIONS), pool=["mean", "cls-tanh"],
                                         embedding=["sinusoidal", "learned", "learned-ln"]),
@@ -110,6 +110,26 @@ def test_lm_rows_equal_the_reference_decode_steps(att, norm):
     for t in range(6):
         row = M.ref_lm_step(cfg, w, st, M.embed_tokens(cfg, user, ids[:, t:t + 1], t)[:, 0])
         assert close(got[:, t], M.output_logits(user, row))
+
+
+@pytest.mark.parametrize("att,first", [("softmax", False), ("power-softmax", True),
+                                       ("sigma-relu", False)])
+def test_translator_rows_equal_the_reference_decode_steps(att, first):
+    """The teacher-forced torch decoder == the reference's incremental decode (KV cache of
+    the target prefix, cross-attention K, V of the encoder output from the state's start)."""
+    from dataclasses import replace
+    cfg = replace(make("encoder-decoder", att, "mean", "sinusoidal", "relu", "layernorm", first,
+                       True, np.random.default_rng(7)), n_dec_layers=2).validate()
+    w, user = M.random_weights(cfg, 2), M.random_user(cfg, 2)
+    rng = np.random.default_rng(8)
+    src, tgt = rng.integers(0, 5, (2, 4)), rng.integers(0, 5, (2, 6))
+    with torch.no_grad():
+        got = TorchModel(cfg, w, user).eval()(torch.tensor(src), torch.tensor(tgt)).numpy()
+    st = M.RefDecodeState(cfg, w, M.ref_encoder(cfg, w, M.embed(cfg, user["embed.src"], src)))
+    for t in range(6):
+        y = M.embed(cfg, user["embed.tgt"], tgt[:, t:t + 1], t)[:, 0]
+        row = M.ref_decoder_step(cfg, w, st, y)
+        assert close(got[:, t], M.output_logits(user, row)), t
 
 
 def test_export_round_trips_and_training_updates_batchnorm(tmp_path):

@@ -12,12 +12,15 @@ KEYS = {"workload", "params", "transport", "net", "emulation", "wall_s", "bytes_
         "token_agreement", "per_token_wall_s", "per_token_bytes", "per_token_rounds"}
 
 
-def test_bench_translate_random_json(tmp_path, capsys):
+@pytest.mark.parametrize("attention", ["relu-performer", "softmax"])
+def test_bench_translate_random_json(tmp_path, capsys, attention):
     out = tmp_path / "r.json"
     assert cli.main(["bench", "translate", "--model", "random", "--d-model", "16", "--heads",
                      "2", "--features", "8", "--d-ff", "32", "--layers", "1", "--src-len",
-                     "4", "--tokens", "3", "--sentences", "2", "--json", str(out)]) == 0
+                     "4", "--tokens", "3", "--sentences", "2", "--attention", attention,
+                     "--json", str(out)]) == 0
     r = json.loads(out.read_text())
+    assert r["params"]["model_config"].get("attention", "relu-performer") == attention
     assert KEYS <= set(r)
     assert r["transport"] == "inproc" and r["tokens"] == 6 and r["steps"] == 3
     assert r["wall_s"]["min"] <= r["wall_s"]["median"]

@@ -1,7 +1,8 @@
 """The new architectures over real party processes (`mpc3 party` on loopback, mTLS): an
-encoder classifier (logits, or only the arg-max class when that is all its owner permits) and
-a decoder-only LM (`mpc3 generate`, streamed), shared with `share-model`, used with the CLI,
-against the float64 reference; the new production kinds reveal no linear function of a
+encoder classifier (logits, or only the arg-max class when that is all its owner permits), a
+decoder-only LM (`mpc3 generate`, streamed) and an encoder-decoder with softmax attention
+(`mpc3 translate`), shared with `share-model`, used with the CLI, against the float64
+reference; the new production kinds reveal no linear function of a
 chosen weight."""
 import subprocess
 import sys
@@ -169,3 +170,35 @@ def test_cli_generate_with_a_kv_cache_lm(zoo, attention):
               path, "--tokens", 6, PROMPT)
     assert r.returncode == 0, r.stderr
     assert f"tokens: {ref[0]}" in r.stderr and "per token" in r.stderr
+
+
+def test_cli_translate_with_a_softmax_translator(zoo):
+    """An encoder-decoder with softmax attention (its decode steps: a secret KV cache of the
+    target prefix, the cross attention against the source's K, V kept since decode_open)
+    shared with share-model (calibrated) and run with `mpc3 translate` over party processes:
+    the plaintext greedy translation (seed 4: top-2 logit margin > 1e-2 along the path)."""
+    from protocols import textdata as TD
+    v = TD.VOCAB
+    cfg = M.ModelConfig(**COMMON, n_enc_layers=1, n_dec_layers=2, src_vocab=len(v.src),
+                        tgt_vocab=len(v.tgt), attention="softmax").validate()
+    w, user = M.random_weights(cfg, 4), M.random_user(cfg, 4)
+    path = zoo.lm_file.parent / "ed-softmax.npz"
+    M.save_model(path, cfg, w, user)
+    src = np.array([TD.encode_src("4096")])
+    want = M.greedy_decode(cfg, w, user, src, v.bos, v.eos, v.max_tgt_len)[0]
+    st = M.RefDecodeState(cfg, w, M.ref_encoder(cfg, w, M.embed(cfg, user["embed.src"], src)))
+    tok, gaps = v.bos, []
+    for t in range(min(len(want) + 1, v.max_tgt_len)):
+        y = M.embed(cfg, user["embed.tgt"], np.array([[tok]]), t)[:, 0]
+        logits = M.output_logits(user, M.ref_decoder_step(cfg, w, st, y))[0]
+        top = np.sort(logits)[-2:]
+        gaps.append(top[1] - top[0])
+        tok = int(logits.argmax())
+    assert min(gaps) > 1e-2 and len(set(want)) >= 3
+    r = _mpc3("share-model", path, "--config", zoo.path, "--model-id", "ed-softmax")
+    assert r.returncode == 0, r.stderr
+    r = _mpc3("translate", "--config", zoo.path, "--model-id", "ed-softmax", "--model", path,
+              "--quiet", "4096")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"4096\t{TD.decode_tgt(want, v)}"
+    assert "rounds" in r.stderr

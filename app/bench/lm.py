@@ -11,7 +11,8 @@ query user (sinusoidal positions), the T = ``--tokens`` steps are fed the embedd
 further random ids (what a generation feeds back does not change its cost). Architectures:
 ``decoder-only`` (prefill of the prompt, then T KV-cache / Performer steps), ``encoder-decoder``
 (the translator: ``--prompt`` source positions through the encoder once, then T decoder
-steps; relu-performer only), ``classifier`` (encoder + pooling + head on ``--prompt``
+steps: Performer prefix sums, or a KV cache and the source's K, V for the softmax-style
+attentions), ``classifier`` (encoder + pooling + head on ``--prompt``
 positions, T = 0). ``--preset aero`` here is softmax attention and a linear FFN (``ffn_act``
 none) with the LayerNorms kept: random weights without normalization leave the kernels'
 ranges. The full preset (``norm`` none, W1 W2 fused, scaled / pruned FFN) is
@@ -134,7 +135,7 @@ def declared(cfg, B: int, S: int, T: int) -> list:
     from protocols.encoder import cost_encoder
     first = (cost_encoder(ring, cfg, B, S) + cost_cross_precompute(ring, cfg, B, S)
              + cost_decode_start(ring, cfg, B))
-    return [first] + [cost_decoder_step(ring, cfg, B, t) for t in range(T)]
+    return [first] + [cost_decoder_step(ring, cfg, B, t, n_enc=S) for t in range(T)]
 
 
 # ------------------------------------------------------------------------ running ----

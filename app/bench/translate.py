@@ -8,7 +8,8 @@
 batches (one decode session per batch), greedy decoding until ``<eos>`` (at most ``--tokens``
 steps, default the vocabulary's limit). ``--src-len`` keeps only numbers of that many source
 tokens (digits + eos). ``--model random``: random weights of the given shape (Xavier,
-attn_norm "mean", c = 1/r), ``--sentences`` random sources of ``--src-len`` tokens in one
+attn_norm "mean", c = 1/r; ``--attention`` any of the model config's: a softmax-style one
+decodes with a secret KV cache), ``--sentences`` random sources of ``--src-len`` tokens in one
 batch, exactly ``--tokens`` decoding steps (no early stop).
 
 Metrics (DESIGN.md names): ``wall_s`` {min, median} over ``--repeat`` runs of the whole
@@ -44,7 +45,8 @@ def _random_model(a):
                         n_features=a.features, d_ff=a.d_ff, n_enc_layers=a.layers,
                         n_dec_layers=a.layers, attn_c=1.0 / a.features, attn_norm="mean",
                         norm_first=False, src_vocab=a.vocab, tgt_vocab=a.vocab,
-                        max_len=max(a.src_len, a.tokens) + 1).validate()
+                        max_len=max(a.src_len, a.tokens) + 1,
+                        attention=a.attention).validate()
     return cfg, M.random_weights(cfg, a.seed), M.random_user(cfg, a.seed)
 
 
@@ -76,6 +78,9 @@ def run_translate(a) -> dict:
     from protocols import textdata as TD
     from .. import translate as T
     if a.model == "shipped":
+        if a.attention != M.PERFORMER:
+            raise ValueError("--attention selects the random model's attention (the shipped "
+                             "translator is relu-performer)")
         cfg, w, user, vocab = TD.load_shipped()
         eos, steps = vocab.eos, min(a.tokens or vocab.max_tgt_len, vocab.max_tgt_len)
         bos = vocab.bos
@@ -145,7 +150,8 @@ def run_translate(a) -> dict:
     n_steps = max(1, step_c.jobs)
     d = cfg.to_dict()
     return {
-        "workload": f"translate/{a.model}",
+        "workload": f"translate/{a.model}" + ("" if cfg.attention == M.PERFORMER
+                                               else f"/{cfg.attention}"),
         "params": {"model_config": d, "sentences": a.sentences, "batches": len(batches),
                    "batch_sizes": [int(b.shape[0]) for b in batches],
                    "src_lens": [int(b.shape[1]) for b in batches], "max_steps": steps,
@@ -210,6 +216,9 @@ def register(bsub) -> None:
     p.add_argument("--d-model", type=int, default=512)
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--features", type=int, default=266)
+    p.add_argument("--attention", default="relu-performer",
+                   choices=("relu-performer", "softmax", "power-softmax", "sigma-relu"),
+                   help="random: the model's attention")
     p.add_argument("--d-ff", type=int, default=2048)
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--vocab", type=int, default=256, help="random: vocabulary size")

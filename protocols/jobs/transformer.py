@@ -4,10 +4,12 @@ Computation ``translate`` (the model's own inference; permitted by default):
 
 * ``decode_open`` (session): input ``X`` (B, S, d), the embedded source. Runs the encoder once
   and keeps the secret decode state (cross-attention K'^T V of every decoder layer, empty
-  self-attention prefix sums, :class:`protocols.decoder.DecodeState`) in the session. No
+  self-attention prefix sums, :class:`protocols.decoder.DecodeState`; softmax-style
+  attention: the encoder output's K, V per layer and empty KV caches) in the session. No
   output: the encoder output never leaves the parties.
 * ``decode_step`` (session): input ``Y`` (B, d), the newest embedded target token -> output
-  ``H`` (B, d), the decoder output row of that token. O(1) in the prefix length.
+  ``H`` (B, d), the decoder output row of that token. O(1) in the prefix length
+  (relu-performer; softmax-style: O(t + S) bytes, rounds independent of t and S).
 * ``decode_close`` (session, no inputs): forgets the state.
 
 Computation ``encoder`` (only if the owner permits it: its output is an intermediate value of a
@@ -83,7 +85,7 @@ class DecodeSession:
     def __init__(self, cfg: M.ModelConfig, state: DecodeState) -> None:
         self.cfg = cfg
         self.state = state
-        self.batch = state.prefix[0].G.shape[0] if state.prefix else None
+        self.batch = state.batch
 
 
 def run_decode_open(ctx: JobContext, inputs: dict) -> dict:

@@ -32,9 +32,7 @@ from typing import Mapping
 import numpy as np
 
 from .config import DECODER_ONLY, ENCODER_CLASSIFIER, PERFORMER, ModelConfig
-from .features import attn_norm, merge_heads, project, ref_features, split_heads
-from .reference import _ffn, _ln, _step_attn, ref_encoder, ref_mha
-from .variants import ref_heads
+from .reference import _ffn, _ln, _step_self, ref_encoder, ref_mha
 from .weights import Weights
 
 
@@ -128,28 +126,14 @@ class RefLMState:
         self.V = [np.zeros((batch, h, 0, dh)) for _ in range(cfg.n_dec_layers)]
 
 
-def _self(cfg, w, i, state, x_t):
-    p = w.sub(f"dec.{i}.self")
-    if cfg.attention != PERFORMER:        # KV cache: the new row against every key so far
-        q, k, v = (split_heads(project(p, x_t, n)[:, None, :], cfg.n_heads) for n in "qkv")
-        state.K[i] = np.concatenate([state.K[i], k], axis=2)
-        state.V[i] = np.concatenate([state.V[i], v], axis=2)
-        return project(p, merge_heads(ref_heads(cfg.attention, q, state.K[i], state.V[i]))[:, 0],
-                       "o")
-    kf = ref_features(cfg, p, x_t[:, None, :], "k")[:, :, 0, :]
-    v = split_heads(project(p, x_t, "v")[:, None, :], cfg.n_heads)[:, :, 0, :]
-    state.G[i] = state.G[i] + np.einsum("bhr,bhd->bhrd", kf, v)
-    return _step_attn(cfg, p, x_t, state.G[i], float(attn_norm(cfg, state.t + 1)))
-
-
 def ref_lm_step(cfg: ModelConfig, w: Weights, state: RefLMState, y_t) -> np.ndarray:
     """One token: y_t (B, d) embedded at position state.t -> final hidden row (B, d)."""
     x = np.asarray(y_t, dtype=np.float64)
     for i in range(cfg.n_dec_layers):
         if cfg.norm_first:
-            x = x + _self(cfg, w, i, state, _ln(cfg, w, f"dec.{i}.ln1", x))
+            x = x + _step_self(cfg, w, i, state, _ln(cfg, w, f"dec.{i}.ln1", x))
         else:
-            x = _ln(cfg, w, f"dec.{i}.ln1", x + _self(cfg, w, i, state, x))
+            x = _ln(cfg, w, f"dec.{i}.ln1", x + _step_self(cfg, w, i, state, x))
         x = _ffn_block(cfg, w, i, x)
     if cfg.norm_first:
         x = _ln(cfg, w, "dec.final_ln", x)

@@ -46,9 +46,10 @@ ATTN_NORMS = ("const", "mean")
 #: FFN activations (``ffn_act``): ReLU (Privformer), exact-erf GELU (mpc3.kernels.activations,
 #: |x| <= 2^13), or none (a linear FFN, as in AERO's softmax-only block).
 FFN_ACTS = ("relu", "gelu", "none")
-#: Attention of the model (``attention``; float64 references in :mod:`.variants`). The
-#: encoder-decoder needs relu-performer (its decoder's secure state is Performer's prefix
-#: sums); a decoder-only LM decodes the others with a secret KV cache (protocols.kv_cache).
+#: Attention of the model (``attention``; float64 references in :mod:`.variants`), every one
+#: for every architecture: relu-performer decodes with Performer's prefix sums, the others
+#: with a secret KV cache (protocols.kv_cache; the encoder-decoder's cross attention keeps
+#: the encoder output's K, V from the session's start).
 ATTENTIONS = ("relu-performer", "softmax", "power-softmax", "sigma-relu")
 PERFORMER = "relu-performer"
 #: Pooling of an encoder classifier (``pool``): the mean over the positions, or BERT's
@@ -157,11 +158,6 @@ class ModelConfig:
             raise ValueError(f"ln_eps={self.ln_eps!r} must be a finite float > 0")
         if self.attention not in ATTENTIONS:
             raise ValueError(f"attention={self.attention!r} must be one of {ATTENTIONS}")
-        if self.attention != PERFORMER and self.arch == ENCODER_DECODER:
-            raise ValueError(f"attention={self.attention!r} is not available for arch "
-                             f"{ENCODER_DECODER!r}: its decoder has a secure decode state "
-                             f"for {PERFORMER} only (softmax-style attention decodes in "
-                             f"arch {DECODER_ONLY!r} and runs in {ENCODER_CLASSIFIER!r})")
         self._validate_extras(posint)
         if self.norm not in NORMS:
             raise ValueError(f"norm={self.norm!r} must be one of {NORMS}")

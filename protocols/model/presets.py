@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .config import ENCODER_DECODER, PERFORMER, ModelConfig
+from .config import ModelConfig
 
 #: the presets by name (``--preset NAME`` of config builders)
 PRESETS = ("aero",)
@@ -36,14 +36,8 @@ PRESETS = ("aero",)
 def aero(cfg: ModelConfig, attention: str | None = "softmax", scale: bool = False,
          pruned: int = 0) -> ModelConfig:
     """``cfg`` with AERO's softmax-only block (module docstring); ``attention`` None keeps
-    ``cfg.attention``; ``scale`` / ``pruned``: ``ffn_scale`` / ``ffn_pruned`` (decoder-only).
-    Refused for an encoder-decoder with a softmax-style attention (its decoder has a secure
-    decode state for relu-performer only)."""
+    ``cfg.attention``; ``scale`` / ``pruned``: ``ffn_scale`` / ``ffn_pruned`` (decoder-only)."""
     att = cfg.attention if attention is None else attention
-    if cfg.arch == ENCODER_DECODER and att != PERFORMER:
-        raise ValueError(f"preset aero: attention {att!r} is not available for arch "
-                         f"{ENCODER_DECODER!r}; pass attention={PERFORMER!r} (or None) for "
-                         f"a Performer translator without LayerNorm and FFN nonlinearity")
     return replace(cfg, norm="none", ffn_act="none", attention=att, ffn_scale=scale,
                    ffn_pruned=pruned).validate()
 

@@ -37,6 +37,10 @@ replaced by Performer ReLU attention (Privformer Sec. 5, Eq. 12-15):
   Pre-LN (``norm_first=True``): ``x = x + sublayer(LN(x))`` (cross attention
   uses ``LN2(x)`` as query and ``enc_out`` as key/value) and a final LayerNorm
   (``enc.final_ln`` / ``dec.final_ln``) on each stack output.
+* ``cfg.attention`` softmax, power-softmax or sigma-relu: every attention (self, masked,
+  cross) is that variant on the per-head q, k, v (:func:`.variants.ref_heads`, no Omega);
+  the incremental decoder (:class:`RefDecodeState`) then keeps a KV cache of the target
+  prefix and the encoder output's K, V instead of Performer's sums.
 * User side (never secret-shared, :mod:`protocols.model.decode`): ``emb(tok) =
   embed[tok] * sqrt(d_model) + PE[pos]`` with the standard sinusoidal PE, and
   ``logits = h @ out.w + out.b``.
@@ -222,39 +226,59 @@ def ref_decoder(cfg: ModelConfig, w: Weights, y, enc_out, form: str = "kv",
 
 
 class RefDecodeState:
-    """Incremental decoder state (Privformer Alg. 3 / Eq. 15).
+    """Incremental decoder state (Privformer Alg. 3 / Eq. 15; a KV cache for the
+    softmax-style attentions).
 
-    Per decoder layer: ``G[i]`` (B, h, r, d_head) running sum
-    ``sum_{j<=t} K'_j^T V_j`` of the masked self-attention, ``cross_kv[i]``
-    (B, h, r, d_head) = ``K'^T V`` of the cross attention (computed once from
-    ``enc_out``), ``n_enc`` the number of encoder positions and ``t`` the number
-    of tokens consumed so far (so the masked count is ``n = t + 1``).
+    Per decoder layer, relu-performer: ``G[i]`` (B, h, r, d_head) running sum
+    ``sum_{j<=t} K'_j^T V_j`` of the masked self-attention and ``cross_kv[i]`` (B, h, r,
+    d_head) = ``K'^T V`` of the cross attention (computed once from ``enc_out``);
+    softmax-style: the KV cache ``K[i]``, ``V[i]`` (B, h, t, d_head) of the target prefix and
+    ``cross_kv[i]`` = (K, V) (B, h, S, d_head) of the encoder output (once). ``n_enc`` is
+    the number of encoder positions and ``t`` the number of tokens consumed so far (so the
+    masked count is ``n = t + 1``).
     """
 
     def __init__(self, cfg: ModelConfig, w: Weights, enc_out):
         enc_out = np.asarray(enc_out, dtype=np.float64)
         B, S, _ = enc_out.shape
-        h, r, dh = cfg.n_heads, cfg.n_features, cfg.d_head
+        h, r, dh, L = cfg.n_heads, cfg.n_features, cfg.d_head, cfg.n_dec_layers
         self.t = 0
         self.n_enc = S
-        self.G = [np.zeros((B, h, r, dh)) for _ in range(cfg.n_dec_layers)]
+        self.G = [np.zeros((B, h, r, dh)) for _ in range(L)]
+        self.K = [np.zeros((B, h, 0, dh)) for _ in range(L)]
+        self.V = [np.zeros((B, h, 0, dh)) for _ in range(L)]
         self.cross_kv = []
-        for i in range(cfg.n_dec_layers):
+        for i in range(L):
             p = w.sub(f"dec.{i}.cross")
-            kf = ref_features(cfg, p, enc_out, "k")  # (B,h,S,r)
             v = split_heads(project(p, enc_out, "v"), h)  # (B,h,S,dh)
+            if cfg.attention != PERFORMER:
+                self.cross_kv.append((split_heads(project(p, enc_out, "k"), h), v))
+                continue
+            kf = ref_features(cfg, p, enc_out, "k")  # (B,h,S,r)
             self.cross_kv.append(np.swapaxes(kf, -1, -2) @ v)
 
 
 def _step_attn(cfg, p, x_t, kv, scale):
-    # x_t (B,d); kv (B,h,r,dh) -> (B,d)
+    """The attention of one row x_t (B, d) -> (B, d): relu-performer against a K'^T V (or
+    G) ``kv`` (B, h, r, dh) times ``scale``; softmax-style against the keys and values
+    ``kv`` = (K, V) (B, h, n, dh), unmasked (every key is visible to the row)."""
+    if cfg.attention != PERFORMER:
+        q = split_heads(project(p, x_t, "q")[:, None, :], cfg.n_heads)
+        return project(p, merge_heads(ref_heads(cfg.attention, q, *kv))[:, 0], "o")
     qf = ref_features(cfg, p, x_t[:, None, :], "q")[:, :, 0, :]  # (B,h,r)
     o = np.einsum("bhr,bhrd->bhd", qf, kv) * scale
     return project(p, o.reshape(o.shape[0], -1), "o")
 
 
-def _step_self(cfg, w, prefix, state, i, x_t):
-    p = w.sub(prefix)
+def _step_self(cfg, w, i, state, x_t):
+    """Layer i's masked self attention of the row x_t at position state.t; appends it to the
+    state (G, or the KV cache K, V): ``RefDecodeState`` and ``archs.RefLMState``."""
+    p = w.sub(f"dec.{i}.self")
+    if cfg.attention != PERFORMER:        # KV cache: the new row against every key so far
+        k, v = (split_heads(project(p, x_t, n)[:, None, :], cfg.n_heads) for n in "kv")
+        state.K[i] = np.concatenate([state.K[i], k], axis=2)
+        state.V[i] = np.concatenate([state.V[i], v], axis=2)
+        return _step_attn(cfg, p, x_t, (state.K[i], state.V[i]), 1.0)
     kf = ref_features(cfg, p, x_t[:, None, :], "k")[:, :, 0, :]  # (B,h,r)
     v = split_heads(project(p, x_t, "v")[:, None, :], cfg.n_heads)[:, :, 0, :]  # (B,h,dh)
     state.G[i] = state.G[i] + np.einsum("bhr,bhd->bhrd", kf, v)
@@ -276,11 +300,11 @@ def ref_decoder_step(cfg: ModelConfig, w: Weights, state: RefDecodeState | None,
     for i in range(cfg.n_dec_layers):
         pc = w.sub(f"dec.{i}.cross")
         if cfg.norm_first:
-            x = x + _step_self(cfg, w, f"dec.{i}.self", state, i, _ln(cfg, w, f"dec.{i}.ln1", x))
+            x = x + _step_self(cfg, w, i, state, _ln(cfg, w, f"dec.{i}.ln1", x))
             x = x + _step_attn(cfg, pc, _ln(cfg, w, f"dec.{i}.ln2", x), state.cross_kv[i], cscale)
             x = x + _ffn(cfg, w, f"dec.{i}.ffn", _ln(cfg, w, f"dec.{i}.ln3", x))
         else:
-            x = _ln(cfg, w, f"dec.{i}.ln1", x + _step_self(cfg, w, f"dec.{i}.self", state, i, x))
+            x = _ln(cfg, w, f"dec.{i}.ln1", x + _step_self(cfg, w, i, state, x))
             x = _ln(cfg, w, f"dec.{i}.ln2", x + _step_attn(cfg, pc, x, state.cross_kv[i], cscale))
             x = _ln(cfg, w, f"dec.{i}.ln3", x + _ffn(cfg, w, f"dec.{i}.ffn", x))
     if cfg.norm_first and cfg.n_dec_layers:
