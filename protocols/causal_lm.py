@@ -45,7 +45,7 @@ from . import model as M
 from .ffn import cost_ffn, ffn
 from .kv_cache import KVCache, attend_out, cost_attend_out
 from .norms import cost_norm, norm
-from .mha import cost_features, cost_finish, cost_project, features, finish, project
+from .mha import cost_finish, cost_project, cost_project_features, finish, project, qkv_features
 from .layernorm import _bcast
 from .secure_model import OUT_SCALE, sub
 
@@ -177,8 +177,7 @@ def lm_prefill(p: Party, cfg: M.ModelConfig, shares: dict, x: AShare,
             st = KVCache.empty(B, cfg.n_heads, cfg.d_head, cfg.max_len)
             x = (x[:, -1:] if last else x) + attend_out(p, cfg, w, st, q, k, v)
         else:
-            q, k, v = project(p, cfg, w, u, None)
-            qf, kf = features(p, cfg, w, q, k)
+            qf, kf, v = qkv_features(p, cfg, w, u, None)
             o, st = prefill_attention(p, qf, kf, v, block)
             x = x + finish(p, cfg, w, o, n)
         states.append(st)
@@ -207,11 +206,10 @@ def lm_step(p: Party, cfg: M.ModelConfig, shares: dict, state: LMState, y_t: ASh
         pre = f"dec.{i}"
         w, wf, st = sub(shares, f"{pre}.self"), sub(shares, f"{pre}.ffn"), state.prefix[i]
         u = _ln(p, cfg, shares, f"{pre}.ln1", x) if cfg.norm_first else x
-        q, k, v = project(p, cfg, w, u, None)
         if isinstance(st, KVCache):
-            x = x + attend_out(p, cfg, w, st, q, k, v)
+            x = x + attend_out(p, cfg, w, st, *project(p, cfg, w, u, None))
         else:
-            qf, kf = features(p, cfg, w, q, k)
+            qf, kf, v = qkv_features(p, cfg, w, u, None)
             x = x + finish(p, cfg, w, A.attention_step(p, st, qf, kf, v), [st.t])
         x = _ffn_block(p, cfg, shares, i, x, wf)
         if on_layer is not None:
@@ -228,7 +226,7 @@ def lm_step(p: Party, cfg: M.ModelConfig, shares: dict, state: LMState, y_t: ASh
 def _attn_io(p_cfg, cfg: M.ModelConfig, B: int, T: int) -> Cost:
     """Projections (Omega folded), ReLU features, 1/n rows and W^O of T new rows."""
     d, h, r = cfg.d_model, cfg.n_heads, cfg.n_features
-    return (cost_project(p_cfg, B * T * (2 * h * r + d)) + cost_features(p_cfg, B * h * 2 * T * r)
+    return (cost_project_features(p_cfg, B * h * 2 * T * r, B * T * d)
             + cost_finish(p_cfg, cfg, B * T))
 
 

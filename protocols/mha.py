@@ -122,6 +122,15 @@ def project_features(p: Party, cfg: M.ModelConfig, w: dict, xq: AShare, xkv: ASh
     return qf, kf, v
 
 
+def qkv_features(p: Party, cfg: M.ModelConfig, w: dict, xq: AShare, xkv: AShare | None):
+    """Performer features Q', K' and V per head: :func:`project_features` when Omega is
+    folded into the shares, else :func:`project` then :func:`features`."""
+    if "omega" not in w:
+        return project_features(p, cfg, w, xq, xkv)
+    q, k, v = project(p, cfg, w, xq, xkv)
+    return (*features(p, cfg, w, q, k), v)
+
+
 def cost_project_features(p_cfg, n_qk: int, n_v: int):
     """:func:`project_features` with ``n_qk`` feature and ``n_v`` value elements."""
     bits = p_cfg.frac + PROJ_EXTRA
@@ -169,14 +178,11 @@ def mha(p: Party, cfg: M.ModelConfig, w: dict, xq: AShare, xkv: AShare | None = 
         _check_x(cfg, xkv, "xkv")
         if causal:
             raise ValueError("causal attention is self attention (xkv must be None)")
-    if cfg.attention == M.PERFORMER and "omega" not in w:
-        qf, kf, v = project_features(p, cfg, w, xq, xkv)
-    else:
+    if cfg.attention != M.PERFORMER:
         q, k, v = project(p, cfg, w, xq, xkv)
-        if cfg.attention != M.PERFORMER:
-            o = heads(p, cfg.attention, q, k, v, causal)
-            return add_bias(arith.matmul_aa(p, merge_heads(o), w["wo"]), w, "bo")
-        qf, kf = features(p, cfg, w, q, k)
+        o = heads(p, cfg.attention, q, k, v, causal)
+        return add_bias(arith.matmul_aa(p, merge_heads(o), w["wo"]), w, "bo")
+    qf, kf, v = qkv_features(p, cfg, w, xq, xkv)
     Sq, Sk = qf.shape[2], kf.shape[2]
     if causal:
         o = A.masked_attention(p, qf, kf, v, form=masked_form, block=block)
