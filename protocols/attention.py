@@ -89,6 +89,33 @@ def relu_many(p: Party, xs: list[AShare]) -> list[AShare]:
     return res
 
 
+def relu_products(p: Party, items: list[tuple], trunc) -> list[AShare]:
+    """ReLU(x @ w + b) for items ``(x, w, b)`` (``b`` None or a replicated bias broadcast over
+    the rows) in one relu_a call, the products stopping at the split form relu_a reads
+    (arith.mul_split_aa: 8 bytes per element less than products then :func:`relu_many`).
+    Cost: :func:`cost_relu_products`."""
+    from mpc3.kernels import convert
+    shapes = [(*x.shape[:-1], w.shape[-1]) for x, w, _ in items]
+    z = arith.mul_split_aa(p, [(x, w, "matmul") for x, w, _ in items], trunc=trunc)
+    if any(b is not None for _, _, b in items):
+        zero = np.zeros(1, np.uint64)
+        z = z + AShare.concat([AShare(np.broadcast_to(zero if b is None else b.a, s).reshape(-1),
+                                      np.broadcast_to(zero if b is None else b.b, s).reshape(-1))
+                               for (_, _, b), s in zip(items, shapes)])
+    out, res, pos = convert.relu_a(p, z), [], 0
+    for s in shapes:
+        n = int(np.prod(s))
+        res.append(out[pos:pos + n].reshape(s))
+        pos += n
+    return res
+
+
+def cost_relu_products(p_cfg, n: int, trunc) -> Cost:
+    from mpc3.kernels import convert
+    return (arith.cost_mul_split(n, trunc, p_cfg.frac, p_cfg.trunc)
+            + convert.cost_relu(n, *convert.window_for(p_cfg)))
+
+
 # --------------------------------------------------------- unmasked (Alg. 1, Eq. 12) ----
 def choose_order(B: int, h: int, Sq: int, Sk: int, r: int, dh: int) -> str:
     """Order with fewer reshared elements: K'^T V first (r*dh + Sq*dh) or Q'K'^T (Sq*Sk + Sq*dh)."""

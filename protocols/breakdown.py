@@ -19,7 +19,8 @@ Categories (:data:`CATEGORIES`):
   shares the kernel call of the reciprocal's Newton step, so it is counted here),
   PowerSoftmax's powers, sigma's ReLU, Performer's ReLU features and 1/n row scale - and,
   for a full sequence of the folded Performer, its Q/K/V projections too
-  (:func:`protocols.mha.project_features` runs them in the rounds of the feature ReLU, one
+  (:func:`protocols.mha.project_features` and the cross attention's
+  :func:`protocols.cross.cross_precompute` run them in the rounds of the feature ReLU, one
   region: concurrent branches cannot be told apart in one party's counters);
 * ``ffn_act`` - the FFN's activation (ReLU, GELU);
 * ``norm`` - LayerNorm, all of it (its products and inverse square root; a decode step's
@@ -58,6 +59,7 @@ TARGETS = (
     ("protocols.attention", "relu_many", "attention"),
     # the folded Performer's Q/K/V products share rounds with its feature ReLU (one region)
     ("protocols.mha", "project_features", "attention"),
+    ("protocols.cross", "_cross_features", "attention"),
     ("protocols.attention", "scale_rows", "attention"),
     ("protocols.attention", "divide_rows", "attention"),
     ("protocols.attention_variants", "_power", "attention"),

@@ -38,81 +38,11 @@ from . import model as M
 from .ffn import cost_ffn_hidden, ffn, ffn_hidden
 from .kv_cache import KVCache, attend_out, cost_attend_out
 from .layernorm import cost_layernorm_project, layernorm_project
-from .mha import (add_bias, cost_features, cost_finish, cost_heads, cost_project, features, finish,
-                  heads, mha, project, split_heads)
+from .cross import CrossKV, cost_cross_precompute, cross_mha, cross_precompute  # noqa: F401
+from .mha import (cost_features, cost_finish, cost_heads, cost_project, features, finish,
+                  heads, mha, split_heads)
 from .norms import cost_norm, norm
 from .secure_model import PROJ_EXTRA, sub
-
-
-@dataclass
-class CrossKV:
-    kf: AShare           # (B, h, S, r) K' of the encoder output (softmax-style: K, (B,h,S,dh))
-    v: AShare            # (B, h, S, dh)
-    kv: AShare | None    # (B, h, r, dh) K'^T V, when the kv order is used (Performer only)
-
-
-def cross_precompute(p: Party, cfg: M.ModelConfig, shares: dict, enc: AShare,
-                     need_kv: bool = True) -> list[CrossKV]:
-    """K', V (and K'^T V) of every decoder layer's cross attention: 3-4 kernel calls in all;
-    softmax-style attention: K and V (one product call)."""
-    L, h = cfg.n_dec_layers, cfg.n_heads
-    if L == 0:
-        return []
-    ws = [sub(shares, f"dec.{i}.cross") for i in range(L)]
-    wcat = AShare.concat([AShare.concat([w["wk_proj"], w["wv_c"]], axis=1) for w in ws], axis=1)
-    y = arith.matmul_aa(p, enc, wcat, trunc=p.cfg.frac + PROJ_EXTRA)
-    if "bk" in ws[0]:                                  # attention biases: local
-        bcat = AShare.concat([AShare.concat([w["bk"], w["bv"]], axis=0) for w in ws], axis=0)
-        y = add_bias(y, {"b": bcat}, "b")
-    nk, d = ws[0]["wk_proj"].shape[1], cfg.d_model
-    ks, vs = [], []
-    for i in range(L):
-        base = i * (nk + d)
-        ks.append(split_heads(y[..., base:base + nk], h))
-        vs.append(split_heads(y[..., base + nk:base + nk + d], h))
-    if cfg.attention != M.PERFORMER:
-        return [CrossKV(ks[i], vs[i], None) for i in range(L)]
-    kst = AShare(np.stack([k.a for k in ks]), np.stack([k.b for k in ks]))   # (L,B,h,S,.)
-    if "omega" in ws[0]:
-        om = AShare(np.stack([w["omega"].a for w in ws])[:, None],
-                    np.stack([w["omega"].b for w in ws])[:, None])         # (L,1,h,dh,r)
-        kst = arith.matmul_aa(p, kst, om)
-    kf = A.relu_many(p, [kst])[0]
-    kv = None
-    if need_kv:
-        vst = AShare(np.stack([v.a for v in vs]), np.stack([v.b for v in vs]))
-        kv = arith.matmul_aa(p, kf.T, vst)
-    return [CrossKV(kf[i], vs[i], None if kv is None else kv[i]) for i in range(L)]
-
-
-def cost_cross_precompute(p_cfg, cfg: M.ModelConfig, B: int, S: int, folded: bool = True,
-                          need_kv: bool = True) -> Cost:
-    """Declared rounds and bytes per party of :func:`cross_precompute` on B encoder outputs of
-    S positions (Omega folded into W^K unless ``folded`` is False)."""
-    L, h, r, dh, d = cfg.n_dec_layers, cfg.n_heads, cfg.n_features, cfg.d_head, cfg.d_model
-    if L == 0:
-        return Cost(0, (0, 0, 0))
-    if cfg.attention != M.PERFORMER:
-        return cost_project(p_cfg, B * S * L * 2 * d)
-    nk = h * r if folded else d
-    cost = cost_project(p_cfg, B * S * L * (nk + d)) + cost_features(p_cfg, L * B * h * S * r,
-                                                                      folded)
-    if need_kv:
-        cost = cost + arith.cost_mul(L * B * h * r * dh, True, p_cfg.frac, p_cfg.trunc)
-    return cost
-
-
-def cross_mha(p: Party, cfg: M.ModelConfig, w: dict, xq: AShare, ckv: CrossKV,
-              order: str = "kv") -> AShare:
-    q, _, _ = project(p, cfg, w, xq, None, want_q=True, want_kv=False)
-    if cfg.attention != M.PERFORMER:
-        return finish(p, cfg, w, heads(p, cfg.attention, q, ckv.kf, ckv.v), None)
-    qf, _ = features(p, cfg, w, q, None)
-    if order == "kv" and ckv.kv is not None:
-        o = arith.matmul_aa(p, qf, ckv.kv)
-    else:
-        o = A.relu_attention(p, qf, ckv.kf, ckv.v, order="qk")
-    return finish(p, cfg, w, o, np.full(qf.shape[2], ckv.kf.shape[2]))
 
 
 def _ln(p, cfg, shares, prefix, x):

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mpc3.kernels import arith, convert
+from mpc3.kernels import arith
 from mpc3.kernels.base import Cost
 from mpc3.parallel import parallel
 from mpc3.party import Party
@@ -94,30 +94,27 @@ def features(p: Party, cfg: M.ModelConfig, w: dict, q: AShare | None, k: AShare 
     return (next(it) if q is not None else None), (next(it) if k is not None else None)
 
 
-def project_features(p: Party, cfg: M.ModelConfig, w: dict, xq: AShare, xkv: AShare | None):
+def project_features(p: Party, cfg: M.ModelConfig, w: dict, xq: AShare, xkv: AShare | None,
+                     want_kv: bool = True):
     """Folded Performer projection and features: Q' = ReLU(xq W^Q Omega + b_q), K' likewise
-    (per-head (B,h,S,r)) and V (per-head), equal to :func:`project` + :func:`features`.
-    The Q and K products go to relu_a in split form (arith.mul_split_aa), V's product runs
-    in the same rounds (mpc3.parallel). Cost: :func:`cost_project_features`."""
+    (per-head (B,h,S,r)) and V (per-head), equal to :func:`project` + :func:`features`
+    (``want_kv=False``: Q' only, K' and V None). The Q and K products go to relu_a in split
+    form (:func:`protocols.attention.relu_products`), V's product runs in the same rounds
+    (mpc3.parallel). Cost: :func:`cost_project_features`."""
     bits, h = p.cfg.frac + PROJ_EXTRA, cfg.n_heads
     src = xq if xkv is None else xkv
-    shapes = [(*xq.shape[:-1], w["wq_proj"].shape[1]), (*src.shape[:-1], w["wk_proj"].shape[1])]
+    names = [("wq_proj", "bq", xq)] + ([("wk_proj", "bk", src)] if want_kv else [])
 
     def qk_features(q: Party) -> list[AShare]:
-        z = arith.mul_split_aa(q, [(xq, w["wq_proj"], "matmul"), (src, w["wk_proj"], "matmul")],
-                               trunc=bits)
-        if "bq" in w:                      # attention biases: replicated, added to the split form
-            z = z + AShare.concat([AShare(np.broadcast_to(w[n].a, s).reshape(-1),
-                                          np.broadcast_to(w[n].b, s).reshape(-1))
-                                   for n, s in (("bq", shapes[0]), ("bk", shapes[1]))])
-        f = convert.relu_a(q, z)
-        cut = int(np.prod(shapes[0]))
-        return [split_heads(f[:cut].reshape(shapes[0]), h), split_heads(f[cut:].reshape(shapes[1]), h)]
+        return [split_heads(f, h) for f in
+                A.relu_products(q, [(x, w[n], w.get(b)) for n, b, x in names], bits)]
 
     def v_values(q: Party) -> AShare:
         v, = A.mul_many(q, [(src, w["wv_c"], "matmul")], trunc=bits)
         return split_heads(add_bias(v, w, "bv"), h)
 
+    if not want_kv:
+        return qk_features(p)[0], None, None
     (qf, kf), v = parallel(p, qk_features, v_values)
     return qf, kf, v
 
@@ -133,10 +130,8 @@ def qkv_features(p: Party, cfg: M.ModelConfig, w: dict, xq: AShare, xkv: AShare 
 
 def cost_project_features(p_cfg, n_qk: int, n_v: int):
     """:func:`project_features` with ``n_qk`` feature and ``n_v`` value elements."""
-    bits = p_cfg.frac + PROJ_EXTRA
-    qk = (arith.cost_mul_split(n_qk, bits, p_cfg.frac, p_cfg.trunc)
-          + convert.cost_relu(n_qk, *convert.window_for(p_cfg)))
-    return Cost.parallel(qk, cost_project(p_cfg, n_v))
+    qk = A.cost_relu_products(p_cfg, n_qk, p_cfg.frac + PROJ_EXTRA)
+    return Cost.parallel(qk, cost_project(p_cfg, n_v)) if n_v else qk
 
 
 def cost_project(p_cfg, n_out: int):

@@ -25,15 +25,15 @@ from mpc3.kernels import arith, convert, fxp
 from mpc3.kernels.base import group_bounds
 from mpc3.shares import SplitShare
 from mpc3.sharing import reveal
-from protocols import mha
+from protocols import cross, mha
 
 KERNELS = ((arith, "mul_aa"), (arith, "matmul_aa"), (arith, "mul_many_aa"),
            (arith, "mul_split_aa"), (arith, "trunc_a"),
            (convert, "relu_a"), (convert, "drelu_a"), (fxp, "sqrt_inv_a"),
            (fxp, "reciprocal_a"), (fxp, "exp_a"))
-PARALLEL_USERS = (fxp, mpc3_parallel, mha)
-HELPERS = {"mul_many", "scale_public", "scale_rows", "relu_many", "wrapped", "activation",
-           "<lambda>"}
+PARALLEL_USERS = (fxp, mpc3_parallel, mha, cross)
+HELPERS = {"mul_many", "scale_public", "scale_rows", "relu_many", "relu_products", "wrapped",
+           "activation", "<lambda>"}
 SUBLAYER = {"mha": "attn", "ffn": "ffn", "ffn_hidden": "ffn", "_self_step": "self",
             "_cross_step": "cross"}
 
@@ -94,9 +94,12 @@ def _sites(inner, kernel: str, n_items: int) -> list[str]:
         return ["proj"] * n_items
     if fn == "qk_features":
         return ["features"]
+    if fn == "k_features":                      # cross.py: one item per decoder layer
+        return [f"dec.{i}.cross|proj" for i in range(n_items)] if kernel == "mul_split_aa" \
+            else ["features"]
     if fn == "features":
         one = "omega" if kernel == "matmul_aa" else "features"
-    elif fn == "cross_precompute":
+    elif fn in ("cross_precompute", "_cross_features"):
         one = {"enc, wcat": "proj", "kst, om": "omega", "kf.T, vst": "kv"}.get(
             next((k for k in ("enc, wcat", "kst, om", "kf.T, vst") if k in text), None),
             "features" if kernel == "relu_a" else None)

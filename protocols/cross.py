@@ -1,0 +1,129 @@
+"""The decoder's cross attention (Privformer Alg. 8, its encoder-decoder half): the encoder
+output's K' (or K), V - and K'^T V - for every decoder layer, computed once per sequence or
+decode session (:func:`cross_precompute`), and the attention of decoder rows against them
+(:func:`cross_mha`). With Omega folded the Performer's K' and Q' come from the products'
+split form (:func:`protocols.attention.relu_products`), V's products in the same rounds.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from mpc3.kernels import arith
+from mpc3.kernels.base import Cost
+from mpc3.parallel import parallel
+from mpc3.party import Party
+from mpc3.shares import AShare
+
+from . import attention as A
+from . import model as M
+from .mha import (add_bias, cost_features, cost_project, cost_project_features, features, finish,
+                  heads, project, project_features, split_heads)
+from .secure_model import PROJ_EXTRA, sub
+
+
+@dataclass
+class CrossKV:
+    kf: AShare           # (B, h, S, r) K' of the encoder output (softmax-style: K, (B,h,S,dh))
+    v: AShare            # (B, h, S, dh)
+    kv: AShare | None    # (B, h, r, dh) K'^T V, when the kv order is used (Performer only)
+
+
+def cross_precompute(p: Party, cfg: M.ModelConfig, shares: dict, enc: AShare,
+                     need_kv: bool = True) -> list[CrossKV]:
+    """K', V (and K'^T V) of every decoder layer's cross attention: 3-4 kernel calls in all;
+    softmax-style attention: K and V (one product call)."""
+    L, h = cfg.n_dec_layers, cfg.n_heads
+    if L == 0:
+        return []
+    ws = [sub(shares, f"dec.{i}.cross") for i in range(L)]
+    if cfg.attention == M.PERFORMER and "omega" not in ws[0]:
+        return _cross_features(p, cfg, ws, enc, need_kv)
+    wcat = AShare.concat([AShare.concat([w["wk_proj"], w["wv_c"]], axis=1) for w in ws], axis=1)
+    y = arith.matmul_aa(p, enc, wcat, trunc=p.cfg.frac + PROJ_EXTRA)
+    if "bk" in ws[0]:                                  # attention biases: local
+        bcat = AShare.concat([AShare.concat([w["bk"], w["bv"]], axis=0) for w in ws], axis=0)
+        y = add_bias(y, {"b": bcat}, "b")
+    nk, d = ws[0]["wk_proj"].shape[1], cfg.d_model
+    ks, vs = [], []
+    for i in range(L):
+        base = i * (nk + d)
+        ks.append(split_heads(y[..., base:base + nk], h))
+        vs.append(split_heads(y[..., base + nk:base + nk + d], h))
+    if cfg.attention != M.PERFORMER:
+        return [CrossKV(ks[i], vs[i], None) for i in range(L)]
+    kst = AShare(np.stack([k.a for k in ks]), np.stack([k.b for k in ks]))   # (L,B,h,S,.)
+    if "omega" in ws[0]:
+        om = AShare(np.stack([w["omega"].a for w in ws])[:, None],
+                    np.stack([w["omega"].b for w in ws])[:, None])         # (L,1,h,dh,r)
+        kst = arith.matmul_aa(p, kst, om)
+    kf = A.relu_many(p, [kst])[0]
+    kv = None
+    if need_kv:
+        vst = AShare(np.stack([v.a for v in vs]), np.stack([v.b for v in vs]))
+        kv = arith.matmul_aa(p, kf.T, vst)
+    return [CrossKV(kf[i], vs[i], None if kv is None else kv[i]) for i in range(L)]
+
+
+def _cross_features(p: Party, cfg: M.ModelConfig, ws: list[dict], enc: AShare,
+                    need_kv: bool) -> list[CrossKV]:
+    """cross_precompute, Omega folded: every layer's K' = ReLU(enc W^K Omega + b_k) from the
+    products' split form (attention.relu_products), V's products in the same rounds."""
+    h, bits = cfg.n_heads, p.cfg.frac + PROJ_EXTRA
+
+    def k_features(q: Party) -> list[AShare]:
+        return A.relu_products(q, [(enc, w["wk_proj"], w.get("bk")) for w in ws], bits)
+
+    def v_values(q: Party) -> AShare:
+        vcat = AShare.concat([w["wv_c"] for w in ws], axis=1)
+        y = arith.matmul_aa(q, enc, vcat, trunc=bits)
+        if "bv" in ws[0]:
+            y = add_bias(y, {"b": AShare.concat([w["bv"] for w in ws], axis=0)}, "b")
+        return y
+
+    kfs, y = parallel(p, k_features, v_values)
+    d, L = cfg.d_model, len(ws)
+    kfs = [split_heads(k, h) for k in kfs]
+    vs = [split_heads(y[..., i * d:(i + 1) * d], h) for i in range(L)]
+    kv = None
+    if need_kv:
+        kf = AShare(np.stack([k.a for k in kfs]), np.stack([k.b for k in kfs]))   # (L,B,h,S,r)
+        vst = AShare(np.stack([v.a for v in vs]), np.stack([v.b for v in vs]))
+        kv = arith.matmul_aa(p, kf.T, vst)
+    return [CrossKV(kfs[i], vs[i], None if kv is None else kv[i]) for i in range(L)]
+
+
+def cost_cross_precompute(p_cfg, cfg: M.ModelConfig, B: int, S: int, folded: bool = True,
+                          need_kv: bool = True) -> Cost:
+    """Declared rounds and bytes per party of :func:`cross_precompute` on B encoder outputs of
+    S positions (Omega folded into W^K unless ``folded`` is False)."""
+    L, h, r, dh, d = cfg.n_dec_layers, cfg.n_heads, cfg.n_features, cfg.d_head, cfg.d_model
+    if L == 0:
+        return Cost(0, (0, 0, 0))
+    if cfg.attention != M.PERFORMER:
+        return cost_project(p_cfg, B * S * L * 2 * d)
+    if folded:
+        cost = cost_project_features(p_cfg, L * B * h * S * r, B * S * L * d)
+    else:
+        cost = cost_project(p_cfg, B * S * L * 2 * d) + cost_features(p_cfg, L * B * h * S * r,
+                                                                      folded)
+    if need_kv:
+        cost = cost + arith.cost_mul(L * B * h * r * dh, True, p_cfg.frac, p_cfg.trunc)
+    return cost
+
+
+def cross_mha(p: Party, cfg: M.ModelConfig, w: dict, xq: AShare, ckv: CrossKV,
+              order: str = "kv") -> AShare:
+    if cfg.attention == M.PERFORMER and "omega" not in w:
+        qf = project_features(p, cfg, w, xq, None, want_kv=False)[0]
+    else:
+        q, _, _ = project(p, cfg, w, xq, None, want_q=True, want_kv=False)
+        if cfg.attention != M.PERFORMER:
+            return finish(p, cfg, w, heads(p, cfg.attention, q, ckv.kf, ckv.v), None)
+        qf, _ = features(p, cfg, w, q, None)
+    if order == "kv" and ckv.kv is not None:
+        o = arith.matmul_aa(p, qf, ckv.kv)
+    else:
+        o = A.relu_attention(p, qf, ckv.kf, ckv.v, order="qk")
+    return finish(p, cfg, w, o, np.full(qf.shape[2], ckv.kf.shape[2]))
