@@ -94,13 +94,8 @@ class SplitShare:
     def __init__(self, a: np.ndarray, b: np.ndarray) -> None:
         self.a, self.b = a, b
 
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self.a.shape
-
-    @property
-    def size(self) -> int:
-        return self.a.size
+    shape = property(lambda self: self.a.shape)
+    size = property(lambda self: self.a.size)
 
     def reshape(self, *shape) -> "SplitShare":
         return SplitShare(self.a.reshape(*shape), self.b.reshape(*shape))

@@ -98,18 +98,24 @@ def gelu_ref(x) -> np.ndarray:
     return 0.5 * x * (1.0 + np.vectorize(math.erf, otypes=[float])(x / math.sqrt(2.0)))
 
 
+def _minimax(basis: np.ndarray, target: np.ndarray, iters: int) -> np.ndarray:
+    """Coefficients of ``basis`` (points x terms) near-minimising the max error to
+    ``target`` (least squares reweighted towards the worst points)."""
+    w = np.ones(len(target))
+    for _ in range(iters):
+        coef, *_ = np.linalg.lstsq(basis * w[:, None], target * w, rcond=None)
+        r = np.abs(basis @ coef - target)
+        w = w * (1 + 50 * r / r.max())
+        w = w / w.max()
+    return coef
+
+
 def _fit(u: np.ndarray, y: np.ndarray, fixed: dict[int, float]) -> np.ndarray:
     """Quartic coefficients a0..a4 in u minimising the max error (reweighted least
     squares), with the coefficients in ``fixed`` held at their given values."""
     free = [k for k in range(5) if k not in fixed]
     target = y - sum(c * u ** k for k, c in fixed.items())
-    basis = np.stack([u ** k for k in free], 1)
-    w = np.ones_like(u)
-    for _ in range(40):
-        coef, *_ = np.linalg.lstsq(basis * w[:, None], target * w, rcond=None)
-        r = np.abs(basis @ coef - target)
-        w = w * (1 + 50 * r / r.max())
-        w = w / w.max()
+    coef = _minimax(np.stack([u ** k for k in free], 1), target, 40)
     out = np.zeros(5)
     out[free] = coef
     for k, c in fixed.items():
@@ -240,13 +246,7 @@ def gelu_cheb_table() -> np.ndarray:
     target = gelu_ref(x) - x / 2
     eye = np.eye(GELU_CHEB_DEGREE + 1)
     basis = np.stack([np.polynomial.chebyshev.chebval(z, eye[k]) for k in range(len(eye))], 1)
-    w = np.ones_like(x)
-    for _ in range(80):
-        coef, *_ = np.linalg.lstsq(basis * w[:, None], target * w, rcond=None)
-        r = np.abs(basis @ coef - target)
-        w = w * (1 + 50 * r / r.max())
-        w = w / w.max()
-    return coef
+    return _minimax(basis, target, 80)
 
 
 def _gelu_cheb(p: Party, x: AShare) -> AShare:
