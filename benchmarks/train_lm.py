@@ -103,7 +103,8 @@ def TorchLM(cfg: M.ModelConfig, seed: int = 0) -> TorchModel:
 #: every score must stay below exp's 9.5 - ln 4 and each row's denominator sum_j e^s (and
 #: PowerSoftmax's eps + sum_j s^4) inside reciprocal_a's [2^-10, 2^14]. ``--range-penalty W``
 #: adds W * mean(relu(excess)^2) over these bounds with room to spare - the largest score of a
-#: row <= SCORE_TOP, the log of its denominator in LOG_DEN - on the training batch and on
+#: row <= SCORE_TOP, the log of its denominator in LOG_DEN (PowerSoftmax: below its upper end;
+#: its eps keeps it above the lower) - on the training batch and on
 #: RANDOM_ROWS random byte sequences (what share-model calibrates a byte LM with).
 SCORE_TOP, LOG_DEN, RANDOM_ROWS = 6.0, (-4.0, 8.0), 8
 
@@ -114,13 +115,13 @@ def range_penalty(cfg: M.ModelConfig, s: torch.Tensor, mask: torch.Tensor) -> to
     if cfg.attention == "softmax":
         kept = s.masked_fill(mask == 0, float("-inf"))
         log_den = torch.logsumexp(kept, -1)
-        top = F.relu(kept.amax(-1) - SCORE_TOP) ** 2
-    elif cfg.attention == "power-softmax":
+        out = F.relu(kept.amax(-1) - SCORE_TOP) ** 2 + F.relu(LOG_DEN[0] - log_den) ** 2
+    elif cfg.attention == "power-softmax":       # eps = 2^-6 keeps the denominator up
         log_den = torch.log(POWER_EPS + (s ** POWER * mask).sum(-1))
-        top = torch.zeros_like(log_den)
+        out = torch.zeros_like(log_den)
     else:
         return s.new_zeros(())
-    return (top + F.relu(log_den - LOG_DEN[1]) ** 2 + F.relu(LOG_DEN[0] - log_den) ** 2).mean()
+    return (out + F.relu(log_den - LOG_DEN[1]) ** 2).mean()
 
 
 def calibration_verdict(cfg: M.ModelConfig, w: M.Weights, user) -> str:
