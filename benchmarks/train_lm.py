@@ -141,13 +141,24 @@ def shown(path: Path) -> str:
         else str(path)
 
 
-def training_args(ap: argparse.ArgumentParser, minutes: float) -> None:
-    """The options of :func:`fit` (and the seed / thread count) on ``ap``."""
+def training_args(ap: argparse.ArgumentParser, minutes: float, out: str, results: str) -> None:
+    """The options of :func:`fit` (and the seed / thread count), the model file ``--out``,
+    its ``--results`` JSON and ``--eval-only`` on ``ap``."""
     ap.add_argument("--minutes", type=float, default=minutes)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=ROOT / out)
+    ap.add_argument("--results", type=Path, default=ROOT / results)
+    ap.add_argument("--eval-only", action="store_true",
+                    help="only evaluate --out (keeps the training facts of --results)")
+
+
+def earlier_training(results: Path, loss_key: str) -> dict:
+    """The training facts of an earlier results JSON (``--eval-only`` keeps them)."""
+    old = json.loads(results.read_text()) if results.exists() else {}
+    return {k: old[k] for k in ("steps", "minutes", loss_key, "trained_with") if k in old}
 
 
 def fit(model: torch.nn.Module, batch_loss, n_train: int, a) -> tuple[int, float]:
@@ -213,9 +224,7 @@ def evaluate(path: Path, training: dict) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    training_args(ap, minutes=12.0)
-    ap.add_argument("--out", type=Path, default=ROOT / "protocols/assets/lm.npz")
-    ap.add_argument("--results", type=Path, default=ROOT / "benchmarks/results/lm_accuracy.json")
+    training_args(ap, 12.0, "protocols/assets/lm.npz", "benchmarks/results/lm_accuracy.json")
     ap.add_argument("--attention", choices=M.ATTENTIONS, help="train this attention instead")
     ap.add_argument("--norm", choices=M.NORMS, help="train this normalization instead")
     ap.add_argument("--ffn-act", choices=("relu", "gelu", "none"), help="FFN activation")
@@ -224,13 +233,9 @@ def main() -> None:
     ap.add_argument("--range-penalty", type=float, default=0.0, metavar="W",
                     help="softmax / power-softmax: keep the scores where the secure kernels "
                     "need them (SCORE_TOP, LOG_DEN), weight W (default 0: off)")
-    ap.add_argument("--eval-only", action="store_true",
-                    help="only evaluate --out (keeps the training facts of --results)")
     a = ap.parse_args()
     if a.eval_only:
-        keys = ("steps", "minutes", "final_train_loss_per_byte", "trained_with")
-        old = json.loads(a.results.read_text()) if a.results.exists() else {}
-        result = evaluate(a.out, {k: old[k] for k in keys if k in old})
+        result = evaluate(a.out, earlier_training(a.results, "final_train_loss_per_byte"))
         a.results.write_text(json.dumps(result, indent=2) + "\n")
         print(json.dumps(result, indent=2))
         return

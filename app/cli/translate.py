@@ -2,7 +2,7 @@
 on a throw-away local cluster: the first command to run after installing).
 
     mpc3 translate --config C --model-id ID "4096" ["123" ...]
-    mpc3 demo [--inputs N] [--keep-dir]
+    mpc3 demo [--inputs N] [--keep-dir] [--model lm [--attention A] | --model classifier]
 
 The query user's part of the model (embedding tables, output projection) and the vocabulary
 come from the shipped translator (``protocols/assets``) unless ``--model`` names another
