@@ -33,10 +33,9 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from protocols import model as M  # noqa: E402
-from protocols import textdata as TD  # noqa: E402
-
-from protocols.model.torch_ref import TorchModel  # noqa: E402
+from protocols import model as M
+from protocols import textdata as TD
+from protocols.model.torch_ref import TorchModel
 
 EOT = 256
 MAX_N = 9999
@@ -99,6 +98,92 @@ def TorchLM(cfg: M.ModelConfig, seed: int = 0) -> TorchModel:
     return TorchModel(cfg, w, u, dtype=torch.float32)
 
 
+#: Where the secure kernels need a softmax-style LM's attention (protocols.calibrate, which
+#: share-model runs, margin 4): softmax is max-free (protocols.attention.softmax_attention), so
+#: every score must stay below exp's 9.5 - ln 4 and each row's denominator sum_j e^s (and
+#: PowerSoftmax's eps + sum_j s^4) inside reciprocal_a's [2^-10, 2^14]. ``--range-penalty W``
+#: adds W * mean(relu(excess)^2) over these bounds with room to spare - the largest score of a
+#: row <= SCORE_TOP, the log of its denominator in LOG_DEN (PowerSoftmax: below its upper end;
+#: its eps keeps it above the lower) - on the training batch and on
+#: RANDOM_ROWS random byte sequences (what share-model calibrates a byte LM with).
+SCORE_TOP, LOG_DEN, RANDOM_ROWS = 6.0, (-4.0, 8.0), 8
+
+
+def range_penalty(cfg: M.ModelConfig, s: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The excess of one attention's scores ``s`` (B, h, Sq, Sk) over the bounds above."""
+    from protocols.model.variants import POWER, POWER_EPS
+    if cfg.attention == "softmax":
+        kept = s.masked_fill(mask == 0, float("-inf"))
+        log_den = torch.logsumexp(kept, -1)
+        out = F.relu(kept.amax(-1) - SCORE_TOP) ** 2 + F.relu(LOG_DEN[0] - log_den) ** 2
+    elif cfg.attention == "power-softmax":       # eps = 2^-6 keeps the denominator up
+        log_den = torch.log(POWER_EPS + (s ** POWER * mask).sum(-1))
+        out = torch.zeros_like(log_den)
+    else:
+        return s.new_zeros(())
+    return (out + F.relu(log_den - LOG_DEN[1]) ** 2).mean()
+
+
+def calibration_verdict(cfg: M.ModelConfig, w: M.Weights, user) -> str:
+    """"ok", or why share-model's calibration (app.owner.calibration_samples) refuses it."""
+    from app.owner import calibration_samples
+    from protocols import calibrate as C
+    try:
+        C.calibrate(cfg, w, calibration_samples(cfg, w, user), user=user)
+    except C.RangeError as exc:
+        return f"refused: {exc}"
+    return "ok"
+
+
+def shown(path: Path) -> str:
+    """``path`` relative to the repository when inside it (results JSON)."""
+    return str(path.resolve().relative_to(ROOT)) if path.resolve().is_relative_to(ROOT) \
+        else str(path)
+
+
+def training_args(ap: argparse.ArgumentParser, minutes: float, out: str, results: str) -> None:
+    """The options of :func:`fit` (and the seed / thread count), the model file ``--out``,
+    its ``--results`` JSON and ``--eval-only`` on ``ap``."""
+    ap.add_argument("--minutes", type=float, default=minutes)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=ROOT / out)
+    ap.add_argument("--results", type=Path, default=ROOT / results)
+    ap.add_argument("--eval-only", action="store_true",
+                    help="only evaluate --out (keeps the training facts of --results)")
+
+
+def earlier_training(results: Path, loss_key: str) -> dict:
+    """The training facts of an earlier results JSON (``--eval-only`` keeps them)."""
+    old = json.loads(results.read_text()) if results.exists() else {}
+    return {k: old[k] for k in ("steps", "minutes", loss_key, "trained_with") if k in old}
+
+
+def fit(model: torch.nn.Module, batch_loss, n_train: int, a) -> tuple[int, float]:
+    """Train ``model`` for ``a.minutes`` of wall time: AdamW (weight decay 0.01) with 200
+    warm-up steps then a cosine to 5 % of ``a.lr`` over the time budget, gradients clipped
+    to norm 1; each step draws ``a.batch`` indices of ``0..n_train-1`` and minimises
+    ``batch_loss(indices)``. Returns (steps, last training loss)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.01)
+    rng, t0, step = np.random.default_rng(a.seed), time.monotonic(), 0
+    budget = 60 * a.minutes
+    while time.monotonic() - t0 < budget:
+        frac = (time.monotonic() - t0) / budget
+        for g in opt.param_groups:            # warm-up, then cosine to 5 %
+            g["lr"] = a.lr * min(1.0, (step + 1) / 200) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac)))
+        loss = batch_loss(torch.tensor(rng.integers(0, n_train, a.batch)))
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        if step % 200 == 0:
+            print(f"step {step} loss {loss.item():.4f} ({time.monotonic() - t0:.0f} s)", flush=True)
+    return step, float(loss.item())
+
+
 def numpy_eval(cfg, w, user, nums, T) -> dict:
     """Per-token loss of the numpy reference on held-out text, and greedy exact match of the
     words after "N = " (numpy reference, incremental decoding)."""
@@ -111,11 +196,12 @@ def numpy_eval(cfg, w, user, nums, T) -> dict:
     m = mask[:, :-1]
     ppl = float(np.exp((nll * m).sum() / m.sum()))
     exact = 0
-    for n in nums:
-        prompt = list(f"{int(n)} = ".encode())
-        want = TD.number_to_words(int(n))
-        got = M.greedy_generate(cfg, w, user, [prompt], T - len(prompt), eos=EOT)[0]
-        exact += bytes(got).decode("utf-8", "replace") == want
+    for digits in sorted({len(str(int(n))) for n in nums}):   # one batch per prompt length
+        batch = [int(n) for n in nums if len(str(int(n))) == digits]
+        prompts = [list(f"{n} = ".encode()) for n in batch]
+        got = M.greedy_generate(cfg, w, user, prompts, T - len(prompts[0]), eos=EOT)
+        exact += sum(bytes(g).decode("utf-8", "replace") == TD.number_to_words(n)
+                     for g, n in zip(got, batch))
     return {"perplexity_per_byte": ppl, "exact_match": exact / len(nums), "n": len(nums)}
 
 
@@ -124,12 +210,12 @@ def evaluate(path: Path, training: dict) -> dict:
     numbers; ``training`` describes how it was trained."""
     cfg, w, user = M.load_model(path)
     T = cfg.max_len
-    return {"model": str(path.resolve().relative_to(ROOT)) if path.resolve().is_relative_to(ROOT)
-            else str(path), "config": cfg.to_dict(),
+    return {"model": shown(path), "config": cfg.to_dict(),
             "text": "'N = <English words for N>' for N in 0..9999, generated by "
                     "protocols.textdata.number_to_words (no third-party text)",
             "train_numbers": len(numbers("train")), **training,
             "file_bytes": path.stat().st_size,
+            "share_model_calibration": calibration_verdict(cfg, w, user),
             "perplexity_note": "per byte over the whole line, the prompt's digits included "
                                "(they are unpredictable)",
             "valid": numpy_eval(cfg, w, user, numbers("valid")[:300], T),
@@ -138,57 +224,49 @@ def evaluate(path: Path, training: dict) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--minutes", type=float, default=12.0)
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=ROOT / "protocols/assets/lm.npz")
-    ap.add_argument("--results", type=Path, default=ROOT / "benchmarks/results/lm_accuracy.json")
+    training_args(ap, 12.0, "protocols/assets/lm.npz", "benchmarks/results/lm_accuracy.json")
     ap.add_argument("--attention", choices=M.ATTENTIONS, help="train this attention instead")
     ap.add_argument("--norm", choices=M.NORMS, help="train this normalization instead")
     ap.add_argument("--ffn-act", choices=("relu", "gelu", "none"), help="FFN activation")
     ap.add_argument("--preset", choices=M.PRESETS, help="apply a preset (aero: seed 001's "
                     "softmax-only block) after the flags above")
-    ap.add_argument("--eval-only", action="store_true",
-                    help="only evaluate --out (keeps the training facts of --results)")
+    ap.add_argument("--range-penalty", type=float, default=0.0, metavar="W",
+                    help="softmax / power-softmax: keep the scores where the secure kernels "
+                    "need them (SCORE_TOP, LOG_DEN), weight W (default 0: off)")
     a = ap.parse_args()
     if a.eval_only:
-        keys = ("steps", "minutes", "final_train_loss_per_byte", "trained_with")
-        old = json.loads(a.results.read_text()) if a.results.exists() else {}
-        result = evaluate(a.out, {k: old[k] for k in keys if k in old})
+        result = evaluate(a.out, earlier_training(a.results, "final_train_loss_per_byte"))
         a.results.write_text(json.dumps(result, indent=2) + "\n")
         print(json.dumps(result, indent=2))
         return
     torch.manual_seed(a.seed)
     torch.set_num_threads(a.threads)
     cfg = variant_config(a)
-    T = cfg.max_len
     train = numbers("train")
-    ids, mask = (torch.tensor(t) for t in encode(train, T))
+    ids, mask = (torch.tensor(t) for t in encode(train, cfg.max_len))
     model = TorchLM(cfg, a.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.01)
-    rng, t0, step = np.random.default_rng(a.seed), time.monotonic(), 0
-    budget = 60 * a.minutes
-    while time.monotonic() - t0 < budget:
-        frac = (time.monotonic() - t0) / budget
-        for g in opt.param_groups:            # warm-up, then cosine to 5 %
-            g["lr"] = a.lr * min(1.0, (step + 1) / 200) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac)))
-        b = torch.tensor(rng.integers(0, len(train), a.batch))
+
+    excess, last = [], {}
+    if a.range_penalty:
+        model.on_scores = lambda s, m: excess.append(range_penalty(cfg, s, m))
+
+    def batch_loss(b):
+        excess.clear()
         x, y, m = ids[b, :-1], ids[b, 1:], mask[b, :-1]
         loss = (F.cross_entropy(model(x).transpose(1, 2), y, reduction="none") * m).sum() / m.sum()
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        step += 1
-        if step % 200 == 0:
-            print(f"step {step} loss {loss.item():.4f} ({time.monotonic() - t0:.0f} s)", flush=True)
+        last["ce"] = float(loss.item())
+        if a.range_penalty:
+            model(torch.randint(0, cfg.tgt_vocab, (RANDOM_ROWS, cfg.max_len)))
+            loss = loss + a.range_penalty * sum(excess) / len(excess)
+        return loss
+
+    step, _ = fit(model, batch_loss, len(train), a)
     w, user = model.export()
     M.save_model(a.out, cfg, w, user)
     result = evaluate(a.out, {"steps": step, "minutes": a.minutes,
-                              "final_train_loss_per_byte": float(loss.item()),
-                              "trained_with": f"python benchmarks/train_lm.py --minutes {a.minutes:g}"})
+                              "final_train_loss_per_byte": last["ce"],
+                              "trained_with": " ".join(["python benchmarks/train_lm.py",
+                                                        *sys.argv[1:]])})
     a.results.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
 

@@ -234,8 +234,34 @@ def make_split(n: int, seed: int, split: str) -> list[tuple[str, str]]:
 ASSETS = Path(__file__).resolve().parent / "assets"
 SHIPPED_MODEL = ASSETS / "translator.npz"
 SHIPPED_VOCAB = ASSETS / "vocab.json"
-#: The shipped decoder-only LM (benchmarks/train_lm.py): byte tokens, "N = " -> N's words.
-SHIPPED_LM = ASSETS / "lm.npz"
+#: The shipped decoder-only LMs (benchmarks/train_lm.py), one per attention, all of one shape
+#: and trained on the same generated text: byte tokens, "N = " -> N's words, id 256 ends it.
+SHIPPED_LMS = {"relu-performer": ASSETS / "lm.npz", "softmax": ASSETS / "lm_softmax.npz",
+               "power-softmax": ASSETS / "lm_power-softmax.npz",
+               "sigma-relu": ASSETS / "lm_sigma-relu.npz"}
+SHIPPED_LM = SHIPPED_LMS["relu-performer"]
+#: The shipped encoder classifier (benchmarks/train_classifier.py): N's words as bytes padded
+#: with :data:`CLASSIFIER_PAD` to :data:`CLASSIFIER_LEN` -> N's leading digit (10 classes).
+SHIPPED_CLASSIFIER = ASSETS / "classifier.npz"
+CLASSIFIER_PAD = 256
+CLASSIFIER_LEN = 42          # len("seven thousand seven hundred seventy seven"), N < 10000
+
+
+def leading_digit(n: int) -> int:
+    """The shipped classifier's class of ``n``."""
+    return int(str(int(n))[0])
+
+
+def classifier_input(nums) -> np.ndarray:
+    """(B, CLASSIFIER_LEN) byte ids of each number's words, padded with CLASSIFIER_PAD (the
+    classifier has no padding mask: it is trained and run on these padded rows)."""
+    ids = np.full((len(nums), CLASSIFIER_LEN), CLASSIFIER_PAD, dtype=np.int64)
+    for b, n in enumerate(nums):
+        text = number_to_words(int(n)).encode()
+        if len(text) > CLASSIFIER_LEN:
+            raise ValueError(f"{n}: {len(text)} bytes of words > {CLASSIFIER_LEN}")
+        ids[b, :len(text)] = list(text)
+    return ids
 
 
 def load_shipped():

@@ -49,6 +49,20 @@ def value(shares, frac=ring.DEFAULT_FRAC):
     return ring.decode(reveal(shares), frac)
 
 
+def share_inputs(x, name="X"):
+    """Each party's inputs of a job: ``x`` encoded and dealt as ``name``."""
+    dealt = deal(ring.encode(x, ring.DEFAULT_FRAC))
+    return [{name: dealt[n]} for n in range(3)]
+
+
+def run_job(parties, kind, x):
+    """Job ``kind`` on :class:`net.inproc.InprocParties` with input X = ``x``: (decoded
+    outputs, the three parties' jobs)."""
+    from net.client import reconstruct
+    jobs = parties.run(kind, {}, share_inputs(x))
+    return {k: ring.decode(v) for k, v in reconstruct([j.outputs for j in jobs]).items()}, jobs
+
+
 EDGE = np.array([0.0, 2.0 ** -18, -2.0 ** -18, 1e-3, -1e-3, 1.0, -1.0, 1000.0, -1000.0,
                  12345.678, -12345.678, 16383.0, -16383.0])
 

@@ -8,12 +8,9 @@ d-term sum and one truncation)."""
 import numpy as np
 import pytest
 
-from conftest import share, value
-from mpc3 import ring
+from conftest import run_job, share, share_inputs, value
 from mpc3.party import RingConfig
-from mpc3.sharing import deal
 from net.inproc import InprocParties
-from net.client import reconstruct
 from protocols import calibrate as C
 from protocols import classifier as CL
 from protocols import model as M
@@ -64,46 +61,36 @@ def test_pool_head_cost_and_value(run, rng):
 
 
 # ------------------------------------------------------------------------ job kinds ----
-def _share_x(x):
-    dealt = deal(ring.encode(x, ring.DEFAULT_FRAC))
-    return [{"X": dealt[n]} for n in range(3)]
-
-
-def _run(parties, kind, x):
-    jobs = parties.run(kind, {}, _share_x(x))
-    return {k: ring.decode(v) for k, v in reconstruct([j.outputs for j in jobs]).items()}, jobs
-
-
 def test_jobs_permissions_and_refusals(rng):
     cfg = clf_cfg()
     w = M.random_weights(cfg, 4)
     x = rng.uniform(-1, 1, (2, 5, 16))
     ref = M.ref_classify(cfg, w, x)
     default = InprocParties.for_model(cfg, w)                   # permits classify only
-    out, jobs = _run(default, "classify", x)
+    out, jobs = run_job(default, "classify", x)
     assert np.max(np.abs(out["logits"] - ref)) < TOL
     assert [e["layer"] for e in jobs[0].costs] == ["enc.0", "enc.1", "head"]
     with pytest.raises(ValueError, match="does not permit 'classify-argmax'.*permitted: "
                        "classify"):
-        _run(default, "classify_argmax", x)
+        run_job(default, "classify_argmax", x)
     only = InprocParties.for_model(cfg, w, permitted=["classify-argmax"])
-    out, jobs = _run(only, "classify_argmax", x)
+    out, jobs = run_job(only, "classify_argmax", x)
     assert set(out) == {"class"} and list(out["class"]) == list(ref.argmax(1).astype(float))
     assert jobs[0].costs[-1]["layer"] == "argmax"
     with pytest.raises(ValueError, match="does not permit 'classify'"):
-        _run(only, "classify", x)
+        run_job(only, "classify", x)
     for kind in ("decode_open", "encoder"):                     # translator kinds: wrong arch
         with pytest.raises(ValueError, match=f"job kind '{kind}' does not apply to model "
                            "'inproc' \\(a encoder-classifier model\\)"):
-            _run(default, kind, x)
+            run_job(default, kind, x)
     with pytest.raises(ValueError, match="width d = 16"):
-        _run(default, "classify", rng.uniform(-1, 1, (2, 5, 12)))
+        run_job(default, "classify", rng.uniform(-1, 1, (2, 5, 12)))
     with pytest.raises(ValueError, match="too long"):
-        _run(default, "classify", rng.uniform(-1, 1, (1, 13, 16)))
+        run_job(default, "classify", rng.uniform(-1, 1, (1, 13, 16)))
     with pytest.raises(ValueError, match="takes inputs"):
-        default.run("classify", {}, [{"Y": s["X"]} for s in _share_x(x)])
+        default.run("classify", {}, [{"Y": s["X"]} for s in share_inputs(x)])
     with pytest.raises(ValueError, match="unknown parameters"):
-        default.run("classify", {"weight": "head.w"}, _share_x(x))
+        default.run("classify", {"weight": "head.w"}, share_inputs(x))
 
 
 def test_translator_refuses_classifier_kinds():
@@ -112,7 +99,7 @@ def test_translator_refuses_classifier_kinds():
                         n_dec_layers=1, src_vocab=5, tgt_vocab=5).validate()
     tr = InprocParties.for_model(cfg, M.random_weights(cfg), permitted=["translate", "encoder"])
     with pytest.raises(ValueError, match="'classify' does not apply.*encoder-decoder model"):
-        _run(tr, "classify", np.zeros((1, 3, 16)))
+        run_job(tr, "classify", np.zeros((1, 3, 16)))
 
 
 def test_owner_permits_per_arch():

@@ -92,8 +92,9 @@ def register(sub) -> None:
 
 # --------------------------------------------------------------------------- demo ----
 def demo_lm(args) -> int:
-    """``mpc3 demo --model lm``: a local cluster, the shipped LM shared by the owner, and
-    held-out prompts "N = " continued securely, streamed, against the plaintext reference."""
+    """``mpc3 demo --model lm [--attention A]``: a local cluster, the shipped LM of attention
+    A shared by the owner, and held-out prompts "N = " continued securely, streamed, against
+    the plaintext reference."""
     import time
 
     from net.client import QueryUser
@@ -105,19 +106,22 @@ def demo_lm(args) -> int:
     from ..owner import share_transformer
     from ..translate import token_agreement
     say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, flush=True))
-    if not TD.SHIPPED_LM.exists():
-        raise FileNotFoundError(f"shipped LM {TD.SHIPPED_LM} is missing (reinstall)")
-    mcfg, w, user = M.load_model(TD.SHIPPED_LM)
+    path = TD.SHIPPED_LMS[args.attention]
+    if not path.exists():
+        raise FileNotFoundError(f"shipped LM {path} is missing (reinstall)")
+    mcfg, w, user = M.load_model(path)
     eos = eos_of(mcfg)
     nums = args.text or [str(int(n)) for n in TD.sample_numbers(64, 7, "test") if n < 10000]
     nums = nums[:args.inputs]
     t_start, pairs, exact = time.perf_counter(), [], 0
-    say("mpc3 demo --model lm: secure generation with a decoder-only LM by three parties")
+    say(f"mpc3 demo --model lm --attention {args.attention}: secure generation with a "
+        "decoder-only LM by three parties")
     with temporary_cluster("mpc3-demo-lm-", args.keep_dir, peer_timeout=15.0) as cluster:
         upload = share_transformer(cluster.cfg, "lm", mcfg, w, None, *cluster.creds("owner"),
-                                   source=TD.SHIPPED_LM.name, user=user)
-        say(f"model owner: shared the shipped LM ({w.n_params()} parameters, d_model "
-            f"{mcfg.d_model}, {mcfg.n_dec_layers} layers, byte tokens) as upload {upload}")
+                                   source=path.name, user=user)
+        say(f"model owner: shared the shipped LM {path.name} ({w.n_params()} parameters, "
+            f"d_model {mcfg.d_model}, {mcfg.n_dec_layers} layers, {mcfg.attention} attention, "
+            f"byte tokens) as upload {upload}")
         with QueryUser(cluster.cfg, *cluster.creds("user"), rpc_timeout=30) as qu:
             backend = LMClusterBackend(qu, "lm", step_timeout=120)
             for n in nums:

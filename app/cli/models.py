@@ -230,3 +230,49 @@ def _cmd_import(args) -> int:
     for note in notes:
         print(f"note: {note}")
     return 0
+
+
+# --------------------------------------------------------------------------- demo ----
+def demo_classifier(args) -> int:
+    """``mpc3 demo --model classifier``: a local cluster, the shipped encoder classifier
+    shared by the owner permitting ``classify-argmax`` only (the user learns the class, not
+    the logits), and held-out numbers' words classified securely (one job for all of them)
+    against the plaintext arg-max."""
+    from net.client import QueryUser
+    from protocols import model as M
+    from protocols import textdata as TD
+
+    from ..localcluster import temporary_cluster
+    from ..owner import share_transformer
+    say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, flush=True))
+    path = TD.SHIPPED_CLASSIFIER
+    if not path.exists():
+        raise FileNotFoundError(f"shipped classifier {path} is missing (reinstall)")
+    mcfg, w, user = M.load_model(path)
+    nums = [int(n) for n in args.text] if args.text else \
+        [int(n) for n in TD.sample_numbers(64, 7, "test") if n < 10000]
+    nums = nums[:args.inputs]
+    x = M.embed_tokens(mcfg, user, TD.classifier_input(nums))
+    t_start = time.perf_counter()
+    say("mpc3 demo --model classifier: the leading digit of a number, read from its English "
+        "words, by an encoder classifier on three parties")
+    with temporary_cluster("mpc3-demo-clf-", args.keep_dir, peer_timeout=15.0) as cluster:
+        upload = share_transformer(cluster.cfg, "classifier", mcfg, w, ["classify-argmax"],
+                                   *cluster.creds("owner"), source=path.name, user=user)
+        say(f"model owner: shared the shipped classifier {path.name} ({w.n_params()} "
+            f"parameters, d_model {mcfg.d_model}, {mcfg.n_enc_layers} layers, "
+            f"{mcfg.n_classes} classes) as upload {upload}, permitting classify-argmax only")
+        with QueryUser(cluster.cfg, *cluster.creds("user"), rpc_timeout=30) as qu:
+            t0 = time.perf_counter()
+            got = np.rint(qu.run("classifier", "classify_argmax", {"X": x})["class"])
+            took = time.perf_counter() - t0
+    ref = M.ref_classify(mcfg, w, x).argmax(-1)
+    for n, g, r in zip(nums, got.astype(int), ref):
+        print(f"{TD.number_to_words(n)!r}: class {g}"
+              + ("" if g == r else f"   (plaintext: {r})"))
+    agree = int(np.sum(got == ref))
+    right = sum(int(g) == TD.leading_digit(n) for g, n in zip(got, nums))
+    print(f"agreement with the plaintext model: {agree}/{len(nums)}; correct leading digits: "
+          f"{right}/{len(nums)}; one classify_argmax job of {len(nums)} rows took {took:.1f} s; "
+          f"demo finished in {time.perf_counter() - t_start:.1f} s")
+    return 0 if agree == len(nums) else 1

@@ -2,7 +2,7 @@
 on a throw-away local cluster: the first command to run after installing).
 
     mpc3 translate --config C --model-id ID "4096" ["123" ...]
-    mpc3 demo [--inputs N] [--keep-dir]
+    mpc3 demo [--inputs N] [--keep-dir] [--model lm [--attention A] | --model classifier]
 
 The query user's part of the model (embedding tables, output projection) and the vocabulary
 come from the shipped translator (``protocols/assets``) unless ``--model`` names another
@@ -116,6 +116,9 @@ def _cmd_demo(args) -> int:
     if args.model == "lm":
         from .generate import demo_lm
         return demo_lm(args)
+    if args.model == "classifier":
+        from .models import demo_classifier
+        return demo_classifier(args)
     from protocols import textdata as TD
     from net.client import QueryUser
     from ..owner import share_transformer
@@ -169,6 +172,7 @@ def _cmd_demo(args) -> int:
 
 
 def register(sub) -> None:
+    from protocols.textdata import SHIPPED_LMS
     p = sub.add_parser("translate", help="translate text securely on a running cluster")
     p.add_argument("text", nargs="+", help="input(s), e.g. 4096")
     p.add_argument("--model-id", required=True)
@@ -187,7 +191,13 @@ def register(sub) -> None:
     p.add_argument("--inputs", type=int, default=DEMO_INPUTS, help="how many held-out inputs")
     p.add_argument("--keep-dir", action="store_true", help="keep certificates and logs")
     p.add_argument("--quiet", action="store_true")
-    p.add_argument("--model", choices=("translator", "lm"), default="translator",
-                   help="translator (default) or lm: the shipped decoder-only LM continues "
-                   "'N = ' with N's English words, streamed token by token")
+    p.add_argument("--model", choices=("translator", "lm", "classifier"),
+                   default="translator",
+                   help="translator (default); lm: the shipped decoder-only LM continues "
+                   "'N = ' with N's English words, streamed token by token; classifier: the "
+                   "shipped encoder classifier tells N's leading digit from N's words")
+    p.add_argument("--attention", choices=tuple(SHIPPED_LMS),
+                   default="relu-performer",
+                   help="with --model lm: the shipped LM of this attention (default "
+                   "relu-performer)")
     p.set_defaults(func=_cmd_demo)

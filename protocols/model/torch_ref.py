@@ -70,6 +70,9 @@ class TorchModel(torch.nn.Module):
                 self.register_parameter(_key(name), torch.nn.Parameter(t))
         self.register_buffer("pe", torch.tensor(positional_encoding(cfg.max_len, cfg.d_model),
                                                 dtype=dtype), persistent=False)
+        #: ``on_scores(s, mask)``, when set: called with every softmax-style attention's
+        #: scores q k^T / sqrt(dh) (B, h, Sq, Sk) and its 0/1 mask (training regularisers).
+        self.on_scores = None
 
     def p(self, name: str) -> torch.Tensor:
         return getattr(self, _key(name))
@@ -145,6 +148,8 @@ class TorchModel(torch.nn.Module):
             o = ((qf @ kf.transpose(-1, -2)) * mask) @ v * scale
         else:
             s = q @ k.transpose(-1, -2) / math.sqrt(cfg.d_head)
+            if self.on_scores is not None:
+                self.on_scores(s, mask)
             if cfg.attention == "softmax":
                 e = torch.exp(s) * mask
                 o = (e / e.sum(-1, keepdim=True)) @ v
