@@ -27,7 +27,9 @@ from .proto import mpc3_pb2 as pb
 CHUNK_BYTES = 1 << 20
 MAX_MESSAGE_BYTES = 1 << 34     # a peer announcing more is broken
 MAX_DIMS = 32
+MAX_HEADER_BYTES = 1 << 16      # ~3000 arrays in one message
 _CACHE = 4096                   # distinct layouts remembered per direction
+_CACHED_HEADER_BYTES = 512      # longer headers are parsed every time (bounds the cache)
 
 #: (dtype, shape, byte offset, byte count) of each array of a message
 Layout = tuple[tuple[np.dtype, tuple[int, ...], int, int], ...]
@@ -38,9 +40,16 @@ def _header(kinds: tuple[tuple[np.dtype, tuple[int, ...]], ...]) -> bytes:
     return ";".join(f"{dt.str}:{','.join(map(str, shape))}" for dt, shape in kinds).encode()
 
 
-@functools.lru_cache(maxsize=_CACHE)
 def parse_layout(header: bytes, n_arrays: int) -> tuple[Layout, int]:
     """The validated layout a first frame announces, and the message's byte count."""
+    if len(header) > MAX_HEADER_BYTES:
+        raise ProtocolError(f"message header of {len(header)} bytes")
+    if len(header) <= _CACHED_HEADER_BYTES:
+        return _parse_cached(header, n_arrays)
+    return _parse(header, n_arrays)
+
+
+def _parse(header: bytes, n_arrays: int) -> tuple[Layout, int]:
     try:
         items = header.decode("ascii").split(";")
     except UnicodeDecodeError:
@@ -65,6 +74,9 @@ def parse_layout(header: bytes, n_arrays: int) -> tuple[Layout, int]:
         if off > MAX_MESSAGE_BYTES:
             raise ProtocolError(f"message longer than {MAX_MESSAGE_BYTES} bytes")
     return tuple(out), off
+
+
+_parse_cached = functools.lru_cache(maxsize=_CACHE)(_parse)
 
 
 def frames_of(job_id: str, op: int, arrays: Payload):

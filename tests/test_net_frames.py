@@ -52,10 +52,21 @@ def test_large_message_is_chunked_and_reassembled():
     (b"<u8:" + b",".join([b"1"] * 40), 1, "invalid shape"),
     (b"<u8:4294967296,4294967296", 1, "longer than"),
     (b"\xff:1", 1, "malformed"),
+    (b";".join([b"<u8:1"] * 20000), 20000, "header of"),
 ])
 def test_bad_headers_are_refused(header, n, match):
     with pytest.raises(ProtocolError, match=match):
         frames.parse_layout(header, n)
+
+
+def test_long_headers_are_parsed_without_caching():
+    n = 200                                     # > _CACHED_HEADER_BYTES, < MAX_HEADER_BYTES
+    header = b";".join([b"<u8:1,1"] * n)
+    assert len(header) > frames._CACHED_HEADER_BYTES
+    before = frames._parse_cached.cache_info().currsize
+    layout, size = frames.parse_layout(header, n)
+    assert len(layout) == n and size == 8 * n
+    assert frames._parse_cached.cache_info().currsize == before
 
 
 def test_byte_count_must_match_the_header():
