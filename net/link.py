@@ -13,9 +13,9 @@ The dialled TLS name is ``party-N`` and the listener checks the caller's certifi
 each end knows which party it talks to.
 
 Messages. A communicator message (the list of arrays one round sends to one peer) is sent as
-ONE frame tagged ``(job_id, op)`` - its arrays' dtypes and shapes in the frame header, their
-bytes back to back - when it fits in :data:`CHUNK_BYTES`, else as consecutive chunks; there is
-no per-array framing on the hot path. Frames of one job arrive in order
+ONE frame tagged ``(job_id, op)`` - its layout in a compact header, its arrays' bytes back to
+back - when it fits in :data:`~net.frames.CHUNK_BYTES`, else as consecutive chunks
+(:mod:`net.frames`). Frames of one job arrive in order
 on a link, so the receiver reassembles them per (job, peer) into a FIFO mailbox; jobs running
 at the same time never see each other's messages, and a message carrying another op counter
 than the one expected raises :class:`~mpc3.comm.ProtocolError`.
@@ -37,21 +37,19 @@ import time
 from dataclasses import dataclass
 
 import grpc
-import numpy as np
 
 from mpc3.comm import Aborted, Communicator, Payload, PeerTimeout, ProtocolError
 from mpc3.party import Party, RingConfig
 from mpc3.prg import PRG
 
 from . import keys
+from .frames import Partial, frames_of, parse_layout, split
 from .handshake import Handshake
 from .proto import mpc3_pb2 as pb
 from .proto import mpc3_pb2_grpc as pb_grpc
 
 log = logging.getLogger("mpc3.link")
 
-CHUNK_BYTES = 1 << 20
-MAX_MESSAGE_BYTES = 1 << 34     # a peer announcing more is broken
 MAX_FRAME_BYTES = 4 << 20
 GRPC_OPTIONS = [
     ("grpc.max_send_message_length", MAX_FRAME_BYTES),
@@ -70,21 +68,13 @@ class PeerUnavailable(ProtocolError):
 
 
 # ----------------------------------------------------------------------- mailboxes ----
-@dataclass
-class _Partial:
-    """A message whose chunks are still arriving."""
-    op: int
-    layout: list
-    buf: bytearray
-
-
 class _Box:
     """Messages of one job from both peers, in arrival order."""
 
     def __init__(self) -> None:
         self.cond = threading.Condition()
         self.msgs: dict[int, collections.deque] = collections.defaultdict(collections.deque)
-        self.partial: dict[int, _Partial | None] = {}
+        self.partial: dict[int, Partial | None] = {}
         self.aborted: str | None = None
         self.opened = False
         self.created = time.monotonic()
@@ -127,54 +117,6 @@ class _Link:
             if f is None:
                 return
             yield f
-
-
-def _frames_of(job_id: str, op: int, arrays: Payload):
-    """One frame for the whole message when it fits in CHUNK_BYTES, else its chunks."""
-    if not arrays:
-        yield pb.PeerFrame(job_id=job_id, op=op, n_arrays=0)
-        return
-    arrays = [np.ascontiguousarray(a) for a in arrays]
-    data = arrays[0].tobytes() if len(arrays) == 1 else b"".join(a.tobytes() for a in arrays)
-    head = pb.PeerFrame(job_id=job_id, op=op, n_arrays=len(arrays),
-                        dtypes=[a.dtype.str for a in arrays], ndims=[a.ndim for a in arrays],
-                        dims=[d for a in arrays for d in a.shape],
-                        data=data[:CHUNK_BYTES], more=len(data) > CHUNK_BYTES)
-    yield head
-    for off in range(CHUNK_BYTES, len(data), CHUNK_BYTES):
-        yield pb.PeerFrame(job_id=job_id, op=op, data=data[off:off + CHUNK_BYTES],
-                           more=off + CHUNK_BYTES < len(data))
-
-
-def _layout(f: pb.PeerFrame) -> list[tuple[np.dtype, tuple[int, ...]]]:
-    """(dtype, shape) of each array a message's first frame announces (validated)."""
-    n = f.n_arrays
-    if len(f.dtypes) != n or len(f.ndims) != n or sum(f.ndims) != len(f.dims):
-        raise ProtocolError("malformed message header")
-    out, pos = [], 0
-    for dt, nd in zip(f.dtypes, f.ndims):
-        dtype = np.dtype(dt)
-        if dtype.kind not in "ui" or dtype.itemsize > 8:
-            raise ProtocolError(f"unexpected dtype {dt!r}")
-        shape = tuple(f.dims[pos:pos + nd])
-        pos += nd
-        if any(d < 0 for d in shape):
-            raise ProtocolError(f"negative dimension in {shape}")
-        out.append((dtype, shape))
-    return out
-
-
-def _split(buf: bytearray, layout) -> list[np.ndarray]:
-    need = sum(int(np.prod(s, dtype=np.int64)) * dt.itemsize for dt, s in layout)
-    if need != len(buf):
-        raise ProtocolError(f"message of {len(buf)} bytes, its header announces {need}")
-    arrays, off = [], 0
-    for dt, shape in layout:
-        nb = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-        arrays.append(np.frombuffer(buf, dtype=dt, count=nb // dt.itemsize,
-                                    offset=off).reshape(shape))
-        off += nb
-    return arrays
 
 
 # -------------------------------------------------------------------------- router ----
@@ -337,16 +279,19 @@ class PeerRouter:
                     box.msgs[peer].append((f.op, []))
                     box.cond.notify_all()
                     return
-                part = box.partial[peer] = _Partial(f.op, _layout(f), bytearray(f.data))
+                layout, size = parse_layout(f.layout, f.n_arrays)
+                part = Partial(f.op, layout, size, bytearray(f.data))
+                if f.more:
+                    box.partial[peer] = part
             elif f.op != part.op or f.n_arrays:
                 raise ProtocolError(f"message {f.op} interleaved with message {part.op}")
             else:
                 part.buf += f.data
-            if len(part.buf) > MAX_MESSAGE_BYTES:
-                raise ProtocolError(f"message longer than {MAX_MESSAGE_BYTES} bytes")
+            if len(part.buf) > part.size:
+                raise ProtocolError(f"message longer than the {part.size} bytes announced")
             if f.more:
                 return
-            box.msgs[peer].append((part.op, _split(part.buf, part.layout)))
+            box.msgs[peer].append((part.op, split(part.buf, part.layout, part.size)))
             box.partial[peer] = None
             box.cond.notify_all()
 
@@ -393,7 +338,7 @@ class PeerRouter:
             link = self._links.get(peer)
         if link is None:
             raise Aborted(f"party {self.rank}: link to party {peer} is down")
-        for frame in _frames_of(job_id, op, arrays):
+        for frame in frames_of(job_id, op, arrays):
             link.put(frame)
 
     def take(self, job_id: str, peer: int, op: int, timeout: float) -> Payload:

@@ -33,7 +33,7 @@ from .store import CORRUPT, StoredModel
 
 log = logging.getLogger("mpc3.service")
 
-VERSION = "mpc3-net/3"
+VERSION = "mpc3-net/4"
 MAX_TENSORS = 10_000
 MAX_META = 1 << 16
 MAX_WAIT_S = 30.0
