@@ -96,8 +96,8 @@ def plain_tensors(cfg: M.ModelConfig, weights: M.Weights, fold_omega: bool = Tru
                 out[f"{prefix}.b1"] = (weights[f"{prefix}.b1"] @ w2 + weights[f"{prefix}.b2"], 0)
         elif prefix not in attn:
             out[name] = (t, 0)
-        elif leaf in ("wq", "wk"):
-            src = folded[f"{prefix}.{leaf}_omega"] if fold_omega else t
+        elif leaf in ("wq", "wk"):           # pop: the unscaled folded copy goes at once
+            src = folded.pop(f"{prefix}.{leaf}_omega") if fold_omega else t
             out[f"{prefix}.{leaf}_proj"] = (qk_scale * src, PROJ_EXTRA)
         elif leaf == "wv":
             out[f"{prefix}.wv_c"] = (v_scale * t, PROJ_EXTRA)
@@ -120,12 +120,24 @@ def share_model(cfg: M.ModelConfig, weights: M.Weights, fold_omega: bool = True,
     """Encode and deal the MPC tensors (those starting with one of ``prefixes``, default
     all); returns the three parties' share dicts. ``shared_replicas``: see
     :func:`mpc3.sharing.deal` (three parties in one process)."""
+    return deal_tensors(plain_tensors(cfg, weights, fold_omega), frac, rng, prefixes,
+                        shared_replicas)
+
+
+def deal_tensors(tensors: dict[str, tuple[np.ndarray, int]], frac: int = ring.DEFAULT_FRAC,
+                 rng=None, prefixes: tuple[str, ...] | None = None,
+                 shared_replicas: bool = False) -> list[dict[str, AShare]]:
+    """:func:`share_model` from :func:`plain_tensors`' dict, which it empties: each float
+    tensor is dropped as its shares are made (a caller holding no other reference - e.g. a
+    benchmark that deleted the weights - never holds the floats and all shares at once)."""
     parts: list[dict[str, AShare]] = [{}, {}, {}]
-    for name, (t, extra) in plain_tensors(cfg, weights, fold_omega).items():
+    for name in list(tensors):          # popped as dealt: float copies go as shares arrive
+        t, extra = tensors.pop(name)
         if prefixes is not None and not name.startswith(tuple(prefixes)):
             continue
         for i, s in enumerate(deal(ring.encode(t, frac + extra), rng, shared_replicas)):
             parts[i][name] = s
+        del t
     return parts
 
 
