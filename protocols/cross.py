@@ -39,7 +39,8 @@ def cross_precompute(p: Party, cfg: M.ModelConfig, shares: dict, enc: AShare,
         return []
     ws = [sub(shares, f"dec.{i}.cross") for i in range(L)]
     if cfg.attention == M.PERFORMER and "omega" not in ws[0]:
-        return _cross_features(p, cfg, ws, enc, need_kv)
+        kf, vs = _cross_features(p, cfg, ws, enc)
+        return _with_kv(p, kf, vs, need_kv)
     wcat = AShare.concat([AShare.concat([w["wk_proj"], w["wv_c"]], axis=1) for w in ws], axis=1)
     y = arith.matmul_aa(p, enc, wcat, trunc=p.cfg.frac + PROJ_EXTRA)
     if "bk" in ws[0]:                                  # attention biases: local
@@ -53,23 +54,32 @@ def cross_precompute(p: Party, cfg: M.ModelConfig, shares: dict, enc: AShare,
         vs.append(split_heads(y[..., base + nk:base + nk + d], h))
     if cfg.attention != M.PERFORMER:
         return [CrossKV(ks[i], vs[i], None) for i in range(L)]
-    kst = AShare(np.stack([k.a for k in ks]), np.stack([k.b for k in ks]))   # (L,B,h,S,.)
+    kst = _stack(ks)                                                      # (L,B,h,S,.)
     if "omega" in ws[0]:
         om = AShare(np.stack([w["omega"].a for w in ws])[:, None],
                     np.stack([w["omega"].b for w in ws])[:, None])         # (L,1,h,dh,r)
         kst = arith.matmul_aa(p, kst, om)
-    kf = A.relu_many(p, [kst])[0]
+    return _with_kv(p, A.relu_many(p, [kst])[0], vs, need_kv)
+
+
+def _with_kv(p: Party, kf: AShare, vs: list[AShare], need_kv: bool) -> list[CrossKV]:
+    """The layers' CrossKV from K' stacked (L,B,h,S,r) and V per layer, with K'^T V (one
+    product for all layers) when ``need_kv``."""
     kv = None
     if need_kv:
-        vst = AShare(np.stack([v.a for v in vs]), np.stack([v.b for v in vs]))
+        vst = _stack(vs)
         kv = arith.matmul_aa(p, kf.T, vst)
-    return [CrossKV(kf[i], vs[i], None if kv is None else kv[i]) for i in range(L)]
+    return [CrossKV(kf[i], vs[i], None if kv is None else kv[i]) for i in range(len(vs))]
 
 
-def _cross_features(p: Party, cfg: M.ModelConfig, ws: list[dict], enc: AShare,
-                    need_kv: bool) -> list[CrossKV]:
-    """cross_precompute, Omega folded: every layer's K' = ReLU(enc W^K Omega + b_k) from the
-    products' split form (attention.relu_products), V's products in the same rounds."""
+def _stack(xs: list[AShare]) -> AShare:
+    return AShare(np.stack([x.a for x in xs]), np.stack([x.b for x in xs]))
+
+
+def _cross_features(p: Party, cfg: M.ModelConfig, ws: list[dict], enc: AShare):
+    """cross_precompute's K' (stacked) and V (per layer), Omega folded: every layer's
+    K' = ReLU(enc W^K Omega + b_k) from the products' split form (attention.relu_products),
+    V's products in the same rounds."""
     h, bits = cfg.n_heads, p.cfg.frac + PROJ_EXTRA
 
     def k_features(q: Party) -> list[AShare]:
@@ -83,15 +93,9 @@ def _cross_features(p: Party, cfg: M.ModelConfig, ws: list[dict], enc: AShare,
         return y
 
     kfs, y = parallel(p, k_features, v_values)
-    d, L = cfg.d_model, len(ws)
-    kfs = [split_heads(k, h) for k in kfs]
-    vs = [split_heads(y[..., i * d:(i + 1) * d], h) for i in range(L)]
-    kv = None
-    if need_kv:
-        kf = AShare(np.stack([k.a for k in kfs]), np.stack([k.b for k in kfs]))   # (L,B,h,S,r)
-        vst = AShare(np.stack([v.a for v in vs]), np.stack([v.b for v in vs]))
-        kv = arith.matmul_aa(p, kf.T, vst)
-    return [CrossKV(kfs[i], vs[i], None if kv is None else kv[i]) for i in range(L)]
+    d = cfg.d_model
+    vs = [split_heads(y[..., i * d:(i + 1) * d], h) for i in range(len(ws))]
+    return _stack([split_heads(k, h) for k in kfs]), vs
 
 
 def cost_cross_precompute(p_cfg, cfg: M.ModelConfig, B: int, S: int, folded: bool = True,

@@ -99,7 +99,7 @@ def _sites(inner, kernel: str, n_items: int) -> list[str]:
             else ["features"]
     if fn == "features":
         one = "omega" if kernel == "matmul_aa" else "features"
-    elif fn in ("cross_precompute", "_cross_features"):
+    elif fn in ("cross_precompute", "_with_kv"):
         one = {"enc, wcat": "proj", "kst, om": "omega", "kf.T, vst": "kv"}.get(
             next((k for k in ("enc, wcat", "kst, om", "kf.T, vst") if k in text), None),
             "features" if kernel == "relu_a" else None)

@@ -6,7 +6,7 @@ GELU(x) = x Phi(x) = x (1 + erf(x / sqrt 2)) / 2. gelu_a(method="auto") takes
 * "segments" for calls of at most convert.ROUND_LEAN_ELEMENTS (2^14) elements - a decode
   step's FFN row: fewest rounds (7 exact), 466 B per element over the three parties;
 * "cheb" above - a prompt's or a batch's FFN: fewest bytes (247.5 B per element, 10
-  rounds exact, 6-7 prob), see :func:`_gelu_cheb`. GELU(x) = x / 2 + E(x) with
+  rounds exact, 6-7 prob), see :func:`_cheb_poly`. GELU(x) = x / 2 + E(x) with
   E(x) = x erf(x / sqrt 2) / 2 even and smooth, so on |x| < T = sqrt(2^9 / 37) = 3.72 one
   degree-6 Chebyshev polynomial in z = 2 x^2 / T^2 - 1 (degree 12 in x: 3.9e-4 in float64)
   replaces the four quartics, and two comparisons [x >= -T], [x >= T] (tails: |GELU - ReLU|
@@ -161,19 +161,29 @@ def gelu_a(p: Party, x: AShare, method: str = "auto") -> AShare:
     """GELU(x) (erf form) for |x| <= gelu_limit(cfg), same scale; error GELU_ERROR.
     Algorithm and costs: module docstring. Cost: :func:`cost_gelu`."""
     if gelu_method(method, x.size, p.cfg.trunc) == "cheb":
-        return _gelu_cheb(p, x)
-    f, (e, K) = p.cfg.frac, GELU_SCALES[p.cfg.trunc]
+        f, (e, K) = p.cfg.frac, GELU_CHEB_SCALES[p.cfg.trunc]
+        T = gelu_cheb_threshold()
+        return _piecewise(p, x, (-T, T), lambda q, v: _cheb_poly(q, v, f + e, K))
+    e, K = GELU_SCALES[p.cfg.trunc]
+    return _piecewise(p, x, GELU_BREAKS, lambda q, v: _quartics(q, v, e, K))
+
+
+def _piecewise(p: Party, x: AShare, breaks, pieces) -> AShare:
+    """0 below breaks[0], piece j on [t_j, t_{j+1}), x from breaks[-1] on: the comparisons
+    c_k = [x >= t_k] (one drelu_masked call, left masked for the injection) run in the rounds
+    of ``pieces(party, x)`` -> (n, len(breaks) - 1) values V_1..; the output is
+    sum_k c_k (V_{k+1} - V_k) with V_0 = 0 and V_last = x (it telescopes to the piece x is
+    in; garbage in the other pieces cancels exactly in the ring): one batched injection."""
     shape = x.shape
     x = x.reshape(-1)
-    n, nt = x.size, len(GELU_BREAKS)
-    diff = arith.add_public(p, _wide(x, nt), -ring.encode(np.array(GELU_BREAKS), f)[None, :])
-    # c_k = [x >= t_k] (5 DReLUs, kept masked for the injection) in the rounds of the quartics
+    n, nt = x.size, len(breaks)
+    diff = arith.add_public(p, _wide(x, nt), -ring.encode(np.array(breaks), p.cfg.frac)[None, :])
     bits, poly = parallel(p, lambda q: convert.drelu_masked(q, diff.reshape(-1)),
-                          lambda q: _quartics(q, x, e, K))
+                          lambda q: pieces(q, x))
     zero = np.zeros((n, 1), dtype=np.uint64)
-    values = AShare.concat([poly, x.reshape(n, 1)], 1)                # V_1..V_5
-    below = AShare.concat([AShare(zero, zero.copy()), poly], 1)       # V_0..V_4
-    # 5 injections, 2 rounds (the comparison's last AND layer in the first)
+    values = AShare.concat([poly, x.reshape(n, 1)], 1)                # V_1..V_nt
+    below = AShare.concat([AShare(zero, zero.copy()), poly], 1)       # V_0..V_nt-1
+    # nt injections, 2 rounds (the comparison's last AND layer in the first)
     picked = convert.mul_masked(p, bits, (values - below).reshape(-1)).reshape(n, nt)
     return AShare(picked.a.sum(axis=1), picked.b.sum(axis=1)).reshape(shape)
 
@@ -208,13 +218,18 @@ def _quartics(p: Party, x: AShare, e: int, K: int) -> AShare:
 def cost_gelu(n: int, cfg: RingConfig, method: str = "auto") -> Cost:
     """Rounds and bytes per party of :func:`gelu_a` on ``n`` elements."""
     if gelu_method(method, n, cfg.trunc) == "cheb":
-        return _cost_gelu_cheb(n, cfg)
+        return _cost_piecewise(n, 2, cfg, _cost_cheb_poly(n, cfg))
     f, (e, K) = cfg.frac, GELU_SCALES[cfg.trunc]
     S, nt = f + e, len(GELU_BREAKS)
     quartics = (arith.cost_mul(n, 2 * f - S, f, cfg.trunc)
                 + arith.cost_mul(n * (nt - 1), 2 * S + K - f, f, cfg.trunc))
+    return _cost_piecewise(n, nt, cfg, quartics)
+
+
+def _cost_piecewise(n: int, nt: int, cfg: RingConfig, pieces: Cost) -> Cost:
+    """:func:`_piecewise` with ``nt`` breaks whose pieces cost ``pieces``."""
     return (Cost.parallel(convert.cost_drelu(n * nt, *convert.window_for(cfg), fused=True),
-                          quartics)
+                          pieces)
             + convert.cost_inject(n * nt, fused=True))
 
 
@@ -249,33 +264,16 @@ def gelu_cheb_table() -> np.ndarray:
     return _minimax(basis, target, 80)
 
 
-def _gelu_cheb(p: Party, x: AShare) -> AShare:
-    """GELU for many elements: 2 comparisons, 4 products, 2 injections per element.
+def _cheb_poly(p: Party, x: AShare, S: int, K: int) -> AShare:
+    """The "cheb" form's one piece, (n, 1) at scale frac: four product layers (2 comparisons,
+    4 products, 2 injections per element with :func:`_piecewise`).
 
-    c_lo = [x >= -T], c_hi = [x >= T] (one drelu_masked call, in the rounds of the
-    polynomial); P(x) = x / 2 + sum_k c_k T_k(z) on |x| < T; out = c_lo P + c_hi (x - P),
-    which telescopes to 0 / P / x (garbage P outside cancels exactly in the ring).
+    P(x) = x / 2 + sum_k c_k T_k(z) on |x| < T; outside, garbage that cancels.
     P from three products z, T_2 = 2 z^2 - 1, T_4 = 2 T_2^2 - 1 and ONE 4-term dot product:
     with T_3 = 2 z T_2 - z, T_5 = 2 z T_4 - T_3, T_6 = 2 T_2 T_4 - T_2,
     sum c_k T_k = c_0 + L + z T_2 (2 c_3 - 2 c_5) + T_4 (2 c_5 z + 2 c_6 T_2),
     L = (c_1 - c_3 + c_5) z + (c_2 - c_6) T_2 + c_4 T_4 (local), and x / 2 rides in the
     same sum as x times a public power of two."""
-    f, (e, K) = p.cfg.frac, GELU_CHEB_SCALES[p.cfg.trunc]
-    S = f + e
-    shape = x.shape
-    x = x.reshape(-1)
-    n = x.size
-    T = gelu_cheb_threshold()
-    diff = arith.add_public(p, _wide(x, 2), -ring.encode(np.array([-T, T]), f)[None, :])
-    bits, poly = parallel(p, lambda q: convert.drelu_masked(q, diff.reshape(-1)),
-                          lambda q: _cheb_poly(q, x, S, K))
-    values = AShare.concat([poly.reshape(n, 1), (x - poly).reshape(n, 1)], 1)
-    picked = convert.mul_masked(p, bits, values.reshape(-1)).reshape(n, 2)
-    return AShare(picked.a.sum(axis=1), picked.b.sum(axis=1)).reshape(shape)
-
-
-def _cheb_poly(p: Party, x: AShare, S: int, K: int) -> AShare:
-    """P(x) = x / 2 + sum_k c_k T_k(z) at scale frac: four product layers."""
     f = p.cfg.frac
     num, sh = GELU_CHEB_Z
     c = gelu_cheb_table()
@@ -299,19 +297,17 @@ def _cheb_poly(p: Party, x: AShare, S: int, K: int) -> AShare:
                np.stack([v.b for v in left], -1)[:, None, :])
     R = AShare(np.stack([v.a for v in right], -1)[:, :, None],
                np.stack([v.b for v in right], -1)[:, :, None])
-    poly = arith.matmul_aa(p, L, R, trunc=2 * S + K - f).reshape(n)   # scale f
-    return arith.add_public(p, poly, ring.encode(np.full(n, c[0]), f))
+    poly = arith.matmul_aa(p, L, R, trunc=2 * S + K - f).reshape(n, 1)   # scale f
+    return arith.add_public(p, poly, ring.encode(np.full((n, 1), c[0]), f))
 
 
-def _cost_gelu_cheb(n: int, cfg: RingConfig) -> Cost:
+def _cost_cheb_poly(n: int, cfg: RingConfig) -> Cost:
     f, (e, K) = cfg.frac, GELU_CHEB_SCALES[cfg.trunc]
     S = f + e
     sh = GELU_CHEB_Z[1]
-    poly = (arith.cost_mul(n, 2 * f + sh - S, f, cfg.trunc)
+    return (arith.cost_mul(n, 2 * f + sh - S, f, cfg.trunc)
             + arith.cost_mul(n, S - 1, f, cfg.trunc) + arith.cost_mul(n, S - 1, f, cfg.trunc)
             + arith.cost_mul(n, 2 * S + K - f, f, cfg.trunc))
-    return (Cost.parallel(convert.cost_drelu(2 * n, *convert.window_for(cfg), fused=True), poly)
-            + convert.cost_inject(2 * n, fused=True))
 
 
 #: The one documented range of tanh_a (closed): |x| <= 24, so that -2|x| stays inside

@@ -174,6 +174,19 @@ def matmul_aa(p: Party, x: AShare, y: AShare, trunc: bool | int = True) -> AShar
     return _finish(p, _local_matmul(x, y), trunc)
 
 
+def _item_product(x: AShare, y: AShare, kind: str, keep):
+    """One item's local 3-out-of-3 product: (z, keep broadcast or None, kept entries flat)."""
+    if kind == "mul" and x.shape != y.shape:
+        raise ValueError(f"mul_many_aa: shapes differ {x.shape} vs {y.shape}")
+    if kind == "matmul" and x.shape[-1] != y.shape[-2]:
+        raise ValueError(f"mul_many_aa: inner dimensions differ {x.shape} @ {y.shape}")
+    if kind not in ("mul", "matmul"):
+        raise ValueError(f"mul_many_aa: unknown kind {kind!r}")
+    z = _local_mul(x, y) if kind == "mul" else _local_matmul(x, y)
+    keep = None if keep is None else np.broadcast_to(keep, z.shape)
+    return z, keep, (z.reshape(-1) if keep is None else z[keep])
+
+
 def mul_many_aa(p: Party, items: list[tuple]) -> list[AShare]:
     """Several independent products in the rounds of one: items ``(x, y, kind, trunc)``
     or ``(x, y, kind, trunc, keep)``; ``kind`` is "mul" (elementwise) or "matmul";
@@ -184,16 +197,8 @@ def mul_many_aa(p: Party, items: list[tuple]) -> list[AShare]:
     p.new_op()
     parts = {True: [], False: []}
     for item in items:
-        x, y, kind, trunc = item[:4]
-        if kind == "mul" and x.shape != y.shape:
-            raise ValueError(f"mul_many_aa: shapes differ {x.shape} vs {y.shape}")
-        if kind == "matmul" and x.shape[-1] != y.shape[-2]:
-            raise ValueError(f"mul_many_aa: inner dimensions differ {x.shape} @ {y.shape}")
-        if kind not in ("mul", "matmul"):
-            raise ValueError(f"mul_many_aa: unknown kind {kind!r}")
-        z = _local_mul(x, y) if kind == "mul" else _local_matmul(x, y)
-        keep = None if len(item) < 5 else np.broadcast_to(item[4], z.shape)
-        zk = z.reshape(-1) if keep is None else z[keep]
+        trunc = item[3]
+        z, keep, zk = _item_product(item[0], item[1], item[2], item[4] if len(item) > 4 else None)
         shift = None if trunc is False else (p.cfg.frac if trunc is True else trunc)
         parts[shift is not None].append((z.shape, keep, zk, shift))
     cut = [z for _, _, z, _ in parts[True]]
@@ -237,11 +242,8 @@ def mul_split_aa(p: Party, items: list[tuple], trunc: bool | int = True) -> Spli
     whole result: the replicated sharing is never completed (8 bytes per element less than
     mul_many_aa). Cost: :func:`cost_mul_split`."""
     p.new_op()
-    zs = []
-    for x, y, kind, *keep in items:
-        z = _local_mul(x, y) if kind == "mul" else _local_matmul(x, y)
-        zs.append(z[np.broadcast_to(keep[0], z.shape)] if keep else z.reshape(-1))
-    z = np.concatenate(zs)
+    z = np.concatenate([_item_product(*item[:3], item[3] if len(item) > 3 else None)[2]
+                        for item in items])
     bits = p.cfg.frac if trunc is True else int(trunc)
     return _trunc_split(p, z + p.zero_share(z.shape, "mulmask"), bits, from_rss=False,
                         split=True)
@@ -249,7 +251,8 @@ def mul_split_aa(p: Party, items: list[tuple], trunc: bool | int = True) -> Spli
 
 def cost_mul_split(n: int, trunc: bool | int, frac: int, mode: str) -> Cost:
     bits = frac if trunc is True else trunc
-    return cost_trunc_shifts(np.full(n, bits), mode, from_rss=False, split=True)
+    return cost_trunc_shifts(np.broadcast_to(np.asarray(bits), (n,)), mode, from_rss=False,
+                             split=True)
 
 
 def cost_mul_many(shifts, n_plain: int, mode: str) -> Cost:
@@ -442,7 +445,7 @@ def _trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None =
             offset + low, sh, offset >> sh.view(np.uint64))
         if role == 2:
             msg = got[(NEXT, g)] if (exact or not split) else ()
-            st["s0"] = np.zeros(st["n"], np.uint64) if split else msg[0]
+            st["s0"] = np.uint64(0) if split else msg[0]      # split: a slot nobody reads
             if exact:
                 st["at_rho"] = _unpack_by_width(msg[-1], plan, st["n"])
 
