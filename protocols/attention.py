@@ -268,6 +268,10 @@ class PrefixState:
     vc: AShare | None = None
     block: int = 1
     t: int = 0
+
+    @property
+    def batch(self) -> int:
+        return self.G.shape[0]
     folded: int = 0
 
     @staticmethod

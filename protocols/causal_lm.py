@@ -60,8 +60,7 @@ class LMState:
 
     @property
     def batch(self) -> int:
-        first = self.prefix[0]
-        return first.batch if isinstance(first, KVCache) else first.G.shape[0]
+        return self.prefix[0].batch                  # PrefixState or KVCache
 
 
 def _blocks(x: AShare, L: int, nb: int) -> AShare:

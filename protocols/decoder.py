@@ -205,8 +205,7 @@ class DecodeState:
         """The session's batch size (None for a model without decoder layers)."""
         if not self.prefix:
             return None
-        first = self.prefix[0]
-        return first.batch if isinstance(first, KVCache) else first.G.shape[0]
+        return self.prefix[0].batch                  # PrefixState or KVCache
 
 
 def cost_decode_start(p_cfg, cfg: M.ModelConfig, B: int, folded: bool = True,

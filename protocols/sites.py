@@ -72,6 +72,7 @@ class Trace:
         self.s, self.vs = fold_scales(self.cfg)
         self._sub: dict[str, dict[str, np.ndarray]] = {}
         self.attn = {p: self.sub(p) for p in M.attn_prefixes(self.cfg)}
+        self._linear: dict[str, tuple[np.ndarray, np.ndarray]] = {}   # fused once per FFN
 
     def sub(self, prefix: str) -> dict[str, np.ndarray]:
         if prefix not in self._sub:
@@ -130,8 +131,15 @@ class Trace:
 
     def _w1(self, prefix: str) -> np.ndarray:
         """The FFN's first weight as shared: W1, or W1 W2 for a linear FFN (fused)."""
-        w = self.sub(prefix)
-        return w["w1"] @ w["w2"] if self.cfg.ffn_act == "none" else w["w1"]
+        return self._fused(prefix)[0] if self.cfg.ffn_act == "none" else self.sub(prefix)["w1"]
+
+    def _fused(self, prefix: str) -> tuple[np.ndarray, np.ndarray]:
+        """A linear FFN as shared (secure_model.plain_tensors): (W1 W2, b1 W2 + b2), formed
+        once per FFN, not on every traced call."""
+        if prefix not in self._linear:
+            w = self.sub(prefix)
+            self._linear[prefix] = (w["w1"] @ w["w2"], w["b1"] @ w["w2"] + w["b2"])
+        return self._linear[prefix]
 
     def _project(self, layer: str, x: np.ndarray, which: str) -> np.ndarray:
         """x times an attention weight as the secure model holds it (attn_c folded; W^Q Omega,
@@ -153,7 +161,7 @@ class Trace:
             xw = x @ self._w1(layer)
             if w1:
                 self.rec.mag(layer, "w1", xw)
-            return xw + (w["b1"] @ w["w2"] + w["b2"])
+            return xw + self._fused(layer)[1]
         xw = x @ w["w1"]
         hid = xw + w["b1"]
         hw = M.ffn_activation(hid, self.cfg.ffn_act) @ w["w2"]
