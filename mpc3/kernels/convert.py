@@ -276,16 +276,19 @@ def cost_msb(n: int, L: int, m: int) -> Cost:
 
 
 # --------------------------------------------------------------------- injection ------
-def _inject(p: Party, x: AShare, bit, from_masked: bool) -> AShare:
+def _inject(p: Party, x: AShare, bit, from_masked: bool, seg: int = 0) -> AShare:
     """d * x for a bit d given as RSS BShare (``from_masked=False``) or as this party's
     masked 3-out-of-3 planes (``from_masked=True``, the pair swaps its halves).
 
-    ``x`` has shape (n,) or (n, c): bit e multiplies the c values of row e."""
+    ``x`` has shape (n,) or (n, c): bit e multiplies the c values of row e. ``seg`` > 0
+    (x of shape (n,)): only the sums over consecutive runs of ``seg`` products are wanted
+    (a table lookup): the resharing messages carry one sum per run and group."""
     n = x.shape[0]
     r1, st = Round(p), []
     for g, (sl, wsl) in enumerate(zip(group_bounds(n), _word_bounds(n))):
         role, ng = p.role(g), sl.stop - sl.start
-        s = {"role": role, "n": ng}
+        fold = functools.partial(_run_sums, sl=sl, seg=seg) if seg else (lambda v: v)
+        s = {"role": role, "n": ng, "fold": fold}
         if role == 0:
             e = bit[:, wsl] if from_masked else bit.a[:, wsl] ^ bit.b[:, wsl]
             u = _bits_u64(e, ng)
@@ -293,7 +296,8 @@ def _inject(p: Party, x: AShare, bit, from_masked: bool) -> AShare:
             rho1, rho2 = p.rand_with_many(0, 2, [(f"r1{g}", shp), (f"r2{g}", shp)])
             s["kappa"] = p.rand_with(0, 1, shp, f"k{g}")
             # A = x_g + x_{g+1}: m1 = A - 2 u A - rho1, m2 = u - rho2, s0 = u A - kappa
-            m1, m2, s["s0"] = fused.inject_single(x.a[sl], x.b[sl], u, s["kappa"], rho1, rho2)
+            m1, m2, s0 = fused.inject_single(x.a[sl], x.b[sl], u, s["kappa"], rho1, rho2)
+            s["s0"] = fold(s0)
             r1.send(NEXT, m1, m2)                                   # to role 1
             r1.send(PREV, s["s0"])                                  # to role 2
         else:
@@ -324,28 +328,56 @@ def _inject(p: Party, x: AShare, bit, from_masked: bool) -> AShare:
         tau1, tau2 = p.rand_with_many(role, 3 - role, [(f"t1{g}", shp), (f"t2{g}", shp)])
         # sB = B - 2 beta B; role 1: y = beta V + u sB + beta B - tau1, s1 = kappa + y;
         # role 2: y = beta rho1 + rho2 sB - tau2, s0 = (u A - kappa) + y; s2 = tau1 + tau2
+        fold = s["fold"]
         if role == 1:
             V, u = got[(PREV, g)]
             kappa = p.rand_with(1, 0, shp, f"k{g}")
-            y, s["s1"], s["s2"] = fused.inject_pair(B, beta, V, u, tau1, tau2, kappa, True)
+            y, s1, s2 = fused.inject_pair(B, beta, V, u, tau1, tau2, kappa, True)
+            s["s1"] = fold(s1)
         else:
             rho1, rho2 = p.rand_with_many(2, 0, [(f"r1{g}", shp), (f"r2{g}", shp)])
-            y, s["s0"], s["s2"] = fused.inject_pair(B, beta, rho1, rho2, tau2, tau1,
-                                                    got[(NEXT, g)][0], False)
-        r2.send(PREV if role == 1 else NEXT, y)
+            s0 = got[(NEXT, g)][0]
+            y, s0y, s2 = fused.inject_pair(B, beta, rho1, rho2, tau2, tau1,
+                                           np.zeros_like(B) if seg else s0, False)
+            s["s0"] = fold(s0y) + s0 if seg else s0y
+        s["s2"] = fold(s2)
+        r2.send(PREV if role == 1 else NEXT, fold(y))
     got2 = r2.run()
 
-    a_out = np.empty(x.shape, dtype=np.uint64)
-    b_out = np.empty(x.shape, dtype=np.uint64)
+    shape = (n // seg,) if seg else x.shape
+    a_out = (np.zeros if seg else np.empty)(shape, dtype=np.uint64)
+    b_out = (np.zeros if seg else np.empty)(shape, dtype=np.uint64)
     for g, (sl, s) in enumerate(zip(group_bounds(n), st)):
+        if seg:                                # a run may straddle groups: add the parts
+            sl = _run_span(sl, seg)
         if s["role"] == 0:
-            a_out[sl] = s["s0"] + got2[(PREV, g)][0]
-            b_out[sl] = s["kappa"] + got2[(NEXT, g)][0]
+            a, b = s["s0"] + got2[(PREV, g)][0], s["fold"](s["kappa"]) + got2[(NEXT, g)][0]
         elif s["role"] == 1:
-            a_out[sl], b_out[sl] = s["s1"], s["s2"]
+            a, b = s["s1"], s["s2"]
         else:
-            a_out[sl], b_out[sl] = s["s2"], s["s0"]
+            a, b = s["s2"], s["s0"]
+        if seg:
+            a_out[sl] += a
+            b_out[sl] += b
+        else:
+            a_out[sl], b_out[sl] = a, b
     return AShare(a_out, b_out)
+
+
+def _run_span(sl: slice, seg: int) -> slice:
+    """The runs of ``seg`` elements that the elements ``sl`` touch."""
+    if sl.stop == sl.start:
+        return slice(sl.start // seg, sl.start // seg)
+    return slice(sl.start // seg, (sl.stop - 1) // seg + 1)
+
+
+def _run_sums(v: np.ndarray, sl: slice, seg: int) -> np.ndarray:
+    """Sums of a group's values (elements ``sl`` of the flat layout) over each run of
+    ``seg`` consecutive elements it touches."""
+    if v.size == 0:
+        return v
+    e = np.arange(sl.start, sl.stop) // seg
+    return np.add.reduceat(v, np.flatnonzero(np.r_[True, e[1:] != e[:-1]]))
 
 
 def _word_bounds(n: int) -> list[slice]:
@@ -356,12 +388,18 @@ def _word_bounds(n: int) -> list[slice]:
     return out
 
 
-def cost_inject(n: int, fused: bool, cols: int = 1) -> Cost:
-    def role_bytes(role: int, ng: int) -> int:
-        if role == 0:
-            return 24 * ng * cols
-        return 8 * ng * cols + (packed_bytes(ng, 1) if fused else 0)
-    return Cost.by_role(2, n, role_bytes)
+def cost_inject(n: int, fused: bool, cols: int = 1, seg: int = 0) -> Cost:
+    """:func:`_inject` on ``n`` bits (``cols`` values each; ``seg``: summed runs)."""
+    per = [0, 0, 0]
+    for g, sl in enumerate(group_bounds(n)):
+        ng = sl.stop - sl.start
+        span = _run_span(sl, seg) if seg else None
+        out = span.stop - span.start if seg else ng * cols
+        for rank in range(3):
+            role = (rank - g) % 3
+            per[rank] += (16 * ng * cols + 8 * out if role == 0
+                          else 8 * out + (packed_bytes(ng, 1) if fused else 0))
+    return Cost(2, tuple(per))
 
 
 # ------------------------------------------------------------------ public kernels ----
@@ -408,14 +446,19 @@ def drelu_masked(p: Party, x: AShare, win: tuple[int, int] | None = None) -> Mas
     return MaskedBits(e, flat.size)
 
 
-def mul_masked(p: Party, bits: MaskedBits, y: AShare) -> AShare:
+def mul_masked(p: Party, bits: MaskedBits, y: AShare, sum_runs: int = 0) -> AShare:
     """DReLU bit * y for the bits of :func:`drelu_masked` (y of their size, or one row of
     values per bit). Together with drelu_masked: DReLU(x) * y in the rounds of relu_a, e.g.
     a public-table lookup sum_j [x >= t_j] (V_{j+1} - V_j) with y computed meanwhile.
-    Cost: ``cost_inject(n, fused=True, cols)``."""
+    ``sum_runs=k`` (y of the bits' size): the (n / k,) sums over runs of k products only
+    (one resharing element per run). Cost: ``cost_inject(n, fused=True, cols, sum_runs)``."""
     if y.shape[0] != bits.n and y.size != bits.n:
         raise ValueError(f"mul_masked: {bits.n} bits for values of shape {y.shape}")
+    if sum_runs and (y.size != bits.n or bits.n % sum_runs):
+        raise ValueError(f"mul_masked: runs of {sum_runs} over {bits.n} bits")
     p.new_op()
+    if sum_runs:
+        return _inject(p, y.reshape(-1), bits.planes, from_masked=True, seg=sum_runs)
     rows = y.reshape(-1) if y.size == bits.n else y.reshape(bits.n, -1)
     return _inject(p, rows, bits.planes, from_masked=True).reshape(y.shape)
 

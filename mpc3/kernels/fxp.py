@@ -2,13 +2,16 @@
 
 Leak-free initialisation (Privformer Alg. 4 semantics: nothing is revealed, not even the
 bit length), restructured for rounds: instead of Alg. 4's 2*ell sequential DReLU/Select
-steps, all comparisons ``c_k = [x >= t_k]`` against (half-)octave thresholds ``t_k`` run in
-ONE batched DReLU; the initial guess is then a public-table lookup written as the dot
-product ``y0 = T_0 + sum_k c_k (T_k - T_{k-1})`` (one batched bit injection; the c_k are a
-thermometer code of the interval holding x), followed by Newton iterations:
+steps, all comparisons ``c_k = [x >= t_k]`` against (fractional-)octave thresholds ``t_k``
+run in ONE two-round comparison of each input with the whole table
+(:mod:`mpc3.kernels.thresholds`: one thermometer code per input, the carry in one round);
+the initial guess is then a public-table lookup written as the dot product
+``y0 = T_0 + sum_k c_k (T_k - T_{k-1})`` (one batched bit injection of 2 rounds whose
+resharing carries one sum per input; the c_k are a thermometer code of the interval holding
+x), followed by Newton iterations:
 
-* sqrt_inv: few inputs - 1/16-octave table of best lines, no Newton; many inputs - octave
-  table + three Newton steps of 4 rounds (fewer bytes).
+* sqrt_inv: few inputs - 1/16-octave table of best lines, no Newton (4 rounds); many
+  inputs - quarter-octave table + two Newton steps of 4 rounds (fewer bytes).
 * reciprocal: half-octave table of best lines (1.5 %), y <- y (2 - x y) twice.
 * exp ("limit"): q(x/64)^64 - a degree-4 polynomial q fitted to e^u, six squarings.
 
@@ -19,9 +22,9 @@ figures exclude its failure events, see below). Rounds: exact / prob truncation.
 ==============  ===============  ==================================================  =======
 kernel          range (closed)   error bound                                          rounds
 ==============  ===============  ==================================================  =======
-sqrt_inv fast   [2^-12, 2^16]    2.5e-4 y + 2 ulp                                     10 / 9
-sqrt_inv lean   [2^-12, 2^16]    4e-5 y + 2 ulp  (prob: 5e-5 y + 4 ulp)               20 / 14
-reciprocal      [2^-12, 2^16]    5e-6 y + 2 ulp                                       18 / 13
+sqrt_inv fast   [2^-12, 2^16]    2.5e-4 y + 2 ulp                                      4 / 4
+sqrt_inv lean   [2^-12, 2^16]    4e-5 y + 2 ulp  (prob: 5e-5 y + 4 ulp)               12 / 8
+reciprocal      [2^-12, 2^16]    5e-6 y + 2 ulp                                       12 / 8
 exp "limit"     [-48, 9.5]       4 ulp on [-48, 0], 1.5e-5 y on [0, 9.5]              16 / 9
                                  (prob: 240 ulp, 1e-3 y); never negative
 ==============  ===============  ==================================================  =======
@@ -60,7 +63,7 @@ from .. import ring
 from ..parallel import parallel
 from ..party import Party
 from ..shares import AShare
-from . import arith, convert
+from . import arith, convert, thresholds
 from .base import Cost
 
 LOG_LO, LOG_HI = -12, 16
@@ -131,8 +134,9 @@ def _init_guess(p: Party, x: AShare, power: float, per_octave: int, linear: bool
     """x^(-power) from one batched comparison against thresholds t_j = 2^(j/per_octave) and one
     injection. With c_j = [x >= t_j] (a thermometer code) and V_j the interval's value
     (alpha_j, or alpha_j + beta_j x for a ``linear`` table), the guess telescopes:
-    y0 = V_0 + sum_j c_j (V_{j+1} - V_j); the comparison's last AND layer rides in the
-    injection's first round (convert.drelu_masked / mul_masked).
+    y0 = V_0 + sum_j c_j (V_{j+1} - V_j): a two-round comparison of each input with the
+    whole table (:func:`mpc3.kernels.thresholds.compare_public_masked`, masked bits) and one
+    injection that reshares only the sum per input (convert.mul_masked ``sum_runs``).
 
     The products beta_j * x are formed for every interval alongside the comparison (public
     scalings, one truncation running in the comparison's rounds (:func:`mpc3.parallel.parallel`)
@@ -145,10 +149,8 @@ def _init_guess(p: Party, x: AShare, power: float, per_octave: int, linear: bool
     k = exps.size
     flat = x.reshape(-1)
     rows = flat.size
-    diff = arith.add_public(p, AShare(np.repeat(flat.a[:, None], k, 1),
-                                      np.repeat(flat.b[:, None], k, 1)),
-                            -ring.encode(2.0 ** exps, f)[None, :]).reshape(-1)
-    compare = lambda q: convert.drelu_masked(q, diff, win=_window(f))  # noqa: E731
+    compare = lambda q: thresholds.compare_public_masked(  # noqa: E731
+        q, flat, ring.encode(2.0 ** exps, f), _window(f))
     if linear:           # the slope products do not depend on the comparison: shared rounds
         scaled = np.round(beta * 2.0 ** shifts)
         wide = AShare(np.repeat(flat.a[:, None], k + 1, 1), np.repeat(flat.b[:, None], k + 1, 1))
@@ -161,9 +163,8 @@ def _init_guess(p: Party, x: AShare, power: float, per_octave: int, linear: bool
         above = compare(p)
         values = arith.public_share(p, np.tile(ring.encode(alpha, f), (rows, 1)))
     steps = AShare(values.a[:, 1:] - values.a[:, :-1], values.b[:, 1:] - values.b[:, :-1])
-    picked = convert.mul_masked(p, above, steps.reshape(-1)).reshape(rows, k)
-    return AShare(values.a[:, 0] + picked.a.sum(axis=1),
-                  values.b[:, 0] + picked.b.sum(axis=1)).reshape(x.shape)
+    picked = convert.mul_masked(p, above, steps.reshape(-1), sum_runs=k)
+    return AShare(values.a[:, 0] + picked.a, values.b[:, 0] + picked.b).reshape(x.shape)
 
 
 def _window(f: int) -> tuple[int, int]:
@@ -175,11 +176,11 @@ def cost_init_guess(n: int, power: float, per_octave: int, linear: bool, frac: i
                     mode: str) -> Cost:
     exps, _, _, shifts = _table(power, per_octave, linear, frac, mode)
     k = exps.size
-    compare = convert.cost_drelu(n * k, *_window(frac), fused=True)
+    compare = thresholds.cost_compare_public(n, k, *_window(frac))
     if linear:
         compare = Cost.parallel(arith.cost_trunc_shifts(np.tile(shifts, n), mode, from_rss=True),
                                 compare)
-    return compare + convert.cost_inject(n * k, True)
+    return compare + convert.cost_inject(n * k, True, seg=k)
 
 
 def _const(p: Party, x: AShare, c: float) -> AShare:
@@ -204,9 +205,9 @@ def sqrt_inv_a(p: Party, x: AShare, mode: str = "auto") -> AShare:
     """1/sqrt(x) for shared x in SQRT_INV_RANGE (Privformer Alg. 4, leak-free), same scale.
 
     mode "fast": sixteenth-octave thresholds with the best line per interval (rel. error
-    9e-5 plus fixed point), no Newton step: 6 rounds, ~42 KB per input. mode "lean":
-    quarter-octave thresholds, constant guess (4.4 %), two Newton steps: 14-15 rounds (fewer
-    comparison levels for few inputs, convert.leaf_blocks), ~7 KB per input.
+    9e-5 plus fixed point), no Newton step: 4 rounds, ~21 KB per input. mode "lean":
+    quarter-octave thresholds, constant guess (4.4 %), two Newton steps: 12 rounds, ~2.7 KB
+    per input (4.8 KB for a single input).
     "auto" picks "fast" for at most FAST_ROWS inputs (decoding steps) and "lean" otherwise
     (whole sequences). Newton step y <- y + y/2 - (x y)(y^2)/2 in two multiplication layers:
     x*y, y^2 (kept at frac + SQ_EXTRA bits) and y/2 in one call with per-element shifts,
@@ -253,7 +254,7 @@ def cost_sqrt_inv(n: int, mode: str, frac: int, trunc: str) -> Cost:
 def reciprocal_a(p: Party, x: AShare, iterations: int = 2) -> AShare:
     """1/x for shared x in RECIPROCAL_RANGE: leak-free half-octave linear initialisation
     (1.5 %) + Newton y <- y (2 - x y) twice. Error: RECIPROCAL_ERROR (for the default two
-    iterations). Cost: :func:`cost_reciprocal` (6-7 + 4 * iterations rounds)."""
+    iterations). Cost: :func:`cost_reciprocal` (4 + 4 * iterations rounds)."""
     y = _init_guess(p, x, 1.0, per_octave=2, linear=True)
     for _ in range(iterations):
         xy = arith.mul_aa(p, x, y)

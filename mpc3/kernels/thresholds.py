@@ -1,0 +1,241 @@
+"""Secret rows against public thresholds in two rounds: ``c_ij = [x_i >= t_j]`` as MaskedBits.
+
+A table lookup (:mod:`mpc3.kernels.fxp`'s initial guesses) compares every input x_i with the
+same k public thresholds. :func:`mpc3.kernels.convert.drelu_masked` on the k differences
+x_i - t_j would spend 4 rounds (leaves 2, carry tree 2) and send one thermometer code per
+difference. Here, in the split form of the role groups (role 0 knows ``A = x_g + x_{g+1}``,
+the pair ``B = x_{g+2}``) with the threshold applied on the pair's side (``B - t_j``):
+
+1. Round 1 - leaves. Role 0's window value ``a_i`` is the same for all thresholds of row i,
+   so it sends ONE masked thermometer code per row (mask rho from the PRG it shares with
+   role 1) to role 2; each pair member selects the leaves ``G_l, P_l`` of every (i, j) from
+   its share of that code with ``b_ij`` (as in convert's leaves) and holds them XOR-shared
+   with the other pair member (2-out-of-2). Rows are shared, so blocks may be wide: the block
+   count ``nb`` is chosen by bytes (:func:`blocks_for`).
+2. Round 2 - the carry in one round with role 0 as dealer. The carry into the window's top
+   bit is ``XOR_l G_l P_{l+1} ... P_{nb-1}`` (its terms are exclusive), a polynomial of
+   degree nb. The pair opens every masked leaf ``delta_v = leaf_v ^ alpha_v`` (alpha_v =
+   alpha1_v ^ alpha2_v from the PRGs of role 0 with role 1 and with role 2; role 1 sends its
+   half in round 1, role 2 in round 2) and each member evaluates its XOR share of
+   ``prod_{v in S} (delta_v ^ alpha_v) = XOR_{U <= S} prod_{v in S-U} delta_v * alpha_U``
+   locally: role 0 deals XOR shares of the mask products ``alpha_U`` (|U| >= 2), one share
+   from the PRG with role 1, the other sent to role 2 with the thermometer in round 1.
+3. The bit ``d = 1 ^ a_top ^ b_top ^ carry`` is left as masked 3-out-of-3 planes for
+   :func:`mpc3.kernels.convert.mul_masked`: role 0 holds ``a_top ^ lambda`` with a fresh
+   lambda = lambda1 ^ lambda2 (PRGs with role 1 and with role 2), the pair the rest, so the
+   bit the pair learns in the injection, d ^ a_top ^ lambda, is uniform to each of them.
+
+The window and its error region are convert's (``win = (L, m)``). Every message is masked by
+PRG output the receiver lacks: the thermometer by rho, the dealt shares by role 1's share,
+the opened leaves by alpha; role 0 receives nothing. Cost: :func:`cost_compare_public`
+(2 rounds).
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+
+import numpy as np
+
+from .. import ring
+from ..comm import NEXT, PREV
+from ..party import Party
+from ..shares import AShare, grouped_words, words
+from .base import Cost, Round, group_bounds, packed_bytes
+from .bitplanes import select_planes, thermometer_planes
+from .boolean import pack_planes, random_planes, unpack_planes
+from .convert import MaskedBits, _run_span, bits_to_planes_group
+
+MAX_BLOCKS = 7
+_ONES = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+# ------------------------------------------------------------------------ layout ------
+@functools.cache
+def _even_blocks(nlow: int, nb: int) -> tuple[tuple[int, int], ...]:
+    """``nb`` blocks (offset, width) over ``nlow`` bits, widths differing by at most one."""
+    base, extra = divmod(nlow, nb)
+    out, off = [], 0
+    for j in range(nb):
+        w = base + (1 if j < extra else 0)
+        out.append((off, w))
+        off += w
+    return tuple(out)
+
+
+@functools.cache
+def carry_plan(nb: int):
+    """(masked leaf indices, terms, dealt subsets) of the one-round carry over ``nb`` blocks.
+
+    Leaves are indexed as select_planes returns them: G_0..G_{nb-1} then P_1..P_{nb-1} (P_l at
+    nb + l - 1). Term l < nb - 1 is the set {G_l, P_{l+1}, ..., P_{nb-1}}; G_{nb-1} enters
+    unmasked. The dealt subsets are every U (|U| >= 2) inside some term."""
+    masked = tuple(range(nb - 1)) + tuple(range(nb, 2 * nb - 1))
+    terms = tuple((l,) + tuple(nb + i - 1 for i in range(l + 1, nb)) for l in range(nb - 1))
+    dealt = set()
+    for s in terms:
+        for r in range(2, len(s) + 1):
+            dealt.update(itertools.combinations(s, r))
+    return masked, terms, tuple(sorted(dealt, key=lambda u: (len(u), u)))
+
+
+def _row_span(sl: slice, k: int) -> tuple[int, int]:
+    """First row and number of rows the elements ``sl`` of the flat (rows, k) layout touch."""
+    span = _run_span(sl, k)
+    return span.start, span.stop - span.start
+
+
+def _bytes(rows: int, k: int, nlow: int, nb: int) -> int:
+    blocks = _even_blocks(nlow, nb)
+    therm = sum((1 << w) - 1 for _, w in blocks)
+    masked, _, dealt = carry_plan(nb)
+    total = 0
+    for sl in group_bounds(rows * k):
+        ng = sl.stop - sl.start
+        total += (packed_bytes(_row_span(sl, k)[1], 1) * therm
+                  + packed_bytes(ng, 1) * (len(dealt) + 2 * len(masked)))
+    return total
+
+
+@functools.lru_cache(maxsize=1024)
+def blocks_for(nlow: int, rows: int, k: int) -> tuple[tuple[int, int], ...]:
+    """The leaf blocks of a call: 2..MAX_BLOCKS even blocks, fewest bytes (rounds are 2 for
+    any count; a thermometer of 2^w - 1 rows per block and row against ~2^nb dealt bits per
+    element). Blocks wider than 16 bits are never taken."""
+    options = [nb for nb in range(2, MAX_BLOCKS + 1) if -(-nlow // nb) <= 16]
+    nb = min(options, key=lambda nb: (_bytes(rows, k, nlow, nb), nb))
+    return _even_blocks(nlow, nb)
+
+
+# ---------------------------------------------------------------------- protocol ------
+def _expand(planes: np.ndarray, nrows: int, idx: np.ndarray, n: int) -> np.ndarray:
+    """Row planes (P, words(nrows)) -> element planes (P, words(n)): element e gets row idx[e]."""
+    bits = np.unpackbits(np.ascontiguousarray(planes).view(np.uint8), axis=1,
+                         bitorder="little")[:, :nrows]
+    return bits_to_planes_group(bits[:, idx], n)
+
+
+def compare_public_masked(p: Party, x: AShare, thresholds: np.ndarray,
+                          win: tuple[int, int]) -> MaskedBits:
+    """``[x_i >= t_j]`` for x of shape (rows,) and public ring thresholds t (k,), as
+    MaskedBits over the rows * k elements in row-major order (for convert.mul_masked).
+    ``win = (L, m)``: |x_i - t_j| < 2^(L+m-2) at the ring scale; error region [-2^L, 0).
+    Cost: :func:`cost_compare_public`."""
+    t = ring.check_ring(np.asarray(thresholds, dtype=np.uint64).reshape(-1), "thresholds")
+    xa, xb = x.a.reshape(-1), x.b.reshape(-1)
+    rows, k = xa.size, t.size
+    L, m = win
+    n = rows * k
+    blocks = blocks_for(m - 1, rows, k)
+    plan = carry_plan(len(blocks))
+    masked, dealt = list(plan[0]), plan[2]
+    nmask, ndeal = len(masked), len(dealt)
+    nrows_t = sum((1 << w) - 1 for _, w in blocks)
+    mask = np.uint64((1 << m) - 1 if m < 64 else (1 << 64) - 1)
+    lsh, sL, top = np.uint64(L), np.uint64(1 << L if L > 0 else 0), np.uint64(m - 1)
+    p.new_op()
+    r1, st = Round(p), []
+    for g, sl in enumerate(group_bounds(n)):
+        ng = sl.stop - sl.start
+        first, nrows = _row_span(sl, k)
+        idx = np.arange(sl.start, sl.stop) // k - first
+        w, rsl = words(ng), slice(first, first + nrows)
+        s = {"g": g, "role": p.role(g), "n": ng}
+        st.append(s)
+        if s["role"] == 0:
+            a = ((xa[rsl] + xb[rsl]) >> lsh) & mask
+            planes = thermometer_planes(a, blocks, m - 1, words(nrows))
+            rho = random_planes(p, "next", nrows_t, words(nrows), f"rho{g}")
+            r_next = random_planes(p, "next", nmask + ndeal + 1, w, f"al1{g}")
+            r_prev = random_planes(p, "prev", nmask + 1, w, f"al2{g}")
+            alpha = r_next[:nmask] ^ r_prev[:nmask]
+            prods = [functools.reduce(np.bitwise_and, [alpha[masked.index(v)] for v in u])
+                     for u in dealt]
+            s["e"] = _expand(planes[-1:], nrows, idx, ng) ^ r_next[-1:] ^ r_prev[-1:]
+            r1.send(PREV, pack_planes(planes[:-1] ^ rho, nrows),           # to role 2
+                    pack_planes(np.stack(prods) ^ r_next[nmask:nmask + ndeal], ng))
+            continue
+        B = (xb if s["role"] == 1 else xa)[rsl][idx] - t[np.arange(sl.start, sl.stop) % k]
+        b = ((B + sL) >> lsh) & mask
+        s["btop"] = bits_to_planes_group(((b >> top) & np.uint64(1)).astype(np.uint8)[None],
+                                         ng)[0]
+        if s["role"] == 1:
+            rho = random_planes(p, "prev", nrows_t, words(nrows), f"rho{g}")
+            r = random_planes(p, "prev", nmask + ndeal + 1, w, f"al1{g}")
+            s["leaves"] = select_planes(_expand(rho, nrows, idx, ng), b, blocks, False)
+            s["alpha"], s["dealt"], s["lam"] = r[:nmask], r[nmask:nmask + ndeal], r[-1]
+            s["half"] = s["leaves"][masked] ^ s["alpha"]
+            r1.send(NEXT, pack_planes(s["half"], ng))                      # to role 2
+        else:
+            r = random_planes(p, "next", nmask + 1, w, f"al2{g}")
+            s.update(alpha=r[:nmask], lam=r[-1], b=b, nrows=nrows, idx=idx)
+            r1.recv(NEXT, g, 2)                                            # from role 0
+            r1.recv(PREV, g, 1)                                            # from role 1
+    got = r1.run()
+
+    r2 = Round(p)
+    for s in st:
+        g, ng = s["g"], s["n"]
+        if s["role"] == 2:
+            therm, deal = got[(NEXT, g)]
+            s["leaves"] = select_planes(_expand(unpack_planes(therm, s["nrows"]), s["nrows"],
+                                                s["idx"], ng), s["b"], blocks, True)
+            s["dealt"] = unpack_planes(deal, ng)
+            s["half"] = s["leaves"][masked] ^ s["alpha"]
+            s["delta"] = s["half"] ^ unpack_planes(got[(PREV, g)][0], ng)
+            r2.send(PREV, pack_planes(s["half"], ng))                      # to role 1
+        elif s["role"] == 1:
+            r2.recv(NEXT, g, 1)
+    got2 = r2.run()
+
+    out = np.zeros((1, grouped_words(n)), dtype=np.uint64)
+    start = 0
+    for s in st:
+        ws = slice(start, start + words(s["n"]))
+        start = ws.stop
+        if s["role"] == 0:
+            out[:, ws] = s["e"]
+            continue
+        if s["role"] == 1:
+            s["delta"] = s["half"] ^ unpack_planes(got2[(NEXT, s["g"])][0], s["n"])
+        z = _carry_share(s, plan, first=s["role"] == 1)
+        if s["role"] == 1:
+            z = z ^ s["btop"] ^ _ONES
+        out[0, ws] = z ^ s["lam"]
+    return MaskedBits(out, n)
+
+
+def _carry_share(s: dict, plan, first: bool) -> np.ndarray:
+    """This pair member's XOR share of the carry XOR_l G_l P_{l+1}..P_{nb-1} from the opened
+    ``delta`` and its shares of the leaves, masks (alpha) and dealt mask products."""
+    masked, terms, dealt = plan
+    pos = {v: i for i, v in enumerate(masked)}
+    dpos = {u: i for i, u in enumerate(dealt)}
+    delta, alpha, share = s["delta"], s["alpha"], s["dealt"]
+    nb = (len(masked) + 2) // 2
+    z = s["leaves"][nb - 1].copy()                                  # G_{nb-1}, unmasked
+    for term in terms:
+        for r in range(len(term) + 1):
+            for u in itertools.combinations(term, r):
+                if r == 0 and not first:                            # alpha_{} = 1: one side
+                    continue
+                rest = [delta[pos[v]] for v in term if v not in u]
+                val = (None if r == 0 else alpha[pos[u[0]]] if r == 1 else share[dpos[u]])
+                coef = functools.reduce(np.bitwise_and, rest) if rest else None
+                z ^= val if coef is None else coef if val is None else coef & val
+    return z
+
+
+def cost_compare_public(rows: int, k: int, L: int, m: int) -> Cost:
+    """Rounds and bytes per party of :func:`compare_public_masked` (rows x k comparisons)."""
+    blocks = blocks_for(m - 1, rows, k)
+    masked, _, dealt = carry_plan(len(blocks))
+    therm = sum((1 << w) - 1 for _, w in blocks)
+    per = [0, 0, 0]
+    for g, sl in enumerate(group_bounds(rows * k)):
+        ng, nrows = sl.stop - sl.start, _row_span(sl, k)[1]
+        for rank in range(3):
+            role = (rank - g) % 3
+            per[rank] += (packed_bytes(nrows, 1) * therm + packed_bytes(ng, 1) * len(dealt)
+                          if role == 0 else packed_bytes(ng, 1) * len(masked))
+    return Cost(2, tuple(per))
