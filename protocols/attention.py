@@ -94,14 +94,26 @@ def relu_products(p: Party, items: list[tuple], trunc) -> list[AShare]:
     the rows) in one relu_a call, the products stopping at the split form relu_a reads
     (arith.mul_split_aa: 8 bytes per element less than products then :func:`relu_many`).
     Cost: :func:`cost_relu_products`."""
-    from mpc3.kernels import convert
     shapes = [(*x.shape[:-1], w.shape[-1]) for x, w, _ in items]
     z = arith.mul_split_aa(p, [(x, w, "matmul") for x, w, _ in items], trunc=trunc)
-    if any(b is not None for _, _, b in items):
-        zero = np.zeros(1, np.uint64)
-        z = z + AShare.concat([AShare(np.broadcast_to(zero if b is None else b.a, s).reshape(-1),
-                                      np.broadcast_to(zero if b is None else b.b, s).reshape(-1))
-                               for (_, _, b), s in zip(items, shapes)])
+    return relu_split(p, add_biases(z, shapes, [b for _, _, b in items]), shapes)
+
+
+def add_biases(z, shapes, biases):
+    """Flat products ``z`` (AShare or SplitShare, the items of ``shapes`` concatenated) plus
+    per-item biases (replicated, broadcast over the item's shape; None = no bias). Local."""
+    if all(b is None for b in biases):
+        return z
+    zero = np.zeros(1, np.uint64)
+    return z + AShare.concat([AShare(np.broadcast_to(zero if b is None else b.a, s).reshape(-1),
+                                     np.broadcast_to(zero if b is None else b.b, s).reshape(-1))
+                              for b, s in zip(biases, shapes)])
+
+
+def relu_split(p: Party, z, shapes) -> list[AShare]:
+    """ReLU of the flat products ``z`` (a SplitShare from arith.mul_split_aa, biases added)
+    in one relu_a call, cut into arrays of ``shapes``. Cost: convert.cost_relu."""
+    from mpc3.kernels import convert
     out, res, pos = convert.relu_a(p, z), [], 0
     for s in shapes:
         n = int(np.prod(s))

@@ -57,6 +57,7 @@ TARGETS = (
     ("protocols.norms", "batchnorm", "norm"),
     ("protocols.ffn", "activation", "ffn_act"),
     ("protocols.attention", "relu_many", "attention"),
+    ("protocols.attention", "relu_split", "attention"),
     # the folded Performer's Q/K/V products share rounds with its feature ReLU (one region)
     ("protocols.mha", "project_features", "attention"),
     ("protocols.cross", "_cross_features", "attention"),

@@ -30,6 +30,7 @@ import numpy as np
 
 from mpc3.kernels import arith
 from mpc3.kernels.base import Cost
+from mpc3.parallel import parallel
 from mpc3.party import Party
 from mpc3.shares import AShare
 
@@ -39,7 +40,7 @@ from .ffn import cost_ffn_hidden, ffn, ffn_hidden
 from .kv_cache import KVCache, attend_out, cost_attend_out
 from .layernorm import cost_layernorm_project, layernorm_project
 from .cross import CrossKV, cost_cross_precompute, cross_mha, cross_precompute  # noqa: F401
-from .mha import (cost_features, cost_finish, cost_heads, cost_project, features, finish,
+from .mha import (cost_features, cost_finish, cost_heads, features, finish,
                   heads, mha, split_heads)
 from .norms import cost_norm, norm
 from .secure_model import PROJ_EXTRA, sub
@@ -219,20 +220,94 @@ def cost_decode_start(p_cfg, cfg: M.ModelConfig, B: int, folded: bool = True,
     return cost
 
 
+#: key of a projection dict (:func:`_project`, :func:`_ln_proj`) holding the outputs that only
+#: feed relu_a, made in split form (:class:`_Split`)
+RELU = "relu"
+
+
+@dataclass
+class _Split:
+    """Projection outputs that only feed relu_a - the folded Performer's Q' and K' features,
+    a ReLU FFN's hidden layer - as ONE SplitShare of their flattened values (arith
+    .mul_split_aa, biases added: 8 bytes per element less than replicated outputs)."""
+
+    z: object
+    names: list[str]
+    shapes: list[tuple]
+
+    def relu(self, p: Party) -> dict[str, AShare]:
+        return dict(zip(self.names, A.relu_split(p, self.z, self.shapes)))
+
+
+def _feeds_relu(cfg: M.ModelConfig, name: str, folded: bool) -> bool:
+    """Whether projection ``name``'s output only feeds relu_a (then it is made split)."""
+    if name.endswith(".w1"):
+        return cfg.ffn_act == "relu"
+    return cfg.attention == M.PERFORMER and folded and name.endswith(("wq_proj", "wk_proj"))
+
+
+def _split_names(cfg: M.ModelConfig, shares: dict, names: list[str]) -> list[str]:
+    return [w for w in names
+            if _feeds_relu(cfg, w, f"{w.rsplit('.', 1)[0]}.omega" not in shares)]
+
+
+def _project(p: Party, cfg: M.ModelConfig, shares: dict, y: AShare, names: list[str]) -> dict:
+    """y W (+ bias) for the projections ``names`` in one round of products: {name: AShare},
+    and under :data:`RELU` a :class:`_Split` of those that only feed relu_a."""
+    split = _split_names(cfg, shares, names)
+    plain = [w for w in names if w not in split]
+
+    def products(q: Party) -> list[AShare]:
+        return arith.mul_many_aa(q, [(y, shares[w], "matmul", _proj_bits(q.cfg, w))
+                                     for w in plain])
+
+    def split_products(q: Party):
+        return arith.mul_split_aa(q, [(y, shares[w], "matmul") for w in split],
+                                  trunc=_proj_bits(q.cfg, split[0]))
+    if not split:
+        return {w: _plus_bias(shares, w, o) for w, o in zip(plain, products(p))}
+    out, z = parallel(p, products, split_products) if plain else ([], split_products(p))
+    got = {w: _plus_bias(shares, w, o) for w, o in zip(plain, out)}
+    shapes = [(*y.shape[:-1], shares[w].shape[-1]) for w in split]
+    got[RELU] = _Split(A.add_biases(z, shapes, [_bias_of(shares, w) for w in split]), split,
+                       shapes)
+    return got
+
+
+def _cost_project(p_cfg, cfg: M.ModelConfig, B: int, names: list[str], folded: bool) -> Cost:
+    """:func:`_project` of one row per batch element."""
+    split = [w for w in names if _feeds_relu(cfg, w, folded)]
+    plain = [np.full(B * _width(cfg, w, folded), _proj_bits(p_cfg, w)) for w in names
+             if w not in split]
+    cost = arith.cost_mul_many(np.concatenate(plain), 0, p_cfg.trunc) if plain else None
+    if not split:
+        return cost
+    sc = arith.cost_mul_split(B * sum(_width(cfg, w, folded) for w in split),
+                              _proj_bits(p_cfg, split[0]), p_cfg.frac, p_cfg.trunc)
+    return Cost.parallel(cost, sc) if cost is not None else sc
+
+
 def _ln_proj(p, cfg, shares, state, ln: str, x, want_y: bool, names: list[str]):
-    """LN ``ln`` of x and its projections ``names``: (y or None, {name: LN(x) W (+ b1)}),
-    fused (:func:`protocols.layernorm.layernorm_project`) when the state's fusions include
-    it, else the LayerNorm and then one product call."""
+    """LN ``ln`` of x and its projections ``names``: (y or None, {name: LN(x) W (+ b1)}, with
+    the outputs that only feed relu_a under :data:`RELU`), fused
+    (:func:`protocols.layernorm.layernorm_project`) when the state's fusions include it, else
+    the LayerNorm and then one round of products (:func:`_project`)."""
     fused = ln_fusions(cfg, state.fuse).get(ln)
     if fused is None:
         y = _ln(p, cfg, shares, ln, x)
-        got = arith.mul_many_aa(p, [(y, shares[w], "matmul", _proj_bits(p.cfg, w))
-                                    for w in names])
-        return (y if want_y else None), {w: _plus_bias(shares, w, o) for w, o in zip(names, got)}
+        return (y if want_y else None), _project(p, cfg, shares, y, names)
     assert fused == names, (fused, names)
-    y, outs = layernorm_project(p, x, shares[f"{ln}.gamma"], shares[f"{ln}.beta"], cfg.ln_eps,
-                                [(shares[w], _proj_bits(p.cfg, w)) for w in names], want_y)
-    return y, {w: o + _bcast_row(state.ln_bias[(ln, w)], o.shape) for w, o in zip(names, outs)}
+    split = _split_names(cfg, shares, names)
+    y, outs, z = layernorm_project(p, x, shares[f"{ln}.gamma"], shares[f"{ln}.beta"],
+                                   cfg.ln_eps, [(shares[w], _proj_bits(p.cfg, w)) for w in names],
+                                   want_y, split=[names.index(w) for w in split])
+    got = {w: o + _bcast_row(state.ln_bias[(ln, w)], o.shape)
+           for w, o in zip(names, outs) if o is not None}
+    if split:
+        shapes = [(*x.shape[:-1], shares[w].shape[-1]) for w in split]
+        got[RELU] = _Split(A.add_biases(z, shapes, [state.ln_bias[(ln, w)] for w in split]),
+                           split, shapes)
+    return y, got
 
 
 #: the bias added after each projection's product: the FFN's b1, the attention biases
@@ -240,9 +315,13 @@ def _ln_proj(p, cfg, shares, state, ln: str, x, want_y: bool, names: list[str]):
 _BIAS = {"w1": "b1", "wq_proj": "bq", "wk_proj": "bk", "wv_c": "bv"}
 
 
-def _plus_bias(shares, name: str, o: AShare) -> AShare:
+def _bias_of(shares, name: str) -> AShare | None:
     prefix, leaf = name.rsplit(".", 1)
-    b = shares.get(f"{prefix}.{_BIAS[leaf]}")
+    return shares.get(f"{prefix}.{_BIAS[leaf]}")
+
+
+def _plus_bias(shares, name: str, o: AShare) -> AShare:
+    b = _bias_of(shares, name)
     return o if b is None else o + _bcast_row(b, o.shape)
 
 
@@ -250,29 +329,31 @@ def _cost_ln_proj(p_cfg, cfg, B: int, ln: str, names: list[str], want_y: bool, f
                   fuse) -> Cost:
     outs = [(_width(cfg, w, folded), _proj_bits(p_cfg, w)) for w in names]
     if ln in ln_fusions(cfg, fuse):
-        return cost_layernorm_project(p_cfg, B, cfg.d_model, outs, want_y)
-    shifts = np.concatenate([np.full(B * n, bits) for n, bits in outs])
-    return cost_norm(p_cfg, cfg, B) + arith.cost_mul_many(shifts, 0, p_cfg.trunc)
+        split = [i for i, w in enumerate(names) if _feeds_relu(cfg, w, folded)]
+        return cost_layernorm_project(p_cfg, B, cfg.d_model, outs, want_y, split)
+    return cost_norm(p_cfg, cfg, B) + _cost_project(p_cfg, cfg, B, names, folded)
 
 
 def _bcast_row(v: AShare, shape) -> AShare:
     return AShare(np.broadcast_to(v.a, shape).copy(), np.broadcast_to(v.b, shape).copy())
 
 
-def _self_step(p, cfg, w, q, k, v, st: A.PrefixState | KVCache):
+def _self_step(p, cfg, w, q, k, v, st: A.PrefixState | KVCache, featured: bool = False):
+    """``featured``: q, k are already the Performer features (ReLU'd split projections)."""
     if isinstance(st, KVCache):               # softmax-style: the row against the cache
         return attend_out(p, cfg, w, st, q, k, v)
-    qf, kf = features(p, cfg, w, q, k)
+    qf, kf = (q, k) if featured else features(p, cfg, w, q, k)
     o = A.attention_step(p, st, qf, kf, v)
     return finish(p, cfg, w, o, [st.t])
 
 
-def _cross_step(p, cfg, w, q, kv):
-    """The cross attention of one token from its projection q; kv carries 1/n_enc (a
-    :class:`CrossKV`, softmax-style: the row against the encoder output's K, V)."""
+def _cross_step(p, cfg, w, q, kv, featured: bool = False):
+    """The cross attention of one token from its projection q (``featured``: from its
+    features); kv carries 1/n_enc (a :class:`CrossKV`, softmax-style: the row against the
+    encoder output's K, V)."""
     if isinstance(kv, CrossKV):
         return finish(p, cfg, w, heads(p, cfg.attention, q, kv.kf, kv.v), None)
-    qf, _ = features(p, cfg, w, q, None)
+    qf = q if featured else features(p, cfg, w, q, None)[0]
     return finish(p, cfg, w, A.cross_attention_step(p, qf, kv), None)
 
 
@@ -312,8 +393,7 @@ def decoder_step(p: Party, cfg: M.ModelConfig, shares: dict, state: DecodeState,
     post = not cfg.norm_first
     got = {}
     if post and cfg.n_dec_layers:                  # the first layer projects its own input
-        got = {w: _plus_bias(shares, w, o) for w, o in zip(_names(0)["self"], arith.mul_many_aa(
-            p, [(x, shares[w], "matmul", _proj_bits(p.cfg, w)) for w in _names(0)["self"]]))}
+        got = _project(p, cfg, shares, x, _names(0)["self"])
     for i in range(cfg.n_dec_layers):
         pre = f"dec.{i}"
         ws, wc, wf = sub(shares, f"{pre}.self"), sub(shares, f"{pre}.cross"), sub(shares, f"{pre}.ffn")
@@ -327,12 +407,18 @@ def decoder_step(p: Party, cfg: M.ModelConfig, shares: dict, state: DecodeState,
             return _ln_proj(p, cfg, shares, state, ln, x, post, _names(j)[kind])
 
         def sublayer(kind, got):
+            featured = RELU in got
+            if kind == "ffn" and featured:         # relu_a of ffn_hidden reads the split form
+                sp = got[RELU]
+                return ffn_hidden(p, wf, sp.z.reshape(*sp.shapes[0]), cfg.ffn_act)
+            if featured:
+                got = {**got, **got[RELU].relu(p)}
             if kind == "self":
                 qkv = [split_heads(got[w], cfg.n_heads) for w in names["self"]]
-                return _self_step(p, cfg, ws, *qkv, st)
+                return _self_step(p, cfg, ws, *qkv, st, featured)
             if kind == "cross":
                 return _cross_step(p, cfg, wc, split_heads(got[names["cross"][0]], cfg.n_heads),
-                                   kv)
+                                   kv, featured)
             return ffn_hidden(p, wf, got[names["ffn"][0]], cfg.ffn_act)
 
         for kind in ("self", "cross", "ffn"):
@@ -362,9 +448,9 @@ def cost_decoder_step(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int | No
     d, L = cfg.d_model, cfg.n_dec_layers
     core = {**_cost_attention_cores(p_cfg, cfg, B, t, block, folded, n_enc),
             "ffn": cost_ffn_hidden(p_cfg, B, d, cfg.d_ff, cfg.ffn_act)}
-    nq = _width(cfg, "self.wq_proj", folded)
     post = not cfg.norm_first
-    total = cost_project(p_cfg, B * (2 * nq + d)) if post and L else Cost(0, (0, 0, 0))
+    total = _cost_project(p_cfg, cfg, B, _names(0)["self"], folded) if post and L else \
+        Cost(0, (0, 0, 0))
     for i in range(L):
         for ln, kind, j in _plan(cfg, i):
             if kind is None:

@@ -79,16 +79,20 @@ def layernorm(p: Party, x: AShare, gamma: AShare, beta: AShare, eps: float) -> A
 
 
 def layernorm_project(p: Party, x: AShare, gamma: AShare, beta: AShare, eps: float,
-                      mats: list[tuple[AShare, int]], want_y: bool = True):
-    """LayerNorm fused with the linear layer that reads its output: returns ``(y, outs)``
-    with ``y = LN(x)`` (None unless ``want_y``) and ``outs[i] = LN(x) W_i - beta W_i``.
+                      mats: list[tuple[AShare, int]], want_y: bool = True, split=()):
+    """LayerNorm fused with the linear layer that reads its output: returns
+    ``(y, outs, z)`` with ``y = LN(x)`` (None unless ``want_y``) and
+    ``outs[i] = LN(x) W_i - beta W_i`` for i not in ``split``; the outputs of the mats in
+    ``split`` (indices, in order) feed only relu_a and come as one
+    :class:`~mpc3.shares.SplitShare` ``z`` of their flattened values (arith.mul_split_aa: 8
+    bytes per element less; ``outs[i]`` None), z None without ``split``.
 
     With xg = (x - mu) * gamma and rs = 1/sqrt(var + eps), LN(x) W = (xg W) rs + beta W: the
     products ``xg W_i`` (truncated by ``bits_i``, ``mats = [(W_i, bits_i)]``) run in the
-    rounds of sqrt_inv (:func:`mpc3.parallel.parallel`), and one call then scales xg and
-    every ``xg W_i`` by rs. The caller adds ``beta W_i`` (a constant of the model, formed
-    once per session). Cost: :func:`cost_layernorm_project` - the rounds of a LayerNorm
-    alone; the bytes of the products plus those of the extra ``rs`` scalings.
+    rounds of sqrt_inv (:func:`mpc3.parallel.parallel`), and one round of products then
+    scales xg and every ``xg W_i`` by rs. The caller adds ``beta W_i`` (a constant of the
+    model, formed once per session). Cost: :func:`cost_layernorm_project` - the rounds of a
+    LayerNorm alone; the bytes of the products plus those of the extra ``rs`` scalings.
     """
     from mpc3.kernels import fxp
     from mpc3.parallel import parallel
@@ -99,11 +103,20 @@ def layernorm_project(p: Party, x: AShare, gamma: AShare, beta: AShare, eps: flo
 
     rs, prods = parallel(p, lambda q: fxp.sqrt_inv_a(q, var), products)
     rs = rs.reshape(*rs.shape, 1)
-    items = ([xg] if want_y else []) + prods
-    out = arith.mul_many_aa(p, [(t, _bcast(rs, t.shape), "mul", True) for t in items])
-    if not want_y:
-        return None, out
-    return out[0] + _bcast(beta, x.shape), out[1:]
+    keep = [i for i in range(len(mats)) if i not in split]
+    items = ([xg] if want_y else []) + [prods[i] for i in keep]
+    scaled = [(t, _bcast(rs, t.shape), "mul", True) for t in items]
+    sitems = [(prods[i], _bcast(rs, prods[i].shape), "mul") for i in split]
+    if sitems:
+        plain = (lambda q: arith.mul_many_aa(q, scaled)) if items else (lambda q: [])
+        out, z = parallel(p, plain, lambda q: arith.mul_split_aa(q, sitems))
+    else:
+        out, z = arith.mul_many_aa(p, scaled), None
+    y = out.pop(0) + _bcast(beta, x.shape) if want_y else None
+    outs = [None] * len(mats)
+    for i, o in zip(keep, out):
+        outs[i] = o
+    return y, outs, z
 
 
 def _cost_stats(ring_cfg, rows: int, d: int) -> Cost:
@@ -127,13 +140,17 @@ def cost_layernorm(ring_cfg, rows: int, d: int) -> Cost:
 
 
 def cost_layernorm_project(ring_cfg, rows: int, d: int, outs: list[tuple[int, int]],
-                           want_y: bool = True) -> Cost:
+                           want_y: bool = True, split=()) -> Cost:
     """:func:`layernorm_project` on ``rows`` rows; ``outs = [(width_i, bits_i)]``."""
     from mpc3.kernels import fxp
     f, mode = ring_cfg.frac, ring_cfg.trunc
     prods = arith.cost_mul_many(np.concatenate([np.full(rows * n, bits) for n, bits in outs]),
                                 0, mode)
-    scaled = rows * (d * want_y + sum(n for n, _ in outs))
+    scaled = rows * (d * want_y + sum(n for i, (n, _) in enumerate(outs) if i not in split))
+    last = arith.cost_mul(scaled, True, f, mode)
+    if split:
+        n_split = rows * sum(outs[i][0] for i in split)
+        last = arith.cost_mul_split(n_split, True, f, mode) if not scaled else \
+            Cost.parallel(last, arith.cost_mul_split(n_split, True, f, mode))
     return (_cost_stats(ring_cfg, rows, d)
-            + Cost.parallel(fxp.cost_sqrt_inv(rows, "auto", f, mode), prods)
-            + arith.cost_mul(scaled, True, f, mode))
+            + Cost.parallel(fxp.cost_sqrt_inv(rows, "auto", f, mode), prods) + last)

@@ -87,7 +87,7 @@ def test_outside_the_range(method):
 
 
 @pytest.mark.parametrize("method,mode,rounds", [
-    ("segments", "exact", 6), ("segments", "prob", 6), ("cheb", "exact", 10), ("cheb", "prob", 6)])
+    ("segments", "exact", 6), ("segments", "prob", 4), ("cheb", "exact", 10), ("cheb", "prob", 6)])
 def test_rounds_and_declared_cost(method, mode, rounds, rng):
     cfg = RingConfig(trunc=mode)
     x = _q(rng.uniform(-5, 5, (3, 7)))

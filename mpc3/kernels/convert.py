@@ -239,6 +239,10 @@ def _carry(p: Party, leaves: BShare, nb: int, fused: bool):
 def _drelu_bits(p: Party, x: AShare, exact: bool, fused: bool, win=None):
     L, m = win or window(p, exact)
     flat = AShare(x.a.reshape(-1), x.b.reshape(-1))
+    if fused and _dealt_carry(flat.size):      # few elements: 2 rounds instead of 4
+        from .thresholds import compare_public_masked
+        zero = np.zeros(1, dtype=np.uint64)
+        return compare_public_masked(p, flat, zero, (L, m)).planes, flat
     leaves, nb = _leaves(p, flat, L, m)
     c = leaves[0]
     carry = _carry(p, leaves, nb, fused)
@@ -490,8 +494,20 @@ def _leaf_cost(n: int, L: int, m: int) -> tuple[Cost, int]:
     return Cost.by_role(2, n, role_bytes), nb
 
 
+def _dealt_carry(n: int) -> bool:
+    """Whether a masked (fused) DReLU on ``n`` elements takes the two-round comparison of
+    :mod:`mpc3.kernels.thresholds` (against the threshold 0): for at most
+    ROUND_LEAN_ELEMENTS elements (a decode step), where rounds matter more than its ~12
+    more bytes per element than the tree."""
+    return n <= ROUND_LEAN_ELEMENTS
+
+
 def cost_drelu(n: int, L: int, m: int, fused: bool = False) -> Cost:
-    """Leaves (2 rounds) + one round per tree level (the last one free when fused)."""
+    """Leaves (2 rounds) + one round per tree level (the last one free when fused); fused
+    on few elements (:func:`_dealt_carry`): thresholds.cost_compare_public (2 rounds)."""
+    if fused and _dealt_carry(n):
+        from .thresholds import cost_compare_public
+        return cost_compare_public(n, 1, L, m)
     cost, nb = _leaf_cost(n, L, m)
     levels = _ands_per_level(nb)
     for li, k in enumerate(levels):
