@@ -74,6 +74,8 @@ TARGETS = (
     ("mpc3.kernels.arith", "matmul_aa", "matmul"),
     ("mpc3.kernels.arith", "mul_aa", "matmul"),
     ("mpc3.kernels.arith", "trunc_a", "matmul"),
+    # a decode step's projections: split-form and replicated products in shared rounds
+    ("protocols.decoder", "_project", "matmul"),
 )
 _PACKAGES = ("mpc3", "protocols")
 _OTHER = CATEGORIES.index("other")

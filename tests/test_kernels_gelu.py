@@ -99,12 +99,13 @@ def test_rounds_and_declared_cost(method, mode, rounds, rng):
     assert run.rounds == rounds
 
 
-def test_cheb_sends_about_half_the_bytes():
+def test_cheb_sends_about_two_thirds_the_bytes():
     """Per element at 2^16 elements, exact mode: 2 comparisons, 4 products, 2 injections
-    (247.5 B over the three parties) against 5, 5, 5 (466.1 B)."""
+    resharing one sum (223.5 B over the three parties) against 5, 5, 5 (348.8 B; 247.5 and
+    466.1 B when every injection was reshared)."""
     n = 1 << 16
     cheb, seg = (act.cost_gelu(n, CFG, m).bytes_total / n for m in METHODS[::-1])
-    assert cheb < 0.55 * seg and 240 < cheb < 255, (cheb, seg)
+    assert cheb < 0.7 * seg and 215 < cheb < 230, (cheb, seg)
     assert act.cost_gelu(n, CFG).bytes_total == act.cost_gelu(n, CFG, "cheb").bytes_total
 
 

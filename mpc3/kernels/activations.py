@@ -74,7 +74,7 @@ from .. import ring
 from ..parallel import parallel
 from ..party import Party, RingConfig
 from ..shares import AShare
-from . import arith, convert, fxp
+from . import arith, convert, fxp, thresholds
 from .base import Cost
 
 #: Comparison thresholds t_0..t_4: 0 below t_0, quartic j on [t_{j-1}, t_j), x from t_4 on.
@@ -177,15 +177,32 @@ def _piecewise(p: Party, x: AShare, breaks, pieces) -> AShare:
     shape = x.shape
     x = x.reshape(-1)
     n, nt = x.size, len(breaks)
-    diff = arith.add_public(p, _wide(x, nt), -ring.encode(np.array(breaks), p.cfg.frac)[None, :])
-    bits, poly = parallel(p, lambda q: convert.drelu_masked(q, diff.reshape(-1)),
-                          lambda q: pieces(q, x))
+    t = ring.encode(np.array(breaks), p.cfg.frac)
+    if _shared_breaks(n, nt, p.cfg):        # one thermometer per element, dealt carry
+        def compare(q):
+            return thresholds.compare_public_masked(q, x, t, convert.window(q))
+    else:
+        diff = arith.add_public(p, _wide(x, nt), -t[None, :]).reshape(-1)
+
+        def compare(q):
+            return convert.drelu_masked(q, diff)
+    bits, poly = parallel(p, compare, lambda q: pieces(q, x))
     zero = np.zeros((n, 1), dtype=np.uint64)
     values = AShare.concat([poly, x.reshape(n, 1)], 1)                # V_1..V_nt
     below = AShare.concat([AShare(zero, zero.copy()), poly], 1)       # V_0..V_nt-1
-    # nt injections, 2 rounds (the comparison's last AND layer in the first)
-    picked = convert.mul_masked(p, bits, (values - below).reshape(-1)).reshape(n, nt)
-    return AShare(picked.a.sum(axis=1), picked.b.sum(axis=1)).reshape(shape)
+    # nt injections, 2 rounds, resharing only each element's sum
+    return convert.mul_masked(p, bits, (values - below).reshape(-1), sum_runs=nt).reshape(shape)
+
+
+def _shared_breaks(n: int, nt: int, cfg: RingConfig) -> bool:
+    """Whether :func:`_piecewise` compares each element with all its breaks in
+    thresholds.compare_public_masked (2 rounds; one thermometer per element) rather than
+    convert.drelu_masked on the n * nt differences: on few elements, or when it sends fewer
+    bytes (4 or more breaks)."""
+    win = convert.window_for(cfg)
+    return n * nt <= convert.ROUND_LEAN_ELEMENTS or \
+        thresholds.cost_compare_public(n, nt, *win).bytes_total <= \
+        convert.cost_drelu(n * nt, *win, fused=True).bytes_total
 
 
 def _quartics(p: Party, x: AShare, e: int, K: int) -> AShare:
@@ -228,9 +245,10 @@ def cost_gelu(n: int, cfg: RingConfig, method: str = "auto") -> Cost:
 
 def _cost_piecewise(n: int, nt: int, cfg: RingConfig, pieces: Cost) -> Cost:
     """:func:`_piecewise` with ``nt`` breaks whose pieces cost ``pieces``."""
-    return (Cost.parallel(convert.cost_drelu(n * nt, *convert.window_for(cfg), fused=True),
-                          pieces)
-            + convert.cost_inject(n * nt, fused=True))
+    win = convert.window_for(cfg)
+    compare = (thresholds.cost_compare_public(n, nt, *win) if _shared_breaks(n, nt, cfg)
+               else convert.cost_drelu(n * nt, *win, fused=True))
+    return Cost.parallel(compare, pieces) + convert.cost_inject(n * nt, fused=True, seg=nt)
 
 
 # ------------------------------------------------------------ GELU, method "cheb" ----
