@@ -257,16 +257,16 @@ def _project(p: Party, cfg: M.ModelConfig, shares: dict, y: AShare, names: list[
     split = _split_names(cfg, shares, names)
     plain = [w for w in names if w not in split]
 
-    def products(q: Party) -> list[AShare]:
+    def proj_products(q: Party) -> list[AShare]:
         return arith.mul_many_aa(q, [(y, shares[w], "matmul", _proj_bits(q.cfg, w))
                                      for w in plain])
 
-    def split_products(q: Party):
+    def proj_split(q: Party):
         return arith.mul_split_aa(q, [(y, shares[w], "matmul") for w in split],
                                   trunc=_proj_bits(q.cfg, split[0]))
     if not split:
-        return {w: _plus_bias(shares, w, o) for w, o in zip(plain, products(p))}
-    out, z = parallel(p, products, split_products) if plain else ([], split_products(p))
+        return {w: _plus_bias(shares, w, o) for w, o in zip(plain, proj_products(p))}
+    out, z = parallel(p, proj_products, proj_split) if plain else ([], proj_split(p))
     got = {w: _plus_bias(shares, w, o) for w, o in zip(plain, out)}
     shapes = [(*y.shape[:-1], shares[w].shape[-1]) for w in split]
     got[RELU] = _Split(A.add_biases(z, shapes, [_bias_of(shares, w) for w in split]), split,

@@ -25,15 +25,15 @@ from mpc3.kernels import arith, convert, fxp
 from mpc3.kernels.base import group_bounds
 from mpc3.shares import SplitShare
 from mpc3.sharing import reveal
-from protocols import cross, mha
+from protocols import cross, decoder, mha
 
 KERNELS = ((arith, "mul_aa"), (arith, "matmul_aa"), (arith, "mul_many_aa"),
            (arith, "mul_split_aa"), (arith, "trunc_a"),
            (convert, "relu_a"), (convert, "drelu_a"), (fxp, "sqrt_inv_a"),
            (fxp, "reciprocal_a"), (fxp, "exp_a"))
-PARALLEL_USERS = (fxp, mpc3_parallel, mha, cross)
+PARALLEL_USERS = (fxp, mpc3_parallel, mha, cross, decoder)
 HELPERS = {"mul_many", "scale_public", "scale_rows", "relu_many", "relu_products", "wrapped",
-           "activation", "<lambda>"}
+           "activation", "<lambda>", "relu_split", "relu"}
 SUBLAYER = {"mha": "attn", "ffn": "ffn", "ffn_hidden": "ffn", "_self_step": "self",
             "_cross_step": "cross"}
 
@@ -78,6 +78,8 @@ def _layer(frames) -> str:
             return "dec.*.cross"
         if kind is None and name in SUBLAYER:
             kind = SUBLAYER[name]
+        if kind is None and name == "sublayer":     # decoder_step: split features' ReLU
+            kind = f.f_locals["kind"]
         if name == "decoder_step" and "pre" not in f.f_locals:
             return "dec.0.self"                # the first layer's own projection
         if name in ("encoder_layer", "decoder_step"):
@@ -117,9 +119,12 @@ def _sites(inner, kernel: str, n_items: int) -> list[str]:
         one = "rowscale" if kernel == "trunc_a" else "wo"
     elif fn == "decoder_step" and kernel == "mul_many_aa":   # the first layer's projection
         return ["proj"] * n_items
-    elif fn == "_ln_proj" and kernel == "mul_many_aa":       # unfused: LN, then projections
+    elif fn in ("proj_products", "proj_split"):             # decoder._project
+        names = inner.f_locals["plain" if fn == "proj_products" else "split"]
         return [f"{w.rsplit('.', 1)[0]}|{'w1' if w.endswith('.w1') else 'proj'}"
-                for w in inner.f_locals["names"]]
+                for w in names]
+    elif fn == "sublayer" and kernel == "relu_a":            # decode step: split features
+        one = "features"
     elif fn == "start":                         # DecodeState.start: K'^T V times 1/n_enc
         one = "rowscale" if kernel == "trunc_a" else None
     elif fn == "_ln_bias":                      # beta W of each fused LayerNorm projection
@@ -130,8 +135,10 @@ def _sites(inner, kernel: str, n_items: int) -> list[str]:
                 for _, bits in inner.f_locals["mats"]]
     elif fn == "layernorm_project":
         if kernel == "mul_many_aa":
-            k = len(inner.f_locals["mats"])
+            k = len(inner.f_locals["keep"])
             return ["scale"] * (n_items - k) + ["lnscale"] * k
+        if kernel == "mul_split_aa":                         # products feeding relu_a
+            return ["lnscale"] * n_items
         one = "var_eps" if kernel == "sqrt_inv_a" else None
     elif fn == "batchnorm":                     # norm batchnorm: x * scale
         one = "bn"

@@ -136,3 +136,28 @@ def select_planes(therm: np.ndarray, b: np.ndarray, blocks, const_one: bool) -> 
     _kernel(1, b.size)(np.ascontiguousarray(therm), np.ascontiguousarray(b), offs, ks,
                   bool(const_one), out)
     return out
+
+
+# ----------------------------------------------------------------- layout helpers ------
+def bits_to_planes_group(bits: np.ndarray, n: int) -> np.ndarray:
+    """(rows, n) 0/1 bytes of one element group -> its (rows, words(n)) planes."""
+    padded = np.zeros((bits.shape[0], -(-n // 64) * 64), dtype=np.uint8)
+    padded[:, :n] = bits
+    return np.packbits(padded, axis=1, bitorder="little").view(np.uint64)
+
+
+def run_span(sl: slice, seg: int) -> slice:
+    """The runs of ``seg`` consecutive elements that the elements ``sl`` touch."""
+    if sl.stop == sl.start:
+        return slice(sl.start // seg, sl.start // seg)
+    return slice(sl.start // seg, (sl.stop - 1) // seg + 1)
+
+
+class MaskedBits:
+    """Comparison bits in masked 3-out-of-3 form (one party's planes over the grouped
+    layout): convert.drelu_masked (the last AND layer's output) and
+    thresholds.compare_public_masked make them, convert.mul_masked consumes them once - the
+    injection's first round swaps the pair's halves."""
+
+    def __init__(self, planes: np.ndarray, n: int) -> None:
+        self.planes, self.n = planes, n

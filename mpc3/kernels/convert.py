@@ -39,7 +39,9 @@ from ..shares import AShare, BShare, SplitShare, group_sizes, words
 from .arith import public_share
 from . import fused
 from .base import Cost, Round, group_bounds, packed_bytes
-from .bitplanes import select_planes, thermometer_planes
+from . import thresholds
+from .bitplanes import (MaskedBits, bits_to_planes_group, run_span, select_planes,
+                        thermometer_planes)
 from .boolean import (and_bb, and_local, cost_and_bb, pack_planes, random_planes,
                       random_planes_many, unpack_planes)
 
@@ -194,12 +196,6 @@ def _leaves(p: Party, x: AShare, L: int, m: int) -> tuple[BShare, int]:
     return BShare(np.concatenate(a_parts, axis=1), np.concatenate(b_parts, axis=1), n), nb
 
 
-def bits_to_planes_group(bits: np.ndarray, n: int) -> np.ndarray:
-    padded = np.zeros((bits.shape[0], words(n) * 64), dtype=np.uint8)
-    padded[:, :n] = bits
-    return np.packbits(padded, axis=1, bitorder="little").view(np.uint64)
-
-
 def _plane_of(bit: np.ndarray, n: int) -> np.ndarray:
     return bits_to_planes_group(bit.astype(np.uint8)[None, :], n)
 
@@ -240,9 +236,8 @@ def _drelu_bits(p: Party, x: AShare, exact: bool, fused: bool, win=None):
     L, m = win or window(p, exact)
     flat = AShare(x.a.reshape(-1), x.b.reshape(-1))
     if fused and _dealt_carry(flat.size):      # few elements: 2 rounds instead of 4
-        from .thresholds import compare_public_masked
         zero = np.zeros(1, dtype=np.uint64)
-        return compare_public_masked(p, flat, zero, (L, m)).planes, flat
+        return thresholds.compare_public_masked(p, flat, zero, (L, m)).planes, flat
     leaves, nb = _leaves(p, flat, L, m)
     c = leaves[0]
     carry = _carry(p, leaves, nb, fused)
@@ -353,7 +348,7 @@ def _inject(p: Party, x: AShare, bit, from_masked: bool, seg: int = 0) -> AShare
     b_out = (np.zeros if seg else np.empty)(shape, dtype=np.uint64)
     for g, (sl, s) in enumerate(zip(group_bounds(n), st)):
         if seg:                                # a run may straddle groups: add the parts
-            sl = _run_span(sl, seg)
+            sl = run_span(sl, seg)
         if s["role"] == 0:
             a, b = s["s0"] + got2[(PREV, g)][0], s["fold"](s["kappa"]) + got2[(NEXT, g)][0]
         elif s["role"] == 1:
@@ -366,13 +361,6 @@ def _inject(p: Party, x: AShare, bit, from_masked: bool, seg: int = 0) -> AShare
         else:
             a_out[sl], b_out[sl] = a, b
     return AShare(a_out, b_out)
-
-
-def _run_span(sl: slice, seg: int) -> slice:
-    """The runs of ``seg`` elements that the elements ``sl`` touch."""
-    if sl.stop == sl.start:
-        return slice(sl.start // seg, sl.start // seg)
-    return slice(sl.start // seg, (sl.stop - 1) // seg + 1)
 
 
 def _run_sums(v: np.ndarray, sl: slice, seg: int) -> np.ndarray:
@@ -397,7 +385,7 @@ def cost_inject(n: int, fused: bool, cols: int = 1, seg: int = 0) -> Cost:
     per = [0, 0, 0]
     for g, sl in enumerate(group_bounds(n)):
         ng = sl.stop - sl.start
-        span = _run_span(sl, seg) if seg else None
+        span = run_span(sl, seg) if seg else None
         out = span.stop - span.start if seg else ng * cols
         for rank in range(3):
             role = (rank - g) % 3
@@ -431,15 +419,6 @@ def mul_ab(p: Party, bit: BShare, x: AShare) -> AShare:
     p.new_op()
     rows = x.reshape(bit.n, -1) if bit.n != x.size else x.reshape(-1)
     return _inject(p, rows, bit, from_masked=False).reshape(x.shape)
-
-
-class MaskedBits:
-    """DReLU bits still in the masked 3-out-of-3 form of their last AND layer (one party's
-    part): :func:`drelu_masked` makes them, :func:`mul_masked` consumes them once. Keeping
-    them masked lets the injection's first round carry that layer, as relu_a does."""
-
-    def __init__(self, planes: np.ndarray, n: int) -> None:
-        self.planes, self.n = planes, n
 
 
 def drelu_masked(p: Party, x: AShare, win: tuple[int, int] | None = None) -> MaskedBits:
@@ -506,8 +485,7 @@ def cost_drelu(n: int, L: int, m: int, fused: bool = False) -> Cost:
     """Leaves (2 rounds) + one round per tree level (the last one free when fused); fused
     on few elements (:func:`_dealt_carry`): thresholds.cost_compare_public (2 rounds)."""
     if fused and _dealt_carry(n):
-        from .thresholds import cost_compare_public
-        return cost_compare_public(n, 1, L, m)
+        return thresholds.cost_compare_public(n, 1, L, m)
     cost, nb = _leaf_cost(n, L, m)
     levels = _ands_per_level(nb)
     for li, k in enumerate(levels):

@@ -42,9 +42,9 @@ from ..comm import NEXT, PREV
 from ..party import Party
 from ..shares import AShare, grouped_words, words
 from .base import Cost, Round, group_bounds, packed_bytes
-from .bitplanes import select_planes, thermometer_planes
+from .bitplanes import (MaskedBits, bits_to_planes_group, run_span, select_planes,
+                        thermometer_planes)
 from .boolean import pack_planes, random_planes, unpack_planes
-from .convert import MaskedBits, _run_span, bits_to_planes_group
 
 MAX_BLOCKS = 7
 _ONES = np.uint64(0xFFFFFFFFFFFFFFFF)
@@ -81,7 +81,7 @@ def carry_plan(nb: int):
 
 def _row_span(sl: slice, k: int) -> tuple[int, int]:
     """First row and number of rows the elements ``sl`` of the flat (rows, k) layout touch."""
-    span = _run_span(sl, k)
+    span = run_span(sl, k)
     return span.start, span.stop - span.start
 
 
