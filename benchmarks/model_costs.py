@@ -1,0 +1,96 @@
+"""The declared costs of docs/MODELS.md's cost table (rounds, and bytes sent by the three
+parties together, B = 1), from the protocols' cost functions - which the tests check equal to
+the measured traffic - so the table can be regenerated after a protocol change:
+
+    python benchmarks/model_costs.py
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from mpc3.party import RingConfig
+from protocols import attention as A
+from protocols import causal_lm as LM
+from protocols import decoder as D
+from protocols import model as M
+from protocols.classifier import cost_argmax, cost_classify
+from protocols.encoder import cost_encoder
+
+RC = RingConfig()
+SMALL = dict(d_model=16, n_heads=2, d_head=8, n_features=8, d_ff=32, attn_c=0.125,
+             attn_norm="mean")
+TABLE2 = dict(d_model=512, n_heads=8, d_head=64, n_features=266, d_ff=2048, attn_c=1 / 266,
+              attn_norm="mean")
+VARIANTS = ("softmax", "power-softmax", "sigma-relu")
+
+
+def _mb(c) -> str:
+    b = c if isinstance(c, (int, float, np.floating)) else c.bytes_total
+    return f"{b / 1e6:.3g} MB" if b >= 1e5 else f"{b:.0f} B"
+
+
+def att_perf(cfg: M.ModelConfig) -> bool:
+    return cfg.attention == M.PERFORMER
+
+
+def _cfg(base, **kw) -> M.ModelConfig:
+    return M.ModelConfig(**{**base, **kw}).validate()
+
+
+def classifier_rows() -> list[tuple]:
+    small = _cfg(SMALL, norm_first=False, max_len=16, arch="encoder-classifier",
+                 n_enc_layers=2, src_vocab=11, n_classes=5)
+    big = _cfg(TABLE2, norm_first=False, max_len=64, arch="encoder-classifier",
+               n_enc_layers=6, src_vocab=256, n_classes=2)
+    c1, c2, c3 = cost_classify(RC, small, 1, 16), cost_argmax(RC, 1, 5), cost_classify(RC, big, 1, 64)
+    return [("classify, d=16, h=2, r=8, 2 layers, S=16, 5 classes", c1.rounds, _mb(c1)),
+            ("arg-max of 5 logits", c2.rounds, _mb(c2)),
+            ("classify, Table 2 shape, 6 layers, S=64", c3.rounds, _mb(c3))]
+
+
+def lm_rows() -> list[tuple]:
+    rows = []
+    for attention in ("relu-performer",) + VARIANTS:
+        for base, layers, T, nf in ((SMALL, 2, 8, attention != "relu-performer"),
+                                    (TABLE2, 6, 64, True)):
+            cfg = _cfg(base, norm_first=nf, max_len=T + 200, arch="decoder-only",
+                       n_dec_layers=layers, tgt_vocab=64,
+                       attention=M.PERFORMER if attention == "relu-performer" else attention)
+            pre = LM.cost_lm_prefill(RC, cfg, 1, T)
+            # Performer: the mean over one decode block of its prefix state (the bytes vary
+            # with the cache fill); softmax-style: the token after the prompt
+            n = A.default_decode_block(cfg.n_features, cfg.d_head) if att_perf(cfg) else 1
+            steps = [LM.cost_lm_step(RC, cfg, 1, T + t) for t in range(n)]
+            rows.append((f"LM {attention}, {'d=16' if base is SMALL else 'Table 2'}, "
+                         f"{layers} layers, {'pre' if nf else 'post'}-LN, T={T}: prefill / "
+                         "next token", f"{pre.rounds} / {steps[0].rounds}",
+                         f"{_mb(pre)} / {_mb(np.mean([s.bytes_total for s in steps]))}"))
+    return rows
+
+
+def translator_rows() -> list[tuple]:
+    rows = []
+    for attention in ("relu-performer",) + VARIANTS:
+        att = M.PERFORMER if attention == "relu-performer" else attention
+        for base, layers, S, nf in ((SMALL, 2, 8, True), (TABLE2, 6, 64, False)):
+            cfg = _cfg(base, norm_first=nf, max_len=65, n_enc_layers=layers,
+                       n_dec_layers=layers, src_vocab=256, tgt_vocab=256, attention=att)
+            opened = (cost_encoder(RC, cfg, 1, S) + D.cost_cross_precompute(RC, cfg, 1, S)
+                      + D.cost_decode_start(RC, cfg, 1))
+            ts = [S] if base is SMALL else range(64)          # Table 2: mean of t < 64
+            steps = [D.cost_decoder_step(RC, cfg, 1, t, n_enc=S) for t in ts]
+            rows.append((f"translator {attention}, {'d=16' if base is SMALL else 'Table 2'}, "
+                         f"{layers}+{layers} layers, {'pre' if nf else 'post'}-LN, source {S}: "
+                         "decode_open / token", f"{opened.rounds} / {steps[0].rounds}",
+                         f"{_mb(opened)} / {_mb(np.mean([s.bytes_total for s in steps]))}"))
+    return rows
+
+
+def main() -> None:
+    print("| workload | rounds | bytes |\n|---|---|---|")
+    for name, rounds, nbytes in classifier_rows() + lm_rows() + translator_rows():
+        print(f"| {name} | {rounds} | {nbytes} |")
+
+
+if __name__ == "__main__":
+    main()
