@@ -85,16 +85,20 @@ def _row_span(sl: slice, k: int) -> tuple[int, int]:
     return span.start, span.stop - span.start
 
 
-def _bytes(rows: int, k: int, nlow: int, nb: int) -> int:
-    blocks = _even_blocks(nlow, nb)
+def _cost(rows: int, k: int, blocks) -> Cost:
+    """Rounds and bytes per party of the protocol with leaf ``blocks``: per group, role 0
+    sends one thermometer code per row it touches and the dealt bits, each pair member its
+    half of the opened leaves."""
+    masked, _, dealt = carry_plan(len(blocks))
     therm = sum((1 << w) - 1 for _, w in blocks)
-    masked, _, dealt = carry_plan(nb)
-    total = 0
-    for sl in group_bounds(rows * k):
-        ng = sl.stop - sl.start
-        total += (packed_bytes(_row_span(sl, k)[1], 1) * therm
-                  + packed_bytes(ng, 1) * (len(dealt) + 2 * len(masked)))
-    return total
+    per = [0, 0, 0]
+    for g, sl in enumerate(group_bounds(rows * k)):
+        ng, nrows = sl.stop - sl.start, _row_span(sl, k)[1]
+        for rank in range(3):
+            role = (rank - g) % 3
+            per[rank] += (packed_bytes(nrows, 1) * therm + packed_bytes(ng, 1) * len(dealt)
+                          if role == 0 else packed_bytes(ng, 1) * len(masked))
+    return Cost(2, tuple(per))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -103,8 +107,8 @@ def blocks_for(nlow: int, rows: int, k: int) -> tuple[tuple[int, int], ...]:
     any count; a thermometer of 2^w - 1 rows per block and row against ~2^nb dealt bits per
     element). Blocks wider than 16 bits are never taken."""
     options = [nb for nb in range(2, MAX_BLOCKS + 1) if -(-nlow // nb) <= 16]
-    nb = min(options, key=lambda nb: (_bytes(rows, k, nlow, nb), nb))
-    return _even_blocks(nlow, nb)
+    return _even_blocks(nlow, min(options, key=lambda nb: (
+        _cost(rows, k, _even_blocks(nlow, nb)).bytes_total, nb)))
 
 
 # ---------------------------------------------------------------------- protocol ------
@@ -228,14 +232,4 @@ def _carry_share(s: dict, plan, first: bool) -> np.ndarray:
 
 def cost_compare_public(rows: int, k: int, L: int, m: int) -> Cost:
     """Rounds and bytes per party of :func:`compare_public_masked` (rows x k comparisons)."""
-    blocks = blocks_for(m - 1, rows, k)
-    masked, _, dealt = carry_plan(len(blocks))
-    therm = sum((1 << w) - 1 for _, w in blocks)
-    per = [0, 0, 0]
-    for g, sl in enumerate(group_bounds(rows * k)):
-        ng, nrows = sl.stop - sl.start, _row_span(sl, k)[1]
-        for rank in range(3):
-            role = (rank - g) % 3
-            per[rank] += (packed_bytes(nrows, 1) * therm + packed_bytes(ng, 1) * len(dealt)
-                          if role == 0 else packed_bytes(ng, 1) * len(masked))
-    return Cost(2, tuple(per))
+    return _cost(rows, k, blocks_for(m - 1, rows, k))
