@@ -104,9 +104,53 @@ def _select_kernel(therm: np.ndarray, b: np.ndarray, offs: np.ndarray, ks: np.nd
                 out[row, w] &= keep
 
 
+def _carry_kernel(delta: np.ndarray, alpha: np.ndarray, dealt: np.ndarray, last: np.ndarray,
+                  rest: np.ndarray, kind: np.ndarray, idx: np.ndarray, first: bool,
+                  out: np.ndarray) -> None:  # pragma: no cover
+    """out (words,) = last ^ XOR over terms c of (AND_{r in rest[c]} delta[r]) & v_c with
+    v_c = all ones (kind 0; only when ``first``), alpha[idx[c]] (kind 1), dealt[idx[c]]
+    (kind 2); ``rest`` rows are padded with -1 (thresholds' one-round carry)."""
+    ones = ~np.uint64(0)
+    for w in range(out.size):
+        z = last[w]
+        for c in range(kind.size):
+            k = kind[c]
+            if k == 0:
+                if not first:
+                    continue
+                v = ones
+            elif k == 1:
+                v = alpha[idx[c], w]
+            else:
+                v = dealt[idx[c], w]
+            for j in range(rest.shape[1]):
+                r = rest[c, j]
+                if r < 0:
+                    break
+                v &= delta[r, w]
+            z ^= v
+        out[w] = z
+
+
+def _products_kernel(alpha: np.ndarray, members: np.ndarray,
+                     out: np.ndarray) -> None:  # pragma: no cover
+    """out[u] = AND of alpha[members[u, j]] over the row (padded with -1)."""
+    ones = ~np.uint64(0)
+    for u in range(members.shape[0]):
+        for w in range(alpha.shape[1]):
+            v = ones
+            for j in range(members.shape[1]):
+                m = members[u, j]
+                if m < 0:
+                    break
+                v &= alpha[m, w]
+            out[u, w] = v
+
+
 @functools.cache
 def _kernels() -> tuple[tuple[Callable[..., None], ...], ...]:
-    return ring.jit_pair(_thermo_kernel), ring.jit_pair(_select_kernel)
+    return (ring.jit_pair(_thermo_kernel), ring.jit_pair(_select_kernel),
+            ring.jit_pair(_carry_kernel), ring.jit_pair(_products_kernel))
 
 
 def _kernel(i: int, n: int) -> Callable[..., None]:
@@ -125,6 +169,24 @@ def thermometer_planes(a: np.ndarray, blocks, top: int, words: int) -> np.ndarra
     rows = int(sum((1 << k) - 1 for k in ks)) + 1
     out = np.zeros((rows, words), dtype=np.uint64)
     _kernel(0, a.size)(np.ascontiguousarray(a), offs, ks, top, out)
+    return out
+
+
+def carry_share(delta: np.ndarray, alpha: np.ndarray, dealt: np.ndarray, last: np.ndarray,
+                plan: tuple[np.ndarray, np.ndarray, np.ndarray], first: bool) -> np.ndarray:
+    """One pair member's XOR share of a polynomial in opened masked bits (``plan`` = (rest,
+    kind, idx) of :func:`_carry_kernel`), plus its share ``last`` of a linear term."""
+    out = np.empty(last.size, dtype=np.uint64)
+    rest, kind, idx = plan
+    _kernel(2, out.size * kind.size)(delta, alpha, dealt, np.ascontiguousarray(last), rest,
+                                     kind, idx, bool(first), out)
+    return out
+
+
+def and_products(alpha: np.ndarray, members: np.ndarray) -> np.ndarray:
+    """(len(members), words) planes: the AND of the alpha rows listed in each members row."""
+    out = np.empty((members.shape[0], alpha.shape[1]), dtype=np.uint64)
+    _kernel(3, out.size)(np.ascontiguousarray(alpha), members, out)
     return out
 
 

@@ -42,8 +42,8 @@ from ..comm import NEXT, PREV
 from ..party import Party
 from ..shares import AShare, grouped_words, words
 from .base import Cost, Round, group_bounds, packed_bytes
-from .bitplanes import (MaskedBits, bits_to_planes_group, run_span, select_planes,
-                        thermometer_planes)
+from .bitplanes import (MaskedBits, and_products, bits_to_planes_group, carry_share, run_span,
+                        select_planes, thermometer_planes)
 from .boolean import pack_planes, random_planes, unpack_planes
 
 MAX_BLOCKS = 7
@@ -77,6 +77,30 @@ def carry_plan(nb: int):
         for r in range(2, len(s) + 1):
             dealt.update(itertools.combinations(s, r))
     return masked, terms, tuple(sorted(dealt, key=lambda u: (len(u), u)))
+
+
+@functools.cache
+def _plan_arrays(nb: int):
+    """carry_plan as arrays for the compiled kernels: (rest, kind, idx) over every (term,
+    subset U) pair - rest = positions (in the masked list) of the term's leaves outside U,
+    kind 0/1/2 for U empty / a single mask / a dealt product, idx its row - and the dealt
+    subsets' member positions (``members``), all padded with -1."""
+    masked, terms, dealt = carry_plan(nb)
+    pos = {v: i for i, v in enumerate(masked)}
+    dpos = {u: i for i, u in enumerate(dealt)}
+    rest, kind, idx = [], [], []
+    for term in terms:
+        for r in range(len(term) + 1):
+            for u in itertools.combinations(term, r):
+                rest.append([pos[v] for v in term if v not in u])
+                kind.append(min(r, 2))
+                idx.append(0 if r == 0 else pos[u[0]] if r == 1 else dpos[u])
+
+    def pad(rows):
+        width = max([len(x) for x in rows] + [1])
+        return np.array([x + [-1] * (width - len(x)) for x in rows] or [[-1]], dtype=np.int64)
+    return ((pad(rest), np.array(kind, dtype=np.int64), np.array(idx, dtype=np.int64)),
+            pad([[pos[v] for v in u] for u in dealt]))
 
 
 def _row_span(sl: slice, k: int) -> tuple[int, int]:
@@ -113,7 +137,10 @@ def blocks_for(nlow: int, rows: int, k: int) -> tuple[tuple[int, int], ...]:
 
 # ---------------------------------------------------------------------- protocol ------
 def _expand(planes: np.ndarray, nrows: int, idx: np.ndarray, n: int) -> np.ndarray:
-    """Row planes (P, words(nrows)) -> element planes (P, words(n)): element e gets row idx[e]."""
+    """Row planes (P, words(nrows)) -> element planes (P, words(n)): element e gets row idx[e]
+    (one threshold per row: the planes already are per element)."""
+    if nrows == n:
+        return planes
     bits = np.unpackbits(np.ascontiguousarray(planes).view(np.uint8), axis=1,
                          bitorder="little")[:, :nrows]
     return bits_to_planes_group(bits[:, idx], n)
@@ -152,12 +179,10 @@ def compare_public_masked(p: Party, x: AShare, thresholds: np.ndarray,
             rho = random_planes(p, "next", nrows_t, words(nrows), f"rho{g}")
             r_next = random_planes(p, "next", nmask + ndeal + 1, w, f"al1{g}")
             r_prev = random_planes(p, "prev", nmask + 1, w, f"al2{g}")
-            alpha = r_next[:nmask] ^ r_prev[:nmask]
-            prods = [functools.reduce(np.bitwise_and, [alpha[masked.index(v)] for v in u])
-                     for u in dealt]
+            prods = and_products(r_next[:nmask] ^ r_prev[:nmask], _plan_arrays(len(blocks))[1])
             s["e"] = _expand(planes[-1:], nrows, idx, ng) ^ r_next[-1:] ^ r_prev[-1:]
             r1.send(PREV, pack_planes(planes[:-1] ^ rho, nrows),           # to role 2
-                    pack_planes(np.stack(prods) ^ r_next[nmask:nmask + ndeal], ng))
+                    pack_planes(prods ^ r_next[nmask:nmask + ndeal], ng))
             continue
         B = (xb if s["role"] == 1 else xa)[rsl][idx] - t[np.arange(sl.start, sl.stop) % k]
         b = ((B + sL) >> lsh) & mask
@@ -202,32 +227,12 @@ def compare_public_masked(p: Party, x: AShare, thresholds: np.ndarray,
             continue
         if s["role"] == 1:
             s["delta"] = s["half"] ^ unpack_planes(got2[(NEXT, s["g"])][0], s["n"])
-        z = _carry_share(s, plan, first=s["role"] == 1)
+        z = carry_share(s["delta"], s["alpha"], s["dealt"], s["leaves"][len(blocks) - 1],
+                        _plan_arrays(len(blocks))[0], first=s["role"] == 1)
         if s["role"] == 1:
             z = z ^ s["btop"] ^ _ONES
         out[0, ws] = z ^ s["lam"]
     return MaskedBits(out, n)
-
-
-def _carry_share(s: dict, plan, first: bool) -> np.ndarray:
-    """This pair member's XOR share of the carry XOR_l G_l P_{l+1}..P_{nb-1} from the opened
-    ``delta`` and its shares of the leaves, masks (alpha) and dealt mask products."""
-    masked, terms, dealt = plan
-    pos = {v: i for i, v in enumerate(masked)}
-    dpos = {u: i for i, u in enumerate(dealt)}
-    delta, alpha, share = s["delta"], s["alpha"], s["dealt"]
-    nb = (len(masked) + 2) // 2
-    z = s["leaves"][nb - 1].copy()                                  # G_{nb-1}, unmasked
-    for term in terms:
-        for r in range(len(term) + 1):
-            for u in itertools.combinations(term, r):
-                if r == 0 and not first:                            # alpha_{} = 1: one side
-                    continue
-                rest = [delta[pos[v]] for v in term if v not in u]
-                val = (None if r == 0 else alpha[pos[u[0]]] if r == 1 else share[dpos[u]])
-                coef = functools.reduce(np.bitwise_and, rest) if rest else None
-                z ^= val if coef is None else coef if val is None else coef & val
-    return z
 
 
 def cost_compare_public(rows: int, k: int, L: int, m: int) -> Cost:
