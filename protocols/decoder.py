@@ -30,7 +30,6 @@ import numpy as np
 
 from mpc3.kernels import arith
 from mpc3.kernels.base import Cost
-from mpc3.parallel import parallel
 from mpc3.party import Party
 from mpc3.shares import AShare
 
@@ -256,17 +255,14 @@ def _project(p: Party, cfg: M.ModelConfig, shares: dict, y: AShare, names: list[
     and under :data:`RELU` a :class:`_Split` of those that only feed relu_a."""
     split = _split_names(cfg, shares, names)
     plain = [w for w in names if w not in split]
-
-    def proj_products(q: Party) -> list[AShare]:
-        return arith.mul_many_aa(q, [(y, shares[w], "matmul", _proj_bits(q.cfg, w))
-                                     for w in plain])
-
-    def proj_split(q: Party):
-        return arith.mul_split_aa(q, [(y, shares[w], "matmul") for w in split],
-                                  trunc=_proj_bits(q.cfg, split[0]))
     if not split:
-        return {w: _plus_bias(shares, w, o) for w, o in zip(plain, proj_products(p))}
-    out, z = parallel(p, proj_products, proj_split) if plain else ([], proj_split(p))
+        return {w: _plus_bias(shares, w, o) for w, o in zip(plain, arith.mul_many_aa(
+            p, [(y, shares[w], "matmul", _proj_bits(p.cfg, w)) for w in plain]))}
+    bits = {_proj_bits(p.cfg, w) for w in names}
+    if len(bits) != 1:
+        raise ValueError(f"projections {names} truncate differently: not one call")
+    z, out = arith.mul_split_aa(p, [(y, shares[w], "matmul") for w in split], trunc=bits.pop(),
+                                replicated=[(y, shares[w], "matmul") for w in plain])
     got = {w: _plus_bias(shares, w, o) for w, o in zip(plain, out)}
     shapes = [(*y.shape[:-1], shares[w].shape[-1]) for w in split]
     got[RELU] = _Split(A.add_biases(z, shapes, [_bias_of(shares, w) for w in split]), split,
@@ -277,14 +273,13 @@ def _project(p: Party, cfg: M.ModelConfig, shares: dict, y: AShare, names: list[
 def _cost_project(p_cfg, cfg: M.ModelConfig, B: int, names: list[str], folded: bool) -> Cost:
     """:func:`_project` of one row per batch element."""
     split = [w for w in names if _feeds_relu(cfg, w, folded)]
-    plain = [np.full(B * _width(cfg, w, folded), _proj_bits(p_cfg, w)) for w in names
-             if w not in split]
-    cost = arith.cost_mul_many(np.concatenate(plain), 0, p_cfg.trunc) if plain else None
+    widths = {w: B * _width(cfg, w, folded) for w in names}
     if not split:
-        return cost
-    sc = arith.cost_mul_split(B * sum(_width(cfg, w, folded) for w in split),
-                              _proj_bits(p_cfg, split[0]), p_cfg.frac, p_cfg.trunc)
-    return Cost.parallel(cost, sc) if cost is not None else sc
+        return arith.cost_mul_many(np.concatenate([np.full(widths[w], _proj_bits(p_cfg, w))
+                                                   for w in names]), 0, p_cfg.trunc)
+    return arith.cost_mul_split(sum(widths[w] for w in split), _proj_bits(p_cfg, split[0]),
+                                p_cfg.frac, p_cfg.trunc,
+                                n_rep=sum(widths[w] for w in names if w not in split))
 
 
 def _ln_proj(p, cfg, shares, state, ln: str, x, want_y: bool, names: list[str]):

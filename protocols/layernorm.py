@@ -105,13 +105,12 @@ def layernorm_project(p: Party, x: AShare, gamma: AShare, beta: AShare, eps: flo
     rs = rs.reshape(*rs.shape, 1)
     keep = [i for i in range(len(mats)) if i not in split]
     items = ([xg] if want_y else []) + [prods[i] for i in keep]
-    scaled = [(t, _bcast(rs, t.shape), "mul", True) for t in items]
+    scaled = [(t, _bcast(rs, t.shape), "mul") for t in items]
     sitems = [(prods[i], _bcast(rs, prods[i].shape), "mul") for i in split]
-    if sitems:
-        plain = (lambda q: arith.mul_many_aa(q, scaled)) if items else (lambda q: [])
-        out, z = parallel(p, plain, lambda q: arith.mul_split_aa(q, sitems))
+    if sitems:                     # one call: the split products and the others, completed
+        z, out = arith.mul_split_aa(p, sitems, replicated=scaled)
     else:
-        out, z = arith.mul_many_aa(p, scaled), None
+        out, z = arith.mul_many_aa(p, [item + (True,) for item in scaled]), None
     y = out.pop(0) + _bcast(beta, x.shape) if want_y else None
     outs = [None] * len(mats)
     for i, o in zip(keep, out):
@@ -149,8 +148,7 @@ def cost_layernorm_project(ring_cfg, rows: int, d: int, outs: list[tuple[int, in
     scaled = rows * (d * want_y + sum(n for i, (n, _) in enumerate(outs) if i not in split))
     last = arith.cost_mul(scaled, True, f, mode)
     if split:
-        n_split = rows * sum(outs[i][0] for i in split)
-        last = arith.cost_mul_split(n_split, True, f, mode) if not scaled else \
-            Cost.parallel(last, arith.cost_mul_split(n_split, True, f, mode))
+        last = arith.cost_mul_split(rows * sum(outs[i][0] for i in split), True, f, mode,
+                                    n_rep=scaled)
     return (_cost_stats(ring_cfg, rows, d)
             + Cost.parallel(fxp.cost_sqrt_inv(rows, "auto", f, mode), prods) + last)

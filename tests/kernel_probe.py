@@ -25,13 +25,13 @@ from mpc3.kernels import arith, convert, fxp
 from mpc3.kernels.base import group_bounds
 from mpc3.shares import SplitShare
 from mpc3.sharing import reveal
-from protocols import cross, decoder, mha
+from protocols import cross, mha
 
 KERNELS = ((arith, "mul_aa"), (arith, "matmul_aa"), (arith, "mul_many_aa"),
            (arith, "mul_split_aa"), (arith, "trunc_a"),
            (convert, "relu_a"), (convert, "drelu_a"), (fxp, "sqrt_inv_a"),
            (fxp, "reciprocal_a"), (fxp, "exp_a"))
-PARALLEL_USERS = (fxp, mpc3_parallel, mha, cross, decoder)
+PARALLEL_USERS = (fxp, mpc3_parallel, mha, cross)
 HELPERS = {"mul_many", "scale_public", "scale_rows", "relu_many", "relu_products", "wrapped",
            "activation", "<lambda>", "relu_split", "relu"}
 SUBLAYER = {"mha": "attn", "ffn": "ffn", "ffn_hidden": "ffn", "_self_step": "self",
@@ -119,8 +119,9 @@ def _sites(inner, kernel: str, n_items: int) -> list[str]:
         one = "rowscale" if kernel == "trunc_a" else "wo"
     elif fn == "decoder_step" and kernel == "mul_many_aa":   # the first layer's projection
         return ["proj"] * n_items
-    elif fn in ("proj_products", "proj_split"):             # decoder._project
-        names = inner.f_locals["plain" if fn == "proj_products" else "split"]
+    elif fn == "_project":                                   # decoder: split, then plain
+        loc = inner.f_locals
+        names = loc["split"] + loc["plain"] if kernel == "mul_split_aa" else loc["plain"]
         return [f"{w.rsplit('.', 1)[0]}|{'w1' if w.endswith('.w1') else 'proj'}"
                 for w in names]
     elif fn == "sublayer" and kernel == "relu_a":            # decode step: split features
@@ -137,8 +138,9 @@ def _sites(inner, kernel: str, n_items: int) -> list[str]:
         if kernel == "mul_many_aa":
             k = len(inner.f_locals["keep"])
             return ["scale"] * (n_items - k) + ["lnscale"] * k
-        if kernel == "mul_split_aa":                         # products feeding relu_a
-            return ["lnscale"] * n_items
+        if kernel == "mul_split_aa":       # products feeding relu_a, then xg and the rest
+            k, ns = len(inner.f_locals["keep"]), len(inner.f_locals["split"])
+            return ["lnscale"] * ns + ["scale"] * (n_items - ns - k) + ["lnscale"] * k
         one = "var_eps" if kernel == "sqrt_inv_a" else None
     elif fn == "batchnorm":                     # norm batchnorm: x * scale
         one = "bn"
@@ -176,9 +178,12 @@ class Probe:
             if depth == 0:
                 frames = list(_frames())
                 inner = next(f for f in frames if f.f_code.co_name not in HELPERS)
-                n = len(args[0]) if kernel in ("mul_many_aa", "mul_split_aa") else 1
+                seen = args
+                if kernel == "mul_split_aa":              # its completed items too
+                    seen = (list(args[0]) + list(kw.get("replicated", ())),) + args[1:]
+                n = len(seen[0]) if kernel in ("mul_many_aa", "mul_split_aa") else 1
                 self.calls[p.rank].append((kernel, _layer(frames), _sites(inner, kernel, n),
-                                           args, kw))
+                                           seen, kw))
             self.local.depth = depth + 1
             try:
                 return fn(p, *args, **kw)

@@ -113,3 +113,36 @@ def test_mul_many_mixed_truncation(mode, rng):
     assert np.abs(ring.decode(got[2], 26) - np.where(keep, x * y, 0)).max() < 1e-4
     shifts = np.concatenate([np.full(40, 18), np.full(keep.sum(), 10)])
     run.assert_cost(arith.cost_mul_many(shifts, 15, mode))
+
+
+@pytest.mark.parametrize("mode", ["exact", "prob"])
+def test_mul_split_with_replicated_items(mode, rng):
+    """mul_split_aa(..., replicated=[...]): in the same rounds the split items feed relu_a
+    (their own element groups) and the replicated ones come back completed; traffic is the
+    declared cost_mul_split(n, ..., n_rep) - role 0 sends U for the replicated elements only."""
+    from mpc3.kernels import convert
+    from mpc3.shares import SplitShare
+    cfg = RingConfig(trunc=mode)
+    x, w1, w2 = rng.normal(size=(1, 16)), rng.normal(size=(16, 23)) * 0.3, \
+        rng.normal(size=(16, 7)) * 0.3
+    y, v = rng.normal(size=5), rng.normal(size=5)
+    run = Run(cfg)
+
+    def fn(p, xs, a, b, ys, vs):
+        s0 = p.stats.snapshot()
+        z, (m, e) = arith.mul_split_aa(p, [(xs, a, "matmul")],
+                                       replicated=[(xs, b, "matmul"), (ys, vs, "mul")])
+        assert isinstance(z, SplitShare) and z.shape == (23,) and m.shape == (1, 7)
+        mid = p.stats.snapshot() - s0
+        return convert.relu_a(p, z), m, e, mid
+    out = run(fn, share(x), share(w1), share(w2), share(y), share(v))
+    ulp = 2.0 ** -ring.DEFAULT_FRAC
+    np.testing.assert_allclose(value([o[0] for o in out]), np.maximum(x @ w1, 0).reshape(-1),
+                               atol=8 * ulp)
+    np.testing.assert_allclose(value([o[1] for o in out]), x @ w2, atol=8 * ulp)
+    np.testing.assert_allclose(value([o[2] for o in out]), y * v, atol=8 * ulp)
+    declared = arith.cost_mul_split(23, True, cfg.frac, mode, n_rep=12)
+    assert tuple(o[3].bytes_sent for o in out) == declared.bytes_per_party
+    assert max(o[3].rounds for o in out) == declared.rounds
+    assert declared.bytes_total == arith.cost_mul_split(23, True, cfg.frac, mode).bytes_total \
+        + arith.cost_mul(12, True, cfg.frac, mode).bytes_total

@@ -234,25 +234,53 @@ def mul_many_aa(p: Party, items: list[tuple]) -> list[AShare]:
     return [next(order[item[3] is not False]) for item in items]
 
 
-def mul_split_aa(p: Party, items: list[tuple], trunc: bool | int = True) -> SplitShare:
+def mul_split_aa(p: Party, items: list[tuple], trunc: bool | int = True,
+                 replicated: list[tuple] | None = None):
     """Products ``(x, y, kind)`` or ``(x, y, kind, keep)`` (kind "mul" or "matmul"; ``keep``
     a public boolean mask: only kept outputs, in row-major order), truncated by ``trunc``,
     flattened and concatenated in item order, delivered in split form (:class:`SplitShare`)
     for a kernel that reads only that form - :func:`mpc3.kernels.convert.relu_a` of the
     whole result: the replicated sharing is never completed (8 bytes per element less than
-    mul_many_aa). Cost: :func:`cost_mul_split`."""
+    mul_many_aa). With ``replicated`` (a list, possibly empty) the result is
+    ``(split, [outputs])``: those items come back completed, as AShares, from the same rounds
+    and messages (the split ones keep their own element groups). Cost:
+    :func:`cost_mul_split`."""
     p.new_op()
-    z = np.concatenate([_item_product(*item[:3], item[3] if len(item) > 3 else None)[2]
-                        for item in items])
+
+    def flat(group):
+        return [_item_product(*item[:3], item[3] if len(item) > 3 else None)
+                for item in group]
+    zs, zr = flat(items), flat(replicated or [])
+    z = np.concatenate([v for _, _, v in zs + zr])
+    n_split = sum(v.size for _, _, v in zs)
     bits = p.cfg.frac if trunc is True else int(trunc)
-    return _trunc_split(p, z + p.zero_share(z.shape, "mulmask"), bits, from_rss=False,
-                        split=True)
+    out = _trunc_split(p, z + p.zero_share(z.shape, "mulmask"), bits, from_rss=False,
+                       split=True, segments=_segments(n_split, z.size - n_split))
+    if replicated is None:
+        return out
+    if not replicated:
+        return out, []
+    res, pos = [], n_split
+    for full, _, v in zr:                          # (no keep masks among replicated items)
+        res.append(AShare(out.a[pos:pos + v.size], out.b[pos:pos + v.size]).reshape(full.shape))
+        pos += v.size
+    return SplitShare(out.a[:n_split], out.b[:n_split]), res
 
 
-def cost_mul_split(n: int, trunc: bool | int, frac: int, mode: str) -> Cost:
+@functools.lru_cache(maxsize=256)
+def _segments(n_split: int, n_rep: int) -> tuple[tuple[slice, int, bool], ...]:
+    """(elements, role group, split?) of a mul_split_aa call: the split elements in the groups
+    of their own count (what relu_a reads), then the replicated ones in theirs."""
+    return tuple((sl, g, True) for g, sl in enumerate(group_bounds(n_split))) + tuple(
+        (slice(n_split + sl.start, n_split + sl.stop), g, False)
+        for g, sl in enumerate(group_bounds(n_rep)) if n_rep)
+
+
+def cost_mul_split(n: int, trunc: bool | int, frac: int, mode: str, n_rep: int = 0) -> Cost:
+    """mul_split_aa with ``n`` split and ``n_rep`` replicated outputs."""
     bits = frac if trunc is True else trunc
-    return cost_trunc_shifts(np.broadcast_to(np.asarray(bits), (n,)), mode, from_rss=False,
-                             split=True)
+    return cost_trunc_shifts(np.broadcast_to(np.asarray(bits), (n + n_rep,)), mode,
+                             from_rss=False, split=True, segments=_segments(n, n_rep))
 
 
 def cost_mul_many(shifts, n_plain: int, mode: str) -> Cost:
@@ -313,21 +341,25 @@ def _width_bytes(plan, n: int) -> int:
     return packed_bytes(n, plan) if isinstance(plan, int) else plan.nbytes
 
 
-def cost_trunc_shifts(shifts, mode: str, from_rss: bool, split: bool = False) -> Cost:
+def cost_trunc_shifts(shifts, mode: str, from_rss: bool, split: bool = False,
+                      segments=None) -> Cost:
     """Exact cost of a truncation (fused or standalone) with per-element public shifts
-    (``split``: delivered in split layout, :func:`mul_split_aa`)."""
+    (``split``: delivered in split layout, :func:`mul_split_aa`; ``segments`` as there)."""
     shifts = np.asarray(shifts).reshape(-1)
-    bounds = group_bounds(shifts.size)
     per = [0, 0, 0]
-    for g, sl in enumerate(bounds):
+    for sl, g, seg_split in segments or _default_segments(shifts.size, split):
         ng = sl.stop - sl.start
         wb = _width_bytes(_width_plan(shifts[sl]), ng)
         for rank in range(3):
             role = (rank - g) % 3
-            ring_bytes = 8 * ng if ((role == 0 and not split) or
+            ring_bytes = 8 * ng if ((role == 0 and not seg_split) or
                                     (role != 0 and not from_rss)) else 0
             per[rank] += ring_bytes + (wb if mode == "exact" else 0)
     return Cost(2 if mode == "exact" else 1, tuple(per))
+
+
+def _default_segments(n: int, split: bool):
+    return tuple((sl, g, split) for g, sl in enumerate(group_bounds(n)))
 
 
 def trunc_a(p: Party, x: AShare, bits=None) -> AShare:
@@ -376,11 +408,12 @@ def _mixed_shifts(key: bytes):
 
 
 def _trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None = None,
-                 split: bool = False):
+                 split: bool = False, segments=None):
     """Core of fused/standalone truncation; ``src`` is z (3-of-3, flat) or a flat AShare.
 
     ``split``: stop at the split form (:class:`SplitShare`): role 0 keeps U and never sends
-    it, so role 2's slot g stays 0 - 8 bytes per element less.
+    it, so role 2's slot g stays 0 - 8 bytes per element less. ``segments``: (elements, role
+    group, split?) triples instead of the three groups of ``n`` (mul_split_aa's mixed calls).
 
     ``bits`` is one shift for all elements or a per-element array (products of different
     scales then share the same rounds); each correction is packed at its own shift width.
@@ -390,7 +423,8 @@ def _trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None =
     """
     exact = p.cfg.trunc == "exact"
     n = src.a.size if from_rss else src.size
-    groups = group_bounds(n)
+    segments = segments or _default_segments(n, split)
+    groups = [sl for sl, _, _ in segments]
     if np.ndim(bits) != 0:
         bits = np.broadcast_to(np.asarray(bits, dtype=np.int64), (n,))
     per = [_group_shifts(bits, sl) for sl in groups]
@@ -401,9 +435,9 @@ def _trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None =
         r1.send(PREV, plain)
         r1.recv(NEXT, -1, 1)
     # Round 1: split form (A at role 0, B at roles 1 and 2); role 0 sends its piece.
-    for g, sl in enumerate(groups):
-        role, ng = p.role(g), sl.stop - sl.start
-        st = {"role": role, "n": ng}
+    for g, (sl, rg, split) in enumerate(segments):
+        role, ng = p.role(rg), sl.stop - sl.start
+        st = {"role": role, "n": ng, "split": split}
         if role == 0:
             sh, up, low, plan = per[g]
             if exact:
@@ -444,6 +478,7 @@ def _trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None =
             None if from_rss else got[(_dir(role, 3 - role), g)][0],
             offset + low, sh, offset >> sh.view(np.uint64))
         if role == 2:
+            split = st["split"]
             msg = got[(NEXT, g)] if (exact or not split) else ()
             st["s0"] = np.uint64(0) if split else msg[0]      # split: a slot nobody reads
             if exact:
@@ -492,4 +527,5 @@ def _trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None =
             b_out[sl] = st["s0"]
     if plain is not None:
         return AShare(a_out, b_out), AShare(plain, got[(NEXT, -1)][0])
-    return SplitShare(a_out, b_out) if split else AShare(a_out, b_out)
+    return SplitShare(a_out, b_out) if all(sp for _, _, sp in segments) else \
+        AShare(a_out, b_out)
