@@ -41,7 +41,8 @@ from ..comm import NEXT, PREV
 from ..party import Party
 from ..shares import AShare, SplitShare
 from . import fused
-from .base import Cost, Round, group_bounds, packed_bytes
+from .base import (Cost, Round, group_bounds, pack_by_width, unpack_by_width,
+                   width_bytes, width_plan)
 
 OFFSET_BITS = 62          # exact truncation is exact for |x| < 2^62
 _ONE = np.uint64(1)
@@ -247,10 +248,8 @@ def mul_split_aa(p: Party, items: list[tuple], trunc: bool | int = True,
     :func:`cost_mul_split`."""
     p.new_op()
 
-    def flat(group):
-        return [_item_product(*item[:3], item[3] if len(item) > 3 else None)
-                for item in group]
-    zs, zr = flat(items), flat(replicated or [])
+    zs, zr = ([_item_product(*it[:3], it[3] if len(it) > 3 else None) for it in group]
+              for group in (items, replicated or []))
     z = np.concatenate([v for _, _, v in zs + zr])
     n_split = sum(v.size for _, _, v in zs)
     bits = p.cfg.frac if trunc is True else int(trunc)
@@ -258,8 +257,6 @@ def mul_split_aa(p: Party, items: list[tuple], trunc: bool | int = True,
                        split=True, segments=_segments(n_split, z.size - n_split))
     if replicated is None:
         return out
-    if not replicated:
-        return out, []
     res, pos = [], n_split
     for full, _, v in zr:                          # (no keep masks among replicated items)
         res.append(AShare(out.a[pos:pos + v.size], out.b[pos:pos + v.size]).reshape(full.shape))
@@ -313,34 +310,6 @@ def _finish(p: Party, z: np.ndarray, trunc) -> AShare:
 
 
 # ------------------------------------------------------------------ truncation ----------
-def _width_plan(widths):
-    """How a group's elements are packed: one int width when all agree, else the
-    :class:`ring.WidthPlan` (one tight bit string per distinct width, increasing)."""
-    if np.ndim(widths) == 0:
-        return int(widths)
-    widths = np.asarray(widths).reshape(-1)
-    if widths.size and (widths == widths[0]).all():
-        return int(widths[0])
-    return ring.width_plan(widths)
-
-
-def _pack_by_width(values: np.ndarray, plan) -> np.ndarray:
-    """Pack each value at its own (public) width."""
-    if isinstance(plan, int):
-        return ring.pack_uint(values, plan)
-    return ring.pack_var(values, plan)
-
-
-def _unpack_by_width(buf: np.ndarray, plan, n: int) -> np.ndarray:
-    if isinstance(plan, int):
-        return ring.unpack_uint(buf, plan, n)
-    return ring.unpack_var(buf, plan)
-
-
-def _width_bytes(plan, n: int) -> int:
-    return packed_bytes(n, plan) if isinstance(plan, int) else plan.nbytes
-
-
 def cost_trunc_shifts(shifts, mode: str, from_rss: bool, split: bool = False,
                       segments=None) -> Cost:
     """Exact cost of a truncation (fused or standalone) with per-element public shifts
@@ -349,7 +318,7 @@ def cost_trunc_shifts(shifts, mode: str, from_rss: bool, split: bool = False,
     per = [0, 0, 0]
     for sl, g, seg_split in segments or _default_segments(shifts.size, split):
         ng = sl.stop - sl.start
-        wb = _width_bytes(_width_plan(shifts[sl]), ng)
+        wb = width_bytes(width_plan(shifts[sl]), ng)
         for rank in range(3):
             role = (rank - g) % 3
             ring_bytes = 8 * ng if ((role == 0 and not seg_split) or
@@ -450,7 +419,7 @@ def _trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None =
                                              st["kappa"], rho, sh, low)
             msg = [] if split else [st["Uk"]]
             if exact:
-                msg.append(_pack_by_width(t, plan))
+                msg.append(pack_by_width(t, plan))
             if msg:
                 r1.send(PREV, *msg)                              # to role 2
         else:
@@ -482,7 +451,7 @@ def _trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None =
             msg = got[(NEXT, g)] if (exact or not split) else ()
             st["s0"] = np.uint64(0) if split else msg[0]      # split: a slot nobody reads
             if exact:
-                st["at_rho"] = _unpack_by_width(msg[-1], plan, st["n"])
+                st["at_rho"] = unpack_by_width(msg[-1], plan, st["n"])
 
     if exact:   # Round 2: a_t*b_t = b_t*rho + b_t*(a_t - rho), masked towards role 0.
         r2 = Round(p)
@@ -498,11 +467,11 @@ def _trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None =
             if role == 1:
                 st["kappa"], rho = p.rand_with_many(1, 0, [(f"kappa{g}", ng), (f"rho{g}", ng)])
                 x1, st["x1"] = fused.pair_round2(st["W"], st["bt"], rho, nu1, nu2, low, up)
-                r2.send(PREV, _pack_by_width(x1, plan))
+                r2.send(PREV, pack_by_width(x1, plan))
             else:
                 x2, x2s = fused.pair_round2(st["W"], st["bt"], st["at_rho"], nu2, nu1, low, up)
                 st["s0"] = st["s0"] + x2s
-                r2.send(NEXT, _pack_by_width(x2, plan))
+                r2.send(NEXT, pack_by_width(x2, plan))
         got2 = r2.run()
 
     a_out = np.empty(n, dtype=np.uint64)
@@ -513,8 +482,8 @@ def _trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None =
         if role == 0:
             if exact:
                 fused.single_final(st["Uk"], st["kappa"],
-                                   _unpack_by_width(got2[(NEXT, g)][0], plan, st["n"]),
-                                   _unpack_by_width(got2[(PREV, g)][0], plan, st["n"]),
+                                   unpack_by_width(got2[(NEXT, g)][0], plan, st["n"]),
+                                   unpack_by_width(got2[(PREV, g)][0], plan, st["n"]),
                                    up, a_out[sl], b_out[sl])
             else:
                 a_out[sl], b_out[sl] = st["Uk"], st["kappa"]

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import ring
 from ..comm import NEXT, PREV
 from ..party import Party
 from ..shares import group_sizes
@@ -70,6 +71,35 @@ def _group_bounds(n: int) -> tuple[slice, ...]:
 
 def packed_bytes(n: int, width: int) -> int:
     return (n * width + 7) // 8
+
+
+# ------------------------------------------------- values packed at public widths ----
+def width_plan(widths):
+    """How a group's elements are packed: one int width when all agree, else the
+    :class:`ring.WidthPlan` (one tight bit string per distinct width, increasing)."""
+    if np.ndim(widths) == 0:
+        return int(widths)
+    widths = np.asarray(widths).reshape(-1)
+    if widths.size and (widths == widths[0]).all():
+        return int(widths[0])
+    return ring.width_plan(widths)
+
+
+def pack_by_width(values: np.ndarray, plan) -> np.ndarray:
+    """Pack each value at its own (public) width."""
+    if isinstance(plan, int):
+        return ring.pack_uint(values, plan)
+    return ring.pack_var(values, plan)
+
+
+def unpack_by_width(buf: np.ndarray, plan, n: int) -> np.ndarray:
+    if isinstance(plan, int):
+        return ring.unpack_uint(buf, plan, n)
+    return ring.unpack_var(buf, plan)
+
+
+def width_bytes(plan, n: int) -> int:
+    return packed_bytes(n, plan) if isinstance(plan, int) else plan.nbytes
 
 
 class Round:
