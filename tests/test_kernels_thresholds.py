@@ -150,3 +150,19 @@ def test_messages_are_fresh(rng):
                             for a in (kw.get(key) or [])]) for i in range(2) for r in range(3)]
     for r in range(3):
         assert flat[r].size and (flat[r] != flat[3 + r]).any()
+
+
+def test_select_rows_equals_select_on_expanded_rows(rng):
+    """The row-indexed leaf selection equals select_planes on every row copied to each of its
+    elements (the layout the protocol used before)."""
+    from mpc3.kernels.bitplanes import select_planes, select_rows, thermometer_planes
+    from mpc3.shares import words
+    for rows, k, nlow in ((5, 7, 35), (3, 113, 27), (1, 448, 35)):
+        blocks = T.blocks_for(nlow, rows, k)
+        a = rng.integers(0, 1 << nlow, rows, dtype=np.uint64)
+        therm = thermometer_planes(a, blocks, nlow, words(rows))[:-1]
+        idx = np.repeat(np.arange(rows), k)
+        b = rng.integers(0, 1 << nlow, rows * k, dtype=np.uint64)
+        for one in (False, True):
+            want = select_planes(T._expand(therm, rows, idx, rows * k), b, blocks, one)
+            assert (select_rows(therm, idx, b, blocks, one) == want).all()

@@ -104,6 +104,35 @@ def _select_kernel(therm: np.ndarray, b: np.ndarray, offs: np.ndarray, ks: np.nd
                 out[row, w] &= keep
 
 
+def _select_rows_kernel(therm: np.ndarray, idx: np.ndarray, b: np.ndarray, offs: np.ndarray,
+                        ks: np.ndarray, const_one: bool, out: np.ndarray) -> None:  # pragma: no cover
+    """:func:`_select_kernel` where element e reads the thermometer of row idx[e] (``therm``
+    planes are over rows, not elements): out (zeroed (2 nb - 1, words(n))) gets, per element
+    and block, the two entries its b selects - no expansion of every row to every element."""
+    nb = offs.size
+    one = np.uint64(1)
+    for e in range(b.size):
+        r = idx[e]
+        rw, rb = r >> 6, np.uint64(r & 63)
+        w, sh = e >> 6, np.uint64(e & 63)
+        base = 0
+        for j in range(nb):
+            k = ks[j]
+            size = 1 << k
+            v = (b[e] >> np.uint64(offs[j])) & np.uint64(size - 1)
+            gi = size - np.int64(v)
+            g = (therm[base + gi - 1, rw] >> rb) & one if gi < size else np.uint64(0)
+            pi = gi - 1
+            if pi == 0:
+                t = one if const_one else np.uint64(0)
+            else:
+                t = (therm[base + pi - 1, rw] >> rb) & one
+            out[j, w] |= g << sh
+            if j > 0:
+                out[nb + j - 1, w] |= (t ^ g) << sh
+            base += size - 1
+
+
 def _carry_kernel(delta: np.ndarray, alpha: np.ndarray, dealt: np.ndarray, last: np.ndarray,
                   rest: np.ndarray, kind: np.ndarray, idx: np.ndarray, first: bool,
                   out: np.ndarray) -> None:  # pragma: no cover
@@ -150,7 +179,8 @@ def _products_kernel(alpha: np.ndarray, members: np.ndarray,
 @functools.cache
 def _kernels() -> tuple[tuple[Callable[..., None], ...], ...]:
     return (ring.jit_pair(_thermo_kernel), ring.jit_pair(_select_kernel),
-            ring.jit_pair(_carry_kernel), ring.jit_pair(_products_kernel))
+            ring.jit_pair(_carry_kernel), ring.jit_pair(_products_kernel),
+            ring.jit_pair(_select_rows_kernel))
 
 
 def _kernel(i: int, n: int) -> Callable[..., None]:
@@ -187,6 +217,16 @@ def and_products(alpha: np.ndarray, members: np.ndarray) -> np.ndarray:
     """(len(members), words) planes: the AND of the alpha rows listed in each members row."""
     out = np.empty((members.shape[0], alpha.shape[1]), dtype=np.uint64)
     _kernel(3, out.size)(np.ascontiguousarray(alpha), members, out)
+    return out
+
+
+def select_rows(therm: np.ndarray, idx: np.ndarray, b: np.ndarray, blocks,
+                const_one: bool) -> np.ndarray:
+    """:func:`select_planes` from thermometer planes over rows: element e uses row idx[e]."""
+    offs, ks = _block_arrays(blocks)
+    out = np.zeros((2 * offs.size - 1, -(-b.size // 64)), dtype=np.uint64)
+    _kernel(4, b.size)(np.ascontiguousarray(therm), np.ascontiguousarray(idx, dtype=np.int64),
+                       np.ascontiguousarray(b), offs, ks, bool(const_one), out)
     return out
 
 

@@ -43,7 +43,7 @@ from ..party import Party
 from ..shares import AShare, grouped_words, words
 from .base import Cost, Round, group_bounds, packed_bytes
 from .bitplanes import (MaskedBits, and_products, bits_to_planes_group, carry_share, run_span,
-                        select_planes, thermometer_planes)
+                        select_planes, select_rows, thermometer_planes)
 from .boolean import pack_planes, random_planes, unpack_planes
 
 MAX_BLOCKS = 7
@@ -146,6 +146,14 @@ def _expand(planes: np.ndarray, nrows: int, idx: np.ndarray, n: int) -> np.ndarr
     return bits_to_planes_group(bits[:, idx], n)
 
 
+def _select(therm: np.ndarray, nrows: int, idx: np.ndarray, b: np.ndarray, blocks,
+            const_one: bool) -> np.ndarray:
+    """The leaves of every element from a share of its row's thermometer code."""
+    if nrows == b.size:                            # one threshold per row: rows = elements
+        return select_planes(therm, b, blocks, const_one)
+    return select_rows(therm, idx, b, blocks, const_one)
+
+
 def compare_public_masked(p: Party, x: AShare, thresholds: np.ndarray,
                           win: tuple[int, int]) -> MaskedBits:
     """``[x_i >= t_j]`` for x of shape (rows,) and public ring thresholds t (k,), as
@@ -191,7 +199,7 @@ def compare_public_masked(p: Party, x: AShare, thresholds: np.ndarray,
         if s["role"] == 1:
             rho = random_planes(p, "prev", nrows_t, words(nrows), f"rho{g}")
             r = random_planes(p, "prev", nmask + ndeal + 1, w, f"al1{g}")
-            s["leaves"] = select_planes(_expand(rho, nrows, idx, ng), b, blocks, False)
+            s["leaves"] = _select(rho, nrows, idx, b, blocks, False)
             s["alpha"], s["dealt"], s["lam"] = r[:nmask], r[nmask:nmask + ndeal], r[-1]
             s["half"] = s["leaves"][masked] ^ s["alpha"]
             r1.send(NEXT, pack_planes(s["half"], ng))                      # to role 2
@@ -207,8 +215,8 @@ def compare_public_masked(p: Party, x: AShare, thresholds: np.ndarray,
         g, ng = s["g"], s["n"]
         if s["role"] == 2:
             therm, deal = got[(NEXT, g)]
-            s["leaves"] = select_planes(_expand(unpack_planes(therm, s["nrows"]), s["nrows"],
-                                                s["idx"], ng), s["b"], blocks, True)
+            s["leaves"] = _select(unpack_planes(therm, s["nrows"]), s["nrows"], s["idx"],
+                                  s["b"], blocks, True)
             s["dealt"] = unpack_planes(deal, ng)
             s["half"] = s["leaves"][masked] ^ s["alpha"]
             s["delta"] = s["half"] ^ unpack_planes(got[(PREV, g)][0], ng)
