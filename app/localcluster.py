@@ -99,17 +99,23 @@ def exit_with_parent(pid: int | None, poll_s: float = 1.0) -> None:
     if pid is None:
         return
     import threading
+    child = os.getppid() == pid      # then a change of parent is the race-free sign
+
+    def gone() -> bool:
+        if child:                    # (a dead launcher's pid may be reused before we look)
+            return os.getppid() != pid
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            pass
+        return False
 
     def watch() -> None:
-        while True:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                os.kill(os.getpid(), signal.SIGTERM)
-                return
-            except PermissionError:
-                pass
+        while not gone():
             time.sleep(poll_s)
+        os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, daemon=True, name="mpc3-exit-with-parent").start()
 
