@@ -31,7 +31,7 @@ import numpy as np
 from mpc3.kernels import arith
 from mpc3.kernels.base import Cost
 from mpc3.party import Party
-from mpc3.shares import AShare
+from mpc3.shares import AShare, SplitShare
 
 from . import attention as A
 from . import model as M
@@ -230,11 +230,11 @@ class _Split:
     a ReLU FFN's hidden layer - as ONE SplitShare of their flattened values (arith
     .mul_split_aa, biases added: 8 bytes per element less than replicated outputs)."""
 
-    z: object
+    z: SplitShare
     names: list[str]
     shapes: list[tuple]
 
-    def relu(self, p: Party) -> dict[str, AShare]:
+    def relu_outputs(self, p: Party) -> dict[str, AShare]:
         return dict(zip(self.names, A.relu_split(p, self.z, self.shapes)))
 
 
@@ -407,7 +407,7 @@ def decoder_step(p: Party, cfg: M.ModelConfig, shares: dict, state: DecodeState,
                 sp = got[RELU]
                 return ffn_hidden(p, wf, sp.z.reshape(*sp.shapes[0]), cfg.ffn_act)
             if featured:
-                got = {**got, **got[RELU].relu(p)}
+                got = {**got, **got[RELU].relu_outputs(p)}
             if kind == "self":
                 qkv = [split_heads(got[w], cfg.n_heads) for w in names["self"]]
                 return _self_step(p, cfg, ws, *qkv, st, featured)

@@ -33,7 +33,7 @@ KERNELS = ((arith, "mul_aa"), (arith, "matmul_aa"), (arith, "mul_many_aa"),
            (fxp, "reciprocal_a"), (fxp, "exp_a"))
 PARALLEL_USERS = (fxp, mpc3_parallel, mha, cross)
 HELPERS = {"mul_many", "scale_public", "scale_rows", "relu_many", "relu_products", "wrapped",
-           "activation", "<lambda>", "relu_split", "relu"}
+           "activation", "<lambda>", "relu_split", "relu_outputs"}
 SUBLAYER = {"mha": "attn", "ffn": "ffn", "ffn_hidden": "ffn", "_self_step": "self",
             "_cross_step": "cross"}
 

@@ -155,8 +155,13 @@ def test_messages_are_fresh(rng):
 def test_select_rows_equals_select_on_expanded_rows(rng):
     """The row-indexed leaf selection equals select_planes on every row copied to each of its
     elements (the layout the protocol used before)."""
-    from mpc3.kernels.bitplanes import select_planes, select_rows, thermometer_planes
+    from mpc3.kernels.bitplanes import (bits_to_planes_group, select_planes, select_rows,
+                                        thermometer_planes)
     from mpc3.shares import words
+
+    def expand(planes, nrows, idx, n):            # every row copied to each of its elements
+        bits = np.unpackbits(planes.view(np.uint8), axis=1, bitorder="little")[:, :nrows]
+        return bits_to_planes_group(bits[:, idx], n)
     for rows, k, nlow in ((5, 7, 35), (3, 113, 27), (1, 448, 35)):
         blocks = T.blocks_for(nlow, rows, k)
         a = rng.integers(0, 1 << nlow, rows, dtype=np.uint64)
@@ -164,5 +169,5 @@ def test_select_rows_equals_select_on_expanded_rows(rng):
         idx = np.repeat(np.arange(rows), k)
         b = rng.integers(0, 1 << nlow, rows * k, dtype=np.uint64)
         for one in (False, True):
-            want = select_planes(T._expand(therm, rows, idx, rows * k), b, blocks, one)
+            want = select_planes(expand(therm, rows, idx, rows * k), b, blocks, one)
             assert (select_rows(therm, idx, b, blocks, one) == want).all()

@@ -200,7 +200,7 @@ def _shared_breaks(n: int, nt: int, cfg: RingConfig) -> bool:
     convert.drelu_masked on the n * nt differences: on few elements, or when it sends fewer
     bytes (4 or more breaks)."""
     win = convert.window_for(cfg)
-    return n * nt <= convert.ROUND_LEAN_ELEMENTS or \
+    return convert.dealt_carry(n * nt) or \
         thresholds.cost_compare_public(n, nt, *win).bytes_total <= \
         convert.cost_drelu(n * nt, *win, fused=True).bytes_total
 

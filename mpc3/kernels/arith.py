@@ -248,8 +248,8 @@ def mul_split_aa(p: Party, items: list[tuple], trunc: bool | int = True,
     :func:`cost_mul_split`."""
     p.new_op()
 
-    zs, zr = ([_item_product(*it[:3], it[3] if len(it) > 3 else None) for it in group]
-              for group in (items, replicated or []))
+    zs = [_item_product(*it[:3], it[3] if len(it) > 3 else None) for it in items]
+    zr = [_item_product(*it[:3], None) for it in replicated or []]
     z = np.concatenate([v for _, _, v in zs + zr])
     n_split = sum(v.size for _, _, v in zs)
     bits = p.cfg.frac if trunc is True else int(trunc)
@@ -257,11 +257,10 @@ def mul_split_aa(p: Party, items: list[tuple], trunc: bool | int = True,
                        split=True, segments=_segments(n_split, z.size - n_split))
     if replicated is None:
         return out
-    res, pos = [], n_split
-    for full, _, v in zr:                          # (no keep masks among replicated items)
-        res.append(AShare(out.a[pos:pos + v.size], out.b[pos:pos + v.size]).reshape(full.shape))
-        pos += v.size
-    return SplitShare(out.a[:n_split], out.b[:n_split]), res
+    cut = np.cumsum([n_split] + [v.size for _, _, v in zr])
+    return SplitShare(out.a[:n_split], out.b[:n_split]), [
+        AShare(out.a[i:j], out.b[i:j]).reshape(full.shape)
+        for (full, _, _), i, j in zip(zr, cut, cut[1:])]
 
 
 @functools.lru_cache(maxsize=256)
@@ -327,6 +326,7 @@ def cost_trunc_shifts(shifts, mode: str, from_rss: bool, split: bool = False,
     return Cost(2 if mode == "exact" else 1, tuple(per))
 
 
+@functools.lru_cache(maxsize=4096)
 def _default_segments(n: int, split: bool):
     return tuple((sl, g, split) for g, sl in enumerate(group_bounds(n)))
 

@@ -16,7 +16,9 @@ the role groups (role 0 knows ``A = x_g + x_{g+1}``, roles 1 and 2 know ``B = x_
    Cost: 7 bits per block from role 0 plus 2 bits per leaf value, instead of the ~21 bits of
    AND gates a bitwise adder spends per 3 bits.
 3. Tree. ``(G, P) o (G', P') = (G ^ P&G', P&P')`` over the blocks, all nodes of a level in one
-   round; the lowest node never needs P. Depth ceil(log2(#blocks)).
+   round; the lowest node never needs P. Depth ceil(log2(#blocks)). A masked DReLU on few
+   elements (:func:`dealt_carry`) instead takes :mod:`mpc3.kernels.thresholds` (leaves and
+   the whole carry in 2 rounds, role 0 dealing the carry's mask products).
 4. Fused injection (relu_a, select_ab, mul_ab): with the bit as ``d = u ^ beta`` (u known to
    role 0, beta to the pair), ``d*x = u*A + beta*V + u*(s*B) + beta*B`` where
    ``V = (1-2u) A`` and ``s = 1-2 beta``. Role 0 sends V and u masked to role 1 and u*A masked
@@ -46,10 +48,11 @@ from .boolean import (and_bb, and_local, cost_and_bb, pack_planes, random_planes
                       random_planes_many, unpack_planes)
 
 BLOCK = 3
-#: Calls on at most this many elements (a decode step's features, FFN and LayerNorm
-#: comparisons) take the leaf block width in 3..MAX_BLOCK that needs the fewest tree levels
-#: (then the fewest thermometer rows): one round less for a few more bits per element;
-#: larger calls (whole sequences) keep BLOCK, the fewest bytes. :func:`leaf_blocks`.
+#: Calls on at most this many elements (a decode step) trade bytes for rounds: a masked
+#: DReLU (relu_a, drelu_masked) takes the two-round comparison of mpc3.kernels.thresholds
+#: (:func:`dealt_carry`), drelu_a the leaf block width in 3..MAX_BLOCK with the fewest tree
+#: levels (:func:`leaf_blocks`); larger calls (whole sequences) keep the tree over BLOCK-bit
+#: blocks, the fewest bytes.
 ROUND_LEAN_ELEMENTS = 1 << 14
 MAX_BLOCK = 5
 
@@ -235,7 +238,7 @@ def _carry(p: Party, leaves: BShare, nb: int, fused: bool):
 def _drelu_bits(p: Party, x: AShare, exact: bool, fused: bool, win=None):
     L, m = win or window(p, exact)
     flat = AShare(x.a.reshape(-1), x.b.reshape(-1))
-    if fused and _dealt_carry(flat.size):      # few elements: 2 rounds instead of 4
+    if fused and dealt_carry(flat.size):       # few elements: 2 rounds instead of 4
         zero = np.zeros(1, dtype=np.uint64)
         return thresholds.compare_public_masked(p, flat, zero, (L, m)).planes, flat
     leaves, nb = _leaves(p, flat, L, m)
@@ -473,18 +476,16 @@ def _leaf_cost(n: int, L: int, m: int) -> tuple[Cost, int]:
     return Cost.by_role(2, n, role_bytes), nb
 
 
-def _dealt_carry(n: int) -> bool:
-    """Whether a masked (fused) DReLU on ``n`` elements takes the two-round comparison of
-    :mod:`mpc3.kernels.thresholds` (against the threshold 0): for at most
-    ROUND_LEAN_ELEMENTS elements (a decode step), where rounds matter more than its ~12
-    more bytes per element than the tree."""
+def dealt_carry(n: int) -> bool:
+    """Whether a masked DReLU on ``n`` elements takes thresholds' two-round comparison with 0
+    (at most ROUND_LEAN_ELEMENTS: ~12 B per element more than the tree, 2 rounds less)."""
     return n <= ROUND_LEAN_ELEMENTS
 
 
 def cost_drelu(n: int, L: int, m: int, fused: bool = False) -> Cost:
     """Leaves (2 rounds) + one round per tree level (the last one free when fused); fused
-    on few elements (:func:`_dealt_carry`): thresholds.cost_compare_public (2 rounds)."""
-    if fused and _dealt_carry(n):
+    on few elements (:func:`dealt_carry`): thresholds.cost_compare_public (2 rounds)."""
+    if fused and dealt_carry(n):
         return thresholds.cost_compare_public(n, 1, L, m)
     cost, nb = _leaf_cost(n, L, m)
     levels = _ands_per_level(nb)

@@ -136,14 +136,9 @@ def blocks_for(nlow: int, rows: int, k: int) -> tuple[tuple[int, int], ...]:
 
 
 # ---------------------------------------------------------------------- protocol ------
-def _expand(planes: np.ndarray, nrows: int, idx: np.ndarray, n: int) -> np.ndarray:
-    """Row planes (P, words(nrows)) -> element planes (P, words(n)): element e gets row idx[e]
-    (one threshold per row: the planes already are per element)."""
-    if nrows == n:
-        return planes
-    bits = np.unpackbits(np.ascontiguousarray(planes).view(np.uint8), axis=1,
-                         bitorder="little")[:, :nrows]
-    return bits_to_planes_group(bits[:, idx], n)
+def _top_plane(v: np.ndarray, top: np.uint64, n: int) -> np.ndarray:
+    """The (words(n),) plane of bit ``top`` of n window values."""
+    return bits_to_planes_group(((v >> top) & np.uint64(1)).astype(np.uint8)[None], n)[0]
 
 
 def _select(therm: np.ndarray, nrows: int, idx: np.ndarray, b: np.ndarray, blocks,
@@ -170,7 +165,7 @@ def compare_public_masked(p: Party, x: AShare, thresholds: np.ndarray,
     masked, dealt = list(plan[0]), plan[2]
     nmask, ndeal = len(masked), len(dealt)
     nrows_t = sum((1 << w) - 1 for _, w in blocks)
-    mask = np.uint64((1 << m) - 1 if m < 64 else (1 << 64) - 1)
+    mask = np.uint64((1 << m) - 1)
     lsh, sL, top = np.uint64(L), np.uint64(1 << L if L > 0 else 0), np.uint64(m - 1)
     p.new_op()
     r1, st = Round(p), []
@@ -183,19 +178,18 @@ def compare_public_masked(p: Party, x: AShare, thresholds: np.ndarray,
         st.append(s)
         if s["role"] == 0:
             a = ((xa[rsl] + xb[rsl]) >> lsh) & mask
-            planes = thermometer_planes(a, blocks, m - 1, words(nrows))
+            planes = thermometer_planes(a, blocks, m - 1, words(nrows))[:-1]   # without a_top
             rho = random_planes(p, "next", nrows_t, words(nrows), f"rho{g}")
             r_next = random_planes(p, "next", nmask + ndeal + 1, w, f"al1{g}")
             r_prev = random_planes(p, "prev", nmask + 1, w, f"al2{g}")
             prods = and_products(r_next[:nmask] ^ r_prev[:nmask], _plan_arrays(len(blocks))[1])
-            s["e"] = _expand(planes[-1:], nrows, idx, ng) ^ r_next[-1:] ^ r_prev[-1:]
-            r1.send(PREV, pack_planes(planes[:-1] ^ rho, nrows),           # to role 2
+            s["e"] = _top_plane(a[idx], top, ng) ^ r_next[-1] ^ r_prev[-1]
+            r1.send(PREV, pack_planes(planes ^ rho, nrows),                # to role 2
                     pack_planes(prods ^ r_next[nmask:nmask + ndeal], ng))
             continue
         B = (xb if s["role"] == 1 else xa)[rsl][idx] - t[np.arange(sl.start, sl.stop) % k]
         b = ((B + sL) >> lsh) & mask
-        s["btop"] = bits_to_planes_group(((b >> top) & np.uint64(1)).astype(np.uint8)[None],
-                                         ng)[0]
+        s["btop"] = _top_plane(b, top, ng)
         if s["role"] == 1:
             rho = random_planes(p, "prev", nrows_t, words(nrows), f"rho{g}")
             r = random_planes(p, "prev", nmask + ndeal + 1, w, f"al1{g}")
@@ -231,7 +225,7 @@ def compare_public_masked(p: Party, x: AShare, thresholds: np.ndarray,
         ws = slice(start, start + words(s["n"]))
         start = ws.stop
         if s["role"] == 0:
-            out[:, ws] = s["e"]
+            out[0, ws] = s["e"]
             continue
         if s["role"] == 1:
             s["delta"] = s["half"] ^ unpack_planes(got2[(NEXT, s["g"])][0], s["n"])
