@@ -106,6 +106,25 @@ class SplitShare:
         return SplitShare(self.a + other.a, self.b + other.b)
 
 
+class SignedSplit(SplitShare):
+    """A :class:`SplitShare` whose DReLU was taken in the products' own rounds
+    (:func:`mpc3.kernels.arith.mul_split_aa` on few elements): ``bits`` are the masked sign
+    bits (``mpc3.kernels.bitplanes.MaskedBits``) of the flat values, biases included, so
+    :func:`mpc3.kernels.convert.relu_a` only injects. Reshaping keeps the bits; adding
+    anything would make them stale and is refused (pass biases to mul_split_aa)."""
+
+    def __init__(self, a: np.ndarray, b: np.ndarray, bits) -> None:
+        super().__init__(a, b)
+        self.bits = bits
+
+    def reshape(self, *shape) -> "SignedSplit":
+        return SignedSplit(self.a.reshape(*shape), self.b.reshape(*shape), self.bits)
+
+    def __add__(self, other):
+        raise TypeError("SignedSplit + ...: its sign bits were taken before the addition; "
+                        "pass biases to mul_split_aa")
+
+
 @dataclass
 class BShare:
     """Bit-sliced replicated boolean sharing of ``n`` elements with ``planes`` bits each.

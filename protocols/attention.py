@@ -95,24 +95,14 @@ def relu_products(p: Party, items: list[tuple], trunc) -> list[AShare]:
     (arith.mul_split_aa: 8 bytes per element less than products then :func:`relu_many`).
     Cost: :func:`cost_relu_products`."""
     shapes = [(*x.shape[:-1], w.shape[-1]) for x, w, _ in items]
-    z = arith.mul_split_aa(p, [(x, w, "matmul") for x, w, _ in items], trunc=trunc)
-    return relu_split(p, add_biases(z, shapes, [b for _, _, b in items]), shapes)
-
-
-def add_biases(z, shapes, biases):
-    """Flat products ``z`` (AShare or SplitShare, the items of ``shapes`` concatenated) plus
-    per-item biases (replicated, broadcast over the item's shape; None = no bias). Local."""
-    if all(b is None for b in biases):
-        return z
-    zero = np.zeros(1, np.uint64)
-    return z + AShare.concat([AShare(np.broadcast_to(zero if b is None else b.a, s).reshape(-1),
-                                     np.broadcast_to(zero if b is None else b.b, s).reshape(-1))
-                              for b, s in zip(biases, shapes)])
+    z = arith.mul_split_aa(p, [(x, w, "matmul") for x, w, _ in items], trunc=trunc,
+                           biases=[b for _, _, b in items])
+    return relu_split(p, z, shapes)
 
 
 def relu_split(p: Party, z, shapes) -> list[AShare]:
-    """ReLU of the flat products ``z`` (a SplitShare from arith.mul_split_aa, biases added)
-    in one relu_a call, cut into arrays of ``shapes``. Cost: convert.cost_relu."""
+    """ReLU of the flat products ``z`` (arith.mul_split_aa's split share, biases included)
+    in one relu_a call, cut into arrays of ``shapes``. Cost: convert.cost_relu_split."""
     from mpc3.kernels import convert
     out, res, pos = convert.relu_a(p, z), [], 0
     for s in shapes:
@@ -124,8 +114,7 @@ def relu_split(p: Party, z, shapes) -> list[AShare]:
 
 def cost_relu_products(p_cfg, n: int, trunc) -> Cost:
     from mpc3.kernels import convert
-    return (arith.cost_mul_split(n, trunc, p_cfg.frac, p_cfg.trunc)
-            + convert.cost_relu(n, *convert.window_for(p_cfg)))
+    return arith.cost_mul_split(p_cfg, n, trunc) + convert.cost_relu_split(p_cfg, n, trunc)
 
 
 # --------------------------------------------------------- unmasked (Alg. 1, Eq. 12) ----

@@ -296,8 +296,8 @@ def cost_sigma_attention(cfg: RingConfig, B: int, h: int, Sq: int, Sk: int, dh: 
     kept = B * h * (Sq * (Sq + 1) // 2 if masked else Sq * Sk)
     L = _sigma_length(length, Sq, Sk, masked, sigma)
     if isinstance(sigma, str):
-        cost = (arith.cost_mul_split(kept, f + SCORE_EXTRA, f, mode)
-                + convert.cost_relu(kept, *convert.window_for(cfg)))
+        cost = (arith.cost_mul_split(cfg, kept, f + SCORE_EXTRA)
+                + convert.cost_relu_split(cfg, kept, f + SCORE_EXTRA))
         b = _mantissa(1.0 / L)[1]
         if np.ndim(L):
             b = np.broadcast_to(b[:, None], (B, h, Sq, dh)).reshape(-1)

@@ -22,7 +22,10 @@ Categories (:data:`CATEGORIES`):
   (:func:`protocols.mha.project_features` and the cross attention's
   :func:`protocols.cross.cross_precompute` run them in the rounds of the feature ReLU, one
   region: concurrent branches cannot be told apart in one party's counters);
-* ``ffn_act`` - the FFN's activation (ReLU, GELU);
+* ``ffn_act`` - the FFN's activation (ReLU, GELU); a ReLU's comparison with 0 taken in the
+  rounds of the product that feeds it (:func:`mpc3.kernels.arith.mul_split_aa`, few
+  elements) is that product's, so it counts where the product does (``matmul``, or
+  ``norm`` for a LayerNorm's projection) - the same for the Performer's features;
 * ``norm`` - LayerNorm, all of it (its products and inverse square root; a decode step's
   fused LayerNorm projection :func:`protocols.layernorm.layernorm_project` included);
 * ``other`` - the classifier's pooler tanh and arg-max, and the time of local work between

@@ -262,11 +262,10 @@ def _project(p: Party, cfg: M.ModelConfig, shares: dict, y: AShare, names: list[
     if len(bits) != 1:
         raise ValueError(f"projections {names} truncate differently: not one call")
     z, out = arith.mul_split_aa(p, [(y, shares[w], "matmul") for w in split], trunc=bits.pop(),
-                                replicated=[(y, shares[w], "matmul") for w in plain])
+                                replicated=[(y, shares[w], "matmul") for w in plain],
+                                biases=[_bias_of(shares, w) for w in split])
     got = {w: _plus_bias(shares, w, o) for w, o in zip(plain, out)}
-    shapes = [(*y.shape[:-1], shares[w].shape[-1]) for w in split]
-    got[RELU] = _Split(A.add_biases(z, shapes, [_bias_of(shares, w) for w in split]), split,
-                       shapes)
+    got[RELU] = _Split(z, split, [(*y.shape[:-1], shares[w].shape[-1]) for w in split])
     return got
 
 
@@ -277,8 +276,7 @@ def _cost_project(p_cfg, cfg: M.ModelConfig, B: int, names: list[str], folded: b
     if not split:
         return arith.cost_mul_many(np.concatenate([np.full(widths[w], _proj_bits(p_cfg, w))
                                                    for w in names]), 0, p_cfg.trunc)
-    return arith.cost_mul_split(sum(widths[w] for w in split), _proj_bits(p_cfg, split[0]),
-                                p_cfg.frac, p_cfg.trunc,
+    return arith.cost_mul_split(p_cfg, sum(widths[w] for w in split), _proj_bits(p_cfg, split[0]),
                                 n_rep=sum(widths[w] for w in names if w not in split))
 
 
@@ -295,13 +293,12 @@ def _ln_proj(p, cfg, shares, state, ln: str, x, want_y: bool, names: list[str]):
     split = _split_names(cfg, shares, names)
     y, outs, z = layernorm_project(p, x, shares[f"{ln}.gamma"], shares[f"{ln}.beta"],
                                    cfg.ln_eps, [(shares[w], _proj_bits(p.cfg, w)) for w in names],
-                                   want_y, split=[names.index(w) for w in split])
+                                   want_y, split=[names.index(w) for w in split],
+                                   split_biases=[state.ln_bias[(ln, w)] for w in split])
     got = {w: o + _bcast_row(state.ln_bias[(ln, w)], o.shape)
            for w, o in zip(names, outs) if o is not None}
     if split:
-        shapes = [(*x.shape[:-1], shares[w].shape[-1]) for w in split]
-        got[RELU] = _Split(A.add_biases(z, shapes, [state.ln_bias[(ln, w)] for w in split]),
-                           split, shapes)
+        got[RELU] = _Split(z, split, [(*x.shape[:-1], shares[w].shape[-1]) for w in split])
     return y, got
 
 
@@ -442,7 +439,7 @@ def cost_decoder_step(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int | No
     (the source positions the cross attention reads; required then)."""
     d, L = cfg.d_model, cfg.n_dec_layers
     core = {**_cost_attention_cores(p_cfg, cfg, B, t, block, folded, n_enc),
-            "ffn": cost_ffn_hidden(p_cfg, B, d, cfg.d_ff, cfg.ffn_act)}
+            "ffn": cost_ffn_hidden(p_cfg, B, d, cfg.d_ff, cfg.ffn_act, split=True)}
     post = not cfg.norm_first
     total = _cost_project(p_cfg, cfg, B, _names(0)["self"], folded) if post and L else \
         Cost(0, (0, 0, 0))

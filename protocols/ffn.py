@@ -16,14 +16,13 @@ import numpy as np
 
 from mpc3.kernels import arith
 from mpc3.party import Party
-from mpc3.shares import AShare, SplitShare
+from mpc3.shares import AShare
 
 
-def _add(x: AShare | SplitShare, b: AShare):
-    """x + b with b broadcast over the leading dimensions (local; a SplitShare stays one)."""
-    out = type(x)
-    return out(x.a + b.a, x.b + b.b) if x.shape == b.shape else \
-        out(x.a + np.broadcast_to(b.a, x.shape), x.b + np.broadcast_to(b.b, x.shape))
+def _add(x: AShare, b: AShare) -> AShare:
+    """x + b with b broadcast over the leading dimensions (local)."""
+    return AShare(x.a + b.a, x.b + b.b) if x.shape == b.shape else \
+        AShare(x.a + np.broadcast_to(b.a, x.shape), x.b + np.broadcast_to(b.b, x.shape))
 
 
 def activation(p: Party, h: AShare, act: str) -> AShare:
@@ -44,8 +43,8 @@ def ffn(p: Party, w: dict, x: AShare, act: str = "relu") -> AShare:
     if x.shape[-1] != w["w1"].shape[0]:
         raise ValueError(f"ffn: input width {x.shape[-1]} != d_model {w['w1'].shape[0]}")
     if act == "relu" and "w2" in w:            # ReLU reads the product's split form
-        z = arith.mul_split_aa(p, [(x, w["w1"], "matmul")])
-        return ffn_hidden(p, w, _add(z.reshape(*x.shape[:-1], w["w1"].shape[1]), w["b1"]), act)
+        z = arith.mul_split_aa(p, [(x, w["w1"], "matmul")], biases=[w["b1"]])
+        return ffn_hidden(p, w, z.reshape(*x.shape[:-1], w["w1"].shape[1]), act)
     return ffn_hidden(p, w, _add(arith.matmul_aa(p, x, w["w1"]), w["b1"]), act)
 
 
@@ -60,10 +59,14 @@ def ffn_hidden(p: Party, w: dict, hid: AShare, act: str = "relu") -> AShare:
     return _add(arith.matmul_aa(p, activation(p, hid, act), w["w2"]), w["b2"])
 
 
-def cost_activation(p_cfg, n: int, act: str):
+def cost_activation(p_cfg, n: int, act: str, split: bool = False):
+    """:func:`activation` on ``n`` elements (``split``: ReLU of mul_split_aa's output, whose
+    sign may already be taken: convert.cost_relu_split)."""
     from mpc3.kernels import activations, convert
     from mpc3.kernels.base import Cost
     if act == "relu":
+        if split:
+            return convert.cost_relu_split(p_cfg, n, True)
         return convert.cost_relu(n, *convert.window_for(p_cfg))
     if act == "gelu":
         return activations.cost_gelu(n, p_cfg)
@@ -78,16 +81,18 @@ def cost_ffn(p_cfg, rows: int, d_model: int, d_ff: int, act: str = "relu",
     ``fused`` (default: act is none, as the share layout does) for shares without ``w2``."""
     linear = act == "none" if fused is None else fused
     width = d_model if linear else d_ff
-    first = arith.cost_mul_split if (act == "relu" and not linear) else arith.cost_mul
-    return (first(rows * width, True, p_cfg.frac, p_cfg.trunc)
+    if act == "relu" and not linear:
+        return (arith.cost_mul_split(p_cfg, rows * width, True)
+                + cost_ffn_hidden(p_cfg, rows, d_model, d_ff, act, fused, split=True))
+    return (arith.cost_mul(rows * width, True, p_cfg.frac, p_cfg.trunc)
             + cost_ffn_hidden(p_cfg, rows, d_model, d_ff, act, fused))
 
 
 def cost_ffn_hidden(p_cfg, rows: int, d_model: int, d_ff: int, act: str = "relu",
-                    fused: bool | None = None):
-    """:func:`ffn_hidden` on ``rows`` rows."""
+                    fused: bool | None = None, split: bool = False):
+    """:func:`ffn_hidden` on ``rows`` rows (``split``: ``hid`` is mul_split_aa's output)."""
     from mpc3.kernels.base import Cost
     if act == "none" if fused is None else fused:
         return Cost(0, (0, 0, 0))
-    return (cost_activation(p_cfg, rows * d_ff, act)
+    return (cost_activation(p_cfg, rows * d_ff, act, split)
             + arith.cost_mul(rows * d_model, True, p_cfg.frac, p_cfg.trunc))

@@ -79,13 +79,15 @@ def layernorm(p: Party, x: AShare, gamma: AShare, beta: AShare, eps: float) -> A
 
 
 def layernorm_project(p: Party, x: AShare, gamma: AShare, beta: AShare, eps: float,
-                      mats: list[tuple[AShare, int]], want_y: bool = True, split=()):
+                      mats: list[tuple[AShare, int]], want_y: bool = True, split=(),
+                      split_biases=None):
     """LayerNorm fused with the linear layer that reads its output: returns
     ``(y, outs, z)`` with ``y = LN(x)`` (None unless ``want_y``) and
     ``outs[i] = LN(x) W_i - beta W_i`` for i not in ``split``; the outputs of the mats in
-    ``split`` (indices, in order) feed only relu_a and come as one
-    :class:`~mpc3.shares.SplitShare` ``z`` of their flattened values (arith.mul_split_aa: 8
-    bytes per element less; ``outs[i]`` None), z None without ``split``.
+    ``split`` (indices, in order) feed only relu_a and come, plus ``split_biases`` (one per
+    split mat, broadcast over its rows, or None), as one split share ``z`` of their
+    flattened values (arith.mul_split_aa: 8 bytes per element less, and on few elements
+    their sign taken in the same rounds; ``outs[i]`` None), z None without ``split``.
 
     With xg = (x - mu) * gamma and rs = 1/sqrt(var + eps), LN(x) W = (xg W) rs + beta W: the
     products ``xg W_i`` (truncated by ``bits_i``, ``mats = [(W_i, bits_i)]``) run in the
@@ -108,7 +110,7 @@ def layernorm_project(p: Party, x: AShare, gamma: AShare, beta: AShare, eps: flo
     scaled = [(t, _bcast(rs, t.shape), "mul") for t in items]
     sitems = [(prods[i], _bcast(rs, prods[i].shape), "mul") for i in split]
     if sitems:                     # one call: the split products and the others, completed
-        z, out = arith.mul_split_aa(p, sitems, replicated=scaled)
+        z, out = arith.mul_split_aa(p, sitems, replicated=scaled, biases=split_biases)
     else:
         out, z = arith.mul_many_aa(p, [item + (True,) for item in scaled]), None
     y = out.pop(0) + _bcast(beta, x.shape) if want_y else None
@@ -148,7 +150,7 @@ def cost_layernorm_project(ring_cfg, rows: int, d: int, outs: list[tuple[int, in
     scaled = rows * (d * want_y + sum(n for i, (n, _) in enumerate(outs) if i not in split))
     last = arith.cost_mul(scaled, True, f, mode)
     if split:
-        last = arith.cost_mul_split(rows * sum(outs[i][0] for i in split), True, f, mode,
+        last = arith.cost_mul_split(ring_cfg, rows * sum(outs[i][0] for i in split), True,
                                     n_rep=scaled)
     return (_cost_stats(ring_cfg, rows, d)
             + Cost.parallel(fxp.cost_sqrt_inv(rows, "auto", f, mode), prods) + last)

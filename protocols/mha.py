@@ -140,11 +140,14 @@ def cost_project(p_cfg, n_out: int):
 
 
 def cost_features(p_cfg, n: int, folded: bool = True):
-    """:func:`features` on ``n`` feature elements (Q' and K' together): the Omega product
-    when unfolded, then one relu_a."""
+    """The ReLU features on ``n`` elements (Q' and K' together): unfolded (:func:`features`)
+    the Omega product and one relu_a; folded, the relu_a of the projections' split form (a
+    decode step's, made by its LayerNorm projection: convert.cost_relu_split)."""
     from mpc3.kernels import convert
-    relu = convert.cost_relu(n, *convert.window_for(p_cfg))
-    return relu if folded else arith.cost_mul(n, True, p_cfg.frac, p_cfg.trunc) + relu
+    if folded:
+        return convert.cost_relu_split(p_cfg, n, p_cfg.frac + PROJ_EXTRA)
+    return (arith.cost_mul(n, True, p_cfg.frac, p_cfg.trunc)
+            + convert.cost_relu(n, *convert.window_for(p_cfg)))
 
 
 def cost_finish(p_cfg, cfg: M.ModelConfig, rows: int, row_scale: bool = True):

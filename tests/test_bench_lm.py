@@ -77,7 +77,8 @@ def test_categories_hold_their_layers(ffn):
     r = _run("--arch", "decoder-only", "--attention", "softmax", "--ffn", ffn, "--tokens", "1")
     ring, d, T, dff = RingConfig(), 16, 8, 32
     ln = lambda rows: cost_layernorm(ring, rows, d).bytes_total          # noqa: E731
-    act = lambda rows: cost_activation(ring, rows * dff, ffn).bytes_total  # noqa: E731
+    act = lambda rows: cost_activation(ring, rows * dff, ffn,  # noqa: E731
+                                       split=ffn == "relu").bytes_total
     pre, step = r["prefill"]["breakdown"], r["steps"][0]["breakdown"]
     assert pre["norm"]["bytes_total"] == ln(T) + ln(T) + ln(T) + ln(1) + ln(1)
     assert pre["ffn_act"]["bytes_total"] == act(T) + act(1)

@@ -141,8 +141,8 @@ def test_mul_split_with_replicated_items(mode, rng):
                                atol=8 * ulp)
     np.testing.assert_allclose(value([o[1] for o in out]), x @ w2, atol=8 * ulp)
     np.testing.assert_allclose(value([o[2] for o in out]), y * v, atol=8 * ulp)
-    declared = arith.cost_mul_split(23, True, cfg.frac, mode, n_rep=12)
+    declared = arith.cost_mul_split(cfg, 23, True, n_rep=12)
     assert tuple(o[3].bytes_sent for o in out) == declared.bytes_per_party
     assert max(o[3].rounds for o in out) == declared.rounds
-    assert declared.bytes_total == arith.cost_mul_split(23, True, cfg.frac, mode).bytes_total \
+    assert declared.bytes_total == arith.cost_mul_split(cfg, 23, True).bytes_total \
         + arith.cost_mul(12, True, cfg.frac, mode).bytes_total

@@ -143,7 +143,8 @@ def test_products_in_split_form_feed_relu(mode, rng):
     ref = np.maximum(np.concatenate([(x @ w).ravel(), y * y]) + bias, 0)
 
     def split(p, X, W, Y, B):
-        return convert.relu_a(p, arith.mul_split_aa(p, [(X, W, "matmul"), (Y, Y, "mul")]) + B)
+        return convert.relu_a(p, arith.mul_split_aa(p, [(X, W, "matmul"), (Y, Y, "mul")],
+                                                    biases=[B[:150].reshape(5, 30), B[150:]]))
 
     def replicated(p, X, W, Y, B):
         z = arith.mul_many_aa(p, [(X, W, "matmul", True), (Y, Y, "mul", True)])
@@ -155,8 +156,7 @@ def test_products_in_split_form_feed_relu(mode, rng):
         got[name] = (value(run(fn, share(x), share(w), share(y), share(bias))), run)
         assert np.abs(got[name][0] - ref).max() < 2.0 ** -12 + 2.0 ** -16
     run = got["split"][1]
-    run.assert_cost(arith.cost_mul_split(157, True, cfg.frac, mode)
-                    + convert.cost_relu(157, *convert.window_for(cfg)))
+    run.assert_cost(arith.cost_mul_split(cfg, 157, True) + convert.cost_relu_split(cfg, 157, True))
     saved = sum(got["replicated"][1].bytes_per_party) - sum(run.bytes_per_party)
     assert saved == 8 * 157
 
@@ -166,3 +166,42 @@ def test_split_share_only_adds_replicated_shares():
     assert isinstance(s + AShare(np.ones(3, np.uint64), np.ones(3, np.uint64)), SplitShare)
     with pytest.raises(TypeError, match="only replicated shares"):
         s + s
+
+
+def test_split_products_take_their_sign_in_their_own_rounds(rng):
+    """On few elements mul_split_aa compares the untruncated products (+ biases) with 0 in
+    its two truncation rounds (the pair's sum from the first is the comparison's B), so
+    ReLU(x W + b) costs 4 rounds instead of 6 at the same bytes; the value is ReLU's. Past
+    ROUND_LEAN_ELEMENTS, or when the shifted window would leave the ring, the split share
+    comes back unsigned and relu_a compares (6 rounds)."""
+    from mpc3.shares import SignedSplit
+    x, w, b = rng.normal(size=(3, 16)), rng.normal(size=(16, 9)) * 0.3, rng.normal(size=9)
+    ref = np.maximum(x @ w + b, 0)
+    for trunc, signed in ((True, True), (40, False)):   # x at 40 bits: window 6 + 40 + 28
+        run = Run()
+
+        def fn(p, X, W, B):
+            z = arith.mul_split_aa(p, [(X, W, "matmul")], trunc=trunc, biases=[B])
+            assert isinstance(z, SignedSplit) == signed
+            mid = p.stats.rounds
+            return convert.relu_a(p, z.reshape(3, 9)), mid
+        out = run(fn, share(x, 18 if signed else 40), share(w), share(b))
+        np.testing.assert_allclose(value([o[0] for o in out]), ref, atol=2 ** -12)
+        run.assert_cost(arith.cost_mul_split(RingConfig(), 27, trunc)
+                        + convert.cost_relu_split(RingConfig(), 27, trunc))
+        assert run.rounds == (4 if signed else 6) and out[0][1] == 2
+    assert arith.split_sign_window(RingConfig(), convert.ROUND_LEAN_ELEMENTS + 1, True) is None
+    same = arith.cost_mul_split(RingConfig(), 27, True) + convert.cost_relu_split(
+        RingConfig(), 27, True)
+    apart = arith.cost_trunc_shifts(np.full(27, ring.DEFAULT_FRAC), "exact", from_rss=False,
+                                    split=True) + convert.cost_relu(27, *convert.window_for(
+                                        RingConfig()))
+    assert same.bytes_per_party == apart.bytes_per_party and same.rounds == apart.rounds - 2
+
+
+def test_signed_split_refuses_additions_and_keeps_its_bits_when_reshaped():
+    from mpc3.shares import SignedSplit
+    s = SignedSplit(np.zeros(6, np.uint64), np.zeros(6, np.uint64), bits="b")
+    assert s.reshape(2, 3).bits == "b" and s.reshape(2, 3).shape == (2, 3)
+    with pytest.raises(TypeError, match="pass biases to mul_split_aa"):
+        s + AShare(np.ones(6, np.uint64), np.ones(6, np.uint64))

@@ -89,7 +89,8 @@ def test_ffn_value_and_cost(run, rng):
     L, m = convert.window(run.parties[0])
     f, mode = run.cfg.frac, run.cfg.trunc
     # x W1 stops at the split form relu_a reads (mul_split_aa)
-    declared = (arith.cost_mul_split(2 * 7 * 40, True, f, mode) + convert.cost_relu(2 * 7 * 40, L, m)
+    declared = (arith.cost_mul_split(run.cfg, 2 * 7 * 40, True)
+                + convert.cost_relu_split(run.cfg, 2 * 7 * 40, True)
                 + arith.cost_mul(2 * 7 * 24, True, f, mode))
     run.assert_cost(declared)
 

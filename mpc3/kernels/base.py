@@ -16,7 +16,7 @@ from ..comm import NEXT, PREV
 from ..party import Party
 from ..shares import group_sizes
 
-__all__ = ["Cost", "group_bounds", "Round", "NEXT", "PREV"]
+__all__ = ["Cost", "group_bounds", "Round", "run_steps", "NEXT", "PREV"]
 
 
 @dataclass(frozen=True)
@@ -135,3 +135,46 @@ class Round:
                 raise ProtocolError(f"party {self.party.rank}: expected {pos} arrays from "
                                     f"{'next' if direction == NEXT else 'prev'}, got {len(got)}")
         return result
+
+
+def run_steps(p: Party, *steps):
+    """Run kernels written as *steps* (generators that yield each :class:`Round` unrun and
+    are sent back its result) in lockstep: round k of every kernel still running goes out in
+    ONE exchange (their arrays in argument order, so sender and receiver agree), then the
+    kernels resume in argument order - a later kernel may read, in its next round, a value
+    an earlier one published after this round (a product's truncation hands the pair's sum
+    to a comparison of the same product). Returns the kernels' return values.
+
+    Each kernel draws its correlated randomness under its own kernel counter (allocated
+    here, restored at every resume), so equal PRG tags of two kernels never collide; a
+    kernel must not start nested kernel calls. Cost: the largest rounds, the sum of bytes
+    (:meth:`Cost.parallel`)."""
+    kops = [p.new_op() for _ in steps]
+    last, live, out = p.kop, {}, [None] * len(steps)
+
+    def resume(i, value):
+        p.kop = kops[i]
+        try:
+            live[i] = steps[i].send(value)
+        except StopIteration as stop:
+            live.pop(i, None)
+            out[i] = stop.value
+        if p.kop != kops[i]:
+            raise RuntimeError("a lockstep kernel started a nested kernel call")
+
+    for i in range(len(steps)):
+        resume(i, None)
+    while live:
+        merged = Round(p)
+        for i, r in sorted(live.items()):
+            for direction in (NEXT, PREV):
+                merged.out[direction].extend(r.out[direction])
+                merged.expect[direction].extend(((i, g), c) for g, c in r.expect[direction])
+        got = merged.run()
+        parts = {i: {} for i in live}
+        for (direction, (i, g)), arrays in got.items():
+            parts[i][(direction, g)] = arrays
+        for i in sorted(live):
+            resume(i, parts[i])
+    p.kop = last
+    return out

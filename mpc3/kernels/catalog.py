@@ -248,8 +248,8 @@ _ALL = [
            lambda x, y: x @ y, _matmul_inputs, _one_ulp,
            "every |sum_k x_ik y_kj| < arith.product_limit(frac) = 2^26", ("fxp", "fxp")),
     Kernel("matmul-relu", _matmul_relu,
-           lambda s, c: (arith.cost_mul_split(s[0][0] * s[1][1], True, c.frac, c.trunc)
-                         + convert.cost_relu(s[0][0] * s[1][1], *convert.window_for(c))),
+           lambda s, c: (arith.cost_mul_split(c, s[0][0] * s[1][1], True)
+                         + convert.cost_relu_split(c, s[0][0] * s[1][1], True)),
            lambda x, y: np.maximum(x @ y, 0), _matmul_relu_inputs, _matmul_relu_tolerance,
            "as matmul, and every |sum_k x_ik y_kj| < convert.relu_limit(cfg) = 2^14",
            ("fxp", "fxp")),

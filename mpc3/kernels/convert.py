@@ -37,23 +37,19 @@ import numpy as np
 from .. import ring
 from ..comm import NEXT, PREV
 from ..party import Party
-from ..shares import AShare, BShare, SplitShare, group_sizes, words
+from ..shares import AShare, BShare, SignedSplit, SplitShare, group_sizes, words
+from . import arith
 from .arith import public_share
 from . import fused
 from .base import Cost, Round, group_bounds, packed_bytes
 from . import thresholds
+from .thresholds import ROUND_LEAN_ELEMENTS, dealt_carry, window, window_for  # noqa: F401
 from .bitplanes import (MaskedBits, bits_to_planes_group, run_span, select_planes,
                         thermometer_planes)
 from .boolean import (and_bb, and_local, cost_and_bb, pack_planes, random_planes,
                       random_planes_many, unpack_planes)
 
 BLOCK = 3
-#: Calls on at most this many elements (a decode step) trade bytes for rounds: a masked
-#: DReLU (relu_a, drelu_masked) takes the two-round comparison of mpc3.kernels.thresholds
-#: (:func:`dealt_carry`), drelu_a the leaf block width in 3..MAX_BLOCK with the fewest tree
-#: levels (:func:`leaf_blocks`); larger calls (whole sequences) keep the tree over BLOCK-bit
-#: blocks, the fewest bytes.
-ROUND_LEAN_ELEMENTS = 1 << 14
 MAX_BLOCK = 5
 
 
@@ -67,19 +63,6 @@ def relu_limit(cfg) -> float:
 
 
 # ------------------------------------------------------------------------ layout ------
-def window(p: Party, exact: bool = False) -> tuple[int, int]:
-    """(L, m): low bits dropped and window width for DReLU inputs."""
-    return window_for(p.cfg, exact)
-
-
-def window_for(cfg, exact: bool = False) -> tuple[int, int]:
-    """:func:`window` of a RingConfig (for declared costs without a party)."""
-    if exact:
-        return 0, 64
-    L = cfg.relu_drop_bits
-    return L, cfg.frac + cfg.relu_bound_bits - L + 2
-
-
 @functools.cache
 def _blocks(nlow: int, k: int = BLOCK) -> tuple[tuple[int, int], ...]:
     return tuple((s, min(k, nlow - s)) for s in range(0, nlow, k))
@@ -401,16 +384,21 @@ def cost_inject(n: int, fused: bool, cols: int = 1, seg: int = 0) -> Cost:
 def relu_a(p: Party, x: AShare | SplitShare) -> AShare:
     """ReLU(x) = DReLU(x) * x with the injection fused onto the last AND layer. ``x`` may be
     a :class:`SplitShare` straight from mul_split_aa (the whole array: its element groups
-    are this call's): the comparison's leaves and the injection read only A and B.
+    are this call's): the comparison's leaves and the injection read only A and B; a
+    :class:`SignedSplit` already carries its sign bits, so only the injection runs.
 
     Inputs must satisfy |x| < 2^(frac + relu_bound_bits); output error < 2^relu_drop_bits
-    ulp, only for inputs in [-2^drop, 0). Cost: :func:`cost_relu`.
+    ulp, only for inputs in [-2^drop, 0). Cost: :func:`cost_relu` (:func:`cost_relu_split`
+    for mul_split_aa's output).
     """
     p.new_op()
+    sign = x.bits.planes if isinstance(x, SignedSplit) else None
     if isinstance(x, SplitShare):
         x = AShare(x.a, x.b)
-    e, flat = _drelu_bits(p, x, exact=False, fused=True)
-    return _inject(p, flat, e, from_masked=True).reshape(x.shape)
+    flat = AShare(x.a.reshape(-1), x.b.reshape(-1))
+    if sign is None:
+        sign, flat = _drelu_bits(p, x, exact=False, fused=True)
+    return _inject(p, flat, sign, from_masked=True).reshape(x.shape)
 
 
 def mul_ab(p: Party, bit: BShare, x: AShare) -> AShare:
@@ -476,12 +464,6 @@ def _leaf_cost(n: int, L: int, m: int) -> tuple[Cost, int]:
     return Cost.by_role(2, n, role_bytes), nb
 
 
-def dealt_carry(n: int) -> bool:
-    """Whether a masked DReLU on ``n`` elements takes thresholds' two-round comparison with 0
-    (at most ROUND_LEAN_ELEMENTS: ~12 B per element more than the tree, 2 rounds less)."""
-    return n <= ROUND_LEAN_ELEMENTS
-
-
 def cost_drelu(n: int, L: int, m: int, fused: bool = False) -> Cost:
     """Leaves (2 rounds) + one round per tree level (the last one free when fused); fused
     on few elements (:func:`dealt_carry`): thresholds.cost_compare_public (2 rounds)."""
@@ -497,3 +479,11 @@ def cost_drelu(n: int, L: int, m: int, fused: bool = False) -> Cost:
 
 def cost_relu(n: int, L: int, m: int) -> Cost:
     return cost_drelu(n, L, m, fused=True) + cost_inject(n, fused=True)
+
+
+def cost_relu_split(cfg, n: int, trunc: bool | int) -> Cost:
+    """relu_a of mul_split_aa's ``n`` outputs truncated by ``trunc`` (the injection alone
+    when the product took the sign: :func:`mpc3.kernels.arith.split_sign_window`)."""
+    if arith.split_sign_window(cfg, n, trunc) is not None:
+        return cost_inject(n, fused=True)
+    return cost_relu(n, *window_for(cfg))

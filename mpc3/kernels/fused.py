@@ -1,4 +1,5 @@
-"""Compiled element loops of the pair side of truncation (:func:`mpc3.kernels.arith._trunc_split`).
+"""Compiled element loops of the pair side of truncation
+(:func:`mpc3.kernels.truncation.trunc_steps`).
 
 Each replaces a chain of numpy expressions (one pass and one temporary array per operator) by
 one pass; shifts, offsets and masks are arrays of one element (every element alike) or of

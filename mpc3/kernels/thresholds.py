@@ -41,12 +41,46 @@ from .. import ring
 from ..comm import NEXT, PREV
 from ..party import Party
 from ..shares import AShare, grouped_words, words
-from .base import Cost, Round, group_bounds, packed_bytes
+from .base import Cost, Round, group_bounds, packed_bytes, run_steps
 from .bitplanes import (MaskedBits, and_products, bits_to_planes_group, carry_share, run_span,
                         select_planes, select_rows, thermometer_planes)
 from .boolean import pack_planes, random_planes, unpack_planes
 
 MAX_BLOCKS = 7
+#: Calls on at most this many elements (a decode step) trade bytes for rounds: a masked
+#: DReLU (relu_a, drelu_masked, a product's sign in mul_split_aa) takes this module's
+#: two-round comparison (:func:`dealt_carry`), convert.drelu_a the leaf block width with
+#: the fewest tree levels (convert.leaf_blocks); larger calls (whole sequences) keep the
+#: tree over 3-bit blocks, the fewest bytes.
+ROUND_LEAN_ELEMENTS = 1 << 14
+
+
+def dealt_carry(n: int) -> bool:
+    """Whether a masked DReLU on ``n`` elements takes thresholds' two-round comparison with 0
+    (at most ROUND_LEAN_ELEMENTS: ~12 B per element more than the tree, 2 rounds less)."""
+    return n <= ROUND_LEAN_ELEMENTS
+
+
+def window(p: Party, exact: bool = False) -> tuple[int, int]:
+    """(L, m): low bits dropped and window width for DReLU inputs."""
+    return window_for(p.cfg, exact)
+
+
+def window_for(cfg, exact: bool = False) -> tuple[int, int]:
+    """:func:`window` of a RingConfig (for declared costs without a party)."""
+    if exact:
+        return 0, 64
+    L = cfg.relu_drop_bits
+    return L, cfg.frac + cfg.relu_bound_bits - L + 2
+
+
+def sign_window(cfg, shift: int) -> tuple[int, int] | None:
+    """The DReLU window of a product read before its truncation by ``shift`` bits (the same
+    values at scale 2^shift higher), or None if it would reach past the ring."""
+    L, m = window_for(cfg)
+    return (L + shift, m) if L + shift + m <= 64 else None
+
+
 _ONES = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
@@ -149,12 +183,29 @@ def _select(therm: np.ndarray, nrows: int, idx: np.ndarray, b: np.ndarray, block
     return select_rows(therm, idx, b, blocks, const_one)
 
 
+def _role1_half(s: dict, blocks, masked) -> None:
+    """Role 1's leaves (from rho, its share of the thermometer) and its masked half."""
+    s["leaves"] = _select(s["rho"], s["nrows"], s["idx"], s["b"], blocks, False)
+    s["half"] = s["leaves"][masked] ^ s["alpha"]
+
+
 def compare_public_masked(p: Party, x: AShare, thresholds: np.ndarray,
                           win: tuple[int, int]) -> MaskedBits:
     """``[x_i >= t_j]`` for x of shape (rows,) and public ring thresholds t (k,), as
     MaskedBits over the rows * k elements in row-major order (for convert.mul_masked).
     ``win = (L, m)``: |x_i - t_j| < 2^(L+m-2) at the ring scale; error region [-2^L, 0).
     Cost: :func:`cost_compare_public`."""
+    return run_steps(p, compare_steps(p, x, thresholds, win))[0]
+
+
+def compare_steps(p: Party, x: AShare, thresholds: np.ndarray, win: tuple[int, int],
+                  pair_b: np.ndarray | None = None):
+    """:func:`compare_public_masked` as lockstep steps (:func:`base.run_steps`). With
+    ``pair_b`` the input is a split form whose pair part arrives late: role 0's ``A`` is
+    ``x.a + x.b`` as usual, the pair's ``B`` of row i is ``pair_b[i]``, read only in round 2
+    (another kernel of the same lockstep fills it after round 1: a product's truncation),
+    and role 1 sends its leaves' half in round 2 instead of round 1 - same rounds, same
+    bytes."""
     t = ring.check_ring(np.asarray(thresholds, dtype=np.uint64).reshape(-1), "thresholds")
     xa, xb = x.a.reshape(-1), x.b.reshape(-1)
     rows, k = xa.size, t.size
@@ -167,7 +218,16 @@ def compare_public_masked(p: Party, x: AShare, thresholds: np.ndarray,
     nrows_t = sum((1 << w) - 1 for _, w in blocks)
     mask = np.uint64((1 << m) - 1)
     lsh, sL, top = np.uint64(L), np.uint64(1 << L if L > 0 else 0), np.uint64(m - 1)
-    p.new_op()
+    late = pair_b is not None
+
+    def pair_leaves(s):
+        """A pair member's window values and top plane from its B (round 1, or 2 if late)."""
+        sl, rsl, idx = s["sl"], s["rsl"], s["idx"]
+        B = (pair_b if late else xb if s["role"] == 1 else xa)[rsl][idx] - \
+            t[np.arange(sl.start, sl.stop) % k]
+        s["b"] = ((B + sL) >> lsh) & mask
+        s["btop"] = _top_plane(s["b"], top, s["n"])
+
     r1, st = Round(p), []
     for g, sl in enumerate(group_bounds(n)):
         ng = sl.stop - sl.start
@@ -187,37 +247,47 @@ def compare_public_masked(p: Party, x: AShare, thresholds: np.ndarray,
             r1.send(PREV, pack_planes(planes ^ rho, nrows),                # to role 2
                     pack_planes(prods ^ r_next[nmask:nmask + ndeal], ng))
             continue
-        B = (xb if s["role"] == 1 else xa)[rsl][idx] - t[np.arange(sl.start, sl.stop) % k]
-        b = ((B + sL) >> lsh) & mask
-        s["btop"] = _top_plane(b, top, ng)
+        s.update(sl=sl, rsl=rsl, idx=idx, nrows=nrows)
+        if not late:
+            pair_leaves(s)
         if s["role"] == 1:
             rho = random_planes(p, "prev", nrows_t, words(nrows), f"rho{g}")
             r = random_planes(p, "prev", nmask + ndeal + 1, w, f"al1{g}")
-            s["leaves"] = _select(rho, nrows, idx, b, blocks, False)
-            s["alpha"], s["dealt"], s["lam"] = r[:nmask], r[nmask:nmask + ndeal], r[-1]
-            s["half"] = s["leaves"][masked] ^ s["alpha"]
-            r1.send(NEXT, pack_planes(s["half"], ng))                      # to role 2
+            s["alpha"], s["dealt"], s["lam"], s["rho"] = r[:nmask], r[nmask:nmask + ndeal], \
+                r[-1], rho
+            if not late:
+                _role1_half(s, blocks, masked)
+                r1.send(NEXT, pack_planes(s["half"], ng))                  # to role 2
         else:
             r = random_planes(p, "next", nmask + 1, w, f"al2{g}")
-            s.update(alpha=r[:nmask], lam=r[-1], b=b, nrows=nrows, idx=idx)
+            s.update(alpha=r[:nmask], lam=r[-1])
             r1.recv(NEXT, g, 2)                                            # from role 0
-            r1.recv(PREV, g, 1)                                            # from role 1
-    got = r1.run()
+            if not late:
+                r1.recv(PREV, g, 1)                                        # from role 1
+    got = yield r1
 
     r2 = Round(p)
     for s in st:
         g, ng = s["g"], s["n"]
+        if late and s["role"] != 0:
+            pair_leaves(s)
         if s["role"] == 2:
             therm, deal = got[(NEXT, g)]
             s["leaves"] = _select(unpack_planes(therm, s["nrows"]), s["nrows"], s["idx"],
                                   s["b"], blocks, True)
             s["dealt"] = unpack_planes(deal, ng)
             s["half"] = s["leaves"][masked] ^ s["alpha"]
-            s["delta"] = s["half"] ^ unpack_planes(got[(PREV, g)][0], ng)
+            if late:
+                r2.recv(PREV, g, 1)                                        # from role 1
+            else:
+                s["delta"] = s["half"] ^ unpack_planes(got[(PREV, g)][0], ng)
             r2.send(PREV, pack_planes(s["half"], ng))                      # to role 1
         elif s["role"] == 1:
+            if late:
+                _role1_half(s, blocks, masked)
+                r2.send(NEXT, pack_planes(s["half"], ng))                  # to role 2
             r2.recv(NEXT, g, 1)
-    got2 = r2.run()
+    got2 = yield r2
 
     out = np.zeros((1, grouped_words(n)), dtype=np.uint64)
     start = 0
@@ -229,6 +299,8 @@ def compare_public_masked(p: Party, x: AShare, thresholds: np.ndarray,
             continue
         if s["role"] == 1:
             s["delta"] = s["half"] ^ unpack_planes(got2[(NEXT, s["g"])][0], s["n"])
+        elif late:
+            s["delta"] = s["half"] ^ unpack_planes(got2[(PREV, s["g"])][0], s["n"])
         z = carry_share(s["delta"], s["alpha"], s["dealt"], s["leaves"][len(blocks) - 1],
                         _plan_arrays(len(blocks))[0], first=s["role"] == 1)
         if s["role"] == 1:
