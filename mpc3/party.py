@@ -65,6 +65,7 @@ class Party:
     prg: PRG
     cfg: RingConfig = field(default_factory=RingConfig)
     kop: int = 0
+    kop_top: int = field(default=0, repr=False)   # highest counter handed out so far
 
     def __post_init__(self) -> None:
         if self.rank not in (0, 1, 2):
@@ -77,8 +78,10 @@ class Party:
         return self.comm.stats
 
     def new_op(self) -> int:
-        """Start a kernel invocation: a fresh key for its correlated randomness."""
-        self.kop += 1
+        """Start a kernel invocation: a fresh key for its correlated randomness - above every
+        key handed out before, also when lockstep kernels (mpc3.kernels.base.lockstep) have
+        switched ``kop`` back to one of theirs."""
+        self.kop = self.kop_top = max(self.kop, self.kop_top) + 1
         return self.kop
 
     def role(self, leader: int) -> int:

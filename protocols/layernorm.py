@@ -91,19 +91,17 @@ def layernorm_project(p: Party, x: AShare, gamma: AShare, beta: AShare, eps: flo
 
     With xg = (x - mu) * gamma and rs = 1/sqrt(var + eps), LN(x) W = (xg W) rs + beta W: the
     products ``xg W_i`` (truncated by ``bits_i``, ``mats = [(W_i, bits_i)]``) run in the
-    rounds of sqrt_inv (:func:`mpc3.parallel.parallel`), and one round of products then
+    rounds of sqrt_inv (in lockstep, :func:`mpc3.kernels.base.run_steps`), and one round of
+    products then
     scales xg and every ``xg W_i`` by rs. The caller adds ``beta W_i`` (a constant of the
     model, formed once per session). Cost: :func:`cost_layernorm_project` - the rounds of a
     LayerNorm alone; the bytes of the products plus those of the extra ``rs`` scalings.
     """
     from mpc3.kernels import fxp
-    from mpc3.parallel import parallel
+    from mpc3.kernels.base import run_steps
     xg, var = _stats(p, x, gamma, beta, eps)
-
-    def products(q: Party) -> list[AShare]:
-        return arith.mul_many_aa(q, [(xg, w, "matmul", bits) for w, bits in mats])
-
-    rs, prods = parallel(p, lambda q: fxp.sqrt_inv_a(q, var), products)
+    rs, prods = run_steps(p, fxp.sqrt_inv_steps(p, var), arith.mul_many_steps(
+        p, [(xg, w, "matmul", bits) for w, bits in mats]))
     rs = rs.reshape(*rs.shape, 1)
     keep = [i for i in range(len(mats)) if i not in split]
     items = ([xg] if want_y else []) + [prods[i] for i in keep]

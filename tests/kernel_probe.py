@@ -31,7 +31,10 @@ KERNELS = ((arith, "mul_aa"), (arith, "matmul_aa"), (arith, "mul_many_aa"),
            (arith, "mul_split_aa"), (arith, "trunc_a"),
            (convert, "relu_a"), (convert, "drelu_a"), (fxp, "sqrt_inv_a"),
            (fxp, "reciprocal_a"), (fxp, "exp_a"))
-PARALLEL_USERS = (fxp, mpc3_parallel, mha, cross)
+#: kernels written as lockstep steps (generators), recorded under the name of their
+#: blocking form: calls made while they run are theirs
+STEPS = {(fxp, "sqrt_inv_steps"): "sqrt_inv_a", (arith, "mul_many_steps"): "mul_many_aa"}
+PARALLEL_USERS = (mpc3_parallel, mha, cross)
 HELPERS = {"mul_many", "scale_public", "scale_rows", "relu_many", "relu_products", "wrapped",
            "activation", "<lambda>", "relu_split", "relu_outputs"}
 SUBLAYER = {"mha": "attn", "ffn": "ffn", "ffn_hidden": "ffn", "_self_step": "self",
@@ -131,10 +134,10 @@ def _sites(inner, kernel: str, n_items: int) -> list[str]:
     elif fn == "_ln_bias":                      # beta W of each fused LayerNorm projection
         return [f"{ln}|{'lnw1' if w.endswith('.w1') else 'lnproj'}"
                 for ln, w in inner.f_locals["pairs"]]
-    elif fn == "products":                      # layernorm_project: (x - mu) gamma W_i
-        return ["lnw1" if bits == inner.f_locals["q"].cfg.frac else "lnproj"
-                for _, bits in inner.f_locals["mats"]]
     elif fn == "layernorm_project":
+        if kernel == "mul_many_aa" and "rs" not in inner.f_locals:   # (x - mu) gamma W_i
+            return ["lnw1" if bits == inner.f_locals["p"].cfg.frac else "lnproj"
+                    for _, bits in inner.f_locals["mats"]]
         if kernel == "mul_many_aa":
             k = len(inner.f_locals["keep"])
             return ["scale"] * (n_items - k) + ["lnscale"] * k
@@ -166,24 +169,50 @@ class Probe:
         self.n_dec = n_dec_layers
         for mod, name in KERNELS:
             monkeypatch.setattr(mod, name, self._wrap(name, getattr(mod, name)))
+        for (mod, name), kernel in STEPS.items():
+            monkeypatch.setattr(mod, name, self._wrap_steps(kernel, getattr(mod, name)))
         # branches of mpc3.parallel run on their own threads, whose stacks do not reach the
         # protocol frames that name a site: run them one after the other in the caller
         # (same values; the rounds, which this probe does not look at, differ)
         for mod in PARALLEL_USERS:
             monkeypatch.setattr(mod, "parallel", lambda p, *fs: [f(p) for f in fs])
 
+    def _wrap_steps(self, kernel, fn):
+        """A steps kernel: recorded when called, its body runs one level deeper."""
+        def wrapped(p, *args, **kw):
+            self._record(kernel, p, args, kw)
+            gen = fn(p, *args, **kw)
+
+            def steps():
+                value = None
+                while True:
+                    depth = getattr(self.local, "depth", 0)
+                    self.local.depth = depth + 1
+                    try:
+                        r = gen.send(value)
+                    except StopIteration as stop:
+                        return stop.value
+                    finally:
+                        self.local.depth = depth
+                    value = yield r
+            return steps()
+        return wrapped
+
+    def _record(self, kernel, p, args, kw):
+        if getattr(self.local, "depth", 0) == 0:
+            frames = list(_frames())
+            inner = next(f for f in frames if f.f_code.co_name not in HELPERS)
+            seen = args
+            if kernel == "mul_split_aa":              # its completed items too
+                seen = (list(args[0]) + list(kw.get("replicated", ())),) + args[1:]
+            n = len(seen[0]) if kernel in ("mul_many_aa", "mul_split_aa") else 1
+            self.calls[p.rank].append((kernel, _layer(frames), _sites(inner, kernel, n),
+                                       seen, kw))
+
     def _wrap(self, kernel, fn):
         def wrapped(p, *args, **kw):
+            self._record(kernel, p, args, kw)
             depth = getattr(self.local, "depth", 0)
-            if depth == 0:
-                frames = list(_frames())
-                inner = next(f for f in frames if f.f_code.co_name not in HELPERS)
-                seen = args
-                if kernel == "mul_split_aa":              # its completed items too
-                    seen = (list(args[0]) + list(kw.get("replicated", ())),) + args[1:]
-                n = len(seen[0]) if kernel in ("mul_many_aa", "mul_split_aa") else 1
-                self.calls[p.rank].append((kernel, _layer(frames), _sites(inner, kernel, n),
-                                           seen, kw))
             self.local.depth = depth + 1
             try:
                 return fn(p, *args, **kw)

@@ -17,10 +17,11 @@ import functools
 import numpy as np
 
 from .. import ring
+from ..comm import NEXT, PREV
 from ..party import Party
 from ..shares import AShare, SignedSplit, SplitShare
 from . import thresholds
-from .base import Cost, group_bounds, run_steps
+from .base import Cost, Round, group_bounds, run_steps
 from .truncation import (OFFSET_BITS, cost_trunc, cost_trunc_shifts, trunc_a,  # noqa: F401
                          trunc_split, trunc_steps)
 
@@ -164,6 +165,11 @@ def mul_many_aa(p: Party, items: list[tuple]) -> list[AShare]:
     ``keep`` is a public boolean mask: only kept outputs are reshared, the rest are 0.
     Cost: :func:`cost_mul_many`.
     """
+    return run_steps(p, mul_many_steps(p, items))[0]
+
+
+def mul_many_steps(p: Party, items: list[tuple]):
+    """:func:`mul_many_aa` as lockstep steps (:func:`base.lockstep`)."""
     p.new_op()
     parts = {True: [], False: []}
     for item in items:
@@ -173,6 +179,8 @@ def mul_many_aa(p: Party, items: list[tuple]) -> list[AShare]:
         parts[shift is not None].append((z.shape, keep, zk, shift))
     cut = [z for _, _, z, _ in parts[True]]
     flat_plain = np.concatenate([z for _, _, z, _ in parts[False]]) if parts[False] else None
+    if flat_plain is not None:
+        flat_plain = flat_plain + p.zero_share(flat_plain.shape, "plainmask")
     if cut:
         zt = np.concatenate(cut)
         zt = zt + p.zero_share(zt.shape, "mulmask")
@@ -182,13 +190,13 @@ def mul_many_aa(p: Party, items: list[tuple]) -> list[AShare]:
         else:
             bits = np.concatenate([np.broadcast_to(np.asarray(s), z.shape).reshape(-1)
                                    for _, _, z, s in parts[True]])
-        if flat_plain is not None:
-            flat_plain = flat_plain + p.zero_share(flat_plain.shape, "plainmask")
-            tr, pl = trunc_split(p, zt, bits, from_rss=False, plain=flat_plain)
-        else:
-            tr, pl = trunc_split(p, zt, bits, from_rss=False), None
+        got = yield from trunc_steps(p, zt, bits, from_rss=False, plain=flat_plain)
+        tr, pl = got if flat_plain is not None else (got, None)
     else:
-        tr, pl = None, reshare(p, flat_plain, "plainmask")
+        r = Round(p)
+        r.send(PREV, flat_plain)
+        r.recv(NEXT, 0, 1)
+        tr, pl = None, AShare(flat_plain, (yield r)[(NEXT, 0)][0])
     results, pos = {True: [], False: []}, {True: 0, False: 0}
     for key, flat in ((True, tr), (False, pl)):
         for shape, keep, z, _ in parts[key]:

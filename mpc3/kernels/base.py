@@ -137,31 +137,29 @@ class Round:
         return result
 
 
-def run_steps(p: Party, *steps):
-    """Run kernels written as *steps* (generators that yield each :class:`Round` unrun and
-    are sent back its result) in lockstep: round k of every kernel still running goes out in
-    ONE exchange (their arrays in argument order, so sender and receiver agree), then the
-    kernels resume in argument order - a later kernel may read, in its next round, a value
-    an earlier one published after this round (a product's truncation hands the pair's sum
-    to a comparison of the same product). Returns the kernels' return values.
-
-    Each kernel draws its correlated randomness under its own kernel counter (allocated
-    here, restored at every resume), so equal PRG tags of two kernels never collide; a
-    kernel must not start nested kernel calls. Cost: the largest rounds, the sum of bytes
-    (:meth:`Cost.parallel`)."""
-    kops = [p.new_op() for _ in steps]
-    last, live, out = p.kop, {}, [None] * len(steps)
+def lockstep(p: Party, *steps):
+    """Kernels written as *steps* - generators that start with ``p.new_op()``, yield each
+    :class:`Round` unrun and are sent back its result - run in lockstep, as one steps
+    generator itself (``outs = yield from lockstep(...)`` nests): round k of every kernel
+    still running goes out in ONE exchange (their arrays in argument order, so sender and
+    receiver agree), then the kernels resume in argument order, so a later one may read in
+    its next round a value an earlier one published after this round (a product's
+    truncation hands the pair's sum to a comparison of the same product). Each kernel keeps
+    its own kernel counter (saved at every yield, restored at every resume): equal PRG tags
+    of two kernels never collide. Returns the kernels' return values. Cost: the largest
+    rounds, the sum of the bytes (:meth:`Cost.parallel`)."""
+    ctx, live, out = {}, {}, [None] * len(steps)
 
     def resume(i, value):
-        p.kop = kops[i]
+        p.kop = ctx.get(i, p.kop)
         try:
             live[i] = steps[i].send(value)
         except StopIteration as stop:
             live.pop(i, None)
             out[i] = stop.value
-        if p.kop != kops[i]:
-            raise RuntimeError("a lockstep kernel started a nested kernel call")
+        ctx[i] = p.kop
 
+    outer = p.kop
     for i in range(len(steps)):
         resume(i, None)
     while live:
@@ -170,11 +168,24 @@ def run_steps(p: Party, *steps):
             for direction in (NEXT, PREV):
                 merged.out[direction].extend(r.out[direction])
                 merged.expect[direction].extend(((i, g), c) for g, c in r.expect[direction])
-        got = merged.run()
+        p.kop = outer
+        got = yield merged
+        outer = p.kop
         parts = {i: {} for i in live}
         for (direction, (i, g)), arrays in got.items():
             parts[i][(direction, g)] = arrays
         for i in sorted(live):
             resume(i, parts[i])
-    p.kop = last
+    p.kop = outer
     return out
+
+
+def run_steps(p: Party, *steps):
+    """Run steps kernels (:func:`lockstep`) to completion; their return values."""
+    gen = lockstep(p, *steps)
+    try:
+        r = next(gen)
+        while True:
+            r = gen.send(r.run())
+    except StopIteration as stop:
+        return stop.value

@@ -41,7 +41,7 @@ from ..shares import AShare, BShare, SignedSplit, SplitShare, group_sizes, words
 from . import arith
 from .arith import public_share
 from . import fused
-from .base import Cost, Round, group_bounds, packed_bytes
+from .base import Cost, Round, group_bounds, packed_bytes, run_steps
 from . import thresholds
 from .thresholds import ROUND_LEAN_ELEMENTS, dealt_carry, window, window_for  # noqa: F401
 from .bitplanes import (MaskedBits, bits_to_planes_group, run_span, select_planes,
@@ -268,6 +268,12 @@ def _inject(p: Party, x: AShare, bit, from_masked: bool, seg: int = 0) -> AShare
     ``x`` has shape (n,) or (n, c): bit e multiplies the c values of row e. ``seg`` > 0
     (x of shape (n,)): only the sums over consecutive runs of ``seg`` products are wanted
     (a table lookup): the resharing messages carry one sum per run and group."""
+    return run_steps(p, inject_steps(p, x, bit, from_masked, seg))[0]
+
+
+def inject_steps(p: Party, x: AShare, bit, from_masked: bool, seg: int = 0):
+    """:func:`_inject` as lockstep steps (:func:`base.lockstep`)."""
+    p.new_op()
     n = x.shape[0]
     r1, st = Round(p), []
     for g, (sl, wsl) in enumerate(zip(group_bounds(n), _word_bounds(n))):
@@ -295,7 +301,7 @@ def _inject(p: Party, x: AShare, bit, from_masked: bool, seg: int = 0) -> AShare
                 s["beta"] = _bits_u64((bit.b if role == 1 else bit.a)[:, wsl], ng)
             r1.recv(PREV if role == 1 else NEXT, g, 2 if role == 1 else 1)
         st.append(s)
-    got = r1.run()
+    got = yield r1
 
     r2 = Round(p)
     for g, (sl, s) in enumerate(zip(group_bounds(n), st)):
@@ -327,7 +333,7 @@ def _inject(p: Party, x: AShare, bit, from_masked: bool, seg: int = 0) -> AShare
             s["s0"] = fold(s0y) + s0 if seg else s0y
         s["s2"] = fold(s2)
         r2.send(PREV if role == 1 else NEXT, fold(y))
-    got2 = r2.run()
+    got2 = yield r2
 
     shape = (n // seg,) if seg else x.shape
     a_out = (np.zeros if seg else np.empty)(shape, dtype=np.uint64)

@@ -60,11 +60,11 @@ import functools
 import numpy as np
 
 from .. import ring
-from ..parallel import parallel
 from ..party import Party
 from ..shares import AShare
 from . import arith, convert, thresholds
-from .base import Cost
+from .base import Cost, lockstep, run_steps
+from .truncation import trunc_steps
 
 LOG_LO, LOG_HI = -12, 16
 #: Largest product (bits, at the scale before truncation) the table lookups form on purpose:
@@ -139,31 +139,37 @@ def _init_guess(p: Party, x: AShare, power: float, per_octave: int, linear: bool
     injection that reshares only the sum per input (convert.mul_masked ``sum_runs``).
 
     The products beta_j * x are formed for every interval alongside the comparison (public
-    scalings, one truncation running in the comparison's rounds (:func:`mpc3.parallel.parallel`)
-    with a per-interval shift that keeps ~20 significant bits); only the selected one survives
+    scalings, one truncation running in the comparison's rounds: :func:`init_guess_steps`)
+    with a per-interval shift that keeps ~20 significant bits; only the selected one survives
     the sum (the injection is exact), so its error is that of a single truncation. Without
     ``linear`` the table is the interval's geometric middle. Cost: :func:`cost_init_guess`.
     """
+    return run_steps(p, init_guess_steps(p, x, power, per_octave, linear))[0]
+
+
+def init_guess_steps(p: Party, x: AShare, power: float, per_octave: int, linear: bool):
+    """:func:`_init_guess` as lockstep steps (:func:`mpc3.kernels.base.lockstep`): the slope
+    products' truncation and the comparison share their two rounds, the injection follows."""
+    p.new_op()
     f = p.cfg.frac
     exps, alpha, beta, shifts = _table(power, per_octave, linear, f, p.cfg.trunc)
     k = exps.size
     flat = x.reshape(-1)
     rows = flat.size
-    compare = lambda q: thresholds.compare_public_masked(  # noqa: E731
-        q, flat, ring.encode(2.0 ** exps, f), _window(f))
+    compare = thresholds.compare_steps(p, flat, ring.encode(2.0 ** exps, f), _window(f))
     if linear:           # the slope products do not depend on the comparison: shared rounds
         scaled = np.round(beta * 2.0 ** shifts)
         wide = AShare(np.repeat(flat.a[:, None], k + 1, 1), np.repeat(flat.b[:, None], k + 1, 1))
         prods = wide.scale(ring.from_signed(scaled.astype(np.int64))[None, :]).reshape(-1)
-        slope, above = parallel(p, lambda q: arith.trunc_a(q, prods, np.tile(shifts, rows)),
-                                compare)
+        slope, above = yield from lockstep(
+            p, trunc_steps(p, prods, np.tile(shifts, rows), from_rss=True), compare)
         values = arith.add_public(p, slope.reshape(rows, k + 1),
                                   np.tile(ring.encode(alpha, f), (rows, 1)))
     else:
-        above = compare(p)
+        above = yield from compare
         values = arith.public_share(p, np.tile(ring.encode(alpha, f), (rows, 1)))
     steps = AShare(values.a[:, 1:] - values.a[:, :-1], values.b[:, 1:] - values.b[:, :-1])
-    picked = convert.mul_masked(p, above, steps.reshape(-1), sum_runs=k)
+    picked = yield from convert.inject_steps(p, steps.reshape(-1), above.planes, True, seg=k)
     return AShare(values.a[:, 0] + picked.a, values.b[:, 0] + picked.b).reshape(x.shape)
 
 
@@ -213,20 +219,28 @@ def sqrt_inv_a(p: Party, x: AShare, mode: str = "auto") -> AShare:
     x*y, y^2 (kept at frac + SQ_EXTRA bits) and y/2 in one call with per-element shifts,
     then their product. Error: SQRT_INV_ERROR. Cost: :func:`cost_sqrt_inv`.
     """
+    return run_steps(p, sqrt_inv_steps(p, x, mode))[0]
+
+
+def sqrt_inv_steps(p: Party, x: AShare, mode: str = "auto"):
+    """:func:`sqrt_inv_a` as lockstep steps (:func:`mpc3.kernels.base.lockstep`)."""
+    p.new_op()
     mode = _sqrt_inv_mode(mode, x.size)
     f, (e1, e2) = p.cfg.frac, SQ_EXTRA[p.cfg.trunc]
     shape = x.shape
     x = x.reshape(-1)
     if mode == "fast":
-        return _init_guess(p, x, 0.5, per_octave=16, linear=True).reshape(shape)
-    y = _init_guess(p, x, 0.5, per_octave=LEAN_PER_OCTAVE, linear=False)
+        y = yield from init_guess_steps(p, x, 0.5, per_octave=16, linear=True)
+        return y.reshape(shape)
+    y = yield from init_guess_steps(p, x, 0.5, per_octave=LEAN_PER_OCTAVE, linear=False)
     one = arith.public_share(p, ring.encode(np.ones(x.size), f))
     shifts = np.repeat([f - e1, f - e2, f + 1], x.size)
     for _ in range(NEWTON_SQRT):
-        layer = arith.mul_aa(p, AShare.concat([x, y, y]), AShare.concat([y, y, one]),
-                             trunc=shifts)
+        layer, = yield from arith.mul_many_steps(
+            p, [(AShare.concat([x, y, y]), AShare.concat([y, y, one]), "mul", shifts)])
         xy, y2, half = layer[:x.size], layer[x.size:2 * x.size], layer[2 * x.size:]
-        y = y + half - arith.mul_aa(p, xy, y2, trunc=f + e1 + e2 + 1)
+        last, = yield from arith.mul_many_steps(p, [(xy, y2, "mul", f + e1 + e2 + 1)])
+        y = y + half - last
     return y.reshape(shape)
 
 

@@ -206,6 +206,7 @@ def compare_steps(p: Party, x: AShare, thresholds: np.ndarray, win: tuple[int, i
     (another kernel of the same lockstep fills it after round 1: a product's truncation),
     and role 1 sends its leaves' half in round 2 instead of round 1 - same rounds, same
     bytes."""
+    p.new_op()
     t = ring.check_ring(np.asarray(thresholds, dtype=np.uint64).reshape(-1), "thresholds")
     xa, xb = x.a.reshape(-1), x.b.reshape(-1)
     rows, k = xa.size, t.size

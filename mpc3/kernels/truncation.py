@@ -146,6 +146,7 @@ def trunc_steps(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None = 
     slot g = U - kappa + X2', slot g+1 = kappa + X1', slot g+2 = W - nu', where U, W are
     the shifted pieces of role 0 and of the pair, and X1' + X2' - nu' = a_t*b_t*2^(64-f).
     """
+    p.new_op()
     exact = p.cfg.trunc == "exact"
     n = src.a.size if from_rss else src.size
     segments = segments or _default_segments(n, split)
