@@ -89,15 +89,22 @@ def relu_many(p: Party, xs: list[AShare]) -> list[AShare]:
     return res
 
 
-def relu_products(p: Party, items: list[tuple], trunc) -> list[AShare]:
+def relu_products(p: Party, items: list[tuple], trunc, plain: list[tuple] | None = None):
     """ReLU(x @ w + b) for items ``(x, w, b)`` (``b`` None or a replicated bias broadcast over
     the rows) in one relu_a call, the products stopping at the split form relu_a reads
     (arith.mul_split_aa: 8 bytes per element less than products then :func:`relu_many`).
-    Cost: :func:`cost_relu_products`."""
+    With ``plain`` (items ``(x, w)``) the result is ``(relus, [x @ w])``: those products,
+    truncated alike, come back completed from the same rounds. Cost:
+    :func:`cost_relu_products`."""
     shapes = [(*x.shape[:-1], w.shape[-1]) for x, w, _ in items]
     z = arith.mul_split_aa(p, [(x, w, "matmul") for x, w, _ in items], trunc=trunc,
-                           biases=[b for _, _, b in items])
-    return relu_split(p, z, shapes)
+                           biases=[b for _, _, b in items],
+                           replicated=None if plain is None else [(x, w, "matmul")
+                                                                  for x, w in plain])
+    if plain is None:
+        return relu_split(p, z, shapes)
+    z, done = z
+    return relu_split(p, z, shapes), done
 
 
 def relu_split(p: Party, z, shapes) -> list[AShare]:
@@ -112,9 +119,11 @@ def relu_split(p: Party, z, shapes) -> list[AShare]:
     return res
 
 
-def cost_relu_products(p_cfg, n: int, trunc) -> Cost:
+def cost_relu_products(p_cfg, n: int, trunc, n_plain: int = 0) -> Cost:
+    """:func:`relu_products` on ``n`` ReLU and ``n_plain`` plain outputs."""
     from mpc3.kernels import convert
-    return arith.cost_mul_split(p_cfg, n, trunc) + convert.cost_relu_split(p_cfg, n, trunc)
+    return (arith.cost_mul_split(p_cfg, n, trunc, n_rep=n_plain)
+            + convert.cost_relu_split(p_cfg, n, trunc))
 
 
 # --------------------------------------------------------- unmasked (Alg. 1, Eq. 12) ----

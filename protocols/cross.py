@@ -12,7 +12,6 @@ import numpy as np
 
 from mpc3.kernels import arith
 from mpc3.kernels.base import Cost
-from mpc3.parallel import parallel
 from mpc3.party import Party
 from mpc3.shares import AShare
 
@@ -81,18 +80,10 @@ def _cross_features(p: Party, cfg: M.ModelConfig, ws: list[dict], enc: AShare):
     K' = ReLU(enc W^K Omega + b_k) from the products' split form (attention.relu_products),
     V's products in the same rounds."""
     h, bits = cfg.n_heads, p.cfg.frac + PROJ_EXTRA
-
-    def k_features(q: Party) -> list[AShare]:
-        return A.relu_products(q, [(enc, w["wk_proj"], w.get("bk")) for w in ws], bits)
-
-    def v_values(q: Party) -> AShare:
-        vcat = AShare.concat([w["wv_c"] for w in ws], axis=1)
-        y = arith.matmul_aa(q, enc, vcat, trunc=bits)
-        if "bv" in ws[0]:
-            y = add_bias(y, {"b": AShare.concat([w["bv"] for w in ws], axis=0)}, "b")
-        return y
-
-    kfs, y = parallel(p, k_features, v_values)
+    kfs, (y,) = A.relu_products(p, [(enc, w["wk_proj"], w.get("bk")) for w in ws], bits,
+                                plain=[(enc, AShare.concat([w["wv_c"] for w in ws], axis=1))])
+    if "bv" in ws[0]:
+        y = add_bias(y, {"b": AShare.concat([w["bv"] for w in ws], axis=0)}, "b")
     d = cfg.d_model
     vs = [split_heads(y[..., i * d:(i + 1) * d], h) for i in range(len(ws))]
     return _stack([split_heads(k, h) for k in kfs]), vs

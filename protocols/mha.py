@@ -27,8 +27,6 @@ from __future__ import annotations
 import numpy as np
 
 from mpc3.kernels import arith
-from mpc3.kernels.base import Cost
-from mpc3.parallel import parallel
 from mpc3.party import Party
 from mpc3.shares import AShare
 
@@ -99,24 +97,16 @@ def project_features(p: Party, cfg: M.ModelConfig, w: dict, xq: AShare, xkv: ASh
     """Folded Performer projection and features: Q' = ReLU(xq W^Q Omega + b_q), K' likewise
     (per-head (B,h,S,r)) and V (per-head), equal to :func:`project` + :func:`features`
     (``want_kv=False``: Q' only, K' and V None). The Q and K products go to relu_a in split
-    form (:func:`protocols.attention.relu_products`), V's product runs in the same rounds
-    (mpc3.parallel). Cost: :func:`cost_project_features`."""
+    form (:func:`protocols.attention.relu_products`), V's product rides the same truncation
+    call, completed. Cost: :func:`cost_project_features`."""
     bits, h = p.cfg.frac + PROJ_EXTRA, cfg.n_heads
     src = xq if xkv is None else xkv
     names = [("wq_proj", "bq", xq)] + ([("wk_proj", "bk", src)] if want_kv else [])
-
-    def qk_features(q: Party) -> list[AShare]:
-        return [split_heads(f, h) for f in
-                A.relu_products(q, [(x, w[n], w.get(b)) for n, b, x in names], bits)]
-
-    def v_values(q: Party) -> AShare:
-        v, = A.mul_many(q, [(src, w["wv_c"], "matmul")], trunc=bits)
-        return split_heads(add_bias(v, w, "bv"), h)
-
+    items = [(x, w[n], w.get(b)) for n, b, x in names]
     if not want_kv:
-        return qk_features(p)[0], None, None
-    (qf, kf), v = parallel(p, qk_features, v_values)
-    return qf, kf, v
+        return split_heads(A.relu_products(p, items, bits)[0], h), None, None
+    (qf, kf), (v,) = A.relu_products(p, items, bits, plain=[(src, w["wv_c"])])
+    return split_heads(qf, h), split_heads(kf, h), split_heads(add_bias(v, w, "bv"), h)
 
 
 def qkv_features(p: Party, cfg: M.ModelConfig, w: dict, xq: AShare, xkv: AShare | None):
@@ -130,8 +120,7 @@ def qkv_features(p: Party, cfg: M.ModelConfig, w: dict, xq: AShare, xkv: AShare 
 
 def cost_project_features(p_cfg, n_qk: int, n_v: int):
     """:func:`project_features` with ``n_qk`` feature and ``n_v`` value elements."""
-    qk = A.cost_relu_products(p_cfg, n_qk, p_cfg.frac + PROJ_EXTRA)
-    return Cost.parallel(qk, cost_project(p_cfg, n_v)) if n_v else qk
+    return A.cost_relu_products(p_cfg, n_qk, p_cfg.frac + PROJ_EXTRA, n_v)
 
 
 def cost_project(p_cfg, n_out: int):

@@ -25,7 +25,6 @@ from mpc3.kernels import arith, convert, fxp
 from mpc3.kernels.base import group_bounds
 from mpc3.shares import SplitShare
 from mpc3.sharing import reveal
-from protocols import cross, mha
 
 KERNELS = ((arith, "mul_aa"), (arith, "matmul_aa"), (arith, "mul_many_aa"),
            (arith, "mul_split_aa"), (arith, "trunc_a"),
@@ -34,7 +33,7 @@ KERNELS = ((arith, "mul_aa"), (arith, "matmul_aa"), (arith, "mul_many_aa"),
 #: kernels written as lockstep steps (generators), recorded under the name of their
 #: blocking form: calls made while they run are theirs
 STEPS = {(fxp, "sqrt_inv_steps"): "sqrt_inv_a", (arith, "mul_many_steps"): "mul_many_aa"}
-PARALLEL_USERS = (mpc3_parallel, mha, cross)
+PARALLEL_USERS = (mpc3_parallel,)
 HELPERS = {"mul_many", "scale_public", "scale_rows", "relu_many", "relu_products", "wrapped",
            "activation", "<lambda>", "relu_split", "relu_outputs"}
 SUBLAYER = {"mha": "attn", "ffn": "ffn", "ffn_hidden": "ffn", "_self_step": "self",
@@ -95,13 +94,12 @@ def _sites(inner, kernel: str, n_items: int) -> list[str]:
     fn = inner.f_code.co_name
     text = linecache.getline(inner.f_code.co_filename, inner.f_lineno)
     one = None
-    if fn in ("project", "v_values") or (fn == "qk_features" and kernel != "relu_a"):
+    if fn == "project" or (fn == "project_features" and kernel != "relu_a"):
         return ["proj"] * n_items
-    if fn == "qk_features":
+    if fn in ("project_features", "_cross_features") and kernel == "relu_a":
         return ["features"]
-    if fn == "k_features":                      # cross.py: one item per decoder layer
-        return [f"dec.{i}.cross|proj" for i in range(n_items)] if kernel == "mul_split_aa" \
-            else ["features"]
+    if fn == "_cross_features":     # K' per decoder layer, then V of all layers (one item)
+        return [f"dec.{i}.cross|proj" for i in range(n_items - 1)] + ["proj"]
     if fn == "features":
         one = "omega" if kernel == "matmul_aa" else "features"
     elif fn in ("cross_precompute", "_with_kv"):

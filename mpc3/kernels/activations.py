@@ -75,7 +75,7 @@ from ..parallel import parallel
 from ..party import Party, RingConfig
 from ..shares import AShare
 from . import arith, convert, fxp, thresholds
-from .base import Cost
+from .base import Cost, run_steps
 
 #: Comparison thresholds t_0..t_4: 0 below t_0, quartic j on [t_{j-1}, t_j), x from t_4 on.
 GELU_BREAKS = (-4.0, -1.5625, 0.0, 1.5625, 4.0)
@@ -165,20 +165,26 @@ def gelu_a(p: Party, x: AShare, method: str = "auto") -> AShare:
         T = gelu_cheb_threshold()
         return _piecewise(p, x, (-T, T), lambda q, v: _cheb_poly(q, v, f + e, K))
     e, K = GELU_SCALES[p.cfg.trunc]
-    return _piecewise(p, x, GELU_BREAKS, lambda q, v: _quartics(q, v, e, K))
+    return _piecewise(p, x, GELU_BREAKS, lambda q, v: run_steps(q, _quartics(q, v, e, K))[0],
+                      steps=lambda v: _quartics(p, v, e, K))
 
 
-def _piecewise(p: Party, x: AShare, breaks, pieces) -> AShare:
+def _piecewise(p: Party, x: AShare, breaks, pieces, steps=None) -> AShare:
     """0 below breaks[0], piece j on [t_j, t_{j+1}), x from breaks[-1] on: the comparisons
     c_k = [x >= t_k] (one drelu_masked call, left masked for the injection) run in the rounds
     of ``pieces(party, x)`` -> (n, len(breaks) - 1) values V_1..; the output is
     sum_k c_k (V_{k+1} - V_k) with V_0 = 0 and V_last = x (it telescopes to the piece x is
-    in; garbage in the other pieces cancels exactly in the ring): one batched injection."""
+    in; garbage in the other pieces cancels exactly in the ring): one batched injection.
+    ``steps(x)``: the pieces as lockstep steps; with the threshold comparison they share
+    rounds without mpc3.parallel's threads."""
     shape = x.shape
     x = x.reshape(-1)
     n, nt = x.size, len(breaks)
     t = ring.encode(np.array(breaks), p.cfg.frac)
-    if _shared_breaks(n, nt, p.cfg):        # one thermometer per element, dealt carry
+    if steps is not None and _shared_breaks(n, nt, p.cfg):
+        bits, poly = run_steps(p, thresholds.compare_steps(p, x, t, convert.window(p)),
+                               steps(x))
+    elif _shared_breaks(n, nt, p.cfg):      # one thermometer per element, dealt carry
         def compare(q):
             return thresholds.compare_public_masked(q, x, t, convert.window(q))
     else:
@@ -186,7 +192,8 @@ def _piecewise(p: Party, x: AShare, breaks, pieces) -> AShare:
 
         def compare(q):
             return convert.drelu_masked(q, diff)
-    bits, poly = parallel(p, compare, lambda q: pieces(q, x))
+    if steps is None or not _shared_breaks(n, nt, p.cfg):
+        bits, poly = parallel(p, compare, lambda q: pieces(q, x))
     zero = np.zeros((n, 1), dtype=np.uint64)
     values = AShare.concat([poly, x.reshape(n, 1)], 1)                # V_1..V_nt
     below = AShare.concat([AShare(zero, zero.copy()), poly], 1)       # V_0..V_nt-1
@@ -205,14 +212,16 @@ def _shared_breaks(n: int, nt: int, cfg: RingConfig) -> bool:
         convert.cost_drelu(n * nt, *win, fused=True).bytes_total
 
 
-def _quartics(p: Party, x: AShare, e: int, K: int) -> AShare:
-    """The four segment quartics P_j(x), (n, 4) at scale frac: two product layers."""
+def _quartics(p: Party, x: AShare, e: int, K: int):
+    """The four segment quartics P_j(x), (n, 4) at scale frac: two product layers (lockstep
+    steps, :func:`mpc3.kernels.base.lockstep`)."""
+    p.new_op()
     f, S = p.cfg.frac, p.cfg.frac + e
     n = x.size
     centres, a = gelu_table(e, K)
     nseg = centres.size
     wide = _wide
-    y = arith.mul_aa(p, x, x, trunc=2 * f - S)     # x^2 at scale S: 1 product, 2 | 1 rounds
+    y, = yield from arith.mul_many_steps(p, [(x, x, "mul", 2 * f - S)])   # x^2 at scale S
     xs = wide(x.scale(1 << e), nseg)                         # x at scale S
     u = arith.add_public(p, xs, -ring.encode(centres, S)[None, :])
     two_m = ring.from_signed(np.rint(2 * centres * 2 ** e).astype(np.int64))[None, :]
@@ -228,7 +237,8 @@ def _quartics(p: Party, x: AShare, e: int, K: int) -> AShare:
     left = AShare(np.stack([u2.a, M.a], -1)[..., None, :], np.stack([u2.b, M.b], -1)[..., None, :])
     right = AShare(np.stack([L.a, one.a], -1)[..., None], np.stack([L.b, one.b], -1)[..., None])
     # 4 products (one per segment), 2 | 1 rounds
-    poly = arith.matmul_aa(p, left, right, trunc=2 * S + K - f).reshape(n, nseg)
+    poly, = yield from arith.mul_many_steps(p, [(left, right, "matmul", 2 * S + K - f)])
+    poly = poly.reshape(n, nseg)
     return arith.add_public(p, poly, ring.encode(a[:, 0], f)[None, :])  # P_j at scale f
 
 
