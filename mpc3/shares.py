@@ -107,11 +107,13 @@ class SplitShare:
 
 
 class SignedSplit(SplitShare):
-    """A :class:`SplitShare` whose DReLU was taken in the products' own rounds
-    (:func:`mpc3.kernels.arith.mul_split_aa` on few elements): ``bits`` are the masked sign
-    bits (``mpc3.kernels.bitplanes.MaskedBits``) of the flat values, biases included, so
-    :func:`mpc3.kernels.convert.relu_a` only injects. Reshaping keeps the bits; adding
-    anything would make them stale and is refused (pass biases to mul_split_aa)."""
+    """A :class:`SplitShare` whose DReLU was started in the products' own rounds
+    (:func:`mpc3.kernels.arith.mul_split_aa`): ``bits`` are the masked sign bits
+    (``mpc3.kernels.bitplanes.MaskedBits``) of the flat values, biases included, so
+    :func:`mpc3.kernels.convert.relu_a` only injects - or, past ROUND_LEAN_ELEMENTS, the
+    DReLU's leaves ``(BShare, N)`` (:mod:`mpc3.kernels.leaves`), so it runs the carry tree
+    first. Reshaping keeps them; adding anything would make them stale and is refused
+    (pass biases to mul_split_aa)."""
 
     def __init__(self, a: np.ndarray, b: np.ndarray, bits) -> None:
         super().__init__(a, b)

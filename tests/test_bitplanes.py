@@ -4,7 +4,7 @@ import pytest
 
 from mpc3.kernels.bitplanes import select_planes, thermometer_planes
 from mpc3.kernels.bitplanes import bits_to_planes_group
-from mpc3.kernels.convert import BLOCK, _blocks
+from mpc3.kernels.leaves import BLOCK, _blocks
 from mpc3.shares import words
 
 RNG = np.random.default_rng(7)

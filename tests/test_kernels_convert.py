@@ -190,13 +190,35 @@ def test_split_products_take_their_sign_in_their_own_rounds(rng):
         run.assert_cost(arith.cost_mul_split(RingConfig(), 27, trunc)
                         + convert.cost_relu_split(RingConfig(), 27, trunc))
         assert run.rounds == (4 if signed else 6) and out[0][1] == 2
-    assert arith.split_sign_window(RingConfig(), convert.ROUND_LEAN_ELEMENTS + 1, True) is None
     same = arith.cost_mul_split(RingConfig(), 27, True) + convert.cost_relu_split(
         RingConfig(), 27, True)
     apart = arith.cost_trunc_shifts(np.full(27, ring.DEFAULT_FRAC), "exact", from_rss=False,
                                     split=True) + convert.cost_relu(27, *convert.window_for(
                                         RingConfig()))
     assert same.bytes_per_party == apart.bytes_per_party and same.rounds == apart.rounds - 2
+
+
+def test_split_products_past_the_lean_size_take_their_leaves_in_their_own_rounds(rng):
+    """Past ROUND_LEAN_ELEMENTS mul_split_aa runs the DReLU's leaves (not the whole
+    comparison) in its truncation's rounds: relu_a then runs the carry tree and the
+    injection - 7 rounds from product to ReLU instead of 9, the same bytes."""
+    from mpc3.shares import SignedSplit
+    n = convert.ROUND_LEAN_ELEMENTS + 7
+    x, w, b = rng.normal(size=(1, 8)), rng.normal(size=(8, n)) * 0.5, rng.normal(size=n)
+    run = Run()
+
+    def fn(p, X, W, B):
+        z = arith.mul_split_aa(p, [(X, W, "matmul")], biases=[B])
+        assert isinstance(z, SignedSplit) and isinstance(z.bits, tuple)
+        return convert.relu_a(p, z)
+    got = value(run(fn, share(x), share(w), share(b)))
+    np.testing.assert_allclose(got, np.maximum(x @ w + b, 0).reshape(-1), atol=2 ** -12)
+    cfg = RingConfig()
+    run.assert_cost(arith.cost_mul_split(cfg, n, True) + convert.cost_relu_split(cfg, n, True))
+    apart = arith.cost_trunc_shifts(np.full(n, cfg.frac), "exact", from_rss=False, split=True) \
+        + convert.cost_relu(n, *convert.window_for(cfg))
+    assert run.rounds == apart.rounds - 2 == 7
+    assert sum(run.bytes_per_party) == apart.bytes_total
 
 
 def test_signed_split_refuses_additions_and_keeps_its_bits_when_reshaped():

@@ -20,7 +20,7 @@ from .. import ring
 from ..comm import NEXT, PREV
 from ..party import Party
 from ..shares import AShare, SignedSplit, SplitShare
-from . import thresholds
+from . import leaves, thresholds
 from .base import Cost, Round, group_bounds, run_steps
 from .truncation import (OFFSET_BITS, cost_trunc, cost_trunc_shifts, trunc_a,  # noqa: F401
                          trunc_split, trunc_steps)
@@ -221,11 +221,13 @@ def mul_split_aa(p: Party, items: list[tuple], trunc: bool | int = True,
     :func:`mpc3.kernels.convert.relu_a` of the whole result, which reads only that form: the
     replicated sharing is never completed (8 bytes per element less than mul_many_aa).
 
-    On few elements (:func:`thresholds.dealt_carry`) the ReLU's comparison with 0 runs in
-    the products' own two rounds, on the untruncated values (the pair's sum from the
-    truncation's first round is the comparison's B; :func:`base.run_steps`): the result is a
-    :class:`SignedSplit` and relu_a only injects (2 rounds instead of 4); else a
-    :class:`SplitShare`. With ``replicated`` (a list, possibly empty) the result is
+    The ReLU's comparison with 0 starts in the products' own two rounds, on the untruncated
+    values (the pair's sum from the truncation's first round is the comparison's B;
+    :func:`base.run_steps`): on few elements (:func:`thresholds.dealt_carry`) the whole
+    two-round comparison, so relu_a only injects (2 rounds instead of 4), else the DReLU's
+    leaves (:mod:`mpc3.kernels.leaves`), so relu_a runs the carry tree and the injection (2
+    rounds fewer). The result is then a :class:`SignedSplit`; a plain :class:`SplitShare` when
+    the shifted window would leave the ring. With ``replicated`` (a list, possibly empty) the result is
     ``(split, [outputs])``: those items come back completed, as AShares, from the same rounds
     and messages (the split ones keep their own element groups). Cost:
     :func:`cost_mul_split`."""
@@ -246,10 +248,13 @@ def mul_split_aa(p: Party, items: list[tuple], trunc: bool | int = True,
     win = split_sign_window(p.cfg, n_split, bits)
     if win is not None:
         pair = np.zeros(z.size, dtype=np.uint64)
+        mine = AShare(z[:n_split], np.zeros(n_split, np.uint64))     # role 0's A: its z
+        sign = thresholds.compare_steps(p, mine, np.zeros(1, np.uint64), win,
+                                        pair_b=pair[:n_split]) \
+            if thresholds.dealt_carry(n_split) else \
+            leaves.leaves_steps(p, mine, *win, pair_b=pair[:n_split])
         out, sign = run_steps(
-            p, trunc_steps(p, z, bits, False, split=True, segments=segs, pair_sum=pair),
-            thresholds.compare_steps(p, AShare(z[:n_split], np.zeros(n_split, np.uint64)),
-                                     np.zeros(1, np.uint64), win, pair_b=pair[:n_split]))
+            p, trunc_steps(p, z, bits, False, split=True, segments=segs, pair_sum=pair), sign)
         split = SignedSplit(out.a[:n_split], out.b[:n_split], sign)
     else:
         out = trunc_split(p, z, bits, from_rss=False, split=True, segments=segs)
@@ -278,11 +283,12 @@ def _segments(n_split: int, n_rep: int) -> tuple[tuple[slice, int, bool], ...]:
 
 
 def split_sign_window(cfg, n: int, trunc: bool | int) -> tuple[int, int] | None:
-    """The comparison window when mul_split_aa on ``n`` split outputs takes their sign in
-    its own rounds (few elements, window inside the ring), else None."""
+    """The DReLU window when mul_split_aa on ``n`` split outputs takes their sign (or, past
+    ROUND_LEAN_ELEMENTS, its leaves) in its own rounds - whenever the shifted window stays
+    inside the ring -, else None."""
     bits = cfg.frac if trunc is True else int(trunc)
     win = thresholds.sign_window(cfg, bits)
-    return win if n and win is not None and thresholds.dealt_carry(n) else None
+    return win if n and win is not None else None
 
 
 def cost_mul_split(cfg, n: int, trunc: bool | int, n_rep: int = 0) -> Cost:
@@ -294,7 +300,8 @@ def cost_mul_split(cfg, n: int, trunc: bool | int, n_rep: int = 0) -> Cost:
     win = split_sign_window(cfg, n, trunc)
     if win is None:
         return cost
-    return Cost.parallel(cost, thresholds.cost_compare_public(n, 1, *win))
+    return Cost.parallel(cost, thresholds.cost_compare_public(n, 1, *win)
+                         if thresholds.dealt_carry(n) else leaves.leaf_cost(n, *win)[0])
 
 
 def cost_mul_many(shifts, n_plain: int, mode: str) -> Cost:

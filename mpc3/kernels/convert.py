@@ -7,8 +7,9 @@ the role groups (role 0 knows ``A = x_g + x_{g+1}``, roles 1 and 2 know ``B = x_
    B + 2^L matter, m = K - L + 2, L = relu_drop_bits: the sign of ``(A>>L) + ((B+2^L)>>L)``
    mod 2^m equals DReLU(x) except for x in [-2^L, 0) ulp, where either answer may come out
    (x >= 0 is always exact). ReLU's error is therefore below 2^L ulp.
-2. Leaves without AND gates. The carry into the top window bit is computed over 3-bit
-   blocks (wider for calls on few elements, to save a tree level: :func:`leaf_blocks`). Role 0 knows its block value ``a_j`` and sends the *thermometer code*
+2. Leaves without AND gates (:mod:`mpc3.kernels.leaves`). The carry into the top window bit
+   is computed over 3-bit blocks (wider for calls on few elements, to save a tree level:
+   ``leaves.leaf_blocks``). Role 0 knows its block value ``a_j`` and sends the *thermometer code*
    ``[a_j >= v]`` (v = 1..7), masked, to role 2 (its mask comes from the PRG it shares with
    role 1). Since ``b_j`` is public to the pair, the block's generate ``G_j = [a_j >= 8-b_j]``
    and propagate ``P_j = [a_j = 7-b_j]`` are each one or two entries of that code selected by
@@ -34,7 +35,6 @@ import functools
 
 import numpy as np
 
-from .. import ring
 from ..comm import NEXT, PREV
 from ..party import Party
 from ..shares import AShare, BShare, SignedSplit, SplitShare, group_sizes, words
@@ -44,13 +44,11 @@ from . import fused
 from .base import Cost, Round, group_bounds, packed_bytes, run_steps
 from . import thresholds
 from .thresholds import ROUND_LEAN_ELEMENTS, dealt_carry, window, window_for  # noqa: F401
-from .bitplanes import (MaskedBits, bits_to_planes_group, run_span, select_planes,
-                        thermometer_planes)
-from .boolean import (and_bb, and_local, cost_and_bb, pack_planes, random_planes,
-                      random_planes_many, unpack_planes)
+from .bitplanes import MaskedBits, run_span
+from .boolean import and_bb, and_local, cost_and_bb, pack_planes, random_planes, unpack_planes
+from .leaves import (BLOCK, MAX_BLOCK, ands_per_level, leaf_blocks,  # noqa: F401
+                     leaf_cost, leaves_steps, tree_plan)
 
-BLOCK = 3
-MAX_BLOCK = 5
 
 
 def relu_limit(cfg) -> float:
@@ -62,128 +60,10 @@ def relu_limit(cfg) -> float:
     return 2.0 ** cfg.relu_bound_bits
 
 
-# ------------------------------------------------------------------------ layout ------
-@functools.cache
-def _blocks(nlow: int, k: int = BLOCK) -> tuple[tuple[int, int], ...]:
-    return tuple((s, min(k, nlow - s)) for s in range(0, nlow, k))
-
-
-def leaf_blocks(nlow: int, n: int) -> tuple[tuple[int, int], ...]:
-    """The DReLU leaf blocks (offset, width) of ``nlow`` window bits for a call on ``n``
-    elements: BLOCK-bit blocks, or for at most ROUND_LEAN_ELEMENTS elements the width in
-    BLOCK..MAX_BLOCK with the fewest tree levels, then the fewest thermometer rows (the
-    relu window of 27 low bits: 4-bit blocks, 3 levels instead of 4; sqrt_inv's 35: 5-bit
-    blocks, 3 instead of 4)."""
-    return _blocks(nlow, BLOCK if n > ROUND_LEAN_ELEMENTS else _lean_width(nlow))
-
-
-@functools.cache
-def _lean_width(nlow: int) -> int:
-    """Block width in BLOCK..MAX_BLOCK with the fewest tree levels, then thermometer rows."""
-    def key(k):
-        blocks = _blocks(nlow, k)
-        return len(_tree_plan(len(blocks))), sum((1 << w) - 1 for _, w in blocks)
-    return min(range(BLOCK, MAX_BLOCK + 1), key=key)
-
-
-def _tree_plan(nblocks: int) -> list[list[tuple[int, int, bool]]]:
-    """Levels of (hi, lo, need_P) index pairs over the current node list."""
-    levels, count = [], nblocks
-    while count > 1:
-        pairs = [(2 * i + 1, 2 * i, i != 0) for i in range(count // 2)]
-        levels.append(pairs)
-        count = count // 2 + count % 2
-    return levels
-
-
-def _ands_per_level(nblocks: int) -> list[int]:
-    return [sum(2 if need else 1 for _, _, need in lvl) for lvl in _tree_plan(nblocks)]
-
-
 def _bits_u64(planes: np.ndarray, n: int) -> np.ndarray:
     """A (1, words(n)) plane of one group -> uint64 array of its n bits (0 or 1)."""
     return np.unpackbits(np.ascontiguousarray(planes).view(np.uint8), axis=1,
                          bitorder="little")[0, :n].astype(np.uint64)
-
-
-# ------------------------------------------------------------------------ leaves ------
-def _leaves(p: Party, x: AShare, L: int, m: int) -> tuple[BShare, int]:
-    """Replicated bits [c, G_0..G_{N-1}, P_1..P_{N-1}] with c = 1 ^ a_top ^ b_top. 2 rounds."""
-    n = x.size
-    nlow = m - 1
-    blocks = leaf_blocks(nlow, n)
-    nb = len(blocks)
-    nrows = sum((1 << k) - 1 for _, k in blocks) + 1          # thermometers + a_top
-    nconv = 2 * nb - 1
-    mask = ring.check_ring(np.array([(1 << m) - 1 if m < 64 else (1 << 64) - 1],
-                                    dtype=np.uint64), "mask")[0]
-    lsh, sL = np.uint64(L), np.uint64(1 << L if L > 0 else 0)
-    top = np.uint64(m - 1)
-    r1, st = Round(p), []
-    for g, sl in enumerate(group_bounds(n)):
-        role, ng = p.role(g), sl.stop - sl.start
-        w = words(ng)
-        s = {"role": role, "n": ng}
-        if role == 0:
-            a = ((x.a[sl] + x.b[sl]) >> lsh) & mask
-            rho = random_planes(p, "next", nrows, w, f"thermo{g}")
-            planes = thermometer_planes(a, blocks, m - 1, w)
-            s["rho_top"], s["atop_masked"] = rho[-1:], (planes ^ rho)[-1:]
-            r1.send(PREV, pack_planes(planes ^ rho, ng))            # to role 2
-            r1.recv(NEXT, g, 1)                                     # role 1's half
-        else:
-            B = x.b[sl] if role == 1 else x.a[sl]
-            b = ((B + sL) >> lsh) & mask
-            s["b"], s["btop"] = b, (b >> top) & np.uint64(1)
-            if role == 1:
-                rho = random_planes(p, "prev", nrows, w, f"thermo{g}")
-                s["rho_top"] = rho[-1:]
-                u = select_planes(rho, b, blocks, const_one=False)
-                s["kappa"], s["sigma"] = random_planes_many(p, "next", nconv, w,
-                                                            (f"kappa{g}", f"sigma{g}"))
-                s["u"] = u ^ s["kappa"]
-                r1.send(PREV, pack_planes(s["u"], ng))               # to role 0
-            else:
-                r1.recv(NEXT, g, 1)                                 # thermometer from role 0
-        st.append(s)
-    got = r1.run()
-
-    r2 = Round(p)
-    for g, s in enumerate(st):
-        ng, w = s["n"], words(s["n"])
-        if s["role"] == 0:
-            s["u1"] = unpack_planes(got[(NEXT, g)][0], ng)
-            r2.recv(PREV, g, 1)
-        elif s["role"] == 2:
-            therm = unpack_planes(got[(NEXT, g)][0], ng)
-            s["atop_masked"] = therm[-1:]
-            u = select_planes(therm, s["b"], blocks, const_one=True)
-            s["kappa"], s["sigma"] = random_planes_many(p, "prev", nconv, w,
-                                                        (f"kappa{g}", f"sigma{g}"))
-            s["u"] = u ^ s["kappa"] ^ s["sigma"]
-            r2.send(NEXT, pack_planes(s["u"], ng))                   # to role 0
-    got2 = r2.run()
-
-    a_parts, b_parts = [], []
-    for g, s in enumerate(st):
-        ng = s["n"]
-        if s["role"] == 0:
-            u2 = unpack_planes(got2[(PREV, g)][0], ng)
-            a_parts.append(np.concatenate([s["atop_masked"], u2]))
-            b_parts.append(np.concatenate([s["rho_top"], s["u1"]]))
-        else:
-            c_pair = _plane_of(s["btop"] ^ np.uint64(1), ng)
-            if s["role"] == 1:
-                a_parts.append(np.concatenate([s["rho_top"], s["u"]]))
-                b_parts.append(np.concatenate([c_pair, s["sigma"]]))
-            else:
-                a_parts.append(np.concatenate([c_pair, s["sigma"]]))
-                b_parts.append(np.concatenate([s["atop_masked"], s["u"]]))
-    return BShare(np.concatenate(a_parts, axis=1), np.concatenate(b_parts, axis=1), n), nb
-
-
-def _plane_of(bit: np.ndarray, n: int) -> np.ndarray:
-    return bits_to_planes_group(bit.astype(np.uint8)[None, :], n)
 
 
 # -------------------------------------------------------------------------- tree ------
@@ -192,7 +72,7 @@ def _carry(p: Party, leaves: BShare, nb: int, fused: bool):
     masked 3-out-of-3 share of the last node's G."""
     G = [leaves[1 + j] for j in range(nb)]
     P = [None] + [leaves[nb + 1 + j] for j in range(nb - 1)]
-    levels = _tree_plan(nb)
+    levels = tree_plan(nb)
     for li, lvl in enumerate(levels):
         left = [P[hi] for hi, lo, need in lvl for _ in range(2 if need else 1)]
         right = [x for hi, lo, need in lvl for x in ((G[lo], P[lo]) if need else (G[lo],))]
@@ -224,12 +104,14 @@ def _drelu_bits(p: Party, x: AShare, exact: bool, fused: bool, win=None):
     if fused and dealt_carry(flat.size):       # few elements: 2 rounds instead of 4
         zero = np.zeros(1, dtype=np.uint64)
         return thresholds.compare_public_masked(p, flat, zero, (L, m)).planes, flat
-    leaves, nb = _leaves(p, flat, L, m)
-    c = leaves[0]
+    return sign_of_leaves(p, *run_steps(p, leaves_steps(p, flat, L, m))[0], fused), flat
+
+
+def sign_of_leaves(p: Party, leaves: BShare, nb: int, fused: bool):
+    """DReLU from its leaves (:mod:`mpc3.kernels.leaves`): c ^ the carry - an RSS BShare,
+    or (fused) this party's masked 3-out-of-3 planes for the injection."""
     carry = _carry(p, leaves, nb, fused)
-    if fused:
-        return carry ^ c.a, flat
-    return carry ^ c, flat
+    return carry ^ leaves[0].a if fused else carry ^ leaves[0]
 
 
 def drelu_a(p: Party, x: AShare, exact: bool = False,
@@ -398,7 +280,10 @@ def relu_a(p: Party, x: AShare | SplitShare) -> AShare:
     for mul_split_aa's output).
     """
     p.new_op()
-    sign = x.bits.planes if isinstance(x, SignedSplit) else None
+    sign = None
+    if isinstance(x, SignedSplit):                 # MaskedBits, or (leaves, N) to finish
+        sign = x.bits.planes if isinstance(x.bits, MaskedBits) else \
+            sign_of_leaves(p, *x.bits, fused=True)
     if isinstance(x, SplitShare):
         x = AShare(x.a, x.b)
     flat = AShare(x.a.reshape(-1), x.b.reshape(-1))
@@ -459,24 +344,18 @@ def cost_b2a(n: int) -> Cost:
     return cost_inject(n, fused=False)
 
 
-def _leaf_cost(n: int, L: int, m: int) -> tuple[Cost, int]:
-    blocks = leaf_blocks(m - 1, n)
-    nb = len(blocks)
-    nrows = sum((1 << k) - 1 for _, k in blocks) + 1
-    nconv = 2 * nb - 1
-
-    def role_bytes(role: int, ng: int) -> int:
-        return packed_bytes(ng, 1) * (nrows if role == 0 else nconv if role in (1, 2) else 0)
-    return Cost.by_role(2, n, role_bytes), nb
-
-
 def cost_drelu(n: int, L: int, m: int, fused: bool = False) -> Cost:
     """Leaves (2 rounds) + one round per tree level (the last one free when fused); fused
     on few elements (:func:`dealt_carry`): thresholds.cost_compare_public (2 rounds)."""
     if fused and dealt_carry(n):
         return thresholds.cost_compare_public(n, 1, L, m)
-    cost, nb = _leaf_cost(n, L, m)
-    levels = _ands_per_level(nb)
+    cost, nb = leaf_cost(n, L, m)
+    return cost + _cost_tree(n, nb, fused)
+
+
+def _cost_tree(n: int, nb: int, fused: bool) -> Cost:
+    cost = Cost(0, (0, 0, 0))
+    levels = ands_per_level(nb)
     for li, k in enumerate(levels):
         if not (fused and li == len(levels) - 1):
             cost = cost + cost_and_bb(n, k)
@@ -488,8 +367,11 @@ def cost_relu(n: int, L: int, m: int) -> Cost:
 
 
 def cost_relu_split(cfg, n: int, trunc: bool | int) -> Cost:
-    """relu_a of mul_split_aa's ``n`` outputs truncated by ``trunc`` (the injection alone
-    when the product took the sign: :func:`mpc3.kernels.arith.split_sign_window`)."""
-    if arith.split_sign_window(cfg, n, trunc) is not None:
-        return cost_inject(n, fused=True)
-    return cost_relu(n, *window_for(cfg))
+    """relu_a of mul_split_aa's ``n`` outputs truncated by ``trunc``: when the product took
+    the sign (:func:`mpc3.kernels.arith.split_sign_window`) the injection alone, or for a
+    call past ROUND_LEAN_ELEMENTS the carry tree over the leaves it took and the injection."""
+    win = arith.split_sign_window(cfg, n, trunc)
+    if win is None:
+        return cost_relu(n, *window_for(cfg))
+    tree = Cost(0, (0, 0, 0)) if dealt_carry(n) else _cost_tree(n, leaf_cost(n, *win)[1], True)
+    return tree + cost_inject(n, fused=True)

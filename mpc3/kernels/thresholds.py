@@ -50,7 +50,7 @@ MAX_BLOCKS = 7
 #: Calls on at most this many elements (a decode step) trade bytes for rounds: a masked
 #: DReLU (relu_a, drelu_masked, a product's sign in mul_split_aa) takes this module's
 #: two-round comparison (:func:`dealt_carry`), convert.drelu_a the leaf block width with
-#: the fewest tree levels (convert.leaf_blocks); larger calls (whole sequences) keep the
+#: the fewest tree levels (leaves.leaf_blocks); larger calls (whole sequences) keep the
 #: tree over 3-bit blocks, the fewest bytes.
 ROUND_LEAN_ELEMENTS = 1 << 14
 
