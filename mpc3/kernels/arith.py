@@ -247,12 +247,11 @@ def mul_split_aa(p: Party, items: list[tuple], trunc: bool | int = True,
     segs = _segments(n_split, z.size - n_split)
     win = split_sign_window(p.cfg, n_split, bits)
     if win is not None:
-        pair = np.zeros(z.size, dtype=np.uint64)
-        mine = AShare(z[:n_split], np.zeros(n_split, np.uint64))     # role 0's A: its z
-        sign = thresholds.compare_steps(p, mine, np.zeros(1, np.uint64), win,
-                                        pair_b=pair[:n_split]) \
+        pair = np.empty(n_split, dtype=np.uint64)     # filled by the truncation's round 1
+        mine = AShare(z[:n_split], np.broadcast_to(np.uint64(0), (n_split,)))  # role 0: A = z
+        sign = thresholds.compare_steps(p, mine, np.zeros(1, np.uint64), win, pair_b=pair) \
             if thresholds.dealt_carry(n_split) else \
-            leaves.leaves_steps(p, mine, *win, pair_b=pair[:n_split])
+            leaves.leaves_steps(p, mine, *win, pair_b=pair)
         out, sign = run_steps(
             p, trunc_steps(p, z, bits, False, split=True, segments=segs, pair_sum=pair), sign)
         split = SignedSplit(out.a[:n_split], out.b[:n_split], sign)

@@ -131,10 +131,11 @@ def trunc_steps(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None = 
     """Core of fused/standalone truncation as lockstep steps (:func:`base.run_steps`);
     ``src`` is z (3-of-3, flat) or a flat AShare.
 
-    ``pair_sum`` (z input only): a flat array this kernel fills, after its first round, with
-    the untruncated ``B = z_1 + z_2`` of every element whose group has this party in the pair
-    (role 0's ``A`` is its own z): the split form of the product itself, for a comparison
-    running in the same rounds (:func:`mpc3.kernels.arith.mul_split_aa`).
+    ``pair_sum`` (z input only): a flat array over the split segments' elements that this
+    kernel fills, after its first round, with the untruncated ``B = z_1 + z_2`` of every
+    element whose group has this party in the pair (role 0's ``A`` is its own z): the split
+    form of the product itself, for a comparison running in the same rounds
+    (:func:`mpc3.kernels.arith.mul_split_aa`).
 
     ``split``: stop at the split form (:class:`SplitShare`): role 0 keeps U and never sends
     it, so role 2's slot g stays 0 - 8 bytes per element less. ``segments``: (elements, role
@@ -197,7 +198,7 @@ def trunc_steps(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None = 
         if role == 0:
             continue
         sh, up, low, plan = per[g]
-        if pair_sum is not None:
+        if pair_sum is not None and st["split"]:
             pair_sum[groups[g]] = st["z"] + got[(_dir(role, 3 - role), g)][0]
         # W = ((B + offset + 2^f - 1) >>a f) - (offset >> f) (+ 2^f - 1: unbiased rounding,
         # module doc), bt = top bit of B + offset + 2^f - 1, with B = z + the other's z
