@@ -150,3 +150,28 @@ def test_prg_many_draws_equal_single_draws():
         sizes = [(f"b{i}", 8 * np.prod(s, dtype=int) + 3) for i, s in enumerate(shapes)]
         for (tag, nb), g in zip(sizes, prg.bytes_many("prev", 4, sizes)):
             assert g.tobytes() == prg.bytes("prev", 4, tag, nb).tobytes()
+
+
+@pytest.mark.parametrize("n", [300, convert.ROUND_LEAN_ELEMENTS + 7])
+def test_relu_of_products_sends_fresh_nonzero_messages(n):
+    """A product whose ReLU comparison (few elements) or DReLU leaves (more) ride its own
+    truncation rounds (arith.mul_split_aa): same input shares, two runs, every message
+    differs and none is all zeros - the late pair part changes when, not how, they are
+    masked."""
+    rng = np.random.default_rng(3)
+    x, w, b = share(rng.normal(size=(1, 8))), share(rng.normal(size=(8, n))), \
+        share(rng.normal(size=n))
+    runs = []
+    for _ in range(2):
+        parties = make_parties()
+        wire = _record(parties)
+        run_parties(lambda p, X, W, B: convert.relu_a(
+            p, arith.mul_split_aa(p, [(X, W, "matmul")], biases=[B])),
+            [(x[i], w[i], b[i]) for i in range(3)], parties=parties)
+        runs.append(wire)
+    for rank in range(3):
+        assert runs[0][rank]
+        for m1, m2 in zip(runs[0][rank], runs[1][rank]):
+            assert m1.shape == m2.shape and m1.any()
+            if m1.nbytes >= 16:
+                assert not np.array_equal(m1, m2)
