@@ -223,9 +223,16 @@ class Emulation:
             raise KeyboardInterrupt if sig == signal.SIGINT else SystemExit(128 + sig)
 
     def _setup(self) -> None:
+        # the party, probe and relay ports lie in Linux's ephemeral range (32768-60999): an
+        # outgoing connection of a relay or probe could take one as its source port before
+        # the party binds it ("Address already in use", seen once in CI) - reserve them
+        # in every namespace (net.* sysctls are per namespace; explicit binds still work)
+        ports = f"{self.base_port}-{self.base_port + PROBE_PORT_OFFSET + PARTIES}"
         for ns in self.namespaces:
             _sh("ip", "netns", "add", ns)
             _sh("ip", "-n", ns, "link", "set", "lo", "up")
+            _sh("ip", "netns", "exec", ns, "sysctl", "-q", "-w",
+                f"net.ipv4.ip_local_reserved_ports={ports}")
         for i, j in itertools.combinations(range(PARTIES), 2):
             _sh("ip", "-n", self.ns(i), "link", "add", f"to{j}", "type", "veth",
                 "peer", "name", f"to{i}", "netns", self.ns(j))

@@ -10,7 +10,7 @@ import pytest
 from conftest import netns_skip_reason
 
 from net import emulate
-from net.emulate import Emulation, NetProfile, parse_profile, verify_link
+from net.emulate import PROBE_PORT_OFFSET, Emulation, NetProfile, parse_profile, verify_link
 
 PROFILE = "custom:100:40"          # 100 Mbit/s, 40 ms RTT
 
@@ -58,6 +58,11 @@ def test_link_rtt_rate_and_teardown():
         names = list(emu.namespaces)
         assert set(names) <= set(_netns_list())
         assert len({n.rsplit("-", 1)[0] for n in names}) == 1     # one shared prefix
+        for n in names:     # party/probe ports never become an outgoing connection's port
+            rsv = subprocess.run(["ip", "netns", "exec", n, "sysctl", "-n",
+                                  "net.ipv4.ip_local_reserved_ports"], capture_output=True,
+                                 text=True).stdout.strip()
+            assert rsv == f"{emu.port(0)}-{emu.port(0) + PROBE_PORT_OFFSET + 3}", rsv
         # measured path (through the relay in tbf+relay mode)
         r = verify_link(emu, 0, 1, seconds=1.0, pings=10)
         assert r["emulation"] in ("netem", "tbf+relay")
