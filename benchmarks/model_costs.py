@@ -1,5 +1,6 @@
-"""The declared costs of docs/MODELS.md's cost table (rounds, and bytes sent by the three
-parties together, B = 1), from the protocols' cost functions - which the tests check equal to
+"""The declared costs of docs/MODELS.md's cost tables (rounds, and bytes sent by the three
+parties together, B = 1; the architectures and the normalization / AERO variants), from the
+protocols' cost functions - which the tests check equal to
 the measured traffic - so the table can be regenerated after a protocol change:
 
     python benchmarks/model_costs.py
@@ -86,9 +87,37 @@ def translator_rows() -> list[tuple]:
     return rows
 
 
+#: docs/MODELS.md's normalization / AERO table: (attention, norm, FFN, AERO preset options)
+NORM_ROWS = (("softmax", "layernorm", "gelu", None), ("softmax", "batchnorm", "gelu", None),
+             ("softmax", "none", "gelu", None), ("softmax", "layernorm", "relu", None),
+             ("softmax", "none", "none", {}), ("softmax", "none", "none", {"scale": True}),
+             ("softmax", "none", "none", {"scale": True, "pruned": 1}),
+             (M.PERFORMER, "layernorm", "relu", None), (M.PERFORMER, "batchnorm", "relu", None),
+             (M.PERFORMER, "none", "none", None))
+
+
+def norm_rows() -> list[tuple]:
+    """Decoder-only, d=16, h=2, r=8, d_ff=32, 2 layers, pre-norm, B=1: prompt T=8 / the
+    token after it (the Performer: its first step)."""
+    rows = []
+    for attention, norm, ffn, aero in NORM_ROWS:
+        cfg = _cfg(SMALL, norm_first=True, max_len=12, arch="decoder-only", n_dec_layers=2,
+                   tgt_vocab=7, attention=attention, norm=norm, ffn_act=ffn)
+        if aero is not None:
+            cfg = M.aero(cfg, **aero)
+        pre, step = LM.cost_lm_prefill(RC, cfg, 1, 8), LM.cost_lm_step(RC, cfg, 1, 8)
+        name = f"{attention}, {norm}, {ffn}" + (f", AERO {aero}" if aero is not None else "")
+        rows.append((name, f"{pre.rounds} / {step.rounds}", f"{_mb(pre)} / {_mb(step)}"))
+    return rows
+
+
 def main() -> None:
     print("| workload | rounds | bytes |\n|---|---|---|")
     for name, rounds, nbytes in classifier_rows() + lm_rows() + translator_rows():
+        print(f"| {name} | {rounds} | {nbytes} |")
+    print("\n| attention, norm, FFN | rounds prefill / token | bytes prefill / token |\n"
+          "|---|---|---|")
+    for name, rounds, nbytes in norm_rows():
         print(f"| {name} | {rounds} | {nbytes} |")
 
 
