@@ -181,11 +181,14 @@ def lockstep(p: Party, *steps):
 
 
 def run_steps(p: Party, *steps):
-    """Run steps kernels (:func:`lockstep`) to completion; their return values."""
-    gen = lockstep(p, *steps)
+    """Run steps kernels (:func:`lockstep`) to completion; their return values. A single
+    kernel (every blocking kernel call) runs its own Rounds: nothing to merge or re-key."""
+    gen = lockstep(p, *steps) if len(steps) != 1 else steps[0]
+    outer = p.kop
     try:
         r = next(gen)
         while True:
             r = gen.send(r.run())
     except StopIteration as stop:
-        return stop.value
+        p.kop = outer
+        return stop.value if len(steps) != 1 else [stop.value]

@@ -220,6 +220,11 @@ def and_products(alpha: np.ndarray, members: np.ndarray) -> np.ndarray:
     return out
 
 
+def bit_plane(bits: np.ndarray, n: int) -> np.ndarray:
+    """The (1, words(n)) plane of n bits given as 0/1 integers."""
+    return bits_to_planes_group(bits.astype(np.uint8)[None], n)
+
+
 def select_rows(therm: np.ndarray, idx: np.ndarray, b: np.ndarray, blocks,
                 const_one: bool) -> np.ndarray:
     """:func:`select_planes` from thermometer planes over rows: element e uses row idx[e]."""

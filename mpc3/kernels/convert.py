@@ -280,15 +280,12 @@ def relu_a(p: Party, x: AShare | SplitShare) -> AShare:
     for mul_split_aa's output).
     """
     p.new_op()
-    sign = None
+    flat = AShare(x.a.reshape(-1), x.b.reshape(-1))      # a SplitShare's A and B as well
     if isinstance(x, SignedSplit):                 # MaskedBits, or (leaves, N) to finish
         sign = x.bits.planes if isinstance(x.bits, MaskedBits) else \
             sign_of_leaves(p, *x.bits, fused=True)
-    if isinstance(x, SplitShare):
-        x = AShare(x.a, x.b)
-    flat = AShare(x.a.reshape(-1), x.b.reshape(-1))
-    if sign is None:
-        sign, flat = _drelu_bits(p, x, exact=False, fused=True)
+    else:
+        sign, _ = _drelu_bits(p, flat, exact=False, fused=True)
     return _inject(p, flat, sign, from_masked=True).reshape(x.shape)
 
 

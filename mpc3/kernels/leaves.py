@@ -23,7 +23,7 @@ from ..comm import NEXT, PREV
 from ..party import Party
 from ..shares import AShare, BShare, words
 from .base import Cost, Round, group_bounds, packed_bytes
-from .bitplanes import bits_to_planes_group, select_planes, thermometer_planes
+from .bitplanes import bit_plane, select_planes, thermometer_planes
 from .boolean import pack_planes, random_planes, random_planes_many, unpack_planes
 from .thresholds import ROUND_LEAN_ELEMENTS
 
@@ -70,10 +70,6 @@ def ands_per_level(nblocks: int) -> list[int]:
 
 
 # ------------------------------------------------------------------------ leaves ------
-def plane_of(bit: np.ndarray, n: int) -> np.ndarray:
-    return bits_to_planes_group(bit.astype(np.uint8)[None, :], n)
-
-
 def leaves_steps(p: Party, x: AShare, L: int, m: int, pair_b: np.ndarray | None = None):
     """Replicated bits [c, G_0..G_{N-1}, P_1..P_{N-1}] with c = 1 ^ a_top ^ b_top, and N;
     2 rounds (lockstep steps). ``pair_b``: the pair's B, read after round 1 (module doc);
@@ -162,7 +158,7 @@ def leaves_steps(p: Party, x: AShare, L: int, m: int, pair_b: np.ndarray | None 
             a_parts.append(np.concatenate([s["atop_masked"], u2]))
             b_parts.append(np.concatenate([s["rho_top"], s["u1"]]))
         else:
-            c_pair = plane_of(s["btop"] ^ np.uint64(1), ng)
+            c_pair = bit_plane(s["btop"] ^ np.uint64(1), ng)
             if s["role"] == 1:
                 a_parts.append(np.concatenate([s["rho_top"], s["u"]]))
                 b_parts.append(np.concatenate([c_pair, s["sigma"]]))

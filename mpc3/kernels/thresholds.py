@@ -42,7 +42,7 @@ from ..comm import NEXT, PREV
 from ..party import Party
 from ..shares import AShare, grouped_words, words
 from .base import Cost, Round, group_bounds, packed_bytes, run_steps
-from .bitplanes import (MaskedBits, and_products, bits_to_planes_group, carry_share, run_span,
+from .bitplanes import (MaskedBits, and_products, bit_plane, carry_share, run_span,
                         select_planes, select_rows, thermometer_planes)
 from .boolean import pack_planes, random_planes, unpack_planes
 
@@ -172,7 +172,7 @@ def blocks_for(nlow: int, rows: int, k: int) -> tuple[tuple[int, int], ...]:
 # ---------------------------------------------------------------------- protocol ------
 def _top_plane(v: np.ndarray, top: np.uint64, n: int) -> np.ndarray:
     """The (words(n),) plane of bit ``top`` of n window values."""
-    return bits_to_planes_group(((v >> top) & np.uint64(1)).astype(np.uint8)[None], n)[0]
+    return bit_plane((v >> top) & np.uint64(1), n)[0]
 
 
 def _select(therm: np.ndarray, nrows: int, idx: np.ndarray, b: np.ndarray, blocks,
