@@ -15,6 +15,7 @@ say so loudly in their log and in Status.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from concurrent import futures
@@ -182,8 +183,19 @@ class PartyServer:
         self._stopped.wait()
 
 
+def runtime_defaults(env=os.environ) -> None:
+    """Process settings of a party, unless the operator set them: the parallel ring
+    matmul's OpenMP workers sleep between calls instead of spinning (libgomp's default spins
+    for a while after each call), since a party shares its cores with its own gRPC
+    threads - and, on one host, with the other parties: encoder over three local party
+    processes 2.32 -> 1.91 s median. Must run before the first parallel kernel loads the
+    OpenMP runtime."""
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
 def serve(cfg: ClusterConfig, rank: int, registry: JobRegistry = PRODUCTION) -> int:
     """Run party ``rank`` until SIGTERM/SIGINT."""
+    runtime_defaults()
     srv = PartyServer(cfg, rank, registry)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: threading.Thread(target=srv.stop).start())

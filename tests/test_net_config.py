@@ -130,3 +130,13 @@ def test_share_model_refuses_unreadable_files_in_one_line(tmp_path, content):
 def test_version():
     r = mpc3("--version")
     assert r.returncode == 0 and r.stdout.startswith("mpc3 ") and "mpc3-net/" in r.stdout
+
+
+def test_party_processes_let_openmp_workers_sleep_unless_the_operator_chose():
+    from net.server import runtime_defaults
+    env: dict[str, str] = {}
+    runtime_defaults(env)
+    assert env == {"OMP_WAIT_POLICY": "PASSIVE"}
+    env = {"OMP_WAIT_POLICY": "ACTIVE"}
+    runtime_defaults(env)
+    assert env == {"OMP_WAIT_POLICY": "ACTIVE"}
