@@ -134,11 +134,11 @@ def _proj_bits(p_cfg, name: str) -> int:
     return p_cfg.frac + (0 if name.endswith(".w1") else PROJ_EXTRA)
 
 
-def _ln_bias(p: Party, cfg: M.ModelConfig, shares: dict, fuse=DEFAULT_FUSE
+def fused_biases(p: Party, shares: dict, fusions: dict[str, list[str]]
              ) -> dict[tuple[str, str], AShare]:
-    """beta W (+ b1 for W1) of every fused (LayerNorm, projection): model constants formed once
-    per session, one kernel call."""
-    pairs = [(ln, w) for ln, ws in ln_fusions(cfg, fuse).items() for w in ws]
+    """beta W (+ b1 for W1) of every fused (LayerNorm, projection) of ``fusions`` (ln prefix ->
+    weight names): model constants formed once per session, one kernel call."""
+    pairs = [(ln, w) for ln, ws in fusions.items() for w in ws]
     if not pairs:
         return {}
     got = arith.mul_many_aa(p, [(shares[f"{ln}.beta"].reshape(1, -1), shares[w], "matmul",
@@ -146,9 +146,10 @@ def _ln_bias(p: Party, cfg: M.ModelConfig, shares: dict, fuse=DEFAULT_FUSE
     return {(ln, w): _plus_bias(shares, w, v.reshape(-1)) for (ln, w), v in zip(pairs, got)}
 
 
-def cost_ln_bias(p_cfg, cfg: M.ModelConfig, folded: bool = True, fuse=DEFAULT_FUSE) -> Cost:
+def cost_ln_bias(p_cfg, cfg: M.ModelConfig, fusions: dict[str, list[str]],
+                 folded: bool = True) -> Cost:
     shifts = [np.full(_width(cfg, w, folded), _proj_bits(p_cfg, w))
-              for ws in ln_fusions(cfg, fuse).values() for w in ws]
+              for ws in fusions.values() for w in ws]
     return arith.cost_mul_many(np.concatenate(shifts), 0, p_cfg.trunc) if shifts else \
         Cost(0, (0, 0, 0))
 
@@ -189,7 +190,7 @@ class DecodeState:
             return DecodeState([KVCache.empty(B, cfg.n_heads, cfg.d_head, cfg.max_len)
                                 for _ in range(cfg.n_dec_layers)],
                                cross_precompute(p, cfg, shares, enc), S,
-                               _ln_bias(p, cfg, shares, fuse), tuple(fuse))
+                               fused_biases(p, shares, ln_fusions(cfg, fuse)), tuple(fuse))
         cross = [c.kv for c in cross_precompute(p, cfg, shares, enc, need_kv=True)]
         if cfg.attn_norm == "mean" and cross:
             kv = A.scale_public(p, AShare.concat([c.reshape(-1) for c in cross]), 1.0 / S,
@@ -198,7 +199,7 @@ class DecodeState:
             cross = [kv[i * n:(i + 1) * n].reshape(c.shape) for i, c in enumerate(cross)]
         return DecodeState([A.PrefixState.empty(B, cfg.n_heads, cfg.n_features, cfg.d_head,
                                                 block) for _ in range(cfg.n_dec_layers)],
-                           cross, S, _ln_bias(p, cfg, shares, fuse), tuple(fuse))
+                           cross, S, fused_biases(p, shares, ln_fusions(cfg, fuse)), tuple(fuse))
 
     @property
     def batch(self) -> int | None:
@@ -212,14 +213,14 @@ def cost_decode_start(p_cfg, cfg: M.ModelConfig, B: int, folded: bool = True,
                       fuse=DEFAULT_FUSE) -> Cost:
     """What :meth:`DecodeState.start` adds to :func:`cross_precompute`: the cross K'^T V row
     scale (attn_norm "mean") and the fused LayerNorms' beta W."""
-    cost = cost_ln_bias(p_cfg, cfg, folded, fuse)
+    cost = cost_ln_bias(p_cfg, cfg, ln_fusions(cfg, fuse), folded)
     if cfg.attn_norm == "mean" and cfg.n_dec_layers and cfg.attention == M.PERFORMER:
         n = cfg.n_dec_layers * B * cfg.n_heads * cfg.n_features * cfg.d_head
         cost = A.cost_scale_public(n, p_cfg, A.ROW_SCALE_EXTRA) + cost
     return cost
 
 
-#: key of a projection dict (:func:`_project`, :func:`_ln_proj`) holding the outputs that only
+#: key of a projection dict (:func:`_project`, :func:`ln_proj`) holding the outputs that only
 #: feed relu_a, made in split form (:class:`_Split`)
 RELU = "relu"
 
@@ -280,22 +281,21 @@ def _cost_project(p_cfg, cfg: M.ModelConfig, B: int, names: list[str], folded: b
                                 n_rep=sum(widths[w] for w in names if w not in split))
 
 
-def _ln_proj(p, cfg, shares, state, ln: str, x, want_y: bool, names: list[str]):
+def ln_proj(p, cfg, shares, ln_bias: dict, ln: str, x, want_y: bool, names: list[str],
+             fused: bool):
     """LN ``ln`` of x and its projections ``names``: (y or None, {name: LN(x) W (+ b1)}, with
-    the outputs that only feed relu_a under :data:`RELU`), fused
-    (:func:`protocols.layernorm.layernorm_project`) when the state's fusions include it, else
-    the LayerNorm and then one round of products (:func:`_project`)."""
-    fused = ln_fusions(cfg, state.fuse).get(ln)
-    if fused is None:
+    the outputs that only feed relu_a under :data:`RELU`), ``fused``
+    (:func:`protocols.layernorm.layernorm_project`, ``ln_bias``: :func:`fused_biases` of the
+    session's fusions), else the LayerNorm and then one round of products (:func:`_project`)."""
+    if not fused:
         y = _ln(p, cfg, shares, ln, x)
         return (y if want_y else None), _project(p, cfg, shares, y, names)
-    assert fused == names, (fused, names)
     split = _split_names(cfg, shares, names)
     y, outs, z = layernorm_project(p, x, shares[f"{ln}.gamma"], shares[f"{ln}.beta"],
                                    cfg.ln_eps, [(shares[w], _proj_bits(p.cfg, w)) for w in names],
                                    want_y, split=[names.index(w) for w in split],
-                                   split_biases=[state.ln_bias[(ln, w)] for w in split])
-    got = {w: o + _bcast_row(state.ln_bias[(ln, w)], o.shape)
+                                   split_biases=[ln_bias[(ln, w)] for w in split])
+    got = {w: o + _bcast_row(ln_bias[(ln, w)], o.shape)
            for w, o in zip(names, outs) if o is not None}
     if split:
         got[RELU] = _Split(z, split, [(*x.shape[:-1], shares[w].shape[-1]) for w in split])
@@ -317,10 +317,10 @@ def _plus_bias(shares, name: str, o: AShare) -> AShare:
     return o if b is None else o + _bcast_row(b, o.shape)
 
 
-def _cost_ln_proj(p_cfg, cfg, B: int, ln: str, names: list[str], want_y: bool, folded: bool,
-                  fuse) -> Cost:
+def cost_ln_proj(p_cfg, cfg, B: int, names: list[str], want_y: bool, folded: bool,
+                  fused: bool) -> Cost:
     outs = [(_width(cfg, w, folded), _proj_bits(p_cfg, w)) for w in names]
-    if ln in ln_fusions(cfg, fuse):
+    if fused:
         split = [i for i, w in enumerate(names) if _feeds_relu(cfg, w, folded)]
         return cost_layernorm_project(p_cfg, B, cfg.d_model, outs, want_y, split)
     return cost_norm(p_cfg, cfg, B) + _cost_project(p_cfg, cfg, B, names, folded)
@@ -349,12 +349,27 @@ def _cross_step(p, cfg, w, q, kv, featured: bool = False):
     return finish(p, cfg, w, A.cross_attention_step(p, qf, kv), None)
 
 
-def _heads(cfg, got: dict, layer: str):
-    return [split_heads(got[f"{layer}.self.{n}"], cfg.n_heads)
-            for n in ("wq_proj", "wk_proj", "wv_c")]
+def sublayer(p: Party, cfg: M.ModelConfig, kind: str, got: dict, w: dict, names: list[str],
+             st=None) -> AShare:
+    """A decode step's sublayer ``kind`` ("self", "cross", "ffn") of one layer from its
+    projections ``got`` (:func:`_project` / :func:`ln_proj`, outputs ``names``; the split
+    ones under :data:`RELU`); ``w`` the sublayer's shares, ``st`` the self attention's
+    PrefixState / KVCache or the cross attention's K'^T V / CrossKV."""
+    featured = RELU in got
+    if kind == "ffn" and featured:                 # relu_a of ffn_hidden reads the split form
+        sp = got[RELU]
+        return ffn_hidden(p, w, sp.z.reshape(*sp.shapes[0]), cfg.ffn_act)
+    if featured:
+        got = {**got, **got[RELU].relu_outputs(p)}
+    if kind == "self":
+        return _self_step(p, cfg, w, *[split_heads(got[n], cfg.n_heads) for n in names], st,
+                          featured)
+    if kind == "cross":
+        return _cross_step(p, cfg, w, split_heads(got[names[0]], cfg.n_heads), st, featured)
+    return ffn_hidden(p, w, got[names[0]], cfg.ffn_act)
 
 
-def _names(layer: int) -> dict[str, list[str]]:
+def step_names(layer: int) -> dict[str, list[str]]:
     pre = f"dec.{layer}"
     return {"self": [f"{pre}.self.{n}" for n in ("wq_proj", "wk_proj", "wv_c")],
             "cross": [f"{pre}.cross.wq_proj"], "ffn": [f"{pre}.ffn.w1"]}
@@ -382,44 +397,30 @@ def decoder_step(p: Party, cfg: M.ModelConfig, shares: dict, state: DecodeState,
         raise ValueError(f"decoder step input must be (B, {cfg.d_model}), got {y_t.shape}")
     B = y_t.shape[0]
     x = y_t.reshape(B, 1, cfg.d_model)
-    post = not cfg.norm_first
+    post, fusions = not cfg.norm_first, ln_fusions(cfg, state.fuse)
     got = {}
     if post and cfg.n_dec_layers:                  # the first layer projects its own input
-        got = _project(p, cfg, shares, x, _names(0)["self"])
+        got = _project(p, cfg, shares, x, step_names(0)["self"])
     for i in range(cfg.n_dec_layers):
         pre = f"dec.{i}"
         ws, wc, wf = sub(shares, f"{pre}.self"), sub(shares, f"{pre}.cross"), sub(shares, f"{pre}.ffn")
-        st, kv, names = state.prefix[i], state.cross_kv[i], _names(i)
+        st, kv, names = state.prefix[i], state.cross_kv[i], step_names(i)
         plan = iter(_plan(cfg, i))
 
         def through_ln(x):
             ln, kind, j = next(plan)
             if kind is None:
                 return _ln(p, cfg, shares, ln, x), {}
-            return _ln_proj(p, cfg, shares, state, ln, x, post, _names(j)[kind])
+            return ln_proj(p, cfg, shares, state.ln_bias, ln, x, post, step_names(j)[kind],
+                            ln in fusions)
 
-        def sublayer(kind, got):
-            featured = RELU in got
-            if kind == "ffn" and featured:         # relu_a of ffn_hidden reads the split form
-                sp = got[RELU]
-                return ffn_hidden(p, wf, sp.z.reshape(*sp.shapes[0]), cfg.ffn_act)
-            if featured:
-                got = {**got, **got[RELU].relu_outputs(p)}
-            if kind == "self":
-                qkv = [split_heads(got[w], cfg.n_heads) for w in names["self"]]
-                return _self_step(p, cfg, ws, *qkv, st, featured)
-            if kind == "cross":
-                return _cross_step(p, cfg, wc, split_heads(got[names["cross"][0]], cfg.n_heads),
-                                   kv, featured)
-            return ffn_hidden(p, wf, got[names["ffn"][0]], cfg.ffn_act)
-
-        for kind in ("self", "cross", "ffn"):
+        for kind, w, s in (("self", ws, st), ("cross", wc, kv), ("ffn", wf, None)):
             if post:                # x = LN(x + sublayer(x)); LN forms the next projection
-                y, got = through_ln(x + sublayer(kind, got))
+                y, got = through_ln(x + sublayer(p, cfg, kind, got, w, names[kind], s))
                 x = y
             else:                   # x = x + sublayer(LN(x))
                 _, got = through_ln(x)
-                x = x + sublayer(kind, got)
+                x = x + sublayer(p, cfg, kind, got, w, names[kind], s)
         if on_layer is not None:
             on_layer(pre)
     if cfg.norm_first and cfg.n_dec_layers:
@@ -440,16 +441,16 @@ def cost_decoder_step(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int | No
     d, L = cfg.d_model, cfg.n_dec_layers
     core = {**_cost_attention_cores(p_cfg, cfg, B, t, block, folded, n_enc),
             "ffn": cost_ffn_hidden(p_cfg, B, d, cfg.d_ff, cfg.ffn_act, split=True)}
-    post = not cfg.norm_first
-    total = _cost_project(p_cfg, cfg, B, _names(0)["self"], folded) if post and L else \
+    post, fusions = not cfg.norm_first, ln_fusions(cfg, fuse)
+    total = _cost_project(p_cfg, cfg, B, step_names(0)["self"], folded) if post and L else \
         Cost(0, (0, 0, 0))
     for i in range(L):
         for ln, kind, j in _plan(cfg, i):
             if kind is None:
                 total = total + cost_norm(p_cfg, cfg, B)
             else:
-                total = total + _cost_ln_proj(p_cfg, cfg, B, ln, _names(j)[kind], post, folded,
-                                              fuse)
+                total = total + cost_ln_proj(p_cfg, cfg, B, step_names(j)[kind], post, folded,
+                                              ln in fusions)
         total = total + core["self"] + core["cross"] + core["ffn"]
     return total + cost_norm(p_cfg, cfg, B) if cfg.norm_first and L else total
 

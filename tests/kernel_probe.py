@@ -72,9 +72,9 @@ def _layer(frames) -> str:
         name = f.f_code.co_name
         if name == "_ln":
             return f.f_locals["prefix"]
-        if name == "_ln_proj":
+        if name == "ln_proj":
             return f.f_locals["ln"]
-        if name == "_ln_bias":                 # items of several layers: sites say which
+        if name == "fused_biases":                 # items of several layers: sites say which
             return "dec.*"
         if name in ("cross_precompute", "start"):
             return "dec.*.cross"
@@ -129,7 +129,7 @@ def _sites(inner, kernel: str, n_items: int) -> list[str]:
         one = "features"
     elif fn == "start":                         # DecodeState.start: K'^T V times 1/n_enc
         one = "rowscale" if kernel == "trunc_a" else None
-    elif fn == "_ln_bias":                      # beta W of each fused LayerNorm projection
+    elif fn == "fused_biases":                      # beta W of each fused LayerNorm projection
         return [f"{ln}|{'lnw1' if w.endswith('.w1') else 'lnproj'}"
                 for ln, w in inner.f_locals["pairs"]]
     elif fn == "layernorm_project":
@@ -252,7 +252,7 @@ class Probe:
             if prods is not None:
                 for site, z in zip(sites, prods):
                     axis = -1 if site == "proj" else 0
-                    if "|" in site:                      # _ln_bias: "layer|site"
+                    if "|" in site:                      # fused_biases: "layer|site"
                         lay, site = site.split("|")
                         pairs = [(lay, z)]
                     else:
