@@ -79,6 +79,8 @@ TARGETS = (
     ("mpc3.kernels.arith", "trunc_a", "matmul"),
     # a decode step's projections: split-form and replicated products in shared rounds
     ("protocols.decoder", "_project", "matmul"),
+    # a session's beta W of its fused LayerNorm projections (one kernel per LN, shared rounds)
+    ("protocols.decoder", "fused_biases", "matmul"),
 )
 _PACKAGES = ("mpc3", "protocols")
 _OTHER = CATEGORIES.index("other")

@@ -27,10 +27,17 @@ prefill runs the masked attention over the prompt and keeps its keys and values 
 layer only the last row's query is projected and attends, to all T keys), a step appends the
 token's k, v and computes its single row against every cached key - O(t) bytes per token,
 rounds independent of t (:func:`protocols.kv_cache.attend`).
+
+LayerNorm fusion (:func:`lm_fusions`, as the translator's decode step does): a step's
+LayerNorm may form the projections that read it inside its own rounds
+(:func:`protocols.layernorm.layernorm_project`) - pre-LN: LN1 the self attention's Q, K, V,
+LN2 the FFN's W1; post-LN: LN1 W1, LN2 the next layer's Q, K, V - saving the projection's
+two rounds per fused LayerNorm for one more truncated product per projection output. The
+session's beta W constants are formed once, at the end of the prefill (:class:`LMState`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -42,21 +49,66 @@ from mpc3.shares import AShare
 
 from . import attention as A
 from . import model as M
-from .ffn import cost_ffn, ffn
+from .decoder import cost_ln_bias, cost_ln_proj, fused_biases, ln_proj, step_names, sublayer
+from .ffn import cost_ffn, cost_ffn_hidden, ffn
 from .kv_cache import KVCache, attend_out, cost_attend_out
 from .norms import cost_norm, norm
-from .mha import cost_finish, cost_project, cost_project_features, finish, project, qkv_features
+from .mha import (cost_features, cost_finish, cost_project, cost_project_features, finish,
+                  project, qkv_features)
 from .layernorm import _bcast
 from .secure_model import OUT_SCALE, sub
+
+
+#: the projections a step may form inside the LayerNorm before them (:func:`lm_fusions`).
+#: Each fused LayerNorm saves 2 rounds per layer for one truncated product per projection
+#: output. The default (W1 only) costs 3-10 % more bytes per token (declared, cost_lm_step:
+#: GPT-2 small's shape, relu-performer pre-LN, 516 -> 492 rounds, +6.0 %; the Table 2 shape
+#: 212 -> 200, +5.5 %, sigma-relu +10.1 %; the shipped LM 76 -> 72, +3.4 %); Q, K, V too
+#: ("self") 11-25 % (GPT-2 small: 468 rounds, +22.5 %).
+LM_FUSIONS = ("self", "ffn")
+DEFAULT_LM_FUSE = ("ffn",)
+
+
+def lm_fusions(cfg: M.ModelConfig, fuse=DEFAULT_LM_FUSE) -> dict[str, list[str]]:
+    """The LayerNorms of an LM step fused with the projection reading them: ln prefix ->
+    weight share names. Pre-LN: ln1 -> W^Q, W^K, W^V, ln2 -> W1; post-LN: ln1 -> W1, ln2 ->
+    the next layer's W^Q, W^K, W^V (the last layer's ln2 is the output). Only the kinds in
+    ``fuse`` (:data:`LM_FUSIONS`), only LayerNorm (its inverse square root's rounds carry
+    the products) and only layers with an FFN (a pruned one has no LayerNorm)."""
+    unknown = set(fuse) - set(LM_FUSIONS)
+    if unknown:
+        raise ValueError(f"LM fusions {sorted(unknown)} unknown (choose from {LM_FUSIONS})")
+    out, L = {}, cfg.n_dec_layers
+    if cfg.norm != "layernorm":
+        return out
+    for i in range(L):
+        pre, names = f"dec.{i}", step_names(i)
+        if cfg.norm_first:
+            kinds = {"self": (f"{pre}.ln1", names["self"])}
+            if cfg.has_ffn(i):
+                kinds["ffn"] = (f"{pre}.ln2", names["ffn"])
+        elif cfg.has_ffn(i):
+            kinds = {"ffn": (f"{pre}.ln1", names["ffn"])}
+            if i + 1 < L:
+                kinds["self"] = (f"{pre}.ln2", step_names(i + 1)["self"])
+        else:
+            kinds = {}
+        for kind in fuse:
+            if kind in kinds:
+                out[kinds[kind][0]] = kinds[kind][1]
+    return out
 
 
 @dataclass
 class LMState:
     """Secret state of one party's LM session: per layer a PrefixState (relu-performer) or a
-    KVCache (softmax-style attention); t is public."""
+    KVCache (softmax-style attention); ``ln_bias``: beta W of the fused LayerNorm projections
+    (:func:`lm_fusions` of ``fuse``); t is public."""
 
     prefix: list[A.PrefixState | KVCache]
     t: int = 0
+    ln_bias: dict = field(default_factory=dict)
+    fuse: tuple = DEFAULT_LM_FUSE
 
     @property
     def batch(self) -> int:
@@ -154,11 +206,11 @@ def _check(cfg: M.ModelConfig) -> None:
 
 
 def lm_prefill(p: Party, cfg: M.ModelConfig, shares: dict, x: AShare,
-               block: int | None = None, on_layer: Callable[[str], None] | None = None
-               ) -> tuple[AShare, LMState]:
+               block: int | None = None, on_layer: Callable[[str], None] | None = None,
+               fuse=DEFAULT_LM_FUSE) -> tuple[AShare, LMState]:
     """Prompt x (B, T, d) -> (final hidden row of its last position (B, d), the session's
-    LMState after T tokens). ``on_layer(name)`` after each layer (``dec.i``, ``dec.final_ln``).
-    Cost: :func:`cost_lm_prefill`."""
+    LMState after T tokens, its steps fusing the LayerNorms of ``fuse``). ``on_layer(name)``
+    after each layer (``dec.i``, ``dec.final_ln``). Cost: :func:`cost_lm_prefill`."""
     _check(cfg)
     if len(x.shape) != 3 or x.shape[-1] != cfg.d_model:
         raise ValueError(f"prompt must be (B, T, {cfg.d_model}), got {x.shape}")
@@ -187,7 +239,8 @@ def lm_prefill(p: Party, cfg: M.ModelConfig, shares: dict, x: AShare,
     if cfg.norm_first:
         x = _ln(p, cfg, shares, "dec.final_ln", x)
         mark("dec.final_ln")
-    return _out_scale(p, cfg, shares, x).reshape(B, cfg.d_model), LMState(states, T)
+    state = LMState(states, T, fused_biases(p, shares, lm_fusions(cfg, fuse)), tuple(fuse))
+    return _out_scale(p, cfg, shares, x).reshape(B, cfg.d_model), state
 
 
 def lm_step(p: Party, cfg: M.ModelConfig, shares: dict, state: LMState, y_t: AShare,
@@ -201,16 +254,35 @@ def lm_step(p: Party, cfg: M.ModelConfig, shares: dict, state: LMState, y_t: ASh
     if B != state.batch:
         raise ValueError(f"step batch {B} differs from the session's {state.batch}")
     x = y_t.reshape(B, 1, cfg.d_model)
+    fusions, got = lm_fusions(cfg, state.fuse), None
+
+    def through_ln(ln: str, x: AShare, want_y: bool, names: list[str]):
+        """LN ``ln`` of x, and the projections ``names`` if it forms them: (y, got)."""
+        if ln not in fusions:
+            return _ln(p, cfg, shares, ln, x), None
+        return ln_proj(p, cfg, shares, state.ln_bias, ln, x, want_y, names, True)
+
     for i in range(cfg.n_dec_layers):
-        pre = f"dec.{i}"
+        pre, names = f"dec.{i}", step_names(i)
         w, wf, st = sub(shares, f"{pre}.self"), sub(shares, f"{pre}.ffn"), state.prefix[i]
-        u = _ln(p, cfg, shares, f"{pre}.ln1", x) if cfg.norm_first else x
-        if isinstance(st, KVCache):
+        pre_ln = cfg.norm_first
+        u, got = through_ln(f"{pre}.ln1", x, False, names["self"]) if pre_ln else (x, got)
+        if got:                        # Q, K, V formed by the LayerNorm before
+            x = x + sublayer(p, cfg, "self", got, w, names["self"], st)
+        elif isinstance(st, KVCache):
             x = x + attend_out(p, cfg, w, st, *project(p, cfg, w, u, None))
         else:
             qf, kf, v = qkv_features(p, cfg, w, u, None)
             x = x + finish(p, cfg, w, A.attention_step(p, st, qf, kf, v), [st.t])
-        x = _ffn_block(p, cfg, shares, i, x, wf)
+        got = None
+        if cfg.has_ffn(i):      # pre-LN: x + FFN(LN2(x)); post-LN: LN2(y + FFN(y)), y = LN1(x)
+            y, hid = through_ln(f"{pre}.ln{2 if pre_ln else 1}", x, not pre_ln, names["ffn"])
+            h = (sublayer(p, cfg, "ffn", hid, wf, names["ffn"]) if hid else
+                 ffn(p, wf, y, cfg.ffn_act))
+            x = x + h if pre_ln else y + h
+            if not pre_ln:             # LN2 may form the next layer's Q, K, V
+                nxt = step_names(i + 1)["self"] if i + 1 < cfg.n_dec_layers else []
+                x, got = through_ln(f"{pre}.ln2", x, True, nxt)
         if on_layer is not None:
             on_layer(pre)
     if cfg.norm_first:
@@ -247,8 +319,9 @@ def _kv_attn(p_cfg, cfg: M.ModelConfig, B: int, t0: int, n: int, rows: int) -> C
 
 
 def cost_lm_prefill(p_cfg, cfg: M.ModelConfig, B: int, T: int,
-                    block: int | None = None) -> Cost:
-    """Declared rounds and bytes per party of :func:`lm_prefill` (Omega folded)."""
+                    block: int | None = None, fuse=DEFAULT_LM_FUSE) -> Cost:
+    """Declared rounds and bytes per party of :func:`lm_prefill` (Omega folded), whose
+    session fuses the LayerNorms of ``fuse`` (their beta W: :func:`decoder.cost_ln_bias`)."""
     h, r, dh = cfg.n_heads, cfg.n_features, cfg.d_head
     cost = Cost(0, (0, 0, 0))
     for i in range(cfg.n_dec_layers):
@@ -260,7 +333,7 @@ def cost_lm_prefill(p_cfg, cfg: M.ModelConfig, B: int, T: int,
             attn = (_attn_io(p_cfg, cfg, B, T)
                     + cost_prefill_attention(p_cfg, B, h, T, r, dh, block))
         cost = cost + attn + _rest(p_cfg, cfg, B * T, rows, i)
-    return cost + _cost_end(p_cfg, cfg, B)
+    return cost + _cost_end(p_cfg, cfg, B) + cost_ln_bias(p_cfg, cfg, lm_fusions(cfg, fuse))
 
 
 def _cost_end(p_cfg, cfg: M.ModelConfig, B: int) -> Cost:
@@ -271,18 +344,55 @@ def _cost_end(p_cfg, cfg: M.ModelConfig, B: int) -> Cost:
     return cost
 
 
-def cost_lm_step(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int | None = None) -> Cost:
-    """Declared cost of :func:`lm_step` for the token at position ``t`` (t tokens before it):
-    relu-performer: it depends on t only through t mod block (O(1) in the prefix);
-    softmax-style (KV cache): bytes linear in t, rounds independent of t."""
+def _cost_self_core(p_cfg, cfg: M.ModelConfig, B: int, t: int, L: int) -> Cost:
+    """A step's self attention after a LayerNorm formed its Q, K, V (:func:`sublayer`):
+    relu-performer the features' ReLU, the step and W^O; softmax-style the KV-cache row."""
+    if cfg.attention != M.PERFORMER:
+        return cost_attend_out(p_cfg, cfg, B, t)
     h, r, dh = cfg.n_heads, cfg.n_features, cfg.d_head
+    return (cost_features(p_cfg, B * h * 2 * r, True)
+            + A.cost_attention_step(p_cfg, B, h, r, dh, t % L, t >= L, L)
+            + cost_finish(p_cfg, cfg, B))
+
+
+def cost_lm_step(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int | None = None,
+                 fuse=DEFAULT_LM_FUSE) -> Cost:
+    """Declared cost of :func:`lm_step` for the token at position ``t`` (t tokens before it)
+    in a session fusing the LayerNorms of ``fuse`` (:func:`lm_fusions`): relu-performer: it
+    depends on t only through t mod block (O(1) in the prefix); softmax-style (KV cache):
+    bytes linear in t, rounds independent of t."""
+    h, r, dh, d = cfg.n_heads, cfg.n_features, cfg.d_head, cfg.d_model
+    L = A.default_decode_block(r, dh) if block is None else int(block)
     if cfg.attention != M.PERFORMER:
         attn = _kv_attn(p_cfg, cfg, B, t, 1, 1)
     else:
-        L = A.default_decode_block(r, dh) if block is None else int(block)
         attn = (_attn_io(p_cfg, cfg, B, 1)
                 + A.cost_attention_step(p_cfg, B, h, r, dh, t % L, t >= L, L))
-    cost = Cost(0, (0, 0, 0))
+    core = _cost_self_core(p_cfg, cfg, B, t, L)
+    ffn_core = cost_ffn_hidden(p_cfg, B, d, cfg.d_ff, cfg.ffn_act, split=True)
+    fusions, pre_ln = lm_fusions(cfg, fuse), cfg.norm_first
+    norm_b = cost_norm(p_cfg, cfg, B)
+
+    def ln_proj_cost(ln: str, names: list[str], want_y: bool) -> Cost | None:
+        return (cost_ln_proj(p_cfg, cfg, B, names, want_y, True, True) if ln in fusions
+                else None)
+
+    cost, formed = Cost(0, (0, 0, 0)), False    # formed: Q, K, V made by the LN before
     for i in range(cfg.n_dec_layers):
-        cost = cost + attn + _rest(p_cfg, cfg, B, B, i)
+        pre, names = f"dec.{i}", step_names(i)
+        if pre_ln:
+            fused = ln_proj_cost(f"{pre}.ln1", names["self"], False)
+            cost = cost + (fused + core if fused is not None else norm_b + attn)
+        else:
+            cost = cost + (core if formed else attn)
+        formed = False
+        if cfg.has_ffn(i):
+            fused = ln_proj_cost(f"{pre}.ln{2 if pre_ln else 1}", names["ffn"], not pre_ln)
+            cost = cost + (fused + ffn_core if fused is not None else
+                           norm_b + cost_ffn(p_cfg, B, d, cfg.d_ff, cfg.ffn_act))
+            if not pre_ln:
+                nxt = step_names(i + 1)["self"] if i + 1 < cfg.n_dec_layers else []
+                fused = ln_proj_cost(f"{pre}.ln2", nxt, True)
+                formed = fused is not None
+                cost = cost + (fused if formed else norm_b)
     return cost + _cost_end(p_cfg, cfg, B)

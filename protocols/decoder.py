@@ -135,23 +135,27 @@ def _proj_bits(p_cfg, name: str) -> int:
 
 
 def fused_biases(p: Party, shares: dict, fusions: dict[str, list[str]]
-             ) -> dict[tuple[str, str], AShare]:
+                 ) -> dict[tuple[str, str], AShare]:
     """beta W (+ b1 for W1) of every fused (LayerNorm, projection) of ``fusions`` (ln prefix ->
-    weight names): model constants formed once per session, one kernel call."""
-    pairs = [(ln, w) for ln, ws in fusions.items() for w in ws]
-    if not pairs:
+    weight names): model constants formed once per session, one product kernel per
+    LayerNorm, all in the same rounds (so the bytes are a sum over LayerNorms)."""
+    from mpc3.kernels.base import run_steps
+    if not fusions:
         return {}
-    got = arith.mul_many_aa(p, [(shares[f"{ln}.beta"].reshape(1, -1), shares[w], "matmul",
-                                 _proj_bits(p.cfg, w)) for ln, w in pairs])
-    return {(ln, w): _plus_bias(shares, w, v.reshape(-1)) for (ln, w), v in zip(pairs, got)}
+    kernels = []
+    for ln, ws in fusions.items():
+        kernels.append(arith.mul_many_steps(p, [(shares[f"{ln}.beta"].reshape(1, -1), shares[w],
+                                                 "matmul", _proj_bits(p.cfg, w)) for w in ws]))
+    got = run_steps(p, *kernels)
+    return {(ln, w): _plus_bias(shares, w, v.reshape(-1))
+            for (ln, ws), vs in zip(fusions.items(), got) for w, v in zip(ws, vs)}
 
 
 def cost_ln_bias(p_cfg, cfg: M.ModelConfig, fusions: dict[str, list[str]],
                  folded: bool = True) -> Cost:
-    shifts = [np.full(_width(cfg, w, folded), _proj_bits(p_cfg, w))
-              for ws in fusions.values() for w in ws]
-    return arith.cost_mul_many(np.concatenate(shifts), 0, p_cfg.trunc) if shifts else \
-        Cost(0, (0, 0, 0))
+    return Cost.parallel(*[arith.cost_mul_many(
+        np.concatenate([np.full(_width(cfg, w, folded), _proj_bits(p_cfg, w)) for w in ws]),
+        0, p_cfg.trunc) for ws in fusions.values()]) if fusions else Cost(0, (0, 0, 0))
 
 
 def _width(cfg: M.ModelConfig, name: str, folded: bool = True) -> int:

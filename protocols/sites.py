@@ -33,6 +33,12 @@ __all__ = ["SITES", "Recorder", "Site", "Trace", "site_range"]
 _TRACE_NAME = {"wq_proj": "wq", "wk_proj": "wk", "wv_c": "wv", "w1": "w1"}
 
 
+def _targets(fusions: dict[str, list[str]]) -> dict[str, list[tuple[str, str]]]:
+    """ln prefix -> (prefix, trace name) of each projection it forms (:meth:`Trace.ln_fused`)."""
+    return {ln: [(w.rsplit(".", 1)[0], _TRACE_NAME[w.rsplit(".", 1)[1]]) for w in names]
+            for ln, names in fusions.items()}
+
+
 def _bias(y: np.ndarray, w: dict, name: str, scale: float = 1.0) -> np.ndarray:
     """y + scale * w[name] when the model has that attention bias (added after the
     product, as the secure protocol does, so the product sites record y alone)."""
@@ -328,8 +334,7 @@ class Trace:
         with the LayerNorm fusions ``fuse`` (default: the decode step's default)."""
         from .decoder import DEFAULT_FUSE, ln_fusions
         cfg, x, L = self.cfg, y, self.cfg.n_dec_layers
-        fused = {ln: [(w.rsplit(".", 1)[0], _TRACE_NAME[w.rsplit(".", 1)[1]]) for w in names]
-                 for ln, names in ln_fusions(cfg, DEFAULT_FUSE if fuse is None else fuse).items()}
+        fused = _targets(ln_fusions(cfg, DEFAULT_FUSE if fuse is None else fuse))
 
         def ln(prefix, x, want_y):
             if prefix not in fused:
@@ -397,22 +402,31 @@ class Trace:
         self.rec.mag("head", "argmax", out.max(axis=-1) - out.min(axis=-1))
         return out
 
-    def lm(self, x: np.ndarray) -> np.ndarray:
+    def lm(self, x: np.ndarray, fuse=None) -> np.ndarray:
         """The decoder-only LM (protocols.causal_lm): its prefill and every decode step of
         the sequence x (B, T, d), layer by layer (Performer's decode blocks, or the causal
-        rows a KV cache computes). Returns the final hidden rows."""
+        rows a KV cache computes), the steps' LayerNorms fused as ``fuse`` says (default:
+        the LM step's); the prefill's own LayerNorms and projections are recorded too.
+        Returns the final hidden rows."""
+        from .causal_lm import DEFAULT_LM_FUSE, lm_fusions
         cfg = self.cfg
         attn = (self.variant_attention if cfg.attention != M.PERFORMER else self.masked_steps)
+        fused = _targets(lm_fusions(cfg, DEFAULT_LM_FUSE if fuse is None else fuse))
+
+        def ln(prefix, x):                # the prefill needs y as well: want_y
+            return self.ln_fused(prefix, x, fused[prefix]) if prefix in fused else \
+                self.ln(prefix, x)
+
         for i in range(cfg.n_dec_layers):
             pre = f"dec.{i}"
             if cfg.norm_first:
-                x = x + attn(f"{pre}.self", self.ln(f"{pre}.ln1", x), True)
+                x = x + attn(f"{pre}.self", ln(f"{pre}.ln1", x), True)
                 if cfg.has_ffn(i):
-                    x = x + self.ffn(f"{pre}.ffn", self.ln(f"{pre}.ln2", x))
+                    x = x + self.ffn(f"{pre}.ffn", ln(f"{pre}.ln2", x))
             else:
-                x = self.ln(f"{pre}.ln1", x + attn(f"{pre}.self", x, True))
+                x = ln(f"{pre}.ln1", x + attn(f"{pre}.self", x, True))
                 if cfg.has_ffn(i):
-                    x = self.ln(f"{pre}.ln2", x + self.ffn(f"{pre}.ffn", x))
+                    x = ln(f"{pre}.ln2", x + self.ffn(f"{pre}.ffn", x))
         x = self.ln("dec.final_ln", x) if cfg.norm_first else x
         if self.c_out is not None:        # AERO's folded FFN scales: the last row times C_L
             x = x * self.c_out

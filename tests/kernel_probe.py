@@ -130,8 +130,8 @@ def _sites(inner, kernel: str, n_items: int) -> list[str]:
     elif fn == "start":                         # DecodeState.start: K'^T V times 1/n_enc
         one = "rowscale" if kernel == "trunc_a" else None
     elif fn == "fused_biases":                      # beta W of each fused LayerNorm projection
-        return [f"{ln}|{'lnw1' if w.endswith('.w1') else 'lnproj'}"
-                for ln, w in inner.f_locals["pairs"]]
+        ln = inner.f_locals["ln"]
+        return [f"{ln}|{'lnw1' if w.endswith('.w1') else 'lnproj'}" for w in inner.f_locals["ws"]]
     elif fn == "layernorm_project":
         if kernel == "mul_many_aa" and "rs" not in inner.f_locals:   # (x - mu) gamma W_i
             return ["lnw1" if bits == inner.f_locals["p"].cfg.frac else "lnproj"

@@ -14,6 +14,8 @@ from mpc3.party import RingConfig
 from mpc3.sharing import deal
 from mpc3.sim import make_parties, run_parties
 from protocols import breakdown as BD
+from protocols import causal_lm as LM
+from protocols import decoder as D
 from protocols.ffn import cost_activation
 from protocols.layernorm import cost_layernorm
 
@@ -73,7 +75,8 @@ def test_bench_lm_runs_every_arch_and_attention(arch, attention, tokens):
 def test_categories_hold_their_layers(ffn):
     """Decoder-only, pre-LN, L = 2, T = 8: the prefill's LayerNorms (LN1 on T rows, LN2 on
     T rows then on the last row only, the final LN on one row) and FFN activations, and a
-    step's (one row each), are exactly their declared costs."""
+    step's (one row each; its LN2 forms W1 in its rounds, so that product is the norm's:
+    causal_lm.lm_fusions), are exactly their declared costs."""
     r = _run("--arch", "decoder-only", "--attention", "softmax", "--ffn", ffn, "--tokens", "1")
     ring, d, T, dff = RingConfig(), 16, 8, 32
     ln = lambda rows: cost_layernorm(ring, rows, d).bytes_total          # noqa: E731
@@ -82,7 +85,12 @@ def test_categories_hold_their_layers(ffn):
     pre, step = r["prefill"]["breakdown"], r["steps"][0]["breakdown"]
     assert pre["norm"]["bytes_total"] == ln(T) + ln(T) + ln(T) + ln(1) + ln(1)
     assert pre["ffn_act"]["bytes_total"] == act(T) + act(1)
-    assert step["norm"]["bytes_total"] == 5 * ln(1)
+    cfg = L.lm_config("decoder-only", "softmax", d, 2, 2, dff, T, 1, ffn)
+    fused = LM.lm_fusions(cfg)
+    assert sorted(fused) == ["dec.0.ln2", "dec.1.ln2"]          # LN2 forms W1 (pre-LN)
+    assert step["norm"]["bytes_total"] == 3 * ln(1) + sum(
+        D.cost_ln_proj(ring, cfg, 1, names, False, True, True).bytes_total
+        for names in fused.values())
     assert step["ffn_act"]["bytes_total"] == 2 * act(1)
 
 

@@ -67,6 +67,55 @@ def test_prefill_and_steps_match_reference_and_declared_cost(run, rng, norm_firs
     assert len({c.rounds for c in steps}) == 1
 
 
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("fuse", [(), ("self",), LM.LM_FUSIONS])
+def test_fused_layernorm_projections_match_reference_and_save_two_rounds_each(
+        run, rng, norm_first, fuse):
+    """A step whose LayerNorms form the projections after them (lm_fusions): the same values,
+    measured = declared traffic, and 2 rounds fewer per fused LayerNorm than unfused."""
+    cfg = lm_cfg(norm_first=norm_first)
+    w = M.random_weights(cfg, 3)
+    x = rng.uniform(-1, 1, (2, 8, 16))
+    measured = []
+
+    def fn(p, s, xs):
+        h, st = LM.lm_prefill(p, cfg, s, xs[:, :5], block=3, fuse=fuse)
+        hs = [h]
+        for t in range(5, 8):
+            c0 = p.stats.snapshot()
+            hs.append(LM.lm_step(p, cfg, s, st, xs[:, t]))
+            measured.append((p.rank, t, p.stats.snapshot() - c0))
+        return hs
+
+    res = run(fn, SM.share_model(cfg, w), share(x))
+    full = M.ref_lm(cfg, w, x)
+    for k in range(4):
+        assert np.max(np.abs(value([r[k] for r in res]) - full[:, 4 + k])) < TOL
+    rc = RingConfig()
+    fused = LM.lm_fusions(cfg, fuse)
+    assert len(fused) == {(): 0, ("self",): 2 if norm_first else 1}.get(fuse, 4 if norm_first
+                                                                             else 3)
+    for t in range(5, 8):
+        declared = LM.cost_lm_step(rc, cfg, 2, t, 3, fuse=fuse)
+        got = sorted((m[0], m[2]) for m in measured if m[1] == t)
+        assert tuple(m[1].bytes_sent for m in got) == declared.bytes_per_party
+        assert max(m[1].rounds for m in got) == declared.rounds
+        assert LM.cost_lm_step(rc, cfg, 2, t, 3, fuse=()).rounds - declared.rounds == \
+            2 * len(fused)
+
+
+def test_lm_fusions_need_layernorm_and_known_kinds():
+    assert LM.lm_fusions(lm_cfg(norm_first=True), ("self", "ffn")) == {
+        f"dec.{i}.ln{n}": [f"dec.{i}.{k}" for k in ks] for i in range(2)
+        for n, ks in ((1, ("self.wq_proj", "self.wk_proj", "self.wv_c")), (2, ("ffn.w1",)))}
+    post = LM.lm_fusions(lm_cfg(norm_first=False), ("self", "ffn"))
+    assert post == {"dec.0.ln1": ["dec.0.ffn.w1"], "dec.1.ln1": ["dec.1.ffn.w1"],
+                    "dec.0.ln2": ["dec.1.self.wq_proj", "dec.1.self.wk_proj", "dec.1.self.wv_c"]}
+    assert LM.lm_fusions(lm_cfg(norm_first=True, norm="batchnorm"), LM.LM_FUSIONS) == {}
+    with pytest.raises(ValueError, match="cross"):
+        LM.lm_fusions(lm_cfg(), ("cross",))
+
+
 def test_prefill_attention_leaves_the_decode_state(run, rng):
     """The state after a prefill of T rows continues exactly like T decode steps would."""
     from protocols import attention as A
@@ -164,6 +213,9 @@ def test_lm_calibrates_and_trace_is_the_reference(rng):
     assert cal.input_range["X"] == cal.input_range["Y"] == \
         C.embedding_range(cfg, user["embed.tgt"])
     assert {"kv", "scores", "out"} <= set(cal.layers["dec.1.self"])
+    # the steps' LN2 forms W1 (lm_fusions): its unscaled product and the rs scaling checked
+    assert {"lnw1", "lnscale"} <= set(cal.layers["dec.1.ln2"])
+    assert not {"lnw1", "lnproj"} & set(cal.layers["dec.1.ln1"])
     hot = M.ModelConfig.from_dict({**cfg.to_dict(), "attn_c": 64.0})
     with pytest.raises(C.RangeError, match="^dec.0."):
         C.calibrate(hot, w, C.default_samples(hot, user, rng), user=user)
