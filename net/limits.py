@@ -10,8 +10,10 @@ from __future__ import annotations
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
-from .errors import BadRequest, Code
+if TYPE_CHECKING:                 # net.errors imports gRPC, which net.config does not need
+    from .errors import BadRequest
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,7 @@ class Quotas:
         self._bytes: dict[str, int] = {}
 
     def _refuse(self, user: str, what: str, key: str, advice: str) -> BadRequest:
+        from .errors import BadRequest, Code
         return BadRequest(Code.RESOURCE_EXHAUSTED, f"party {self.rank}: {what} (limit "
                           f"{key} = {getattr(self.limits, key)} in [limits]); {advice}")
 

@@ -26,9 +26,22 @@ def version() -> str:
     return f"mpc3 {v} (wire protocol {VERSION})"
 
 
+class _Version(argparse.Action):
+    """``--version``, formed only when asked for (the wire protocol's version lives with the
+    gRPC service, which commands that run no party - in-process benchmarks - never load)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, **kw) -> None:
+        super().__init__(option_strings, dest=dest, default=argparse.SUPPRESS, nargs=0,
+                         help="show the version and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mpc3", description=__doc__.splitlines()[0])
-    parser.add_argument("--version", action="version", version=version())
+    parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", required=True)
     for group in GROUPS:
         group.register(sub)
