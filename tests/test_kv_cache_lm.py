@@ -72,6 +72,37 @@ def test_prefill_and_steps_match_reference_and_declared_cost(run, rng, attention
     assert min(grow) > 0                                       # bytes grow with the prefix
 
 
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_steps_with_every_layernorm_fusion(run, rng, norm_first):
+    """Q, K, V and W1 formed inside the LayerNorms before them (LM_FUSIONS; the default forms
+    W1 only): the KV cache gets the same rows, declared == measured, 2 rounds per fusion."""
+    cfg = lm_cfg("softmax", norm_first=norm_first)
+    w = M.random_weights(cfg, 4)
+    x = rng.uniform(-1, 1, (2, 6, 16))
+    measured = []
+
+    def fn(p, s, xs):
+        h, st = LM.lm_prefill(p, cfg, s, xs[:, :3], fuse=LM.LM_FUSIONS)
+        hs = [h]
+        for t in range(3, 6):
+            c0 = p.stats.snapshot()
+            hs.append(LM.lm_step(p, cfg, s, st, xs[:, t]))
+            measured.append((p.rank, t, p.stats.snapshot() - c0))
+        return hs
+
+    res = run(fn, SM.share_model(cfg, w), share(x))
+    full = M.ref_lm(cfg, w, x)
+    for k in range(4):
+        assert np.max(np.abs(value([r[k] for r in res]) - full[:, 2 + k])) < TOL
+    rc, fused = RingConfig(), LM.lm_fusions(cfg, LM.LM_FUSIONS)
+    for t in range(3, 6):
+        declared = LM.cost_lm_step(rc, cfg, 2, t, fuse=LM.LM_FUSIONS)
+        got = sorted((m[0], m[2]) for m in measured if m[1] == t)
+        assert tuple(m[1].bytes_sent for m in got) == declared.bytes_per_party
+        assert max(m[1].rounds for m in got) == declared.rounds
+        assert LM.cost_lm_step(rc, cfg, 2, t, fuse=()).rounds == declared.rounds + 2 * len(fused)
+
+
 def test_cache_rows_are_the_projected_keys_and_refuse_overflow(run, rng):
     """The cache holds exactly the k, v rows appended (shares, capacity max_len) and the
     newest row attends to all of them like the masked attention's last row."""
