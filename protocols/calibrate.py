@@ -43,7 +43,9 @@ from mpc3.party import RingConfig
 from . import model as M
 from .sites import SITES, Recorder, Trace, site_range
 
-VERSION = 1
+#: 2: an LM step's LayerNorm forms its FFN's W1 (causal_lm.lm_fusions), so a version-1
+#: calibration of an LM lacks sites its decode steps now reach: refused, re-share the model.
+VERSION = 2
 DEFAULT_MARGIN = 4.0
 
 
@@ -183,7 +185,9 @@ class Calibration:
     @classmethod
     def from_dict(cls, d: Mapping) -> "Calibration":
         if d.get("version") != VERSION:
-            raise ValueError(f"calibration version {d.get('version')!r} is not {VERSION}")
+            raise ValueError(f"calibration version {d.get('version')!r} is not {VERSION}: the "
+                             f"protocols changed since the model was calibrated; the model "
+                             f"owner re-shares it (mpc3 share-model calibrates it again)")
         unknown = sorted({s for row in d["layers"].values() for s in row} - set(SITES))
         if unknown:
             raise ValueError(f"calibration has unknown sites {unknown}")

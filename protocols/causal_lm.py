@@ -108,7 +108,7 @@ class LMState:
     prefix: list[A.PrefixState | KVCache]
     t: int = 0
     ln_bias: dict = field(default_factory=dict)
-    fuse: tuple = DEFAULT_LM_FUSE
+    fuse: tuple = ()                 # lm_prefill sets its fuse (default DEFAULT_LM_FUSE)
 
     @property
     def batch(self) -> int:
@@ -212,6 +212,7 @@ def lm_prefill(p: Party, cfg: M.ModelConfig, shares: dict, x: AShare,
     LMState after T tokens, its steps fusing the LayerNorms of ``fuse``). ``on_layer(name)``
     after each layer (``dec.i``, ``dec.final_ln``). Cost: :func:`cost_lm_prefill`."""
     _check(cfg)
+    fusions = lm_fusions(cfg, fuse)               # an unknown kind is refused before any round
     if len(x.shape) != 3 or x.shape[-1] != cfg.d_model:
         raise ValueError(f"prompt must be (B, T, {cfg.d_model}), got {x.shape}")
     B, T, _ = x.shape
@@ -239,7 +240,9 @@ def lm_prefill(p: Party, cfg: M.ModelConfig, shares: dict, x: AShare,
     if cfg.norm_first:
         x = _ln(p, cfg, shares, "dec.final_ln", x)
         mark("dec.final_ln")
-    state = LMState(states, T, fused_biases(p, shares, lm_fusions(cfg, fuse)), tuple(fuse))
+    state = LMState(states, T, fused_biases(p, shares, fusions), tuple(fuse))
+    if fusions:                    # the session's beta W1: after the last layer's mark
+        mark("dec.ln_bias")
     return _out_scale(p, cfg, shares, x).reshape(B, cfg.d_model), state
 
 

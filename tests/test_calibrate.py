@@ -258,6 +258,9 @@ def test_calibration_dict_roundtrip_is_small_json():
     assert C.Calibration.from_dict(d) == cal
     with pytest.raises(ValueError, match="version"):
         C.Calibration.from_dict({**d, "version": 99})
+    # version 1 predates the LM step's fused LayerNorm sites: refused, naming the remedy
+    with pytest.raises(ValueError, match="version 1 is not 2.*re-shares"):
+        C.Calibration.from_dict({**d, "version": 1})
     with pytest.raises(ValueError, match="unknown sites"):
         C.Calibration.from_dict({**d, "layers": {"enc.0.ffn": {"w3": 1.0}}})
 

@@ -104,6 +104,32 @@ def test_fused_layernorm_projections_match_reference_and_save_two_rounds_each(
             2 * len(fused)
 
 
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_prefill_marks_sum_to_its_traffic_and_bad_fuse_is_refused_first(run, rng, norm_first):
+    """The per-layer costs a prefill job reports (on_layer marks) cover all its traffic, the
+    session's fused beta W1 included ("dec.ln_bias"); an unknown fusion is refused before
+    the first round."""
+    from protocols.jobs.contract import CostRecorder
+    cfg = lm_cfg(norm_first=norm_first)
+    w = M.random_weights(cfg, 2)
+    x = rng.uniform(-1, 1, (2, 4, 16))
+
+    def fn(p, s, xs):
+        with pytest.raises(ValueError, match="unknown"):
+            LM.lm_prefill(p, cfg, s, xs, fuse=("cross",))
+        assert p.stats.rounds == 0
+        rec = CostRecorder(p)
+        LM.lm_prefill(p, cfg, s, xs, on_layer=rec.mark)
+        return rec.entries, p.stats.bytes_sent, p.stats.rounds
+
+    entries, total, rounds = run(fn, SM.share_model(cfg, w), share(x))[0]
+    assert [e["layer"] for e in entries] == ["dec.0", "dec.1"] + ["dec.final_ln"] * norm_first \
+        + ["dec.ln_bias"]
+    assert entries[-1]["rounds"] == 2
+    assert sum(e["bytes"] for e in entries) == total
+    assert sum(e["rounds"] for e in entries) == rounds
+
+
 def test_lm_fusions_need_layernorm_and_known_kinds():
     assert LM.lm_fusions(lm_cfg(norm_first=True), ("self", "ffn")) == {
         f"dec.{i}.ln{n}": [f"dec.{i}.{k}" for k in ks] for i in range(2)
