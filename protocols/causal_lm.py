@@ -297,11 +297,13 @@ def lm_step(p: Party, cfg: M.ModelConfig, shares: dict, state: LMState, y_t: ASh
 
 
 # -------------------------------------------------------------------- declared costs ----
-def _attn_io(p_cfg, cfg: M.ModelConfig, B: int, T: int) -> Cost:
-    """Projections (Omega folded), ReLU features, 1/n rows and W^O of T new rows."""
+def _attn_io(p_cfg, cfg: M.ModelConfig, B: int, T: int, folded: bool = True) -> Cost:
+    """Projections, ReLU features (Omega folded into the projections, or its own product:
+    mha.qkv_features), 1/n rows and W^O of T new rows."""
     d, h, r = cfg.d_model, cfg.n_heads, cfg.n_features
-    return (cost_project_features(p_cfg, B * h * 2 * T * r, B * T * d)
-            + cost_finish(p_cfg, cfg, B * T))
+    io = (cost_project_features(p_cfg, B * h * 2 * T * r, B * T * d) if folded else
+          cost_project(p_cfg, 3 * B * T * d) + cost_features(p_cfg, B * h * 2 * T * r, False))
+    return io + cost_finish(p_cfg, cfg, B * T)
 
 
 def _rest(p_cfg, cfg: M.ModelConfig, rows_in: int, rows: int, i: int = 0) -> Cost:
@@ -322,9 +324,10 @@ def _kv_attn(p_cfg, cfg: M.ModelConfig, B: int, t0: int, n: int, rows: int) -> C
 
 
 def cost_lm_prefill(p_cfg, cfg: M.ModelConfig, B: int, T: int,
-                    block: int | None = None, fuse=DEFAULT_LM_FUSE) -> Cost:
-    """Declared rounds and bytes per party of :func:`lm_prefill` (Omega folded), whose
-    session fuses the LayerNorms of ``fuse`` (their beta W: :func:`decoder.cost_ln_bias`)."""
+                    block: int | None = None, fuse=DEFAULT_LM_FUSE, folded: bool = True) -> Cost:
+    """Declared rounds and bytes per party of :func:`lm_prefill` (``folded``: Omega folded
+    into the shares, secure_model's default), whose session fuses the LayerNorms of ``fuse``
+    (their beta W: :func:`decoder.cost_ln_bias`)."""
     h, r, dh = cfg.n_heads, cfg.n_features, cfg.d_head
     cost = Cost(0, (0, 0, 0))
     for i in range(cfg.n_dec_layers):
@@ -333,10 +336,11 @@ def cost_lm_prefill(p_cfg, cfg: M.ModelConfig, B: int, T: int,
         if cfg.attention != M.PERFORMER:
             attn = _kv_attn(p_cfg, cfg, B, 0, T, 1 if last else T)
         else:
-            attn = (_attn_io(p_cfg, cfg, B, T)
+            attn = (_attn_io(p_cfg, cfg, B, T, folded)
                     + cost_prefill_attention(p_cfg, B, h, T, r, dh, block))
         cost = cost + attn + _rest(p_cfg, cfg, B * T, rows, i)
-    return cost + _cost_end(p_cfg, cfg, B) + cost_ln_bias(p_cfg, cfg, lm_fusions(cfg, fuse))
+    return cost + _cost_end(p_cfg, cfg, B) + cost_ln_bias(p_cfg, cfg, lm_fusions(cfg, fuse),
+                                                          folded)
 
 
 def _cost_end(p_cfg, cfg: M.ModelConfig, B: int) -> Cost:
@@ -347,37 +351,37 @@ def _cost_end(p_cfg, cfg: M.ModelConfig, B: int) -> Cost:
     return cost
 
 
-def _cost_self_core(p_cfg, cfg: M.ModelConfig, B: int, t: int, L: int) -> Cost:
+def _cost_self_core(p_cfg, cfg: M.ModelConfig, B: int, t: int, L: int, folded: bool) -> Cost:
     """A step's self attention after a LayerNorm formed its Q, K, V (:func:`sublayer`):
     relu-performer the features' ReLU, the step and W^O; softmax-style the KV-cache row."""
     if cfg.attention != M.PERFORMER:
         return cost_attend_out(p_cfg, cfg, B, t)
     h, r, dh = cfg.n_heads, cfg.n_features, cfg.d_head
-    return (cost_features(p_cfg, B * h * 2 * r, True)
+    return (cost_features(p_cfg, B * h * 2 * r, folded)
             + A.cost_attention_step(p_cfg, B, h, r, dh, t % L, t >= L, L)
             + cost_finish(p_cfg, cfg, B))
 
 
 def cost_lm_step(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int | None = None,
-                 fuse=DEFAULT_LM_FUSE) -> Cost:
+                 fuse=DEFAULT_LM_FUSE, folded: bool = True) -> Cost:
     """Declared cost of :func:`lm_step` for the token at position ``t`` (t tokens before it)
-    in a session fusing the LayerNorms of ``fuse`` (:func:`lm_fusions`): relu-performer: it
-    depends on t only through t mod block (O(1) in the prefix); softmax-style (KV cache):
-    bytes linear in t, rounds independent of t."""
+    in a session fusing the LayerNorms of ``fuse`` (:func:`lm_fusions`), Omega ``folded`` into
+    the shares or not: relu-performer: it depends on t only through t mod block (O(1) in the
+    prefix); softmax-style (KV cache): bytes linear in t, rounds independent of t."""
     h, r, dh, d = cfg.n_heads, cfg.n_features, cfg.d_head, cfg.d_model
     L = A.default_decode_block(r, dh) if block is None else int(block)
     if cfg.attention != M.PERFORMER:
         attn = _kv_attn(p_cfg, cfg, B, t, 1, 1)
     else:
-        attn = (_attn_io(p_cfg, cfg, B, 1)
+        attn = (_attn_io(p_cfg, cfg, B, 1, folded)
                 + A.cost_attention_step(p_cfg, B, h, r, dh, t % L, t >= L, L))
-    core = _cost_self_core(p_cfg, cfg, B, t, L)
+    core = _cost_self_core(p_cfg, cfg, B, t, L, folded)
     ffn_core = cost_ffn_hidden(p_cfg, B, d, cfg.d_ff, cfg.ffn_act, split=True)
     fusions, pre_ln = lm_fusions(cfg, fuse), cfg.norm_first
     norm_b = cost_norm(p_cfg, cfg, B)
 
     def ln_proj_cost(ln: str, names: list[str], want_y: bool) -> Cost | None:
-        return (cost_ln_proj(p_cfg, cfg, B, names, want_y, True, True) if ln in fusions
+        return (cost_ln_proj(p_cfg, cfg, B, names, want_y, folded, True) if ln in fusions
                 else None)
 
     cost, formed = Cost(0, (0, 0, 0)), False    # formed: Q, K, V made by the LN before

@@ -130,6 +130,40 @@ def test_prefill_marks_sum_to_its_traffic_and_bad_fuse_is_refused_first(run, rng
     assert sum(e["rounds"] for e in entries) == rounds
 
 
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("fuse", [LM.DEFAULT_LM_FUSE, LM.LM_FUSIONS])
+def test_unfolded_omega_declares_what_it_measures(run, rng, norm_first, fuse):
+    """Shares with Omega separate (share_model(fold_omega=False)): the projections are plain
+    and the features take their own Omega product; the costs say so (folded=False)."""
+    cfg = lm_cfg(norm_first=norm_first)
+    w = M.random_weights(cfg, 6)
+    x = rng.uniform(-1, 1, (2, 6, 16))
+    measured = []
+
+    def fn(p, s, xs):
+        c0 = p.stats.snapshot()
+        h, st = LM.lm_prefill(p, cfg, s, xs[:, :4], block=3, fuse=fuse)
+        measured.append((p.rank, -1, p.stats.snapshot() - c0))
+        hs = [h]
+        for t in (4, 5):
+            c0 = p.stats.snapshot()
+            hs.append(LM.lm_step(p, cfg, s, st, xs[:, t]))
+            measured.append((p.rank, t, p.stats.snapshot() - c0))
+        return hs
+
+    res = run(fn, SM.share_model(cfg, w, fold_omega=False), share(x))
+    full = M.ref_lm(cfg, w, x)
+    for k in range(3):
+        assert np.max(np.abs(value([r[k] for r in res]) - full[:, 3 + k])) < TOL
+    rc = RingConfig()
+    for t in (-1, 4, 5):
+        declared = (LM.cost_lm_prefill(rc, cfg, 2, 4, 3, fuse=fuse, folded=False) if t < 0
+                    else LM.cost_lm_step(rc, cfg, 2, t, 3, fuse=fuse, folded=False))
+        got = sorted((m[0], m[2]) for m in measured if m[1] == t)
+        assert tuple(m[1].bytes_sent for m in got) == declared.bytes_per_party
+        assert max(m[1].rounds for m in got) == declared.rounds
+
+
 def test_lm_fusions_need_layernorm_and_known_kinds():
     assert LM.lm_fusions(lm_cfg(norm_first=True), ("self", "ffn")) == {
         f"dec.{i}.ln{n}": [f"dec.{i}.{k}" for k in ks] for i in range(2)
