@@ -49,6 +49,28 @@ def value(shares, frac=ring.DEFAULT_FRAC):
     return ring.decode(reveal(shares), frac)
 
 
+def lm_session(run, cfg, shares, x, prompt: int, **prefill_kw):
+    """protocols.causal_lm on three in-process parties: the prefill of ``x[:, :prompt]``
+    then one step per further row of x. Returns (revealed hidden rows, prefill's then each
+    step's, ``{t: (bytes per party, rounds)}`` of each step t)."""
+    from protocols import causal_lm as LM
+    measured = {}
+
+    def fn(p, s, xs):
+        h, st = LM.lm_prefill(p, cfg, s, xs[:, :prompt], **prefill_kw)
+        hs = [h]
+        for t in range(prompt, xs.shape[1]):
+            c0 = p.stats.snapshot()
+            hs.append(LM.lm_step(p, cfg, s, st, xs[:, t]))
+            measured.setdefault(t, {})[p.rank] = p.stats.snapshot() - c0
+        return hs
+
+    res = run(fn, shares, share(x))
+    rows = [value([r[k] for r in res]) for k in range(len(res[0]))]
+    return rows, {t: (tuple(m[r].bytes_sent for r in range(3)), max(v.rounds for v in m.values()))
+                  for t, m in measured.items()}
+
+
 def share_inputs(x, name="X"):
     """Each party's inputs of a job: ``x`` encoded and dealt as ``name``."""
     dealt = deal(ring.encode(x, ring.DEFAULT_FRAC))

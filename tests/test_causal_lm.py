@@ -8,7 +8,7 @@ Bound: 2e-3 absolute on LayerNorm-scale hidden rows (measured 2e-4 post-LN, 6e-4
 import numpy as np
 import pytest
 
-from conftest import share, value
+from conftest import lm_session, share, value
 from mpc3 import ring
 from mpc3.party import RingConfig
 from mpc3.sharing import deal
@@ -76,30 +76,16 @@ def test_fused_layernorm_projections_match_reference_and_save_two_rounds_each(
     cfg = lm_cfg(norm_first=norm_first)
     w = M.random_weights(cfg, 3)
     x = rng.uniform(-1, 1, (2, 8, 16))
-    measured = []
-
-    def fn(p, s, xs):
-        h, st = LM.lm_prefill(p, cfg, s, xs[:, :5], block=3, fuse=fuse)
-        hs = [h]
-        for t in range(5, 8):
-            c0 = p.stats.snapshot()
-            hs.append(LM.lm_step(p, cfg, s, st, xs[:, t]))
-            measured.append((p.rank, t, p.stats.snapshot() - c0))
-        return hs
-
-    res = run(fn, SM.share_model(cfg, w), share(x))
+    rows, steps = lm_session(run, cfg, SM.share_model(cfg, w), x, 5, block=3, fuse=fuse)
     full = M.ref_lm(cfg, w, x)
-    for k in range(4):
-        assert np.max(np.abs(value([r[k] for r in res]) - full[:, 4 + k])) < TOL
-    rc = RingConfig()
-    fused = LM.lm_fusions(cfg, fuse)
+    for k, h in enumerate(rows):
+        assert np.max(np.abs(h - full[:, 4 + k])) < TOL
+    rc, fused = RingConfig(), LM.lm_fusions(cfg, fuse)
     assert len(fused) == {(): 0, ("self",): 2 if norm_first else 1}.get(fuse, 4 if norm_first
                                                                              else 3)
-    for t in range(5, 8):
+    for t, got in steps.items():
         declared = LM.cost_lm_step(rc, cfg, 2, t, 3, fuse=fuse)
-        got = sorted((m[0], m[2]) for m in measured if m[1] == t)
-        assert tuple(m[1].bytes_sent for m in got) == declared.bytes_per_party
-        assert max(m[1].rounds for m in got) == declared.rounds
+        assert got == (declared.bytes_per_party, declared.rounds)
         assert LM.cost_lm_step(rc, cfg, 2, t, 3, fuse=()).rounds - declared.rounds == \
             2 * len(fused)
 
@@ -138,30 +124,18 @@ def test_unfolded_omega_declares_what_it_measures(run, rng, norm_first, fuse):
     cfg = lm_cfg(norm_first=norm_first)
     w = M.random_weights(cfg, 6)
     x = rng.uniform(-1, 1, (2, 6, 16))
-    measured = []
-
-    def fn(p, s, xs):
-        c0 = p.stats.snapshot()
-        h, st = LM.lm_prefill(p, cfg, s, xs[:, :4], block=3, fuse=fuse)
-        measured.append((p.rank, -1, p.stats.snapshot() - c0))
-        hs = [h]
-        for t in (4, 5):
-            c0 = p.stats.snapshot()
-            hs.append(LM.lm_step(p, cfg, s, st, xs[:, t]))
-            measured.append((p.rank, t, p.stats.snapshot() - c0))
-        return hs
-
-    res = run(fn, SM.share_model(cfg, w, fold_omega=False), share(x))
+    rows, steps = lm_session(run, cfg, SM.share_model(cfg, w, fold_omega=False), x, 4,
+                             block=3, fuse=fuse)
     full = M.ref_lm(cfg, w, x)
-    for k in range(3):
-        assert np.max(np.abs(value([r[k] for r in res]) - full[:, 3 + k])) < TOL
+    for k, h in enumerate(rows):
+        assert np.max(np.abs(h - full[:, 3 + k])) < TOL
     rc = RingConfig()
-    for t in (-1, 4, 5):
-        declared = (LM.cost_lm_prefill(rc, cfg, 2, 4, 3, fuse=fuse, folded=False) if t < 0
-                    else LM.cost_lm_step(rc, cfg, 2, t, 3, fuse=fuse, folded=False))
-        got = sorted((m[0], m[2]) for m in measured if m[1] == t)
-        assert tuple(m[1].bytes_sent for m in got) == declared.bytes_per_party
-        assert max(m[1].rounds for m in got) == declared.rounds
+    prefill = LM.cost_lm_prefill(rc, cfg, 2, 4, 3, fuse=fuse, folded=False)
+    assert run.bytes_per_party == tuple(
+        sum(c) for c in zip(prefill.bytes_per_party, *(b for b, _ in steps.values())))
+    for t, got in steps.items():
+        declared = LM.cost_lm_step(rc, cfg, 2, t, 3, fuse=fuse, folded=False)
+        assert got == (declared.bytes_per_party, declared.rounds)
 
 
 def test_lm_fusions_need_layernorm_and_known_kinds():

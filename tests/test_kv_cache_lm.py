@@ -9,7 +9,7 @@ printed by ``-s`` and quoted in docs/MODELS.md."""
 import numpy as np
 import pytest
 
-from conftest import share, value
+from conftest import lm_session, share, value
 from mpc3.party import RingConfig
 from app import generate as G
 from app import translate as T
@@ -79,27 +79,14 @@ def test_steps_with_every_layernorm_fusion(run, rng, norm_first):
     cfg = lm_cfg("softmax", norm_first=norm_first)
     w = M.random_weights(cfg, 4)
     x = rng.uniform(-1, 1, (2, 6, 16))
-    measured = []
-
-    def fn(p, s, xs):
-        h, st = LM.lm_prefill(p, cfg, s, xs[:, :3], fuse=LM.LM_FUSIONS)
-        hs = [h]
-        for t in range(3, 6):
-            c0 = p.stats.snapshot()
-            hs.append(LM.lm_step(p, cfg, s, st, xs[:, t]))
-            measured.append((p.rank, t, p.stats.snapshot() - c0))
-        return hs
-
-    res = run(fn, SM.share_model(cfg, w), share(x))
+    rows, steps = lm_session(run, cfg, SM.share_model(cfg, w), x, 3, fuse=LM.LM_FUSIONS)
     full = M.ref_lm(cfg, w, x)
-    for k in range(4):
-        assert np.max(np.abs(value([r[k] for r in res]) - full[:, 2 + k])) < TOL
+    for k, h in enumerate(rows):
+        assert np.max(np.abs(h - full[:, 2 + k])) < TOL
     rc, fused = RingConfig(), LM.lm_fusions(cfg, LM.LM_FUSIONS)
-    for t in range(3, 6):
+    for t, got in steps.items():
         declared = LM.cost_lm_step(rc, cfg, 2, t, fuse=LM.LM_FUSIONS)
-        got = sorted((m[0], m[2]) for m in measured if m[1] == t)
-        assert tuple(m[1].bytes_sent for m in got) == declared.bytes_per_party
-        assert max(m[1].rounds for m in got) == declared.rounds
+        assert got == (declared.bytes_per_party, declared.rounds)
         assert LM.cost_lm_step(rc, cfg, 2, t, fuse=()).rounds == declared.rounds + 2 * len(fused)
 
 
