@@ -49,7 +49,8 @@ from mpc3.shares import AShare
 
 from . import attention as A
 from . import model as M
-from .decoder import cost_ln_bias, cost_ln_proj, fused_biases, ln_proj, step_names, sublayer
+from .decoder import (cost_ln_bias, cost_ln_proj, fused_biases, fusion_map, ln_proj,
+                      step_names, sublayer)
 from .ffn import cost_ffn, cost_ffn_hidden, ffn
 from .kv_cache import KVCache, attend_out, cost_attend_out
 from .norms import cost_norm, norm
@@ -75,28 +76,20 @@ def lm_fusions(cfg: M.ModelConfig, fuse=DEFAULT_LM_FUSE) -> dict[str, list[str]]
     the next layer's W^Q, W^K, W^V (the last layer's ln2 is the output). Only the kinds in
     ``fuse`` (:data:`LM_FUSIONS`), only LayerNorm (its inverse square root's rounds carry
     the products) and only layers with an FFN (a pruned one has no LayerNorm)."""
-    unknown = set(fuse) - set(LM_FUSIONS)
-    if unknown:
-        raise ValueError(f"LM fusions {sorted(unknown)} unknown (choose from {LM_FUSIONS})")
-    out, L = {}, cfg.n_dec_layers
-    if cfg.norm != "layernorm":
-        return out
-    for i in range(L):
+    def plan(i: int) -> dict[str, tuple[str, list[str]]]:
         pre, names = f"dec.{i}", step_names(i)
         if cfg.norm_first:
             kinds = {"self": (f"{pre}.ln1", names["self"])}
             if cfg.has_ffn(i):
                 kinds["ffn"] = (f"{pre}.ln2", names["ffn"])
-        elif cfg.has_ffn(i):
-            kinds = {"ffn": (f"{pre}.ln1", names["ffn"])}
-            if i + 1 < L:
-                kinds["self"] = (f"{pre}.ln2", step_names(i + 1)["self"])
-        else:
-            kinds = {}
-        for kind in fuse:
-            if kind in kinds:
-                out[kinds[kind][0]] = kinds[kind][1]
-    return out
+            return kinds
+        if not cfg.has_ffn(i):
+            return {}
+        kinds = {"ffn": (f"{pre}.ln1", names["ffn"])}
+        if i + 1 < cfg.n_dec_layers:
+            kinds["self"] = (f"{pre}.ln2", step_names(i + 1)["self"])
+        return kinds
+    return fusion_map(cfg, fuse, LM_FUSIONS, "LM", plan)
 
 
 @dataclass

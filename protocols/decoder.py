@@ -29,7 +29,7 @@ from typing import Callable
 import numpy as np
 
 from mpc3.kernels import arith
-from mpc3.kernels.base import Cost
+from mpc3.kernels.base import Cost, run_steps
 from mpc3.party import Party
 from mpc3.shares import AShare, SplitShare
 
@@ -107,26 +107,29 @@ def ln_fusions(cfg: M.ModelConfig, fuse=DEFAULT_FUSE) -> dict[str, list[str]]:
     ln2 -> the cross W^Q, ln3 -> W1 (the final LayerNorm is the output). Only the kinds in
     ``fuse`` (:data:`FUSIONS`). Only LayerNorm has an inverse square root whose rounds can
     carry the projection: with ``cfg.norm`` none or batchnorm nothing is fused ({})."""
-    unknown = set(fuse) - set(FUSIONS)
+    def plan(i: int) -> dict[str, tuple[str, list[str]]]:
+        pre, names = f"dec.{i}", step_names(i)
+        lns = ({"self": "ln1", "cross": "ln2", "ffn": "ln3"} if cfg.norm_first else
+               {"cross": "ln1", "ffn": "ln2", "self": "ln3"})
+        kinds = {"cross": names["cross"], "ffn": names["ffn"]}
+        if cfg.norm_first or i + 1 < cfg.n_dec_layers:
+            kinds["self"] = step_names(i if cfg.norm_first else i + 1)["self"]
+        return {kind: (f"{pre}.{lns[kind]}", ws) for kind, ws in kinds.items()}
+    return fusion_map(cfg, fuse, FUSIONS, "decode", plan)
+
+
+def fusion_map(cfg: M.ModelConfig, fuse, allowed: tuple, what: str,
+               plan: Callable[[int], dict]) -> dict[str, list[str]]:
+    """ln prefix -> weight names of the kinds in ``fuse`` (a subset of ``allowed``, else a
+    ValueError naming ``what``), ``plan(i)`` giving layer i's {kind: (ln prefix, names)};
+    empty unless the model's norm is LayerNorm."""
+    unknown = set(fuse) - set(allowed)
     if unknown:
-        raise ValueError(f"decode fusions {sorted(unknown)} unknown (choose from {FUSIONS})")
-    L, out = cfg.n_dec_layers, {}
-    if cfg.norm != "layernorm":
-        return out
-    qkv = lambda i: [f"dec.{i}.self.{n}" for n in ("wq_proj", "wk_proj", "wv_c")]  # noqa: E731
-    for i in range(L):
-        pre = f"dec.{i}"
-        kinds = {"cross": [f"{pre}.cross.wq_proj"], "ffn": [f"{pre}.ffn.w1"]}
-        if cfg.norm_first:
-            kinds["self"] = qkv(i)
-            lns = {"self": "ln1", "cross": "ln2", "ffn": "ln3"}
-        else:
-            if i + 1 < L:
-                kinds["self"] = qkv(i + 1)
-            lns = {"cross": "ln1", "ffn": "ln2", "self": "ln3"}
-        for kind in fuse:
-            if kind in kinds:
-                out[f"{pre}.{lns[kind]}"] = kinds[kind]
+        raise ValueError(f"{what} fusions {sorted(unknown)} unknown (choose from {allowed})")
+    out: dict[str, list[str]] = {}
+    for i in range(cfg.n_dec_layers if cfg.norm == "layernorm" else 0):
+        kinds = plan(i)
+        out.update(kinds[kind] for kind in fuse if kind in kinds)
     return out
 
 
@@ -139,7 +142,6 @@ def fused_biases(p: Party, shares: dict, fusions: dict[str, list[str]]
     """beta W (+ b1 for W1) of every fused (LayerNorm, projection) of ``fusions`` (ln prefix ->
     weight names): model constants formed once per session, one product kernel per
     LayerNorm, all in the same rounds (so the bytes are a sum over LayerNorms)."""
-    from mpc3.kernels.base import run_steps
     if not fusions:
         return {}
     kernels = []

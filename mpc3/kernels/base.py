@@ -183,7 +183,8 @@ def lockstep(p: Party, *steps):
 def run_steps(p: Party, *steps):
     """Run steps kernels (:func:`lockstep`) to completion; their return values. A single
     kernel (every blocking kernel call) runs its own Rounds: nothing to merge or re-key."""
-    gen = lockstep(p, *steps) if len(steps) != 1 else steps[0]
+    single = len(steps) == 1
+    gen = steps[0] if single else lockstep(p, *steps)
     outer = p.kop
     try:
         r = next(gen)
@@ -191,4 +192,4 @@ def run_steps(p: Party, *steps):
             r = gen.send(r.run())
     except StopIteration as stop:
         p.kop = outer
-        return stop.value if len(steps) != 1 else [stop.value]
+        return [stop.value] if single else stop.value
