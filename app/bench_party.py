@@ -17,6 +17,26 @@ from net.server import serve
 from protocols.jobs import benchmark_registry
 
 
+def name_os_threads() -> None:
+    """Give every thread started from now on its Python target's name at the OS level
+    (prctl PR_SET_NAME, 15 characters), so /proc/PID/task/*/comm tells gRPC's threads, the
+    link reader and the job runner apart (benchmarks/thread_cpu.py reads them)."""
+    import ctypes
+    import threading
+    try:
+        prctl = ctypes.CDLL(None).prctl
+    except (OSError, AttributeError):
+        return
+    run = threading.Thread.run
+
+    def named_run(self):
+        target = getattr(self, "_target", None)
+        name = getattr(target, "__qualname__", "") or self.name
+        prctl(15, name.rsplit(".", 1)[-1][:15].encode(), 0, 0, 0)
+        return run(self)
+    threading.Thread.run = named_run
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m app.bench_party", description=__doc__)
     ap.add_argument("--config", required=True)
@@ -28,6 +48,7 @@ def main(argv=None) -> int:
     logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     cfg = config.load(a.config, insecure_flag=a.insecure)
+    name_os_threads()
     from app.localcluster import exit_with_parent
     exit_with_parent(a.exit_with_parent)
     return serve(cfg, a.id, benchmark_registry())
