@@ -187,9 +187,9 @@ def runtime_defaults(env=os.environ) -> None:
     """Process settings of a party, unless the operator set them: the parallel ring
     matmul's OpenMP workers sleep between calls instead of spinning (libgomp's default spins
     for a while after each call), since a party shares its cores with its own gRPC
-    threads - and, on one host, with the other parties: encoder over three local party
-    processes 2.32 -> 1.91 s median. Must run before the first parallel kernel loads the
-    OpenMP runtime."""
+    threads - and, on one host, with the other parties (Table 2 encoder over three local
+    party processes 2.28 -> 1.96 s, benchmarks/paper.py). Must run before the first
+    parallel kernel loads the OpenMP runtime."""
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
