@@ -4,7 +4,7 @@ standard library only, no package imports, so it starts fast in any namespace).
 
 * ``_relay DELAY_MS RATE_MBIT LHOST:LPORT=RHOST:RPORT ...`` - the userspace delay relay:
   every byte is forwarded in order once ``now >= t_recv + delay`` (both directions), with a
-  bounded queue (back-pressure), for kernels without sch_netem.
+  bounded queue (back-pressure), for kernels without sch_netem; one thread per relay.
 * ``_probe-server HOST PORT`` / ``_probe-client HOST:PORT PINGS SECONDS`` - the RTT and
   throughput probe behind :func:`net.emulate.verify_link`.
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import select
 import socket
 import sys
 import threading
@@ -31,32 +32,32 @@ def _listen(host: str, port: int, handler) -> None:
     threading.Thread(target=serve, daemon=True).start()
 
 
-def _ready_then_wait(detach: bool = False) -> None:
+def _ready_then_wait() -> None:
     """Report readiness; then exit when the Emulation owner dies (even by SIGKILL)."""
     print("READY", flush=True)
     parent = os.getppid()
-    while detach or os.getppid() == parent:
+    while os.getppid() == parent:
         time.sleep(0.5)
     os._exit(0)
 
 
-def _sleep_until(deadline: float, comp: list) -> None:
-    """Sleep until ``time.monotonic() >= deadline``, never waking early: sleep
-    ``wait - comp[0]`` (running estimate of the kernel's overshoot), then spin
-    (releasing the GIL) for the rest."""
-    wait = deadline - time.monotonic() - comp[0]
-    if wait > 0:
-        t = time.monotonic()
-        time.sleep(wait)
-        comp[0] = min(max(0.9 * comp[0] + 0.1 * (time.monotonic() - t - wait), 0.0), 0.002)
-    while time.monotonic() < deadline:
-        time.sleep(0)
+class _Direction:
+    """One direction of a relayed connection: chunks read from ``src`` wait in ``q`` as
+    ``(due, bytes)`` (``b""`` = end of stream) until due, then go to ``dst``."""
+
+    def __init__(self, src: socket.socket, dst: socket.socket) -> None:
+        self.src, self.dst = src, dst
+        self.q: collections.deque = collections.deque()
+        self.buffered = 0
+        self.reading = True             # until src reaches EOF or fails
+        self.blocked = False            # dst's send buffer is full: wait until writable
 
 
 def _relay_main(delay_ms: str, rate_mbit: str, *maps: str) -> None:
-    """Delay relay: ``maps`` are ``LHOST:LPORT=RHOST:RPORT``; every byte is
-    forwarded (in order) ``delay_ms`` after it was received, both directions."""
-    sys.setswitchinterval(0.0002)
+    """Delay relay: ``maps`` are ``LHOST:LPORT=RHOST:RPORT``; every byte is forwarded (in
+    order) ``delay_ms`` after it was received, both directions. One thread: ``select``
+    (microsecond timeouts) wakes on incoming bytes and on the next chunk's due time, so an
+    idle relay uses no CPU and a busy one takes no CPU from the parties beyond the copy."""
     try:                                            # prctl(PR_SET_TIMERSLACK, 1 ns)
         import ctypes
         ctypes.CDLL(None).prctl(29, 1, 0, 0, 0)
@@ -64,76 +65,93 @@ def _relay_main(delay_ms: str, rate_mbit: str, *maps: str) -> None:
         pass
     delay = float(delay_ms) / 1e3
     limit = int(max(4 << 20, 4 * float(rate_mbit) * 1e6 / 8 * delay))   # queue >= 4 BDP
-
-    def pump(src: socket.socket, dst: socket.socket) -> None:
-        q: collections.deque = collections.deque()  # (deadline, chunk); b"" marks EOF
-        cv, st = threading.Condition(), {"buffered": 0, "dead": False}
-
-        def reader():                               # timestamp chunks as they arrive
-            try:
-                while True:
-                    data = src.recv(1 << 18)
-                    with cv:
-                        q.append((time.monotonic() + delay, data))
-                        st["buffered"] += len(data)
-                        cv.notify_all()
-                        while st["buffered"] > limit and not st["dead"]:
-                            cv.wait()               # back-pressure
-                        if not data or st["dead"]:
-                            return
-            except OSError:
-                with cv:
-                    q.append((time.monotonic() + delay, b""))
-                    cv.notify_all()
-        threading.Thread(target=reader, daemon=True).start()
-        comp = [0.0001]
-        try:                                        # writer: release chunks when due
-            while True:
-                with cv:
-                    while not q:
-                        cv.wait()
-                    deadline = q[0][0]
-                _sleep_until(deadline, comp)
-                with cv:
-                    _, data = q.popleft()
-                if not data:
-                    dst.shutdown(socket.SHUT_WR)
-                    return
-                dst.sendall(data)
-                with cv:
-                    st["buffered"] -= len(data)
-                    cv.notify_all()
-        except OSError:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-        finally:
-            with cv:
-                st["dead"] = True
-                cv.notify_all()
-
-    def handler_for(target: tuple[str, int]):
-        def handle(client: socket.socket) -> None:
-            try:
-                upstream = socket.create_connection(target, timeout=10)
-            except OSError:
-                return client.close()
-            upstream.settimeout(None)
-            upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            back = threading.Thread(target=pump, args=(upstream, client), daemon=True)
-            back.start()
-            pump(client, upstream)
-            back.join()
-            client.close()
-            upstream.close()
-        return handle
-
+    listeners: dict[socket.socket, tuple[str, int]] = {}
     for m in maps:
         (lh, lp), (rh, rp) = (x.rsplit(":", 1) for x in m.split("="))
-        _listen(lh, int(lp), handler_for((rh, int(rp))))
-    _ready_then_wait(detach=os.environ.get("MPC3_RELAY_DETACH") == "1")
+        ls = socket.create_server((lh, int(lp)), reuse_port=False, backlog=128)
+        ls.setblocking(False)
+        listeners[ls] = (rh, int(rp))
+    print("READY", flush=True)
+    detach, parent = os.environ.get("MPC3_RELAY_DETACH") == "1", os.getppid()
+    dirs: list[_Direction] = []
+    check_parent = time.monotonic() + 0.5
+
+    def close(d: _Direction) -> None:               # a connection failed: drop both ways
+        for x in [x for x in dirs if {x.src, x.dst} == {d.src, d.dst}]:
+            dirs.remove(x)
+        for s in (d.src, d.dst):
+            try:
+                s.close()
+            except OSError:
+                pass
+
+    while True:
+        now = time.monotonic()
+        if now >= check_parent:
+            if not detach and os.getppid() != parent:
+                os._exit(0)                         # the Emulation owner died (even SIGKILL)
+            check_parent = now + 0.5
+        for d in list(dirs):                        # forward every chunk that is due
+            if d not in dirs:
+                continue                            # closed with its other direction
+            try:
+                while d.q and not d.blocked and d.q[0][0] <= now:
+                    due, data = d.q[0]
+                    if not data:
+                        d.q.popleft()
+                        d.dst.shutdown(socket.SHUT_WR)
+                        if not any(x.q or x.reading for x in dirs if x.src is d.dst):
+                            close(d)                # both ways ended
+                        break
+                    n = d.dst.send(data)
+                    d.buffered -= n
+                    if n < len(data):
+                        d.q[0] = (due, data[n:])
+                        d.blocked = True
+                    else:
+                        d.q.popleft()
+            except BlockingIOError:
+                d.blocked = True
+            except OSError:
+                close(d)
+        wake = min((d.q[0][0] for d in dirs if d.q and not d.blocked), default=now + 0.5)
+        rlist = list(listeners) + [d.src for d in dirs if d.reading and d.buffered < limit]
+        wlist = [d.dst for d in dirs if d.blocked]
+        readable, writable, _ = select.select(rlist, wlist, [],
+                                              max(0.0, min(wake, check_parent) - time.monotonic()))
+        t = time.monotonic()
+        for d in dirs:
+            if d.blocked and d.dst in writable:
+                d.blocked = False
+        for s in readable:
+            if s in listeners:
+                try:
+                    client, _ = s.accept()
+                except OSError:
+                    continue
+                try:
+                    upstream = socket.create_connection(listeners[s], timeout=10)
+                except OSError:
+                    client.close()
+                    continue
+                for c in (client, upstream):
+                    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    c.setblocking(False)
+                dirs += [_Direction(client, upstream), _Direction(upstream, client)]
+                continue
+            d = next((x for x in dirs if x.src is s and x.reading), None)
+            if d is None:
+                continue
+            try:
+                data = s.recv(1 << 18)
+            except BlockingIOError:
+                continue
+            except OSError:
+                close(d)
+                continue
+            d.q.append((t + delay, data))
+            d.buffered += len(data)
+            d.reading = bool(data)
 
 
 def _recv_exact(s: socket.socket, n: int) -> bytes:

@@ -133,3 +133,59 @@ def test_teardown_on_sigterm():
         for ns in _netns_list():                 # the child's pid is dead now
             if ns.startswith(f"mpc3-{child.pid}-"):
                 subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_relay_delays_keeps_order_and_half_closes():
+    """The delay relay alone (plain loopback, no namespaces): 8 MB arrive intact and in order
+    through its bounded queue, a ping-pong costs >= 2 x the delay, the sender's EOF reaches
+    the server and the server's reply after it still comes back; a refused upstream closes
+    the accepted connection instead of leaving it hanging."""
+    import hashlib
+    import socket
+    import threading
+    import time
+    up, lp, dead = _free_port(), _free_port(), _free_port()
+    server = socket.create_server(("127.0.0.1", up))
+
+    def serve():
+        c, _ = server.accept()
+        with c:
+            assert c.recv(4) == b"ping"
+            c.sendall(b"pong")
+            h, n = hashlib.sha256(), 0
+            while data := c.recv(1 << 16):
+                h.update(data)
+                n += len(data)
+            c.sendall(f"{n} {h.hexdigest()}".encode())
+    threading.Thread(target=serve, daemon=True).start()
+    relay = subprocess.Popen([sys.executable, emulate._HELPERS, "_relay", "5", "100",
+                              f"127.0.0.1:{lp}=127.0.0.1:{up}", f"127.0.0.1:{dead}=127.0.0.1:1"],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert relay.stdout.readline().strip() == "READY"
+        with socket.create_connection(("127.0.0.1", dead), timeout=5) as s:
+            assert s.recv(1) == b""                  # upstream refused -> closed, not hung
+        payload = os.urandom(8 << 20)
+        with socket.create_connection(("127.0.0.1", lp), timeout=10) as c:
+            c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            t = time.perf_counter()
+            c.sendall(b"ping")
+            assert c.recv(4) == b"pong"
+            assert time.perf_counter() - t >= 0.010
+            c.sendall(payload)
+            c.shutdown(socket.SHUT_WR)
+            reply = b""
+            while data := c.recv(256):
+                reply += data
+        assert reply.decode() == f"{len(payload)} {hashlib.sha256(payload).hexdigest()}"
+    finally:
+        relay.kill()
+        relay.wait()
+        server.close()
