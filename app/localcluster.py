@@ -40,12 +40,14 @@ def free_port(host: str = "127.0.0.1") -> int:
 def write_config(d: Path, host: str = "127.0.0.1", base_port: int = 0,
                  peer_timeout: float = 30.0, insecure: bool = False,
                  limits: dict | None = None, new_ports: bool = False,
-                 parties: list[dict] | None = None, job_timeout: float = 600.0) -> Path:
+                 parties: list[dict] | None = None, job_timeout: float = 600.0,
+                 peer_transport: str = "tls") -> Path:
     """Certificates (unless insecure) and ``cluster.toml`` for three parties.
 
     ``parties``: the [[party]] tables to use (address, listen, dial...; cert, key and
-    data_dir are filled in); default: ``host`` with ``base_port + n`` or the ports of an
-    existing config in ``d`` (unless ``new_ports``) or free ports.
+    data_dir are filled in, peer_address too when missing: a free port); default: ``host``
+    with ``base_port + n`` (peers ``base_port + 3 + n``) or the ports of an existing config in
+    ``d`` (unless ``new_ports``) or free ports.
     """
     d.mkdir(parents=True, exist_ok=True)
     if not insecure and not (d / "certs" / "ca.key").exists():
@@ -59,19 +61,24 @@ def write_config(d: Path, host: str = "127.0.0.1", base_port: int = 0,
             except (ValueError, OSError):
                 old = None
         if old is not None:
-            addrs = [old.parties[n].address for n in range(3)]
+            parties = [{"id": n, "address": old.parties[n].address,
+                        "peer_address": old.parties[n].peer_address} for n in range(3)]
         else:
-            addrs = [f"{host}:{base_port + n if base_port else free_port(host)}"
-                     for n in range(3)]
-        parties = [{"id": n, "address": addrs[n]} for n in range(3)]
-    cluster = {"peer_timeout_s": peer_timeout, "job_timeout_s": job_timeout, "frac": 18}
+            parties = [{"id": n, "address": f"{host}:{base_port + n}",
+                        "peer_address": f"{host}:{base_port + 3 + n}"} if base_port else
+                       {"id": n, "address": f"{host}:{free_port(host)}"} for n in range(3)]
+    cluster = {"peer_timeout_s": peer_timeout, "job_timeout_s": job_timeout, "frac": 18,
+               "peer_transport": peer_transport}
     if insecure:
         cluster[cconf.INSECURE_KEY] = True
     else:
         cluster["ca"] = "certs/ca.pem"
     tables = []
     for n, p in enumerate(parties):
-        p = {"id": n, **p, "data_dir": f"data/party-{n}"}
+        p = {"id": n, **p}
+        if "peer_address" not in p:         # a free port, not the default gRPC port + 1
+            p["peer_address"] = f"{p['address'].rpartition(':')[0]}:{free_port(host)}"
+        p["data_dir"] = f"data/party-{n}"
         if not insecure:
             p.update(cert=f"certs/party-{n}.pem", key=f"certs/party-{n}.key")
         tables.append(p)

@@ -1,10 +1,11 @@
 """The latency figures of issue 12, measured in one run (ratios are read from the same run):
 
-1. software cost per round: ``mpc3 bench op mult --n 1`` in-process and over three gRPC party
-   processes on loopback, interleaved ``--pairs`` times; wall / rounds of each;
+1. software cost per round: ``mpc3 bench op mult --n 1`` in-process and over three party
+   processes on loopback - peer links over TLS sockets (the default) and over gRPC streams
+   (``--peer-transport grpc``) - interleaved ``--pairs`` times; wall / rounds of each;
 2. one generated token of the Privformer translation workload (d=512, h=8, r=266,
-   d_ff=2048, 6+6 layers, 64-token source): ``mpc3 bench translate --model random`` in-process
-   and over gRPC, ``--tokens`` decoding steps each; per-token wall, rounds and bytes.
+   d_ff=2048, 6+6 layers, 64-token source): ``mpc3 bench translate --model random`` in the
+   same three setups, ``--tokens`` decoding steps each; per-token wall, rounds and bytes.
 
     python benchmarks/latency.py --json benchmarks/results/latency.json
 
@@ -33,36 +34,43 @@ def _bench(args: list[str]) -> dict:
         return json.loads(out.read_text())
 
 
+# the configurations compared: in-process parties, and three party processes on loopback
+# whose peer links are TLS sockets (the default) or gRPC streams
+SETUPS = {"inproc": ["--transport", "inproc"],
+          "tls": ["--transport", "grpc", "--peer-transport", "tls"],
+          "grpc": ["--transport", "grpc", "--peer-transport", "grpc"]}
+
+
 def per_round(pairs: int, repeat: int) -> dict:
-    runs: dict[str, list[float]] = {"inproc": [], "grpc": []}
+    runs: dict[str, list[float]] = {k: [] for k in SETUPS}
     rounds = {}
     for _ in range(pairs):
-        for transport in ("inproc", "grpc"):
-            r = _bench(["op", "mult", "--n", "1", "--repeat", str(repeat),
-                        "--transport", transport])
-            rounds[transport] = r["rounds"]
-            runs[transport].append(r["wall_s"]["min"] / r["rounds"])
+        for setup, flags in SETUPS.items():
+            r = _bench(["op", "mult", "--n", "1", "--repeat", str(repeat), *flags])
+            rounds[setup] = r["rounds"]
+            runs[setup].append(r["wall_s"]["min"] / r["rounds"])
     out = {t: {"ms_per_round_min": 1e3 * min(v), "ms_per_round_median": 1e3 * statistics.median(v),
                "rounds": rounds[t], "runs_ms": [round(1e3 * x, 4) for x in v]}
            for t, v in runs.items()}
-    out["grpc_over_inproc_min"] = out["grpc"]["ms_per_round_min"] / out["inproc"]["ms_per_round_min"]
+    for t in ("tls", "grpc"):
+        out[f"{t}_over_inproc_min"] = out[t]["ms_per_round_min"] / out["inproc"]["ms_per_round_min"]
     return out
 
 
 def decode(tokens: int) -> dict:
     out = {}
-    for transport in ("inproc", "grpc"):
+    for setup, flags in SETUPS.items():
         r = _bench(["translate", "--model", "random", "--src-len", "64", "--tokens", str(tokens),
-                    "--transport", transport])
-        out[transport] = {k: r[k] for k in ("per_token_wall_s", "per_token_rounds",
-                                            "per_token_bytes", "token_agreement", "max_abs_err")}
-        out[transport]["ms_per_round"] = 1e3 * r["per_token_wall_s"] / r["per_token_rounds"]
+                    *flags])
+        out[setup] = {k: r[k] for k in ("per_token_wall_s", "per_token_rounds",
+                                        "per_token_bytes", "token_agreement", "max_abs_err")}
+        out[setup]["ms_per_round"] = 1e3 * r["per_token_wall_s"] / r["per_token_rounds"]
     return out
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--pairs", type=int, default=5, help="interleaved inproc/grpc op runs")
+    ap.add_argument("--pairs", type=int, default=5, help="interleaved op runs of each setup")
     ap.add_argument("--repeat", type=int, default=20, help="repeats inside each op run")
     ap.add_argument("--tokens", type=int, default=8, help="decoding steps per translate run")
     ap.add_argument("--json", type=Path, default=None)

@@ -7,6 +7,7 @@ Example (see deploy/cluster.toml)::
     peer_timeout_s = 30            # a peer message not arriving in time fails the job
     job_timeout_s = 600
     frac = 18                      # fixed-point fractional bits (ring Z_2^64)
+    # peer_transport = "tls"       # party-to-party links: TLS sockets (default) or "grpc"
 
     [limits]                       # optional; every key of net.limits.Limits, e.g.
     running_jobs = 8               # jobs computing at once; more wait in party 0's queue
@@ -16,10 +17,13 @@ Example (see deploy/cluster.toml)::
     id = 0
     address = "mpc-a.example.org:7700"   # what peers and clients dial
     listen = "0.0.0.0:7700"              # optional bind address (default: address)
+    # peer_address = "mpc-a.example.org:7701"  # peer links (default: address's port + 1)
+    # peer_listen = "0.0.0.0:7701"             # their bind address (default: listen's port + 1)
     cert = "certs/party-0.pem"
     key = "certs/party-0.key"
     data_dir = "/var/lib/mpc3"
     # dial = { 1 = "10.0.0.2:7700" }     # optional per-peer dial overrides
+    # peer_dial = { 1 = "10.0.0.2:7701" }
 
     [clients.model-owner]
     cert = "certs/owner.pem"
@@ -38,6 +42,7 @@ from pathlib import Path
 from .limits import Limits
 
 INSECURE_KEY = "insecure_plaintext_for_local_dev"
+PEER_TRANSPORTS = ("tls", "grpc")
 REMOVED_KEYS = {
     "max_jobs": "use running_jobs in the [limits] table",
     "max_tensor_bytes": "use tensor_bytes in the [limits] table",
@@ -55,6 +60,9 @@ class PartyConfig:
     key: Path | None
     data_dir: Path
     dial: dict[int, str] = field(default_factory=dict)
+    peer_address: str = ""
+    peer_listen: str = ""
+    peer_dial: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -75,6 +83,7 @@ class ClusterConfig:
     limits: Limits = field(default_factory=Limits)
     clients: dict[str, ClientCreds] = field(default_factory=dict)
     insecure_plaintext_for_local_dev: bool = False
+    peer_transport: str = "tls"
 
     def party(self, n: int) -> PartyConfig:
         if n not in (0, 1, 2):
@@ -87,6 +96,10 @@ class ClusterConfig:
             return self.parties[src].dial[dst]
         return self.parties[dst].address
 
+    def peer_dial_address(self, src: int, dst: int) -> str:
+        """Address party ``src`` dials for its peer link to party ``dst`` (TLS sockets)."""
+        return self.parties[src].peer_dial.get(dst) or self.parties[dst].peer_address
+
     @property
     def tls(self) -> bool:
         return not self.insecure_plaintext_for_local_dev
@@ -97,6 +110,18 @@ def _path(base: Path, value, what: str) -> Path:
         raise ValueError(f"{what}: expected a path string")
     p = Path(value).expanduser()
     return p if p.is_absolute() else base / p
+
+
+def _next_port(address: str) -> str:
+    host, _, port = address.rpartition(":")
+    return f"{host}:{int(port) + 1}" if port.isdigit() else address
+
+
+def _address(table: dict, key: str, default: str, pid: int) -> str:
+    v = table.get(key, default)
+    if not isinstance(v, str) or not v.rpartition(":")[2].isdigit():
+        raise ValueError(f"party {pid}: {key} must be 'host:port', got {v!r}")
+    return v
 
 
 def _num(table: dict, key: str, default, kind, lo):
@@ -138,9 +163,14 @@ def from_dict(raw: dict, base: Path, path: Path | None = None,
             cert = _path(base, t.get("cert"), f"party {pid} cert")
             key = _path(base, t.get("key"), f"party {pid} key")
         dial = {int(k): str(v) for k, v in t.get("dial", {}).items()}
-        parties[pid] = PartyConfig(pid, addr, str(t.get("listen", addr)), cert, key,
+        listen = str(t.get("listen", addr))
+        peer_addr = _address(t, "peer_address", _next_port(addr), pid)
+        parties[pid] = PartyConfig(pid, addr, listen, cert, key,
                                    _path(base, t.get("data_dir", f"data/party-{pid}"),
-                                         f"party {pid} data_dir"), dial)
+                                         f"party {pid} data_dir"), dial, peer_addr,
+                                   _address(t, "peer_listen", _next_port(listen)
+                                            if "listen" in t else peer_addr, pid),
+                                   {int(k): str(v) for k, v in t.get("peer_dial", {}).items()})
     clients = {role: ClientCreds(_path(base, c.get("cert"), f"clients.{role} cert"),
                                  _path(base, c.get("key"), f"clients.{role} key"))
                for role, c in raw.get("clients", {}).items()}
@@ -148,6 +178,10 @@ def from_dict(raw: dict, base: Path, path: Path | None = None,
     for old, new in REMOVED_KEYS.items():
         if old in cl:
             raise ValueError(f"[cluster] {old} is no longer supported: {new}")
+    transport = cl.get("peer_transport", "tls")
+    if transport not in PEER_TRANSPORTS:
+        raise ValueError(f"[cluster] peer_transport must be one of {', '.join(PEER_TRANSPORTS)}, "
+                         f"got {transport!r}")
     limits = raw.get("limits", {})
     if not isinstance(limits, dict):
         raise ValueError("[limits] must be a table")
@@ -159,7 +193,8 @@ def from_dict(raw: dict, base: Path, path: Path | None = None,
         frac=_num(cl, "frac", 18, int, 1),
         limits=Limits.from_table(limits),
         clients=clients,
-        insecure_plaintext_for_local_dev=insecure)
+        insecure_plaintext_for_local_dev=insecure,
+        peer_transport=transport)
 
 
 def render(parties: list[dict], cluster: dict, clients: dict[str, dict],

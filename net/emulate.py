@@ -180,8 +180,12 @@ class Emulation:
     def port(self, i: int) -> int:
         return self.base_port + i
 
-    def listen_addr(self, i: int) -> str:
-        return f"{self.host(i)}:{self.port(i)}"
+    def peer_port(self, i: int) -> int:
+        """Party i's peer-link port (TLS sockets, :mod:`net.tlslink`)."""
+        return self.base_port + PARTIES + i
+
+    def listen_addr(self, i: int, port: int | None = None) -> str:
+        return f"{self.host(i)}:{self.port(i) if port is None else port}"
 
     def dial_addr(self, i: int, j: int, port: int | None = None) -> str:
         """Address party i dials to reach party j (``port`` defaults to j's party port)."""
@@ -190,8 +194,11 @@ class Emulation:
             return f"{RELAY_NET}.{j + 1}:{port}"
         return f"{self.host(j)}:{port}"
 
-    def peers(self, i: int) -> dict[int, str]:
-        return {j: self.dial_addr(i, j) for j in range(PARTIES) if j != i}
+    def peers(self, i: int, port_of=None) -> dict[int, str]:
+        """Addresses party i dials for each other party j (``port_of(j)``: default the
+        party port, e.g. :meth:`peer_port` for the peer links)."""
+        return {j: self.dial_addr(i, j, port_of(j) if port_of else None)
+                for j in range(PARTIES) if j != i}
 
     # ---- lifecycle
     def __enter__(self) -> "Emulation":
@@ -245,6 +252,7 @@ class Emulation:
             self.relay_overhead_ms = self._calibrate_relay()
             for j in range(PARTIES):
                 self.expose(j, self.port(j))
+                self.expose(j, self.peer_port(j))
 
     def _shape(self, ns: str, dev: str) -> None:
         p = self.profile

@@ -127,7 +127,8 @@ class PeerRouter:
     (None only in insecure plaintext mode).
     """
 
-    def __init__(self, rank: int, dial: str, channel_creds=None, tls: bool = True) -> None:
+    def __init__(self, rank: int, dial: str, channel_creds=None, tls: bool = True,
+                 transport=None) -> None:
         self.rank = rank
         self.next = (rank + 1) % 3
         self.prev = (rank - 1) % 3
@@ -144,12 +145,16 @@ class PeerRouter:
         self._stop = threading.Event()
         self._channel: grpc.Channel | None = None
         self._dialer: threading.Thread | None = None
+        #: a :class:`net.tlslink.SocketTransport` carries the links; None = gRPC streams
+        self.transport = transport
         self.servicer = _PeerServicer(self)
         #: ``on_control(peer, job_id, control)``: control frames (job admission, net.runner)
         self.on_control = None
 
     # ---------------------------------------------------------------- lifecycle ----
     def start(self) -> None:
+        if self.transport is not None:
+            return self.transport.start(self)
         self._dialer = threading.Thread(target=self._dial_loop, daemon=True,
                                         name=f"mpc3-p{self.rank}-dial")
         self._dialer.start()
@@ -163,6 +168,8 @@ class PeerRouter:
             link.close()
         if channel is not None:
             channel.close()
+        if self.transport is not None:
+            self.transport.stop()
         if self._dialer is not None:
             self._dialer.join(timeout=5)
 
@@ -396,6 +403,10 @@ class _PeerServicer(pb_grpc.PeerServiceServicer):
         if r._tls and (ident is None or ident.party_rank != r.prev):
             context.abort(grpc.StatusCode.PERMISSION_DENIED,
                           f"party {r.rank} accepts links only from party {r.prev}")
+        if r.transport is not None:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"party {r.rank} takes peer links on its TLS socket, not over gRPC "
+                          "(all parties must use the same [cluster] peer_transport)")
         try:
             first = next(request_iterator)
         except StopIteration:

@@ -13,12 +13,18 @@ from .link import SERVER_OPTIONS, PeerRouter, PeerUnavailable
 from .proto import mpc3_pb2_grpc as pb_grpc
 
 
-def local_mesh(cert_dir=None, host: str = "127.0.0.1", ready_timeout: float = 20.0):
-    """Three routers in this process over real gRPC sockets on ephemeral loopback ports.
+def local_mesh(cert_dir=None, host: str = "127.0.0.1", ready_timeout: float = 20.0,
+               transport: str = "tls"):
+    """Three routers in this process over real sockets on ephemeral loopback ports.
 
     ``cert_dir``: directory made by :func:`net.keys.generate` (mTLS); None = plaintext.
+    ``transport``: ``"tls"`` (:mod:`net.tlslink`, the default) or ``"grpc"`` (streams).
     Returns ``(routers, stop)``; call ``stop()`` to shut everything down.
     """
+    if transport == "tls":
+        return _socket_mesh(cert_dir, host, ready_timeout)
+    if transport != "grpc":
+        raise ValueError(f"unknown peer transport {transport!r} (tls | grpc)")
     servers, ports = [], []
     for r in range(3):
         srv = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=SERVER_OPTIONS)
@@ -51,6 +57,35 @@ def local_mesh(cert_dir=None, host: str = "127.0.0.1", ready_timeout: float = 20
             router.stop()
         for srv in servers:
             srv.stop(grace=None)
+
+    if not all(router.wait_ready(ready_timeout) for router in routers):
+        stop()
+        raise PeerUnavailable("local mesh: links did not come up")
+    return routers, stop
+
+
+def _socket_mesh(cert_dir, host: str, ready_timeout: float):
+    from .tlslink import SocketTransport, tls_contexts
+    transports = []
+    for r in range(3):
+        ctx = None
+        if cert_dir is not None:
+            d = Path(cert_dir)
+            ctx = tls_contexts(d / f"party-{r}.pem", d / f"party-{r}.key", d / "ca.pem")
+        transports.append(SocketTransport(f"{host}:0", "", ctx))
+    ports = [t.port for t in transports]
+    routers = []
+    for r, t in enumerate(transports):
+        t.dial = f"{host}:{ports[(r + 1) % 3]}"
+        routers.append(PeerRouter(r, t.dial, tls=cert_dir is not None, transport=t))
+    for router in routers:
+        router.start()
+
+    def stop() -> None:
+        for router in routers:
+            router._stop.set()
+        for router in routers:
+            router.stop()
 
     if not all(router.wait_ready(ready_timeout) for router in routers):
         stop()

@@ -1,6 +1,8 @@
-"""The party process: one gRPC server with three services on one port.
+"""The party process: one gRPC server with three services on one port, and the peer links.
 
-* ``mpc3.PeerService`` - the share streams to the two other parties (:mod:`net.link`);
+* the links to the two other parties: TLS sockets on the party's ``peer_address``
+  (:mod:`net.tlslink`, default), or ``mpc3.PeerService`` streams on the gRPC port with
+  ``peer_transport = "grpc"`` (:mod:`net.link`);
 * ``mpc3.ClientService`` - model owners and query users (:mod:`net.service`);
 * ``grpc.health.v1.Health`` - SERVING once both peer links are up, NOT_SERVING otherwise.
 
@@ -58,7 +60,7 @@ class PartyServer:
         if cfg.tls:
             creds = keys.channel_credentials(self.pcfg.cert, self.pcfg.key, cfg.ca)
         self.router = PeerRouter(rank, cfg.dial_address(rank, (rank + 1) % 3), creds,
-                                 tls=cfg.tls)
+                                 tls=cfg.tls, transport=self._peer_transport())
         self.sessions = SessionStore(rank, self.limits)
         self.runner = JobRunner(rank, registry, self.limits, self.sessions, self._open_party,
                                 self.router.close_job,
@@ -86,6 +88,21 @@ class PartyServer:
         if not bound:
             raise RuntimeError(f"party {rank}: cannot listen on {self.pcfg.listen}")
         self._stopped = threading.Event()
+
+    def _peer_transport(self):
+        """The TLS socket links (default), or None for the gRPC streams."""
+        if self.cfg.peer_transport != "tls":
+            return None
+        from .tlslink import SocketTransport, tls_contexts
+        nxt = (self.rank + 1) % 3
+        ctx = (tls_contexts(self.pcfg.cert, self.pcfg.key, self.cfg.ca) if self.cfg.tls
+               else None)
+        try:
+            return SocketTransport(self.pcfg.peer_listen, self.cfg.peer_dial_address(
+                self.rank, nxt), ctx, self.cfg.connect_timeout_s, self.cfg.peer_timeout_s)
+        except OSError as exc:
+            raise RuntimeError(f"party {self.rank}: cannot listen for peers on "
+                               f"{self.pcfg.peer_listen} ({exc})") from None
 
     # ------------------------------------------------------------------ job wiring ----
     def _open_party(self, job_id: str):
@@ -140,7 +157,8 @@ class PartyServer:
         self.router.start()
         threading.Thread(target=self._health_loop, daemon=True, name="mpc3-health").start()
         threading.Thread(target=self._upkeep_loop, daemon=True, name="mpc3-upkeep").start()
-        log.info("party %d listening on %s (%s)", self.rank, self.pcfg.listen,
+        log.info("party %d listening on %s, peers on %s (%s)", self.rank, self.pcfg.listen,
+                 self.pcfg.peer_listen if self.router.transport else "the same port",
                  "mTLS" if self.cfg.tls else "INSECURE PLAINTEXT")
         if self.registry.diagnostic:
             log.warning("party %d: BENCHMARK/TEST PROCESS - diagnostic job kinds enabled "

@@ -5,6 +5,7 @@ kind ``linear`` on bare tensors, which production parties refuse (tests/test_net
 import hashlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -28,8 +29,9 @@ ULP = 2.0 ** -ring.DEFAULT_FRAC
 
 
 class Cluster(LocalCluster):
-    def __init__(self, d: Path, bench: bool = True, limits: dict | None = None) -> None:
-        super().__init__(d, bench=bench, peer_timeout=PEER_TIMEOUT, limits=limits)
+    def __init__(self, d: Path, bench: bool = True, limits: dict | None = None,
+                 **config) -> None:
+        super().__init__(d, bench=bench, peer_timeout=PEER_TIMEOUT, limits=limits, **config)
         self.start()
 
     def stub(self, n, stem):
@@ -59,6 +61,25 @@ def test_linear_job_equals_numpy(cluster):
         y = u.run("lin", "linear", {"X": x})["Y"]
     assert y.shape == (10, 24)
     assert np.abs(y - x @ cluster.W).max() < 40 * ULP
+
+
+def test_peer_links_over_grpc_streams_when_configured(tmp_path):
+    """``peer_transport = "grpc"`` (one open port per party) runs the same job; party 0 then
+    has no peer listener of its own."""
+    c = Cluster(tmp_path, peer_transport="grpc")
+    try:
+        W = np.random.default_rng(3).standard_normal((16, 8)) * 0.3
+        x = np.random.default_rng(4).standard_normal((5, 16))
+        with c.owner() as o:
+            o.upload("lin", {"W": W})
+        with c.user() as u:
+            y = u.run("lin", "linear", {"X": x})["Y"]
+        assert np.abs(y - x @ W).max() < 40 * ULP
+        host, _, port = c.cfg.parties[0].peer_address.rpartition(":")
+        with pytest.raises(OSError):
+            socket.create_connection((host, int(port)), timeout=2).close()
+    finally:
+        c.stop()
 
 
 def test_concurrent_jobs_from_two_users(cluster):

@@ -22,6 +22,30 @@ def test_example_deploy_config_loads():
     assert cfg.tls and cfg.party(2).address == "mpc-c.example.org:7700"
     assert cfg.party(0).listen == "0.0.0.0:7700" and cfg.limits.running_jobs == 8
     assert cfg.clients["query-user"].cert.name == "user.pem"
+    # peer links: TLS sockets on the next port unless configured
+    assert cfg.peer_transport == "tls"
+    assert cfg.party(2).peer_address == "mpc-c.example.org:7701"
+    assert cfg.party(0).peer_listen == "0.0.0.0:7701"
+    assert cfg.peer_dial_address(0, 1) == "mpc-b.example.org:7701"
+
+
+def test_peer_addresses_and_overrides():
+    raw = {"cluster": {"peer_transport": "grpc"}, "party": [
+        {"id": 0, "address": "a:10", "peer_address": "a:20", "peer_dial": {"1": "10.0.0.2:21"}},
+        {"id": 1, "address": "b:10", "listen": "0.0.0.0:10"},
+        {"id": 2, "address": "c:10", "peer_address": "c:30", "peer_listen": "[::]:31"}]}
+    cfg = config.from_dict(raw, Path("."), insecure_flag=True)
+    assert cfg.peer_transport == "grpc"
+    assert [p.peer_address for p in cfg.parties] == ["a:20", "b:11", "c:30"]
+    assert [p.peer_listen for p in cfg.parties] == ["a:20", "0.0.0.0:11", "[::]:31"]
+    assert cfg.peer_dial_address(0, 1) == "10.0.0.2:21"
+    assert cfg.peer_dial_address(1, 2) == "c:30"
+    for bad, match in (({"cluster": {"peer_transport": "udp"}}, "peer_transport"),
+                       ({"party0": {"peer_address": "nohost"}}, "peer_address")):
+        r = {"cluster": bad.get("cluster", {}), "party": [
+            dict({"id": i, "address": f"h:{i}"}, **bad.get(f"party{i}", {})) for i in range(3)]}
+        with pytest.raises(ValueError, match=match):
+            config.from_dict(r, Path("."), insecure_flag=True)
 
 
 @pytest.mark.parametrize("text, match", [

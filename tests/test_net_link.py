@@ -1,4 +1,5 @@
-"""GrpcComm over real loopback gRPC streams (mTLS) behaves exactly like the in-process one."""
+"""The peer router over real loopback sockets (mTLS) - TLS socket links (the default) and gRPC
+streams - behaves exactly like the in-process communicator."""
 import threading
 import time
 
@@ -17,10 +18,15 @@ ULP = 2.0 ** -ring.DEFAULT_FRAC
 
 
 @pytest.fixture(scope="module")
-def mesh(tmp_path_factory):
+def certs(tmp_path_factory):
     d = tmp_path_factory.mktemp("certs")
     keys.generate(d)
-    routers, stop = local.local_mesh(d)
+    return d
+
+
+@pytest.fixture(scope="module", params=["tls", "grpc"])
+def mesh(certs, request):
+    routers, stop = local.local_mesh(certs, transport=request.param)
     yield routers
     stop()
 
@@ -142,6 +148,8 @@ def test_job_ids_are_single_use_and_seeds_differ(mesh):
 def test_party_with_wrong_certificate_cannot_link(tmp_path, mesh):
     """A peer whose cert says another party (or a client) is refused by the listener."""
     import grpc
+    if mesh[0].transport is not None:
+        pytest.skip("gRPC streams only: tests/test_tlslink.py covers the socket links")
     from net.proto import mpc3_pb2 as pb, mpc3_pb2_grpc as pb_grpc
     keys.generate(tmp_path)
     rogue = keys.channel_credentials(tmp_path / "user.pem", tmp_path / "user.key",

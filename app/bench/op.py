@@ -15,6 +15,8 @@ from mpc3.kernels import catalog
 from mpc3.party import RingConfig
 from mpc3.sim import make_parties, run_parties
 
+from .remote import add_peer_transport
+
 
 #: Every kernel of the catalog, by the name typed after ``mpc3 bench op``.
 OPS = tuple(catalog.KERNELS)
@@ -85,7 +87,7 @@ def _cmd_op(args: argparse.Namespace) -> int:
         raise SystemExit(f"--net {args.net} runs three party processes: add --transport grpc")
     if args.transport == "grpc":       # three party processes, optionally in emulated netns
         from .remote import RemoteCluster
-        with RemoteCluster(args.net) as rc:
+        with RemoteCluster(args.net, peer_transport=args.peer_transport) as rc:
             result = rc.bench_op(args.name, args.n, args.shape, args.repeat, args.trunc)
     else:
         result = run_op(args.name, args.n, args.shape, args.repeat, RingConfig(trunc=args.trunc))
@@ -107,6 +109,7 @@ def register(bsub) -> None:
     op.add_argument("--net", default="none",
                     help="none | lan | wan | custom:RATE_MBIT:RTT_MS (emulated; needs root "
                          "and --transport grpc)")
+    add_peer_transport(op)
     op.add_argument("--trunc", choices=("exact", "prob"), default="exact")
     op.add_argument("--json", help="write the result object here")
     op.set_defaults(func=_cmd_op)

@@ -81,12 +81,21 @@ def _sh(*cmd) -> None:
         raise RuntimeError(f"{' '.join(map(str, cmd))}: {r.stderr.strip()}")
 
 
+def add_peer_transport(parser) -> None:
+    """``--peer-transport``: how the benchmark's party processes link to each other."""
+    parser.add_argument("--peer-transport", choices=("tls", "grpc"), default="tls",
+                        help="party processes' peer links: TLS sockets (default) or gRPC "
+                             "streams (net.config peer_transport)")
+
+
 class RemoteCluster:
     """Three party processes on loopback or in an emulated network (context manager)."""
 
     def __init__(self, net: str = "none", verify_seconds: float = 1.0, quiet: bool = False,
-                 job_timeout_s: float = 4 * 3600.0, peer_timeout_s: float = 900.0) -> None:
+                 job_timeout_s: float = 4 * 3600.0, peer_timeout_s: float = 900.0,
+                 peer_transport: str = "tls") -> None:
         self.net = net.strip().lower()
+        self.peer_transport = peer_transport
         self.verify_seconds = verify_seconds
         self.quiet = quiet
         self.job_timeout_s = job_timeout_s
@@ -94,7 +103,8 @@ class RemoteCluster:
         self.emu = None
         self.dir: Path | None = None
         self.procs: list[subprocess.Popen] = []
-        self.network: dict = {"net": "none", "emulation": "none", "transport": "grpc"}
+        self.network: dict = {"net": "none", "emulation": "none", "transport": "grpc",
+                              "peer_transport": peer_transport}
         self.cfg = None
         self.cluster = None
         self._mgmt: list[str] = []
@@ -130,14 +140,18 @@ class RemoteCluster:
             self._start_emulation()
             parties = []
             for n in range(3):    # clients use the management link; peers the emulated one
-                port = self.emu.port(n)
+                port, peer_port = self.emu.port(n), self.emu.peer_port(n)
                 parties.append({"address": f"{self._mgmt_ip(n)}:{port}",
-                                "listen": f"0.0.0.0:{port}", "dial": self.emu.peers(n)})
+                                "listen": f"0.0.0.0:{port}", "dial": self.emu.peers(n),
+                                "peer_address": self.emu.listen_addr(n, peer_port),
+                                "peer_listen": f"0.0.0.0:{peer_port}",
+                                "peer_dial": self.emu.peers(n, self.emu.peer_port)})
             launch = lambda n, argv, **kw: self.emu.run_in(n, argv, **kw)  # noqa: E731
         self.cluster = LocalCluster(self.dir, bench=True, log_level="WARNING", launch=launch,
                                     tied=True,
                                     parties=parties, peer_timeout=self.peer_timeout_s,
                                     job_timeout=self.job_timeout_s,
+                                    peer_transport=self.peer_transport,
                                     limits={"running_jobs": 2})
         try:
             self.cluster.start(wait=90.0)
@@ -157,6 +171,7 @@ class RemoteCluster:
         links = [verify_link(self.emu, i, j, seconds=self.verify_seconds, pings=20,
                              quiet=self.quiet) for i, j in ((0, 1), (1, 2), (2, 0))]
         self.network = {"net": prof.name, "emulation": self.emu.emulation, "transport": "grpc",
+                        "peer_transport": self.peer_transport,
                         "profile": {"rate_mbit": prof.rate_mbit, "rtt_ms": prof.rtt_ms},
                         "links": links}
         base = (os.getpid() % 80) * 3

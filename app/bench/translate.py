@@ -36,6 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .remote import add_peer_transport
+
 
 def _random_model(a):
     from protocols import model as M
@@ -99,11 +101,13 @@ def run_translate(a) -> dict:
             tmp = Path(tempfile.mkdtemp(prefix="mpc3-bench-translate-"))
             if a.net != "none":     # party processes in emulated network namespaces
                 from .remote import RemoteCluster
-                cluster = RemoteCluster(a.net).__enter__()
+                cluster = RemoteCluster(a.net, peer_transport=a.peer_transport).__enter__()
                 cluster.stop = lambda c=cluster: c.__exit__(None, None, None)
                 network = cluster.network
             else:
-                cluster = LocalCluster(tmp, peer_timeout=120.0, tied=True).start()
+                cluster = LocalCluster(tmp, peer_timeout=120.0, tied=True,
+                                       peer_transport=a.peer_transport).start()
+                network = dict(network, peer_transport=a.peer_transport)
             share_transformer(cluster.cfg, "bench", cfg, w, None, *cluster.creds("owner"),
                               user=user)
             qu = QueryUser(cluster.cfg, *cluster.creds("user"), rpc_timeout=120)
@@ -161,6 +165,7 @@ def run_translate(a) -> dict:
                    "load_avg_1m_at_end": os.getloadavg()[0]},
         "transport": "grpc" if a.net != "none" else a.transport,
         "net": network.get("net", "none"), "emulation": network.get("emulation", "none"),
+        "peer_transport": network.get("peer_transport"),
         "links": network.get("links"),
         "wall_s": {"min": min(walls), "median": statistics.median(walls)},
         "bytes_total": total.bytes_total, "bytes_per_party": total.bytes_per_party,
@@ -210,6 +215,7 @@ def register(bsub) -> None:
     p.add_argument("--sentences", type=int, default=1)
     p.add_argument("--batch", type=int, default=32, help="shipped: sentences per session")
     p.add_argument("--transport", choices=("inproc", "grpc"), default="inproc")
+    add_peer_transport(p)
     p.add_argument("--net", default="none",
                    help="none | lan | wan | custom:RATE_MBIT:RTT_MS: party processes in emulated "
                         "network namespaces (needs root; implies grpc)")

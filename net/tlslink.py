@@ -1,0 +1,292 @@
+"""Party-to-party links over TLS 1.3 sockets: the default peer transport.
+
+Why not the gRPC stream. A round over a bidirectional gRPC stream passed every message
+through four Python threads (the sender's queue consumer, gRPC's completion-queue poller, our
+stream reader, the job) plus gRPC's C event engine: ~0.42 ms of CPU per party and round
+(``benchmarks/thread_cpu.py``), three times that on a host running all three parties. Here
+the job thread writes its frame to the socket itself and one reader thread per link hands
+complete frames to the job's mailbox: one hand-off per message.
+
+What stays the same (:mod:`net.link`): the router, its per-job mailboxes and ops, the
+``PeerFrame`` messages (hello, data chunks of at most :data:`net.frames.CHUNK_BYTES`,
+abort, control), the X25519 hello that derives the pairwise PRG seeds, and the topology
+(party ``i`` dials party ``i+1``; each link carries both directions).
+
+Security. TLS 1.3 with the cluster CA in both directions: the dialler checks that the
+listener's certificate is party ``i+1``'s (``party-N`` DNS name and OU), the listener
+refuses any caller whose certificate is not party ``i-1``'s. Plaintext only in the
+development mode that also makes gRPC plaintext.
+
+Wire format. Each frame is a 4-byte little-endian length and a serialised ``PeerFrame``; a
+length above :data:`MAX_FRAME_BYTES` ends the link (so at most that much is allocated
+before a frame is checked). One SSL object is never used by two threads at once: the
+socket is non-blocking, reads and writes take a lock around each SSL call, and threads wait
+for readiness with ``select`` outside it. A write that cannot finish within the peer
+timeout closes the link (its peer stopped reading), which aborts the jobs on it.
+"""
+from __future__ import annotations
+
+import logging
+import select
+import socket
+import ssl
+import struct
+import threading
+from pathlib import Path
+
+from mpc3.comm import Aborted, PeerTimeout, ProtocolError
+
+from . import keys
+from .handshake import Handshake
+from .link import MAX_FRAME_BYTES, PeerRouter, _Link
+from .proto import mpc3_pb2 as pb
+
+log = logging.getLogger("mpc3.link")
+
+_LEN = struct.Struct("<I")
+_READ = 1 << 18
+_WAIT = 0.5                     # readiness waits re-check closing this often
+_NOT_READY = (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError, InterruptedError)
+
+
+def tls_contexts(cert: Path, key: Path, ca: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """(listener, dialler) contexts: TLS 1.3 only, certificates of the cluster CA required."""
+    out = []
+    for side in (ssl.PROTOCOL_TLS_SERVER, ssl.PROTOCOL_TLS_CLIENT):
+        ctx = ssl.SSLContext(side)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+        ctx.load_cert_chain(cert, key)
+        ctx.load_verify_locations(ca)
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        if side == ssl.PROTOCOL_TLS_SERVER:
+            ctx.num_tickets = 0             # no session tickets: nothing for the reader to write
+        out.append(ctx)
+    return out[0], out[1]
+
+
+def _identity(sock) -> keys.Identity | None:
+    der = sock.getpeercert(binary_form=True) if isinstance(sock, ssl.SSLSocket) else None
+    return keys.identity_from_pem(ssl.DER_cert_to_PEM_cert(der).encode()) if der else None
+
+
+def _split(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def _tune(sock: socket.socket) -> None:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for opt, val in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 2)):
+        if hasattr(socket, opt):            # a vanished host ends the link in ~20 s
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), val)
+
+
+class SocketLink(_Link):
+    """A live TLS (or development-plaintext) connection to a peer."""
+
+    def __init__(self, peer: int, sock: socket.socket, send_timeout: float) -> None:
+        super().__init__(peer)
+        self.sock = sock
+        self.send_timeout = send_timeout
+        self._io = threading.Lock()         # one SSL call at a time
+        self._writer = threading.Lock()     # whole frames, one after the other
+        self._rbuf = bytearray()
+
+    # ------------------------------------------------------------------ writing ----
+    def put(self, frame: pb.PeerFrame) -> None:
+        if self.closed.is_set():
+            raise Aborted(f"link to party {self.peer} is down")
+        data = frame.SerializeToString()
+        with self._writer:
+            self._write(_LEN.pack(len(data)) + data)
+
+    def _write(self, data: bytes) -> None:
+        view, waited = memoryview(data), 0.0
+        while view:
+            with self._io:
+                try:
+                    n = self.sock.send(view)
+                except _NOT_READY:
+                    n = 0
+                except (OSError, ValueError) as exc:
+                    self.close()
+                    raise Aborted(f"link to party {self.peer} failed: {exc}") from None
+            if n:
+                view, waited = view[n:], 0.0
+                continue
+            if self.closed.is_set():
+                raise Aborted(f"link to party {self.peer} is down")
+            if waited >= self.send_timeout:
+                self.close()                # a partial frame: the stream is unusable
+                raise PeerTimeout(f"party {self.peer} read nothing for {waited:g} s")
+            select.select([], [self.sock], [], _WAIT)
+            waited += _WAIT
+
+    # ------------------------------------------------------------------ reading ----
+    def _fill(self, need: int) -> None:
+        while len(self._rbuf) < need:
+            with self._io:
+                try:
+                    chunk = self.sock.recv(max(_READ, need - len(self._rbuf)))
+                except _NOT_READY:
+                    chunk = None
+            if chunk is None:
+                if self.closed.is_set():
+                    raise ConnectionError("link closed")
+                select.select([self.sock], [], [], _WAIT)
+            elif not chunk:
+                raise ConnectionError(f"party {self.peer} closed the connection")
+            else:
+                self._rbuf += chunk
+
+    def read_frame(self) -> pb.PeerFrame:
+        self._fill(_LEN.size)
+        (n,) = _LEN.unpack_from(self._rbuf)
+        if n > MAX_FRAME_BYTES:
+            raise ProtocolError(f"party {self.peer} announced a frame of {n} bytes "
+                                f"(limit {MAX_FRAME_BYTES})")
+        self._fill(_LEN.size + n)
+        with memoryview(self._rbuf) as mv:
+            body = bytes(mv[_LEN.size:_LEN.size + n])
+        del self._rbuf[:_LEN.size + n]
+        try:
+            return pb.PeerFrame.FromString(body)
+        except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError and friends
+            raise ProtocolError(f"party {self.peer} sent a malformed frame ({exc})") from None
+
+    def serve(self, router: PeerRouter) -> str:
+        """Hand every frame to the router until the link fails; the reason it ended."""
+        try:
+            while True:
+                router._on_frame(self.peer, self.read_frame())
+        except (OSError, ValueError, ProtocolError) as exc:
+            return str(exc) or type(exc).__name__
+
+    def close(self) -> None:
+        if not self.closed.is_set():
+            self.closed.set()
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+class SocketTransport:
+    """The dialler and the listener of one party's peer links.
+
+    ``listen``: this party's peer address to bind; ``dial``: party ``rank+1``'s;
+    ``contexts``: :func:`tls_contexts` (None = development plaintext).
+    """
+
+    def __init__(self, listen: str, dial: str, contexts=None, connect_timeout: float = 10.0,
+                 send_timeout: float = 30.0) -> None:
+        self.listen, self.dial = listen, dial
+        self.contexts = contexts
+        self.connect_timeout = connect_timeout
+        self.send_timeout = send_timeout
+        host, port = _split(listen)
+        self._ls = socket.create_server((host or "0.0.0.0", port), backlog=16,
+                                        family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+        self.port = self._ls.getsockname()[1]
+        self.router: PeerRouter | None = None
+        self._threads: list[threading.Thread] = []
+
+    def start(self, router: PeerRouter) -> None:
+        self.router = router
+        for target, name in ((self._accept_loop, "accept"), (self._dial_loop, "dial")):
+            t = threading.Thread(target=target, daemon=True, name=f"mpc3-p{router.rank}-{name}")
+            t.start()
+            self._threads.append(t)
+
+    def stop(self) -> None:
+        try:
+            self._ls.shutdown(socket.SHUT_RDWR)     # wakes the accept (close alone does not)
+        except OSError:
+            pass
+        self._ls.close()
+        for t in self._threads:
+            t.join(timeout=5)
+
+    # ---------------------------------------------------------------- handshake ----
+    def _hello(self, link: SocketLink, dialler: int, listener: int) -> bytes:
+        """Exchange hellos (the dialler speaks first); the pairwise seed."""
+        r, hs = self.router, Handshake()
+        mine = hs.hello(r.rank)
+        if r.rank == dialler:
+            link.put(pb.PeerFrame(hello=mine))
+        first = link.read_frame()
+        if not first.HasField("hello") or first.hello.rank != link.peer:
+            raise ProtocolError(f"party {link.peer} sent no valid hello")
+        if r.rank == listener:
+            link.put(pb.PeerFrame(hello=mine))
+        return hs.seed(mine, first.hello, dialler, listener)
+
+    def _open(self, sock: socket.socket, peer: int, dialling: bool) -> SocketLink:
+        """TLS handshake, identity check and hello on a fresh connection (each step bounded
+        by the connect timeout); then the link, non-blocking."""
+        r = self.router
+        _tune(sock)
+        sock.settimeout(self.connect_timeout)
+        if self.contexts is not None:
+            server_ctx, client_ctx = self.contexts
+            sock = (client_ctx.wrap_socket(sock, server_hostname=keys.party_target_name(peer))
+                    if dialling else server_ctx.wrap_socket(sock, server_side=True))
+            ident = _identity(sock)
+            if ident is None or ident.party_rank != peer:
+                sock.close()
+                raise PermissionError(f"party {r.rank} accepts links only from party {peer}, "
+                                      f"not from {ident.role if ident else 'an anonymous caller'}")
+        link = SocketLink(peer, sock, self.send_timeout)
+        dialler, listener = (r.rank, peer) if dialling else (peer, r.rank)
+        link.seed = self._hello(link, dialler, listener)
+        sock.setblocking(False)
+        return link
+
+    # -------------------------------------------------------------------- loops ----
+    def _run_link(self, sock: socket.socket, peer: int, dialling: bool) -> str:
+        r = self.router
+        try:
+            link = self._open(sock, peer, dialling)
+        except (OSError, ValueError, ProtocolError, Aborted) as exc:
+            sock.close()
+            return f"handshake failed: {exc}"
+        r._link_up(peer, link)
+        reason = link.serve(r)
+        r._link_lost(peer, link, reason)
+        link.sock.close()
+        return reason
+
+    def _dial_loop(self) -> None:
+        r, backoff, said = self.router, 0.1, None
+        addr = _split(self.dial)
+        while not r._stop.is_set():
+            try:
+                sock = socket.create_connection(addr,
+                                                timeout=self.connect_timeout)
+            except OSError as exc:
+                reason = f"party {r.next} at {self.dial} unreachable ({exc})"
+            else:
+                reason = self._run_link(sock, r.next, dialling=True)
+                backoff = 0.1 if not reason.startswith("handshake") else backoff
+            if not r._stop.is_set() and reason != said:     # each new reason once
+                log.warning("party %d: link to party %d at %s: %s", r.rank, r.next, self.dial,
+                            reason)
+                said = reason
+            r._stop.wait(backoff)
+            backoff = min(2 * backoff, 1.0)
+
+    def _accept_loop(self) -> None:
+        r = self.router
+        while not r._stop.is_set():
+            try:
+                sock, _ = self._ls.accept()
+            except OSError:
+                return                      # listener closed: stopping
+            threading.Thread(target=self._accepted, args=(sock,), daemon=True,
+                             name=f"mpc3-p{r.rank}-in").start()
+
+    def _accepted(self, sock: socket.socket) -> None:
+        reason = self._run_link(sock, self.router.prev, dialling=False)
+        if reason.startswith("handshake"):
+            log.warning("party %d: refused a peer connection: %s", self.router.rank, reason)

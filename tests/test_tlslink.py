@@ -1,0 +1,180 @@
+"""Peer links over TLS sockets (net/tlslink.py): who may link, what ends a link, and that the
+parties recover from it. (Results, traffic, chunking and job isolation over these links are
+in tests/test_net_link.py, which runs every case over both peer transports.)"""
+import socket
+import ssl
+import struct
+import time
+
+import numpy as np
+import pytest
+
+from mpc3 import ring
+from mpc3.comm import Aborted, PeerTimeout
+from mpc3.kernels import arith
+from mpc3.sharing import deal, reveal
+from mpc3.sim import run_parties
+from net import keys
+from net import mesh as local
+from net.handshake import Handshake
+from net.proto import mpc3_pb2 as pb
+from net.link import PeerRouter
+from net.tlslink import SocketLink, SocketTransport, tls_contexts
+
+_ids = iter(range(10**6))
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("certs")
+    keys.generate(d)
+    return d
+
+
+@pytest.fixture
+def mesh(certs):
+    routers, stop = local.local_mesh(certs, transport="tls")
+    yield routers
+    stop()
+
+
+def _mult_works(routers) -> bool:
+    jid = f"j{next(_ids)}"
+    parties = [r.open_job(jid, timeout=10) for r in routers]
+    x, y = np.linspace(-2, 2, 12), np.linspace(3, -1, 12)
+    sx, sy = deal(ring.encode(x)), deal(ring.encode(y))
+    out = run_parties(lambda p, a, b: arith.mul_aa(p, a, b),
+                      [(sx[i], sy[i]) for i in range(3)], parties=parties)
+    return np.abs(ring.decode(reveal(out)) - x * y).max() < 1e-4
+
+
+def _connect(certs, stem: str, router, name: str = "party-0"):
+    """A TLS client with ``stem``'s certificate, at ``router``'s peer listener."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.load_cert_chain(certs / f"{stem}.pem", certs / f"{stem}.key")
+    ctx.load_verify_locations(certs / "ca.pem")
+    raw = socket.create_connection(("127.0.0.1", router.transport.port), timeout=5)
+    return ctx.wrap_socket(raw, server_hostname=name)
+
+
+def _refused(sock) -> bool:
+    """The listener closed the connection without a word."""
+    try:
+        return sock.recv(1) == b""
+    except (ConnectionError, ssl.SSLError):
+        return True
+    finally:
+        sock.close()
+
+
+@pytest.mark.parametrize("stem", ["party-1", "user", "owner"])
+def test_only_the_previous_party_may_link(mesh, certs, stem):
+    """Party 0 takes its incoming link only from party 2: a valid certificate of the cluster
+    CA with another role (party 1, a query user, the model owner) is refused after the
+    handshake, and the real links keep working."""
+    assert _refused(_connect(certs, stem, mesh[0]))
+    assert mesh[0].links_up() == [1, 2]
+    assert _mult_works(mesh)
+
+
+def test_foreign_ca_fails_the_tls_handshake(mesh, certs, tmp_path):
+    keys.generate(tmp_path)
+    with pytest.raises((ssl.SSLError, ConnectionError)):
+        _refused(_connect(tmp_path, "party-2", mesh[0]))
+    assert _mult_works(mesh)
+
+
+@pytest.mark.parametrize("stem, error", [("party-2", ssl.SSLCertVerificationError),
+                                         ("fake-1", PermissionError)])
+def test_dialler_checks_the_listeners_identity(certs, stem, error):
+    """Party 0 links only to a listener proving it is party 1: party 2's certificate fails
+    the name check, and a certificate carrying the name party-1 without party 1's role
+    (party 2's role, misissued by the same CA) fails the role check."""
+    import threading
+    if stem == "fake-1":
+        keys.issue(certs, stem, "impostor", "party-2", hosts=("party-1",))
+    ls = socket.create_server(("127.0.0.1", 0))
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(certs / f"{stem}.pem", certs / f"{stem}.key")
+
+    def serve():
+        srv, _ = ls.accept()
+        try:
+            _refused(ctx.wrap_socket(srv, server_side=True))
+        except (OSError, ssl.SSLError):
+            pass
+    threading.Thread(target=serve, daemon=True).start()
+    addr = "127.0.0.1:%d" % ls.getsockname()[1]
+    t = SocketTransport("127.0.0.1:0", addr, tls_contexts(
+        certs / "party-0.pem", certs / "party-0.key", certs / "ca.pem"), connect_timeout=5)
+    t.router = PeerRouter(0, addr, tls=True, transport=t)
+    with pytest.raises(error):
+        t._open(socket.create_connection(ls.getsockname(), timeout=5), 1, dialling=True)
+    t.stop()
+    ls.close()
+
+
+def _as_party_2(certs, router) -> SocketLink:
+    """An authenticated party-2 link into party 0, through the hello."""
+    link = SocketLink(0, _connect(certs, "party-2", router), send_timeout=5)
+    hs = Handshake()
+    link.put(pb.PeerFrame(hello=hs.hello(2)))
+    assert link.read_frame().hello.rank == 0
+    return link
+
+
+@pytest.mark.parametrize("garbage", [struct.pack("<I", 1 << 31),          # oversized
+                                     struct.pack("<I", 5) + b"\xff" * 5])  # not a PeerFrame
+def test_a_bad_frame_ends_the_link_and_the_parties_recover(mesh, certs, garbage):
+    """Even an authenticated peer that sends a frame longer than the limit (nothing that
+    size is allocated) or bytes that are no PeerFrame only ends its own link; the real
+    party 2 dials again and jobs run."""
+    link = _as_party_2(certs, mesh[0])
+    link.sock.sendall(garbage)
+    assert _refused(link.sock)
+    deadline = time.monotonic() + 10
+    while not _paired(mesh, 0, 2) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(r.wait_ready(1) for r in mesh) and _paired(mesh, 0, 2)
+    assert _mult_works(mesh)
+
+
+def _paired(routers, a: int, b: int) -> bool:
+    """a's and b's links to each other are the two ends of one connection (same seed)."""
+    la, lb = routers[a]._links.get(b), routers[b]._links.get(a)
+    return la is not None and lb is not None and la.seed == lb.seed
+
+
+def test_a_vanished_peer_aborts_the_jobs_at_once(mesh):
+    jid = f"j{next(_ids)}"
+    parties = [r.open_job(jid, timeout=30) for r in mesh]
+    mesh[2].stop()
+    t0 = time.monotonic()
+    with pytest.raises(Aborted, match="party 2"):
+        parties[0].comm.exchange(from_prev=True)
+    with pytest.raises(Aborted, match="party 2"):
+        parties[1].comm.exchange(from_next=True)
+    assert time.monotonic() - t0 < 3.0
+
+
+def test_a_writer_gives_up_on_a_peer_that_stops_reading():
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    link = SocketLink(1, a, send_timeout=1.0)
+    frame = pb.PeerFrame(job_id="j", op=1, data=b"x" * (1 << 20))
+    t0 = time.monotonic()
+    with pytest.raises(PeerTimeout, match="party 1 read nothing"):
+        for _ in range(64):                 # far more than the socket buffers hold
+            link.put(frame)
+    assert time.monotonic() - t0 < 5 and link.closed.is_set()
+    with pytest.raises(Aborted):
+        link.put(frame)
+    b.close()
+
+
+def test_development_plaintext_links():
+    routers, stop = local.local_mesh(None, transport="tls")
+    try:
+        assert _mult_works(routers)
+    finally:
+        stop()
