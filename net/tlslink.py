@@ -21,7 +21,7 @@ Wire format. Each frame is a 4-byte little-endian length and a serialised ``Peer
 length above :data:`MAX_FRAME_BYTES` ends the link (so at most that much is allocated
 before a frame is checked). One SSL object is never used by two threads at once: the
 socket is non-blocking, reads and writes take a lock around each SSL call, and threads wait
-for readiness with ``select`` outside it. A write that cannot finish within the peer
+for readiness with ``poll`` outside it. A write that cannot finish within the peer
 timeout closes the link (its peer stopped reading), which aborts the jobs on it.
 """
 from __future__ import annotations
@@ -45,7 +45,7 @@ log = logging.getLogger("mpc3.link")
 
 _LEN = struct.Struct("<I")
 _READ = 1 << 18
-_WAIT = 0.5                     # readiness waits re-check closing this often
+_WAIT_MS = 500                  # readiness waits re-check closing this often
 _NOT_READY = (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError, InterruptedError)
 
 
@@ -67,6 +67,12 @@ def tls_contexts(cert: Path, key: Path, ca: Path) -> tuple[ssl.SSLContext, ssl.S
 def _identity(sock) -> keys.Identity | None:
     der = sock.getpeercert(binary_form=True) if isinstance(sock, ssl.SSLSocket) else None
     return keys.identity_from_pem(ssl.DER_cert_to_PEM_cert(der).encode()) if der else None
+
+
+def _poller(sock: socket.socket, events: int):
+    p = select.poll()
+    p.register(sock, events | select.POLLERR | select.POLLHUP)
+    return p
 
 
 def _split(address: str) -> tuple[str, int]:
@@ -92,6 +98,8 @@ class SocketLink(_Link):
         self._io = threading.Lock()         # one SSL call at a time
         self._writer = threading.Lock()     # whole frames, one after the other
         self._rbuf = bytearray()
+        self._readable = _poller(sock, select.POLLIN)      # poll: no fd limit, unlike select
+        self._writable = _poller(sock, select.POLLOUT)
 
     # ------------------------------------------------------------------ writing ----
     def put(self, frame: pb.PeerFrame) -> None:
@@ -120,8 +128,8 @@ class SocketLink(_Link):
             if waited >= self.send_timeout:
                 self.close()                # a partial frame: the stream is unusable
                 raise PeerTimeout(f"party {self.peer} read nothing for {waited:g} s")
-            select.select([], [self.sock], [], _WAIT)
-            waited += _WAIT
+            self._writable.poll(_WAIT_MS)
+            waited += _WAIT_MS / 1e3
 
     # ------------------------------------------------------------------ reading ----
     def _fill(self, need: int) -> None:
@@ -134,7 +142,7 @@ class SocketLink(_Link):
             if chunk is None:
                 if self.closed.is_set():
                     raise ConnectionError("link closed")
-                select.select([self.sock], [], [], _WAIT)
+                self._readable.poll(_WAIT_MS)
             elif not chunk:
                 raise ConnectionError(f"party {self.peer} closed the connection")
             else:
