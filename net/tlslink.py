@@ -98,6 +98,7 @@ class SocketLink(_Link):
         self._io = threading.Lock()         # one SSL call at a time
         self._writer = threading.Lock()     # whole frames, one after the other
         self._rbuf = bytearray()
+        self._chunk = bytearray(_READ)      # recv_into: no 256 KiB allocation per read
         self._readable = _poller(sock, select.POLLIN)      # poll: no fd limit, unlike select
         self._writable = _poller(sock, select.POLLOUT)
 
@@ -136,17 +137,18 @@ class SocketLink(_Link):
         while len(self._rbuf) < need:
             with self._io:
                 try:
-                    chunk = self.sock.recv(max(_READ, need - len(self._rbuf)))
+                    n = self.sock.recv_into(self._chunk)
                 except _NOT_READY:
-                    chunk = None
-            if chunk is None:
+                    n = None
+            if n is None:
                 if self.closed.is_set():
                     raise ConnectionError("link closed")
                 self._readable.poll(_WAIT_MS)
-            elif not chunk:
+            elif not n:
                 raise ConnectionError(f"party {self.peer} closed the connection")
             else:
-                self._rbuf += chunk
+                with memoryview(self._chunk) as mv:
+                    self._rbuf += mv[:n]
 
     def read_frame(self) -> pb.PeerFrame:
         self._fill(_LEN.size)
