@@ -79,13 +79,18 @@ def _parse(header: bytes, n_arrays: int) -> tuple[Layout, int]:
 _parse_cached = functools.lru_cache(maxsize=_CACHE)(_parse)
 
 
+def contiguous(arrays: Payload) -> tuple[list[np.ndarray], bytes]:
+    """The arrays C-contiguous, and their layout header."""
+    arrays = [a if a.flags.c_contiguous else np.ascontiguousarray(a) for a in arrays]
+    return arrays, _header(tuple((a.dtype, a.shape) for a in arrays))
+
+
 def frames_of(job_id: str, op: int, arrays: Payload):
     """One frame for the whole message when it fits in CHUNK_BYTES, else its chunks."""
     if not arrays:
         yield pb.PeerFrame(job_id=job_id, op=op, n_arrays=0)
         return
-    arrays = [a if a.flags.c_contiguous else np.ascontiguousarray(a) for a in arrays]
-    header = _header(tuple((a.dtype, a.shape) for a in arrays))
+    arrays, header = contiguous(arrays)
     data = arrays[0].tobytes() if len(arrays) == 1 else b"".join(arrays)
     yield pb.PeerFrame(job_id=job_id, op=op, n_arrays=len(arrays), layout=header,
                        data=data[:CHUNK_BYTES] if len(data) > CHUNK_BYTES else data,

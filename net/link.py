@@ -102,6 +102,11 @@ class _Link:
             raise Aborted(f"link to party {self.peer} is down")
         self.outq.put(frame)
 
+    def send_message(self, job_id: str, op: int, arrays: Payload) -> None:
+        """One communicator message (the socket links override this with a raw form)."""
+        for frame in frames_of(job_id, op, arrays):
+            self.put(frame)
+
     def close(self) -> None:
         self.closed.set()
         self.outq.put(None)
@@ -277,6 +282,19 @@ class PeerRouter:
         except (ValueError, TypeError, ProtocolError) as exc:
             box.abort(f"bad frame from party {peer}: {exc}")
 
+    def _on_message(self, peer: int, job_id: str, op: int, arrays: list) -> None:
+        """A whole message of a job (the socket links' raw form)."""
+        box = self._box(job_id, create=True)
+        if box is None:
+            return
+        with box.cond:
+            if box.partial.get(peer) is not None:
+                box.abort(f"bad frame from party {peer}: message {op} interleaved with "
+                          f"message {box.partial[peer].op}")
+                return
+            box.msgs[peer].append((op, arrays))
+            box.cond.notify_all()
+
     @staticmethod
     def _assemble(box: _Box, peer: int, f: pb.PeerFrame) -> None:
         with box.cond:
@@ -345,8 +363,7 @@ class PeerRouter:
             link = self._links.get(peer)
         if link is None:
             raise Aborted(f"party {self.rank}: link to party {peer} is down")
-        for frame in frames_of(job_id, op, arrays):
-            link.put(frame)
+        link.send_message(job_id, op, arrays)
 
     def take(self, job_id: str, peer: int, op: int, timeout: float) -> Payload:
         box = self._box(job_id, create=False)

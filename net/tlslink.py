@@ -17,9 +17,17 @@ listener's certificate is party ``i+1``'s (``party-N`` DNS name and OU), the lis
 refuses any caller whose certificate is not party ``i-1``'s. Plaintext only in the
 development mode that also makes gRPC plaintext.
 
-Wire format. Each frame is a 4-byte little-endian length and a serialised ``PeerFrame``; a
-length above :data:`MAX_FRAME_BYTES` ends the link (so at most that much is allocated
-before a frame is checked). One SSL object is never used by two threads at once: the
+Wire format (little-endian). A kind byte, then either
+* 0: a 4-byte length and a serialised ``PeerFrame`` (hello, abort, control), at most
+  :data:`MAX_FRAME_BYTES`; or
+* 1: a whole communicator message without protobuf: lengths of its job id and layout
+  (:mod:`net.frames`), its array count, op and payload length, then the job id, the layout and
+  the arrays' bytes. The sender writes large arrays straight from their memory and the
+  receiver reads the payload straight into the buffer its arrays will view: no chunking and
+  no copies beyond TLS's own (the gRPC stream made ~10 of every byte). The layout is
+  validated and must account for the payload before anything is allocated; buffers grow at
+  most :data:`GROW_BYTES` ahead of the bytes received.
+Anything else ends the link. One SSL object is never used by two threads at once: the
 socket is non-blocking, reads and writes take a lock around each SSL call, and threads wait
 for readiness with ``poll`` outside it. A write that cannot finish within the peer
 timeout closes the link (its peer stopped reading), which aborts the jobs on it.
@@ -34,16 +42,23 @@ import struct
 import threading
 from pathlib import Path
 
-from mpc3.comm import Aborted, PeerTimeout, ProtocolError
+import numpy as np
+
+from mpc3.comm import Aborted, Payload, PeerTimeout, ProtocolError
 
 from . import keys
 from .handshake import Handshake
+from .frames import MAX_HEADER_BYTES, MAX_MESSAGE_BYTES, contiguous, parse_layout, split
 from .link import MAX_FRAME_BYTES, PeerRouter, _Link
 from .proto import mpc3_pb2 as pb
 
 log = logging.getLogger("mpc3.link")
 
-_LEN = struct.Struct("<I")
+_FRAME = struct.Struct("<BI")           # kind 0, PeerFrame length
+_MSG = struct.Struct("<BHIIQQ")         # kind 1, job id length, layout length, arrays, op, bytes
+MAX_JOB_ID_BYTES = 1024
+GROW_BYTES = 64 << 20
+_JOIN_BELOW = 1 << 16                   # smaller messages go out as one write
 _READ = 1 << 18
 _WAIT_MS = 500                  # readiness waits re-check closing this often
 _NOT_READY = (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError, InterruptedError)
@@ -104,11 +119,26 @@ class SocketLink(_Link):
 
     # ------------------------------------------------------------------ writing ----
     def put(self, frame: pb.PeerFrame) -> None:
+        data = frame.SerializeToString()
+        self._send([_FRAME.pack(0, len(data)) + data])
+
+    def send_message(self, job_id: str, op: int, arrays: Payload) -> None:
+        arrays, layout = contiguous(arrays) if arrays else ([], b"")
+        jid = job_id.encode()
+        size = sum(a.nbytes for a in arrays)
+        head = _MSG.pack(1, len(jid), len(layout), len(arrays), op, size) + jid + layout
+        if size <= _JOIN_BELOW:
+            self._send([head + b"".join(arrays)])
+        else:
+            self._send([head] + [memoryview(a.reshape(-1).view(np.uint8)) for a in arrays
+                                 if a.nbytes])
+
+    def _send(self, parts: list) -> None:
         if self.closed.is_set():
             raise Aborted(f"link to party {self.peer} is down")
-        data = frame.SerializeToString()
         with self._writer:
-            self._write(_LEN.pack(len(data)) + data)
+            for part in parts:
+                self._write(part)
 
     def _write(self, data: bytes) -> None:
         view, waited = memoryview(data), 0.0
@@ -133,43 +163,91 @@ class SocketLink(_Link):
             waited += _WAIT_MS / 1e3
 
     # ------------------------------------------------------------------ reading ----
-    def _fill(self, need: int) -> None:
-        while len(self._rbuf) < need:
+    def _recv_into(self, view: memoryview) -> int:
+        """Bytes received into ``view`` (> 0), waiting for them; ConnectionError at the end."""
+        while True:
             with self._io:
                 try:
-                    n = self.sock.recv_into(self._chunk)
+                    n = self.sock.recv_into(view)
                 except _NOT_READY:
                     n = None
-            if n is None:
-                if self.closed.is_set():
-                    raise ConnectionError("link closed")
-                self._readable.poll(_WAIT_MS)
-            elif not n:
+            if n:
+                return n
+            if n == 0:
                 raise ConnectionError(f"party {self.peer} closed the connection")
-            else:
-                with memoryview(self._chunk) as mv:
-                    self._rbuf += mv[:n]
+            if self.closed.is_set():
+                raise ConnectionError("link closed")
+            self._readable.poll(_WAIT_MS)
 
-    def read_frame(self) -> pb.PeerFrame:
-        self._fill(_LEN.size)
-        (n,) = _LEN.unpack_from(self._rbuf)
-        if n > MAX_FRAME_BYTES:
-            raise ProtocolError(f"party {self.peer} announced a frame of {n} bytes "
-                                f"(limit {MAX_FRAME_BYTES})")
-        self._fill(_LEN.size + n)
+    def _fill(self, need: int) -> None:
+        with memoryview(self._chunk) as mv:
+            while len(self._rbuf) < need:
+                self._rbuf += mv[:self._recv_into(mv)]
+
+    def _take(self, n: int) -> bytes:
+        """The next n buffered bytes (after ``_fill``)."""
         with memoryview(self._rbuf) as mv:
-            body = bytes(mv[_LEN.size:_LEN.size + n])
-        del self._rbuf[:_LEN.size + n]
+            out = bytes(mv[:n])
+        del self._rbuf[:n]
+        return out
+
+    def _payload(self, size: int) -> bytearray:
+        """The next ``size`` bytes, received straight into their own buffer."""
+        buf = bytearray(min(size, GROW_BYTES))
+        got = min(size, len(self._rbuf))
+        buf[:got] = self._rbuf[:got]
+        del self._rbuf[:got]
+        while got < size:
+            if got == len(buf):             # a message above GROW_BYTES: grow as it arrives
+                buf.extend(bytes(min(GROW_BYTES, size - got)))
+            with memoryview(buf) as mv:
+                got += self._recv_into(mv[got:])
+        return buf
+
+    def read_frame(self):
+        """The next ``PeerFrame``, or a message as ``(job_id, op, arrays)``."""
+        self._fill(1)
+        if self._rbuf[0] == 0:
+            self._fill(_FRAME.size)
+            _, n = _FRAME.unpack_from(self._rbuf)
+            if n > MAX_FRAME_BYTES:
+                raise ProtocolError(f"party {self.peer} announced a frame of {n} bytes "
+                                    f"(limit {MAX_FRAME_BYTES})")
+            self._fill(_FRAME.size + n)
+            body = self._take(_FRAME.size + n)[_FRAME.size:]
+            try:
+                return pb.PeerFrame.FromString(body)
+            except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError and friends
+                raise ProtocolError(f"party {self.peer} sent a malformed frame ({exc})") \
+                    from None
+        if self._rbuf[0] != 1:
+            raise ProtocolError(f"party {self.peer} sent a frame of unknown kind "
+                                f"{self._rbuf[0]}")
+        self._fill(_MSG.size)
+        _, n_id, n_layout, n_arrays, op, size = _MSG.unpack_from(self._rbuf)
+        if n_id > MAX_JOB_ID_BYTES or n_layout > MAX_HEADER_BYTES or size > MAX_MESSAGE_BYTES:
+            raise ProtocolError(f"party {self.peer} sent a message header out of bounds")
+        self._fill(_MSG.size + n_id + n_layout)
+        head = self._take(_MSG.size + n_id + n_layout)[_MSG.size:]
         try:
-            return pb.PeerFrame.FromString(body)
-        except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError and friends
-            raise ProtocolError(f"party {self.peer} sent a malformed frame ({exc})") from None
+            job_id = head[:n_id].decode()
+        except UnicodeDecodeError:
+            raise ProtocolError(f"party {self.peer} sent a malformed job id") from None
+        layout, expected = parse_layout(head[n_id:], n_arrays) if n_arrays else ((), 0)
+        if expected != size or (not n_arrays and n_layout):
+            raise ProtocolError(f"party {self.peer} sent a message of {size} bytes whose "
+                                f"layout accounts for {expected}")
+        return job_id, op, split(self._payload(size), layout, size) if n_arrays else []
 
     def serve(self, router: PeerRouter) -> str:
         """Hand every frame to the router until the link fails; the reason it ended."""
         try:
             while True:
-                router._on_frame(self.peer, self.read_frame())
+                item = self.read_frame()
+                if isinstance(item, tuple):
+                    router._on_message(self.peer, *item)
+                else:
+                    router._on_frame(self.peer, item)
         except (OSError, ValueError, ProtocolError) as exc:
             return str(exc) or type(exc).__name__
 
@@ -226,7 +304,8 @@ class SocketTransport:
         if r.rank == dialler:
             link.put(pb.PeerFrame(hello=mine))
         first = link.read_frame()
-        if not first.HasField("hello") or first.hello.rank != link.peer:
+        if (not isinstance(first, pb.PeerFrame) or not first.HasField("hello")
+                or first.hello.rank != link.peer):
             raise ProtocolError(f"party {link.peer} sent no valid hello")
         if r.rank == listener:
             link.put(pb.PeerFrame(hello=mine))

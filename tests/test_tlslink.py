@@ -123,12 +123,23 @@ def _as_party_2(certs, router) -> SocketLink:
     return link
 
 
-@pytest.mark.parametrize("garbage", [struct.pack("<I", 1 << 31),          # oversized
-                                     struct.pack("<I", 5) + b"\xff" * 5])  # not a PeerFrame
+def _msg(n_id=1, layout=b"<u8:4", n_arrays=1, size=32, job=b"j"):
+    return struct.pack("<BHIIQQ", 1, n_id, len(layout), n_arrays, 1, size) + job + layout
+
+
+@pytest.mark.parametrize("garbage", [
+    struct.pack("<BI", 0, 1 << 31),                 # a PeerFrame over the limit
+    struct.pack("<BI", 0, 5) + b"\xff" * 5,         # bytes that are no PeerFrame
+    b"\x07",                                        # an unknown kind
+    _msg(n_id=5000),                                # a job id over the limit
+    _msg(size=1 << 40),                             # a message over the limit
+    _msg(size=8),                                   # a layout not accounting for the bytes
+    _msg(layout=b"<f8:4"),                          # floats are no shares
+    _msg(job=b"\xff")])                             # a job id that is no text
 def test_a_bad_frame_ends_the_link_and_the_parties_recover(mesh, certs, garbage):
-    """Even an authenticated peer that sends a frame longer than the limit (nothing that
-    size is allocated) or bytes that are no PeerFrame only ends its own link; the real
-    party 2 dials again and jobs run."""
+    """Even an authenticated peer that sends a frame or message header out of bounds
+    (nothing that size is allocated) or malformed only ends its own link; the real party 2
+    dials again and jobs run."""
     link = _as_party_2(certs, mesh[0])
     link.sock.sendall(garbage)
     assert _refused(link.sock)
@@ -178,3 +189,34 @@ def test_development_plaintext_links():
         assert _mult_works(routers)
     finally:
         stop()
+
+
+@pytest.mark.parametrize("grow", [None, 4096])
+def test_messages_round_trip_in_raw_form(monkeypatch, grow):
+    """Every dtype and shape a message can hold - empty, 0-d, non-contiguous, large enough
+    to go out array by array, and (grow=4096) larger than the receive buffer's growth step -
+    arrives equal, and an empty message arrives empty."""
+    import threading
+    from net import tlslink
+    if grow:
+        monkeypatch.setattr(tlslink, "GROW_BYTES", grow)
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    b.setblocking(False)
+    tx, rx = SocketLink(1, a, send_timeout=5), SocketLink(0, b, send_timeout=5)
+    big = np.arange(200_000, dtype=np.uint64)
+    msgs = [[np.arange(10, dtype=np.uint64), np.zeros((0, 3), np.uint64),
+             np.array(5, dtype=np.int16), np.arange(12, dtype=np.uint8).reshape(3, 4)],
+            [big[::2], big[:7].reshape(7, 1), np.ones(3, np.int64)],
+            []]
+    t = threading.Thread(target=lambda: [tx.send_message(f"job{k}", k + 1, m)
+                                         for k, m in enumerate(msgs)])
+    t.start()
+    for k, sent in enumerate(msgs):
+        job, op, got = rx.read_frame()
+        assert (job, op, len(got)) == (f"job{k}", k + 1, len(sent))
+        for x, y in zip(sent, got):
+            assert x.dtype == y.dtype and x.shape == y.shape and (x == y).all()
+    t.join()
+    a.close()
+    b.close()
