@@ -198,16 +198,20 @@ class PeerRouter:
             self._links[peer] = link
             self._link_change.notify_all()
         if old is not None:
-            self._link_lost(peer, old, f"link to party {peer} was replaced by a new connection")
+            self._link_lost(peer, old, f"link to party {peer} was replaced by a new connection",
+                            current=True)
         log.info("party %d: link to party %d up", self.rank, peer)
 
-    def _link_lost(self, peer: int, link: _Link, reason: str) -> None:
+    def _link_lost(self, peer: int, link: _Link, reason: str, current: bool = False) -> None:
+        """``link`` ended; if it was the live link to ``peer`` (``current``: it was until a
+        new connection replaced it), every job on this party is aborted."""
         link.close()
         with self._lock:
             if self._links.get(peer) is link:
                 del self._links[peer]
                 self._link_change.notify_all()
-            boxes = list(self._boxes.values())
+                current = True
+            boxes = list(self._boxes.values()) if current else []
         for box in boxes:
             box.abort(f"lost link to party {peer}: {reason}")
         if not self._stop.is_set():

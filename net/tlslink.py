@@ -25,12 +25,21 @@ Wire format (little-endian). A kind byte, then either
   the arrays' bytes. The sender writes large arrays straight from their memory and the
   receiver reads the payload straight into the buffer its arrays will view: no chunking and
   no copies beyond TLS's own (the gRPC stream made ~10 of every byte). The layout is
-  validated and must account for the payload before anything is allocated; buffers grow at
-  most :data:`GROW_BYTES` ahead of the bytes received.
+  validated and must account for the payload before anything is allocated; a payload buffer
+  starts at most :data:`FIRST_BYTES` long and doubles as bytes arrive. A sender refuses (in
+  its job) what the receiver would refuse, so one job's mistake never ends a link.
 Anything else ends the link. One SSL object is never used by two threads at once: the
 socket is non-blocking, reads and writes take a lock around each SSL call, and threads wait
 for readiness with ``poll`` outside it. A write that cannot finish within the peer
-timeout closes the link (its peer stopped reading), which aborts the jobs on it.
+deadline (the peer timeout plus a 1 MB/s floor for its size) closes the link, which aborts the
+jobs on it; TCP's user timeout does the same for a host that vanished with bytes in flight.
+Closing shuts the socket down under the same lock, never through ``SSLSocket.shutdown``
+(which drops the SSL object first: a write racing it would leave in plaintext), and
+the descriptor is closed only under that lock, after which no thread touches it.
+
+Unauthenticated callers: at most :data:`MAX_HANDSHAKES` connections complete their TLS
+handshake at once (more are closed at once), each within the connect timeout; refusals are
+logged at most every 10 s.
 """
 from __future__ import annotations
 
@@ -40,6 +49,7 @@ import socket
 import ssl
 import struct
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -57,7 +67,9 @@ log = logging.getLogger("mpc3.link")
 _FRAME = struct.Struct("<BI")           # kind 0, PeerFrame length
 _MSG = struct.Struct("<BHIIQQ")         # kind 1, job id length, layout length, arrays, op, bytes
 MAX_JOB_ID_BYTES = 1024
-GROW_BYTES = 64 << 20
+FIRST_BYTES = 8 << 20                   # a payload buffer's first allocation, at most
+MAX_HANDSHAKES = 8
+_MIN_RATE = 1e6                         # bytes/s a peer must take for a write to go on
 _JOIN_BELOW = 1 << 16                   # smaller messages go out as one write
 _READ = 1 << 18
 _WAIT_MS = 500                  # readiness waits re-check closing this often
@@ -95,8 +107,10 @@ def _split(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def _tune(sock: socket.socket) -> None:
+def _tune(sock: socket.socket, user_timeout_s: float) -> None:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if hasattr(socket, "TCP_USER_TIMEOUT"):     # unacknowledged bytes: keepalive is silent then
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(user_timeout_s * 1e3))
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     for opt, val in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 2)):
         if hasattr(socket, opt):            # a vanished host ends the link in ~20 s
@@ -111,6 +125,7 @@ class SocketLink(_Link):
         self.sock = sock
         self.send_timeout = send_timeout
         self._io = threading.Lock()         # one SSL call at a time
+        self._dead = False                  # under _io: the socket is shut down or closed
         self._writer = threading.Lock()     # whole frames, one after the other
         self._rbuf = bytearray()
         self._chunk = bytearray(_READ)      # recv_into: no 256 KiB allocation per read
@@ -125,6 +140,10 @@ class SocketLink(_Link):
     def send_message(self, job_id: str, op: int, arrays: Payload) -> None:
         arrays, layout = contiguous(arrays) if arrays else ([], b"")
         jid = job_id.encode()
+        bad = [a.dtype for a in arrays if a.dtype.kind not in "ui" or a.dtype.itemsize > 8]
+        if bad or len(jid) > MAX_JOB_ID_BYTES or len(layout) > MAX_HEADER_BYTES:
+            raise ProtocolError(f"party {self.peer} would refuse this message "
+                                f"({f'dtype {bad[0]}' if bad else 'header too long'})")
         size = sum(a.nbytes for a in arrays)
         head = _MSG.pack(1, len(jid), len(layout), len(arrays), op, size) + jid + layout
         if size <= _JOIN_BELOW:
@@ -136,48 +155,60 @@ class SocketLink(_Link):
     def _send(self, parts: list) -> None:
         if self.closed.is_set():
             raise Aborted(f"link to party {self.peer} is down")
-        with self._writer:
+        size = sum(memoryview(p).nbytes for p in parts)
+        deadline = time.monotonic() + self.send_timeout + size / _MIN_RATE
+        if not self._writer.acquire(timeout=self.send_timeout):
+            raise PeerTimeout(f"the link to party {self.peer} stayed busy for "
+                              f"{self.send_timeout:g} s")
+        try:
             for part in parts:
-                self._write(part)
+                self._write(part, deadline)
+        finally:
+            self._writer.release()
 
-    def _write(self, data: bytes) -> None:
-        view, waited = memoryview(data), 0.0
+    def _write(self, data, deadline: float) -> None:
+        view, failed = memoryview(data), None
         while view:
             with self._io:
+                if self._dead:
+                    raise Aborted(f"link to party {self.peer} is down")
                 try:
-                    n = self.sock.send(view)
+                    n, wait = self.sock.send(view), None
+                except ssl.SSLWantReadError:
+                    n, wait = 0, self._readable
                 except _NOT_READY:
-                    n = 0
+                    n, wait = 0, self._writable
                 except (OSError, ValueError) as exc:
-                    self.close()
-                    raise Aborted(f"link to party {self.peer} failed: {exc}") from None
+                    n, failed = 0, exc
+            if failed is not None:
+                self.close()
+                raise Aborted(f"link to party {self.peer} failed: {failed}") from None
             if n:
-                view, waited = view[n:], 0.0
+                view = view[n:]
                 continue
-            if self.closed.is_set():
-                raise Aborted(f"link to party {self.peer} is down")
-            if waited >= self.send_timeout:
+            if time.monotonic() > deadline:
                 self.close()                # a partial frame: the stream is unusable
-                raise PeerTimeout(f"party {self.peer} read nothing for {waited:g} s")
-            self._writable.poll(_WAIT_MS)
-            waited += _WAIT_MS / 1e3
+                raise PeerTimeout(f"party {self.peer} read too slowly (write deadline passed)")
+            wait.poll(_WAIT_MS)
 
     # ------------------------------------------------------------------ reading ----
     def _recv_into(self, view: memoryview) -> int:
         """Bytes received into ``view`` (> 0), waiting for them; ConnectionError at the end."""
         while True:
             with self._io:
+                if self._dead:
+                    raise ConnectionError("link closed")
                 try:
-                    n = self.sock.recv_into(view)
+                    n, wait = self.sock.recv_into(view), None
+                except ssl.SSLWantWriteError:
+                    n, wait = None, self._writable
                 except _NOT_READY:
-                    n = None
+                    n, wait = None, self._readable
             if n:
                 return n
             if n == 0:
                 raise ConnectionError(f"party {self.peer} closed the connection")
-            if self.closed.is_set():
-                raise ConnectionError("link closed")
-            self._readable.poll(_WAIT_MS)
+            wait.poll(_WAIT_MS)
 
     def _fill(self, need: int) -> None:
         with memoryview(self._chunk) as mv:
@@ -193,13 +224,13 @@ class SocketLink(_Link):
 
     def _payload(self, size: int) -> bytearray:
         """The next ``size`` bytes, received straight into their own buffer."""
-        buf = bytearray(min(size, GROW_BYTES))
+        buf = bytearray(min(size, FIRST_BYTES))
         got = min(size, len(self._rbuf))
         buf[:got] = self._rbuf[:got]
         del self._rbuf[:got]
         while got < size:
-            if got == len(buf):             # a message above GROW_BYTES: grow as it arrives
-                buf.extend(bytes(min(GROW_BYTES, size - got)))
+            if got == len(buf):             # past FIRST_BYTES: double as the bytes arrive
+                buf.extend(bytes(min(len(buf), size - got)))
             with memoryview(buf) as mv:
                 got += self._recv_into(mv[got:])
         return buf
@@ -248,16 +279,25 @@ class SocketLink(_Link):
                     router._on_message(self.peer, *item)
                 else:
                     router._on_frame(self.peer, item)
-        except (OSError, ValueError, ProtocolError) as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever ends the reader ends the link
             return str(exc) or type(exc).__name__
 
     def close(self) -> None:
-        if not self.closed.is_set():
-            self.closed.set()
-            try:
-                self.sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        """Shut the connection down (both ways); the reader sees its end."""
+        self.closed.set()
+        with self._io:
+            if not self._dead:
+                self._dead = True
+                try:                        # the plain socket's shutdown, see the module doc
+                    socket.socket.shutdown(self.sock, socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def release(self) -> None:
+        """Close the descriptor (after the reader ended); no thread uses it afterwards."""
+        self.close()
+        with self._io:
+            self.sock.close()
 
 
 class SocketTransport:
@@ -277,6 +317,9 @@ class SocketTransport:
         self._ls = socket.create_server((host or "0.0.0.0", port), backlog=16,
                                         family=socket.AF_INET6 if ":" in host else socket.AF_INET)
         self.port = self._ls.getsockname()[1]
+        self._handshakes = threading.BoundedSemaphore(MAX_HANDSHAKES)
+        self._closing = False
+        self._refusals, self._refusal_logged = 0, 0.0
         self.router: PeerRouter | None = None
         self._threads: list[threading.Thread] = []
 
@@ -288,6 +331,7 @@ class SocketTransport:
             self._threads.append(t)
 
     def stop(self) -> None:
+        self._closing = True
         try:
             self._ls.shutdown(socket.SHUT_RDWR)     # wakes the accept (close alone does not)
         except OSError:
@@ -315,7 +359,7 @@ class SocketTransport:
         """TLS handshake, identity check and hello on a fresh connection (each step bounded
         by the connect timeout); then the link, non-blocking."""
         r = self.router
-        _tune(sock)
+        _tune(sock, self.send_timeout)
         sock.settimeout(self.connect_timeout)
         if self.contexts is not None:
             server_ctx, client_ctx = self.contexts
@@ -333,17 +377,25 @@ class SocketTransport:
         return link
 
     # -------------------------------------------------------------------- loops ----
-    def _run_link(self, sock: socket.socket, peer: int, dialling: bool) -> str:
+    def _run_link(self, sock: socket.socket, peer: int, dialling: bool, opened=None) -> str:
+        """Open the link on a fresh connection and read it until it ends; why it ended.
+        ``opened()`` is called once the handshake is over, however it went."""
         r = self.router
         try:
             link = self._open(sock, peer, dialling)
-        except (OSError, ValueError, ProtocolError, Aborted) as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure refuses this connection
             sock.close()
             return f"handshake failed: {exc}"
+        finally:
+            if opened is not None:
+                opened()
         r._link_up(peer, link)
-        reason = link.serve(r)
-        r._link_lost(peer, link, reason)
-        link.sock.close()
+        reason = "link reader failed"
+        try:
+            reason = link.serve(r)
+        finally:
+            r._link_lost(peer, link, reason)
+            link.release()
         return reason
 
     def _dial_loop(self) -> None:
@@ -351,12 +403,14 @@ class SocketTransport:
         addr = _split(self.dial)
         while not r._stop.is_set():
             try:
-                sock = socket.create_connection(addr,
-                                                timeout=self.connect_timeout)
+                sock = socket.create_connection(addr, timeout=self.connect_timeout)
             except OSError as exc:
                 reason = f"party {r.next} at {self.dial} unreachable ({exc})"
             else:
-                reason = self._run_link(sock, r.next, dialling=True)
+                try:
+                    reason = self._run_link(sock, r.next, dialling=True)
+                except Exception as exc:  # noqa: BLE001 - keep dialling whatever happened
+                    reason = f"link failed ({type(exc).__name__}: {exc})"
                 backoff = 0.1 if not reason.startswith("handshake") else backoff
             if not r._stop.is_set() and reason != said:     # each new reason once
                 log.warning("party %d: link to party %d at %s: %s", r.rank, r.next, self.dial,
@@ -367,15 +421,37 @@ class SocketTransport:
 
     def _accept_loop(self) -> None:
         r = self.router
-        while not r._stop.is_set():
+        while not (r._stop.is_set() or self._closing):
             try:
                 sock, _ = self._ls.accept()
-            except OSError:
-                return                      # listener closed: stopping
-            threading.Thread(target=self._accepted, args=(sock,), daemon=True,
-                             name=f"mpc3-p{r.rank}-in").start()
+            except OSError as exc:          # EMFILE, ECONNABORTED...: keep listening
+                if not self._closing:
+                    self._refused(f"accept failed: {exc}")
+                    r._stop.wait(0.1)
+                continue
+            if not self._handshakes.acquire(blocking=False):
+                sock.close()
+                self._refused(f"more than {MAX_HANDSHAKES} connections in their handshake")
+                continue
+            try:
+                threading.Thread(target=self._accepted, args=(sock,), daemon=True,
+                                 name=f"mpc3-p{r.rank}-in").start()
+            except RuntimeError as exc:     # no thread to be had
+                self._handshakes.release()
+                sock.close()
+                self._refused(str(exc))
 
     def _accepted(self, sock: socket.socket) -> None:
-        reason = self._run_link(sock, self.router.prev, dialling=False)
+        reason = self._run_link(sock, self.router.prev, dialling=False,
+                                opened=self._handshakes.release)
         if reason.startswith("handshake"):
-            log.warning("party %d: refused a peer connection: %s", self.router.rank, reason)
+            self._refused(reason)
+
+    def _refused(self, reason: str) -> None:
+        """Log a refused connection, at most every 10 s (with how many since)."""
+        self._refusals += 1
+        now = time.monotonic()
+        if now - self._refusal_logged >= 10.0:
+            log.warning("party %d: refused %d peer connection(s); latest: %s",
+                        self.router.rank, self._refusals, reason)
+            self._refusals, self._refusal_logged = 0, now

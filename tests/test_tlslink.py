@@ -48,11 +48,12 @@ def _mult_works(routers) -> bool:
     return np.abs(ring.decode(reveal(out)) - x * y).max() < 1e-4
 
 
-def _connect(certs, stem: str, router, name: str = "party-0"):
-    """A TLS client with ``stem``'s certificate, at ``router``'s peer listener."""
+def _connect(certs, stem: str, router, name: str = "party-0", trust=None):
+    """A TLS client with ``stem``'s certificate from ``certs``, trusting the CA in ``trust``
+    (default ``certs``), at ``router``'s peer listener."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.load_cert_chain(certs / f"{stem}.pem", certs / f"{stem}.key")
-    ctx.load_verify_locations(certs / "ca.pem")
+    ctx.load_verify_locations((trust or certs) / "ca.pem")
     raw = socket.create_connection(("127.0.0.1", router.transport.port), timeout=5)
     return ctx.wrap_socket(raw, server_hostname=name)
 
@@ -77,10 +78,12 @@ def test_only_the_previous_party_may_link(mesh, certs, stem):
     assert _mult_works(mesh)
 
 
-def test_foreign_ca_fails_the_tls_handshake(mesh, certs, tmp_path):
+def test_a_certificate_of_another_ca_is_refused(mesh, certs, tmp_path):
+    """A client that trusts party 0 but presents a party-2 certificate of another CA is
+    refused by party 0's handshake."""
     keys.generate(tmp_path)
-    with pytest.raises((ssl.SSLError, ConnectionError)):
-        _refused(_connect(tmp_path, "party-2", mesh[0]))
+    assert _refused(_connect(tmp_path, "party-2", mesh[0], trust=certs))
+    assert mesh[0].links_up() == [1, 2] and _paired(mesh, 0, 2)
     assert _mult_works(mesh)
 
 
@@ -127,26 +130,53 @@ def _msg(n_id=1, layout=b"<u8:4", n_arrays=1, size=32, job=b"j"):
     return struct.pack("<BHIIQQ", 1, n_id, len(layout), n_arrays, 1, size) + job + layout
 
 
-@pytest.mark.parametrize("garbage", [
-    struct.pack("<BI", 0, 1 << 31),                 # a PeerFrame over the limit
-    struct.pack("<BI", 0, 5) + b"\xff" * 5,         # bytes that are no PeerFrame
-    b"\x07",                                        # an unknown kind
-    _msg(n_id=5000),                                # a job id over the limit
-    _msg(size=1 << 40),                             # a message over the limit
-    _msg(size=8),                                   # a layout not accounting for the bytes
-    _msg(layout=b"<f8:4"),                          # floats are no shares
-    _msg(job=b"\xff")])                             # a job id that is no text
-def test_a_bad_frame_ends_the_link_and_the_parties_recover(mesh, certs, garbage):
-    """Even an authenticated peer that sends a frame or message header out of bounds
-    (nothing that size is allocated) or malformed only ends its own link; the real party 2
-    dials again and jobs run."""
+@pytest.fixture
+def lone(certs):
+    """Party 0's router and peer listener alone: no real party 2 to take its link back."""
+    t = SocketTransport("127.0.0.1:0", "127.0.0.1:1", tls_contexts(
+        certs / "party-0.pem", certs / "party-0.key", certs / "ca.pem"), connect_timeout=2)
+    router = PeerRouter(0, t.dial, tls=True, transport=t)
+    router.start()
+    yield router
+    router.stop()
+
+
+@pytest.mark.parametrize("garbage, why", [
+    (struct.pack("<BI", 0, 1 << 31), "announced a frame of 2147483648 bytes"),
+    (struct.pack("<BI", 0, 5) + b"\xff" * 5, "malformed frame"),
+    (b"\x07", "unknown kind 7"),
+    (_msg(n_id=5000), "header out of bounds"),
+    (_msg(size=1 << 40), "header out of bounds"),
+    (_msg(size=8), "accounts for 32"),
+    (_msg(layout=b"<f8:4"), "unexpected dtype"),
+    (_msg(job=b"\xff"), "malformed job id")])
+def test_a_bad_frame_ends_the_link(lone, certs, caplog, garbage, why):
+    """An authenticated peer sending a frame or message header out of bounds (refused before
+    anything that size is allocated) or malformed loses its link, for the reason named."""
+    link = _as_party_2(certs, lone)
+    _wait(lambda: lone.links_up() == [2])
+    with caplog.at_level("WARNING", logger="mpc3.link"):
+        link.sock.sendall(garbage)
+        assert _refused(link.sock)
+        _wait(lambda: lone.links_up() == [])
+    assert any("link to party 2 down" in r.message and why in r.message
+               for r in caplog.records), [r.message for r in caplog.records]
+
+
+def _wait(cond, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.02)
+
+
+def test_a_rogue_link_does_not_stick(mesh, certs):
+    """A party-2 certificate holder that takes party 0's link and then sends garbage loses
+    it; the real party 2 dials again and jobs run."""
     link = _as_party_2(certs, mesh[0])
-    link.sock.sendall(garbage)
+    link.sock.sendall(b"\x07")
     assert _refused(link.sock)
-    deadline = time.monotonic() + 10
-    while not _paired(mesh, 0, 2) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert all(r.wait_ready(1) for r in mesh) and _paired(mesh, 0, 2)
+    _wait(lambda: _paired(mesh, 0, 2) and all(r.wait_ready(0.1) for r in mesh))
     assert _mult_works(mesh)
 
 
@@ -174,7 +204,7 @@ def test_a_writer_gives_up_on_a_peer_that_stops_reading():
     link = SocketLink(1, a, send_timeout=1.0)
     frame = pb.PeerFrame(job_id="j", op=1, data=b"x" * (1 << 20))
     t0 = time.monotonic()
-    with pytest.raises(PeerTimeout, match="party 1 read nothing"):
+    with pytest.raises(PeerTimeout, match="party 1 read too slowly"):
         for _ in range(64):                 # far more than the socket buffers hold
             link.put(frame)
     assert time.monotonic() - t0 < 5 and link.closed.is_set()
@@ -199,7 +229,7 @@ def test_messages_round_trip_in_raw_form(monkeypatch, grow):
     import threading
     from net import tlslink
     if grow:
-        monkeypatch.setattr(tlslink, "GROW_BYTES", grow)
+        monkeypatch.setattr(tlslink, "FIRST_BYTES", grow)
     a, b = socket.socketpair()
     a.setblocking(False)
     b.setblocking(False)
