@@ -26,8 +26,10 @@ from app.bench.remote import RemoteCluster  # noqa: E402
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-def _cpu(pid: str, tid: str) -> tuple[str, int]:
-    stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+def _cpu(pid: str, tid: str | None) -> tuple[str, int]:
+    """(name, CPU ticks) of a thread, or of the whole process (tid None: its live and
+    ended threads)."""
+    stat = Path(f"/proc/{pid}/task/{tid}/stat" if tid else f"/proc/{pid}/stat").read_text()
     comm = stat[stat.index("(") + 1:stat.rindex(")")]
     f = stat.rsplit(")", 1)[1].split()
     return comm, int(f[11]) + int(f[12])
@@ -46,23 +48,30 @@ def snapshot() -> dict[str, dict]:
                 kind = "party " + cmd.split("--id ")[1].split()[0]
             else:
                 continue
-            out[pid] = {"kind": kind} | {t: _cpu(pid, t) for t in os.listdir(f"/proc/{pid}/task")}
+            out[pid] = {"kind": kind, "process": _cpu(pid, None)[1]} | {
+                t: _cpu(pid, t) for t in os.listdir(f"/proc/{pid}/task")}
         except (FileNotFoundError, ProcessLookupError, IndexError):
             continue
     return out
 
 
 def delta(a: dict, b: dict) -> dict[str, dict[str, float]]:
-    """CPU seconds per process kind and thread name between two snapshots."""
+    """CPU seconds per process kind and thread name between two snapshots; threads that
+    ended in between (a job's own thread) count as "(ended threads)": the process's total
+    less its live threads'."""
     out: dict[str, dict[str, float]] = collections.defaultdict(lambda: collections.Counter())
     for pid, threads in b.items():
-        kind = threads["kind"]
+        kind, live = threads["kind"], 0.0
         for tid, val in threads.items():
-            if tid == "kind":
+            if tid in ("kind", "process"):
                 continue
             name, ticks = val
             before = a.get(pid, {}).get(tid, (name, 0))[1]
+            live += (ticks - before) / TICK
             out[kind]["relays" if kind == "relay" else name] += (ticks - before) / TICK
+        total = (threads["process"] - a.get(pid, {}).get("process", threads["process"])) / TICK
+        if kind != "relay" and total > live:
+            out[kind]["(ended threads)"] += total - live
     return out
 
 
