@@ -1,4 +1,6 @@
-"""Party-to-party gRPC links implementing mpc3's :class:`~mpc3.comm.Communicator`.
+"""Party-to-party links implementing mpc3's :class:`~mpc3.comm.Communicator`: the router (per-job
+mailboxes, ops, aborts) and the gRPC-stream transport (``peer_transport = "grpc"``); the
+default transport, TLS sockets, is :mod:`net.tlslink` and plugs into the same router.
 
 Topology. Each pair of parties shares one bidirectional ``PeerService.Link`` stream; party
 ``i`` dials party ``i+1`` (mod 3) and accepts the stream of party ``i-1``, so every party has

@@ -1,6 +1,6 @@
-"""Three peer routers in one process over real gRPC sockets on loopback (tests and the
-``--transport grpc`` layer benchmarks): the party-to-party transport without party
-processes."""
+"""Three peer routers in one process over real sockets on loopback (tests and the
+``--transport grpc`` layer benchmarks): the party-to-party transport - TLS socket links or
+gRPC streams - without party processes."""
 from __future__ import annotations
 
 from concurrent import futures
@@ -45,23 +45,7 @@ def local_mesh(cert_dir=None, host: str = "127.0.0.1", ready_timeout: float = 20
         router = PeerRouter(r, f"{host}:{ports[(r + 1) % 3]}", creds, tls=cert_dir is not None)
         pb_grpc.add_PeerServiceServicer_to_server(router.servicer, servers[r])
         routers.append(router)
-    for srv in servers:
-        srv.start()
-    for router in routers:
-        router.start()
-
-    def stop() -> None:
-        for router in routers:
-            router._stop.set()
-        for router in routers:
-            router.stop()
-        for srv in servers:
-            srv.stop(grace=None)
-
-    if not all(router.wait_ready(ready_timeout) for router in routers):
-        stop()
-        raise PeerUnavailable("local mesh: links did not come up")
-    return routers, stop
+    return _run(routers, ready_timeout, servers)
 
 
 def _socket_mesh(cert_dir, host: str, ready_timeout: float):
@@ -78,6 +62,13 @@ def _socket_mesh(cert_dir, host: str, ready_timeout: float):
     for r, t in enumerate(transports):
         t.dial = f"{host}:{ports[(r + 1) % 3]}"
         routers.append(PeerRouter(r, t.dial, tls=cert_dir is not None, transport=t))
+    return _run(routers, ready_timeout)
+
+
+def _run(routers: list[PeerRouter], ready_timeout: float, servers=()):
+    """Start the (gRPC servers and) routers; ``(routers, stop)`` once every link is up."""
+    for srv in servers:
+        srv.start()
     for router in routers:
         router.start()
 
@@ -86,6 +77,8 @@ def _socket_mesh(cert_dir, host: str, ready_timeout: float):
             router._stop.set()
         for router in routers:
             router.stop()
+        for srv in servers:
+            srv.stop(grace=None)
 
     if not all(router.wait_ready(ready_timeout) for router in routers):
         stop()
