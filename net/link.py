@@ -63,6 +63,7 @@ GRPC_OPTIONS = [
 ]
 SERVER_OPTIONS = GRPC_OPTIONS + [("grpc.http2.min_ping_interval_without_data_ms", 5_000)]
 _CLOSED_MEMORY = 4096          # ids of finished jobs remembered to drop their late frames
+MAX_UNOPENED_BYTES = 256 << 20  # all messages held for jobs peers started, this party not yet
 
 
 class PeerUnavailable(ProtocolError):
@@ -79,6 +80,7 @@ class _Box:
         self.partial: dict[int, Partial | None] = {}
         self.aborted: str | None = None
         self.opened = False
+        self.held = 0                       # bytes buffered before this party opened the job
         self.created = time.monotonic()
 
     def abort(self, reason: str) -> bool:
@@ -149,6 +151,7 @@ class PeerRouter:
         self._boxes: dict[str, _Box] = {}
         self._closed: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._used: set[str] = set()      # every job id ever opened: keys are never reused
+        self._held = 0                    # sum of the boxes' held bytes
         self._stop = threading.Event()
         self._channel: grpc.Channel | None = None
         self._dialer: threading.Thread | None = None
@@ -284,14 +287,15 @@ class PeerRouter:
             box.abort(f"party {peer} aborted the job: {f.abort}")
             return
         try:
-            self._assemble(box, peer, f)
+            if self._hold(box, peer, len(f.data)):
+                self._assemble(box, peer, f)
         except (ValueError, TypeError, ProtocolError) as exc:
             box.abort(f"bad frame from party {peer}: {exc}")
 
     def _on_message(self, peer: int, job_id: str, op: int, arrays: list) -> None:
         """A whole message of a job (the socket links' raw form)."""
         box = self._box(job_id, create=True)
-        if box is None:
+        if box is None or not self._hold(box, peer, sum(a.nbytes for a in arrays)):
             return
         with box.cond:
             if box.partial.get(peer) is not None:
@@ -300,6 +304,23 @@ class PeerRouter:
                 return
             box.msgs[peer].append((op, arrays))
             box.cond.notify_all()
+
+    def _hold(self, box: _Box, peer: int, n: int) -> bool:
+        """Account ``n`` bytes arriving for ``box``; past MAX_UNOPENED_BYTES held for jobs not
+        opened here, the job is aborted and its bytes dropped (no filling memory that way)."""
+        with self._lock:
+            if box.opened or box.aborted:
+                return not box.aborted
+            if self._held + n <= MAX_UNOPENED_BYTES:
+                box.held += n
+                self._held += n
+                return True
+            self._held, box.held = self._held - box.held, 0
+        with box.cond:
+            box.msgs.clear()
+        box.abort(f"party {peer} sent more than {MAX_UNOPENED_BYTES} bytes for jobs that "
+                  f"party {self.rank} has not opened")
+        return False
 
     @staticmethod
     def _assemble(box: _Box, peer: int, f: pb.PeerFrame) -> None:
@@ -340,7 +361,7 @@ class PeerRouter:
             seed_prev = self._links[self.prev].seed
             seed_next = self._links[self.next].seed
             box = self._boxes.setdefault(job_id, _Box())
-            box.opened = True
+            box.opened, self._held, box.held = True, self._held - box.held, 0
             self._used.add(job_id)
             self._sweep_locked(timeout)
         prg = PRG.for_job(seed_prev, seed_next, self._private_seed, job_id)
@@ -349,7 +370,7 @@ class PeerRouter:
 
     def close_job(self, job_id: str) -> None:
         with self._lock:
-            self._boxes.pop(job_id, None)
+            self._held -= getattr(self._boxes.pop(job_id, None), "held", 0)
             self._closed[job_id] = None
             while len(self._closed) > _CLOSED_MEMORY:
                 self._closed.popitem(last=False)
@@ -359,7 +380,7 @@ class PeerRouter:
         now = time.monotonic()
         for jid in [j for j, b in self._boxes.items()
                     if not b.opened and now - b.created > max(age, 60.0)]:
-            del self._boxes[jid]
+            self._held -= self._boxes.pop(jid).held
 
     def send(self, job_id: str, peer: int, op: int, arrays: Payload) -> None:
         box = self._box(job_id, create=False)

@@ -161,3 +161,30 @@ def test_party_with_wrong_certificate_cannot_link(tmp_path, mesh):
         next(pb_grpc.PeerServiceStub(ch).Link(iter([pb.PeerFrame()]), timeout=5))
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
     ch.close()
+
+
+def test_bytes_held_for_unopened_jobs_are_bounded(mesh, monkeypatch):
+    """Messages for a job this party has not opened yet are held (the peer may start first)
+    up to MAX_UNOPENED_BYTES over all such jobs; past it the job is aborted, its bytes are
+    dropped and opening it fails naming why. Within the bound they are delivered."""
+    from net import link
+    monkeypatch.setattr(link, "MAX_UNOPENED_BYTES", 3000)
+    r0, r1 = mesh[0], mesh[1]
+    ok, over = f"held{next(_ids)}", f"over{next(_ids)}"
+    p_ok, p_over = r1.open_job(ok, timeout=5), r1.open_job(over, timeout=5)
+    p_ok.comm.exchange(to_prev=[np.arange(100, dtype=np.uint64)])            # 800 bytes
+    for _ in range(4):
+        p_over.comm.exchange(to_prev=[np.zeros(100, dtype=np.uint64)])      # 3200 in all
+
+    def held_for(jid):
+        return r0._boxes.get(jid)
+
+    deadline = time.monotonic() + 5
+    while not (held_for(over) and held_for(over).aborted) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert "has not opened" in held_for(over).aborted
+    assert r0._held == 800 and held_for(ok).held == 800
+    got = r0.open_job(ok, timeout=5).comm.exchange(from_next=True)[0]
+    assert (got[0] == np.arange(100, dtype=np.uint64)).all() and r0._held == 0
+    with pytest.raises(Aborted, match="has not opened"):
+        r0.open_job(over, timeout=5).comm.exchange(from_next=True)
