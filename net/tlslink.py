@@ -38,8 +38,8 @@ Closing shuts the socket down under the same lock, never through ``SSLSocket.shu
 the descriptor is closed only under that lock, after which no thread touches it.
 
 Unauthenticated callers: at most :data:`MAX_HANDSHAKES` connections complete their TLS
-handshake at once (more are closed at once), each within the connect timeout; refusals are
-logged at most every 10 s.
+handshake at once, at most :data:`MAX_HANDSHAKES_PER_HOST` from one address (more are closed
+at once), each within the connect timeout; refusals are logged at most every 10 s.
 """
 from __future__ import annotations
 
@@ -69,6 +69,7 @@ _MSG = struct.Struct("<BHIIQQ")         # kind 1, job id length, layout length, 
 MAX_JOB_ID_BYTES = 1024
 FIRST_BYTES = 8 << 20                   # a payload buffer's first allocation, at most
 MAX_HANDSHAKES = 8
+MAX_HANDSHAKES_PER_HOST = 2
 _MIN_RATE = 1e6                         # bytes/s a peer must take for a write to go on
 _JOIN_BELOW = 1 << 16                   # smaller messages go out as one write
 _READ = 1 << 18
@@ -317,7 +318,8 @@ class SocketTransport:
         self._ls = socket.create_server((host or "0.0.0.0", port), backlog=16,
                                         family=socket.AF_INET6 if ":" in host else socket.AF_INET)
         self.port = self._ls.getsockname()[1]
-        self._handshakes = threading.BoundedSemaphore(MAX_HANDSHAKES)
+        self._pending: dict[str, int] = {}  # source address -> connections in handshake
+        self._pending_lock = threading.Lock()
         self._closing = False
         self._refusals, self._refusal_logged = 0, 0.0
         self.router: PeerRouter | None = None
@@ -423,27 +425,46 @@ class SocketTransport:
         r = self.router
         while not (r._stop.is_set() or self._closing):
             try:
-                sock, _ = self._ls.accept()
+                sock, addr = self._ls.accept()
             except OSError as exc:          # EMFILE, ECONNABORTED...: keep listening
                 if not self._closing:
                     self._refused(f"accept failed: {exc}")
                     r._stop.wait(0.1)
                 continue
-            if not self._handshakes.acquire(blocking=False):
+            host = addr[0]
+            why = self._admit(host)
+            if why:
                 sock.close()
-                self._refused(f"more than {MAX_HANDSHAKES} connections in their handshake")
+                self._refused(why)
                 continue
             try:
-                threading.Thread(target=self._accepted, args=(sock,), daemon=True,
+                threading.Thread(target=self._accepted, args=(sock, host), daemon=True,
                                  name=f"mpc3-p{r.rank}-in").start()
             except RuntimeError as exc:     # no thread to be had
-                self._handshakes.release()
+                self._done(host)
                 sock.close()
                 self._refused(str(exc))
 
-    def _accepted(self, sock: socket.socket) -> None:
+    def _admit(self, host: str) -> str | None:
+        """Count a connection from ``host`` into its handshake; why not, if it may not."""
+        with self._pending_lock:
+            if sum(self._pending.values()) >= MAX_HANDSHAKES:
+                return f"more than {MAX_HANDSHAKES} connections in their handshake"
+            if self._pending.get(host, 0) >= MAX_HANDSHAKES_PER_HOST:
+                return f"more than {MAX_HANDSHAKES_PER_HOST} connections from {host} in " \
+                       "their handshake"
+            self._pending[host] = self._pending.get(host, 0) + 1
+        return None
+
+    def _done(self, host: str) -> None:
+        with self._pending_lock:
+            self._pending[host] -= 1
+            if not self._pending[host]:
+                del self._pending[host]
+
+    def _accepted(self, sock: socket.socket, host: str) -> None:
         reason = self._run_link(sock, self.router.prev, dialling=False,
-                                opened=self._handshakes.release)
+                                opened=lambda: self._done(host))
         if reason.startswith("handshake"):
             self._refused(reason)
 

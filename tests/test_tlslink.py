@@ -250,3 +250,25 @@ def test_messages_round_trip_in_raw_form(monkeypatch, grow):
     t.join()
     a.close()
     b.close()
+
+
+def test_connections_stuck_before_their_handshake_are_capped_per_address(lone, certs):
+    """Callers that connect and say nothing hold at most MAX_HANDSHAKES_PER_HOST handshake
+    slots of one address (until the connect timeout); the next is closed at once, and once
+    they are gone the real peer still links."""
+    from net.tlslink import MAX_HANDSHAKES_PER_HOST
+    addr = ("127.0.0.1", lone.transport.port)
+    idle = [socket.create_connection(addr, timeout=5) for _ in range(MAX_HANDSHAKES_PER_HOST)]
+    time.sleep(0.2)                             # accepted, in their handshake
+    extra = socket.create_connection(addr, timeout=5)
+    t0 = time.monotonic()
+    assert _refused(extra) and time.monotonic() - t0 < 1.0
+    for s in idle:
+        s.settimeout(0.2)
+        with pytest.raises(socket.timeout):     # still held open, waiting for a ClientHello
+            s.recv(1)
+        s.close()
+    _wait(lambda: not lone.transport._pending)
+    link = _as_party_2(certs, lone)
+    _wait(lambda: lone.links_up() == [2])
+    link.sock.close()
