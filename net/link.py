@@ -203,8 +203,7 @@ class PeerRouter:
             self._links[peer] = link
             self._link_change.notify_all()
         if old is not None:
-            self._link_lost(peer, old, f"link to party {peer} was replaced by a new connection",
-                            current=True)
+            self._link_lost(peer, old, "replaced by a new connection", current=True)
         log.info("party %d: link to party %d up", self.rank, peer)
 
     def _link_lost(self, peer: int, link: _Link, reason: str, current: bool = False) -> None:
@@ -306,8 +305,9 @@ class PeerRouter:
             box.cond.notify_all()
 
     def _hold(self, box: _Box, peer: int, n: int) -> bool:
-        """Account ``n`` bytes arriving for ``box``; past MAX_UNOPENED_BYTES held for jobs not
-        opened here, the job is aborted and its bytes dropped (no filling memory that way)."""
+        """Count ``n`` bytes for ``box``; past MAX_UNOPENED_BYTES for unopened jobs, abort it."""
+        if box.opened:                      # the per-round case: no lock (opened stays True)
+            return not box.aborted
         with self._lock:
             if box.opened or box.aborted:
                 return not box.aborted

@@ -272,3 +272,20 @@ def test_connections_stuck_before_their_handshake_are_capped_per_address(lone, c
     link = _as_party_2(certs, lone)
     _wait(lambda: lone.links_up() == [2])
     link.sock.close()
+
+
+def test_a_sender_refuses_what_its_peer_would_refuse():
+    """A message its receiver would refuse (floats, an overlong job id) fails in the sending
+    job with ProtocolError and writes nothing, so it cannot end the link for other jobs."""
+    from mpc3.comm import ProtocolError
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    b.setblocking(False)
+    tx = SocketLink(1, a, send_timeout=1)
+    for job, arrays in (("j", [np.zeros(3)]), ("j" * 2000, [np.zeros(3, np.uint64)])):
+        with pytest.raises(ProtocolError):
+            tx.send_message(job, 1, arrays)
+    with pytest.raises(BlockingIOError):
+        b.recv(1)
+    a.close()
+    b.close()
