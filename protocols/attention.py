@@ -5,8 +5,8 @@ are the ReLU random features Q', K' and ``v`` (B, h, Sk, dh). All heads go throu
 kernel call per step, so rounds never depend on ``h``. The public normalisation of
 :func:`protocols.model.attn_norm` is *not* applied here: the constant ``c`` is folded into the
 shared W^Q, W^K, W^V by :mod:`protocols.secure_model` (free online), and :mod:`protocols.mha`
-applies the per-row ``1/n_i`` with :func:`scale_rows` (one truncation) only for
-``attn_norm == "mean"``.
+applies the per-row ``1/n_i`` inside the truncation of the product with W^O (no rounds of
+its own) only for ``attn_norm == "mean"``.
 
 Cost declarations (``cost_*``) give rounds and bytes per party as formulas of the shapes and
 are checked against the communicator's counters in tests/test_protocols_attention.py.
@@ -69,12 +69,9 @@ def cost_scale_public(n: int, p_cfg, extra: int = 0) -> Cost:
     return arith.cost_trunc(n, p_cfg.frac + extra, p_cfg.trunc)
 
 
+#: Extra fractional bits of a public 1/n row scale (K'^T V / n_enc; attention's 1/n_i in
+#: the truncation of o W^O, protocols.mha.finish).
 ROW_SCALE_EXTRA = 4
-
-
-def scale_rows(p: Party, o: AShare, row_scale: np.ndarray) -> AShare:
-    """Multiply rows (axis -2) of ``o`` (..., S, d) by the public ``row_scale`` (S,)."""
-    return scale_public(p, o, np.asarray(row_scale, dtype=np.float64)[:, None], ROW_SCALE_EXTRA)
 
 
 def relu_many(p: Party, xs: list[AShare]) -> list[AShare]:

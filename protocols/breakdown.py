@@ -17,7 +17,7 @@ Categories (:data:`CATEGORIES`):
 * ``attention`` - the attention nonlinearity: softmax's exp and the division by the row sums
   (:func:`protocols.attention.divide_rows`: in fused softmax / PowerSoftmax the e V product
   shares the kernel call of the reciprocal's Newton step, so it is counted here),
-  PowerSoftmax's powers, sigma's ReLU, Performer's ReLU features and 1/n row scale - and,
+  PowerSoftmax's powers, sigma's ReLU, Performer's ReLU features - and,
   for a full sequence of the folded Performer, its Q/K/V projections too
   (:func:`protocols.mha.project_features` and the cross attention's
   :func:`protocols.cross.cross_precompute` run them in the rounds of the feature ReLU, one
@@ -64,7 +64,6 @@ TARGETS = (
     # the folded Performer's Q/K/V products share rounds with its feature ReLU (one region)
     ("protocols.mha", "project_features", "attention"),
     ("protocols.cross", "_cross_features", "attention"),
-    ("protocols.attention", "scale_rows", "attention"),
     ("protocols.attention", "divide_rows", "attention"),
     ("protocols.attention_variants", "_power", "attention"),
     ("mpc3.kernels.fxp", "exp_a", "attention"),

@@ -45,7 +45,9 @@ from .sites import SITES, Recorder, Trace, site_range
 
 #: 2: an LM step's LayerNorm forms its FFN's W1 (causal_lm.lm_fusions), so a version-1
 #: calibration of an LM lacks sites its decode steps now reach: refused, re-share the model.
-VERSION = 2
+#: 3: attention's 1/n row scale rides in the truncation of o W^O, so site ``wo`` records the
+#: unnormalised product (up to n times the version-2 value): refused, re-share the model.
+VERSION = 3
 DEFAULT_MARGIN = 4.0
 
 

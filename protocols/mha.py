@@ -12,8 +12,9 @@ with the public constant c folded into the three of them,
    the split form relu_a reads (:func:`project_features`: 8 bytes per feature element less,
    V's product in the same rounds);
 4. attention core (:mod:`protocols.attention`);
-5. attn_norm "mean": rows times the public 1/n_i (one truncation); c itself is in the weights;
-6. merge heads, @ W^O.
+5. merge heads, @ W^O; attn_norm "mean": rows times the public 1/n_i inside that product's
+   truncation (:func:`mpc3.kernels.arith.scaled`: no rounds of its own); c itself is in the
+   weights.
 
 Models with another ``attention`` (softmax, power-softmax, sigma-relu) take steps 1 and 6
 and run :func:`heads` (one call per kernel step, all heads) in between; a decoder-only LM
@@ -140,20 +141,27 @@ def cost_features(p_cfg, n: int, folded: bool = True):
 
 
 def cost_finish(p_cfg, cfg: M.ModelConfig, rows: int, row_scale: bool = True):
-    """:func:`finish` on ``rows`` query rows: the 1/n row scale ("mean"; not when the caller
-    folded it elsewhere, ``row_scale=False``), then @ W^O."""
-    cost = arith.cost_mul(rows * cfg.d_model, True, p_cfg.frac, p_cfg.trunc)
-    if cfg.attn_norm == "mean" and row_scale:
-        cost = A.cost_scale_public(rows * cfg.d_model, p_cfg, A.ROW_SCALE_EXTRA) + cost
-    return cost
+    """:func:`finish` on ``rows`` query rows: @ W^O, with the 1/n row scale ("mean"; not when
+    the caller folded it elsewhere, ``row_scale=False``) in its truncation."""
+    bits = _row_scale(1.0, p_cfg.frac).shift if cfg.attn_norm == "mean" and row_scale \
+        else True
+    return arith.cost_mul(rows * cfg.d_model, bits, p_cfg.frac, p_cfg.trunc)
+
+
+def _row_scale(s, frac: int) -> arith.Scaled:
+    """The truncation of o W^O times the row scale ``s`` = 1/n: s encoded with frac +
+    ROW_SCALE_EXTRA fractional bits, as the separate scaling it replaces did."""
+    return arith.scaled(s, frac, frac + A.ROW_SCALE_EXTRA)
 
 
 def finish(p: Party, cfg: M.ModelConfig, w: dict, o: AShare, n_keys) -> AShare:
-    """attn_norm "mean" row scaling (public 1/n_i; ``n_keys=None``: already applied, e.g. to
-    a decode state's K'^T V), merge heads, @ W^O."""
+    """Merge heads, @ W^O; attn_norm "mean": each row times its public 1/n_i in the same
+    truncation (``n_keys=None``: already applied, e.g. to a decode state's K'^T V). The
+    product o W^O is formed unnormalised (site ``wo``)."""
+    trunc = True
     if cfg.attn_norm == "mean" and n_keys is not None:
-        o = A.scale_rows(p, o, 1.0 / np.asarray(n_keys, dtype=np.float64))
-    return add_bias(arith.matmul_aa(p, merge_heads(o), w["wo"]), w, "bo")
+        trunc = _row_scale(1.0 / np.asarray(n_keys, dtype=np.float64)[:, None], p.cfg.frac)
+    return add_bias(arith.matmul_aa(p, merge_heads(o), w["wo"], trunc), w, "bo")
 
 
 def mha(p: Party, cfg: M.ModelConfig, w: dict, xq: AShare, xkv: AShare | None = None,

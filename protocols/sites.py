@@ -203,12 +203,12 @@ class Trace:
         return np.ascontiguousarray(M.split_heads(v, self.cfg.n_heads))
 
     def _finish(self, layer: str, o: np.ndarray, n: np.ndarray | None) -> np.ndarray:
-        """``n`` None: the 1/n row scale was applied before (a decode state's K'^T V)."""
-        if self.cfg.attn_norm == "mean" and n is not None:
-            o = o / np.asarray(n, dtype=np.float64)[:, None]
-            self.rec.mag(layer, "rowscale", o)
+        """``n`` None: the 1/n row scale was applied before (a decode state's K'^T V); else
+        it rides in the truncation of o W^O, whose product is formed unnormalised."""
         y = M.merge_heads(o) @ self.attn[layer]["wo"]
         self.rec.mag(layer, "wo", y)
+        if self.cfg.attn_norm == "mean" and n is not None:
+            y = y / np.asarray(n, dtype=np.float64)[:, None]
         return _bias(y, self.attn[layer], "bo")
 
     # ---------------------------------------------------------------- attention ----

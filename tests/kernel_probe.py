@@ -34,7 +34,7 @@ KERNELS = ((arith, "mul_aa"), (arith, "matmul_aa"), (arith, "mul_many_aa"),
 #: blocking form: calls made while they run are theirs
 STEPS = {(fxp, "sqrt_inv_steps"): "sqrt_inv_a", (arith, "mul_many_steps"): "mul_many_aa"}
 PARALLEL_USERS = (mpc3_parallel,)
-HELPERS = {"mul_many", "scale_public", "scale_rows", "relu_many", "relu_products", "wrapped",
+HELPERS = {"mul_many", "scale_public", "relu_many", "relu_products", "wrapped",
            "activation", "<lambda>", "relu_split", "relu_outputs"}
 SUBLAYER = {"mha": "attn", "ffn": "ffn", "ffn_hidden": "ffn", "_self_step": "self",
             "_cross_step": "cross"}
@@ -117,7 +117,7 @@ def _sites(inner, kernel: str, n_items: int) -> list[str]:
     elif fn == "cross_attention_step":
         one = "out"
     elif fn == "finish":
-        one = "rowscale" if kernel == "trunc_a" else "wo"
+        one = "wo"                  # the 1/n row scale rides in its truncation
     elif fn == "decoder_step" and kernel == "mul_many_aa":   # the first layer's projection
         return ["proj"] * n_items
     elif fn == "_project":                                   # decoder: split, then plain

@@ -71,7 +71,8 @@ def test_trace_computes_the_reference(norm_first, fold, fuse):
     # a decode step may form a LayerNorm's next projection inside it (decoder.ln_fusions):
     # then the projection's layer records no product of its own
     own_self = "self" not in fuse or not norm_first
-    assert set(tr.rec.values["dec.0.self"]) == {"features", "kv", "scores", "out", "rowscale",
+    # (the self attention's 1/n rides in W^O's truncation: no "rowscale" site of its own)
+    assert set(tr.rec.values["dec.0.self"]) == {"features", "kv", "scores", "out",
                                                 "wo"} | (set() if fold else {"omega"}) \
         | ({"proj"} if own_self else set())
     ln_ffn = "dec.0.ln3" if norm_first else "dec.0.ln2"
@@ -258,9 +259,11 @@ def test_calibration_dict_roundtrip_is_small_json():
     assert C.Calibration.from_dict(d) == cal
     with pytest.raises(ValueError, match="version"):
         C.Calibration.from_dict({**d, "version": 99})
-    # version 1 predates the LM step's fused LayerNorm sites: refused, naming the remedy
-    with pytest.raises(ValueError, match="version 1 is not 2.*re-shares"):
-        C.Calibration.from_dict({**d, "version": 1})
+    # version 1 predates the LM step's fused LayerNorm sites, version 2 the unnormalised
+    # o W^O products: refused, naming the remedy
+    for old in (1, 2):
+        with pytest.raises(ValueError, match=f"version {old} is not 3.*re-shares"):
+            C.Calibration.from_dict({**d, "version": old})
     with pytest.raises(ValueError, match="unknown sites"):
         C.Calibration.from_dict({**d, "layers": {"enc.0.ffn": {"w3": 1.0}}})
 

@@ -6,7 +6,7 @@ from conftest import EDGE, Run, share, value
 from mpc3 import ring
 from mpc3.party import RingConfig
 from mpc3.sharing import deal, reveal
-from mpc3.kernels import arith
+from mpc3.kernels import arith, truncation
 
 ULP = 2.0 ** -ring.DEFAULT_FRAC
 
@@ -146,3 +146,59 @@ def test_mul_split_with_replicated_items(mode, rng):
     assert max(o[3].rounds for o in out) == declared.rounds
     assert declared.bytes_total == arith.cost_mul_split(cfg, 23, True).bytes_total \
         + arith.cost_mul(12, True, cfg.frac, mode).bytes_total
+
+
+# ------------------------------------------------ scaled truncation (public factor) ----
+@pytest.mark.parametrize("mode", ["exact", "prob"])
+def test_scaled_truncation_equals_the_wide_product(mode, rng):
+    """floor(z * m / 2^shift) for multipliers up to 2^31 - 1, per element or one for all, z
+    anywhere in the exact range (|z| < 2^62; prob: small z): never reduced mod 2^64 before
+    the shift, within one unit of the 128-bit result; same rounds and bytes as an unscaled
+    truncation by the same shift."""
+    run = Run(RingConfig(trunc=mode))
+    lim = 2 ** 61 if mode == "exact" else 2 ** 36
+    z = np.concatenate([[0, 1, -1, lim - 1, -lim, 12345, -98765],
+                        rng.integers(-lim, lim, 500)]).astype(np.int64)
+    for shift, m in [(48, rng.integers(1, truncation.MAX_MULT + 1, z.size)),
+                     (40, np.uint64(1 << 22)), (31, np.uint64(12345)), (10, np.uint64(3)),
+                     (61, np.uint64(truncation.MAX_MULT))]:
+        m = np.asarray(m, dtype=np.uint64)
+        out = run(lambda p, a: truncation.trunc_split(
+            p, arith.AShare(a.a.reshape(-1), a.b.reshape(-1)), shift, from_rss=True, mult=m),
+            deal(z.astype(np.uint64), rng))
+        want = [(int(a) * int(b)) >> shift for a, b in
+                zip(z.tolist(), np.broadcast_to(m, z.shape).tolist())]
+        err = [int(g) - w for g, w in zip(reveal(out).view(np.int64).tolist(), want)]
+        assert min(err) >= 0 and max(err) <= 1, (shift, max(map(abs, err)))
+        run.assert_cost(arith.cost_trunc(z.size, shift, mode))
+
+
+def test_matmul_times_public_row_scales(run, rng):
+    """o W times 1/n_i per row inside the product's truncation (attention's row scale):
+    the product's rounding plus the encoding of 1/n_i with 22 fractional bits (relative
+    n_i 2^-23), the rounds of one product."""
+    o, w = (ring.decode(ring.encode(v)) for v in (rng.normal(size=(2, 5, 8)) * 30,
+                                                  rng.normal(size=(8, 3))))
+    n = np.array([1, 2, 3, 64, 1 << 20], dtype=np.float64)
+    sc = arith.scaled(1.0 / n[:, None], ring.DEFAULT_FRAC, 22)
+    out = run(lambda p, a, b: arith.matmul_aa(p, a, b, sc), share(o), share(w))
+    want = (o @ w) / n[:, None]
+    bound = 2 * ULP + np.abs(want) * n[:, None] * 2.0 ** -23
+    assert (np.abs(value(out) - want) <= bound).all()
+    run.assert_cost(arith.cost_mul(2 * 5 * 3, sc.shift, ring.DEFAULT_FRAC, "exact"))
+    mixed = run(lambda p, a, b: arith.mul_many_aa(p, [(a, b, "matmul", sc),
+                                                      (a, a, "mul", True)]), share(o), share(w))
+    got = [reveal([m[k] for m in mixed]) for k in range(2)]
+    assert (np.abs(ring.decode(got[0]) - want) <= bound).all()
+    assert np.abs(ring.decode(got[1]) - o * o).max() < 2 * ULP
+
+
+def test_scaled_truncation_refuses_bad_factors(run):
+    for s in (0.0, -0.5, 1.5):
+        with pytest.raises(ValueError, match="factor"):
+            arith.scaled(s, 18)
+    x = share(np.ones(4))
+    for m in (0, 1 << 31):
+        with pytest.raises(ValueError, match="multipliers"):
+            run(lambda p, a: arith.matmul_aa(p, a.reshape(2, 2), a.reshape(2, 2),
+                                             arith.Scaled(30, np.uint64(m))), x)

@@ -136,14 +136,6 @@ def test_mul_many_cost_is_one_product(run, rng):
     run.assert_cost(A.cost_mul_many(15 + 20, True, run.cfg))
 
 
-def test_scale_rows(run, rng):
-    x = rng.uniform(-50, 50, (2, 3, S, 4))
-    s = 1.0 / np.arange(1, S + 1)
-    out = run(lambda p, a: A.scale_rows(p, a, s), share(x))
-    close(value(out), x * s[:, None], 1e-5)
-    run.assert_cost(A.cost_scale_public(x.size, run.cfg, A.ROW_SCALE_EXTRA))
-
-
 @pytest.mark.parametrize("masked", [False, True])
 @pytest.mark.parametrize("exp", ["poly", "limit"])
 def test_softmax_attention(run, rng, masked, exp):

@@ -22,8 +22,8 @@ from ..party import Party
 from ..shares import AShare, SignedSplit, SplitShare
 from . import leaves, thresholds
 from .base import Cost, Round, group_bounds, run_steps
-from .truncation import (OFFSET_BITS, cost_trunc, cost_trunc_shifts, trunc_a,  # noqa: F401
-                         trunc_split, trunc_steps)
+from .truncation import (OFFSET_BITS, Scaled, cost_trunc, cost_trunc_shifts,  # noqa: F401
+                         scaled, trunc_a, trunc_split, trunc_steps)
 
 
 def product_limit(frac: int, extra: int = 0) -> float:
@@ -125,7 +125,9 @@ def mul_aa(p: Party, x: AShare, y: AShare, trunc: bool | int = True) -> AShare:
 
     ``trunc``: True = truncate by cfg.frac (fixed-point), an int = truncate by that many
     bits, an array (broadcast to the output) = per-element shifts in the same rounds,
-    False = no truncation (integer product).
+    a :class:`Scaled` = times public multipliers (broadcast to the output) in the same
+    truncation (:func:`scaled`: a public real factor for free), False = no truncation
+    (integer product).
     Cost: see :func:`cost_mul`; 1 element per party and output, 1 round without truncation.
     """
     if x.shape != y.shape:
@@ -172,10 +174,14 @@ def mul_many_steps(p: Party, items: list[tuple]):
     """:func:`mul_many_aa` as lockstep steps (:func:`base.lockstep`)."""
     p.new_op()
     parts = {True: [], False: []}
+    mults = []
     for item in items:
         trunc = item[3]
         z, keep, zk = _item_product(item[0], item[1], item[2], item[4] if len(item) > 4 else None)
         shift = None if trunc is False else (p.cfg.frac if trunc is True else trunc)
+        if isinstance(shift, Scaled):
+            mults.append((len(parts[True]), shift.mult))
+            shift = shift.shift
         parts[shift is not None].append((z.shape, keep, zk, shift))
     cut = [z for _, _, z, _ in parts[True]]
     flat_plain = np.concatenate([z for _, _, z, _ in parts[False]]) if parts[False] else None
@@ -190,7 +196,8 @@ def mul_many_steps(p: Party, items: list[tuple]):
         else:
             bits = np.concatenate([np.broadcast_to(np.asarray(s), z.shape).reshape(-1)
                                    for _, _, z, s in parts[True]])
-        got = yield from trunc_steps(p, zt, bits, from_rss=False, plain=flat_plain)
+        got = yield from trunc_steps(p, zt, bits, from_rss=False, plain=flat_plain,
+                                     mult=_mult_array(parts[True], mults))
         tr, pl = got if flat_plain is not None else (got, None)
     else:
         r = Round(p)
@@ -210,6 +217,19 @@ def mul_many_steps(p: Party, items: list[tuple]):
                 results[key].append(AShare(a, b))
     order = {True: iter(results[True]), False: iter(results[False])}
     return [next(order[item[3] is not False]) for item in items]
+
+
+def _mult_array(parts: list[tuple], mults: list[tuple]) -> np.ndarray | None:
+    """Per-element multipliers of mul_many's truncated items (1 for unscaled items), None
+    if no item is :class:`Scaled`."""
+    if not mults:
+        return None
+    per = [np.ones(1, np.uint64)] * len(parts)
+    for i, m in mults:
+        per[i] = np.asarray(m, dtype=np.uint64)
+    return np.concatenate([np.broadcast_to(m, shape)[keep].reshape(-1) if keep is not None
+                           else np.broadcast_to(m, shape).reshape(-1)
+                           for m, (shape, keep, _, _) in zip(per, parts)])
 
 
 def mul_split_aa(p: Party, items: list[tuple], trunc: bool | int = True,
@@ -324,11 +344,14 @@ def cost_mul(n: int, trunc, frac: int, mode: str) -> Cost:
 def _finish(p: Party, z: np.ndarray, trunc) -> AShare:
     if trunc is False:
         return reshare(p, z)
+    mult = None
+    if isinstance(trunc, Scaled):
+        trunc, mult = trunc.shift, np.broadcast_to(trunc.mult, z.shape).reshape(-1)
     if trunc is True or np.ndim(trunc) == 0:                 # one shift: no per-element array
         bits = p.cfg.frac if trunc is True else int(trunc)
     else:
         bits = np.broadcast_to(np.asarray(trunc), z.shape).reshape(-1)
     z = z + p.zero_share(z.shape, "mulmask")
-    return trunc_split(p, z.reshape(-1), bits, from_rss=False).reshape(z.shape)
+    return trunc_split(p, z.reshape(-1), bits, from_rss=False, mult=mult).reshape(z.shape)
 
 

@@ -32,16 +32,17 @@ def _split_kernel(z: np.ndarray, other: np.ndarray, add_low: np.ndarray, sh: np.
 
 
 def _round2_kernel(w: np.ndarray, bt: np.ndarray, r: np.ndarray, nu_own: np.ndarray,
-                   nu_other: np.ndarray, low: np.ndarray, up: np.ndarray, x_out: np.ndarray,
-                   xs_out: np.ndarray) -> None:  # pragma: no cover
-    """w -= (nu_own + nu_other) << up (in place); x = (bt * r + nu_own) & low;
-    xs = x << up."""
+                   nu_other: np.ndarray, low: np.ndarray, up: np.ndarray, m: np.ndarray,
+                   x_out: np.ndarray, xs_out: np.ndarray) -> None:  # pragma: no cover
+    """w -= ((nu_own + nu_other) m) << up (in place); x = (bt * r + nu_own) & low;
+    xs = (x m) << up (m: the multiplier of a scaled truncation, else 1)."""
     for i in range(w.size):
         u = up[i if up.size > 1 else 0]
-        w[i] -= (nu_own[i] + nu_other[i]) << u
+        mi = m[i if m.size > 1 else 0]
+        w[i] -= ((nu_own[i] + nu_other[i]) * mi) << u
         x = (bt[i] * r[i] + nu_own[i]) & low[i if low.size > 1 else 0]
         x_out[i] = x
-        xs_out[i] = x << u
+        xs_out[i] = (x * mi) << u
 
 
 def _single_kernel(a: np.ndarray, b: np.ndarray, kappa: np.ndarray, rho: np.ndarray,
@@ -60,12 +61,61 @@ def _single_kernel(a: np.ndarray, b: np.ndarray, kappa: np.ndarray, rho: np.ndar
 
 
 def _final_kernel(uk: np.ndarray, kappa: np.ndarray, x1: np.ndarray, x2: np.ndarray,
-                  up: np.ndarray, a_out: np.ndarray, b_out: np.ndarray) -> None:  # pragma: no cover
-    """a = Uk + (x2 << up); b = kappa + (x1 << up)."""
+                  up: np.ndarray, m: np.ndarray, a_out: np.ndarray,
+                  b_out: np.ndarray) -> None:  # pragma: no cover
+    """a = Uk + ((x2 m) << up); b = kappa + ((x1 m) << up)."""
     for i in range(uk.size):
         u = up[i if up.size > 1 else 0]
-        a_out[i] = uk[i] + (x2[i] << u)
-        b_out[i] = kappa[i] + (x1[i] << u)
+        mi = m[i if m.size > 1 else 0]
+        a_out[i] = uk[i] + ((x2[i] * mi) << u)
+        b_out[i] = kappa[i] + ((x1[i] * mi) << u)
+
+
+def _mulshift(v: np.uint64, m: np.uint64, sh: np.int64, h: np.uint64) -> np.uint64:  # pragma: no cover
+    """floor((signed(v) * m + h) / 2^sh) mod 2^64, exactly (a 95-bit product, never reduced
+    before the shift), for m < 2^31, 0 <= h < 2^sh and 1 <= sh <= 62: signed(v) = hi 2^32 +
+    lo with hi = v >>a 32, so v m + h = (hi m) 2^32 + (lo m + h) with both parts in 64 bits."""
+    hi = np.int64(v) >> np.int64(32)
+    q = (v & np.uint64(0xFFFFFFFF)) * m + h
+    p = hi * np.int64(m)
+    if sh >= 32:
+        return np.uint64((p + np.int64(q >> np.uint64(32))) >> (sh - np.int64(32)))
+    return (np.uint64(p) << np.uint64(32 - sh)) + (q >> np.uint64(sh))
+
+
+def _split_scaled_kernel(z: np.ndarray, other: np.ndarray, offset: np.uint64, m: np.ndarray,
+                         sh: np.ndarray, low: np.ndarray, w_out: np.ndarray,
+                         bt_out: np.ndarray) -> None:  # pragma: no cover
+    """The pair's side of a scaled truncation: B = z + other (other empty: B = z);
+    Bp = B + offset; W = floor((signed(Bp) m + low) / 2^sh) - (offset >> sh) m;
+    bt = Bp >> 63."""
+    n = z.size
+    has_other = other.size == n
+    for i in range(n):
+        b = z[i] + other[i] if has_other else z[i]
+        bp = b + offset
+        s = sh[i if sh.size > 1 else 0]
+        mi = m[i if m.size > 1 else 0]
+        w_out[i] = _mulshift_jit(bp, mi, s, low[i if low.size > 1 else 0]) - \
+            (offset >> np.uint64(s)) * mi
+        bt_out[i] = bp >> np.uint64(63)
+
+
+def _single_scaled_kernel(a: np.ndarray, b: np.ndarray, kappa: np.ndarray, rho: np.ndarray,
+                          m: np.ndarray, sh: np.ndarray, low: np.ndarray, uk_out: np.ndarray,
+                          t_out: np.ndarray) -> None:  # pragma: no cover
+    """The single's side of a scaled truncation: A = a + b (b empty: A = a);
+    Uk = floor(signed(A) m / 2^sh) - kappa; t = ((A >> 63) - rho) & low (t_out empty: not
+    computed)."""
+    n = a.size
+    has_b = b.size == n
+    exact = t_out.size == n
+    for i in range(n):
+        x = a[i] + b[i] if has_b else a[i]
+        uk_out[i] = _mulshift_jit(x, m[i if m.size > 1 else 0], sh[i if sh.size > 1 else 0],
+                                  np.uint64(0)) - kappa[i]
+        if exact:
+            t_out[i] = ((x >> np.uint64(63)) - rho[i]) & low[i if low.size > 1 else 0]
 
 
 def _inject0_kernel(xa: np.ndarray, xb: np.ndarray, u: np.ndarray, kappa: np.ndarray,
@@ -106,9 +156,15 @@ def _inject_pair_kernel(bv: np.ndarray, beta: np.ndarray, p1: np.ndarray, p2: np
 
 @functools.cache
 def _kernels() -> tuple[tuple[Callable[..., None], ...], ...]:
+    import numba
+    globals()["_mulshift_jit"] = numba.njit(cache=True, nogil=True, inline="always")(_mulshift)
     return tuple(ring.jit_pair(k) for k in
                  (_split_kernel, _round2_kernel, _single_kernel, _final_kernel,
-                  _inject0_kernel, _inject_pair_kernel))
+                  _inject0_kernel, _inject_pair_kernel, _split_scaled_kernel,
+                  _single_scaled_kernel))
+
+
+_ONE = np.ones(1, dtype=np.uint64)
 
 
 def _arr(v, dtype) -> np.ndarray:
@@ -127,13 +183,14 @@ def pair_split(z: np.ndarray, other: np.ndarray | None, add_low, sh, off_sh):
 
 
 def pair_round2(w: np.ndarray, bt: np.ndarray, r: np.ndarray, nu_own: np.ndarray,
-                nu_other: np.ndarray, low, up):
-    """Updates ``w`` in place; returns (x, x << up): see :func:`_round2_kernel`."""
+                nu_other: np.ndarray, low, up, m=None):
+    """Updates ``w`` in place; returns (x, (x m) << up): see :func:`_round2_kernel`."""
     n = w.size
     x, xs = np.empty(n, dtype=np.uint64), np.empty(n, dtype=np.uint64)
     _kernels()[1][n >= ring.NOGIL_MIN_WORK](
         w, np.ascontiguousarray(bt), np.ascontiguousarray(r), np.ascontiguousarray(nu_own),
-        np.ascontiguousarray(nu_other), _arr(low, np.uint64), _arr(up, np.uint64), x, xs)
+        np.ascontiguousarray(nu_other), _arr(low, np.uint64), _arr(up, np.uint64),
+        _ONE if m is None else _arr(m, np.uint64), x, xs)
     return x, xs
 
 
@@ -152,11 +209,38 @@ def single_split(a: np.ndarray, b: np.ndarray | None, kappa: np.ndarray, rho, sh
 
 
 def single_final(uk: np.ndarray, kappa: np.ndarray, x1: np.ndarray, x2: np.ndarray, up,
-                 a_out: np.ndarray, b_out: np.ndarray) -> None:
-    """a_out = Uk + (x2 << up), b_out = kappa + (x1 << up) (contiguous output views)."""
+                 a_out: np.ndarray, b_out: np.ndarray, m=None) -> None:
+    """a_out = Uk + ((x2 m) << up), b_out = kappa + ((x1 m) << up) (contiguous output
+    views; m None: 1)."""
     _kernels()[3][uk.size >= ring.NOGIL_MIN_WORK](
         uk, np.ascontiguousarray(kappa), np.ascontiguousarray(x1), np.ascontiguousarray(x2),
-        _arr(up, np.uint64), a_out, b_out)
+        _arr(up, np.uint64), _ONE if m is None else _arr(m, np.uint64), a_out, b_out)
+
+
+def pair_split_scaled(z: np.ndarray, other: np.ndarray | None, offset: np.uint64, m, sh, low):
+    """(W, bt) of the pair in a scaled truncation: see :func:`_split_scaled_kernel`."""
+    n = z.size
+    w, bt = np.empty(n, dtype=np.uint64), np.empty(n, dtype=np.uint64)
+    _kernels()[6][n >= ring.NOGIL_MIN_WORK](
+        np.ascontiguousarray(z), np.empty(0, np.uint64) if other is None else
+        np.ascontiguousarray(other), np.uint64(offset), _arr(m, np.uint64), _arr(sh, np.int64),
+        _arr(low, np.uint64), w, bt)
+    return w, bt
+
+
+def single_split_scaled(a: np.ndarray, b: np.ndarray | None, kappa: np.ndarray, rho, m, sh,
+                        low):
+    """(U - kappa, t) of the single in a scaled truncation: see
+    :func:`_single_scaled_kernel`; ``rho`` None: prob mode, t is None."""
+    n = a.size
+    uk = np.empty(n, dtype=np.uint64)
+    t = np.empty(0 if rho is None else n, dtype=np.uint64)
+    empty = np.empty(0, np.uint64)
+    _kernels()[7][n >= ring.NOGIL_MIN_WORK](
+        np.ascontiguousarray(a), empty if b is None else np.ascontiguousarray(b),
+        np.ascontiguousarray(kappa), empty if rho is None else np.ascontiguousarray(rho),
+        _arr(m, np.uint64), _arr(sh, np.int64), _arr(low, np.uint64), uk, t)
+    return uk, (None if rho is None else t)
 
 
 def _flat(v: np.ndarray) -> np.ndarray:

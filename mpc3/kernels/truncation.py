@@ -29,6 +29,7 @@ product can share its rounds (:func:`mpc3.kernels.base.run_steps`).
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import numpy as np
 
@@ -120,14 +121,51 @@ def _mixed_shifts(key: bytes):
     return arr, np.uint64(64) - b, (_ONE << b) - _ONE, ring.width_plan(arr)
 
 
+#: The largest multiplier of a scaled truncation (the 95-bit product's bound).
+MAX_MULT = (1 << 31) - 1
+#: Fractional bits of a public real factor folded into a truncation (:func:`scaled`):
+#: relative error 2^-(SCALE_BITS + 1) / s of the factor s (6e-11 / s).
+SCALE_BITS = 30
+
+
+class Scaled(NamedTuple):
+    """A product's truncation ``floor(z * mult / 2^shift)`` (mul_aa / matmul_aa /
+    mul_many_aa ``trunc``; :func:`scaled` makes one from a real factor)."""
+    shift: int
+    mult: np.ndarray
+
+
+def scaled(s, frac: int, bits: int = SCALE_BITS) -> Scaled:
+    """(shift, multipliers) of ``x * s >> frac`` for a public real factor ``s`` in
+    (0, 1] (scalar or array; e.g. attention's row scale 1/n): ``trunc(x, shift, mult)`` with
+    ``shift = frac + bits`` and ``mult = round(s 2^bits)`` computes ``floor(x s / 2^frac)``
+    up to the encoding of s (relative 2^-(bits+1)/s) and the usual rounding."""
+    s = np.asarray(s, dtype=np.float64)
+    if not (np.all(s > 0) and np.all(s <= 1)):
+        raise ValueError("a scaled truncation's factor must lie in (0, 1]")
+    m = np.round(s * 2.0 ** bits).astype(np.uint64)
+    return Scaled(frac + bits, np.maximum(m, np.uint64(1)))
+
+
+def _check_mult(mult, n: int) -> np.ndarray:
+    m = np.ascontiguousarray(np.atleast_1d(np.asarray(mult, dtype=np.uint64)).reshape(-1))
+    if m.size not in (1, n):
+        raise ValueError(f"{m.size} multipliers for {n} elements")
+    if m.size and (m.min() < 1 or m.max() > MAX_MULT):
+        raise ValueError(f"truncation multipliers must lie in [1, {MAX_MULT}]")
+    return m
+
+
 def trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None = None,
-                split: bool = False, segments=None):
+                split: bool = False, segments=None, mult=None):
     """Core of fused/standalone truncation (:func:`trunc_steps` run alone)."""
-    return run_steps(p, trunc_steps(p, src, bits, from_rss, plain, split, segments))[0]
+    return run_steps(p, trunc_steps(p, src, bits, from_rss, plain, split, segments,
+                                    mult=mult))[0]
 
 
 def trunc_steps(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None = None,
-                split: bool = False, segments=None, pair_sum: np.ndarray | None = None):
+                split: bool = False, segments=None, pair_sum: np.ndarray | None = None,
+                mult=None):
     """Core of fused/standalone truncation as lockstep steps (:func:`base.run_steps`);
     ``src`` is z (3-of-3, flat) or a flat AShare.
 
@@ -146,6 +184,12 @@ def trunc_steps(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None = 
     Output slots for group g (roles 0, 1, 2 hold slots (g, g+1), (g+1, g+2), (g+2, g)):
     slot g = U - kappa + X2', slot g+1 = kappa + X1', slot g+2 = W - nu', where U, W are
     the shifted pieces of role 0 and of the pair, and X1' + X2' - nu' = a_t*b_t*2^(64-f).
+
+    ``mult`` (None, or a positive integer < 2^31 per element or for all): a *scaled*
+    truncation, ``floor(x * mult / 2^bits)`` with the same rounding, rounds, messages and
+    exactness (|x| < 2^62): each piece is multiplied before its shift in 95-bit integers, so
+    the product x * mult is never reduced mod 2^64, and the carry correction is multiplied
+    too (:func:`scaled`). A public real factor then costs no rounds of its own.
     """
     p.new_op()
     exact = p.cfg.trunc == "exact"
@@ -156,6 +200,9 @@ def trunc_steps(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None = 
         bits = np.broadcast_to(np.asarray(bits, dtype=np.int64), (n,))
     per = [_group_shifts(bits, sl) for sl in groups]
     offset = _u(1 << OFFSET_BITS) if exact else np.uint64(0)
+    if mult is not None:
+        mult = _check_mult(mult, n)
+        mults = [mult if mult.size == 1 else mult[sl] for sl in groups]
 
     r1, state = Round(p), []
     if plain is not None:                       # masked 3-of-3 products reshared, same round
@@ -172,9 +219,12 @@ def trunc_steps(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None = 
             else:
                 st["kappa"], rho = p.rand_with(0, 1, ng, f"kappa{g}"), None
             # A = z (or x_g + x_{g+1}); Uk = (A >>a f) - kappa; t = (a_t - rho) mod 2^f
-            st["Uk"], t = fused.single_split(src.a[sl] if from_rss else src[sl],
-                                             src.b[sl] if from_rss else None,
-                                             st["kappa"], rho, sh, low)
+            a_src, b_src = (src.a[sl], src.b[sl]) if from_rss else (src[sl], None)
+            if mult is None:
+                st["Uk"], t = fused.single_split(a_src, b_src, st["kappa"], rho, sh, low)
+            else:
+                st["Uk"], t = fused.single_split_scaled(a_src, b_src, st["kappa"], rho,
+                                                        mults[g], sh, low)
             msg = [] if split else [st["Uk"]]
             if exact:
                 msg.append(pack_by_width(t, plan))
@@ -202,10 +252,14 @@ def trunc_steps(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None = 
             pair_sum[groups[g]] = st["z"] + got[(_dir(role, 3 - role), g)][0]
         # W = ((B + offset + 2^f - 1) >>a f) - (offset >> f) (+ 2^f - 1: unbiased rounding,
         # module doc), bt = top bit of B + offset + 2^f - 1, with B = z + the other's z
-        st["W"], st["bt"] = fused.pair_split(
-            st["B"] if from_rss else st["z"],
-            None if from_rss else got[(_dir(role, 3 - role), g)][0],
-            offset + low, sh, offset >> sh.view(np.uint64))
+        b_src = st["B"] if from_rss else st["z"]
+        b_other = None if from_rss else got[(_dir(role, 3 - role), g)][0]
+        if mult is None:
+            st["W"], st["bt"] = fused.pair_split(b_src, b_other, offset + low, sh,
+                                                 offset >> sh.view(np.uint64))
+        else:   # W = floor((B + offset) m + 2^f - 1) / 2^f) - (offset >> f) m
+            st["W"], st["bt"] = fused.pair_split_scaled(b_src, b_other, offset, mults[g], sh,
+                                                        low)
         if role == 2:
             split = st["split"]
             msg = got[(NEXT, g)] if (exact or not split) else ()
@@ -226,10 +280,12 @@ def trunc_steps(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None = 
             # W -= (nu1 + nu2) << (64 - f); x = (b_t * r + nu_own) & (2^f - 1)
             if role == 1:
                 st["kappa"], rho = p.rand_with_many(1, 0, [(f"kappa{g}", ng), (f"rho{g}", ng)])
-                x1, st["x1"] = fused.pair_round2(st["W"], st["bt"], rho, nu1, nu2, low, up)
+                x1, st["x1"] = fused.pair_round2(st["W"], st["bt"], rho, nu1, nu2, low, up,
+                                                 None if mult is None else mults[g])
                 r2.send(PREV, pack_by_width(x1, plan))
             else:
-                x2, x2s = fused.pair_round2(st["W"], st["bt"], st["at_rho"], nu2, nu1, low, up)
+                x2, x2s = fused.pair_round2(st["W"], st["bt"], st["at_rho"], nu2, nu1, low, up,
+                                            None if mult is None else mults[g])
                 st["s0"] = st["s0"] + x2s
                 r2.send(NEXT, pack_by_width(x2, plan))
         got2 = yield r2
@@ -244,7 +300,8 @@ def trunc_steps(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None = 
                 fused.single_final(st["Uk"], st["kappa"],
                                    unpack_by_width(got2[(NEXT, g)][0], plan, st["n"]),
                                    unpack_by_width(got2[(PREV, g)][0], plan, st["n"]),
-                                   up, a_out[sl], b_out[sl])
+                                   up, a_out[sl], b_out[sl],
+                                   None if mult is None else mults[g])
             else:
                 a_out[sl], b_out[sl] = st["Uk"], st["kappa"]
         elif role == 1:
