@@ -3,14 +3,12 @@
 For x (..., d) (the residual sum is formed by the caller, locally), with S1 = sum_k x_k
 (local):
 
-* d a power of two (one product round before sqrt_inv): in ONE kernel call
-  E[x^2] = (x . x) / d, mu^2 = S1^2 / d^2 and (x - mu) * gamma = (d x - S1) * gamma / d (the
-  1/d, 1/d^2 ride in the truncation shifts; d x - S1 is local); then var + eps = E[x^2] - mu^2 + eps (local),
-  rs = sqrt_inv_a(var + eps), y = ((x - mu) * gamma) * rs + beta (one multiplication).
-  No separate truncation for the mean: 10 rounds when decoding (sqrt_inv "fast"), 18-19 else.
-* otherwise: mu = S1 * (1/d) (one truncation), then sum_k (x_k - mu)^2 and (x - mu) * gamma in
-  one call, var = sum * (1/d) (one truncation), sqrt_inv, one multiplication (14 / 22-23
-  rounds).
+* in ONE kernel call E[x^2] = (x . x) / d, mu^2 = S1^2 / d^2 and (x - mu) * gamma =
+  (d x - S1) * gamma / d (d x - S1 is local; the 1/d, 1/d^2 ride in the truncations: shifts
+  for d a power of two, else public multipliers, :func:`mpc3.kernels.arith.scaled`); then
+  var + eps = E[x^2] - mu^2 + eps (local), rs = sqrt_inv_a(var + eps),
+  y = ((x - mu) * gamma) * rs + beta (one multiplication). No separate truncation for the
+  mean: 8 rounds when decoding (sqrt_inv "fast"), 16 for whole sequences, for every d.
 
 :func:`layernorm_project` fuses a LayerNorm with the linear layer that reads it (a decode
 step's next projection): the products (x - mu) * gamma @ W run in sqrt_inv's rounds and the
@@ -18,8 +16,7 @@ row scale 1/sqrt(var + eps) is applied after them, so the projection costs no ro
 own.
 
 Constraints (checked per layer by :mod:`protocols.calibrate`): every product below
-``arith.product_limit`` (2^26 real; for d a power of two that includes S1^2, sum_k x_k^2 and
-d (x - mu) * gamma);
+``arith.product_limit`` (2^26 real; that includes S1^2, sum_k x_k^2 and d (x - mu) * gamma);
 var + eps inside ``fxp.SQRT_INV_RANGE`` ([2^-12, 2^16]).
 """
 from __future__ import annotations
@@ -31,10 +28,6 @@ from mpc3.kernels import arith
 from mpc3.party import Party
 from mpc3.kernels.base import Cost
 from mpc3.shares import AShare
-
-from . import attention as A
-
-LN_SCALE_EXTRA = 8
 
 
 def _bcast(x: AShare, shape) -> AShare:
@@ -52,22 +45,25 @@ def _stats(p: Party, x: AShare, gamma: AShare, beta: AShare, eps: float
     lead = x.shape[:-1]
     s1 = AShare(x.a.sum(axis=-1, dtype=np.uint64), x.b.sum(axis=-1, dtype=np.uint64))
     g = _bcast(gamma, x.shape)
+    xc = x.scale(np.uint64(d)) - _bcast(s1.reshape(*lead, 1), x.shape)   # d (x - mu)
+    by_d, by_d2 = _inverse_d(f, d)
+    ex2, mu2, xg = arith.mul_many_aa(p, [
+        (x.reshape(*lead, 1, d), x.reshape(*x.shape, 1), "matmul", by_d),
+        (s1, s1, "mul", by_d2),
+        (xc, g, "mul", by_d)])
+    var = ex2.reshape(lead) - mu2
+    return xg, arith.add_public(p, var, ring.encode(np.full(var.shape, float(eps)), f))
+
+
+def _inverse_d(f: int, d: int):
+    """The truncations of a product times 1/d and times 1/d^2: shifts for d a power of two,
+    else scaled truncations: 1/d with f + 2 significant bits (relative error below
+    2^-(f + 2), a quarter ulp of an output of 1; every correction message of the d products
+    (x - mu) gamma is as wide as the shift), 1/d^2 with as many as fit (one per row)."""
     if d & (d - 1) == 0:
         logd = d.bit_length() - 1
-        xc = x.scale(np.uint64(d)) - _bcast(s1.reshape(*lead, 1), x.shape)   # d (x - mu)
-        ex2, mu2, xg = arith.mul_many_aa(p, [
-            (x.reshape(*lead, 1, d), x.reshape(*x.shape, 1), "matmul", f + logd),
-            (s1, s1, "mul", f + 2 * logd),
-            (xc, g, "mul", f + logd)])
-        var = ex2.reshape(lead) - mu2
-    else:
-        mu = A.scale_public(p, s1, 1.0 / d, LN_SCALE_EXTRA)
-        xc = x - _bcast(mu.reshape(*lead, 1), x.shape)
-        sq, xg = arith.mul_many_aa(p, [
-            (xc.reshape(*lead, 1, d), xc.reshape(*x.shape, 1), "matmul", f),
-            (xc, g, "mul", True)])
-        var = A.scale_public(p, sq.reshape(lead), 1.0 / d, LN_SCALE_EXTRA)
-    return xg, arith.add_public(p, var, ring.encode(np.full(var.shape, float(eps)), f))
+        return f + logd, f + 2 * logd
+    return arith.scaled(1.0 / d, f, f + 2 + d.bit_length()), arith.scaled(1.0 / d ** 2, f)
 
 
 def layernorm(p: Party, x: AShare, gamma: AShare, beta: AShare, eps: float) -> AShare:
@@ -119,15 +115,9 @@ def layernorm_project(p: Party, x: AShare, gamma: AShare, beta: AShare, eps: flo
 
 
 def _cost_stats(ring_cfg, rows: int, d: int) -> Cost:
-    f, mode = ring_cfg.frac, ring_cfg.trunc
-    if d & (d - 1) == 0:
-        logd = d.bit_length() - 1
-        shifts = np.concatenate([np.full(rows, f + logd), np.full(rows, f + 2 * logd),
-                                 np.full(rows * d, f + logd)])
-        return arith.cost_mul_many(shifts, 0, mode)
-    return (A.cost_scale_public(rows, ring_cfg, LN_SCALE_EXTRA)
-            + arith.cost_mul_many(np.full(rows + rows * d, f), 0, mode)
-            + A.cost_scale_public(rows, ring_cfg, LN_SCALE_EXTRA))
+    by_d, by_d2 = (getattr(t, "shift", t) for t in _inverse_d(ring_cfg.frac, d))
+    shifts = np.concatenate([np.full(rows, by_d), np.full(rows, by_d2), np.full(rows * d, by_d)])
+    return arith.cost_mul_many(shifts, 0, ring_cfg.trunc)
 
 
 def cost_layernorm(ring_cfg, rows: int, d: int) -> Cost:

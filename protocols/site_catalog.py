@@ -8,7 +8,7 @@ hands a value to a kernel that is exact only on a documented range:
 * ``product``: a truncated product (mul_aa / matmul_aa / mul_many_aa item / scale_public) is
   exact while its real value satisfies |z| < ``arith.product_limit(frac, extra)``, ``extra``
   being the additional fractional bits of one operand (PROJ_EXTRA for the projections,
-  ROW_SCALE_EXTRA / LN_SCALE_EXTRA for the public 1/n and 1/d scalings);
+  ROW_SCALE_EXTRA for the public 1/n scalings);
 * ``relu``: relu_a inputs must satisfy |x| < ``convert.relu_limit(ring)``;
 * ``gelu``: gelu_a inputs must satisfy |x| <= ``activations.gelu_limit(ring)`` (2^13);
 * ``tanh``: tanh_a inputs (BERT's pooler) must satisfy |x| <= ``activations.TANH_LIMIT`` (24);
@@ -29,7 +29,6 @@ from mpc3.party import RingConfig
 
 from .attention import ROW_SCALE_EXTRA
 from .attention_variants import SCORE_EXTRA, SIG_BITS
-from .layernorm import LN_SCALE_EXTRA
 from .secure_model import PROJ_EXTRA
 
 
@@ -64,15 +63,12 @@ SITES: dict[str, Site] = {
                       f"{SIG_BITS}-bit factor rides in that product)", _VAR, SIG_BITS),
     "vout": Site("product", "attention weights times V (and times 1/denominator)", _VAR),
     # LayerNorm (enc.i.ln1, ..., dec.final_ln)
-    "mean": Site("product", "LayerNorm row mean", "rescale the weights", LN_SCALE_EXTRA),
-    "sumsq": Site("product", "LayerNorm sum of squares (d a power of two: sum_k x_k^2, "
-                  "else sum_k (x_k - mu)^2)", "lower attn_c or rescale the weights"),
+    "sumsq": Site("product", "LayerNorm sum of squares sum_k x_k^2",
+                  "lower attn_c or rescale the weights"),
     "sum2": Site("product", "LayerNorm squared row sum (sum_k x_k)^2",
                  "lower attn_c or rescale the weights"),
-    "xgamma": Site("product", "LayerNorm centred input times gamma: d (x - mu) * gamma for d "
-                   "a power of two, else (x - mu) * gamma", "rescale gamma or the weights"),
-    "var": Site("product", "LayerNorm variance", "lower attn_c or rescale the weights",
-                LN_SCALE_EXTRA),
+    "xgamma": Site("product", "LayerNorm centred input times gamma: d (x - mu) * gamma",
+                   "rescale gamma or the weights"),
     "var_eps": Site("sqrt_inv", "LayerNorm variance+eps", "lower attn_c or rescale the weights"),
     "scale": Site("product", "LayerNorm output (x - mu) * gamma / sqrt(var + eps)",
                   "rescale gamma"),

@@ -102,16 +102,10 @@ class Trace:
         var = (xc * xc).sum(-1) / d
         ve = var + self.cfg.ln_eps
         y = xg / np.sqrt(ve)[..., None]
-        if d & (d - 1) == 0:              # E[x^2] - mu^2 from products of x and of sum x
-            s1 = x.sum(-1)
-            rec.mag(layer, "sumsq", (x * x).sum(-1))
-            rec.mag(layer, "sum2", s1 * s1)
-            rec.mag(layer, "xgamma", d * xg)
-        else:                             # mean, centred sum of squares, 1/d: truncations
-            rec.mag(layer, "mean", mu)
-            rec.mag(layer, "sumsq", (xc * xc).sum(-1))
-            rec.mag(layer, "xgamma", xg)
-            rec.mag(layer, "var", var)
+        s1 = x.sum(-1)                    # E[x^2] - mu^2 from products of x and of sum x
+        rec.mag(layer, "sumsq", (x * x).sum(-1))
+        rec.mag(layer, "sum2", s1 * s1)
+        rec.mag(layer, "xgamma", d * xg)
         rec.span(layer, "var_eps", ve)
         if want_y:
             rec.mag(layer, "scale", y)

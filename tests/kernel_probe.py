@@ -147,10 +147,8 @@ def _sites(inner, kernel: str, n_items: int) -> list[str]:
         one = "bn"
     elif fn in ("layernorm", "_stats"):
         if kernel == "mul_many_aa":
-            return ["sumsq", "sum2", "xgamma"] if n_items == 3 else ["sumsq", "xgamma"]
-        one = {"sqrt_inv_a": "var_eps", "mul_aa": "scale"}.get(kernel) or \
-            ("mean" if text.strip().startswith("mu =") else
-             "var" if text.strip().startswith("var = A.scale_public") else None)
+            return ["sumsq", "sum2", "xgamma"]
+        one = {"sqrt_inv_a": "var_eps", "mul_aa": "scale"}.get(kernel)
     elif fn in ("ffn", "ffn_hidden"):
         one = "hidden" if kernel == "relu_a" else \
             "w1" if 'w["w1"]' in text else "w2" if 'w["w2"]' in text else None

@@ -83,6 +83,9 @@ def _mulshift(v: np.uint64, m: np.uint64, sh: np.int64, h: np.uint64) -> np.uint
     return (np.uint64(p) << np.uint64(32 - sh)) + (q >> np.uint64(sh))
 
 
+_mulshift_jit = _mulshift  # replaced by its compiled form when the kernels are compiled
+
+
 def _split_scaled_kernel(z: np.ndarray, other: np.ndarray, offset: np.uint64, m: np.ndarray,
                          sh: np.ndarray, low: np.ndarray, w_out: np.ndarray,
                          bt_out: np.ndarray) -> None:  # pragma: no cover

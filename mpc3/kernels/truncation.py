@@ -123,8 +123,7 @@ def _mixed_shifts(key: bytes):
 
 #: The largest multiplier of a scaled truncation (the 95-bit product's bound).
 MAX_MULT = (1 << 31) - 1
-#: Fractional bits of a public real factor folded into a truncation (:func:`scaled`):
-#: relative error 2^-(SCALE_BITS + 1) / s of the factor s (6e-11 / s).
+#: Significant bits of a public real factor folded into a truncation (:func:`scaled`).
 SCALE_BITS = 30
 
 
@@ -135,14 +134,19 @@ class Scaled(NamedTuple):
     mult: np.ndarray
 
 
-def scaled(s, frac: int, bits: int = SCALE_BITS) -> Scaled:
+def scaled(s, frac: int, bits: int | None = None) -> Scaled:
     """(shift, multipliers) of ``x * s >> frac`` for a public real factor ``s`` in
     (0, 1] (scalar or array; e.g. attention's row scale 1/n): ``trunc(x, shift, mult)`` with
     ``shift = frac + bits`` and ``mult = round(s 2^bits)`` computes ``floor(x s / 2^frac)``
-    up to the encoding of s (relative 2^-(bits+1)/s) and the usual rounding."""
+    up to the encoding of s (relative 2^-(bits+1)/s) and the usual rounding. ``bits`` None:
+    as many as the multiplier (<= MAX_MULT) and the shift (< OFFSET_BITS) allow - at least
+    SCALE_BITS significant bits for s >= 2^(OFFSET_BITS - 1 - frac - SCALE_BITS). Every
+    correction message of the truncation is ``shift`` bits wide."""
     s = np.asarray(s, dtype=np.float64)
     if not (np.all(s > 0) and np.all(s <= 1)):
         raise ValueError("a scaled truncation's factor must lie in (0, 1]")
+    if bits is None:
+        bits = min(OFFSET_BITS - 1 - frac, int(np.floor(np.log2(MAX_MULT / s.max()))))
     m = np.round(s * 2.0 ** bits).astype(np.uint64)
     return Scaled(frac + bits, np.maximum(m, np.uint64(1)))
 
