@@ -53,24 +53,8 @@ def cost_mul_many(n_out: int, trunc: bool | int, p_cfg) -> Cost:
     return arith.cost_mul(n_out, trunc, p_cfg.frac, p_cfg.trunc)
 
 
-def scale_public(p: Party, x: AShare, s, extra: int = 0) -> AShare:
-    """x * s for a public real ``s`` (scalar or broadcastable array): scale + one truncation.
-
-    ``s`` is encoded with ``frac + extra`` fractional bits (relative error 2^-(frac+extra+1)/|s|)
-    and the product truncated by as many bits; the result must satisfy |x*s| < 2^(62-2*frac-extra).
-    Cost: :func:`cost_scale_public`.
-    """
-    bits = p.cfg.frac + extra
-    s_int = ring.encode(np.broadcast_to(np.asarray(s, dtype=np.float64), x.shape), bits)
-    return arith.trunc_a(p, x.scale(s_int), bits=bits)
-
-
-def cost_scale_public(n: int, p_cfg, extra: int = 0) -> Cost:
-    return arith.cost_trunc(n, p_cfg.frac + extra, p_cfg.trunc)
-
-
-#: Extra fractional bits of a public 1/n row scale (K'^T V / n_enc; attention's 1/n_i in
-#: the truncation of o W^O, protocols.mha.finish).
+#: Extra fractional bits of a public 1/n row scale, in the truncation of the product it
+#: scales (protocols.mha.row_scale_trunc: o W^O, K'^T V / n_enc, pooled logits / S).
 ROW_SCALE_EXTRA = 4
 
 

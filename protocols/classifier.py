@@ -5,8 +5,8 @@ Steps, for an embedded input x (B, S, d) shared by the query user:
 
 1. the secure encoder (:func:`protocols.encoder.encoder`; final LayerNorm when norm_first);
 2. pooling and head in two rounds: the sum over the S positions is local, ``z = (sum_s h_s)
-   @ head.w`` is one matmul (B*C outputs truncated), and the public 1/S scales ``z`` with one
-   truncation (:func:`protocols.attention.scale_public`, ROW_SCALE_EXTRA bits) - scaling the
+   @ head.w`` is one matmul (B*C outputs truncated) whose truncation also scales by the
+   public 1/S (:func:`protocols.mha.row_scale_trunc`, ROW_SCALE_EXTRA bits) - scaling the
    B*C logits rather than the B*d pooled rows; ``head.b`` is added locally. With ``pool``
    ``cls-tanh`` (BERT): the first row, ``tanh(h_0 @ pool.w + pool.b)`` (one matmul and
    :func:`mpc3.kernels.activations.tanh_a`), then the head (one matmul);
@@ -16,8 +16,8 @@ Steps, for an embedded input x (B, S, d) shared by the query user:
    the class index rides along as a fixed-point share, so only the index is revealed.
    ceil(log2 C) levels.
 
-Ranges (checked by :mod:`protocols.calibrate` at sites ``head``, ``pool``, ``argmax``):
-|sum_s h_s @ head.w| and |z / S| below ``arith.product_limit``; logit differences below
+Ranges (checked by :mod:`protocols.calibrate` at sites ``head``, ``argmax``):
+|sum_s h_s @ head.w| below ``arith.product_limit``; logit differences below
 ``convert.relu_limit``. The arg-max of logits closer than 2^-12 (DReLU's error region) may
 come out either way.
 """
@@ -33,12 +33,11 @@ from mpc3.kernels.base import Cost
 from mpc3.party import Party
 from mpc3.shares import AShare
 
-from . import attention as A
 from . import model as M
 from .encoder import encoder
 from .ffn import cost_ffn
 from .norms import cost_norm
-from .mha import cost_mha
+from .mha import cost_mha, row_scale_trunc
 
 
 def _add_row(x: AShare, b: AShare) -> AShare:
@@ -52,8 +51,7 @@ def pool_head(p: Party, cfg: M.ModelConfig, shares: dict, h: AShare) -> AShare:
         return cls_tanh_head(p, shares, h)
     S = h.shape[1]
     s = AShare(h.a.sum(axis=1, dtype=np.uint64), h.b.sum(axis=1, dtype=np.uint64))
-    z = arith.matmul_aa(p, s, shares["head.w"])
-    logits = A.scale_public(p, z, 1.0 / S, A.ROW_SCALE_EXTRA)
+    logits = arith.matmul_aa(p, s, shares["head.w"], row_scale_trunc(1.0 / S, p.cfg.frac))
     return _add_row(logits, shares["head.b"])
 
 
@@ -75,8 +73,7 @@ def cost_pool_head(p_cfg, B: int, n_classes: int, pool: str = "mean", d: int = 0
         from mpc3.kernels import activations
         return (arith.cost_mul(B * d, True, f, mode) + activations.cost_tanh(B * d, p_cfg)
                 + arith.cost_mul(B * n_classes, True, f, mode))
-    return (arith.cost_mul(B * n_classes, True, f, mode)
-            + A.cost_scale_public(B * n_classes, p_cfg, A.ROW_SCALE_EXTRA))
+    return arith.cost_mul(B * n_classes, row_scale_trunc(1.0, f).shift, f, mode)
 
 
 def classify(p: Party, cfg: M.ModelConfig, shares: dict, x: AShare,

@@ -18,7 +18,7 @@ from mpc3.shares import AShare
 from . import attention as A
 from . import model as M
 from .mha import (add_bias, cost_features, cost_project, cost_project_features, features, finish,
-                  heads, project, project_features, split_heads)
+                  heads, project, project_features, row_scale_trunc, split_heads)
 from .secure_model import PROJ_EXTRA, sub
 
 
@@ -30,16 +30,17 @@ class CrossKV:
 
 
 def cross_precompute(p: Party, cfg: M.ModelConfig, shares: dict, enc: AShare,
-                     need_kv: bool = True) -> list[CrossKV]:
-    """K', V (and K'^T V) of every decoder layer's cross attention: 3-4 kernel calls in all;
-    softmax-style attention: K and V (one product call)."""
+                     need_kv: bool = True, kv_scale: float | None = None) -> list[CrossKV]:
+    """K', V (and K'^T V, times the public ``kv_scale`` in its truncation when given) of
+    every decoder layer's cross attention: 3-4 kernel calls in all; softmax-style attention:
+    K and V (one product call)."""
     L, h = cfg.n_dec_layers, cfg.n_heads
     if L == 0:
         return []
     ws = [sub(shares, f"dec.{i}.cross") for i in range(L)]
     if cfg.attention == M.PERFORMER and "omega" not in ws[0]:
         kf, vs = _cross_features(p, cfg, ws, enc)
-        return _with_kv(p, kf, vs, need_kv)
+        return _with_kv(p, kf, vs, need_kv, kv_scale)
     wcat = AShare.concat([AShare.concat([w["wk_proj"], w["wv_c"]], axis=1) for w in ws], axis=1)
     y = arith.matmul_aa(p, enc, wcat, trunc=p.cfg.frac + PROJ_EXTRA)
     if "bk" in ws[0]:                                  # attention biases: local
@@ -58,16 +59,18 @@ def cross_precompute(p: Party, cfg: M.ModelConfig, shares: dict, enc: AShare,
         om = AShare(np.stack([w["omega"].a for w in ws])[:, None],
                     np.stack([w["omega"].b for w in ws])[:, None])         # (L,1,h,dh,r)
         kst = arith.matmul_aa(p, kst, om)
-    return _with_kv(p, A.relu_many(p, [kst])[0], vs, need_kv)
+    return _with_kv(p, A.relu_many(p, [kst])[0], vs, need_kv, kv_scale)
 
 
-def _with_kv(p: Party, kf: AShare, vs: list[AShare], need_kv: bool) -> list[CrossKV]:
+def _with_kv(p: Party, kf: AShare, vs: list[AShare], need_kv: bool,
+             kv_scale: float | None) -> list[CrossKV]:
     """The layers' CrossKV from K' stacked (L,B,h,S,r) and V per layer, with K'^T V (one
-    product for all layers) when ``need_kv``."""
+    product for all layers, times ``kv_scale``) when ``need_kv``."""
     kv = None
     if need_kv:
         vst = _stack(vs)
-        kv = arith.matmul_aa(p, kf.T, vst)
+        trunc = True if kv_scale is None else row_scale_trunc(kv_scale, p.cfg.frac)
+        kv = arith.matmul_aa(p, kf.T, vst, trunc)
     return [CrossKV(kf[i], vs[i], None if kv is None else kv[i]) for i in range(len(vs))]
 
 

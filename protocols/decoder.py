@@ -40,7 +40,7 @@ from .kv_cache import KVCache, attend_out, cost_attend_out
 from .layernorm import cost_layernorm_project, layernorm_project
 from .cross import CrossKV, cost_cross_precompute, cross_mha, cross_precompute  # noqa: F401
 from .mha import (cost_features, cost_finish, cost_heads, features, finish,
-                  heads, mha, split_heads)
+                  heads, mha, row_scale_trunc, split_heads)
 from .norms import cost_norm, norm
 from .secure_model import PROJ_EXTRA, sub
 
@@ -197,12 +197,9 @@ class DecodeState:
                                 for _ in range(cfg.n_dec_layers)],
                                cross_precompute(p, cfg, shares, enc), S,
                                fused_biases(p, shares, ln_fusions(cfg, fuse)), tuple(fuse))
-        cross = [c.kv for c in cross_precompute(p, cfg, shares, enc, need_kv=True)]
-        if cfg.attn_norm == "mean" and cross:
-            kv = A.scale_public(p, AShare.concat([c.reshape(-1) for c in cross]), 1.0 / S,
-                                A.ROW_SCALE_EXTRA)
-            n = cross[0].size
-            cross = [kv[i * n:(i + 1) * n].reshape(c.shape) for i, c in enumerate(cross)]
+        scale = 1.0 / S if cfg.attn_norm == "mean" else None     # in K'^T V's truncation
+        cross = [c.kv for c in cross_precompute(p, cfg, shares, enc, need_kv=True,
+                                                kv_scale=scale)]
         return DecodeState([A.PrefixState.empty(B, cfg.n_heads, cfg.n_features, cfg.d_head,
                                                 block) for _ in range(cfg.n_dec_layers)],
                            cross, S, fused_biases(p, shares, ln_fusions(cfg, fuse)), tuple(fuse))
@@ -217,12 +214,16 @@ class DecodeState:
 
 def cost_decode_start(p_cfg, cfg: M.ModelConfig, B: int, folded: bool = True,
                       fuse=DEFAULT_FUSE) -> Cost:
-    """What :meth:`DecodeState.start` adds to :func:`cross_precompute`: the cross K'^T V row
-    scale (attn_norm "mean") and the fused LayerNorms' beta W."""
+    """What :meth:`DecodeState.start` adds to :func:`cross_precompute`: the fused LayerNorms'
+    beta W and, for attn_norm "mean", the wider truncation of K'^T V that carries the row
+    scale 1/n_enc (bytes only: the same rounds)."""
     cost = cost_ln_bias(p_cfg, cfg, ln_fusions(cfg, fuse), folded)
     if cfg.attn_norm == "mean" and cfg.n_dec_layers and cfg.attention == M.PERFORMER:
         n = cfg.n_dec_layers * B * cfg.n_heads * cfg.n_features * cfg.d_head
-        cost = A.cost_scale_public(n, p_cfg, A.ROW_SCALE_EXTRA) + cost
+        wide, plain = (arith.cost_mul(n, bits, p_cfg.frac, p_cfg.trunc)
+                       for bits in (row_scale_trunc(1.0, p_cfg.frac).shift, True))
+        cost = cost + Cost(0, tuple(w - b for w, b in zip(wide.bytes_per_party,
+                                                          plain.bytes_per_party)))
     return cost
 
 

@@ -143,14 +143,15 @@ def cost_features(p_cfg, n: int, folded: bool = True):
 def cost_finish(p_cfg, cfg: M.ModelConfig, rows: int, row_scale: bool = True):
     """:func:`finish` on ``rows`` query rows: @ W^O, with the 1/n row scale ("mean"; not when
     the caller folded it elsewhere, ``row_scale=False``) in its truncation."""
-    bits = _row_scale(1.0, p_cfg.frac).shift if cfg.attn_norm == "mean" and row_scale \
+    bits = row_scale_trunc(1.0, p_cfg.frac).shift if cfg.attn_norm == "mean" and row_scale \
         else True
     return arith.cost_mul(rows * cfg.d_model, bits, p_cfg.frac, p_cfg.trunc)
 
 
-def _row_scale(s, frac: int) -> arith.Scaled:
-    """The truncation of o W^O times the row scale ``s`` = 1/n: s encoded with frac +
-    ROW_SCALE_EXTRA fractional bits, as the separate scaling it replaces did."""
+def row_scale_trunc(s, frac: int) -> arith.Scaled:
+    """The truncation of a product times a public row scale ``s`` = 1/n (o W^O, a decode
+    state's K'^T V, a classifier's pooled logits): s encoded with frac + ROW_SCALE_EXTRA
+    fractional bits, as the separate scaling it replaces did."""
     return arith.scaled(s, frac, frac + A.ROW_SCALE_EXTRA)
 
 
@@ -160,7 +161,8 @@ def finish(p: Party, cfg: M.ModelConfig, w: dict, o: AShare, n_keys) -> AShare:
     product o W^O is formed unnormalised (site ``wo``)."""
     trunc = True
     if cfg.attn_norm == "mean" and n_keys is not None:
-        trunc = _row_scale(1.0 / np.asarray(n_keys, dtype=np.float64)[:, None], p.cfg.frac)
+        trunc = row_scale_trunc(1.0 / np.asarray(n_keys, dtype=np.float64)[:, None],
+                                p.cfg.frac)
     return add_bias(arith.matmul_aa(p, merge_heads(o), w["wo"], trunc), w, "bo")
 
 

@@ -5,10 +5,11 @@ A *site* is a place where the secure encoder (:func:`protocols.encoder.encoder`)
 incremental decoder (:meth:`protocols.decoder.DecodeState.start` + :func:`decoder_step`)
 hands a value to a kernel that is exact only on a documented range:
 
-* ``product``: a truncated product (mul_aa / matmul_aa / mul_many_aa item / scale_public) is
+* ``product``: a truncated product (mul_aa / matmul_aa / mul_many_aa item) is
   exact while its real value satisfies |z| < ``arith.product_limit(frac, extra)``, ``extra``
-  being the additional fractional bits of one operand (PROJ_EXTRA for the projections,
-  ROW_SCALE_EXTRA for the public 1/n scalings);
+  being the additional fractional bits of one operand (PROJ_EXTRA for the projections); a
+  public factor in its truncation (a 1/n row scale) does not count: it never reduces the
+  product mod 2^64 (``arith.scaled``);
 * ``relu``: relu_a inputs must satisfy |x| < ``convert.relu_limit(ring)``;
 * ``gelu``: gelu_a inputs must satisfy |x| <= ``activations.gelu_limit(ring)`` (2^13);
 * ``tanh``: tanh_a inputs (BERT's pooler) must satisfy |x| <= ``activations.TANH_LIMIT`` (24);
@@ -27,7 +28,6 @@ from dataclasses import dataclass
 from mpc3.kernels import activations, arith, convert, fxp
 from mpc3.party import RingConfig
 
-from .attention import ROW_SCALE_EXTRA
 from .attention_variants import SCORE_EXTRA, SIG_BITS
 from .secure_model import PROJ_EXTRA
 
@@ -51,7 +51,6 @@ SITES: dict[str, Site] = {
     "kv": Site("product", "Performer sum K'^T V", _LONG),
     "scores": Site("product", "attention scores Q'K'^T", _LONG),
     "out": Site("product", "attention output Q'(K'^T V) (or a decode step's part of it)", _LONG),
-    "rowscale": Site("product", "attention output times 1/n", _LONG, ROW_SCALE_EXTRA),
     "wo": Site("product", "output projection (.) W^O", "rescale W^O"),
     # softmax-style attentions (ModelConfig.attention != relu-performer)
     "vscores": Site("product", "attention scores q k^T / sqrt(d_head)", _VAR, SCORE_EXTRA),
@@ -92,8 +91,6 @@ SITES: dict[str, Site] = {
     # classifier head (head), protocols.classifier
     "head": Site("product", "classifier head (sum over positions of h) @ head.w",
                  "rescale head.w or shorten max_len"),
-    "pool": Site("product", "classifier logits before the bias (times 1/S)", "rescale head.w",
-                 ROW_SCALE_EXTRA),
     "argmax": Site("relu", "difference of two logits compared by the arg-max",
                    "rescale head.w and head.b"),
     # BERT's pooler (pool cls-tanh): first row @ pool.w, tanh, @ head.w

@@ -297,11 +297,8 @@ class Trace:
         for attn_norm "mean" (the steps' row scale, applied to the state)."""
         kf, v = self._features(layer, enc, "wk"), self._values(layer, enc)
         kv = np.swapaxes(kf, -1, -2) @ v
-        self.rec.mag(layer, "kv", kv)
-        if self.cfg.attn_norm == "mean":
-            kv = kv / enc.shape[1]
-            self.rec.mag(layer, "rowscale", kv)
-        return kv
+        self.rec.mag(layer, "kv", kv)                # times 1/n_enc in its truncation
+        return kv / enc.shape[1] if self.cfg.attn_norm == "mean" else kv
 
     def cross_steps(self, layer: str, x: np.ndarray, kv: np.ndarray,
                     proj: bool = True) -> np.ndarray:
@@ -376,10 +373,8 @@ class Trace:
         if self.cfg.pool == "cls-tanh":
             return self._cls_tanh(h, w)
         z = h.sum(axis=1) @ w["w"]
-        self.rec.mag("head", "head", z)
-        z = z / h.shape[1]
-        self.rec.mag("head", "pool", z)
-        out = z + w["b"]
+        self.rec.mag("head", "head", z)             # times 1/S in its truncation
+        out = z / h.shape[1] + w["b"]
         self.rec.mag("head", "argmax", out.max(axis=-1) - out.min(axis=-1))
         return out
 

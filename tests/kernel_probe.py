@@ -34,7 +34,7 @@ KERNELS = ((arith, "mul_aa"), (arith, "matmul_aa"), (arith, "mul_many_aa"),
 #: blocking form: calls made while they run are theirs
 STEPS = {(fxp, "sqrt_inv_steps"): "sqrt_inv_a", (arith, "mul_many_steps"): "mul_many_aa"}
 PARALLEL_USERS = (mpc3_parallel,)
-HELPERS = {"mul_many", "scale_public", "relu_many", "relu_products", "wrapped",
+HELPERS = {"mul_many", "relu_many", "relu_products", "wrapped",
            "activation", "<lambda>", "relu_split", "relu_outputs"}
 SUBLAYER = {"mha": "attn", "ffn": "ffn", "ffn_hidden": "ffn", "_self_step": "self",
             "_cross_step": "cross"}
@@ -127,8 +127,6 @@ def _sites(inner, kernel: str, n_items: int) -> list[str]:
                 for w in names]
     elif fn == "sublayer" and kernel == "relu_a":            # decode step: split features
         one = "features"
-    elif fn == "start":                         # DecodeState.start: K'^T V times 1/n_enc
-        one = "rowscale" if kernel == "trunc_a" else None
     elif fn == "fused_biases":                      # beta W of each fused LayerNorm projection
         ln = inner.f_locals["ln"]
         return [f"{ln}|{'lnw1' if w.endswith('.w1') else 'lnproj'}" for w in inner.f_locals["ws"]]
