@@ -197,17 +197,20 @@ def pair_round2(w: np.ndarray, bt: np.ndarray, r: np.ndarray, nu_own: np.ndarray
     return x, xs
 
 
-def single_split(a: np.ndarray, b: np.ndarray | None, kappa: np.ndarray, rho, sh, low):
-    """(U - kappa, t) of the single (role 0) for A = a (+ b): see :func:`_single_kernel`;
-    ``rho`` None: prob mode, t is None."""
+def single_split(a: np.ndarray, b: np.ndarray | None, kappa: np.ndarray, rho, sh, low,
+                 m=None):
+    """(U - kappa, t) of the single (role 0) for A = a (+ b): see :func:`_single_kernel`, or
+    with multipliers ``m`` :func:`_single_scaled_kernel`; ``rho`` None: prob mode, t is
+    None."""
     n = a.size
     uk = np.empty(n, dtype=np.uint64)
     t = np.empty(0 if rho is None else n, dtype=np.uint64)
     empty = np.empty(0, np.uint64)
-    _kernels()[2][n >= ring.NOGIL_MIN_WORK](
-        np.ascontiguousarray(a), empty if b is None else np.ascontiguousarray(b),
-        np.ascontiguousarray(kappa), empty if rho is None else np.ascontiguousarray(rho),
-        _arr(sh, np.int64), _arr(low, np.uint64), uk, t)
+    args = (np.ascontiguousarray(a), empty if b is None else np.ascontiguousarray(b),
+            np.ascontiguousarray(kappa), empty if rho is None else np.ascontiguousarray(rho))
+    scale = () if m is None else (_arr(m, np.uint64),)
+    _kernels()[2 if m is None else 7][n >= ring.NOGIL_MIN_WORK](
+        *args, *scale, _arr(sh, np.int64), _arr(low, np.uint64), uk, t)
     return uk, (None if rho is None else t)
 
 
@@ -229,21 +232,6 @@ def pair_split_scaled(z: np.ndarray, other: np.ndarray | None, offset: np.uint64
         np.ascontiguousarray(other), np.uint64(offset), _arr(m, np.uint64), _arr(sh, np.int64),
         _arr(low, np.uint64), w, bt)
     return w, bt
-
-
-def single_split_scaled(a: np.ndarray, b: np.ndarray | None, kappa: np.ndarray, rho, m, sh,
-                        low):
-    """(U - kappa, t) of the single in a scaled truncation: see
-    :func:`_single_scaled_kernel`; ``rho`` None: prob mode, t is None."""
-    n = a.size
-    uk = np.empty(n, dtype=np.uint64)
-    t = np.empty(0 if rho is None else n, dtype=np.uint64)
-    empty = np.empty(0, np.uint64)
-    _kernels()[7][n >= ring.NOGIL_MIN_WORK](
-        np.ascontiguousarray(a), empty if b is None else np.ascontiguousarray(b),
-        np.ascontiguousarray(kappa), empty if rho is None else np.ascontiguousarray(rho),
-        _arr(m, np.uint64), _arr(sh, np.int64), _arr(low, np.uint64), uk, t)
-    return uk, (None if rho is None else t)
 
 
 def _flat(v: np.ndarray) -> np.ndarray:

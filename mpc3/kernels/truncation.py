@@ -224,11 +224,8 @@ def trunc_steps(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None = 
                 st["kappa"], rho = p.rand_with(0, 1, ng, f"kappa{g}"), None
             # A = z (or x_g + x_{g+1}); Uk = (A >>a f) - kappa; t = (a_t - rho) mod 2^f
             a_src, b_src = (src.a[sl], src.b[sl]) if from_rss else (src[sl], None)
-            if mult is None:
-                st["Uk"], t = fused.single_split(a_src, b_src, st["kappa"], rho, sh, low)
-            else:
-                st["Uk"], t = fused.single_split_scaled(a_src, b_src, st["kappa"], rho,
-                                                        mults[g], sh, low)
+            st["Uk"], t = fused.single_split(a_src, b_src, st["kappa"], rho, sh, low,
+                                             None if mult is None else mults[g])
             msg = [] if split else [st["Uk"]]
             if exact:
                 msg.append(pack_by_width(t, plan))
