@@ -198,6 +198,23 @@ def _matmul_relu_tolerance(shapes, cfg):
     return 0.0, 2.0 ** (cfg.relu_drop_bits - cfg.frac) + 2 * _ulp(cfg)
 
 
+#: Fractional bits of the public row scales 1/n_i of the "matmul-rowscale" kernel (as
+#: attention's: protocols.mha.row_scale_trunc).
+ROWSCALE_BITS = 4
+
+
+def _row_scale(rows: int, cfg: RingConfig) -> arith.Scaled:
+    """Row i times 1/(i + 1) (a causal attention's 1/n_i) in the product's truncation."""
+    n = np.arange(1, rows + 1, dtype=np.float64)[:, None]
+    return arith.scaled(1.0 / n, cfg.frac, cfg.frac + ROWSCALE_BITS)
+
+
+def _rowscale_tolerance(shapes, cfg):
+    """One ulp of the product, and 1/n encoded with frac + ROWSCALE_BITS bits (relative
+    n 2^-(frac + ROWSCALE_BITS + 1), n up to M)."""
+    return shapes[0][0] * 2.0 ** -(cfg.frac + ROWSCALE_BITS + 1), 2 * _ulp(cfg)
+
+
 def _sqrt_inv_tolerance(shapes, cfg):
     rel, ulps = fxp.SQRT_INV_ERROR[fxp._sqrt_inv_mode("auto", _n(shapes))][cfg.trunc]
     return rel, ulps * _ulp(cfg)
@@ -247,6 +264,14 @@ _ALL = [
            lambda s, c: arith.cost_mul(s[0][0] * s[1][1], True, c.frac, c.trunc),
            lambda x, y: x @ y, _matmul_inputs, _one_ulp,
            "every |sum_k x_ik y_kj| < arith.product_limit(frac) = 2^26", ("fxp", "fxp")),
+    Kernel("matmul-rowscale",
+           lambda p, x, y: arith.matmul_aa(p, x, y, _row_scale(x.shape[0], p.cfg)),
+           lambda s, c: arith.cost_mul(s[0][0] * s[1][1], _row_scale(1, c).shift, c.frac,
+                                       c.trunc),
+           lambda x, y: (x @ y) / np.arange(1, x.shape[0] + 1)[:, None], _matmul_inputs,
+           _rowscale_tolerance,
+           "as matmul (the scale rides in the truncation, whose product is never reduced)",
+           ("fxp", "fxp")),
     Kernel("matmul-relu", _matmul_relu,
            lambda s, c: (arith.cost_mul_split(c, s[0][0] * s[1][1], True)
                          + convert.cost_relu_split(c, s[0][0] * s[1][1], True)),
