@@ -46,24 +46,27 @@ def _stats(p: Party, x: AShare, gamma: AShare, beta: AShare, eps: float
     s1 = AShare(x.a.sum(axis=-1, dtype=np.uint64), x.b.sum(axis=-1, dtype=np.uint64))
     g = _bcast(gamma, x.shape)
     xc = x.scale(np.uint64(d)) - _bcast(s1.reshape(*lead, 1), x.shape)   # d (x - mu)
-    by_d, by_d2 = _inverse_d(f, d)
+    t_ex2, t_mu2, t_xg = _inverse_d(f, d)
     ex2, mu2, xg = arith.mul_many_aa(p, [
-        (x.reshape(*lead, 1, d), x.reshape(*x.shape, 1), "matmul", by_d),
-        (s1, s1, "mul", by_d2),
-        (xc, g, "mul", by_d)])
+        (x.reshape(*lead, 1, d), x.reshape(*x.shape, 1), "matmul", t_ex2),
+        (s1, s1, "mul", t_mu2),
+        (xc, g, "mul", t_xg)])
     var = ex2.reshape(lead) - mu2
     return xg, arith.add_public(p, var, ring.encode(np.full(var.shape, float(eps)), f))
 
 
 def _inverse_d(f: int, d: int):
-    """The truncations of a product times 1/d and times 1/d^2: shifts for d a power of two,
-    else scaled truncations: 1/d with f + 2 significant bits (relative error below
-    2^-(f + 2), a quarter ulp of an output of 1; every correction message of the d products
-    (x - mu) gamma is as wide as the shift), 1/d^2 with as many as fit (one per row)."""
+    """The truncations of E[x^2] (times 1/d), mu^2 (1/d^2) and (x - mu) gamma (1/d): shifts
+    for d a power of two, else scaled truncations. The two per-row statistics take as many
+    significant bits of their factor as fit (~30: var = E[x^2] - mu^2 cancels when the mean
+    is large); the d products (x - mu) gamma f + 2 (relative error below 2^-(f + 2), a
+    quarter ulp of an output of 1), since each of their correction messages is as wide as
+    the shift."""
     if d & (d - 1) == 0:
         logd = d.bit_length() - 1
-        return f + logd, f + 2 * logd
-    return arith.scaled(1.0 / d, f, f + 2 + d.bit_length()), arith.scaled(1.0 / d ** 2, f)
+        return f + logd, f + 2 * logd, f + logd
+    return (arith.scaled(1.0 / d, f), arith.scaled(1.0 / d ** 2, f),
+            arith.scaled(1.0 / d, f, f + 2 + d.bit_length()))
 
 
 def layernorm(p: Party, x: AShare, gamma: AShare, beta: AShare, eps: float) -> AShare:
@@ -115,8 +118,9 @@ def layernorm_project(p: Party, x: AShare, gamma: AShare, beta: AShare, eps: flo
 
 
 def _cost_stats(ring_cfg, rows: int, d: int) -> Cost:
-    by_d, by_d2 = (getattr(t, "shift", t) for t in _inverse_d(ring_cfg.frac, d))
-    shifts = np.concatenate([np.full(rows, by_d), np.full(rows, by_d2), np.full(rows * d, by_d)])
+    t_ex2, t_mu2, t_xg = (getattr(t, "shift", t) for t in _inverse_d(ring_cfg.frac, d))
+    shifts = np.concatenate([np.full(rows, t_ex2), np.full(rows, t_mu2),
+                             np.full(rows * d, t_xg)])
     return arith.cost_mul_many(shifts, 0, ring_cfg.trunc)
 
 

@@ -111,6 +111,18 @@ def test_layernorm(run, rng, shape):
                                              # two-round comparison + injection, 1 product
 
 
+@pytest.mark.parametrize("d", [512, 768])
+def test_layernorm_large_mean_small_spread(run, rng, d):
+    """var = E[x^2] - mu^2 cancels when the mean dominates the spread: a mean of 3 with a
+    spread of 0.3 (E[x^2] / var ~ 100), d a power of two (exact shifts) or not (1/d as a
+    multiplier with ~30 significant bits in E[x^2]'s truncation)."""
+    x = 3.0 + 0.3 * rng.standard_normal((2, d))
+    g, b = 1 + 0.1 * rng.standard_normal(d), 0.1 * rng.standard_normal(d)
+    out = run(lambda p, xs, gs, bs: layernorm(p, xs, gs, bs, M.DEFAULT_LN_EPS), share(x),
+              share(g), share(b))
+    assert np.max(np.abs(value(out) - M.ref_layernorm(x, g, b, M.DEFAULT_LN_EPS))) < 2e-3
+
+
 def test_layernorm_small_variance_needs_eps_in_range(rng):
     """Rows with std 0.01: var + 1e-5 lies below sqrt_inv_a's range and LayerNorm comes out
     wrong by O(1); with the default eps (inside the range) it matches the reference."""

@@ -242,8 +242,18 @@ def _run_sums(v: np.ndarray, sl: slice, seg: int) -> np.ndarray:
     ``seg`` consecutive elements it touches."""
     if v.size == 0:
         return v
-    e = np.arange(sl.start, sl.stop) // seg
-    return np.add.reduceat(v, np.flatnonzero(np.r_[True, e[1:] != e[:-1]]))
+    starts = _run_starts(sl.start, sl.stop, seg)
+    if starts.size == 1:                    # one run (a decoding step's table lookup)
+        return v.sum(dtype=np.uint64, keepdims=True)
+    return np.add.reduceat(v, starts)
+
+
+@functools.lru_cache(maxsize=1024)
+def _run_starts(start: int, stop: int, seg: int) -> np.ndarray:
+    """Offsets (from ``start``) where the runs of ``seg`` elements begin in [start, stop)."""
+    first = (-start) % seg
+    idx = np.arange(first, stop - start, seg)
+    return idx if first == 0 else np.concatenate([[0], idx])
 
 
 def _word_bounds(n: int) -> list[slice]:

@@ -130,6 +130,16 @@ def _table(power: float, per_octave: int, linear: bool, f: int, mode: str):
     return exps, alpha, beta, shifts
 
 
+@functools.lru_cache(maxsize=None)
+def _table_ring(power: float, per_octave: int, linear: bool, f: int, mode: str):
+    """:func:`_table` in the ring: thresholds 2^e and alpha at scale f, the slopes beta at
+    their per-interval shifts (None without ``linear``) - encoded once, not per call."""
+    exps, alpha, beta, shifts = _table(power, per_octave, linear, f, mode)
+    slopes = None if beta is None else \
+        ring.from_signed(np.round(beta * 2.0 ** shifts).astype(np.int64))
+    return ring.encode(2.0 ** exps, f), ring.encode(alpha, f), slopes
+
+
 def _init_guess(p: Party, x: AShare, power: float, per_octave: int, linear: bool) -> AShare:
     """x^(-power) from one batched comparison against thresholds t_j = 2^(j/per_octave) and one
     injection. With c_j = [x >= t_j] (a thermometer code) and V_j the interval's value
@@ -153,21 +163,20 @@ def init_guess_steps(p: Party, x: AShare, power: float, per_octave: int, linear:
     p.new_op()
     f = p.cfg.frac
     exps, alpha, beta, shifts = _table(power, per_octave, linear, f, p.cfg.trunc)
+    t_ring, alpha_ring, slopes = _table_ring(power, per_octave, linear, f, p.cfg.trunc)
     k = exps.size
     flat = x.reshape(-1)
     rows = flat.size
-    compare = thresholds.compare_steps(p, flat, ring.encode(2.0 ** exps, f), _window(f))
+    compare = thresholds.compare_steps(p, flat, t_ring, _window(f))
     if linear:           # the slope products do not depend on the comparison: shared rounds
-        scaled = np.round(beta * 2.0 ** shifts)
         wide = AShare(np.repeat(flat.a[:, None], k + 1, 1), np.repeat(flat.b[:, None], k + 1, 1))
-        prods = wide.scale(ring.from_signed(scaled.astype(np.int64))[None, :]).reshape(-1)
+        prods = wide.scale(slopes[None, :]).reshape(-1)
         slope, above = yield from lockstep(
             p, trunc_steps(p, prods, np.tile(shifts, rows), from_rss=True), compare)
-        values = arith.add_public(p, slope.reshape(rows, k + 1),
-                                  np.tile(ring.encode(alpha, f), (rows, 1)))
+        values = arith.add_public(p, slope.reshape(rows, k + 1), np.tile(alpha_ring, (rows, 1)))
     else:
         above = yield from compare
-        values = arith.public_share(p, np.tile(ring.encode(alpha, f), (rows, 1)))
+        values = arith.public_share(p, np.tile(alpha_ring, (rows, 1)))
     steps = AShare(values.a[:, 1:] - values.a[:, :-1], values.b[:, 1:] - values.b[:, :-1])
     picked = yield from convert.inject_steps(p, steps.reshape(-1), above.planes, True, seg=k)
     return AShare(values.a[:, 0] + picked.a, values.b[:, 0] + picked.b).reshape(x.shape)

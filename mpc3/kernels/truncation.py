@@ -23,6 +23,11 @@ unbiased (mean error 0), every error in (-1, +1) ulp, exact when 2^f divides x, 
 negative for x >= 0. (A half-ulp offset h = 2^(f-1) would give round-to-nearest minus c:
 mean error -0.5 ulp, range [-1.5, 0.5], a drift of -0.5 ulp per chained product.)
 
+Scaled truncation (``mult``): ``floor(x m / 2^f)`` for public multipliers m < 2^31 in the same
+rounds and messages - each piece is multiplied before its shift in 95-bit integers and the
+carry correction is multiplied too - so a public real factor (attention's 1/n, LayerNorm's
+1/d) rides in the truncation of the product it scales (:func:`scaled`).
+
 The kernel is written as lockstep steps (:func:`trunc_steps`), so a comparison of the same
 product can share its rounds (:func:`mpc3.kernels.base.run_steps`).
 """
@@ -258,7 +263,7 @@ def trunc_steps(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None = 
         if mult is None:
             st["W"], st["bt"] = fused.pair_split(b_src, b_other, offset + low, sh,
                                                  offset >> sh.view(np.uint64))
-        else:   # W = floor((B + offset) m + 2^f - 1) / 2^f) - (offset >> f) m
+        else:   # W = floor(((B + offset) m + 2^f - 1) / 2^f) - (offset >> f) m
             st["W"], st["bt"] = fused.pair_split_scaled(b_src, b_other, offset, mults[g], sh,
                                                         low)
         if role == 2:
