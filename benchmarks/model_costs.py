@@ -76,8 +76,7 @@ def translator_rows() -> list[tuple]:
         for base, layers, S, nf in ((SMALL, 2, 8, True), (TABLE2, 6, 64, False)):
             cfg = _cfg(base, norm_first=nf, max_len=65, n_enc_layers=layers,
                        n_dec_layers=layers, src_vocab=256, tgt_vocab=256, attention=att)
-            opened = (cost_encoder(RC, cfg, 1, S) + D.cost_cross_precompute(RC, cfg, 1, S)
-                      + D.cost_decode_start(RC, cfg, 1))
+            opened = cost_encoder(RC, cfg, 1, S) + D.cost_decode_start(RC, cfg, 1, S)
             ts = [S] if base is SMALL else range(64)          # Table 2: mean of t < 64
             steps = [D.cost_decoder_step(RC, cfg, 1, t, n_enc=S) for t in ts]
             rows.append((f"translator {attention}, {'d=16' if base is SMALL else 'Table 2'}, "

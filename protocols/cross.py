@@ -93,9 +93,10 @@ def _cross_features(p: Party, cfg: M.ModelConfig, ws: list[dict], enc: AShare):
 
 
 def cost_cross_precompute(p_cfg, cfg: M.ModelConfig, B: int, S: int, folded: bool = True,
-                          need_kv: bool = True) -> Cost:
+                          need_kv: bool = True, kv_scaled: bool = False) -> Cost:
     """Declared rounds and bytes per party of :func:`cross_precompute` on B encoder outputs of
-    S positions (Omega folded into W^K unless ``folded`` is False)."""
+    S positions (Omega folded into W^K unless ``folded`` is False; ``kv_scaled``: called with
+    a ``kv_scale``, whose truncation is wider)."""
     L, h, r, dh, d = cfg.n_dec_layers, cfg.n_heads, cfg.n_features, cfg.d_head, cfg.d_model
     if L == 0:
         return Cost(0, (0, 0, 0))
@@ -107,7 +108,8 @@ def cost_cross_precompute(p_cfg, cfg: M.ModelConfig, B: int, S: int, folded: boo
         cost = cost_project(p_cfg, B * S * L * 2 * d) + cost_features(p_cfg, L * B * h * S * r,
                                                                       folded)
     if need_kv:
-        cost = cost + arith.cost_mul(L * B * h * r * dh, True, p_cfg.frac, p_cfg.trunc)
+        bits = row_scale_trunc(1.0, p_cfg.frac).shift if kv_scaled else True
+        cost = cost + arith.cost_mul(L * B * h * r * dh, bits, p_cfg.frac, p_cfg.trunc)
     return cost
 
 

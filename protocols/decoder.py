@@ -40,7 +40,7 @@ from .kv_cache import KVCache, attend_out, cost_attend_out
 from .layernorm import cost_layernorm_project, layernorm_project
 from .cross import CrossKV, cost_cross_precompute, cross_mha, cross_precompute  # noqa: F401
 from .mha import (cost_features, cost_finish, cost_heads, features, finish,
-                  heads, mha, row_scale_trunc, split_heads)
+                  heads, mha, split_heads)
 from .norms import cost_norm, norm
 from .secure_model import PROJ_EXTRA, sub
 
@@ -190,7 +190,7 @@ class DecodeState:
     def start(p: Party, cfg: M.ModelConfig, shares: dict, enc: AShare,
               block: int | None = None, fuse=DEFAULT_FUSE) -> "DecodeState":
         """``block``: tokens cached before folding into G (:class:`attention.PrefixState`).
-        Cost: :func:`cost_decode_start` (beyond :func:`cross_precompute`)."""
+        Cost: :func:`cost_decode_start`."""
         B, S, _ = enc.shape
         if cfg.attention != M.PERFORMER:            # KV caches of capacity max_len
             return DecodeState([KVCache.empty(B, cfg.n_heads, cfg.d_head, cfg.max_len)
@@ -212,19 +212,14 @@ class DecodeState:
         return self.prefix[0].batch                  # PrefixState or KVCache
 
 
-def cost_decode_start(p_cfg, cfg: M.ModelConfig, B: int, folded: bool = True,
+def cost_decode_start(p_cfg, cfg: M.ModelConfig, B: int, S: int, folded: bool = True,
                       fuse=DEFAULT_FUSE) -> Cost:
-    """What :meth:`DecodeState.start` adds to :func:`cross_precompute`: the fused LayerNorms'
-    beta W and, for attn_norm "mean", the wider truncation of K'^T V that carries the row
-    scale 1/n_enc (bytes only: the same rounds)."""
-    cost = cost_ln_bias(p_cfg, cfg, ln_fusions(cfg, fuse), folded)
-    if cfg.attn_norm == "mean" and cfg.n_dec_layers and cfg.attention == M.PERFORMER:
-        n = cfg.n_dec_layers * B * cfg.n_heads * cfg.n_features * cfg.d_head
-        wide, plain = (arith.cost_mul(n, bits, p_cfg.frac, p_cfg.trunc)
-                       for bits in (row_scale_trunc(1.0, p_cfg.frac).shift, True))
-        cost = cost + Cost(0, tuple(w - b for w, b in zip(wide.bytes_per_party,
-                                                          plain.bytes_per_party)))
-    return cost
+    """Declared cost of :meth:`DecodeState.start` on B encoder outputs of S positions: its
+    :func:`cross_precompute` (K'^T V carrying the row scale 1/n_enc in its truncation for
+    attn_norm "mean") and the fused LayerNorms' beta W."""
+    scaled = cfg.attn_norm == "mean" and cfg.attention == M.PERFORMER
+    return (cost_cross_precompute(p_cfg, cfg, B, S, folded, kv_scaled=scaled)
+            + cost_ln_bias(p_cfg, cfg, ln_fusions(cfg, fuse), folded))
 
 
 #: key of a projection dict (:func:`_project`, :func:`ln_proj`) holding the outputs that only

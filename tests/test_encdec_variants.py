@@ -42,8 +42,7 @@ def ed_cfg(attention, **kw):
 
 def open_cost(cfg, B, S, fuse=D.DEFAULT_FUSE):
     rc = RingConfig()
-    return (cost_encoder(rc, cfg, B, S) + D.cost_cross_precompute(rc, cfg, B, S)
-            + D.cost_decode_start(rc, cfg, B, fuse=fuse))
+    return cost_encoder(rc, cfg, B, S) + D.cost_decode_start(rc, cfg, B, S, fuse=fuse)
 
 
 @pytest.mark.parametrize("attention", VARIANTS)

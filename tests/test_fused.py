@@ -29,7 +29,7 @@ def test_pair_kernels_equal_numpy(n, per_element):
         B = z if oth is None else z + oth
         Bp = B + offset + low
         want_w = (Bp.view(np.int64) >> sh).view(np.uint64) - off_sh
-        w, bt = pair_split(z, oth, offset + low, sh, off_sh)
+        w, bt = pair_split(z, oth, offset, sh, low)
         np.testing.assert_array_equal(w, want_w)
         np.testing.assert_array_equal(bt, Bp >> np.uint64(63))
     r, nu1, nu2 = _r(n), _r(n), _r(n)

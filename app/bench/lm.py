@@ -28,7 +28,7 @@ tiny shape. Metrics (DESIGN.md names; shares already in place, protocol only): p
 steps; ``breakdown`` the same split into :data:`protocols.breakdown.CATEGORIES` (measured:
 :mod:`protocols.breakdown`; wall time of the slowest party); ``declared`` the protocols'
 declared costs (cost_lm_prefill / cost_lm_step, cost_classify, cost_encoder +
-cost_cross_precompute + cost_decode_start / cost_decoder_step) and ``checks`` whether the
+cost_decode_start / cost_decoder_step) and ``checks`` whether the
 categories sum to the measured totals and the declarations equal them; ``max_abs_err``
 against the float64 reference (:func:`protocols.model.ref_lm` etc.) on the same inputs,
 ``plain_wall_s`` that reference's time; ``peak_rss_bytes`` of this process and of each party
@@ -131,10 +131,9 @@ def declared(cfg, B: int, S: int, T: int) -> list:
     if cfg.arch == M.ENCODER_CLASSIFIER:
         from protocols.classifier import cost_classify
         return [cost_classify(ring, cfg, B, S)]
-    from protocols.decoder import cost_cross_precompute, cost_decode_start, cost_decoder_step
+    from protocols.decoder import cost_decode_start, cost_decoder_step
     from protocols.encoder import cost_encoder
-    first = (cost_encoder(ring, cfg, B, S) + cost_cross_precompute(ring, cfg, B, S)
-             + cost_decode_start(ring, cfg, B))
+    first = cost_encoder(ring, cfg, B, S) + cost_decode_start(ring, cfg, B, S)
     return [first] + [cost_decoder_step(ring, cfg, B, t, n_enc=S) for t in range(T)]
 
 

@@ -174,14 +174,21 @@ def _arr(v, dtype) -> np.ndarray:
     return np.ascontiguousarray(np.atleast_1d(np.asarray(v, dtype=dtype)))
 
 
-def pair_split(z: np.ndarray, other: np.ndarray | None, add_low, sh, off_sh):
-    """(W, bt) of the pair for its B = z (+ other): see :func:`_split_kernel`."""
+def pair_split(z: np.ndarray, other: np.ndarray | None, offset: np.uint64, sh, low, m=None):
+    """(W, bt) of the pair for its B = z (+ other) with the truncation's offset, shifts and
+    low masks: :func:`_split_kernel` (adding ``low`` for the rounding), or with multipliers
+    ``m`` :func:`_split_scaled_kernel`."""
     n = z.size
     w, bt = np.empty(n, dtype=np.uint64), np.empty(n, dtype=np.uint64)
-    _kernels()[0][n >= ring.NOGIL_MIN_WORK](
-        np.ascontiguousarray(z), np.empty(0, np.uint64) if other is None else
-        np.ascontiguousarray(other), _arr(add_low, np.uint64), _arr(sh, np.int64),
-        _arr(off_sh, np.uint64), w, bt)
+    args = (np.ascontiguousarray(z), np.empty(0, np.uint64) if other is None else
+            np.ascontiguousarray(other))
+    offset, sh = np.uint64(offset), _arr(sh, np.int64)
+    if m is None:
+        _kernels()[0][n >= ring.NOGIL_MIN_WORK](
+            *args, _arr(offset + low, np.uint64), sh, offset >> sh.view(np.uint64), w, bt)
+    else:
+        _kernels()[6][n >= ring.NOGIL_MIN_WORK](
+            *args, offset, _arr(m, np.uint64), sh, _arr(low, np.uint64), w, bt)
     return w, bt
 
 
@@ -221,17 +228,6 @@ def single_final(uk: np.ndarray, kappa: np.ndarray, x1: np.ndarray, x2: np.ndarr
     _kernels()[3][uk.size >= ring.NOGIL_MIN_WORK](
         uk, np.ascontiguousarray(kappa), np.ascontiguousarray(x1), np.ascontiguousarray(x2),
         _arr(up, np.uint64), _ONE if m is None else _arr(m, np.uint64), a_out, b_out)
-
-
-def pair_split_scaled(z: np.ndarray, other: np.ndarray | None, offset: np.uint64, m, sh, low):
-    """(W, bt) of the pair in a scaled truncation: see :func:`_split_scaled_kernel`."""
-    n = z.size
-    w, bt = np.empty(n, dtype=np.uint64), np.empty(n, dtype=np.uint64)
-    _kernels()[6][n >= ring.NOGIL_MIN_WORK](
-        np.ascontiguousarray(z), np.empty(0, np.uint64) if other is None else
-        np.ascontiguousarray(other), np.uint64(offset), _arr(m, np.uint64), _arr(sh, np.int64),
-        _arr(low, np.uint64), w, bt)
-    return w, bt
 
 
 def _flat(v: np.ndarray) -> np.ndarray:

@@ -209,6 +209,7 @@ def trunc_steps(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None = 
         bits = np.broadcast_to(np.asarray(bits, dtype=np.int64), (n,))
     per = [_group_shifts(bits, sl) for sl in groups]
     offset = _u(1 << OFFSET_BITS) if exact else np.uint64(0)
+    mults = [None] * len(groups)             # per group: its multipliers (scaled) or None
     if mult is not None:
         mult = _check_mult(mult, n)
         mults = [mult if mult.size == 1 else mult[sl] for sl in groups]
@@ -229,8 +230,7 @@ def trunc_steps(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None = 
                 st["kappa"], rho = p.rand_with(0, 1, ng, f"kappa{g}"), None
             # A = z (or x_g + x_{g+1}); Uk = (A >>a f) - kappa; t = (a_t - rho) mod 2^f
             a_src, b_src = (src.a[sl], src.b[sl]) if from_rss else (src[sl], None)
-            st["Uk"], t = fused.single_split(a_src, b_src, st["kappa"], rho, sh, low,
-                                             None if mult is None else mults[g])
+            st["Uk"], t = fused.single_split(a_src, b_src, st["kappa"], rho, sh, low, mults[g])
             msg = [] if split else [st["Uk"]]
             if exact:
                 msg.append(pack_by_width(t, plan))
@@ -258,14 +258,10 @@ def trunc_steps(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None = 
             pair_sum[groups[g]] = st["z"] + got[(_dir(role, 3 - role), g)][0]
         # W = ((B + offset + 2^f - 1) >>a f) - (offset >> f) (+ 2^f - 1: unbiased rounding,
         # module doc), bt = top bit of B + offset + 2^f - 1, with B = z + the other's z
-        b_src = st["B"] if from_rss else st["z"]
-        b_other = None if from_rss else got[(_dir(role, 3 - role), g)][0]
-        if mult is None:
-            st["W"], st["bt"] = fused.pair_split(b_src, b_other, offset + low, sh,
-                                                 offset >> sh.view(np.uint64))
-        else:   # W = floor(((B + offset) m + 2^f - 1) / 2^f) - (offset >> f) m
-            st["W"], st["bt"] = fused.pair_split_scaled(b_src, b_other, offset, mults[g], sh,
-                                                        low)
+        # (scaled: W = floor(((B + offset) m + 2^f - 1) / 2^f) - (offset >> f) m)
+        st["W"], st["bt"] = fused.pair_split(
+            st["B"] if from_rss else st["z"],
+            None if from_rss else got[(_dir(role, 3 - role), g)][0], offset, sh, low, mults[g])
         if role == 2:
             split = st["split"]
             msg = got[(NEXT, g)] if (exact or not split) else ()
@@ -287,11 +283,11 @@ def trunc_steps(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None = 
             if role == 1:
                 st["kappa"], rho = p.rand_with_many(1, 0, [(f"kappa{g}", ng), (f"rho{g}", ng)])
                 x1, st["x1"] = fused.pair_round2(st["W"], st["bt"], rho, nu1, nu2, low, up,
-                                                 None if mult is None else mults[g])
+                                                 mults[g])
                 r2.send(PREV, pack_by_width(x1, plan))
             else:
                 x2, x2s = fused.pair_round2(st["W"], st["bt"], st["at_rho"], nu2, nu1, low, up,
-                                            None if mult is None else mults[g])
+                                            mults[g])
                 st["s0"] = st["s0"] + x2s
                 r2.send(NEXT, pack_by_width(x2, plan))
         got2 = yield r2
@@ -306,8 +302,7 @@ def trunc_steps(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None = 
                 fused.single_final(st["Uk"], st["kappa"],
                                    unpack_by_width(got2[(NEXT, g)][0], plan, st["n"]),
                                    unpack_by_width(got2[(PREV, g)][0], plan, st["n"]),
-                                   up, a_out[sl], b_out[sl],
-                                   None if mult is None else mults[g])
+                                   up, a_out[sl], b_out[sl], mults[g])
             else:
                 a_out[sl], b_out[sl] = st["Uk"], st["kappa"]
         elif role == 1:
