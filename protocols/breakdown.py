@@ -77,9 +77,9 @@ TARGETS = (
     ("mpc3.kernels.arith", "mul_aa", "matmul"),
     ("mpc3.kernels.arith", "trunc_a", "matmul"),
     # a decode step's projections: split-form and replicated products in shared rounds
-    ("protocols.decoder", "_project", "matmul"),
+    ("protocols.ln_proj", "step_project", "matmul"),
     # a session's beta W of its fused LayerNorm projections (one kernel per LN, shared rounds)
-    ("protocols.decoder", "fused_biases", "matmul"),
+    ("protocols.ln_proj", "fused_biases", "matmul"),
 )
 _PACKAGES = ("mpc3", "protocols")
 _OTHER = CATEGORIES.index("other")

@@ -49,8 +49,8 @@ from mpc3.shares import AShare
 
 from . import attention as A
 from . import model as M
-from .decoder import (cost_ln_bias, cost_ln_proj, fused_biases, fusion_map, ln_proj,
-                      step_names, sublayer)
+from .decoder import step_names, sublayer
+from .ln_proj import cost_ln_bias, cost_ln_proj, fused_biases, fusion_map, ln_proj
 from .ffn import cost_ffn, cost_ffn_hidden, ffn
 from .kv_cache import KVCache, attend_out, cost_attend_out
 from .norms import cost_norm, norm

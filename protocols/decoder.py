@@ -26,23 +26,22 @@ import functools
 from dataclasses import dataclass, field
 from typing import Callable
 
-import numpy as np
-
 from mpc3.kernels import arith
-from mpc3.kernels.base import Cost, run_steps
+from mpc3.kernels.base import Cost
 from mpc3.party import Party
-from mpc3.shares import AShare, SplitShare
+from mpc3.shares import AShare
 
 from . import attention as A
 from . import model as M
 from .ffn import cost_ffn_hidden, ffn, ffn_hidden
 from .kv_cache import KVCache, attend_out, cost_attend_out
-from .layernorm import cost_layernorm_project, layernorm_project
 from .cross import CrossKV, cost_cross_precompute, cross_mha, cross_precompute  # noqa: F401
 from .mha import (cost_features, cost_finish, cost_heads, features, finish,
                   heads, mha, split_heads)
+from .ln_proj import (RELU, cost_ln_bias, cost_ln_proj, cost_step_project, fused_biases,
+                      fusion_map, ln_proj, step_project)
 from .norms import cost_norm, norm
-from .secure_model import PROJ_EXTRA, sub
+from .secure_model import sub
 
 
 def _ln(p, cfg, shares, prefix, x):
@@ -118,56 +117,6 @@ def ln_fusions(cfg: M.ModelConfig, fuse=DEFAULT_FUSE) -> dict[str, list[str]]:
     return fusion_map(cfg, fuse, FUSIONS, "decode", plan)
 
 
-def fusion_map(cfg: M.ModelConfig, fuse, allowed: tuple, what: str,
-               plan: Callable[[int], dict]) -> dict[str, list[str]]:
-    """ln prefix -> weight names of the kinds in ``fuse`` (a subset of ``allowed``, else a
-    ValueError naming ``what``), ``plan(i)`` giving layer i's {kind: (ln prefix, names)};
-    empty unless the model's norm is LayerNorm."""
-    unknown = set(fuse) - set(allowed)
-    if unknown:
-        raise ValueError(f"{what} fusions {sorted(unknown)} unknown (choose from {allowed})")
-    out: dict[str, list[str]] = {}
-    for i in range(cfg.n_dec_layers if cfg.norm == "layernorm" else 0):
-        kinds = plan(i)
-        out.update(kinds[kind] for kind in fuse if kind in kinds)
-    return out
-
-
-def _proj_bits(p_cfg, name: str) -> int:
-    return p_cfg.frac + (0 if name.endswith(".w1") else PROJ_EXTRA)
-
-
-def fused_biases(p: Party, shares: dict, fusions: dict[str, list[str]]
-                 ) -> dict[tuple[str, str], AShare]:
-    """beta W (+ b1 for W1) of every fused (LayerNorm, projection) of ``fusions`` (ln prefix ->
-    weight names): model constants formed once per session, one product kernel per
-    LayerNorm, all in the same rounds (so the bytes are a sum over LayerNorms)."""
-    if not fusions:
-        return {}
-    kernels = []
-    for ln, ws in fusions.items():
-        kernels.append(arith.mul_many_steps(p, [(shares[f"{ln}.beta"].reshape(1, -1), shares[w],
-                                                 "matmul", _proj_bits(p.cfg, w)) for w in ws]))
-    got = run_steps(p, *kernels)
-    return {(ln, w): _plus_bias(shares, w, v.reshape(-1))
-            for (ln, ws), vs in zip(fusions.items(), got) for w, v in zip(ws, vs)}
-
-
-def cost_ln_bias(p_cfg, cfg: M.ModelConfig, fusions: dict[str, list[str]],
-                 folded: bool = True) -> Cost:
-    return Cost.parallel(*[arith.cost_mul_many(
-        np.concatenate([np.full(_width(cfg, w, folded), _proj_bits(p_cfg, w)) for w in ws]),
-        0, p_cfg.trunc) for ws in fusions.values()]) if fusions else Cost(0, (0, 0, 0))
-
-
-def _width(cfg: M.ModelConfig, name: str, folded: bool = True) -> int:
-    if name.endswith(".w1"):      # a linear FFN is shared fused: w1 = W1 W2 (d, d)
-        return cfg.d_model if cfg.ffn_act == "none" else cfg.d_ff
-    if name.endswith(".wv_c") or cfg.attention != M.PERFORMER:     # no features: W (d, d)
-        return cfg.d_model
-    return cfg.n_heads * cfg.n_features if folded else cfg.d_model
-
-
 @dataclass
 class DecodeState:
     """Secret incremental-decoding state of one party (shares only; t and n_enc are public).
@@ -222,116 +171,6 @@ def cost_decode_start(p_cfg, cfg: M.ModelConfig, B: int, S: int, folded: bool = 
             + cost_ln_bias(p_cfg, cfg, ln_fusions(cfg, fuse), folded))
 
 
-#: key of a projection dict (:func:`_project`, :func:`ln_proj`) holding the outputs that only
-#: feed relu_a, made in split form (:class:`_Split`)
-RELU = "relu"
-
-
-@dataclass
-class _Split:
-    """Projection outputs that only feed relu_a - the folded Performer's Q' and K' features,
-    a ReLU FFN's hidden layer - as ONE SplitShare of their flattened values (arith
-    .mul_split_aa, biases added: 8 bytes per element less than replicated outputs)."""
-
-    z: SplitShare
-    names: list[str]
-    shapes: list[tuple]
-
-    def relu_outputs(self, p: Party) -> dict[str, AShare]:
-        return dict(zip(self.names, A.relu_split(p, self.z, self.shapes)))
-
-
-def _feeds_relu(cfg: M.ModelConfig, name: str, folded: bool) -> bool:
-    """Whether projection ``name``'s output only feeds relu_a (then it is made split)."""
-    if name.endswith(".w1"):
-        return cfg.ffn_act == "relu"
-    return cfg.attention == M.PERFORMER and folded and name.endswith(("wq_proj", "wk_proj"))
-
-
-def _split_names(cfg: M.ModelConfig, shares: dict, names: list[str]) -> list[str]:
-    return [w for w in names
-            if _feeds_relu(cfg, w, f"{w.rsplit('.', 1)[0]}.omega" not in shares)]
-
-
-def _project(p: Party, cfg: M.ModelConfig, shares: dict, y: AShare, names: list[str]) -> dict:
-    """y W (+ bias) for the projections ``names`` in one round of products: {name: AShare},
-    and under :data:`RELU` a :class:`_Split` of those that only feed relu_a."""
-    split = _split_names(cfg, shares, names)
-    plain = [w for w in names if w not in split]
-    if not split:
-        return {w: _plus_bias(shares, w, o) for w, o in zip(plain, arith.mul_many_aa(
-            p, [(y, shares[w], "matmul", _proj_bits(p.cfg, w)) for w in plain]))}
-    bits = {_proj_bits(p.cfg, w) for w in names}
-    if len(bits) != 1:
-        raise ValueError(f"projections {names} truncate differently: not one call")
-    z, out = arith.mul_split_aa(p, [(y, shares[w], "matmul") for w in split], trunc=bits.pop(),
-                                replicated=[(y, shares[w], "matmul") for w in plain],
-                                biases=[_bias_of(shares, w) for w in split])
-    got = {w: _plus_bias(shares, w, o) for w, o in zip(plain, out)}
-    got[RELU] = _Split(z, split, [(*y.shape[:-1], shares[w].shape[-1]) for w in split])
-    return got
-
-
-def _cost_project(p_cfg, cfg: M.ModelConfig, B: int, names: list[str], folded: bool) -> Cost:
-    """:func:`_project` of one row per batch element."""
-    split = [w for w in names if _feeds_relu(cfg, w, folded)]
-    widths = {w: B * _width(cfg, w, folded) for w in names}
-    if not split:
-        return arith.cost_mul_many(np.concatenate([np.full(widths[w], _proj_bits(p_cfg, w))
-                                                   for w in names]), 0, p_cfg.trunc)
-    return arith.cost_mul_split(p_cfg, sum(widths[w] for w in split), _proj_bits(p_cfg, split[0]),
-                                n_rep=sum(widths[w] for w in names if w not in split))
-
-
-def ln_proj(p, cfg, shares, ln_bias: dict, ln: str, x, want_y: bool, names: list[str],
-             fused: bool):
-    """LN ``ln`` of x and its projections ``names``: (y or None, {name: LN(x) W (+ b1)}, with
-    the outputs that only feed relu_a under :data:`RELU`), ``fused``
-    (:func:`protocols.layernorm.layernorm_project`, ``ln_bias``: :func:`fused_biases` of the
-    session's fusions), else the LayerNorm and then one round of products (:func:`_project`)."""
-    if not fused:
-        y = _ln(p, cfg, shares, ln, x)
-        return (y if want_y else None), _project(p, cfg, shares, y, names)
-    split = _split_names(cfg, shares, names)
-    y, outs, z = layernorm_project(p, x, shares[f"{ln}.gamma"], shares[f"{ln}.beta"],
-                                   cfg.ln_eps, [(shares[w], _proj_bits(p.cfg, w)) for w in names],
-                                   want_y, split=[names.index(w) for w in split],
-                                   split_biases=[ln_bias[(ln, w)] for w in split])
-    got = {w: o + _bcast_row(ln_bias[(ln, w)], o.shape)
-           for w, o in zip(names, outs) if o is not None}
-    if split:
-        got[RELU] = _Split(z, split, [(*x.shape[:-1], shares[w].shape[-1]) for w in split])
-    return y, got
-
-
-#: the bias added after each projection's product: the FFN's b1, the attention biases
-#: (ModelConfig.attn_bias, present in the shares only then)
-_BIAS = {"w1": "b1", "wq_proj": "bq", "wk_proj": "bk", "wv_c": "bv"}
-
-
-def _bias_of(shares, name: str) -> AShare | None:
-    prefix, leaf = name.rsplit(".", 1)
-    return shares.get(f"{prefix}.{_BIAS[leaf]}")
-
-
-def _plus_bias(shares, name: str, o: AShare) -> AShare:
-    b = _bias_of(shares, name)
-    return o if b is None else o + _bcast_row(b, o.shape)
-
-
-def cost_ln_proj(p_cfg, cfg, B: int, names: list[str], want_y: bool, folded: bool,
-                  fused: bool) -> Cost:
-    outs = [(_width(cfg, w, folded), _proj_bits(p_cfg, w)) for w in names]
-    if fused:
-        split = [i for i, w in enumerate(names) if _feeds_relu(cfg, w, folded)]
-        return cost_layernorm_project(p_cfg, B, cfg.d_model, outs, want_y, split)
-    return cost_norm(p_cfg, cfg, B) + _cost_project(p_cfg, cfg, B, names, folded)
-
-
-def _bcast_row(v: AShare, shape) -> AShare:
-    return AShare(np.broadcast_to(v.a, shape).copy(), np.broadcast_to(v.b, shape).copy())
-
-
 def _self_step(p, cfg, w, q, k, v, st: A.PrefixState | KVCache, featured: bool = False):
     """``featured``: q, k are already the Performer features (ReLU'd split projections)."""
     if isinstance(st, KVCache):               # softmax-style: the row against the cache
@@ -354,7 +193,7 @@ def _cross_step(p, cfg, w, q, kv, featured: bool = False):
 def sublayer(p: Party, cfg: M.ModelConfig, kind: str, got: dict, w: dict, names: list[str],
              st=None) -> AShare:
     """A decode step's sublayer ``kind`` ("self", "cross", "ffn") of one layer from its
-    projections ``got`` (:func:`_project` / :func:`ln_proj`, outputs ``names``; the split
+    projections ``got`` (:func:`step_project` / :func:`ln_proj`, outputs ``names``; the split
     ones under :data:`RELU`); ``w`` the sublayer's shares, ``st`` the self attention's
     PrefixState / KVCache or the cross attention's K'^T V / CrossKV."""
     featured = RELU in got
@@ -402,7 +241,7 @@ def decoder_step(p: Party, cfg: M.ModelConfig, shares: dict, state: DecodeState,
     post, fusions = not cfg.norm_first, ln_fusions(cfg, state.fuse)
     got = {}
     if post and cfg.n_dec_layers:                  # the first layer projects its own input
-        got = _project(p, cfg, shares, x, step_names(0)["self"])
+        got = step_project(p, cfg, shares, x, step_names(0)["self"])
     for i in range(cfg.n_dec_layers):
         pre = f"dec.{i}"
         ws, wc, wf = sub(shares, f"{pre}.self"), sub(shares, f"{pre}.cross"), sub(shares, f"{pre}.ffn")
@@ -444,7 +283,7 @@ def cost_decoder_step(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int | No
     core = {**_cost_attention_cores(p_cfg, cfg, B, t, block, folded, n_enc),
             "ffn": cost_ffn_hidden(p_cfg, B, d, cfg.d_ff, cfg.ffn_act, split=True)}
     post, fusions = not cfg.norm_first, ln_fusions(cfg, fuse)
-    total = _cost_project(p_cfg, cfg, B, step_names(0)["self"], folded) if post and L else \
+    total = cost_step_project(p_cfg, cfg, B, step_names(0)["self"], folded) if post and L else \
         Cost(0, (0, 0, 0))
     for i in range(L):
         for ln, kind, j in _plan(cfg, i):

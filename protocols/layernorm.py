@@ -21,6 +21,8 @@ var + eps inside ``fxp.SQRT_INV_RANGE`` ([2^-12, 2^16]).
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from mpc3 import ring
@@ -55,6 +57,7 @@ def _stats(p: Party, x: AShare, gamma: AShare, beta: AShare, eps: float
     return xg, arith.add_public(p, var, ring.encode(np.full(var.shape, float(eps)), f))
 
 
+@functools.lru_cache(maxsize=64)
 def _inverse_d(f: int, d: int):
     """The truncations of E[x^2] (times 1/d), mu^2 (1/d^2) and (x - mu) gamma (1/d): shifts
     for d a power of two, else scaled truncations. The two per-row statistics take as many

@@ -120,7 +120,7 @@ def _sites(inner, kernel: str, n_items: int) -> list[str]:
         one = "wo"                  # the 1/n row scale rides in its truncation
     elif fn == "decoder_step" and kernel == "mul_many_aa":   # the first layer's projection
         return ["proj"] * n_items
-    elif fn == "_project":                                   # decoder: split, then plain
+    elif fn == "step_project":                          # decode step: split, then plain
         loc = inner.f_locals
         names = loc["split"] + loc["plain"] if kernel == "mul_split_aa" else loc["plain"]
         return [f"{w.rsplit('.', 1)[0]}|{'w1' if w.endswith('.w1') else 'proj'}"
