@@ -16,6 +16,7 @@ from app import generate as G
 from app import translate as T
 from protocols import calibrate as C
 from protocols import causal_lm as LM
+from protocols import ln_proj as LP
 from protocols import model as M
 from protocols import secure_model as SM
 from protocols.sites import Trace
@@ -183,14 +184,17 @@ def top2_gap(cfg, w, user, prompt, tokens):
     return min(gaps)
 
 
-@pytest.mark.parametrize("norm_first,seed", [(True, 1), (False, 3)])
-def test_secure_generation_agrees_with_plaintext_greedy(norm_first, seed):
+@pytest.mark.parametrize("norm_first,seed,fuse", [(True, 1, None), (False, 3, None),
+                                                   (False, 3, "all")])
+def test_secure_generation_agrees_with_plaintext_greedy(norm_first, seed, fuse):
     """Seeds whose greedy paths vary and keep a top-2 logit margin > 1e-2 (the secure
-    hidden rows are within 2e-3), so agreement is a real check, not luck."""
+    hidden rows are within 2e-3), so agreement is a real check, not luck. ``fuse``: the
+    session's LayerNorm fusions (lm_prefill's parameter) - the rounds change, not the
+    tokens."""
     cfg = lm_cfg(max_len=14, norm_first=norm_first)
     w, user = M.random_weights(cfg, seed), M.random_user(cfg, seed)
     prompt = np.array([[1, 5, 2, 9], [3, 3, 0, 12]])
-    be = G.LMInprocBackend(cfg, w)
+    be = G.LMInprocBackend(cfg, w, fuse=fuse)
     streamed = []
     res = G.generate(be, cfg, user, prompt, 9, on_token=lambda k, tok: streamed.append(tok))
     ref = M.greedy_generate(cfg, w, user, prompt, 9)
@@ -205,8 +209,9 @@ def test_secure_generation_agrees_with_plaintext_greedy(norm_first, seed):
         if t >= prompt.shape[1] - 1:
             assert np.max(np.abs(res.hidden[t - prompt.shape[1] + 1] - h)) < TOL
     per_token = res.step_cost.bytes_total / res.step_cost.jobs
+    chosen = LP.fusion_choice(fuse, LM.LM_FUSIONS, LM.DEFAULT_LM_FUSE, "test")
     assert per_token > 0 and res.step_cost.rounds == 8 * LM.cost_lm_step(
-        RingConfig(), cfg, 2, 4).rounds
+        RingConfig(), cfg, 2, 4, fuse=chosen).rounds
 
 
 def test_lm_jobs_refuse_misuse():

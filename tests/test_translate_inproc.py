@@ -7,6 +7,7 @@ from mpc3.sharing import reveal
 from mpc3.sim import make_parties, run_parties
 from app import translate as T
 from protocols import decoder as D
+from protocols import ln_proj as LP
 from protocols import jobs as J
 from protocols import model as M
 from protocols import textdata as TD
@@ -38,11 +39,11 @@ def test_shipped_secure_translation_agrees_with_plaintext():
     assert set(layers.rows) == {"enc.0", "enc.1", "dec.cross_kv", "dec.0", "dec.1"}
 
 
-def _small_cfg(norm_first=False):
+def _small_cfg(norm_first=False, attention=M.PERFORMER):
     return M.ModelConfig(d_model=16, n_heads=2, d_head=8, n_features=8, d_ff=32,
                          n_enc_layers=1, n_dec_layers=2, attn_c=0.125, attn_norm="mean",
                          ln_eps=1e-5, norm_first=norm_first, src_vocab=7, tgt_vocab=9,
-                         max_len=6).validate()
+                         max_len=6, attention=attention).validate()
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
@@ -84,22 +85,6 @@ def test_on_layer_hook_marks_every_layer_and_changes_nothing(norm_first):
         assert sum(e["bytes"] for e in block[1:]) == totals[t]
 
 
-def test_inproc_steps_equal_plaintext_steps():
-    cfg = _small_cfg()
-    w, user = M.random_weights(cfg, 5), M.random_user(cfg, 5)
-    be = T.InprocBackend(cfg, w)
-    src = np.array([[3, 4, 5], [6, 1, 2]])
-    x = M.embed(cfg, user["embed.src"], src)
-    be.open("s1", x, T.Traffic())
-    ref = M.RefDecodeState(cfg, w, M.ref_encoder(cfg, w, x))
-    for t, tok in enumerate([1, 4, 7]):
-        y = M.embed(cfg, user["embed.tgt"], np.full((2, 1), tok), offset=t)[:, 0]
-        got = ring.decode(be.step("s1", y, T.Traffic()))
-        np.testing.assert_allclose(got, M.ref_decoder_step(cfg, w, ref, y), atol=2e-2)
-    be.close("s1")
-    assert "s1" not in be.sessions
-
-
 def test_over_long_input_is_refused_before_any_job():
     cfg = _small_cfg()
     be = T.InprocBackend(cfg, M.random_weights(cfg))
@@ -107,3 +92,50 @@ def test_over_long_input_is_refused_before_any_job():
         be.open("s2", np.zeros((1, cfg.max_len + 1, cfg.d_model)), T.Traffic())
     with pytest.raises(ValueError, match="too long"):
         T.translate_texts(be, cfg, M.random_user(cfg), ["1234567890"])
+
+
+@pytest.mark.parametrize("fuse,attention", [(None, M.PERFORMER), ("all", M.PERFORMER),
+                                             ("none", M.PERFORMER), ("ffn, cross", M.PERFORMER),
+                                             ("all", "softmax"), ("all", "sigma-relu")])
+def test_session_fusions_change_rounds_not_the_function(fuse, attention):
+    """Every in-process decode step equals the plaintext step, and its measured rounds and
+    bytes are those declared - for each choice of decode_open's ``fuse`` parameter (None:
+    the parties' default; all: fewest rounds)."""
+    from mpc3.party import RingConfig
+    cfg = _small_cfg(attention=attention)
+    w, user = M.random_weights(cfg, 5), M.random_user(cfg, 5)
+    be = T.InprocBackend(cfg, w, fuse=fuse)
+    chosen = LP.fusion_choice(fuse, D.FUSIONS, D.DEFAULT_FUSE, "test")
+    src = np.array([[3, 4, 5], [6, 1, 2]])
+    x = M.embed(cfg, user["embed.src"], src)
+    be.open("s1", x, T.Traffic())
+    ref = M.RefDecodeState(cfg, w, M.ref_encoder(cfg, w, x))
+    for t, tok in enumerate([1, 4, 7]):
+        y = M.embed(cfg, user["embed.tgt"], np.full((2, 1), tok), offset=t)[:, 0]
+        traffic = T.Traffic()
+        got = ring.decode(be.step("s1", y, traffic))
+        np.testing.assert_allclose(got, M.ref_decoder_step(cfg, w, ref, y), atol=2e-2)
+        declared = D.cost_decoder_step(RingConfig(), cfg, 2, t, fuse=chosen, n_enc=3)
+        assert traffic.rounds == declared.rounds
+        assert tuple(traffic.bytes_per_party) == declared.bytes_per_party
+    be.close("s1")
+    assert "s1" not in be.sessions
+    if attention == M.PERFORMER:
+        # two post-LN layers: 48 rounds each unfused, 2 fewer per fused kind and layer
+        # ("self" fuses the next layer's projection into this layer's last LayerNorm: once)
+        assert declared.rounds == {(): 96, ("ffn",): 92, ("cross", "ffn"): 88,
+                                   D.FUSIONS: 86}[chosen]
+
+
+def test_unknown_fusions_are_refused_before_any_round():
+    cfg = _small_cfg()
+    x = np.zeros((1, 3, cfg.d_model))
+    for bad in ("bogus", "ffn,self,attn", 3, ""):
+        be = T.InprocBackend(cfg, M.random_weights(cfg), fuse=bad)
+        with pytest.raises(ValueError, match="fuse"):
+            be.open("s3", x, T.Traffic())
+        assert not be.sessions
+    assert LP.fusion_choice("all", D.FUSIONS, D.DEFAULT_FUSE, "t") == D.FUSIONS
+    assert LP.fusion_choice("none", D.FUSIONS, D.DEFAULT_FUSE, "t") == ()
+    assert LP.fusion_choice(" ffn , self", D.FUSIONS, D.DEFAULT_FUSE, "t") == ("self", "ffn")
+    assert LP.fusion_choice(None, D.FUSIONS, D.DEFAULT_FUSE, "t") == D.DEFAULT_FUSE

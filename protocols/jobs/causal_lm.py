@@ -13,18 +13,27 @@ Computation ``generate`` (the model's own inference; permitted by default):
 * ``lm_close`` (session, no inputs): forgets the state.
 
 The query user applies the LM head (``out.w``, ``out.b``, its own tensors) to ``H`` and picks
-the next token; only final hidden rows leave the parties, as for the translator. No
-parameters besides the session id; per-layer costs are marked (``dec.i``, ``dec.final_ln``).
+the next token; only final hidden rows leave the parties, as for the translator. Besides the
+session id, ``lm_prefill`` takes ``fuse`` (:func:`protocols.ln_proj.fusion_choice` over
+``self``, ``ffn``; default ``ffn``): the LayerNorms whose next projection the session's steps
+form in their rounds - a schedule, not a different function. Per-layer costs are marked
+(``dec.i``, ``dec.final_ln``).
 """
 from __future__ import annotations
 
-from ..causal_lm import LMState, lm_prefill, lm_step
+from ..causal_lm import DEFAULT_LM_FUSE, LM_FUSIONS, LMState, lm_prefill, lm_step
+from ..ln_proj import fusion_choice
 from .contract import DECODER_ONLY, JobContext, JobSpec, ModelView, TensorSpec
 from .transformer import check_rows, check_model
 
 
+def _session_fuse(params) -> tuple:
+    return fusion_choice(params.get("fuse"), LM_FUSIONS, DEFAULT_LM_FUSE, "lm_prefill")
+
+
 def _validate_prompt(model: ModelView, inputs: dict, params) -> None:
     check_rows(tuple(inputs["X"]), check_model(model), "X")
+    _session_fuse(params)
 
 
 def _validate_step(model: ModelView, inputs: dict, params) -> None:
@@ -33,7 +42,7 @@ def _validate_step(model: ModelView, inputs: dict, params) -> None:
 
 def run_lm_prefill(ctx: JobContext, inputs: dict) -> dict:
     h, state = lm_prefill(ctx.party, ctx.model.config, ctx.model.shares, inputs["X"],
-                          on_layer=ctx.costs.mark)
+                          on_layer=ctx.costs.mark, fuse=_session_fuse(ctx.params))
     ctx.session.state = state
     return {"H": h}
 
@@ -62,7 +71,7 @@ H_OUT = (TensorSpec("H", ("B", "d")),)
 SPECS = (
     JobSpec("lm_prefill", run_lm_prefill, (TensorSpec("X", ("B", "T", "d")),), H_OUT, _DO,
             computation="generate", validate=_validate_prompt, session="open",
-            params=("session",),
+            params=("session", "fuse"),
             doc="run the LM on an embedded prompt once; the last position's hidden row, "
                 "and the secret decode state kept in a session"),
     JobSpec("lm_step", run_lm_step, (TensorSpec("Y", ("B", "d")),), H_OUT, _DO,
