@@ -27,7 +27,7 @@ import numpy as np
 from mpc3 import ring
 from protocols import model as M
 
-from .translate import ClusterBackend, InprocBackend, Traffic
+from .translate import ClusterBackend, InprocBackend, Traffic, opening
 
 BYTE_VOCAB = 256
 
@@ -36,7 +36,7 @@ class _LMJobs:
     """The LM's session job kinds on top of a translator backend's ``_job``."""
 
     def prefill(self, session: str, x: np.ndarray, cost: Traffic, layers=None) -> np.ndarray:
-        out = self._job("lm_prefill", {"X": x}, session, cost, layers)["H"]
+        out = self._job("lm_prefill", {"X": x}, session, cost, layers, opening(self.fuse))["H"]
         self._opened(session)
         return out
 

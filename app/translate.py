@@ -99,17 +99,25 @@ class LayerCosts:
 
 
 # ------------------------------------------------------------------------ backends ----
+def opening(fuse: str | None) -> dict:
+    """The extra job parameters of a job that opens a session: its LayerNorm fusions ``fuse``
+    (None: the parties' default; :func:`protocols.ln_proj.fusion_choice`)."""
+    return {} if fuse is None else {"fuse": fuse}
+
+
 class ClusterBackend:
     """Decode sessions on a running cluster (three party processes)."""
 
     transport = "grpc"
 
-    def __init__(self, user: QueryUser, model_id: str, step_timeout: float | None = None):
+    def __init__(self, user: QueryUser, model_id: str, step_timeout: float | None = None,
+                 fuse: str | None = None):
         self.user = user
         self.model_id = model_id
         self.info = user.model(model_id)          # checks the parties hold the same upload
         self.step_timeout = step_timeout
         self.frac = user.frac
+        self.fuse = fuse
 
     def model_config(self) -> M.ModelConfig:
         import json
@@ -120,9 +128,9 @@ class ClusterBackend:
         return M.ModelConfig.from_dict(meta["model_config"])
 
     def _job(self, kind: str, inputs: dict, session: str, cost: Traffic,
-             layers: LayerCosts | None) -> dict[str, np.ndarray]:
+             layers: LayerCosts | None, params: dict | None = None) -> dict[str, np.ndarray]:
         t0 = time.perf_counter()
-        job = self.user.submit(self.model_id, kind, inputs, {"session": session},
+        job = self.user.submit(self.model_id, kind, inputs, {"session": session, **(params or {})},
                                upload_id=self.info.upload_id, allow_empty=not inputs)
         st = self.user.wait(job, timeout=self.step_timeout)
         out = self.user.fetch(job) if not kind.endswith("_close") else {}
@@ -134,7 +142,7 @@ class ClusterBackend:
         return out
 
     def open(self, session: str, x: np.ndarray, cost: Traffic, layers=None) -> None:
-        self._job("decode_open", {"X": x}, session, cost, layers)
+        self._job("decode_open", {"X": x}, session, cost, layers, opening(self.fuse))
 
     def step(self, session: str, y: np.ndarray, cost: Traffic, layers=None) -> np.ndarray:
         return self._job("decode_step", {"Y": y}, session, cost, layers)["H"]
@@ -150,21 +158,23 @@ class InprocBackend:
     transport = "inproc"
 
     def __init__(self, cfg: M.ModelConfig, weights: M.Weights, frac: int = ring.DEFAULT_FRAC,
-                 timeout: float = 120.0):
+                 timeout: float = 120.0, fuse: str | None = None):
         from net.inproc import InprocParties
         self.cfg = cfg
         self.frac = frac
+        self.fuse = fuse
         self.parties = InprocParties.for_model(cfg, weights, frac=frac, timeout=timeout)
         self.sessions: set[str] = set()
 
     def model_config(self) -> M.ModelConfig:
         return self.cfg
 
-    def _job(self, kind: str, inputs: dict, session: str, cost: Traffic, layers) -> dict:
+    def _job(self, kind: str, inputs: dict, session: str, cost: Traffic, layers,
+             params: dict | None = None) -> dict:
         dealt = {k: deal(ring.encode(np.asarray(v, dtype=np.float64), self.frac))
                  for k, v in inputs.items()}
         t0 = time.perf_counter()
-        jobs = self.parties.run(kind, {"session": session},
+        jobs = self.parties.run(kind, {"session": session, **(params or {})},
                                 [{k: v[n] for k, v in dealt.items()} for n in range(3)])
         if jobs[0].party is not None:
             cost.add_parties([(j.party.stats.bytes_sent, j.party.stats.messages,
@@ -176,7 +186,7 @@ class InprocBackend:
         return reconstruct(outs) if outs[0] else {}
 
     def open(self, session: str, x: np.ndarray, cost: Traffic, layers=None) -> None:
-        self._job("decode_open", {"X": x}, session, cost, layers)
+        self._job("decode_open", {"X": x}, session, cost, layers, opening(self.fuse))
         self.sessions.add(session)
 
     def step(self, session: str, y: np.ndarray, cost: Traffic, layers=None) -> np.ndarray:

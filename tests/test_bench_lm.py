@@ -15,7 +15,7 @@ from mpc3.sharing import deal
 from mpc3.sim import make_parties, run_parties
 from protocols import breakdown as BD
 from protocols import causal_lm as LM
-from protocols import decoder as D
+from protocols import ln_proj as LP
 from protocols.ffn import cost_activation
 from protocols.layernorm import cost_layernorm
 
@@ -89,7 +89,7 @@ def test_categories_hold_their_layers(ffn):
     fused = LM.lm_fusions(cfg)
     assert sorted(fused) == ["dec.0.ln2", "dec.1.ln2"]          # LN2 forms W1 (pre-LN)
     assert step["norm"]["bytes_total"] == 3 * ln(1) + sum(
-        D.cost_ln_proj(ring, cfg, 1, names, False, True, True).bytes_total
+        LP.cost_ln_proj(ring, cfg, 1, names, False, True, True).bytes_total
         for names in fused.values())
     assert step["ffn_act"]["bytes_total"] == 2 * act(1)
 

@@ -111,9 +111,9 @@ def run_translate(a) -> dict:
             share_transformer(cluster.cfg, "bench", cfg, w, None, *cluster.creds("owner"),
                               user=user)
             qu = QueryUser(cluster.cfg, *cluster.creds("user"), rpc_timeout=120)
-            backend = T.ClusterBackend(qu, "bench", step_timeout=600)
+            backend = T.ClusterBackend(qu, "bench", step_timeout=600, fuse=a.fuse)
         else:
-            backend = T.InprocBackend(cfg, w, timeout=600)
+            backend = T.InprocBackend(cfg, w, timeout=600, fuse=a.fuse)
         setup_s = time.perf_counter() - t_setup
         walls, runs = [], []
         for rep in range(a.repeat):
@@ -160,6 +160,7 @@ def run_translate(a) -> dict:
                    "batch_sizes": [int(b.shape[0]) for b in batches],
                    "src_lens": [int(b.shape[1]) for b in batches], "max_steps": steps,
                    "stop_at_eos": eos is not None, "repeat": a.repeat, "seed": a.seed,
+                   "fuse": a.fuse or "default",
                    "frac": 18, "trunc": "exact", "host": platform.node(),
                    "cpus": os.cpu_count(), "setup_s": round(setup_s, 3),
                    "load_avg_1m_at_end": os.getloadavg()[0]},
@@ -205,6 +206,8 @@ def _cmd(a) -> int:
 
 
 def register(bsub) -> None:
+    from protocols.decoder import FUSIONS
+    from ..cli.common import add_fuse
     p = bsub.add_parser("translate", help="secure translation end to end (encoder once + "
                         "incremental decoding)")
     p.add_argument("--model", choices=("shipped", "random"), default="shipped")
@@ -230,5 +233,6 @@ def register(bsub) -> None:
     p.add_argument("--vocab", type=int, default=256, help="random: vocabulary size")
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
+    add_fuse(p, FUSIONS)
     p.add_argument("--json", help="write the result object here")
     p.set_defaults(func=_cmd)

@@ -21,6 +21,13 @@ def add_client_creds(p: argparse.ArgumentParser) -> None:
     add_insecure(p)
 
 
+def add_fuse(p: argparse.ArgumentParser, kinds: tuple[str, ...]) -> None:
+    """``--fuse``: the session's LayerNorm fusions (decode_open / lm_prefill's ``fuse``)."""
+    p.add_argument("--fuse", default=None, help="LayerNorm fusions of the session: default, "
+                   "all (fewest rounds per token, for high-latency links; more bytes), none, "
+                   f"or a comma list of {', '.join(kinds)}")
+
+
 def load(args) -> cconf.ClusterConfig:
     cfg = cconf.load(args.config, insecure_flag=getattr(args, "insecure", False))
     if not cfg.tls:

@@ -16,7 +16,7 @@ import sys
 
 import numpy as np
 
-from .common import add_client_creds, load, load_model_file
+from .common import add_client_creds, add_fuse, load, load_model_file
 
 
 def _cmd_generate(args) -> int:
@@ -51,7 +51,8 @@ def _cmd_generate(args) -> int:
         sys.stdout.flush()
 
     with QueryUser(cfg, args.cert, args.key, rpc_timeout=args.rpc_timeout) as qu:
-        backend = LMClusterBackend(qu, args.model_id, step_timeout=args.step_timeout)
+        backend = LMClusterBackend(qu, args.model_id, step_timeout=args.step_timeout,
+                                   fuse=args.fuse)
         remote = backend.model_config()
         if remote != mcfg:
             raise TranslationError(f"model {args.model_id!r} on the cluster has another "
@@ -74,6 +75,7 @@ def _cmd_generate(args) -> int:
 
 
 def register(sub) -> None:
+    from protocols.causal_lm import LM_FUSIONS
     p = sub.add_parser("generate", help="generate text securely with a decoder-only LM on a "
                        "running cluster (streams tokens)")
     p.add_argument("prompt", nargs="?", help="text prompt (UTF-8 bytes as tokens)")
@@ -86,6 +88,7 @@ def register(sub) -> None:
                    help="seconds one job (prefill or step) may take")
     p.add_argument("--rpc-timeout", type=float, default=30.0)
     p.add_argument("--quiet", action="store_true", help="print the text at the end only")
+    add_fuse(p, LM_FUSIONS)
     add_client_creds(p)
     p.set_defaults(func=_cmd_generate)
 

@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 from ..localcluster import temporary_cluster
-from .common import add_client_creds, load
+from .common import add_client_creds, add_fuse, load
 
 DEMO_INPUTS = 5
 DEMO_SEED = 2024
@@ -84,7 +84,8 @@ def _cmd_translate(args) -> int:
     cfg = load(args)
     mcfg, user, vocab, _ = _user_side(args.model)
     with QueryUser(cfg, args.cert, args.key, rpc_timeout=args.rpc_timeout) as qu:
-        backend = ClusterBackend(qu, args.model_id, step_timeout=args.step_timeout)
+        backend = ClusterBackend(qu, args.model_id, step_timeout=args.step_timeout,
+                                 fuse=args.fuse)
         remote = backend.model_config()
         if remote != mcfg:
             raise TranslationError(f"model {args.model_id!r} on the cluster has another "
@@ -172,6 +173,7 @@ def _cmd_demo(args) -> int:
 
 
 def register(sub) -> None:
+    from protocols.decoder import FUSIONS
     from protocols.textdata import SHIPPED_LMS
     p = sub.add_parser("translate", help="translate text securely on a running cluster")
     p.add_argument("text", nargs="+", help="input(s), e.g. 4096")
@@ -182,6 +184,7 @@ def register(sub) -> None:
                    help="seconds one job (encoder or step) may take")
     p.add_argument("--rpc-timeout", type=float, default=30.0)
     p.add_argument("--quiet", action="store_true", help="no per-token progress")
+    add_fuse(p, FUSIONS)
     add_client_creds(p)
     p.set_defaults(func=_cmd_translate)
 
