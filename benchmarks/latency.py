@@ -8,6 +8,8 @@
    same three setups, ``--tokens`` decoding steps each; per-token wall, rounds and bytes.
 
     python benchmarks/latency.py --json benchmarks/results/latency.json
+    python benchmarks/latency.py --skip-rounds --fuse all --json \
+        benchmarks/results/latency_fuse_all.json     # decode: default beside fuse all
 
 Every number is read from the JSON the ``mpc3 bench`` commands write (the parties' own
 counters); the load average at start and end is recorded because other jobs on a shared
@@ -57,14 +59,18 @@ def per_round(pairs: int, repeat: int) -> dict:
     return out
 
 
-def decode(tokens: int) -> dict:
+def decode(tokens: int, fuse: str | None = None) -> dict:
+    """Per setup, one translate run; with ``fuse`` a second one with the sessions' fusions
+    ``fuse`` right after it (key ``<setup>/fuse-<fuse>``), so the pair shares its load."""
     out = {}
     for setup, flags in SETUPS.items():
-        r = _bench(["translate", "--model", "random", "--src-len", "64", "--tokens", str(tokens),
-                    *flags])
-        out[setup] = {k: r[k] for k in ("per_token_wall_s", "per_token_rounds",
-                                        "per_token_bytes", "token_agreement", "max_abs_err")}
-        out[setup]["ms_per_round"] = 1e3 * r["per_token_wall_s"] / r["per_token_rounds"]
+        for choice in (None, fuse) if fuse else (None,):
+            r = _bench(["translate", "--model", "random", "--src-len", "64", "--tokens",
+                        str(tokens), *flags, *(["--fuse", choice] if choice else [])])
+            key = setup if choice is None else f"{setup}/fuse-{choice}"
+            out[key] = {k: r[k] for k in ("per_token_wall_s", "per_token_rounds",
+                                          "per_token_bytes", "token_agreement", "max_abs_err")}
+            out[key]["ms_per_round"] = 1e3 * r["per_token_wall_s"] / r["per_token_rounds"]
     return out
 
 
@@ -73,14 +79,19 @@ def main(argv=None) -> None:
     ap.add_argument("--pairs", type=int, default=5, help="interleaved op runs of each setup")
     ap.add_argument("--repeat", type=int, default=20, help="repeats inside each op run")
     ap.add_argument("--tokens", type=int, default=8, help="decoding steps per translate run")
+    ap.add_argument("--fuse", default=None, help="also decode with these session fusions "
+                    "(decode_open's fuse, e.g. all), each run beside the default one")
+    ap.add_argument("--skip-rounds", action="store_true", help="decode only (no per-round "
+                    "op runs)")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args(argv)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True, cwd=Path(__file__).parent).stdout.strip()
     result = {"benchmark": "latency", "commit": commit, "cpus": os.cpu_count(),
               "load_avg_1m_at_start": os.getloadavg()[0], "started": time.strftime("%F %T")}
-    result["per_round"] = per_round(a.pairs, a.repeat)
-    result["decode_step"] = decode(a.tokens)
+    if not a.skip_rounds:
+        result["per_round"] = per_round(a.pairs, a.repeat)
+    result["decode_step"] = decode(a.tokens, a.fuse)
     result["load_avg_1m_at_end"] = os.getloadavg()[0]
     text = json.dumps(result, indent=2)
     print(text)

@@ -13,6 +13,7 @@ from mpc3.party import RingConfig
 from protocols import attention as A
 from protocols import causal_lm as LM
 from protocols import decoder as D
+from protocols import ln_proj as LP
 from protocols import model as M
 from protocols.classifier import cost_argmax, cost_classify
 from protocols.encoder import cost_encoder
@@ -86,6 +87,19 @@ def translator_rows() -> list[tuple]:
     return rows
 
 
+def fusion_rows() -> list[tuple]:
+    """The translator's token at the Table 2 shape (6+6 layers, post-LN, relu-performer,
+    source 64, mean of t < 64) for each session fusion choice (decode_open's ``fuse``)."""
+    cfg = _cfg(TABLE2, norm_first=False, max_len=65, n_enc_layers=6, n_dec_layers=6,
+               src_vocab=256, tgt_vocab=256)
+    rows = []
+    for fuse in ("none", "default", "cross,ffn", "self,ffn", "all"):
+        kinds = LP.fusion_choice(fuse, D.FUSIONS, D.DEFAULT_FUSE, "model_costs")
+        steps = [D.cost_decoder_step(RC, cfg, 1, t, fuse=kinds) for t in range(64)]
+        rows.append((fuse, steps[0].rounds, _mb(np.mean([c.bytes_total for c in steps]))))
+    return rows
+
+
 #: docs/MODELS.md's normalization / AERO table: (attention, norm, FFN, AERO preset options)
 NORM_ROWS = (("softmax", "layernorm", "gelu", None), ("softmax", "batchnorm", "gelu", None),
              ("softmax", "none", "gelu", None), ("softmax", "layernorm", "relu", None),
@@ -117,6 +131,9 @@ def main() -> None:
     print("\n| attention, norm, FFN | rounds prefill / token | bytes prefill / token |\n"
           "|---|---|---|")
     for name, rounds, nbytes in norm_rows():
+        print(f"| {name} | {rounds} | {nbytes} |")
+    print("\n| translator token, Table 2 shape: session fuse | rounds | bytes |\n|---|---|---|")
+    for name, rounds, nbytes in fusion_rows():
         print(f"| {name} | {rounds} | {nbytes} |")
 
 

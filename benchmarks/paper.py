@@ -145,10 +145,11 @@ def run_points(pts: list[dict], nets: list[str], out: Path, force: bool, repeat:
                 bar.step(label)
 
 
-def translate_e2e(rc, tokens: int, d: dict, seed: int = 0) -> dict:
+def translate_e2e(rc, tokens: int, d: dict, seed: int = 0, fuse: str | None = None) -> dict:
     """The real secure translation as the query user runs it (app/translate.py: encoder +
     cross-attention job, then one job per token, user-side embedding/projection), random
-    weights of the given shape, ``tokens`` source tokens and exactly ``tokens`` steps."""
+    weights of the given shape, ``tokens`` source tokens and exactly ``tokens`` steps;
+    ``fuse``: the decode sessions' LayerNorm fusions (None: the parties' default)."""
     from app import translate as T
     from app.owner import share_transformer
     from net.client import QueryUser
@@ -164,7 +165,7 @@ def translate_e2e(rc, tokens: int, d: dict, seed: int = 0) -> dict:
     model_id = f"e2e-{tokens}-{d['d_model']}-{d['layers']}"
     share_transformer(rc.cfg, model_id, cfg, w, None, *rc.creds("owner"), user=user)
     with QueryUser(rc.cfg, *rc.creds("user"), rpc_timeout=600) as qu:
-        backend = T.ClusterBackend(qu, model_id, step_timeout=3600)
+        backend = T.ClusterBackend(qu, model_id, step_timeout=3600, fuse=fuse)
         t0 = time.perf_counter()
         res = T.decode_batch(backend, cfg, user, src, 1, None, tokens)
         wall = time.perf_counter() - t0
@@ -177,7 +178,8 @@ def translate_e2e(rc, tokens: int, d: dict, seed: int = 0) -> dict:
     return {"workload": "translate-e2e", **rc.network,
             "params": {"seq": tokens, "d_model": d["d_model"], "heads": d["heads"],
                        "features": d["features"], "d_ff": d["d_ff"], "layers": d["layers"],
-                       "batch": 1, "tokens": tokens, "attn_norm": "mean"},
+                       "batch": 1, "tokens": tokens, "attn_norm": "mean",
+                       "fuse": fuse or "default"},
             "wall_s": {"min": wall, "median": wall}, "parties_wall_s": total.wall_s,
             "open_wall_s": res.open_cost.wall_s, "steps_wall_s": res.step_cost.wall_s,
             "client_round_trips_s": tokens * rtt, "total_with_client_rtt_s": wall + tokens * rtt,
@@ -186,28 +188,34 @@ def translate_e2e(rc, tokens: int, d: dict, seed: int = 0) -> dict:
             "max_abs_err": err}
 
 
-def run_e2e(nets: list[str], out: Path, quick: bool, force: bool) -> None:
+def run_e2e(nets: list[str], out: Path, quick: bool, force: bool,
+            fuse: str | None = None) -> None:
+    """The end-to-end translation per net; with ``fuse`` (not the default fusions) its points
+    are experiment ``translate-e2e-fuse-<fuse>`` beside the default ones (the report reads
+    the default ones)."""
     from app.bench.remote import RemoteCluster
     pdir = out / "points"
     pdir.mkdir(parents=True, exist_ok=True)
     tokens, d = (4, _cfg(True)) if quick else (64, _cfg(False))
-    todo = [n for n in nets if force or not (pdir / f"translate-e2e_{n}.json").exists()]
+    exp = "translate-e2e" if fuse in (None, "default") else \
+        f"translate-e2e-fuse-{fuse.replace(',', '+')}"
+    todo = [n for n in nets if force or not (pdir / f"{exp}_{n}.json").exists()]
     bar = Progress(len(todo))
     for net in todo:
         bar.show(f"starting cluster, net {net}")
         with RemoteCluster(net, quiet=True) as rc:
             bar.show(f"{net} translate-e2e warm-up")
             translate_e2e(rc, 2, dict(d_model=8, heads=2, features=4, d_ff=8, layers=1))
-            bar.show(f"{net} translate-e2e {tokens} tokens")
+            bar.show(f"{net} {exp} {tokens} tokens")
             try:
-                r = translate_e2e(rc, tokens, d)
+                r = translate_e2e(rc, tokens, d, fuse=fuse)
             except Exception as exc:  # noqa: BLE001 - record the failure, go on
                 if not rc.alive:
                     raise
                 r = {"workload": "translate-e2e", "net": net, "error": repr(exc)[:500]}
-            r.update(experiment="translate-e2e", **_provenance())
-            (pdir / f"translate-e2e_{net}.json").write_text(json.dumps(r, indent=2) + "\n")
-        bar.step(f"{net} translate-e2e")
+            r.update(experiment=exp, **_provenance())
+            (pdir / f"{exp}_{net}.json").write_text(json.dumps(r, indent=2) + "\n")
+        bar.step(f"{net} {exp}")
 
 
 def _provenance() -> dict:
@@ -443,17 +451,21 @@ def _translate_md(pts) -> list[str]:
                  f"{_s(est[net]['total_s']) + ' s' if net in est else '-'} | "
                  f"{_s(PAPER_TRANSLATE[net]) + ' s' if net in PAPER_TRANSLATE else '-'} | "
                  f"{'<= ' + _s(TARGET_TRANSLATE[net]) + ' s' if net in TARGET_TRANSLATE else '-'} |")
-    e2e = [p for p in pts if p.get("experiment") == "translate-e2e" and "error" not in p]
+    e2e = [p for p in pts if p.get("experiment", "").startswith("translate-e2e")
+           and "error" not in p]
     if e2e:
         L += ["", "End to end as the query user runs it (`app/translate.py`: the encoder + "
               "cross-attention job, then one job per token with the user's local embedding, "
               "projection and greedy choice; random weights, attn_norm mean), timed by the "
               "client. Client RPCs travel on an unshaped link, so tokens x RTT is added for "
-              "a client that sits on the emulated network too.", "",
-              "| net | tokens | client wall s | on parties s (open + steps) | + tokens x RTT | "
-              "comm MB | rounds | jobs | max abs err |", "|" + "---|" * 9]
-        for p in sorted(e2e, key=lambda p: _nets(e2e).index(p["net"])):
-            L.append(f"| {p['net']} | {p['params']['tokens']} | {_s(p['wall_s']['min'])} | "
+              "a client that sits on the emulated network too. fuse: the decode sessions' "
+              "LayerNorm fusions (`--fuse`; all: fewer rounds, more bytes).", "",
+              "| net | fuse | tokens | client wall s | on parties s (open + steps) | "
+              "+ tokens x RTT | comm MB | rounds | jobs | max abs err |", "|" + "---|" * 10]
+        order = _nets(e2e)
+        for p in sorted(e2e, key=lambda p: (order.index(p["net"]), p["experiment"])):
+            L.append(f"| {p['net']} | {p['params'].get('fuse', 'default')} | "
+                     f"{p['params']['tokens']} | {_s(p['wall_s']['min'])} | "
                      f"{_s(p['parties_wall_s'])} ({_s(p['open_wall_s'])} + "
                      f"{_s(p['steps_wall_s'])}) | {_s(p['total_with_client_rtt_s'])} | "
                      f"{_mb(p['bytes_total'])} | {p['rounds']} | {p['jobs']} | "
@@ -611,6 +623,9 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=1, help="runs per point (min is reported)")
     ap.add_argument("--force", action="store_true", help="re-run points that have JSON")
     ap.add_argument("--report-only", action="store_true", help="only rebuild report and plots")
+    ap.add_argument("--fuse", default=None, help="translate-e2e: the decode sessions' "
+                    "LayerNorm fusions (default, all, none or a comma list of self, cross, "
+                    "ffn); other than default, points go to translate-e2e-fuse-<fuse>_<net>")
     a = ap.parse_args(argv)
     only = {x.strip() for x in a.only.split(",") if x.strip()}
     if only - set(EXPERIMENTS):
@@ -621,7 +636,7 @@ def main(argv=None) -> int:
     if not a.report_only:
         run_points(plan(a.quick, only), nets, out, a.force, a.repeat)
         if "translate-e2e" in only:
-            run_e2e(nets, out, a.quick, a.force)
+            run_e2e(nets, out, a.quick, a.force, a.fuse)
     pts = load_points(out)
     links = {}
     for f in sorted(out.glob("paper_links_*.json")):
