@@ -5,7 +5,7 @@ tests/test_kernel_catalog.py.)"""
 import numpy as np
 import pytest
 
-from conftest import Run, share, value
+from conftest import Run, failure_allowance, share, value
 from mpc3 import ring
 from mpc3.kernels import activations as act
 from mpc3.party import RingConfig
@@ -58,9 +58,10 @@ def test_error_bound_over_dense_grid_and_range(mode, method, rng):
                            t - 2.0 ** -12, sweep, -sweep, [lim, -lim],
                            rng.uniform(-lim, lim, 2000)]))
     err = np.abs(_gelu(x, mode, method) - act.gelu_ref(x))
-    # prob: documented failures, measured segments 4 in 4e5 elements of [-6, 6] (mean 0.44
-    # here), cheb 2 in 4e4
-    failures = 6 if mode == "prob" else 0
+    # prob: documented failures (GELU_PROB_FAILURE per element on the polynomial), measured
+    # here over 30 runs: segments mean 0.43 (max 2), cheb mean 2.0 (max 6; a CI run met 8)
+    n_poly = int((np.abs(x) < T).sum())
+    failures = failure_allowance(n_poly, act.GELU_PROB_FAILURE[method]) if mode == "prob" else 0
     assert (err > act.GELU_ERROR[mode]).sum() <= failures, (x[err.argmax()], err.max())
     if mode == "exact":
         assert 3e-4 < err.max() < 5e-4                 # the claim is not vacuous

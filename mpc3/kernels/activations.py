@@ -83,6 +83,10 @@ GELU_BREAKS = (-4.0, -1.5625, 0.0, 1.5625, 4.0)
 GELU_SCALES = {"exact": (2, 16), "prob": (0, 14)}
 #: Error claim on the range (absolute), per truncation mode (prob: excluding its failures).
 GELU_ERROR = {"exact": 6e-4, "prob": 6e-4}
+#: "prob" mode's failure probability per element on the polynomial's range (|x| below the
+#: method's outermost threshold), an upper bound (see the scales above and
+#: :data:`GELU_CHEB_SCALES`); a failure is a garbage value, documented, not prevented.
+GELU_PROB_FAILURE = {"segments": 1e-4, "cheb": 2e-4}
 #: The quartics are fitted this far beyond each segment (DReLU's either-answer region).
 _FIT_MARGIN = 2.0 ** -10
 
