@@ -78,6 +78,10 @@ PRODUCT_BITS = {"exact": 60, "prob": 48}
 SQRT_INV_RANGE = (2.0 ** LOG_LO, 2.0 ** LOG_HI)
 RECIPROCAL_RANGE = (2.0 ** LOG_LO, 2.0 ** LOG_HI)
 EXP_RANGE = (-48.0, 9.5)
+#: "prob" mode's failure probability per element on the range, an upper bound (the worst
+#: case of the docstring's figures: sqrt_inv at 2^-12, exp at 9.5); a failure is a garbage
+#: value, documented, not prevented.
+PROB_FAILURE = {"sqrt_inv": 2e-4, "reciprocal": 2.0 ** -18, "exp": 5e-5}
 #: Error claims on those ranges (module docstring), by truncation mode: (rel, ulps) means
 #: |out - y| <= rel * |y| + ulps * 2^-frac. For exp: ulps bounds the error on [lo, 0], rel
 #: the relative error on [0, hi] (so the (rel, ulps) form holds everywhere too).
