@@ -1,12 +1,13 @@
-"""Measure Z_2^64 matmul strategies (reproduces the table in mpc3/ring.py).
+"""Measure Z_2^64 matmul strategies (reproduces the tables in mpc3/ringmm.py).
 
     python benchmarks/ring_matmul.py [--reps N]
 
 Columns: milliseconds, best of --reps; "1x" = one call, "x3" = wall time of
-a round in which three threads each make one call concurrently (like the
-3-party simulator).
-Strategies: numpy integer matmul, numba serial / parallel kernels, float64
-BLAS on 3 balanced 22-bit limbs, and the dispatching ``mpc3.ring.matmul``.
+a round in which three threads each make one call concurrently, each on its own copy of
+the operands (like the 3-party simulator, whose parties hold different shares).
+Strategies: numpy integer matmul, numba serial / parallel kernels by row pairs and by
+column tiles (``mpc3.ringmm``), float64 BLAS on 3 balanced 22-bit limbs, and the
+dispatching ``mpc3.ring.matmul``.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from typing import Callable
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from mpc3 import ring  # noqa: E402
+from mpc3 import ring, ringmm  # noqa: E402
 
 Fn = Callable[[np.ndarray, np.ndarray], np.ndarray]
 LIMB, KCHUNK = 22, 2048  # |limb| <= 2^21 -> |partial dot| <= 2^42 * 2048 = 2^53
@@ -30,14 +31,17 @@ def numpy_int(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.matmul(a.view(np.int64), b.view(np.int64)).view(np.uint64)
 
 
-def _numba(parallel: bool) -> Fn:
+def _numba(parallel: bool, tiled: bool = False) -> Fn:
     def f(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        serial, par = ring._kernels()
+        _, serial, par, tser, tpar = ringmm._kernels()
         nb = max(a.shape[0] if a.ndim == 3 else 1, b.shape[0] if b.ndim == 3 else 1)
         A = np.ascontiguousarray(np.broadcast_to(a.view(np.int64), (nb, *a.shape[-2:])))
         B = np.ascontiguousarray(np.broadcast_to(b.view(np.int64), (nb, *b.shape[-2:])))
         C = np.zeros((nb, a.shape[-2], b.shape[-1]), np.int64)
-        (par if parallel else serial)(A, B, C)
+        if tiled:
+            (tpar if parallel else tser)(A, B, C, ringmm.TILE_COLS)
+        else:
+            (par if parallel else serial)(A, B, C)
         return C.view(np.uint64).reshape(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + C.shape[1:])
     return f
 
@@ -80,16 +84,17 @@ def t_single(f: Fn, a: np.ndarray, b: np.ndarray, reps: int) -> float:
 
 
 def t_three(f: Fn, a: np.ndarray, b: np.ndarray, reps: int) -> float:
-    """Best wall time of a round in which 3 threads each call f once."""
+    """Best wall time of a round in which 3 threads each call f once on their own copies."""
     best = float("inf")
+    ops = [(a.copy(), b.copy()) for _ in range(3)]
     for _ in range(reps):
         barrier = threading.Barrier(3)
 
-        def run() -> None:
+        def run(i: int) -> None:
             barrier.wait()
-            f(a, b)
+            f(*ops[i])
 
-        threads = [threading.Thread(target=run) for _ in range(3)]
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
         t = time.perf_counter()
         for th in threads:
             th.start()
@@ -104,11 +109,13 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
     rng = np.random.default_rng(0)
-    shapes = [(1, 64, 512, 2048), (1, 64, 2048, 512), (1, 64, 512, 512), (8, 512, 64, 64), (1, 1, 512, 512)]
+    shapes = [(1, 64, 512, 4768), (1, 64, 512, 2048), (1, 64, 2048, 512), (1, 64, 512, 512), (8, 512, 64, 64), (1, 1, 512, 512)]
     strategies: dict[str, Fn] = {
         "numpy-int": numpy_int,
         "numba-ser": _numba(False),
         "numba-par": _numba(True),
+        "tiled-ser": _numba(False, True),
+        "tiled-par": _numba(True, True),
         "blas-limbs": blas_limbs,
         "ring.matmul": ring.matmul,
     }

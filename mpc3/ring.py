@@ -23,71 +23,26 @@ Conventions
 
 Ring matmul
 -----------
-:func:`matmul` computes ``(a @ b) mod 2^64`` exactly with ``np.matmul``
-shape semantics (2-D, batched/broadcast ``(..., M, K) @ (..., K, N)``, 1-D
-vectors).  Three strategies were measured (``benchmarks/ring_matmul.py``):
-
-1. numpy integer matmul (no BLAS for integers; naive loops);
-2. numba kernels over int64 (wrapping multiply == multiply mod 2^64), loop
-   order i-k-j with a contiguous, AVX-512-vectorised inner j loop; each work
-   unit computes two output rows (sharing the loads of B) and unrolls k by 4
-   (each output row is loaded/stored once per 4 multiply-adds).  This 2x4
-   register blocking was 1.6x faster than plain i-k-j; 4-row and j-blocked
-   variants were slower.  A serial (``nogil``) kernel and a ``parallel=True``
-   kernel (prange over work units) share the unit code;
-3. float64 BLAS on 3 balanced 22-bit limbs (6 limb-pair GEMMs with i+j <= 2,
-   stacked along N, every partial dot product an exact integer < 2^53 for
-   K <= 2048, K chunked beyond), converted back and shift-added mod 2^64.
-
-Measured on the 2-core machine (Xeon, AVX-512 incl. DQ, 2.3 GHz, OpenBLAS
-0.3.31), milliseconds, "x3" = wall time of a round in which 3 threads each
-call concurrently (the 3-party simulator).  Quiet machine, first prototype
-(plain i-k-j numba kernels, 2-D BLAS limbs)::
-
-    M x K x N          numpy-int   numba-ser   numba-par   blas-limbs
-                       1x  / x3    1x  / x3    1x  / x3    1x  / x3
-    64 x 512 x 2048    186 / 260   20.7 / 34.5 10.2 / 34.3  25 / 188
-    64 x 2048 x 512    279 / 300   20.7 / 35.1 11.1 / 33.3  37 / 152
-    64 x 512 x 512      30 / 49     4.3 / 8.8   2.1 / 8.4  5.8 / 24
-    512 x 64 x 64      1.0 / 3.4   0.49 / 1.1  0.26 / 1.8  0.8 / 3.5
-    1 x 512 x 512     0.50 / 1.8   0.07 / 0.38 0.08 / 2.0  3.5 / 19
-
-Final kernels, ``python benchmarks/ring_matmul.py --reps 7`` (best of 7;
-NOTE: run while other jobs kept the load average at 3-5, so the x3 column
-and the parallel kernel are pessimistic/noisy)::
-
-    B x M x K x N       numpy-int    numba-ser    numba-par    blas-limbs
-    1 x 64 x 512 x 2048  160 / 454   12.1 / 39.1  11.3 / 32.8   135 / 334
-    1 x 64 x 2048 x 512  274 / 705   12.5 / 37.5  15.3 / 34.6   114 / 314
-    1 x 64 x 512 x 512    36 / 87     3.2 / 10.9   2.7 / 7.7     80 / 46
-    8 x 512 x 64 x 64    7.9 / 24.6   3.2 / 12.2   3.2 / 14.2   206 / 712
-    1 x 1 x 512 x 512   0.77 / 2.8   0.07 / 8.2*  0.08 / 1.0    21 / 72
-    (* scheduler noise; 0.4 ms on the quiet machine)
-
-The BLAS path loses: limb splitting/conversion costs as much as the GEMMs and
-OpenBLAS's own threads oversubscribe the 2 cores when 3 parties call at once
-(and when anything else runs).  The int64 kernels are bound by vpmullq
-throughput (serial: ~0.4 cycle per 64-bit multiply-add).  Chosen strategy:
-numba integer kernels; the parallel kernel only for products with at least
-``PARALLEL_MIN_MACS`` = 2^25 multiply-adds (large: it wins single-call and
-ties under 3 concurrent callers), the serial GIL-free kernel otherwise (it
-wins under 3 concurrent callers, and for small shapes thread launch dominates).
-Kernels are compiled lazily on first use and cached on disk (``cache=True``);
-importing this module does not import numba.
+:func:`matmul` computes ``(a @ b) mod 2^64`` exactly with ``np.matmul`` shape semantics
+(2-D, batched/broadcast ``(..., M, K) @ (..., K, N)``, 1-D vectors); its numba kernels,
+their measurements and the choice among them are in :mod:`mpc3.ringmm`.
 """
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any, Callable
 
 import numpy as np
+
+from .ringmm import NOGIL_MIN_WORK, PARALLEL_MIN_MACS, jit_pair, ring_matmul
 
 __all__ = [
     "RING_BITS",
     "DTYPE",
     "DEFAULT_FRAC",
     "PARALLEL_MIN_MACS",
+    "NOGIL_MIN_WORK",
+    "jit_pair",
     "check_ring",
     "to_signed",
     "from_signed",
@@ -107,8 +62,6 @@ __all__ = [
 RING_BITS: int = 64
 DTYPE: np.dtype = np.dtype(np.uint64)
 DEFAULT_FRAC: int = 18
-#: Products with at least this many multiply-adds use the multi-threaded kernel.
-PARALLEL_MIN_MACS: int = 1 << 25
 
 _ENCODE_LIMIT = float(2**62)
 
@@ -156,156 +109,9 @@ def decode(x: np.ndarray, frac: int = DEFAULT_FRAC) -> np.ndarray:
     return to_signed(x).astype(np.float64) / float(2**frac)
 
 
-# --------------------------------------------------------------------------- #
-# matmul kernels (pure Python source, compiled lazily by numba)
-# --------------------------------------------------------------------------- #
-_prange = range  # replaced by numba.prange when the kernels are compiled
-
-
-def _mm_unit(A: np.ndarray, B: np.ndarray, C: np.ndarray, t: int) -> None:  # pragma: no cover
-    """Work unit ``t``: output rows i, i+1 of batch bi (two rows share B loads).
-
-    int64 arithmetic wraps, so this is exact mod 2^64.  Loop order i-k-j with a
-    contiguous (vectorised) j loop; k is unrolled by 4 so each output row is
-    loaded/stored once per 4 multiply-adds.
-    """
-    M, K = A.shape[1], A.shape[2]
-    N = B.shape[2]
-    units = (M + 1) // 2
-    bi = t // units
-    i = 2 * (t - bi * units)
-    b = B[bi]
-    a = A[bi, i]
-    c = C[bi, i]
-    K4 = K - K % 4
-    if i + 1 < M:
-        e = A[bi, i + 1]
-        d = C[bi, i + 1]
-        for k in range(0, K4, 4):
-            a0, a1, a2, a3 = a[k], a[k + 1], a[k + 2], a[k + 3]
-            e0, e1, e2, e3 = e[k], e[k + 1], e[k + 2], e[k + 3]
-            b0, b1, b2, b3 = b[k], b[k + 1], b[k + 2], b[k + 3]
-            for j in range(N):
-                x0, x1, x2, x3 = b0[j], b1[j], b2[j], b3[j]
-                c[j] += a0 * x0 + a1 * x1 + a2 * x2 + a3 * x3
-                d[j] += e0 * x0 + e1 * x1 + e2 * x2 + e3 * x3
-        for k in range(K4, K):
-            a0, e0, b0 = a[k], e[k], b[k]
-            for j in range(N):
-                c[j] += a0 * b0[j]
-                d[j] += e0 * b0[j]
-    else:
-        for k in range(0, K4, 4):
-            a0, a1, a2, a3 = a[k], a[k + 1], a[k + 2], a[k + 3]
-            b0, b1, b2, b3 = b[k], b[k + 1], b[k + 2], b[k + 3]
-            for j in range(N):
-                c[j] += a0 * b0[j] + a1 * b1[j] + a2 * b2[j] + a3 * b3[j]
-        for k in range(K4, K):
-            a0, b0 = a[k], b[k]
-            for j in range(N):
-                c[j] += a0 * b0[j]
-
-
-_mm_unit_jit = _mm_unit  # replaced by the compiled unit kernel
-
-
-def _mm_serial(A: np.ndarray, B: np.ndarray, C: np.ndarray) -> None:  # pragma: no cover
-    """C[b] += A[b] @ B[b] for int64 (nb, M, K), (nb, K, N), (nb, M, N) C-arrays."""
-    for t in range(A.shape[0] * ((A.shape[1] + 1) // 2)):
-        _mm_unit_jit(A, B, C, t)
-
-
-def _mm_parallel(A: np.ndarray, B: np.ndarray, C: np.ndarray) -> None:  # pragma: no cover
-    """Same as :func:`_mm_serial`, work units distributed over threads."""
-    for t in _prange(A.shape[0] * ((A.shape[1] + 1) // 2)):
-        _mm_unit_jit(A, B, C, t)
-
-
-#: Compiled kernels release the GIL only for calls of at least this much work (multiply-adds,
-#: elements): a short call that releases it hands the GIL to another party thread of the
-#: same process and then waits for it to come back (in-process parties, the GIL's convoy
-#: effect), which costs more than the call; a long one should let the others run meanwhile.
-NOGIL_MIN_WORK: int = 1 << 15
-
-
-def jit_pair(func: Callable[..., None], **flags) -> tuple[Callable[..., None], ...]:
-    """(GIL-holding, GIL-releasing) numba compilations of ``func`` (disk-cached under two
-    names: numba's cache key ignores the nogil flag)."""
-    import types
-
-    import numba
-
-    twin = types.FunctionType(func.__code__, func.__globals__, func.__name__ + "_nogil",
-                              func.__defaults__, func.__closure__)
-    twin.__qualname__ = func.__qualname__ + "_nogil"
-    return (numba.njit(cache=True, **flags)(func),
-            numba.njit(cache=True, nogil=True, **flags)(twin))
-
-
-@functools.cache
-def _kernels() -> tuple[Callable[..., None], Callable[..., None], Callable[..., None]]:
-    """Import numba and wrap the kernels (compiled on first call, disk-cached): serial
-    holding the GIL, serial releasing it, parallel."""
-    import numba
-
-    g = globals()
-    g["_prange"] = numba.prange
-    g["_mm_unit_jit"] = numba.njit(cache=True, nogil=True)(_mm_unit)
-    serial_gil, serial = jit_pair(_mm_serial)
-    parallel = numba.njit(cache=True, nogil=True, parallel=True)(_mm_parallel)
-    return serial_gil, serial, parallel
-
-
-def _kernel_arg(x: np.ndarray, shape: tuple[int, ...] | None = None) -> np.ndarray:
-    """Broadcast to ``shape`` and return a C-contiguous, writable int64 view."""
-    if shape is not None and x.shape != shape:
-        x = np.broadcast_to(x, shape)
-    x = np.ascontiguousarray(x)
-    if not x.flags.writeable:  # keep a single numba signature (no readonly arrays)
-        x = x.copy()
-    return x.view(np.int64)
-
-
 def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Exact ``(a @ b) mod 2^64`` for uint64 arrays, with ``np.matmul`` shapes."""
-    check_ring(a, "a")
-    check_ring(b, "b")
-    if a.ndim == 0 or b.ndim == 0:
-        raise ValueError("matmul: operands must be at least 1-D")
-    a_vec, b_vec = a.ndim == 1, b.ndim == 1
-    a2 = a[None, :] if a_vec else a
-    b2 = b[:, None] if b_vec else b
-    M, K = a2.shape[-2:]
-    K2, N = b2.shape[-2:]
-    if K != K2:
-        raise ValueError(f"matmul: shape mismatch {a.shape} @ {b.shape}")
-
-    if b2.ndim == 2:
-        # Shared right operand: fold the batch of ``a`` into its rows.
-        batch = a2.shape[:-2]
-        A3 = _kernel_arg(a2.reshape(1, math.prod(batch) * M, K))
-        B3 = _kernel_arg(b2)[None]
-    else:
-        batch = np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
-        nb = math.prod(batch)
-        A3 = _kernel_arg(a2, (*batch, M, K)).reshape(nb, M, K)
-        B3 = _kernel_arg(b2, (*batch, K, N)).reshape(nb, K, N)
-
-    C3 = np.zeros((B3.shape[0], A3.shape[1], N), dtype=np.int64)
-    rows = C3.shape[0] * C3.shape[1]
-    if rows and N and K:
-        serial_gil, serial, parallel = _kernels()
-        macs = rows * K * N
-        kernel = (parallel if rows > 1 and macs >= PARALLEL_MIN_MACS else
-                  serial if macs >= NOGIL_MIN_WORK else serial_gil)
-        kernel(A3, B3, C3)
-
-    out = C3.view(DTYPE).reshape(*batch, M, N)
-    if a_vec:
-        out = out[..., 0, :]
-    if b_vec:
-        out = out[..., 0]
-    return out
+    return ring_matmul(check_ring(a, "a"), check_ring(b, "b"))
 
 
 # --------------------------------------------------------------------------- #

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mpc3 import ring
+from mpc3 import ring, ringmm
 from mpc3.ring import (
     DEFAULT_FRAC,
     DTYPE,
@@ -75,11 +75,25 @@ def test_matmul_shapes_like_numpy(sa, sb):
 
 
 def test_matmul_large_uses_parallel_kernel(monkeypatch):
-    monkeypatch.setattr(ring, "PARALLEL_MIN_MACS", 1)
+    monkeypatch.setattr(ringmm, "PARALLEL_MIN_MACS", 1)
     a, b = rand_ring(2, 11, 37), rand_ring(2, 37, 6)
     np.testing.assert_array_equal(matmul(a, b), ref_matmul(a, b))
     a, b = rand_ring(33, 2100), rand_ring(2100, 5)
     np.testing.assert_array_equal(matmul(a, b), ref_matmul(a, b))
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_matmul_column_tiles_match_bigint(monkeypatch, parallel):
+    """The column-tiled kernels (wide B, several rows): odd row counts, K not a multiple of
+    4, a partial last tile, a batched B, a B shared by a batch of A."""
+    monkeypatch.setattr(ringmm, "TILE_MIN_BYTES", 0)
+    monkeypatch.setattr(ringmm, "TILE_COLS", 16)
+    monkeypatch.setattr(ringmm, "PARALLEL_MIN_MACS", 1 if parallel else 1 << 60)
+    assert ringmm._tiled(9, 37, 70) and not ringmm._tiled(7, 37, 70)
+    for a, b in ((rand_ring(9, 37), rand_ring(37, 70)),
+                 (rand_ring(2, 9, 37), rand_ring(2, 37, 64)),
+                 (rand_ring(3, 4, 37), rand_ring(37, 71))):
+        np.testing.assert_array_equal(matmul(a, b), ref_matmul(a, b))
 
 
 def test_matmul_edge_values():
@@ -242,7 +256,7 @@ def test_matmul_concurrent_threads(monkeypatch):
     a, b = rand_ring(2, 40, 70), rand_ring(2, 70, 30)
     want = ref_matmul(a, b)
     for threshold in (1, 1 << 60):
-        monkeypatch.setattr(ring, "PARALLEL_MIN_MACS", threshold)
+        monkeypatch.setattr(ringmm, "PARALLEL_MIN_MACS", threshold)
         results: list[np.ndarray] = []
 
         def run() -> None:
