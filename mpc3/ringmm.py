@@ -10,7 +10,7 @@ vectors).  Three strategies were measured (``benchmarks/ring_matmul.py``):
    unit computes two output rows (sharing the loads of B) and unrolls k by 4
    (each output row is loaded/stored once per 4 multiply-adds).  This 2x4
    register blocking was 1.6x faster than plain i-k-j; 4-row and j-blocked
-   variants were slower.  A serial (``nogil``) kernel and a ``parallel=True``
+   variants were slower there (but see column tiles below, for a wide B).  A serial (``nogil``) kernel and a ``parallel=True``
    kernel (prange over work units) share the unit code;
 3. float64 BLAS on 3 balanced 22-bit limbs (6 limb-pair GEMMs with i+j <= 2,
    stacked along N, every partial dot product an exact integer < 2^53 for
@@ -56,10 +56,11 @@ M/2 times - the encoder's folded feature projection (64 x 512 @ 512 x 4256, 17 M
 share) ran at half the rate of the 8 MB products. When several rows meet a wide B
 (:func:`_tiled`: K <= TILE_MAX_K, B at least TILE_MIN_BYTES) the kernels instead copy a
 K x TILE_COLS column tile of B (512 KB at K = 512: it stays in L2) and run every row pair
-over it; the parallel kernel distributes tiles. ``python benchmarks/ring_matmul.py``
-(x3 = three concurrent callers, like three in-process parties), ms, before -> after::
+over it; the parallel kernel distributes tiles. ``python benchmarks/ring_matmul.py --reps 5``
+(2026-11-24, load ~1; x3 = three concurrent callers, each on its own operands, like three
+in-process parties), ms 1x / x3, by row pairs -> by column tiles::
 
-    64 x 512 x 4768   serial 26.1 -> 12.4 (x3 58.8 -> 19.2), parallel 17.9 -> 9.9 (x3 63.1 -> 23.5)
+    64 x 512 x 4768   serial 17.2 / 65.0 -> 11.2 / 17.8   parallel 10.1 / 41.2 -> 5.3 / 23.0
 
 and within noise for the 8 MB shapes (K = 2048 is not tiled: its 2 MB tile misses L2).
 
