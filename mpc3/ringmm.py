@@ -10,8 +10,9 @@ vectors).  Three strategies were measured (``benchmarks/ring_matmul.py``):
    unit computes two output rows (sharing the loads of B) and unrolls k by 4
    (each output row is loaded/stored once per 4 multiply-adds).  This 2x4
    register blocking was 1.6x faster than plain i-k-j; 4-row and j-blocked
-   variants were slower there (but see column tiles below, for a wide B).  A serial (``nogil``) kernel and a ``parallel=True``
-   kernel (prange over work units) share the unit code;
+   variants were slower there (but see column tiles below, for a wide B).  A serial
+   (``nogil``) kernel and a ``parallel=True`` kernel (prange over work units) share
+   the unit code;
 3. float64 BLAS on 3 balanced 22-bit limbs (6 limb-pair GEMMs with i+j <= 2,
    stacked along N, every partial dot product an exact integer < 2^53 for
    K <= 2048, K chunked beyond), converted back and shift-added mod 2^64.
