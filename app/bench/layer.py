@@ -16,8 +16,9 @@ Metrics (DESIGN.md names): wall_s {min, median} over ``--repeat`` runs with shar
 place; bytes_total / bytes_per_party / messages / rounds as counted by the communicators;
 max_abs_err against the float64 reference; max_rel_err = max_abs_err / max |reference|;
 ``plain_wall_s`` the float64 reference of the same workload timed in the same run (input
-generation included, negligible) and ``peak_rss_bytes`` the process's peak memory. Only the
-tensors the workload reads are shared, each slot held once for the three parties.
+generation included, negligible; min of ``PLAIN_RUNS``) and ``peak_rss_bytes`` the process's
+peak memory. Only the tensors the workload reads are shared, each slot held once for the three
+parties.
 """
 from __future__ import annotations
 
@@ -108,6 +109,11 @@ def _transport(kind: str):
             stop()
 
 
+#: The float64 reference is timed this many times (min): one BLAS call of a few ms on a shared
+#: 2-core machine varied by +-30 % between two runs, and it is the denominator of a ratio.
+PLAIN_RUNS = 5
+
+
 def run_layer(a) -> dict:
     from mpc3 import ring, sim
     from mpc3.sharing import reveal
@@ -120,7 +126,7 @@ def run_layer(a) -> dict:
     w = M.random_weights(cfg, seed=a.seed)
     fn = wl.secure(cfg, opts)
     plain_walls = []
-    for _ in range(2):           # the float64 reference of the same workload, same inputs
+    for _ in range(PLAIN_RUNS):  # the float64 reference of the same workload, same inputs
         t0 = time.perf_counter()
         inputs, ref = wl.case(cfg, w, a.batch, np.random.default_rng(a.seed + 1), opts)
         plain_walls.append(time.perf_counter() - t0)
