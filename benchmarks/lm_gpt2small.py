@@ -8,7 +8,8 @@ with ``mpc3 bench lm``, and the comparison table against AERO (seed 001, Table 4
 ``run`` writes ``benchmarks/results/lm_gpt2small_{attention}[-{variant}]_{where}.json`` (and
 ``.png``, the breakdown), where = inproc | loopback (three party processes, gRPC) | lan | wan
 (emulated, :mod:`net.emulate`); each run is a fresh ``python -m app.cli bench lm`` process.
-``--layers`` below 12 measures fewer layers (the file name says ``_L{n}``). ``table`` reads
+``--layers`` below 12 measures fewer layers (the file name says ``_L{n}``), ``--fuse`` another
+choice of the session's LayerNorm fusions (``_fuse-{choice}``). ``table`` reads
 every such JSON and prints bytes, rounds, wall and the breakdown next to AERO's figures
 (2-party SecretFlow, WAN-like 100 Mbit/s, 80 ms: 25.32 GB / 8.21 min for GPT-2 with GELU and
 LayerNorm, 9.44 GB / 6.06 min with ReLU, 6.29-6.95 GB / 4.23-5.68 min softmax-only).
@@ -30,19 +31,20 @@ AERO = {"SM+LN+G (GPT-2 baseline)": (25.32, 8.21), "SM+LN+R": (9.44, 6.06),
         "SM+ScFuFFN (AERO softmax-only)": (6.43, 4.76), "SM+ScFuFFNi6": (6.29, 4.23)}
 
 
-def _name(attention: str, variant: str, where: str, layers: int) -> str:
+def _name(attention: str, variant: str, where: str, layers: int, fuse: str | None = None) -> str:
     tag = attention + (f"-{variant}" if variant != "gelu" else "")
-    return f"lm_gpt2small_{tag}_{where}" + ("" if layers == 12 else f"_L{layers}")
+    return (f"lm_gpt2small_{tag}_{where}" + ("" if layers == 12 else f"_L{layers}")
+            + ("" if fuse in (None, "default") else f"_fuse-{fuse.replace(',', '+')}"))
 
 
 def run(a) -> int:
     where = a.net if a.net != "none" else ("loopback" if a.transport == "grpc" else "inproc")
-    stem = RESULTS / _name(a.attention, a.variant, where, a.layers)
+    stem = RESULTS / _name(a.attention, a.variant, where, a.layers, a.fuse)
     extra = ["--preset", "aero"] if a.variant == "aero" else ["--ffn", a.variant]
     argv = [sys.executable, "-m", "app.cli", "bench", "lm", "--arch", "decoder-only",
             "--attention", a.attention, *extra, *SHAPE, "--layers", str(a.layers),
             "--transport", a.transport, "--net", a.net, "--json", f"{stem}.json",
-            "--plot", f"{stem}.png"]
+            "--plot", f"{stem}.png"] + (["--fuse", a.fuse] if a.fuse else [])
     print(" ".join(argv[1:]), flush=True)
     return subprocess.run(argv, cwd=ROOT).returncode
 
@@ -140,6 +142,9 @@ def main(argv=None) -> int:
     r.add_argument("--transport", choices=("inproc", "grpc"), default="grpc")
     r.add_argument("--net", default="none")
     r.add_argument("--layers", type=int, default=12)
+    r.add_argument("--fuse", default=None, help="the session's LayerNorm fusions (mpc3 bench "
+                   "lm --fuse: default, all, none, self, ffn); other than default, the file "
+                   "name ends in _fuse-<choice>")
     r.set_defaults(func=run)
     sub.add_parser("table").set_defaults(func=table)
     a = ap.parse_args(argv)

@@ -160,7 +160,24 @@ def test_cli_writes_json_and_plot(tmp_path, capsys):
     assert r["workload"] == "lm/decoder-only/sigma" and r["checks"]["declared_equals_measured"]
 
 
+@pytest.mark.parametrize("arch", ["decoder-only", "encoder-decoder"])
+def test_fuse_changes_rounds_not_the_function(arch):
+    """--fuse reaches the session (prefill / decode_open): every step's measured traffic is
+    its declared cost with those fusions, the steps take fewer rounds than the default's, the
+    output stays the plaintext model's."""
+    runs = {f: _run("--arch", arch, "--attention", "relu-performer", "--tokens", "2",
+                    *(["--fuse", f] if f else [])) for f in (None, "all", "none")}
+    for f, r in runs.items():
+        assert r["checks"] == {"breakdown_equals_measured": True,
+                               "declared_equals_measured": True}, f
+        assert r["params"]["fuse"] == (f or "default") and r["max_abs_err"] < 1e-2
+    rounds = {f: r["per_token_rounds"] for f, r in runs.items()}
+    assert rounds["all"] < rounds[None] < rounds["none"]
+
+
 def test_bad_arguments_are_refused():
+    with pytest.raises(SystemExit, match="--fuse: lm_prefill fuse 'cross'"):
+        _run("--fuse", "cross")
     with pytest.raises(ValueError, match="no tokens"):
         _run("--arch", "classifier", "--tokens", "1")
     with pytest.raises(ValueError, match="divisible"):

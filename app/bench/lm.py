@@ -119,22 +119,25 @@ def reference(cfg, w, x: np.ndarray, y: np.ndarray | None) -> np.ndarray:
     return np.stack([M.ref_decoder_step(cfg, w, state, y[t]) for t in range(y.shape[0])])
 
 
-def declared(cfg, B: int, S: int, T: int) -> list:
-    """Declared Cost of each phase (prefill / encoder + decode start / classify, then steps)."""
+def declared(cfg, B: int, S: int, T: int, fuse=None) -> list:
+    """Declared Cost of each phase (prefill / encoder + decode start / classify, then steps),
+    the session fusing the LayerNorms ``fuse`` picks (bench_lm's parameter)."""
     from mpc3.party import RingConfig
     from protocols import model as M
-    ring = RingConfig()
+    from protocols.jobs.bench_lm import session_fuse
+    ring, kinds = RingConfig(), session_fuse(cfg, fuse)
     if cfg.arch == M.DECODER_ONLY:
         from protocols.causal_lm import cost_lm_prefill, cost_lm_step
-        return [cost_lm_prefill(ring, cfg, B, S)] + [cost_lm_step(ring, cfg, B, S + t)
-                                                     for t in range(T)]
+        return [cost_lm_prefill(ring, cfg, B, S, fuse=kinds)] + [
+            cost_lm_step(ring, cfg, B, S + t, fuse=kinds) for t in range(T)]
     if cfg.arch == M.ENCODER_CLASSIFIER:
         from protocols.classifier import cost_classify
         return [cost_classify(ring, cfg, B, S)]
     from protocols.decoder import cost_decode_start, cost_decoder_step
     from protocols.encoder import cost_encoder
-    first = cost_encoder(ring, cfg, B, S) + cost_decode_start(ring, cfg, B, S)
-    return [first] + [cost_decoder_step(ring, cfg, B, t, n_enc=S) for t in range(T)]
+    first = cost_encoder(ring, cfg, B, S) + cost_decode_start(ring, cfg, B, S, fuse=kinds)
+    return [first] + [cost_decoder_step(ring, cfg, B, t, n_enc=S, fuse=kinds)
+                      for t in range(T)]
 
 
 # ------------------------------------------------------------------------ running ----
@@ -142,7 +145,12 @@ def _inputs(x, y) -> dict:
     return {"X": x} if y is None else {"X": x, "Y": y}
 
 
-def run_inproc(cfg, shares: list, x, y) -> dict:
+def _params(cfg, y, fuse) -> dict:
+    out = {"config": cfg.to_dict(), "tokens": 0 if y is None else int(y.shape[0])}
+    return out if fuse is None else {**out, "fuse": fuse}
+
+
+def run_inproc(cfg, shares: list, x, y, fuse=None) -> dict:
     """The bench_lm job on three in-process parties holding ``shares``
     (:func:`protocols.secure_model.share_model`): {"Y", "stats", "mem"} as ring arrays."""
     from mpc3.sharing import reveal
@@ -152,18 +160,17 @@ def run_inproc(cfg, shares: list, x, y) -> dict:
     models = [ModelView("bench", shares[r], {"bench": "bench_lm"}) for r in range(3)]
     ip = InprocParties(models, registry=benchmark_registry(), timeout=600.0)
     ins = {k: share_input(v) for k, v in _inputs(x, y).items()}
-    params = {"config": cfg.to_dict(), "tokens": 0 if y is None else int(y.shape[0])}
-    jobs = ip.run("bench_lm", params, [{k: s[r] for k, s in ins.items()} for r in range(3)])
+    jobs = ip.run("bench_lm", _params(cfg, y, fuse), [{k: s[r] for k, s in ins.items()} for r in range(3)])
     return {k: reveal([j.outputs[k] for j in jobs]) for k in ("Y", "stats", "mem")}
 
 
-def run_remote(rc, cfg, layout: dict, x, y) -> dict:
+def run_remote(rc, cfg, layout: dict, x, y, fuse=None) -> dict:
     """The same on a :class:`app.bench.remote.RemoteCluster`, uploading ``layout``
     (:func:`protocols.secure_model.plain_tensors`) as the model (deleted after)."""
     from net.client import reconstruct
-    params = {"config": cfg.to_dict(), "tokens": 0 if y is None else int(y.shape[0])}
     pairs = rc.run_job("bench_lm", {k: t for k, (t, _) in layout.items()},
-                       {k: e for k, (_, e) in layout.items() if e}, _inputs(x, y), params)
+                       {k: e for k, (_, e) in layout.items() if e}, _inputs(x, y),
+                       _params(cfg, y, fuse))
     return reconstruct(pairs)
 
 
@@ -214,6 +221,11 @@ def run_lm(a) -> dict:
     load_at_start = os.getloadavg()[0]
     cfg = lm_config(a.arch, a.attention, a.d_model, a.heads, a.layers, a.d_ff, a.prompt,
                     a.tokens, a.ffn, a.preset, a.features)
+    try:                                # an unknown choice is refused before any setup
+        from protocols.jobs.bench_lm import session_fuse
+        session_fuse(cfg, a.fuse)
+    except ValueError as exc:
+        raise SystemExit(f"--fuse: {exc}") from None
     warm_len = min(a.prompt, 32)        # > 16 rows: the kernels' batched paths warm up too
     tiny = lm_config(a.arch, a.attention, 8, 2, 1, 8, warm_len, min(a.tokens, 1), a.ffn,
                      a.preset, 4)
@@ -229,7 +241,7 @@ def run_lm(a) -> dict:
         run_inproc(tiny, share_model(tiny, warm[0], shared_replicas=True), *warm[1:])
         shares = share_model(cfg, w, shared_replicas=True)
         del w                                  # the parties' shares only from here on
-        got = run_inproc(cfg, shares, x, y)
+        got = run_inproc(cfg, shares, x, y, a.fuse)
     else:
         from .remote import RemoteCluster
         layout = plain_tensors(cfg, w)
@@ -237,10 +249,10 @@ def run_lm(a) -> dict:
         with RemoteCluster(a.net) as rc:
             run_remote(rc, tiny, plain_tensors(tiny, warm[0]), *warm[1:])
             network = rc.network
-            got = run_remote(rc, cfg, layout, x, y)
+            got = run_remote(rc, cfg, layout, x, y, a.fuse)
     elapsed = time.perf_counter() - t_setup
     stats = got["stats"].astype(np.int64)
-    costs = declared(cfg, 1, a.prompt, a.tokens)
+    costs = declared(cfg, 1, a.prompt, a.tokens, a.fuse)
     phases = [_phase(stats[:, k], costs[k]) for k in range(stats.shape[1])]
     secure = ring.decode(got["Y"], ring.DEFAULT_FRAC)
     err = float(np.max(np.abs(secure - ref)))
@@ -255,6 +267,7 @@ def run_lm(a) -> dict:
                    "d_model": cfg.d_model, "heads": cfg.n_heads, "layers": a.layers,
                    "d_ff": cfg.d_ff, "features": cfg.n_features, "prompt": a.prompt,
                    "tokens": a.tokens, "batch": 1, "seed": a.seed, "frac": ring.DEFAULT_FRAC,
+                   "fuse": a.fuse or "default",
                    "trunc": "exact", "model_config": cfg.to_dict(), "host": platform.node(),
                    "cpus": os.cpu_count(), "run_s_with_upload": round(elapsed, 3),
                    "load_avg_1m_at_start": load_at_start,
@@ -323,6 +336,9 @@ def _cmd(a) -> int:
 
 
 def register(bsub) -> None:
+    from protocols.causal_lm import LM_FUSIONS
+    from protocols.decoder import FUSIONS
+    from ..cli.common import add_fuse
     p = bsub.add_parser("lm", help="a whole model: prompt + generated tokens, with the "
                         "breakdown by operation type")
     p.add_argument("--arch", choices=tuple(ARCHS), default="decoder-only")
@@ -345,6 +361,7 @@ def register(bsub) -> None:
                    help="none | lan | wan | custom:RATE_MBIT:RTT_MS: party processes in emulated "
                         "network namespaces (needs root; implies grpc)")
     p.add_argument("--seed", type=int, default=0)
+    add_fuse(p, tuple(dict.fromkeys(LM_FUSIONS + FUSIONS)))
     p.add_argument("--json", help="write the result object here")
     p.add_argument("--plot", help="draw the breakdown into this PNG (needs the plot extra: "
                    "matplotlib)")

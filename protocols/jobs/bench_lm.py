@@ -3,7 +3,9 @@ shares, phase by phase, with the measured breakdown by operation type
 (:mod:`protocols.breakdown`). Benchmark and test processes only, like every diagnostic kind.
 
 Params: ``config`` (a ModelConfig dict; the uploaded tensors are its
-:mod:`protocols.secure_model` layout, Omega folded), ``tokens`` T. Inputs: ``X`` (B, S, d),
+:mod:`protocols.secure_model` layout, Omega folded), ``tokens`` T, optionally ``fuse`` (the
+session's LayerNorm fusions, as ``lm_prefill`` / ``decode_open`` take it:
+:func:`protocols.ln_proj.fusion_choice`). Inputs: ``X`` (B, S, d),
 the embedded prompt / source / classifier input, and for T > 0 ``Y`` (T, B, d), the embedded
 tokens fed to the T steps (a generation feeds back its own greedy tokens through the query
 user; the cost does not depend on which tokens they are). Phases, by architecture:
@@ -43,12 +45,26 @@ def _stack(rows: list[AShare]) -> AShare:
     return AShare(np.stack([r.a for r in rows]), np.stack([r.b for r in rows]))
 
 
+def session_fuse(cfg: M.ModelConfig, value) -> tuple:
+    """The fusions a ``fuse`` parameter picks for ``cfg``'s sessions (ValueError if unknown;
+    a classifier has none)."""
+    from ..decoder import DEFAULT_FUSE, FUSIONS
+    from ..causal_lm import DEFAULT_LM_FUSE, LM_FUSIONS
+    from ..ln_proj import fusion_choice
+    if cfg.arch == M.ENCODER_CLASSIFIER:
+        return fusion_choice(value, (), (), "a classifier's")
+    if cfg.arch == M.DECODER_ONLY:
+        return fusion_choice(value, LM_FUSIONS, DEFAULT_LM_FUSE, "lm_prefill")
+    return fusion_choice(value, FUSIONS, DEFAULT_FUSE, "decode_open")
+
+
 def _phases(ctx: JobContext, cfg: M.ModelConfig, x: AShare, ys: AShare | None, T: int):
     """Yields each phase's output (None when the phase has none) as it finishes."""
     p, shares = ctx.party, ctx.model.shares
+    fuse = session_fuse(cfg, ctx.params.get("fuse"))
     if cfg.arch == M.DECODER_ONLY:
         from ..causal_lm import lm_prefill, lm_step
-        h, state = lm_prefill(p, cfg, shares, x)
+        h, state = lm_prefill(p, cfg, shares, x, fuse=fuse)
         yield h
         for t in range(T):
             yield lm_step(p, cfg, shares, state, ys[t])
@@ -58,7 +74,7 @@ def _phases(ctx: JobContext, cfg: M.ModelConfig, x: AShare, ys: AShare | None, T
     else:
         from ..decoder import DecodeState, decoder_step
         from ..encoder import encoder
-        state = DecodeState.start(p, cfg, shares, encoder(p, cfg, shares, x))
+        state = DecodeState.start(p, cfg, shares, encoder(p, cfg, shares, x), fuse=fuse)
         yield None
         for t in range(T):
             yield decoder_step(p, cfg, shares, state, ys[t])
@@ -91,6 +107,7 @@ def validate_bench_lm(model, inputs: dict, params) -> None:
         raise ValueError("a classifier generates no tokens (tokens = 0)")
     if cfg.arch == M.ENCODER_DECODER and not T:
         raise ValueError("an encoder-decoder run needs tokens >= 1 (its output is per token)")
+    session_fuse(cfg, params.get("fuse"))
     want = {"X", "Y"} if T else {"X"}
     if set(inputs) != want:
         raise ValueError(f"bench_lm takes inputs {sorted(want)}, got {sorted(inputs)}")
@@ -108,6 +125,6 @@ SPECS = (
             (TensorSpec("Y", ("...",)), TensorSpec("stats", ("3", "phases", "cats", "4")),
              TensorSpec("mem", ("3", "1"))),
             (TENSORS,), computation="diagnostic", validate=validate_bench_lm,
-            params=("config", "tokens"), diagnostic=True,
+            params=("config", "tokens", "fuse"), diagnostic=True,
             doc="a model's prefill and generated tokens with the breakdown by operation type"),
 )
