@@ -2,13 +2,22 @@
 import numpy as np
 import pytest
 
-from conftest import EDGE, Run, share, value
+from conftest import EDGE, Run, prob_trunc_allowance, share, value
 from mpc3 import ring
 from mpc3.party import RingConfig
 from mpc3.sharing import deal, reveal
 from mpc3.kernels import arith, truncation
 
 ULP = 2.0 ** -ring.DEFAULT_FRAC
+F = ring.DEFAULT_FRAC
+
+
+def _allowed(mode, z):
+    """How many elements a check may lose to "prob" truncation's documented failure event
+    (w.p. ~|z| / 2^64 per truncated ring value z, conftest.prob_trunc_allowance); each such
+    failure leaves the output off by 2^(64 - shift) in the ring - garbage, far beyond any
+    bound here. Exact mode: none."""
+    return prob_trunc_allowance(z) if mode == "prob" else 0
 
 
 @pytest.mark.parametrize("mode", ["exact", "prob"])
@@ -19,7 +28,10 @@ def test_mul_fixed_point(mode, rng):
     out = run(lambda p, a, b: arith.mul_aa(p, a, b), share(x), share(y))
     # inputs carry 1/2 ulp encoding error each; the truncated product adds less than one ulp
     bound = ULP + ULP / 2 * (np.abs(x) + np.abs(y)) + ULP ** 2
-    assert (np.abs(value(out) - x * y) <= bound).all()
+    err = np.abs(value(out) - x * y)
+    # prob: ~1.4e-5 expected failures here (a failure is off by 2^(64 - 2f) = 2^28)
+    bad = err > bound
+    assert bad.sum() <= _allowed(mode, x * y * 2.0 ** (2 * F)) and (err[bad] > 2.0 ** 27).all()
     run.assert_cost(arith.cost_mul(x.size, True, ring.DEFAULT_FRAC, mode))
 
 
@@ -36,7 +48,9 @@ def test_matmul_fixed_point(mode, rng):
     run = Run(RingConfig(trunc=mode))
     a, b = rng.normal(size=(2, 9, 33)), rng.normal(size=(33, 5))
     out = run(lambda p, x, y: arith.matmul_aa(p, x, y), share(a), share(b))
-    assert np.abs(value(out) - a @ b).max() < 40 * ULP
+    err = np.abs(value(out) - a @ b)
+    bad = err >= 40 * ULP                  # prob: ~1.7e-6 expected failures, each off by 2^28
+    assert bad.sum() <= _allowed(mode, a @ b * 2.0 ** (2 * F)) and (err[bad] > 2.0 ** 27).all()
     run.assert_cost(arith.cost_mul(2 * 9 * 5, True, ring.DEFAULT_FRAC, mode))
 
 
@@ -169,7 +183,13 @@ def test_scaled_truncation_equals_the_wide_product(mode, rng):
         want = [(int(a) * int(b)) >> shift for a, b in
                 zip(z.tolist(), np.broadcast_to(m, z.shape).tolist())]
         err = [int(g) - w for g, w in zip(reveal(out).view(np.int64).tolist(), want)]
-        assert min(err) >= 0 and max(err) <= 1, (shift, max(map(abs, err)))
+        # prob (|z| < 2^36, ~4.7e-6 expected failures in all): a failed element is off by
+        # exactly m 2^(64 - shift) mod 2^64 (the omitted carry term, scaled like the rest)
+        bad = [k for k, e in enumerate(err) if not 0 <= e <= 1]
+        assert len(bad) <= _allowed(mode, z), (shift, bad)
+        mk = np.broadcast_to(m, z.shape).tolist()
+        assert all(any((err[k] + sg * int(mk[k]) * 2 ** (64 - shift)) % 2 ** 64 in (0, 1)
+                       for sg in (1, -1)) for k in bad), (shift, [err[k] for k in bad])
         run.assert_cost(arith.cost_trunc(z.size, shift, mode))
 
 

@@ -95,7 +95,11 @@ def test_rounds_and_declared_cost(method, mode, rounds, rng):
     run = Run(cfg)
     got = value(run(lambda p, a: act.gelu_a(p, a, method), share(x)))
     assert got.shape == (3, 7)
-    assert np.abs(got - act.gelu_ref(x)).max() <= act.GELU_ERROR[mode]
+    # prob: each of the ~17 inputs on the polynomial fails w.p. up to GELU_PROB_FAILURE
+    # (a failure every few hundred runs without an allowance); exact: none may
+    n_poly = int((np.abs(x) < _outer(method)).sum())
+    failures = failure_allowance(n_poly, act.GELU_PROB_FAILURE[method]) if mode == "prob" else 0
+    assert (np.abs(got - act.gelu_ref(x)) > act.GELU_ERROR[mode]).sum() <= failures
     run.assert_cost(act.cost_gelu(x.size, cfg, method))
     assert run.rounds == rounds
 

@@ -4,11 +4,18 @@ Each test compares the revealed integers with the exact integer before the shift
 output must be floor(z / 2^s) or floor(z / 2^s) + 1 (|error| < 1 ulp, exact when 2^s | z)
 and, measured over >= 1e5 products, the mean error must be 0 within 0.05 ulp. Costs are
 checked too, so the rounding change cannot move a byte or a round.
+
+"prob" truncation also fails outright, w.p. ~|z| / 2^64 per element (mpc3.kernels.truncation):
+the output is then off by exactly +-2^(64 - shift) in the ring (the omitted a_t b_t term).
+At these scales that is ~1e-3 expected failures per 1e5 products (a test would fail about
+once in a few hundred runs), so prob-mode checks allow as many elements showing exactly that
+event as the documented rate makes likely (conftest.prob_trunc_allowance, tail 1e-9) and
+judge the rounding on the others.
 """
 import numpy as np
 import pytest
 
-from conftest import Run
+from conftest import Run, prob_trunc_allowance
 from mpc3 import ring
 from mpc3.party import RingConfig
 from mpc3.sharing import deal, reveal
@@ -24,17 +31,33 @@ def _ints(rng, scale, shape):
     return np.rint(rng.normal(size=shape) * scale * 2.0 ** F).astype(np.int64)
 
 
-def _errors(got: np.ndarray, z: np.ndarray, shifts) -> np.ndarray:
-    """Error in output ulps of ``got`` (ring) against the exact quotient z / 2^shift."""
+def _failure_events(got: np.ndarray, z: np.ndarray, shifts: np.ndarray) -> np.ndarray:
+    """Elements of ``got`` (ring) off by exactly +-2^(64 - shift) from floor(z / 2^shift)
+    or floor + 1: the documented failure event of "prob" truncation, nothing else."""
+    d = got - (z >> shifts).astype(np.uint64)                         # wraps mod 2^64
+    w = np.uint64(1) << (64 - shifts).astype(np.uint64)
+    return ((d - w) <= 1) | ((d + w) <= 1)
+
+
+def _errors(got: np.ndarray, z: np.ndarray, shifts, mode: str = "exact"):
+    """(error in output ulps of ``got`` (ring) against the exact quotient z / 2^shift, mask
+    of the elements to judge). prob mode: elements showing the documented failure event
+    (NaN error) are left out, at most as many as its rate makes likely."""
     shifts = np.broadcast_to(np.asarray(shifts, dtype=np.int64), z.shape)
+    keep = np.ones(z.shape, dtype=bool)
+    if mode == "prob":
+        keep = ~_failure_events(got, z, shifts)
+        assert (~keep).sum() <= prob_trunc_allowance(z), np.flatnonzero(~keep)
     g = ring.to_signed(got).astype(np.int64)
-    assert (np.abs(z) < 2.0 ** 62).all() and (np.abs(g) < 2.0 ** (62 - shifts.max())).all()
-    return (g * (1 << shifts) - z) / 2.0 ** shifts
+    assert (np.abs(z) < 2.0 ** 62).all() and (np.abs(g[keep]) < 2.0 ** (62 - shifts.max())).all()
+    return np.where(keep, (g * (1 << shifts) - z) / 2.0 ** shifts, np.nan), keep
 
 
-def _check(err: np.ndarray, z: np.ndarray, shifts) -> None:
+def _check(errors, z: np.ndarray, shifts) -> None:
+    err, keep = errors
     shifts = np.broadcast_to(np.asarray(shifts, dtype=np.int64), z.shape)
     assert err.size >= N
+    err, z, shifts = err[keep], z[keep], shifts[keep]
     assert (np.abs(err) < 1).all(), (err.min(), err.max())          # floor or floor + 1
     exact = z % (1 << shifts) == 0
     assert exact.any() and (err[exact] == 0).all()                   # multiples stay exact
@@ -50,7 +73,7 @@ def test_mul_unbiased(mode, rng):
     out = run(lambda p, a, b: arith.mul_aa(p, a, b),
               deal(ring.from_signed(X)), deal(ring.from_signed(Y)))
     z = X * Y
-    _check(_errors(reveal(out), z, F), z, F)
+    _check(_errors(reveal(out), z, F, mode), z, F)
     run.assert_cost(arith.cost_mul(N, True, F, mode))
 
 
@@ -63,7 +86,7 @@ def test_matmul_unbiased(mode, rng):
     out = run(lambda p, a, b: arith.matmul_aa(p, a, b),
               deal(ring.from_signed(X)), deal(ring.from_signed(Y)))
     z = X @ Y
-    _check(_errors(reveal(out), z, F), z, F)
+    _check(_errors(reveal(out), z, F, mode), z, F)
     run.assert_cost(arith.cost_mul(z.size, True, F, mode))
 
 
@@ -80,7 +103,7 @@ def test_mul_many_unbiased(mode, rng):
     z = X * Y
     shifts = np.where(np.arange(N) < half, F, F + 6)
     got = np.concatenate([reveal([o[k] for o in out]) for k in range(2)])
-    _check(_errors(got, z, shifts), z, shifts)
+    _check(_errors(got, z, shifts, mode), z, shifts)
     assert (reveal([o[2] for o in out]) == ring.from_signed(z[:10])).all()
     run.assert_cost(arith.cost_mul_many(shifts, 10, mode))
 
@@ -93,7 +116,7 @@ def test_trunc_a_unbiased(mode, per_element, rng):
     shifts = rng.choice([7, 18, 20], size=N) if per_element else 18
     run = Run(RingConfig(trunc=mode))
     out = run(lambda p, a: arith.trunc_a(p, a, shifts), deal(ring.from_signed(X)))
-    _check(_errors(reveal(out), X, shifts), X, shifts)
+    _check(_errors(reveal(out), X, shifts, mode), X, shifts)
     run.assert_cost(arith.cost_trunc(N, shifts, mode))
 
 
@@ -125,6 +148,15 @@ def test_chained_products_do_not_drift(mode, rng):
     ideal = V * (C[0] / 2.0 ** F) ** steps
     drift = ring.to_signed(reveal(out)) - ideal
     bound = sum((C[0] / 2.0 ** F) ** j for j in range(steps))        # < 1 ulp per step
-    assert (np.abs(drift) < bound).all()
+    ok = np.abs(drift) < bound
+    if mode == "prob":
+        # step j truncates z ~ V c^j C (4e5 products in all, ~2e-3 expected failures): a failed
+        # element is garbage from then on (off by ~2^36 ulp, at least ~2^26 even if a second
+        # failure partly cancels the first), so it is told apart from any rounding drift
+        z = np.abs(V)[:, None] * C[0] * (C[0] / 2.0 ** F) ** np.arange(steps)
+        assert (~ok).sum() <= prob_trunc_allowance(z) and (np.abs(drift[~ok]) > 2.0 ** 20).all()
+    else:
+        assert ok.all()
+    drift = drift[ok]
     # each element's drift has std < 0.5 * sqrt(sum c^2j) ~ 6.4 ulp: the mean's std is ~0.15
     assert abs(drift.mean()) < 1.0, drift.mean()

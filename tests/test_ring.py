@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mpc3 import ring, ringmm
+from mpc3 import ringmm
 from mpc3.ring import (
     DEFAULT_FRAC,
     DTYPE,

@@ -259,7 +259,9 @@ def test_connections_stuck_before_their_handshake_are_capped_per_address(lone, c
     from net.tlslink import MAX_HANDSHAKES_PER_HOST
     addr = ("127.0.0.1", lone.transport.port)
     idle = [socket.create_connection(addr, timeout=5) for _ in range(MAX_HANDSHAKES_PER_HOST)]
-    time.sleep(0.2)                             # accepted, in their handshake
+    # accepted, in their handshake (waited for, not slept on: a fixed sleep loses the race
+    # to a busy accept thread, and the extra connection would then be admitted)
+    _wait(lambda: lone.transport._pending.get("127.0.0.1", 0) == MAX_HANDSHAKES_PER_HOST)
     extra = socket.create_connection(addr, timeout=5)
     t0 = time.monotonic()
     assert _refused(extra) and time.monotonic() - t0 < 1.0
