@@ -54,16 +54,24 @@ wins under 3 concurrent callers, and for small shapes thread launch dominates).
 Column tiles (2026-11-24, AMD EPYC, 2 MiB L2 per core, 32 MiB L3 shared): a work unit
 streams all of B once per two rows of A, so a B larger than the caches is read from memory
 M/2 times - the encoder's folded feature projection (64 x 512 @ 512 x 4256, 17 MB per
-share) ran at half the rate of the 8 MB products. When several rows meet a wide B
-(:func:`_tiled`: K <= TILE_MAX_K, B at least TILE_MIN_BYTES) the kernels instead copy a
-K x TILE_COLS column tile of B (512 KB at K = 512: it stays in L2) and run every row pair
-over it; the parallel kernel distributes tiles. ``python benchmarks/ring_matmul.py --reps 5``
-(2026-11-24, load ~1; x3 = three concurrent callers, each on its own operands, like three
-in-process parties), ms 1x / x3, by row pairs -> by column tiles::
+share) ran at half the rate of the 8 MB products. When several rows meet a large B
+(:func:`_tiled`: 4 MiB at K <= 1024, 12 MiB at any K) the kernels instead copy a
+K x TILE_COLS column tile of B (512 KB at K = 512: it stays in L2; 3 MB at K = 3072, still
+read from L3 instead of memory) and run every row pair over it; the parallel kernel
+distributes tiles.
+``python benchmarks/ring_matmul.py --reps 5`` (2026-11-24 21:21 UTC; x3 = three concurrent
+callers, each on its own operands, like three in-process parties), ms 1x / x3, by row pairs ->
+by column tiles::
 
-    64 x 512 x 4768   serial 17.2 / 65.0 -> 11.2 / 17.8   parallel 10.1 / 41.2 -> 5.3 / 23.0
+    64 x 512 x 4768    serial 21.5 / 53.8 -> 10.8 / 18.9   parallel 12.3 / 53.8 -> 7.5 / 18.1
+    128 x 3072 x 768   serial 45.4 / 108  -> 23.1 / 49.4   parallel 19.8 / 95.9 -> 12.1 / 48.4
 
-and within noise for the 8 MB shapes (K = 2048 is not tiled: its 2 MB tile misses L2).
+(an earlier run, 64 x 512 x 4768: parallel 10.1 / 41.2 -> 5.3 / 23.0). For the 8 MB shapes
+this benchmark shows no difference either way, but the in-process encoder was slower in two
+of three interleaved pairs with its 512 x 2048 FFN product untiled (1.111 / 1.201 / 1.194 s
+against 1.146 / 1.053 / 1.052, `mpc3 bench layer encoder --repeat 3`), so K <= 1024 tiles
+from 4 MiB; with K = 2048 at 8 MB (the FFN's W2) a scratch sweep was mixed, so larger K waits for
+12 MiB.
 
 Kernels are compiled lazily on first use and cached on disk (``cache=True``);
 importing this module does not import numba. It imports nothing else from mpc3
@@ -79,10 +87,12 @@ import numpy as np
 
 #: Products with at least this many multiply-adds use the multi-threaded kernel.
 PARALLEL_MIN_MACS: int = 1 << 25
-#: Column tiles (see the module docstring): width, largest K, smallest B (bytes).
+#: Column tiles (see the module docstring): width; smallest B (bytes) for K <= TILE_MAX_K;
+#: smallest B for any K.
 TILE_COLS: int = 128
 TILE_MAX_K: int = 1024
 TILE_MIN_BYTES: int = 4 << 20
+TILE_ANY_K_BYTES: int = 12 << 20
 
 
 # kernels: pure Python source, compiled lazily by numba
@@ -232,7 +242,9 @@ def _kernels() -> tuple[Callable[..., None], ...]:
 def _tiled(rows: int, K: int, N: int) -> bool:
     """Column tiles pay when several rows meet a B too large for the caches (module
     docstring)."""
-    return rows >= 8 and K <= TILE_MAX_K and N >= 4 * TILE_COLS and 8 * K * N >= TILE_MIN_BYTES
+    size = 8 * K * N
+    return rows >= 8 and N >= 4 * TILE_COLS and (
+        size >= TILE_ANY_K_BYTES or (K <= TILE_MAX_K and size >= TILE_MIN_BYTES))
 
 
 def _kernel_arg(x: np.ndarray, shape: tuple[int, ...] | None = None) -> np.ndarray:

@@ -82,6 +82,14 @@ def test_matmul_large_uses_parallel_kernel(monkeypatch):
     np.testing.assert_array_equal(matmul(a, b), ref_matmul(a, b))
 
 
+def test_column_tiles_policy():
+    """Tiles for the encoder's feature projection and FFN W1 (K = 512) and GPT-2's W2 (K =
+    3072, 19 MB), not for an 8 MB B with K = 2048 nor for one row (mpc3/ringmm.py)."""
+    assert ringmm._tiled(64, 512, 4256) and ringmm._tiled(64, 512, 2048)
+    assert ringmm._tiled(128, 3072, 768) and not ringmm._tiled(64, 2048, 512)
+    assert not ringmm._tiled(1, 512, 4256)
+
+
 @pytest.mark.parametrize("parallel", [False, True])
 def test_matmul_column_tiles_match_bigint(monkeypatch, parallel):
     """The column-tiled kernels (wide B, several rows): odd row counts, K not a multiple of
