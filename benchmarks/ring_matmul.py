@@ -109,7 +109,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
     rng = np.random.default_rng(0)
-    shapes = [(1, 64, 512, 4768), (1, 128, 3072, 768), (1, 64, 512, 2048), (1, 64, 2048, 512), (1, 64, 512, 512), (8, 512, 64, 64), (1, 1, 512, 512)]
+    shapes = [(1, 64, 512, 4768), (1, 128, 3072, 768), (1, 64, 512, 2048), (1, 64, 2048, 512),
+              (1, 64, 512, 512), (8, 512, 64, 64), (1, 1, 512, 512)]
     strategies: dict[str, Fn] = {
         "numpy-int": numpy_int,
         "numba-ser": _numba(False),

@@ -1,8 +1,8 @@
 """Exact matrix products over Z_2^64: the numba kernels behind :func:`mpc3.ring.matmul`.
 
-:func:`ring_matmul` (``mpc3.ring.matmul`` checks its operands and calls it) computes ``(a @ b) mod 2^64`` exactly with ``np.matmul``
-shape semantics (2-D, batched/broadcast ``(..., M, K) @ (..., K, N)``, 1-D
-vectors).  Three strategies were measured (``benchmarks/ring_matmul.py``):
+:func:`ring_matmul` (``mpc3.ring.matmul`` checks its operands and calls it) computes
+``(a @ b) mod 2^64`` exactly with ``np.matmul`` shape semantics (2-D, batched/broadcast
+``(..., M, K) @ (..., K, N)``, 1-D vectors).  Three strategies were measured (``benchmarks/ring_matmul.py``):
 
 1. numpy integer matmul (no BLAS for integers; naive loops);
 2. numba kernels over int64 (wrapping multiply == multiply mod 2^64), loop

@@ -125,7 +125,7 @@ def declared(cfg, B: int, S: int, T: int, fuse=None) -> list:
     from mpc3.party import RingConfig
     from protocols import model as M
     from protocols.jobs.bench_lm import session_fuse
-    ring, kinds = RingConfig(), session_fuse(cfg, fuse)
+    ring, kinds = RingConfig(), session_fuse(cfg, {"fuse": fuse})
     if cfg.arch == M.DECODER_ONLY:
         from protocols.causal_lm import cost_lm_prefill, cost_lm_step
         return [cost_lm_prefill(ring, cfg, B, S, fuse=kinds)] + [
@@ -160,7 +160,8 @@ def run_inproc(cfg, shares: list, x, y, fuse=None) -> dict:
     models = [ModelView("bench", shares[r], {"bench": "bench_lm"}) for r in range(3)]
     ip = InprocParties(models, registry=benchmark_registry(), timeout=600.0)
     ins = {k: share_input(v) for k, v in _inputs(x, y).items()}
-    jobs = ip.run("bench_lm", _params(cfg, y, fuse), [{k: s[r] for k, s in ins.items()} for r in range(3)])
+    jobs = ip.run("bench_lm", _params(cfg, y, fuse),
+                  [{k: s[r] for k, s in ins.items()} for r in range(3)])
     return {k: reveal([j.outputs[k] for j in jobs]) for k in ("Y", "stats", "mem")}
 
 
@@ -223,7 +224,7 @@ def run_lm(a) -> dict:
                     a.tokens, a.ffn, a.preset, a.features)
     try:                                # an unknown choice is refused before any setup
         from protocols.jobs.bench_lm import session_fuse
-        session_fuse(cfg, a.fuse)
+        session_fuse(cfg, {"fuse": a.fuse})
     except ValueError as exc:
         raise SystemExit(f"--fuse: {exc}") from None
     warm_len = min(a.prompt, 32)        # > 16 rows: the kernels' batched paths warm up too

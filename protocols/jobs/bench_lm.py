@@ -45,23 +45,20 @@ def _stack(rows: list[AShare]) -> AShare:
     return AShare(np.stack([r.a for r in rows]), np.stack([r.b for r in rows]))
 
 
-def session_fuse(cfg: M.ModelConfig, value) -> tuple:
-    """The fusions a ``fuse`` parameter picks for ``cfg``'s sessions (ValueError if unknown;
-    a classifier has none)."""
-    from ..decoder import DEFAULT_FUSE, FUSIONS
-    from ..causal_lm import DEFAULT_LM_FUSE, LM_FUSIONS
+def session_fuse(cfg: M.ModelConfig, params) -> tuple:
+    """The fusions the ``fuse`` parameter picks for ``cfg``'s sessions, as the architecture's
+    session-opening job kind reads it (ValueError if unknown; a classifier has none)."""
+    from . import causal_lm, transformer
     from ..ln_proj import fusion_choice
     if cfg.arch == M.ENCODER_CLASSIFIER:
-        return fusion_choice(value, (), (), "a classifier's")
-    if cfg.arch == M.DECODER_ONLY:
-        return fusion_choice(value, LM_FUSIONS, DEFAULT_LM_FUSE, "lm_prefill")
-    return fusion_choice(value, FUSIONS, DEFAULT_FUSE, "decode_open")
+        return fusion_choice(params.get("fuse"), (), (), "a classifier's")
+    return (causal_lm if cfg.arch == M.DECODER_ONLY else transformer).session_fuse(params)
 
 
 def _phases(ctx: JobContext, cfg: M.ModelConfig, x: AShare, ys: AShare | None, T: int):
     """Yields each phase's output (None when the phase has none) as it finishes."""
     p, shares = ctx.party, ctx.model.shares
-    fuse = session_fuse(cfg, ctx.params.get("fuse"))
+    fuse = session_fuse(cfg, ctx.params)
     if cfg.arch == M.DECODER_ONLY:
         from ..causal_lm import lm_prefill, lm_step
         h, state = lm_prefill(p, cfg, shares, x, fuse=fuse)
@@ -107,7 +104,7 @@ def validate_bench_lm(model, inputs: dict, params) -> None:
         raise ValueError("a classifier generates no tokens (tokens = 0)")
     if cfg.arch == M.ENCODER_DECODER and not T:
         raise ValueError("an encoder-decoder run needs tokens >= 1 (its output is per token)")
-    session_fuse(cfg, params.get("fuse"))
+    session_fuse(cfg, params)
     want = {"X", "Y"} if T else {"X"}
     if set(inputs) != want:
         raise ValueError(f"bench_lm takes inputs {sorted(want)}, got {sorted(inputs)}")

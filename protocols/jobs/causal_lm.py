@@ -27,13 +27,15 @@ from .contract import DECODER_ONLY, JobContext, JobSpec, ModelView, TensorSpec
 from .transformer import check_rows, check_model
 
 
-def _session_fuse(params) -> tuple:
+def session_fuse(params) -> tuple:
+    """The LayerNorm fusions a session-opening job's ``fuse`` parameter picks (ValueError,
+    naming the allowed values, otherwise)."""
     return fusion_choice(params.get("fuse"), LM_FUSIONS, DEFAULT_LM_FUSE, "lm_prefill")
 
 
 def _validate_prompt(model: ModelView, inputs: dict, params) -> None:
     check_rows(tuple(inputs["X"]), check_model(model), "X")
-    _session_fuse(params)
+    session_fuse(params)
 
 
 def _validate_step(model: ModelView, inputs: dict, params) -> None:
@@ -42,7 +44,7 @@ def _validate_step(model: ModelView, inputs: dict, params) -> None:
 
 def run_lm_prefill(ctx: JobContext, inputs: dict) -> dict:
     h, state = lm_prefill(ctx.party, ctx.model.config, ctx.model.shares, inputs["X"],
-                          on_layer=ctx.costs.mark, fuse=_session_fuse(ctx.params))
+                          on_layer=ctx.costs.mark, fuse=session_fuse(ctx.params))
     ctx.session.state = state
     return {"H": h}
 

@@ -74,13 +74,15 @@ def _validate_source(model: ModelView, inputs: dict, params) -> None:
     check_rows(tuple(inputs["X"]), check_model(model), "X")
 
 
-def _session_fuse(params) -> tuple:
+def session_fuse(params) -> tuple:
+    """The LayerNorm fusions a session-opening job's ``fuse`` parameter picks (ValueError,
+    naming the allowed values, otherwise)."""
     return fusion_choice(params.get("fuse"), FUSIONS, DEFAULT_FUSE, "decode_open")
 
 
 def _validate_open(model: ModelView, inputs: dict, params) -> None:
     _validate_source(model, inputs, params)
-    _session_fuse(params)
+    session_fuse(params)
 
 
 def _validate_step(model: ModelView, inputs: dict, params) -> None:
@@ -105,7 +107,7 @@ class DecodeSession:
 def run_decode_open(ctx: JobContext, inputs: dict) -> dict:
     cfg, shares = ctx.model.config, ctx.model.shares
     enc = encoder(ctx.party, cfg, shares, inputs["X"], on_layer=ctx.costs.mark)
-    state = DecodeState.start(ctx.party, cfg, shares, enc, fuse=_session_fuse(ctx.params))
+    state = DecodeState.start(ctx.party, cfg, shares, enc, fuse=session_fuse(ctx.params))
     ctx.costs.mark("dec.cross_kv")
     ctx.session.state = DecodeSession(cfg, state)
     return {}
