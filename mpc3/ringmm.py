@@ -54,7 +54,9 @@ wins under 3 concurrent callers, and for small shapes thread launch dominates).
 Column tiles (2026-11-24, AMD EPYC, 2 MiB L2 per core, 32 MiB L3 shared): a work unit
 streams all of B once per two rows of A, so a B larger than the caches is read from memory
 M/2 times - the encoder's folded feature projection (64 x 512 @ 512 x 4256, 17 MB per
-share) ran at half the rate of the 8 MB products. When several rows meet a large B
+share) ran slower per multiply-add than the 8 MB products (the serial kernel in the day's
+first ``benchmarks/ring_matmul.py --reps 5`` run: 9.0 G multiply-adds/s for 64 x 512 x 4768,
+12.1 for 64 x 512 x 2048). When several rows meet a large B
 (:func:`_tiled`: 4 MiB at K <= 1024, 12 MiB at any K) the kernels instead copy a
 K x TILE_COLS column tile of B (512 KB at K = 512: it stays in L2; 3 MB at K = 3072, still
 read from L3 instead of memory) and run every row pair over it; the parallel kernel
