@@ -1,6 +1,7 @@
 """Measure Z_2^64 matmul strategies (reproduces the tables in mpc3/ringmm.py).
 
     python benchmarks/ring_matmul.py [--reps N]
+    python benchmarks/ring_matmul.py --local [--reps N]
 
 Columns: milliseconds, best of --reps; "1x" = one call, "x3" = wall time of
 a round in which three threads each make one call concurrently, each on its own copy of
@@ -8,6 +9,11 @@ the operands (like the 3-party simulator, whose parties hold different shares).
 Strategies: numpy integer matmul, numba serial / parallel kernels by row pairs and by
 column tiles (``mpc3.ringmm``), float64 BLAS on 3 balanced 22-bit limbs, and the
 dispatching ``mpc3.ring.matmul``.
+
+``--local``: a party's local term of a shared matrix product
+(:func:`mpc3.kernels.arith._local_matmul`), the two-product form against the five-product
+form, three threads each computing its own party's term (x3 as above), the two forms
+alternating ``--reps`` times; "ratio" = five / two.
 """
 from __future__ import annotations
 
@@ -104,10 +110,50 @@ def t_three(f: Fn, a: np.ndarray, b: np.ndarray, reps: int) -> float:
     return best
 
 
+def local_terms(reps: int) -> None:
+    """Two- against five-product local terms, three concurrent parties."""
+    from mpc3.kernels import arith
+    from mpc3.sharing import deal
+    rng = np.random.default_rng(0)
+    five_min = arith.FIVE_MIN_DIM
+    print("ms per round of three parties' local terms: two-product / five-product (ratio)")
+    for M, K, N in [(64, 512, 4768), (64, 512, 2048), (64, 2048, 512), (64, 512, 512),
+                    (512, 512, 4768), (512, 512, 2048), (512, 2048, 512)]:
+        x = deal(rng.integers(0, 2**64, (M, K), dtype=np.uint64), rng)
+        y = deal(rng.integers(0, 2**64, (K, N), dtype=np.uint64), rng)
+        best = {}
+        for _ in range(reps):
+            for form, dim in (("two", 1 << 30), ("five", five_min)):
+                arith.FIVE_MIN_DIM = dim
+                terms: list = [None] * 3
+
+                def run(i: int, out: list = terms) -> None:
+                    out[i] = arith._local_matmul(x[i], y[i], i)
+
+                threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+                t = time.perf_counter()
+                for th in threads:
+                    th.start()
+                for th in threads:
+                    th.join()
+                best[form] = min(best.get(form, float("inf")), time.perf_counter() - t)
+                assert np.array_equal(terms[0] + terms[1] + terms[2],
+                                      ring.matmul(x[0].a + x[1].a + x[2].a,
+                                                  y[0].a + y[1].a + y[2].a))
+        arith.FIVE_MIN_DIM = five_min
+        print(f"{M} x {K} x {N}: {best['two'] * 1e3:7.1f} / {best['five'] * 1e3:7.1f} "
+              f"({best['five'] / best['two']:.3f})", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--local", action="store_true",
+                    help="a party's local term of a shared product: two- vs five-product form")
     args = ap.parse_args()
+    if args.local:
+        local_terms(args.reps)
+        return
     rng = np.random.default_rng(0)
     shapes = [(1, 64, 512, 4768), (1, 128, 3072, 768), (1, 64, 512, 2048), (1, 64, 2048, 512),
               (1, 64, 512, 512), (8, 512, 64, 64), (1, 1, 512, 512)]

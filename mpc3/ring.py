@@ -109,9 +109,10 @@ def decode(x: np.ndarray, frac: int = DEFAULT_FRAC) -> np.ndarray:
     return to_signed(x).astype(np.float64) / float(2**frac)
 
 
-def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Exact ``(a @ b) mod 2^64`` for uint64 arrays, with ``np.matmul`` shapes."""
-    return ring_matmul(check_ring(a, "a"), check_ring(b, "b"))
+def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Exact ``(a @ b) mod 2^64`` for uint64 arrays, with ``np.matmul`` shapes; ``out``: add
+    the product into this C-contiguous uint64 array of the result's shape (returned)."""
+    return ring_matmul(check_ring(a, "a"), check_ring(b, "b"), out)
 
 
 # --------------------------------------------------------------------------- #

@@ -259,9 +259,10 @@ def _kernel_arg(x: np.ndarray, shape: tuple[int, ...] | None = None) -> np.ndarr
     return x.view(np.int64)
 
 
-def ring_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def ring_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """Exact ``(a @ b) mod 2^64`` for uint64 arrays (checked by the caller), with
-    ``np.matmul`` shapes."""
+    ``np.matmul`` shapes; ``out`` (C-contiguous uint64 of the result's shape): add the product
+    into it instead (returned)."""
     if a.ndim == 0 or b.ndim == 0:
         raise ValueError("matmul: operands must be at least 1-D")
     a_vec, b_vec = a.ndim == 1, b.ndim == 1
@@ -283,7 +284,10 @@ def ring_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         A3 = _kernel_arg(a2, (*batch, M, K)).reshape(nb, M, K)
         B3 = _kernel_arg(b2, (*batch, K, N)).reshape(nb, K, N)
 
-    C3 = np.zeros((B3.shape[0], A3.shape[1], N), dtype=np.int64)
+    if out is None:
+        C3 = np.zeros((B3.shape[0], A3.shape[1], N), dtype=np.int64)
+    else:
+        C3 = _out_arg(out, (B3.shape[0], A3.shape[1], N))
     rows = C3.shape[0] * C3.shape[1]
     if rows and N and K:
         serial_gil, serial, parallel, tiled, tiled_parallel = _kernels()
@@ -294,11 +298,22 @@ def ring_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         else:
             (parallel if big else serial if macs >= NOGIL_MIN_WORK else serial_gil)(A3, B3, C3)
 
-    out = C3.view(np.uint64).reshape(*batch, M, N)
+    if out is not None:
+        return out
+    res = C3.view(np.uint64).reshape(*batch, M, N)
     if a_vec:
-        out = out[..., 0, :]
+        res = res[..., 0, :]
     if b_vec:
-        out = out[..., 0]
-    return out
+        res = res[..., 0]
+    return res
+
+
+def _out_arg(out: np.ndarray, shape: tuple[int, int, int]) -> np.ndarray:
+    """``out`` as the kernels' int64 (nb, M, N) accumulator (a view: no copy)."""
+    if out.dtype != np.uint64 or not out.flags.c_contiguous or not out.flags.writeable \
+            or out.size != math.prod(shape):
+        raise ValueError(f"matmul: out must be a writable C-contiguous uint64 array of "
+                         f"{math.prod(shape)} elements")
+    return out.view(np.int64).reshape(shape)
 
 

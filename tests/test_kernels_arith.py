@@ -222,3 +222,46 @@ def test_scaled_truncation_refuses_bad_factors(run):
         with pytest.raises(ValueError, match="multipliers"):
             run(lambda p, a: arith.matmul_aa(p, a.reshape(2, 2), a.reshape(2, 2),
                                              arith.Scaled(30, np.uint64(m))), x)
+
+
+@pytest.mark.parametrize("xs, ys", [
+    ((64, 100), (100, 40)), ((3, 20, 50), (50, 17)), ((2, 4, 30, 60), (2, 4, 60, 33)),
+    ((40, 64), (5, 64, 20)), ((300, 49), (49, 18)), ((17, 48), (48, 16)),
+    ((1, 512), (512, 64)), ((64,), (64, 30)), ((20, 47), (47, 20)), ((64, 512), (512, 8))])
+def test_local_matmul_terms_sum_to_the_product(xs, ys, rng):
+    """The three parties' local terms (five-product form where both outer dimensions reach
+    FIVE_MIN_DIM and K has three blocks of that size, else two-product) are a 3-out-of-3
+    sharing of x y, exactly (Python integers)."""
+    X = rng.integers(0, 2**64, size=xs, dtype=np.uint64)
+    Y = rng.integers(0, 2**64, size=ys, dtype=np.uint64)
+    sx, sy = deal(X, rng), deal(Y, rng)
+    z = sum(arith._local_matmul(sx[i], sy[i], i) for i in range(3))
+    ref = np.matmul(X.astype(object), Y.astype(object)) % (1 << 64)
+    assert z.shape == ref.shape and (z.astype(object) == ref).all()
+
+
+@pytest.mark.parametrize("M, K, N, five", [(64, 512, 96, True), (64, 100, 40, True),
+                                           (8, 512, 96, False), (64, 40, 96, False)])
+def test_local_matmul_multiply_adds(M, K, N, five, rng, monkeypatch):
+    """Each party's multiply-adds: 5/3 M K N in the five-product form (block j: one product
+    at party j, two at the others), 2 M K N in the two-product form."""
+    macs = []
+    real = ring.matmul
+
+    def counting(a, b, out=None):
+        macs.append(int(np.prod(a.shape)) * b.shape[-1])
+        return real(a, b, out)
+
+    monkeypatch.setattr(arith.ring, "matmul", counting)
+    sx = deal(rng.integers(0, 2**64, size=(M, K), dtype=np.uint64), rng)
+    sy = deal(rng.integers(0, 2**64, size=(K, N), dtype=np.uint64), rng)
+    blocks = [kb.stop - kb.start for kb in arith.k_blocks(K)]
+    for rank in range(3):
+        macs.clear()
+        arith._local_matmul(sx[rank], sy[rank], rank)
+        if five:
+            own = [1 if (rank - j) % 3 == 0 else 2 for j in range(3)]
+            assert sum(macs) == M * N * sum(o * b for o, b in zip(own, blocks))
+            assert len(macs) == 5
+        else:
+            assert sum(macs) == 2 * M * K * N and len(macs) == 2

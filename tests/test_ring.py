@@ -319,3 +319,21 @@ def test_pack_kernels_gil_releasing_variant(width):
     plan = width_plan(widths)
     masks = (np.uint64(1) << widths.astype(np.uint64)) - np.uint64(1)
     np.testing.assert_array_equal(unpack_var(pack_var(vals, plan), plan), vals & masks)
+
+
+def test_matmul_adds_into_out(rng):
+    """``out`` receives the product added to what it held (the five-product form's
+    accumulator), tiled and untiled, batched; a wrong ``out`` is refused."""
+    for (a_shape, b_shape) in [((70, 512), (512, 1024)), ((2, 9, 33), (33, 5)),
+                               ((3, 4, 6), (3, 6, 7)), ((5,), (5, 3))]:
+        a = rng.integers(0, 2**64, size=a_shape, dtype=np.uint64)
+        b = rng.integers(0, 2**64, size=b_shape, dtype=np.uint64)
+        prod = matmul(a, b)
+        base = rng.integers(0, 2**64, size=prod.shape, dtype=np.uint64)
+        out = base.copy()
+        assert matmul(a, b, out) is out
+        assert (out == base + prod).all()
+    with pytest.raises(ValueError, match="out must be"):
+        matmul(a, b, np.zeros(4, dtype=np.uint64))
+    with pytest.raises(ValueError, match="out must be"):
+        matmul(a, b, np.zeros((3, 4), dtype=np.uint64)[:, :3])

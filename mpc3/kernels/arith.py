@@ -3,6 +3,9 @@
 Multiplication is the replicated-sharing product of Araki et al. (CCS'16) as used by ABY3
 and Privformer (Sec. 2.1, App. A): each party computes ``z_i = x_i y_i + x_i y_{i+1} +
 x_{i+1} y_i`` locally (a 3-out-of-3 sharing), masks it with a zero sharing and reshares.
+A matrix product of at least FIVE_MIN_DIM rows and columns splits those nine slot products
+among the parties by blocks of the inner dimension instead: 5/3 of the multiply-adds
+(:func:`_local_matmul`).
 
 Fixed-point truncation is fused into that resharing through the *split form*
 (:mod:`mpc3.kernels.truncation`: exact by default, stochastic rounding).
@@ -112,12 +115,57 @@ def _local_mul(x: AShare, y: AShare) -> np.ndarray:
     return x.a * (y.a + y.b) + x.b * y.a
 
 
-def _local_matmul(x: AShare, y: AShare) -> np.ndarray:
-    """x_i y_i + x_i y_{i+1} + x_{i+1} y_i, adding the halves of the smaller operand (a
-    decoding step multiplies one row by a weight matrix)."""
-    if x.size <= y.size:
-        return ring.matmul(x.a + x.b, y.a) + ring.matmul(x.a, y.b)
-    return ring.matmul(x.a, y.a + y.b) + ring.matmul(x.b, y.a)
+#: The five-product form of :func:`_local_matmul` needs at least this many rows and columns
+#: per product and inner-dimension elements per block (below, the two-product form: a
+#: decoding step's one-row products read each weight share once and stay memory-bound).
+FIVE_MIN_DIM = 16
+
+
+def k_blocks(K: int) -> tuple[slice, slice, slice]:
+    """The three blocks of the inner dimension of :func:`_local_matmul`'s five-product form."""
+    cuts = [K * j // 3 for j in range(4)]
+    return tuple(slice(cuts[j], cuts[j + 1]) for j in range(3))
+
+
+def _local_matmul(x: AShare, y: AShare, rank: int) -> np.ndarray:
+    """Party ``rank``'s term of x y: a 3-out-of-3 sharing of the product.
+
+    Two-product form: x_i y_i + x_i y_{i+1} + x_{i+1} y_i, adding the halves of the smaller
+    operand (a decoding step multiplies one row by a weight matrix): 2 M K N multiply-adds
+    per party.
+
+    Five-product form (both outer dimensions >= FIVE_MIN_DIM): the inner dimension is cut
+    into three blocks (:func:`k_blocks`) and in block j party j covers four of the nine
+    slot products at once, (x_j + x_{j+1})(y_j + y_{j+1}); party j+1 covers (x_{j+1} +
+    x_{j+2}) y_{j+2} + x_{j+2} y_{j+1} and party j+2 x_{j+2} y_j + x_j y_{j+2} - every slot
+    product once. That is 5/3 M K N multiply-adds per party instead of 2 (a single product
+    for every party would need the diagonal weights to be units of Z_2^64, and one of
+    a, 1 - a is even), for the sums of one block of each operand. The zero sharing that
+    masks the result makes any split of the nine products equally safe."""
+    M = x.shape[-2] if len(x.shape) > 1 else 1
+    N = y.shape[-1] if len(y.shape) > 1 else 1
+    K = x.shape[-1]
+    sum_x = x.size <= y.size
+    if min(M, N) < FIVE_MIN_DIM or K < 3 * FIVE_MIN_DIM:
+        if sum_x:
+            return ring.matmul(x.a + x.b, y.a) + ring.matmul(x.a, y.b)
+        return ring.matmul(x.a, y.a + y.b) + ring.matmul(x.b, y.a)
+    out = np.zeros(np.broadcast_shapes(x.shape[:-2], y.shape[:-2]) + (M, N), dtype=np.uint64)
+    for j, kb in enumerate(k_blocks(K)):
+        xa, xb, ya, yb = x.a[..., kb], x.b[..., kb], y.a[..., kb, :], y.b[..., kb, :]
+        role = (rank - j) % 3
+        if role == 0:
+            ring.matmul(xa + xb, ya + yb, out)
+        elif role == 1 and sum_x:
+            ring.matmul(xa + xb, yb, out)
+            ring.matmul(xb, ya, out)
+        elif role == 1:
+            ring.matmul(xa, yb, out)
+            ring.matmul(xb, ya + yb, out)
+        else:
+            ring.matmul(xa, yb, out)
+            ring.matmul(xb, ya, out)
+    return out
 
 
 def mul_aa(p: Party, x: AShare, y: AShare, trunc: bool | int = True) -> AShare:
@@ -144,10 +192,10 @@ def matmul_aa(p: Party, x: AShare, y: AShare, trunc: bool | int = True) -> AShar
     if x.shape[-1] != y.shape[-2 if len(y.shape) > 1 else 0]:
         raise ValueError(f"matmul_aa: inner dimensions differ {x.shape} @ {y.shape}")
     p.new_op()
-    return _finish(p, _local_matmul(x, y), trunc)
+    return _finish(p, _local_matmul(x, y, p.rank), trunc)
 
 
-def _item_product(x: AShare, y: AShare, kind: str, keep):
+def _item_product(x: AShare, y: AShare, kind: str, keep, rank: int):
     """One item's local 3-out-of-3 product: (z, keep broadcast or None, kept entries flat)."""
     if kind == "mul" and x.shape != y.shape:
         raise ValueError(f"mul_many_aa: shapes differ {x.shape} vs {y.shape}")
@@ -155,7 +203,7 @@ def _item_product(x: AShare, y: AShare, kind: str, keep):
         raise ValueError(f"mul_many_aa: inner dimensions differ {x.shape} @ {y.shape}")
     if kind not in ("mul", "matmul"):
         raise ValueError(f"mul_many_aa: unknown kind {kind!r}")
-    z = _local_mul(x, y) if kind == "mul" else _local_matmul(x, y)
+    z = _local_mul(x, y) if kind == "mul" else _local_matmul(x, y, rank)
     keep = None if keep is None else np.broadcast_to(keep, z.shape)
     return z, keep, (z.reshape(-1) if keep is None else z[keep])
 
@@ -177,7 +225,8 @@ def mul_many_steps(p: Party, items: list[tuple]):
     mults = []
     for item in items:
         trunc = item[3]
-        z, keep, zk = _item_product(item[0], item[1], item[2], item[4] if len(item) > 4 else None)
+        z, keep, zk = _item_product(item[0], item[1], item[2],
+                                    item[4] if len(item) > 4 else None, p.rank)
         shift = None if trunc is False else (p.cfg.frac if trunc is True else trunc)
         if isinstance(shift, Scaled):
             mults.append((len(parts[True]), shift.mult))
@@ -253,8 +302,8 @@ def mul_split_aa(p: Party, items: list[tuple], trunc: bool | int = True,
     :func:`cost_mul_split`."""
     p.new_op()
 
-    zs = [_item_product(*it[:3], it[3] if len(it) > 3 else None) for it in items]
-    zr = [_item_product(*it[:3], None) for it in replicated or []]
+    zs = [_item_product(*it[:3], it[3] if len(it) > 3 else None, p.rank) for it in items]
+    zr = [_item_product(*it[:3], None, p.rank) for it in replicated or []]
     bits = p.cfg.frac if trunc is True else int(trunc)
     z = np.concatenate([v for _, _, v in zs + zr])
     n_split = sum(v.size for _, _, v in zs)
