@@ -109,10 +109,12 @@ def decode(x: np.ndarray, frac: int = DEFAULT_FRAC) -> np.ndarray:
     return to_signed(x).astype(np.float64) / float(2**frac)
 
 
-def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None,
+           like: int | None = None) -> np.ndarray:
     """Exact ``(a @ b) mod 2^64`` for uint64 arrays, with ``np.matmul`` shapes; ``out``: add
-    the product into this C-contiguous uint64 array of the result's shape (returned)."""
-    return ring_matmul(check_ring(a, "a"), check_ring(b, "b"), out)
+    the product into this C-contiguous uint64 array of the result's shape (returned);
+    ``like``: the inner dimension of the product this one is a block of (its kernel choice)."""
+    return ring_matmul(check_ring(a, "a"), check_ring(b, "b"), out, like)
 
 
 # --------------------------------------------------------------------------- #

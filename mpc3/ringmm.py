@@ -259,10 +259,12 @@ def _kernel_arg(x: np.ndarray, shape: tuple[int, ...] | None = None) -> np.ndarr
     return x.view(np.int64)
 
 
-def ring_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+def ring_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None,
+                like: int | None = None) -> np.ndarray:
     """Exact ``(a @ b) mod 2^64`` for uint64 arrays (checked by the caller), with
     ``np.matmul`` shapes; ``out`` (C-contiguous uint64 of the result's shape): add the product
-    into it instead (returned)."""
+    into it instead (returned). ``like``: the inner dimension of a larger product this one is
+    a block of - the kernel (tiles, threads) is chosen as for that product."""
     if a.ndim == 0 or b.ndim == 0:
         raise ValueError("matmul: operands must be at least 1-D")
     a_vec, b_vec = a.ndim == 1, b.ndim == 1
@@ -291,9 +293,9 @@ def ring_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> 
     rows = C3.shape[0] * C3.shape[1]
     if rows and N and K:
         serial_gil, serial, parallel, tiled, tiled_parallel = _kernels()
-        macs = rows * K * N
+        macs = rows * (like or K) * N
         big = rows > 1 and macs >= PARALLEL_MIN_MACS
-        if _tiled(A3.shape[1], K, N):
+        if _tiled(A3.shape[1], like or K, N):
             (tiled_parallel if big else tiled)(A3, B3, C3, TILE_COLS)
         else:
             (parallel if big else serial if macs >= NOGIL_MIN_WORK else serial_gil)(A3, B3, C3)

@@ -224,14 +224,17 @@ def test_scaled_truncation_refuses_bad_factors(run):
                                              arith.Scaled(30, np.uint64(m))), x)
 
 
+@pytest.mark.parametrize("force", [None, 0])
 @pytest.mark.parametrize("xs, ys", [
     ((64, 100), (100, 40)), ((3, 20, 50), (50, 17)), ((2, 4, 30, 60), (2, 4, 60, 33)),
     ((40, 64), (5, 64, 20)), ((300, 49), (49, 18)), ((17, 48), (48, 16)),
-    ((1, 512), (512, 64)), ((64,), (64, 30)), ((20, 47), (47, 20)), ((64, 512), (512, 8))])
-def test_local_matmul_terms_sum_to_the_product(xs, ys, rng):
-    """The three parties' local terms (five-product form where both outer dimensions reach
-    FIVE_MIN_DIM and K has three blocks of that size, else two-product) are a 3-out-of-3
-    sharing of x y, exactly (Python integers)."""
+    ((1, 512), (512, 64)), ((64,), (64, 30)), ((20, 47), (47, 20)), ((256, 512), (512, 256))])
+def test_local_matmul_terms_sum_to_the_product(xs, ys, force, rng, monkeypatch):
+    """The three parties' local terms are a 3-out-of-3 sharing of x y, exactly (Python
+    integers): by the policy, and with the five-product form wherever K allows it
+    (``force`` 0: FIVE_MIN_RATIO 0)."""
+    if force is not None:
+        monkeypatch.setattr(arith, "FIVE_MIN_RATIO", force)
     X = rng.integers(0, 2**64, size=xs, dtype=np.uint64)
     Y = rng.integers(0, 2**64, size=ys, dtype=np.uint64)
     sx, sy = deal(X, rng), deal(Y, rng)
@@ -240,17 +243,19 @@ def test_local_matmul_terms_sum_to_the_product(xs, ys, rng):
     assert z.shape == ref.shape and (z.astype(object) == ref).all()
 
 
-@pytest.mark.parametrize("M, K, N, five", [(64, 512, 96, True), (64, 100, 40, True),
-                                           (8, 512, 96, False), (64, 40, 96, False)])
+@pytest.mark.parametrize("M, K, N, five", [(256, 512, 256, True), (512, 512, 2048, True),
+                                           (64, 512, 2048, False), (1, 512, 512, False),
+                                           (256, 40, 256, False)])
 def test_local_matmul_multiply_adds(M, K, N, five, rng, monkeypatch):
     """Each party's multiply-adds: 5/3 M K N in the five-product form (block j: one product
-    at party j, two at the others), 2 M K N in the two-product form."""
+    at party j, two at the others) - used from FIVE_MIN_RATIO multiply-adds per operand
+    element with three blocks of FIVE_MIN_K - else 2 M K N."""
     macs = []
     real = ring.matmul
 
-    def counting(a, b, out=None):
+    def counting(a, b, out=None, like=None):
         macs.append(int(np.prod(a.shape)) * b.shape[-1])
-        return real(a, b, out)
+        return real(a, b, out, like)
 
     monkeypatch.setattr(arith.ring, "matmul", counting)
     sx = deal(rng.integers(0, 2**64, size=(M, K), dtype=np.uint64), rng)

@@ -3,9 +3,8 @@
 Multiplication is the replicated-sharing product of Araki et al. (CCS'16) as used by ABY3
 and Privformer (Sec. 2.1, App. A): each party computes ``z_i = x_i y_i + x_i y_{i+1} +
 x_{i+1} y_i`` locally (a 3-out-of-3 sharing), masks it with a zero sharing and reshares.
-A matrix product of at least FIVE_MIN_DIM rows and columns splits those nine slot products
-among the parties by blocks of the inner dimension instead: 5/3 of the multiply-adds
-(:func:`_local_matmul`).
+A large matrix product splits those nine slot products among the parties by blocks of the
+inner dimension instead: 5/3 of the multiply-adds (:func:`_local_matmul`).
 
 Fixed-point truncation is fused into that resharing through the *split form*
 (:mod:`mpc3.kernels.truncation`: exact by default, stochastic rounding).
@@ -16,6 +15,7 @@ receiver by a key the receiver lacks; there is no setting that replaces them wit
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 
@@ -115,10 +115,15 @@ def _local_mul(x: AShare, y: AShare) -> np.ndarray:
     return x.a * (y.a + y.b) + x.b * y.a
 
 
-#: The five-product form of :func:`_local_matmul` needs at least this many rows and columns
-#: per product and inner-dimension elements per block (below, the two-product form: a
-#: decoding step's one-row products read each weight share once and stay memory-bound).
-FIVE_MIN_DIM = 16
+#: The five-product form of :func:`_local_matmul` saves M K N / 3 multiply-adds per party
+#: and costs the sums of one inner-dimension block of each operand; it is used when the
+#: product has at least this many multiply-adds per element of the two operands (an
+#: addition streams its operands from memory, ~100 multiply-adds' time with three parties
+#: on two cores; ``python benchmarks/ring_matmul.py --local``: 64 rows by a 512 x 2048
+#: weight, ratio 62, lost 10-28 %; 512 rows, ratio 410, gained), and every block has at
+#: least FIVE_MIN_K inner elements.
+FIVE_MIN_RATIO = 128
+FIVE_MIN_K = 16
 
 
 def k_blocks(K: int) -> tuple[slice, slice, slice]:
@@ -134,7 +139,8 @@ def _local_matmul(x: AShare, y: AShare, rank: int) -> np.ndarray:
     operand (a decoding step multiplies one row by a weight matrix): 2 M K N multiply-adds
     per party.
 
-    Five-product form (both outer dimensions >= FIVE_MIN_DIM): the inner dimension is cut
+    Five-product form (FIVE_MIN_RATIO multiply-adds per operand element): the inner
+    dimension is cut
     into three blocks (:func:`k_blocks`) and in block j party j covers four of the nine
     slot products at once, (x_j + x_{j+1})(y_j + y_{j+1}); party j+1 covers (x_{j+1} +
     x_{j+2}) y_{j+2} + x_{j+2} y_{j+1} and party j+2 x_{j+2} y_j + x_j y_{j+2} - every slot
@@ -142,29 +148,29 @@ def _local_matmul(x: AShare, y: AShare, rank: int) -> np.ndarray:
     for every party would need the diagonal weights to be units of Z_2^64, and one of
     a, 1 - a is even), for the sums of one block of each operand. The zero sharing that
     masks the result makes any split of the nine products equally safe."""
-    M = x.shape[-2] if len(x.shape) > 1 else 1
-    N = y.shape[-1] if len(y.shape) > 1 else 1
-    K = x.shape[-1]
-    sum_x = x.size <= y.size
-    if min(M, N) < FIVE_MIN_DIM or K < 3 * FIVE_MIN_DIM:
+    K, sum_x = x.shape[-1], x.size <= y.size
+    shape = np.broadcast_shapes(x.shape[:-2], y.shape[:-2]) + (x.shape[-2], y.shape[-1]) \
+        if min(len(x.shape), len(y.shape)) > 1 else ()          # () : a vector operand
+    if K < 3 * FIVE_MIN_K or math.prod(shape) * K < FIVE_MIN_RATIO * (x.size + y.size) \
+            or not shape:
         if sum_x:
             return ring.matmul(x.a + x.b, y.a) + ring.matmul(x.a, y.b)
         return ring.matmul(x.a, y.a + y.b) + ring.matmul(x.b, y.a)
-    out = np.zeros(np.broadcast_shapes(x.shape[:-2], y.shape[:-2]) + (M, N), dtype=np.uint64)
+    out = np.zeros(shape, dtype=np.uint64)
     for j, kb in enumerate(k_blocks(K)):
         xa, xb, ya, yb = x.a[..., kb], x.b[..., kb], y.a[..., kb, :], y.b[..., kb, :]
         role = (rank - j) % 3
         if role == 0:
-            ring.matmul(xa + xb, ya + yb, out)
+            ring.matmul(xa + xb, ya + yb, out, K)
         elif role == 1 and sum_x:
-            ring.matmul(xa + xb, yb, out)
-            ring.matmul(xb, ya, out)
+            ring.matmul(xa + xb, yb, out, K)
+            ring.matmul(xb, ya, out, K)
         elif role == 1:
-            ring.matmul(xa, yb, out)
-            ring.matmul(xb, ya + yb, out)
+            ring.matmul(xa, yb, out, K)
+            ring.matmul(xb, ya + yb, out, K)
         else:
-            ring.matmul(xa, yb, out)
-            ring.matmul(xb, ya, out)
+            ring.matmul(xa, yb, out, K)
+            ring.matmul(xb, ya, out, K)
     return out
 
 
