@@ -13,7 +13,8 @@ dispatching ``mpc3.ring.matmul``.
 ``--local``: a party's local term of a shared matrix product
 (:func:`mpc3.kernels.arith._local_matmul`), the two-product form against the five-product
 form, three threads each computing its own party's term (x3 as above), the two forms
-alternating ``--reps`` times; "ratio" = five / two.
+alternating ``--reps`` times; the ratio in parentheses = five / two, and "ratio N" the
+multiply-adds per operand element the policy reads (``arith.FIVE_MIN_RATIO``).
 """
 from __future__ import annotations
 
@@ -118,6 +119,7 @@ def local_terms(reps: int) -> None:
     five_min = arith.FIVE_MIN_RATIO
     print("ms per round of three parties' local terms: two-product / five-product (ratio)")
     for M, K, N in [(64, 512, 4768), (64, 512, 2048), (64, 2048, 512), (64, 512, 512),
+                    (128, 768, 3072), (128, 3072, 768), (128, 512, 2048), (256, 768, 768),
                     (512, 512, 4768), (512, 512, 2048), (512, 2048, 512)]:
         x = deal(rng.integers(0, 2**64, (M, K), dtype=np.uint64), rng)
         y = deal(rng.integers(0, 2**64, (K, N), dtype=np.uint64), rng)
@@ -141,8 +143,9 @@ def local_terms(reps: int) -> None:
                                       ring.matmul(x[0].a + x[1].a + x[2].a,
                                                   y[0].a + y[1].a + y[2].a))
         arith.FIVE_MIN_RATIO = five_min
-        print(f"{M} x {K} x {N}: {best['two'] * 1e3:7.1f} / {best['five'] * 1e3:7.1f} "
-              f"({best['five'] / best['two']:.3f})", flush=True)
+        ratio = M * K * N // (M * K + K * N)
+        print(f"{M} x {K} x {N} (ratio {ratio}): {best['two'] * 1e3:7.1f} / "
+              f"{best['five'] * 1e3:7.1f} ({best['five'] / best['two']:.3f})", flush=True)
 
 
 def main() -> None:

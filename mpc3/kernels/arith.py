@@ -116,13 +116,14 @@ def _local_mul(x: AShare, y: AShare) -> np.ndarray:
 
 
 #: The five-product form of :func:`_local_matmul` saves M K N / 3 multiply-adds per party
-#: and costs the sums of one inner-dimension block of each operand; it is used when the
-#: product has at least this many multiply-adds per element of the two operands (an
-#: addition streams its operands from memory, ~100 multiply-adds' time with three parties
-#: on two cores; ``python benchmarks/ring_matmul.py --local``: 64 rows by a 512 x 2048
-#: weight, ratio 62, lost 10-28 %; 512 rows, ratio 410, gained), and every block has at
-#: least FIVE_MIN_K inner elements.
-FIVE_MIN_RATIO = 128
+#: and costs the sums of one inner-dimension block of each operand, which stream from
+#: memory; it is used from this many multiply-adds per element of the two operands, and
+#: when every block has at least FIVE_MIN_K inner elements. Three parties' local terms,
+#: ``python benchmarks/ring_matmul.py --local --reps 5``, five / two: ratio 109-122 (128
+#: rows by GPT-2's weights, by 512 x 2048) 0.77-0.91, ratio 192-462 (256 and 512 rows)
+#: 0.68-0.93; ratio 56-63 (64 rows by the Table 2 weights) 0.74-1.02 in one run and up to
+#: 1.28 in two earlier ones, so those keep the two-product form.
+FIVE_MIN_RATIO = 96
 FIVE_MIN_K = 16
 
 
