@@ -90,25 +90,27 @@ def t_single(f: Fn, a: np.ndarray, b: np.ndarray, reps: int) -> float:
     return best
 
 
+def _round(work: Callable[[int], None]) -> float:
+    """Wall time of a round in which 3 threads (parties 0, 1, 2) each call work(i) once."""
+    barrier = threading.Barrier(3)
+
+    def run(i: int) -> None:
+        barrier.wait()
+        work(i)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+    t = time.perf_counter()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return time.perf_counter() - t
+
+
 def t_three(f: Fn, a: np.ndarray, b: np.ndarray, reps: int) -> float:
     """Best wall time of a round in which 3 threads each call f once on their own copies."""
-    best = float("inf")
     ops = [(a.copy(), b.copy()) for _ in range(3)]
-    for _ in range(reps):
-        barrier = threading.Barrier(3)
-
-        def run(i: int) -> None:
-            barrier.wait()
-            f(*ops[i])
-
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
-        t = time.perf_counter()
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
-        best = min(best, time.perf_counter() - t)
-    return best
+    return min(_round(lambda i: f(*ops[i])) for _ in range(reps))
 
 
 def local_terms(reps: int) -> None:
@@ -132,13 +134,7 @@ def local_terms(reps: int) -> None:
                 def run(i: int, out: list = terms) -> None:
                     out[i] = arith._local_matmul(x[i], y[i], i)
 
-                threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
-                t = time.perf_counter()
-                for th in threads:
-                    th.start()
-                for th in threads:
-                    th.join()
-                best[form] = min(best.get(form, float("inf")), time.perf_counter() - t)
+                best[form] = min(best.get(form, float("inf")), _round(run))
                 assert np.array_equal(terms[0] + terms[1] + terms[2],
                                       ring.matmul(x[0].a + x[1].a + x[2].a,
                                                   y[0].a + y[1].a + y[2].a))
