@@ -289,7 +289,8 @@ def ring_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None,
     if out is None:
         C3 = np.zeros((B3.shape[0], A3.shape[1], N), dtype=np.int64)
     else:
-        C3 = _out_arg(out, (B3.shape[0], A3.shape[1], N))
+        shape = (*batch, *(() if a_vec else (M,)), *(() if b_vec else (N,)))
+        C3 = _out_arg(out, shape, (B3.shape[0], A3.shape[1], N))
     rows = C3.shape[0] * C3.shape[1]
     if rows and N and K:
         serial_gil, serial, parallel, tiled, tiled_parallel = _kernels()
@@ -310,12 +311,12 @@ def ring_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None,
     return res
 
 
-def _out_arg(out: np.ndarray, shape: tuple[int, int, int]) -> np.ndarray:
-    """``out`` as the kernels' int64 (nb, M, N) accumulator (a view: no copy)."""
-    if out.dtype != np.uint64 or not out.flags.c_contiguous or not out.flags.writeable \
-            or out.size != math.prod(shape):
-        raise ValueError(f"matmul: out must be a writable C-contiguous uint64 array of "
-                         f"{math.prod(shape)} elements")
-    return out.view(np.int64).reshape(shape)
-
-
+def _out_arg(out: np.ndarray, shape: tuple[int, ...], kernel: tuple[int, int, int]
+             ) -> np.ndarray:
+    """``out`` (the result's ``shape``) as the kernels' int64 ``kernel`` accumulator (a view:
+    no copy)."""
+    if out.dtype != np.uint64 or out.shape != shape or not out.flags.c_contiguous \
+            or not out.flags.writeable:
+        raise ValueError(f"matmul: out must be a writable C-contiguous uint64 array of shape "
+                         f"{shape}")
+    return out.view(np.int64).reshape(kernel)

@@ -337,3 +337,7 @@ def test_matmul_adds_into_out(rng):
         matmul(a, b, np.zeros(4, dtype=np.uint64))
     with pytest.raises(ValueError, match="out must be"):
         matmul(a, b, np.zeros((3, 4), dtype=np.uint64)[:, :3])
+    a = rng.integers(0, 2**64, size=(4, 6), dtype=np.uint64)
+    b = rng.integers(0, 2**64, size=(6, 3), dtype=np.uint64)
+    with pytest.raises(ValueError, match="out must be"):      # the right size, wrong shape
+        matmul(a, b, np.zeros((3, 4), dtype=np.uint64))

@@ -141,11 +141,10 @@ def _local_matmul(x: AShare, y: AShare, rank: int) -> np.ndarray:
     per party.
 
     Five-product form (FIVE_MIN_RATIO multiply-adds per operand element): the inner
-    dimension is cut
-    into three blocks (:func:`k_blocks`) and in block j party j covers four of the nine
-    slot products at once, (x_j + x_{j+1})(y_j + y_{j+1}); party j+1 covers (x_{j+1} +
-    x_{j+2}) y_{j+2} + x_{j+2} y_{j+1} and party j+2 x_{j+2} y_j + x_j y_{j+2} - every slot
-    product once. That is 5/3 M K N multiply-adds per party instead of 2 (a single product
+    dimension is cut into three blocks (:func:`k_blocks`) and in block j party j covers four
+    of the nine slot products at once, (x_j + x_{j+1})(y_j + y_{j+1}); party j+1 covers
+    (x_{j+1} + x_{j+2}) y_{j+2} + x_{j+2} y_{j+1} and party j+2 x_{j+2} y_j + x_j y_{j+2} -
+    every slot product once. That is 5/3 M K N multiply-adds per party instead of 2 (a single product
     for every party would need the diagonal weights to be units of Z_2^64, and one of
     a, 1 - a is even), for the sums of one block of each operand. The zero sharing that
     masks the result makes any split of the nine products equally safe."""
