@@ -20,6 +20,7 @@ import functools
 import hashlib
 import math
 import os
+import sys
 import threading
 from dataclasses import dataclass, field
 
@@ -55,23 +56,36 @@ ECB_MAX_BYTES = 1 << 14
 _ZEROS = bytes(1 << 20)
 
 
-def _ctr_fill(nonces: np.ndarray, starts: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover
-    """Blocks starts[j] .. starts[j+1] - 1 of ``out`` (uint8, 16 bytes a block) = the
-    big-endian 128-bit counters nonces[j] + i (mod 2^128)."""
+def _ctr_fill(nonces: np.ndarray, starts: np.ndarray, out: np.ndarray,
+              swap: bool) -> None:  # pragma: no cover
+    """Blocks starts[j] .. starts[j+1] - 1 of ``out`` (uint64, two words a block) = the
+    big-endian 128-bit counters nonces[j] + i (mod 2^128); ``swap``: the host is
+    little-endian, so each word is byte-swapped (one 64-bit store per word, not 16 byte
+    stores per block)."""
+    m8, m16 = np.uint64(0x00FF00FF00FF00FF), np.uint64(0x0000FFFF0000FFFF)
+    s8, s16, s32 = np.uint64(8), np.uint64(16), np.uint64(32)
     for j in range(nonces.shape[0]):
         hi = np.uint64(0)
         lo = np.uint64(0)
         for k in range(8):
-            hi = (hi << np.uint64(8)) | np.uint64(nonces[j, k])
-            lo = (lo << np.uint64(8)) | np.uint64(nonces[j, 8 + k])
+            hi = (hi << s8) | np.uint64(nonces[j, k])
+            lo = (lo << s8) | np.uint64(nonces[j, 8 + k])
         for i in range(starts[j + 1] - starts[j]):
             c = lo + np.uint64(i)
             h = hi + np.uint64(1) if c < lo else hi        # carry (wraps mod 2^128)
-            base = 16 * (starts[j] + i)
-            for k in range(8):
-                sh = np.uint64(56 - 8 * k)
-                out[base + k] = np.uint8((h >> sh) & np.uint64(0xFF))
-                out[base + 8 + k] = np.uint8((c >> sh) & np.uint64(0xFF))
+            if swap:
+                h = ((h & m8) << s8) | ((h >> s8) & m8)
+                h = ((h & m16) << s16) | ((h >> s16) & m16)
+                h = (h << s32) | (h >> s32)
+                c = ((c & m8) << s8) | ((c >> s8) & m8)
+                c = ((c & m16) << s16) | ((c >> s16) & m16)
+                c = (c << s32) | (c >> s32)
+            base = 2 * (starts[j] + i)
+            out[base] = h
+            out[base + 1] = c
+
+
+_SWAP = sys.byteorder == "little"
 
 
 @functools.cache
@@ -82,10 +96,10 @@ def _ctr_fill_jit():
 
 def ctr_blocks(nonce: bytes, nblocks: int) -> np.ndarray:
     """The counter blocks CTR mode encrypts: nonce + i (128-bit big-endian, mod 2^128)."""
-    out = np.empty(16 * nblocks, dtype=np.uint8)
+    out = np.empty(2 * nblocks, dtype=np.uint64)
     _ctr_fill_jit()(np.frombuffer(nonce, dtype=np.uint8).reshape(1, 16),
-                    np.array([0, nblocks], dtype=np.int64), out)
-    return out
+                    np.array([0, nblocks], dtype=np.int64), out, _SWAP)
+    return out.view(np.uint8)
 
 
 def _ctr_into(key: bytes, nonce: bytes, buf: np.ndarray, nbytes: int) -> None:
@@ -162,9 +176,10 @@ class PRG:
         starts = [0]
         for nb in nblocks:
             starts.append(starts[-1] + nb)
-        blocks = np.empty(16 * total, dtype=np.uint8)
+        blocks = np.empty(2 * total, dtype=np.uint64)
         _ctr_fill_jit()(np.frombuffer(b"".join(nonces), dtype=np.uint8).reshape(-1, 16),
-                        np.array(starts, dtype=np.int64), blocks)
+                        np.array(starts, dtype=np.int64), blocks, _SWAP)
+        blocks = blocks.view(np.uint8)
         buf = np.empty(2 * total + 2, dtype=np.uint64).view(np.uint8)
         with self._lock:
             ecb = self._ecb.get(stream)
