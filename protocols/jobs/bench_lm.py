@@ -48,11 +48,12 @@ def _stack(rows: list[AShare]) -> AShare:
 def session_fuse(cfg: M.ModelConfig, params) -> tuple:
     """The fusions the ``fuse`` parameter picks for ``cfg``'s sessions, as the architecture's
     session-opening job kind reads it (ValueError if unknown; a classifier has none)."""
-    from . import causal_lm, transformer
     from ..ln_proj import fusion_choice
+    from .causal_lm import session_fuse as lm_fuse
+    from .transformer import session_fuse as encdec_fuse
     if cfg.arch == M.ENCODER_CLASSIFIER:
         return fusion_choice(params.get("fuse"), (), (), "a classifier's")
-    return (causal_lm if cfg.arch == M.DECODER_ONLY else transformer).session_fuse(params)
+    return (lm_fuse if cfg.arch == M.DECODER_ONLY else encdec_fuse)(params)
 
 
 def _phases(ctx: JobContext, cfg: M.ModelConfig, x: AShare, ys: AShare | None, T: int):
