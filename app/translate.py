@@ -158,12 +158,16 @@ class InprocBackend:
     transport = "inproc"
 
     def __init__(self, cfg: M.ModelConfig, weights: M.Weights, frac: int = ring.DEFAULT_FRAC,
-                 timeout: float = 120.0, fuse: str | None = None):
+                 timeout: float = 120.0, fuse: str | None = None,
+                 calibration: dict | None = None):
+        """``calibration``: the model's (``Calibration.to_dict()``), as ``share-model`` stores
+        it - the decode steps' schedule follows from it (:func:`protocols.decoder.deferred_wo`)."""
         from net.inproc import InprocParties
         self.cfg = cfg
         self.frac = frac
         self.fuse = fuse
-        self.parties = InprocParties.for_model(cfg, weights, frac=frac, timeout=timeout)
+        self.parties = InprocParties.for_model(cfg, weights, frac=frac, timeout=timeout,
+                                               calibration=calibration)
         self.sessions: set[str] = set()
 
     def model_config(self) -> M.ModelConfig:

@@ -44,10 +44,13 @@ class InprocParties:
 
     @classmethod
     def for_model(cls, cfg, weights, permitted=None, frac: int | None = None,
-                  model_id: str = "inproc", **kw) -> "InprocParties":
+                  model_id: str = "inproc", calibration: dict | None = None,
+                  **kw) -> "InprocParties":
         """Three parties holding fresh shares of a transformer (``cfg``, ``weights``) with the
         public metadata ``share-model`` stores (kind = its arch; ``permitted`` default: the
-        model's own inference)."""
+        model's own inference; ``calibration``: its :meth:`protocols.calibrate.Calibration
+        .to_dict`, from which the decode steps choose their schedule - none: the schedule of
+        a model calibrated before that existed)."""
         from protocols.jobs import DEFAULT_PERMITTED
         from protocols.secure_model import plain_tensors, share_model
         ring_cfg = kw.pop("ring", None) or RingConfig(**({} if frac is None else
@@ -57,6 +60,8 @@ class InprocParties:
         meta = {"model_config": cfg.to_dict(), "layout": "protocols.secure_model",
                 "kind": cfg.arch, "permitted": list(DEFAULT_PERMITTED[cfg.arch]
                                                     if permitted is None else permitted)}
+        if calibration is not None:
+            meta["calibration"] = calibration
         return cls([ModelView(model_id, shares[n], meta, fracs) for n in range(3)],
                    ring=ring_cfg, **kw)
 

@@ -278,25 +278,36 @@ class PrefixState:
         return 0 if self.kc is None else self.kc.shape[2]
 
 
-def attention_step(p: Party, state: PrefixState, qf: AShare, kf: AShare, v: AShare) -> AShare:
+def attention_step(p: Party, state: PrefixState, qf: AShare, kf: AShare, v: AShare,
+                   raw: bool = False, scale: float | None = None) -> AShare:
     """One new token: qf, kf (B, h, 1, r), v (B, h, 1, dh) -> Q'_t G_t (B, h, 1, dh).
 
     Stage 1 (one call): Q'_t G (if anything is folded), scores Q'_t K'_c^T against the cache
     (current token included) and, when the cache is full, its fold K'_c^T V_c;
     stage 2: scores @ V_c. Out = Q'_t G + (Q'_t K'_c^T) V_c. Cost: :func:`cost_attention_step`.
+
+    ``raw`` (a decode step that defers this truncation into o W^O,
+    :func:`protocols.decoder.deferred_wo`): stage 1
+    truncates Q'_t G and the scores times the public row scale ``scale`` (attn_norm "mean":
+    1/n; None: none) and stage 2 is reshared untruncated, so the output is
+    ``scale * Out`` at 2 frac fractional bits, one round earlier.
     """
     kc = kf if state.kc is None else AShare.concat([state.kc, kf], axis=2)
     vc = v if state.vc is None else AShare.concat([state.vc, v], axis=2)
     fold = kc.shape[2] >= state.block
-    items = [(qf, kc.T, "matmul")]
+    first = True
+    if raw and scale is not None:
+        first = arith.scaled(scale, p.cfg.frac, p.cfg.frac + ROW_SCALE_EXTRA)
+    items = [(qf, kc.T, "matmul", first)]
     if state.folded:
-        items.append((qf, state.G, "matmul"))
+        items.append((qf, state.G, "matmul", first))
     if fold:
-        items.append((kc.T, vc, "matmul"))
-    got = mul_many(p, items)
-    out = arith.matmul_aa(p, got[0], vc)
+        items.append((kc.T, vc, "matmul", True))
+    got = arith.mul_many_aa(p, items)
+    out = arith.matmul_aa(p, got[0], vc, trunc=not raw)
     if state.folded:
-        out = out + got[1]
+        prev = got[1].scale(np.uint64(1 << p.cfg.frac)) if raw else got[1]
+        out = out + prev
     if fold:
         state.G = state.G + got[-1]
         state.folded += kc.shape[2]
@@ -307,17 +318,27 @@ def attention_step(p: Party, state: PrefixState, qf: AShare, kf: AShare, v: ASha
     return out
 
 
-def cost_attention_step(p_cfg, B, h, r, dh, cached: int, folded: bool, block: int) -> Cost:
-    """Cost of a step taken with ``cached`` tokens already in the cache."""
+def cost_attention_step(p_cfg, B, h, r, dh, cached: int, folded: bool, block: int,
+                        raw: bool = False, scaled: bool = False) -> Cost:
+    """Cost of a step taken with ``cached`` tokens already in the cache (``raw``, ``scaled``:
+    :func:`attention_step`'s deferred form, with a row scale)."""
     n = cached + 1
-    first = B * h * (n + (dh if folded else 0) + (r * dh if n >= block else 0))
-    return (arith.cost_mul(first, True, p_cfg.frac, p_cfg.trunc)
-            + arith.cost_mul(B * h * dh, True, p_cfg.frac, p_cfg.trunc))
+    first = B * h * (n + (dh if folded else 0))
+    fold = B * h * r * dh if n >= block else 0
+    if not raw:
+        return (arith.cost_mul(first + fold, True, p_cfg.frac, p_cfg.trunc)
+                + arith.cost_mul(B * h * dh, True, p_cfg.frac, p_cfg.trunc))
+    shift = arith.scaled(1.0, p_cfg.frac, p_cfg.frac + ROW_SCALE_EXTRA).shift if scaled \
+        else p_cfg.frac
+    shifts = np.concatenate([np.full(first, shift), np.full(fold, p_cfg.frac)])
+    return (arith.cost_mul_many(shifts, 0, p_cfg.trunc)
+            + arith.cost_mul(B * h * dh, False, p_cfg.frac, p_cfg.trunc))
 
 
-def cross_attention_step(p: Party, qf: AShare, kv: AShare) -> AShare:
-    """Q'_t (K'^T V) with the cross-attention K'^T V (B,h,r,dh) computed once."""
-    return arith.matmul_aa(p, qf, kv)
+def cross_attention_step(p: Party, qf: AShare, kv: AShare, raw: bool = False) -> AShare:
+    """Q'_t (K'^T V) with the cross-attention K'^T V (B,h,r,dh) computed once; ``raw``:
+    reshared untruncated (2 frac fractional bits, one round)."""
+    return arith.matmul_aa(p, qf, kv, trunc=not raw)
 
 
 # ------------------------------------------------------------ softmax baselines ----

@@ -221,16 +221,18 @@ class Calibration:
         return max(v[1] * m / hi, low)
 
     def fills(self) -> list[tuple[float, str, str]]:
-        """(fill, layer, site) of every site, largest first."""
+        """(fill, layer, site) of every site that limits the model (not the schedule-only
+        ones, :attr:`protocols.sites.Site.schedule`), largest first."""
         return sorted(((self.fill(layer, site), layer, site)
-                       for layer, row in self.layers.items() for site in row), reverse=True)
+                       for layer, row in self.layers.items() for site in row
+                       if not SITES[site].schedule), reverse=True)
 
     def check(self) -> "Calibration":
         """Raise :class:`RangeError` naming the first site (in execution order) outside its
         range - later values are computed from wrapped ones and only follow - and counting
         the others."""
         bad = [(layer, site) for layer, row in self.layers.items() for site in row
-               if self.fill(layer, site) > 1.0]
+               if not SITES[site].schedule and self.fill(layer, site) > 1.0]
         if bad:
             more = ""
             if len(bad) > 1:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Mapping
 
 from mpc3.kernels import arith
 from mpc3.kernels.base import Cost
@@ -133,13 +133,15 @@ class DecodeState:
     n_enc: int
     ln_bias: dict = field(default_factory=dict)
     fuse: tuple = DEFAULT_FUSE
+    raw_wo: frozenset = frozenset()
     t: int = 0
 
     @staticmethod
     def start(p: Party, cfg: M.ModelConfig, shares: dict, enc: AShare,
-              block: int | None = None, fuse=DEFAULT_FUSE) -> "DecodeState":
-        """``block``: tokens cached before folding into G (:class:`attention.PrefixState`).
-        Cost: :func:`cost_decode_start`."""
+              block: int | None = None, fuse=DEFAULT_FUSE, raw_wo=frozenset()) -> "DecodeState":
+        """``block``: tokens cached before folding into G (:class:`attention.PrefixState`);
+        ``raw_wo``: the attention sublayers whose o W^O the steps truncate by 2 frac
+        (:func:`deferred_wo`). Cost: :func:`cost_decode_start`."""
         B, S, _ = enc.shape
         if cfg.attention != M.PERFORMER:            # KV caches of capacity max_len
             return DecodeState([KVCache.empty(B, cfg.n_heads, cfg.d_head, cfg.max_len)
@@ -151,7 +153,8 @@ class DecodeState:
                                                 kv_scale=scale)]
         return DecodeState([A.PrefixState.empty(B, cfg.n_heads, cfg.n_features, cfg.d_head,
                                                 block) for _ in range(cfg.n_dec_layers)],
-                           cross, S, fused_biases(p, shares, ln_fusions(cfg, fuse)), tuple(fuse))
+                           cross, S, fused_biases(p, shares, ln_fusions(cfg, fuse)), tuple(fuse),
+                           frozenset(raw_wo))
 
     @property
     def batch(self) -> int | None:
@@ -171,31 +174,37 @@ def cost_decode_start(p_cfg, cfg: M.ModelConfig, B: int, S: int, folded: bool = 
             + cost_ln_bias(p_cfg, cfg, ln_fusions(cfg, fuse), folded))
 
 
-def _self_step(p, cfg, w, q, k, v, st: A.PrefixState | KVCache, featured: bool = False):
-    """``featured``: q, k are already the Performer features (ReLU'd split projections)."""
+def _self_step(p, cfg, w, q, k, v, st: A.PrefixState | KVCache, featured: bool = False,
+               raw: bool = False):
+    """``featured``: q, k are already the Performer features (ReLU'd split projections);
+    ``raw``: o W^O truncates by 2 frac (:func:`deferred_wo`)."""
     if isinstance(st, KVCache):               # softmax-style: the row against the cache
         return attend_out(p, cfg, w, st, q, k, v)
     qf, kf = (q, k) if featured else features(p, cfg, w, q, k)
+    if raw:
+        scale = 1.0 / (st.t + 1) if cfg.attn_norm == "mean" else None
+        return finish(p, cfg, w, A.attention_step(p, st, qf, kf, v, True, scale), None, True)
     o = A.attention_step(p, st, qf, kf, v)
     return finish(p, cfg, w, o, [st.t])
 
 
-def _cross_step(p, cfg, w, q, kv, featured: bool = False):
+def _cross_step(p, cfg, w, q, kv, featured: bool = False, raw: bool = False):
     """The cross attention of one token from its projection q (``featured``: from its
     features); kv carries 1/n_enc (a :class:`CrossKV`, softmax-style: the row against the
-    encoder output's K, V)."""
+    encoder output's K, V); ``raw``: o W^O truncates by 2 frac (:func:`deferred_wo`)."""
     if isinstance(kv, CrossKV):
         return finish(p, cfg, w, heads(p, cfg.attention, q, kv.kf, kv.v), None)
     qf = q if featured else features(p, cfg, w, q, None)[0]
-    return finish(p, cfg, w, A.cross_attention_step(p, qf, kv), None)
+    return finish(p, cfg, w, A.cross_attention_step(p, qf, kv, raw), None, raw)
 
 
 def sublayer(p: Party, cfg: M.ModelConfig, kind: str, got: dict, w: dict, names: list[str],
-             st=None) -> AShare:
+             st=None, raw: bool = False) -> AShare:
     """A decode step's sublayer ``kind`` ("self", "cross", "ffn") of one layer from its
     projections ``got`` (:func:`step_project` / :func:`ln_proj`, outputs ``names``; the split
     ones under :data:`RELU`); ``w`` the sublayer's shares, ``st`` the self attention's
-    PrefixState / KVCache or the cross attention's K'^T V / CrossKV."""
+    PrefixState / KVCache or the cross attention's K'^T V / CrossKV; ``raw``: an attention
+    whose o W^O truncates by 2 frac (:func:`deferred_wo`)."""
     featured = RELU in got
     if kind == "ffn" and featured:                 # relu_a of ffn_hidden reads the split form
         sp = got[RELU]
@@ -204,9 +213,10 @@ def sublayer(p: Party, cfg: M.ModelConfig, kind: str, got: dict, w: dict, names:
         got = {**got, **got[RELU].relu_outputs(p)}
     if kind == "self":
         return _self_step(p, cfg, w, *[split_heads(got[n], cfg.n_heads) for n in names], st,
-                          featured)
+                          featured, raw)
     if kind == "cross":
-        return _cross_step(p, cfg, w, split_heads(got[names[0]], cfg.n_heads), st, featured)
+        return _cross_step(p, cfg, w, split_heads(got[names[0]], cfg.n_heads), st, featured,
+                           raw)
     return ffn_hidden(p, w, got[names[0]], cfg.ffn_act)
 
 
@@ -256,12 +266,13 @@ def decoder_step(p: Party, cfg: M.ModelConfig, shares: dict, state: DecodeState,
                             ln in fusions)
 
         for kind, w, s in (("self", ws, st), ("cross", wc, kv), ("ffn", wf, None)):
+            raw = f"{pre}.{kind}" in state.raw_wo
             if post:                # x = LN(x + sublayer(x)); LN forms the next projection
-                y, got = through_ln(x + sublayer(p, cfg, kind, got, w, names[kind], s))
+                y, got = through_ln(x + sublayer(p, cfg, kind, got, w, names[kind], s, raw))
                 x = y
             else:                   # x = x + sublayer(LN(x))
                 _, got = through_ln(x)
-                x = x + sublayer(p, cfg, kind, got, w, names[kind], s)
+                x = x + sublayer(p, cfg, kind, got, w, names[kind], s, raw)
         if on_layer is not None:
             on_layer(pre)
     if cfg.norm_first and cfg.n_dec_layers:
@@ -273,15 +284,16 @@ def decoder_step(p: Party, cfg: M.ModelConfig, shares: dict, state: DecodeState,
 
 
 def cost_decoder_step(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int | None = None,
-                      folded: bool = True, fuse=DEFAULT_FUSE, n_enc: int | None = None) -> Cost:
+                      folded: bool = True, fuse=DEFAULT_FUSE, n_enc: int | None = None,
+                      raw_wo=frozenset()) -> Cost:
     """Declared rounds and bytes per party of :func:`decoder_step` for the token at position
     ``t`` (t tokens already decoded; the self-attention cache state follows from t and
-    ``block``) with the LayerNorm fusions ``fuse``. Rounds do not depend on t; bytes do,
-    through the cache folding - or, softmax-style attention, linearly in t and in ``n_enc``
-    (the source positions the cross attention reads; required then)."""
+    ``block``) with the LayerNorm fusions ``fuse`` and the deferred truncations ``raw_wo``
+    (:func:`deferred_wo`). Rounds do not depend on t; bytes do, through the cache folding -
+    or, softmax-style attention, linearly in t and in ``n_enc`` (the source positions the
+    cross attention reads; required then)."""
     d, L = cfg.d_model, cfg.n_dec_layers
-    core = {**_cost_attention_cores(p_cfg, cfg, B, t, block, folded, n_enc),
-            "ffn": cost_ffn_hidden(p_cfg, B, d, cfg.d_ff, cfg.ffn_act, split=True)}
+    ffn = cost_ffn_hidden(p_cfg, B, d, cfg.d_ff, cfg.ffn_act, split=True)
     post, fusions = not cfg.norm_first, ln_fusions(cfg, fuse)
     total = cost_step_project(p_cfg, cfg, B, step_names(0)["self"], folded) if post and L else \
         Cost(0, (0, 0, 0))
@@ -292,13 +304,16 @@ def cost_decoder_step(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int | No
             else:
                 total = total + cost_ln_proj(p_cfg, cfg, B, step_names(j)[kind], post, folded,
                                               ln in fusions)
-        total = total + core["self"] + core["cross"] + core["ffn"]
+        core = _cost_attention_cores(p_cfg, cfg, B, t, block, folded, n_enc,
+                                     {k for k in ("self", "cross") if f"dec.{i}.{k}" in raw_wo})
+        total = total + core["self"] + core["cross"] + ffn
     return total + cost_norm(p_cfg, cfg, B) if cfg.norm_first and L else total
 
 
 def _cost_attention_cores(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int | None,
-                          folded: bool, n_enc: int | None) -> dict[str, Cost]:
-    """A decode step's self and cross attention of one layer after their projections."""
+                          folded: bool, n_enc: int | None, raw=frozenset()) -> dict[str, Cost]:
+    """A decode step's self and cross attention of one layer after their projections
+    (``raw``: the kinds whose o W^O truncates by 2 frac)."""
     h, r, dh = cfg.n_heads, cfg.n_features, cfg.d_head
     if cfg.attention != M.PERFORMER:
         if n_enc is None:
@@ -308,9 +323,37 @@ def _cost_attention_cores(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int 
                 "cross": (cost_heads(p_cfg, cfg.attention, B, h, 1, n_enc, dh)
                           + cost_finish(p_cfg, cfg, B, row_scale=False))}
     block = A.default_decode_block(r, dh) if block is None else int(block)
+    raw_self, raw_cross = "self" in raw, "cross" in raw
+    mean = cfg.attn_norm == "mean"
     return {"self": (cost_features(p_cfg, B * h * 2 * r, folded)
-                     + A.cost_attention_step(p_cfg, B, h, r, dh, t % block, t >= block, block)
-                     + cost_finish(p_cfg, cfg, B)),
+                     + A.cost_attention_step(p_cfg, B, h, r, dh, t % block, t >= block, block,
+                                             raw_self, raw_self and mean)
+                     + cost_finish(p_cfg, cfg, B, not raw_self, raw_self)),
             "cross": (cost_features(p_cfg, B * h * r, folded)
-                      + arith.cost_mul(B * h * dh, True, p_cfg.frac, p_cfg.trunc)
-                      + cost_finish(p_cfg, cfg, B, row_scale=False))}
+                      + arith.cost_mul(B * h * dh, not raw_cross, p_cfg.frac, p_cfg.trunc)
+                      + cost_finish(p_cfg, cfg, B, row_scale=False, raw=raw_cross))}
+
+
+def deferred_wo(cfg: M.ModelConfig, calibration: Mapping | None, ring_cfg) -> frozenset:
+    """The attention sublayers (``dec.i.self``, ``dec.i.cross``) whose decode-step o W^O may
+    truncate by 2 frac, one round less each (:func:`protocols.mha.finish` ``raw``): the
+    product before it (cross: Q'(K'^T V); self: scores @ V, after Q'G and the scores took the
+    row scale 1/n) is reshared untruncated. Exact while |o W^O| < ``arith.product_limit(frac,
+    frac)`` (2^8 at frac 18), so only where the model's calibration (its public metadata,
+    :mod:`protocols.calibrate`) records site ``wo_raw`` times its safety margin below that;
+    none for a calibration of another frac, one without the site (calibrated before it
+    existed), a softmax-style attention or "prob" truncation (which would fail with
+    probability ~|z| 2^(3 frac - 64)). A schedule choice: the same function either way."""
+    frac = ring_cfg.frac
+    if cfg.attention != M.PERFORMER or not calibration or calibration.get("frac") != frac \
+            or ring_cfg.trunc != "exact":
+        return frozenset()
+    limit, margin = arith.product_limit(frac, frac), float(calibration.get("margin", 0.0))
+    layers = calibration.get("layers", {})
+    out = set()
+    for i in range(cfg.n_dec_layers):
+        for kind in ("self", "cross"):
+            v = layers.get(f"dec.{i}.{kind}", {}).get("wo_raw")
+            if isinstance(v, (int, float)) and margin >= 1.0 and v * margin < limit:
+                out.add(f"dec.{i}.{kind}")
+    return frozenset(out)

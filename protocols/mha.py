@@ -140,11 +140,15 @@ def cost_features(p_cfg, n: int, folded: bool = True):
             + convert.cost_relu(n, *convert.window_for(p_cfg)))
 
 
-def cost_finish(p_cfg, cfg: M.ModelConfig, rows: int, row_scale: bool = True):
+def cost_finish(p_cfg, cfg: M.ModelConfig, rows: int, row_scale: bool = True,
+                raw: bool = False):
     """:func:`finish` on ``rows`` query rows: @ W^O, with the 1/n row scale ("mean"; not when
-    the caller folded it elsewhere, ``row_scale=False``) in its truncation."""
+    the caller folded it elsewhere, ``row_scale=False``) in its truncation; ``raw``: from an
+    untruncated o, truncated by 2 frac."""
     bits = row_scale_trunc(1.0, p_cfg.frac).shift if cfg.attn_norm == "mean" and row_scale \
         else True
+    if raw:
+        bits = 2 * p_cfg.frac
     return arith.cost_mul(rows * cfg.d_model, bits, p_cfg.frac, p_cfg.trunc)
 
 
@@ -155,11 +159,16 @@ def row_scale_trunc(s, frac: int) -> arith.Scaled:
     return arith.scaled(s, frac, frac + A.ROW_SCALE_EXTRA)
 
 
-def finish(p: Party, cfg: M.ModelConfig, w: dict, o: AShare, n_keys) -> AShare:
+def finish(p: Party, cfg: M.ModelConfig, w: dict, o: AShare, n_keys, raw: bool = False
+           ) -> AShare:
     """Merge heads, @ W^O; attn_norm "mean": each row times its public 1/n_i in the same
     truncation (``n_keys=None``: already applied, e.g. to a decode state's K'^T V). The
-    product o W^O is formed unnormalised (site ``wo``)."""
-    trunc = True
+    product o W^O is formed unnormalised (site ``wo``). ``raw``: o is an untruncated product
+    (2 frac fractional bits, any row scale applied: ``n_keys`` None), so o W^O truncates by
+    2 frac - exact while |o W^O| < ``arith.product_limit(frac, frac)`` (site ``wo_raw``)."""
+    trunc = 2 * p.cfg.frac if raw else True
+    if raw and n_keys is not None:
+        raise ValueError("finish: a raw o carries its row scale already (n_keys None)")
     if cfg.attn_norm == "mean" and n_keys is not None:
         trunc = row_scale_trunc(1.0 / np.asarray(n_keys, dtype=np.float64)[:, None],
                                 p.cfg.frac)

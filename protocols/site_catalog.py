@@ -18,6 +18,11 @@ hands a value to a kernel that is exact only on a documented range:
 * ``exp`` / ``reciprocal`` (models with softmax-style ``attention``): inputs inside
   ``fxp.EXP_RANGE`` / ``fxp.RECIPROCAL_RANGE``, both recorded as (min, max) spans.
 
+Schedule sites (``Site.schedule``) never refuse a model: they record a value that decides
+whether a faster schedule is exact for it. ``wo_raw``: a decode step's normalised o W^O,
+whose truncation by 2 frac from an untruncated o (one round less,
+:func:`protocols.decoder.deferred_wo`) is exact below ``arith.product_limit(frac, frac)``.
+
 Sites per layer (:data:`SITES`): what reaches the kernel, and what the model owner can change
 when a calibration (:mod:`protocols.calibrate`) refuses the model there.
 """
@@ -38,6 +43,8 @@ class Site:
     what: str           # what reaches the kernel
     advice: str         # what the model owner can change
     extra: int = 0      # product: extra fractional bits of one operand
+    raw: bool = False   # product: the other operand is untruncated (frac more bits)
+    schedule: bool = False  # chooses a schedule where in range; never refuses a model
 
 
 _ATTN = "lower attn_c or rescale W^Q/W^K/W^V"
@@ -52,6 +59,9 @@ SITES: dict[str, Site] = {
     "scores": Site("product", "attention scores Q'K'^T", _LONG),
     "out": Site("product", "attention output Q'(K'^T V) (or a decode step's part of it)", _LONG),
     "wo": Site("product", "output projection (.) W^O", "rescale W^O"),
+    "wo_raw": Site("product", "a decode step's o W^O formed from an untruncated, normalised "
+                   "o (protocols.decoder.deferred_wo)", "none needed: above the limit the "
+                   "step truncates o first (one round more)", raw=True, schedule=True),
     # softmax-style attentions (ModelConfig.attention != relu-performer)
     "vscores": Site("product", "attention scores q k^T / sqrt(d_head)", _VAR, SCORE_EXTRA),
     "exp": Site("exp", "softmax exponent (the scores)", _VAR),
@@ -104,7 +114,7 @@ def site_range(site: str, ring: RingConfig) -> tuple[float, float]:
     """(lo, hi): magnitudes must stay below hi; sqrt_inv inputs inside [lo, hi]."""
     s = SITES[site]
     if s.kernel == "product":
-        return 0.0, arith.product_limit(ring.frac, s.extra)
+        return 0.0, arith.product_limit(ring.frac, s.extra + (ring.frac if s.raw else 0))
     if s.kernel == "relu":
         return 0.0, convert.relu_limit(ring)
     if s.kernel == "gelu":

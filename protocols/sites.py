@@ -196,13 +196,18 @@ class Trace:
         v = _bias(v, self.attn[layer], "bv", self.vs)
         return np.ascontiguousarray(M.split_heads(v, self.cfg.n_heads))
 
-    def _finish(self, layer: str, o: np.ndarray, n: np.ndarray | None) -> np.ndarray:
+    def _finish(self, layer: str, o: np.ndarray, n: np.ndarray | None,
+                steps: bool = False) -> np.ndarray:
         """``n`` None: the 1/n row scale was applied before (a decode state's K'^T V); else
-        it rides in the truncation of o W^O, whose product is formed unnormalised."""
+        it rides in the truncation of o W^O, whose product is formed unnormalised.
+        ``steps``: decode steps, which may form it normalised from an untruncated o instead
+        (``wo_raw``, :func:`protocols.decoder.deferred_wo`)."""
         y = M.merge_heads(o) @ self.attn[layer]["wo"]
         self.rec.mag(layer, "wo", y)
         if self.cfg.attn_norm == "mean" and n is not None:
             y = y / np.asarray(n, dtype=np.float64)[:, None]
+        if steps:
+            self.rec.mag(layer, "wo_raw", y)
         return _bias(y, self.attn[layer], "bo")
 
     # ---------------------------------------------------------------- attention ----
@@ -290,7 +295,7 @@ class Trace:
                 kvb = np.swapaxes(kf[..., sl, :], -1, -2) @ v[..., sl, :]
                 self.rec.mag(layer, "kv", kvb)
                 G = G + kvb
-        return self._finish(layer, o, np.arange(1, T + 1))
+        return self._finish(layer, o, np.arange(1, T + 1), steps=True)
 
     def cross_kv(self, layer: str, enc: np.ndarray) -> np.ndarray:
         """DecodeState.start: K' and V of the encoder output and K'^T V, once; times 1/n_enc
@@ -304,7 +309,7 @@ class Trace:
                     proj: bool = True) -> np.ndarray:
         o = self._features(layer, x, "wq", proj) @ kv
         self.rec.mag(layer, "out", o)
-        return self._finish(layer, o, None)
+        return self._finish(layer, o, None, steps=True)
 
     # ------------------------------------------------------------------- stacks ----
     def encoder(self, x: np.ndarray) -> np.ndarray:

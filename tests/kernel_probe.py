@@ -116,8 +116,8 @@ def _sites(inner, kernel: str, n_items: int) -> list[str]:
         one = "out"
     elif fn == "cross_attention_step":
         one = "out"
-    elif fn == "finish":
-        one = "wo"                  # the 1/n row scale rides in its truncation
+    elif fn == "finish":            # the 1/n row scale rides in its truncation, or (raw: a
+        one = "wo_raw" if inner.f_locals.get("raw") else "wo"   # deferred one) is applied
     elif fn == "decoder_step" and kernel == "mul_many_aa":   # the first layer's projection
         return ["proj"] * n_items
     elif fn == "step_project":                          # decode step: split, then plain

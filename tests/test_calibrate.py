@@ -37,7 +37,8 @@ def make_cfg(**kw):
     return M.ModelConfig(**base).validate()
 
 
-def secure_run(cfg, w, x, y=None, block=None, fold=True, fuse=D.DEFAULT_FUSE):
+def secure_run(cfg, w, x, y=None, block=None, fold=True, fuse=D.DEFAULT_FUSE,
+               raw_wo=frozenset()):
     """Secure encoder on x (B, S, d), then one decode step per row of y (B, T, d)."""
     sh = SM.share_model(cfg, w, fold_omega=fold)
 
@@ -45,7 +46,7 @@ def secure_run(cfg, w, x, y=None, block=None, fold=True, fuse=D.DEFAULT_FUSE):
         enc = encoder(p, cfg, s, xs)
         if ys is None:
             return enc, []
-        st = D.DecodeState.start(p, cfg, s, enc, block=block, fuse=fuse)
+        st = D.DecodeState.start(p, cfg, s, enc, block=block, fuse=fuse, raw_wo=raw_wo)
         return enc, [D.decoder_step(p, cfg, s, st, ys[:, t]) for t in range(ys.shape[1])]
 
     xs = share(x)
@@ -71,9 +72,10 @@ def test_trace_computes_the_reference(norm_first, fold, fuse):
     # a decode step may form a LayerNorm's next projection inside it (decoder.ln_fusions):
     # then the projection's layer records no product of its own
     own_self = "self" not in fuse or not norm_first
-    # (the self attention's 1/n rides in W^O's truncation: no "rowscale" site of its own)
+    # (the self attention's 1/n rides in W^O's truncation: no "rowscale" site of its own;
+    # "wo_raw": the normalised product, for decoder.deferred_wo)
     assert set(tr.rec.values["dec.0.self"]) == {"features", "kv", "scores", "out",
-                                                "wo"} | (set() if fold else {"omega"}) \
+                                                "wo", "wo_raw"} | (set() if fold else {"omega"}) \
         | ({"proj"} if own_self else set())
     ln_ffn = "dec.0.ln3" if norm_first else "dec.0.ln2"
     assert ("w1" in tr.rec.values["dec.0.ffn"]) == ("ffn" not in fuse)
@@ -210,7 +212,32 @@ def test_probe_secure_run_matches_calibration(monkeypatch, kw, fold, block, unpr
         want = cal.layers[layer][site] if isinstance(v, tuple) else cal.fill(layer, site)
         np.testing.assert_allclose(v, want, rtol=PROBE_RTOL, err_msg=f"{layer}.{site}")
     extra = {(layer, s) for layer, row in cal.layers.items() for s in row} - set(got)
-    assert extra == {(f"enc.{i}.attn", unprobed) for i in range(cfg.n_enc_layers)}
+    # wo_raw: what a step that defers o W^O's truncation would form (not this run)
+    assert extra == {(f"enc.{i}.attn", unprobed) for i in range(cfg.n_enc_layers)} | \
+        {(f"dec.{i}.{k}", "wo_raw") for i in range(cfg.n_dec_layers) for k in ("self", "cross")}
+
+
+def test_probe_deferred_wo_matches_calibration(monkeypatch):
+    """A decode step with every o W^O deferred (decoder.deferred_wo) forms exactly the
+    calibrated ``wo_raw`` values, and its other products stay within their calibration."""
+    cfg = make_cfg()
+    w, user = M.random_weights(cfg, 5), M.random_user(cfg, 5)
+    rng = np.random.default_rng(1)
+    x = M.embed(cfg, user["embed.src"], rng.integers(0, 9, (2, 6)))
+    y = M.embed(cfg, user["embed.tgt"], rng.integers(0, 9, (2, cfg.max_len)))
+    cal = C.calibrate(cfg, w, C.Samples([x], [y]), margin=1.0, decode_block=2)
+    every = D.deferred_wo(cfg, cal.to_dict(), RingConfig())
+    assert len(every) == 2 * cfg.n_dec_layers
+    probe = Probe(monkeypatch, cfg.n_dec_layers)
+    secure_run(cfg, w, x, y, block=2, raw_wo=every)
+    monkeypatch.undo()
+    got = probe.values(RingConfig().frac, convert.relu_limit(RingConfig()))
+    for (layer, site), v in got.items():
+        if site == "wo_raw":
+            np.testing.assert_allclose(v, cal.fill(layer, site), rtol=PROBE_RTOL)
+        elif not isinstance(v, tuple):
+            assert v <= cal.fill(layer, site) * (1 + PROBE_RTOL), (layer, site)
+    assert {k for k in got if k[1] == "wo_raw"} == {(lay, "wo_raw") for lay in every}
 
 
 def test_site_limits_are_the_kernels_own():
@@ -225,6 +252,9 @@ def test_site_limits_are_the_kernels_own():
     assert site_range("features", ring)[1] == convert.relu_limit(ring)
     assert site_range("var_eps", ring) == fxp.SQRT_INV_RANGE
     assert site_range("hidden_gelu", ring)[1] == activations.gelu_limit(ring) == 2 ** 13
+    # a decode step's o W^O from an untruncated o: frac more bits, 2^8; schedule only
+    assert site_range("wo_raw", ring)[1] == arith.product_limit(ring.frac, ring.frac) == 2 ** 8
+    assert [k for k, s in SITES.items() if s.schedule] == ["wo_raw"]
 
 
 # ------------------------------------------------------- (d) the shipped model ----

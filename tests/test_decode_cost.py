@@ -35,8 +35,11 @@ def small_cfg(d=16, **kw):
                                                     (24, True, "const", True),
                                                     (16, False, "mean", False)])
 @pytest.mark.parametrize("fuse", [D.DEFAULT_FUSE, (), D.FUSIONS])
-def test_decode_step_traffic_equals_declared(rng, d, norm_first, norm, fold, fuse):
+@pytest.mark.parametrize("raw", [False, True])
+def test_decode_step_traffic_equals_declared(rng, d, norm_first, norm, fold, fuse, raw):
     cfg = small_cfg(d, norm_first=norm_first, attn_norm=norm)
+    # raw: o W^O truncated by 2 frac in layer 0's self and layer 1's cross attention
+    raw_wo = frozenset({"dec.0.self", "dec.1.cross"} if raw else ())
     w = M.random_weights(cfg, 3)
     sh = SM.share_model(cfg, w, fold_omega=fold)
     B, steps, block = 2, 5, 2
@@ -45,7 +48,7 @@ def test_decode_step_traffic_equals_declared(rng, d, norm_first, norm, fold, fus
 
     def fn(p, s, xi, yi):
         enc = encoder(p, cfg, s, xi)
-        st = D.DecodeState.start(p, cfg, s, enc, block=block, fuse=fuse)
+        st = D.DecodeState.start(p, cfg, s, enc, block=block, fuse=fuse, raw_wo=raw_wo)
         per_step = []
         for t in range(steps):
             before = p.stats.snapshot()
@@ -57,11 +60,11 @@ def test_decode_step_traffic_equals_declared(rng, d, norm_first, norm, fold, fus
     res = run_parties(fn, [(sh[i], xs[i], ys[i]) for i in range(3)])
     for t in range(steps):
         declared = D.cost_decoder_step(RingConfig(), cfg, B, t, block=block, folded=fold,
-                                       fuse=fuse)
+                                       fuse=fuse, raw_wo=raw_wo)
         assert tuple(r[t].bytes_sent for r in res) == declared.bytes_per_party, t
         assert max(r[t].rounds for r in res) == declared.rounds, t
     if d == 16 and not norm_first and fold and fuse == D.DEFAULT_FUSE:
-        assert declared.rounds == cfg.n_dec_layers * ROUNDS_PER_LAYER
+        assert declared.rounds == cfg.n_dec_layers * ROUNDS_PER_LAYER - len(raw_wo)
 
 
 def test_privformer_rounds_per_generated_token():
@@ -87,3 +90,11 @@ def test_privformer_rounds_per_generated_token():
     assert got[()][0] == 288 and got[D.FUSIONS][0] == 254
     assert 6.0e6 < got[D.DEFAULT_FUSE][1] < 1.1 * 6.45e6     # +10 % of 6.45 MB at most
     assert got[()][1] < got[D.DEFAULT_FUSE][1] < got[D.FUSIONS][1]
+    # o W^O truncated by 2 frac where the calibration allows it (decoder.deferred_wo): one
+    # round less per attention sublayer, a few KB less (untruncated o is only reshared)
+    every = frozenset(f"dec.{i}.{k}" for i in range(6) for k in ("self", "cross"))
+    for fuse, rounds in ((D.DEFAULT_FUSE, 264), (D.FUSIONS, 242)):
+        costs = [D.cost_decoder_step(RingConfig(), cfg, 1, t, fuse=fuse, raw_wo=every)
+                 for t in range(64)]
+        assert costs[0].rounds == rounds
+        assert np.mean([c.bytes_total for c in costs]) < got[fuse][1]

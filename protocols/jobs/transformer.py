@@ -10,7 +10,12 @@ Computation ``translate`` (the model's own inference; permitted by default):
   Parameter ``fuse`` (:func:`protocols.ln_proj.fusion_choice`): which LayerNorms of every
   step form the projection after them in their own rounds (default ``ffn``; ``all`` on
   high-latency links: 254 instead of 276 rounds per token of the Privformer workload for
-  17 % more bytes). It changes the schedule, never the function computed.
+  17 % more bytes). It changes the schedule, never the function computed. So does the
+  model's calibration (public metadata, stored by ``share-model``): where it keeps a decoder
+  layer's attention output times W^O below 2^(62 - 3 frac), that layer's steps truncate o W^O
+  by 2 frac from an untruncated o, one round less per attention sublayer
+  (:func:`protocols.decoder.deferred_wo`; 265 instead of 276 rounds for the random Privformer
+  model of ``mpc3 bench translate --model random``).
 * ``decode_step`` (session): input ``Y`` (B, d), the newest embedded target token -> output
   ``H`` (B, d), the decoder output row of that token. O(1) in the prefix length
   (relu-performer; softmax-style: O(t + S) bytes, rounds independent of t and S).
@@ -29,7 +34,7 @@ from types import SimpleNamespace
 
 
 from .. import model as M
-from ..decoder import DEFAULT_FUSE, FUSIONS, DecodeState, decoder_step
+from ..decoder import DEFAULT_FUSE, FUSIONS, DecodeState, decoder_step, deferred_wo
 from ..encoder import encoder
 from ..ln_proj import fusion_choice
 from ..secure_model import PROJ_EXTRA, check_shares
@@ -107,7 +112,9 @@ class DecodeSession:
 def run_decode_open(ctx: JobContext, inputs: dict) -> dict:
     cfg, shares = ctx.model.config, ctx.model.shares
     enc = encoder(ctx.party, cfg, shares, inputs["X"], on_layer=ctx.costs.mark)
-    state = DecodeState.start(ctx.party, cfg, shares, enc, fuse=session_fuse(ctx.params))
+    state = DecodeState.start(ctx.party, cfg, shares, enc, fuse=session_fuse(ctx.params),
+                              raw_wo=deferred_wo(cfg, ctx.model.meta.get("calibration"),
+                                                 ctx.party.cfg))
     ctx.costs.mark("dec.cross_kv")
     ctx.session.state = DecodeSession(cfg, state)
     return {}

@@ -1,0 +1,127 @@
+"""A decode step's o W^O truncated by 2 frac from an untruncated o (issue 12: one round less
+per attention sublayer): the same function within the stack's bound, chosen only where the
+model's calibration keeps |o W^O| below 2^(62 - 3 frac) with its safety margin
+(protocols.decoder.deferred_wo, calibration site ``wo_raw``).
+
+Shapes as tests/test_protocols_stack.py (d=24, h=3, r=10, 2+2 layers, inputs uniform in
+[-1, 1]); bound there: 2e-3 absolute on LayerNorm-scale outputs.
+"""
+import numpy as np
+import pytest
+
+from mpc3.kernels import arith
+from mpc3.party import RingConfig
+from protocols import calibrate as C
+from protocols import decoder as D
+from protocols import model as M
+from protocols import secure_model as SM
+from protocols.encoder import encoder
+
+from conftest import share, value
+from test_protocols_stack import TOL, make_cfg, per_party
+
+EVERY = frozenset(f"dec.{i}.{k}" for i in range(2) for k in ("self", "cross"))
+
+
+@pytest.mark.parametrize("norm_first,norm,c", [(False, "mean", 0.5), (True, "const", 0.05),
+                                               (False, "const", 0.05)])
+def test_deferred_steps_equal_reference(run, rng, norm_first, norm, c):
+    cfg = make_cfg(norm_first=norm_first, attn_norm=norm, attn_c=c)
+    w = M.random_weights(cfg, 13)
+    sh = SM.share_model(cfg, w)
+    x, y = rng.uniform(-1, 1, (2, 7, 24)), rng.uniform(-1, 1, (2, 5, 24))
+
+    def fn(p, s, xs, ys):
+        enc = encoder(p, cfg, s, xs)
+        out = []
+        for raw in (frozenset(), EVERY):
+            st = D.DecodeState.start(p, cfg, s, enc, block=2, raw_wo=raw)
+            before = p.stats.snapshot()
+            steps = [D.decoder_step(p, cfg, s, st, ys[:, t]) for t in range(5)]
+            out.append((steps, (p.stats.snapshot() - before).rounds))
+        return out
+
+    res = run(fn, *per_party(sh, share(x), share(y)))
+    enc_ref = M.ref_encoder(cfg, w, x)
+    for t in range(5):
+        want = M.ref_decoder(cfg, w, y[:, :t + 1], enc_ref)[:, t]
+        plain = value([r[0][0][t] for r in res])
+        deferred = value([r[1][0][t] for r in res])
+        assert np.max(np.abs(deferred - want)) < TOL, t
+        assert np.max(np.abs(deferred - plain)) < TOL, t
+    # one round less per attention sublayer and step
+    assert res[0][0][1] - res[0][1][1] == 5 * len(EVERY)
+
+
+def _calibration(values: dict, frac: int = 18, margin: float = 4.0) -> dict:
+    return {"version": C.VERSION, "frac": frac, "margin": margin,
+            "layers": {f"dec.{i}.{k}": {"wo": 1e3, **({"wo_raw": v} if v is not None else {})}
+                       for (i, k), v in values.items()}}
+
+
+def test_deferral_follows_the_calibration():
+    cfg = make_cfg()
+    limit = arith.product_limit(18, 18)                   # 2^8 at frac 18
+    assert limit == 256.0
+    below, above = limit / 4 * 0.99, limit / 4 * 1.01     # margin 4
+    cal = _calibration({(0, "self"): below, (0, "cross"): above, (1, "self"): None,
+                        (1, "cross"): 1.0})
+    assert D.deferred_wo(cfg, cal, RingConfig()) == {"dec.0.self", "dec.1.cross"}
+    # a wider margin takes layer 0's self attention out
+    assert D.deferred_wo(cfg, {**cal, "margin": 8.0}, RingConfig()) == {"dec.1.cross"}
+    # nothing without a calibration, for another frac, with "prob" truncation (a 2 frac
+    # truncation of a product that large would fail often) or a softmax-style attention
+    assert D.deferred_wo(cfg, None, RingConfig()) == frozenset()
+    assert D.deferred_wo(cfg, cal, RingConfig(frac=16)) == frozenset()
+    assert D.deferred_wo(cfg, cal, RingConfig(trunc="prob")) == frozenset()
+    soft = make_cfg(attention="softmax")
+    assert D.deferred_wo(soft, cal, RingConfig()) == frozenset()
+
+
+def test_calibration_records_wo_raw_and_never_refuses_on_it(rng):
+    """Site ``wo_raw``: the normalised o W^O of every decode step (self and cross), which
+    only chooses the schedule - a model above its 2^8 limit is still accepted."""
+    cfg = make_cfg(attn_c=0.5)
+    w = M.random_weights(cfg, 14)
+    samples = C.Samples([rng.uniform(-1, 1, (1, 7, 24))], [rng.uniform(-1, 1, (1, 16, 24))])
+    cal = C.calibrate(cfg, w, samples)
+    for i in range(2):
+        for kind in ("self", "cross"):
+            row = cal.layers[f"dec.{i}.{kind}"]
+            assert 0 < row["wo_raw"] <= row["wo"] + 1e-12
+    # scale W^O up until o W^O passes the deferral limit but no refusing site
+    big = M.Weights({k: (v * 4 if k.endswith(".wo") else v) for k, v in w.tensors.items()})
+    cal_big = C.calibrate(cfg, big, samples)
+    assert max(cal_big.layers[f"dec.{i}.{k}"]["wo_raw"] for i in range(2)
+               for k in ("self", "cross")) * cal_big.margin > 256
+    assert D.deferred_wo(cfg, cal_big.to_dict(), RingConfig()) != EVERY
+    assert D.deferred_wo(cfg, cal.to_dict(), RingConfig()) == EVERY
+
+
+def test_decode_jobs_defer_where_the_stored_calibration_allows():
+    """The production path: decode_open reads the calibration in the model's public metadata
+    (as share-model stores it) and the steps then take one round less per deferred attention
+    sublayer, with measured traffic = declared and the plaintext step's values."""
+    from app import translate as T
+    from app.owner import calibration_samples
+    from mpc3 import ring
+    cfg = make_cfg(n_enc_layers=1)
+    w, user = M.random_weights(cfg, 5), M.random_user(cfg, 5)
+    cal = C.calibrate(cfg, w, calibration_samples(cfg, w, user), user=user).to_dict()
+    raw = D.deferred_wo(cfg, cal, RingConfig())
+    assert raw                                  # this model defers some o W^O
+    x = M.embed(cfg, user["embed.src"], np.array([[3, 4, 2], [1, 1, 4]]))
+    for calibration, want in ((None, frozenset()), (cal, raw)):
+        be = T.InprocBackend(cfg, w, calibration=calibration)
+        be.open("s", x, T.Traffic())
+        ref = M.RefDecodeState(cfg, w, M.ref_encoder(cfg, w, x))
+        for t, tok in enumerate([1, 3]):
+            y = M.embed(cfg, user["embed.tgt"], np.full((2, 1), tok), offset=t)[:, 0]
+            traffic = T.Traffic()
+            got = ring.decode(be.step("s", y, traffic))
+            np.testing.assert_allclose(got, M.ref_decoder_step(cfg, w, ref, y), atol=TOL)
+            declared = D.cost_decoder_step(RingConfig(), cfg, 2, t, raw_wo=want)
+            assert (traffic.rounds, tuple(traffic.bytes_per_party)) == \
+                (declared.rounds, declared.bytes_per_party)
+        be.close("s")
+    assert declared.rounds == D.cost_decoder_step(RingConfig(), cfg, 2, 1).rounds - len(raw)
