@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Callable
 
 from mpc3.kernels import arith
 from mpc3.kernels.base import Cost
@@ -44,8 +44,8 @@ from .norms import cost_norm, norm
 from .secure_model import sub
 
 
-def _ln(p, cfg, shares, prefix, x):
-    return norm(p, cfg, shares, prefix, x)
+def _ln(p, cfg, shares, prefix, x, span=None):
+    return norm(p, cfg, shares, prefix, x, span)
 
 
 def _cross_order(cfg, T, S, order):
@@ -134,27 +134,33 @@ class DecodeState:
     ln_bias: dict = field(default_factory=dict)
     fuse: tuple = DEFAULT_FUSE
     raw_wo: frozenset = frozenset()
+    ln_spans: dict = field(default_factory=dict)
     t: int = 0
 
     @staticmethod
     def start(p: Party, cfg: M.ModelConfig, shares: dict, enc: AShare,
-              block: int | None = None, fuse=DEFAULT_FUSE, raw_wo=frozenset()) -> "DecodeState":
+              block: int | None = None, fuse=DEFAULT_FUSE, raw_wo=frozenset(),
+              ln_spans=None) -> "DecodeState":
         """``block``: tokens cached before folding into G (:class:`attention.PrefixState`);
         ``raw_wo``: the attention sublayers whose o W^O the steps truncate by 2 frac
-        (:func:`deferred_wo`). Cost: :func:`cost_decode_start`."""
+        (:func:`protocols.schedule.deferred_wo`); ``ln_spans``: LayerNorm prefix -> the
+        octaves of its sqrt_inv table (:func:`protocols.schedule.ln_spans`). Cost:
+        :func:`cost_decode_start`."""
+        ln_spans = dict(ln_spans or {})
         B, S, _ = enc.shape
         if cfg.attention != M.PERFORMER:            # KV caches of capacity max_len
             return DecodeState([KVCache.empty(B, cfg.n_heads, cfg.d_head, cfg.max_len)
                                 for _ in range(cfg.n_dec_layers)],
                                cross_precompute(p, cfg, shares, enc), S,
-                               fused_biases(p, shares, ln_fusions(cfg, fuse)), tuple(fuse))
+                               fused_biases(p, shares, ln_fusions(cfg, fuse)), tuple(fuse),
+                               ln_spans=ln_spans)
         scale = 1.0 / S if cfg.attn_norm == "mean" else None     # in K'^T V's truncation
         cross = [c.kv for c in cross_precompute(p, cfg, shares, enc, need_kv=True,
                                                 kv_scale=scale)]
         return DecodeState([A.PrefixState.empty(B, cfg.n_heads, cfg.n_features, cfg.d_head,
                                                 block) for _ in range(cfg.n_dec_layers)],
                            cross, S, fused_biases(p, shares, ln_fusions(cfg, fuse)), tuple(fuse),
-                           frozenset(raw_wo))
+                           frozenset(raw_wo), ln_spans)
 
     @property
     def batch(self) -> int | None:
@@ -177,7 +183,7 @@ def cost_decode_start(p_cfg, cfg: M.ModelConfig, B: int, S: int, folded: bool = 
 def _self_step(p, cfg, w, q, k, v, st: A.PrefixState | KVCache, featured: bool = False,
                raw: bool = False):
     """``featured``: q, k are already the Performer features (ReLU'd split projections);
-    ``raw``: o W^O truncates by 2 frac (:func:`deferred_wo`)."""
+    ``raw``: o W^O truncates by 2 frac (:func:`protocols.schedule.deferred_wo`)."""
     if isinstance(st, KVCache):               # softmax-style: the row against the cache
         return attend_out(p, cfg, w, st, q, k, v)
     qf, kf = (q, k) if featured else features(p, cfg, w, q, k)
@@ -191,7 +197,7 @@ def _self_step(p, cfg, w, q, k, v, st: A.PrefixState | KVCache, featured: bool =
 def _cross_step(p, cfg, w, q, kv, featured: bool = False, raw: bool = False):
     """The cross attention of one token from its projection q (``featured``: from its
     features); kv carries 1/n_enc (a :class:`CrossKV`, softmax-style: the row against the
-    encoder output's K, V); ``raw``: o W^O truncates by 2 frac (:func:`deferred_wo`)."""
+    encoder output's K, V); ``raw``: o W^O truncates by 2 frac (:func:`protocols.schedule.deferred_wo`)."""
     if isinstance(kv, CrossKV):
         return finish(p, cfg, w, heads(p, cfg.attention, q, kv.kf, kv.v), None)
     qf = q if featured else features(p, cfg, w, q, None)[0]
@@ -204,7 +210,7 @@ def sublayer(p: Party, cfg: M.ModelConfig, kind: str, got: dict, w: dict, names:
     projections ``got`` (:func:`step_project` / :func:`ln_proj`, outputs ``names``; the split
     ones under :data:`RELU`); ``w`` the sublayer's shares, ``st`` the self attention's
     PrefixState / KVCache or the cross attention's K'^T V / CrossKV; ``raw``: an attention
-    whose o W^O truncates by 2 frac (:func:`deferred_wo`)."""
+    whose o W^O truncates by 2 frac (:func:`protocols.schedule.deferred_wo`)."""
     featured = RELU in got
     if kind == "ffn" and featured:                 # relu_a of ffn_hidden reads the split form
         sp = got[RELU]
@@ -260,10 +266,11 @@ def decoder_step(p: Party, cfg: M.ModelConfig, shares: dict, state: DecodeState,
 
         def through_ln(x):
             ln, kind, j = next(plan)
+            span = state.ln_spans.get(ln)
             if kind is None:
-                return _ln(p, cfg, shares, ln, x), {}
+                return _ln(p, cfg, shares, ln, x, span), {}
             return ln_proj(p, cfg, shares, state.ln_bias, ln, x, post, step_names(j)[kind],
-                            ln in fusions)
+                           ln in fusions, span)
 
         for kind, w, s in (("self", ws, st), ("cross", wc, kv), ("ffn", wf, None)):
             raw = f"{pre}.{kind}" in state.raw_wo
@@ -276,7 +283,7 @@ def decoder_step(p: Party, cfg: M.ModelConfig, shares: dict, state: DecodeState,
         if on_layer is not None:
             on_layer(pre)
     if cfg.norm_first and cfg.n_dec_layers:
-        x = _ln(p, cfg, shares, "dec.final_ln", x)
+        x = _ln(p, cfg, shares, "dec.final_ln", x, state.ln_spans.get("dec.final_ln"))
         if on_layer is not None:
             on_layer("dec.final_ln")
     state.t += 1
@@ -285,14 +292,14 @@ def decoder_step(p: Party, cfg: M.ModelConfig, shares: dict, state: DecodeState,
 
 def cost_decoder_step(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int | None = None,
                       folded: bool = True, fuse=DEFAULT_FUSE, n_enc: int | None = None,
-                      raw_wo=frozenset()) -> Cost:
+                      raw_wo=frozenset(), ln_spans=None) -> Cost:
     """Declared rounds and bytes per party of :func:`decoder_step` for the token at position
     ``t`` (t tokens already decoded; the self-attention cache state follows from t and
-    ``block``) with the LayerNorm fusions ``fuse`` and the deferred truncations ``raw_wo``
-    (:func:`deferred_wo`). Rounds do not depend on t; bytes do, through the cache folding -
+    ``block``) with the LayerNorm fusions ``fuse``, the deferred truncations ``raw_wo``
+    (:func:`protocols.schedule.deferred_wo`) and the LayerNorms' table spans ``ln_spans``. Rounds do not depend on t; bytes do, through the cache folding -
     or, softmax-style attention, linearly in t and in ``n_enc`` (the source positions the
     cross attention reads; required then)."""
-    d, L = cfg.d_model, cfg.n_dec_layers
+    d, L, spans = cfg.d_model, cfg.n_dec_layers, ln_spans or {}
     ffn = cost_ffn_hidden(p_cfg, B, d, cfg.d_ff, cfg.ffn_act, split=True)
     post, fusions = not cfg.norm_first, ln_fusions(cfg, fuse)
     total = cost_step_project(p_cfg, cfg, B, step_names(0)["self"], folded) if post and L else \
@@ -300,14 +307,15 @@ def cost_decoder_step(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int | No
     for i in range(L):
         for ln, kind, j in _plan(cfg, i):
             if kind is None:
-                total = total + cost_norm(p_cfg, cfg, B)
+                total = total + cost_norm(p_cfg, cfg, B, spans.get(ln))
             else:
                 total = total + cost_ln_proj(p_cfg, cfg, B, step_names(j)[kind], post, folded,
-                                              ln in fusions)
+                                              ln in fusions, spans.get(ln))
         core = _cost_attention_cores(p_cfg, cfg, B, t, block, folded, n_enc,
                                      {k for k in ("self", "cross") if f"dec.{i}.{k}" in raw_wo})
         total = total + core["self"] + core["cross"] + ffn
-    return total + cost_norm(p_cfg, cfg, B) if cfg.norm_first and L else total
+    return total + cost_norm(p_cfg, cfg, B, spans.get("dec.final_ln")) \
+        if cfg.norm_first and L else total
 
 
 def _cost_attention_cores(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int | None,
@@ -332,28 +340,3 @@ def _cost_attention_cores(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int 
             "cross": (cost_features(p_cfg, B * h * r, folded)
                       + arith.cost_mul(B * h * dh, not raw_cross, p_cfg.frac, p_cfg.trunc)
                       + cost_finish(p_cfg, cfg, B, row_scale=False, raw=raw_cross))}
-
-
-def deferred_wo(cfg: M.ModelConfig, calibration: Mapping | None, ring_cfg) -> frozenset:
-    """The attention sublayers (``dec.i.self``, ``dec.i.cross``) whose decode-step o W^O may
-    truncate by 2 frac, one round less each (:func:`protocols.mha.finish` ``raw``): the
-    product before it (cross: Q'(K'^T V); self: scores @ V, after Q'G and the scores took the
-    row scale 1/n) is reshared untruncated. Exact while |o W^O| < ``arith.product_limit(frac,
-    frac)`` (2^8 at frac 18), so only where the model's calibration (its public metadata,
-    :mod:`protocols.calibrate`) records site ``wo_raw`` times its safety margin below that;
-    none for a calibration of another frac, one without the site (calibrated before it
-    existed), a softmax-style attention or "prob" truncation (which would fail with
-    probability ~|z| 2^(3 frac - 64)). A schedule choice: the same function either way."""
-    frac = ring_cfg.frac
-    if cfg.attention != M.PERFORMER or not calibration or calibration.get("frac") != frac \
-            or ring_cfg.trunc != "exact":
-        return frozenset()
-    limit, margin = arith.product_limit(frac, frac), float(calibration.get("margin", 0.0))
-    layers = calibration.get("layers", {})
-    out = set()
-    for i in range(cfg.n_dec_layers):
-        for kind in ("self", "cross"):
-            v = layers.get(f"dec.{i}.{kind}", {}).get("wo_raw")
-            if isinstance(v, (int, float)) and margin >= 1.0 and v * margin < limit:
-                out.add(f"dec.{i}.{kind}")
-    return frozenset(out)

@@ -72,17 +72,20 @@ def _inverse_d(f: int, d: int):
             arith.scaled(1.0 / d, f, f + 2 + d.bit_length()))
 
 
-def layernorm(p: Party, x: AShare, gamma: AShare, beta: AShare, eps: float) -> AShare:
+def layernorm(p: Party, x: AShare, gamma: AShare, beta: AShare, eps: float,
+              span=None) -> AShare:
+    """``span``: octaves bounding var + eps (:func:`mpc3.kernels.fxp.sqrt_inv_a`; None: its
+    whole range)."""
     from mpc3.kernels import fxp
     xg, var = _stats(p, x, gamma, beta, eps)
-    rs = fxp.sqrt_inv_a(p, var)
+    rs = fxp.sqrt_inv_a(p, var, span=span)
     y = arith.mul_aa(p, xg, _bcast(rs.reshape(*rs.shape, 1), x.shape))
     return y + _bcast(beta, x.shape)
 
 
 def layernorm_project(p: Party, x: AShare, gamma: AShare, beta: AShare, eps: float,
                       mats: list[tuple[AShare, int]], want_y: bool = True, split=(),
-                      split_biases=None):
+                      split_biases=None, span=None):
     """LayerNorm fused with the linear layer that reads its output: returns
     ``(y, outs, z)`` with ``y = LN(x)`` (None unless ``want_y``) and
     ``outs[i] = LN(x) W_i - beta W_i`` for i not in ``split``; the outputs of the mats in
@@ -98,11 +101,12 @@ def layernorm_project(p: Party, x: AShare, gamma: AShare, beta: AShare, eps: flo
     scales xg and every ``xg W_i`` by rs. The caller adds ``beta W_i`` (a constant of the
     model, formed once per session). Cost: :func:`cost_layernorm_project` - the rounds of a
     LayerNorm alone; the bytes of the products plus those of the extra ``rs`` scalings.
+    ``span``: as :func:`layernorm`'s.
     """
     from mpc3.kernels import fxp
     from mpc3.kernels.base import run_steps
     xg, var = _stats(p, x, gamma, beta, eps)
-    rs, prods = run_steps(p, fxp.sqrt_inv_steps(p, var), arith.mul_many_steps(
+    rs, prods = run_steps(p, fxp.sqrt_inv_steps(p, var, span=span), arith.mul_many_steps(
         p, [(xg, w, "matmul", bits) for w, bits in mats]))
     rs = rs.reshape(*rs.shape, 1)
     keep = [i for i in range(len(mats)) if i not in split]
@@ -127,16 +131,16 @@ def _cost_stats(ring_cfg, rows: int, d: int) -> Cost:
     return arith.cost_mul_many(shifts, 0, ring_cfg.trunc)
 
 
-def cost_layernorm(ring_cfg, rows: int, d: int) -> Cost:
+def cost_layernorm(ring_cfg, rows: int, d: int, span=None) -> Cost:
     """Declared rounds and bytes per party of :func:`layernorm` on ``rows`` rows of width d."""
     from mpc3.kernels import fxp
     f, mode = ring_cfg.frac, ring_cfg.trunc
-    return (_cost_stats(ring_cfg, rows, d) + fxp.cost_sqrt_inv(rows, "auto", f, mode)
+    return (_cost_stats(ring_cfg, rows, d) + fxp.cost_sqrt_inv(rows, "auto", f, mode, span)
             + arith.cost_mul(rows * d, True, f, mode))
 
 
 def cost_layernorm_project(ring_cfg, rows: int, d: int, outs: list[tuple[int, int]],
-                           want_y: bool = True, split=()) -> Cost:
+                           want_y: bool = True, split=(), span=None) -> Cost:
     """:func:`layernorm_project` on ``rows`` rows; ``outs = [(width_i, bits_i)]``."""
     from mpc3.kernels import fxp
     f, mode = ring_cfg.frac, ring_cfg.trunc
@@ -148,4 +152,4 @@ def cost_layernorm_project(ring_cfg, rows: int, d: int, outs: list[tuple[int, in
         last = arith.cost_mul_split(ring_cfg, rows * sum(outs[i][0] for i in split), True,
                                     n_rep=scaled)
     return (_cost_stats(ring_cfg, rows, d)
-            + Cost.parallel(fxp.cost_sqrt_inv(rows, "auto", f, mode), prods) + last)
+            + Cost.parallel(fxp.cost_sqrt_inv(rows, "auto", f, mode, span), prods) + last)

@@ -155,19 +155,20 @@ def cost_step_project(p_cfg, cfg: M.ModelConfig, B: int, names: list[str], folde
 
 
 def ln_proj(p, cfg, shares, ln_bias: dict, ln: str, x, want_y: bool, names: list[str],
-             fused: bool):
+             fused: bool, span=None):
     """LN ``ln`` of x and its projections ``names``: (y or None, {name: LN(x) W (+ b1)}, with
     the outputs that only feed relu_a under :data:`RELU`), ``fused``
     (:func:`protocols.layernorm.layernorm_project`, ``ln_bias``: :func:`fused_biases` of the
-    session's fusions), else the LayerNorm and then one round of products (:func:`step_project`)."""
+    session's fusions), else the LayerNorm and then one round of products (:func:`step_project`).
+    ``span``: the LayerNorm's calibrated variance octaves (:func:`protocols.norms.norm`)."""
     if not fused:
-        y = norm(p, cfg, shares, ln, x)
+        y = norm(p, cfg, shares, ln, x, span)
         return (y if want_y else None), step_project(p, cfg, shares, y, names)
     split = _split_names(cfg, shares, names)
     y, outs, z = layernorm_project(p, x, shares[f"{ln}.gamma"], shares[f"{ln}.beta"],
                                    cfg.ln_eps, [(shares[w], _proj_bits(p.cfg, w)) for w in names],
                                    want_y, split=[names.index(w) for w in split],
-                                   split_biases=[ln_bias[(ln, w)] for w in split])
+                                   split_biases=[ln_bias[(ln, w)] for w in split], span=span)
     got = {w: o + bcast_row(ln_bias[(ln, w)], o.shape)
            for w, o in zip(names, outs) if o is not None}
     if split:
@@ -191,12 +192,12 @@ def _plus_bias(shares, name: str, o: AShare) -> AShare:
 
 
 def cost_ln_proj(p_cfg, cfg, B: int, names: list[str], want_y: bool, folded: bool,
-                  fused: bool) -> Cost:
+                  fused: bool, span=None) -> Cost:
     outs = [(_width(cfg, w, folded), _proj_bits(p_cfg, w)) for w in names]
     if fused:
         split = [i for i, w in enumerate(names) if _feeds_relu(cfg, w, folded)]
-        return cost_layernorm_project(p_cfg, B, cfg.d_model, outs, want_y, split)
-    return cost_norm(p_cfg, cfg, B) + cost_step_project(p_cfg, cfg, B, names, folded)
+        return cost_layernorm_project(p_cfg, B, cfg.d_model, outs, want_y, split, span)
+    return cost_norm(p_cfg, cfg, B, span) + cost_step_project(p_cfg, cfg, B, names, folded)
 
 
 def bcast_row(v: AShare, shape) -> AShare:

@@ -39,19 +39,22 @@ def cost_batchnorm(ring_cfg, rows: int, d: int) -> Cost:
     return arith.cost_mul(rows * d, True, ring_cfg.frac, ring_cfg.trunc)
 
 
-def norm(p: Party, cfg: M.ModelConfig, shares: dict, prefix: str, x: AShare) -> AShare:
-    """The model's normalization at ``prefix`` (``enc.0.ln1``, ``dec.final_ln`` ...) of x."""
+def norm(p: Party, cfg: M.ModelConfig, shares: dict, prefix: str, x: AShare,
+         span=None) -> AShare:
+    """The model's normalization at ``prefix`` (``enc.0.ln1``, ``dec.final_ln`` ...) of x;
+    ``span``: a LayerNorm's calibrated variance octaves (:func:`protocols.layernorm.layernorm`)."""
     if cfg.norm == "none":
         return x
     if cfg.norm == "batchnorm":
         return batchnorm(p, x, shares[f"{prefix}.scale"], shares[f"{prefix}.shift"])
-    return layernorm(p, x, shares[f"{prefix}.gamma"], shares[f"{prefix}.beta"], cfg.ln_eps)
+    return layernorm(p, x, shares[f"{prefix}.gamma"], shares[f"{prefix}.beta"], cfg.ln_eps,
+                     span)
 
 
-def cost_norm(ring_cfg, cfg: M.ModelConfig, rows: int) -> Cost:
+def cost_norm(ring_cfg, cfg: M.ModelConfig, rows: int, span=None) -> Cost:
     """Declared rounds and bytes per party of :func:`norm` on ``rows`` rows of width d."""
     if cfg.norm == "none":
         return Cost(0, (0, 0, 0))
     if cfg.norm == "batchnorm":
         return cost_batchnorm(ring_cfg, rows, cfg.d_model)
-    return cost_layernorm(ring_cfg, rows, cfg.d_model)
+    return cost_layernorm(ring_cfg, rows, cfg.d_model, span)

@@ -21,7 +21,7 @@ hands a value to a kernel that is exact only on a documented range:
 Schedule sites (``Site.schedule``) never refuse a model: they record a value that decides
 whether a faster schedule is exact for it. ``wo_raw``: a decode step's normalised o W^O,
 whose truncation by 2 frac from an untruncated o (one round less,
-:func:`protocols.decoder.deferred_wo`) is exact below ``arith.product_limit(frac, frac)``.
+:func:`protocols.schedule.deferred_wo`) is exact below ``arith.product_limit(frac, frac)``.
 
 Sites per layer (:data:`SITES`): what reaches the kernel, and what the model owner can change
 when a calibration (:mod:`protocols.calibrate`) refuses the model there.
@@ -60,7 +60,7 @@ SITES: dict[str, Site] = {
     "out": Site("product", "attention output Q'(K'^T V) (or a decode step's part of it)", _LONG),
     "wo": Site("product", "output projection (.) W^O", "rescale W^O"),
     "wo_raw": Site("product", "a decode step's o W^O formed from an untruncated, normalised "
-                   "o (protocols.decoder.deferred_wo)", "none needed: above the limit the "
+                   "o (protocols.schedule.deferred_wo)", "none needed: above the limit the "
                    "step truncates o first (one round more)", raw=True, schedule=True),
     # softmax-style attentions (ModelConfig.attention != relu-performer)
     "vscores": Site("product", "attention scores q k^T / sqrt(d_head)", _VAR, SCORE_EXTRA),

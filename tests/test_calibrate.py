@@ -17,6 +17,7 @@ from mpc3.party import RingConfig
 from mpc3.sim import make_parties, run_parties
 from protocols import calibrate as C
 from protocols import decoder as D
+from protocols import schedule as S
 from protocols import model as M
 from protocols import secure_model as SM
 from protocols import textdata as TD
@@ -73,7 +74,7 @@ def test_trace_computes_the_reference(norm_first, fold, fuse):
     # then the projection's layer records no product of its own
     own_self = "self" not in fuse or not norm_first
     # (the self attention's 1/n rides in W^O's truncation: no "rowscale" site of its own;
-    # "wo_raw": the normalised product, for decoder.deferred_wo)
+    # "wo_raw": the normalised product, for schedule.deferred_wo)
     assert set(tr.rec.values["dec.0.self"]) == {"features", "kv", "scores", "out",
                                                 "wo", "wo_raw"} | (set() if fold else {"omega"}) \
         | ({"proj"} if own_self else set())
@@ -218,7 +219,7 @@ def test_probe_secure_run_matches_calibration(monkeypatch, kw, fold, block, unpr
 
 
 def test_probe_deferred_wo_matches_calibration(monkeypatch):
-    """A decode step with every o W^O deferred (decoder.deferred_wo) forms exactly the
+    """A decode step with every o W^O deferred (schedule.deferred_wo) forms exactly the
     calibrated ``wo_raw`` values, and its other products stay within their calibration."""
     cfg = make_cfg()
     w, user = M.random_weights(cfg, 5), M.random_user(cfg, 5)
@@ -226,7 +227,7 @@ def test_probe_deferred_wo_matches_calibration(monkeypatch):
     x = M.embed(cfg, user["embed.src"], rng.integers(0, 9, (2, 6)))
     y = M.embed(cfg, user["embed.tgt"], rng.integers(0, 9, (2, cfg.max_len)))
     cal = C.calibrate(cfg, w, C.Samples([x], [y]), margin=1.0, decode_block=2)
-    every = D.deferred_wo(cfg, cal.to_dict(), RingConfig())
+    every = S.deferred_wo(cfg, cal.to_dict(), RingConfig())
     assert len(every) == 2 * cfg.n_dec_layers
     probe = Probe(monkeypatch, cfg.n_dec_layers)
     secure_run(cfg, w, x, y, block=2, raw_wo=every)

@@ -90,7 +90,7 @@ def test_privformer_rounds_per_generated_token():
     assert got[()][0] == 288 and got[D.FUSIONS][0] == 254
     assert 6.0e6 < got[D.DEFAULT_FUSE][1] < 1.1 * 6.45e6     # +10 % of 6.45 MB at most
     assert got[()][1] < got[D.DEFAULT_FUSE][1] < got[D.FUSIONS][1]
-    # o W^O truncated by 2 frac where the calibration allows it (decoder.deferred_wo): one
+    # o W^O truncated by 2 frac where the calibration allows it (schedule.deferred_wo): one
     # round less per attention sublayer, a few KB less (untruncated o is only reshared)
     every = frozenset(f"dec.{i}.{k}" for i in range(6) for k in ("self", "cross"))
     for fuse, rounds in ((D.DEFAULT_FUSE, 264), (D.FUSIONS, 242)):

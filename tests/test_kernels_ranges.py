@@ -149,6 +149,37 @@ def test_sqrt_inv_bound_across_range(mode, method, rng):
     _claim(got, 1 / np.sqrt(x), rel, ulps, _allowed(mode, "sqrt_inv", x.size))
 
 
+@pytest.mark.parametrize("method,span", [("fast", (-3, 7)), ("lean", (2, 5)),
+                                         ("fast", (fxp.LOG_HI - 1, fxp.LOG_HI))])
+def test_sqrt_inv_span_keeps_the_bound_on_its_octaves(method, span, rng):
+    """A table narrowed to the octaves ``span`` (a calibrated LayerNorm) meets the same error
+    claim there, saturates at the span's ends outside it, declares its (smaller) cost and
+    sends exactly that; a span outside [LOG_LO, LOG_HI] or not whole octaves is refused."""
+    lo, hi = 2.0 ** span[0], 2.0 ** span[1]
+    x = _log_sweep(rng, lo, hi, 320)
+    def f(p, a):
+        before = p.stats.snapshot()
+        return fxp.sqrt_inv_a(p, a, method, span), p.stats.snapshot() - before
+    from mpc3.sim import run_parties
+    shares = share(x)
+    out = run_parties(f, [(shares[i],) for i in range(3)])
+    got = value([o[0] for o in out])
+    rel, ulps = fxp.SQRT_INV_ERROR[method]["exact"]
+    _claim(got, 1 / np.sqrt(x), rel, ulps, 0)
+    declared = fxp.cost_sqrt_inv(x.size, method, 18, "exact", span)
+    assert tuple(o[1].bytes_sent for o in out) == declared.bytes_per_party
+    assert max(o[1].rounds for o in out) == declared.rounds \
+        == fxp.cost_sqrt_inv(x.size, method, 18, "exact").rounds
+    assert declared.bytes_total < fxp.cost_sqrt_inv(x.size, method, 18, "exact").bytes_total
+    if method == "fast":                          # outside: the span's end values
+        edge = value(Run()(lambda p, a: fxp.sqrt_inv_a(p, a, "fast", span),
+                           share(_q([lo / 4, hi * 1.4]))))   # below 2^17: the window
+        np.testing.assert_allclose(edge, [lo ** -0.5, hi ** -0.5], rtol=1e-4, atol=2 * ULP)
+    for bad in ((fxp.LOG_LO - 1, 0), (3, 3), (0.5, 2), (2, fxp.LOG_HI + 1)):
+        with pytest.raises(ValueError, match="span"):
+            fxp.check_span(bad)
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_reciprocal_bound_across_range(mode, rng):
     lo, hi = fxp.RECIPROCAL_RANGE

@@ -67,6 +67,10 @@ from .base import Cost, lockstep, run_steps
 from .truncation import trunc_steps
 
 LOG_LO, LOG_HI = -12, 16
+#: The whole table range of the initial guesses: octaves LOG_LO .. LOG_HI. A caller that knows
+#: its inputs lie in a narrower range of octaves (a LayerNorm whose variance the model's
+#: calibration bounds) passes that ``span``: fewer thresholds, fewer bytes, same rounds.
+FULL_SPAN = (LOG_LO, LOG_HI)
 #: Largest product (bits, at the scale before truncation) the table lookups form on purpose:
 #: "exact" truncation is exact below 2^62; "prob" fails with probability ~|z|/2^64, so its
 #: products are kept below 2^48 (failure < 2^-16 per product, as a product of in-range
@@ -113,12 +117,24 @@ def _best_line(power: float, width: float) -> tuple[float, float]:
     return float(coef[0]), float(coef[1])
 
 
+def check_span(span) -> tuple[int, int]:
+    """``span`` (None: :data:`FULL_SPAN`) as integer octaves LOG_LO <= lo < hi <= LOG_HI."""
+    if span is None:
+        return FULL_SPAN
+    lo, hi = (int(v) for v in span)
+    if (lo, hi) != tuple(span) or not LOG_LO <= lo < hi <= LOG_HI:
+        raise ValueError(f"table span {span!r}: integer octaves lo < hi in [{LOG_LO}, {LOG_HI}]")
+    return lo, hi
+
+
 @functools.lru_cache(maxsize=None)
-def _table(power: float, per_octave: int, linear: bool, f: int, mode: str):
-    """Public table of :func:`_init_guess`: thresholds 2^e, per-interval alpha (and for a
-    linear table beta and the truncation shift f + sh of the slope products)."""
+def _table(power: float, per_octave: int, linear: bool, f: int, mode: str,
+           span: tuple[int, int] = FULL_SPAN):
+    """Public table of :func:`_init_guess`: thresholds 2^e for e in the octaves ``span``,
+    per-interval alpha (and for a linear table beta and the truncation shift f + sh of the
+    slope products); below the first and above the last threshold the value saturates."""
     step = 1.0 / per_octave
-    exps = np.arange(LOG_LO * per_octave, LOG_HI * per_octave + 1) * step   # thresholds 2^e
+    exps = np.arange(span[0] * per_octave, span[1] * per_octave + 1) * step  # thresholds 2^e
     if not linear:
         middles = np.concatenate([[exps[0] - step / 2], exps + step / 2])
         return exps, 2.0 ** (-power * middles), None, None
@@ -135,10 +151,11 @@ def _table(power: float, per_octave: int, linear: bool, f: int, mode: str):
 
 
 @functools.lru_cache(maxsize=None)
-def _table_ring(power: float, per_octave: int, linear: bool, f: int, mode: str):
+def _table_ring(power: float, per_octave: int, linear: bool, f: int, mode: str,
+                span: tuple[int, int] = FULL_SPAN):
     """:func:`_table` in the ring: thresholds 2^e and alpha at scale f, the slopes beta at
     their per-interval shifts (None without ``linear``) - encoded once, not per call."""
-    exps, alpha, beta, shifts = _table(power, per_octave, linear, f, mode)
+    exps, alpha, beta, shifts = _table(power, per_octave, linear, f, mode, span)
     slopes = None if beta is None else \
         ring.from_signed(np.round(beta * 2.0 ** shifts).astype(np.int64))
     return ring.encode(2.0 ** exps, f), ring.encode(alpha, f), slopes
@@ -161,13 +178,15 @@ def _init_guess(p: Party, x: AShare, power: float, per_octave: int, linear: bool
     return run_steps(p, init_guess_steps(p, x, power, per_octave, linear))[0]
 
 
-def init_guess_steps(p: Party, x: AShare, power: float, per_octave: int, linear: bool):
+def init_guess_steps(p: Party, x: AShare, power: float, per_octave: int, linear: bool,
+                     span=None):
     """:func:`_init_guess` as lockstep steps (:func:`mpc3.kernels.base.lockstep`): the slope
     products' truncation and the comparison share their two rounds, the injection follows."""
     p.new_op()
     f = p.cfg.frac
-    exps, alpha, beta, shifts = _table(power, per_octave, linear, f, p.cfg.trunc)
-    t_ring, alpha_ring, slopes = _table_ring(power, per_octave, linear, f, p.cfg.trunc)
+    span = check_span(span)
+    exps, alpha, beta, shifts = _table(power, per_octave, linear, f, p.cfg.trunc, span)
+    t_ring, alpha_ring, slopes = _table_ring(power, per_octave, linear, f, p.cfg.trunc, span)
     k = exps.size
     flat = x.reshape(-1)
     rows = flat.size
@@ -192,8 +211,8 @@ def _window(f: int) -> tuple[int, int]:
 
 
 def cost_init_guess(n: int, power: float, per_octave: int, linear: bool, frac: int,
-                    mode: str) -> Cost:
-    exps, _, _, shifts = _table(power, per_octave, linear, frac, mode)
+                    mode: str, span=None) -> Cost:
+    exps, _, _, shifts = _table(power, per_octave, linear, frac, mode, check_span(span))
     k = exps.size
     compare = thresholds.cost_compare_public(n, k, *_window(frac))
     if linear:
@@ -220,7 +239,7 @@ NEWTON_SQRT = 2  # Newton steps of sqrt_inv "lean"
 LEAN_PER_OCTAVE = 4
 
 
-def sqrt_inv_a(p: Party, x: AShare, mode: str = "auto") -> AShare:
+def sqrt_inv_a(p: Party, x: AShare, mode: str = "auto", span=None) -> AShare:
     """1/sqrt(x) for shared x in SQRT_INV_RANGE (Privformer Alg. 4, leak-free), same scale.
 
     mode "fast": sixteenth-octave thresholds with the best line per interval (rel. error
@@ -231,11 +250,16 @@ def sqrt_inv_a(p: Party, x: AShare, mode: str = "auto") -> AShare:
     (whole sequences). Newton step y <- y + y/2 - (x y)(y^2)/2 in two multiplication layers:
     x*y, y^2 (kept at frac + SQ_EXTRA bits) and y/2 in one call with per-element shifts,
     then their product. Error: SQRT_INV_ERROR. Cost: :func:`cost_sqrt_inv`.
+
+    ``span`` (octaves (lo, hi), None: the whole range): the caller guarantees
+    x in [2^lo, 2^hi] (a calibrated LayerNorm) - the table covers only those octaves, with
+    the same error there (fast: 17 + 16 (hi - lo) intervals instead of 449); outside it
+    the guess saturates at the span's ends.
     """
-    return run_steps(p, sqrt_inv_steps(p, x, mode))[0]
+    return run_steps(p, sqrt_inv_steps(p, x, mode, span))[0]
 
 
-def sqrt_inv_steps(p: Party, x: AShare, mode: str = "auto"):
+def sqrt_inv_steps(p: Party, x: AShare, mode: str = "auto", span=None):
     """:func:`sqrt_inv_a` as lockstep steps (:func:`mpc3.kernels.base.lockstep`)."""
     p.new_op()
     mode = _sqrt_inv_mode(mode, x.size)
@@ -243,9 +267,10 @@ def sqrt_inv_steps(p: Party, x: AShare, mode: str = "auto"):
     shape = x.shape
     x = x.reshape(-1)
     if mode == "fast":
-        y = yield from init_guess_steps(p, x, 0.5, per_octave=16, linear=True)
+        y = yield from init_guess_steps(p, x, 0.5, per_octave=16, linear=True, span=span)
         return y.reshape(shape)
-    y = yield from init_guess_steps(p, x, 0.5, per_octave=LEAN_PER_OCTAVE, linear=False)
+    y = yield from init_guess_steps(p, x, 0.5, per_octave=LEAN_PER_OCTAVE, linear=False,
+                                    span=span)
     one = arith.public_share(p, ring.encode(np.ones(x.size), f))
     shifts = np.repeat([f - e1, f - e2, f + 1], x.size)
     for _ in range(NEWTON_SQRT):
@@ -265,14 +290,14 @@ def _sqrt_inv_mode(mode: str, n: int) -> str:
     return mode
 
 
-def cost_sqrt_inv(n: int, mode: str, frac: int, trunc: str) -> Cost:
-    """Rounds and bytes per party of :func:`sqrt_inv_a` on ``n`` inputs."""
+def cost_sqrt_inv(n: int, mode: str, frac: int, trunc: str, span=None) -> Cost:
+    """Rounds and bytes per party of :func:`sqrt_inv_a` on ``n`` inputs (table ``span``)."""
     if _sqrt_inv_mode(mode, n) == "fast":
-        return cost_init_guess(n, 0.5, 16, True, frac, trunc)
+        return cost_init_guess(n, 0.5, 16, True, frac, trunc, span)
     e1, e2 = SQ_EXTRA[trunc]
     step = (arith.cost_mul(3 * n, np.repeat([frac - e1, frac - e2, frac + 1], n), frac, trunc)
             + arith.cost_mul(n, frac + e1 + e2 + 1, frac, trunc))
-    cost = cost_init_guess(n, 0.5, LEAN_PER_OCTAVE, False, frac, trunc)
+    cost = cost_init_guess(n, 0.5, LEAN_PER_OCTAVE, False, frac, trunc, span)
     for _ in range(NEWTON_SQRT):
         cost = cost + step
     return cost

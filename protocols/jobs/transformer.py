@@ -14,7 +14,7 @@ Computation ``translate`` (the model's own inference; permitted by default):
   model's calibration (public metadata, stored by ``share-model``): where it keeps a decoder
   layer's attention output times W^O below 2^(62 - 3 frac), that layer's steps truncate o W^O
   by 2 frac from an untruncated o, one round less per attention sublayer
-  (:func:`protocols.decoder.deferred_wo`; 265 instead of 276 rounds for the random Privformer
+  (:func:`protocols.schedule.deferred_wo`; 265 instead of 276 rounds for the random Privformer
   model of ``mpc3 bench translate --model random``).
 * ``decode_step`` (session): input ``Y`` (B, d), the newest embedded target token -> output
   ``H`` (B, d), the decoder output row of that token. O(1) in the prefix length
@@ -34,7 +34,8 @@ from types import SimpleNamespace
 
 
 from .. import model as M
-from ..decoder import DEFAULT_FUSE, FUSIONS, DecodeState, decoder_step, deferred_wo
+from ..decoder import DEFAULT_FUSE, FUSIONS, DecodeState, decoder_step
+from ..schedule import deferred_wo, ln_spans
 from ..encoder import encoder
 from ..ln_proj import fusion_choice
 from ..secure_model import PROJ_EXTRA, check_shares
@@ -112,9 +113,10 @@ class DecodeSession:
 def run_decode_open(ctx: JobContext, inputs: dict) -> dict:
     cfg, shares = ctx.model.config, ctx.model.shares
     enc = encoder(ctx.party, cfg, shares, inputs["X"], on_layer=ctx.costs.mark)
+    cal = ctx.model.meta.get("calibration")        # the schedule (protocols.schedule)
     state = DecodeState.start(ctx.party, cfg, shares, enc, fuse=session_fuse(ctx.params),
-                              raw_wo=deferred_wo(cfg, ctx.model.meta.get("calibration"),
-                                                 ctx.party.cfg))
+                              raw_wo=deferred_wo(cfg, cal, ctx.party.cfg),
+                              ln_spans=ln_spans(cfg, cal))
     ctx.costs.mark("dec.cross_kv")
     ctx.session.state = DecodeSession(cfg, state)
     return {}

@@ -1,18 +1,23 @@
-"""A decode step's o W^O truncated by 2 frac from an untruncated o (issue 12: one round less
-per attention sublayer): the same function within the stack's bound, chosen only where the
-model's calibration keeps |o W^O| below 2^(62 - 3 frac) with its safety margin
-(protocols.decoder.deferred_wo, calibration site ``wo_raw``).
+"""A decode session's schedule from the model's calibration (protocols.schedule), issue 12:
 
-Shapes as tests/test_protocols_stack.py (d=24, h=3, r=10, 2+2 layers, inputs uniform in
-[-1, 1]); bound there: 2e-3 absolute on LayerNorm-scale outputs.
+* o W^O truncated by 2 frac from an untruncated o (one round less per attention sublayer),
+  chosen only where the calibration keeps |o W^O| below 2^(62 - 3 frac) with its safety
+  margin (``deferred_wo``, calibration site ``wo_raw``);
+* each decoder LayerNorm's sqrt_inv table narrowed to its calibrated variance octaves
+  (``ln_spans``: fewer bytes, same rounds).
+
+Both compute the same function within the stack's bound. Shapes as
+tests/test_protocols_stack.py (d=24, h=3, r=10, 2+2 layers, inputs uniform in [-1, 1]);
+bound there: 2e-3 absolute on LayerNorm-scale outputs.
 """
 import numpy as np
 import pytest
 
-from mpc3.kernels import arith
+from mpc3.kernels import arith, fxp
 from mpc3.party import RingConfig
 from protocols import calibrate as C
 from protocols import decoder as D
+from protocols import schedule as S
 from protocols import model as M
 from protocols import secure_model as SM
 from protocols.encoder import encoder
@@ -31,11 +36,16 @@ def test_deferred_steps_equal_reference(run, rng, norm_first, norm, c):
     sh = SM.share_model(cfg, w)
     x, y = rng.uniform(-1, 1, (2, 7, 24)), rng.uniform(-1, 1, (2, 5, 24))
 
+    cal = C.calibrate(cfg, w, C.Samples([x], [np.pad(y, ((0, 0), (0, 11), (0, 0)))]),
+                      decode_block=2).to_dict()       # these inputs, as share-model would
+    spans = S.ln_spans(cfg, cal)                       # the calibrated table of each LN
+    assert len(spans) == 3 * cfg.n_dec_layers + cfg.norm_first
+
     def fn(p, s, xs, ys):
         enc = encoder(p, cfg, s, xs)
         out = []
-        for raw in (frozenset(), EVERY):
-            st = D.DecodeState.start(p, cfg, s, enc, block=2, raw_wo=raw)
+        for raw, sp in ((frozenset(), None), (EVERY, spans)):
+            st = D.DecodeState.start(p, cfg, s, enc, block=2, raw_wo=raw, ln_spans=sp)
             before = p.stats.snapshot()
             steps = [D.decoder_step(p, cfg, s, st, ys[:, t]) for t in range(5)]
             out.append((steps, (p.stats.snapshot() - before).rounds))
@@ -53,6 +63,26 @@ def test_deferred_steps_equal_reference(run, rng, norm_first, norm, c):
     assert res[0][0][1] - res[0][1][1] == 5 * len(EVERY)
 
 
+def test_ln_spans_follow_the_calibration():
+    """Whole octaves around [min / margin^2, max * margin^2] of each decoder LayerNorm's
+    var + eps (quadratic in the input: margin^2 is the linear sites' headroom), clipped to
+    sqrt_inv's range; nothing for other norms or layers."""
+    cfg = make_cfg()
+    cal = {"margin": 2.0, "layers": {
+        "dec.0.ln1": {"var_eps": [1.0, 3.0]},            # [1/4, 12]: octaves -2 .. 4
+        "dec.0.ln2": {"var_eps": [2.0 ** -11, 2.0 ** 15]},   # clipped to the whole range
+        "dec.1.ln3": {"var_eps": [5.0, 5.0]},            # [1.25, 20]: 0 .. 5
+        "enc.0.ln1": {"var_eps": [1.0, 3.0]},            # the encoder keeps its table
+        "dec.0.self": {"wo": 3.0}}}
+    assert S.ln_spans(cfg, cal) == {"dec.0.ln1": (-2, 4), "dec.0.ln2": fxp.FULL_SPAN,
+                                    "dec.1.ln3": (0, 5)}
+    assert S.ln_spans(cfg, {**cal, "margin": 1.0})["dec.0.ln1"] == (0, 2)
+    assert S.ln_spans(cfg, {**cal, "margin": 4.0})["dec.0.ln1"] == (-4, 6)
+    assert S.ln_spans(cfg, None) == {} == S.ln_spans(make_cfg(norm="batchnorm"), cal)
+    for span in S.ln_spans(cfg, cal).values():
+        assert fxp.check_span(span) == span
+
+
 def _calibration(values: dict, frac: int = 18, margin: float = 4.0) -> dict:
     return {"version": C.VERSION, "frac": frac, "margin": margin,
             "layers": {f"dec.{i}.{k}": {"wo": 1e3, **({"wo_raw": v} if v is not None else {})}
@@ -66,16 +96,16 @@ def test_deferral_follows_the_calibration():
     below, above = limit / 4 * 0.99, limit / 4 * 1.01     # margin 4
     cal = _calibration({(0, "self"): below, (0, "cross"): above, (1, "self"): None,
                         (1, "cross"): 1.0})
-    assert D.deferred_wo(cfg, cal, RingConfig()) == {"dec.0.self", "dec.1.cross"}
+    assert S.deferred_wo(cfg, cal, RingConfig()) == {"dec.0.self", "dec.1.cross"}
     # a wider margin takes layer 0's self attention out
-    assert D.deferred_wo(cfg, {**cal, "margin": 8.0}, RingConfig()) == {"dec.1.cross"}
+    assert S.deferred_wo(cfg, {**cal, "margin": 8.0}, RingConfig()) == {"dec.1.cross"}
     # nothing without a calibration, for another frac, with "prob" truncation (a 2 frac
     # truncation of a product that large would fail often) or a softmax-style attention
-    assert D.deferred_wo(cfg, None, RingConfig()) == frozenset()
-    assert D.deferred_wo(cfg, cal, RingConfig(frac=16)) == frozenset()
-    assert D.deferred_wo(cfg, cal, RingConfig(trunc="prob")) == frozenset()
+    assert S.deferred_wo(cfg, None, RingConfig()) == frozenset()
+    assert S.deferred_wo(cfg, cal, RingConfig(frac=16)) == frozenset()
+    assert S.deferred_wo(cfg, cal, RingConfig(trunc="prob")) == frozenset()
     soft = make_cfg(attention="softmax")
-    assert D.deferred_wo(soft, cal, RingConfig()) == frozenset()
+    assert S.deferred_wo(soft, cal, RingConfig()) == frozenset()
 
 
 def test_calibration_records_wo_raw_and_never_refuses_on_it(rng):
@@ -94,8 +124,8 @@ def test_calibration_records_wo_raw_and_never_refuses_on_it(rng):
     cal_big = C.calibrate(cfg, big, samples)
     assert max(cal_big.layers[f"dec.{i}.{k}"]["wo_raw"] for i in range(2)
                for k in ("self", "cross")) * cal_big.margin > 256
-    assert D.deferred_wo(cfg, cal_big.to_dict(), RingConfig()) != EVERY
-    assert D.deferred_wo(cfg, cal.to_dict(), RingConfig()) == EVERY
+    assert S.deferred_wo(cfg, cal_big.to_dict(), RingConfig()) != EVERY
+    assert S.deferred_wo(cfg, cal.to_dict(), RingConfig()) == EVERY
 
 
 def test_decode_jobs_defer_where_the_stored_calibration_allows():
@@ -108,10 +138,11 @@ def test_decode_jobs_defer_where_the_stored_calibration_allows():
     cfg = make_cfg(n_enc_layers=1)
     w, user = M.random_weights(cfg, 5), M.random_user(cfg, 5)
     cal = C.calibrate(cfg, w, calibration_samples(cfg, w, user), user=user).to_dict()
-    raw = D.deferred_wo(cfg, cal, RingConfig())
+    raw, spans = S.deferred_wo(cfg, cal, RingConfig()), S.ln_spans(cfg, cal)
     assert raw                                  # this model defers some o W^O
+    assert len(spans) == 3 * cfg.n_dec_layers   # and narrows every decoder LayerNorm's table
     x = M.embed(cfg, user["embed.src"], np.array([[3, 4, 2], [1, 1, 4]]))
-    for calibration, want in ((None, frozenset()), (cal, raw)):
+    for calibration, want, want_spans in ((None, frozenset(), None), (cal, raw, spans)):
         be = T.InprocBackend(cfg, w, calibration=calibration)
         be.open("s", x, T.Traffic())
         ref = M.RefDecodeState(cfg, w, M.ref_encoder(cfg, w, x))
@@ -120,7 +151,8 @@ def test_decode_jobs_defer_where_the_stored_calibration_allows():
             traffic = T.Traffic()
             got = ring.decode(be.step("s", y, traffic))
             np.testing.assert_allclose(got, M.ref_decoder_step(cfg, w, ref, y), atol=TOL)
-            declared = D.cost_decoder_step(RingConfig(), cfg, 2, t, raw_wo=want)
+            declared = D.cost_decoder_step(RingConfig(), cfg, 2, t, raw_wo=want,
+                                           ln_spans=want_spans)
             assert (traffic.rounds, tuple(traffic.bytes_per_party)) == \
                 (declared.rounds, declared.bytes_per_party)
         be.close("s")

@@ -1,0 +1,72 @@
+"""A decode session's schedule from the model's calibration (its public metadata, stored by
+``share-model``; :mod:`protocols.calibrate`): faster forms that are exact only on a range the
+calibration shows the model's values keep to, with its safety margin. A schedule never
+changes the function computed; a model without a (recent enough) calibration gets the
+general schedule.
+
+* :func:`deferred_wo`: attention sublayers whose o W^O truncates by 2 frac from an
+  untruncated o (one round less each);
+* :func:`ln_spans`: the octaves of var + eps each LayerNorm's sqrt_inv table covers (fewer
+  thresholds: fewer bytes and less work, same rounds).
+
+Both read the calibration as a dict (``Calibration.to_dict()``) so that a party applies the
+metadata it stores without re-validating sites it does not use.
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+from mpc3.kernels import arith, fxp
+
+from . import model as M
+
+
+def deferred_wo(cfg: M.ModelConfig, calibration: Mapping | None, ring_cfg) -> frozenset:
+    """The attention sublayers (``dec.i.self``, ``dec.i.cross``) whose decode-step o W^O may
+    truncate by 2 frac, one round less each (:func:`protocols.mha.finish` ``raw``): the
+    product before it (cross: Q'(K'^T V); self: scores @ V, after Q'G and the scores took the
+    row scale 1/n) is reshared untruncated. Exact while |o W^O| < ``arith.product_limit(frac,
+    frac)`` (2^8 at frac 18), so only where the model's calibration (its public metadata,
+    :mod:`protocols.calibrate`) records site ``wo_raw`` times its safety margin below that;
+    none for a calibration of another frac, one without the site (calibrated before it
+    existed), a softmax-style attention or "prob" truncation (which would fail with
+    probability ~|z| 2^(3 frac - 64)). A schedule choice: the same function either way."""
+    frac = ring_cfg.frac
+    if cfg.attention != M.PERFORMER or not calibration or calibration.get("frac") != frac \
+            or ring_cfg.trunc != "exact":
+        return frozenset()
+    limit, margin = arith.product_limit(frac, frac), float(calibration.get("margin", 0.0))
+    layers = calibration.get("layers", {})
+    out = set()
+    for i in range(cfg.n_dec_layers):
+        for kind in ("self", "cross"):
+            v = layers.get(f"dec.{i}.{kind}", {}).get("wo_raw")
+            if isinstance(v, (int, float)) and margin >= 1.0 and v * margin < limit:
+                out.add(f"dec.{i}.{kind}")
+    return frozenset(out)
+
+
+def ln_spans(cfg: M.ModelConfig, calibration: Mapping | None) -> dict[str, tuple[int, int]]:
+    """Decoder LayerNorm prefix -> the octaves (lo, hi) of var + eps its sqrt_inv table covers:
+    the calibrated [min / margin^2, max * margin^2] (site ``var_eps``) rounded out to whole
+    octaves, inside :data:`mpc3.kernels.fxp.FULL_SPAN`. The variance is quadratic in the
+    LayerNorm's input, so margin^2 keeps the headroom the calibration gives every linear site:
+    an input ``margin`` times larger or smaller in scale than the samples' stays inside its
+    table (a narrower table is exact only inside it: outside it saturates). LayerNorms
+    without a calibrated ``var_eps`` keep the whole table."""
+    if cfg.norm != "layernorm" or not calibration:
+        return {}
+    margin = float(calibration.get("margin", 0.0)) ** 2
+    if not margin >= 1.0:
+        return {}
+    out = {}
+    for layer, row in calibration.get("layers", {}).items():
+        v = row.get("var_eps")
+        if not layer.startswith("dec.") or not isinstance(v, (list, tuple)) or len(v) != 2 \
+                or not 0 < v[0] <= v[1]:
+            continue
+        lo = max(fxp.LOG_LO, math.floor(math.log2(v[0] / margin)))
+        hi = min(fxp.LOG_HI, math.ceil(math.log2(v[1] * margin)))
+        out[layer] = (lo, max(hi, lo + 1)) if lo < fxp.LOG_HI else (fxp.LOG_HI - 1, fxp.LOG_HI)
+    return out
