@@ -89,14 +89,24 @@ def translator_rows() -> list[tuple]:
 
 def fusion_rows() -> list[tuple]:
     """The translator's token at the Table 2 shape (6+6 layers, post-LN, relu-performer,
-    source 64, mean of t < 64) for each session fusion choice (decode_open's ``fuse``)."""
+    source 64, mean of t < 64) for each session fusion choice (decode_open's ``fuse``): the
+    general schedule, and the one the random model's calibration gives (``mpc3 bench
+    translate --model random`` shares that model: protocols.schedule)."""
+    from app.owner import calibration_samples
+    from protocols import calibrate as C, schedule as SCH
     cfg = _cfg(TABLE2, norm_first=False, max_len=65, n_enc_layers=6, n_dec_layers=6,
                src_vocab=256, tgt_vocab=256)
+    w, user = M.random_weights(cfg, 0), M.random_user(cfg, 0)
+    cal = C.calibrate(cfg, w, calibration_samples(cfg, w, user), user=user).to_dict()
+    sched = dict(raw_wo=SCH.deferred_wo(cfg, cal, RC), ln_spans=SCH.ln_spans(cfg, cal))
     rows = []
-    for fuse in ("none", "default", "cross,ffn", "self,ffn", "all"):
+    for fuse in ("none", "ffn", "default", "self,ffn", "all"):
         kinds = LP.fusion_choice(fuse, D.FUSIONS, D.DEFAULT_FUSE, "model_costs")
-        steps = [D.cost_decoder_step(RC, cfg, 1, t, fuse=kinds) for t in range(64)]
-        rows.append((fuse, steps[0].rounds, _mb(np.mean([c.bytes_total for c in steps]))))
+        row = [fuse if fuse != "default" else f"default ({','.join(kinds)})"]
+        for kw in ({}, sched):
+            steps = [D.cost_decoder_step(RC, cfg, 1, t, fuse=kinds, **kw) for t in range(64)]
+            row += [steps[0].rounds, _mb(np.mean([c.bytes_total for c in steps]))]
+        rows.append(tuple(row))
     return rows
 
 
@@ -132,9 +142,10 @@ def main() -> None:
           "|---|---|---|")
     for name, rounds, nbytes in norm_rows():
         print(f"| {name} | {rounds} | {nbytes} |")
-    print("\n| translator token, Table 2 shape: session fuse | rounds | bytes |\n|---|---|---|")
-    for name, rounds, nbytes in fusion_rows():
-        print(f"| {name} | {rounds} | {nbytes} |")
+    print("\n| translator token, Table 2 shape: session fuse | rounds | bytes | rounds, bytes "
+          "with the random model's calibrated schedule |\n|---|---|---|---|")
+    for name, rounds, nbytes, r_cal, b_cal in fusion_rows():
+        print(f"| {name} | {rounds} | {nbytes} | {r_cal}, {b_cal} |")
 
 
 if __name__ == "__main__":

@@ -81,8 +81,9 @@ def test_trace_computes_the_reference(norm_first, fold, fuse):
     ln_ffn = "dec.0.ln3" if norm_first else "dec.0.ln2"
     assert ("w1" in tr.rec.values["dec.0.ffn"]) == ("ffn" not in fuse)
     assert ("w1" not in tr.rec.values["dec.0.ffn"]) == ("lnw1" in tr.rec.values[ln_ffn])
-    assert ("lnproj" in tr.rec.values["dec.0.ln1"]) == ("cross" in fuse or norm_first
-                                                        and "self" in fuse)
+    # LN1 forms the cross attention's features (post-LN) or Q, K, V (pre-LN)
+    assert ("lnproj" in tr.rec.values["dec.0.ln1"]) == ("self" in fuse if norm_first
+                                                        else "cross" in fuse)
 
 
 # ------------------------------------------------------------- (a) fine model ----
