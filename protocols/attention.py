@@ -287,10 +287,10 @@ def attention_step(p: Party, state: PrefixState, qf: AShare, kf: AShare, v: ASha
     stage 2: scores @ V_c. Out = Q'_t G + (Q'_t K'_c^T) V_c. Cost: :func:`cost_attention_step`.
 
     ``raw`` (a decode step that defers this truncation into o W^O,
-    :func:`protocols.schedule.deferred_wo`): stage 1
-    truncates Q'_t G and the scores times the public row scale ``scale`` (attn_norm "mean":
-    1/n; None: none) and stage 2 is reshared untruncated, so the output is
-    ``scale * Out`` at 2 frac fractional bits, one round earlier.
+    :func:`protocols.schedule.deferred_wo`): stage 1 truncates Q'_t G and the scores times
+    the public row scale ``scale`` (attn_norm "mean": 1/n; None: none) and stage 2 is
+    reshared untruncated, so the output is ``scale * Out`` at 2 frac fractional bits, one
+    round earlier.
     """
     kc = kf if state.kc is None else AShare.concat([state.kc, kf], axis=2)
     vc = v if state.vc is None else AShare.concat([state.vc, v], axis=2)

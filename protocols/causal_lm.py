@@ -49,7 +49,7 @@ from mpc3.shares import AShare
 
 from . import attention as A
 from . import model as M
-from .decoder import step_names, sublayer
+from .decoder import cost_self_core, self_step, step_names, sublayer
 from .ln_proj import cost_ln_bias, cost_ln_proj, fused_biases, fusion_map, ln_proj
 from .ffn import cost_ffn, cost_ffn_hidden, ffn
 from .kv_cache import KVCache, attend_out, cost_attend_out
@@ -102,6 +102,8 @@ class LMState:
     t: int = 0
     ln_bias: dict = field(default_factory=dict)
     fuse: tuple = ()                 # lm_prefill sets its fuse (default DEFAULT_LM_FUSE)
+    raw_wo: frozenset = frozenset()  # the steps' schedule (protocols.schedule)
+    ln_spans: dict = field(default_factory=dict)
 
     @property
     def batch(self) -> int:
@@ -167,8 +169,8 @@ def cost_prefill_attention(p_cfg, B: int, h: int, T: int, r: int, dh: int,
             + arith.cost_mul(B * h * nb * L * dh, True, p_cfg.frac, p_cfg.trunc))
 
 
-def _ln(p, cfg, shares, prefix, x):
-    return norm(p, cfg, shares, prefix, x)
+def _ln(p, cfg, shares, prefix, x, span=None):
+    return norm(p, cfg, shares, prefix, x, span)
 
 
 def _ffn_block(p: Party, cfg: M.ModelConfig, shares: dict, i: int, x: AShare,
@@ -200,9 +202,11 @@ def _check(cfg: M.ModelConfig) -> None:
 
 def lm_prefill(p: Party, cfg: M.ModelConfig, shares: dict, x: AShare,
                block: int | None = None, on_layer: Callable[[str], None] | None = None,
-               fuse=DEFAULT_LM_FUSE) -> tuple[AShare, LMState]:
+               fuse=DEFAULT_LM_FUSE, raw_wo=frozenset(),
+               ln_spans=None) -> tuple[AShare, LMState]:
     """Prompt x (B, T, d) -> (final hidden row of its last position (B, d), the session's
-    LMState after T tokens, its steps fusing the LayerNorms of ``fuse``). ``on_layer(name)``
+    LMState after T tokens, its steps fusing the LayerNorms of ``fuse`` and following the
+    schedule ``raw_wo``, ``ln_spans`` (:mod:`protocols.schedule`)). ``on_layer(name)``
     after each layer (``dec.i``, ``dec.final_ln``). Cost: :func:`cost_lm_prefill`."""
     _check(cfg)
     fusions = lm_fusions(cfg, fuse)               # an unknown kind is refused before any round
@@ -233,7 +237,8 @@ def lm_prefill(p: Party, cfg: M.ModelConfig, shares: dict, x: AShare,
     if cfg.norm_first:
         x = _ln(p, cfg, shares, "dec.final_ln", x)
         mark("dec.final_ln")
-    state = LMState(states, T, fused_biases(p, shares, fusions), tuple(fuse))
+    state = LMState(states, T, fused_biases(p, shares, fusions), tuple(fuse),
+                    frozenset(raw_wo), dict(ln_spans or {}))
     if fusions:                    # the session's beta W1: after the last layer's mark
         mark("dec.ln_bias")
     return _out_scale(p, cfg, shares, x).reshape(B, cfg.d_model), state
@@ -254,22 +259,22 @@ def lm_step(p: Party, cfg: M.ModelConfig, shares: dict, state: LMState, y_t: ASh
 
     def through_ln(ln: str, x: AShare, want_y: bool, names: list[str]):
         """LN ``ln`` of x, and the projections ``names`` if it forms them: (y, got)."""
+        span = state.ln_spans.get(ln)
         if ln not in fusions:
-            return _ln(p, cfg, shares, ln, x), None
-        return ln_proj(p, cfg, shares, state.ln_bias, ln, x, want_y, names, True)
+            return _ln(p, cfg, shares, ln, x, span), None
+        return ln_proj(p, cfg, shares, state.ln_bias, ln, x, want_y, names, True, span)
 
     for i in range(cfg.n_dec_layers):
         pre, names = f"dec.{i}", step_names(i)
         w, wf, st = sub(shares, f"{pre}.self"), sub(shares, f"{pre}.ffn"), state.prefix[i]
-        pre_ln = cfg.norm_first
+        pre_ln, raw = cfg.norm_first, f"{pre}.self" in state.raw_wo
         u, got = through_ln(f"{pre}.ln1", x, False, names["self"]) if pre_ln else (x, got)
         if got:                        # Q, K, V formed by the LayerNorm before
-            x = x + sublayer(p, cfg, "self", got, w, names["self"], st)
+            x = x + sublayer(p, cfg, "self", got, w, names["self"], st, raw)
         elif isinstance(st, KVCache):
             x = x + attend_out(p, cfg, w, st, *project(p, cfg, w, u, None))
         else:
-            qf, kf, v = qkv_features(p, cfg, w, u, None)
-            x = x + finish(p, cfg, w, A.attention_step(p, st, qf, kf, v), [st.t])
+            x = x + self_step(p, cfg, w, *qkv_features(p, cfg, w, u, None), st, True, raw)
         got = None
         if cfg.has_ffn(i):      # pre-LN: x + FFN(LN2(x)); post-LN: LN2(y + FFN(y)), y = LN1(x)
             y, hid = through_ln(f"{pre}.ln{2 if pre_ln else 1}", x, not pre_ln, names["ffn"])
@@ -282,7 +287,7 @@ def lm_step(p: Party, cfg: M.ModelConfig, shares: dict, state: LMState, y_t: ASh
         if on_layer is not None:
             on_layer(pre)
     if cfg.norm_first:
-        x = _ln(p, cfg, shares, "dec.final_ln", x)
+        x = _ln(p, cfg, shares, "dec.final_ln", x, state.ln_spans.get("dec.final_ln"))
         if on_layer is not None:
             on_layer("dec.final_ln")
     state.t += 1
@@ -290,13 +295,14 @@ def lm_step(p: Party, cfg: M.ModelConfig, shares: dict, state: LMState, y_t: ASh
 
 
 # -------------------------------------------------------------------- declared costs ----
-def _attn_io(p_cfg, cfg: M.ModelConfig, B: int, T: int, folded: bool = True) -> Cost:
+def _attn_io(p_cfg, cfg: M.ModelConfig, B: int, T: int, folded: bool = True,
+             raw: bool = False) -> Cost:
     """Projections, ReLU features (Omega folded into the projections, or its own product:
     mha.qkv_features), 1/n rows and W^O of T new rows."""
     d, h, r = cfg.d_model, cfg.n_heads, cfg.n_features
     io = (cost_project_features(p_cfg, B * h * 2 * T * r, B * T * d) if folded else
           cost_project(p_cfg, 3 * B * T * d) + cost_features(p_cfg, B * h * 2 * T * r, False))
-    return io + cost_finish(p_cfg, cfg, B * T)
+    return io + cost_finish(p_cfg, cfg, B * T, raw=raw)
 
 
 def _rest(p_cfg, cfg: M.ModelConfig, rows_in: int, rows: int, i: int = 0) -> Cost:
@@ -336,63 +342,64 @@ def cost_lm_prefill(p_cfg, cfg: M.ModelConfig, B: int, T: int,
                                                           folded)
 
 
-def _cost_end(p_cfg, cfg: M.ModelConfig, B: int) -> Cost:
-    """The final norm (pre-LN) and AERO's folded FFN scales (:func:`_out_scale`)."""
-    cost = cost_norm(p_cfg, cfg, B) if cfg.norm_first else Cost(0, (0, 0, 0))
+def _cost_end(p_cfg, cfg: M.ModelConfig, B: int, span=None) -> Cost:
+    """The final norm (pre-LN, its table ``span``) and AERO's folded FFN scales
+    (:func:`_out_scale`)."""
+    cost = cost_norm(p_cfg, cfg, B, span) if cfg.norm_first else Cost(0, (0, 0, 0))
     if cfg.ffn_scale:
         cost = cost + arith.cost_mul(B * cfg.d_model, True, p_cfg.frac, p_cfg.trunc)
     return cost
 
 
-def _cost_self_core(p_cfg, cfg: M.ModelConfig, B: int, t: int, L: int, folded: bool) -> Cost:
-    """A step's self attention after a LayerNorm formed its Q, K, V (:func:`sublayer`):
-    relu-performer the features' ReLU, the step and W^O; softmax-style the KV-cache row."""
-    if cfg.attention != M.PERFORMER:
-        return cost_attend_out(p_cfg, cfg, B, t)
-    h, r, dh = cfg.n_heads, cfg.n_features, cfg.d_head
-    return (cost_features(p_cfg, B * h * 2 * r, folded)
-            + A.cost_attention_step(p_cfg, B, h, r, dh, t % L, t >= L, L)
-            + cost_finish(p_cfg, cfg, B))
-
-
 def cost_lm_step(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int | None = None,
-                 fuse=DEFAULT_LM_FUSE, folded: bool = True) -> Cost:
+                 fuse=DEFAULT_LM_FUSE, folded: bool = True, raw_wo=frozenset(),
+                 ln_spans=None) -> Cost:
     """Declared cost of :func:`lm_step` for the token at position ``t`` (t tokens before it)
-    in a session fusing the LayerNorms of ``fuse`` (:func:`lm_fusions`), Omega ``folded`` into
-    the shares or not: relu-performer: it depends on t only through t mod block (O(1) in the
-    prefix); softmax-style (KV cache): bytes linear in t, rounds independent of t."""
+    in a session fusing the LayerNorms of ``fuse`` (:func:`lm_fusions`) with the schedule
+    ``raw_wo``, ``ln_spans`` (:mod:`protocols.schedule`), Omega ``folded`` into the shares or
+    not: relu-performer: it depends on t only through t mod block (O(1) in the prefix);
+    softmax-style (KV cache): bytes linear in t, rounds independent of t."""
     h, r, dh, d = cfg.n_heads, cfg.n_features, cfg.d_head, cfg.d_model
     L = A.default_decode_block(r, dh) if block is None else int(block)
-    if cfg.attention != M.PERFORMER:
-        attn = _kv_attn(p_cfg, cfg, B, t, 1, 1)
-    else:
-        attn = (_attn_io(p_cfg, cfg, B, 1, folded)
-                + A.cost_attention_step(p_cfg, B, h, r, dh, t % L, t >= L, L))
-    core = _cost_self_core(p_cfg, cfg, B, t, L, folded)
+    spans = ln_spans or {}
+
+    def attn(raw: bool) -> Cost:               # projections, features, the step and W^O
+        if cfg.attention != M.PERFORMER:
+            return _kv_attn(p_cfg, cfg, B, t, 1, 1)
+        return (_attn_io(p_cfg, cfg, B, 1, folded, raw)
+                + A.cost_attention_step(p_cfg, B, h, r, dh, t % L, t >= L, L, raw,
+                                        raw and cfg.attn_norm == "mean"))
+
     ffn_core = cost_ffn_hidden(p_cfg, B, d, cfg.d_ff, cfg.ffn_act, split=True)
     fusions, pre_ln = lm_fusions(cfg, fuse), cfg.norm_first
-    norm_b = cost_norm(p_cfg, cfg, B)
+
+    def norm_b(ln: str) -> Cost:
+        return cost_norm(p_cfg, cfg, B, spans.get(ln))
 
     def ln_proj_cost(ln: str, names: list[str], want_y: bool) -> Cost | None:
-        return (cost_ln_proj(p_cfg, cfg, B, names, want_y, folded, True) if ln in fusions
-                else None)
+        return (cost_ln_proj(p_cfg, cfg, B, names, want_y, folded, True, spans.get(ln))
+                if ln in fusions else None)
 
     cost, formed = Cost(0, (0, 0, 0)), False    # formed: Q, K, V made by the LN before
     for i in range(cfg.n_dec_layers):
         pre, names = f"dec.{i}", step_names(i)
+        raw = f"{pre}.self" in raw_wo
+        core = cost_self_core(p_cfg, cfg, B, t, L, folded, raw)
         if pre_ln:
             fused = ln_proj_cost(f"{pre}.ln1", names["self"], False)
-            cost = cost + (fused + core if fused is not None else norm_b + attn)
+            cost = cost + (fused + core if fused is not None else norm_b(f"{pre}.ln1")
+                           + attn(raw))
         else:
-            cost = cost + (core if formed else attn)
+            cost = cost + (core if formed else attn(raw))
         formed = False
         if cfg.has_ffn(i):
-            fused = ln_proj_cost(f"{pre}.ln{2 if pre_ln else 1}", names["ffn"], not pre_ln)
+            ln = f"{pre}.ln{2 if pre_ln else 1}"
+            fused = ln_proj_cost(ln, names["ffn"], not pre_ln)
             cost = cost + (fused + ffn_core if fused is not None else
-                           norm_b + cost_ffn(p_cfg, B, d, cfg.d_ff, cfg.ffn_act))
+                           norm_b(ln) + cost_ffn(p_cfg, B, d, cfg.d_ff, cfg.ffn_act))
             if not pre_ln:
                 nxt = step_names(i + 1)["self"] if i + 1 < cfg.n_dec_layers else []
                 fused = ln_proj_cost(f"{pre}.ln2", nxt, True)
                 formed = fused is not None
-                cost = cost + (fused if formed else norm_b)
-    return cost + _cost_end(p_cfg, cfg, B)
+                cost = cost + (fused if formed else norm_b(f"{pre}.ln2"))
+    return cost + _cost_end(p_cfg, cfg, B, spans.get("dec.final_ln"))

@@ -182,7 +182,7 @@ def cost_decode_start(p_cfg, cfg: M.ModelConfig, B: int, S: int, folded: bool = 
             + cost_ln_bias(p_cfg, cfg, ln_fusions(cfg, fuse), folded))
 
 
-def _self_step(p, cfg, w, q, k, v, st: A.PrefixState | KVCache, featured: bool = False,
+def self_step(p, cfg, w, q, k, v, st: A.PrefixState | KVCache, featured: bool = False,
                raw: bool = False):
     """``featured``: q, k are already the Performer features (ReLU'd split projections);
     ``raw``: o W^O truncates by 2 frac (:func:`protocols.schedule.deferred_wo`)."""
@@ -199,7 +199,8 @@ def _self_step(p, cfg, w, q, k, v, st: A.PrefixState | KVCache, featured: bool =
 def _cross_step(p, cfg, w, q, kv, featured: bool = False, raw: bool = False):
     """The cross attention of one token from its projection q (``featured``: from its
     features); kv carries 1/n_enc (a :class:`CrossKV`, softmax-style: the row against the
-    encoder output's K, V); ``raw``: o W^O truncates by 2 frac (:func:`protocols.schedule.deferred_wo`)."""
+    encoder output's K, V); ``raw``: o W^O truncates by 2 frac
+    (:func:`protocols.schedule.deferred_wo`)."""
     if isinstance(kv, CrossKV):
         return finish(p, cfg, w, heads(p, cfg.attention, q, kv.kf, kv.v), None)
     qf = q if featured else features(p, cfg, w, q, None)[0]
@@ -220,7 +221,7 @@ def sublayer(p: Party, cfg: M.ModelConfig, kind: str, got: dict, w: dict, names:
     if featured:
         got = {**got, **got[RELU].relu_outputs(p)}
     if kind == "self":
-        return _self_step(p, cfg, w, *[split_heads(got[n], cfg.n_heads) for n in names], st,
+        return self_step(p, cfg, w, *[split_heads(got[n], cfg.n_heads) for n in names], st,
                           featured, raw)
     if kind == "cross":
         return _cross_step(p, cfg, w, split_heads(got[names[0]], cfg.n_heads), st, featured,
@@ -298,9 +299,10 @@ def cost_decoder_step(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int | No
     """Declared rounds and bytes per party of :func:`decoder_step` for the token at position
     ``t`` (t tokens already decoded; the self-attention cache state follows from t and
     ``block``) with the LayerNorm fusions ``fuse``, the deferred truncations ``raw_wo``
-    (:func:`protocols.schedule.deferred_wo`) and the LayerNorms' table spans ``ln_spans``. Rounds do not depend on t; bytes do, through the cache folding -
-    or, softmax-style attention, linearly in t and in ``n_enc`` (the source positions the
-    cross attention reads; required then)."""
+    (:func:`protocols.schedule.deferred_wo`) and the LayerNorms' table spans ``ln_spans``
+    (:func:`protocols.schedule.ln_spans`). Rounds do not depend on t; bytes do, through the
+    cache folding - or, softmax-style attention, linearly in t and in ``n_enc`` (the source
+    positions the cross attention reads; required then)."""
     d, L, spans = cfg.d_model, cfg.n_dec_layers, ln_spans or {}
     ffn = cost_ffn_hidden(p_cfg, B, d, cfg.d_ff, cfg.ffn_act, split=True)
     post, fusions = not cfg.norm_first, ln_fusions(cfg, fuse)
@@ -320,6 +322,21 @@ def cost_decoder_step(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int | No
         if cfg.norm_first and L else total
 
 
+def cost_self_core(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int | None,
+                   folded: bool, raw: bool = False) -> Cost:
+    """:func:`self_step` from its projections, the token at position t: relu-performer the
+    features' ReLU, the step (``raw``: deferred, :func:`protocols.schedule.deferred_wo`) and
+    W^O; softmax-style the KV-cache row. Shared with the LM's steps."""
+    if cfg.attention != M.PERFORMER:
+        return cost_attend_out(p_cfg, cfg, B, t)
+    h, r, dh = cfg.n_heads, cfg.n_features, cfg.d_head
+    block = A.default_decode_block(r, dh) if block is None else int(block)
+    return (cost_features(p_cfg, B * h * 2 * r, folded)
+            + A.cost_attention_step(p_cfg, B, h, r, dh, t % block, t >= block, block, raw,
+                                    raw and cfg.attn_norm == "mean")
+            + cost_finish(p_cfg, cfg, B, not raw, raw))
+
+
 def _cost_attention_cores(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int | None,
                           folded: bool, n_enc: int | None, raw=frozenset()) -> dict[str, Cost]:
     """A decode step's self and cross attention of one layer after their projections
@@ -332,13 +349,8 @@ def _cost_attention_cores(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int 
         return {"self": cost_attend_out(p_cfg, cfg, B, t),
                 "cross": (cost_heads(p_cfg, cfg.attention, B, h, 1, n_enc, dh)
                           + cost_finish(p_cfg, cfg, B, row_scale=False))}
-    block = A.default_decode_block(r, dh) if block is None else int(block)
-    raw_self, raw_cross = "self" in raw, "cross" in raw
-    mean = cfg.attn_norm == "mean"
-    return {"self": (cost_features(p_cfg, B * h * 2 * r, folded)
-                     + A.cost_attention_step(p_cfg, B, h, r, dh, t % block, t >= block, block,
-                                             raw_self, raw_self and mean)
-                     + cost_finish(p_cfg, cfg, B, not raw_self, raw_self)),
+    raw_cross = "cross" in raw
+    return {"self": cost_self_core(p_cfg, cfg, B, t, block, folded, "self" in raw),
             "cross": (cost_features(p_cfg, B * h * r, folded)
                       + arith.cost_mul(B * h * dh, not raw_cross, p_cfg.frac, p_cfg.trunc)
                       + cost_finish(p_cfg, cfg, B, row_scale=False, raw=raw_cross))}

@@ -157,3 +157,33 @@ def test_decode_jobs_defer_where_the_stored_calibration_allows():
                 (declared.rounds, declared.bytes_per_party)
         be.close("s")
     assert declared.rounds == D.cost_decoder_step(RingConfig(), cfg, 2, 1).rounds - len(raw)
+
+
+@pytest.mark.parametrize("norm_first,fuse", [(False, ("ffn",)), (True, ()), (True, ("self",))])
+def test_lm_steps_follow_the_schedule(run, rng, norm_first, fuse):
+    """The decoder-only LM's steps take the same schedule (its self attention's o W^O
+    deferred, its LayerNorms' tables narrowed): the reference's values, declared = measured,
+    one round less per deferred layer."""
+    from conftest import lm_session
+    from protocols import causal_lm as LM
+    cfg = M.ModelConfig(d_model=16, n_heads=2, d_head=8, n_features=8, d_ff=32, attn_c=0.125,
+                        attn_norm="mean", norm_first=norm_first, max_len=16,
+                        arch="decoder-only", n_dec_layers=2, tgt_vocab=13).validate()
+    w = M.random_weights(cfg, 3)
+    x = rng.uniform(-1, 1, (2, 8, 16))
+    cal = C.calibrate(cfg, w, C.Samples([np.pad(x, ((0, 0), (0, 8), (0, 0)))]),
+                      decode_block=3).to_dict()
+    raw, spans = S.deferred_wo(cfg, cal, RingConfig()), S.ln_spans(cfg, cal)
+    assert raw == {"dec.0.self", "dec.1.self"} and len(spans) == 4 + norm_first
+    rows, steps = lm_session(run, cfg, SM.share_model(cfg, w), x, 5, block=3, fuse=fuse,
+                             raw_wo=raw, ln_spans=spans)
+    full = M.ref_lm(cfg, w, x)
+    for k, h in enumerate(rows):
+        assert np.max(np.abs(h - full[:, 4 + k])) < TOL
+    rc = RingConfig()
+    for t, got in steps.items():
+        declared = LM.cost_lm_step(rc, cfg, 2, t, 3, fuse=fuse, raw_wo=raw, ln_spans=spans)
+        assert got == (declared.bytes_per_party, declared.rounds)
+        general = LM.cost_lm_step(rc, cfg, 2, t, 3, fuse=fuse)
+        assert general.rounds - declared.rounds == 2
+        assert declared.bytes_total < general.bytes_total

@@ -16,13 +16,15 @@ The query user applies the LM head (``out.w``, ``out.b``, its own tensors) to ``
 the next token; only final hidden rows leave the parties, as for the translator. Besides the
 session id, ``lm_prefill`` takes ``fuse`` (:func:`protocols.ln_proj.fusion_choice` over
 ``self``, ``ffn``; default ``ffn``): the LayerNorms whose next projection the session's steps
-form in their rounds - a schedule, not a different function. Per-layer costs are marked
-(``dec.i``, ``dec.final_ln``).
+form in their rounds - a schedule, not a different function, as is the one the model's
+calibration allows the steps (:mod:`protocols.schedule`: deferred o W^O truncations,
+narrowed LayerNorm tables). Per-layer costs are marked (``dec.i``, ``dec.final_ln``).
 """
 from __future__ import annotations
 
 from ..causal_lm import DEFAULT_LM_FUSE, LM_FUSIONS, LMState, lm_prefill, lm_step
 from ..ln_proj import fusion_choice
+from ..schedule import deferred_wo, ln_spans
 from .contract import DECODER_ONLY, JobContext, JobSpec, ModelView, TensorSpec
 from .transformer import check_rows, check_model
 
@@ -43,8 +45,11 @@ def _validate_step(model: ModelView, inputs: dict, params) -> None:
 
 
 def run_lm_prefill(ctx: JobContext, inputs: dict) -> dict:
-    h, state = lm_prefill(ctx.party, ctx.model.config, ctx.model.shares, inputs["X"],
-                          on_layer=ctx.costs.mark, fuse=session_fuse(ctx.params))
+    cfg, cal = ctx.model.config, ctx.model.meta.get("calibration")    # the steps' schedule
+    h, state = lm_prefill(ctx.party, cfg, ctx.model.shares, inputs["X"],
+                          on_layer=ctx.costs.mark, fuse=session_fuse(ctx.params),
+                          raw_wo=deferred_wo(cfg, cal, ctx.party.cfg),
+                          ln_spans=ln_spans(cfg, cal))
     ctx.session.state = state
     return {"H": h}
 
