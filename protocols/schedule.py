@@ -22,6 +22,18 @@ from mpc3.kernels import arith, fxp
 from . import model as M
 
 
+def _read(calibration) -> tuple[Mapping, float]:
+    """(layers, margin) of calibration metadata; ({}, 0) if it is missing or malformed (then
+    every schedule choice falls back to the general one)."""
+    if not isinstance(calibration, Mapping):
+        return {}, 0.0
+    layers, margin = calibration.get("layers"), calibration.get("margin")
+    if not isinstance(layers, Mapping) or not isinstance(margin, (int, float)) \
+            or not math.isfinite(margin):
+        return {}, 0.0
+    return layers, float(margin)
+
+
 def deferred_wo(cfg: M.ModelConfig, calibration: Mapping | None, ring_cfg) -> frozenset:
     """The attention sublayers (``dec.i.self``, ``dec.i.cross``) whose decode-step o W^O may
     truncate by 2 frac, one round less each (:func:`protocols.mha.finish` ``raw``): the
@@ -33,16 +45,17 @@ def deferred_wo(cfg: M.ModelConfig, calibration: Mapping | None, ring_cfg) -> fr
     existed), a softmax-style attention or "prob" truncation (which would fail with
     probability ~|z| 2^(3 frac - 64)). A schedule choice: the same function either way."""
     frac = ring_cfg.frac
-    if cfg.attention != M.PERFORMER or not calibration or calibration.get("frac") != frac \
+    layers, margin = _read(calibration)
+    if cfg.attention != M.PERFORMER or not layers or calibration.get("frac") != frac \
             or ring_cfg.trunc != "exact":
         return frozenset()
-    limit, margin = arith.product_limit(frac, frac), float(calibration.get("margin", 0.0))
-    layers = calibration.get("layers", {})
+    limit = arith.product_limit(frac, frac)
     out = set()
     for i in range(cfg.n_dec_layers):
         for kind in ("self", "cross"):
-            v = layers.get(f"dec.{i}.{kind}", {}).get("wo_raw")
-            if isinstance(v, (int, float)) and margin >= 1.0 and v * margin < limit:
+            row = layers.get(f"dec.{i}.{kind}", {})
+            v = row.get("wo_raw") if isinstance(row, Mapping) else None
+            if isinstance(v, (int, float)) and margin >= 1.0 and 0 <= v * margin < limit:
                 out.add(f"dec.{i}.{kind}")
     return frozenset(out)
 
@@ -55,16 +68,16 @@ def ln_spans(cfg: M.ModelConfig, calibration: Mapping | None) -> dict[str, tuple
     an input ``margin`` times larger or smaller in scale than the samples' stays inside its
     table (a narrower table is exact only inside it: outside it saturates). LayerNorms
     without a calibrated ``var_eps`` keep the whole table."""
-    if cfg.norm != "layernorm" or not calibration:
-        return {}
-    margin = float(calibration.get("margin", 0.0)) ** 2
-    if not margin >= 1.0:
+    layers, margin = _read(calibration)
+    margin = margin ** 2
+    if cfg.norm != "layernorm" or not margin >= 1.0:
         return {}
     out = {}
-    for layer, row in calibration.get("layers", {}).items():
-        v = row.get("var_eps")
+    for layer, row in layers.items():
+        v = row.get("var_eps") if isinstance(row, Mapping) else None
         if not layer.startswith("dec.") or not isinstance(v, (list, tuple)) or len(v) != 2 \
-                or not 0 < v[0] <= v[1]:
+                or not all(isinstance(e, (int, float)) for e in v) or not 0 < v[0] <= v[1] \
+                or not math.isfinite(v[1]):
             continue
         lo = max(fxp.LOG_LO, math.floor(math.log2(v[0] / margin)))
         hi = min(fxp.LOG_HI, math.ceil(math.log2(v[1] * margin)))

@@ -79,6 +79,12 @@ def test_ln_spans_follow_the_calibration():
     assert S.ln_spans(cfg, {**cal, "margin": 1.0})["dec.0.ln1"] == (0, 2)
     assert S.ln_spans(cfg, {**cal, "margin": 4.0})["dec.0.ln1"] == (-4, 6)
     assert S.ln_spans(cfg, None) == {} == S.ln_spans(make_cfg(norm="batchnorm"), cal)
+    # malformed metadata entries give the whole table, never an error or a narrow one
+    bad = {"margin": 2.0, "layers": {"dec.0.ln1": {"var_eps": ["1", 3.0]},
+                                     "dec.0.ln2": {"var_eps": [0.0, 3.0]},
+                                     "dec.0.ln3": {"var_eps": [1.0, float("inf")]},
+                                     "dec.1.ln1": "junk", "dec.1.ln2": {"var_eps": 4.0}}}
+    assert S.ln_spans(cfg, bad) == {}
     for span in S.ln_spans(cfg, cal).values():
         assert fxp.check_span(span) == span
 
@@ -102,6 +108,13 @@ def test_deferral_follows_the_calibration():
     # nothing without a calibration, for another frac, with "prob" truncation (a 2 frac
     # truncation of a product that large would fail often) or a softmax-style attention
     assert S.deferred_wo(cfg, None, RingConfig()) == frozenset()
+    junk = {**cal, "layers": {"dec.0.self": "junk", "dec.0.cross": {"wo_raw": "1"},
+                              "dec.1.self": {"wo_raw": -1.0}}}
+    assert S.deferred_wo(cfg, junk, RingConfig()) == frozenset()
+    for bad in ([], {"layers": [1]}, {**cal, "margin": "4"}, {**cal, "layers": "junk"},
+                {**cal, "margin": float("nan")}):
+        assert S.deferred_wo(cfg, bad, RingConfig()) == frozenset()
+        assert S.ln_spans(cfg, bad) == {}
     assert S.deferred_wo(cfg, cal, RingConfig(frac=16)) == frozenset()
     assert S.deferred_wo(cfg, cal, RingConfig(trunc="prob")) == frozenset()
     soft = make_cfg(attention="softmax")
