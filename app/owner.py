@@ -61,6 +61,17 @@ def calibration_samples(mcfg: M.ModelConfig, weights: M.Weights, user=None,
     return C.default_samples(mcfg, user, np.random.default_rng(0))
 
 
+def calibrate_model(mcfg: M.ModelConfig, weights: M.Weights, user=None,
+                    samples: C.Samples | None = None, ring: RingConfig = RingConfig(),
+                    margin: float = C.DEFAULT_MARGIN, fold_omega: bool = True) -> C.Calibration:
+    """The calibration ``share-model`` stores with a model: on ``samples`` (default:
+    :func:`calibration_samples`); raises :class:`protocols.calibrate.RangeError` if the model
+    leaves a kernel's range."""
+    if samples is None:
+        samples = calibration_samples(mcfg, weights, user)
+    return C.calibrate(mcfg, weights, samples, ring, margin, user=user, fold_omega=fold_omega)
+
+
 def transformer_meta(mcfg: M.ModelConfig, calibration: C.Calibration, permit=None,
                      source: str = "", fold_omega: bool = True) -> dict:
     """Public metadata stored with a shared transformer."""
@@ -82,10 +93,8 @@ def share_transformer(cfg: ClusterConfig, model_id: str, mcfg: M.ModelConfig,
     anything is uploaded if the model leaves a kernel's range."""
     from protocols.secure_model import plain_tensors
     check_permit(permit, mcfg.arch)
-    if samples is None:
-        samples = calibration_samples(mcfg, weights, user)
-    cal = C.calibrate(mcfg, weights, samples, RingConfig(frac=cfg.frac), margin, user=user,
-                      fold_omega=fold_omega)
+    cal = calibrate_model(mcfg, weights, user, samples, RingConfig(frac=cfg.frac), margin,
+                          fold_omega)
     meta = transformer_meta(mcfg, cal, permit, source, fold_omega)
     layout = plain_tensors(mcfg, weights, fold_omega=fold_omega)
     with ModelOwner(cfg, cert, key) as owner:

@@ -92,13 +92,12 @@ def fusion_rows() -> list[tuple]:
     source 64, mean of t < 64) for each session fusion choice (decode_open's ``fuse``): the
     general schedule, and the one the random model's calibration gives (``mpc3 bench
     translate --model random`` shares that model: protocols.schedule)."""
-    from app.owner import calibration_samples
-    from protocols import calibrate as C, schedule as SCH
+    from app.owner import calibrate_model
+    from protocols.schedule import session_schedule
     cfg = _cfg(TABLE2, norm_first=False, max_len=65, n_enc_layers=6, n_dec_layers=6,
                src_vocab=256, tgt_vocab=256)
     w, user = M.random_weights(cfg, 0), M.random_user(cfg, 0)
-    cal = C.calibrate(cfg, w, calibration_samples(cfg, w, user), user=user).to_dict()
-    sched = dict(raw_wo=SCH.deferred_wo(cfg, cal, RC), ln_spans=SCH.ln_spans(cfg, cal))
+    sched = session_schedule(cfg, calibrate_model(cfg, w, user).to_dict(), RC)
     rows = []
     for fuse in ("none", "ffn", "default", "self,ffn", "all"):
         kinds = LP.fusion_choice(fuse, D.FUSIONS, D.DEFAULT_FUSE, "model_costs")

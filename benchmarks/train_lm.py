@@ -126,10 +126,10 @@ def range_penalty(cfg: M.ModelConfig, s: torch.Tensor, mask: torch.Tensor) -> to
 
 def calibration_verdict(cfg: M.ModelConfig, w: M.Weights, user) -> str:
     """"ok", or why share-model's calibration (app.owner.calibration_samples) refuses it."""
-    from app.owner import calibration_samples
+    from app.owner import calibrate_model
     from protocols import calibrate as C
     try:
-        C.calibrate(cfg, w, calibration_samples(cfg, w, user), user=user)
+        calibrate_model(cfg, w, user)
     except C.RangeError as exc:
         return f"refused: {exc}"
     return "ok"

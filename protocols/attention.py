@@ -54,8 +54,16 @@ def cost_mul_many(n_out: int, trunc: bool | int, p_cfg) -> Cost:
 
 
 #: Extra fractional bits of a public 1/n row scale, in the truncation of the product it
-#: scales (protocols.mha.row_scale_trunc: o W^O, K'^T V / n_enc, pooled logits / S).
+#: scales (:func:`row_scale_trunc`: o W^O, K'^T V / n_enc, pooled logits / S, a deferred
+#: decode step's Q'G and scores).
 ROW_SCALE_EXTRA = 4
+
+
+def row_scale_trunc(s, frac: int) -> arith.Scaled:
+    """The truncation of a product times a public row scale ``s`` = 1/n (o W^O, a decode
+    state's K'^T V, a classifier's pooled logits): s encoded with frac + ROW_SCALE_EXTRA
+    fractional bits, as the separate scaling it replaces did."""
+    return arith.scaled(s, frac, frac + ROW_SCALE_EXTRA)
 
 
 def relu_many(p: Party, xs: list[AShare]) -> list[AShare]:
@@ -297,7 +305,7 @@ def attention_step(p: Party, state: PrefixState, qf: AShare, kf: AShare, v: ASha
     fold = kc.shape[2] >= state.block
     first = True
     if raw and scale is not None:
-        first = arith.scaled(scale, p.cfg.frac, p.cfg.frac + ROW_SCALE_EXTRA)
+        first = row_scale_trunc(scale, p.cfg.frac)
     items = [(qf, kc.T, "matmul", first)]
     if state.folded:
         items.append((qf, state.G, "matmul", first))
@@ -328,8 +336,7 @@ def cost_attention_step(p_cfg, B, h, r, dh, cached: int, folded: bool, block: in
     if not raw:
         return (arith.cost_mul(first + fold, True, p_cfg.frac, p_cfg.trunc)
                 + arith.cost_mul(B * h * dh, True, p_cfg.frac, p_cfg.trunc))
-    shift = arith.scaled(1.0, p_cfg.frac, p_cfg.frac + ROW_SCALE_EXTRA).shift if scaled \
-        else p_cfg.frac
+    shift = row_scale_trunc(1.0, p_cfg.frac).shift if scaled else p_cfg.frac
     shifts = np.concatenate([np.full(first, shift), np.full(fold, p_cfg.frac)])
     return (arith.cost_mul_many(shifts, 0, p_cfg.trunc)
             + arith.cost_mul(B * h * dh, False, p_cfg.frac, p_cfg.trunc))

@@ -223,16 +223,20 @@ class Calibration:
     def fills(self) -> list[tuple[float, str, str]]:
         """(fill, layer, site) of every site that limits the model (not the schedule-only
         ones, :attr:`protocols.sites.Site.schedule`), largest first."""
-        return sorted(((self.fill(layer, site), layer, site)
-                       for layer, row in self.layers.items() for site in row
-                       if not SITES[site].schedule), reverse=True)
+        return sorted(((self.fill(layer, site), layer, site) for layer, site in self._limits()),
+                      reverse=True)
+
+    def _limits(self):
+        """(layer, site) of every recorded site that limits the model, in execution order
+        (schedule-only sites, ``Site.schedule``, choose a schedule and never refuse)."""
+        return ((layer, site) for layer, row in self.layers.items() for site in row
+                if not SITES[site].schedule)
 
     def check(self) -> "Calibration":
         """Raise :class:`RangeError` naming the first site (in execution order) outside its
         range - later values are computed from wrapped ones and only follow - and counting
         the others."""
-        bad = [(layer, site) for layer, row in self.layers.items() for site in row
-               if not SITES[site].schedule and self.fill(layer, site) > 1.0]
+        bad = [(layer, site) for layer, site in self._limits() if self.fill(layer, site) > 1.0]
         if bad:
             more = ""
             if len(bad) > 1:

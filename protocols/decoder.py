@@ -334,7 +334,7 @@ def cost_self_core(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int | None,
     return (cost_features(p_cfg, B * h * 2 * r, folded)
             + A.cost_attention_step(p_cfg, B, h, r, dh, t % block, t >= block, block, raw,
                                     raw and cfg.attn_norm == "mean")
-            + cost_finish(p_cfg, cfg, B, not raw, raw))
+            + cost_finish(p_cfg, cfg, B, raw=raw))
 
 
 def _cost_attention_cores(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int | None,

@@ -32,6 +32,7 @@ from mpc3.party import Party
 from mpc3.shares import AShare
 
 from . import attention as A
+from .attention import row_scale_trunc  # noqa: F401  (cross, classifier)
 from . import model as M
 from .model import variants as MV
 from .secure_model import PROJ_EXTRA
@@ -145,18 +146,9 @@ def cost_finish(p_cfg, cfg: M.ModelConfig, rows: int, row_scale: bool = True,
     """:func:`finish` on ``rows`` query rows: @ W^O, with the 1/n row scale ("mean"; not when
     the caller folded it elsewhere, ``row_scale=False``) in its truncation; ``raw``: from an
     untruncated o, truncated by 2 frac."""
-    bits = row_scale_trunc(1.0, p_cfg.frac).shift if cfg.attn_norm == "mean" and row_scale \
-        else True
-    if raw:
-        bits = 2 * p_cfg.frac
+    bits = 2 * p_cfg.frac if raw else row_scale_trunc(1.0, p_cfg.frac).shift \
+        if cfg.attn_norm == "mean" and row_scale else True
     return arith.cost_mul(rows * cfg.d_model, bits, p_cfg.frac, p_cfg.trunc)
-
-
-def row_scale_trunc(s, frac: int) -> arith.Scaled:
-    """The truncation of a product times a public row scale ``s`` = 1/n (o W^O, a decode
-    state's K'^T V, a classifier's pooled logits): s encoded with frac + ROW_SCALE_EXTRA
-    fractional bits, as the separate scaling it replaces did."""
-    return arith.scaled(s, frac, frac + A.ROW_SCALE_EXTRA)
 
 
 def finish(p: Party, cfg: M.ModelConfig, w: dict, o: AShare, n_keys, raw: bool = False

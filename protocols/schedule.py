@@ -7,7 +7,9 @@ general schedule.
 * :func:`deferred_wo`: attention sublayers whose o W^O truncates by 2 frac from an
   untruncated o (one round less each);
 * :func:`ln_spans`: the octaves of var + eps each LayerNorm's sqrt_inv table covers (fewer
-  thresholds: fewer bytes and less work, same rounds).
+  thresholds: fewer bytes and less work, same rounds);
+* :func:`session_schedule`: both, as the keyword arguments of ``DecodeState.start``,
+  ``lm_prefill`` and their cost functions.
 
 Both read the calibration as a dict (``Calibration.to_dict()``) so that a party applies the
 metadata it stores without re-validating sites it does not use.
@@ -83,3 +85,11 @@ def ln_spans(cfg: M.ModelConfig, calibration: Mapping | None) -> dict[str, tuple
         hi = min(fxp.LOG_HI, math.ceil(math.log2(v[1] * margin)))
         out[layer] = (lo, max(hi, lo + 1)) if lo < fxp.LOG_HI else (fxp.LOG_HI - 1, fxp.LOG_HI)
     return out
+
+
+def session_schedule(cfg: M.ModelConfig, calibration: Mapping | None, ring_cfg) -> dict:
+    """``raw_wo`` (:func:`deferred_wo`) and ``ln_spans`` (:func:`ln_spans`) of a session,
+    as keyword arguments (``DecodeState.start``, ``lm_prefill``, ``cost_decoder_step``,
+    ``cost_lm_step``)."""
+    return {"raw_wo": deferred_wo(cfg, calibration, ring_cfg),
+            "ln_spans": ln_spans(cfg, calibration)}

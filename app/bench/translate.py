@@ -113,11 +113,9 @@ def run_translate(a) -> dict:
             qu = QueryUser(cluster.cfg, *cluster.creds("user"), rpc_timeout=120)
             backend = T.ClusterBackend(qu, "bench", step_timeout=600, fuse=a.fuse)
         else:
-            from protocols import calibrate as C
-            from ..owner import calibration_samples
-            cal = C.calibrate(cfg, w, calibration_samples(cfg, w, user), user=user)  # as
-            backend = T.InprocBackend(cfg, w, timeout=600, fuse=a.fuse,             # shared
-                                      calibration=cal.to_dict())
+            from ..owner import calibrate_model        # as share-model stores it
+            backend = T.InprocBackend(cfg, w, timeout=600, fuse=a.fuse,
+                                      calibration=calibrate_model(cfg, w, user).to_dict())
         setup_s = time.perf_counter() - t_setup
         walls, runs = [], []
         for rep in range(a.repeat):

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from ..causal_lm import DEFAULT_LM_FUSE, LM_FUSIONS, LMState, lm_prefill, lm_step
 from ..ln_proj import fusion_choice
-from ..schedule import deferred_wo, ln_spans
+from ..schedule import session_schedule
 from .contract import DECODER_ONLY, JobContext, JobSpec, ModelView, TensorSpec
 from .transformer import check_rows, check_model
 
@@ -45,11 +45,11 @@ def _validate_step(model: ModelView, inputs: dict, params) -> None:
 
 
 def run_lm_prefill(ctx: JobContext, inputs: dict) -> dict:
-    cfg, cal = ctx.model.config, ctx.model.meta.get("calibration")    # the steps' schedule
+    cfg = ctx.model.config
     h, state = lm_prefill(ctx.party, cfg, ctx.model.shares, inputs["X"],
                           on_layer=ctx.costs.mark, fuse=session_fuse(ctx.params),
-                          raw_wo=deferred_wo(cfg, cal, ctx.party.cfg),
-                          ln_spans=ln_spans(cfg, cal))
+                          **session_schedule(cfg, ctx.model.meta.get("calibration"),
+                                             ctx.party.cfg))
     ctx.session.state = state
     return {"H": h}
 

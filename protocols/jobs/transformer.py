@@ -37,7 +37,7 @@ from types import SimpleNamespace
 
 from .. import model as M
 from ..decoder import DEFAULT_FUSE, FUSIONS, DecodeState, decoder_step
-from ..schedule import deferred_wo, ln_spans
+from ..schedule import session_schedule
 from ..encoder import encoder
 from ..ln_proj import fusion_choice
 from ..secure_model import PROJ_EXTRA, check_shares
@@ -115,10 +115,9 @@ class DecodeSession:
 def run_decode_open(ctx: JobContext, inputs: dict) -> dict:
     cfg, shares = ctx.model.config, ctx.model.shares
     enc = encoder(ctx.party, cfg, shares, inputs["X"], on_layer=ctx.costs.mark)
-    cal = ctx.model.meta.get("calibration")        # the schedule (protocols.schedule)
     state = DecodeState.start(ctx.party, cfg, shares, enc, fuse=session_fuse(ctx.params),
-                              raw_wo=deferred_wo(cfg, cal, ctx.party.cfg),
-                              ln_spans=ln_spans(cfg, cal))
+                              **session_schedule(cfg, ctx.model.meta.get("calibration"),
+                                                 ctx.party.cfg))
     ctx.costs.mark("dec.cross_kv")
     ctx.session.state = DecodeSession(cfg, state)
     return {}
