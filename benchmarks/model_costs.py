@@ -7,6 +7,8 @@ the measured traffic - so the table can be regenerated after a protocol change:
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from mpc3.party import RingConfig
@@ -87,17 +89,38 @@ def translator_rows() -> list[tuple]:
     return rows
 
 
-def fusion_rows() -> list[tuple]:
-    """The translator's token at the Table 2 shape (6+6 layers, post-LN, relu-performer,
-    source 64, mean of t < 64) for each session fusion choice (decode_open's ``fuse``): the
-    general schedule, and the one the random model's calibration gives (``mpc3 bench
-    translate --model random`` shares that model: protocols.schedule)."""
+@functools.lru_cache(maxsize=1)
+def _random_schedule() -> tuple[M.ModelConfig, dict]:
+    """The Table 2 translator of ``mpc3 bench translate --model random`` (seed 0) and the
+    decode schedule its calibration gives (protocols.schedule.session_schedule)."""
     from app.owner import calibrate_model
     from protocols.schedule import session_schedule
     cfg = _cfg(TABLE2, norm_first=False, max_len=65, n_enc_layers=6, n_dec_layers=6,
                src_vocab=256, tgt_vocab=256)
     w, user = M.random_weights(cfg, 0), M.random_user(cfg, 0)
-    sched = session_schedule(cfg, calibrate_model(cfg, w, user).to_dict(), RC)
+    return cfg, session_schedule(cfg, calibrate_model(cfg, w, user).to_dict(), RC)
+
+
+def schedule_summary() -> str:
+    """Which of the random model's attention sublayers defer o W^O, and the sizes of its
+    decoder LayerNorms' sqrt_inv tables (decode steps: 16 thresholds per octave)."""
+    from mpc3.kernels import fxp
+    cfg, sched = _random_schedule()
+    every = {f"dec.{i}.{k}" for i in range(cfg.n_dec_layers) for k in ("self", "cross")}
+    sizes = [16 * (hi - lo) + 1 for lo, hi in sched["ln_spans"].values()]
+    full = 16 * (fxp.FULL_SPAN[1] - fxp.FULL_SPAN[0]) + 1
+    kept = ", ".join(sorted(every - sched["raw_wo"])) or "none"
+    return (f"random model's schedule: o W^O deferred in {len(sched['raw_wo'])} of "
+            f"{len(every)} attention sublayers (not: {kept}); {len(sizes)} LayerNorm tables "
+            f"of {min(sizes)} - {max(sizes)} thresholds (whole range: {full})")
+
+
+def fusion_rows() -> list[tuple]:
+    """The translator's token at the Table 2 shape (6+6 layers, post-LN, relu-performer,
+    source 64, mean of t < 64) for each session fusion choice (decode_open's ``fuse``): the
+    general schedule, and the one the random model's calibration gives (``mpc3 bench
+    translate --model random`` shares that model: protocols.schedule)."""
+    cfg, sched = _random_schedule()
     rows = []
     for fuse in ("none", "ffn", "default", "self,ffn", "all"):
         kinds = LP.fusion_choice(fuse, D.FUSIONS, D.DEFAULT_FUSE, "model_costs")
@@ -145,6 +168,7 @@ def main() -> None:
           "with the random model's calibrated schedule |\n|---|---|---|---|")
     for name, rounds, nbytes, r_cal, b_cal in fusion_rows():
         print(f"| {name} | {rounds} | {nbytes} | {r_cal}, {b_cal} |")
+    print(f"\n{schedule_summary()}")
 
 
 if __name__ == "__main__":
