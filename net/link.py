@@ -17,16 +17,16 @@ each end knows which party it talks to.
 Messages. A communicator message (the list of arrays one round sends to one peer) is sent as
 ONE frame tagged ``(job_id, op)`` - its layout in a compact header, its arrays' bytes back to
 back - when it fits in :data:`~net.frames.CHUNK_BYTES`, else as consecutive chunks
-(:mod:`net.frames`). Frames of one job arrive in order
-on a link, so the receiver reassembles them per (job, peer) into a FIFO mailbox; jobs running
-at the same time never see each other's messages, and a message carrying another op counter
-than the one expected raises :class:`~mpc3.comm.ProtocolError`.
+(:mod:`net.frames`). Frames of one job arrive in order on a link, so the receiver puts them per
+(job, peer) into a FIFO mailbox (on socket links the waiting job thread reads them itself,
+:mod:`net.readturn`); jobs never see each other's messages, and a message carrying another op
+counter than the one expected raises :class:`~mpc3.comm.ProtocolError`.
 
 Failures. A missing message raises :class:`~mpc3.comm.PeerTimeout` after the communicator's
-timeout. When a link breaks (peer process gone, network error), every job that was open
-or buffered on this party is aborted at once with :class:`~mpc3.comm.Aborted` naming the peer;
-a job that fails locally sends an ``abort`` frame to both peers so they stop waiting too. The
-dialling side reconnects in the background, so the process keeps serving new jobs.
+timeout. A broken link (peer gone, network error) aborts every job open or buffered on this
+party at once (:class:`~mpc3.comm.Aborted` naming the peer); a job that fails locally sends an
+``abort`` frame to both peers. The dialler reconnects in the background: the process keeps
+serving.
 """
 from __future__ import annotations
 
@@ -83,13 +83,11 @@ class _Box:
         self.held = 0                       # bytes buffered before this party opened the job
         self.created = time.monotonic()
 
-    def abort(self, reason: str) -> bool:
+    def abort(self, reason: str) -> None:
         with self.cond:
-            if self.aborted is not None:
-                return False
-            self.aborted = reason
-            self.cond.notify_all()
-            return True
+            if self.aborted is None:        # the first reason stays
+                self.aborted = reason
+                self.cond.notify_all()
 
 
 class _Link:
@@ -386,8 +384,7 @@ class PeerRouter:
         box = self._box(job_id, create=False)
         if box is not None and box.aborted:
             raise Aborted(f"party {self.rank}: job aborted ({box.aborted})")
-        with self._lock:
-            link = self._links.get(peer)
+        link = self._links.get(peer)        # one dict read (the GIL): no lock
         if link is None:
             raise Aborted(f"party {self.rank}: link to party {peer} is down")
         link.send_message(job_id, op, arrays)
@@ -396,12 +393,11 @@ class PeerRouter:
         box = self._box(job_id, create=False)
         if box is None:
             raise ProtocolError(f"party {self.rank}: job {job_id!r} is not open")
-        deadline = time.monotonic() + timeout
-        with box.cond:
-            while True:
+        deadline, q = time.monotonic() + timeout, box.msgs[peer]
+        while True:
+            with box.cond:
                 if box.aborted:
                     raise Aborted(f"party {self.rank}: job aborted ({box.aborted})")
-                q = box.msgs[peer]
                 if q:
                     got_op, arrays = q.popleft()
                     if got_op != op:
@@ -412,7 +408,11 @@ class PeerRouter:
                 if left <= 0:
                     raise PeerTimeout(f"party {self.rank}: no message {op} from party {peer} "
                                       f"within {timeout:g} s")
-                box.cond.wait(left)
+                link = self._links.get(peer)
+                if not hasattr(link, "await_message"):     # gRPC streams: the reader's
+                    box.cond.wait(left)
+                    continue
+            link.await_message(self, box, lambda: bool(q) or box.aborted is not None, deadline)
 
     def send_control(self, peer: int, job_id: str, control: str) -> None:
         """A control frame for ``job_id`` to ``peer`` (PeerUnavailable if its link is down)."""

@@ -4,8 +4,9 @@ Why not the gRPC stream. A round over a bidirectional gRPC stream passed every m
 through four Python threads (the sender's queue consumer, gRPC's completion-queue poller, our
 stream reader, the job) plus gRPC's C event engine: ~0.42 ms of CPU per party and round
 (``benchmarks/thread_cpu.py``), three times that on a host running all three parties. Here
-the job thread writes its frame to the socket itself and one reader thread per link hands
-complete frames to the job's mailbox: one hand-off per message.
+the job thread writes its frame to the socket itself and, waiting for a message, reads the
+link itself too (:mod:`net.readturn`); a reader thread per link reads only what no job thread
+waits for: no hand-off between threads in a round.
 
 What stays the same (:mod:`net.link`): the router, its per-job mailboxes and ops, the
 ``PeerFrame`` messages (hello, data chunks of at most :data:`net.frames.CHUNK_BYTES`,
@@ -30,7 +31,7 @@ Wire format (little-endian). A kind byte, then either
   its job) what the receiver would refuse, so one job's mistake never ends a link.
 Anything else ends the link. One SSL object is never used by two threads at once: the
 socket is non-blocking, reads and writes take a lock around each SSL call, and threads wait
-for readiness with ``poll`` outside it. A write that cannot finish within the peer
+for readiness with ``poll`` outside it (each waiting thread with its own poll object). A write that cannot finish within the peer
 deadline (the peer timeout plus a 1 MB/s floor for its size) closes the link, which aborts the
 jobs on it; TCP's user timeout does the same for a host that vanished with bytes in flight.
 Closing shuts the socket down under the same lock, never through ``SSLSocket.shutdown``
@@ -60,6 +61,7 @@ from . import keys
 from .handshake import Handshake
 from .frames import MAX_HEADER_BYTES, MAX_MESSAGE_BYTES, contiguous, parse_layout, split
 from .link import MAX_FRAME_BYTES, PeerRouter, _Link
+from .readturn import ReadTurns, poller
 from .proto import mpc3_pb2 as pb
 
 log = logging.getLogger("mpc3.link")
@@ -97,12 +99,6 @@ def _identity(sock) -> keys.Identity | None:
     return keys.identity_from_pem(ssl.DER_cert_to_PEM_cert(der).encode()) if der else None
 
 
-def _poller(sock: socket.socket, events: int):
-    p = select.poll()
-    p.register(sock, events | select.POLLERR | select.POLLHUP)
-    return p
-
-
 def _split(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
     return host.strip("[]"), int(port)
@@ -118,8 +114,9 @@ def _tune(sock: socket.socket, user_timeout_s: float) -> None:
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), val)
 
 
-class SocketLink(_Link):
-    """A live TLS (or development-plaintext) connection to a peer."""
+class SocketLink(ReadTurns, _Link):
+    """A live TLS (or development-plaintext) connection to a peer; who reads it:
+    :mod:`net.readturn`."""
 
     def __init__(self, peer: int, sock: socket.socket, send_timeout: float) -> None:
         super().__init__(peer)
@@ -130,8 +127,12 @@ class SocketLink(_Link):
         self._writer = threading.Lock()     # whole frames, one after the other
         self._rbuf = bytearray()
         self._chunk = bytearray(_READ)      # recv_into: no 256 KiB allocation per read
-        self._readable = _poller(sock, select.POLLIN)      # poll: no fd limit, unlike select
-        self._writable = _poller(sock, select.POLLOUT)
+        # poll (no fd limit, unlike select); a poll object serves one thread at a time:
+        # _readable the read turn's holder, _write_readable a writer SSL makes read
+        self._readable = poller(sock, select.POLLIN)
+        self._writable = poller(sock, select.POLLOUT)
+        self._write_readable = poller(sock, select.POLLIN)
+        self._init_turns(sock)
 
     # ------------------------------------------------------------------ writing ----
     def put(self, frame: pb.PeerFrame) -> None:
@@ -176,7 +177,7 @@ class SocketLink(_Link):
                 try:
                     n, wait = self.sock.send(view), None
                 except ssl.SSLWantReadError:
-                    n, wait = 0, self._readable
+                    n, wait = 0, self._write_readable
                 except _NOT_READY:
                     n, wait = 0, self._writable
                 except (OSError, ValueError) as exc:
@@ -190,7 +191,11 @@ class SocketLink(_Link):
             if time.monotonic() > deadline:
                 self.close()                # a partial frame: the stream is unusable
                 raise PeerTimeout(f"party {self.peer} read too slowly (write deadline passed)")
-            wait.poll(_WAIT_MS)
+            self.writer_blocked(True)       # the peer may be writing to us: read meanwhile
+            try:
+                wait.poll(_WAIT_MS)
+            finally:
+                self.writer_blocked(False)
 
     # ------------------------------------------------------------------ reading ----
     def _recv_into(self, view: memoryview) -> int:
@@ -271,21 +276,10 @@ class SocketLink(_Link):
                                 f"layout accounts for {expected}")
         return job_id, op, split(self._payload(size), layout, size) if n_arrays else []
 
-    def serve(self, router: PeerRouter) -> str:
-        """Hand every frame to the router until the link fails; the reason it ended."""
-        try:
-            while True:
-                item = self.read_frame()
-                if isinstance(item, tuple):
-                    router._on_message(self.peer, *item)
-                else:
-                    router._on_frame(self.peer, item)
-        except Exception as exc:  # noqa: BLE001 - whatever ends the reader ends the link
-            return str(exc) or type(exc).__name__
-
     def close(self) -> None:
         """Shut the connection down (both ways); the reader sees its end."""
         self.closed.set()
+        self.wake()
         with self._io:
             if not self._dead:
                 self._dead = True
