@@ -49,7 +49,8 @@ def local_mesh(cert_dir=None, host: str = "127.0.0.1", ready_timeout: float = 20
 
 
 def _socket_mesh(cert_dir, host: str, ready_timeout: float):
-    from .tlslink import SocketTransport, tls_contexts
+    from .tlslink import SocketTransport
+    from .tlssock import tls_contexts
     transports = []
     for r in range(3):
         ctx = None

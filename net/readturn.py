@@ -38,6 +38,11 @@ GRACE_S = 0.1           # the reader thread stands aside this long after a job t
 SLICE_S = 0.05          # a job thread reading for itself re-checks its mailbox this often
 
 
+class Paused(Exception):
+    """The turn's holder stops mid-frame (its deadline, or its job's abort); the link keeps
+    the partly read frame for the next holder."""
+
+
 class _Writers:
     """The process's writers blocked on a peer, and the links whose readers they call in."""
 
@@ -65,8 +70,9 @@ def poller(sock, events: int):
 
 class ReadTurns:
     """The turn to read a link (mixed into :class:`net.tlslink.SocketLink`, which provides
-    ``read_frame()``, ``closed``, ``_rbuf`` - bytes read but not yet framed - and
-    ``_readable``, the poll object of the turn's holder)."""
+    ``read_frame()`` - raising :class:`Paused` when ``_stop()`` says so while it waits for
+    bytes -, ``buffered()`` - bytes poll cannot see -, ``closed`` and ``_readable``, the
+    poll object of the turn's holder)."""
 
     def _init_turns(self, sock) -> None:
         self._turn = threading.Lock()
@@ -110,6 +116,11 @@ class ReadTurns:
         ``done()`` (a message in ``box`` or its abort) if the turn is free, else wait on
         ``box`` as a follower."""
         until = min(deadline, time.monotonic() + SLICE_S)
+        if self.closed.is_set():            # the reader is about to abort the jobs: wait for it
+            with box.cond:
+                if not done():
+                    box.cond.wait(max(0.0, until - time.monotonic()))
+            return
         if self._turn.acquire(blocking=False):
             try:
                 self._read_until(router, done, until)
@@ -128,16 +139,21 @@ class ReadTurns:
                     self._followers.discard(box)
 
     def _read_until(self, router, done, until: float) -> None:
+        self._stop = lambda: done() or time.monotonic() >= until
         try:
             while not done() and not self.closed.is_set():
                 self._direct_at = now = time.monotonic()
                 if now >= until:
                     return
-                if self._rbuf or self._readable.poll(1e3 * (until - now)):
+                if self.buffered() or self._readable.poll(1e3 * (until - now)):
                     self._dispatch(router, self.read_frame())
+        except Paused:                      # the frame goes on in the next turn
+            pass
         except Exception as exc:  # noqa: BLE001 - ends the link; the reader thread reports it
             self._failure = self._failure or str(exc) or type(exc).__name__
             self.close()
+        finally:
+            self._stop = None
 
     # -------------------------------------------------------------- reader thread ----
     def _await_turn(self) -> None:
@@ -151,7 +167,7 @@ class ReadTurns:
             if not _WRITERS.blocked and quiet < GRACE_S:
                 self._kick.wait(GRACE_S - quiet)
                 continue
-            if self._rbuf or self._idle.poll(1e3 * SLICE_S):
+            if self.buffered() or self._idle.poll(1e3 * SLICE_S):
                 return
 
     def serve(self, router) -> str:
@@ -162,7 +178,7 @@ class ReadTurns:
                 self._await_turn()
                 self._turn.acquire()
                 try:
-                    if self._rbuf or self._readable.poll(0):   # else a job thread took them
+                    if self.buffered() or self._readable.poll(0):   # else a job took them
                         self._dispatch(router, self.read_frame())
                 finally:
                     self._release()

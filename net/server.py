@@ -93,7 +93,8 @@ class PartyServer:
         """The TLS socket links (default), or None for the gRPC streams."""
         if self.cfg.peer_transport != "tls":
             return None
-        from .tlslink import SocketTransport, tls_contexts
+        from .tlslink import SocketTransport
+        from .tlssock import tls_contexts
         nxt = (self.rank + 1) % 3
         ctx = (tls_contexts(self.pcfg.cert, self.pcfg.key, self.cfg.ca) if self.cfg.tls
                else None)

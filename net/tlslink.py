@@ -51,18 +51,18 @@ import ssl
 import struct
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 
 from mpc3.comm import Aborted, Payload, PeerTimeout, ProtocolError
 
 from . import keys
-from .handshake import Handshake
 from .frames import MAX_HEADER_BYTES, MAX_MESSAGE_BYTES, contiguous, parse_layout, split
+from .handshake import Handshake
 from .link import MAX_FRAME_BYTES, PeerRouter, _Link
-from .readturn import ReadTurns, poller
 from .proto import mpc3_pb2 as pb
+from .readturn import SLICE_S, Paused, ReadTurns, poller
+from .tlssock import identity, split_address, tune
 
 log = logging.getLogger("mpc3.link")
 
@@ -77,41 +77,6 @@ _JOIN_BELOW = 1 << 16                   # smaller messages go out as one write
 _READ = 1 << 18
 _WAIT_MS = 500                  # readiness waits re-check closing this often
 _NOT_READY = (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError, InterruptedError)
-
-
-def tls_contexts(cert: Path, key: Path, ca: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
-    """(listener, dialler) contexts: TLS 1.3 only, certificates of the cluster CA required."""
-    out = []
-    for side in (ssl.PROTOCOL_TLS_SERVER, ssl.PROTOCOL_TLS_CLIENT):
-        ctx = ssl.SSLContext(side)
-        ctx.minimum_version = ssl.TLSVersion.TLSv1_3
-        ctx.load_cert_chain(cert, key)
-        ctx.load_verify_locations(ca)
-        ctx.verify_mode = ssl.CERT_REQUIRED
-        if side == ssl.PROTOCOL_TLS_SERVER:
-            ctx.num_tickets = 0             # no session tickets: nothing for the reader to write
-        out.append(ctx)
-    return out[0], out[1]
-
-
-def _identity(sock) -> keys.Identity | None:
-    der = sock.getpeercert(binary_form=True) if isinstance(sock, ssl.SSLSocket) else None
-    return keys.identity_from_pem(ssl.DER_cert_to_PEM_cert(der).encode()) if der else None
-
-
-def _split(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
-
-
-def _tune(sock: socket.socket, user_timeout_s: float) -> None:
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    if hasattr(socket, "TCP_USER_TIMEOUT"):     # unacknowledged bytes: keepalive is silent then
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(user_timeout_s * 1e3))
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for opt, val in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 2)):
-        if hasattr(socket, opt):            # a vanished host ends the link in ~20 s
-            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), val)
 
 
 class SocketLink(ReadTurns, _Link):
@@ -132,6 +97,12 @@ class SocketLink(ReadTurns, _Link):
         self._readable = poller(sock, select.POLLIN)
         self._writable = poller(sock, select.POLLOUT)
         self._write_readable = poller(sock, select.POLLIN)
+        self._read_writable = poller(sock, select.POLLOUT)
+        # a frame read in several turns (net.readturn): its parsed message header, and its
+        # payload buffer with the bytes it holds so far
+        self._head: tuple | None = None
+        self._part: list | None = None
+        self._stop = None                   # the turn holder's reason to pause mid-frame
         self._init_turns(sock)
 
     # ------------------------------------------------------------------ writing ----
@@ -207,14 +178,26 @@ class SocketLink(ReadTurns, _Link):
                 try:
                     n, wait = self.sock.recv_into(view), None
                 except ssl.SSLWantWriteError:
-                    n, wait = None, self._writable
+                    n, wait = None, self._read_writable
                 except _NOT_READY:
                     n, wait = None, self._readable
             if n:
                 return n
             if n == 0:
                 raise ConnectionError(f"party {self.peer} closed the connection")
-            wait.poll(_WAIT_MS)
+            stop = self._stop               # a job thread's deadline or abort: pause the frame
+            if stop is not None and stop():
+                raise Paused
+            wait.poll(_WAIT_MS if stop is None else 1e3 * SLICE_S)
+
+    def buffered(self) -> bool:
+        """Bytes read (or decrypted by TLS and held by it) that no frame consumed yet: poll
+        cannot see them."""
+        if self._rbuf or self._head is not None:
+            return True
+        pending = getattr(self.sock, "pending", None)
+        with self._io:
+            return pending is not None and not self._dead and pending() > 0
 
     def _fill(self, need: int) -> None:
         with memoryview(self._chunk) as mv:
@@ -229,20 +212,41 @@ class SocketLink(ReadTurns, _Link):
         return out
 
     def _payload(self, size: int) -> bytearray:
-        """The next ``size`` bytes, received straight into their own buffer."""
-        buf = bytearray(min(size, FIRST_BYTES))
-        got = min(size, len(self._rbuf))
-        buf[:got] = self._rbuf[:got]
-        del self._rbuf[:got]
+        """The next ``size`` bytes, received straight into their own buffer (resumed where
+        a paused turn left it)."""
+        if self._part is None:
+            buf = bytearray(min(size, FIRST_BYTES))
+            got = min(size, len(self._rbuf))
+            buf[:got] = self._rbuf[:got]
+            del self._rbuf[:got]
+            self._part = [buf, got]
+        buf, got = self._part
         while got < size:
             if got == len(buf):             # past FIRST_BYTES: double as the bytes arrive
                 buf.extend(bytes(min(len(buf), size - got)))
             with memoryview(buf) as mv:
                 got += self._recv_into(mv[got:])
+            self._part[1] = got
+        self._part = None
         return buf
 
     def read_frame(self):
-        """The next ``PeerFrame``, or a message as ``(job_id, op, arrays)``."""
+        """The next ``PeerFrame``, or a message as ``(job_id, op, arrays)``; :class:`Paused`
+        leaves a partly read frame to the next call (nothing is consumed before its header is
+        complete, then the header and the payload received so far are kept)."""
+        if self._head is None:
+            self._head = self._read_head()
+            if not isinstance(self._head, tuple):
+                frame, self._head = self._head, None
+                return frame
+        job_id, op, layout, size, n_arrays = self._head
+        data = self._payload(size)
+        self._head = None
+        return job_id, op, split(data, layout, size) if n_arrays else []
+
+    def _read_head(self):
+        """A whole ``PeerFrame``, or a message's parsed header ``(job_id, op, layout, size,
+        n_arrays)``."""
         self._fill(1)
         if self._rbuf[0] == 0:
             self._fill(_FRAME.size)
@@ -274,7 +278,7 @@ class SocketLink(ReadTurns, _Link):
         if expected != size or (not n_arrays and n_layout):
             raise ProtocolError(f"party {self.peer} sent a message of {size} bytes whose "
                                 f"layout accounts for {expected}")
-        return job_id, op, split(self._payload(size), layout, size) if n_arrays else []
+        return job_id, op, layout, size, n_arrays
 
     def close(self) -> None:
         """Shut the connection down (both ways); the reader sees its end."""
@@ -308,7 +312,7 @@ class SocketTransport:
         self.contexts = contexts
         self.connect_timeout = connect_timeout
         self.send_timeout = send_timeout
-        host, port = _split(listen)
+        host, port = split_address(listen)
         self._ls = socket.create_server((host or "0.0.0.0", port), backlog=16,
                                         family=socket.AF_INET6 if ":" in host else socket.AF_INET)
         self.port = self._ls.getsockname()[1]
@@ -355,13 +359,13 @@ class SocketTransport:
         """TLS handshake, identity check and hello on a fresh connection (each step bounded
         by the connect timeout); then the link, non-blocking."""
         r = self.router
-        _tune(sock, self.send_timeout)
+        tune(sock, self.send_timeout)
         sock.settimeout(self.connect_timeout)
         if self.contexts is not None:
             server_ctx, client_ctx = self.contexts
             sock = (client_ctx.wrap_socket(sock, server_hostname=keys.party_target_name(peer))
                     if dialling else server_ctx.wrap_socket(sock, server_side=True))
-            ident = _identity(sock)
+            ident = identity(sock)
             if ident is None or ident.party_rank != peer:
                 sock.close()
                 raise PermissionError(f"party {r.rank} accepts links only from party {peer}, "
@@ -396,7 +400,7 @@ class SocketTransport:
 
     def _dial_loop(self) -> None:
         r, backoff, said = self.router, 0.1, None
-        addr = _split(self.dial)
+        addr = split_address(self.dial)
         while not r._stop.is_set():
             try:
                 sock = socket.create_connection(addr, timeout=self.connect_timeout)

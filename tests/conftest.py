@@ -9,6 +9,24 @@ from mpc3.sharing import deal, reveal
 from mpc3.sim import make_parties, run_parties
 
 
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    """A cluster CA and certificates (net.keys.generate), once per test module."""
+    from net import keys
+    d = tmp_path_factory.mktemp("certs")
+    keys.generate(d)
+    return d
+
+
+@pytest.fixture
+def tls_mesh(certs):
+    """Three peer routers in this process over TLS socket links on loopback."""
+    from net import mesh
+    routers, stop = mesh.local_mesh(certs, transport="tls")
+    yield routers
+    stop()
+
+
 def failure_allowance(n: int, p: float, tail: float = 1e-9) -> int:
     """How many of n independent events of probability at most p a test may meet: the
     smallest k with P(Poisson(n p) > k) < tail (the Poisson tail bounds the binomial's for

@@ -17,13 +17,6 @@ from net import mesh as local
 ULP = 2.0 ** -ring.DEFAULT_FRAC
 
 
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory):
-    d = tmp_path_factory.mktemp("certs")
-    keys.generate(d)
-    return d
-
-
 @pytest.fixture(scope="module", params=["tls", "grpc"])
 def mesh(certs, request):
     routers, stop = local.local_mesh(certs, transport=request.param)

@@ -9,31 +9,21 @@ import numpy as np
 import pytest
 
 from mpc3 import ring
-from mpc3.comm import Aborted
+from mpc3.comm import Aborted, PeerTimeout
 from mpc3.kernels import arith
 from mpc3.sharing import deal, reveal
 from mpc3.sim import run_parties
-from net import keys
-from net import mesh as local
-from net import readturn
+from net import keys, readturn
 from net.link import PeerRouter
-from net.tlslink import SocketLink
+from net.tlslink import _MSG, SocketLink
+from net.tlssock import tls_contexts
 
 _ids = iter(range(10**6))
 
 
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory):
-    d = tmp_path_factory.mktemp("certs")
-    keys.generate(d)
-    return d
-
-
 @pytest.fixture
-def mesh(certs):
-    routers, stop = local.local_mesh(certs, transport="tls")
-    yield routers
-    stop()
+def mesh(tls_mesh):
+    return tls_mesh
 
 
 def _links(routers):
@@ -186,3 +176,72 @@ def test_a_bad_frame_read_by_a_job_thread_ends_the_link():
     router._link_lost(1, link, reason)
     t.join(5)
     assert errors and "unknown kind 7" in errors[0]
+
+
+def _taking(router, jid, timeout):
+    """router.take of message 1 from party 1 in a thread; (thread, its outcome)."""
+    out = {}
+
+    def take():
+        try:
+            out["got"] = router.take(jid, 1, 1, timeout)
+        except Exception as exc:  # noqa: BLE001 - the outcome under test
+            out["exc"] = exc
+    t = threading.Thread(target=take, daemon=True)
+    t.start()
+    return t, out
+
+
+@pytest.mark.parametrize("stop", ["deadline", "abort"])
+def test_a_peer_stalling_mid_frame_does_not_hold_the_job(stop):
+    """A peer that stops halfway through a message (a paused process: keepalives still
+    answered) holds no job thread past its deadline or its job's abort; the frame resumes
+    in a later turn when the rest arrives."""
+    router, peers = _pair_router()
+    jid = f"s{next(_ids)}"
+    router.open_job(jid, timeout=10)
+    t, out = _taking(router, jid, 0.5 if stop == "deadline" else 30)
+    time.sleep(0.1)
+    arrays = [np.arange(6, dtype=np.uint64)]
+    wire = []
+    peers[1]._send = lambda parts: wire.extend(bytes(memoryview(x)) for x in parts)
+    peers[1].send_message(jid, 1, arrays)
+    data = b"".join(wire)
+    peers[1].sock.sendall(data[:_MSG.size + 3])         # the header and 3 payload bytes
+    time.sleep(0.1)
+    if stop == "abort":
+        router._boxes[jid].abort("job deadline exceeded")  # the runner's watchdog
+    t.join(3)
+    assert not t.is_alive()
+    assert isinstance(out["exc"], PeerTimeout if stop == "deadline" else Aborted)
+    if stop == "deadline":                  # the rest arrives: the next turn completes it
+        peers[1].sock.sendall(data[_MSG.size + 3:])
+        assert (router.take(jid, 1, 1, 5.0)[0] == arrays[0]).all()
+
+
+def test_a_frame_sharing_a_tls_record_with_the_last_is_read(certs):
+    """Bytes TLS has decrypted and holds are invisible to poll: a frame that shares a TLS
+    record with the end of the previous payload is still read at once."""
+    srv_ctx, _ = tls_contexts(certs / "party-0.pem", certs / "party-0.key", certs / "ca.pem")
+    _, cli_ctx = tls_contexts(certs / "party-1.pem", certs / "party-1.key", certs / "ca.pem")
+    a, b = socket.socketpair()
+    got = {}
+    t = threading.Thread(target=lambda: got.setdefault("s", srv_ctx.wrap_socket(
+        a, server_side=True)))
+    t.start()
+    cli = cli_ctx.wrap_socket(b, server_hostname=keys.party_target_name(0))
+    t.join()
+    router, _ = _pair_router()
+    got["s"].setblocking(False)
+    link = SocketLink(1, got["s"], send_timeout=5.0)
+    link.seed = router._links[1].seed
+    router._links[1] = link
+    x, y = (router.open_job(f"r{next(_ids)}", timeout=10).comm.job_id for _ in range(2))
+    wire = []
+    enc = SocketLink(0, socket.socketpair()[0], 5.0)
+    enc._send = lambda parts: wire.extend(bytes(memoryview(p)) for p in parts)
+    enc.send_message(x, 1, [np.arange(3750, dtype=np.uint64)])      # 30000-byte payload
+    enc.send_message(y, 1, [np.arange(4, dtype=np.uint64)])
+    cli.sendall(b"".join(wire))             # one TLS write: y's frame ends x's last record
+    assert (router.take(y, 1, 1, 2.0)[0] == np.arange(4)).all()
+    assert (router.take(x, 1, 1, 2.0)[0] == np.arange(3750)).all()

@@ -19,23 +19,15 @@ from net import mesh as local
 from net.handshake import Handshake
 from net.proto import mpc3_pb2 as pb
 from net.link import PeerRouter
-from net.tlslink import SocketLink, SocketTransport, tls_contexts
+from net.tlslink import SocketLink, SocketTransport
+from net.tlssock import tls_contexts
 
 _ids = iter(range(10**6))
 
 
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory):
-    d = tmp_path_factory.mktemp("certs")
-    keys.generate(d)
-    return d
-
-
 @pytest.fixture
-def mesh(certs):
-    routers, stop = local.local_mesh(certs, transport="tls")
-    yield routers
-    stop()
+def mesh(tls_mesh):
+    return tls_mesh
 
 
 def _mult_works(routers) -> bool:
