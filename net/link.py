@@ -54,13 +54,9 @@ log = logging.getLogger("mpc3.link")
 
 MAX_FRAME_BYTES = 4 << 20
 GRPC_OPTIONS = [
-    ("grpc.max_send_message_length", MAX_FRAME_BYTES),
-    ("grpc.max_receive_message_length", MAX_FRAME_BYTES),
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-]
+    ("grpc.max_send_message_length", MAX_FRAME_BYTES), ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.max_receive_message_length", MAX_FRAME_BYTES), ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1), ("grpc.http2.max_pings_without_data", 0)]
 SERVER_OPTIONS = GRPC_OPTIONS + [("grpc.http2.min_ping_interval_without_data_ms", 5_000)]
 _CLOSED_MEMORY = 4096          # ids of finished jobs remembered to drop their late frames
 MAX_UNOPENED_BYTES = 256 << 20  # all messages held for jobs peers started, this party not yet
@@ -372,6 +368,9 @@ class PeerRouter:
             self._closed[job_id] = None
             while len(self._closed) > _CLOSED_MEMORY:
                 self._closed.popitem(last=False)
+            links = list(self._links.values())
+        for link in links:                  # socket links: the reader reads again at once
+            getattr(link, "wake", lambda ended: None)(ended=True)
 
     def _sweep_locked(self, age: float) -> None:
         """Forget buffers of jobs that peers started but this party never opened."""

@@ -76,7 +76,7 @@ class ReadTurns:
 
     def _init_turns(self, sock) -> None:
         self._turn = threading.Lock()
-        self._direct_at = 0.0               # when a job thread last read for itself
+        self._direct_at = float("-inf")     # when a job thread last read for itself
         self._kick = threading.Event()      # a writer blocked or the link closed
         with _WRITERS.lock:
             _WRITERS.links.add(self)
@@ -106,8 +106,12 @@ class ReadTurns:
         """A writer starts (True) or stops (False) waiting for its peer to take bytes."""
         _WRITERS.change(1 if blocked else -1)
 
-    def wake(self) -> None:
-        """The link closed: the reader thread stops waiting."""
+    def wake(self, ended: bool = False) -> None:
+        """The link closed, or (``ended``) a job ended: the reader thread stops waiting - no
+        job thread may be about to read, and the next job's first frames (the leader's
+        "start", net.runner) must not wait out the grace."""
+        if ended:
+            self._direct_at = float("-inf")
         self._kick.set()
 
     # ---------------------------------------------------------------- job threads ----

@@ -109,6 +109,25 @@ def test_the_reader_delivers_what_no_job_thread_waits_for(mesh):
     assert (got[0] == np.arange(5, dtype=np.uint64)).all()
 
 
+def test_a_job_that_ends_calls_the_reader_back(mesh, monkeypatch):
+    """However long the grace, the reader reads again as soon as a job ends: the next job's
+    first frames (the leader's "start" of net.runner) do not wait for it."""
+    monkeypatch.setattr(readturn, "GRACE_S", 3600.0)
+    jid = f"j{next(_ids)}"
+    parties = [r.open_job(jid, timeout=10) for r in mesh]
+    run_parties(lambda p: p.comm.exchange(to_prev=[np.zeros(2, np.uint64)], from_next=True),
+                parties=parties)            # the job threads read: the readers stand aside
+    nxt = f"j{next(_ids)}"
+    later = [r.open_job(nxt, timeout=10) for r in mesh]
+    for r in mesh:
+        r.close_job(jid)
+    later[1].comm.exchange(to_prev=[np.arange(3, dtype=np.uint64)])
+    box, deadline = mesh[0]._boxes[nxt], time.monotonic() + 5
+    while not box.msgs[1]:
+        assert time.monotonic() < deadline, "the reader waited out the grace"
+        time.sleep(0.01)
+
+
 def _pair_router():
     """A router of party 0 whose links to parties 1 and 2 are socket pairs (no reader
     threads), and the peers' ends of them as SocketLinks."""
