@@ -33,7 +33,6 @@ from __future__ import annotations
 import collections
 import logging
 import os
-import queue
 import threading
 import time
 from dataclasses import dataclass
@@ -45,8 +44,11 @@ from mpc3.party import Party, RingConfig
 from mpc3.prg import PRG
 
 from . import keys
-from .frames import Partial, frames_of, parse_layout, split
+from .frames import Partial, parse_layout, split
 from .handshake import Handshake
+from .linkbase import DOWN as _DOWN
+from .linkbase import Link as _Link
+from .linkbase import Mailbox as _Box
 from .proto import mpc3_pb2 as pb
 from .proto import mpc3_pb2_grpc as pb_grpc
 
@@ -54,9 +56,13 @@ log = logging.getLogger("mpc3.link")
 
 MAX_FRAME_BYTES = 4 << 20
 GRPC_OPTIONS = [
-    ("grpc.max_send_message_length", MAX_FRAME_BYTES), ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.max_receive_message_length", MAX_FRAME_BYTES), ("grpc.keepalive_timeout_ms", 5_000),
-    ("grpc.keepalive_permit_without_calls", 1), ("grpc.http2.max_pings_without_data", 0)]
+    ("grpc.max_send_message_length", MAX_FRAME_BYTES),
+    ("grpc.max_receive_message_length", MAX_FRAME_BYTES),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+]
 SERVER_OPTIONS = GRPC_OPTIONS + [("grpc.http2.min_ping_interval_without_data_ms", 5_000)]
 _CLOSED_MEMORY = 4096          # ids of finished jobs remembered to drop their late frames
 MAX_UNOPENED_BYTES = 256 << 20  # all messages held for jobs peers started, this party not yet
@@ -64,62 +70,6 @@ MAX_UNOPENED_BYTES = 256 << 20  # all messages held for jobs peers started, this
 
 class PeerUnavailable(ProtocolError):
     """A link needed by a job is not up."""
-
-
-# ----------------------------------------------------------------------- mailboxes ----
-class _Box:
-    """Messages of one job from both peers, in arrival order."""
-
-    def __init__(self) -> None:
-        self.cond = threading.Condition()
-        self.msgs: dict[int, collections.deque] = collections.defaultdict(collections.deque)
-        self.partial: dict[int, Partial | None] = {}
-        self.aborted: str | None = None
-        self.opened = False
-        self.held = 0                       # bytes buffered before this party opened the job
-        self.created = time.monotonic()
-
-    def abort(self, reason: str) -> None:
-        with self.cond:
-            if self.aborted is None:        # the first reason stays
-                self.aborted = reason
-                self.cond.notify_all()
-
-
-class _Link:
-    """One live stream to a peer: an outgoing frame queue and its pairwise seed."""
-
-    def __init__(self, peer: int) -> None:
-        self.peer = peer
-        self.seed: bytes | None = None
-        self.outq: queue.SimpleQueue = queue.SimpleQueue()
-        self.closed = threading.Event()
-
-    def put(self, frame: pb.PeerFrame) -> None:
-        if self.closed.is_set():
-            raise Aborted(f"link to party {self.peer} is down")
-        self.outq.put(frame)
-
-    def send_message(self, job_id: str, op: int, arrays: Payload) -> None:
-        """One communicator message (the socket links override this with a raw form)."""
-        for frame in frames_of(job_id, op, arrays):
-            self.put(frame)
-
-    def close(self) -> None:
-        self.closed.set()
-        self.outq.put(None)
-
-    def frames(self, active=lambda: True):
-        while True:
-            try:
-                f = self.outq.get(timeout=0.5)
-            except queue.Empty:
-                if self.closed.is_set() or not active():
-                    return
-                continue
-            if f is None:
-                return
-            yield f
 
 
 # -------------------------------------------------------------------------- router ----
@@ -369,8 +319,8 @@ class PeerRouter:
             while len(self._closed) > _CLOSED_MEMORY:
                 self._closed.popitem(last=False)
             links = list(self._links.values())
-        for link in links:                  # socket links: the reader reads again at once
-            getattr(link, "wake", lambda ended: None)(ended=True)
+        for link in links:
+            link.wake(ended=True)
 
     def _sweep_locked(self, age: float) -> None:
         """Forget buffers of jobs that peers started but this party never opened."""
@@ -393,6 +343,7 @@ class PeerRouter:
         if box is None:
             raise ProtocolError(f"party {self.rank}: job {job_id!r} is not open")
         deadline, q = time.monotonic() + timeout, box.msgs[peer]
+        done = lambda: bool(q) or box.aborted is not None  # noqa: E731
         while True:
             with box.cond:
                 if box.aborted:
@@ -407,11 +358,7 @@ class PeerRouter:
                 if left <= 0:
                     raise PeerTimeout(f"party {self.rank}: no message {op} from party {peer} "
                                       f"within {timeout:g} s")
-                link = self._links.get(peer)
-                if not hasattr(link, "await_message"):     # gRPC streams: the reader's
-                    box.cond.wait(left)
-                    continue
-            link.await_message(self, box, lambda: bool(q) or box.aborted is not None, deadline)
+            self._links.get(peer, _DOWN).await_message(self, box, done, deadline)
 
     def send_control(self, peer: int, job_id: str, control: str) -> None:
         """A control frame for ``job_id`` to ``peer`` (PeerUnavailable if its link is down)."""

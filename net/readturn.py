@@ -121,10 +121,7 @@ class ReadTurns:
         ``box`` as a follower."""
         until = min(deadline, time.monotonic() + SLICE_S)
         if self.closed.is_set():            # the reader is about to abort the jobs: wait for it
-            with box.cond:
-                if not done():
-                    box.cond.wait(max(0.0, until - time.monotonic()))
-            return
+            return super().await_message(router, box, done, until)
         if self._turn.acquire(blocking=False):
             try:
                 self._read_until(router, done, until)

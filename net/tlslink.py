@@ -31,10 +31,10 @@ Wire format (little-endian). A kind byte, then either
   its job) what the receiver would refuse, so one job's mistake never ends a link.
 Anything else ends the link. One SSL object is never used by two threads at once: the
 socket is non-blocking, reads and writes take a lock around each SSL call, and threads wait
-for readiness with ``poll`` outside it (each waiting thread with its own poll object). A write that cannot finish within the peer
-deadline (the peer timeout plus a 1 MB/s floor for its size) closes the link, which aborts the
-jobs on it; TCP's user timeout does the same for a host that vanished with bytes in flight.
-Closing shuts the socket down under the same lock, never through ``SSLSocket.shutdown``
+for readiness with ``poll`` outside it, each with its own poll object. A write that cannot
+finish within the peer deadline (the peer timeout plus a 1 MB/s floor for its size) closes the
+link, which aborts the jobs on it; TCP's user timeout does the same for a host that vanished
+with bytes in flight. Closing shuts the socket down under the same lock, never through ``SSLSocket.shutdown``
 (which drops the SSL object first: a write racing it would leave in plaintext), and
 the descriptor is closed only under that lock, after which no thread touches it.
 
@@ -59,7 +59,8 @@ from mpc3.comm import Aborted, Payload, PeerTimeout, ProtocolError
 from . import keys
 from .frames import MAX_HEADER_BYTES, MAX_MESSAGE_BYTES, contiguous, parse_layout, split
 from .handshake import Handshake
-from .link import MAX_FRAME_BYTES, PeerRouter, _Link
+from .link import MAX_FRAME_BYTES, PeerRouter
+from .linkbase import Link
 from .proto import mpc3_pb2 as pb
 from .readturn import SLICE_S, Paused, ReadTurns, poller
 from .tlssock import identity, split_address, tune
@@ -79,7 +80,7 @@ _WAIT_MS = 500                  # readiness waits re-check closing this often
 _NOT_READY = (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError, InterruptedError)
 
 
-class SocketLink(ReadTurns, _Link):
+class SocketLink(ReadTurns, Link):
     """A live TLS (or development-plaintext) connection to a peer; who reads it:
     :mod:`net.readturn`."""
 
@@ -195,9 +196,11 @@ class SocketLink(ReadTurns, _Link):
         cannot see them."""
         if self._rbuf or self._head is not None:
             return True
-        pending = getattr(self.sock, "pending", None)
+        pending = getattr(self.sock, "pending", None)      # TLS only
+        if pending is None:
+            return False
         with self._io:
-            return pending is not None and not self._dead and pending() > 0
+            return not self._dead and pending() > 0
 
     def _fill(self, need: int) -> None:
         with memoryview(self._chunk) as mv:
@@ -235,10 +238,10 @@ class SocketLink(ReadTurns, _Link):
         leaves a partly read frame to the next call (nothing is consumed before its header is
         complete, then the header and the payload received so far are kept)."""
         if self._head is None:
-            self._head = self._read_head()
-            if not isinstance(self._head, tuple):
-                frame, self._head = self._head, None
-                return frame
+            head = self._read_head()
+            if not isinstance(head, tuple):
+                return head                 # a PeerFrame: read whole or not at all
+            self._head = head
         job_id, op, layout, size, n_arrays = self._head
         data = self._payload(size)
         self._head = None
