@@ -33,6 +33,7 @@ import numpy as np
 from mpc3 import ring
 from mpc3.sharing import deal
 from protocols import model as M
+from protocols.jobs import output_fracs
 
 from net.client import QueryUser, TamperingDetected, reconstruct
 
@@ -187,7 +188,8 @@ class InprocBackend:
         if layers is not None:
             layers.add([j.costs for j in jobs])
         outs = [j.outputs for j in jobs]
-        return reconstruct(outs) if outs[0] else {}
+        wide = {k: f - self.frac for k, f in output_fracs(jobs[0].spec, self.frac).items()}
+        return reconstruct(outs, wide) if outs[0] else {}
 
     def open(self, session: str, x: np.ndarray, cost: Traffic, layers=None) -> None:
         self._job("decode_open", {"X": x}, session, cost, layers, opening(self.fuse))

@@ -81,7 +81,7 @@ def translator_rows() -> list[tuple]:
                        n_dec_layers=layers, src_vocab=256, tgt_vocab=256, attention=att)
             opened = cost_encoder(RC, cfg, 1, S) + D.cost_decode_start(RC, cfg, 1, S)
             ts = [S] if base is SMALL else range(64)          # Table 2: mean of t < 64
-            steps = [D.cost_decoder_step(RC, cfg, 1, t, n_enc=S) for t in ts]
+            steps = [D.cost_decoder_step(RC, cfg, 1, t, n_enc=S, wide=True) for t in ts]
             rows.append((f"translator {attention}, {'d=16' if base is SMALL else 'Table 2'}, "
                          f"{layers}+{layers} layers, {'pre' if nf else 'post'}-LN, source {S}: "
                          "decode_open / token", f"{opened.rounds} / {steps[0].rounds}",
@@ -126,7 +126,8 @@ def fusion_rows() -> list[tuple]:
         kinds = LP.fusion_choice(fuse, D.FUSIONS, D.DEFAULT_FUSE, "model_costs")
         row = [fuse if fuse != "default" else f"default ({','.join(kinds)})"]
         for kw in ({}, sched):
-            steps = [D.cost_decoder_step(RC, cfg, 1, t, fuse=kinds, **kw) for t in range(64)]
+            steps = [D.cost_decoder_step(RC, cfg, 1, t, fuse=kinds, wide=True, **kw)
+                     for t in range(64)]
             row += [steps[0].rounds, _mb(np.mean([c.bytes_total for c in steps]))]
         rows.append(tuple(row))
     return rows

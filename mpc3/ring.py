@@ -109,6 +109,15 @@ def decode(x: np.ndarray, frac: int = DEFAULT_FRAC) -> np.ndarray:
     return to_signed(x).astype(np.float64) / float(2**frac)
 
 
+def narrow(x: np.ndarray, bits: int) -> np.ndarray:
+    """Plaintext ring values with ``bits`` more fractional bits -> rounded to the nearest
+    (ties up) at the lower scale; exact for a value reconstructed by its owner."""
+    if bits <= 0:
+        return check_ring(x)
+    v = to_signed(x)
+    return ((v >> bits) + ((v >> (bits - 1)) & 1)).view(DTYPE)
+
+
 def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None,
            like: int | None = None) -> np.ndarray:
     """Exact ``(a @ b) mod 2^64`` for uint64 arrays, with ``np.matmul`` shapes; ``out``: add

@@ -49,8 +49,11 @@ from .proto import mpc3_pb2_grpc as pb_grpc
 S = pb.JobStatusReply
 
 
-def reconstruct(pairs: list[Mapping[str, AShare]]) -> dict[str, np.ndarray]:
-    """Ring values from the three parties' output pairs, checking every replica."""
+def reconstruct(pairs: list[Mapping[str, AShare]],
+                wide: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
+    """Ring values from the three parties' output pairs, checking every replica; ``wide``:
+    outputs carried with that many fractional bits more (an untruncated last product,
+    ``TensorSpec.wide``), rounded to the cluster's frac here."""
     names = set(pairs[0])
     if any(set(p) != names for p in pairs):
         raise TamperingDetected("parties returned different output tensors: "
@@ -65,7 +68,7 @@ def reconstruct(pairs: list[Mapping[str, AShare]]) -> dict[str, np.ndarray]:
             if not np.array_equal(s[i].b, s[j].a):
                 raise TamperingDetected(f"output {name!r}: the copies of share slot {j} held "
                                         f"by party {i} and party {j} disagree")
-        out[name] = s[0].a + s[1].a + s[2].a
+        out[name] = ring.narrow(s[0].a + s[1].a + s[2].a, (wide or {}).get(name, 0))
     return out
 
 
@@ -459,15 +462,20 @@ class QueryUser(_Client):
         self._settled(lambda n: self._call(n, "CancelJob", pb.JobRef(job_id=job_id),
                                            timeout=5))
 
-    def fetch_pairs(self, job_id: str) -> list[dict[str, AShare]]:
+    def fetch_pairs(self, job_id: str, wide: dict | None = None) -> list[dict[str, AShare]]:
         """Each party's output shares; a fetch refused by a full limit (e.g. the user's open
-        streams, while its other jobs fetch) is retried with backoff for up to ``retry_s``."""
+        streams, while its other jobs fetch) is retried with backoff for up to ``retry_s``.
+        ``wide`` (filled in): outputs carried with more fractional bits than the cluster's
+        frac (``TensorSpec.wide``) -> how many more, the same from every party."""
+        fracs: list[dict[str, int]] = [{}, {}, {}]
+
         def one(n: int) -> dict[str, AShare]:
             return self._retrying(lambda: fetch_once(n),
                                   lambda exc: exc.code == grpc.StatusCode.RESOURCE_EXHAUSTED)
 
         def fetch_once(n: int) -> dict[str, AShare]:
-            asm = TensorAssembler(self.frac, self.cfg.limits.tensor_bytes)
+            asm = TensorAssembler(self.frac, self.cfg.limits.tensor_bytes,
+                                  fracs=(self.frac, 2 * self.frac))
             out = {}
             try:
                 for c in self.stubs[n].FetchOutput(pb.JobRef(job_id=job_id),
@@ -475,19 +483,28 @@ class QueryUser(_Client):
                                                    timeout=max(self.timeout, 600)):
                     done = asm.feed(c)
                     if done is not None:
-                        name, shape, payload, _, _ = done
+                        name, shape, payload, _, frac = done
                         out[name] = share_from_payload(payload, shape)
+                        fracs[n][name] = frac
             except grpc.RpcError as exc:
                 raise self._error(n, exc) from None
             except Exception as exc:  # BadRequest from the assembler: a party sent garbage
                 raise TamperingDetected(f"party {n} sent a malformed output: {exc}") from None
             asm.finish()
             return out
-        return self._each(one)
+        pairs = self._each(one)
+        if not fracs[0] == fracs[1] == fracs[2]:
+            raise TamperingDetected(f"parties returned outputs of different fixed-point "
+                                    f"scales: {fracs}")
+        if wide is not None:
+            wide.update({k: f - self.frac for k, f in fracs[0].items() if f != self.frac})
+        return pairs
 
     def fetch(self, job_id: str) -> dict[str, np.ndarray]:
-        """Reconstructed ring outputs (checked replicas)."""
-        return reconstruct(self.fetch_pairs(job_id))
+        """Reconstructed ring outputs at the cluster's frac (checked replicas)."""
+        wide: dict[str, int] = {}
+        pairs = self.fetch_pairs(job_id, wide)
+        return reconstruct(pairs, wide)
 
     def run(self, model_id: str, kind: str, inputs: Mapping[str, np.ndarray],
             params: Mapping | None = None) -> dict[str, np.ndarray]:

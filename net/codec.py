@@ -65,8 +65,12 @@ class TensorAssembler:
     """
 
     def __init__(self, frac: int, max_tensor_bytes: int,
-                 budget: Callable[[int], None] | None = None) -> None:
+                 budget: Callable[[int], None] | None = None,
+                 fracs: tuple[int, ...] | None = None) -> None:
+        """``fracs``: the fractional bits a tensor may carry (default: frac to frac +
+        MAX_EXTRA_FRAC; a job's outputs: frac or 2 frac, ``TensorSpec.wide``)."""
         self.frac = frac
+        self.fracs = fracs or tuple(range(frac, frac + MAX_EXTRA_FRAC + 1))
         self.max_bytes = max_tensor_bytes
         self.budget = budget
         self.cur: pb.TensorChunk | None = None
@@ -88,9 +92,9 @@ class TensorAssembler:
             raise bad(f"dtype {c.dtype!r} is not uint64 (shares are ring elements)")
         if c.ring_bits != 64:
             raise bad(f"ring Z_2^{c.ring_bits} is not the cluster's Z_2^64")
-        if not self.frac <= c.frac <= self.frac + MAX_EXTRA_FRAC:
-            raise bad(f"fixed-point frac {c.frac} outside the cluster's {self.frac}.."
-                      f"{self.frac + MAX_EXTRA_FRAC}")
+        if c.frac not in self.fracs:
+            raise bad(f"fixed-point frac {c.frac} is not one the cluster's frac {self.frac} "
+                      f"allows here ({min(self.fracs)}..{max(self.fracs)})")
         if any(d < 0 for d in c.shape) or len(c.shape) > MAX_DIMS:
             raise bad(f"invalid shape {tuple(c.shape)}")
         n = int(np.prod(c.shape, dtype=np.int64)) if c.shape else 1

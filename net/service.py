@@ -21,7 +21,7 @@ import time
 from contextlib import contextmanager
 
 
-from protocols.jobs import ModelView
+from protocols.jobs import ModelView, output_fracs
 
 from . import keys
 from .codec import TensorAssembler, share_from_payload, tensor_chunks
@@ -356,8 +356,9 @@ class ClientServicer(pb_grpc.ClientServiceServicer):
             raise BadRequest(Code.FAILED_PRECONDITION, f"job {job.job_id!r} is "
                              f"{S.State.Name(job.state)} on party {self.srv.rank}" +
                              (f": {job.error}" if job.error else ""))
+        fracs = output_fracs(job.spec, self.cfg.frac)
         for name, share in job.outputs.items():
-            yield from tensor_chunks(name, share, self.cfg.frac)
+            yield from tensor_chunks(name, share, fracs[name])
 
     FetchOutput = _rpc(USER, stream="out")(_fetch)
 

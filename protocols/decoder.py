@@ -40,12 +40,13 @@ from .mha import (cost_features, cost_finish, cost_heads, features, finish,
                   heads, mha, split_heads)
 from .ln_proj import (RELU, cost_ln_bias, cost_ln_proj, cost_step_project, fused_biases,
                       fusion_map, ln_proj, step_project)
+from .layernorm import widen
 from .norms import cost_norm, norm
 from .secure_model import sub
 
 
-def _ln(p, cfg, shares, prefix, x, span=None):
-    return norm(p, cfg, shares, prefix, x, span)
+def _ln(p, cfg, shares, prefix, x, span=None, wide: bool = False):
+    return norm(p, cfg, shares, prefix, x, span, wide)
 
 
 def _cross_order(cfg, T, S, order):
@@ -248,11 +249,14 @@ def _plan(cfg: M.ModelConfig, i: int) -> list[tuple[str, str | None, int]]:
 
 
 def decoder_step(p: Party, cfg: M.ModelConfig, shares: dict, state: DecodeState,
-                 y_t: AShare, on_layer: Callable[[str], None] | None = None) -> AShare:
+                 y_t: AShare, on_layer: Callable[[str], None] | None = None,
+                 wide: bool = False) -> AShare:
     """One token: y_t (B, d) at position state.t -> (B, d); == model.ref_decoder_step.
     The LayerNorms of ``state.fuse`` run fused with the projection after them
     (:func:`ln_fusions`). ``on_layer(name)`` is called after each layer (``dec.i``,
-    ``dec.final_ln``)."""
+    ``dec.final_ln``). ``wide``: the output row at 2 frac fractional bits, the last
+    normalization's product reshared untruncated (one round fewer, :func:`protocols.norms.norm`):
+    for the query user, who truncates it after reconstructing."""
     if len(y_t.shape) != 2 or y_t.shape[-1] != cfg.d_model:
         raise ValueError(f"decoder step input must be (B, {cfg.d_model}), got {y_t.shape}")
     B = y_t.shape[0]
@@ -270,8 +274,8 @@ def decoder_step(p: Party, cfg: M.ModelConfig, shares: dict, state: DecodeState,
         def through_ln(x):
             ln, kind, j = next(plan)
             span = state.ln_spans.get(ln)
-            if kind is None:
-                return _ln(p, cfg, shares, ln, x, span), {}
+            if kind is None:                       # post-LN: the step's output
+                return _ln(p, cfg, shares, ln, x, span, wide), {}
             return ln_proj(p, cfg, shares, state.ln_bias, ln, x, post, step_names(j)[kind],
                            ln in fusions, span)
 
@@ -286,21 +290,24 @@ def decoder_step(p: Party, cfg: M.ModelConfig, shares: dict, state: DecodeState,
         if on_layer is not None:
             on_layer(pre)
     if cfg.norm_first and cfg.n_dec_layers:
-        x = _ln(p, cfg, shares, "dec.final_ln", x, state.ln_spans.get("dec.final_ln"))
+        x = _ln(p, cfg, shares, "dec.final_ln", x, state.ln_spans.get("dec.final_ln"), wide)
         if on_layer is not None:
             on_layer("dec.final_ln")
+    elif wide and not cfg.n_dec_layers:
+        x = widen(p, x)
     state.t += 1
     return x.reshape(B, cfg.d_model)
 
 
 def cost_decoder_step(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int | None = None,
                       folded: bool = True, fuse=DEFAULT_FUSE, n_enc: int | None = None,
-                      raw_wo=frozenset(), ln_spans=None) -> Cost:
+                      raw_wo=frozenset(), ln_spans=None, wide: bool = False) -> Cost:
     """Declared rounds and bytes per party of :func:`decoder_step` for the token at position
     ``t`` (t tokens already decoded; the self-attention cache state follows from t and
     ``block``) with the LayerNorm fusions ``fuse``, the deferred truncations ``raw_wo``
     (:func:`protocols.schedule.deferred_wo`) and the LayerNorms' table spans ``ln_spans``
-    (:func:`protocols.schedule.ln_spans`). Rounds do not depend on t; bytes do, through the
+    (:func:`protocols.schedule.ln_spans`) and the ``wide`` output (:func:`decoder_step`'s).
+    Rounds do not depend on t; bytes do, through the
     cache folding - or, softmax-style attention, linearly in t and in ``n_enc`` (the source
     positions the cross attention reads; required then)."""
     d, L, spans = cfg.d_model, cfg.n_dec_layers, ln_spans or {}
@@ -311,14 +318,14 @@ def cost_decoder_step(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int | No
     for i in range(L):
         for ln, kind, j in _plan(cfg, i):
             if kind is None:
-                total = total + cost_norm(p_cfg, cfg, B, spans.get(ln))
+                total = total + cost_norm(p_cfg, cfg, B, spans.get(ln), wide)
             else:
                 total = total + cost_ln_proj(p_cfg, cfg, B, step_names(j)[kind], post, folded,
                                               ln in fusions, spans.get(ln))
         core = _cost_attention_cores(p_cfg, cfg, B, t, block, folded, n_enc,
                                      {k for k in ("self", "cross") if f"dec.{i}.{k}" in raw_wo})
         total = total + core["self"] + core["cross"] + ffn
-    return total + cost_norm(p_cfg, cfg, B, spans.get("dec.final_ln")) \
+    return total + cost_norm(p_cfg, cfg, B, spans.get("dec.final_ln"), wide) \
         if cfg.norm_first and L else total
 
 

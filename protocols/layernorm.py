@@ -73,14 +73,20 @@ def _inverse_d(f: int, d: int):
 
 
 def layernorm(p: Party, x: AShare, gamma: AShare, beta: AShare, eps: float,
-              span=None) -> AShare:
+              span=None, wide: bool = False) -> AShare:
     """``span``: octaves bounding var + eps (:func:`mpc3.kernels.fxp.sqrt_inv_a`; None: its
-    whole range)."""
+    whole range). ``wide``: the output at 2 frac fractional bits, its last product reshared
+    untruncated (one round fewer: an output the query user truncates itself, :func:`widen`)."""
     from mpc3.kernels import fxp
     xg, var = _stats(p, x, gamma, beta, eps)
     rs = fxp.sqrt_inv_a(p, var, span=span)
-    y = arith.mul_aa(p, xg, _bcast(rs.reshape(*rs.shape, 1), x.shape))
-    return y + _bcast(beta, x.shape)
+    y = arith.mul_aa(p, xg, _bcast(rs.reshape(*rs.shape, 1), x.shape), trunc=not wide)
+    return y + _bcast(widen(p, beta) if wide else beta, x.shape)
+
+
+def widen(p: Party, x: AShare) -> AShare:
+    """x at frac fractional bits -> the same value at 2 frac (local, exact)."""
+    return x.scale(np.uint64(1 << p.cfg.frac))
 
 
 def layernorm_project(p: Party, x: AShare, gamma: AShare, beta: AShare, eps: float,
@@ -131,12 +137,12 @@ def _cost_stats(ring_cfg, rows: int, d: int) -> Cost:
     return arith.cost_mul_many(shifts, 0, ring_cfg.trunc)
 
 
-def cost_layernorm(ring_cfg, rows: int, d: int, span=None) -> Cost:
+def cost_layernorm(ring_cfg, rows: int, d: int, span=None, wide: bool = False) -> Cost:
     """Declared rounds and bytes per party of :func:`layernorm` on ``rows`` rows of width d."""
     from mpc3.kernels import fxp
     f, mode = ring_cfg.frac, ring_cfg.trunc
     return (_cost_stats(ring_cfg, rows, d) + fxp.cost_sqrt_inv(rows, "auto", f, mode, span)
-            + arith.cost_mul(rows * d, True, f, mode))
+            + arith.cost_mul(rows * d, not wide, f, mode))
 
 
 def cost_layernorm_project(ring_cfg, rows: int, d: int, outs: list[tuple[int, int]],

@@ -25,36 +25,40 @@ from mpc3.party import Party
 from mpc3.shares import AShare
 
 from . import model as M
-from .layernorm import _bcast, cost_layernorm, layernorm
+from .layernorm import _bcast, cost_layernorm, layernorm, widen
 
-def batchnorm(p: Party, x: AShare, scale: AShare, shift: AShare) -> AShare:
-    """x (..., d) * scale + shift, per channel; one truncated product (:func:`cost_batchnorm`)."""
+def batchnorm(p: Party, x: AShare, scale: AShare, shift: AShare, wide: bool = False) -> AShare:
+    """x (..., d) * scale + shift, per channel; one truncated product (:func:`cost_batchnorm`;
+    ``wide``: untruncated, at 2 frac fractional bits, as :func:`norm`'s)."""
     d = x.shape[-1]
     if scale.shape != (d,) or shift.shape != (d,):
         raise ValueError(f"batchnorm: scale/shift must have shape ({d},)")
-    return arith.mul_aa(p, x, _bcast(scale, x.shape)) + _bcast(shift, x.shape)
+    return arith.mul_aa(p, x, _bcast(scale, x.shape), trunc=not wide) \
+        + _bcast(widen(p, shift) if wide else shift, x.shape)
 
 
-def cost_batchnorm(ring_cfg, rows: int, d: int) -> Cost:
-    return arith.cost_mul(rows * d, True, ring_cfg.frac, ring_cfg.trunc)
+def cost_batchnorm(ring_cfg, rows: int, d: int, wide: bool = False) -> Cost:
+    return arith.cost_mul(rows * d, not wide, ring_cfg.frac, ring_cfg.trunc)
 
 
 def norm(p: Party, cfg: M.ModelConfig, shares: dict, prefix: str, x: AShare,
-         span=None) -> AShare:
+         span=None, wide: bool = False) -> AShare:
     """The model's normalization at ``prefix`` (``enc.0.ln1``, ``dec.final_ln`` ...) of x;
-    ``span``: a LayerNorm's calibrated variance octaves (:func:`protocols.layernorm.layernorm`)."""
+    ``span``: a LayerNorm's calibrated variance octaves (:func:`protocols.layernorm.layernorm`);
+    ``wide``: the output at 2 frac fractional bits, its last product untruncated (one round
+    fewer; a model output the query user truncates after reconstructing it)."""
     if cfg.norm == "none":
-        return x
+        return widen(p, x) if wide else x
     if cfg.norm == "batchnorm":
-        return batchnorm(p, x, shares[f"{prefix}.scale"], shares[f"{prefix}.shift"])
+        return batchnorm(p, x, shares[f"{prefix}.scale"], shares[f"{prefix}.shift"], wide)
     return layernorm(p, x, shares[f"{prefix}.gamma"], shares[f"{prefix}.beta"], cfg.ln_eps,
-                     span)
+                     span, wide)
 
 
-def cost_norm(ring_cfg, cfg: M.ModelConfig, rows: int, span=None) -> Cost:
+def cost_norm(ring_cfg, cfg: M.ModelConfig, rows: int, span=None, wide: bool = False) -> Cost:
     """Declared rounds and bytes per party of :func:`norm` on ``rows`` rows of width d."""
     if cfg.norm == "none":
         return Cost(0, (0, 0, 0))
     if cfg.norm == "batchnorm":
-        return cost_batchnorm(ring_cfg, rows, cfg.d_model)
-    return cost_layernorm(ring_cfg, rows, cfg.d_model, span)
+        return cost_batchnorm(ring_cfg, rows, cfg.d_model, wide)
+    return cost_layernorm(ring_cfg, rows, cfg.d_model, span, wide)

@@ -131,7 +131,7 @@ def test_decode_jobs_round_trip_in_process(attention):
     assert res.tokens == want
     rc = RingConfig()
     assert res.open_cost.bytes_per_party == list(open_cost(cfg, 2, 5).bytes_per_party)
-    steps = [D.cost_decoder_step(rc, cfg, 2, t, n_enc=5) for t in range(5)]
+    steps = [D.cost_decoder_step(rc, cfg, 2, t, n_enc=5, wide=True) for t in range(5)]
     assert res.step_cost.bytes_per_party == [sum(c.bytes_per_party[r] for c in steps)
                                              for r in range(3)]
     assert res.step_cost.rounds == sum(c.rounds for c in steps)

@@ -165,11 +165,12 @@ def test_decode_jobs_defer_where_the_stored_calibration_allows():
             got = ring.decode(be.step("s", y, traffic))
             np.testing.assert_allclose(got, M.ref_decoder_step(cfg, w, ref, y), atol=TOL)
             declared = D.cost_decoder_step(RingConfig(), cfg, 2, t, raw_wo=want,
-                                           ln_spans=want_spans)
+                                           ln_spans=want_spans, wide=True)
             assert (traffic.rounds, tuple(traffic.bytes_per_party)) == \
                 (declared.rounds, declared.bytes_per_party)
         be.close("s")
-    assert declared.rounds == D.cost_decoder_step(RingConfig(), cfg, 2, 1).rounds - len(raw)
+    assert declared.rounds == D.cost_decoder_step(RingConfig(), cfg, 2, 1, wide=True).rounds \
+        - len(raw)
 
 
 @pytest.mark.parametrize("norm_first,fuse", [(False, ("ffn",)), (True, ()), (True, ("self",))])

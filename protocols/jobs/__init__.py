@@ -12,7 +12,7 @@ from .classifier import SPECS as _CLASSIFIER
 from .contract import (DECODER_ONLY, DEFAULT_PERMITTED, ENCODER_CLASSIFIER, ENCODER_DECODER,
                        TENSORS, CostRecorder,
                        JobContext, JobRefused, JobRegistry, JobSpec, ModelView, SessionSlot,
-                       TensorSpec, admit, execute)
+                       TensorSpec, admit, execute, output_fracs)
 from .transformer import SPECS as _TRANSFORMER
 
 PRODUCTION = JobRegistry(_TRANSFORMER + _CLASSIFIER + _CAUSAL_LM)
@@ -20,7 +20,7 @@ PRODUCTION = JobRegistry(_TRANSFORMER + _CLASSIFIER + _CAUSAL_LM)
 __all__ = ["PRODUCTION", "benchmark_registry", "DECODER_ONLY", "DEFAULT_PERMITTED",
            "ENCODER_CLASSIFIER", "ENCODER_DECODER", "TENSORS", "CostRecorder",
            "JobContext", "JobRefused", "JobRegistry", "JobSpec", "ModelView", "SessionSlot",
-           "TensorSpec", "admit", "execute"]
+           "TensorSpec", "admit", "execute", "output_fracs"]
 
 
 def benchmark_registry() -> JobRegistry:

@@ -52,10 +52,14 @@ class JobRefused(ValueError):
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """A named tensor with a symbolic shape such as ``("B", "S", "d")``."""
+    """A named tensor with a symbolic shape such as ``("B", "S", "d")``. ``wide``: an output
+    carried at 2 frac fractional bits (its last product reshared untruncated, one round
+    fewer); the chunks say so (their ``frac``) and the query user rounds it to frac bits
+    after reconstructing it (:func:`net.client.reconstruct`)."""
 
     name: str
     shape: tuple[str, ...]
+    wide: bool = False
 
     def __str__(self) -> str:
         return f"{self.name} ({', '.join(self.shape)})"
@@ -239,6 +243,11 @@ def admit(registry: JobRegistry, kind: str, model: ModelView,
         except (ValueError, KeyError, TypeError) as exc:
             raise JobRefused("invalid", f"{kind}: {exc}") from None
     return spec
+
+
+def output_fracs(spec: JobSpec, frac: int) -> dict[str, int]:
+    """Output name -> the fractional bits its shares carry (``frac``, 2 frac if wide)."""
+    return {t.name: 2 * frac if t.wide else frac for t in spec.outputs}
 
 
 def execute(spec: JobSpec, ctx: JobContext, inputs: dict[str, AShare]) -> dict[str, AShare]:

@@ -134,7 +134,7 @@ def run_decode_step(ctx: JobContext, inputs: dict) -> dict:
         raise ValueError(f"the session reached the model's length limit of "
                          f"{sess.cfg.max_len} tokens")
     return {"H": decoder_step(ctx.party, sess.cfg, ctx.model.shares, sess.state, y,
-                              on_layer=ctx.costs.mark)}
+                              on_layer=ctx.costs.mark, wide=True)}
 
 
 def run_decode_close(ctx: JobContext, inputs: dict) -> dict:
@@ -157,7 +157,7 @@ SPECS = (
                 "LayerNorms whose next projection its steps form in their rounds - fewer "
                 "rounds per token for more bytes, the same output"),
     JobSpec("decode_step", run_decode_step, (TensorSpec("Y", ("B", "d")),),
-            (TensorSpec("H", ("B", "d")),), _ED, computation="translate",
+            (TensorSpec("H", ("B", "d"), wide=True),), _ED, computation="translate",
             validate=_validate_step, session="step", params=("session",),
             doc="one generated token: the decoder output row of the newest embedded token"),
     JobSpec("decode_close", run_decode_close, (), (), _ED, computation="translate",
