@@ -119,16 +119,19 @@ def fusion_rows() -> list[tuple]:
     """The translator's token at the Table 2 shape (6+6 layers, post-LN, relu-performer,
     source 64, mean of t < 64) for each session fusion choice (decode_open's ``fuse``): the
     general schedule, and the one the random model's calibration gives (``mpc3 bench
-    translate --model random`` shares that model: protocols.schedule)."""
+    translate --model random`` shares that model: protocols.schedule), with the bytes of
+    that session's DecodeState.start (K'^T V, W^O folded into it, beta W)."""
     cfg, sched = _random_schedule()
     rows = []
-    for fuse in ("none", "ffn", "default", "self,ffn", "all"):
+    for fuse in ("none", "ffn", "cross,ffn", "default", "self,ffn", "all"):
         kinds = LP.fusion_choice(fuse, D.FUSIONS, D.DEFAULT_FUSE, "model_costs")
         row = [fuse if fuse != "default" else f"default ({','.join(kinds)})"]
         for kw in ({}, sched):
             steps = [D.cost_decoder_step(RC, cfg, 1, t, fuse=kinds, wide=True, **kw)
                      for t in range(64)]
             row += [steps[0].rounds, _mb(np.mean([c.bytes_total for c in steps]))]
+        opened = D.cost_decode_start(RC, cfg, 1, 64, fuse=kinds, fold_wo=sched["fold_wo"])
+        row.append(_mb(opened))
         rows.append(tuple(row))
     return rows
 
@@ -166,9 +169,10 @@ def main() -> None:
     for name, rounds, nbytes in norm_rows():
         print(f"| {name} | {rounds} | {nbytes} |")
     print("\n| translator token, Table 2 shape: session fuse | rounds | bytes | rounds, bytes "
-          "with the random model's calibrated schedule |\n|---|---|---|---|")
-    for name, rounds, nbytes, r_cal, b_cal in fusion_rows():
-        print(f"| {name} | {rounds} | {nbytes} | {r_cal}, {b_cal} |")
+          "with the random model's calibrated schedule | its decode_open's cross attention "
+          "state |\n|---|---|---|---|---|")
+    for name, rounds, nbytes, r_cal, b_cal, opened in fusion_rows():
+        print(f"| {name} | {rounds} | {nbytes} | {r_cal}, {b_cal} | {opened} |")
     print(f"\n{schedule_summary()}")
 
 

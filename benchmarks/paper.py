@@ -624,8 +624,8 @@ def main(argv=None) -> int:
     ap.add_argument("--force", action="store_true", help="re-run points that have JSON")
     ap.add_argument("--report-only", action="store_true", help="only rebuild report and plots")
     ap.add_argument("--fuse", default=None, help="translate-e2e: the decode sessions' "
-                    "LayerNorm fusions (default, all, none or a comma list of self, cross, "
-                    "ffn); other than default, points go to translate-e2e-fuse-<fuse>_<net>")
+                    "fusions (default, all, none or a comma list of self, cross, "
+                    "ffn, wo); other than default, points go to translate-e2e-fuse-<fuse>_<net>")
     a = ap.parse_args(argv)
     only = {x.strip() for x in a.only.split(",") if x.strip()}
     if only - set(EXPERIMENTS):

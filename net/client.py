@@ -43,33 +43,11 @@ from .failures import (
     rpc_error,
 )
 from .link import GRPC_OPTIONS
+from .outputs import reconstruct, same_scales  # noqa: F401 - reconstruct: callers' import
 from .proto import mpc3_pb2 as pb
 from .proto import mpc3_pb2_grpc as pb_grpc
 
 S = pb.JobStatusReply
-
-
-def reconstruct(pairs: list[Mapping[str, AShare]],
-                wide: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
-    """Ring values from the three parties' output pairs, checking every replica; ``wide``:
-    outputs carried with that many fractional bits more (an untruncated last product,
-    ``TensorSpec.wide``), rounded to the cluster's frac here."""
-    names = set(pairs[0])
-    if any(set(p) != names for p in pairs):
-        raise TamperingDetected("parties returned different output tensors: "
-                                f"{[sorted(p) for p in pairs]}")
-    out = {}
-    for name in sorted(names):
-        s = [p[name] for p in pairs]
-        if len({x.shape for x in s}) != 1:
-            raise TamperingDetected(f"output {name!r}: parties returned different shapes")
-        for i in range(3):
-            j = (i + 1) % 3
-            if not np.array_equal(s[i].b, s[j].a):
-                raise TamperingDetected(f"output {name!r}: the copies of share slot {j} held "
-                                        f"by party {i} and party {j} disagree")
-        out[name] = ring.narrow(s[0].a + s[1].a + s[2].a, (wide or {}).get(name, 0))
-    return out
 
 
 class _Client:
@@ -493,11 +471,8 @@ class QueryUser(_Client):
             asm.finish()
             return out
         pairs = self._each(one)
-        if not fracs[0] == fracs[1] == fracs[2]:
-            raise TamperingDetected(f"parties returned outputs of different fixed-point "
-                                    f"scales: {fracs}")
         if wide is not None:
-            wide.update({k: f - self.frac for k, f in fracs[0].items() if f != self.frac})
+            wide.update(same_scales(fracs, self.frac))
         return pairs
 
     def fetch(self, job_id: str) -> dict[str, np.ndarray]:

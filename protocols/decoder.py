@@ -26,6 +26,8 @@ import functools
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
+
 from mpc3.kernels import arith
 from mpc3.kernels.base import Cost
 from mpc3.party import Party
@@ -36,7 +38,7 @@ from . import model as M
 from .ffn import cost_ffn_hidden, ffn, ffn_hidden
 from .kv_cache import KVCache, attend_out, cost_attend_out
 from .cross import CrossKV, cost_cross_precompute, cross_mha, cross_precompute  # noqa: F401
-from .mha import (cost_features, cost_finish, cost_heads, features, finish,
+from .mha import (add_bias, cost_features, cost_finish, cost_heads, features, finish,
                   heads, mha, split_heads)
 from .ln_proj import (RELU, cost_ln_bias, cost_ln_proj, cost_step_project, fused_biases,
                       fusion_map, ln_proj, step_project)
@@ -88,16 +90,21 @@ def decoder(p: Party, cfg: M.ModelConfig, shares: dict, y: AShare, enc: AShare,
     return x
 
 
-#: Which projections a decode step forms inside the LayerNorm before them (FUSIONS names
-#: them): each saves the projection's 2 rounds per layer and costs one truncated product per
-#: projection output (rs times x W) - ~0.37 MB per token of the Privformer workload for
-#: "ffn" or "cross" (W1: d_ff, cross W^Q: h r outputs), 0.73 MB for "self" (W^Q, W^K, W^V).
-#: The default keeps a token of a calibrated model (its LayerNorms' narrowed tables,
-#: :func:`protocols.schedule.ln_spans`) within 10 % of issue 12's 6.45 MB: 7.00 MB for the
-#: random Privformer model (7.22 MB with whole tables: a model shared before the schedule
-#: sites); ("self", "cross", "ffn") gives the fewest rounds.
-FUSIONS = ("self", "cross", "ffn")
-DEFAULT_FUSE = ("cross", "ffn")
+#: What a decode session folds into fewer rounds (FUSIONS names it). "self", "cross", "ffn":
+#: the projection a step forms inside the LayerNorm before it - each saves the projection's
+#: 2 rounds per layer and costs one truncated product per projection output (rs times x W),
+#: ~0.37 MB per token of the Privformer workload for "ffn" or "cross" (W1: d_ff, cross W^Q:
+#: h r outputs), 0.73 MB for "self" (W^Q, W^K, W^V). "wo": the cross attention's W^O folded
+#: into its K'^T V at decode_open where the model's calibration allows it
+#: (:func:`folded_layers`, :class:`FoldedWO`) - one round fewer per layer and ~12 KB fewer
+#: per token, for h r d more products per layer at decode_open (201 MB more for the
+#: Privformer workload: it pays for itself after ~13 tokens on the emulated WAN, ~120 on
+#: loopback). The default keeps a token of a calibrated model (its LayerNorms' narrowed
+#: tables, :func:`protocols.schedule.ln_spans`) within 10 % of issue 12's 6.45 MB: 6.90 MB in
+#: 246 rounds for the random Privformer model (7.22 MB and 263 rounds with whole tables and
+#: no calibration); FUSIONS gives the fewest rounds.
+FUSIONS = ("self", "cross", "ffn", "wo")
+DEFAULT_FUSE = ("cross", "ffn", "wo")
 
 
 @functools.lru_cache(maxsize=64)
@@ -128,11 +135,12 @@ class DecodeState:
     (:class:`attention.PrefixState`) or a KV cache (:class:`protocols.kv_cache.KVCache`,
     softmax-style attention); ``cross_kv[i]``: K'^T V of layer i's cross attention, times
     1/n_enc when attn_norm is "mean" (the row scale of every step, applied once) - or, for a
-    softmax-style attention, the :class:`CrossKV` K, V of the encoder output; ``ln_bias``:
-    beta W of the fused LayerNorm projections (:func:`ln_fusions` of ``fuse``)."""
+    softmax-style attention, the :class:`CrossKV` K, V of the encoder output, or, the
+    session folding layer i's W^O (:func:`folded_layers`), its :class:`FoldedWO`;
+    ``ln_bias``: beta W of the fused LayerNorm projections (:func:`ln_fusions` of ``fuse``)."""
 
     prefix: list[A.PrefixState | KVCache]
-    cross_kv: list[AShare | CrossKV]
+    cross_kv: list[AShare | CrossKV | FoldedWO]
     n_enc: int
     ln_bias: dict = field(default_factory=dict)
     fuse: tuple = DEFAULT_FUSE
@@ -143,11 +151,13 @@ class DecodeState:
     @staticmethod
     def start(p: Party, cfg: M.ModelConfig, shares: dict, enc: AShare,
               block: int | None = None, fuse=DEFAULT_FUSE, raw_wo=frozenset(),
-              ln_spans=None) -> "DecodeState":
+              ln_spans=None, fold_wo=frozenset()) -> "DecodeState":
         """``block``: tokens cached before folding into G (:class:`attention.PrefixState`);
         ``raw_wo``: the attention sublayers whose o W^O the steps truncate by 2 frac
         (:func:`protocols.schedule.deferred_wo`); ``ln_spans``: LayerNorm prefix -> the
-        octaves of its sqrt_inv table (:func:`protocols.schedule.ln_spans`). Cost:
+        octaves of its sqrt_inv table (:func:`protocols.schedule.ln_spans`); ``fold_wo``:
+        the cross attention sublayers whose W^O may be folded into K'^T V
+        (:func:`protocols.schedule.folded_wo`; folded if ``fuse`` has "wo"). Cost:
         :func:`cost_decode_start`."""
         ln_spans = dict(ln_spans or {})
         B, S, _ = enc.shape
@@ -160,6 +170,7 @@ class DecodeState:
         scale = 1.0 / S if cfg.attn_norm == "mean" else None     # in K'^T V's truncation
         cross = [c.kv for c in cross_precompute(p, cfg, shares, enc, need_kv=True,
                                                 kv_scale=scale)]
+        cross = fold_wo_into_kv(p, cfg, shares, cross, folded_layers(cfg, fuse, fold_wo))
         return DecodeState([A.PrefixState.empty(B, cfg.n_heads, cfg.n_features, cfg.d_head,
                                                 block) for _ in range(cfg.n_dec_layers)],
                            cross, S, fused_biases(p, shares, ln_fusions(cfg, fuse)), tuple(fuse),
@@ -173,13 +184,56 @@ class DecodeState:
         return self.prefix[0].batch                  # PrefixState or KVCache
 
 
+@dataclass
+class FoldedWO:
+    """A cross attention's W^O folded into its K'^T V for a decode session: ``m`` (B, h r, d)
+    = (K'^T V)_h W^O_h stacked over the heads (times 1/n_enc with attn_norm "mean"), so that
+    a step's o W^O = Q' m is one product (:func:`fold_wo_into_kv`)."""
+
+    m: AShare
+
+
+def folded_layers(cfg: M.ModelConfig, fuse, fold_wo) -> list[int]:
+    """The layers whose cross attention W^O a session folds: ``fuse`` has "wo" and the
+    model's schedule allows it (``fold_wo``, :func:`protocols.schedule.folded_wo`)."""
+    if "wo" not in fuse or cfg.attention != M.PERFORMER:
+        return []
+    return [i for i in range(cfg.n_dec_layers) if f"dec.{i}.cross" in fold_wo]
+
+
+def fold_wo_into_kv(p: Party, cfg: M.ModelConfig, shares: dict, cross: list,
+                    layers: list[int]) -> list:
+    """``cross`` (each layer's K'^T V, (B, h, r, dh)) with the ``layers``' entries replaced
+    by their :class:`FoldedWO`: one product for all of them, h r d outputs per row and layer
+    (2 rounds; :func:`cost_fold_wo`)."""
+    if not layers:
+        return cross
+    h, dh, d, r = cfg.n_heads, cfg.d_head, cfg.d_model, cfg.n_features
+    kv = AShare(np.stack([cross[i].a for i in layers]), np.stack([cross[i].b for i in layers]))
+    wo = [shares[f"dec.{i}.cross.wo"].reshape(h, dh, d) for i in layers]
+    wo = AShare(np.stack([w.a for w in wo])[:, None], np.stack([w.b for w in wo])[:, None])
+    m = arith.matmul_aa(p, kv, wo)                                   # (n, B, h, r, d)
+    out = list(cross)
+    for n, i in enumerate(layers):
+        out[i] = FoldedWO(m[n].reshape(m.shape[1], h * r, d))
+    return out
+
+
+def cost_fold_wo(p_cfg, cfg: M.ModelConfig, B: int, n_layers: int) -> Cost:
+    return arith.cost_mul(n_layers * B * cfg.n_heads * cfg.n_features * cfg.d_model, True,
+                          p_cfg.frac, p_cfg.trunc)
+
+
 def cost_decode_start(p_cfg, cfg: M.ModelConfig, B: int, S: int, folded: bool = True,
-                      fuse=DEFAULT_FUSE) -> Cost:
+                      fuse=DEFAULT_FUSE, fold_wo=frozenset()) -> Cost:
     """Declared cost of :meth:`DecodeState.start` on B encoder outputs of S positions: its
     :func:`cross_precompute` (K'^T V carrying the row scale 1/n_enc in its truncation for
-    attn_norm "mean") and the fused LayerNorms' beta W."""
+    attn_norm "mean"), the folded W^O (:func:`fold_wo_into_kv`) and the fused LayerNorms'
+    beta W."""
     scaled = cfg.attn_norm == "mean" and cfg.attention == M.PERFORMER
+    n_fold = len(folded_layers(cfg, fuse, fold_wo))
     return (cost_cross_precompute(p_cfg, cfg, B, S, folded, kv_scaled=scaled)
+            + (cost_fold_wo(p_cfg, cfg, B, n_fold) if n_fold else Cost(0, (0, 0, 0)))
             + cost_ln_bias(p_cfg, cfg, ln_fusions(cfg, fuse), folded))
 
 
@@ -205,6 +259,9 @@ def _cross_step(p, cfg, w, q, kv, featured: bool = False, raw: bool = False):
     if isinstance(kv, CrossKV):
         return finish(p, cfg, w, heads(p, cfg.attention, q, kv.kf, kv.v), None)
     qf = q if featured else features(p, cfg, w, q, None)[0]
+    if isinstance(kv, FoldedWO):                   # o W^O = Q' ((K'^T V) W^O): one product
+        B = qf.shape[0]
+        return add_bias(arith.matmul_aa(p, qf.reshape(B, 1, -1), kv.m), w, "bo")
     return finish(p, cfg, w, A.cross_attention_step(p, qf, kv, raw), None, raw)
 
 
@@ -301,7 +358,8 @@ def decoder_step(p: Party, cfg: M.ModelConfig, shares: dict, state: DecodeState,
 
 def cost_decoder_step(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int | None = None,
                       folded: bool = True, fuse=DEFAULT_FUSE, n_enc: int | None = None,
-                      raw_wo=frozenset(), ln_spans=None, wide: bool = False) -> Cost:
+                      raw_wo=frozenset(), ln_spans=None, wide: bool = False,
+                      fold_wo=frozenset()) -> Cost:
     """Declared rounds and bytes per party of :func:`decoder_step` for the token at position
     ``t`` (t tokens already decoded; the self-attention cache state follows from t and
     ``block``) with the LayerNorm fusions ``fuse``, the deferred truncations ``raw_wo``
@@ -313,6 +371,7 @@ def cost_decoder_step(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int | No
     d, L, spans = cfg.d_model, cfg.n_dec_layers, ln_spans or {}
     ffn = cost_ffn_hidden(p_cfg, B, d, cfg.d_ff, cfg.ffn_act, split=True)
     post, fusions = not cfg.norm_first, ln_fusions(cfg, fuse)
+    folds = set(folded_layers(cfg, fuse, fold_wo))
     total = cost_step_project(p_cfg, cfg, B, step_names(0)["self"], folded) if post and L else \
         Cost(0, (0, 0, 0))
     for i in range(L):
@@ -323,7 +382,8 @@ def cost_decoder_step(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int | No
                 total = total + cost_ln_proj(p_cfg, cfg, B, step_names(j)[kind], post, folded,
                                               ln in fusions, spans.get(ln))
         core = _cost_attention_cores(p_cfg, cfg, B, t, block, folded, n_enc,
-                                     {k for k in ("self", "cross") if f"dec.{i}.{k}" in raw_wo})
+                                     {k for k in ("self", "cross") if f"dec.{i}.{k}" in raw_wo},
+                                     i in folds)
         total = total + core["self"] + core["cross"] + ffn
     return total + cost_norm(p_cfg, cfg, B, spans.get("dec.final_ln"), wide) \
         if cfg.norm_first and L else total
@@ -345,9 +405,11 @@ def cost_self_core(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int | None,
 
 
 def _cost_attention_cores(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int | None,
-                          folded: bool, n_enc: int | None, raw=frozenset()) -> dict[str, Cost]:
+                          folded: bool, n_enc: int | None, raw=frozenset(),
+                          fold: bool = False) -> dict[str, Cost]:
     """A decode step's self and cross attention of one layer after their projections
-    (``raw``: the kinds whose o W^O truncates by 2 frac)."""
+    (``raw``: the kinds whose o W^O truncates by 2 frac; ``fold``: the cross attention's
+    W^O folded into its K'^T V, :class:`FoldedWO`)."""
     h, r, dh = cfg.n_heads, cfg.n_features, cfg.d_head
     if cfg.attention != M.PERFORMER:
         if n_enc is None:
@@ -357,7 +419,8 @@ def _cost_attention_cores(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int 
                 "cross": (cost_heads(p_cfg, cfg.attention, B, h, 1, n_enc, dh)
                           + cost_finish(p_cfg, cfg, B, row_scale=False))}
     raw_cross = "cross" in raw
+    cross = (arith.cost_mul(B * cfg.d_model, True, p_cfg.frac, p_cfg.trunc) if fold else
+             arith.cost_mul(B * h * dh, not raw_cross, p_cfg.frac, p_cfg.trunc)
+             + cost_finish(p_cfg, cfg, B, row_scale=False, raw=raw_cross))
     return {"self": cost_self_core(p_cfg, cfg, B, t, block, folded, "self" in raw),
-            "cross": (cost_features(p_cfg, B * h * r, folded)
-                      + arith.cost_mul(B * h * dh, not raw_cross, p_cfg.frac, p_cfg.trunc)
-                      + cost_finish(p_cfg, cfg, B, row_scale=False, raw=raw_cross))}
+            "cross": cost_features(p_cfg, B * h * r, folded) + cross}

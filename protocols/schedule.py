@@ -8,10 +8,12 @@ general schedule.
   untruncated o (one round less each);
 * :func:`ln_spans`: the octaves of var + eps each LayerNorm's sqrt_inv table covers (fewer
   thresholds: fewer bytes and less work, same rounds);
-* :func:`session_schedule`: both, as the keyword arguments of ``DecodeState.start``,
+* :func:`folded_wo`: cross attention sublayers whose W^O a session may fold into K'^T V
+  (one round less each, more bytes at decode_open);
+* :func:`session_schedule`: all three, as the keyword arguments of ``DecodeState.start``,
   ``lm_prefill`` and their cost functions.
 
-Both read the calibration as a dict (``Calibration.to_dict()``) so that a party applies the
+They read the calibration as a dict (``Calibration.to_dict()``) so that a party applies the
 metadata it stores without re-validating sites it does not use.
 """
 from __future__ import annotations
@@ -62,6 +64,28 @@ def deferred_wo(cfg: M.ModelConfig, calibration: Mapping | None, ring_cfg) -> fr
     return frozenset(out)
 
 
+def folded_wo(cfg: M.ModelConfig, calibration: Mapping | None, ring_cfg) -> frozenset:
+    """The cross attention sublayers (``dec.i.cross``) whose W^O a decode session may fold
+    into its K'^T V at decode_open (M_h = (K'^T V)_h W^O_h, h r d products once), so that
+    each step forms o W^O = sum_h Q'_h M_h in one product: one round fewer per layer
+    (:class:`protocols.decoder.FoldedWO`; the session asks for it with ``fuse`` "wo").
+    Exact while |M| < ``arith.product_limit(frac)``, so only where the model's calibration
+    records site ``kvwo`` times its safety margin below that (none for a calibration of
+    another frac, one without the site, or a softmax-style attention). The steps' product
+    is the o W^O every step forms (site ``wo``)."""
+    layers, margin = _read(calibration)
+    if cfg.attention != M.PERFORMER or not layers or calibration.get("frac") != ring_cfg.frac:
+        return frozenset()
+    limit = arith.product_limit(ring_cfg.frac)
+    out = set()
+    for i in range(cfg.n_dec_layers):
+        row = layers.get(f"dec.{i}.cross", {})
+        v = row.get("kvwo") if isinstance(row, Mapping) else None
+        if isinstance(v, (int, float)) and margin >= 1.0 and 0 <= v * margin < limit:
+            out.add(f"dec.{i}.cross")
+    return frozenset(out)
+
+
 def ln_spans(cfg: M.ModelConfig, calibration: Mapping | None) -> dict[str, tuple[int, int]]:
     """Decoder LayerNorm prefix -> the octaves (lo, hi) of var + eps its sqrt_inv table covers:
     the calibrated [min / margin^2, max * margin^2] (site ``var_eps``) rounded out to whole
@@ -89,7 +113,10 @@ def ln_spans(cfg: M.ModelConfig, calibration: Mapping | None) -> dict[str, tuple
 
 def session_schedule(cfg: M.ModelConfig, calibration: Mapping | None, ring_cfg) -> dict:
     """``raw_wo`` (:func:`deferred_wo`) and ``ln_spans`` (:func:`ln_spans`) of a session,
-    as keyword arguments (``DecodeState.start``, ``lm_prefill``, ``cost_decoder_step``,
-    ``cost_lm_step``)."""
-    return {"raw_wo": deferred_wo(cfg, calibration, ring_cfg),
-            "ln_spans": ln_spans(cfg, calibration)}
+    and for an encoder-decoder ``fold_wo`` (:func:`folded_wo`), as keyword arguments
+    (``DecodeState.start`` and ``cost_decoder_step``; ``lm_prefill``, ``cost_lm_step``)."""
+    out = {"raw_wo": deferred_wo(cfg, calibration, ring_cfg),
+           "ln_spans": ln_spans(cfg, calibration)}
+    if cfg.arch == M.ENCODER_DECODER:
+        out["fold_wo"] = folded_wo(cfg, calibration, ring_cfg)
+    return out

@@ -21,7 +21,9 @@ hands a value to a kernel that is exact only on a documented range:
 Schedule sites (``Site.schedule``) never refuse a model: they record a value that decides
 whether a faster schedule is exact for it. ``wo_raw``: a decode step's normalised o W^O,
 whose truncation by 2 frac from an untruncated o (one round less,
-:func:`protocols.schedule.deferred_wo`) is exact below ``arith.product_limit(frac, frac)``.
+:func:`protocols.schedule.deferred_wo`) is exact below ``arith.product_limit(frac, frac)``;
+``kvwo``: the cross attention's (K'^T V)_h W^O_h, which a session may form once
+(:func:`protocols.schedule.folded_wo`) below ``arith.product_limit(frac)``.
 
 Sites per layer (:data:`SITES`): what reaches the kernel, and what the model owner can change
 when a calibration (:mod:`protocols.calibrate`) refuses the model there.
@@ -62,6 +64,10 @@ SITES: dict[str, Site] = {
     "wo_raw": Site("product", "a decode step's o W^O formed from an untruncated, normalised "
                    "o (protocols.schedule.deferred_wo)", "none needed: above the limit the "
                    "step truncates o first (one round more)", raw=True, schedule=True),
+    "kvwo": Site("product", "a decode session's cross attention K'^T V (times 1/n) times "
+                 "each head's rows of W^O, formed once at decode_open "
+                 "(protocols.schedule.folded_wo)", "none needed: above the limit the steps "
+                 "multiply by W^O themselves (one round more)", schedule=True),
     # softmax-style attentions (ModelConfig.attention != relu-performer)
     "vscores": Site("product", "attention scores q k^T / sqrt(d_head)", _VAR, SCORE_EXTRA),
     "exp": Site("exp", "softmax exponent (the scores)", _VAR),

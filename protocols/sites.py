@@ -303,7 +303,11 @@ class Trace:
         kf, v = self._features(layer, enc, "wk"), self._values(layer, enc)
         kv = np.swapaxes(kf, -1, -2) @ v
         self.rec.mag(layer, "kv", kv)                # times 1/n_enc in its truncation
-        return kv / enc.shape[1] if self.cfg.attn_norm == "mean" else kv
+        kv = kv / enc.shape[1] if self.cfg.attn_norm == "mean" else kv
+        h, dh = self.cfg.n_heads, self.cfg.d_head       # (K'^T V)_h W^O_h, once per session
+        wo = self.attn[layer]["wo"].reshape(h, dh, self.cfg.d_model)
+        self.rec.mag(layer, "kvwo", kv @ wo)
+        return kv
 
     def cross_steps(self, layer: str, x: np.ndarray, kv: np.ndarray,
                     proj: bool = True) -> np.ndarray:

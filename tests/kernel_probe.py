@@ -116,6 +116,10 @@ def _sites(inner, kernel: str, n_items: int) -> list[str]:
         one = "out"
     elif fn == "cross_attention_step":
         one = "out"
+    elif fn == "fold_wo_into_kv":               # (K'^T V)_h W^O_h of every decoder layer
+        one = "kvwo"
+    elif fn == "_cross_step":                   # a folded W^O: o W^O = Q' M in one product
+        one = "wo"
     elif fn == "finish":            # the 1/n row scale rides in its truncation, or (raw: a
         one = "wo_raw" if inner.f_locals.get("raw") else "wo"   # deferred one) is applied
     elif fn == "decoder_step" and kernel == "mul_many_aa":   # the first layer's projection

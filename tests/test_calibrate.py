@@ -39,7 +39,7 @@ def make_cfg(**kw):
 
 
 def secure_run(cfg, w, x, y=None, block=None, fold=True, fuse=D.DEFAULT_FUSE,
-               raw_wo=frozenset()):
+               raw_wo=frozenset(), fold_wo=frozenset()):
     """Secure encoder on x (B, S, d), then one decode step per row of y (B, T, d)."""
     sh = SM.share_model(cfg, w, fold_omega=fold)
 
@@ -47,7 +47,8 @@ def secure_run(cfg, w, x, y=None, block=None, fold=True, fuse=D.DEFAULT_FUSE,
         enc = encoder(p, cfg, s, xs)
         if ys is None:
             return enc, []
-        st = D.DecodeState.start(p, cfg, s, enc, block=block, fuse=fuse, raw_wo=raw_wo)
+        st = D.DecodeState.start(p, cfg, s, enc, block=block, fuse=fuse, raw_wo=raw_wo,
+                                 fold_wo=fold_wo)
         return enc, [D.decoder_step(p, cfg, s, st, ys[:, t]) for t in range(ys.shape[1])]
 
     xs = share(x)
@@ -204,8 +205,10 @@ def test_probe_secure_run_matches_calibration(monkeypatch, kw, fold, block, unpr
         fit_batchnorm(cfg, w, x, y)
     cal = C.calibrate(cfg, w, C.Samples([x], [y]), margin=1.0, fold_omega=fold,
                       decode_block=block)
+    every = frozenset(f"dec.{i}.cross" for i in range(cfg.n_dec_layers))
+    folds = bool(D.folded_layers(cfg, fuse, every))        # FUSIONS: W^O folded at open
     probe = Probe(monkeypatch, cfg.n_dec_layers)
-    secure_run(cfg, w, x, y, block=block, fold=fold, fuse=fuse)
+    secure_run(cfg, w, x, y, block=block, fold=fold, fuse=fuse, fold_wo=every)
     monkeypatch.undo()
     got = probe.values(RingConfig().frac, convert.relu_limit(RingConfig()))
     missing = sorted(k for k in got if k[1] not in cal.layers.get(k[0], {}))
@@ -214,9 +217,12 @@ def test_probe_secure_run_matches_calibration(monkeypatch, kw, fold, block, unpr
         want = cal.layers[layer][site] if isinstance(v, tuple) else cal.fill(layer, site)
         np.testing.assert_allclose(v, want, rtol=PROBE_RTOL, err_msg=f"{layer}.{site}")
     extra = {(layer, s) for layer, row in cal.layers.items() for s in row} - set(got)
-    # wo_raw: what a step that defers o W^O's truncation would form (not this run)
+    # wo_raw: what a step that defers o W^O's truncation would form (not this run); kvwo:
+    # the cross attention's folded W^O, formed when the session folds it - whose steps then
+    # form o W^O without o (site out)
     assert extra == {(f"enc.{i}.attn", unprobed) for i in range(cfg.n_enc_layers)} | \
-        {(f"dec.{i}.{k}", "wo_raw") for i in range(cfg.n_dec_layers) for k in ("self", "cross")}
+        {(f"dec.{i}.{k}", "wo_raw") for i in range(cfg.n_dec_layers) for k in ("self", "cross")} \
+        | {(f"dec.{i}.cross", "out" if folds else "kvwo") for i in range(cfg.n_dec_layers)}
 
 
 def test_probe_deferred_wo_matches_calibration(monkeypatch):
@@ -256,7 +262,9 @@ def test_site_limits_are_the_kernels_own():
     assert site_range("hidden_gelu", ring)[1] == activations.gelu_limit(ring) == 2 ** 13
     # a decode step's o W^O from an untruncated o: frac more bits, 2^8; schedule only
     assert site_range("wo_raw", ring)[1] == arith.product_limit(ring.frac, ring.frac) == 2 ** 8
-    assert [k for k, s in SITES.items() if s.schedule] == ["wo_raw"]
+    # the cross attention's W^O folded at decode_open: a plain product's 2^26; schedule only
+    assert site_range("kvwo", ring)[1] == arith.product_limit(ring.frac) == 2 ** 26
+    assert [k for k, s in SITES.items() if s.schedule] == ["wo_raw", "kvwo"]
 
 
 # ------------------------------------------------------- (d) the shipped model ----

@@ -155,7 +155,10 @@ def test_decode_jobs_defer_where_the_stored_calibration_allows():
     assert raw                                  # this model defers some o W^O
     assert len(spans) == 3 * cfg.n_dec_layers   # and narrows every decoder LayerNorm's table
     x = M.embed(cfg, user["embed.src"], np.array([[3, 4, 2], [1, 1, 4]]))
-    for calibration, want, want_spans in ((None, frozenset(), None), (cal, raw, spans)):
+    fold = S.folded_wo(cfg, cal, RingConfig())
+    assert fold                                 # and folds some cross attention's W^O
+    for calibration, want, want_spans, want_fold in ((None, frozenset(), None, frozenset()),
+                                                     (cal, raw, spans, fold)):
         be = T.InprocBackend(cfg, w, calibration=calibration)
         be.open("s", x, T.Traffic())
         ref = M.RefDecodeState(cfg, w, M.ref_encoder(cfg, w, x))
@@ -165,12 +168,13 @@ def test_decode_jobs_defer_where_the_stored_calibration_allows():
             got = ring.decode(be.step("s", y, traffic))
             np.testing.assert_allclose(got, M.ref_decoder_step(cfg, w, ref, y), atol=TOL)
             declared = D.cost_decoder_step(RingConfig(), cfg, 2, t, raw_wo=want,
-                                           ln_spans=want_spans, wide=True)
+                                           ln_spans=want_spans, wide=True, fold_wo=want_fold)
             assert (traffic.rounds, tuple(traffic.bytes_per_party)) == \
                 (declared.rounds, declared.bytes_per_party)
         be.close("s")
+    # one round fewer per deferred o W^O, two per folded cross attention W^O
     assert declared.rounds == D.cost_decoder_step(RingConfig(), cfg, 2, 1, wide=True).rounds \
-        - len(raw)
+        - len(raw - fold) - 2 * len(fold)
 
 
 @pytest.mark.parametrize("norm_first,fuse", [(False, ("ffn",)), (True, ()), (True, ("self",))])

@@ -11,7 +11,8 @@ from conftest import share, value
 from mpc3 import ring
 from mpc3.party import RingConfig
 from mpc3.sim import run_parties
-from net.client import reconstruct
+from net.client import TamperingDetected, reconstruct
+from net.outputs import same_scales
 from net.codec import TensorAssembler, tensor_chunks
 from net.errors import BadRequest
 from protocols import model as M
@@ -90,6 +91,12 @@ def test_output_scales_are_declared_and_checked_on_the_wire():
         else:
             with pytest.raises(BadRequest, match="frac"):
                 asm.feed(chunks[0])
+
+
+def test_parties_must_agree_on_an_outputs_scale():
+    assert same_scales([{"H": 2 * F, "Y": F}] * 3, F) == {"H": F}
+    with pytest.raises(TamperingDetected, match="scales"):
+        same_scales([{"H": 2 * F}, {"H": 2 * F}, {"H": F}], F)
 
 
 def test_a_decode_step_job_returns_its_row_wide(rng):

@@ -22,8 +22,9 @@ def add_client_creds(p: argparse.ArgumentParser) -> None:
 
 
 def add_fuse(p: argparse.ArgumentParser, kinds: tuple[str, ...]) -> None:
-    """``--fuse``: the session's LayerNorm fusions (decode_open / lm_prefill's ``fuse``)."""
-    p.add_argument("--fuse", default=None, help="LayerNorm fusions of the session: default, "
+    """``--fuse``: the session's fusions (decode_open / lm_prefill's ``fuse``)."""
+    p.add_argument("--fuse", default=None, help="fusions of the session (LayerNorm with the "
+                   "next projection; wo: the cross attention's W^O at open): default, "
                    "all (fewest rounds per token, for high-latency links; more bytes), none, "
                    f"or a comma list of {', '.join(kinds)}")
 

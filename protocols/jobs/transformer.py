@@ -153,9 +153,10 @@ SPECS = (
     JobSpec("decode_open", run_decode_open, (X_SRC,), (), _ED, computation="translate",
             validate=_validate_open, session="open", params=("session", "fuse"),
             doc="run the encoder once and keep the secret decode state in a session; "
-                "'fuse' (default, all, none or a comma list of self, cross, ffn): the "
-                "LayerNorms whose next projection its steps form in their rounds - fewer "
-                "rounds per token for more bytes, the same output"),
+                "'fuse' (default, all, none or a comma list of self, cross, ffn, wo): the "
+                "LayerNorms whose next projection its steps form in their rounds, and (wo) "
+                "the cross attention's W^O folded into K'^T V here - fewer rounds per "
+                "token for more bytes, the same output"),
     JobSpec("decode_step", run_decode_step, (TensorSpec("Y", ("B", "d")),),
             (TensorSpec("H", ("B", "d"), wide=True),), _ED, computation="translate",
             validate=_validate_step, session="step", params=("session",),
