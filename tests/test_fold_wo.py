@@ -13,23 +13,18 @@ from protocols import calibrate as C
 from protocols import decoder as D
 from protocols import model as M
 from protocols import schedule as S
-from protocols import secure_model as SM
 from protocols.encoder import encoder
 
 from conftest import share, value
 from test_protocols_stack import TOL, make_cfg, per_party
+from test_schedule import calibrated_case
 
 CROSS = frozenset({"dec.0.cross", "dec.1.cross"})
 
 
 @pytest.mark.parametrize("norm_first,norm,c", [(False, "mean", 0.5), (True, "const", 0.05)])
 def test_folded_steps_equal_reference_one_round_fewer_per_layer(run, rng, norm_first, norm, c):
-    cfg = make_cfg(norm_first=norm_first, attn_norm=norm, attn_c=c)
-    w = M.random_weights(cfg, 13)
-    sh = SM.share_model(cfg, w)
-    x, y = rng.uniform(-1, 1, (2, 7, 24)), rng.uniform(-1, 1, (2, 4, 24))
-    cal = C.calibrate(cfg, w, C.Samples([x], [np.pad(y, ((0, 0), (0, 12), (0, 0)))]),
-                      decode_block=2).to_dict()
+    cfg, w, sh, x, y, cal = calibrated_case(rng, norm_first, norm, c, steps=4)
     fold = S.folded_wo(cfg, cal, RingConfig())
     assert fold == CROSS
     fuses = (("cross", "ffn"), ("cross", "ffn", "wo"))
