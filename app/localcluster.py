@@ -130,7 +130,17 @@ def exit_with_parent(pid: int | None, poll_s: float = 1.0) -> None:
 def _env() -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env.setdefault("NUMBA_NUM_THREADS", str(shared_host_threads()))
     return env
+
+
+def shared_host_threads(cpus: int | None = None) -> int:
+    """Threads of one party's parallel ring matmul when the three parties share this host
+    (a local cluster): its cores split three ways, at least one. A party alone on its host
+    uses them all (numba's default); with all three on the 2-core machine, the Table 2
+    encoder over party processes took 1.07 s with two threads each and 1.00 s with one,
+    0.63 -> 0.55 s of CPU per party (`python -m app.bench.remote layer encoder`, repeat 6)."""
+    return max(1, (cpus or os.cpu_count() or 1) // 3)
 
 
 def is_own_party(pid: int, cfg_path: Path) -> bool:

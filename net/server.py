@@ -28,7 +28,7 @@ from mpc3.comm import ProtocolError
 from mpc3.party import RingConfig
 from protocols.jobs import PRODUCTION, JobRegistry
 
-from . import keys
+from . import keys, malloc
 from .config import ClusterConfig
 from .errors import BadRequest, Code
 from .limits import Quotas
@@ -208,8 +208,10 @@ def runtime_defaults(env=os.environ) -> None:
     for a while after each call), since a party shares its cores with its own gRPC
     threads - and, on one host, with the other parties (Table 2 encoder over three local
     party processes 2.28 -> 1.96 s, benchmarks/paper.py). Must run before the first
-    parallel kernel loads the OpenMP runtime."""
+    parallel kernel loads the OpenMP runtime. Freed buffers stay in the heap for the next
+    round's (:func:`net.malloc.keep_freed_memory`: no page faults for every fresh buffer)."""
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    malloc.keep_freed_memory()
 
 
 def serve(cfg: ClusterConfig, rank: int, registry: JobRegistry = PRODUCTION) -> int:

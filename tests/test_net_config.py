@@ -164,3 +164,39 @@ def test_party_processes_let_openmp_workers_sleep_unless_the_operator_chose():
     env = {"OMP_WAIT_POLICY": "ACTIVE"}
     runtime_defaults(env)
     assert env == {"OMP_WAIT_POLICY": "ACTIVE"}
+
+
+def test_a_local_cluster_splits_the_cores_among_its_parties_unless_the_operator_chose(
+        monkeypatch):
+    from app import localcluster
+    assert [localcluster.shared_host_threads(c) for c in (1, 2, 3, 8)] == [1, 1, 1, 2]
+    monkeypatch.delenv("NUMBA_NUM_THREADS", raising=False)
+    assert localcluster._env()["NUMBA_NUM_THREADS"] == str(localcluster.shared_host_threads())
+    monkeypatch.setenv("NUMBA_NUM_THREADS", "7")
+    assert localcluster._env()["NUMBA_NUM_THREADS"] == "7"
+
+
+def test_party_processes_keep_freed_memory_for_reuse():
+    """A fresh process maps a 30 MiB buffer with mmap (glibc's threshold starts at 128 KiB)
+    and faults it in anew after every free; after keep_freed_memory it comes from the heap."""
+    code = """if True:
+        import ctypes, sys, numpy as np
+        from net import malloc
+        class Info(ctypes.Structure):
+            _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks",
+                        "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+        info = ctypes.CDLL(None).mallinfo2
+        info.restype = Info
+        if sys.argv[1] == "keep":
+            assert malloc.keep_freed_memory()
+        before = info().hblkhd
+        buf = np.ones(30 << 20, dtype=np.uint8)
+        print(info().hblkhd - before)
+    """
+    from net import malloc
+    if malloc._mallopt() is None:
+        pytest.skip("no glibc mallopt")
+    mapped = {m: int(subprocess.run([sys.executable, "-c", code, m], capture_output=True,
+                                    text=True, check=True, cwd=ROOT).stdout)
+              for m in ("default", "keep")}
+    assert mapped["default"] >= 30 << 20 and mapped["keep"] == 0

@@ -72,20 +72,6 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def one_malloc_arena() -> bool:
-    """glibc gives each thread its own malloc arena and keeps freed numpy buffers in it; three
-    parties as threads of one process hold ~80 MB more at peak that way (peak RSS of `bench
-    layer encoder` 1.06 vs 0.98 GB, time unchanged: 1.31 vs 1.28 s). Capping arenas at one
-    (mallopt M_ARENA_MAX) before the parties' threads start; False where it is unavailable."""
-    import ctypes
-    import ctypes.util
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.mallopt(-8, 1))                  # M_ARENA_MAX = -8
-    except (OSError, AttributeError):
-        return False
-
-
 @contextlib.contextmanager
 def _transport(kind: str):
     """Yields a factory of three fresh parties: in-process queues, or a real gRPC mesh of
@@ -120,7 +106,9 @@ def run_layer(a) -> dict:
     from protocols import model as M
     from protocols import workloads
     from protocols.secure_model import deal_tensors, plain_tensors, share_input
-    arenas_capped = a.transport == "inproc" and one_malloc_arena()
+    from net import malloc
+    arenas_capped = a.transport == "inproc" and malloc.one_arena()
+    kept = malloc.keep_freed_memory()             # as `mpc3 bench` does; run_layer alone too
     wl, opts = workloads.get(a.name), _options(a)
     cfg = _config(a, _stacks(wl.prefixes))
     w = M.random_weights(cfg, seed=a.seed)
@@ -154,6 +142,7 @@ def run_layer(a) -> dict:
     params.update(attn_c=cfg.attn_c, frac=ring.DEFAULT_FRAC, inputs=wl.describe_inputs(opts))
     params["load_avg_1m_at_end"] = __import__("os").getloadavg()[0]   # other jobs inflate times
     params["malloc_arenas"] = 1 if arenas_capped else "glibc default"
+    params["malloc_keep_freed"] = kept            # net.malloc.keep_freed_memory
     return {"workload": a.name, "params": params, "transport": a.transport, "net": "none",
             "emulation": "none",
             "wall_s": {"min": min(walls), "median": statistics.median(walls)},

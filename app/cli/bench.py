@@ -1,7 +1,22 @@
 """``mpc3 bench op|layer|translate|lm``: benchmarks with DESIGN.md's metric names (JSON)."""
 from __future__ import annotations
 
+import functools
+
+from net import malloc
+
 from ..bench import layer, lm, op, translate
+
+
+def _as_a_party_process(func):
+    """Every benchmark process keeps freed buffers for reuse, as a party process does
+    (:func:`net.server.runtime_defaults`), so in-process and party-process figures compare
+    like with like."""
+    @functools.wraps(func)
+    def run(args):
+        malloc.keep_freed_memory()
+        return func(args)
+    return run
 
 
 def register(sub) -> None:
@@ -10,3 +25,5 @@ def register(sub) -> None:
     bsub = bench.add_subparsers(dest="bench_kind", required=True)
     for group in (op, layer, translate, lm):
         group.register(bsub)
+    for parser in bsub.choices.values():
+        parser.set_defaults(func=_as_a_party_process(parser.get_default("func")))
