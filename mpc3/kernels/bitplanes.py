@@ -17,26 +17,40 @@ import numpy as np
 from .. import ring
 
 
+def _planes(x: np.ndarray, e0: int, out: np.ndarray) -> None:  # pragma: no cover
+    """out[i] (64 words) = bit i of x[e0 + e] at bit e, for the (up to) 64 elements from e0
+    (missing elements read as 0): a 64 x 64 bit-matrix transpose in six rounds of block
+    swaps (Hacker's Delight 7-3), ~20 operations per element instead of one shift, mask and
+    or per element and bit."""
+    n = min(64, x.size - e0)
+    for e in range(n):
+        out[e] = x[e0 + e]
+    for e in range(n, 64):
+        out[e] = 0
+    j = 32
+    m = np.uint64(0x00000000FFFFFFFF)
+    while j != 0:
+        sj = np.uint64(j)
+        for k in range(64):
+            if k & j == 0:
+                t = ((out[k] >> sj) ^ out[k + j]) & m
+                out[k] ^= t << sj
+                out[k + j] ^= t
+        j >>= 1
+        m ^= m << np.uint64(j)
+
+
 def _thermo_kernel(a: np.ndarray, offs: np.ndarray, ks: np.ndarray, top: int,
                    out: np.ndarray) -> None:  # pragma: no cover
     """out (zeroed (rows, words) uint64): rows [a_j >= v] (v = 1 .. 2^k_j - 1) per block, then
     the bit ``top`` of a. Bit-sliced per 64-element word: a's bits transposed into planes,
     [a_j >= v] = OR of the minterms [a_j = u] for u >= v."""
     nb = offs.size
-    nbits = top + 1
-    for j in range(nb):
-        nbits = max(nbits, offs[j] + ks[j])
-    ap = np.zeros(nbits, dtype=np.uint64)
+    ap = np.zeros(64, dtype=np.uint64)
     ones = ~np.uint64(0)
     rows = out.shape[0]
     for w in range(out.shape[1]):
-        ap[:] = 0
-        e0 = 64 * w
-        for e in range(e0, min(e0 + 64, a.size)):
-            x = a[e]
-            sh = np.uint64(e - e0)
-            for i in range(nbits):
-                ap[i] |= ((x >> np.uint64(i)) & np.uint64(1)) << sh
+        _planes_jit(a, 64 * w, ap)
         r = 0
         for j in range(nb):
             k = ks[j]
@@ -62,21 +76,13 @@ def _select_kernel(therm: np.ndarray, b: np.ndarray, offs: np.ndarray, ks: np.nd
     Bit-sliced, one word (64 elements) at a time: the bits of b are transposed into planes,
     then [b_j = v] is a minterm of block j's planes and G_j = XOR_v [b_j = v] & t[2^k - v]."""
     nb = offs.size
-    nbits = 0
-    for j in range(nb):
-        nbits = max(nbits, offs[j] + ks[j])
-    bp = np.zeros(nbits, dtype=np.uint64)
+    bp = np.zeros(64, dtype=np.uint64)
     ones = ~np.uint64(0)
     c0 = ones if const_one else np.uint64(0)
     nwords = out.shape[1]
     for w in range(nwords):
-        bp[:] = 0
         e0 = 64 * w
-        for e in range(e0, min(e0 + 64, b.size)):
-            y = b[e]
-            sh = np.uint64(e - e0)
-            for i in range(nbits):
-                bp[i] |= ((y >> np.uint64(i)) & np.uint64(1)) << sh
+        _planes_jit(b, e0, bp)
         r = 0
         for j in range(nb):
             k = ks[j]
@@ -178,6 +184,8 @@ def _products_kernel(alpha: np.ndarray, members: np.ndarray,
 
 @functools.cache
 def _kernels() -> tuple[tuple[Callable[..., None], ...], ...]:
+    import numba
+    globals()["_planes_jit"] = numba.njit(cache=True, nogil=True, inline="always")(_planes)
     return (ring.jit_pair(_thermo_kernel), ring.jit_pair(_select_kernel),
             ring.jit_pair(_carry_kernel), ring.jit_pair(_products_kernel),
             ring.jit_pair(_select_rows_kernel))
