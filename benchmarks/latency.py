@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+import runinfo
 
 
 def _bench(args: list[str]) -> dict:
@@ -85,19 +85,11 @@ def main(argv=None) -> None:
                     "op runs)")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args(argv)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, cwd=Path(__file__).parent).stdout.strip()
-    result = {"benchmark": "latency", "commit": commit, "cpus": os.cpu_count(),
-              "load_avg_1m_at_start": os.getloadavg()[0], "started": time.strftime("%F %T")}
+    result = runinfo.start("latency")
     if not a.skip_rounds:
         result["per_round"] = per_round(a.pairs, a.repeat)
     result["decode_step"] = decode(a.tokens, a.fuse)
-    result["load_avg_1m_at_end"] = os.getloadavg()[0]
-    text = json.dumps(result, indent=2)
-    print(text)
-    if a.json:
-        a.json.write_text(text + "\n")
-
+    runinfo.finish(result, a.json)
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,31 @@
+"""Provenance and output of the one-run benchmark scripts (latency.py, throughput.py): which
+commit (and whether the tree was dirty), the machine's CPUs, when, and the load average at
+start and end - other jobs on a shared machine inflate the times."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def start(benchmark: str) -> dict:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True,
+                              cwd=ROOT).stdout.strip()
+    return {"benchmark": benchmark, "commit": git("rev-parse", "--short", "HEAD"),
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+            "cpus": os.cpu_count(), "load_avg_1m_at_start": os.getloadavg()[0],
+            "started": time.strftime("%F %T")}
+
+
+def finish(result: dict, path: Path | None) -> None:
+    """Record the load at the end, print the JSON and write it to ``path`` (if given)."""
+    result["load_avg_1m_at_end"] = os.getloadavg()[0]
+    text = json.dumps(result, indent=2)
+    print(text)
+    if path:
+        Path(path).write_text(text + "\n")
