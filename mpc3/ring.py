@@ -151,37 +151,32 @@ def _check_width(width: int) -> None:
 
 
 def _pack_uint_kernel(vals: np.ndarray, width: int, out: np.ndarray) -> None:  # pragma: no cover
-    """OR the low ``width`` bits of vals[i] into ``out`` (zeroed uint8) at bit i*width."""
+    """OR the low ``width`` bits of vals[i] into ``out`` (zeroed little-endian uint64 words)
+    at bit i*width: one or two word updates per value."""
     w = np.uint64(width)
-    mask = (np.uint64(1) << w) - np.uint64(1)
+    mask = (np.uint64(1) << w) - np.uint64(1) if width < 64 else ~np.uint64(0)
     for i in range(vals.size):
         v = vals[i] & mask
         o = i * width
-        bi = o >> 3
-        s = np.uint64(o & 7)
-        lo = v << s
-        nb = ((o & 7) + width + 7) >> 3              # bytes touched: 1..9
-        for k in range(min(nb, 8)):
-            out[bi + k] |= np.uint8((lo >> np.uint64(8 * k)) & np.uint64(0xFF))
-        if nb > 8:
-            out[bi + 8] |= np.uint8(v >> (np.uint64(64) - s))
+        wi = o >> 6
+        s = o & 63
+        out[wi] |= v << np.uint64(s)
+        if s + width > 64:
+            out[wi + 1] |= v >> np.uint64(64 - s)
 
 
 def _unpack_uint_kernel(data: np.ndarray, width: int, out: np.ndarray) -> None:  # pragma: no cover
-    """out[i] = the ``width`` bits of ``data`` from bit i*width (inverse of the pack kernel)."""
+    """out[i] = the ``width`` bits of ``data`` (little-endian uint64 words) from bit i*width
+    (inverse of the pack kernel)."""
     w = np.uint64(width)
-    mask = (np.uint64(1) << w) - np.uint64(1)
+    mask = (np.uint64(1) << w) - np.uint64(1) if width < 64 else ~np.uint64(0)
     for i in range(out.size):
         o = i * width
-        bi = o >> 3
-        s = np.uint64(o & 7)
-        nb = ((o & 7) + width + 7) >> 3
-        lo = np.uint64(0)
-        for k in range(min(nb, 8)):
-            lo |= np.uint64(data[bi + k]) << np.uint64(8 * k)
-        v = lo >> s
-        if nb > 8:
-            v |= np.uint64(data[bi + 8]) << (np.uint64(64) - s)
+        wi = o >> 6
+        s = o & 63
+        v = data[wi] >> np.uint64(s)
+        if s + width > 64:
+            v |= data[wi + 1] << np.uint64(64 - s)
         out[i] = v & mask
 
 
@@ -238,9 +233,10 @@ def pack_uint(values: np.ndarray, width: int) -> np.ndarray:
     vals = np.ascontiguousarray(check_ring(values, "values").reshape(-1), dtype="<u8")
     if width % 8 == 0:  # byte aligned: just drop the high bytes
         return np.ascontiguousarray(vals.view(np.uint8).reshape(-1, 8)[:, : width // 8]).reshape(-1)
-    out = np.zeros((vals.size * width + 7) // 8, dtype=np.uint8)
+    nbytes = (vals.size * width + 7) // 8
+    out = np.zeros(-(-nbytes // 8), dtype="<u8")
     _bit_kernel(0, vals.size)(vals, width, out)
-    return out
+    return out.view(np.uint8)[:nbytes]
 
 
 def unpack_uint(buf: np.ndarray, width: int, n: int) -> np.ndarray:
@@ -253,8 +249,11 @@ def unpack_uint(buf: np.ndarray, width: int, n: int) -> np.ndarray:
         out = np.zeros((n, 8), dtype=np.uint8)
         out[:, : width // 8] = data[: n * width // 8].reshape(n, width // 8)
         return out.reshape(-1).view("<u8").astype(DTYPE, copy=False)
+    nbytes = (n * width + 7) // 8
+    words = np.zeros(-(-nbytes // 8), dtype="<u8")
+    words.view(np.uint8)[:nbytes] = data[:nbytes]
     out = np.empty(n, dtype=DTYPE)
-    _bit_kernel(1, n)(np.ascontiguousarray(data), width, out)
+    _bit_kernel(1, n)(words, width, out)
     return out
 
 
