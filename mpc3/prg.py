@@ -29,6 +29,8 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from . import aes
+
 STREAMS = ("prev", "next", "private")
 
 
@@ -50,10 +52,11 @@ def aes_ctr_bytes(key: bytes, nonce: bytes, nbytes: int) -> bytes:
 
 #: Draws up to this many bytes encrypt their CTR counter blocks with a cached AES-ECB context
 #: (setting up a CTR context costs ~25 us, more than building and encrypting the blocks);
-#: longer draws run CTR straight into the output buffer. Both give the same bytes for the
-#: same key and nonce (tests/test_security.py), so no counter is ever used twice.
+#: longer draws run CTR straight into the output buffer with the GIL released
+#: (:func:`mpc3.aes.ctr_into`; a short call that releases it waits for the GIL to come back
+#: from the other party threads, see ``ring.NOGIL_MIN_WORK``). Both give the same bytes for
+#: the same key and nonce (tests/test_security.py), so no counter is ever used twice.
 ECB_MAX_BYTES = 1 << 14
-_ZEROS = bytes(1 << 20)
 
 
 def _ctr_fill(nonces: np.ndarray, starts: np.ndarray, out: np.ndarray,
@@ -102,14 +105,6 @@ def ctr_blocks(nonce: bytes, nblocks: int) -> np.ndarray:
     return out.view(np.uint8)
 
 
-def _ctr_into(key: bytes, nonce: bytes, buf: np.ndarray, nbytes: int) -> None:
-    """Write ``nbytes`` of AES-CTR keystream into ``buf`` (uint8, >= nbytes + 15 long)."""
-    enc = Cipher(algorithms.AES(key), modes.CTR(nonce)).encryptor()
-    for pos in range(0, nbytes, len(_ZEROS)):
-        chunk = min(len(_ZEROS), nbytes - pos)
-        enc.update_into(memoryview(_ZEROS)[:chunk], buf[pos:])
-
-
 def fresh_ring(shape) -> np.ndarray:
     """A uniform uint64 array from AES-CTR under a fresh ``os.urandom`` key and nonce (one
     32-byte draw from the OS instead of 8 bytes per element through getrandom, which the
@@ -118,7 +113,7 @@ def fresh_ring(shape) -> np.ndarray:
     n = math.prod(shape)
     buf = np.empty(n + 2, dtype=np.uint64)
     seed = os.urandom(32)
-    _ctr_into(seed[:16], seed[16:], buf.view(np.uint8), 8 * n)
+    aes.ctr_into(seed[:16], seed[16:], buf.view(np.uint8), 8 * n)
     return buf[:n].reshape(shape)
 
 
@@ -162,7 +157,7 @@ class PRG:
                     ecb = self._ecb[stream] = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
                 ecb.update_into(blocks, buf)
         else:
-            _ctr_into(key, nonce, buf, nbytes)
+            aes.ctr_into(key, nonce, buf, nbytes)
         return buf[:nbytes]
 
     def _keystreams(self, stream: str, nonces: list[bytes], sizes: list[int]) -> list:
