@@ -244,8 +244,8 @@ def test_local_matmul_terms_sum_to_the_product(xs, ys, force, rng, monkeypatch):
 
 
 @pytest.mark.parametrize("M, K, N, five", [(256, 512, 256, True), (512, 512, 2048, True),
-                                           (64, 512, 2048, False), (1, 512, 512, False),
-                                           (256, 40, 256, False)])
+                                           (64, 512, 2048, True), (32, 512, 2048, False),
+                                           (1, 512, 512, False), (256, 40, 256, False)])
 def test_local_matmul_multiply_adds(M, K, N, five, rng, monkeypatch):
     """Each party's multiply-adds: 5/3 M K N in the five-product form (block j: one product
     at party j, two at the others) - used from FIVE_MIN_RATIO multiply-adds per operand
