@@ -111,4 +111,6 @@ class Party:
 
     def zero_share(self, shape, tag: str) -> np.ndarray:
         """3-out-of-3 additive sharing of zero: next-stream minus prev-stream."""
-        return self.rand("next", shape, tag) - self.rand("prev", shape, tag)
+        alpha = self.rand("next", shape, tag)           # a fresh array: subtract in place
+        alpha -= self.rand("prev", shape, tag)
+        return alpha

@@ -245,10 +245,10 @@ def mul_many_steps(p: Party, items: list[tuple]):
     cut = [z for _, _, z, _ in parts[True]]
     flat_plain = np.concatenate([z for _, _, z, _ in parts[False]]) if parts[False] else None
     if flat_plain is not None:
-        flat_plain = flat_plain + p.zero_share(flat_plain.shape, "plainmask")
+        flat_plain += p.zero_share(flat_plain.shape, "plainmask")   # fresh: in place
     if cut:
         zt = np.concatenate(cut)
-        zt = zt + p.zero_share(zt.shape, "mulmask")
+        zt += p.zero_share(zt.shape, "mulmask")
         shifts = [s for _, _, _, s in parts[True]]
         if all(np.ndim(s) == 0 and s == shifts[0] for s in shifts):
             bits = int(shifts[0])                               # one shift for every item
@@ -322,7 +322,7 @@ def mul_split_aa(p: Party, items: list[tuple], trunc: bool | int = True,
         if b is not None:                   # slot a of the bias: a 3-of-3 share, pre-shifted
             z[pos:pos + v.size] += _bias_z(full, keep, b, bits)
         pos += v.size
-    z = z + p.zero_share(z.shape, "mulmask")
+    z += p.zero_share(z.shape, "mulmask")                 # fresh: in place
     segs = _segments(n_split, z.size - n_split)
     win = split_sign_window(p.cfg, n_split, bits)
     if win is not None:
@@ -410,7 +410,7 @@ def _finish(p: Party, z: np.ndarray, trunc) -> AShare:
         bits = p.cfg.frac if trunc is True else int(trunc)
     else:
         bits = np.broadcast_to(np.asarray(trunc), z.shape).reshape(-1)
-    z = z + p.zero_share(z.shape, "mulmask")
+    z += p.zero_share(z.shape, "mulmask")        # a fresh local product: in place
     return trunc_split(p, z.reshape(-1), bits, from_rss=False, mult=mult).reshape(z.shape)
 
 
