@@ -140,7 +140,10 @@ def shared_host_threads(cpus: int | None = None) -> int:
     uses them all (numba's default); with all three on the 2-core machine, the Table 2
     encoder over party processes took 1.07 s with two threads each and 1.00 s with one,
     0.63 -> 0.55 s of CPU per party (`python -m app.bench.remote layer encoder`, repeat 6)."""
-    return max(1, (cpus or os.cpu_count() or 1) // 3)
+    if cpus is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+            os.cpu_count() or 1
+    return max(1, cpus // 3)
 
 
 def is_own_party(pid: int, cfg_path: Path) -> bool:

@@ -91,5 +91,6 @@ def main(argv=None) -> None:
     result["decode_step"] = decode(a.tokens, a.fuse)
     runinfo.finish(result, a.json)
 
+
 if __name__ == "__main__":
     main()

@@ -17,7 +17,8 @@ def start(benchmark: str) -> dict:
         return subprocess.run(["git", *args], capture_output=True, text=True,
                               cwd=ROOT).stdout.strip()
     return {"benchmark": benchmark, "commit": git("rev-parse", "--short", "HEAD"),
-            "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                              ":!benchmarks/results")),
             "cpus": os.cpu_count(), "load_avg_1m_at_start": os.getloadavg()[0],
             "started": time.strftime("%F %T")}
 

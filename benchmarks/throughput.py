@@ -44,10 +44,9 @@ def _layer(*args: str) -> dict:
         return json.loads(out.read_text())
 
 
-def _remote(name: str, repeat: int, batch: int = 1) -> dict:
+def _remote(name: str, repeat: int) -> dict:
     r = subprocess.run([sys.executable, "-m", "app.bench.remote", "layer", name, "--repeat",
-                        str(repeat), "--batch", str(batch)], check=True, capture_output=True,
-                       text=True, cwd=ROOT)
+                        str(repeat)], check=True, capture_output=True, text=True, cwd=ROOT)
     return json.loads(r.stdout)
 
 
@@ -112,6 +111,7 @@ def main(argv=None) -> None:
     if not a.skip_bytes:
         result["bytes"] = layer_bytes()
     runinfo.finish(result, a.json)
+
 
 if __name__ == "__main__":
     main()

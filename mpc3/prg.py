@@ -1,4 +1,5 @@
-"""Correlated randomness from AES-128-CTR (``cryptography``), with no communication.
+"""Correlated randomness from AES-128-CTR (``cryptography``; long draws through
+:mod:`mpc3.aes`), with no communication.
 
 Each party holds three 16-byte keys per job: ``prev`` (shared with party i-1), ``next``
 (shared with party i+1) and ``private``. Keys of a job are derived with HKDF-SHA256 from the
@@ -111,7 +112,7 @@ def fresh_ring(shape) -> np.ndarray:
     kernel computes as system time: dealing a model's weights spent most of its time there)."""
     shape = shape if isinstance(shape, tuple) else tuple(np.atleast_1d(shape).tolist())
     n = math.prod(shape)
-    buf = np.empty(n + 2, dtype=np.uint64)
+    buf = np.empty(n + 2, dtype=np.uint64)             # + slack for cryptography's update_into
     seed = os.urandom(32)
     aes.ctr_into(seed[:16], seed[16:], buf.view(np.uint8), 8 * n)
     return buf[:n].reshape(shape)

@@ -5,18 +5,22 @@ per round (products, PRG draws, packed messages). With glibc's defaults, buffers
 dynamic mmap threshold are mmap'd and unmapped on free, and a freed heap top above 128 KB is
 returned to the kernel, so the next buffer of the same size is page-faulted in again: the
 Table 2 encoder in-process spent 2.5 s of system time per 3 runs in page faults (time(1);
-`_ctr_into`, the first writer of every fresh PRG buffer, looked like the AES in profiles).
-Keeping freed memory in the heap for reuse (:func:`keep_freed_memory`) cut that to 0.8 s
-and the encoder's wall time by ~15 % with the same peak RSS (README, Measured).
+the AES-CTR call, the first writer of every fresh PRG buffer, looked like the cipher in
+profiles). Keeping freed memory in the heap for reuse (:func:`keep_freed_memory`) cut that to
+0.8 s and the encoder's wall time by ~15 % with the same peak RSS (docs/PERFORMANCE.md). The
+price: a process keeps up to TRIM_THRESHOLD of freed heap resident instead of returning it,
+and buffers below 32 MiB share (and may fragment) the heap.
 
-``mallopt`` changes the running process, so these are called before the parties start; they
-are no-ops where glibc's ``mallopt`` is unavailable (they return False).
+``mallopt`` changes the running process, so these are called once, before the parties start;
+they leave alone an operator's own settings (``MALLOC_*_`` or ``glibc.malloc`` tunables in
+the environment) and are no-ops where glibc's ``mallopt`` is unavailable (False).
 """
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 import functools
+import os
 
 M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -2, -3, -8
 #: Allocations below this come from the heap and are reused after free (32 MiB is glibc's
@@ -41,9 +45,19 @@ def _set(param: int, value: int) -> bool:
     return bool(fn and fn(param, value))
 
 
+def operator_chose(env=os.environ) -> bool:
+    """True if the environment carries glibc malloc settings of the operator's."""
+    return any(k.startswith("MALLOC_") and k.endswith("_") for k in env) or \
+        "glibc.malloc" in env.get("GLIBC_TUNABLES", "")
+
+
+@functools.cache
 def keep_freed_memory() -> bool:
     """Serve buffers below :data:`MMAP_THRESHOLD` from the heap and keep freed heap memory
-    (up to :data:`TRIM_THRESHOLD`) for the next allocation instead of returning it."""
+    (up to :data:`TRIM_THRESHOLD`) for the next allocation instead of returning it; once per
+    process, and not where the operator set malloc options (:func:`operator_chose`)."""
+    if operator_chose():
+        return False
     return all([_set(M_MMAP_THRESHOLD, MMAP_THRESHOLD), _set(M_TRIM_THRESHOLD, TRIM_THRESHOLD),
                 _set(M_TOP_PAD, TOP_PAD)])
 

@@ -208,15 +208,15 @@ def runtime_defaults(env=os.environ) -> None:
     for a while after each call), since a party shares its cores with its own gRPC
     threads - and, on one host, with the other parties (Table 2 encoder over three local
     party processes 2.28 -> 1.96 s, benchmarks/paper.py). Must run before the first
-    parallel kernel loads the OpenMP runtime. Freed buffers stay in the heap for the next
-    round's (:func:`net.malloc.keep_freed_memory`: no page faults for every fresh buffer)."""
+    parallel kernel loads the OpenMP runtime."""
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    malloc.keep_freed_memory()
 
 
 def serve(cfg: ClusterConfig, rank: int, registry: JobRegistry = PRODUCTION) -> int:
-    """Run party ``rank`` until SIGTERM/SIGINT."""
+    """Run party ``rank`` until SIGTERM/SIGINT. Freed buffers stay in the heap for the next
+    round's (:func:`net.malloc.keep_freed_memory`: no page faults for every fresh buffer)."""
     runtime_defaults()
+    malloc.keep_freed_memory()
     srv = PartyServer(cfg, rank, registry)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: threading.Thread(target=srv.stop).start())

@@ -32,9 +32,36 @@ def test_ctr_equals_the_reference_keystream(backend, nbytes):
         assert (out[nbytes:] == 0xAB).all()      # nothing written past nbytes
 
 
-def test_bad_buffers_are_refused():
-    with pytest.raises(ValueError):
-        aes.ctr_into(bytes(16), bytes(16), np.zeros(10, np.uint8), 11)
-    with pytest.raises(ValueError):
-        aes.ctr_into(bytes(16), bytes(16), np.zeros((4, 4), np.uint8)[:, :2], 4)
+def test_nist_sp800_38a_ctr_vector():
+    """F.5.1 CTR-AES128.Encrypt, block 1: the keystream is ciphertext XOR plaintext."""
+    key = bytes.fromhex("2b7e151628aed2a6abf7158809cf4f3c")
+    counter = bytes.fromhex("f0f1f2f3f4f5f6f7f8f9fafbfcfdfeff")
+    plain = bytes.fromhex("6bc1bee22e409f96e93d7e117393172a")
+    cipher = bytes.fromhex("874d6191b620e3261bef6864990db6ce")
+    for backend in (aes.ctr_into, *BACKENDS.values()):
+        out = np.zeros(32, np.uint8)
+        backend(key, counter, out, 16)
+        assert bytes(a ^ b for a, b in zip(out[:16].tobytes(), plain)) == cipher
+
+
+def test_fallback_when_libcrypto_is_missing(monkeypatch):
+    monkeypatch.setattr(aes, "_LIB", None)
+    key, nonce = os.urandom(16), os.urandom(16)
+    for size, slack in ((100, 0), (100, 16), ((1 << 20) + 5, 0), ((1 << 20) + 5, 16)):
+        out = np.zeros(size + slack, np.uint8)          # with and without update_into's slack
+        aes.ctr_into(key, nonce, out, size)
+        assert out[:size].tobytes() == aes_ctr_bytes(key, nonce, size)
+
+
+def test_bad_arguments_are_refused():
+    good = np.zeros(32, np.uint8)
+    bad = [(bytes(16), bytes(16), np.zeros(10, np.uint8), 11),                 # too short
+           (bytes(16), bytes(16), np.zeros((4, 4), np.uint8)[:, :2], 4),     # not contiguous
+           (bytes(32), bytes(16), good, 16),                                  # AES-256 key
+           (bytes(16), bytes(3), good, 16),                                   # short counter
+           (bytes(16), bytes(16), np.zeros(4, np.uint64), 16),                # not bytes
+           (bytes(16), bytes(16), np.frombuffer(bytes(32), np.uint8), 16)]    # read-only
+    for key, nonce, out, n in bad:
+        with pytest.raises(ValueError):
+            aes.ctr_into(key, nonce, out, n)
     aes.ctr_into(bytes(16), bytes(16), np.zeros(0, np.uint8), 0)          # nothing to do

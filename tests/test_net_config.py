@@ -176,27 +176,36 @@ def test_a_local_cluster_splits_the_cores_among_its_parties_unless_the_operator_
     assert localcluster._env()["NUMBA_NUM_THREADS"] == "7"
 
 
-def test_party_processes_keep_freed_memory_for_reuse():
-    """A fresh process maps a 30 MiB buffer with mmap (glibc's threshold starts at 128 KiB)
-    and faults it in anew after every free; after keep_freed_memory it comes from the heap."""
+def _mapped_by_a_30_mib_buffer(env: dict) -> int:
+    """Bytes glibc mmap'd for a 30 MiB numpy buffer in a fresh process that first calls
+    keep_freed_memory (mallinfo2's hblkhd)."""
     code = """if True:
-        import ctypes, sys, numpy as np
+        import ctypes, numpy as np
         from net import malloc
         class Info(ctypes.Structure):
             _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks",
                         "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
         info = ctypes.CDLL(None).mallinfo2
         info.restype = Info
-        if sys.argv[1] == "keep":
-            assert malloc.keep_freed_memory()
+        malloc.keep_freed_memory()
         before = info().hblkhd
         buf = np.ones(30 << 20, dtype=np.uint8)
         print(info().hblkhd - before)
     """
+    return int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              check=True, cwd=ROOT, env=env).stdout)
+
+
+def test_party_processes_keep_freed_memory_unless_the_operator_chose():
+    """A fresh process maps a 30 MiB buffer with mmap (glibc's threshold starts at 128 KiB)
+    and faults it in anew after every free; after keep_freed_memory it comes from the heap -
+    unless the operator set malloc options of their own."""
+    import ctypes
     from net import malloc
-    if malloc._mallopt() is None:
-        pytest.skip("no glibc mallopt")
-    mapped = {m: int(subprocess.run([sys.executable, "-c", code, m], capture_output=True,
-                                    text=True, check=True, cwd=ROOT).stdout)
-              for m in ("default", "keep")}
-    assert mapped["default"] >= 30 << 20 and mapped["keep"] == 0
+    if malloc._mallopt() is None or not hasattr(ctypes.CDLL(None), "mallinfo2"):
+        pytest.skip("no glibc mallopt / mallinfo2")
+    env = {k: v for k, v in os.environ.items() if not malloc.operator_chose({k: v})}
+    assert _mapped_by_a_30_mib_buffer(env) == 0
+    assert _mapped_by_a_30_mib_buffer({**env, "MALLOC_TRIM_THRESHOLD_": "131072"}) >= 30 << 20
+    assert malloc.operator_chose({"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=4096"})
+    assert not malloc.operator_chose({"GLIBC_TUNABLES": "glibc.rtld.nns=2", "PATH": "/bin"})

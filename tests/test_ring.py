@@ -220,7 +220,7 @@ def _unpack_uint_numpy(buf, width, n):
 
 
 @pytest.mark.parametrize("width", [1, 2, 3, 5, 7, 9, 17, 18, 31, 33, 57, 62, 63])
-@pytest.mark.parametrize("n", [0, 1, 2, 7, 8, 9, 63, 65, 1001])
+@pytest.mark.parametrize("n", [0, 1, 2, 7, 8, 9, 63, 65, 1001, 40000])
 def test_pack_uint_kernel_equals_numpy(width, n):
     """The numba pack/unpack kernels give the bytes of the numpy bit-expansion path."""
     vals = rand_ring(n)

@@ -108,7 +108,7 @@ def run_layer(a) -> dict:
     from protocols.secure_model import deal_tensors, plain_tensors, share_input
     from net import malloc
     arenas_capped = a.transport == "inproc" and malloc.one_arena()
-    kept = malloc.keep_freed_memory()             # as `mpc3 bench` does; run_layer alone too
+    kept = malloc.keep_freed_memory()             # once per process: `mpc3 bench` did it
     wl, opts = workloads.get(a.name), _options(a)
     cfg = _config(a, _stacks(wl.prefixes))
     w = M.random_weights(cfg, seed=a.seed)

@@ -26,4 +26,6 @@ def register(sub) -> None:
     for group in (op, layer, translate, lm):
         group.register(bsub)
     for parser in bsub.choices.values():
-        parser.set_defaults(func=_as_a_party_process(parser.get_default("func")))
+        func = parser.get_default("func")
+        if func is not None:
+            parser.set_defaults(func=_as_a_party_process(func))
