@@ -18,22 +18,10 @@ machine inflate the times.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import runinfo
-
-
-def _bench(args: list[str]) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "r.json"
-        subprocess.run([sys.executable, "-m", "app.cli", "bench", *args, "--json", str(out)],
-                       check=True, stdout=subprocess.DEVNULL)
-        return json.loads(out.read_text())
 
 
 # the configurations compared: in-process parties, and three party processes on loopback
@@ -48,7 +36,7 @@ def per_round(pairs: int, repeat: int) -> dict:
     rounds = {}
     for _ in range(pairs):
         for setup, flags in SETUPS.items():
-            r = _bench(["op", "mult", "--n", "1", "--repeat", str(repeat), *flags])
+            r = runinfo.bench(["op", "mult", "--n", "1", "--repeat", str(repeat), *flags])
             rounds[setup] = r["rounds"]
             runs[setup].append(r["wall_s"]["min"] / r["rounds"])
     out = {t: {"ms_per_round_min": 1e3 * min(v), "ms_per_round_median": 1e3 * statistics.median(v),
@@ -65,7 +53,7 @@ def decode(tokens: int, fuse: str | None = None) -> dict:
     out = {}
     for setup, flags in SETUPS.items():
         for choice in (None, fuse) if fuse else (None,):
-            r = _bench(["translate", "--model", "random", "--src-len", "64", "--tokens",
+            r = runinfo.bench(["translate", "--model", "random", "--src-len", "64", "--tokens",
                         str(tokens), *flags, *(["--fuse", choice] if choice else [])])
             key = setup if choice is None else f"{setup}/fuse-{choice}"
             out[key] = {k: r[k] for k in ("per_token_wall_s", "per_token_rounds",

@@ -21,7 +21,6 @@ import argparse
 import json
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import runinfo
@@ -37,11 +36,7 @@ TARGETS = {"encoder_over_plain": 15.0, "processes_over_inproc": 1.2, "mha_s1024_
 
 
 def _layer(*args: str) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "r.json"
-        subprocess.run([sys.executable, "-m", "app.cli", "bench", "layer", *args, "--json",
-                        str(out)], check=True, stdout=subprocess.DEVNULL, cwd=ROOT)
-        return json.loads(out.read_text())
+    return runinfo.bench(["layer", *args])
 
 
 def _remote(name: str, repeat: int) -> dict:

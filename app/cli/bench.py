@@ -10,7 +10,7 @@ from ..bench import layer, lm, op, translate
 
 def _as_a_party_process(func):
     """Every benchmark process keeps freed buffers for reuse, as a party process does
-    (:func:`net.server.runtime_defaults`), so in-process and party-process figures compare
+    (:func:`net.server.serve`), so in-process and party-process figures compare
     like with like."""
     @functools.wraps(func)
     def run(args):
