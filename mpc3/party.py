@@ -114,3 +114,10 @@ class Party:
         alpha = self.rand("next", shape, tag)           # a fresh array: subtract in place
         alpha -= self.rand("prev", shape, tag)
         return alpha
+
+    def add_zero_share(self, z: np.ndarray, tag: str) -> np.ndarray:
+        """``z += zero_share(z.shape, tag)`` in place, with one draw alive at a time (a
+        product's mask: no array of the zero sharing itself); returns ``z``."""
+        z += self.rand("next", z.shape, tag)
+        z -= self.rand("prev", z.shape, tag)
+        return z

@@ -84,6 +84,13 @@ def test_pairwise_streams_agree_and_zero_shares_cancel():
         assert np.array_equal(nxt[r], prv[(r + 1) % 3])
     total = sum(p.zero_share(16, "z") for p in parties)
     assert not total.any()
+    # in place (a product's mask): the same sharing of zero, added with one draw at a time
+    z = [np.arange(16, dtype=np.uint64) * np.uint64(r + 3) for r in range(3)]
+    want = [zr + p.zero_share(16, "m") for zr, p in zip(z, parties)]
+    got = [p.add_zero_share(zr.copy(), "m") for zr, p in zip(z, parties)]
+    for w, g in zip(want, got):
+        assert np.array_equal(w, g)
+    assert np.array_equal(sum(got), sum(z))
 
 
 @pytest.mark.parametrize("nbytes", [0, 1, 8, 15, 16, 17, 100, 128, 129, 4096, 16384, 16385, 65536,

@@ -101,7 +101,7 @@ def reshare(p: Party, z: np.ndarray, tag: str = "reshare") -> AShare:
     Cost: 1 round, 8 bytes per element per party.
     """
     z = ring.check_ring(z, "z")
-    zi = z + p.zero_share(z.shape, tag)
+    zi = p.add_zero_share(z.copy(), tag)
     got, _ = p.comm.exchange(to_prev=[zi], from_next=True)
     return AShare(zi, got[0].reshape(z.shape))
 
@@ -242,19 +242,21 @@ def mul_many_steps(p: Party, items: list[tuple]):
             mults.append((len(parts[True]), shift.mult))
             shift = shift.shift
         parts[shift is not None].append((z.shape, keep, zk, shift))
-    cut = [z for _, _, z, _ in parts[True]]
-    flat_plain = np.concatenate([z for _, _, z, _ in parts[False]]) if parts[False] else None
+    cat = {k: np.concatenate([z for _, _, z, _ in v]) if v else None for k, v in parts.items()}
+    # past here the items' sizes only: their own products go (the widest step's memory)
+    parts = {k: [(shape, keep, zk.size, s) for shape, keep, zk, s in v]
+             for k, v in parts.items()}
+    zt, flat_plain = cat.pop(True), cat.pop(False)
     if flat_plain is not None:
-        flat_plain += p.zero_share(flat_plain.shape, "plainmask")   # fresh: in place
-    if cut:
-        zt = np.concatenate(cut)
-        zt += p.zero_share(zt.shape, "mulmask")
+        p.add_zero_share(flat_plain, "plainmask")                  # fresh: in place
+    if zt is not None:
+        p.add_zero_share(zt, "mulmask")
         shifts = [s for _, _, _, s in parts[True]]
         if all(np.ndim(s) == 0 and s == shifts[0] for s in shifts):
             bits = int(shifts[0])                               # one shift for every item
         else:
-            bits = np.concatenate([np.broadcast_to(np.asarray(s), z.shape).reshape(-1)
-                                   for _, _, z, s in parts[True]])
+            bits = np.concatenate([np.broadcast_to(np.asarray(s), (size,))
+                                   for _, _, size, s in parts[True]])
         got = yield from trunc_steps(p, zt, bits, from_rss=False, plain=flat_plain,
                                      mult=_mult_array(parts[True], mults))
         tr, pl = got if flat_plain is not None else (got, None)
@@ -265,9 +267,9 @@ def mul_many_steps(p: Party, items: list[tuple]):
         tr, pl = None, AShare(flat_plain, (yield r)[(NEXT, 0)][0])
     results, pos = {True: [], False: []}, {True: 0, False: 0}
     for key, flat in ((True, tr), (False, pl)):
-        for shape, keep, z, _ in parts[key]:
-            piece = flat[pos[key]:pos[key] + z.size]
-            pos[key] += z.size
+        for shape, keep, size, _ in parts[key]:
+            piece = flat[pos[key]:pos[key] + size]
+            pos[key] += size
             if keep is None:
                 results[key].append(piece.reshape(shape))
             else:
@@ -316,13 +318,16 @@ def mul_split_aa(p: Party, items: list[tuple], trunc: bool | int = True,
     zr = [_item_product(*it[:3], None, p.rank) for it in replicated or []]
     bits = p.cfg.frac if trunc is True else int(trunc)
     z = np.concatenate([v for _, _, v in zs + zr])
-    n_split = sum(v.size for _, _, v in zs)
+    # past here only the items' shapes: their products go (the widest step's memory)
+    zs = [(full.shape, keep, v.size) for full, keep, v in zs]
+    zr = [(full.shape, keep, v.size) for full, keep, v in zr]
+    n_split = sum(size for _, _, size in zs)
     pos = 0
-    for (full, keep, v), b in zip(zs, biases or [None] * len(zs)):
+    for (shape, keep, size), b in zip(zs, biases or [None] * len(zs)):
         if b is not None:                   # slot a of the bias: a 3-of-3 share, pre-shifted
-            z[pos:pos + v.size] += _bias_z(full, keep, b, bits)
-        pos += v.size
-    z += p.zero_share(z.shape, "mulmask")                 # fresh: in place
+            z[pos:pos + size] += _bias_z(shape, keep, b, bits)
+        pos += size
+    p.add_zero_share(z, "mulmask")                        # fresh: in place
     segs = _segments(n_split, z.size - n_split)
     win = split_sign_window(p.cfg, n_split, bits)
     if win is not None:
@@ -339,15 +344,15 @@ def mul_split_aa(p: Party, items: list[tuple], trunc: bool | int = True,
         split = SplitShare(out.a[:n_split], out.b[:n_split])
     if replicated is None:
         return split
-    cut = np.cumsum([n_split] + [v.size for _, _, v in zr])
-    return split, [AShare(out.a[i:j], out.b[i:j]).reshape(full.shape)
-                   for (full, _, _), i, j in zip(zr, cut, cut[1:])]
+    cut = np.cumsum([n_split] + [size for _, _, size in zr])
+    return split, [AShare(out.a[i:j], out.b[i:j]).reshape(shape)
+                   for (shape, _, _), i, j in zip(zr, cut, cut[1:])]
 
 
-def _bias_z(full: np.ndarray, keep, b: AShare, shift: int) -> np.ndarray:
+def _bias_z(shape: tuple, keep, b: AShare, shift: int) -> np.ndarray:
     """This party's 3-of-3 share of a bias at the product's scale (its slot a, << shift),
-    over an item's kept outputs."""
-    v = np.broadcast_to(b.a, full.shape)
+    over the kept outputs of an item of ``shape``."""
+    v = np.broadcast_to(b.a, shape)
     return (v[keep] if keep is not None else v.reshape(-1)) << np.uint64(shift)
 
 
@@ -410,7 +415,7 @@ def _finish(p: Party, z: np.ndarray, trunc) -> AShare:
         bits = p.cfg.frac if trunc is True else int(trunc)
     else:
         bits = np.broadcast_to(np.asarray(trunc), z.shape).reshape(-1)
-    z += p.zero_share(z.shape, "mulmask")        # a fresh local product: in place
+    p.add_zero_share(z, "mulmask")               # a fresh local product: in place
     return trunc_split(p, z.reshape(-1), bits, from_rss=False, mult=mult).reshape(z.shape)
 
 

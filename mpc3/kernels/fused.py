@@ -179,7 +179,7 @@ def pair_split(z: np.ndarray, other: np.ndarray | None, offset: np.uint64, sh, l
     low masks: :func:`_split_kernel` (adding ``low`` for the rounding), or with multipliers
     ``m`` :func:`_split_scaled_kernel`."""
     n = z.size
-    w, bt = np.empty(n, dtype=np.uint64), np.empty(n, dtype=np.uint64)
+    w, bt = np.empty(n, dtype=np.uint64), np.empty(n, dtype=np.uint8)      # bt: one bit
     args = (np.ascontiguousarray(z), np.empty(0, np.uint64) if other is None else
             np.ascontiguousarray(other))
     offset, sh = np.uint64(offset), _arr(sh, np.int64)

@@ -89,10 +89,10 @@ def leaves_steps(p: Party, x: AShare, L: int, m: int, pair_b: np.ndarray | None 
     def pair_window(s):
         B = pair_b[s["sl"]] if late else (x.b if s["role"] == 1 else x.a)[s["sl"]]
         s["b"] = ((B + sL) >> lsh) & mask
-        s["btop"] = (s["b"] >> top) & np.uint64(1)
+        s["c_pair"] = bit_plane((s["b"] >> top) ^ np.uint64(1), s["n"])  # its top bit, negated
 
     def role1_half(s, g):
-        u = select_planes(s["rho"], s["b"], blocks, const_one=False)
+        u = select_planes(s["rho"], s.pop("b"), blocks, const_one=False)     # b's last use
         s["kappa"], s["sigma"] = random_planes_many(p, "next", nconv, words(s["n"]),
                                                     (f"kappa{g}", f"sigma{g}"))
         s["u"] = u ^ s["kappa"]
@@ -139,7 +139,7 @@ def leaves_steps(p: Party, x: AShare, L: int, m: int, pair_b: np.ndarray | None 
         if s["role"] == 2:
             therm = unpack_planes(got[(NEXT, g)][0], ng)
             s["atop_masked"] = therm[-1:]
-            u = select_planes(therm, s["b"], blocks, const_one=True)
+            u = select_planes(therm, s.pop("b"), blocks, const_one=True)     # b's last use
             s["kappa"], s["sigma"] = random_planes_many(p, "prev", nconv, w,
                                                         (f"kappa{g}", f"sigma{g}"))
             s["u"] = u ^ s["kappa"] ^ s["sigma"]
@@ -158,7 +158,7 @@ def leaves_steps(p: Party, x: AShare, L: int, m: int, pair_b: np.ndarray | None 
             a_parts.append(np.concatenate([s["atop_masked"], u2]))
             b_parts.append(np.concatenate([s["rho_top"], s["u1"]]))
         else:
-            c_pair = bit_plane(s["btop"] ^ np.uint64(1), ng)
+            c_pair = s["c_pair"]
             if s["role"] == 1:
                 a_parts.append(np.concatenate([s["rho_top"], s["u"]]))
                 b_parts.append(np.concatenate([c_pair, s["sigma"]]))
