@@ -185,6 +185,9 @@ def inject_steps(p: Party, x: AShare, bit, from_masked: bool, seg: int = 0):
         st.append(s)
     got = yield r1
 
+    shape = (n // seg,) if seg else x.shape
+    a_out = (np.zeros if seg else np.empty)(shape, dtype=np.uint64)
+    b_out = (np.zeros if seg else np.empty)(shape, dtype=np.uint64)
     r2 = Round(p)
     for g, (sl, s) in enumerate(zip(group_bounds(n), st)):
         role, ng = s["role"], s["n"]
@@ -202,38 +205,39 @@ def inject_steps(p: Party, x: AShare, bit, from_masked: bool, seg: int = 0):
         # sB = B - 2 beta B; role 1: y = beta V + u sB + beta B - tau1, s1 = kappa + y;
         # role 2: y = beta rho1 + rho2 sB - tau2, s0 = (u A - kappa) + y; s2 = tau1 + tau2
         fold = s["fold"]
+        # without runs to sum, the pair's output slots are written in place: role 1 holds
+        # (s1, s2), role 2 (s2, s0)
+        dst = None if seg else ((a_out[sl], b_out[sl]) if role == 1 else (b_out[sl], a_out[sl]))
         if role == 1:
             V, u = got[(PREV, g)]
             kappa = p.rand_with(1, 0, shp, f"k{g}")
-            y, s1, s2 = fused.inject_pair(B, beta, V, u, tau1, tau2, kappa, True)
+            y, s1, s2 = fused.inject_pair(B, beta, V, u, tau1, tau2, kappa, True, dst)
             s["s1"] = fold(s1)
         else:
             rho1, rho2 = p.rand_with_many(2, 0, [(f"r1{g}", shp), (f"r2{g}", shp)])
             s0 = got[(NEXT, g)][0]
             y, s0y, s2 = fused.inject_pair(B, beta, rho1, rho2, tau2, tau1,
-                                           np.zeros_like(B) if seg else s0, False)
+                                           np.zeros_like(B) if seg else s0, False, dst)
             s["s0"] = fold(s0y) + s0 if seg else s0y
         s["s2"] = fold(s2)
         r2.send(PREV if role == 1 else NEXT, fold(y))
     got2 = yield r2
 
-    shape = (n // seg,) if seg else x.shape
-    a_out = (np.zeros if seg else np.empty)(shape, dtype=np.uint64)
-    b_out = (np.zeros if seg else np.empty)(shape, dtype=np.uint64)
     for g, (sl, s) in enumerate(zip(group_bounds(n), st)):
-        if seg:                                # a run may straddle groups: add the parts
-            sl = run_span(sl, seg)
+        if not seg:                             # the pair's slots: written by inject_pair
+            if s["role"] == 0:
+                np.add(s["s0"], got2[(PREV, g)][0], out=a_out[sl])
+                np.add(s["kappa"], got2[(NEXT, g)][0], out=b_out[sl])
+            continue
         if s["role"] == 0:
             a, b = s["s0"] + got2[(PREV, g)][0], s["fold"](s["kappa"]) + got2[(NEXT, g)][0]
         elif s["role"] == 1:
             a, b = s["s1"], s["s2"]
         else:
             a, b = s["s2"], s["s0"]
-        if seg:
-            a_out[sl] += a
-            b_out[sl] += b
-        else:
-            a_out[sl], b_out[sl] = a, b
+        sl = run_span(sl, seg)                  # a run may straddle groups: add the parts
+        a_out[sl] += a
+        b_out[sl] += b
     return AShare(a_out, b_out)
 
 

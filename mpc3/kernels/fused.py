@@ -174,12 +174,15 @@ def _arr(v, dtype) -> np.ndarray:
     return np.ascontiguousarray(np.atleast_1d(np.asarray(v, dtype=dtype)))
 
 
-def pair_split(z: np.ndarray, other: np.ndarray | None, offset: np.uint64, sh, low, m=None):
+def pair_split(z: np.ndarray, other: np.ndarray | None, offset: np.uint64, sh, low, m=None,
+               w_out: np.ndarray | None = None):
     """(W, bt) of the pair for its B = z (+ other) with the truncation's offset, shifts and
     low masks: :func:`_split_kernel` (adding ``low`` for the rounding), or with multipliers
-    ``m`` :func:`_split_scaled_kernel`."""
+    ``m`` :func:`_split_scaled_kernel`; ``w_out`` (contiguous uint64 of z's size, e.g. the
+    output slot W ends in) receives W."""
     n = z.size
-    w, bt = np.empty(n, dtype=np.uint64), np.empty(n, dtype=np.uint8)      # bt: one bit
+    w = np.empty(n, dtype=np.uint64) if w_out is None else _into(w_out, (n,))
+    bt = np.empty(n, dtype=np.uint8)                                        # one bit each
     args = (np.ascontiguousarray(z), np.empty(0, np.uint64) if other is None else
             np.ascontiguousarray(other))
     offset, sh = np.uint64(offset), _arr(sh, np.int64)
@@ -243,11 +246,22 @@ def inject_single(xa, xb, u, kappa, rho1, rho2):
     return m1.reshape(shape), m2.reshape(shape), s0.reshape(shape)
 
 
-def inject_pair(bv, beta, p1, p2, tau_own, tau_other, add, role1: bool):
-    """(y, s, s2) of role 1 or 2, shaped like bv: see :func:`_inject_pair_kernel`."""
+def inject_pair(bv, beta, p1, p2, tau_own, tau_other, add, role1: bool, out=None):
+    """(y, s, s2) of role 1 or 2, shaped like bv: see :func:`_inject_pair_kernel`; ``out``
+    (two contiguous uint64 arrays shaped like bv, e.g. slices of the result's slots) receives
+    s and s2 instead of fresh arrays."""
     shape, n = bv.shape, bv.size
-    y, s, s2 = (np.empty(n, dtype=np.uint64) for _ in range(3))
+    y = np.empty(n, dtype=np.uint64)
+    s, s2 = (np.empty(n, dtype=np.uint64) for _ in range(2)) if out is None else \
+        (_into(o, shape) for o in out)
     _kernels()[5][n >= ring.NOGIL_MIN_WORK](
         _flat(bv), _flat(beta), _flat(p1), _flat(p2), _flat(tau_own), _flat(tau_other),
         _flat(add), bool(role1), y, s, s2)
     return y.reshape(shape), s.reshape(shape), s2.reshape(shape)
+
+
+def _into(out: np.ndarray, shape) -> np.ndarray:
+    """A flat view of ``out`` for a kernel to write into (refused if that would be a copy)."""
+    if out.dtype != np.uint64 or out.shape != shape or not out.flags.c_contiguous:
+        raise ValueError(f"an output array must be contiguous uint64 {shape}")
+    return out.reshape(-1)

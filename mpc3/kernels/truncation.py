@@ -249,6 +249,8 @@ def trunc_steps(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None = 
         state.append(st)
     got = yield r1
 
+    a_out = np.empty(n, dtype=np.uint64)
+    b_out = np.empty(n, dtype=np.uint64)
     for g, st in enumerate(state):
         role = st["role"]
         if role == 0:
@@ -259,9 +261,10 @@ def trunc_steps(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None = 
         # W = ((B + offset + 2^f - 1) >>a f) - (offset >> f) (+ 2^f - 1: unbiased rounding,
         # module doc), bt = top bit of B + offset + 2^f - 1, with B = z + the other's z
         # (scaled: W = floor(((B + offset) m + 2^f - 1) / 2^f) - (offset >> f) m)
-        st["W"], st["bt"] = fused.pair_split(
+        st["W"], st["bt"] = fused.pair_split(       # W in its output slot (updated there)
             st["B"] if from_rss else st["z"],
-            None if from_rss else got[(_dir(role, 3 - role), g)][0], offset, sh, low, mults[g])
+            None if from_rss else got[(_dir(role, 3 - role), g)][0], offset, sh, low, mults[g],
+            w_out=(b_out if role == 1 else a_out)[groups[g]])
         if role == 2:
             split = st["split"]
             msg = got[(NEXT, g)] if (exact or not split) else ()
@@ -292,8 +295,6 @@ def trunc_steps(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None = 
                 r2.send(NEXT, pack_by_width(x2, plan))
         got2 = yield r2
 
-    a_out = np.empty(n, dtype=np.uint64)
-    b_out = np.empty(n, dtype=np.uint64)
     for g, (sl, st) in enumerate(zip(groups, state)):
         role = st["role"]
         sh, up, low, plan = per[g]
@@ -305,12 +306,13 @@ def trunc_steps(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None = 
                                    up, a_out[sl], b_out[sl], mults[g])
             else:
                 a_out[sl], b_out[sl] = st["Uk"], st["kappa"]
-        elif role == 1:
+        elif role == 1:                     # b_out[sl] is W already
             kappa = st["kappa"] if exact else p.rand_with(1, 0, st["n"], f"kappa{g}")
-            a_out[sl] = kappa + (st["x1"] if exact else 0)
-            b_out[sl] = st["W"]
-        else:
-            a_out[sl] = st["W"]
+            if exact:
+                np.add(kappa, st["x1"], out=a_out[sl])
+            else:
+                a_out[sl] = kappa
+        else:                               # a_out[sl] is W already
             b_out[sl] = st["s0"]
     if plain is not None:
         return AShare(a_out, b_out), AShare(plain, got[(NEXT, -1)][0])
