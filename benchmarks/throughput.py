@@ -4,7 +4,9 @@ from the same run; Table 2 shape: S=64, d=512, h=8, r=266, d_ff=2048, 6 layers):
 1. the encoder in-process (``mpc3 bench layer encoder``): wall, the float64 reference of the
    same workload timed in the same process (``plain_wall_s``) and peak RSS; beside it, the
    same encoder over three party processes on loopback (``python -m app.bench.remote layer
-   encoder``), interleaved ``--pairs`` times; each figure is the min over its runs;
+   encoder``), interleaved ``--pairs`` times, and over party processes without TLS
+   (``--insecure-plaintext-for-local-dev``: not a deployment, the measure of what the links'
+   TLS costs); each figure is the min over its runs;
 2. batch 8 against batch 1 per sample (``--batch 8``), and MHA at S=1024 against S=64;
 3. the bytes of every Table 2 layer (deterministic; ``mpc3 bench layer NAME --repeat 1``)
    against the Privformer code's (../shared/BENCHMARKS.md).
@@ -39,18 +41,22 @@ def _layer(*args: str) -> dict:
     return runinfo.bench(["layer", *args])
 
 
-def _remote(name: str, repeat: int) -> dict:
+def _remote(name: str, repeat: int, plaintext: bool = False) -> dict:
     r = subprocess.run([sys.executable, "-m", "app.bench.remote", "layer", name, "--repeat",
-                        str(repeat)], check=True, capture_output=True, text=True, cwd=ROOT)
+                        str(repeat)] + (["--insecure-plaintext-for-local-dev"] if plaintext
+                                        else []),
+                       check=True, capture_output=True, text=True, cwd=ROOT)
     return json.loads(r.stdout)
 
 
 def encoder_pairs(pairs: int, repeat: int) -> dict:
-    """In-process and party-process encoder runs, interleaved."""
-    inproc, procs = [], []
+    """In-process and party-process encoder runs, interleaved; and the party processes once
+    more without TLS (development plaintext), which says what the links' TLS costs."""
+    inproc, procs, plain_procs = [], [], []
     for _ in range(pairs):
         inproc.append(_layer("encoder", "--repeat", str(repeat)))
         procs.append(_remote("encoder", repeat))
+        plain_procs.append(_remote("encoder", repeat, plaintext=True))
     best = min(inproc, key=lambda r: r["wall_s"]["min"])
     wall = best["wall_s"]["min"]
     plain = min(r["plain_wall_s"] for r in inproc)
@@ -60,6 +66,10 @@ def encoder_pairs(pairs: int, repeat: int) -> dict:
             "encoder_over_plain": wall / plain,
             "processes_wall_s": proc, "processes_runs_s": [r["wall_s"]["min"] for r in procs],
             "processes_over_inproc": proc / wall,
+            "processes_plaintext_wall_s": min(r["wall_s"]["min"] for r in plain_procs),
+            "processes_plaintext_runs_s": [r["wall_s"]["min"] for r in plain_procs],
+            "processes_plaintext_over_inproc":
+                min(r["wall_s"]["min"] for r in plain_procs) / wall,
             "peak_rss_gb": max(r["peak_rss_bytes"] for r in inproc) / 1e9,
             "bytes_total": best["bytes_total"], "rounds": best["rounds"],
             "max_abs_err": max(r["max_abs_err"] for r in inproc)}

@@ -93,9 +93,10 @@ class RemoteCluster:
 
     def __init__(self, net: str = "none", verify_seconds: float = 1.0, quiet: bool = False,
                  job_timeout_s: float = 4 * 3600.0, peer_timeout_s: float = 900.0,
-                 peer_transport: str = "tls") -> None:
+                 peer_transport: str = "tls", insecure: bool = False) -> None:
         self.net = net.strip().lower()
         self.peer_transport = peer_transport
+        self.insecure = insecure            # development plaintext: what TLS costs, measured
         self.verify_seconds = verify_seconds
         self.quiet = quiet
         self.job_timeout_s = job_timeout_s
@@ -104,7 +105,7 @@ class RemoteCluster:
         self.dir: Path | None = None
         self.procs: list[subprocess.Popen] = []
         self.network: dict = {"net": "none", "emulation": "none", "transport": "grpc",
-                              "peer_transport": peer_transport}
+                              "peer_transport": peer_transport, "tls": not insecure}
         self.cfg = None
         self.cluster = None
         self._mgmt: list[str] = []
@@ -148,7 +149,7 @@ class RemoteCluster:
                                 "peer_dial": self.emu.peers(n, self.emu.peer_port)})
             launch = lambda n, argv, **kw: self.emu.run_in(n, argv, **kw)  # noqa: E731
         self.cluster = LocalCluster(self.dir, bench=True, log_level="WARNING", launch=launch,
-                                    tied=True,
+                                    tied=True, insecure=self.insecure,
                                     parties=parties, peer_timeout=self.peer_timeout_s,
                                     job_timeout=self.job_timeout_s,
                                     peer_transport=self.peer_transport,
@@ -171,7 +172,7 @@ class RemoteCluster:
         links = [verify_link(self.emu, i, j, seconds=self.verify_seconds, pings=20,
                              quiet=self.quiet) for i, j in ((0, 1), (1, 2), (2, 0))]
         self.network = {"net": prof.name, "emulation": self.emu.emulation, "transport": "grpc",
-                        "peer_transport": self.peer_transport,
+                        "peer_transport": self.peer_transport, "tls": not self.insecure,
                         "profile": {"rate_mbit": prof.rate_mbit, "rtt_ms": prof.rtt_ms},
                         "links": links}
         base = (os.getpid() % 80) * 3
@@ -339,6 +340,7 @@ def run_layer(name: str, net: str = "none", **kw) -> dict:
 def main(argv=None) -> int:
     """``python -m app.bench.remote layer|op NAME --net ...`` (prints the JSON result)."""
     import argparse
+    from ..localcluster import INSECURE_FLAG
     ap = argparse.ArgumentParser(prog="python -m app.bench.remote")
     ap.add_argument("kind", choices=("layer", "op"))
     ap.add_argument("name")
@@ -349,8 +351,11 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--n", type=int, default=131072)
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument(INSECURE_FLAG, dest="insecure", action="store_true",
+                    help="parties and clients without TLS (development only: shows what TLS "
+                         "costs)")
     a = ap.parse_args(argv)
-    with RemoteCluster(a.net) as rc:
+    with RemoteCluster(a.net, insecure=a.insecure) as rc:
         if a.kind == "layer":
             r = rc.bench_layer(a.name, layer_config(seq=a.seq, d_model=a.d_model,
                                                     layers=a.layers), a.batch, a.repeat)
