@@ -65,11 +65,26 @@ def test_loopback_cluster_matches_inproc_counts():
         d = rc.dir
     assert not d.exists()                                        # temp dir cleaned
     ref = run_op("relu", 2048, (1, 1, 1), 1, RingConfig())
-    assert (r["transport"], r["net"], r["emulation"]) == ("grpc", "none", "none")
+    assert (r["transport"], r["net"], r["emulation"], r["tls"]) == ("grpc", "none", "none", True)
     assert r["bytes_total"] == ref["bytes_total"] and r["rounds"] == ref["rounds"]
     assert r["messages"] == ref["messages"] and r["max_abs_err"] < 1e-3
     assert len(r["wall_s"]["runs"]) == 2 and r["wall_s"]["min"] > 0
     assert lay["workload"] == "layer/ln" and lay["max_abs_err"] < 0.05 and lay["rounds"] > 0
+
+
+def test_plaintext_cluster_measures_the_same_protocol():
+    """--insecure-plaintext-for-local-dev (throughput.py's measure of what TLS costs): the
+    same messages, bytes and rounds, the result saying it ran without TLS."""
+    from app.bench.op import run_op
+    from app.bench.remote import RemoteCluster
+    from mpc3.party import RingConfig
+    with RemoteCluster("none", quiet=True, insecure=True) as rc:
+        assert not rc.cfg.tls
+        r = rc.bench_op("relu", n=512)
+    ref = run_op("relu", 512, (1, 1, 1), 1, RingConfig())
+    assert r["tls"] is False and r["max_abs_err"] < 1e-3
+    assert (r["bytes_total"], r["rounds"], r["messages"]) == \
+        (ref["bytes_total"], ref["rounds"], ref["messages"])
 
 
 @pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
