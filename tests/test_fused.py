@@ -32,6 +32,11 @@ def test_pair_kernels_equal_numpy(n, per_element):
         w, bt = pair_split(z, oth, offset, sh, low)
         np.testing.assert_array_equal(w, want_w)
         np.testing.assert_array_equal(bt, Bp >> np.uint64(63))
+        assert bt.dtype == np.uint8                              # one bit per element
+        slot = np.zeros(n + 2, np.uint64)            # W straight into an output slot's slice
+        w2, _ = pair_split(z, oth, offset, sh, low, w_out=slot[1:n + 1])
+        assert (np.shares_memory(w2, slot) or not n) and np.array_equal(slot[1:n + 1], want_w)
+        assert not slot[0] and not slot[-1]
     r, nu1, nu2 = _r(n), _r(n), _r(n)
     w0 = w.copy()
     x, xs = pair_round2(w, bt, r, nu1, nu2, low, up)
@@ -94,3 +99,24 @@ def test_inject_kernels_equal_numpy(shape):
     np.testing.assert_array_equal(y, bb * p1 + p2 * sB - t2)
     np.testing.assert_array_equal(s, add + y)
     np.testing.assert_array_equal(s2, t1 + t2)
+    # into given output slots (inject_steps: the result's own arrays), else the same
+    slots = np.zeros((2,) + shape, np.uint64)
+    y2, s_, s2_ = inject_pair(B, beta, p1, p2, t2, t1, add, False, (slots[0], slots[1]))
+    assert not slots.size or np.shares_memory(s_, slots[0]) and np.shares_memory(s2_, slots[1])
+    np.testing.assert_array_equal(y2, y)
+    np.testing.assert_array_equal(slots[0], s)
+    np.testing.assert_array_equal(slots[1], s2)
+
+
+def test_kernel_outputs_refuse_what_would_be_a_copy():
+    """An output slot the kernel cannot write through (strided, other dtype, other shape) is
+    refused, not silently copied: the result would never reach the caller's array."""
+    from mpc3.kernels.fused import inject_pair
+    B = _r(8)
+    args = (B, np.zeros(8, np.uint64), B, B, B, B, B, True)
+    wide = np.zeros(16, np.uint64)
+    for bad in (wide[::2], np.zeros(8, np.int64), np.zeros(7, np.uint64)):
+        with pytest.raises(ValueError, match="contiguous uint64"):
+            inject_pair(*args, out=(bad, np.zeros(8, np.uint64)))
+    with pytest.raises(ValueError, match="contiguous uint64"):
+        pair_split(B, None, np.uint64(0), np.int64(3), np.uint64(7), w_out=wide[::2])
