@@ -115,8 +115,10 @@ def test_kernel_outputs_refuse_what_would_be_a_copy():
     B = _r(8)
     args = (B, np.zeros(8, np.uint64), B, B, B, B, B, True)
     wide = np.zeros(16, np.uint64)
-    for bad in (wide[::2], np.zeros(8, np.int64), np.zeros(7, np.uint64)):
-        with pytest.raises(ValueError, match="contiguous uint64"):
+    frozen = np.zeros(8, np.uint64)
+    frozen.flags.writeable = False
+    for bad in (wide[::2], np.zeros(8, np.int64), np.zeros(7, np.uint64), frozen):
+        with pytest.raises(ValueError, match="writable contiguous uint64"):
             inject_pair(*args, out=(bad, np.zeros(8, np.uint64)))
-    with pytest.raises(ValueError, match="contiguous uint64"):
+    with pytest.raises(ValueError, match="writable contiguous uint64"):
         pair_split(B, None, np.uint64(0), np.int64(3), np.uint64(7), w_out=wide[::2])

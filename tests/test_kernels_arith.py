@@ -117,16 +117,21 @@ def test_mul_many_mixed_truncation(mode, rng):
     run = Run(RingConfig(trunc=mode))
     x, y, w = rng.normal(size=(5, 8)), rng.normal(size=(5, 8)), rng.normal(size=(8, 3))
     keep = np.tril(np.ones((5, 8), dtype=bool))
+    sc = arith.scaled(0.5, ring.DEFAULT_FRAC, 12)
     def f(p, a, b, c):
         return arith.mul_many_aa(p, [(a, b, "mul", True), (a, c, "matmul", False),
-                                     (a, b, "mul", 10, keep)])
+                                     (a, b, "mul", 10, keep), (a, b, "mul", False, keep),
+                                     (a, b, "mul", sc, keep)])
     out = run(f, share(x), share(y), share(w))
-    got = [reveal([o[k] for o in out]) for k in range(3)]
+    got = [reveal([o[k] for o in out]) for k in range(5)]
     assert np.abs(ring.decode(got[0]) - x * y).max() < 3 * ULP
     assert np.abs(ring.decode(got[1], 36) - x @ w).max() < 1e-4
     assert np.abs(ring.decode(got[2], 26) - np.where(keep, x * y, 0)).max() < 1e-4
-    shifts = np.concatenate([np.full(40, 18), np.full(keep.sum(), 10)])
-    run.assert_cost(arith.cost_mul_many(shifts, 15, mode))
+    assert np.abs(ring.decode(got[3], 36) - np.where(keep, x * y, 0)).max() < 1e-4
+    assert np.abs(ring.decode(got[4]) - np.where(keep, x * y / 2, 0)).max() < 3 * ULP
+    k = int(keep.sum())
+    shifts = np.concatenate([np.full(40, 18), np.full(k, 10), np.full(k, sc.shift)])
+    run.assert_cost(arith.cost_mul_many(shifts, 15 + k, mode))
 
 
 @pytest.mark.parametrize("mode", ["exact", "prob"])

@@ -94,6 +94,17 @@ def test_select_broadcasts_a_bit_over_a_row(run, rng):
     run.assert_cost(convert.cost_inject(30, fused=False, cols=4))
 
 
+def test_masked_bits_times_rows(run, rng):
+    """drelu_masked then mul_masked with one row of values per bit (the pair writes its
+    2-D output slots in place): DReLU(x)[:, None] * y at the declared cost."""
+    x, y = rng.normal(size=30), rng.normal(size=(30, 4))
+    out = run(lambda p, xx, yy: convert.mul_masked(p, convert.drelu_masked(p, xx), yy),
+              share(x), share(y))
+    assert np.abs(value(out) - (x >= 0)[:, None] * y).max() <= ULP
+    run.assert_cost(convert.cost_drelu(30, *convert.window_for(CFG), fused=True)
+                    + convert.cost_inject(30, fused=True, cols=4))
+
+
 def _paper_poly(x):
     """1 + x + 0.5x^2 + 0.1665x^3 + 0.0438x^4 with the coefficients as encoded."""
     c = ring.decode(ring.encode(np.array([0.5, 0.1665, 0.0438])))
@@ -212,14 +223,16 @@ def test_split_products_take_their_sign_in_their_own_rounds(rng):
     assert same.bytes_per_party == apart.bytes_per_party and same.rounds == apart.rounds - 2
 
 
-def test_split_products_past_the_lean_size_take_their_leaves_in_their_own_rounds(rng):
+@pytest.mark.parametrize("mode", ["exact", "prob"])
+def test_split_products_past_the_lean_size_take_their_leaves_in_their_own_rounds(rng, mode):
     """Past ROUND_LEAN_ELEMENTS mul_split_aa runs the DReLU's leaves (not the whole
     comparison) in its truncation's rounds: relu_a then runs the carry tree and the
-    injection - 7 rounds from product to ReLU instead of 9, the same bytes."""
+    injection - 7 rounds from product to ReLU instead of 9 (exact truncation), the same
+    bytes; with probabilistic truncation the same values."""
     from mpc3.shares import SignedSplit
     n = convert.ROUND_LEAN_ELEMENTS + 7
     x, w, b = rng.normal(size=(1, 8)), rng.normal(size=(8, n)) * 0.5, rng.normal(size=n)
-    run = Run()
+    run = Run(RingConfig(trunc=mode))
 
     def fn(p, X, W, B):
         z = arith.mul_split_aa(p, [(X, W, "matmul")], biases=[B])
@@ -227,8 +240,10 @@ def test_split_products_past_the_lean_size_take_their_leaves_in_their_own_rounds
         return convert.relu_a(p, z)
     got = value(run(fn, share(x), share(w), share(b)))
     np.testing.assert_allclose(got, np.maximum(x @ w + b, 0).reshape(-1), atol=2 ** -12)
-    cfg = RingConfig()
+    cfg = RingConfig(trunc=mode)
     run.assert_cost(arith.cost_mul_split(cfg, n, True) + convert.cost_relu_split(cfg, n, True))
+    if mode == "prob":
+        return
     apart = arith.cost_trunc_shifts(np.full(n, cfg.frac), "exact", from_rss=False, split=True) \
         + convert.cost_relu(n, *convert.window_for(cfg))
     assert run.rounds == apart.rounds - 2 == 7

@@ -96,7 +96,9 @@ class RemoteCluster:
                  peer_transport: str = "tls", insecure: bool = False) -> None:
         self.net = net.strip().lower()
         self.peer_transport = peer_transport
-        self.insecure = insecure            # development plaintext: what TLS costs, measured
+        # development plaintext, to measure what TLS costs: the results keep peer_transport
+        # (the socket links, "tls", or gRPC streams) and say tls: false
+        self.insecure = insecure
         self.verify_seconds = verify_seconds
         self.quiet = quiet
         self.job_timeout_s = job_timeout_s

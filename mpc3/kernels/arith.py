@@ -242,6 +242,7 @@ def mul_many_steps(p: Party, items: list[tuple]):
             mults.append((len(parts[True]), shift.mult))
             shift = shift.shift
         parts[shift is not None].append((z.shape, keep, zk, shift))
+    del z, zk                       # a steps generator's frame would keep the last product
     cat = {k: np.concatenate([z for _, _, z, _ in v]) if v else None for k, v in parts.items()}
     # past here the items' sizes only: their own products go (the widest step's memory)
     parts = {k: [(shape, keep, zk.size, s) for shape, keep, zk, s in v]

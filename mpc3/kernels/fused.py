@@ -262,6 +262,7 @@ def inject_pair(bv, beta, p1, p2, tau_own, tau_other, add, role1: bool, out=None
 
 def _into(out: np.ndarray, shape) -> np.ndarray:
     """A flat view of ``out`` for a kernel to write into (refused if that would be a copy)."""
-    if out.dtype != np.uint64 or out.shape != shape or not out.flags.c_contiguous:
-        raise ValueError(f"an output array must be contiguous uint64 {shape}")
+    if out.dtype != np.uint64 or out.shape != shape or not out.flags.c_contiguous \
+            or not out.flags.writeable:
+        raise ValueError(f"an output array must be writable contiguous uint64 {shape}")
     return out.reshape(-1)
