@@ -111,13 +111,12 @@ class Party:
 
     def zero_share(self, shape, tag: str) -> np.ndarray:
         """3-out-of-3 additive sharing of zero: next-stream minus prev-stream."""
-        alpha = self.rand("next", shape, tag)           # a fresh array: subtract in place
-        alpha -= self.rand("prev", shape, tag)
-        return alpha
+        return self.add_zero_share(np.zeros(shape, dtype=np.uint64), tag)
 
     def add_zero_share(self, z: np.ndarray, tag: str) -> np.ndarray:
-        """``z += zero_share(z.shape, tag)`` in place, with one draw alive at a time (a
-        product's mask: no array of the zero sharing itself); returns ``z``."""
+        """``z`` plus this party's share of zero (:meth:`zero_share`), in place with one draw
+        alive at a time (a product's mask: no array of the zero sharing itself); returns
+        ``z``."""
         z += self.rand("next", z.shape, tag)
         z -= self.rand("prev", z.shape, tag)
         return z

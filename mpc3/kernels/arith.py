@@ -231,23 +231,7 @@ def mul_many_aa(p: Party, items: list[tuple]) -> list[AShare]:
 def mul_many_steps(p: Party, items: list[tuple]):
     """:func:`mul_many_aa` as lockstep steps (:func:`base.lockstep`)."""
     p.new_op()
-    parts = {True: [], False: []}
-    mults = []
-    for item in items:
-        trunc = item[3]
-        z, keep, zk = _item_product(item[0], item[1], item[2],
-                                    item[4] if len(item) > 4 else None, p.rank)
-        shift = None if trunc is False else (p.cfg.frac if trunc is True else trunc)
-        if isinstance(shift, Scaled):
-            mults.append((len(parts[True]), shift.mult))
-            shift = shift.shift
-        parts[shift is not None].append((z.shape, keep, zk, shift))
-    del z, zk                       # a steps generator's frame would keep the last product
-    cat = {k: np.concatenate([z for _, _, z, _ in v]) if v else None for k, v in parts.items()}
-    # past here the items' sizes only: their own products go (the widest step's memory)
-    parts = {k: [(shape, keep, zk.size, s) for shape, keep, zk, s in v]
-             for k, v in parts.items()}
-    zt, flat_plain = cat.pop(True), cat.pop(False)
+    parts, (zt, flat_plain), mults = _many_products(p, items)
     if flat_plain is not None:
         p.add_zero_share(flat_plain, "plainmask")                  # fresh: in place
     if zt is not None:
@@ -279,6 +263,26 @@ def mul_many_steps(p: Party, items: list[tuple]):
                 results[key].append(AShare(a, b))
     order = {True: iter(results[True]), False: iter(results[False])}
     return [next(order[item[3] is not False]) for item in items]
+
+
+def _many_products(p: Party, items: list[tuple]):
+    """mul_many's local products: per kind (truncated True, plain False) the items'
+    ``(shape, keep, size, shift)``; the kept products of each kind concatenated (None if
+    none); the Scaled items' ``(index among the truncated, multipliers)``. The items' own
+    product arrays end here, not in the steps generator's frame (the widest step's memory)."""
+    parts, flat, mults = {True: [], False: []}, {True: [], False: []}, []
+    for item in items:
+        trunc = item[3]
+        z, keep, zk = _item_product(item[0], item[1], item[2],
+                                    item[4] if len(item) > 4 else None, p.rank)
+        shift = None if trunc is False else (p.cfg.frac if trunc is True else trunc)
+        if isinstance(shift, Scaled):
+            mults.append((len(parts[True]), shift.mult))
+            shift = shift.shift
+        parts[shift is not None].append((z.shape, keep, zk.size, shift))
+        flat[shift is not None].append(zk)
+    cat = tuple(np.concatenate(flat[k]) if flat[k] else None for k in (True, False))
+    return parts, cat, mults
 
 
 def _mult_array(parts: list[tuple], mults: list[tuple]) -> np.ndarray | None:

@@ -212,14 +212,13 @@ def inject_steps(p: Party, x: AShare, bit, from_masked: bool, seg: int = 0):
             V, u = got[(PREV, g)]
             kappa = p.rand_with(1, 0, shp, f"k{g}")
             y, s1, s2 = fused.inject_pair(B, beta, V, u, tau1, tau2, kappa, True, dst)
-            s["s1"] = fold(s1)
         else:
             rho1, rho2 = p.rand_with_many(2, 0, [(f"r1{g}", shp), (f"r2{g}", shp)])
             s0 = got[(NEXT, g)][0]
             y, s0y, s2 = fused.inject_pair(B, beta, rho1, rho2, tau2, tau1,
                                            np.zeros_like(B) if seg else s0, False, dst)
-            s["s0"] = fold(s0y) + s0 if seg else s0y
-        s["s2"] = fold(s2)
+        if seg:                                 # this party's slots' run sums, added below
+            s["ab"] = (fold(s1), fold(s2)) if role == 1 else (fold(s2), fold(s0y) + s0)
         r2.send(PREV if role == 1 else NEXT, fold(y))
     got2 = yield r2
 
@@ -231,10 +230,8 @@ def inject_steps(p: Party, x: AShare, bit, from_masked: bool, seg: int = 0):
             continue
         if s["role"] == 0:
             a, b = s["s0"] + got2[(PREV, g)][0], s["fold"](s["kappa"]) + got2[(NEXT, g)][0]
-        elif s["role"] == 1:
-            a, b = s["s1"], s["s2"]
         else:
-            a, b = s["s2"], s["s0"]
+            a, b = s["ab"]
         sl = run_span(sl, seg)                  # a run may straddle groups: add the parts
         a_out[sl] += a
         b_out[sl] += b
