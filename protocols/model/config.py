@@ -12,18 +12,23 @@ Architectures (``arch``, :data:`ARCHS`; docs/MODELS.md lists every key per archi
 * ``decoder-only`` (GPT-style causal LM): ``n_dec_layers`` layers of causally masked
   self-attention and FFN, no cross-attention; keys ``n_dec_layers``, ``tgt_vocab``; the user
   holds ``embed.tgt`` and the LM head ``out.w``, ``out.b``.
+* ``encoder`` (a headless encoder: BertModel, sentence-transformers): the encoder, then the
+  ``pool`` of its positions (mean, cls, max) and, with ``normalize``, the L2-normalised
+  embedding (B, d_model); keys ``n_enc_layers``, ``src_vocab``; the user holds ``embed.src``.
 
 Keys that do not apply to an architecture are absent from its dictionary (and 0 in the
 dataclass); :meth:`ModelConfig.from_dict` refuses them by name.
 
 Optional keys (absent from the dictionary at their default, so files written before them read
-and write unchanged): ``ffn_act``, ``attention``, ``norm`` (:data:`NORMS`); ``ffn_scale`` and
+and write unchanged): ``ffn_act``, ``attention``, ``softmax_form`` (:data:`SOFTMAX_FORMS`),
+``norm`` (:data:`NORMS`); ``ffn_scale`` and
 ``ffn_pruned`` (AERO's scaled / pruned FFN, decoder-only softmax-only blocks: per-layer
 ``dec.i.ffn.alpha``, ``beta`` (1,); the deepest ``ffn_pruned`` layers have no FFN); ``ffn_bn``
 (seed 002's BatchNorm inside the MLP: ``p.ffn.bn_gamma, bn_beta, bn_mean, bn_var`` (d_ff));
 and for models imported from other frameworks (:mod:`.hf_import`) ``attn_bias`` (biases
 ``bq, bk, bv, bo`` (d) on the attention projections), ``pool`` (:data:`POOLS`,
-encoder-classifier: ``cls-tanh`` adds ``pool.w`` (d, d), ``pool.b``), ``embedding``
+encoder-classifier: ``cls-tanh`` adds ``pool.w`` (d, d), ``pool.b``; encoder: ``cls``,
+``max``), ``normalize`` (encoder), ``embedding``
 (:data:`EMBEDDINGS`: learned positions ``embed.pos`` (max_len, d), ``learned-ln`` also
 ``embed.ln.gamma/beta``, user-side) and ``type_vocab`` (``embed.type``).
 
@@ -52,9 +57,19 @@ FFN_ACTS = ("relu", "gelu", "none")
 #: the encoder output's K, V from the session's start).
 ATTENTIONS = ("relu-performer", "softmax", "power-softmax", "sigma-relu")
 PERFORMER = "relu-performer"
-#: Pooling of an encoder classifier (``pool``): the mean over the positions, or BERT's
-#: tanh(h[CLS] @ pool.w + pool.b) of the first position.
-POOLS = ("mean", "cls-tanh")
+#: How softmax attention is computed on shares (``softmax_form``, attention softmax only):
+#: ``max`` (default) subtracts each row's secret maximum first, so exp only sees s - max <= 0
+#: and any score range runs (pretrained models reach scores of 40); ``max-free`` is
+#: Privformer's exp(s) / sum exp(s), cheaper but exact only while every score stays inside
+#: exp's range [-48, 9.5] (models trained for it, e.g. with a range penalty).
+SOFTMAX_FORMS = ("max", "max-free")
+#: Pooling (``pool``) of an encoder classifier: the mean over the positions, or BERT's
+#: tanh(h[CLS] @ pool.w + pool.b) of the first position; of a headless encoder (arch
+#: ``encoder``, a sentence embedding): the mean, the first ([CLS]) row, or the maximum over
+#: the positions per coordinate (sentence-transformers' pooling modes).
+POOLS = ("mean", "cls-tanh", "cls", "max")
+#: The pools each architecture offers (the others run no pooling).
+ARCH_POOLS = {"encoder-classifier": ("mean", "cls-tanh"), "encoder": ("mean", "cls", "max")}
 #: How the query user embeds tokens (``embedding``): ``embed[tok] * sqrt(d) + sinusoidal PE``,
 #: learned positions ``embed[tok] + embed.pos[pos] (+ embed.type[type])`` (GPT-2), or the
 #: same followed by a LayerNorm ``embed.ln`` (BERT). All user-side, never shared.
@@ -67,10 +82,11 @@ NORMS = ("layernorm", "none", "batchnorm")
 #: Keys every architecture may carry and omits from its dictionary at their default value.
 _OPTIONAL = {"ffn_act": "relu", "attention": PERFORMER, "attn_bias": False, "pool": "mean",
              "embedding": "sinusoidal", "type_vocab": 0, "norm": "layernorm",
-             "ffn_scale": False, "ffn_pruned": 0, "ffn_bn": False}
-ENCODER_DECODER, ENCODER_CLASSIFIER, DECODER_ONLY = \
-    "encoder-decoder", "encoder-classifier", "decoder-only"
-ARCHS = (ENCODER_DECODER, ENCODER_CLASSIFIER, DECODER_ONLY)
+             "ffn_scale": False, "ffn_pruned": 0, "ffn_bn": False, "softmax_form": "max",
+             "normalize": False}
+ENCODER_DECODER, ENCODER_CLASSIFIER, DECODER_ONLY, ENCODER = \
+    "encoder-decoder", "encoder-classifier", "decoder-only", "encoder"
+ARCHS = (ENCODER_DECODER, ENCODER_CLASSIFIER, DECODER_ONLY, ENCODER)
 _COMMON = ("d_model", "n_heads", "d_head", "n_features", "d_ff", "attn_c", "attn_norm",
            "ln_eps", "norm_first", "max_len")
 #: Keys of each architecture's dictionary beyond the common ones (``arch`` is written for the
@@ -79,12 +95,14 @@ ARCH_KEYS = {
     ENCODER_DECODER: ("n_enc_layers", "n_dec_layers", "src_vocab", "tgt_vocab"),
     ENCODER_CLASSIFIER: ("arch", "n_enc_layers", "src_vocab", "n_classes"),
     DECODER_ONLY: ("arch", "n_dec_layers", "tgt_vocab"),
+    ENCODER: ("arch", "n_enc_layers", "src_vocab"),
 }
 #: Keys that must be >= 1 in each architecture (the others of ARCH_KEYS may be 0).
 _POSITIVE = {
     ENCODER_DECODER: ("n_enc_layers", "src_vocab", "tgt_vocab"),
     ENCODER_CLASSIFIER: ("n_enc_layers", "src_vocab", "n_classes"),
     DECODER_ONLY: ("n_dec_layers", "tgt_vocab"),
+    ENCODER: ("n_enc_layers", "src_vocab"),
 }
 
 #: Default LayerNorm epsilon: 2^-10, the lower bound of fxp.SQRT_INV_RANGE (tests check this).
@@ -120,6 +138,8 @@ class ModelConfig:
     ffn_scale: bool = field(default=False, kw_only=True)
     ffn_pruned: int = field(default=0, kw_only=True)
     ffn_bn: bool = field(default=False, kw_only=True)
+    softmax_form: str = field(default="max", kw_only=True)
+    normalize: bool = field(default=False, kw_only=True)
 
     def validate(self) -> "ModelConfig":
         def posint(name, minimum=1):
@@ -158,6 +178,12 @@ class ModelConfig:
             raise ValueError(f"ln_eps={self.ln_eps!r} must be a finite float > 0")
         if self.attention not in ATTENTIONS:
             raise ValueError(f"attention={self.attention!r} must be one of {ATTENTIONS}")
+        if self.softmax_form not in SOFTMAX_FORMS:
+            raise ValueError(f"softmax_form={self.softmax_form!r} must be one of "
+                             f"{SOFTMAX_FORMS}")
+        if self.softmax_form != "max" and self.attention != "softmax":
+            raise ValueError(f"softmax_form={self.softmax_form!r} applies to attention "
+                             f"'softmax' only (got {self.attention!r})")
         self._validate_extras(posint)
         if self.norm not in NORMS:
             raise ValueError(f"norm={self.norm!r} must be one of {NORMS}")
@@ -174,8 +200,14 @@ class ModelConfig:
             raise ValueError(f"attn_bias must be a bool, got {self.attn_bias!r}")
         if self.pool not in POOLS:
             raise ValueError(f"pool={self.pool!r} must be one of {POOLS}")
-        if self.pool != "mean" and self.arch != ENCODER_CLASSIFIER:
-            raise ValueError(f"pool={self.pool!r} applies to arch {ENCODER_CLASSIFIER!r} only")
+        if self.pool != "mean" and self.pool not in ARCH_POOLS.get(self.arch, ()):
+            offers = {a: p for a, p in ARCH_POOLS.items() if self.pool in p}
+            raise ValueError(f"pool={self.pool!r} applies to arch {' / '.join(offers)} only")
+        if not isinstance(self.normalize, (bool, np.bool_)):
+            raise ValueError(f"normalize must be a bool, got {self.normalize!r}")
+        if self.normalize and self.arch != ENCODER:
+            raise ValueError(f"normalize (an L2-normalised embedding) applies to arch "
+                             f"{ENCODER!r} only")
         if self.embedding not in EMBEDDINGS:
             raise ValueError(f"embedding={self.embedding!r} must be one of {EMBEDDINGS}")
         if self.embedding != "sinusoidal" and self.arch == ENCODER_DECODER:
@@ -332,7 +364,7 @@ def expected_user_shapes(cfg: ModelConfig) -> dict[str, tuple]:
         if cfg.embedding == "learned-ln":
             extra["embed.ln.gamma"] = (d,)
             extra["embed.ln.beta"] = (d,)
-    if cfg.arch == ENCODER_CLASSIFIER:
+    if cfg.arch in (ENCODER_CLASSIFIER, ENCODER):
         return {**src, **extra}
     if cfg.arch == DECODER_ONLY:
         return {**tgt, **extra}
