@@ -81,12 +81,12 @@ def sites_reached(cfg: M.ModelConfig, fold_omega: bool = True, **widths) -> dict
     small = narrowed(cfg, **widths)
     block = default_decode_block(cfg.n_features, cfg.d_head)     # what the model's jobs use
     T = min(cfg.max_len, TRACE_LEN)
-    short = T if cfg.max_len == block else (T + 1 if cfg.max_len < block else max(1, T - 1))
+    small_block = T if cfg.max_len == block else (T + 1 if cfg.max_len < block else T - 1)
     rng = np.random.default_rng(0)
     X = [rng.standard_normal((1, n, small.d_model)) for n in sorted({T, 1}, reverse=True)]
     Y = [rng.standard_normal((1, T, small.d_model)) for _ in X]
     return calibrate(small, M.random_weights(small, 0), Samples(X, Y), fold_omega=fold_omega,
-                     decode_block=short, check=False).layers
+                     decode_block=small_block, check=False).layers
 
 
 def _value_error(layer: str, site: str, v, span: bool) -> str | None:
