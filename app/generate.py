@@ -1,9 +1,11 @@
 """Secure text generation with a decoder-only LM, query-user side.
 
-The query user keeps the token embedding ``embed.tgt`` and the LM head ``out.w``, ``out.b``
-(never sent). For a batch of prompts of one length it
+The query user keeps the token embedding ``embed.tgt`` (with learned positions also the
+position table ``embed.pos``) and the LM head ``out.w``, ``out.b`` (never sent). For a batch
+of prompts of one length it
 
-1. embeds the prompt locally (``embed * sqrt(d) + PE``), shares it and opens a session:
+1. embeds the prompt locally (:func:`protocols.model.embed_tokens`: ``embed * sqrt(d) + PE``,
+   or GPT-2's ``embed + embed.pos`` at the tokens' positions), shares it and opens a session:
    the parties run every layer on the prompt once and keep the decode state (job
    ``lm_prefill``), returning the last position's final hidden row;
 2. applies the LM head locally and picks the next token greedily; per further token shares
@@ -131,8 +133,8 @@ def generate(backend, cfg: M.ModelConfig, user: Mapping[str, np.ndarray], prompt
     session = "g" + os.urandom(12).hex()
     pre, steps = Traffic(), Traffic()
     res = Generation([[] for _ in range(B)], pre, steps, 0)
-    h = ring.decode(backend.prefill(session, M.embed(cfg, user["embed.tgt"], ids), pre,
-                                    layers), backend.frac)
+    h = ring.decode(backend.prefill(session, M.embed_tokens(cfg, user, ids, table="embed.tgt"),
+                                    pre, layers), backend.frac)
     try:
         done = np.zeros(B, dtype=bool)
         for k in range(n_tokens):
@@ -148,7 +150,7 @@ def generate(backend, cfg: M.ModelConfig, user: Mapping[str, np.ndarray], prompt
                 on_token(k, tok)
             if done.all() or k == n_tokens - 1:
                 break
-            y = M.embed(cfg, user["embed.tgt"], tok[:, None], offset=T + k)[:, 0, :]
+            y = M.embed_tokens(cfg, user, tok[:, None], offset=T + k, table="embed.tgt")[:, 0]
             res.fed.append(tok.copy())
             h = ring.decode(backend.step(session, y, steps, layers), backend.frac)
             res.steps += 1

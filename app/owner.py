@@ -17,7 +17,7 @@ from net.client import ModelOwner
 from net.config import ClusterConfig
 from protocols import calibrate as C
 from protocols import model as M
-from protocols.jobs import DEFAULT_PERMITTED, ENCODER_DECODER, PRODUCTION
+from protocols.jobs import DEFAULT_PERMITTED, ENCODER_DECODER, PRODUCTION, TRANSFORMER_LAYOUT
 
 
 def computations(arch: str = ENCODER_DECODER) -> tuple[str, ...]:
@@ -76,7 +76,7 @@ def transformer_meta(mcfg: M.ModelConfig, calibration: C.Calibration, permit=Non
                      source: str = "", fold_omega: bool = True) -> dict:
     """Public metadata stored with a shared transformer."""
     return {"model_config": mcfg.to_dict(), "kind": mcfg.arch,
-            "layout": "protocols.secure_model", "fold_omega": fold_omega,
+            "layout": TRANSFORMER_LAYOUT, "fold_omega": fold_omega,
             "permitted": list(check_permit(permit, mcfg.arch)), "source": source,
             "calibration": calibration.to_dict()}
 

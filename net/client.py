@@ -248,6 +248,7 @@ class QueryUser(_Client):
         self.retry_s = retry_s
         self._costs: dict[tuple[str, int], list] = {}
         self._models: dict[str, pb.ModelInfo] = {}
+        self._refusals: dict[tuple[str, str], str] = {}    # (model, upload) -> why refused
 
     def model(self, model_id: str) -> pb.ModelInfo:
         """The model as stored on the three parties; raises unless they hold the same,
@@ -280,13 +281,22 @@ class QueryUser(_Client):
 
     def check_inputs(self, model_id: str, inputs: Mapping[str, np.ndarray]) -> None:
         """Refuse plaintext inputs outside the model's calibrated input range (stored by the
-        owner's share-model): out-of-range values would wrap in the ring and come back as
-        garbage, so they are never shared."""
+        owner's share-model) - they would wrap in the ring and come back as garbage - and,
+        with :class:`ClusterError`, any input of a transformer without a valid calibration
+        (:func:`protocols.jobs.model_problem`, once per upload). Bare tensors have none."""
+        from mpc3.party import RingConfig
+        from protocols.calibrate import Calibration, check_input
+        from protocols.jobs import PRODUCTION, TRANSFORMER_LAYOUT, model_problem
         info = self._models.get(model_id) or self.model(model_id)
         meta = json.loads(info.public_meta or "{}")
-        if "calibration" not in meta:
+        if meta.get("layout") != TRANSFORMER_LAYOUT:
             return
-        from protocols.calibrate import Calibration, check_input
+        key = (model_id, info.upload_id)
+        if key not in self._refusals:
+            self._refusals[key] = model_problem(model_id, meta, PRODUCTION,
+                                                RingConfig(frac=self.frac))
+        if self._refusals[key]:       # the parties refuse it as well; nothing is shared
+            raise ClusterError(None, grpc.StatusCode.FAILED_PRECONDITION, self._refusals[key])
         cal = Calibration.from_dict(meta["calibration"])
         for name, value in inputs.items():
             if name in cal.input_range:

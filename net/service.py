@@ -21,7 +21,7 @@ import time
 from contextlib import contextmanager
 
 
-from protocols.jobs import ModelView, output_fracs
+from protocols.jobs import ModelView, model_problem, output_fracs
 
 from . import keys
 from .codec import TensorAssembler, share_from_payload, tensor_chunks
@@ -130,11 +130,13 @@ def _rpc(roles: tuple[str, ...], stream: bool = False):
 
 
 def _model_info(rec: StoredModel, complete: bool = True) -> pb.ModelInfo:
+    """The model as clients see it; ``problem``: why it is corrupt, else why its jobs are
+    refused (its calibration, once checked)."""
     meta = rec.meta
     return pb.ModelInfo(model_id=meta["model_id"], upload_id=meta.get("upload_id", ""),
                         owner=meta.get("owner", ""), total_bytes=meta.get("total_bytes", 0),
                         public_meta=meta.get("public_meta", ""), complete=complete,
-                        state=rec.state, problem=rec.problem,
+                        state=rec.state, problem=rec.problem or rec.refusal or "",
                         tensors=[pb.TensorInfo(name=t["name"], shape=t["shape"],
                                                frac=t.get("frac", meta.get("frac", 0)))
                                  for t in meta.get("tensors", [])])
@@ -173,6 +175,10 @@ class ClientServicer(pb_grpc.ClientServiceServicer):
             raise BadRequest(Code.INVALID_ARGUMENT, f"n_tensors must be 1..{MAX_TENSORS}")
         if len(first.public_meta) > MAX_META:
             raise BadRequest(Code.INVALID_ARGUMENT, "public_meta too long")
+        refusal = model_problem(model_id, first.public_meta, self.srv.registry, self.srv.ring)
+        if refusal:                       # a transformer without a valid calibration
+            log.warning("party %d: upload of model %s refused: %s", rank, model_id, refusal)
+            raise BadRequest(Code.INVALID_ARGUMENT, f"party {rank}: {refusal}")
         limit = self.srv.limits.owner_model_bytes
         held = [store.owner_bytes(ident.name)]
 
@@ -213,6 +219,7 @@ class ClientServicer(pb_grpc.ClientServiceServicer):
                     "total_bytes": total, "public_meta": first.public_meta,
                     "tensors": tensors, "frac": self.cfg.frac, "created": time.time()}
             rec = store.commit(model_id, stage, meta, shares)
+            rec.refusal = ""              # its metadata was checked above
         except BaseException:
             store.abandon(model_id, stage)
             raise
@@ -222,9 +229,22 @@ class ClientServicer(pb_grpc.ClientServiceServicer):
 
     UploadModelShares = _rpc(OWNER, stream="in")(_upload)
 
+    def _refusal(self, rec: StoredModel) -> str:
+        """Why the stored model's jobs are refused ('' if they are not): its public metadata
+        checked once per upload (:func:`protocols.jobs.model_problem`) - a model stored
+        before the check, or whose metadata was edited on disk, is refused here."""
+        if rec.refusal is None:
+            rec.refusal = model_problem(rec.meta["model_id"], rec.meta.get("public_meta", ""),
+                                        self.srv.registry, self.srv.ring)
+            if rec.refusal:
+                log.warning("party %d: %s", self.srv.rank, rec.refusal)
+        return rec.refusal
+
     @_rpc(ANY)
     def ListModels(self, request, context, ident):
         recs, uploading = self.srv.store.list()
+        for r in recs:
+            self._refusal(r)
         models = [_model_info(r) for r in sorted(recs, key=lambda r: r.meta["model_id"])]
         models += [pb.ModelInfo(model_id=m, complete=False) for m in uploading]
         return pb.ListModelsReply(models=models)
@@ -264,6 +284,9 @@ class ClientServicer(pb_grpc.ClientServiceServicer):
             raise BadRequest(Code.FAILED_PRECONDITION, f"model {first.model_id!r} on party "
                              f"{srv.rank} is upload {rec.meta['upload_id']}, not "
                              f"{first.upload_id!r}: the parties hold different uploads")
+        refusal = self._refusal(rec)
+        if refusal:
+            raise BadRequest(Code.FAILED_PRECONDITION, f"party {srv.rank}: {refusal}")
         if srv.runner.get(job_id) is not None:
             raise BadRequest(Code.ALREADY_EXISTS, f"job id {job_id!r} already used")
         try:

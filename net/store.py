@@ -78,6 +78,7 @@ class StoredModel:
     problem: str = ""
     shares: dict[str, AShare] | None = None
     digests: tuple[bytes, bytes] | None = None   # (slot i, slot i+1) of this party
+    refusal: str | None = None    # why its jobs are refused ('' if they are not), once checked
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 

@@ -13,7 +13,9 @@ documented range; outside it the ring wraps and the output is garbage with no er
   decode step of ``max_len``-token samples embedded with ``embed.tgt`` (input range ``X`` for
   the prompt, ``Y`` for a step, the same table);
 * the result, :class:`Calibration`, is small and JSON-able (:meth:`Calibration.to_dict`) and is
-  stored in the model's public metadata together with the **calibrated input range**;
+  stored in the model's public metadata together with the **calibrated input range**; every
+  party checks it at upload and before a model's jobs, the query user's client before it
+  shares inputs (:mod:`protocols.calibration_check`);
 * the query user's client calls :func:`check_input` on the plaintext before sharing it and
   refuses inputs outside that range.
 
@@ -276,13 +278,15 @@ class Calibration:
 def calibrate(cfg: M.ModelConfig, weights: M.Weights, samples: Samples,
               ring: RingConfig = RingConfig(), margin: float = DEFAULT_MARGIN,
               user: Mapping[str, np.ndarray] | None = None, fold_omega: bool = True,
-              decode_block: int | None = None) -> Calibration:
+              decode_block: int | None = None, check: bool = True) -> Calibration:
     """Trace the secure encoder and decode steps on ``samples``; return the checked
     :class:`Calibration` or raise :class:`RangeError` (model refused).
 
     ``user``: the query-user tensors, when the model has them (exact input range);
     ``fold_omega`` / ``decode_block``: as the model will be shared and decoded
-    (defaults: folded, :func:`protocols.attention.default_decode_block`)."""
+    (defaults: folded, :func:`protocols.attention.default_decode_block`); ``check`` False:
+    the values as traced, unchecked (which sites a model reaches,
+    :func:`protocols.calibration_check.sites_reached`)."""
     if not margin >= 1.0:
         raise ValueError(f"margin={margin} must be >= 1")
     weights.validate(cfg)
@@ -311,7 +315,7 @@ def calibrate(cfg: M.ModelConfig, weights: M.Weights, samples: Samples,
     cal = Calibration(rec.values, rng_in, margin=float(margin), frac=ring.frac,
                       relu_bound_bits=ring.relu_bound_bits, fold_omega=fold_omega,
                       decode_block=tr.block, ln_eps=float(cfg.ln_eps))
-    return cal.check()
+    return cal.check() if check else cal
 
 
 def check_input(calibration: Calibration | Mapping, name: str, x) -> None:

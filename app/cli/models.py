@@ -133,11 +133,18 @@ def _cmd_models(args) -> int:
         first = next(i for i in infos if i is not None)
         problems = [f"party {n}: {i.state}" + (f" ({i.problem})" if i.problem else "")
                     for n, i in enumerate(infos) if i is not None and i.state == "corrupt"]
+        refused: dict[str, list[int]] = {}        # why its jobs are refused -> parties
+        for n, i in enumerate(infos):
+            if i is not None and i.state != "corrupt" and i.problem:
+                refused.setdefault(i.problem, []).append(n)
+        problems += [f"{'parties' if len(ns) > 1 else 'party'} {', '.join(map(str, ns))}: "
+                     f"{why}" for why, ns in refused.items()]
         same = len({infos[n].upload_id for n in held}) == 1 and len(held) == 3
-        ok = same and not problems
-        bad += not ok
+        verdict = ("INCONSISTENT" if not same or len(problems) > len(refused) else
+                   "NOT RUNNABLE" if refused else "OK")
+        bad += verdict != "OK"
         states = sorted({infos[n].state for n in held})
-        print(f"{model_id}: {'OK' if ok else 'INCONSISTENT'} upload={first.upload_id} "
+        print(f"{model_id}: {verdict} upload={first.upload_id} "
               f"owner={first.owner} tensors={len(first.tensors)} bytes/party="
               f"{first.total_bytes} on parties {held} state={'/'.join(states)}"
               + "".join(f"; {p}" for p in problems))

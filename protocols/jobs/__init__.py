@@ -10,9 +10,10 @@ from __future__ import annotations
 from .causal_lm import SPECS as _CAUSAL_LM
 from .classifier import SPECS as _CLASSIFIER
 from .contract import (DECODER_ONLY, DEFAULT_PERMITTED, ENCODER_CLASSIFIER, ENCODER_DECODER,
-                       TENSORS, CostRecorder,
+                       TENSORS, TRANSFORMER_LAYOUT, CostRecorder,
                        JobContext, JobRefused, JobRegistry, JobSpec, ModelView, SessionSlot,
                        TensorSpec, admit, execute, output_fracs)
+from .runnable import model_problem
 from .transformer import SPECS as _TRANSFORMER
 
 PRODUCTION = JobRegistry(_TRANSFORMER + _CLASSIFIER + _CAUSAL_LM)
@@ -20,7 +21,8 @@ PRODUCTION = JobRegistry(_TRANSFORMER + _CLASSIFIER + _CAUSAL_LM)
 __all__ = ["PRODUCTION", "benchmark_registry", "DECODER_ONLY", "DEFAULT_PERMITTED",
            "ENCODER_CLASSIFIER", "ENCODER_DECODER", "TENSORS", "CostRecorder",
            "JobContext", "JobRefused", "JobRegistry", "JobSpec", "ModelView", "SessionSlot",
-           "TensorSpec", "admit", "execute", "output_fracs"]
+           "TRANSFORMER_LAYOUT", "TensorSpec", "admit", "execute", "model_problem",
+           "output_fracs"]
 
 
 def benchmark_registry() -> JobRegistry:

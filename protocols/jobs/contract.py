@@ -36,6 +36,9 @@ ENCODER_DECODER = "encoder-decoder"
 ENCODER_CLASSIFIER = "encoder-classifier"
 DECODER_ONLY = "decoder-only"
 TENSORS = "tensors"                  # bare tensors (benchmarks, tests): no inference of its own
+#: ``public_meta["layout"]`` of a transformer shared by ``share-model``
+#: (:mod:`protocols.secure_model`); other models (bare tensors) carry no calibration.
+TRANSFORMER_LAYOUT = "protocols.secure_model"
 
 
 class JobRefused(ValueError):
@@ -79,7 +82,7 @@ class ModelView:
         kind = self.meta.get("kind")
         if kind is None:   # models shared before kinds were recorded
             kind = self.meta.get("model_config", {}).get("arch", ENCODER_DECODER) \
-                if self.meta.get("layout") == "protocols.secure_model" else TENSORS
+                if self.meta.get("layout") == TRANSFORMER_LAYOUT else TENSORS
         return kind
 
     @cached_property
@@ -202,6 +205,12 @@ class JobRegistry:
 
     def extended(self, specs: Iterable[JobSpec]) -> "JobRegistry":
         return JobRegistry([*self._specs.values(), *specs])
+
+    def inputs_of(self, model_kind: str) -> set[str]:
+        """Names of the inputs this registry's production (non-diagnostic) kinds take on a
+        model of ``model_kind`` (those a calibration must give a range)."""
+        return {t.name for s in self._specs.values() if not s.diagnostic and
+                model_kind in s.model_kinds for t in (s.inputs or ())}
 
     @property
     def diagnostic(self) -> bool:
