@@ -25,7 +25,8 @@ from .features import (attn_norm, attn_params, fold_omega, merge_heads, project,
 from .presets import PRESETS, aero, apply_preset
 from .reference import (RefDecodeState, ffn_activation, ref_decoder, ref_decoder_step, ref_encoder, ref_ffn,
                         batchnorm_affine, fold_ffn_bn, ref_batchnorm, ref_layernorm, ref_mha, ref_norm)
-from .weights import (FORMAT_VERSION, USER_NAMES, Weights, load_model, make_omega,
+from .weights import (FORMAT_VERSION, USER_NAMES, Weights, load_labels, load_model,
+                      load_tokenizer, make_omega,
                       orthogonal_features, random_user, random_weights, save_model,
                       validate_user)
 
@@ -34,7 +35,7 @@ __all__ = [
     "config_keys", "greedy_generate", "ref_classify", "ref_embed", "ref_lm", "ref_lm_step", "ATTN_NORMS", "DEFAULT_LN_EPS", "FORMAT_VERSION", "USER_NAMES", "ModelConfig",
     "RefDecodeState", "Weights", "ffn_activation", "attn_norm", "attn_params", "attn_prefixes", "embed", "embed_tokens", "input_table", "take_tokens",
     "expected_shapes", "expected_user_shapes", "fold_omega", "greedy_decode", "load_model",
-    "make_omega", "merge_heads", "orthogonal_features", "project", "output_logits", "positional_encoding",
+    "make_omega", "merge_heads", "load_labels", "load_tokenizer", "orthogonal_features", "project", "output_logits", "positional_encoding",
     "random_user", "random_weights", "ref_decoder", "ref_decoder_step", "ref_encoder",
     "ref_features", "ref_ffn", "ref_layernorm", "ref_mha", "relu", "save_model", "split_heads",
     "validate_user",
