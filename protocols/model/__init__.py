@@ -9,7 +9,8 @@
 * :mod:`.archs`     - the float64 reference of the encoder classifier, the headless encoder
   (sentence embeddings) and the decoder-only LM;
 * :mod:`.presets`   - named config presets (AERO's softmax-only block);
-* :mod:`.hf_import` - checkpoints laid out like Hugging Face BERT and GPT-2 -> mpc3 models.
+* :mod:`.hf_import` - checkpoints laid out like Hugging Face BERT and GPT-2 -> mpc3 models;
+* :mod:`.st_import` - sentence-transformers directories, and every import with its tokenizer.
 
 Everything public is re-exported here: ``from protocols import model as M; M.ref_encoder``.
 """

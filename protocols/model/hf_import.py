@@ -9,9 +9,13 @@ own safetensors reader - no torch, no transformers, no pickle (a directory holdi
 * ``hf-bert`` - ``BertForSequenceClassification`` -> arch ``encoder-classifier``, softmax
   attention with biases, post-LN, GELU, pool ``cls-tanh`` (BERT's pooler), embedding
   ``learned-ln`` (word + position + token-type tables, then the embedding LayerNorm);
+  ``BertModel`` -> arch ``encoder`` (a sentence embedding: pool mean, cls or max, optionally
+  normalized; its pooler is left out, with a note);
 * ``hf-gpt2`` - ``GPT2LMHeadModel`` (or ``GPT2Model``) -> arch ``decoder-only``, softmax
   attention with biases, pre-LN with the final ``ln_f``, GELU, embedding ``learned``
-  (``wte`` + ``wpe``), LM head tied to ``wte`` unless the file holds its own ``lm_head``.
+  (``wte`` + ``wpe``), LM head tied to ``wte`` unless the file holds its own ``lm_head``;
+* ``sentence-transformers`` (a directory with ``modules.json``) and the checkpoints'
+  tokenizers: :mod:`.st_import`. ``--max-len`` (:func:`cap_max_len`) applies to every one.
 
 Name mapping (torch ``nn.Linear`` stores (out, in) and is transposed; GPT-2's ``Conv1D``
 stores (in, out) and is taken as it is, ``c_attn`` split into q | k | v columns):
