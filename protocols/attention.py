@@ -348,7 +348,7 @@ def cross_attention_step(p: Party, qf: AShare, kv: AShare, raw: bool = False) ->
     return arith.matmul_aa(p, qf, kv, trunc=not raw)
 
 
-# ------------------------------------------------------------ softmax baselines ----
+# --------------------------------------------------- division by softmax row sums ----
 def repeat_cols(x: AShare, d: int) -> AShare:
     """(..., S) -> (..., S, d): each row value repeated over d columns."""
     shape = x.shape + (d,)
@@ -385,43 +385,3 @@ def cost_divide_rows(p_cfg, rows: int, dh: int) -> Cost:
             + arith.cost_mul(rows + rows * dh, True, f, mode) + arith.cost_mul(rows, True, f, mode)
             + arith.cost_mul(rows + rows * dh, True, f, mode)
             + arith.cost_mul(rows * dh, True, f, mode))
-
-
-def softmax_attention(p: Party, q: AShare, k: AShare, v: AShare, masked: bool = False,
-                      exp: str = "poly", fused: bool = False) -> AShare:
-    """softmax(Q K^T / sqrt(dh) [+ causal mask]) V per head, max-free (Privformer Sec. 9.2).
-
-    ``exp="poly"``: the paper's 1 + x + x^2/2 + 0.1665x^3 + 0.0438x^4 (its baseline);
-    ``exp="limit"``: the accurate kernel. 1/sqrt(dh) rides in the score product (q times
-    round(2^12/sqrt(dh)), truncated by frac + 12); row sums are local; 1/sum by reciprocal_a.
-    Masked: only the S(S+1)/2 causal scores are reshared and exponentiated; the rest are 0.
-    Scores must lie in ``fxp.EXP_RANGE`` ([-48, 9.5]) for ``exp="limit"``; the "poly"
-    baseline is accurate only near 0. ``fused``: the division by the row sums as
-    :func:`divide_rows` (4 rounds fewer; models use it); default: the paper baseline's
-    reciprocal, e @ v, product.
-    """
-    from mpc3.kernels import fxp
-    if exp not in SOFTMAX_EXP:
-        raise ValueError(f"exp={exp!r} must be one of {SOFTMAX_EXP}")
-    dh, S = q.shape[-1], k.shape[-2]
-    if masked and q.shape[-2] != S:
-        raise ValueError("masked softmax attention needs Sq == Sk")
-    extra = 12
-    qs = q.scale(ring.encode(1.0 / math.sqrt(dh), extra))
-    keep = np.broadcast_to(tril_mask(S).astype(bool) if masked else np.ones((1, 1), bool),
-                           q.shape[:-1] + (S,))
-    sc = mul_many(p, [(qs, k.T, "matmul", keep)], trunc=p.cfg.frac + extra)[0]
-    e_kept = fxp.exp_a(p, AShare(sc.a[keep], sc.b[keep]), method=exp)
-    ea, eb = np.zeros(sc.shape, dtype=np.uint64), np.zeros(sc.shape, dtype=np.uint64)
-    ea[keep], eb[keep] = e_kept.a, e_kept.b
-    e = AShare(ea, eb)
-    den = AShare(e.a.sum(axis=-1, dtype=np.uint64), e.b.sum(axis=-1, dtype=np.uint64))
-    if fused:
-        return divide_rows(p, e, v, den)
-    inv = fxp.reciprocal_a(p, den)
-    ev = arith.matmul_aa(p, e, v)
-    inv_b = AShare(np.ascontiguousarray(np.broadcast_to(inv.a[..., None], ev.shape)),
-                   np.ascontiguousarray(np.broadcast_to(inv.b[..., None], ev.shape)))
-    return arith.mul_aa(p, ev, inv_b)
-
-

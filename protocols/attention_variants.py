@@ -1,15 +1,16 @@
 """The seed papers' attention variants on replicated shares, causal masks included.
 
 All take per-head q, k, v of shape (B, h, S, dh) (heads split, as
-:func:`protocols.attention.softmax_attention`), form the scores s = q k^T / sqrt(dh) in one
-product (1/sqrt(dh) rides in q with 12 extra bits, as in softmax_attention) and, when
-``masked``, only the S(S+1)/2 causal scores are reshared and transformed; the others are 0.
+:func:`protocols.softmax.softmax_attention`), form the scores s = q k^T / sqrt(dh) in one
+product (:func:`protocols.softmax.kept_scores`: a model's q carries 1/sqrt(dh) folded into
+W^Q, ``prescaled``; otherwise it rides in q with 12 extra bits) and, when ``masked``, only
+the S(S+1)/2 causal scores are reshared and transformed; the others are 0.
 
 * :func:`power_softmax` - PowerSoftmax (seed 000, Eq. 2 with the 1/eps^2-Lipschitz division
   of Eq. 4): out_i = sum_j s_ij^p v_j / (eps + sum_j s_ij^p), p even. Forms:
   "plain" (Eq. 4); "stable" (Eq. 5 + 4: the same on t = s / c, c = ||s_i||_inf, so every
   row's largest |t| is 1 and no digits are lost in t^p: c^-2 = max_j s_ij^2 by a ReLU
-  tournament max(a, b) = b + ReLU(a - b) over the row, c^-1 by fxp.sqrt_inv_a; the paper's
+  tournament over the row's kept scores (mpc3.kernels.extrema), c^-1 by fxp.sqrt_inv_a; the paper's
   eps' only keeps c > 0 in floating point and is 0 here); "length" (Eq. 6, length-agnostic:
   (s^p / L) / (eps + mean_j s^p) with L the row's number of keys, i + 1 for causal row i;
   the reciprocal's input is the mean, so its range does not grow with L; 1/L rides in the
@@ -24,8 +25,7 @@ product (1/sqrt(dh) rides in q with 12 extra bits, as in softmax_attention) and,
   "keys" = each row's own number of keys (i + 1 for causal row i; ReLU only), which models
   use so that a causal row never depends on later tokens (1/L_i rides in the product with
   per-row shifts, no extra round).
-* softmax: :func:`protocols.attention.softmax_attention` (masked form included); its
-  declared cost is :func:`cost_softmax_attention` here.
+* softmax: :mod:`protocols.softmax` (max-subtracted and max-free, masked forms included).
 
 Ranges (checked by the calibration the model-zoo wiring adds; tests/test_attention_variants.py
 runs inside them): every score |s| < 2^13 and every product below arith.product_limit;
@@ -42,21 +42,19 @@ measured <= 1.3e-3, at B=2, h=3, S=7, dh=8 with |q|, |k|, |v| <= 1.5, eps = 1e-2
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from mpc3 import ring
-from mpc3.kernels import arith, convert, fxp
+from mpc3.kernels import arith, convert, extrema, fxp
 from mpc3.kernels.base import Cost
 from mpc3.party import Party, RingConfig
 from mpc3.shares import AShare
-from protocols.attention import cost_divide_rows, divide_rows, repeat_cols, tril_mask
+from protocols.attention import cost_divide_rows, divide_rows, repeat_cols
+from protocols.softmax import (keep_mask, kept_scores, row_lengths, score_query,
+                               score_trunc)
 from protocols.model.variants import ref_power_softmax, ref_sigma_attention  # noqa: F401
 
 POWER_FORMS = ("plain", "stable", "length")
-#: Extra bits of 1/sqrt(dh) in the score product (as softmax_attention).
-SCORE_EXTRA = 12
 #: Significant bits of the public factors 1/L, eps and c_k/L that ride in products.
 SIG_BITS = 12
 
@@ -75,31 +73,17 @@ def _per_element(shift, shape) -> np.ndarray:
     return np.broadcast_to(shift, shape).reshape(-1)
 
 
-def _keep(shape, Sk: int, masked: bool) -> np.ndarray:
-    """Public boolean (B, h, Sq, Sk): the scores that exist (causal: j <= i)."""
-    base = tril_mask(Sk).astype(bool) if masked else np.ones((1, Sk), bool)
-    return np.broadcast_to(base, tuple(shape[:-1]) + (Sk,))
-
-
 def _rows_keys(Sq: int, Sk: int, masked: bool) -> np.ndarray:
     """L_i, the number of keys row i attends to."""
     return np.arange(1, Sq + 1) if masked else np.full(Sq, Sk)
 
 
-def _scores(p: Party, q: AShare, k: AShare, keep: np.ndarray) -> AShare:
-    """The kept entries of q k^T / sqrt(dh), flat: one product."""
-    qs = q.scale(ring.encode(1.0 / math.sqrt(q.shape[-1]), SCORE_EXTRA))
-    items = [(qs, k.T, "matmul", p.cfg.frac + SCORE_EXTRA, keep)]
-    sc = arith.mul_many_aa(p, items)[0]
-    return AShare(sc.a[keep], sc.b[keep])
-
-
-def _relu_scores(p: Party, q: AShare, k: AShare, keep: np.ndarray) -> AShare:
-    """ReLU of :func:`_scores`, the product stopping at the split form relu_a reads
-    (arith.mul_split_aa: 8 bytes per kept score less)."""
-    qs = q.scale(ring.encode(1.0 / math.sqrt(q.shape[-1]), SCORE_EXTRA))
-    return convert.relu_a(p, arith.mul_split_aa(p, [(qs, k.T, "matmul", keep)],
-                                                trunc=p.cfg.frac + SCORE_EXTRA))
+def _relu_scores(p: Party, q: AShare, k: AShare, keep: np.ndarray, prescaled: bool) -> AShare:
+    """ReLU of the kept scores (protocols.softmax.kept_scores), the product stopping at the
+    split form relu_a reads (arith.mul_split_aa: 8 bytes per kept score less)."""
+    return convert.relu_a(p, arith.mul_split_aa(
+        p, [(score_query(q, prescaled), k.T, "matmul", keep)],
+        trunc=score_trunc(p.cfg.frac, prescaled)))
 
 
 def _scatter(x: AShare, keep: np.ndarray) -> AShare:
@@ -142,40 +126,24 @@ def _check_power(power: int, eps: float, form: str) -> None:
 
 
 # --------------------------------------------------------------- power softmax ----
-def _tournament(p: Party, e: AShare) -> AShare:
-    """max over the last axis of nonnegative e: levels of max(a, b) = b + ReLU(a - b)."""
-    while e.shape[-1] > 1:
-        half = e.shape[-1] // 2
-        a, b = e[..., :half], e[..., half:2 * half]
-        m = b + convert.relu_a(p, a - b)
-        e = AShare.concat([m, e[..., 2 * half:]], axis=-1) if e.shape[-1] % 2 else m
-    return e[..., 0]
-
-
-def _tournament_pairs(Sk: int) -> list[int]:
-    out, n = [], Sk
-    while n > 1:
-        out.append(n // 2)
-        n = n // 2 + n % 2
-    return out
-
-
 def power_softmax(p: Party, q: AShare, k: AShare, v: AShare, power: int = 4,
                   eps: float = 1e-2, form: str = "plain", masked: bool = False,
-                  fused: bool = False) -> AShare:
+                  fused: bool = False, prescaled: bool = False) -> AShare:
     """PowerSoftmax attention (seed 000 Eq. 4-6; module docstring). ``fused`` (forms plain
-    and stable): the division as :func:`protocols.attention.divide_rows` (4 rounds fewer).
-    Cost: :func:`cost_power_softmax`."""
+    and stable): the division as :func:`protocols.attention.divide_rows` (4 rounds fewer);
+    ``prescaled``: q carries 1/sqrt(dh) (protocols.softmax). Cost: :func:`cost_power_softmax`."""
     _check_power(power, eps, form)
     f = p.cfg.frac
     B, h, Sq, dh = q.shape
     Sk = k.shape[-2]
     if masked and Sq != Sk:
         raise ValueError("masked power_softmax needs Sq == Sk")
-    keep = _keep(q.shape, Sk, masked)
-    s = _scores(p, q, k, keep)
+    keep = keep_mask(q.shape, Sk, masked)
+    s = kept_scores(p, q, k, keep, prescaled)
     if form == "stable":                          # s / ||s_i||_inf = s * (max_j s_ij^2)^-1/2
-        inv_c = fxp.sqrt_inv_a(p, _tournament(p, _scatter(arith.mul_aa(p, s, s), keep)))
+        lens = row_lengths(B, h, Sq, Sk, masked)
+        inv_c = fxp.sqrt_inv_a(p, extrema.max_rows_a(p, arith.mul_aa(p, s, s), lens)
+                               .reshape(B, h, Sq))
         wide = repeat_cols(inv_c, Sk)
         s = arith.mul_aa(p, s, AShare(wide.a[keep], wide.b[keep]))
     e = _scatter(_power(p, s, power), keep)                      # s^p, 0 where masked
@@ -199,18 +167,16 @@ def power_softmax(p: Party, q: AShare, k: AShare, v: AShare, power: int = 4,
 
 def cost_power_softmax(cfg: RingConfig, B: int, h: int, Sq: int, Sk: int, dh: int,
                        power: int = 4, form: str = "plain", masked: bool = False,
-                       eps: float = 1e-2, fused: bool = False) -> Cost:
+                       eps: float = 1e-2, fused: bool = False, prescaled: bool = False) -> Cost:
     _check_power(power, eps, form)
     f, mode = cfg.frac, cfg.trunc
     kept = B * h * (Sq * (Sq + 1) // 2 if masked else Sq * Sk)
     rows = B * h * Sq
-    cost = arith.cost_mul(kept, f + SCORE_EXTRA, f, mode)
+    cost = arith.cost_mul(kept, score_trunc(f, prescaled), f, mode)
     if form == "stable":
-        cost = cost + arith.cost_mul(kept, True, f, mode)
-        for pairs in _tournament_pairs(Sk):
-            cost = cost + convert.cost_relu(rows * pairs, *convert.window_for(cfg))
-        cost = (cost + fxp.cost_sqrt_inv(rows, "auto", f, mode)
-                + arith.cost_mul(kept, True, f, mode))
+        cost = (cost + arith.cost_mul(kept, True, f, mode)
+                + extrema.cost_max_rows(cfg, row_lengths(B, h, Sq, Sk, masked))
+                + fxp.cost_sqrt_inv(rows, "auto", f, mode) + arith.cost_mul(kept, True, f, mode))
     for _ in range(_power_layers(power)):
         cost = cost + arith.cost_mul(kept, True, f, mode)
     if form == "length":
@@ -248,25 +214,26 @@ def _sigma_coeffs(coeffs, L: int) -> tuple[np.ndarray, int]:
 
 
 def sigma_attention(p: Party, q: AShare, k: AShare, v: AShare, sigma="relu",
-                    masked: bool = False, length: int | str | None = None) -> AShare:
+                    masked: bool = False, length: int | str | None = None,
+                    prescaled: bool = False) -> AShare:
     """Scaled sigma-attention (sigma(s) * M) V / L (seed 002 Eq. 5, 9): ``sigma`` is
-    "relu" or the coefficients (c_0, ..., c_deg) of a public polynomial. Cost:
-    :func:`cost_sigma_attention`."""
+    "relu" or the coefficients (c_0, ..., c_deg) of a public polynomial; ``prescaled``: q
+    carries 1/sqrt(dh) (protocols.softmax). Cost: :func:`cost_sigma_attention`."""
     f = p.cfg.frac
     Sq, Sk = q.shape[-2], k.shape[-2]
     if masked and Sq != Sk:
         raise ValueError("masked sigma_attention needs Sq == Sk")
     L = _sigma_length(length, Sq, Sk, masked, sigma)
-    keep = _keep(q.shape, Sk, masked)
+    keep = keep_mask(q.shape, Sk, masked)
     if isinstance(sigma, str):
         if sigma != "relu":
             raise ValueError(f"sigma_attention: sigma={sigma!r} must be 'relu' or coefficients")
         c, b = _mantissa(1.0 / L)
         if np.ndim(L):                     # per row i: c_i on its entries, shift f + b_i
             c, b = np.broadcast_to(c[:, None], keep.shape)[keep], b[:, None]
-        act = _relu_scores(p, q, k, keep).scale(c)            # ReLU(s) / L at scale f + b
+        act = _relu_scores(p, q, k, keep, prescaled).scale(c)   # ReLU(s) / L at scale f + b
     else:
-        s = _scores(p, q, k, keep)
+        s = kept_scores(p, q, k, keep, prescaled)
         c, b = _sigma_coeffs(sigma, L)
         pw = _all_powers(p, s, c.size - 1)
         act = arith.add_public(p, s.scale(c[1]), np.full(s.shape, c[0] << np.uint64(f)))
@@ -291,18 +258,18 @@ def _sigma_length(length, Sq: int, Sk: int, masked: bool, sigma):
 
 def cost_sigma_attention(cfg: RingConfig, B: int, h: int, Sq: int, Sk: int, dh: int,
                          sigma="relu", masked: bool = False,
-                         length: int | str | None = None) -> Cost:
+                         length: int | str | None = None, prescaled: bool = False) -> Cost:
     f, mode = cfg.frac, cfg.trunc
     kept = B * h * (Sq * (Sq + 1) // 2 if masked else Sq * Sk)
     L = _sigma_length(length, Sq, Sk, masked, sigma)
     if isinstance(sigma, str):
-        cost = (arith.cost_mul_split(cfg, kept, f + SCORE_EXTRA)
-                + convert.cost_relu_split(cfg, kept, f + SCORE_EXTRA))
+        trunc = score_trunc(f, prescaled)
+        cost = arith.cost_mul_split(cfg, kept, trunc) + convert.cost_relu_split(cfg, kept, trunc)
         b = _mantissa(1.0 / L)[1]
         if np.ndim(L):
             b = np.broadcast_to(b[:, None], (B, h, Sq, dh)).reshape(-1)
     else:
-        cost = arith.cost_mul(kept, f + SCORE_EXTRA, f, mode)
+        cost = arith.cost_mul(kept, score_trunc(f, prescaled), f, mode)
         deg = len(sigma) - 1
         done = 1
         while done < deg:
@@ -311,18 +278,3 @@ def cost_sigma_attention(cfg: RingConfig, B: int, h: int, Sq: int, Sk: int, dh: 
             done += new
         b = _sigma_coeffs(sigma, L)[1]
     return cost + arith.cost_mul(B * h * Sq * dh, f + b, f, mode)
-
-
-# --------------------------------------------------------------------- softmax ----
-def cost_softmax_attention(cfg: RingConfig, B: int, h: int, Sq: int, Sk: int, dh: int,
-                           masked: bool = False, exp: str = "poly", fused: bool = False
-                           ) -> Cost:
-    """Declared cost of :func:`protocols.attention.softmax_attention`."""
-    f, mode = cfg.frac, cfg.trunc
-    kept = B * h * (Sq * (Sq + 1) // 2 if masked else Sq * Sk)
-    rows = B * h * Sq
-    cost = arith.cost_mul(kept, f + SCORE_EXTRA, f, mode) + fxp.cost_exp(kept, exp, f, mode)
-    if fused:
-        return cost + cost_divide_rows(cfg, rows, dh)
-    return (cost + fxp.cost_reciprocal(rows, f, mode) + arith.cost_mul(rows * dh, True, f, mode)
-            + arith.cost_mul(rows * dh, True, f, mode))

@@ -14,10 +14,10 @@ Categories (:data:`CATEGORIES`):
 * ``matmul`` - products outside every other region: Q/K/V projections, W^O, the FFN's W1 and
   W2, attention scores q k^T, the Performer products and the score-times-V products, public
   truncations (a kernel call of :mod:`mpc3.kernels.arith`);
-* ``attention`` - the attention nonlinearity: softmax's exp and the division by the row sums
-  (:func:`protocols.attention.divide_rows`: in fused softmax / PowerSoftmax the e V product
-  shares the kernel call of the reciprocal's Newton step, so it is counted here),
-  PowerSoftmax's powers, sigma's ReLU, Performer's ReLU features - and,
+* ``attention`` - the attention nonlinearity: softmax's row maximum, exp and the division by
+  the row sums (:func:`protocols.attention.divide_rows`: in fused softmax / PowerSoftmax the
+  e V product shares the kernel call of the reciprocal's Newton step, so it is counted
+  here), PowerSoftmax's powers, sigma's ReLU, Performer's ReLU features - and,
   for a full sequence of the folded Performer, its Q/K/V projections too
   (:func:`protocols.mha.project_features` and the cross attention's
   :func:`protocols.cross.cross_precompute` run them in the rounds of the feature ReLU, one
@@ -68,6 +68,8 @@ TARGETS = (
     ("protocols.attention", "divide_rows", "attention"),
     ("protocols.attention_variants", "_power", "attention"),
     ("mpc3.kernels.fxp", "exp_a", "attention"),
+    ("mpc3.kernels.fxp", "exp_neg_a", "attention"),
+    ("mpc3.kernels.extrema", "max_rows_a", "attention"),
     ("mpc3.kernels.fxp", "reciprocal_a", "attention"),
     ("mpc3.kernels.convert", "relu_a", "attention"),     # FFN ReLU: inside ffn_act
     ("mpc3.kernels.activations", "tanh_a", "other"),

@@ -49,7 +49,10 @@ from .sites import SITES, Recorder, Trace, site_range
 #: calibration of an LM lacks sites its decode steps now reach: refused, re-share the model.
 #: 3: attention's 1/n row scale rides in the truncation of o W^O, so site ``wo`` records the
 #: unnormalised product (up to n times the version-2 value): refused, re-share the model.
-VERSION = 3
+#: 4: softmax-style attentions hold W^Q / sqrt(d_head) (secure_model.fold_scales) and the
+#: softmax subtracts each row's maximum by default (site ``rowmax``): a model shared before
+#: holds W^Q unscaled - refused, re-share the model.
+VERSION = 4
 DEFAULT_MARGIN = 4.0
 
 

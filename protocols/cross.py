@@ -120,7 +120,7 @@ def cross_mha(p: Party, cfg: M.ModelConfig, w: dict, xq: AShare, ckv: CrossKV,
     else:
         q, _, _ = project(p, cfg, w, xq, None, want_q=True, want_kv=False)
         if cfg.attention != M.PERFORMER:
-            return finish(p, cfg, w, heads(p, cfg.attention, q, ckv.kf, ckv.v), None)
+            return finish(p, cfg, w, heads(p, M.head_kind(cfg), q, ckv.kf, ckv.v), None)
         qf, _ = features(p, cfg, w, q, None)
     if order == "kv" and ckv.kv is not None:
         o = arith.matmul_aa(p, qf, ckv.kv)

@@ -257,7 +257,7 @@ def _cross_step(p, cfg, w, q, kv, featured: bool = False, raw: bool = False):
     encoder output's K, V); ``raw``: o W^O truncates by 2 frac
     (:func:`protocols.schedule.deferred_wo`)."""
     if isinstance(kv, CrossKV):
-        return finish(p, cfg, w, heads(p, cfg.attention, q, kv.kf, kv.v), None)
+        return finish(p, cfg, w, heads(p, M.head_kind(cfg), q, kv.kf, kv.v), None)
     qf = q if featured else features(p, cfg, w, q, None)[0]
     if isinstance(kv, FoldedWO):                   # o W^O = Q' ((K'^T V) W^O): one product
         B = qf.shape[0]
@@ -416,7 +416,7 @@ def _cost_attention_cores(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int 
             raise ValueError("a softmax-style decode step's cost depends on the source "
                              "length: pass n_enc")
         return {"self": cost_attend_out(p_cfg, cfg, B, t),
-                "cross": (cost_heads(p_cfg, cfg.attention, B, h, 1, n_enc, dh)
+                "cross": (cost_heads(p_cfg, M.head_kind(cfg), B, h, 1, n_enc, dh)
                           + cost_finish(p_cfg, cfg, B, row_scale=False))}
     raw_cross = "cross" in raw
     cross = (arith.cost_mul(B * cfg.d_model, True, p_cfg.frac, p_cfg.trunc) if fold else

@@ -18,11 +18,13 @@ grows - not max_len tokens' worth from the session's start). :func:`attend` appe
   attention (sigma-relu divides by the row's number of keys, t, in both).
 
 All heads go through one kernel call per protocol step (scores for all heads in one product,
-one exp / power / ReLU call, one reciprocal, one weighted-V product), so a step's rounds do
-not depend on h or t; its bytes grow linearly in t (scores, exp and weights of t keys per
-head): :func:`cost_attend`. Ranges: those of the attention (module docstrings of
-:mod:`protocols.attention_variants` and :func:`protocols.attention.softmax_attention`;
-scores in ``fxp.EXP_RANGE`` for softmax), checked per site by the calibration
+one row-max level / exp / power / ReLU call, one reciprocal, one weighted-V product), so a
+step's rounds do not depend on h; they do not depend on t either, except for the
+max-subtracted softmax's row maximum, ceil(log2 t) ReLU levels; its bytes grow linearly
+in t (scores, exp and weights of t keys per head): :func:`cost_attend`. Ranges: those of
+the attention (module docstrings of :mod:`protocols.attention_variants` and
+:mod:`protocols.softmax`: scores below ``softmax.SCORE_LIMIT`` for softmax, inside
+``fxp.EXP_RANGE`` for its max-free form), checked per site by the calibration
 (:meth:`protocols.sites.Trace.lm`) on the same rows.
 """
 from __future__ import annotations
@@ -35,6 +37,7 @@ from mpc3.kernels.base import Cost
 from mpc3.party import Party
 from mpc3.shares import AShare
 
+from . import model as M
 from .mha import cost_finish, cost_heads, finish, heads
 
 
@@ -118,9 +121,9 @@ def attend_out(p: Party, cfg, w: dict, cache: KVCache, q: AShare, k: AShare,
                v: AShare) -> AShare:
     """:func:`attend` with the model's attention, then the heads merged @ W^O (+ b^O): the
     attention sublayer's output (B, rows, d). Cost: :func:`cost_attend_out`."""
-    return finish(p, cfg, w, attend(p, cfg.attention, cache, q, k, v), None)
+    return finish(p, cfg, w, attend(p, M.head_kind(cfg), cache, q, k, v), None)
 
 
 def cost_attend_out(p_cfg, cfg, B: int, t0: int, n: int = 1, rows: int = 1) -> Cost:
-    return (cost_attend(p_cfg, cfg.attention, B, cfg.n_heads, cfg.d_head, t0, n, rows)
+    return (cost_attend(p_cfg, M.head_kind(cfg), B, cfg.n_heads, cfg.d_head, t0, n, rows)
             + cost_finish(p_cfg, cfg, B * rows, row_scale=False))

@@ -178,7 +178,7 @@ def mha(p: Party, cfg: M.ModelConfig, w: dict, xq: AShare, xkv: AShare | None = 
             raise ValueError("causal attention is self attention (xkv must be None)")
     if cfg.attention != M.PERFORMER:
         q, k, v = project(p, cfg, w, xq, xkv)
-        o = heads(p, cfg.attention, q, k, v, causal)
+        o = heads(p, M.head_kind(cfg), q, k, v, causal)
         return add_bias(arith.matmul_aa(p, merge_heads(o), w["wo"]), w, "bo")
     qf, kf, v = qkv_features(p, cfg, w, xq, xkv)
     Sq, Sk = qf.shape[2], kf.shape[2]
@@ -193,29 +193,38 @@ def mha(p: Party, cfg: M.ModelConfig, w: dict, xq: AShare, xkv: AShare | None = 
 
 def heads(p: Party, attention: str, q: AShare, k: AShare, v: AShare,
           masked: bool = False) -> AShare:
-    """A softmax-style attention of the model config on per-head q, k, v
-    (== :func:`protocols.model.variants.ref_heads`)."""
+    """A softmax-style attention on per-head q, k, v: ``attention`` is the model's
+    :func:`protocols.model.variants.head_kind` (== :func:`protocols.model.variants.ref_heads`);
+    q carries 1/sqrt(dh), folded into W^Q (:func:`protocols.secure_model.fold_scales`)."""
     from . import attention_variants as V
-    if attention == "softmax":
-        return A.softmax_attention(p, q, k, v, masked=masked, exp="limit", fused=True)
+    from .softmax import softmax_attention
+    if attention in ("softmax", "softmax-max-free"):
+        form = "max" if attention == "softmax" else "max-free"
+        return softmax_attention(p, q, k, v, masked=masked, exp="limit", fused=True, form=form,
+                                 prescaled=True)
     if attention == "power-softmax":
-        return V.power_softmax(p, q, k, v, MV.POWER, MV.POWER_EPS, "plain", masked, fused=True)
+        return V.power_softmax(p, q, k, v, MV.POWER, MV.POWER_EPS, "plain", masked, fused=True,
+                               prescaled=True)
     if attention == "sigma-relu":           # causal rows: 1/L with L = the row's keys
-        return V.sigma_attention(p, q, k, v, "relu", masked, "keys" if masked else None)
+        return V.sigma_attention(p, q, k, v, "relu", masked, "keys" if masked else None,
+                                 prescaled=True)
     raise ValueError(f"unknown attention {attention!r}")
 
 
 def cost_heads(p_cfg, attention: str, B: int, h: int, Sq: int, Sk: int, dh: int,
                masked: bool = False):
     from . import attention_variants as V
-    if attention == "softmax":
-        return V.cost_softmax_attention(p_cfg, B, h, Sq, Sk, dh, masked, "limit", fused=True)
+    from .softmax import cost_softmax_attention
+    if attention in ("softmax", "softmax-max-free"):
+        form = "max" if attention == "softmax" else "max-free"
+        return cost_softmax_attention(p_cfg, B, h, Sq, Sk, dh, masked, "limit", fused=True,
+                                      form=form, prescaled=True)
     if attention == "power-softmax":
         return V.cost_power_softmax(p_cfg, B, h, Sq, Sk, dh, MV.POWER, "plain", masked,
-                                    MV.POWER_EPS, fused=True)
+                                    MV.POWER_EPS, fused=True, prescaled=True)
     if attention == "sigma-relu":
         return V.cost_sigma_attention(p_cfg, B, h, Sq, Sk, dh, "relu", masked,
-                                      "keys" if masked else None)
+                                      "keys" if masked else None, prescaled=True)
     raise ValueError(f"unknown attention {attention!r}")
 
 
@@ -227,7 +236,7 @@ def cost_mha(p_cfg, cfg: M.ModelConfig, B: int, Sq: int, Sk: int | None = None,
     Sk = Sq if Sk is None else Sk
     if cfg.attention != M.PERFORMER:
         return (cost_project(p_cfg, B * Sq * d + B * Sk * 2 * d)
-                + cost_heads(p_cfg, cfg.attention, B, h, Sq, Sk, dh, causal)
+                + cost_heads(p_cfg, M.head_kind(cfg), B, h, Sq, Sk, dh, causal)
                 + arith.cost_mul(B * Sq * d, True, p_cfg.frac, p_cfg.trunc))
     nq = h * r if folded else d
     if folded:

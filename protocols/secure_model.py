@@ -7,6 +7,9 @@ Share layout (every tensor a replicated sharing over Z_2^64; names below an atte
   ``s * W^Q Omega``, ``s * W^K Omega`` (d, h*r) from :func:`protocols.model.fold_omega` - with
   ``s = |attn_c|^(1/3)``; encoded with ``frac + PROJ_EXTRA`` bits;
 * ``p.wv_c``: ``attn_c / s^2 * W^V`` (d, d), ``frac + PROJ_EXTRA`` bits.
+* softmax-style attentions instead: ``p.wq_proj`` = ``W^Q / sqrt(d_head)``, ``p.wk_proj`` =
+  ``W^K``, ``p.wv_c`` = ``W^V`` (and ``p.bq`` = ``b^Q / sqrt(d_head)``): q k^T is then the
+  scores, with no public constant in their product (protocols.softmax, ``prescaled``).
 
   The public constant c of c * Q'(K'^T V) is folded into the weights by the model owner, split
   evenly over Q, K and V (ReLU is positively homogeneous: ReLU(s x) = s ReLU(x) for s > 0):
@@ -58,14 +61,16 @@ PROJ_EXTRA = 8
 OUT_SCALE = "dec.out_scale"
 
 
-def fold_scales(cfg: M.ModelConfig) -> tuple[float, float]:
-    """(s, c / s^2): factors folded into W^Q, W^K and into W^V (product = attn_c); 1, 1 for
-    the softmax-style attentions, which scale their scores themselves."""
+def fold_scales(cfg: M.ModelConfig) -> tuple[float, float, float]:
+    """Factors folded into W^Q, W^K and W^V (and their biases): Performer (s, s, c / s^2),
+    whose product is attn_c; the softmax-style attentions (1/sqrt(d_head), 1, 1), so that
+    q k^T is the scores themselves (exact to the weights' encoding; the protocols take q as
+    ``prescaled``, protocols.softmax)."""
     if cfg.attention != M.PERFORMER:
-        return 1.0, 1.0
+        return 1.0 / float(np.sqrt(cfg.d_head)), 1.0, 1.0
     c = float(cfg.attn_c)
     s = abs(c) ** (1.0 / 3.0)
-    return s, (c / (s * s) if s else 0.0)
+    return s, s, (c / (s * s) if s else 0.0)
 
 
 def plain_tensors(cfg: M.ModelConfig, weights: M.Weights, fold_omega: bool = True
@@ -80,7 +85,8 @@ def plain_tensors(cfg: M.ModelConfig, weights: M.Weights, fold_omega: bool = Tru
     fold_omega = fold_omega and cfg.attention == M.PERFORMER
     folded = M.fold_omega(weights, cfg) if fold_omega else {}
     attn = set(M.attn_prefixes(cfg))
-    qk_scale, v_scale = fold_scales(cfg)
+    q_scale, k_scale, v_scale = fold_scales(cfg)
+    qk_scale = {"q": q_scale, "k": k_scale}
     out: dict[str, tuple[np.ndarray, int]] = {}
     for name, t in weights.items():
         prefix, leaf = name.rsplit(".", 1)
@@ -98,11 +104,11 @@ def plain_tensors(cfg: M.ModelConfig, weights: M.Weights, fold_omega: bool = Tru
             out[name] = (t, 0)
         elif leaf in ("wq", "wk"):           # pop: the unscaled folded copy goes at once
             src = folded.pop(f"{prefix}.{leaf}_omega") if fold_omega else t
-            out[f"{prefix}.{leaf}_proj"] = (qk_scale * src, PROJ_EXTRA)
+            out[f"{prefix}.{leaf}_proj"] = (qk_scale[leaf[1]] * src, PROJ_EXTRA)
         elif leaf == "wv":
             out[f"{prefix}.wv_c"] = (v_scale * t, PROJ_EXTRA)
         elif leaf in ("bq", "bk"):
-            out[name] = (qk_scale * (folded[f"{name}_omega"] if fold_omega else t), 0)
+            out[name] = (qk_scale[leaf[1]] * (folded[f"{name}_omega"] if fold_omega else t), 0)
         elif leaf == "bv":
             out[name] = (v_scale * t, 0)
         elif leaf == "omega" and fold_omega:

@@ -18,7 +18,11 @@ hands a value to a kernel that is exact only on a documented range:
   embedding's squared norm, always).
 
 * ``exp`` / ``reciprocal`` (models with softmax-style ``attention``): inputs inside
-  ``fxp.EXP_RANGE`` / ``fxp.RECIPROCAL_RANGE``, both recorded as (min, max) spans.
+  ``fxp.EXP_RANGE`` / ``fxp.RECIPROCAL_RANGE``, both recorded as (min, max) spans. The
+  max-subtracted softmax (the default ``softmax_form``) has neither: its exp inputs are
+  s - max <= 0 (0 below -32) and its row sums lie in [1, n]; its row maximum is a ReLU
+  tournament (site ``rowmax``), so no model is refused for the size of its scores below
+  ~2^12 / margin.
 
 Schedule sites (``Site.schedule``) never refuse a model: they record a value that decides
 whether a faster schedule is exact for it. ``wo_raw``: a decode step's normalised o W^O,
@@ -37,7 +41,7 @@ from dataclasses import dataclass
 from mpc3.kernels import activations, arith, convert, fxp
 from mpc3.party import RingConfig
 
-from .attention_variants import SCORE_EXTRA, SIG_BITS
+from .attention_variants import SIG_BITS
 from .secure_model import PROJ_EXTRA
 
 
@@ -54,6 +58,9 @@ class Site:
 _ATTN = "lower attn_c or rescale W^Q/W^K/W^V"
 _LONG = "lower attn_c (or use attn_norm 'mean') or shorten max_len"
 _VAR = "rescale W^Q/W^K (the scores) or W^V"
+_MAXFREE = ("share it with softmax_form 'max' (the default: the max-subtracted softmax takes "
+            "any score range; a trained model keeps its weights)")
+_VOUT = "shorten max_len (a row sums n values of V) or rescale W^V and W^O together"
 _LAST_LN = ("rescale the last LayerNorm's gamma and beta by one factor (a normalized "
             "embedding does not change)")
 SITES: dict[str, Site] = {
@@ -73,14 +80,19 @@ SITES: dict[str, Site] = {
                  "(protocols.schedule.folded_wo)", "none needed: above the limit the steps "
                  "multiply by W^O themselves (one round more)", schedule=True),
     # softmax-style attentions (ModelConfig.attention != relu-performer)
-    "vscores": Site("product", "attention scores q k^T / sqrt(d_head)", _VAR, SCORE_EXTRA),
-    "exp": Site("exp", "softmax exponent (the scores)", _VAR),
+    "vscores": Site("product", "attention scores q k^T (1/sqrt(d_head) folded into W^Q)",
+                    _VAR),
+    "rowmax": Site("relu", "softmax row spread max_j s - min_j s (+ 32, the exp floor's "
+                   "comparison): the row maximum's ReLU inputs", "none an owner needs: scores "
+                   "of this size do not occur in trained models; check the checkpoint"),
+    "exp": Site("exp", "max-free softmax exponent (the scores)", _MAXFREE),
     "power": Site("product", "PowerSoftmax powers s^2 .. s^p", _VAR),
-    "den": Site("reciprocal", "softmax / PowerSoftmax row denominator", _VAR),
+    "den": Site("reciprocal", "max-free softmax / PowerSoftmax row denominator",
+                "softmax: " + _MAXFREE + "; PowerSoftmax: " + _VAR),
     "sigma": Site("relu", "sigma-attention ReLU input (the scores)", _VAR),
     "sigma_sum": Site("product", "sigma-attention ReLU(s) V before its 1/L (whose "
                       f"{SIG_BITS}-bit factor rides in that product)", _VAR, SIG_BITS),
-    "vout": Site("product", "attention weights times V (and times 1/denominator)", _VAR),
+    "vout": Site("product", "attention weights times V (and times 1/denominator)", _VOUT),
     # LayerNorm (enc.i.ln1, ..., dec.final_ln)
     "sumsq": Site("product", "LayerNorm sum of squares sum_k x_k^2",
                   "lower attn_c or rescale the weights"),

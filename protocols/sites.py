@@ -21,6 +21,8 @@ from __future__ import annotations
 import numpy as np
 
 from . import model as M
+from mpc3.kernels import fxp
+
 from .attention import default_decode_block
 from .model import variants as MV
 from .secure_model import fold_scales
@@ -75,7 +77,7 @@ class Trace:
         self.block = (default_decode_block(cfg.n_features, cfg.d_head) if decode_block is None
                       else int(decode_block))
         self.rec = rec or Recorder()
-        self.s, self.vs = fold_scales(self.cfg)
+        self.sq, self.sk, self.vs = fold_scales(self.cfg)
         self._sub: dict[str, dict[str, np.ndarray]] = {}
         self.attn = {p: self.sub(p) for p in M.attn_prefixes(self.cfg)}
         self._linear: dict[str, tuple[np.ndarray, np.ndarray]] = {}   # fused once per FFN
@@ -148,11 +150,12 @@ class Trace:
         if which == "wv":
             return self.vs * (x @ w["wv"])
         t = x @ w[which]
+        scale = self.sq if which == "wq" else self.sk
         if not self.fold or self.cfg.attention != M.PERFORMER:     # no Omega to fold
-            return self.s * t
+            return scale * t
         lead = t.shape[:-1]
         heads = t.reshape(-1, self.cfg.n_heads, self.cfg.d_head)[:, :, None, :]
-        return self.s * (heads @ w["omega"][None]).reshape(*lead, -1)
+        return scale * (heads @ w["omega"][None]).reshape(*lead, -1)
 
     def ffn(self, layer: str, x: np.ndarray, w1: bool = True) -> np.ndarray:
         """``w1`` False: x W1 was formed inside the LayerNorm before (ln_fused)."""
@@ -175,16 +178,17 @@ class Trace:
         """Q' or K' (B, h, S, r). The products are formed unfolded, s * (X W_h) Omega_h, which
         equals the folded s * X (W Omega)_h up to float rounding and costs r/d_head less."""
         w, h = self.attn[layer], self.cfg.n_heads
+        s = self.sq if which == "wq" else self.sk      # Performer: the same s
         t0 = x @ w[which]
         t = _bias(t0, w, f"b{which[1]}")    # the bias is added after the product
-        pre = self.s * (np.ascontiguousarray(M.split_heads(t, h)) @ w["omega"])
+        pre = s * (np.ascontiguousarray(M.split_heads(t, h)) @ w["omega"])
         if self.fold:                       # one product X (s W Omega) per feature
             if proj:
                 self.rec.mag(layer, "proj",
-                             self.s * (np.ascontiguousarray(M.split_heads(t0, h)) @ w["omega"]))
+                             s * (np.ascontiguousarray(M.split_heads(t0, h)) @ w["omega"]))
         else:                               # X (s W), then (s X W + s b)_h Omega_h
             if proj:
-                self.rec.mag(layer, "proj", self.s * t0)
+                self.rec.mag(layer, "proj", s * t0)
             self.rec.mag(layer, "omega", pre)
         self.rec.mag(layer, "features", pre)
         return M.relu(pre)
@@ -220,8 +224,8 @@ class Trace:
         attention); ``proj`` False: q, k, v were formed inside a LayerNorm (ln_fused)."""
         w, h, rec = self.attn[layer], self.cfg.n_heads, self.rec
         src = x if xkv is None else xkv
-        q, k, v = x @ w["wq"], src @ w["wk"], src @ w["wv"]
-        formed = ([q] if proj else []) + ([k, v] if proj or xkv is not None else [])
+        q, k, v = x @ w["wq"], src @ w["wk"], src @ w["wv"]        # as shared: W^Q / sqrt(dh)
+        formed = ([self.sq * q] if proj else []) + ([k, v] if proj or xkv is not None else [])
         if formed:                                  # cross K, V: projected at the start
             rec.mag(layer, "proj", *formed)
         q, k, v = (np.ascontiguousarray(M.split_heads(_bias(t, w, f"b{n}"), h))
@@ -230,8 +234,13 @@ class Trace:
         keep = np.tril(np.ones(s.shape[-2:])) if masked else np.ones(s.shape[-2:])
         kept = s[..., keep.astype(bool)]
         rec.mag(layer, "vscores", kept)
-        kind = self.cfg.attention
-        if kind == "softmax":
+        kind = MV.head_kind(self.cfg)
+        if kind == "softmax":                       # max-subtracted: e <= 1, den in [1, n]
+            top = np.max(np.where(keep > 0, s, -np.inf), axis=-1, keepdims=True)
+            low = np.min(np.where(keep > 0, s, np.inf), axis=-1)
+            rec.mag(layer, "rowmax", top[..., 0] - low + fxp.EXP_NEG_FLOOR)
+            rec.mag(layer, "vout", (np.exp(s - top) * keep) @ v)
+        elif kind == "softmax-max-free":
             rec.span(layer, "exp", kept)
             with np.errstate(over="ignore", invalid="ignore"):   # out of range: refused
                 e = np.exp(s) * keep

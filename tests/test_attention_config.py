@@ -63,10 +63,11 @@ def test_secure_classify_matches_reference_and_declared_cost(run, rng, attention
     run.assert_cost(cost_classify(RingConfig(), cfg, 2, 6))
 
 
-@pytest.mark.parametrize("attention,site", [("softmax", "exp"), ("power-softmax", "den"),
-                                            ("sigma-relu", "sigma")])
-def test_calibration_records_and_refuses_the_variant_sites(attention, site):
-    cfg = clf(attention)
+@pytest.mark.parametrize("attention,form,site", [
+    ("softmax", "max", "rowmax"), ("softmax", "max-free", "exp"),
+    ("power-softmax", "max", "den"), ("sigma-relu", "max", "sigma")])
+def test_calibration_records_and_refuses_the_variant_sites(attention, form, site):
+    cfg = clf(attention, softmax_form=form)
     w = M.random_weights(cfg, 4)
     x = np.random.default_rng(2).uniform(-1, 1, (1, 6, cfg.d_model))
     cal = C.calibrate(cfg, w, C.Samples([x]))

@@ -1,5 +1,5 @@
 """Attention variants of protocols.attention_variants (PowerSoftmax, scaled sigma-attention)
-and the masked softmax: values against their float64 references and measured traffic equal
+and the softmax's fused division (tests/test_softmax.py: the softmax itself): values against their float64 references and measured traffic equal
 to the declared cost, unmasked and causal.
 
 Shapes small and odd (B=2, h=3, S=7, dh=8), |q|, |k|, |v| <= 1.5 (scores |s| <= ~6).
@@ -14,6 +14,7 @@ import pytest
 from conftest import share, value
 from protocols import attention as A
 from protocols import attention_variants as V
+from protocols import softmax as SM
 from protocols.model import variants as MV
 
 B, H, S, DH = 2, 3, 7, 8
@@ -102,17 +103,6 @@ def test_sigma_attention_length_and_refusals(run, qkv):
 
 
 @pytest.mark.parametrize("masked", [False, True])
-@pytest.mark.parametrize("exp", ["poly", "limit"])
-def test_softmax_attention_declared_cost(run, masked, exp, rng):
-    """protocols.attention.softmax_attention, masked and not: value (the "poly" baseline
-    against its own polynomial) and traffic == cost_softmax_attention."""
-    qkv = tuple(rng.uniform(-1, 1, (B, H, S, DH)) for _ in range(3))
-    _check(run, lambda p, a, b, c: A.softmax_attention(p, a, b, c, masked=masked, exp=exp),
-           A.ref_softmax_attention(*qkv, masked=masked, exp=exp),
-           V.cost_softmax_attention(run.cfg, B, H, S, S, DH, masked, exp), qkv)
-
-
-@pytest.mark.parametrize("masked", [False, True])
 def test_sigma_attention_per_row_length(run, qkv, masked):
     """length="keys": each row divided by its own number of keys (i + 1 when causal), the
     form models use; unmasked it is the paper's constant Sk."""
@@ -133,10 +123,10 @@ def test_fused_division_matches_and_saves_four_rounds(run, qkv, kind, masked):
     """fused=True (the models' form): (e @ v) / den with e @ v and the product by 1/den
     riding in the reciprocal's Newton products - same values, 4 rounds fewer."""
     if kind == "softmax":
-        fn = lambda fused: lambda p, a, b, c: A.softmax_attention(  # noqa: E731
+        fn = lambda fused: lambda p, a, b, c: SM.softmax_attention(  # noqa: E731
             p, a, b, c, masked=masked, exp="limit", fused=fused)
-        ref = A.ref_softmax_attention(*qkv, masked=masked)
-        cost = lambda fused: V.cost_softmax_attention(  # noqa: E731
+        ref = SM.ref_softmax_attention(*qkv, masked=masked)
+        cost = lambda fused: SM.cost_softmax_attention(  # noqa: E731
             run.cfg, B, H, S, S, DH, masked, "limit", fused)
     else:
         form = kind.split("-")[1]

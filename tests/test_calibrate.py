@@ -300,9 +300,10 @@ def test_calibration_dict_roundtrip_is_small_json():
     with pytest.raises(ValueError, match="version"):
         C.Calibration.from_dict({**d, "version": 99})
     # version 1 predates the LM step's fused LayerNorm sites, version 2 the unnormalised
-    # o W^O products: refused, naming the remedy
-    for old in (1, 2):
-        with pytest.raises(ValueError, match=f"version {old} is not 3.*re-shares"):
+    # o W^O products, version 3 W^Q / sqrt(d_head) and the max-subtracted softmax:
+    # refused, naming the remedy
+    for old in (1, 2, 3):
+        with pytest.raises(ValueError, match=f"version {old} is not {C.VERSION}.*re-shares"):
             C.Calibration.from_dict({**d, "version": old})
     with pytest.raises(ValueError, match="unknown sites"):
         C.Calibration.from_dict({**d, "layers": {"enc.0.ffn": {"w3": 1.0}}})

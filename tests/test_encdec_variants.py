@@ -90,7 +90,10 @@ def test_decode_steps_match_reference_and_declared_cost(run, rng, attention, nor
         assert tuple(m[2].bytes_sent for m in got) == declared.bytes_per_party, t
         assert max(m[2].rounds for m in got) == declared.rounds, t
     costs = [D.cost_decoder_step(rc, cfg, 1, t, n_enc=S_SRC) for t in range(8)]
-    assert len({c.rounds for c in costs}) == 1                  # rounds independent of t
+    # rounds independent of t - but for the max-subtracted softmax's row maximum over the
+    # t + 1 keys: ceil(log2(t + 1)) ReLU levels of 4 rounds per layer
+    levels = [int(np.ceil(np.log2(t + 1))) if attention == "softmax" else 0 for t in range(8)]
+    assert len({c.rounds - 4 * cfg.n_dec_layers * n for c, n in zip(costs, levels)}) == 1
     assert all(a.bytes_total < b.bytes_total for a, b in itertools.pairwise(costs))
     longer = D.cost_decoder_step(rc, cfg, 1, 3, n_enc=S_SRC + 2)
     assert longer.rounds == costs[3].rounds and longer.bytes_total > costs[3].bytes_total
@@ -145,15 +148,17 @@ def test_decode_jobs_round_trip_in_process(attention):
     assert not be.sessions
 
 
-@pytest.mark.parametrize("attention,site,hot,refusal", [
-    ("softmax", "exp", 5.0, "softmax exponent"),
-    ("power-softmax", "den", 5.0, "softmax / PowerSoftmax row denominator"),
-    ("sigma-relu", "sigma_sum", 400.0, r"sigma-attention ReLU\(s\) V before its 1/L")])
-def test_calibration_covers_the_decoder_and_refuses(rng, attention, site, hot, refusal):
+@pytest.mark.parametrize("attention,form,site,hot,refusal", [
+    ("softmax", "max-free", "exp", 5.0, "max-free softmax exponent"),
+    ("softmax", "max", "rowmax", None, None),
+    ("power-softmax", "max", "den", 5.0, "max-free softmax / PowerSoftmax row denominator"),
+    ("sigma-relu", "max", "sigma_sum", 400.0, r"sigma-attention ReLU\(s\) V before its 1/L")])
+def test_calibration_covers_the_decoder_and_refuses(rng, attention, form, site, hot, refusal):
     """The encoder-decoder trace records the variant's sites in the decoder's self and cross
     attention (the masked rows = the KV-cache steps' rows; the cross rows against the whole
-    source); a cross attention pushed out of a kernel's range by its W^Q is refused there."""
-    cfg = ed_cfg(attention, norm_first=True)
+    source); a cross attention pushed out of a kernel's range by its W^Q is refused there
+    (the max-subtracted softmax has no such range: W^Q times 40 is accepted)."""
+    cfg = ed_cfg(attention, norm_first=True, softmax_form=form)
     w, user = M.random_weights(cfg, 5), M.random_user(cfg, 5)
     x, y = rng.normal(size=(2, 8, 16)), rng.normal(size=(2, 8, 16))
     want = M.ref_decoder(cfg, w, y, M.ref_encoder(cfg, w, x))
@@ -165,6 +170,10 @@ def test_calibration_covers_the_decoder_and_refuses(rng, attention, site, hot, r
     cal = C.calibrate(cfg, w, C.default_samples(cfg, user, rng), user=user)
     for layer in ("dec.1.self", "dec.1.cross"):
         assert {"vscores", site, "vout"} <= set(cal.layers[layer]), layer
-    hot = M.Weights({**w.tensors, "dec.0.cross.wq": w["dec.0.cross.wq"] * hot})
+    hot = M.Weights({**w.tensors, "dec.0.cross.wq": w["dec.0.cross.wq"] * (hot or 40)})
+    if refusal is None:
+        assert C.calibrate(cfg, hot, C.default_samples(cfg, user, rng),
+                           user=user).layers["dec.0.cross"]["vscores"] > 20
+        return
     with pytest.raises(C.RangeError, match=f"dec.0.cross: {refusal}"):
         C.calibrate(cfg, hot, C.default_samples(cfg, user, rng), user=user)

@@ -67,7 +67,11 @@ def test_prefill_and_steps_match_reference_and_declared_cost(run, rng, attention
         assert tuple(m[2].bytes_sent for m in got) == declared.bytes_per_party
         assert max(m[2].rounds for m in got) == declared.rounds
     costs = [LM.cost_lm_step(rc, cfg, 2, t) for t in range(1, 12)]
-    assert len({c.rounds for c in costs}) == 1                 # rounds independent of t
+    # rounds independent of t - but for the max-subtracted softmax's row maximum, whose
+    # ReLU tournament over the t + 1 keys takes ceil(log2(t + 1)) levels of 4 rounds
+    levels = [int(np.ceil(np.log2(t + 1))) if attention == "softmax" else 0
+              for t in range(1, 12)]
+    assert len({c.rounds - 4 * cfg.n_dec_layers * n for c, n in zip(costs, levels)}) == 1
     grow = [costs[k + 1].bytes_per_party[0] - costs[k].bytes_per_party[0] for k in range(10)]
     assert min(grow) > 0                                       # bytes grow with the prefix
 
@@ -92,8 +96,10 @@ def test_steps_with_every_layernorm_fusion(run, rng, norm_first):
 
 def test_cache_rows_are_the_projected_keys_and_refuse_overflow(run, rng):
     """The cache holds exactly the k, v rows appended (shares, capacity max_len) and the
-    newest row attends to all of them like the masked attention's last row."""
+    newest row attends to all of them like the masked attention's last row (q as a model's
+    projection gives it: times 1/sqrt(d_head), folded into W^Q)."""
     q, k, v = (rng.uniform(-1, 1, (1, 2, 5, 4)) for _ in range(3))
+    qs = q / 2.0
 
     def fn(p, qq, kk, vv):
         st = KV.KVCache.empty(1, 2, 4, 6)
@@ -107,7 +113,7 @@ def test_cache_rows_are_the_projected_keys_and_refuse_overflow(run, rng):
             refused = str(e)
         return first, nxt, rows, refused, (allocated, st.k.shape[2])
 
-    res = run(fn, share(q), share(k), share(v))
+    res = run(fn, share(qs), share(k), share(v))
     from protocols.model.variants import ref_softmax_attention
     full = ref_softmax_attention(q, k, v, masked=True)
     assert np.max(np.abs(value([r[0] for r in res]) - full[:, :, :4])) < 1e-3
@@ -133,7 +139,7 @@ def test_secure_generation_agrees_with_plaintext_greedy(attention):
     assert top2_gap(cfg, w, user, prompt, ref) > 2e-2 and len({*ref[0], *ref[1]}) >= 5
     assert res.tokens == ref and res.steps == 5 and not be.sessions
     rc = RingConfig()
-    assert res.step_cost.rounds == 5 * LM.cost_lm_step(rc, cfg, 2, 4).rounds
+    assert res.step_cost.rounds == sum(LM.cost_lm_step(rc, cfg, 2, t).rounds for t in range(3, 8))
     assert res.step_cost.bytes_total == sum(sum(LM.cost_lm_step(rc, cfg, 2, t).bytes_per_party)
                                             for t in range(3, 8))
     be2 = G.LMInprocBackend(cfg, w)                 # the session refuses past max_len
@@ -144,14 +150,14 @@ def test_secure_generation_agrees_with_plaintext_greedy(attention):
         be2.step("s", x[:, 1], T.Traffic())
 
 
-@pytest.mark.parametrize("attention,site,hot,refusal", [
-    ("softmax", "exp", 5.0, "softmax exponent"),
-    ("power-softmax", "den", 5.0, "softmax / PowerSoftmax row denominator"),
-    ("sigma-relu", "sigma_sum", 400.0, r"sigma-attention ReLU\(s\) V before its 1/L")])
-def test_calibration_covers_the_decode_and_refuses(rng, attention, site, hot, refusal):
+@pytest.mark.parametrize("attention,form,site,hot,refusal", [
+    ("softmax", "max-free", "exp", 5.0, "max-free softmax exponent"),
+    ("power-softmax", "max", "den", 5.0, "max-free softmax / PowerSoftmax row denominator"),
+    ("sigma-relu", "max", "sigma_sum", 400.0, r"sigma-attention ReLU\(s\) V before its 1/L")])
+def test_calibration_covers_the_decode_and_refuses(rng, attention, form, site, hot, refusal):
     """The LM trace records the variant's sites on the causal rows (= the decode steps'
     rows); scores pushed out of a kernel's range by W^Q are refused at that kernel."""
-    cfg = lm_cfg(attention, norm_first=True)
+    cfg = lm_cfg(attention, norm_first=True, softmax_form=form)
     w, user = M.random_weights(cfg, 5), M.random_user(cfg, 5)
     x = rng.normal(size=(2, 12, 16))
     np.testing.assert_allclose(Trace(cfg, w).lm(x), M.ref_lm(cfg, w, x), atol=1e-10)
@@ -160,6 +166,23 @@ def test_calibration_covers_the_decode_and_refuses(rng, attention, site, hot, re
     hot = M.Weights({**w.tensors, "dec.0.self.wq": w["dec.0.self.wq"] * hot})
     with pytest.raises(C.RangeError, match=f"^dec.0.self: {refusal}"):
         C.calibrate(cfg, hot, C.default_samples(cfg, user, rng), user=user)
+
+
+def test_max_subtracted_softmax_is_never_refused_for_its_scores(rng):
+    """The same scores pushed far past exp's range (W^Q times 40: scores ~100) are accepted
+    with the max-subtracted softmax (sites rowmax, vout; no exp or den), refused max-free,
+    and the secure prefill and steps still match float64."""
+    cfg = lm_cfg("softmax", norm_first=True)
+    w, user = M.random_weights(cfg, 5), M.random_user(cfg, 5)
+    hot = M.Weights({**w.tensors, **{f"dec.{i}.self.wq": w[f"dec.{i}.self.wq"] * 40
+                                     for i in range(2)}})
+    cal = C.calibrate(cfg, hot, C.default_samples(cfg, user, rng), user=user)
+    row = cal.layers["dec.0.self"]
+    assert {"vscores", "rowmax", "vout"} <= set(row) and not {"exp", "den"} & set(row)
+    assert row["vscores"] > 50
+    with pytest.raises(C.RangeError, match="max-free softmax exponent"):
+        C.calibrate(lm_cfg("softmax", norm_first=True, softmax_form="max-free"), hot,
+                    C.default_samples(cfg, user, rng), user=user)
 
 
 def test_config_accepts_every_architecture():

@@ -136,15 +136,6 @@ def test_mul_many_cost_is_one_product(run, rng):
     run.assert_cost(A.cost_mul_many(15 + 20, True, run.cfg))
 
 
-@pytest.mark.parametrize("masked", [False, True])
-@pytest.mark.parametrize("exp", ["poly", "limit"])
-def test_softmax_attention(run, rng, masked, exp):
-    q, k, v = (rng.uniform(-1, 1, (B, H, S, DH)) for _ in range(3))
-    out = run(lambda p, a, b, c: A.softmax_attention(p, a, b, c, masked=masked, exp=exp),
-              share(q), share(k), share(v))
-    close(value(out), A.ref_softmax_attention(q, k, v, masked=masked, exp=exp), 2e-3)
-
-
 def test_bad_arguments(run, qkv):
     q, k, v = qkv
     with pytest.raises(ValueError, match="order"):
@@ -157,7 +148,4 @@ def test_bad_arguments(run, qkv):
         run(A.masked_attention_qk, share(q[:, :, :3]), share(k), share(v))
     with pytest.raises(ValueError, match="masked form"):
         run(lambda p, a, b, c: A.masked_attention(p, a, b, c, form="kq"),
-            share(q), share(k), share(v))
-    with pytest.raises(ValueError, match="exp"):
-        run(lambda p, a, b, c: A.softmax_attention(p, a, b, c, exp="taylor"),
             share(q), share(k), share(v))

@@ -56,8 +56,9 @@ PHASE0 = {"decoder-only": "prefill", "encoder-decoder": "encoder", "encoder-clas
 
 def lm_config(arch: str, attention: str, d_model: int, heads: int, layers: int, d_ff: int,
               prompt: int, tokens: int, ffn: str | None = None, preset: str | None = None,
-              features: int | None = None, vocab: int = 64):
-    """The ModelConfig of a ``bench lm`` run (``arch``/``attention``: the command's names)."""
+              features: int | None = None, vocab: int = 64, softmax: str = "max"):
+    """The ModelConfig of a ``bench lm`` run (``arch``/``attention``: the command's names;
+    ``softmax``: the softmax form, ModelConfig.softmax_form)."""
     from protocols import model as M
     if arch not in ARCHS or attention not in ATTENTIONS:
         raise ValueError(f"--arch must be one of {list(ARCHS)} and --attention one of "
@@ -91,6 +92,7 @@ def lm_config(arch: str, attention: str, d_model: int, heads: int, layers: int, 
     return M.ModelConfig(d_model=d_model, n_heads=heads, d_head=dh, n_features=r, d_ff=d_ff,
                          attn_c=1.0 / r, attn_norm="mean", norm_first=True, max_len=max_len,
                          arch=kind, ffn_act=ffn or "relu", attention=ATTENTIONS[attention],
+                         softmax_form=softmax if attention == "softmax" else "max",
                          **keys).validate()
 
 
@@ -231,7 +233,7 @@ def run_lm(a) -> dict:
     from mpc3 import ring
     load_at_start = os.getloadavg()[0]
     cfg = lm_config(a.arch, a.attention, a.d_model, a.heads, a.layers, a.d_ff, a.prompt,
-                    a.tokens, a.ffn, a.preset, a.features)
+                    a.tokens, a.ffn, a.preset, a.features, softmax=a.softmax)
     try:                                # an unknown choice is refused before any setup
         from protocols.jobs.bench_lm import session_fuse
         session_fuse(cfg, {"fuse": a.fuse})
@@ -239,7 +241,7 @@ def run_lm(a) -> dict:
         raise SystemExit(f"--fuse: {exc}") from None
     warm_len = min(a.prompt, 32)        # > 16 rows: the kernels' batched paths warm up too
     tiny = lm_config(a.arch, a.attention, 8, 2, 1, 8, warm_len, min(a.tokens, 1), a.ffn,
-                     a.preset, 4)
+                     a.preset, 4, softmax=a.softmax)
     warm = make_case(tiny, warm_len, min(a.tokens, 1))
     w, x, y = make_case(cfg, a.prompt, a.tokens, a.seed)
     t0 = time.perf_counter()
@@ -272,7 +274,8 @@ def run_lm(a) -> dict:
     name = PHASE0[cfg.arch]
     return {
         "workload": f"lm/{a.arch}/{a.attention}" + (f"/{a.preset}" if a.preset else ""),
-        "params": {"arch": cfg.arch, "attention": cfg.attention, "ffn_act": cfg.ffn_act,
+        "params": {"arch": cfg.arch, "attention": cfg.attention,
+                   "softmax_form": cfg.softmax_form, "ffn_act": cfg.ffn_act,
                    "norm": "layernorm (pre-LN, final LayerNorm)", "preset": a.preset,
                    "preset_note": PRESET_NOTE if a.preset else None,
                    "d_model": cfg.d_model, "heads": cfg.n_heads, "layers": a.layers,
@@ -354,6 +357,9 @@ def register(bsub) -> None:
                         "breakdown by operation type")
     p.add_argument("--arch", choices=tuple(ARCHS), default="decoder-only")
     p.add_argument("--attention", choices=tuple(ATTENTIONS), default="softmax")
+    p.add_argument("--softmax", choices=("max", "max-free"), default="max",
+                   help="softmax form: max-subtracted (default, any score range) or "
+                   "Privformer's max-free (scores must stay in exp's range)")
     p.add_argument("--ffn", choices=("relu", "gelu", "none"), default=None,
                    help="FFN activation (default relu; --preset aero: none)")
     p.add_argument("--preset", choices=("aero",), default=None,

@@ -28,7 +28,7 @@ from .. import ring
 from ..party import Party, RingConfig
 from ..shares import BShare, bits_to_planes, planes_to_bits
 from ..sharing import deal, reveal
-from . import activations, arith, boolean, convert, fxp
+from . import activations, arith, boolean, convert, extrema, fxp
 from .base import Cost
 
 #: Shift of the "trunc" kernel (its operand is a value at scale frac + TRUNC_SHIFT).
@@ -254,6 +254,44 @@ def _reciprocal_tolerance(shapes, cfg):
     return rel, ulps * _ulp(cfg)
 
 
+def _exp_neg_inputs(rng, n, shape, cfg):
+    """The range's ends, the floor (either answer just below it), 0, and values spread
+    over [-40, 9.5] (where exp is not 0) and the whole range."""
+    lo, hi = fxp.EXP_NEG_RANGE
+    x = np.concatenate([rng.uniform(-40, hi, n - n // 4), rng.uniform(lo, hi, n // 4)])
+    x[:5] = [lo, hi, 0.0, -fxp.EXP_NEG_FLOOR, -fxp.EXP_NEG_FLOOR - 1][:n]
+    return (x,)
+
+
+def _exp_neg_tolerance(shapes, cfg):
+    """exp's relative error on [0, 9.5] and EXP_NEG_ERROR ulps below 0 (the floor's e^-32
+    included)."""
+    return fxp.EXP_ERROR[cfg.trunc][0], fxp.EXP_NEG_ERROR[cfg.trunc] * _ulp(cfg)
+
+
+#: Values per row of the "max-rows" kernel (its operand holds MAX_ROW * n values: every
+#: level pairs at least n values, so its packed comparison bits fill every message).
+MAX_ROW = 8
+
+
+def _max_rows_reference(x) -> np.ndarray:
+    return x.reshape(-1, MAX_ROW).max(axis=1)
+
+
+def _max_rows_inputs(rng, n, shape, cfg):
+    """n rows of MAX_ROW values inside |x| < 2^13 (pairwise differences inside relu's
+    range), a few ties."""
+    x = rng.uniform(-2.0 ** 13, 2.0 ** 13, n * MAX_ROW) * rng.choice([1e-3, 1.0], n * MAX_ROW)
+    x[1::5] = x[0]
+    return (x,)
+
+
+def _max_rows_tolerance(shapes, cfg):
+    """Each level may keep the smaller of two values closer than relu's either-answer
+    region 2^(drop - frac)."""
+    return 0.0, math.log2(MAX_ROW) * 2.0 ** (cfg.relu_drop_bits - cfg.frac)
+
+
 # ------------------------------------------------------------------------ the list ----
 _ALL = [
     Kernel("mult", lambda p, x, y: arith.mul_aa(p, x, y),
@@ -336,6 +374,14 @@ _ALL = [
            lambda s, c: fxp.cost_exp(_n(s), "limit", c.frac, c.trunc),
            np.exp, lambda r, n, sh, c: (_spread(r, *fxp.EXP_RANGE, n),),
            _exp_tolerance, "x in fxp.EXP_RANGE = [-48, 9.5]"),
+    Kernel("exp-neg", lambda p, x: fxp.exp_neg_a(p, x),
+           lambda s, c: fxp.cost_exp_neg(_n(s), c), np.exp, _exp_neg_inputs,
+           _exp_neg_tolerance, "x in fxp.EXP_NEG_RANGE = [-2^13, 9.5]; 0 below -32"),
+    Kernel("max-rows",
+           lambda p, x: extrema.max_rows_a(p, x, np.full(x.size // MAX_ROW, MAX_ROW)),
+           lambda s, c: extrema.cost_max_rows(c, np.full(_n(s) // MAX_ROW, MAX_ROW)),
+           _max_rows_reference, _max_rows_inputs, _max_rows_tolerance,
+           "|x| < 2^13 (differences inside convert.relu_limit); rows of MAX_ROW values"),
     Kernel("gelu", lambda p, x: activations.gelu_a(p, x),
            lambda s, c: activations.cost_gelu(_n(s), c), activations.gelu_ref,
            _gelu_inputs, _gelu_tolerance,

@@ -29,7 +29,7 @@ exp "limit"     [-48, 9.5]       4 ulp on [-48, 0], 1.5e-5 y on [0, 9.5]        
                                  (prob: 240 ulp, 1e-3 y); never negative
 ==============  ===============  ==================================================  =======
 
-The exp bounds are worst cases from the rounding analysis in :func:`_exp_limit` (measured
+The exp bounds are worst cases from the rounding analysis in :func:`exp_steps` (measured
 maxima over 1.5e5 inputs: 1.7 ulp and 6.6e-6 y; prob 107 ulp and 6.0e-4 y); the others are
 measured maxima with ~20 % margin (3.4e4 inputs, 4.8e3 for fast: fast 2.0e-4 y + 1.5 ulp,
 lean 3.4e-5 y + 2 ulp (prob 3.9e-5 y + 3 ulp), reciprocal 3.9e-6 y + 1.5 ulp). "poly" exp is
@@ -82,6 +82,13 @@ PRODUCT_BITS = {"exact": 60, "prob": 48}
 SQRT_INV_RANGE = (2.0 ** LOG_LO, 2.0 ** LOG_HI)
 RECIPROCAL_RANGE = (2.0 ** LOG_LO, 2.0 ** LOG_HI)
 EXP_RANGE = (-48.0, 9.5)
+#: exp_neg_a: below -EXP_NEG_FLOOR its result is 0 (e^-32 < 2^-46, far below an ulp); its
+#: inputs (s - max of a softmax row) may reach -2^13 (scores |s| < 2^12 each): the comparison
+#: with the floor stays inside convert.relu_limit.
+EXP_NEG_FLOOR = 32.0
+EXP_NEG_RANGE = (-2.0 ** 13, EXP_RANGE[1])
+#: exp_neg_a's absolute error in ulps on its range, by truncation mode (exp's on [-48, 0]).
+EXP_NEG_ERROR = {"exact": 4.0, "prob": 240.0}
 #: "prob" mode's failure probability per element on the range, an upper bound (the worst
 #: case of the docstring's figures: sqrt_inv at 2^-12, exp at 9.5); a failure is a garbage
 #: value, documented, not prevented.
@@ -343,8 +350,8 @@ def _exp_scales(frac: int, mode: str) -> tuple[int, int]:
     return F, F - 8
 
 
-def _exp_limit(p: Party, x: AShare) -> AShare:
-    """q(x/64)^64. u = x/64 is x read at scale f + 6; u2 = u*u; y0 = 1 + u + u2 * w with
+def exp_steps(p: Party, x: AShare):
+    """exp_a("limit") as lockstep steps (:func:`base.lockstep`): q(x/64)^64. u = x/64 is x read at scale f + 6; u2 = u*u; y0 = 1 + u + u2 * w with
     w = c2 + c3 u + c4 u2 formed locally at scale F + K; then six squarings at scale F, the
     last one truncating back to f. F = f + EXP_EXTRA[mode] (exact: 24, u is free; prob: f,
     u = trunc(x, 6)).
@@ -361,16 +368,48 @@ def _exp_limit(p: Party, x: AShare) -> AShare:
     """
     f = p.cfg.frac
     F, K = _exp_scales(f, p.cfg.trunc)
-    u = x if F == f + EXP_SQUARINGS else arith.trunc_a(p, x, f + EXP_SQUARINGS - F)
-    u2 = arith.mul_aa(p, u, u, trunc=F)
+
+    def mul(a, b, trunc):
+        return (yield from arith.mul_many_steps(p, [(a, b, "mul", trunc)]))[0]
+
+    u = x
+    if F != f + EXP_SQUARINGS:
+        p.new_op()
+        u = yield from trunc_steps(p, AShare(x.a.reshape(-1), x.b.reshape(-1)),
+                                   f + EXP_SQUARINGS - F, from_rss=True)
+        u = u.reshape(x.shape)
+    u2 = yield from mul(u, u, F)
     c2, c3, c4 = _exp_coeffs(EXP_RANGE[1])
     w = u.scale(round(c3 * 2 ** K)) + u2.scale(round(c4 * 2 ** K))              # scale F + K
     w = arith.add_public(p, w, np.full(x.shape, ring.encode(np.array(c2), F + K)))
-    y = u + arith.mul_aa(p, u2, w, trunc=F + K)
+    y = u + (yield from mul(u2, w, F + K))
     y = arith.add_public(p, y, np.full(x.shape, np.uint64(1 << F)))
     for k in range(EXP_SQUARINGS):
-        y = arith.mul_aa(p, y, y, trunc=F if k < EXP_SQUARINGS - 1 else 2 * F - f)
+        y = yield from mul(y, y, F if k < EXP_SQUARINGS - 1 else 2 * F - f)
     return y
+
+
+def exp_neg_a(p: Party, x: AShare) -> AShare:
+    """exp(x) for x <= 0 of any size (a max-subtracted softmax's s - max): exp "limit"
+    (:func:`exp_steps`, exact on [-48, 0]) in lockstep with one two-round comparison
+    ``[x >= -EXP_NEG_FLOOR]`` (:func:`mpc3.kernels.thresholds.compare_steps`), whose bit then
+    multiplies the result (convert.mul_masked, 2 rounds): 0 below the floor, where exp's
+    polynomial leaves its range and wraps. Range :data:`EXP_NEG_RANGE`; error
+    :data:`EXP_NEG_ERROR` ulp (exp's own on [-EXP_NEG_FLOOR, 0]; e^-32 < 2^-46 below it,
+    and either answer on the comparison's error region [-2^-12, 0) below the floor).
+    Cost: :func:`cost_exp_neg` (exp's 16 rounds + 2; prob truncation 9 + 2)."""
+    flat = AShare(x.a.reshape(-1), x.b.reshape(-1))
+    floor = ring.encode(np.array([-EXP_NEG_FLOOR]), p.cfg.frac)
+    e, above = run_steps(p, exp_steps(p, flat),
+                         thresholds.compare_steps(p, flat, floor, thresholds.window(p)))
+    return convert.mul_masked(p, above, e).reshape(x.shape)
+
+
+def cost_exp_neg(n: int, cfg) -> Cost:
+    """Rounds and bytes per party of :func:`exp_neg_a` on ``n`` elements."""
+    return (Cost.parallel(cost_exp(n, "limit", cfg.frac, cfg.trunc),
+                          thresholds.cost_compare_public(n, 1, *thresholds.window_for(cfg)))
+            + convert.cost_inject(n, fused=True))
 
 
 def _exp_poly(p: Party, x: AShare) -> AShare:
@@ -390,7 +429,7 @@ def exp_a(p: Party, x: AShare, method: str = "limit") -> AShare:
     """exp(x): "limit" (accurate on EXP_RANGE, see the module docstring) or "poly"
     (Privformer's polynomial baseline). Cost: :func:`cost_exp`."""
     if method == "limit":
-        return _exp_limit(p, x)
+        return run_steps(p, exp_steps(p, x))[0]
     if method == "poly":
         return _exp_poly(p, x)
     raise ValueError(f"exp_a: unknown method {method!r} (poly, limit)")

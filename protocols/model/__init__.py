@@ -24,6 +24,7 @@ from .decode import (embed, embed_tokens, greedy_decode, input_table, output_log
 from .features import (attn_norm, attn_params, fold_omega, merge_heads, project, ref_features,
                        relu, split_heads)
 from .presets import PRESETS, aero, apply_preset
+from .variants import head_kind
 from .reference import (RefDecodeState, ffn_activation, ref_decoder, ref_decoder_step, ref_encoder, ref_ffn,
                         batchnorm_affine, fold_ffn_bn, ref_batchnorm, ref_layernorm, ref_mha, ref_norm)
 from .weights import (FORMAT_VERSION, USER_NAMES, Weights, load_labels, load_model,
@@ -39,5 +40,5 @@ __all__ = [
     "make_omega", "merge_heads", "load_labels", "load_tokenizer", "orthogonal_features", "project", "output_logits", "positional_encoding",
     "random_user", "random_weights", "ref_decoder", "ref_decoder_step", "ref_encoder",
     "ref_features", "ref_ffn", "ref_layernorm", "ref_mha", "relu", "save_model", "split_heads",
-    "validate_user",
+    "validate_user", "head_kind",
 ]

@@ -201,8 +201,8 @@ class ModelConfig:
         if self.pool not in POOLS:
             raise ValueError(f"pool={self.pool!r} must be one of {POOLS}")
         if self.pool != "mean" and self.pool not in ARCH_POOLS.get(self.arch, ()):
-            offers = {a: p for a, p in ARCH_POOLS.items() if self.pool in p}
-            raise ValueError(f"pool={self.pool!r} applies to arch {' / '.join(offers)} only")
+            offers = " / ".join(repr(a) for a, p in ARCH_POOLS.items() if self.pool in p)
+            raise ValueError(f"pool={self.pool!r} applies to arch {offers} only")
         if not isinstance(self.normalize, (bool, np.bool_)):
             raise ValueError(f"normalize must be a bool, got {self.normalize!r}")
         if self.normalize and self.arch != ENCODER:

@@ -19,6 +19,9 @@ import math
 import numpy as np
 
 ATTENTIONS = ("relu-performer", "softmax", "power-softmax", "sigma-relu")
+#: What the secure heads (protocols.mha.heads) run for a softmax-style attention: the
+#: model's ``attention``, softmax split by ``softmax_form`` (:func:`head_kind`).
+HEAD_KINDS = ("softmax", "softmax-max-free", "power-softmax", "sigma-relu")
 #: PowerSoftmax exponent and epsilon of models (eps >= 2^-12: the reciprocal's range).
 POWER, POWER_EPS = 4, 2.0 ** -6
 
@@ -32,10 +35,16 @@ def _mask(Sq: int, Sk: int, masked: bool) -> np.ndarray:
 
 
 def ref_softmax_attention(q, k, v, masked=False, exp="limit"):
-    """softmax attention; ``exp="poly"`` is Privformer's polynomial baseline instead of exp."""
+    """softmax attention; ``exp="poly"`` is Privformer's polynomial baseline instead of exp.
+    Exact exp is taken of s - max over the row's kept scores (the same function, no float
+    overflow at any score)."""
     sc = scores(q, k)
-    e = np.exp(sc) if exp == "limit" else 1 + sc + 0.5 * sc**2 + 0.1665 * sc**3 + 0.0438 * sc**4
-    e = e * _mask(*sc.shape[-2:], masked)
+    mask = _mask(*sc.shape[-2:], masked)
+    if exp == "limit":
+        e = np.exp(sc - np.max(np.where(mask > 0, sc, -np.inf), axis=-1, keepdims=True))
+    else:
+        e = 1 + sc + 0.5 * sc**2 + 0.1665 * sc**3 + 0.0438 * sc**4
+    e = e * mask
     return (e / e.sum(-1, keepdims=True)) @ v
 
 
@@ -68,12 +77,20 @@ def ref_sigma_attention(q, k, v, sigma="relu", masked=False, length=None):
     return (act * mask) @ v / L
 
 
+def head_kind(cfg) -> str:
+    """The :data:`HEAD_KINDS` entry of a model config with a softmax-style attention."""
+    if cfg.attention == "softmax" and cfg.softmax_form == "max-free":
+        return "softmax-max-free"
+    return cfg.attention
+
+
 def ref_heads(attention: str, q, k, v, masked: bool = False) -> np.ndarray:
-    """The model's attention (not relu-performer) on per-head q, k, v."""
-    if attention == "softmax":
+    """The model's attention (a :data:`HEAD_KINDS` entry) on per-head q, k, v (both softmax
+    forms compute the same function)."""
+    if attention in ("softmax", "softmax-max-free"):
         return ref_softmax_attention(q, k, v, masked)
     if attention == "power-softmax":
         return ref_power_softmax(q, k, v, masked=masked)
     if attention == "sigma-relu":
         return ref_sigma_attention(q, k, v, masked=masked, length="keys")
-    raise ValueError(f"unknown attention {attention!r} (one of {ATTENTIONS})")
+    raise ValueError(f"unknown attention {attention!r} (one of {HEAD_KINDS})")
