@@ -44,11 +44,10 @@ def test_config_keys_are_optional_and_checked():
     assert M.expected_user_shapes(cfg) == {
         "embed.src": (11, 16), "embed.pos": (12, 16), "embed.type": (2, 16),
         "embed.ln.gamma": (16,), "embed.ln.beta": (16,)}
-    with pytest.raises(ValueError, match="pool='cls-tanh' applies to arch encoder-classifier "
-                       "only"):
+    with pytest.raises(ValueError, match="pool='cls-tanh' applies to arch 'encoder-classifier'"):
         M.ModelConfig(**{**BASE, "arch": "decoder-only", "n_dec_layers": 1, "tgt_vocab": 5,
                          "pool": "cls-tanh"}).validate()
-    with pytest.raises(ValueError, match="pool='max' applies to arch encoder only"):
+    with pytest.raises(ValueError, match="pool='max' applies to arch 'encoder' only"):
         clf(pool="max")
     with pytest.raises(ValueError, match="normalize .* applies to arch 'encoder' only"):
         clf(normalize=True)
