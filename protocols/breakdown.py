@@ -28,7 +28,8 @@ Categories (:data:`CATEGORIES`):
   ``norm`` for a LayerNorm's projection) - the same for the Performer's features;
 * ``norm`` - LayerNorm, all of it (its products and inverse square root; a decode step's
   fused LayerNorm projection :func:`protocols.layernorm.layernorm_project` included);
-* ``other`` - the classifier's pooler tanh and arg-max, and the time of local work between
+* ``other`` - the classifier's pooler tanh and arg-max, a sentence embedding's pooling and
+  normalization, and the time of local work between
   kernel calls (bias additions, head reshapes, KV-cache appends): no bytes for an LM.
 
 Every region other than ``matmul`` claims everything called inside it (a LayerNorm's
@@ -73,6 +74,8 @@ TARGETS = (
     ("mpc3.kernels.convert", "relu_a", "attention"),     # FFN ReLU: inside ffn_act
     ("mpc3.kernels.activations", "tanh_a", "other"),
     ("protocols.classifier", "argmax_a", "other"),
+    ("protocols.sentence", "pool_a", "other"),
+    ("protocols.sentence", "normalize_a", "other"),
     ("mpc3.kernels.arith", "mul_many_aa", "matmul"),
     ("mpc3.kernels.arith", "mul_split_aa", "matmul"),
     ("mpc3.kernels.arith", "matmul_aa", "matmul"),

@@ -9,7 +9,9 @@ documented range; outside it the ring wraps and the output is garbage with no er
   the largest value reaching the kernel, and refuses (:class:`RangeError`) a model whose
   values leave a kernel's range divided by the safety margin;
 * per architecture (``cfg.arch``): an encoder classifier is traced through its encoder and
-  head (sites ``head``, ``pool``, ``argmax``), a decoder-only LM through its prefill and every
+  head (sites ``head``, ``pool``, ``argmax``), a headless encoder through its encoder,
+  pooling and normalization (layer ``pool``: ``pool_max``, ``norm_sumsq``, ``norm_sq``,
+  ``norm_scale``), a decoder-only LM through its prefill and every
   decode step of ``max_len``-token samples embedded with ``embed.tgt`` (input range ``X`` for
   the prompt, ``Y`` for a step, the same table);
 * the result, :class:`Calibration`, is small and JSON-able (:meth:`Calibration.to_dict`) and is
@@ -210,7 +212,7 @@ class Calibration:
     def fill(self, layer: str, site: str) -> float:
         """Fraction of the allowed range a site uses; above 1 means outside limit / margin.
         var_eps: also its minimum against lo * margin when ln_eps < lo (with ln_eps >= lo,
-        var + eps >= lo holds for every input)."""
+        var + eps >= lo holds for every input); other sqrt_inv sites (``norm_sq``) always."""
         v, m = self.layers[layer][site], self.margin
         lo, hi = site_range(site, self.ring())
         if not isinstance(v, list):
@@ -222,7 +224,8 @@ class Calibration:
             return max((v[1] + math.log(m)) / hi, v[0] / lo)
         if SITES[site].kernel == "reciprocal":
             return max(v[1] * m / hi, lo * m / max(v[0], 1e-300))
-        low = 0.0 if self.ln_eps >= lo else lo * m / max(v[0], 1e-300)
+        floor = self.ln_eps if site == "var_eps" else 0.0
+        low = 0.0 if floor >= lo else lo * m / max(v[0], 1e-300)
         return max(v[1] * m / hi, low)
 
     def fills(self) -> list[tuple[float, str, str]]:
@@ -265,9 +268,10 @@ class Calibration:
             if v[1] * m > hi:
                 return (f"{layer}: {s.what} reaches {v[1]:.3g}, above {name} [{lo:.2g}, {hi:.6g}]"
                         f" with safety margin {m:g} (max {hi / m:.3g}); {s.advice}")
+            advice = (f"raise ln_eps to at least {lo:.3g} (the default "
+                      f"{M.DEFAULT_LN_EPS:.3g})" if site == "var_eps" else s.advice)
             return (f"{layer}: {s.what} falls to {v[0]:.3g}, below {name} [{lo:.2g}, {hi:.6g}]"
-                    f" with safety margin {m:g} (min {lo * m:.3g}); raise ln_eps to at least "
-                    f"{lo:.3g} (the default {M.DEFAULT_LN_EPS:.3g})")
+                    f" with safety margin {m:g} (min {lo * m:.3g}); {advice}")
         kernel = {"product": "a truncated product", "relu": "ReLU", "gelu": "GELU",
                   "tanh": "tanh"}[s.kernel] + \
             (f" (+{s.extra} fractional bits)" if s.extra else "")
@@ -296,6 +300,8 @@ def calibrate(cfg: M.ModelConfig, weights: M.Weights, samples: Samples,
     for i, x in enumerate(samples.X):
         if cfg.arch == M.ENCODER_CLASSIFIER:
             tr.classifier(x)
+        elif cfg.arch == M.ENCODER:
+            tr.embedding(x)
         elif cfg.arch == M.DECODER_ONLY:
             tr.lm(x)
         else:

@@ -13,7 +13,9 @@ hands a value to a kernel that is exact only on a documented range:
 * ``relu``: relu_a inputs must satisfy |x| < ``convert.relu_limit(ring)``;
 * ``gelu``: gelu_a inputs must satisfy |x| <= ``activations.gelu_limit(ring)`` (2^13);
 * ``tanh``: tanh_a inputs (BERT's pooler) must satisfy |x| <= ``activations.TANH_LIMIT`` (24);
-* ``sqrt_inv``: sqrt_inv_a inputs must lie in ``fxp.SQRT_INV_RANGE``.
+* ``sqrt_inv``: sqrt_inv_a inputs must lie in ``fxp.SQRT_INV_RANGE`` (a LayerNorm's
+  ``var_eps`` checks the lower end only when ln_eps is below it; ``norm_sq``, a sentence
+  embedding's squared norm, always).
 
 * ``exp`` / ``reciprocal`` (models with softmax-style ``attention``): inputs inside
   ``fxp.EXP_RANGE`` / ``fxp.RECIPROCAL_RANGE``, both recorded as (min, max) spans. The
@@ -59,6 +61,8 @@ _VAR = "rescale W^Q/W^K (the scores) or W^V"
 _MAXFREE = ("share it with softmax_form 'max' (the default: the max-subtracted softmax takes "
             "any score range; a trained model keeps its weights)")
 _VOUT = "shorten max_len (a row sums n values of V) or rescale W^V and W^O together"
+_LAST_LN = ("rescale the last LayerNorm's gamma and beta by one factor (a normalized "
+            "embedding does not change)")
 SITES: dict[str, Site] = {
     # attention (enc.i.attn, dec.i.self, dec.i.cross)
     "proj": Site("product", "projection X [W^Q|W^K|W^V] (attn_c folded in)", _ATTN, PROJ_EXTRA),
@@ -125,6 +129,16 @@ SITES: dict[str, Site] = {
     "pool_dense": Site("product", "pooler product h[CLS] @ pool.w", "rescale pool.w"),
     "tanh": Site("tanh", "pooler tanh input h[CLS] @ pool.w + pool.b",
                  "rescale pool.w and pool.b"),
+    # a headless encoder's pooling and normalization (pool), protocols.sentence
+    "pool_max": Site("relu", "max pooling: difference of two positions' values compared "
+                     "per coordinate", _LAST_LN),
+    "norm_sumsq": Site("product", "normalize: sum of squares of the pooled embedding (mean "
+                       "pooling: of the sum over the positions)",
+                       "shorten max_len (mean pooling) or " + _LAST_LN),
+    "norm_sq": Site("sqrt_inv", "normalize: squared norm of the pooled embedding / 4^K "
+                    "(protocols.sentence.norm_scale)", _LAST_LN),
+    "norm_scale": Site("product", "normalize: pooled embedding times 2^K / its norm",
+                       "none needed: at most 2^K (protocols.sentence.norm_scale)"),
 }
 
 

@@ -409,6 +409,38 @@ class Trace:
         self.rec.mag("head", "argmax", out.max(axis=-1) - out.min(axis=-1))
         return out
 
+    def embedding(self, x: np.ndarray) -> np.ndarray:
+        """protocols.sentence.embed_sentence: encoder, pooling (the max tournament's
+        differences; the mean's sum undivided when normalized), then normalization (the
+        squared norm, its value / 4^K handed to sqrt_inv, the pooled row times 2^K / norm).
+        Returns the embeddings."""
+        from .sentence import norm_scale
+        cfg, rec = self.cfg, self.rec
+        h = self.encoder(x)
+        if cfg.pool == "cls":
+            e = h[:, 0]
+        elif cfg.pool == "max":
+            v = h
+            while v.shape[1] > 1:
+                n, k = v.shape[1], v.shape[1] // 2
+                a, b = v[:, 0:2 * k:2], v[:, 1:2 * k:2]
+                rec.mag("pool", "pool_max", a - b)
+                top = np.maximum(a, b)
+                v = np.concatenate([top, v[:, n - 1:]], axis=1) if n % 2 else top
+            e = v[:, 0]
+        else:
+            e = h.sum(axis=1) if cfg.normalize else h.mean(axis=1)
+        if not cfg.normalize:
+            return e
+        scale = 2.0 ** norm_scale(cfg.d_model, x.shape[1], cfg.pool)
+        ss = (e * e).sum(-1)
+        rec.mag("pool", "norm_sumsq", ss)
+        rec.span("pool", "norm_sq", ss / scale ** 2)
+        with np.errstate(divide="ignore", invalid="ignore"):      # 0: refused (norm_sq)
+            r = scale / np.sqrt(ss)[:, None]
+            rec.mag("pool", "norm_scale", e * r)
+            return e * r / scale
+
     def lm(self, x: np.ndarray, fuse=None) -> np.ndarray:
         """The decoder-only LM (protocols.causal_lm): its prefill and every decode step of
         the sequence x (B, T, d), layer by layer (Performer's decode blocks, or the causal

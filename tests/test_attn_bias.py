@@ -47,6 +47,10 @@ def test_config_keys_are_optional_and_checked():
     with pytest.raises(ValueError, match="pool='cls-tanh' applies to arch 'encoder-classifier'"):
         M.ModelConfig(**{**BASE, "arch": "decoder-only", "n_dec_layers": 1, "tgt_vocab": 5,
                          "pool": "cls-tanh"}).validate()
+    with pytest.raises(ValueError, match="pool='max' applies to arch 'encoder' only"):
+        clf(pool="max")
+    with pytest.raises(ValueError, match="normalize .* applies to arch 'encoder' only"):
+        clf(normalize=True)
     with pytest.raises(ValueError, match="type_vocab .* needs a learned embedding"):
         clf(type_vocab=2)
     with pytest.raises(ValueError, match="embedding='learned' needs one input table"):

@@ -22,7 +22,8 @@ from protocols.layernorm import cost_layernorm
 SMALL = ["--d-model", "16", "--heads", "2", "--layers", "2", "--d-ff", "32", "--prompt", "8"]
 CASES = ([("decoder-only", a, 2) for a in L.ATTENTIONS]
          + [("classifier", a, 0) for a in L.ATTENTIONS]
-         + [("encoder-decoder", a, 2) for a in L.ATTENTIONS])
+         + [("encoder-decoder", a, 2) for a in L.ATTENTIONS]
+         + [("encoder", a, 0) for a in L.ATTENTIONS])
 KEYS = ("wall_s", "bytes_total", "messages", "rounds")
 
 
@@ -31,14 +32,16 @@ def _run(*extra):
     return L.run_lm(a)
 
 
-def _check_phase(ph):
+def _check_phase(ph, arch=None):
+    """``arch`` encoder: its pooling and normalization are ``other`` (protocols.breakdown)."""
     bd = ph["breakdown"]
     assert set(bd) == set(BD.CATEGORIES)
     for k in ("bytes_total", "messages"):
         assert sum(v[k] for v in bd.values()) == ph[k]
     assert sum(v["wall_s"] for v in bd.values()) == pytest.approx(ph["wall_s"], rel=1e-9)
     assert sum(v["rounds"] for v in bd.values()) == ph["rounds"]
-    assert bd["other"]["bytes_total"] == 0 and bd["other"]["rounds"] == 0
+    if arch != "encoder":
+        assert bd["other"]["bytes_total"] == 0 and bd["other"]["rounds"] == 0
     assert ph["declared"]["bytes_total"] == ph["bytes_total"]
     assert ph["declared"]["bytes_per_party"] == ph["bytes_per_party"]
     assert ph["declared"]["rounds"] == ph["rounds"]
@@ -56,7 +59,9 @@ def test_bench_lm_runs_every_arch_and_attention(arch, attention, tokens):
     phases = [r[r["phase0"]]] + r["steps"]
     assert len(phases) == 1 + tokens
     for ph in phases:
-        _check_phase(ph)
+        _check_phase(ph, arch)
+    if arch == "encoder":                     # mean pooling is local; normalization is other
+        assert r["breakdown"]["other"]["bytes_total"] > 0
     assert sum(p["bytes_total"] for p in phases) == r["bytes_total"]
     assert sum(p["rounds"] for p in phases) == r["rounds"]
     for c in BD.CATEGORIES:
@@ -180,6 +185,8 @@ def test_bad_arguments_are_refused():
         _run("--fuse", "cross")
     with pytest.raises(ValueError, match="no tokens"):
         _run("--arch", "classifier", "--tokens", "1")
+    with pytest.raises(ValueError, match="an encoder generates no tokens"):
+        _run("--arch", "encoder", "--tokens", "1")
     with pytest.raises(ValueError, match="divisible"):
         L.lm_config("decoder-only", "softmax", 10, 3, 1, 8, 4, 1)
 

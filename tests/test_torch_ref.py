@@ -1,6 +1,6 @@
 """protocols.model.torch_ref.TorchModel == the float64 reference for every config: the
-whole grid arch x attention x ffn_act x norm x norm_first x attn_bias x pool x embedding
-(with and without token types) x ffn_bn x AERO's ffn_scale / ffn_pruned where they apply,
+whole grid arch x attention x ffn_act x norm x norm_first x attn_bias x pool (x normalize, for
+the headless encoder) x embedding (with and without token types) x ffn_bn x AERO's ffn_scale / ffn_pruned where they apply,
 each with random small shapes and weights; logits from token ids within 1e-9 (relative to max(1, |logit|): without normalization a random
 Performer stack can reach large values). Plus the decode paths (the reference's
 incremental LM and translator steps give the same rows), export, and a training step with BatchNorm."""
@@ -23,11 +23,18 @@ def grid():
              "encoder-classifier": dict(attention=list(M.ATTENTIONS), pool=["mean", "cls-tanh"],
                                         embedding=["sinusoidal", "learned", "learned-ln"]),
              "decoder-only": dict(attention=list(M.ATTENTIONS), pool=["mean"],
-                                  embedding=["sinusoidal", "learned", "learned-ln"])}
+                                  embedding=["sinusoidal", "learned", "learned-ln"]),
+             # the headless encoder: its encoder is the classifier's (run on the whole grid
+             # above), so only pooling x normalize ("mean+n", ...) x embedding x norm_first
+             "encoder": dict(attention=list(M.ATTENTIONS),
+                             pool=["mean", "cls", "max", "mean+n", "cls+n", "max+n"],
+                             embedding=["sinusoidal", "learned-ln"], act=("gelu",),
+                             norm=("layernorm",), bias=(True,), bn=(False,))}
     for arch, opts in archs.items():
         for att, pool, emb, act, norm, first, bias, bn in itertools.product(
-                opts["attention"], opts["pool"], opts["embedding"], ("relu", "gelu", "none"),
-                M.NORMS, (False, True), (False, True), (False, True)):
+                opts["attention"], opts["pool"], opts["embedding"],
+                opts.get("act", ("relu", "gelu", "none")), opts.get("norm", M.NORMS),
+                (False, True), opts.get("bias", (False, True)), opts.get("bn", (False, True))):
             aero = arch == "decoder-only" and norm == "none" and act == "none"
             for scale, pruned in ((False, 0), (True, 0), (False, 1), (True, 1)) if aero else \
                     ((False, 0),):
@@ -43,12 +50,16 @@ def make(arch, att, pool, emb, act, norm, first, bias, rng, scale=False, pruned=
               attention=att, ffn_act=act, norm=norm, attn_bias=bias, pool=pool, embedding=emb,
               ln_eps=float(rng.choice([M.DEFAULT_LN_EPS, 1e-5])), ffn_scale=scale,
               ffn_bn=bn)
+    pool, kw["normalize"] = pool.split("+")[0], pool.endswith("+n")
+    kw["pool"] = pool
     layers = int(rng.integers(1, 3))
     if arch == "encoder-decoder":
         kw.update(n_enc_layers=layers, n_dec_layers=int(rng.integers(0, 3)), src_vocab=6,
                   tgt_vocab=5)
     elif arch == "encoder-classifier":
         kw.update(arch=arch, n_enc_layers=layers, src_vocab=6, n_classes=3)
+    elif arch == "encoder":
+        kw.update(arch=arch, n_enc_layers=layers, src_vocab=6)
     else:
         kw.update(arch=arch, n_dec_layers=layers, tgt_vocab=6, ffn_pruned=pruned)
     if emb != "sinusoidal" and rng.random() < 0.5:
@@ -59,6 +70,8 @@ def make(arch, att, pool, emb, act, norm, first, bias, rng, scale=False, pruned=
 def reference_logits(cfg, w, user, ids, tgt, types):
     if cfg.arch == "encoder-classifier":
         return M.ref_classify(cfg, w, M.embed_tokens(cfg, user, ids, types=types))
+    if cfg.arch == "encoder":
+        return M.ref_embed(cfg, w, M.embed_tokens(cfg, user, ids, types=types))
     if cfg.arch == "decoder-only":
         return M.output_logits(user, M.ref_lm(cfg, w, M.embed_tokens(cfg, user, ids,
                                                                      types=types)))

@@ -13,7 +13,8 @@ further random ids (what a generation feeds back does not change its cost). Arch
 (the translator: ``--prompt`` source positions through the encoder once, then T decoder
 steps: Performer prefix sums, or a KV cache and the source's K, V for the softmax-style
 attentions), ``classifier`` (encoder + pooling + head on ``--prompt``
-positions, T = 0). ``--preset aero`` here is softmax attention and a linear FFN (``ffn_act``
+positions, T = 0), ``encoder`` (a sentence embedding: encoder, mean pooling and L2
+normalization on ``--prompt`` positions, T = 0). ``--preset aero`` here is softmax attention and a linear FFN (``ffn_act``
 none) with the LayerNorms kept: random weights without normalization leave the kernels'
 ranges. The full preset (``norm`` none, W1 W2 fused, scaled / pruned FFN) is
 :func:`protocols.model.aero`, for trained models.
@@ -27,7 +28,8 @@ tiny shape. Metrics (DESIGN.md names; shares already in place, protocol only): p
 ``rounds``, all counted by the parties' communicators; ``per_token_*`` the mean over the
 steps; ``breakdown`` the same split into :data:`protocols.breakdown.CATEGORIES` (measured:
 :mod:`protocols.breakdown`; wall time of the slowest party); ``declared`` the protocols'
-declared costs (cost_lm_prefill / cost_lm_step, cost_classify, cost_encoder +
+declared costs (cost_lm_prefill / cost_lm_step, cost_classify, cost_embed_sentence,
+cost_encoder +
 cost_decode_start / cost_decoder_step) and ``checks`` whether the
 categories sum to the measured totals and the declarations equal them; ``max_abs_err``
 against the float64 reference (:func:`protocols.model.ref_lm` etc.) on the same inputs,
@@ -45,11 +47,11 @@ import time
 import numpy as np
 
 ARCHS = {"decoder-only": "decoder-only", "encoder-decoder": "encoder-decoder",
-         "classifier": "encoder-classifier"}
+         "classifier": "encoder-classifier", "encoder": "encoder"}
 ATTENTIONS = {"relu-performer": "relu-performer", "softmax": "softmax",
               "power-softmax": "power-softmax", "sigma": "sigma-relu"}
 PHASE0 = {"decoder-only": "prefill", "encoder-decoder": "encoder", "encoder-classifier":
-          "classify"}
+          "classify", "encoder": "embed"}
 
 
 def lm_config(arch: str, attention: str, d_model: int, heads: int, layers: int, d_ff: int,
@@ -73,15 +75,18 @@ def lm_config(arch: str, attention: str, d_model: int, heads: int, layers: int, 
     if d_model % heads:
         raise ValueError(f"--d-model {d_model} is not divisible by --heads {heads}")
     kind, dh = ARCHS[arch], d_model // heads
-    if kind == M.ENCODER_CLASSIFIER and tokens:
-        raise ValueError("a classifier generates no tokens: use --tokens 0")
+    if kind in (M.ENCODER_CLASSIFIER, M.ENCODER) and tokens:
+        raise ValueError(f"{'a classifier' if arch == 'classifier' else 'an encoder'} "
+                         f"generates no tokens: use --tokens 0")
     if kind == M.ENCODER_DECODER and tokens < 1:
         raise ValueError("the encoder-decoder run decodes: --tokens >= 1")
     r = features or max(1, math.ceil(dh * math.log(max(dh, 2))))     # Privformer: d ln d
-    max_len = {M.DECODER_ONLY: prompt + tokens, M.ENCODER_CLASSIFIER: prompt,
+    max_len = {M.DECODER_ONLY: prompt + tokens, M.ENCODER_CLASSIFIER: prompt, M.ENCODER: prompt,
                M.ENCODER_DECODER: max(prompt, tokens) + 1}[kind]
     keys = {M.DECODER_ONLY: {"n_dec_layers": layers, "tgt_vocab": vocab},
             M.ENCODER_CLASSIFIER: {"n_enc_layers": layers, "src_vocab": vocab, "n_classes": 2},
+            # sentence-transformers' usual head: mean pooling, L2 normalization
+            M.ENCODER: {"n_enc_layers": layers, "src_vocab": vocab, "normalize": True},
             M.ENCODER_DECODER: {"n_enc_layers": layers, "n_dec_layers": layers,
                                 "src_vocab": vocab, "tgt_vocab": vocab}}[kind]
     return M.ModelConfig(d_model=d_model, n_heads=heads, d_head=dh, n_features=r, d_ff=d_ff,
@@ -117,6 +122,8 @@ def reference(cfg, w, x: np.ndarray, y: np.ndarray | None) -> np.ndarray:
         return M.ref_lm(cfg, w, seq)[:, x.shape[1] - 1:].transpose(1, 0, 2)
     if cfg.arch == M.ENCODER_CLASSIFIER:
         return M.ref_classify(cfg, w, x)[None]
+    if cfg.arch == M.ENCODER:
+        return M.ref_embed(cfg, w, x)[None]
     state = M.RefDecodeState(cfg, w, M.ref_encoder(cfg, w, x))
     return np.stack([M.ref_decoder_step(cfg, w, state, y[t]) for t in range(y.shape[0])])
 
@@ -135,6 +142,9 @@ def declared(cfg, B: int, S: int, T: int, fuse=None) -> list:
     if cfg.arch == M.ENCODER_CLASSIFIER:
         from protocols.classifier import cost_classify
         return [cost_classify(ring, cfg, B, S)]
+    if cfg.arch == M.ENCODER:
+        from protocols.sentence import cost_embed_sentence
+        return [cost_embed_sentence(ring, cfg, B, S)]
     from protocols.decoder import cost_decode_start, cost_decoder_step
     from protocols.encoder import cost_encoder
     first = cost_encoder(ring, cfg, B, S) + cost_decode_start(ring, cfg, B, S, fuse=kinds)
@@ -361,8 +371,10 @@ def register(bsub) -> None:
     p.add_argument("--features", type=int, default=None,
                    help="relu-performer random features r (default d_head ln d_head)")
     p.add_argument("--prompt", type=int, default=16,
-                   help="prompt tokens (encoder-decoder: source length; classifier: input)")
-    p.add_argument("--tokens", type=int, default=1, help="generated tokens (classifier: 0)")
+                   help="prompt tokens (encoder-decoder: source length; classifier, encoder: "
+                   "input)")
+    p.add_argument("--tokens", type=int, default=1, help="generated tokens (classifier, "
+                   "encoder: 0)")
     p.add_argument("--transport", choices=("inproc", "grpc"), default="inproc")
     p.add_argument("--net", default="none",
                    help="none | lan | wan | custom:RATE_MBIT:RTT_MS: party processes in emulated "

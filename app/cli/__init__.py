@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import bench, cluster, generate, models, translate
+from . import bench, cluster, generate, models, text, translate
 
-GROUPS = (cluster, models, translate, generate, bench)
+GROUPS = (cluster, models, translate, generate, text, bench)
 
 
 def version() -> str:

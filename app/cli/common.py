@@ -45,43 +45,72 @@ def any_client(args, cfg, **kw):
     return cls(cfg, args.cert, args.key, **kw)
 
 
-def load_model_file(path: str, config_path: str | None = None, fmt: str = "auto",
-                    notes: list | None = None):
-    """(config, weights, user tensors) of a model - mpc3 ``.npz``, ``.safetensors`` in mpc3's
-    naming with its config from ``config_path`` or the file's metadata, or a directory laid
-    out like Hugging Face BERT / GPT-2 (``fmt`` auto, hf-bert, hf-gpt2:
-    protocols.model.hf_import; its notes are appended to ``notes``) - or one clear
+def add_import_options(p: argparse.ArgumentParser) -> None:
+    """``--pool``, ``--normalize``, ``--max-len``: how a Hugging Face / sentence-transformers
+    directory is converted (protocols.model.st_import.import_checkpoint)."""
+    p.add_argument("--pool", choices=("mean", "cls", "max"),
+                   help="a BertModel directory: the sentence embedding's pooling over the "
+                   "positions (default mean; a sentence-transformers directory's own "
+                   "Pooling module decides there)")
+    p.add_argument("--normalize", action="store_const", const=True, default=None,
+                   help="a BertModel directory: L2-normalize the sentence embedding")
+    p.add_argument("--max-len", type=int, metavar="N",
+                   help="a Hugging Face directory: the model takes at most N tokens (its "
+                   "position table is cut to N rows; default: all its positions, or a "
+                   "sentence-transformers directory's max_seq_length)")
+
+
+def import_options(args) -> dict:
+    """The options of :func:`add_import_options` given on the command line."""
+    return {k: getattr(args, k) for k in ("pool", "normalize", "max_len")
+            if getattr(args, k, None) is not None}
+
+
+def load_model_source(path: str, config_path: str | None = None, fmt: str = "auto",
+                      options: dict | None = None):
+    """A model in any format as :class:`protocols.model.st_import.Imported` (its
+    tokenizer and class names with it) - mpc3 ``.npz``, ``.safetensors`` in mpc3's naming
+    with its config from ``config_path`` or the file's metadata, or a directory laid out
+    like Hugging Face BERT / GPT-2 or sentence-transformers (``fmt`` auto, hf-bert,
+    hf-gpt2, sentence-transformers; ``options``: :func:`import_options`) - or one clear
     ValueError."""
     import zipfile
     from pathlib import Path
 
     from protocols.model import hf_import, load_model
     from protocols.model.safetensors import load_safetensors_model
+    from protocols.model.st_import import Imported, import_checkpoint
+    from protocols.model.weights import LABELS_KEY, TOKENIZER_KEY, load_labels, text_entry
+    options = options or {}
     if fmt not in ("auto", *hf_import.FORMATS):
         raise ValueError(f"--format {fmt!r}: choose auto, {', '.join(hf_import.FORMATS)}")
-    if fmt.startswith("hf-") or (fmt == "auto" and Path(path).is_dir()):
+    if fmt != "mpc3" and (fmt != "auto" or Path(path).is_dir()):
         if config_path is not None:
             raise ValueError("--model-config applies to mpc3 .safetensors files only (a "
                              "Hugging Face directory carries its config.json)")
         try:
-            cfg, w, user, told = hf_import.load_hf(path, fmt)
+            return import_checkpoint(path, fmt, **options)
         except FileNotFoundError as exc:
             raise FileNotFoundError(f"model {exc.filename or path} not found") from None
         except (ValueError, KeyError, TypeError, OSError) as exc:
             what = f"missing config key {exc}" if isinstance(exc, KeyError) else exc
             raise ValueError(f"{path}: cannot import: {what}") from None
-        if notes is not None:
-            notes.extend(told)
-        return cfg, w, user
     if Path(path).is_dir():
         raise ValueError(f"{path} is a directory: --format {fmt} reads a model file")
+    if options:
+        raise ValueError(f"--{'/--'.join(k.replace('_', '-') for k in options)} apply to "
+                         f"Hugging Face / sentence-transformers directories, not to {path}")
     try:
         if str(path).endswith(".safetensors"):
-            return load_safetensors_model(path, config_path)
+            return Imported(*load_safetensors_model(path, config_path))
         if config_path is not None:
             raise ValueError("--model-config applies to .safetensors files only (an .npz "
                              "model carries its own config)")
-        return load_model(path)
+        got = Imported(*load_model(path))
+        if text_entry(path, LABELS_KEY) is not None:
+            got.labels = load_labels(path)
+        got.tokenizer = text_entry(path, TOKENIZER_KEY)
+        return got
     except FileNotFoundError as exc:
         raise FileNotFoundError(f"model file {exc.filename or path} not found") from None
     except (ValueError, KeyError, TypeError, OSError, EOFError, zipfile.BadZipFile) as exc:
@@ -89,3 +118,13 @@ def load_model_file(path: str, config_path: str | None = None, fmt: str = "auto"
             raise ValueError(f"{path}: not a usable mpc3 model: {exc}") from None
         raise ValueError(f"{path} is not a readable mpc3 model file (.npz with config.json "
                          f"and weights): {exc}") from None
+
+
+def load_model_file(path: str, config_path: str | None = None, fmt: str = "auto",
+                    notes: list | None = None, options: dict | None = None):
+    """(config, weights, user tensors) of a model (:func:`load_model_source`; the notes of
+    an import are appended to ``notes``) - or one clear ValueError."""
+    got = load_model_source(path, config_path, fmt, options)
+    if notes is not None:
+        notes.extend(got.notes)
+    return got.cfg, got.weights, got.user

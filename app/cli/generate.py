@@ -5,10 +5,12 @@ streaming each token as it is produced.
     mpc3 generate --config C --model-id ID --model LM.npz --ids 5,17,3 [--tokens N]
 
 ``--model`` is the model file holding the query user's part of the LM (``embed.tgt``,
-``out.w``, ``out.b``); those tensors never leave this process. Text prompts are UTF-8 bytes
-(a model with tgt_vocab >= 256; id 256 ends the text when the vocabulary has it); ``--ids``
-gives token ids directly. The generated text goes to stdout as it is produced; the token ids
-and the cost to stderr.
+``out.w``, ``out.b``); those tensors never leave this process. A text prompt goes through
+the model file's tokenizer when it carries one (an imported checkpoint, :mod:`app.text`: the
+generated ids are decoded back to text as they come, special tokens left out, and the run
+takes all ``--tokens``); otherwise it is UTF-8 bytes (a model with tgt_vocab >= 256; id 256
+ends the text when the vocabulary has it). ``--ids`` gives token ids directly. The
+generated text goes to stdout as it is produced; the token ids and the cost to stderr.
 """
 from __future__ import annotations
 
@@ -21,7 +23,9 @@ from .common import add_client_creds, add_fuse, load, load_model_file
 
 def _cmd_generate(args) -> int:
     from net.client import QueryUser
+    from protocols.model import load_tokenizer
     from ..generate import ByteStream, LMClusterBackend, encode_text, eos_of, generate
+    from ..text import TokenStream, token_ids
     from ..translate import TranslationError
     cfg = load(args)
     mcfg, _, user = load_model_file(args.model)
@@ -38,10 +42,13 @@ def _cmd_generate(args) -> int:
         except ValueError:
             raise ValueError(f"--ids {args.ids!r}: expected comma-separated integers") from None
         text = False
+        tok = None
     else:
-        ids, text = encode_text(mcfg, args.prompt), True
-    eos = eos_of(mcfg) if text else None
-    stream = ByteStream()
+        text, tok = True, load_tokenizer(args.model)
+        ids = token_ids(tok, [args.prompt], mcfg.max_len)[0] if tok is not None else \
+            encode_text(mcfg, args.prompt)
+    eos = eos_of(mcfg) if text and tok is None else None
+    stream = ByteStream() if tok is None else TokenStream(tok)
 
     def show(k: int, tok: np.ndarray) -> None:
         t = int(tok[0])

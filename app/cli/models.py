@@ -6,7 +6,8 @@
     mpc3 infer --config C --model-id ID --kind classify --input X.npy     (prints logits)
     mpc3 infer --config C --model-id ID --kind classify_argmax --input X.npy  (the class)
     mpc3 import MODEL.safetensors [--model-config CFG.json] --out MODEL.npz
-    mpc3 import HF_DIR [--format auto|hf-bert|hf-gpt2] --out MODEL.npz   (save_pretrained dir)
+    mpc3 import HF_DIR [--format auto|hf-bert|hf-gpt2|sentence-transformers] --out MODEL.npz
+        [--pool mean|cls|max] [--normalize] [--max-len N]     (save_pretrained / ST directory)
 """
 from __future__ import annotations
 
@@ -17,14 +18,16 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import add_client_creds, any_client, load, load_model_file
+from .common import (add_client_creds, add_import_options, any_client, import_options, load,
+                     load_model_file, load_model_source)
 
 
 def register(sub) -> None:
     p = sub.add_parser("share-model", help="secret-share a model's MPC weights to the parties")
     p.add_argument("weights", help="model .npz (protocols/model format), .safetensors "
-                   "(mpc3 tensor names) or a Hugging Face BERT / GPT-2 directory (config.json "
-                   "+ model.safetensors; see docs/MODELS.md)")
+                   "(mpc3 tensor names), a Hugging Face BERT / GPT-2 directory (config.json "
+                   "+ model.safetensors) or a sentence-transformers directory (see "
+                   "docs/MODELS.md)")
     p.add_argument("--model-config", metavar="JSON",
                    help=".safetensors only: the model config (default: the file's metadata)")
     p.add_argument("--model-id", required=True)
@@ -33,7 +36,8 @@ def register(sub) -> None:
     p.add_argument("--permit", metavar="COMPUTATIONS",
                    help="comma-separated computations query users may run (default: the "
                    "model's own inference: 'translate' for an encoder-decoder, 'classify' "
-                   "for an encoder-classifier, 'generate' for a decoder-only LM; "
+                   "for an encoder-classifier, 'generate' for a decoder-only LM, 'embed' for "
+                   "an encoder; "
                    "'classify-argmax' reveals only the class; 'encoder' also returns "
                    "encoder outputs, an intermediate value of a translation model)")
     p.add_argument("--samples", metavar="FILE",
@@ -42,6 +46,7 @@ def register(sub) -> None:
     p.add_argument("--margin", type=float, default=4.0,
                    help="calibration safety margin: values must stay below each kernel's "
                    "limit / MARGIN (default 4)")
+    add_import_options(p)
     add_client_creds(p)
     p.set_defaults(func=_cmd_share)
 
@@ -63,7 +68,7 @@ def register(sub) -> None:
     p.add_argument("--output", help=".npy to write the output to (default: print it)")
     p.add_argument("--kind", default="encoder",
                    help="job kind (default: encoder; classify, classify_argmax for a "
-                   "classifier; the model must permit it)")
+                   "classifier; embed for an encoder; the model must permit it)")
     p.add_argument("--params", default="{}", help="public job parameters (JSON object)")
     add_client_creds(p)
     p.set_defaults(func=_cmd_infer)
@@ -71,13 +76,18 @@ def register(sub) -> None:
     p = sub.add_parser("import", help="check a model in another format and convert it to "
                        "mpc3's .npz (or to .safetensors in mpc3 naming)")
     p.add_argument("source", help=".safetensors (mpc3 tensor names), .npz, or a directory "
-                   "as Hugging Face save_pretrained writes it (BERT, GPT-2)")
-    p.add_argument("--format", default="auto", choices=("auto", "mpc3", "hf-bert", "hf-gpt2"),
-                   help="layout of SOURCE (default auto: a directory by its config.json's "
-                   "model_type, a file as mpc3)")
+                   "as Hugging Face save_pretrained (BERT, GPT-2) or SentenceTransformer.save "
+                   "writes it")
+    p.add_argument("--format", default="auto",
+                   choices=("auto", "mpc3", "hf-bert", "hf-gpt2", "sentence-transformers"),
+                   help="layout of SOURCE (default auto: a directory with modules.json as "
+                   "sentence-transformers, another by its config.json's model_type, a file "
+                   "as mpc3)")
     p.add_argument("--model-config", metavar="JSON",
                    help="the model config for a .safetensors source without one in its metadata")
-    p.add_argument("--out", required=True, help="output .npz or .safetensors")
+    p.add_argument("--out", required=True, help="output .npz (with the checkpoint's "
+                   "tokenizer) or .safetensors")
+    add_import_options(p)
     p.set_defaults(func=_cmd_import)
 
 
@@ -86,7 +96,8 @@ def _cmd_share(args) -> int:
     cfg = load(args)
     from app.owner import calibration_samples, check_permit
     # user tensors are never shared
-    mcfg, weights, user = load_model_file(args.weights, args.model_config)
+    mcfg, weights, user = load_model_file(args.weights, args.model_config,
+                                          options=import_options(args))
     permit = [p for p in args.permit.split(",") if p] if args.permit is not None else None
     t0 = time.monotonic()
     samples = calibration_samples(mcfg, weights, user, args.samples)
@@ -222,17 +233,23 @@ def _cmd_infer(args) -> int:
 def _cmd_import(args) -> int:
     from protocols.model import save_model
     from protocols.model.safetensors import save_safetensors_model
-    notes: list[str] = []
-    mcfg, weights, user = load_model_file(args.source, args.model_config, args.format, notes)
     out = str(args.out)
-    if out.endswith(".safetensors"):
-        save_safetensors_model(out, mcfg, weights, user)
-    elif out.endswith(".npz"):
-        save_model(out, mcfg, weights, user or None)
-    else:
+    if not out.endswith((".safetensors", ".npz")):
         raise ValueError(f"--out {out}: use a .npz or .safetensors file name")
+    got = load_model_source(args.source, args.model_config, args.format, import_options(args))
+    mcfg, weights, user, notes = got.cfg, got.weights, got.user, list(got.notes)
+    if out.endswith(".safetensors"):
+        if got.tokenizer is not None or got.labels is not None:
+            notes.append("the tokenizer and class names are kept in .npz model files only")
+        save_safetensors_model(out, mcfg, weights, user)
+    else:
+        save_model(out, mcfg, weights, user or None, tokenizer=got.tokenizer,
+                   labels=got.labels)
+    extras = [n for n, v in (("tokenizer", got.tokenizer), ("class names", got.labels))
+              if v is not None and out.endswith(".npz")]
     print(f"{args.source} -> {out}: {weights.n_params()} MPC parameters"
-          f"{', query-user tensors ' + ', '.join(sorted(user)) if user else ''}; "
+          f"{', query-user tensors ' + ', '.join(sorted(user)) if user else ''}"
+          f"{'; its ' + ' and '.join(extras) if extras else ''}; "
           f"config {json.dumps(mcfg.to_dict(), sort_keys=True)}")
     for note in notes:
         print(f"note: {note}")

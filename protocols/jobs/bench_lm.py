@@ -17,7 +17,9 @@ user; the cost does not depend on which tokens they are). Phases, by architectur
   (what ``decode_open`` runs), phase 1 + t :func:`protocols.decoder.decoder_step` (T >= 1);
   output (T, B, d);
 * ``encoder-classifier``: phase 0 :func:`protocols.classifier.classify` (T = 0); output
-  (1, B, n_classes), the logits.
+  (1, B, n_classes), the logits;
+* ``encoder``: phase 0 :func:`protocols.sentence.embed_sentence` (T = 0); output (1, B, d),
+  the sentence embeddings.
 
 Measurement as :mod:`protocols.jobs.diagnostic` (a barrier round first, protocol only, shares
 in place): output ``stats``, the public (3, 1 + T, len(CATEGORIES) + 1, 4) array
@@ -47,12 +49,13 @@ def _stack(rows: list[AShare]) -> AShare:
 
 def session_fuse(cfg: M.ModelConfig, params) -> tuple:
     """The fusions the ``fuse`` parameter picks for ``cfg``'s sessions, as the architecture's
-    session-opening job kind reads it (ValueError if unknown; a classifier has none)."""
+    session-opening job kind reads it (ValueError if unknown; a classifier or a headless
+    encoder has none)."""
     from ..ln_proj import fusion_choice
     from .causal_lm import session_fuse as lm_fuse
     from .transformer import session_fuse as encdec_fuse
-    if cfg.arch == M.ENCODER_CLASSIFIER:
-        return fusion_choice(params.get("fuse"), (), (), "a classifier's")
+    if cfg.arch in (M.ENCODER_CLASSIFIER, M.ENCODER):
+        return fusion_choice(params.get("fuse"), (), (), f"an {cfg.arch} model's")
     return (lm_fuse if cfg.arch == M.DECODER_ONLY else encdec_fuse)(params)
 
 
@@ -69,6 +72,9 @@ def _phases(ctx: JobContext, cfg: M.ModelConfig, x: AShare, ys: AShare | None, T
     elif cfg.arch == M.ENCODER_CLASSIFIER:
         from ..classifier import classify
         yield classify(p, cfg, shares, x)
+    elif cfg.arch == M.ENCODER:
+        from ..sentence import embed_sentence
+        yield embed_sentence(p, cfg, shares, x)
     else:
         from ..decoder import DecodeState, decoder_step
         from ..encoder import encoder
@@ -101,8 +107,9 @@ def validate_bench_lm(model, inputs: dict, params) -> None:
     T = params.get("tokens", 0)
     if isinstance(T, bool) or not isinstance(T, int) or not 0 <= T <= MAX_TOKENS:
         raise ValueError(f"tokens must be an integer in 0..{MAX_TOKENS}")
-    if cfg.arch == M.ENCODER_CLASSIFIER and T:
-        raise ValueError("a classifier generates no tokens (tokens = 0)")
+    if cfg.arch in (M.ENCODER_CLASSIFIER, M.ENCODER) and T:
+        raise ValueError(f"a classifier or headless encoder generates no tokens "
+                         f"(tokens = 0)")
     if cfg.arch == M.ENCODER_DECODER and not T:
         raise ValueError("an encoder-decoder run needs tokens >= 1 (its output is per token)")
     session_fuse(cfg, params)

@@ -35,6 +35,7 @@ SESSION_ROLES = ("open", "step", "close")
 ENCODER_DECODER = "encoder-decoder"
 ENCODER_CLASSIFIER = "encoder-classifier"
 DECODER_ONLY = "decoder-only"
+ENCODER = "encoder"                  # a headless encoder (sentence embeddings)
 TENSORS = "tensors"                  # bare tensors (benchmarks, tests): no inference of its own
 #: ``public_meta["layout"]`` of a transformer shared by ``share-model``
 #: (:mod:`protocols.secure_model`); other models (bare tensors) carry no calibration.
@@ -107,7 +108,7 @@ class ModelView:
 
 #: What a model of each kind permits when its owner does not say: its own inference only.
 DEFAULT_PERMITTED = {ENCODER_DECODER: ("translate",), ENCODER_CLASSIFIER: ("classify",),
-                     DECODER_ONLY: ("generate",), TENSORS: ()}
+                     DECODER_ONLY: ("generate",), ENCODER: ("embed",), TENSORS: ()}
 
 
 class CostRecorder:

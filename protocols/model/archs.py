@@ -7,6 +7,12 @@ Encoder classifier (``arch = "encoder-classifier"``, BERT-style)::
     logits = mean_s(h) @ head.w + head.b      (B, n_classes), mean over the S positions
     pool "cls-tanh" (BERT): logits = tanh(h[:, 0] @ pool.w + pool.b) @ head.w + head.b
 
+Headless encoder (``arch = "encoder"``: BertModel, sentence-transformers)::
+
+    h = ref_encoder(x)                        (B, S, d)
+    e = mean_s(h) | h[:, 0] | max_s(h)        (B, d), pool mean / cls / max per coordinate
+    normalize: e = e / max(||e||, 1e-12)      (sentence-transformers' Normalize)
+
 Decoder-only causal LM (``arch = "decoder-only"``, GPT-style), per layer ``dec.i``::
 
     post-LN:  x = LN1(x + MaskedMHA(x));  x = LN2(x + FFN(x))
@@ -31,7 +37,7 @@ from typing import Mapping
 
 import numpy as np
 
-from .config import DECODER_ONLY, ENCODER_CLASSIFIER, PERFORMER, ModelConfig
+from .config import DECODER_ONLY, ENCODER, ENCODER_CLASSIFIER, PERFORMER, ModelConfig
 from .reference import _ffn, _ln, _step_self, ref_encoder, ref_mha
 from .weights import Weights
 
@@ -50,6 +56,21 @@ def ref_classify(cfg: ModelConfig, w: Weights, x, folded=None) -> np.ndarray:
     else:
         pooled = h.mean(axis=1)
     return pooled @ w["head.w"] + w["head.b"]
+
+
+#: sentence-transformers' Normalize divides by max(||e||, NORM_EPS) (torch's F.normalize).
+NORM_EPS = 1e-12
+
+
+def ref_embed(cfg: ModelConfig, w: Weights, x, folded=None) -> np.ndarray:
+    """Sentence embeddings of a headless encoder: x (B, S, d) embedded input -> (B, d)."""
+    _need(cfg, ENCODER)
+    h = ref_encoder(cfg, w, x, folded=folded)
+    e = {"cls": lambda: h[:, 0], "max": lambda: h.max(axis=1),
+         "mean": lambda: h.mean(axis=1)}[cfg.pool]()
+    if cfg.normalize:
+        e = e / np.maximum(np.linalg.norm(e, axis=-1, keepdims=True), NORM_EPS)
+    return e
 
 
 def _ffn_block(cfg: ModelConfig, w: Weights, i: int, x) -> np.ndarray:

@@ -9,9 +9,13 @@ own safetensors reader - no torch, no transformers, no pickle (a directory holdi
 * ``hf-bert`` - ``BertForSequenceClassification`` -> arch ``encoder-classifier``, softmax
   attention with biases, post-LN, GELU, pool ``cls-tanh`` (BERT's pooler), embedding
   ``learned-ln`` (word + position + token-type tables, then the embedding LayerNorm);
+  ``BertModel`` -> arch ``encoder`` (a sentence embedding: pool mean, cls or max, optionally
+  normalized; its pooler is left out, with a note);
 * ``hf-gpt2`` - ``GPT2LMHeadModel`` (or ``GPT2Model``) -> arch ``decoder-only``, softmax
   attention with biases, pre-LN with the final ``ln_f``, GELU, embedding ``learned``
-  (``wte`` + ``wpe``), LM head tied to ``wte`` unless the file holds its own ``lm_head``.
+  (``wte`` + ``wpe``), LM head tied to ``wte`` unless the file holds its own ``lm_head``;
+* ``sentence-transformers`` (a directory with ``modules.json``) and the checkpoints'
+  tokenizers: :mod:`.st_import`. ``--max-len`` (:func:`cap_max_len`) applies to every one.
 
 Name mapping (torch ``nn.Linear`` stores (out, in) and is transposed; GPT-2's ``Conv1D``
 stores (in, out) and is taken as it is, ``c_attn`` split into q | k | v columns):
@@ -54,15 +58,18 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from .config import DECODER_ONLY, ENCODER_CLASSIFIER, ModelConfig
+from .config import DECODER_ONLY, ENCODER, ENCODER_CLASSIFIER, ModelConfig
 from .safetensors import read_safetensors
 from .weights import Weights, validate_user
 
-FORMATS = ("mpc3", "hf-bert", "hf-gpt2")
+FORMATS = ("mpc3", "hf-bert", "hf-gpt2", "sentence-transformers")
+#: The file sentence-transformers writes at the top of a model directory (its modules).
+ST_MODULES = "modules.json"
 HF_MODEL_TYPES = {"bert": "hf-bert", "gpt2": "hf-gpt2"}
 #: max |GELU_tanh(x) - GELU_erf(x)| over all x (4.73e-4 at |x| = 2.70).
 GELU_TANH_GAP = 4.8e-4
@@ -75,11 +82,14 @@ class ImportRefused(ValueError):
 
 
 def detect_format(path) -> str:
-    """``hf-bert`` / ``hf-gpt2`` for a save_pretrained directory (by ``model_type``), else
-    ``mpc3`` (an mpc3 .npz or .safetensors file)."""
+    """``sentence-transformers`` for a directory with modules.json, ``hf-bert`` /
+    ``hf-gpt2`` for a save_pretrained directory (by ``model_type``), else ``mpc3`` (an mpc3
+    .npz or .safetensors file)."""
     p = Path(path)
     if not p.is_dir():
         return "mpc3"
+    if (p / ST_MODULES).is_file():
+        return "sentence-transformers"
     conf = _read_config(p)
     kind = conf.get("model_type")
     if kind not in HF_MODEL_TYPES:
@@ -197,14 +207,27 @@ def _refuse_flags(conf: dict, flags: dict) -> None:
 
 
 # ------------------------------------------------------------------------------ BERT ----
-def bert(conf: dict, tensors: dict, name: str = "BERT") -> tuple:
-    """(cfg, weights, user, notes) of a BertForSequenceClassification checkpoint."""
+#: BERT architectures mpc3 imports: the classifier (encoder, pooler, head) and the headless
+#: encoder (BertModel: sentence embeddings, the pooler ignored).
+BERT_ARCHS = ("BertForSequenceClassification", "BertModel")
+
+
+def bert(conf: dict, tensors: dict, name: str = "BERT", pool: str | None = None,
+         normalize: bool | None = None) -> tuple:
+    """(cfg, weights, user, notes) of a BertForSequenceClassification checkpoint (arch
+    encoder-classifier) or a BertModel (arch encoder: ``pool`` mean (default) / cls / max,
+    ``normalize``; its pooler tensors are left out, with a note)."""
     if conf.get("model_type") != "bert":
         raise ImportRefused(f"{name}: model_type {conf.get('model_type')!r} is not 'bert'")
     arch = conf.get("architectures") or ["BertForSequenceClassification"]
-    if "BertForSequenceClassification" not in arch:
+    headless = "BertModel" in arch
+    if not set(BERT_ARCHS) & set(arch):
         raise ImportRefused(f"{name}: architecture {arch} is not supported (mpc3 imports "
-                            f"BertForSequenceClassification: encoder, pooler, classifier)")
+                            f"BertForSequenceClassification: encoder, pooler, classifier; "
+                            f"BertModel: a sentence-embedding encoder)")
+    if not headless and (pool is not None or normalize is not None):
+        raise ImportRefused(f"{name}: --pool and --normalize apply to a headless encoder "
+                            f"(BertModel, sentence-transformers), not to {arch[0]}")
     _refuse_flags(conf, {
         "position_embedding_type": (lambda v: v != "absolute", "relative position embeddings"),
         "is_decoder": (bool, "BERT as a decoder (causal attention)"),
@@ -213,14 +236,24 @@ def bert(conf: dict, tensors: dict, name: str = "BERT") -> tuple:
     d, h, L = conf["hidden_size"], conf["num_attention_heads"], conf["num_hidden_layers"]
     f, V, P = conf["intermediate_size"], conf["vocab_size"], conf["max_position_embeddings"]
     T = conf.get("type_vocab_size", 2)
-    C = len(conf["id2label"]) if conf.get("id2label") else conf.get("num_labels", 2)
-    cfg = ModelConfig(**_common(d, h, f, P, conf.get("layer_norm_eps", 1e-12)),
-                      norm_first=False, arch=ENCODER_CLASSIFIER, n_enc_layers=L, src_vocab=V,
-                      n_classes=C, ffn_act=_act(conf, "hidden_act", notes), pool="cls-tanh",
-                      embedding="learned-ln", type_vocab=T).validate()
-    t = _Tensors(tensors, "bert.", ("embeddings.position_ids", "embeddings.token_type_ids"),
-                 name)
-    if not t.has("classifier.weight"):
+    common = dict(**_common(d, h, f, P, conf.get("layer_norm_eps", 1e-12)), norm_first=False,
+                  n_enc_layers=L, src_vocab=V, ffn_act=_act(conf, "hidden_act", notes),
+                  embedding="learned-ln", type_vocab=T)
+    if headless:
+        cfg = ModelConfig(**common, arch=ENCODER, pool=pool or "mean",
+                          normalize=bool(normalize)).validate()
+        ignore = ("embeddings.position_ids", "embeddings.token_type_ids", "pooler.dense.weight",
+                  "pooler.dense.bias")
+        if any(k.endswith("pooler.dense.weight") for k in tensors):
+            notes.append("BertModel's pooler (pooler.dense, the [CLS]-tanh layer) is not part "
+                         f"of a sentence embedding: left out (pool {cfg.pool})")
+    else:
+        C = len(conf["id2label"]) if conf.get("id2label") else conf.get("num_labels", 2)
+        cfg = ModelConfig(**common, arch=ENCODER_CLASSIFIER, n_classes=C,
+                          pool="cls-tanh").validate()
+        ignore = ("embeddings.position_ids", "embeddings.token_type_ids")
+    t = _Tensors(tensors, "bert.", ignore, name)
+    if not headless and not t.has("classifier.weight"):
         raise ImportRefused(f"{name}: no classifier head (classifier.weight): import a "
                             f"BertForSequenceClassification checkpoint")
     user = {"embed.src": t.take("embeddings.word_embeddings.weight", (V, d)),
@@ -240,15 +273,26 @@ def bert(conf: dict, tensors: dict, name: str = "BERT") -> tuple:
         w[f"{dst}.ffn.w1"], w[f"{dst}.ffn.b1"] = t.linear(f"{src}.intermediate.dense", d, f)
         w[f"{dst}.ffn.w2"], w[f"{dst}.ffn.b2"] = t.linear(f"{src}.output.dense", f, d)
         w[f"{dst}.ln2.gamma"], w[f"{dst}.ln2.beta"] = t.layernorm(f"{src}.output.LayerNorm", d)
-    if not t.has("pooler.dense.weight"):
-        raise ImportRefused(f"{name}: no pooler (pooler.dense): mpc3 imports BERT's "
-                            f"[CLS]-tanh pooling")
-    w["pool.w"], w["pool.b"] = t.linear("pooler.dense", d, d)
-    w["head.w"], w["head.b"] = t.linear("classifier", d, C)
+    if not headless:
+        if not t.has("pooler.dense.weight"):
+            raise ImportRefused(f"{name}: no pooler (pooler.dense): mpc3 imports BERT's "
+                                f"[CLS]-tanh pooling")
+        w["pool.w"], w["pool.b"] = t.linear("pooler.dense", d, d)
+        w["head.w"], w["head.b"] = t.linear("classifier", d, cfg.n_classes)
     t.done()
     w.validate(cfg)
     validate_user(cfg, user)
     return cfg, w, user, notes
+
+
+def labels_of(conf: dict, n_classes: int) -> list[str] | None:
+    """A classifier's class names from config.json's ``id2label`` (None when it has none
+    for every class)."""
+    names = conf.get("id2label")
+    if not isinstance(names, dict):
+        return None
+    got = [names.get(str(i), names.get(i)) for i in range(n_classes)]
+    return [str(v) for v in got] if all(v is not None for v in got) else None
 
 
 # ----------------------------------------------------------------------------- GPT-2 ----
@@ -304,10 +348,30 @@ def gpt2(conf: dict, tensors: dict, name: str = "GPT-2") -> tuple:
     return cfg, w, user, notes
 
 
-def load_hf(path, fmt: str = "auto") -> tuple[ModelConfig, Weights, dict, list[str]]:
+def cap_max_len(cfg: ModelConfig, user: dict, max_len: int | None,
+                name: str) -> ModelConfig:
+    """``--max-len``: the model takes at most ``max_len`` tokens; its learned position
+    table is cut to that many rows (``user`` is changed). Refuses more positions than the
+    checkpoint has."""
+    if max_len is None:
+        return cfg
+    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
+        raise ImportRefused(f"{name}: --max-len {max_len!r} must be an integer >= 1")
+    if max_len > cfg.max_len:
+        raise ImportRefused(f"{name}: --max-len {max_len} exceeds the checkpoint's "
+                            f"{cfg.max_len} positions")
+    if "embed.pos" in user:
+        user["embed.pos"] = np.ascontiguousarray(user["embed.pos"][:max_len])
+    return replace(cfg, max_len=max_len).validate()
+
+
+def load_hf(path, fmt: str = "auto", pool: str | None = None, normalize: bool | None = None,
+            max_len: int | None = None) -> tuple[ModelConfig, Weights, dict, list[str]]:
     """(cfg, weights, user tensors, notes) of a save_pretrained directory in ``fmt``
-    (``auto``, ``hf-bert``, ``hf-gpt2``); :class:`ImportRefused` names an unsupported
-    feature."""
+    (``auto``, ``hf-bert``, ``hf-gpt2``); ``pool`` / ``normalize``: a BertModel's sentence
+    embedding; ``max_len``: :func:`cap_max_len`. :class:`ImportRefused` names an
+    unsupported feature. (A sentence-transformers directory, and the tokenizer of any:
+    :func:`protocols.model.st_import.import_checkpoint`.)"""
     if fmt == "auto":
         fmt = detect_format(path)
     if fmt not in ("hf-bert", "hf-gpt2"):
@@ -316,6 +380,12 @@ def load_hf(path, fmt: str = "auto") -> tuple[ModelConfig, Weights, dict, list[s
         raise ValueError(f"{path}: format {fmt} reads a directory (config.json + "
                          f"model.safetensors, as save_pretrained writes it)")
     conf, tensors = read_checkpoint(path)
-    fn = bert if fmt == "hf-bert" else gpt2
-    cfg, w, user, notes = fn(conf, tensors, f"{path} ({fmt})")
-    return cfg, w, user, notes
+    name = f"{path} ({fmt})"
+    if fmt == "hf-bert":
+        cfg, w, user, notes = bert(conf, tensors, name, pool, normalize)
+    elif pool is not None or normalize is not None:
+        raise ImportRefused(f"{name}: --pool and --normalize apply to a headless encoder "
+                            f"(BertModel, sentence-transformers), not to GPT-2")
+    else:
+        cfg, w, user, notes = gpt2(conf, tensors, name)
+    return cap_max_len(cfg, user, max_len, name), w, user, notes

@@ -16,8 +16,10 @@ float64):
 
 * :meth:`embed` == :func:`protocols.model.embed_tokens` (sinusoidal, learned, learned-ln);
 * :meth:`encoder` == ``ref_encoder``, :meth:`decoder` == ``ref_decoder``, :meth:`lm` ==
-  ``ref_lm``, :meth:`classify` == ``ref_classify`` - on embedded inputs;
-* :meth:`forward` from token ids to logits: ``classify`` for a classifier, the LM head on
+  ``ref_lm``, :meth:`classify` == ``ref_classify``, :meth:`embed_sentence` == ``ref_embed``
+  - on embedded inputs;
+* :meth:`forward` from token ids to logits: ``classify`` for a classifier (a headless
+  encoder: its sentence embeddings), the LM head on
   every position for a decoder-only LM, the output layer on the decoder rows for a
   translator (``tgt_ids`` teacher-forced).
 
@@ -35,8 +37,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .config import DECODER_ONLY, ENCODER_CLASSIFIER, PERFORMER, ModelConfig, expected_shapes, \
-    expected_user_shapes
+from .archs import NORM_EPS
+from .config import DECODER_ONLY, ENCODER, ENCODER_CLASSIFIER, PERFORMER, ModelConfig, \
+    expected_shapes, expected_user_shapes
 from .decode import positional_encoding
 from .variants import POWER, POWER_EPS
 from .weights import Weights, random_user, random_weights
@@ -210,6 +213,13 @@ class TorchModel(torch.nn.Module):
             pooled = h.mean(1)
         return pooled @ self.p("head.w") + self.p("head.b")
 
+    def embed_sentence(self, x: torch.Tensor) -> torch.Tensor:
+        """A headless encoder's pooled (and, with ``normalize``, L2-normalised) rows."""
+        h = self.encoder(x)
+        e = {"cls": lambda: h[:, 0], "max": lambda: h.max(1).values,
+             "mean": lambda: h.mean(1)}[self.cfg.pool]()
+        return F.normalize(e, p=2.0, dim=-1, eps=NORM_EPS) if self.cfg.normalize else e
+
     # --------------------------------------------------------------- user side ----
     def embed(self, ids: torch.Tensor, table: str | None = None, offset: int = 0,
               types: torch.Tensor | None = None) -> torch.Tensor:
@@ -232,10 +242,13 @@ class TorchModel(torch.nn.Module):
     def forward(self, ids: torch.Tensor, tgt_ids: torch.Tensor | None = None,
                 types: torch.Tensor | None = None) -> torch.Tensor:
         """Logits from token ids: (B, n_classes) for a classifier, (B, T, vocab) for a
-        decoder-only LM (every position) or a translator (``tgt_ids`` teacher-forced)."""
+        decoder-only LM (every position) or a translator (``tgt_ids`` teacher-forced); the
+        sentence embeddings (B, d) of a headless encoder."""
         cfg = self.cfg
         if cfg.arch == ENCODER_CLASSIFIER:
             return self.classify(self.embed(ids, types=types))
+        if cfg.arch == ENCODER:
+            return self.embed_sentence(self.embed(ids, types=types))
         if cfg.arch == DECODER_ONLY:
             h = self.lm(self.embed(ids, types=types))
         else:

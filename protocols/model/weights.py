@@ -19,7 +19,12 @@ One ``np.savez`` archive (no pickled objects; read with ``allow_pickle=False``):
   :meth:`ModelConfig.to_dict`;
 * every MPC weight tensor under its name (``enc.0.attn.wq`` ...), float64;
 * optionally the query-user tensors of its architecture (``embed.src``, ``embed.tgt``,
-  ``out.w``, ``out.b`` for an encoder-decoder; see :func:`expected_user_shapes`), float64.
+  ``out.w``, ``out.b`` for an encoder-decoder; see :func:`expected_user_shapes`), float64;
+* optionally (models imported from Hugging Face / sentence-transformers, the query user's
+  side of text in and out) ``"tokenizer.json"``: uint8 array holding the checkpoint's
+  tokenizer (the ``tokenizers`` library's JSON, :func:`load_tokenizer`), and
+  ``"labels.json"``: uint8 array holding the JSON list of a classifier's class names
+  (Hugging Face ``id2label``, :func:`load_labels`). Files without them load as before.
 
 Tensor names and shapes are given by :func:`expected_shapes` /
 :func:`expected_user_shapes`.
@@ -40,6 +45,9 @@ FORMAT_VERSION = 1
 USER_NAMES = ("embed.src", "embed.tgt", "out.w", "out.b", "embed.pos", "embed.type",
               "embed.ln.gamma", "embed.ln.beta")
 _META_KEYS = ("format", "config.json")
+#: Optional public entries beside config.json (UTF-8 JSON as uint8 arrays).
+TOKENIZER_KEY, LABELS_KEY = "tokenizer.json", "labels.json"
+_TEXT_KEYS = (TOKENIZER_KEY, LABELS_KEY)
 
 
 def _check_tensors(tensors: Mapping[str, np.ndarray], shapes: Mapping[str, tuple], what: str):
@@ -181,8 +189,17 @@ def random_user(cfg: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:
 # --------------------------------------------------------------------------- save / load
 
 
-def save_model(path, cfg: ModelConfig, weights: Weights, user: Mapping | None = None) -> None:
+def _utf8(text: str) -> np.ndarray:
+    return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).copy()
+
+
+def save_model(path, cfg: ModelConfig, weights: Weights, user: Mapping | None = None,
+               tokenizer: str | None = None, labels: list[str] | None = None) -> None:
+    """Write the model file (module docstring); ``tokenizer``: a tokenizer.json's text,
+    ``labels``: the class names of a classifier (n_classes of them)."""
     cfg.validate()
+    if labels is not None and len(labels) != cfg.n_classes:
+        raise ValueError(f"{len(labels)} labels for a model of {cfg.n_classes} classes")
     weights.validate(cfg)
     arrays: dict[str, np.ndarray] = {
         "format": np.array([FORMAT_VERSION], dtype=np.int64),
@@ -195,6 +212,10 @@ def save_model(path, cfg: ModelConfig, weights: Weights, user: Mapping | None = 
         validate_user(cfg, user)
         for k in expected_user_shapes(cfg):
             arrays[k] = np.asarray(user[k], dtype=np.float64)
+    if tokenizer is not None:
+        arrays[TOKENIZER_KEY] = _utf8(tokenizer)
+    if labels is not None:
+        arrays[LABELS_KEY] = _utf8(json.dumps([str(v) for v in labels]))
     buf = io.BytesIO()
     np.savez(buf, **arrays)
     tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
@@ -204,9 +225,10 @@ def save_model(path, cfg: ModelConfig, weights: Weights, user: Mapping | None = 
 
 
 def load_model(path) -> tuple[ModelConfig, Weights, dict[str, np.ndarray]]:
-    """Load ``(cfg, weights, user)``; ``user`` is ``{}`` if the file has no user tensors."""
+    """Load ``(cfg, weights, user)``; ``user`` is ``{}`` if the file has no user tensors
+    (the tokenizer and labels: :func:`load_tokenizer`, :func:`load_labels`)."""
     with np.load(path, allow_pickle=False) as z:
-        data = {k: z[k] for k in z.files}
+        data = {k: z[k] for k in z.files if k not in _TEXT_KEYS}
     for k in _META_KEYS:
         if k not in data:
             raise ValueError(f"{path}: missing entry {k!r} (not an mpc3 model file)")
@@ -223,3 +245,41 @@ def load_model(path) -> tuple[ModelConfig, Weights, dict[str, np.ndarray]]:
     w = Weights(data)
     w.validate(cfg)
     return cfg, w, user
+
+
+def text_entry(path, key: str) -> str | None:
+    """The text of an optional entry (TOKENIZER_KEY, LABELS_KEY) of a model file, or None."""
+    with np.load(path, allow_pickle=False) as z:
+        if key not in z.files:
+            return None
+        raw = z[key]
+    if raw.dtype != np.uint8:
+        raise ValueError(f"{path}: {key!r} must be a uint8 array")
+    return raw.tobytes().decode("utf-8")
+
+
+def load_tokenizer(path):
+    """The model file's tokenizer (a ``tokenizers.Tokenizer``, padding and truncation off:
+    an over-long text is refused by its user, never cut), or None when it has none."""
+    text = text_entry(path, TOKENIZER_KEY)
+    if text is None:
+        return None
+    from tokenizers import Tokenizer
+    try:
+        tok = Tokenizer.from_str(text)
+    except Exception as exc:  # noqa: BLE001 - the library raises its own exception types
+        raise ValueError(f"{path}: its tokenizer.json cannot be read: {exc}") from None
+    tok.no_padding()
+    tok.no_truncation()
+    return tok
+
+
+def load_labels(path) -> list[str] | None:
+    """The class names stored with a classifier (Hugging Face ``id2label``), or None."""
+    text = text_entry(path, LABELS_KEY)
+    if text is None:
+        return None
+    labels = json.loads(text)
+    if not isinstance(labels, list) or not all(isinstance(v, str) for v in labels):
+        raise ValueError(f"{path}: 'labels.json' must be a JSON list of strings")
+    return labels
