@@ -12,8 +12,9 @@ For an embedded input x (B, S, d) shared by the query user:
      :func:`mpc3.kernels.truncation.scaled`, ROW_SCALE_EXTRA bits more than the value's
      frac - as :func:`protocols.mha.row_scale_trunc` carries a classifier's 1/S); with
      ``normalize`` the 1/S is never applied: sum / ||sum|| = mean / ||mean|| exactly;
-   * ``max``: per coordinate, a tournament over the positions, max(a, b) = b + ReLU(a - b),
-     every pair of every coordinate in one relu_a call per level: ceil(log2 S) levels;
+   * ``max``: per coordinate, the maximum over the positions
+     (:func:`mpc3.kernels.extrema.max_rows_a`: a ReLU tournament, every pair of every
+     coordinate in one call per level: ceil(log2 S) levels of 4 rounds);
 
 3. with ``normalize`` (sentence-transformers' Normalize: e / max(||e||, 1e-12)), three
    kernel calls on the pooled e (B, d):
@@ -31,7 +32,8 @@ Cost: :func:`cost_embed_sentence` (equal to the measured traffic,
 ``tests/test_sentence.py``).
 
 Ranges (checked by :mod:`protocols.calibrate` at layer ``pool``): ``pool_max`` - the
-differences the max tournament compares, below ``convert.relu_limit``; ``norm_sumsq`` - the
+spread max - min over the positions of each coordinate, which bounds every difference the
+max tournament compares, below ``convert.relu_limit``; ``norm_sumsq`` - the
 squared norm of e before its 4^-K (a product), below ``arith.product_limit``; ``norm_sq`` -
 n2 inside fxp.SQRT_INV_RANGE (both ends: an embedding of norm below ~2^-6 sqrt(d) would
 leave it); ``norm_scale`` - e_k r, at most 2^K. The mean's truncation is exact for |sum| <
@@ -50,7 +52,7 @@ from typing import Callable
 
 import numpy as np
 
-from mpc3.kernels import arith, convert, fxp, truncation
+from mpc3.kernels import arith, extrema, fxp, truncation
 from mpc3.kernels.base import Cost
 from mpc3.party import Party
 from mpc3.shares import AShare
@@ -75,28 +77,16 @@ def mean_trunc(S: int, frac: int) -> truncation.Scaled:
 
 
 def max_pool_a(p: Party, h: AShare) -> AShare:
-    """Per coordinate maximum over the positions: h (B, S, d) -> (B, d). A tournament of
-    ceil(log2 S) levels, each one relu_a of all pairs' differences: max(a, b) = b +
-    ReLU(a - b); an odd position waits for the next level. Cost: :func:`cost_max_pool`."""
-    v = h
-    while v.shape[1] > 1:
-        B, n, d = v.shape
-        k = n // 2
-        a, b = v[:, 0:2 * k:2], v[:, 1:2 * k:2]
-        diff = a - b
-        top = b + convert.relu_a(p, AShare(np.ascontiguousarray(diff.a),
-                                           np.ascontiguousarray(diff.b))).reshape(B, k, d)
-        v = AShare.concat([top, v[:, n - 1:]], axis=1) if n % 2 else top
-    return AShare(np.ascontiguousarray(v.a[:, 0]), np.ascontiguousarray(v.b[:, 0]))
+    """Per coordinate maximum over the positions: h (B, S, d) -> (B, d), the rows of
+    (B, d, S) through :func:`mpc3.kernels.extrema.max_rows_a`. Cost: :func:`cost_max_pool`."""
+    B, S, d = h.shape
+    rows = AShare(np.ascontiguousarray(h.a.transpose(0, 2, 1)).reshape(-1),
+                  np.ascontiguousarray(h.b.transpose(0, 2, 1)).reshape(-1))
+    return extrema.max_rows_a(p, rows, np.full(B * d, S)).reshape(B, d)
 
 
 def cost_max_pool(p_cfg, B: int, S: int, d: int) -> Cost:
-    L, m = convert.window_for(p_cfg)
-    cost, n = Cost(0, (0, 0, 0)), S
-    while n > 1:
-        cost = cost + convert.cost_relu(B * (n // 2) * d, L, m)
-        n = n // 2 + n % 2
-    return cost
+    return extrema.cost_max_rows(p_cfg, np.full(B * d, S))
 
 
 def pool_a(p: Party, cfg: M.ModelConfig, h: AShare) -> AShare:

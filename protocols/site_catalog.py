@@ -130,8 +130,8 @@ SITES: dict[str, Site] = {
     "tanh": Site("tanh", "pooler tanh input h[CLS] @ pool.w + pool.b",
                  "rescale pool.w and pool.b"),
     # a headless encoder's pooling and normalization (pool), protocols.sentence
-    "pool_max": Site("relu", "max pooling: difference of two positions' values compared "
-                     "per coordinate", _LAST_LN),
+    "pool_max": Site("relu", "max pooling: spread max - min of a coordinate over the "
+                     "positions (bounds every difference the tournament compares)", _LAST_LN),
     "norm_sumsq": Site("product", "normalize: sum of squares of the pooled embedding (mean "
                        "pooling: of the sum over the positions)",
                        "shorten max_len (mean pooling) or " + _LAST_LN),

@@ -410,8 +410,8 @@ class Trace:
         return out
 
     def embedding(self, x: np.ndarray) -> np.ndarray:
-        """protocols.sentence.embed_sentence: encoder, pooling (the max tournament's
-        differences; the mean's sum undivided when normalized), then normalization (the
+        """protocols.sentence.embed_sentence: encoder, pooling (the spread the max
+        tournament's differences stay within; the mean's sum undivided when normalized), then normalization (the
         squared norm, its value / 4^K handed to sqrt_inv, the pooled row times 2^K / norm).
         Returns the embeddings."""
         from .sentence import norm_scale
@@ -419,15 +419,9 @@ class Trace:
         h = self.encoder(x)
         if cfg.pool == "cls":
             e = h[:, 0]
-        elif cfg.pool == "max":
-            v = h
-            while v.shape[1] > 1:
-                n, k = v.shape[1], v.shape[1] // 2
-                a, b = v[:, 0:2 * k:2], v[:, 1:2 * k:2]
-                rec.mag("pool", "pool_max", a - b)
-                top = np.maximum(a, b)
-                v = np.concatenate([top, v[:, n - 1:]], axis=1) if n % 2 else top
-            e = v[:, 0]
+        elif cfg.pool == "max":                 # every tournament difference is within the spread
+            e = h.max(axis=1)
+            rec.mag("pool", "pool_max", e - h.min(axis=1))
         else:
             e = h.sum(axis=1) if cfg.normalize else h.mean(axis=1)
         if not cfg.normalize:

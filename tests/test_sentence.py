@@ -185,8 +185,8 @@ def test_calibration_refuses_out_of_range_embeddings(rng):
                        r"embedding / 4\^K .* falls to .*, below sqrt_inv's range .* rescale "
                        "the last LayerNorm's gamma and beta by one factor"):
         C.calibrate(cfg, scaled(1e-4), samples, user=user)
-    with pytest.raises(C.RangeError, match="^pool: max pooling: difference of two positions' "
-                       "values .* above the limit 16384 of ReLU .* rescale the last "
+    with pytest.raises(C.RangeError, match="^pool: max pooling: spread max - min of a "
+                       "coordinate .* above the limit 16384 of ReLU .* rescale the last "
                        "LayerNorm's gamma and beta"):
         C.calibrate(cfg, scaled(3e3), samples, user=user)
     C.calibrate(cfg, scaled(4.0), samples, user=user)   # normalized: any scale in range
