@@ -3,6 +3,7 @@ weights, GELU FFN, pre-LN, a 128-token prompt + 1 generated token) per attention
 with ``mpc3 bench lm``, and the comparison table against AERO (seed 001, Table 4).
 
     python benchmarks/lm_gpt2small.py run --attention softmax --net lan    # one JSON + PNG
+    python benchmarks/lm_gpt2small.py run --attention softmax --softmax max-free   # Privformer's
     python benchmarks/lm_gpt2small.py table                                # markdown table
 
 ``run`` writes ``benchmarks/results/lm_gpt2small_{attention}[-{variant}]_{where}.json`` (and
@@ -31,18 +32,23 @@ AERO = {"SM+LN+G (GPT-2 baseline)": (25.32, 8.21), "SM+LN+R": (9.44, 6.06),
         "SM+ScFuFFN (AERO softmax-only)": (6.43, 4.76), "SM+ScFuFFNi6": (6.29, 4.23)}
 
 
-def _name(attention: str, variant: str, where: str, layers: int, fuse: str | None = None) -> str:
-    tag = attention + (f"-{variant}" if variant != "gelu" else "")
+def _name(attention: str, variant: str, where: str, layers: int, fuse: str | None = None,
+          softmax: str = "max-free") -> str:
+    """The JSON's stem; the max-subtracted softmax's runs say ``softmax-max`` (the runs
+    before it existed, max-free, keep their names)."""
+    tag = attention + ("-max" if attention == "softmax" and softmax == "max" else "") + \
+        (f"-{variant}" if variant != "gelu" else "")
     return (f"lm_gpt2small_{tag}_{where}" + ("" if layers == 12 else f"_L{layers}")
             + ("" if fuse in (None, "default") else f"_fuse-{fuse.replace(',', '+')}"))
 
 
 def run(a) -> int:
     where = a.net if a.net != "none" else ("loopback" if a.transport == "grpc" else "inproc")
-    stem = RESULTS / _name(a.attention, a.variant, where, a.layers, a.fuse)
+    stem = RESULTS / _name(a.attention, a.variant, where, a.layers, a.fuse, a.softmax)
     extra = ["--preset", "aero"] if a.variant == "aero" else ["--ffn", a.variant]
     argv = [sys.executable, "-m", "app.cli", "bench", "lm", "--arch", "decoder-only",
-            "--attention", a.attention, *extra, *SHAPE, "--layers", str(a.layers),
+            "--attention", a.attention, "--softmax", a.softmax, *extra, *SHAPE,
+            "--layers", str(a.layers),
             "--transport", a.transport, "--net", a.net, "--json", f"{stem}.json",
             "--plot", f"{stem}.png"] + (["--fuse", a.fuse] if a.fuse else [])
     print(" ".join(argv[1:]), flush=True)
@@ -65,7 +71,9 @@ def _row(r: dict, name: str) -> str:
     share = " / ".join(f"{100 * bd[c]['bytes_total'] / r['bytes_total']:.0f}"
                        for c in ("matmul", "attention", "ffn_act", "norm"))
     rss = r["peak_rss_bytes"]["parties"] or [r["peak_rss_bytes"]["this_process"]]
-    return (f"| {p['attention']} | {p['ffn_act']} | {p['layers']} | {_where(r)} | "
+    att = p["attention"] + (f" ({p.get('softmax_form', 'max-free')})"
+                            if p["attention"] == "softmax" else "")
+    return (f"| {att} | {p['ffn_act']} | {p['layers']} | {_where(r)} | "
             f"{_gb(pre['bytes_total'])} / {pre['rounds']} | "
             f"{tok['bytes_total'] / 1e6:.1f} MB / {tok['rounds']:.0f} | "
             f"{_gb(r['bytes_total'])} | {r['wall_s']['min']:.1f} s "
@@ -99,7 +107,8 @@ def table(a) -> int:
     for path in sorted(RESULTS.glob("lm_gpt2small_*.json")):
         r = json.loads(path.read_text())
         rows.append(_row(r, path.name))
-        key = (r["params"]["attention"], r["params"]["ffn_act"], _where(r))
+        key = (r["params"]["attention"] + r["params"].get("softmax_form", ""),
+               r["params"]["ffn_act"], _where(r))
         groups.setdefault(key, {})[r["params"]["layers"]] = r
     print("Measured:\n")
     print("| attention | FFN | layers | where | prompt: GB / rounds | token: bytes / rounds | "
@@ -137,6 +146,8 @@ def main(argv=None) -> int:
     r = sub.add_parser("run")
     r.add_argument("--attention", required=True,
                    choices=("relu-performer", "softmax", "power-softmax", "sigma"))
+    r.add_argument("--softmax", choices=("max", "max-free"), default="max",
+                   help="softmax form (attention softmax): max-subtracted (default) or max-free")
     r.add_argument("--variant", choices=("gelu", "relu", "aero"), default="gelu",
                    help="FFN: GPT-2's GELU (default), ReLU, or --preset aero (softmax only)")
     r.add_argument("--transport", choices=("inproc", "grpc"), default="grpc")
