@@ -1,4 +1,8 @@
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -7,6 +11,16 @@ from mpc3 import ring
 from mpc3.party import RingConfig
 from mpc3.sharing import deal, reveal
 from mpc3.sim import make_parties, run_parties
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def mpc3_cli(*args, timeout: float = 300):
+    """``python -m app.cli ARGS`` in a fresh process, this checkout first on its path: the
+    completed process, its output captured as text."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "app.cli", *map(str, args)], env=env,
+                          text=True, capture_output=True, timeout=timeout)
 
 
 @pytest.fixture(scope="module")

@@ -6,15 +6,14 @@ from pathlib import Path
 
 import pytest
 
+from conftest import mpc3_cli
 from net import config, keys
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def mpc3(*args, timeout=90):
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "app.cli", *args], env=env, text=True,
-                          capture_output=True, timeout=timeout)
+    return mpc3_cli(*args, timeout=timeout)
 
 
 def test_example_deploy_config_loads():

@@ -368,10 +368,8 @@ def test_corrupt_files_on_one_party_can_be_deleted_and_reshared(prod):
 
 # ------------------------------------------------------------------------------ the CLI ----
 def _mpc3(*args):
-    import subprocess
-    import sys
-    return subprocess.run([sys.executable, "-m", "app.cli", *map(str, args)], text=True,
-                          capture_output=True, timeout=120)
+    from conftest import mpc3_cli
+    return mpc3_cli(*args, timeout=120)
 
 
 def test_cli_names_a_down_party_and_a_rejected_certificate(prod, tmp_path):

@@ -5,8 +5,6 @@ an encoder classifier with its class names queried with `mpc3 classify "text"`; 
 carries a tokenizer continued from a text prompt with `mpc3 generate` (ids decoded back to
 text). Bounds as tests/test_sentence_import.py: cosine >= 0.9999, max abs 2e-3."""
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -15,13 +13,9 @@ pytest.importorskip("torch")
 pytest.importorskip("sentence_transformers")
 
 from app.localcluster import LocalCluster  # noqa: E402
+from conftest import mpc3_cli  # noqa: E402
 from protocols import model as M  # noqa: E402
 from test_sentence_import import TEXTS, make_st, make_tokenizer  # noqa: E402
-
-
-def _mpc3(*args):
-    return subprocess.run([sys.executable, "-m", "app.cli", *map(str, args)], text=True,
-                          capture_output=True, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -35,11 +29,11 @@ def cluster(tmp_path_factory):
 
 def test_cli_embed_text_matches_sentence_transformers(cluster, tmp_path):
     st = make_st(tmp_path / "st", "mean", True)
-    r = _mpc3("import", tmp_path / "st", "--out", tmp_path / "st.npz")
+    r = mpc3_cli("import", tmp_path / "st", "--out", tmp_path / "st.npz")
     assert r.returncode == 0, r.stderr
-    r = _mpc3("share-model", tmp_path / "st.npz", "--config", cluster.path, "--model-id", "st")
+    r = mpc3_cli("share-model", tmp_path / "st.npz", "--config", cluster.path, "--model-id", "st")
     assert r.returncode == 0 and "(encoder, permits embed)" in r.stdout, r.stderr
-    r = _mpc3("embed", "--config", cluster.path, "--model-id", "st", "--model",
+    r = mpc3_cli("embed", "--config", cluster.path, "--model-id", "st", "--model",
               tmp_path / "st.npz", *TEXTS, "--output", tmp_path / "E.npy")
     assert r.returncode == 0, r.stderr
     got = np.load(tmp_path / "E.npy")
@@ -51,7 +45,7 @@ def test_cli_embed_text_matches_sentence_transformers(cluster, tmp_path):
     assert len(lines) == len(TEXTS) + 1 and lines[0].startswith("0: 8 tokens, norm 1.000")
     assert lines[0].endswith(repr(TEXTS[0]))
     assert "4 inputs in 3 job(s)" in r.stderr            # texts 1 and 4: one length, one job
-    r = _mpc3("embed", "--config", cluster.path, "--model-id", "st", "--model",
+    r = mpc3_cli("embed", "--config", cluster.path, "--model-id", "st", "--model",
               tmp_path / "st.npz", "the cat sat on the mat " * 4)
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "text 1 ('the cat sat on the mat the cat sat on th...') is 26 tokens with its " \
@@ -68,7 +62,7 @@ def test_cli_classify_text_prints_the_label(cluster, tmp_path):
     M.save_model(tmp_path / "clf.npz", cfg, w, user,
                  tokenizer=(tmp_path / "tokenizer.json").read_text(),
                  labels=["neg", "neutral", "pos"])
-    r = _mpc3("share-model", tmp_path / "clf.npz", "--config", cluster.path, "--model-id",
+    r = mpc3_cli("share-model", tmp_path / "clf.npz", "--config", cluster.path, "--model-id",
               "clf", "--permit", "classify,classify-argmax")
     assert r.returncode == 0, r.stderr
     tok = M.load_tokenizer(tmp_path / "clf.npz")
@@ -76,7 +70,7 @@ def test_cli_classify_text_prints_the_label(cluster, tmp_path):
     k = int(ref.argmax())
     assert np.sort(ref)[-1] - np.sort(ref)[-2] > 1e-2
     for kind in ("classify", "classify_argmax"):
-        r = _mpc3("classify", "--config", cluster.path, "--model-id", "clf", "--model",
+        r = mpc3_cli("classify", "--config", cluster.path, "--model-id", "clf", "--model",
                   tmp_path / "clf.npz", "--kind", kind, TEXTS[1])
         assert r.returncode == 0, r.stderr
         assert r.stdout.startswith(f"0: {['neg', 'neutral', 'pos'][k]} (class {k})")
@@ -94,12 +88,12 @@ def test_cli_generate_decodes_tokenizer_text(cluster, tmp_path):
     make_tokenizer(tmp_path)
     text = (tmp_path / "tokenizer.json").read_text()
     M.save_model(tmp_path / "lm.npz", cfg, w, user, tokenizer=text)
-    r = _mpc3("share-model", tmp_path / "lm.npz", "--config", cluster.path, "--model-id", "lm")
+    r = mpc3_cli("share-model", tmp_path / "lm.npz", "--config", cluster.path, "--model-id", "lm")
     assert r.returncode == 0, r.stderr
     tok = Tokenizer.from_str(text)
     prompt = tok.encode("the cat").ids                     # [CLS] the cat [SEP]
     ref = M.greedy_generate(cfg, w, user, [prompt], 5)[0]
-    r = _mpc3("generate", "--config", cluster.path, "--model-id", "lm", "--model",
+    r = mpc3_cli("generate", "--config", cluster.path, "--model-id", "lm", "--model",
               tmp_path / "lm.npz", "--tokens", 5, "the cat")
     assert r.returncode == 0, r.stderr
     assert f"tokens: {ref}" in r.stderr

@@ -4,14 +4,13 @@ decoder-only LM (`mpc3 generate`, streamed) and an encoder-decoder with softmax 
 (`mpc3 translate`), shared with `share-model`, used with the CLI, against the float64
 reference; the new production kinds reveal no linear function of a
 chosen weight."""
-import subprocess
-import sys
 
 import grpc
 import numpy as np
 import pytest
 
 from app.localcluster import LocalCluster
+from conftest import mpc3_cli
 from app.owner import share_transformer
 from net import client as nc
 from protocols import model as M
@@ -32,11 +31,6 @@ def lm_cfg():
                          tgt_vocab=257).validate()
 
 
-def _mpc3(*args):
-    return subprocess.run([sys.executable, "-m", "app.cli", *map(str, args)], text=True,
-                          capture_output=True, timeout=300)
-
-
 @pytest.fixture(scope="module")
 def zoo(tmp_path_factory):
     d = tmp_path_factory.mktemp("zoo")
@@ -49,11 +43,11 @@ def zoo(tmp_path_factory):
     M.save_model(c.lm_file, c.lm, c.lm_w, c.lm_u)
     M.save_model(d / "clf.npz", c.clf, c.clf_w, c.clf_u)
     try:
-        r = _mpc3("share-model", d / "clf.npz", "--config", c.path, "--model-id", "clf")
+        r = mpc3_cli("share-model", d / "clf.npz", "--config", c.path, "--model-id", "clf")
         assert r.returncode == 0, r.stderr
         share_transformer(c.cfg, "clf-argmax", c.clf, c.clf_w, ["classify-argmax"],
                           *c.creds("owner"), user=c.clf_u)
-        r = _mpc3("share-model", c.lm_file, "--config", c.path, "--model-id", "lm")
+        r = mpc3_cli("share-model", c.lm_file, "--config", c.path, "--model-id", "lm")
         assert r.returncode == 0, r.stderr
     except BaseException:
         c.stop()
@@ -71,7 +65,7 @@ def test_cli_classify_prints_logits_and_argmax_only_when_permitted(zoo, tmp_path
     x = _x(zoo)
     np.save(tmp_path / "x.npy", x)
     ref = M.ref_classify(zoo.clf, zoo.clf_w, x)
-    r = _mpc3("infer", "--config", zoo.path, "--model-id", "clf", "--kind", "classify",
+    r = mpc3_cli("infer", "--config", zoo.path, "--model-id", "clf", "--kind", "classify",
               "--input", tmp_path / "x.npy")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.strip().splitlines()
@@ -81,16 +75,16 @@ def test_cli_classify_prints_logits_and_argmax_only_when_permitted(zoo, tmp_path
         got = np.array(line.split("[", 1)[1].rstrip("]").split(), dtype=float)
         assert np.abs(got - ref[row]).max() < 1e-2
     M.save_model(tmp_path / "clf.npz", zoo.clf, zoo.clf_w, zoo.clf_u)
-    r = _mpc3("infer", "--config", zoo.path, "--model-id", "clf", "--kind", "classify",
+    r = mpc3_cli("infer", "--config", zoo.path, "--model-id", "clf", "--kind", "classify",
               "--model", tmp_path / "clf.npz", "--ids", "1,2,3")    # embedded by the client
     want = M.ref_classify(zoo.clf, zoo.clf_w, M.embed(zoo.clf, zoo.clf_u["embed.src"],
                                                       np.array([[1, 2, 3]])))
     assert r.returncode == 0 and r.stdout.startswith(f"row 0: class {int(want.argmax())} "), \
         r.stderr
-    r = _mpc3("infer", "--config", zoo.path, "--model-id", "clf", "--kind",
+    r = mpc3_cli("infer", "--config", zoo.path, "--model-id", "clf", "--kind",
               "classify_argmax", "--input", tmp_path / "x.npy")
     assert r.returncode == 2 and "does not permit 'classify-argmax'" in r.stderr, r.stderr
-    r = _mpc3("infer", "--config", zoo.path, "--model-id", "clf-argmax", "--kind",
+    r = mpc3_cli("infer", "--config", zoo.path, "--model-id", "clf-argmax", "--kind",
               "classify_argmax", "--input", tmp_path / "x.npy")
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().splitlines() == [f"row {i}: class {int(ref[i].argmax())}"
@@ -110,13 +104,13 @@ def test_cli_classify_prints_logits_and_argmax_only_when_permitted(zoo, tmp_path
 def test_cli_generate_streams_and_agrees_with_plaintext(zoo):
     ref = M.greedy_generate(zoo.lm, zoo.lm_w, zoo.lm_u, np.array([list(PROMPT.encode())]), 6,
                             eos=256)[0]
-    r = _mpc3("generate", "--config", zoo.path, "--model-id", "lm", "--model", zoo.lm_file,
+    r = mpc3_cli("generate", "--config", zoo.path, "--model-id", "lm", "--model", zoo.lm_file,
               "--tokens", 6, PROMPT)
     assert r.returncode == 0, r.stderr
     assert f"tokens: {ref}" in r.stderr                      # token agreement 1.0 over gRPC
     assert "per token" in r.stderr
     assert r.stdout.rstrip("\n") == bytes(ref).decode("utf-8", errors="replace")
-    r = _mpc3("share-model", zoo.lm_file, "--config", zoo.path, "--model-id", "lm2",
+    r = mpc3_cli("share-model", zoo.lm_file, "--config", zoo.path, "--model-id", "lm2",
               "--permit", "translate")
     assert r.returncode == 2 and "cannot permit ['translate']: a decoder-only model offers " \
         "generate" in r.stderr, r.stderr
@@ -164,9 +158,9 @@ def test_cli_generate_with_a_kv_cache_lm(zoo, attention):
     prompt = np.array([list(PROMPT.encode())])
     ref = M.greedy_generate(cfg, w, user, prompt, 6, eos=256)
     assert top2_gap(cfg, w, user, prompt, ref) > 1e-2
-    r = _mpc3("share-model", path, "--config", zoo.path, "--model-id", f"lm-{attention}")
+    r = mpc3_cli("share-model", path, "--config", zoo.path, "--model-id", f"lm-{attention}")
     assert r.returncode == 0, r.stderr
-    r = _mpc3("generate", "--config", zoo.path, "--model-id", f"lm-{attention}", "--model",
+    r = mpc3_cli("generate", "--config", zoo.path, "--model-id", f"lm-{attention}", "--model",
               path, "--tokens", 6, PROMPT)
     assert r.returncode == 0, r.stderr
     assert f"tokens: {ref[0]}" in r.stderr and "per token" in r.stderr
@@ -195,9 +189,9 @@ def test_cli_translate_with_a_softmax_translator(zoo):
         gaps.append(top[1] - top[0])
         tok = int(logits.argmax())
     assert min(gaps) > 1e-2 and len(set(want)) >= 3
-    r = _mpc3("share-model", path, "--config", zoo.path, "--model-id", "ed-softmax")
+    r = mpc3_cli("share-model", path, "--config", zoo.path, "--model-id", "ed-softmax")
     assert r.returncode == 0, r.stderr
-    r = _mpc3("translate", "--config", zoo.path, "--model-id", "ed-softmax", "--model", path,
+    r = mpc3_cli("translate", "--config", zoo.path, "--model-id", "ed-softmax", "--model", path,
               "--quiet", "4096")
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == f"4096\t{TD.decode_tgt(want, v)}"
