@@ -38,3 +38,20 @@ def test_demo_runs_and_cleans_up(capsys):
     assert "seven thousand" in out and "token agreement with the plaintext model: 3/3" in out
     assert "dec.0 (per step)" in out and "demo finished" in out
     assert set(glob.glob(f"{tempfile.gettempdir()}/mpc3-demo-*")) == before        # temp dir removed
+
+
+def test_a_shared_model_must_be_the_local_files_but_for_how_parties_compute():
+    """generate / translate / embed / classify check the cluster's config against the local
+    model file: another softmax_form (share-model --softmax) is the same model, any other key
+    is refused in one line naming it."""
+    import dataclasses
+    from app.cli.common import check_same_model
+    from protocols import model as M
+    cfg = M.ModelConfig(d_model=8, n_heads=2, d_head=4, n_features=2, d_ff=8, attn_c=1.0,
+                        attn_norm="const", norm_first=True, max_len=8, arch="decoder-only",
+                        n_dec_layers=1, tgt_vocab=5, attention="softmax").validate()
+    check_same_model(dataclasses.replace(cfg, softmax_form="max-free"), cfg, "lm", "lm.npz")
+    other = dataclasses.replace(cfg, max_len=16, ffn_act="gelu")
+    with pytest.raises(ValueError, match=r"^model 'lm' on the cluster is not the model of "
+                       r"lm.npz: ffn_act 'gelu' vs 'relu', max_len 16 vs 8$"):
+        check_same_model(other, cfg, "lm", "lm.npz")

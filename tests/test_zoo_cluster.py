@@ -144,11 +144,9 @@ def test_new_kinds_are_no_linear_function_of_their_input(zoo):
                     assert np.abs(out - cand).max() > 1e-2
 
 
-@pytest.mark.parametrize("attention", ["softmax", "power-softmax", "sigma-relu"])
-def test_cli_generate_with_a_kv_cache_lm(zoo, attention):
-    """A random softmax-style LM (secret KV cache, protocols.kv_cache) shared with
-    share-model (calibrated) and run with `mpc3 generate` over party processes: the tokens
-    of the plaintext greedy decoding (seed 3: top-2 logit margin > 1e-2 along the path)."""
+def _kv_lm(zoo, attention):
+    """A random softmax-style LM file (seed 3: top-2 logit margin > 1e-2 along the plaintext
+    greedy path of PROMPT) and that path's 6 tokens."""
     from test_causal_lm import top2_gap
     cfg = M.ModelConfig(**COMMON, arch="decoder-only", n_dec_layers=2, tgt_vocab=257,
                         attention=attention).validate()
@@ -158,12 +156,46 @@ def test_cli_generate_with_a_kv_cache_lm(zoo, attention):
     prompt = np.array([list(PROMPT.encode())])
     ref = M.greedy_generate(cfg, w, user, prompt, 6, eos=256)
     assert top2_gap(cfg, w, user, prompt, ref) > 1e-2
+    return path, ref[0]
+
+
+def _rounds_per_token(stderr: str) -> int:
+    return int(stderr.split(" rounds per token")[0].rsplit(" ", 1)[1])
+
+
+@pytest.mark.parametrize("attention", ["softmax", "power-softmax", "sigma-relu"])
+def test_cli_generate_with_a_kv_cache_lm(zoo, attention):
+    """A random softmax-style LM (secret KV cache, protocols.kv_cache) shared with
+    share-model (calibrated) and run with `mpc3 generate` over party processes: the tokens
+    of the plaintext greedy decoding."""
+    path, ref = _kv_lm(zoo, attention)
     r = mpc3_cli("share-model", path, "--config", zoo.path, "--model-id", f"lm-{attention}")
     assert r.returncode == 0, r.stderr
     r = mpc3_cli("generate", "--config", zoo.path, "--model-id", f"lm-{attention}", "--model",
-              path, "--tokens", 6, PROMPT)
+                 path, "--tokens", 6, PROMPT)
     assert r.returncode == 0, r.stderr
-    assert f"tokens: {ref[0]}" in r.stderr and "per token" in r.stderr
+    assert f"tokens: {ref}" in r.stderr and "per token" in r.stderr
+
+
+def test_cli_share_model_picks_the_softmax_form(zoo):
+    """share-model --softmax max-free shares a softmax LM in Privformer's form (its random
+    scores stay inside exp's range, so calibration accepts it): the same tokens as the
+    default max-subtracted form, in fewer rounds per token; a model without softmax
+    attention refuses the option."""
+    path, ref = _kv_lm(zoo, "softmax")
+    rounds = {}
+    for form in ("max", "max-free"):
+        r = mpc3_cli("share-model", path, "--config", zoo.path, "--model-id", f"lm-sm-{form}",
+                     "--softmax", form)
+        assert r.returncode == 0, r.stderr
+        r = mpc3_cli("generate", "--config", zoo.path, "--model-id", f"lm-sm-{form}",
+                     "--model", path, "--tokens", 6, PROMPT)
+        assert r.returncode == 0 and f"tokens: {ref}" in r.stderr, r.stderr
+        rounds[form] = _rounds_per_token(r.stderr)
+    assert rounds["max-free"] < rounds["max"]
+    r = mpc3_cli("share-model", zoo.lm_file, "--config", zoo.path, "--model-id", "lm-nope",
+                 "--softmax", "max-free")
+    assert r.returncode != 0 and "--softmax applies to softmax attention" in r.stderr
 
 
 def test_cli_translate_with_a_softmax_translator(zoo):

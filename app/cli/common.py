@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from net import config as cconf
@@ -27,6 +28,23 @@ def add_fuse(p: argparse.ArgumentParser, kinds: tuple[str, ...]) -> None:
                    "next projection; wo: the cross attention's W^O at open): default, "
                    "all (fewest rounds per token, for high-latency links; more bytes), none, "
                    f"or a comma list of {', '.join(kinds)}")
+
+
+#: Model config keys that say how the parties compute, not what: a query user's local model
+#: file and the model its owner shared may differ in them (share-model --softmax).
+PROTOCOL_KEYS = ("softmax_form",)
+
+
+def check_same_model(remote, local, model_id: str, local_name: str) -> None:
+    """ValueError in one line, naming the keys, if the shared model ``model_id`` (config
+    ``remote``) is not the model of the local file ``local_name`` (config ``local``) - other
+    than in :data:`PROTOCOL_KEYS`."""
+    a, b = dataclasses.asdict(remote), dataclasses.asdict(local)
+    keys = sorted(k for k in set(a) | set(b) if k not in PROTOCOL_KEYS and a.get(k) != b.get(k))
+    if keys:
+        shown = ", ".join(f"{k} {a.get(k)!r} vs {b.get(k)!r}" for k in keys[:4])
+        raise ValueError(f"model {model_id!r} on the cluster is not the model of {local_name}: "
+                         f"{shown}{' ...' if len(keys) > 4 else ''}")
 
 
 def load(args) -> cconf.ClusterConfig:

@@ -18,7 +18,7 @@ import sys
 
 import numpy as np
 
-from .common import add_client_creds, add_fuse, load, load_model_file
+from .common import add_client_creds, add_fuse, check_same_model, load, load_model_file
 
 
 def _cmd_generate(args) -> int:
@@ -26,7 +26,6 @@ def _cmd_generate(args) -> int:
     from protocols.model import load_tokenizer
     from ..generate import ByteStream, LMClusterBackend, encode_text, eos_of, generate
     from ..text import TokenStream, token_ids
-    from ..translate import TranslationError
     cfg = load(args)
     mcfg, _, user = load_model_file(args.model)
     if mcfg.arch != "decoder-only":
@@ -61,9 +60,7 @@ def _cmd_generate(args) -> int:
         backend = LMClusterBackend(qu, args.model_id, step_timeout=args.step_timeout,
                                    fuse=args.fuse)
         remote = backend.model_config()
-        if remote != mcfg:
-            raise TranslationError(f"model {args.model_id!r} on the cluster has another "
-                                   f"config than {args.model}: {remote} vs {mcfg}")
+        check_same_model(remote, mcfg, args.model_id, args.model)
         res = generate(backend, mcfg, user, np.array([ids]), args.tokens, eos=eos,
                        on_token=None if args.quiet else show)
     if args.quiet:

@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -46,6 +47,11 @@ def register(sub) -> None:
     p.add_argument("--margin", type=float, default=4.0,
                    help="calibration safety margin: values must stay below each kernel's "
                    "limit / MARGIN (default 4)")
+    p.add_argument("--softmax", choices=("max", "max-free"), default=None,
+                   help="softmax attention's form on shares (default: the model file's, "
+                   "else max): max subtracts each row's maximum (any score range); "
+                   "max-free is cheaper but only for models whose scores stay in exp's "
+                   "range [-48, 9.5] (calibration refuses the others)")
     add_import_options(p)
     add_client_creds(p)
     p.set_defaults(func=_cmd_share)
@@ -98,6 +104,11 @@ def _cmd_share(args) -> int:
     # user tensors are never shared
     mcfg, weights, user = load_model_file(args.weights, args.model_config,
                                           options=import_options(args))
+    if args.softmax is not None and args.softmax != mcfg.softmax_form:
+        if mcfg.attention != "softmax":
+            raise ValueError(f"--softmax applies to softmax attention; {args.weights} has "
+                             f"{mcfg.attention!r}")
+        mcfg = dataclasses.replace(mcfg, softmax_form=args.softmax).validate()
     permit = [p for p in args.permit.split(",") if p] if args.permit is not None else None
     t0 = time.monotonic()
     samples = calibration_samples(mcfg, weights, user, args.samples)

@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from .common import add_client_creds, load, load_model_file
+from .common import add_client_creds, check_same_model, load, load_model_file
 
 
 def _a(word: str) -> str:
@@ -65,9 +65,7 @@ def _run(args, kind: str, out_name: str, mcfg, user, seqs):
     t0 = time.monotonic()
     with QueryUser(cfg, args.cert, args.key, rpc_timeout=args.rpc_timeout) as qu:
         remote = _remote_config(qu, args.model_id)
-        if remote != mcfg:
-            raise ValueError(f"model {args.model_id!r} on the cluster has another config "
-                             f"than {args.model}")
+        check_same_model(remote, mcfg, args.model_id, args.model)
         rows = run_grouped(lambda x: qu.run(args.model_id, kind, {"X": x})[out_name],
                            mcfg, user, seqs)
     return rows, len(by_length(seqs)), time.monotonic() - t0

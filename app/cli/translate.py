@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 from ..localcluster import temporary_cluster
-from .common import add_client_creds, add_fuse, load
+from .common import add_client_creds, add_fuse, check_same_model, load
 
 DEMO_INPUTS = 5
 DEMO_SEED = 2024
@@ -80,17 +80,14 @@ def layer_table(layers, cost) -> str:
 # -------------------------------------------------------------------------- translate ----
 def _cmd_translate(args) -> int:
     from net.client import QueryUser
-    from ..translate import ClusterBackend, TranslationError, translate_texts
+    from ..translate import ClusterBackend, translate_texts
     cfg = load(args)
     mcfg, user, vocab, _ = _user_side(args.model)
     with QueryUser(cfg, args.cert, args.key, rpc_timeout=args.rpc_timeout) as qu:
         backend = ClusterBackend(qu, args.model_id, step_timeout=args.step_timeout,
                                  fuse=args.fuse)
         remote = backend.model_config()
-        if remote != mcfg:
-            raise TranslationError(f"model {args.model_id!r} on the cluster has another "
-                                   f"config than the local embedding/output tensors: "
-                                   f"{remote} vs {mcfg}")
+        check_same_model(remote, mcfg, args.model_id, args.model)
         res, cost, pairs = translate_texts(backend, mcfg, user, args.text, vocab,
                                            on_token=Progress(vocab, quiet=args.quiet))
     for r in res:
