@@ -82,6 +82,42 @@ class StoredModel:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
+def _elements(shape) -> int:
+    n = 1
+    for k in shape:
+        n *= k
+    return n
+
+
+def _check_meta(meta, name: str) -> None:
+    """ValueError unless ``meta`` (a parsed meta.json) is the metadata of model ``name`` as
+    :meth:`ModelStore.commit` writes it: every field the party reads later of its type, each
+    tensor file a plain name inside the model's directory."""
+    if not isinstance(meta, dict):
+        raise ValueError(f"meta.json holds a {type(meta).__name__}, not an object")
+    if meta.get("model_id") != name:
+        raise ValueError("meta.json names another model")
+    for key, kind in (("upload_id", str), ("owner", str), ("public_meta", str),
+                      ("total_bytes", int), ("frac", int)):
+        if key in meta and (not isinstance(meta[key], kind) or isinstance(meta[key], bool)):
+            raise ValueError(f"meta.json: {key} is not a {kind.__name__}")
+    tensors = meta.get("tensors")
+    if not isinstance(tensors, list):
+        raise ValueError("meta.json: tensors is not a list")
+    for t in tensors:
+        if not (isinstance(t, dict) and all(isinstance(t.get(k), str)
+                                            for k in ("name", "file", "sha256"))):
+            raise ValueError("meta.json: a tensor entry lacks its name, file or sha256")
+        if os.path.basename(t["file"]) != t["file"] or t["file"] in ("", ".", ".."):
+            raise ValueError(f"meta.json: tensor {t['name']!r} names a file outside its model")
+        shape = t.get("shape")
+        if not (isinstance(shape, list) and all(isinstance(k, int) and not isinstance(k, bool)
+                                                and 0 <= k < 2 ** 40 for k in shape)):
+            raise ValueError(f"meta.json: tensor {t['name']!r} has no valid shape")
+        if "frac" in t and (not isinstance(t["frac"], int) or isinstance(t["frac"], bool)):
+            raise ValueError(f"meta.json: tensor {t['name']!r} has a non-integer frac")
+
+
 class ModelStore:
     def __init__(self, data_dir: Path, rank: int = 0) -> None:
         self.rank = rank
@@ -99,15 +135,17 @@ class ModelStore:
 
     # ---------------------------------------------------------------------- loading ----
     def _load_dir(self, d: Path) -> StoredModel:
+        """The model stored in ``d``, or - whatever its files hold (any JSON type, missing,
+        extra or oversized files) - a ``corrupt`` entry naming why: one damaged model never
+        keeps the party from serving the others."""
         try:
             meta = json.loads((d / "meta.json").read_text())
-            if meta.get("model_id") != d.name:
-                raise ValueError("meta.json names another model")
-        except (OSError, ValueError) as exc:
+            _check_meta(meta, d.name)
+        except (OSError, ValueError, TypeError) as exc:
             log.error("party %d: model %s unreadable (%s)", self.rank, d.name, exc)
             return StoredModel({"model_id": d.name, "upload_id": "", "owner": "",
                                 "total_bytes": 0, "tensors": []}, CORRUPT,
-                               "its metadata is unreadable")
+                               f"its metadata is unreadable ({exc})"[:300])
         rec = StoredModel(meta)
         try:
             self._read_shares(d, rec)
@@ -119,8 +157,15 @@ class ModelStore:
     def _read_shares(self, d: Path, rec: StoredModel) -> None:
         out = {}
         for t in rec.meta["tensors"]:
+            f = d / t["file"]
+            want = 16 * _elements(t["shape"])          # the pair, 8 bytes per element each
             try:
-                data = bytearray((d / t["file"]).read_bytes())
+                if f.is_symlink() or not f.is_file():
+                    raise ValueError(f"tensor {t['name']!r} is missing")
+                if f.stat().st_size != want:
+                    raise ValueError(f"tensor {t['name']!r} has {f.stat().st_size} bytes on "
+                                     f"disk, its shape {tuple(t['shape'])} takes {want}")
+                data = bytearray(f.read_bytes())
             except OSError:
                 raise ValueError(f"tensor {t['name']!r} is missing") from None
             if hashlib.sha256(data).hexdigest() != t["sha256"]:
