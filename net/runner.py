@@ -145,8 +145,10 @@ class JobRunner:
         try:
             return self.submit(job)
         except BadRequest as exc:
-            if job.session is not None:
-                self.sessions.release(job.session, spec.session == "step", str(exc))
+            if spec.session == "open":
+                self.sessions.forget(job.session)          # a refused open leaves nothing
+            elif job.session is not None:
+                self.sessions.release(job.session, True, str(exc))
             raise
 
     def submit(self, job: Job) -> Job:
@@ -267,7 +269,10 @@ class JobRunner:
         self.release_bytes(job.owner, job.input_bytes)
         job.input_bytes = 0
         if job.session is not None:
-            self.sessions.release(job.session, state == S.DONE or not started, error)
+            if job.spec is not None and job.spec.session == "open" and state != S.DONE:
+                self.sessions.forget(job.session)   # never opened: the id may be used again
+            else:
+                self.sessions.release(job.session, state == S.DONE or not started, error)
         with self._lock:
             if job.state == S.RUNNING:
                 self._running -= 1

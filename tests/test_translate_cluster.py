@@ -79,10 +79,10 @@ def test_grpc_incremental_decoding_equals_plaintext_steps(cluster):
             want = M.ref_decoder_step(cfg, w, ref, y)
             np.testing.assert_allclose(got, want, atol=0.05)
             assert M.output_logits(ut, got).argmax() == M.output_logits(ut, want).argmax()
-        with pytest.raises(nc.ClusterError) as err:      # only the owner may use it
-            with cluster.user("user2") as other:
+        with pytest.raises(nc.ClusterError) as err:      # only the owner may use it; to
+            with cluster.user("user2") as other:         # others its id is simply unknown
                 T.ClusterBackend(other, "tr").step("inc-1", y, T.Traffic())
-        assert err.value.code == grpc.StatusCode.PERMISSION_DENIED
+        assert err.value.code == grpc.StatusCode.NOT_FOUND and "is unknown" in str(err.value)
         be.close("inc-1")
         with pytest.raises(nc.ClusterError, match="closed by its owner"):
             be.step("inc-1", y, T.Traffic())
