@@ -19,8 +19,11 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import tempfile
 import threading
+import time
 from concurrent import futures
+from pathlib import Path
 
 import grpc
 
@@ -212,11 +215,49 @@ def runtime_defaults(env=os.environ) -> None:
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
+def _writable(d: Path) -> bool:
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=d):
+            return True
+    except OSError:
+        return False
+
+
+def prepare_kernels(data_dir, rank: int = 0, env=os.environ) -> float:
+    """Compile the secure kernels before the party serves (seconds taken). numba caches
+    compiled code beside the package's sources; a read-only install (systemd's
+    ProtectSystem=strict, ProtectHome) has no such place, and the first job failed with
+    "cannot cache function ...: no locator available" - so, unless the operator set
+    NUMBA_CACHE_DIR, an unwritable install caches in ``data_dir/numba-cache``. Must run
+    before numba is imported. RuntimeError in one line if the kernels cannot be compiled."""
+    import mpc3
+    t0 = time.monotonic()
+    try:
+        if "NUMBA_CACHE_DIR" not in env and not _writable(Path(mpc3.__file__).parent /
+                                                           "__pycache__"):
+            cache = Path(data_dir) / "numba-cache"
+            cache.mkdir(parents=True, exist_ok=True, mode=0o700)
+            env["NUMBA_CACHE_DIR"] = str(cache)
+        from mpc3.kernels import catalog           # imports numba only when kernels compile
+        catalog.warm_up()
+    except Exception as exc:  # noqa: BLE001 - any compile failure: one line, party not started
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise RuntimeError(f"party {rank} cannot compile its secure kernels ({first}); give "
+                           "it a writable NUMBA_CACHE_DIR (its data_dir is used when the "
+                           "install is read-only)") from None
+    return time.monotonic() - t0
+
+
 def serve(cfg: ClusterConfig, rank: int, registry: JobRegistry = PRODUCTION) -> int:
-    """Run party ``rank`` until SIGTERM/SIGINT. Freed buffers stay in the heap for the next
-    round's (:func:`net.malloc.keep_freed_memory`: no page faults for every fresh buffer)."""
+    """Run party ``rank`` until SIGTERM/SIGINT: its kernels compiled first
+    (:func:`prepare_kernels`, so no job waits for them and a party that cannot compile does
+    not start). Freed buffers stay in the heap for the next round's
+    (:func:`net.malloc.keep_freed_memory`: no page faults for every fresh buffer)."""
     runtime_defaults()
     malloc.keep_freed_memory()
+    log.info("party %d: secure kernels ready in %.1f s", rank,
+             prepare_kernels(cfg.party(rank).data_dir, rank))
     srv = PartyServer(cfg, rank, registry)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: threading.Thread(target=srv.stop).start())

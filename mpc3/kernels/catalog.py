@@ -414,6 +414,24 @@ def workload(name: str, n: int, shape: tuple[int, int, int], rng,
     return operands, kernel.reference(*plain)
 
 
+#: Sizes :func:`warm_up` runs every kernel at: elements, and matmul's MxKxN (few elements
+#: and the batched paths of larger calls compile different code).
+WARM_UP_SIZES = ((7, (3, 5, 4)), (64, (8, 16, 8)))
+
+
+def warm_up(cfg: RingConfig | None = None) -> None:
+    """Every kernel once at each of :data:`WARM_UP_SIZES` on three in-process parties: its
+    compiled (numba) code is built - or loaded from numba's cache - now, not in a user's
+    first job (a party process calls this before it serves; ~12 s cold, ~2 s cached)."""
+    from ..sim import make_parties, run_parties
+    cfg = cfg or RingConfig()
+    rng = np.random.default_rng(0)
+    for kernel in KERNELS.values():
+        for n, shape in WARM_UP_SIZES:
+            plain = kernel.plaintext(rng, n, shape, cfg)
+            run_parties(kernel.run, kernel.deal(plain, cfg, rng), parties=make_parties(cfg))
+
+
 def errors(name: str, operands, out: list, ref: np.ndarray, cfg: RingConfig) -> dict:
     """max_abs_err / max_rel_err of the three parties' outputs ``out`` against ``ref``
     (DReLU's documented either-answer region [-2^drop, 0) is not counted as an error)."""
