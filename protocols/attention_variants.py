@@ -50,8 +50,8 @@ from mpc3.kernels.base import Cost
 from mpc3.party import Party, RingConfig
 from mpc3.shares import AShare
 from protocols.attention import cost_divide_rows, divide_rows, repeat_cols
-from protocols.softmax import (keep_mask, kept_scores, row_lengths, score_query,
-                               score_trunc)
+from protocols.softmax import (keep_mask, kept_scores, row_keys, row_lengths, row_sums,
+                               scatter_kept, score_query, score_trunc)
 from protocols.model.variants import ref_power_softmax, ref_sigma_attention  # noqa: F401
 
 POWER_FORMS = ("plain", "stable", "length")
@@ -73,27 +73,12 @@ def _per_element(shift, shape) -> np.ndarray:
     return np.broadcast_to(shift, shape).reshape(-1)
 
 
-def _rows_keys(Sq: int, Sk: int, masked: bool) -> np.ndarray:
-    """L_i, the number of keys row i attends to."""
-    return np.arange(1, Sq + 1) if masked else np.full(Sq, Sk)
-
-
 def _relu_scores(p: Party, q: AShare, k: AShare, keep: np.ndarray, prescaled: bool) -> AShare:
     """ReLU of the kept scores (protocols.softmax.kept_scores), the product stopping at the
     split form relu_a reads (arith.mul_split_aa: 8 bytes per kept score less)."""
     return convert.relu_a(p, arith.mul_split_aa(
         p, [(score_query(q, prescaled), k.T, "matmul", keep)],
         trunc=score_trunc(p.cfg.frac, prescaled)))
-
-
-def _scatter(x: AShare, keep: np.ndarray) -> AShare:
-    a, b = np.zeros(keep.shape, np.uint64), np.zeros(keep.shape, np.uint64)
-    a[keep], b[keep] = x.a, x.b
-    return AShare(a, b)
-
-
-def _row_sum(x: AShare) -> AShare:
-    return AShare(x.a.sum(axis=-1, dtype=np.uint64), x.b.sum(axis=-1, dtype=np.uint64))
 
 
 def _power_layers(n: int) -> int:
@@ -146,10 +131,10 @@ def power_softmax(p: Party, q: AShare, k: AShare, v: AShare, power: int = 4,
                                .reshape(B, h, Sq))
         wide = repeat_cols(inv_c, Sk)
         s = arith.mul_aa(p, s, AShare(wide.a[keep], wide.b[keep]))
-    e = _scatter(_power(p, s, power), keep)                      # s^p, 0 where masked
-    total = _row_sum(e)
+    e = scatter_kept(_power(p, s, power), keep)                      # s^p, 0 where masked
+    total = row_sums(e)
     if form == "length":
-        c, b = _mantissa(1.0 / _rows_keys(Sq, Sk, masked))
+        c, b = _mantissa(1.0 / row_keys(Sq, Sk, masked))
         one = arith.public_share(p, np.ones(total.shape, np.uint64))      # 1 at scale 0
         mean, ev = arith.mul_many_aa(p, [                              # one call:
             (total.scale(c), one, "mul", _per_element(b, total.shape)),   # sum_j s^p / L_i
@@ -180,7 +165,7 @@ def cost_power_softmax(cfg: RingConfig, B: int, h: int, Sq: int, Sk: int, dh: in
     for _ in range(_power_layers(power)):
         cost = cost + arith.cost_mul(kept, True, f, mode)
     if form == "length":
-        b = _mantissa(1.0 / _rows_keys(Sq, Sk, masked))[1]
+        b = _mantissa(1.0 / row_keys(Sq, Sk, masked))[1]
         shifts = np.concatenate([np.tile(b, B * h),
                                  np.tile(np.repeat(f + b, dh), B * h)])
         cost = cost + arith.cost_mul_many(shifts, 0, mode)
@@ -239,7 +224,7 @@ def sigma_attention(p: Party, q: AShare, k: AShare, v: AShare, sigma="relu",
         act = arith.add_public(p, s.scale(c[1]), np.full(s.shape, c[0] << np.uint64(f)))
         for ck, x in zip(c[2:], pw[1:]):
             act = act + x.scale(ck)                           # sum_k c_k s^k / L at f + b
-    return arith.matmul_aa(p, _scatter(act, keep), v, trunc=f + b)
+    return arith.matmul_aa(p, scatter_kept(act, keep), v, trunc=f + b)
 
 
 def _sigma_length(length, Sq: int, Sk: int, masked: bool, sigma):
@@ -252,7 +237,7 @@ def _sigma_length(length, Sq: int, Sk: int, masked: bool, sigma):
                              "'keys'")
         if not isinstance(sigma, str):
             raise ValueError("sigma_attention: length='keys' is built for sigma='relu' only")
-        return _rows_keys(Sq, Sk, masked)
+        return row_keys(Sq, Sk, masked)
     return int(length)
 
 

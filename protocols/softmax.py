@@ -85,10 +85,27 @@ def kept_scores(p: Party, q: AShare, k: AShare, keep: np.ndarray, prescaled: boo
     return AShare(sc.a[keep], sc.b[keep])
 
 
+def row_keys(Sq: int, Sk: int, masked: bool) -> np.ndarray:
+    """The number of keys each query row of one head attends to: Sk, or i + 1 for causal
+    row i."""
+    return np.arange(1, Sq + 1) if masked else np.full(Sq, Sk)
+
+
 def row_lengths(B: int, h: int, Sq: int, Sk: int, masked: bool) -> np.ndarray:
-    """Kept scores per row, rows in (B, h, Sq) order: Sk, or i + 1 for causal row i."""
-    per = np.arange(1, Sq + 1) if masked else np.full(Sq, Sk)
-    return np.tile(per, B * h)
+    """Kept scores per row, rows in (B, h, Sq) order (:func:`row_keys` of every head)."""
+    return np.tile(row_keys(Sq, Sk, masked), B * h)
+
+
+def scatter_kept(x: AShare, keep: np.ndarray) -> AShare:
+    """The kept entries ``x`` (flat, row-major) at their places of ``keep``; 0 elsewhere."""
+    a, b = np.zeros(keep.shape, np.uint64), np.zeros(keep.shape, np.uint64)
+    a[keep], b[keep] = x.a, x.b
+    return AShare(a, b)
+
+
+def row_sums(x: AShare) -> AShare:
+    """Sums over the last axis (local)."""
+    return AShare(x.a.sum(axis=-1, dtype=np.uint64), x.b.sum(axis=-1, dtype=np.uint64))
 
 
 def softmax_attention(p: Party, q: AShare, k: AShare, v: AShare, masked: bool = False,
@@ -111,9 +128,8 @@ def softmax_attention(p: Party, q: AShare, k: AShare, v: AShare, masked: bool = 
         e_kept = fxp.exp_neg_a(p, s - AShare(m.a[rows], m.b[rows]))
     else:
         e_kept = fxp.exp_a(p, s, method=exp)
-    e = AShare(np.zeros(keep.shape, np.uint64), np.zeros(keep.shape, np.uint64))
-    e.a[keep], e.b[keep] = e_kept.a, e_kept.b
-    den = AShare(e.a.sum(axis=-1, dtype=np.uint64), e.b.sum(axis=-1, dtype=np.uint64))
+    e = scatter_kept(e_kept, keep)
+    den = row_sums(e)
     if fused:
         return divide_rows(p, e, v, den)
     inv = fxp.reciprocal_a(p, den)

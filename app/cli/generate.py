@@ -25,7 +25,7 @@ def _cmd_generate(args) -> int:
     from net.client import QueryUser
     from protocols.model import load_tokenizer
     from ..generate import ByteStream, LMClusterBackend, encode_text, eos_of, generate
-    from ..text import TokenStream, token_ids
+    from ..text import TokenStream, parse_ids, token_ids
     cfg = load(args)
     mcfg, _, user = load_model_file(args.model)
     if mcfg.arch != "decoder-only":
@@ -36,12 +36,7 @@ def _cmd_generate(args) -> int:
     if (args.prompt is None) == (args.ids is None):
         raise ValueError("give a text prompt or --ids, not both or neither")
     if args.ids is not None:
-        try:
-            ids = [int(t) for t in args.ids.split(",") if t.strip()]
-        except ValueError:
-            raise ValueError(f"--ids {args.ids!r}: expected comma-separated integers") from None
-        text = False
-        tok = None
+        ids, text, tok = parse_ids(args.ids, mcfg.tgt_vocab), False, None
     else:
         text, tok = True, load_tokenizer(args.model)
         ids = token_ids(tok, [args.prompt], mcfg.max_len)[0] if tok is not None else \

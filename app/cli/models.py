@@ -195,17 +195,15 @@ def _load_input(path: str) -> np.ndarray:
 def _embedded_ids(args) -> np.ndarray:
     """One input of token ids embedded with the model's own table (never sent)."""
     from protocols import model as M
+    from ..text import parse_ids
     if args.model is None:
         raise ValueError("--ids needs --model (the model file with embed.src)")
     mcfg, _, user = load_model_file(args.model)
     if "embed.src" not in user:
         raise ValueError(f"{args.model} holds no embed.src table to embed --ids with")
-    try:
-        ids = np.array([[int(t) for t in args.ids.split(",") if t.strip()]])
-    except ValueError:
-        raise ValueError(f"--ids {args.ids!r}: expected comma-separated integers") from None
-    if ids.size == 0 or ids.min() < 0 or ids.max() >= mcfg.src_vocab:
-        raise ValueError(f"--ids must be 1..{mcfg.max_len} ids in 0..{mcfg.src_vocab - 1}")
+    ids = np.array([parse_ids(args.ids, mcfg.src_vocab)])
+    if ids.shape[1] > mcfg.max_len:
+        raise ValueError(f"--ids: {ids.shape[1]} ids; the model takes at most {mcfg.max_len}")
     return M.embed_tokens(mcfg, user, ids, table="embed.src")   # learned positions too
 
 

@@ -108,8 +108,8 @@ def validate_bench_lm(model, inputs: dict, params) -> None:
     if isinstance(T, bool) or not isinstance(T, int) or not 0 <= T <= MAX_TOKENS:
         raise ValueError(f"tokens must be an integer in 0..{MAX_TOKENS}")
     if cfg.arch in (M.ENCODER_CLASSIFIER, M.ENCODER) and T:
-        raise ValueError(f"a classifier or headless encoder generates no tokens "
-                         f"(tokens = 0)")
+        raise ValueError("a classifier or headless encoder generates no tokens "
+                         "(tokens = 0)")
     if cfg.arch == M.ENCODER_DECODER and not T:
         raise ValueError("an encoder-decoder run needs tokens >= 1 (its output is per token)")
     session_fuse(cfg, params)

@@ -26,7 +26,7 @@ from ..causal_lm import DEFAULT_LM_FUSE, LM_FUSIONS, LMState, lm_prefill, lm_ste
 from ..ln_proj import fusion_choice
 from ..schedule import session_schedule
 from .contract import DECODER_ONLY, JobContext, JobSpec, ModelView, TensorSpec
-from .transformer import check_rows, check_model
+from .transformer import check_rows, validate_source
 
 
 def session_fuse(params) -> tuple:
@@ -36,7 +36,7 @@ def session_fuse(params) -> tuple:
 
 
 def _validate_prompt(model: ModelView, inputs: dict, params) -> None:
-    check_rows(tuple(inputs["X"]), check_model(model), "X")
+    validate_source(model, inputs, params)
     session_fuse(params)
 
 

@@ -12,12 +12,8 @@ Neither takes parameters; per-layer costs are marked (``enc.i``, ``enc.final_ln`
 from __future__ import annotations
 
 from ..classifier import argmax_a, classify
-from .contract import ENCODER_CLASSIFIER, JobContext, JobSpec, ModelView, TensorSpec
-from .transformer import check_rows, check_model
-
-
-def _validate(model: ModelView, inputs: dict, params) -> None:
-    check_rows(tuple(inputs["X"]), check_model(model), "X")
+from .contract import ENCODER_CLASSIFIER, JobContext, JobSpec, TensorSpec
+from .transformer import validate_source
 
 
 def run_classify(ctx: JobContext, inputs: dict) -> dict:
@@ -38,9 +34,9 @@ X_IN = (TensorSpec("X", ("B", "S", "d")),)
 
 SPECS = (
     JobSpec("classify", run_classify, X_IN, (TensorSpec("logits", ("B", "C")),), _EC,
-            computation="classify", validate=_validate,
+            computation="classify", validate=validate_source,
             doc="class logits of an embedded input (encoder, mean pooling, head)"),
     JobSpec("classify_argmax", run_classify_argmax, X_IN, (TensorSpec("class", ("B",)),), _EC,
-            computation="classify-argmax", validate=_validate,
+            computation="classify-argmax", validate=validate_source,
             doc="only the arg-max class of an embedded input, computed on shares"),
 )

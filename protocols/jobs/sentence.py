@@ -12,12 +12,8 @@ No parameters; per-layer costs are marked (``enc.i``, ``enc.final_ln``, ``pool``
 from __future__ import annotations
 
 from ..sentence import embed_sentence
-from .contract import ENCODER, JobContext, JobSpec, ModelView, TensorSpec
-from .transformer import check_model, check_rows
-
-
-def _validate(model: ModelView, inputs: dict, params) -> None:
-    check_rows(tuple(inputs["X"]), check_model(model), "X")
+from .contract import ENCODER, JobContext, JobSpec, TensorSpec
+from .transformer import validate_source
 
 
 def run_embed(ctx: JobContext, inputs: dict) -> dict:
@@ -28,6 +24,6 @@ def run_embed(ctx: JobContext, inputs: dict) -> dict:
 SPECS = (
     JobSpec("embed", run_embed, (TensorSpec("X", ("B", "S", "d")),),
             (TensorSpec("E", ("B", "d")),), (ENCODER,), computation="embed",
-            validate=_validate,
+            validate=validate_source,
             doc="sentence embeddings of an embedded input (encoder, pooling, normalization)"),
 )

@@ -78,7 +78,8 @@ def check_rows(shape: tuple, cfg: M.ModelConfig, name: str) -> None:
                              f"1..{limit} (max_len)")
 
 
-def _validate_source(model: ModelView, inputs: dict, params) -> None:
+def validate_source(model: ModelView, inputs: dict, params) -> None:
+    """A job of an embedded input ``X`` (B, S, d): the model's d and at most max_len rows."""
     check_rows(tuple(inputs["X"]), check_model(model), "X")
 
 
@@ -89,7 +90,7 @@ def session_fuse(params) -> tuple:
 
 
 def _validate_open(model: ModelView, inputs: dict, params) -> None:
-    _validate_source(model, inputs, params)
+    validate_source(model, inputs, params)
     session_fuse(params)
 
 
@@ -147,7 +148,7 @@ X_SRC = TensorSpec("X", ("B", "S", "d"))
 
 SPECS = (
     JobSpec("encoder", run_encoder, (X_SRC,), (TensorSpec("Y", ("B", "S", "d")),), _ED,
-            computation="encoder", validate=_validate_source,
+            computation="encoder", validate=validate_source,
             doc="the encoder output of an embedded source (an intermediate value of a "
                 "translation model: only when the owner permits 'encoder')"),
     JobSpec("decode_open", run_decode_open, (X_SRC,), (), _ED, computation="translate",
