@@ -148,8 +148,8 @@ def test_recorder_attributes_innermost_and_passes_through():
 
 
 def test_cli_writes_json_and_plot(tmp_path, capsys):
-    """With the plot extra a PNG; without it (CI installs .[test] only) one clear error
-    before anything runs."""
+    """With the plot extra a PNG; without it (CI installs .[test,interop], no matplotlib) one
+    clear error before anything runs."""
     out, png = tmp_path / "r.json", tmp_path / "r.png"
     argv = ["bench", "lm", *SMALL, "--attention", "sigma", "--tokens", "1", "--json", str(out)]
     try:
