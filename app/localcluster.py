@@ -217,24 +217,35 @@ class LocalCluster:
         return out
 
     def start(self, wait: float = 60.0) -> "LocalCluster":
+        """Start the three parties; where some still run (one crashed or was killed), start
+        only the missing ones on the existing config, so the survivors keep their sessions."""
         running = self.running_pids()
-        if running:
+        if len(running) == 3:
             raise RuntimeError(f"a cluster is already running in {self.dir} (pids "
                                f"{sorted(running.values())}); run 'mpc3 cluster down --dir "
                                f"{self.dir}'")
-        write_config(self.dir, insecure=self.insecure, **self.config)
+        if not running:
+            write_config(self.dir, insecure=self.insecure, **self.config)
         self.cfg = cconf.load(self.path, insecure_flag=self.insecure)
+        missing = [n for n in range(3) if n not in running]
         try:
-            for n in range(3):
+            for n in missing:
                 self.start_party(n)
             problems = wait_healthy(self.cfg, wait, self.procs)
             if problems:
                 raise RuntimeError("cluster did not become healthy: " + "; ".join(problems)
                                    + f" (see {self.dir}/party-N.log)")
         except BaseException:
-            self.stop()
+            self.stop() if not running else self._stop_started(missing)
             raise
         return self
+
+    def _stop_started(self, parties: list[int]) -> None:
+        for n in parties:
+            proc = self.procs[n]
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                proc.wait(10)
 
     def start_party(self, n: int) -> subprocess.Popen:
         argv = party_argv(self.path, n, self.bench, self.insecure, self.log_level, self.tied)

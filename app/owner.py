@@ -31,8 +31,10 @@ COMPUTATIONS = computations(ENCODER_DECODER)
 
 def check_permit(permit, arch: str = ENCODER_DECODER) -> tuple[str, ...]:
     """The permitted computations (default: the model's own inference), refusing names the
-    architecture does not offer with the ones it does."""
-    permit = tuple(DEFAULT_PERMITTED[arch] if permit is None else permit)
+    architecture does not offer with the ones it does. Computations are spelt with hyphens;
+    the job kind's underscore spelling (``classify_argmax``) names the same one."""
+    permit = tuple(DEFAULT_PERMITTED[arch] if permit is None else
+                   (p.replace("_", "-") for p in permit))
     offered = computations(arch)
     unknown = sorted(set(permit) - set(offered))
     if unknown:

@@ -20,10 +20,11 @@ from protocols.ffn import cost_activation
 from protocols.layernorm import cost_layernorm
 
 SMALL = ["--d-model", "16", "--heads", "2", "--layers", "2", "--d-ff", "32", "--prompt", "8"]
-CASES = ([("decoder-only", a, 2) for a in L.ATTENTIONS]
-         + [("classifier", a, 0) for a in L.ATTENTIONS]
-         + [("encoder-decoder", a, 2) for a in L.ATTENTIONS]
-         + [("encoder", a, 0) for a in L.ATTENTIONS])
+NAMES = sorted(set(L.ATTENTIONS.values()))          # "sigma" is an alias of sigma-relu
+CASES = ([("decoder-only", a, 2) for a in NAMES]
+         + [("classifier", a, 0) for a in NAMES]
+         + [("encoder-decoder", a, 2) for a in NAMES]
+         + [("encoder", a, 0) for a in NAMES])
 KEYS = ("wall_s", "bytes_total", "messages", "rounds")
 
 

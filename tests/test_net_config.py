@@ -99,6 +99,17 @@ def test_cluster_up_status_down_in_plaintext_dev_mode(tmp_path):
         assert "INSECURE" in r.stderr
         r = mpc3("cluster", "up", "--dir", str(d), "--insecure-plaintext-for-local-dev")
         assert r.returncode == 2 and "already running" in r.stderr
+        # one dead party: `cluster up` starts it alone, the survivors keep running
+        # (issue 32, item 6: it could not restart one party)
+        import os
+        import signal
+        survivors = [(d / f"party-{n}.pid").read_text() for n in (0, 2)]
+        os.kill(int((d / "party-1.pid").read_text()), signal.SIGKILL)
+        r = mpc3("cluster", "up", "--dir", str(d), "--insecure-plaintext-for-local-dev")
+        assert r.returncode == 0, r.stderr
+        assert [(d / f"party-{n}.pid").read_text() for n in (0, 2)] == survivors
+        r = mpc3("status", "--config", conf)
+        assert r.returncode == 0 and r.stdout.count("OK links") == 3, r.stdout + r.stderr
     finally:
         r = mpc3("cluster", "down", "--dir", str(d))
     assert r.returncode == 0 and "stopped parties [0, 1, 2]" in r.stdout

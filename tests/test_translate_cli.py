@@ -56,3 +56,27 @@ def test_a_shared_model_must_be_the_local_files_but_for_how_parties_compute():
     with pytest.raises(ValueError, match=r"^model 'lm' on the cluster is not the model of "
                        r"lm.npz: ffn_act 'gelu' vs 'relu', max_len 16 vs 8$"):
         check_same_model(other, cfg, "lm", "lm.npz")
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["demo", "--model", "lm", "hello"], "'hello' contains characters outside"),
+    (["demo", "--model", "classifier", "123456"], "reads numbers below 10000"),
+    (["demo", "--attention", "softmax"], "use it with --model lm"),
+])
+def test_demo_refuses_bad_arguments_before_starting(argv, says, capsys, tmp_path, monkeypatch):
+    """Issue 32, item 6: `demo --model lm hello` generated and then crashed on int();
+    --attention without --model lm was ignored. Both are refused at once, no party started."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert says in err and len(err.strip().splitlines()) == 1, err
+    assert not list(tmp_path.iterdir())
+
+
+def test_permit_and_kind_take_either_spelling():
+    """Issue 32, item 6: the computation classify-argmax and the job kind classify_argmax
+    are one name to a user: --permit and --kind accept both spellings."""
+    from app.cli.models import job_kind
+    from app.owner import check_permit
+    assert check_permit(["classify_argmax"], "encoder-classifier") == ("classify-argmax",)
+    assert job_kind("classify-argmax") == job_kind("classify_argmax") == "classify_argmax"

@@ -49,7 +49,8 @@ import numpy as np
 ARCHS = {"decoder-only": "decoder-only", "encoder-decoder": "encoder-decoder",
          "classifier": "encoder-classifier", "encoder": "encoder"}
 ATTENTIONS = {"relu-performer": "relu-performer", "softmax": "softmax",
-              "power-softmax": "power-softmax", "sigma": "sigma-relu"}
+              "power-softmax": "power-softmax", "sigma-relu": "sigma-relu",
+              "sigma": "sigma-relu"}      # sigma: the short name of earlier result files
 PHASE0 = {"decoder-only": "prefill", "encoder-decoder": "encoder", "encoder-classifier":
           "classify", "encoder": "embed"}
 

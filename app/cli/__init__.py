@@ -11,6 +11,10 @@ import sys
 
 from . import bench, cluster, generate, models, text, translate
 
+DESCRIPTION = """Private transformer inference by three MPC parties: a model owner shares its
+weights, a query user its input, and only the user sees the result. Start with `mpc3 demo`;
+three hosts: deploy/README.md; every command: `mpc3 COMMAND --help`."""
+
 GROUPS = (cluster, models, translate, generate, text, bench)
 
 
@@ -40,7 +44,7 @@ class _Version(argparse.Action):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mpc3", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="mpc3", description=DESCRIPTION)
     parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", required=True)
     for group in GROUPS:

@@ -41,7 +41,8 @@ def register(sub) -> None:
 
     p = sub.add_parser("cluster", help="start/stop three local parties")
     csub = p.add_subparsers(dest="action", required=True)
-    up = csub.add_parser("up", help="generate certs + config, start three parties, wait")
+    up = csub.add_parser("up", help="generate certs + config, start three parties (or the "
+                         "ones that stopped), wait until they are linked")
     up.add_argument("--dir", required=True)
     up.add_argument("--host", default="127.0.0.1")
     up.add_argument("--base-port", type=int, default=0,

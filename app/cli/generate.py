@@ -64,6 +64,10 @@ def _cmd_generate(args) -> int:
               else " ".join(map(str, out)))
     else:
         sys.stdout.write(stream.flush() + "\n")
+    if eos is not None and not res.tokens[0]:
+        print(f"the model ended the text right after the prompt (its first token was the "
+              f"end-of-text id {eos}): nothing generated. The shipped byte LMs continue "
+              f"prompts like \"4096 = \"", file=sys.stderr)
     cost = res.step_cost
     per = cost.bytes_total / max(1, cost.jobs)
     print(f"tokens: {res.tokens[0]}", file=sys.stderr)
@@ -108,7 +112,8 @@ def demo_lm(args) -> int:
     from ..owner import share_transformer
     from ..translate import token_agreement
     say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, flush=True))
-    path = TD.SHIPPED_LMS[args.attention]
+    attention = args.attention or "relu-performer"
+    path = TD.SHIPPED_LMS[attention]
     if not path.exists():
         raise FileNotFoundError(f"shipped LM {path} is missing (reinstall)")
     mcfg, w, user = M.load_model(path)
@@ -116,7 +121,7 @@ def demo_lm(args) -> int:
     nums = args.text or [str(int(n)) for n in TD.sample_numbers(64, 7, "test") if n < 10000]
     nums = nums[:args.inputs]
     t_start, pairs, exact = time.perf_counter(), [], 0
-    say(f"mpc3 demo --model lm --attention {args.attention}: secure generation with a "
+    say(f"mpc3 demo --model lm --attention {attention}: secure generation with a "
         "decoder-only LM by three parties")
     with temporary_cluster("mpc3-demo-lm-", args.keep_dir, peer_timeout=15.0) as cluster:
         upload = share_transformer(cluster.cfg, "lm", mcfg, w, None, *cluster.creds("owner"),

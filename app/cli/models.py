@@ -73,7 +73,7 @@ def register(sub) -> None:
     p.add_argument("--model", help="model file holding the query-user tensors (with --ids)")
     p.add_argument("--output", help=".npy to write the output to (default: print it)")
     p.add_argument("--kind", default="encoder",
-                   help="job kind (default: encoder; classify, classify_argmax for a "
+                   help="job kind (default: encoder; classify, classify-argmax for a "
                    "classifier; embed for an encoder; the model must permit it)")
     p.add_argument("--params", default="{}", help="public job parameters (JSON object)")
     add_client_creds(p)
@@ -161,18 +161,29 @@ def _cmd_models(args) -> int:
                 refused.setdefault(i.problem, []).append(n)
         problems += [f"{'parties' if len(ns) > 1 else 'party'} {', '.join(map(str, ns))}: "
                      f"{why}" for why, ns in refused.items()]
-        same = len({infos[n].upload_id for n in held}) == 1 and len(held) == 3
+        up = [n for n in range(3) if per_party[n] is not None]
+        same = len({infos[n].upload_id for n in held}) == 1 and set(held) == set(up)
         verdict = ("INCONSISTENT" if not same or len(problems) > len(refused) else
-                   "NOT RUNNABLE" if refused else "OK")
+                   "NOT RUNNABLE" if refused else
+                   f"OK on parties {up}, " + ", ".join(f"party {n}" for n in range(3)
+                                                       if n not in up) + " not reached"
+                   if len(up) < 3 else "OK")
         bad += verdict != "OK"
         states = sorted({infos[n].state for n in held})
         print(f"{model_id}: {verdict} upload={first.upload_id} "
-              f"owner={first.owner} tensors={len(first.tensors)} bytes/party="
-              f"{first.total_bytes} on parties {held} state={'/'.join(states)}"
-              + "".join(f"; {p}" for p in problems))
+              f"owner={first.owner} tensors={len(first.tensors)} "
+              f"{_size(first.total_bytes)} per party on parties {held} "
+              f"state={'/'.join(states)}" + "".join(f"; {p}" for p in problems))
     if not names and not bad:
         print("no models")
     return 1 if bad else 0
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
 
 
 def _list_request():
@@ -207,6 +218,12 @@ def _embedded_ids(args) -> np.ndarray:
     return M.embed_tokens(mcfg, user, ids, table="embed.src")   # learned positions too
 
 
+def job_kind(name: str) -> str:
+    """Job kinds are spelt with underscores; the computation's hyphen spelling that
+    ``share-model --permit`` takes (``classify-argmax``) names the same kind."""
+    return name.replace("-", "_")
+
+
 def _cmd_infer(args) -> int:
     from net.client import QueryUser
     cfg = load(args)
@@ -217,7 +234,8 @@ def _cmd_infer(args) -> int:
     x = _embedded_ids(args) if args.ids is not None else _load_input(args.input)
     t0 = time.monotonic()
     with QueryUser(cfg, args.cert, args.key) as user:
-        out = user.run(args.model_id, args.kind, {"X": x.astype(np.float64)}, params)
+        out = user.run(args.model_id, job_kind(args.kind), {"X": x.astype(np.float64)},
+                       params)
     y = out["Y"] if "Y" in out else (next(iter(out.values())) if len(out) == 1 else None)
     if y is None:
         raise RuntimeError(f"job returned several outputs {sorted(out)} and none named 'Y'")

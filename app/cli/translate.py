@@ -68,12 +68,12 @@ def layer_table(layers, cost) -> str:
         rows.append((name + (" (per step)" if name.startswith("dec.") and
                              name != "dec.cross_kv" else ""), str(per),
                      f"{b / 1e6 / per:.3f}", f"{r / per:.0f}", f"{m / per:.0f}"))
-    rows.append(("total (all jobs)", str(cost.jobs), f"{cost.bytes_total / 1e6:.3f}",
-                 str(cost.rounds), str(cost.messages)))
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     lines = ["  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i])
                        for i, c in enumerate(r)) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
+    lines.append(f"all {cost.jobs} jobs together: {cost.bytes_total / 1e6:.3f} MB (all "
+                 f"parties), {cost.rounds} rounds, {cost.messages} messages")
     return "\n".join(lines)
 
 
@@ -110,7 +110,21 @@ def demo_inputs(n: int = DEMO_INPUTS, lengths: tuple[int, ...] = (4, 6)) -> list
     return [pools[lengths[i % len(lengths)]][i // len(lengths)] for i in range(n)]
 
 
+def check_demo_args(args) -> None:
+    """Refuse what the chosen demo cannot run before any party starts: every demo reads
+    numbers N (the translator's digits; N < 10000 for the LM and the classifier, which were
+    trained on those), and --attention picks one of the shipped LMs."""
+    from protocols import textdata as TD
+    if args.attention is not None and args.model != "lm":
+        raise ValueError("--attention picks one of the shipped LMs: use it with --model lm")
+    for text in args.text:
+        n = TD.parse_src(text)
+        if args.model != "translator" and n >= 10000:
+            raise ValueError(f"the shipped {args.model} reads numbers below 10000, got {text}")
+
+
 def _cmd_demo(args) -> int:
+    check_demo_args(args)
     if args.model == "lm":
         from .generate import demo_lm
         return demo_lm(args)
@@ -196,8 +210,7 @@ def register(sub) -> None:
                    help="translator (default); lm: the shipped decoder-only LM continues "
                    "'N = ' with N's English words, streamed token by token; classifier: the "
                    "shipped encoder classifier tells N's leading digit from N's words")
-    p.add_argument("--attention", choices=tuple(SHIPPED_LMS),
-                   default="relu-performer",
+    p.add_argument("--attention", choices=tuple(SHIPPED_LMS), default=None,
                    help="with --model lm: the shipped LM of this attention (default "
                    "relu-performer)")
     p.set_defaults(func=_cmd_demo)
