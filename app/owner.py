@@ -75,19 +75,22 @@ def calibrate_model(mcfg: M.ModelConfig, weights: M.Weights, user=None,
 
 
 def transformer_meta(mcfg: M.ModelConfig, calibration: C.Calibration, permit=None,
-                     source: str = "", fold_omega: bool = True) -> dict:
-    """Public metadata stored with a shared transformer."""
+                     source: str = "", fold_omega: bool = True,
+                     check_inputs: bool = False) -> dict:
+    """Public metadata stored with a shared transformer (``check_inputs``: the parties
+    check jobs' inputs against the calibrated range on shares, :mod:`protocols.input_check`)."""
+    from protocols.input_check import META_KEY
     return {"model_config": mcfg.to_dict(), "kind": mcfg.arch,
             "layout": TRANSFORMER_LAYOUT, "fold_omega": fold_omega,
             "permitted": list(check_permit(permit, mcfg.arch)), "source": source,
-            "calibration": calibration.to_dict()}
+            "calibration": calibration.to_dict(), META_KEY: bool(check_inputs)}
 
 
 def share_transformer(cfg: ClusterConfig, model_id: str, mcfg: M.ModelConfig,
                       weights: M.Weights, permit=None, cert=None, key=None,
                       source: str = "", fold_omega: bool = True, user=None,
                       samples: C.Samples | None = None,
-                      margin: float = C.DEFAULT_MARGIN) -> str:
+                      margin: float = C.DEFAULT_MARGIN, check_inputs: bool = False) -> str:
     """Calibrate and share ``weights`` with the cluster as ``model_id``; returns the upload
     id. ``user``: the model's query-user tensors (never shared; they give the exact input
     range and default samples); ``samples``: calibration inputs (default:
@@ -97,7 +100,7 @@ def share_transformer(cfg: ClusterConfig, model_id: str, mcfg: M.ModelConfig,
     check_permit(permit, mcfg.arch)
     cal = calibrate_model(mcfg, weights, user, samples, RingConfig(frac=cfg.frac), margin,
                           fold_omega)
-    meta = transformer_meta(mcfg, cal, permit, source, fold_omega)
+    meta = transformer_meta(mcfg, cal, permit, source, fold_omega, check_inputs)
     layout = plain_tensors(mcfg, weights, fold_omega=fold_omega)
     with ModelOwner(cfg, cert, key) as owner:
         return owner.upload(model_id, {k: v for k, (v, _) in layout.items()},

@@ -62,6 +62,7 @@ class InprocParties:
                                                     if permitted is None else permitted)}
         if calibration is not None:
             meta["calibration"] = calibration
+        meta.update(kw.pop("meta", {}))
         return cls([ModelView(model_id, shares[n], meta, fracs) for n in range(3)],
                    ring=ring_cfg, **kw)
 

@@ -261,7 +261,13 @@ def output_fracs(spec: JobSpec, frac: int) -> dict[str, int]:
 
 
 def execute(spec: JobSpec, ctx: JobContext, inputs: dict[str, AShare]) -> dict[str, AShare]:
-    """Run an admitted job on this party; checks the outputs it declares."""
+    """Run an admitted job on this party; checks the outputs it declares. Where the model's
+    owner asked for it, the inputs are first checked against the calibrated range on shares
+    (:mod:`protocols.input_check`: one opened bit; refused at every party alike)."""
+    from ..input_check import check_inputs, checked_inputs
+    if not spec.diagnostic and checked_inputs(ctx.model.meta, inputs):
+        check_inputs(ctx.party, ctx.model.meta, inputs)
+        ctx.costs.mark("input_check")
     out = spec.run(ctx, inputs)
     if not isinstance(out, dict) or not all(isinstance(v, AShare) for v in out.values()):
         raise TypeError(f"job kind {spec.name!r} must return dict[str, AShare]")
