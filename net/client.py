@@ -285,18 +285,19 @@ class QueryUser(Client):
         """
         deadline = time.monotonic() + (timeout or self.cfg.job_timeout_s + 10)
         silent: set[int] = set()
+        busy: set[int] = set()
         while True:
             left = deadline - time.monotonic()
             poll = max(0.0, min(5.0, left))
-            states, errors = self._poll(job_id, poll)
-            busy = False
+            states, errors = self._poll(job_id, poll, short=busy)
+            busy = set()
             for n, e in enumerate(errors):
                 if e is None:
                     continue
                 if isinstance(e, ClusterError) and e.code == grpc.StatusCode.NOT_FOUND:
                     raise e
                 if isinstance(e, ClusterError) and e.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-                    busy = True           # this user's long-polls are at their limit there
+                    busy.add(n)           # long-polls at their limit there: ask, do not wait
                 else:
                     silent.add(n)
             failed = [(n, s) for n, s in enumerate(states)
@@ -316,10 +317,10 @@ class QueryUser(Client):
             if busy:
                 time.sleep(0.1 + 0.4 * random.random())
 
-    def _poll(self, job_id: str, wait_s: float) -> tuple[list, list]:
-        """Long-poll the three parties: (state or None, error or None) per party, as soon
-        as all answered or one reports the job failed - a party that stopped answering
-        does not delay the failure the others report."""
+    def _poll(self, job_id: str, wait_s: float, short=()) -> tuple[list, list]:
+        """Long-poll the three parties (those in ``short`` without waiting): (state or None,
+        error or None) per party, as soon as all answered or one reports the job failed - a
+        party that stopped answering does not delay the failure the others report."""
         states: list = [None] * 3
         errors: list = [None] * 3
         answered = [0]
@@ -328,7 +329,8 @@ class QueryUser(Client):
         def body(n: int) -> None:
             reply = error = None
             try:
-                reply = self._status(n, job_id, wait_s, timeout=min(self.timeout, 10.0))[0]
+                reply = self._status(n, job_id, 0.0 if n in short else wait_s,
+                                     timeout=min(self.timeout, 10.0))[0]
             except ClusterError as exc:
                 error = exc
             with cond:

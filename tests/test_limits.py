@@ -262,3 +262,30 @@ def test_a_session_is_not_closed_after_the_cluster_failed_its_job():
     with pytest.raises(KeyboardInterrupt):
         generate(interrupted, cfg, user, [[1, 2]], 3)
     assert len(interrupted.closed) == 1
+
+
+def test_a_refused_long_poll_is_followed_by_a_short_one(tmp_path):
+    """When the long-polls of a party are at their limit (other users' calls fill
+    blocking_calls), the client asks without waiting instead of taking the party for
+    silent or waiting for a free call."""
+    import grpc
+
+    from app.localcluster import write_config
+    from net import config as cconf
+    from net.client import QueryUser
+    from net.failures import ClusterError
+    path = write_config(tmp_path, insecure=True)
+    asked = []
+
+    def status(n, job_id, wait_s, timeout=None):
+        asked.append((n, wait_s))
+        if n == 1 and wait_s > 0:
+            raise ClusterError(1, grpc.StatusCode.RESOURCE_EXHAUSTED, "party 1: too many "
+                               "calls waiting on this party of all users (limit "
+                               "blocking_calls = 24 in [limits]); retry in a few seconds")
+        return S(job_id=job_id, state=S.DONE), []
+
+    with QueryUser(cconf.load(path, insecure_flag=True)) as u:
+        u._status = status
+        assert [s.state for s in u.wait("j2")] == [S.DONE] * 3
+    assert (1, 0.0) in asked and sum(1 for n, _ in asked if n == 1) == 2
