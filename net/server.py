@@ -68,7 +68,11 @@ class PartyServer:
         self.runner = JobRunner(rank, registry, self.limits, self.sessions, self._open_party,
                                 self.router.close_job, self._tell,
                                 cfg.job_timeout_s, self.quotas.release)
-        self.router.on_control = self.runner.on_control
+        # controls are handled in order on one thread of their own, not on a link's reader:
+        # handling one may send a control, which may wait for a busy link to the sender
+        self._controls = futures.ThreadPoolExecutor(1, thread_name_prefix="mpc3-control")
+        self.router.on_control = lambda *control: self._controls.submit(self._control,
+                                                                        *control)
         # every stream and blocking call of every user at once still leaves threads for
         # cheap calls (Status, a JobStatus without wait) and the peer streams of jobs
         workers = (self.limits.streams + self.limits.blocking_calls +
@@ -119,6 +123,13 @@ class PartyServer:
                 from None
         except ValueError as exc:
             raise BadRequest(Code.ALREADY_EXISTS, str(exc)) from None
+
+    def _control(self, peer: int, job_id: str, control: str) -> None:
+        try:
+            self.runner.on_control(peer, job_id, control)
+        except Exception:  # noqa: BLE001 - logged; the next control is handled all the same
+            log.exception("party %d: control %r of job %s from party %d failed", self.rank,
+                          control[:20], job_id[:64], peer)
 
     def _tell(self, peer: int, job_id: str, control: str) -> None:
         try:
@@ -194,6 +205,7 @@ class PartyServer:
         self.service.reaper.stop()
         self.router.stop()
         self.grpc.stop(grace).wait()
+        self._controls.shutdown(wait=False)
 
     def wait(self) -> None:
         self._stopped.wait()
