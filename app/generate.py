@@ -29,7 +29,7 @@ import numpy as np
 from mpc3 import ring
 from protocols import model as M
 
-from .translate import ClusterBackend, InprocBackend, Traffic, opening
+from .translate import ClusterBackend, InprocBackend, Traffic, close_session, opening
 
 BYTE_VOCAB = 256
 
@@ -135,6 +135,7 @@ def generate(backend, cfg: M.ModelConfig, user: Mapping[str, np.ndarray], prompt
     res = Generation([[] for _ in range(B)], pre, steps, 0)
     h = ring.decode(backend.prefill(session, M.embed_tokens(cfg, user, ids, table="embed.tgt"),
                                     pre, layers), backend.frac)
+    failure = None
     try:
         done = np.zeros(B, dtype=bool)
         for k in range(n_tokens):
@@ -154,11 +155,11 @@ def generate(backend, cfg: M.ModelConfig, user: Mapping[str, np.ndarray], prompt
             res.fed.append(tok.copy())
             h = ring.decode(backend.step(session, y, steps, layers), backend.frac)
             res.steps += 1
+    except BaseException as exc:
+        failure = exc
+        raise
     finally:
-        try:
-            backend.close(session)
-        except Exception:  # noqa: BLE001 - best effort: parties also drop idle sessions
-            pass
+        close_session(backend, session, failure)
     return res
 
 

@@ -35,7 +35,7 @@ from mpc3.sharing import deal
 from protocols import model as M
 from protocols.jobs import output_fracs
 
-from net.client import QueryUser, TamperingDetected, reconstruct
+from net.client import ClusterError, QueryUser, TamperingDetected, reconstruct
 
 
 class TranslationError(RuntimeError):
@@ -104,6 +104,19 @@ def opening(fuse: str | None) -> dict:
     """The extra job parameters of a job that opens a session: its LayerNorm fusions ``fuse``
     (None: the parties' default; :func:`protocols.ln_proj.fusion_choice`)."""
     return {} if fuse is None else {"fuse": fuse}
+
+
+def close_session(backend, session: str, failure: BaseException | None) -> None:
+    """Close a decode session, best effort (parties also drop idle sessions) - but not
+    after the cluster failed a job of it: the failed job dropped the session where it ran,
+    and a party that stopped answering would hold the close for its whole timeout (mpc3
+    generate took twice the parties' timeout to fail on a stopped party)."""
+    if isinstance(failure, ClusterError):
+        return
+    try:
+        backend.close(session)
+    except Exception:  # noqa: BLE001 - best effort
+        pass
 
 
 class ClusterBackend:
@@ -241,7 +254,7 @@ def decode_batch(backend, cfg: M.ModelConfig, user: Mapping[str, np.ndarray], sr
     out: list[list[int]] = [[] for _ in range(B)]
     all_logits, hidden, fed = [], [], []
     backend.open(session, x, open_cost, layers)
-    steps = 0
+    steps, failure = 0, None
     try:
         tok = np.full(B, bos, dtype=np.int64)
         done = np.zeros(B, dtype=bool)
@@ -259,11 +272,11 @@ def decode_batch(backend, cfg: M.ModelConfig, user: Mapping[str, np.ndarray], sr
             M.take_tokens(out, done, tok, eos)
             if done.all():
                 break
+    except BaseException as exc:
+        failure = exc
+        raise
     finally:
-        try:
-            backend.close(session)
-        except Exception:  # noqa: BLE001 - best effort: parties also drop idle sessions
-            pass
+        close_session(backend, session, failure)
     return BatchResult(out, open_cost, step_cost, steps, all_logits, hidden, fed)
 
 

@@ -20,18 +20,16 @@ import os
 import random
 import threading
 import time
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import grpc
 import numpy as np
 
 from mpc3 import ring
 from mpc3.shares import AShare
-from mpc3.sharing import deal
 
-from . import keys
+from .clientbase import Client
 from .codec import TensorAssembler, share_from_payload, tensor_chunks
-from .config import ClusterConfig
 from .failures import (
     _BLAME,
     RETRY_WINDOWS,
@@ -39,139 +37,14 @@ from .failures import (
     InconsistentModel,
     JobFailed,
     TamperingDetected,
-    diagnose_tls,
-    rpc_error,
 )
-from .link import GRPC_OPTIONS
 from .outputs import reconstruct, same_scales  # noqa: F401 - reconstruct: callers' import
 from .proto import mpc3_pb2 as pb
-from .proto import mpc3_pb2_grpc as pb_grpc
 
 S = pb.JobStatusReply
 
 
-class _Client:
-    role = ""
-
-    def __init__(self, cfg: ClusterConfig, cert=None, key=None, rpc_timeout: float = 60.0,
-                 dev_identity: str = "dev") -> None:
-        self.cfg = cfg
-        self.frac = cfg.frac
-        self.timeout = rpc_timeout
-        self.metadata: tuple = ()
-        self._tls_files = None
-        if cfg.tls:
-            creds_cfg = cfg.clients.get(self.role)
-            cert = cert or (creds_cfg.cert if creds_cfg else None)
-            key = key or (creds_cfg.key if creds_cfg else None)
-            if cert is None or key is None:
-                raise ValueError(f"no client certificate for role {self.role!r}: pass "
-                                 f"--cert/--key or add [clients.{self.role}] to the config")
-            creds = keys.channel_credentials(cert, key, cfg.ca)
-            self._tls_files = (cert, key, cfg.ca)
-        else:
-            self.metadata = (("x-mpc3-identity", dev_identity), ("x-mpc3-role", self.role))
-        self.channels, self.stubs = [], []
-        for n in range(3):
-            addr = cfg.dial_address(None, n)
-            if cfg.tls:
-                opts = GRPC_OPTIONS + [("grpc.ssl_target_name_override",
-                                        keys.party_target_name(n))]
-                ch = grpc.secure_channel(addr, creds, options=opts)
-            else:
-                ch = grpc.insecure_channel(addr, options=GRPC_OPTIONS)
-            self.channels.append(ch)
-            self.stubs.append(pb_grpc.ClientServiceStub(ch))
-
-    def close(self) -> None:
-        for ch in self.channels:
-            ch.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def _call(self, n: int, method: str, request, timeout: float | None = None):
-        try:
-            return getattr(self.stubs[n], method)(request, metadata=self.metadata,
-                                                  timeout=timeout or self.timeout)
-        except grpc.RpcError as exc:
-            raise self._error(n, exc) from None
-
-    def _error(self, n: int, exc: grpc.RpcError) -> "ClusterError":
-        """rpc_error, with the TLS handshake diagnosed when a party is unavailable."""
-        if exc.code() == grpc.StatusCode.UNAVAILABLE and self._tls_files is not None:
-            why = diagnose_tls(self.cfg.dial_address(None, n), *self._tls_files,
-                               keys.party_target_name(n))
-            if why:
-                return ClusterError(n, exc.code(), why)
-        return rpc_error(n, exc)
-
-    def _settled(self, fn: Callable[[int], object]) -> list[tuple[object, BaseException | None]]:
-        """Run ``fn(party)`` for the three parties concurrently; (result, error) of each."""
-        out: list = [(None, None)] * 3
-
-        def body(n: int) -> None:
-            try:
-                out[n] = (fn(n), None)
-            except BaseException as exc:  # noqa: BLE001 - returned to the caller
-                out[n] = (None, exc)
-
-        threads = [threading.Thread(target=body, args=(n,)) for n in range(3)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        return out
-
-    def _each(self, fn: Callable[[int], object]) -> list:
-        """Run ``fn(party)`` for the three parties concurrently; raise the first error."""
-        settled = self._settled(fn)
-        errors = [e for _, e in settled]
-        for e in errors:
-            if e is not None:
-                e.party_errors = errors      # which parties failed, for the caller's cleanup
-                raise e
-        return [r for r, _ in settled]
-
-    def list_models(self) -> list[list[pb.ModelInfo]]:
-        return self._each(lambda n: list(self._call(n, "ListModels",
-                                                    pb.ListModelsRequest()).models))
-
-    def status(self) -> list[pb.StatusReply]:
-        return self._each(lambda n: self._call(n, "Status", pb.Empty(), timeout=5))
-
-    def verify(self, model_id: str) -> list[pb.VerifyReply]:
-        """Compare every replicated share slot of the model between the parties holding it
-        (the parties exchange digests); raises :class:`InconsistentModel` on a mismatch."""
-        vid = os.urandom(8).hex()
-        timeout = self.cfg.peer_timeout_s + 10
-        replies = self._each(lambda n: self._call(n, "VerifyModel", pb.VerifyRequest(
-            model_id=model_id, verify_id=vid), timeout=timeout))
-        bad = [(n, r) for n, r in enumerate(replies) if r.state != "verified"]
-        if bad:
-            raise InconsistentModel(None, grpc.StatusCode.DATA_LOSS, f"model {model_id!r} "
-                                    "failed verification: " + "; ".join(
-                                        f"party {n}: {r.problem}" for n, r in bad) +
-                                    f"; its owner must delete it ('mpc3 models --delete "
-                                    f"{model_id}') and share it again")
-        return replies
-
-    def _share(self, tensors: Mapping[str, np.ndarray], encoded: bool,
-               extra_frac: Mapping[str, int] | None = None) -> list[dict]:
-        per_party: list[dict] = [{}, {}, {}]
-        for name, value in tensors.items():
-            frac = self.frac + (extra_frac or {}).get(name, 0)
-            x = ring.check_ring(np.asarray(value), name) if encoded else ring.encode(
-                value, frac)
-            for n, s in enumerate(deal(x)):
-                per_party[n][name] = s
-        return per_party
-
-
-class ModelOwner(_Client):
+class ModelOwner(Client):
     role = "model-owner"
 
     def upload(self, model_id: str, weights: Mapping[str, np.ndarray],
@@ -240,7 +113,7 @@ class ModelOwner(_Client):
         return lines
 
 
-class QueryUser(_Client):
+class QueryUser(Client):
     role = "query-user"
 
     def __init__(self, *args, retry_s: float = 120.0, **kw) -> None:
@@ -357,8 +230,10 @@ class QueryUser(_Client):
             if first:
                 yield head
 
-        try:
-            self._each(lambda n: self._call(n, "SubmitJob", chunks(n)))
+        nbytes = sum(s.a.nbytes + s.b.nbytes for s in shares[0].values())
+        try:               # the call's deadline grows by one second per 10 MB of shares
+            self._each(lambda n: self._call(n, "SubmitJob", chunks(n),
+                                            timeout=self.timeout + nbytes / 1e7))
         except ClusterError as exc:
             for n, err in enumerate(exc.party_errors):
                 if err is None:
@@ -410,21 +285,26 @@ class QueryUser(_Client):
         """
         deadline = time.monotonic() + (timeout or self.cfg.job_timeout_s + 10)
         silent: set[int] = set()
+        busy: set[int] = set()
         while True:
             left = deadline - time.monotonic()
             poll = max(0.0, min(5.0, left))
-            settled = self._settled(lambda n: self._status(n, job_id, poll,
-                                                           timeout=min(self.timeout, 10.0)))
-            states = [None if e else r[0] for r, e in settled]
-            for n, (_, e) in enumerate(settled):
-                if e is not None:
-                    if isinstance(e, ClusterError) and e.code == grpc.StatusCode.NOT_FOUND:
-                        raise e
+            states, errors = self._poll(job_id, poll, short=busy)
+            busy = set()
+            for n, e in enumerate(errors):
+                if e is None:
+                    continue
+                if isinstance(e, ClusterError) and e.code == grpc.StatusCode.NOT_FOUND:
+                    raise e
+                if isinstance(e, ClusterError) and e.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    busy.add(n)           # long-polls at their limit there: ask, do not wait
+                else:
                     silent.add(n)
             failed = [(n, s) for n, s in enumerate(states)
                       if s is not None and s.state in (S.FAILED, S.CANCELLED)]
             if failed:
-                self.cancel(job_id)
+                self.cancel(job_id, skip=silent | {n for n, s in enumerate(states)
+                                                   if s is None})
                 raise self._failure(job_id, failed, silent)
             if all(s is not None and s.state == S.DONE for s in states):
                 return states
@@ -434,6 +314,39 @@ class QueryUser(_Client):
                                 f"job {job_id} was not done in time and was cancelled" +
                                 (f"; party {sorted(silent)[0]} stopped answering" if silent
                                  else "") + "; resubmit it")
+            if busy:
+                time.sleep(0.1 + 0.4 * random.random())
+
+    def _poll(self, job_id: str, wait_s: float, short=()) -> tuple[list, list]:
+        """Long-poll the three parties (those in ``short`` without waiting): (state or None,
+        error or None) per party, as soon as all answered or one reports the job failed - a
+        party that stopped answering does not delay the failure the others report."""
+        states: list = [None] * 3
+        errors: list = [None] * 3
+        answered = [0]
+        cond = threading.Condition()
+
+        def body(n: int) -> None:
+            reply = error = None
+            try:
+                reply = self._status(n, job_id, 0.0 if n in short else wait_s,
+                                     timeout=min(self.timeout, 10.0))[0]
+            except ClusterError as exc:
+                error = exc
+            with cond:
+                states[n], errors[n] = reply, error
+                answered[0] += 1
+                cond.notify_all()
+
+        def ended() -> bool:
+            return answered[0] == 3 or any(s is not None and s.state in (S.FAILED, S.CANCELLED)
+                                           for s in states)
+
+        for n in range(3):
+            threading.Thread(target=body, args=(n,), daemon=True).start()
+        with cond:
+            cond.wait_for(ended)
+            return list(states), list(errors)
 
     @staticmethod
     def _failure(job_id: str, failed, silent: set[int]) -> JobFailed:
@@ -446,9 +359,17 @@ class QueryUser(_Client):
                                   (f" when party {blamed[0]} is back ('mpc3 status')"
                                    if blamed else ""))
 
-    def cancel(self, job_id: str) -> None:
-        self._settled(lambda n: self._call(n, "CancelJob", pb.JobRef(job_id=job_id),
-                                           timeout=5))
+    def cancel(self, job_id: str, skip: set[int] = frozenset()) -> None:
+        """Cancel the job on the three parties; those in ``skip`` (not answering) are told
+        in the background, not waited for."""
+        def one(n: int) -> None:
+            try:
+                self._call(n, "CancelJob", pb.JobRef(job_id=job_id), timeout=5)
+            except ClusterError:
+                pass
+        for n in skip:
+            threading.Thread(target=one, args=(n,), daemon=True).start()
+        self._settled(lambda n: None if n in skip else one(n))
 
     def fetch_pairs(self, job_id: str, wide: dict | None = None) -> list[dict[str, AShare]]:
         """Each party's output shares; a fetch refused by a full limit (e.g. the user's open

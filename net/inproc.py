@@ -38,8 +38,8 @@ class InprocParties:
         self._parties: dict[str, list[Party]] = {}
         self.upload_id = "inproc"
         self.runners = [JobRunner(r, registry, self.limits, SessionStore(r, self.limits),
-                                  self._opener(r), self._closer(r),
-                                  self._announce if r == 0 else None, job_timeout_s)
+                                  self._opener(r), self._closer(r), self._teller(r),
+                                  job_timeout_s)
                         for r in range(3)]
 
     @classmethod
@@ -80,9 +80,10 @@ class InprocParties:
             return None
         return close_party
 
-    def _announce(self, job_id: str) -> None:
-        for r in (1, 2):
-            self.runners[r].on_start(job_id)
+    def _teller(self, rank: int):
+        def tell(peer: int, job_id: str, control: str) -> None:
+            self.runners[peer].on_control(rank, job_id, control)
+        return tell
 
     def run(self, kind: str, params: dict, inputs: list[dict[str, AShare]],
             owner: str = "inproc") -> list[Job]:

@@ -2,7 +2,10 @@
 
 Roles live in the subject's OrganizationalUnit: ``party-0`` .. ``party-2``, ``model-owner``,
 ``query-user``. The CommonName is the identity (a query user may fetch only outputs of jobs
-submitted under its own CN). Party certificates carry the DNS name ``party-N`` (clients and
+submitted under its own CN). The Organization (O) is who the identity belongs to: a party's
+cluster-wide limits are shared out per organisation (net.limits). ``mpc3`` - the O every
+certificate issued without ``org`` carries - names no organisation: such an identity counts
+as its own. Party certificates carry the DNS name ``party-N`` (clients and
 peers dial with that name as the TLS target, so the handshake proves which party answered)
 plus any host names / IP addresses the party is reached at.
 
@@ -28,14 +31,16 @@ CLIENT_ROLES = ("model-owner", "query-user")
 ROLES = PARTY_ROLES + CLIENT_ROLES
 DEFAULT_CLIENTS = (("owner", "model-owner"), ("user", "query-user"), ("user2", "query-user"))
 VALID_DAYS = 365
+NO_ORG = "mpc3"     # the O of certificates issued without an organisation
 
 
 @dataclass(frozen=True)
 class Identity:
     """Who is calling, as proven by the TLS client certificate."""
 
-    name: str   # CN
-    role: str   # OU
+    name: str      # CN
+    role: str      # OU
+    org: str = ""  # O, "" when absent or NO_ORG (the identity is its own organisation)
 
     @property
     def party_rank(self) -> int | None:
@@ -48,7 +53,9 @@ def identity_from_pem(pem: bytes) -> Identity:
     ou = cert.subject.get_attributes_for_oid(NameOID.ORGANIZATIONAL_UNIT_NAME)
     if not cn or not ou:
         raise ValueError("certificate lacks CN or OU")
-    return Identity(str(cn[0].value), str(ou[0].value))
+    o = cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)
+    org = str(o[0].value) if o else ""
+    return Identity(str(cn[0].value), str(ou[0].value), "" if org == NO_ORG else org)
 
 
 def _key() -> ec.EllipticCurvePrivateKey:
@@ -67,8 +74,8 @@ def _write_cert(path: Path, cert: x509.Certificate) -> None:
     path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
 
 
-def _name(cn: str, ou: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "mpc3"),
+def _name(cn: str, ou: str, org: str = NO_ORG) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, org),
                       x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, ou),
                       x509.NameAttribute(NameOID.COMMON_NAME, cn)])
 
@@ -99,8 +106,10 @@ def create_ca(directory: Path) -> None:
     _write_cert(directory / "ca.pem", cert)
 
 
-def issue(directory: Path, stem: str, cn: str, role: str, hosts=()) -> tuple[Path, Path]:
-    """Issue ``<stem>.pem``/``<stem>.key`` signed by the CA in ``directory``."""
+def issue(directory: Path, stem: str, cn: str, role: str, hosts=(),
+          org: str | None = None) -> tuple[Path, Path]:
+    """Issue ``<stem>.pem``/``<stem>.key`` signed by the CA in ``directory``; ``org``: the
+    organisation the identity belongs to (its certificate's O; none by default)."""
     if role not in ROLES:
         raise ValueError(f"unknown role {role!r}; expected one of {', '.join(ROLES)}")
     ca_key = serialization.load_pem_private_key((directory / "ca.key").read_bytes(), None)
@@ -108,7 +117,7 @@ def issue(directory: Path, stem: str, cn: str, role: str, hosts=()) -> tuple[Pat
     key = _key()
     now = _dt.datetime.now(_dt.timezone.utc)
     usages = [ExtendedKeyUsageOID.CLIENT_AUTH]
-    builder = (x509.CertificateBuilder().subject_name(_name(cn, role))
+    builder = (x509.CertificateBuilder().subject_name(_name(cn, role, org or NO_ORG))
                .issuer_name(ca_cert.subject).public_key(key.public_key())
                .serial_number(x509.random_serial_number())
                .not_valid_before(now - _dt.timedelta(minutes=5))

@@ -7,6 +7,15 @@ when one of its ``running_jobs`` slots is free and tells the other two over the 
 (a ``start`` control frame, :meth:`net.link.PeerRouter.send_control`); they start exactly the
 jobs party 0 started, whenever both the submission and the start have arrived.
 
+Arrival. A job enters party 0's queue only once parties 1 and 2 said they hold its
+submission (a ``have`` control each); one that has not reached all three parties within
+``job_arrival_s`` fails on party 0 without ever taking a running slot, and party 0 tells the
+others to ``drop`` it (so does a ``have`` of a job party 0 never received). A follower that
+will not run a job party 0 holds - cancelled there, or started by party 0 but unknown - says
+``gone``, and party 0 cancels or aborts it. So a job submitted to a subset of the parties
+holds no slot anywhere for longer than ``job_arrival_s`` (it held party 0's slot for the
+peer timeout, and 8 such jobs kept every other user's job waiting 22-29.5 s).
+
 Fairness. Party 0's queue is one FIFO per user, served round robin, so a user with many jobs
 does not delay the others' next job by more than one job each. Bounded everywhere: at most
 ``user_jobs`` queued + running jobs per user and ``queued_jobs`` waiting in all; a job that
@@ -40,6 +49,7 @@ log = logging.getLogger("mpc3.runner")
 
 S = pb.JobStatusReply
 LEADER = 0
+FOLLOWERS = (1, 2)
 MAX_DONE_JOBS = 1000
 REFUSAL_CODES = {"unknown": Code.NOT_FOUND, "forbidden": Code.PERMISSION_DENIED,
                  "invalid": Code.INVALID_ARGUMENT}
@@ -67,6 +77,8 @@ class Job:
     done: threading.Event = field(default_factory=threading.Event)
     costs: list = field(default_factory=list)
     queue_position: int = 0
+    org: str = ""                 # the owner's organisation (sessions' org_sessions)
+    have: set = field(default_factory=set)   # party 0: followers holding the submission
 
     def reply(self) -> pb.JobStatusReply:
         st = self.party.stats if self.party is not None else None
@@ -81,11 +93,13 @@ class Job:
 class JobRunner:
     """Jobs of one party. ``open_party(job_id)`` gives the job's Party (raising
     BadRequest UNAVAILABLE if links are down), ``close_party(job_id)`` releases it, and
-    ``announce(job_id)`` (party 0 only) tells the other parties to start the job."""
+    ``tell(peer, job_id, control)`` sends a control to another party (BadRequest
+    UNAVAILABLE if it cannot): ``start``, ``drop`` from party 0, ``have``, ``gone`` to it."""
 
     def __init__(self, rank: int, registry: JobRegistry, limits: Limits,
-                 sessions: SessionStore, open_party: Callable[[str], Party], close_party: Callable[[str], None],
-                 announce: Callable[[str], None] | None, job_timeout_s: float,
+                 sessions: SessionStore, open_party: Callable[[str], Party],
+                 close_party: Callable[[str], None],
+                 tell: Callable[[int, str, str], None], job_timeout_s: float,
                  release_bytes: Callable[[str, int], None] = lambda user, n: None) -> None:
         self.rank = rank
         self.registry = registry
@@ -93,15 +107,16 @@ class JobRunner:
         self.sessions = sessions
         self.open_party = open_party
         self.close_party = close_party
-        self.announce = announce
+        self.tell = tell
         self.job_timeout_s = job_timeout_s
         self.release_bytes = release_bytes
         self._lock = threading.Lock()
         self.jobs: dict[str, Job] = {}
         self._queues: dict[str, collections.deque] = {}    # party 0: user -> queued jobs
         self._turn: collections.deque = collections.deque()  # party 0: users, round robin
+        self._pending: dict[str, Job] = {}                 # party 0: not yet on every party
+        self._early: dict[str, tuple[set, float]] = {}     # party 0: 'have' before the job
         self._waiting: dict[str, Job] = {}                 # parties 1, 2: submitted, not started
-        self._early: dict[str, float] = {}                 # parties 1, 2: started, not submitted
         self._running = 0
 
     @property
@@ -121,7 +136,8 @@ class JobRunner:
 
     # ----------------------------------------------------------------- admission ----
     def accept(self, kind: str, job_id: str, owner: str, model: ModelView, upload_id: str,
-               params: dict, inputs: dict[str, AShare], input_bytes: int = 0) -> Job:
+               params: dict, inputs: dict[str, AShare], input_bytes: int = 0,
+               org: str = "") -> Job:
         """Admit a submission (:func:`protocols.jobs.admit`), bind its session and queue it.
         Raises BadRequest (nothing started, the session unchanged) when it is refused."""
         try:
@@ -130,7 +146,7 @@ class JobRunner:
         except JobRefused as exc:
             raise BadRequest(REFUSAL_CODES[exc.reason], f"party {self.rank}: {exc}") from None
         job = Job(job_id=job_id, owner=owner, kind=kind, model_id=model.model_id, spec=spec,
-                  model=model, inputs=inputs, params=params, input_bytes=input_bytes)
+                  model=model, inputs=inputs, params=params, input_bytes=input_bytes, org=org)
         if spec.session is not None:
             sid = check_id(params.get("session"), "session id")
             if spec.session == "close":
@@ -139,7 +155,7 @@ class JobRunner:
                 job.input_bytes = 0
                 return self.record_done(job)
             if spec.session == "open":
-                job.session = self.sessions.open(sid, owner, model.model_id, upload_id)
+                job.session = self.sessions.open(sid, owner, model.model_id, upload_id, org)
             else:
                 job.session = self.sessions.acquire(sid, owner, model.model_id, upload_id)
         try:
@@ -171,29 +187,86 @@ class JobRunner:
             job.state = S.QUEUED
             self.jobs[job.job_id] = job
             self._trim_locked()
+            job.queue_position = queued
+            starts = []
             if self.leader:
-                if job.owner not in self._queues:
-                    self._queues[job.owner] = collections.deque()
-                    self._turn.append(job.owner)
-                self._queues[job.owner].append(job)
-                job.queue_position = queued
-                starts = self._dispatch_locked()
-            elif self._early.pop(job.job_id, None) is not None:
-                starts = [job]
+                job.have = self._early.pop(job.job_id, (set(), 0.0))[0]
+                if job.have.issuperset(FOLLOWERS):
+                    starts = self._enqueue_locked(job)
+                else:
+                    self._pending[job.job_id] = job
             else:
                 self._waiting[job.job_id] = job
-                starts = []
+        if not self.leader:
+            self._tell_quietly(LEADER, job.job_id, "have")
         self._start_all(starts)
         return job
 
+    def _enqueue_locked(self, job: Job) -> list[Job]:
+        """Party 0: the job is on every party - into its owner's FIFO; the jobs to start."""
+        if job.owner not in self._queues:
+            self._queues[job.owner] = collections.deque()
+            self._turn.append(job.owner)
+        self._queues[job.owner].append(job)
+        return self._dispatch_locked()
+
+    def _tell_quietly(self, peer: int, job_id: str, control: str) -> None:
+        try:
+            self.tell(peer, job_id, control)
+        except BadRequest as exc:
+            log.info("party %d: could not tell party %d %r of job %s (%s)", self.rank, peer,
+                     control, job_id, exc)
+
+    def on_control(self, peer: int, job_id: str, control: str) -> None:
+        """A control of another party about ``job_id`` (see the module's docstring)."""
+        if self.leader and peer in FOLLOWERS and control == "have":
+            self._on_have(peer, job_id)
+        elif self.leader and peer in FOLLOWERS and control == "gone":
+            job = self.get(job_id)
+            if job is not None:
+                self.cancel(job, f"party {peer} will not run it (cancelled or expired there)")
+            with self._lock:
+                self._early.get(job_id, (set(), 0.0))[0].discard(peer)
+        elif not self.leader and peer == LEADER and control == "start":
+            self.on_start(job_id)
+        elif not self.leader and peer == LEADER and control == "drop":
+            with self._lock:
+                job = self._waiting.pop(job_id, None)
+            if job is not None:
+                self._finish(job, S.FAILED, f"party {self.rank}: party 0 dropped the job (it "
+                             "did not reach all three parties in time, or was refused or "
+                             "cancelled there); it was not run - resubmit it", started=False)
+        else:
+            log.warning("party %d: ignored control %r from party %d", self.rank,
+                        control[:20], peer)
+
+    def _on_have(self, peer: int, job_id: str) -> None:
+        drop = False
+        with self._lock:
+            job, starts = self._pending.get(job_id), []
+            if job is not None:
+                job.have.add(peer)
+                if job.have.issuperset(FOLLOWERS):
+                    del self._pending[job_id]
+                    starts = self._enqueue_locked(job)
+            elif job_id in self.jobs:     # ended here before it arrived there: not to be run
+                drop = self.jobs[job_id].state in (S.FAILED, S.CANCELLED) and \
+                    self.jobs[job_id].started is None
+            elif job_id in self._early or len(self._early) < 4 * self.limits.queued_jobs:
+                self._early.setdefault(job_id, (set(), time.monotonic()))[0].add(peer)
+            else:
+                drop = True
+        if drop:
+            self._tell_quietly(peer, job_id, "drop")
+        self._start_all(starts)
+
     def on_start(self, job_id: str) -> None:
-        """Party 0 started ``job_id`` (parties 1 and 2)."""
+        """Party 0 started ``job_id`` (parties 1 and 2); one not waiting here is gone."""
         with self._lock:
             job = self._waiting.pop(job_id, None)
-            if job is None:
-                if job_id not in self.jobs and len(self._early) < 4 * self.limits.queued_jobs:
-                    self._early[job_id] = time.monotonic()
-                return
+        if job is None:
+            self._tell_quietly(LEADER, job_id, "gone")
+            return
         self._start_all([job])
 
     def _dispatch_locked(self) -> list[Job]:
@@ -226,8 +299,9 @@ class JobRunner:
             job.started = time.monotonic()
             try:
                 job.party = self.open_party(job.job_id)
-                if self.announce is not None:
-                    self.announce(job.job_id)
+                if self.leader:
+                    for peer in FOLLOWERS:
+                        self.tell(peer, job.job_id, "start")
             except BadRequest as exc:
                 self._finish(job, S.FAILED, f"party {self.rank}: {exc}", started=False)
                 continue
@@ -298,6 +372,8 @@ class JobRunner:
     # ------------------------------------------------------------- cancel, expiry ----
     def _unqueue_locked(self, job: Job) -> bool:
         if self.leader:
+            if self._pending.pop(job.job_id, None) is not None:
+                return True
             q = self._queues.get(job.owner)
             if q is None or job not in q:
                 return False
@@ -313,25 +389,51 @@ class JobRunner:
             queued = job.state == S.QUEUED and self._unqueue_locked(job)
         if queued:
             self._finish(job, S.CANCELLED, reason, started=False)
+            self._tell_dropped(job)
         elif job.state == S.RUNNING and job.party is not None:
             job.party.comm.abort(reason)
 
+    def _tell_dropped(self, job: Job) -> None:
+        """A job that will not run here: party 0 tells the followers to drop it, a follower
+        tells party 0 it is gone."""
+        if self.leader:
+            for peer in FOLLOWERS:
+                self._tell_quietly(peer, job.job_id, "drop")
+        else:
+            self._tell_quietly(LEADER, job.job_id, "gone")
+
     def expire(self, peer_timeout_s: float) -> list[str]:
-        """Fail jobs that waited too long (party 0: in the queue; others: for the start)."""
+        """Fail jobs that waited too long (party 0: to arrive on every party, or in the
+        queue; others: for the start)."""
         now = time.monotonic()
         limit = self.limits.queue_timeout_s + (0 if self.leader else peer_timeout_s)
+        arrival = self.limits.job_arrival_s
         with self._lock:
+            late = [j for j in self._pending.values() if now - j.submitted > arrival]
+            for j in late:
+                del self._pending[j.job_id]
+            strays = [(k, peers) for k, (peers, t) in self._early.items() if now - t > arrival]
+            for k, _ in strays:
+                del self._early[k]
             old = [j for j in self.jobs.values()
                    if j.state == S.QUEUED and now - j.submitted > limit]
             old = [j for j in old if self._unqueue_locked(j)]
-            for jid in [k for k, t in self._early.items() if now - t > limit]:
-                del self._early[jid]
+        for job in late:
+            missing = " and ".join(f"party {p}" for p in FOLLOWERS if p not in job.have)
+            self._finish(job, S.FAILED, f"party {self.rank}: job did not reach {missing} "
+                         f"within {arrival:g} s (limit job_arrival_s in [limits]); it was not "
+                         "run - submit it to all three parties", started=False)
+            self._tell_dropped(job)
+        for job_id, peers in strays:
+            for peer in peers:
+                self._tell_quietly(peer, job_id, "drop")
         for job in old:
             why = (f"waited {limit:g} s in party 0's queue without a free slot" if self.leader
                    else f"party 0 did not start it within {limit:g} s")
             self._finish(job, S.FAILED, f"party {self.rank}: job {why}; it was not run - "
                          "resubmit it later", started=False)
-        return [j.job_id for j in old]
+            self._tell_dropped(job)
+        return [j.job_id for j in late + old]
 
     def _trim_locked(self) -> None:
         done = [j for j in self.jobs.values() if j.state not in (S.QUEUED, S.RUNNING)]

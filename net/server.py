@@ -37,7 +37,7 @@ from .errors import BadRequest, Code
 from .limits import Quotas
 from .link import SERVER_OPTIONS, PeerRouter, PeerUnavailable
 from .proto import mpc3_pb2_grpc as pb_grpc
-from .runner import LEADER, JobRunner
+from .runner import JobRunner
 from .service import ClientServicer
 from .sessions import SessionStore
 from .store import CORRUPT, ModelStore
@@ -66,11 +66,17 @@ class PartyServer:
                                  tls=cfg.tls, transport=self._peer_transport())
         self.sessions = SessionStore(rank, self.limits)
         self.runner = JobRunner(rank, registry, self.limits, self.sessions, self._open_party,
-                                self.router.close_job,
-                                self._announce if rank == LEADER else None,
+                                self.router.close_job, self._tell,
                                 cfg.job_timeout_s, self.quotas.release)
-        self.router.on_control = self._on_control
-        workers = self.limits.streams + 4 * self.limits.running_jobs + 16
+        # controls are handled in order on one thread of their own, not on a link's reader:
+        # handling one may send a control, which may wait for a busy link to the sender
+        self._controls = futures.ThreadPoolExecutor(1, thread_name_prefix="mpc3-control")
+        self.router.on_control = lambda *control: self._controls.submit(self._control,
+                                                                        *control)
+        # every stream and blocking call of every user at once still leaves threads for
+        # cheap calls (Status, a JobStatus without wait) and the peer streams of jobs
+        workers = (self.limits.streams + self.limits.blocking_calls +
+                   4 * self.limits.running_jobs + 16)
         self.grpc = grpc.server(futures.ThreadPoolExecutor(max_workers=workers),
                                 options=SERVER_OPTIONS)
         self.service = ClientServicer(self)
@@ -118,19 +124,18 @@ class PartyServer:
         except ValueError as exc:
             raise BadRequest(Code.ALREADY_EXISTS, str(exc)) from None
 
-    def _announce(self, job_id: str) -> None:
-        for peer in (1, 2):
-            try:
-                self.router.send_control(peer, job_id, "start")
-            except (PeerUnavailable, ProtocolError) as exc:
-                raise BadRequest(Code.UNAVAILABLE, str(exc)) from None
+    def _control(self, peer: int, job_id: str, control: str) -> None:
+        try:
+            self.runner.on_control(peer, job_id, control)
+        except Exception:  # noqa: BLE001 - logged; the next control is handled all the same
+            log.exception("party %d: control %r of job %s from party %d failed", self.rank,
+                          control[:20], job_id[:64], peer)
 
-    def _on_control(self, peer: int, job_id: str, control: str) -> None:
-        if control == "start" and peer == LEADER and self.rank != LEADER:
-            self.runner.on_start(job_id)
-        else:
-            log.warning("party %d: ignored control %r from party %d", self.rank, control[:20],
-                        peer)
+    def _tell(self, peer: int, job_id: str, control: str) -> None:
+        try:
+            self.router.send_control(peer, job_id, control)
+        except (PeerUnavailable, ProtocolError) as exc:
+            raise BadRequest(Code.UNAVAILABLE, str(exc)) from None
 
     def verify_model(self, model_id: str, verify_id: str) -> tuple[str, str]:
         """Compare this party's two share slots of the model with the neighbours'."""
@@ -185,7 +190,7 @@ class PartyServer:
             self._stopped.wait(0.2)
 
     def _upkeep_loop(self) -> None:
-        period = min(5.0, max(0.1, min(self.limits.session_idle_s,
+        period = min(5.0, max(0.1, min(self.limits.session_idle_s, self.limits.job_arrival_s,
                                        self.limits.queue_timeout_s) / 4))
         while not self._stopped.wait(period):
             for sid in self.sessions.expire():
@@ -200,6 +205,7 @@ class PartyServer:
         self.service.reaper.stop()
         self.router.stop()
         self.grpc.stop(grace).wait()
+        self._controls.shutdown(wait=False)
 
     def wait(self) -> None:
         self._stopped.wait()

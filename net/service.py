@@ -5,7 +5,11 @@ Authorization comes from the verified client certificate (:mod:`net.keys`): OU
 models, submit jobs of the kinds this party runs (and the model's owner permitted) and see,
 fetch or cancel only its own jobs. Every streaming call holds one of the user's
 ``user_streams`` and is cancelled when silent for ``stream_idle_s``; input bytes are charged to
-the user as they arrive (:mod:`net.limits`). Refusals carry a gRPC status and one line naming
+the user as they arrive (:mod:`net.limits`). Every unary call that waits - a JobStatus
+long-poll, VerifyModel (it waits for the peers; query users call it too, because a client
+verifies a model no party has verified since it was loaded), CancelJob (it waits for the
+job) - holds one of the user's ``user_blocking_calls``, refused at once beyond it (issue 33:
+120 long-polls of one user took a party's threads and another user's Status took 27 s). Refusals carry a gRPC status and one line naming
 the party, the object or limit concerned and the next step. Nothing secret is logged.
 
 Costs. JobStatus replies carry the job's traffic counters and, once the job is done, its
@@ -14,12 +18,13 @@ with metadata ``x-mpc3-wait-s`` waits up to that long (at most 30 s) for the job
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import re
 import threading
 import time
 from contextlib import contextmanager
-
 
 from protocols.jobs import ModelView, model_problem, output_fracs
 
@@ -37,6 +42,9 @@ VERSION = "mpc3-net/4"
 MAX_TENSORS = 10_000
 MAX_META = 1 << 16
 MAX_WAIT_S = 30.0
+MAX_PARAMS = 1 << 16          # characters of a job's params_json
+MAX_JSON_DEPTH = 32           # nesting of params_json and public_meta
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 S = pb.JobStatusReply
 
 ANY = keys.ROLES
@@ -92,21 +100,54 @@ def _watched(iterator, touch):
         yield item
 
 
-def _rpc(roles: tuple[str, ...], stream: bool = False):
+def bound_json(text: str, what: str, limit: int) -> None:
+    """Refuse (INVALID_ARGUMENT, one line) JSON text beyond ``limit`` characters or
+    MAX_JSON_DEPTH levels of nesting, counted without parsing it (a params_json nested 50,000
+    deep answered UNKNOWN: maximum recursion depth exceeded)."""
+    if len(text) > limit:
+        raise BadRequest(Code.INVALID_ARGUMENT, f"{what} is {len(text)} characters long "
+                         f"(at most {limit})")
+    depth = deepest = 0
+    for ch in _JSON_STRING.sub("", text):
+        if ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    if deepest > MAX_JSON_DEPTH:
+        raise BadRequest(Code.INVALID_ARGUMENT, f"{what} is nested {deepest} levels deep "
+                         f"(at most {MAX_JSON_DEPTH})")
+
+
+def json_value(text: str, what: str, limit: int):
+    """``text`` parsed as JSON once :func:`bound_json` let it through."""
+    bound_json(text, what, limit)
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise BadRequest(Code.INVALID_ARGUMENT, f"{what}: {exc}") from None
+
+
+def _rpc(roles: tuple[str, ...], stream: bool = False, blocking: bool = False):
     """Decorator: authenticate, check the role, map BadRequest to a status; streaming
-    calls (``stream=True``) also hold one of the user's streams and the idle watch."""
+    calls (``stream=True``) also hold one of the user's streams and the idle watch,
+    ``blocking`` unary calls one of the user's blocking calls."""
     def wrap(method):
         def unary(self, request, context):
             ident = self.authorize(context, roles, method.__name__)
             try:
-                return method(self, request, context, ident)
+                if not blocking:
+                    return method(self, request, context, ident)
+                with self.srv.quotas.blocking_call(ident.name, ident.org):
+                    return method(self, request, context, ident)
             except BadRequest as exc:
                 context.abort(exc.code, str(exc))
 
         def streaming(self, request, context):
             ident = self.authorize(context, roles, method.__name__)
             try:
-                with self.srv.quotas.stream(ident.name), self.reaper.watch(context) as touch:
+                with self.srv.quotas.stream(ident.name, ident.org), \
+                        self.reaper.watch(context) as touch:
                     if stream == "in":       # touch on every request message received
                         yield from method(self, _watched(request, touch), context, ident)
                     else:                    # touch on every response message sent
@@ -142,6 +183,18 @@ def _model_info(rec: StoredModel, complete: bool = True) -> pb.ModelInfo:
                                  for t in meta.get("tensors", [])])
 
 
+def _disk_error(rank: int, model_id: str, exc: OSError) -> BadRequest:
+    """A failed write of an upload in one line, without the server's paths."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return BadRequest(Code.RESOURCE_EXHAUSTED, f"party {rank}: the disk of its data_dir "
+                          f"is full ({exc.strerror}); model {model_id!r} was not stored and "
+                          "nothing of it was kept - its operator must free space there "
+                          "before the model is shared again")
+    return BadRequest(Code.UNAVAILABLE, f"party {rank}: could not store model {model_id!r} "
+                      f"({exc.strerror or type(exc).__name__}); nothing of it was kept - "
+                      "retry, or ask its operator to check the party's data_dir")
+
+
 class ClientServicer(pb_grpc.ClientServiceServicer):
     def __init__(self, server) -> None:
         self.srv = server
@@ -152,7 +205,7 @@ class ClientServicer(pb_grpc.ClientServiceServicer):
         if not self.cfg.tls:
             md = dict(context.invocation_metadata())
             ident = keys.Identity(md.get("x-mpc3-identity", "dev"),
-                                  md.get("x-mpc3-role", "query-user"))
+                                  md.get("x-mpc3-role", "query-user"), md.get("x-mpc3-org", ""))
         else:
             ident = keys.peer_identity(context)
             if ident is None:
@@ -173,8 +226,7 @@ class ClientServicer(pb_grpc.ClientServiceServicer):
         upload_id = check_id(first.upload_id, "upload id")
         if not 1 <= first.n_tensors <= MAX_TENSORS:
             raise BadRequest(Code.INVALID_ARGUMENT, f"n_tensors must be 1..{MAX_TENSORS}")
-        if len(first.public_meta) > MAX_META:
-            raise BadRequest(Code.INVALID_ARGUMENT, "public_meta too long")
+        bound_json(first.public_meta, "public_meta", MAX_META)
         refusal = model_problem(model_id, first.public_meta, self.srv.registry, self.srv.ring)
         if refusal:                       # a transformer without a valid calibration
             log.warning("party %d: upload of model %s refused: %s", rank, model_id, refusal)
@@ -190,7 +242,10 @@ class ClientServicer(pb_grpc.ClientServiceServicer):
                                  f"shares (limit owner_model_bytes = {limit} in [limits]); "
                                  "delete models it no longer needs")
 
-        stage = store.begin(model_id)
+        try:
+            stage = store.begin(model_id)
+        except OSError as exc:
+            raise _disk_error(rank, model_id, exc) from None
         try:
             asm = TensorAssembler(self.cfg.frac, self.srv.limits.tensor_bytes, budget)
             tensors, shares, total = [], {}, 0
@@ -220,6 +275,9 @@ class ClientServicer(pb_grpc.ClientServiceServicer):
                     "tensors": tensors, "frac": self.cfg.frac, "created": time.time()}
             rec = store.commit(model_id, stage, meta, shares)
             rec.refusal = ""              # its metadata was checked above
+        except OSError as exc:            # nothing of the upload is kept
+            store.abandon(model_id, stage)
+            raise _disk_error(rank, model_id, exc) from None
         except BaseException:
             store.abandon(model_id, stage)
             raise
@@ -264,7 +322,7 @@ class ClientServicer(pb_grpc.ClientServiceServicer):
         log.info("party %d: model %s deleted by %s", rank, request.model_id, ident.name)
         return pb.Empty()
 
-    @_rpc(ANY)
+    @_rpc(ANY, blocking=True)
     def VerifyModel(self, request, context, ident):
         model_id = check_id(request.model_id, "model id")
         verify_id = check_id(request.verify_id, "verify id")
@@ -289,10 +347,8 @@ class ClientServicer(pb_grpc.ClientServiceServicer):
             raise BadRequest(Code.FAILED_PRECONDITION, f"party {srv.rank}: {refusal}")
         if srv.runner.get(job_id) is not None:
             raise BadRequest(Code.ALREADY_EXISTS, f"job id {job_id!r} already used")
-        try:
-            params = json.loads(first.params_json or "{}")
-        except ValueError as exc:
-            raise BadRequest(Code.INVALID_ARGUMENT, f"params_json: {exc}") from None
+        params = json_value(first.params_json or "{}", f"party {srv.rank}: params_json",
+                            MAX_PARAMS)
         if not isinstance(params, dict):
             raise BadRequest(Code.INVALID_ARGUMENT, "params_json must be a JSON object")
         spec = srv.registry.get(first.kind)
@@ -337,7 +393,7 @@ class ClientServicer(pb_grpc.ClientServiceServicer):
         model = ModelView(first.model_id, rec.shares, public,
                           {t["name"]: t.get("frac", self.cfg.frac) for t in meta["tensors"]})
         job = self.srv.runner.accept(first.kind, job_id, ident.name, model, meta["upload_id"],
-                                     params, inputs, nbytes)
+                                     params, inputs, nbytes, ident.org)
         return job.reply()
 
     SubmitJob = _rpc(USER, stream="in")(_submit)
@@ -357,16 +413,18 @@ class ClientServicer(pb_grpc.ClientServiceServicer):
         wait = dict(context.invocation_metadata()).get("x-mpc3-wait-s")
         if wait and not job.done.is_set():
             try:
-                job.done.wait(min(max(float(wait), 0.0), MAX_WAIT_S))
+                wait_s = min(max(float(wait), 0.0), MAX_WAIT_S)
             except ValueError:
                 raise BadRequest(Code.INVALID_ARGUMENT, f"x-mpc3-wait-s {wait!r} is not a "
                                  "number") from None
+            with self.srv.quotas.blocking_call(ident.name, ident.org):
+                job.done.wait(wait_s)
         reply = job.reply()
         if job.costs and job.done.is_set():
             context.set_trailing_metadata((("x-mpc3-costs", json.dumps(job.costs)),))
         return reply
 
-    @_rpc(USER)
+    @_rpc(USER, blocking=True)
     def CancelJob(self, request, context, ident):
         job = self._own_job(request.job_id, ident)
         self.srv.runner.cancel(job, f"cancelled by {job.owner}")

@@ -5,7 +5,8 @@ it and bound to one upload of one model. Every job of a session - each decoding 
 own job with its own job id, so PRG keys are never reused. One job of a session runs (or
 waits in the queue) at a time; a failed or cancelled job that had started drops the session
 (its state may be half updated); a session idle for ``session_idle_s`` is dropped; ``close``
-drops it at once. Each user holds at most ``user_sessions`` sessions, the party ``sessions``.
+drops it at once. Each user holds at most ``user_sessions`` sessions, each organisation (the
+O of its users' certificates) ``org_sessions``, the party ``sessions``.
 
 Session ids are each user's own: one user's ids and another's never meet, so a user cannot
 tell whether an id is in use by someone else (every foreign id is unknown). An opening job
@@ -29,6 +30,7 @@ from .limits import Limits
 class Session(SessionSlot):
     session_id: str = ""
     owner: str = ""
+    org: str = ""                 # the owner's organisation ("" if none: counted as its own)
     model_id: str = ""
     upload_id: str = ""
     state: object = None          # owned by the job kinds (e.g. protocols.jobs DecodeSession)
@@ -61,7 +63,8 @@ class SessionStore:
         with self._lock:
             return sum(1 for s in self._live.values() if owner is None or s.owner == owner)
 
-    def open(self, sid: str, owner: str, model_id: str, upload_id: str) -> Session:
+    def open(self, sid: str, owner: str, model_id: str, upload_id: str,
+             org: str = "") -> Session:
         key = (owner, sid)
         with self._lock:
             if key in self._used:
@@ -71,12 +74,18 @@ class SessionStore:
                 raise BadRequest(Code.RESOURCE_EXHAUSTED, f"party {self.rank}: user {owner!r} "
                                  f"already keeps {mine} sessions (limit user_sessions = "
                                  f"{self.limits.user_sessions} in [limits]); close some")
+            ours = sum(1 for s in self._live.values() if org and s.org == org)
+            if ours >= self.limits.org_sessions:
+                raise BadRequest(Code.RESOURCE_EXHAUSTED, f"party {self.rank}: organisation "
+                                 f"{org!r} already keeps {ours} sessions (limit org_sessions "
+                                 f"= {self.limits.org_sessions} in [limits]); close some")
             if len(self._live) >= self.limits.sessions:
                 raise BadRequest(Code.RESOURCE_EXHAUSTED, f"party {self.rank} already keeps "
                                  f"{len(self._live)} sessions (limit sessions = "
                                  f"{self.limits.sessions} in [limits]); retry later")
             self._used.add(key)
-            sess = Session(session_id=sid, owner=owner, model_id=model_id, upload_id=upload_id)
+            sess = Session(session_id=sid, owner=owner, org=org, model_id=model_id,
+                           upload_id=upload_id)
             self._live[key] = sess
             return sess
 

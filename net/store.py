@@ -233,7 +233,11 @@ class ModelStore:
                                  "another call")
             self._uploading.add(model_id)
         stage = self.root / f".staging-{model_id}-{os.urandom(6).hex()}"
-        stage.mkdir(mode=DIR_MODE)
+        try:
+            stage.mkdir(mode=DIR_MODE)
+        except OSError:                   # e.g. a full disk: the id is not left uploading
+            self.abandon(model_id, stage)
+            raise
         return stage
 
     def write_tensor(self, stage: Path, index: int, payload) -> str:

@@ -89,7 +89,9 @@ def register(sub) -> None:
     p.add_argument("--tokens", type=int, default=16, help="tokens to generate (default 16)")
     p.add_argument("--step-timeout", type=float, default=120.0,
                    help="seconds one job (prefill or step) may take")
-    p.add_argument("--rpc-timeout", type=float, default=30.0)
+    p.add_argument("--rpc-timeout", type=float, default=None,
+                   help="seconds a call waits for a party (default: the cluster's "
+                   "peer_timeout_s)")
     p.add_argument("--quiet", action="store_true", help="print the text at the end only")
     add_fuse(p, LM_FUSIONS)
     add_client_creds(p)

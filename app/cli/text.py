@@ -133,6 +133,8 @@ def register(sub) -> None:
                            choices=("classify", "classify_argmax"),
                            help="classify: logits (default); classify_argmax: the class "
                            "alone, computed on shares")
-        p.add_argument("--rpc-timeout", type=float, default=60.0)
+        p.add_argument("--rpc-timeout", type=float, default=None,
+                       help="seconds a call waits for a party (default: the cluster's "
+                       "peer_timeout_s)")
         add_client_creds(p)
         p.set_defaults(func=fn)

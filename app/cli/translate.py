@@ -193,7 +193,9 @@ def register(sub) -> None:
                    "shipped translator)")
     p.add_argument("--step-timeout", type=float, default=120.0,
                    help="seconds one job (encoder or step) may take")
-    p.add_argument("--rpc-timeout", type=float, default=30.0)
+    p.add_argument("--rpc-timeout", type=float, default=None,
+                   help="seconds a call waits for a party (default: the cluster's "
+                   "peer_timeout_s)")
     p.add_argument("--quiet", action="store_true", help="no per-token progress")
     add_fuse(p, FUSIONS)
     add_client_creds(p)
