@@ -394,4 +394,15 @@ class ClientServicer(pb_grpc.ClientServiceServicer):
                               models=sum(1 for r in recs if r.state != CORRUPT),
                               tls=self.cfg.tls, version=VERSION,
                               diagnostic=self.srv.registry.diagnostic,
-                              job_kinds=self.srv.registry.names())
+                              job_kinds=self.srv.registry.names(), **_doctor_fields(self.srv))
+
+
+def _doctor_fields(srv) -> dict:
+    """What ``mpc3 doctor`` checks beyond the above: the party's clock, its kernels
+    (compiled before serving, net.server.serve) and its limits - all public."""
+    import dataclasses
+    compiled, took = srv.kernels or (0, 0.0)
+    return dict(party_time=time.time(), kernels_ready=srv.kernels is not None,
+                kernels_compiled=compiled, kernels_compile_s=took,
+                limits_json=json.dumps(dataclasses.asdict(srv.limits), sort_keys=True),
+                uptime_s=time.time() - srv.metrics.started)
