@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import bench, cluster, generate, models, text, translate
+from . import bench, cluster, doctor, generate, models, text, translate
 
-GROUPS = (cluster, models, translate, generate, text, bench)
+GROUPS = (cluster, doctor, models, translate, generate, text, bench)
 
 
 def version() -> str:
