@@ -22,38 +22,16 @@ import time
 
 import numpy as np
 
-from .common import add_client_creds, check_same_model, load, load_model_file
-
-
-def _a(word: str) -> str:
-    return f"{'an' if word[0] in 'aeiou' else 'a'} {word}"
+from .common import add_client_creds, check_same_model, load
 
 
 def _inputs(args, arch: str):
     """(cfg, user tensors, token id sequences, their labels for printing) of the command's
     texts or --ids, checked against the model file."""
-    from protocols.model import load_tokenizer
-
-    from ..text import parse_ids, token_ids
-    mcfg, _, user = load_model_file(args.model)
-    if mcfg.arch != arch:
-        raise ValueError(f"{args.model} is {_a(mcfg.arch)} model; {args.command} needs "
-                         f"{_a(arch)} model")
-    if "embed.src" not in user:
-        raise ValueError(f"{args.model} holds no query-user tensors (embed.src)")
-    if bool(args.texts) == (args.ids is not None):
-        raise ValueError("give texts or --ids, not both or neither")
-    if args.ids is not None:
-        ids = parse_ids(args.ids, mcfg.src_vocab)
-        if len(ids) > mcfg.max_len:
-            raise ValueError(f"--ids: {len(ids)} tokens; the model takes at most "
-                             f"{mcfg.max_len} (max_len)")
-        return mcfg, user, [ids], [f"ids {args.ids}"]
-    tok = load_tokenizer(args.model)
-    if tok is None:
-        raise ValueError(f"{args.model} carries no tokenizer (imported without "
-                         f"tokenizer.json): pass token ids with --ids")
-    return mcfg, user, token_ids(tok, args.texts, mcfg.max_len), [repr(t) for t in args.texts]
+    from ..text import model_inputs
+    mcfg, user, seqs = model_inputs(args.model, arch, args.texts, args.ids, args.command)
+    names = [f"ids {args.ids}"] if args.ids is not None else [repr(t) for t in args.texts]
+    return mcfg, user, seqs, names
 
 
 def _run(args, kind: str, out_name: str, mcfg, user, seqs):
