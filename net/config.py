@@ -123,7 +123,7 @@ def _next_port(address: str) -> str:
 
 def _address(table: dict, key: str, default: str, pid: int) -> str:
     v = table.get(key, default)
-    if not isinstance(v, str) or not v.rpartition(":")[2].isdigit():
+    if not isinstance(v, str) or ":" not in v or not v.rpartition(":")[2].isdigit():
         raise ValueError(f"party {pid}: {key} must be 'host:port', got {v!r}")
     return v
 

@@ -15,6 +15,8 @@ from app.doctor import tiny_model
 from app.localcluster import LocalCluster, free_port
 from app.owner import share_transformer
 from conftest import mpc3_cli
+from net import config as cconf
+from net.metrics import Metrics
 from protocols import model as M
 
 SAMPLE = re.compile(r'^([a-z_:][a-z0-9_:]*)(\{([a-z_]+="(\\.|[^"\\])*",?)*\})? (\S+)$')
@@ -46,6 +48,33 @@ def scrape(url: str) -> dict[str, float]:
         assert m, f"not a sample line: {line!r}"
         out[line.rsplit(" ", 1)[0]] = float(m.group(5))
     return out
+
+
+def _raw(**party0):
+    parties = [{"id": n, "address": f"127.0.0.1:{7000 + n}"} for n in range(3)]
+    parties[0].update(party0)
+    return {"cluster": {"insecure_plaintext_for_local_dev": True}, "party": parties}
+
+
+def test_party_keys_metrics_listen_and_log_format_are_checked(tmp_path):
+    cfg = cconf.from_dict(_raw(metrics_listen="127.0.0.1:9700", log_format="json"), tmp_path)
+    assert (cfg.party(0).metrics_listen, cfg.party(0).log_format) == ("127.0.0.1:9700", "json")
+    assert (cfg.party(1).metrics_listen, cfg.party(1).log_format) == ("", "text")
+    with pytest.raises(ValueError, match="^party 0: metrics_listen must be 'host:port'"):
+        cconf.from_dict(_raw(metrics_listen="9700"), tmp_path)
+    with pytest.raises(ValueError, match='^party 0: log_format must be "text" or "json"'):
+        cconf.from_dict(_raw(log_format="xml"), tmp_path)
+
+
+def test_exposition_escapes_user_names():
+    m = Metrics(1, "v")
+    m.job_finished("embed", 'a"b\\c\nd', "done", wall_s=0.5, wait_s=0.01, input_bytes=64)
+    text = m.render()
+    assert 'mpc3_user_jobs_total{user="a\\"b\\\\c\\nd",kind="embed"} 1' in text
+    assert 'mpc3_job_queue_wait_seconds_bucket{le="0.025"} 1' in text
+    assert 'mpc3_job_queue_wait_seconds_bucket{le="0.005"} 0' in text
+    for line in text.splitlines():
+        assert line.startswith("#") or SAMPLE.match(line), line
 
 
 def test_metrics_count_a_job_as_its_cost_reports(cluster):
