@@ -247,13 +247,13 @@ class Cluster:
     def translate(self, model_id: str, texts: Sequence[str], *, model=None) -> list[str]:
         """Translations of ``texts`` (digits to English words with the shipped translator;
         ``model``: another translator file with the query-user tensors)."""
+        from .cli.common import check_same_model
         from .translate import ClusterBackend, translate_texts
         self._need("query-user", "translate")
         mcfg, user, vocab = translator_side(model)
         backend = ClusterBackend(self.client, model_id, step_timeout=self.step_timeout)
-        check = backend.model_config()
-        from .cli.common import check_same_model
-        check_same_model(check, mcfg, model_id, str(model or "the shipped translator"))
+        check_same_model(backend.model_config(), mcfg, model_id,
+                         str(model or "the shipped translator"))
         res, cost, _ = translate_texts(backend, mcfg, user, list(texts), vocab)
         self.last_costs = Costs.of(cost)
         return [r.secure for r in res]
@@ -265,17 +265,20 @@ class Cluster:
         text, or with ``stream=True`` an iterator of text pieces as the tokens arrive (the
         session is closed if the iteration stops early). Token ids go to
         :attr:`last_tokens`, the cost to :attr:`last_costs`."""
+        from .cli.common import check_same_model
+        from .generate import LMClusterBackend
+        from .text import lm_prompt
         self._need("query-user", "generate")
-        it = self._generate(model_id, prompt, max_new_tokens, str(model), ids)
+        mcfg, user, prompt_ids, text, eos = lm_prompt(str(model), prompt, ids)
+        backend = LMClusterBackend(self.client, model_id, step_timeout=self.step_timeout)
+        check_same_model(backend.model_config(), mcfg, model_id, str(model))
+        it = self._generate(backend, mcfg, user, prompt_ids, max_new_tokens, text, eos)
         return it if stream else "".join(it)
 
-    def _generate(self, model_id, prompt, n, model, ids) -> Iterator[str]:
-        from .generate import LMClusterBackend, generate
-        from .text import lm_prompt
-        mcfg, user, prompt_ids, stream, eos = lm_prompt(model, prompt, ids)
-        backend = LMClusterBackend(self.client, model_id, step_timeout=self.step_timeout)
-        from .cli.common import check_same_model
-        check_same_model(backend.model_config(), mcfg, model_id, model)
+    def _generate(self, backend, mcfg, user, prompt_ids, n, stream, eos) -> Iterator[str]:
+        """The pieces of text as generate() runs on a worker thread (``stream``: the
+        prompt's text stream, None to show token ids)."""
+        from .generate import generate
         pieces: queue.Queue = queue.Queue()
         stop = threading.Event()
 

@@ -95,3 +95,7 @@ def test_generate_streams_and_an_early_stop_closes_the_session(cluster):
             assert next(stream) == ref.decode()[0]
             stream.close()
         assert qu.generate("lm", "305 = ", 3, model=TD.SHIPPED_LM) == ref.decode()[:3]
+        with pytest.raises(ValueError, match="^give a text prompt or token ids"):
+            qu.generate("lm", None, 3, model=TD.SHIPPED_LM, stream=True)   # refused at once
+        with pytest.raises(ValueError, match="^model 'lm' on the cluster is not the model of"):
+            qu.generate("lm", "1 = ", 3, model=TD.SHIPPED_LMS["softmax"], stream=True)
