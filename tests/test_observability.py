@@ -4,7 +4,11 @@ mTLS) whose parties serve metrics (``metrics_listen``) and log JSON lines
 cost reports; every log line is a JSON object without tensor data; doctor passes on the
 healthy cluster and names the party that is down (issue 32)."""
 import json
+import os
 import re
+import subprocess
+import sys
+import time
 import urllib.error
 import urllib.request
 
@@ -12,9 +16,9 @@ import numpy as np
 import pytest
 
 from app.doctor import tiny_model
-from app.localcluster import LocalCluster, free_port
+from app.localcluster import LocalCluster, free_port, write_config
 from app.owner import share_transformer
-from conftest import mpc3_cli
+from conftest import ROOT, mpc3_cli
 from net import config as cconf
 from net.metrics import Metrics
 from protocols import model as M
@@ -75,6 +79,36 @@ def test_exposition_escapes_user_names():
     assert 'mpc3_job_queue_wait_seconds_bucket{le="0.005"} 0' in text
     for line in text.splitlines():
         assert line.startswith("#") or SAMPLE.match(line), line
+
+
+def test_party_flags_turn_metrics_and_json_logs_on(tmp_path):
+    """`mpc3 party --metrics ADDR --log-json` over a config that has neither."""
+    write_config(tmp_path, peer_timeout=5.0)
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    log = open(tmp_path / "p0.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "party", "--config",
+                             str(tmp_path / "cluster.toml"), "--id", "0", "--metrics",
+                             f"127.0.0.1:{port}", "--log-json"], env=env, stdout=log,
+                            stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            try:
+                got = scrape(f"http://127.0.0.1:{port}/metrics")
+                break
+            except OSError:
+                assert time.monotonic() < deadline and proc.poll() is None
+                time.sleep(0.5)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        log.close()
+    assert got['mpc3_party_info{rank="0",version="mpc3-net/4"}'] == 1
+    assert got["mpc3_jobs_running"] == 0 and got["mpc3_kernels_compile_seconds"] > 0
+    events = [json.loads(line) for line in (tmp_path / "p0.log").read_text().splitlines()]
+    assert [e["event"] for e in events][:1] == ["kernels_ready"]
+    assert any(f"metrics on http://127.0.0.1:{port}/metrics" in e["message"] for e in events)
 
 
 def test_metrics_count_a_job_as_its_cost_reports(cluster):
