@@ -202,7 +202,7 @@ class Cluster:
         qu = self.client
         t0 = time.perf_counter()
         job = qu.submit(model_id, kind, {"X": x})
-        st = qu.wait(job, timeout=self.step_timeout)
+        st = qu.wait(job)                  # up to the cluster's job deadline, as qu.run
         out = {k: ring.decode(v, qu.frac) for k, v in qu.fetch(job).items()}
         cost.add_parties([(s.bytes_sent, s.messages, s.rounds) for s in st],
                          time.perf_counter() - t0)
@@ -210,15 +210,26 @@ class Cluster:
 
     def _rows(self, model_id: str, kind: str, out_name: str, model, arch: str, texts,
               ids) -> tuple[np.ndarray, object]:
-        from .text import model_inputs, run_grouped
+        from .text import model_inputs
         self._need("query-user", kind)
         mcfg, user, seqs = model_inputs(str(model), arch, texts, ids, kind)
-        self._remote(model_id, mcfg, str(model))
+        return self.run_rows(model_id, kind, out_name, mcfg, user, seqs, str(model)), mcfg
+
+    def run_rows(self, model_id: str, kind: str, out_name: str, mcfg, user, seqs,
+                 local_name: str) -> np.ndarray:
+        """The output ``out_name`` of job ``kind`` for each token sequence of ``seqs``
+        (one job per token length, rows in input order), embedded with the user tensors
+        ``user`` of the local model file ``local_name`` (config ``mcfg``), which must be
+        the shared model's: what embed and classify (and ``mpc3 embed`` / ``classify``)
+        run."""
+        from .text import run_grouped
+        self._need("query-user", kind)
+        self._remote(model_id, mcfg, local_name)
         cost = Traffic()
         rows = run_grouped(lambda x: self._job(model_id, kind, x, cost)[out_name], mcfg,
                            user, seqs)
         self.last_costs = Costs.of(cost)
-        return rows, mcfg
+        return rows
 
     def embed(self, model_id: str, texts: Sequence[str] | None = None, *, model,
               ids: Sequence[int] | None = None) -> np.ndarray:

@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from .common import add_client_creds, check_same_model, load
+from .common import add_client_creds, load
 
 
 def _inputs(args, arch: str):
@@ -36,28 +36,12 @@ def _inputs(args, arch: str):
 
 def _run(args, kind: str, out_name: str, mcfg, user, seqs):
     """One job per token length on the cluster; (rows in input order, jobs, seconds)."""
-    from net.client import QueryUser
-
-    from ..text import by_length, run_grouped
-    cfg = load(args)
+    from ..api import Cluster
     t0 = time.monotonic()
-    with QueryUser(cfg, args.cert, args.key, rpc_timeout=args.rpc_timeout) as qu:
-        remote = _remote_config(qu, args.model_id)
-        check_same_model(remote, mcfg, args.model_id, args.model)
-        rows = run_grouped(lambda x: qu.run(args.model_id, kind, {"X": x})[out_name],
-                           mcfg, user, seqs)
-    return rows, len(by_length(seqs)), time.monotonic() - t0
-
-
-def _remote_config(qu, model_id: str):
-    import json
-
-    from protocols import model as M
-    meta = json.loads(qu.model(model_id).public_meta or "{}")
-    if "model_config" not in meta:
-        raise ValueError(f"model {model_id!r} has no public model_config (not shared by "
-                         f"'mpc3 share-model'?)")
-    return M.ModelConfig.from_dict(meta["model_config"])
+    with Cluster(load(args), "query-user", args.cert, args.key,
+                 rpc_timeout=args.rpc_timeout) as cluster:
+        rows = cluster.run_rows(args.model_id, kind, out_name, mcfg, user, seqs, args.model)
+    return rows, cluster.last_costs.jobs, time.monotonic() - t0
 
 
 def _cmd_embed(args) -> int:
