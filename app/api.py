@@ -150,6 +150,17 @@ class Cluster:
                                    st.kernels_ready))
         return out
 
+    def doctor(self, job: bool = True):
+        """``mpc3 doctor``'s checks (:func:`app.doctor.diagnose`): a Report whose
+        ``lines`` describe every party and the test job and whose ``problems`` are empty
+        when the cluster is fit to serve. The test job uses the config's owner and user
+        certificates (``job=False``: the parties' status only)."""
+        from .doctor import diagnose
+        mine = (self.cert, self.key)
+        return diagnose(self.cfg, job,
+                        owner_creds=mine if self.role == "model-owner" else (None, None),
+                        user_creds=mine if self.role == "query-user" else (None, None))
+
     def models(self) -> list[Model]:
         """The models on the cluster (from every party's list, merged)."""
         import json

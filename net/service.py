@@ -224,7 +224,8 @@ class ClientServicer(pb_grpc.ClientServiceServicer):
             store.abandon(model_id, stage)
             raise
         log.info("party %d: model %s stored (%d tensors, %d bytes) for %s", rank, model_id,
-                 len(tensors), total, ident.name)
+                 len(tensors), total, ident.name,
+                 extra={"event": "model_stored", "user": ident.name})
         yield pb.UploadReply(model=_model_info(rec))
 
     UploadModelShares = _rpc(OWNER, stream="in")(_upload)
@@ -261,7 +262,8 @@ class ClientServicer(pb_grpc.ClientServiceServicer):
             raise BadRequest(Code.PERMISSION_DENIED, f"model {request.model_id!r} belongs to "
                              "another owner")
         self.srv.store.delete(request.model_id)
-        log.info("party %d: model %s deleted by %s", rank, request.model_id, ident.name)
+        log.info("party %d: model %s deleted by %s", rank, request.model_id, ident.name,
+                 extra={"event": "model_deleted", "user": ident.name})
         return pb.Empty()
 
     @_rpc(ANY)

@@ -66,6 +66,8 @@ def test_owner_shares_and_user_classifies_through_the_api(cluster, tmp_path):
     ref = M.ref_classify(mcfg, w, M.embed_tokens(mcfg, user, np.array(ids)))
     with mpc3api.Cluster.connect(cluster.path) as qu:
         assert [p.up and p.kernels_ready for p in qu.status()] == [True] * 3
+        report = qu.doctor(job=False)
+        assert report.ok() and len(report.lines) == 4, report.problems
         [model] = [m for m in qu.models() if m.model_id == "clf"]
         assert model.kind == "encoder-classifier" and model.parties == [0, 1, 2]
         assert model.permitted == ["classify", "classify-argmax"]

@@ -165,6 +165,7 @@ def test_json_log_lines_parse_and_hold_no_tensor_data(cluster):
         assert [e["event"] for e in mine] == ["job_started", "job_done"]
         assert all(e["user"] == "user" and e["kind"] == "classify" for e in mine)
         assert any(e["event"] == "kernels_ready" for e in events)
+        assert any(e["event"] == "model_stored" and e["user"] == "owner" for e in events)
         for line in lines:
             assert not any(s in line for s in secrets if s not in ("0.0000", "-0.0000"))
             assert not re.search(r"\[\s*-?\d+\.\d+", line), line       # no printed arrays
