@@ -35,8 +35,8 @@ from . import keys, malloc
 from .config import ClusterConfig
 from .errors import BadRequest, Code
 from .limits import Quotas
-from .metrics import Metrics, MetricsServer
 from .link import SERVER_OPTIONS, PeerRouter, PeerUnavailable
+from .metrics import Metrics, MetricsServer
 from .proto import mpc3_pb2_grpc as pb_grpc
 from .runner import LEADER, JobRunner
 from .service import VERSION, ClientServicer
