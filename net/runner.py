@@ -281,15 +281,15 @@ class JobRunner:
         with self._lock:
             if job.state == S.RUNNING:
                 self._running -= 1
-            job.state, job.error = state, error
             job.wall_s = time.monotonic() - job.started if job.started else 0.0
+            self._count(job, state, nbytes)      # before the state: a client that saw the
+            job.state, job.error = state, error  # job end sees it counted and logged
             starts = self._dispatch_locked() if self.leader else []
-        job.done.set()
-        self._count(job, state, nbytes)
         log.info("party %d: job %s %s in %.3f s%s", self.rank, job.job_id,
                  S.State.Name(state), job.wall_s, f" ({error})" if error else "",
                  extra={"event": "job_" + S.State.Name(state).lower(), "job": job.job_id,
                         "user": job.owner, "kind": job.kind})
+        job.done.set()
         self._start_all(starts)
 
     def record_done(self, job: Job) -> Job:
@@ -298,10 +298,10 @@ class JobRunner:
             if job.job_id in self.jobs:
                 raise BadRequest(Code.ALREADY_EXISTS, f"job id {job.job_id!r} already used")
             job.state, job.outputs = S.DONE, {}
+            self._count(job, S.DONE, 0)
             job.done.set()
             self.jobs[job.job_id] = job
             self._trim_locked()
-        self._count(job, S.DONE, 0)
         return job
 
     def _count(self, job: Job, state: int, input_bytes: int) -> None:

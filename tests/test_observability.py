@@ -134,6 +134,7 @@ def test_metrics_count_a_job_as_its_cost_reports(cluster):
         assert delta(n, 'mpc3_job_rounds_total{kind="classify"}') == st[n].rounds > 0
         assert delta(n, 'mpc3_job_messages_total{kind="classify"}') == st[n].messages
         assert delta(n, 'mpc3_user_jobs_total{user="user",kind="classify"}') == 1
+        assert delta(n, 'mpc3_user_input_bytes_total{user="user"}') == 2 * 8 * x.size
         assert delta(n, "mpc3_job_queue_wait_seconds_count") == 1
         assert delta(n, 'mpc3_job_queue_wait_seconds_bucket{le="+Inf"}') == 1
         assert after[n]["mpc3_jobs_running"] == 0 and after[n]["mpc3_models"] >= 1
