@@ -95,3 +95,62 @@ class TokenStream:
 
     def flush(self) -> str:
         return self._new(True)
+
+
+def _a(word: str) -> str:
+    return f"{'an' if word[0] in 'aeiou' else 'a'} {word}"
+
+
+def model_inputs(path: str, arch: str, texts: Sequence[str] | None, ids, what: str):
+    """(config, user tensors, token id sequences) of ``texts`` - or of one input given as
+    token ``ids`` (a list, or the CLI's "5,17,3") - with the model file at ``path``, which
+    must be an ``arch`` model holding its query-user tensors; ``what`` names the caller in
+    errors (``embed``, ``classify``)."""
+    from protocols.model import load_tokenizer
+
+    from .cli.common import load_model_file
+    mcfg, _, user = load_model_file(path)
+    if mcfg.arch != arch:
+        raise ValueError(f"{path} is {_a(mcfg.arch)} model; {what} needs {_a(arch)} model")
+    if "embed.src" not in user:
+        raise ValueError(f"{path} holds no query-user tensors (embed.src)")
+    if bool(texts) == (ids is not None):
+        raise ValueError("give texts or token ids, not both or neither")
+    if ids is not None:
+        seq = parse_ids(ids if isinstance(ids, str) else ",".join(map(str, ids)),
+                        mcfg.src_vocab)
+        if len(seq) > mcfg.max_len:
+            raise ValueError(f"--ids: {len(seq)} tokens; the model takes at most "
+                             f"{mcfg.max_len} (max_len)")
+        return mcfg, user, [seq]
+    tok = load_tokenizer(path)
+    if tok is None:
+        raise ValueError(f"{path} carries no tokenizer (imported without tokenizer.json): "
+                         "pass token ids with --ids")
+    return mcfg, user, token_ids(tok, texts, mcfg.max_len)
+
+
+def lm_prompt(path: str, prompt: str | None, ids=None):
+    """(config, user tensors, prompt ids, text stream or None, eos) of an LM prompt: text
+    through the model file's tokenizer when it carries one, else UTF-8 bytes (then id 256
+    ends the text when the vocabulary has it); or token ``ids`` (a list or "5,17,3"), whose
+    output is shown as ids (stream None)."""
+    from protocols.model import load_tokenizer
+
+    from .cli.common import load_model_file
+    from .generate import ByteStream, encode_text, eos_of
+    mcfg, _, user = load_model_file(path)
+    if mcfg.arch != "decoder-only":
+        raise ValueError(f"{path} is {_a(mcfg.arch)} model; generate needs a decoder-only LM")
+    if not user:
+        raise ValueError(f"{path} holds no query-user tensors (embed.tgt, out.w, out.b)")
+    if (prompt is None) == (ids is None):
+        raise ValueError("give a text prompt or token ids, not both or neither")
+    if ids is not None:
+        seq = parse_ids(ids if isinstance(ids, str) else ",".join(map(str, ids)),
+                        mcfg.tgt_vocab)
+        return mcfg, user, seq, None, None
+    tok = load_tokenizer(path)
+    if tok is not None:
+        return mcfg, user, token_ids(tok, [prompt], mcfg.max_len)[0], TokenStream(tok), None
+    return mcfg, user, encode_text(mcfg, prompt), ByteStream(), eos_of(mcfg)

@@ -45,13 +45,15 @@ class CommStats:
     bytes_sent: int = 0
     messages: int = 0
     rounds: int = 0
+    bytes_received: int = 0        # payload bytes taken from the neighbours (party metrics)
 
     def snapshot(self) -> "CommStats":
-        return CommStats(self.bytes_sent, self.messages, self.rounds)
+        return CommStats(self.bytes_sent, self.messages, self.rounds, self.bytes_received)
 
     def __sub__(self, other: "CommStats") -> "CommStats":
         return CommStats(self.bytes_sent - other.bytes_sent, self.messages - other.messages,
-                         self.rounds - other.rounds)
+                         self.rounds - other.rounds,
+                         self.bytes_received - other.bytes_received)
 
 
 @dataclass
@@ -88,6 +90,9 @@ class Communicator(abc.ABC):
             active = True
         got_next = self._take(NEXT, op) if from_next else None
         got_prev = self._take(PREV, op) if from_prev else None
+        for got in (got_next, got_prev):
+            if got is not None:
+                self.stats.bytes_received += sum(a.nbytes for a in got)
         if active or from_next or from_prev:
             self.stats.rounds += 1
         return got_next, got_prev

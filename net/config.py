@@ -24,6 +24,8 @@ Example (see deploy/cluster.toml)::
     data_dir = "/var/lib/mpc3"
     # dial = { 1 = "10.0.0.2:7700" }     # optional per-peer dial overrides
     # peer_dial = { 1 = "10.0.0.2:7701" }
+    # metrics_listen = "127.0.0.1:9700"  # Prometheus metrics (net.metrics): localhost only
+    # log_format = "json"                # JSON log lines (net.logjson); default "text"
 
     [clients.model-owner]
     cert = "certs/owner.pem"
@@ -63,6 +65,8 @@ class PartyConfig:
     peer_address: str = ""
     peer_listen: str = ""
     peer_dial: dict[int, str] = field(default_factory=dict)
+    metrics_listen: str = ""       # host:port of GET /metrics (net.metrics); "" = off
+    log_format: str = "text"       # or "json" (net.logjson)
 
 
 @dataclass(frozen=True)
@@ -119,8 +123,15 @@ def _next_port(address: str) -> str:
 
 def _address(table: dict, key: str, default: str, pid: int) -> str:
     v = table.get(key, default)
-    if not isinstance(v, str) or not v.rpartition(":")[2].isdigit():
+    if not isinstance(v, str) or ":" not in v or not v.rpartition(":")[2].isdigit():
         raise ValueError(f"party {pid}: {key} must be 'host:port', got {v!r}")
+    return v
+
+
+def _log_format(table: dict, pid: int) -> str:
+    v = table.get("log_format", "text")
+    if v not in ("text", "json"):
+        raise ValueError(f"party {pid}: log_format must be \"text\" or \"json\", got {v!r}")
     return v
 
 
@@ -170,7 +181,10 @@ def from_dict(raw: dict, base: Path, path: Path | None = None,
                                          f"party {pid} data_dir"), dial, peer_addr,
                                    _address(t, "peer_listen", _next_port(listen)
                                             if "listen" in t else peer_addr, pid),
-                                   {int(k): str(v) for k, v in t.get("peer_dial", {}).items()})
+                                   {int(k): str(v) for k, v in t.get("peer_dial", {}).items()},
+                                   _address(t, "metrics_listen", "", pid)
+                                   if "metrics_listen" in t else "",
+                                   _log_format(t, pid))
     clients = {role: ClientCreds(_path(base, c.get("cert"), f"clients.{role} cert"),
                                  _path(base, c.get("key"), f"clients.{role} key"))
                for role, c in raw.get("clients", {}).items()}

@@ -100,7 +100,9 @@ class JobRunner:
                  sessions: SessionStore, open_party: Callable[[str], Party],
                  close_party: Callable[[str], None],
                  tell: Callable[[int, str, str], None], job_timeout_s: float,
-                 release_bytes: Callable[[str, int], None] = lambda user, n: None) -> None:
+                 release_bytes: Callable[[str, int], None] = lambda user, n: None,
+                 metrics=None) -> None:
+        """``metrics``: a :class:`net.metrics.Metrics` told of every job that ends."""
         self.rank = rank
         self.registry = registry
         self.limits = limits
@@ -110,6 +112,7 @@ class JobRunner:
         self.tell = tell
         self.job_timeout_s = job_timeout_s
         self.release_bytes = release_bytes
+        self.metrics = metrics
         self._lock = threading.Lock()
         self.jobs: dict[str, Job] = {}
         self._queues: dict[str, collections.deque] = {}    # party 0: user -> queued jobs
@@ -317,7 +320,8 @@ class JobRunner:
         watchdog.daemon = True
         watchdog.start()
         log.info("party %d: job %s (%s on %s) started", self.rank, job.job_id, job.kind,
-                 job.model_id)
+                 job.model_id, extra={"event": "job_started", "job": job.job_id,
+                                      "user": job.owner, "kind": job.kind})
         state, error = S.DONE, ""
         try:
             ctx = JobContext(party, job.model, job.params, CostRecorder(party), job.session)
@@ -340,6 +344,7 @@ class JobRunner:
     def _finish(self, job: Job, state: int, error: str, started: bool) -> None:
         """``started``: the job may have changed its session's state (drop it on failure)."""
         job.inputs = {}
+        nbytes = job.input_bytes
         self.release_bytes(job.owner, job.input_bytes)
         job.input_bytes = 0
         if job.session is not None:
@@ -350,12 +355,15 @@ class JobRunner:
         with self._lock:
             if job.state == S.RUNNING:
                 self._running -= 1
-            job.state, job.error = state, error
             job.wall_s = time.monotonic() - job.started if job.started else 0.0
+            self._count(job, state, nbytes)      # before the state: a client that saw the
+            job.state, job.error = state, error  # job end sees it counted and logged
             starts = self._dispatch_locked() if self.leader else []
-        job.done.set()
         log.info("party %d: job %s %s in %.3f s%s", self.rank, job.job_id,
-                 S.State.Name(state), job.wall_s, f" ({error})" if error else "")
+                 S.State.Name(state), job.wall_s, f" ({error})" if error else "",
+                 extra={"event": "job_" + S.State.Name(state).lower(), "job": job.job_id,
+                        "user": job.owner, "kind": job.kind})
+        job.done.set()
         self._start_all(starts)
 
     def record_done(self, job: Job) -> Job:
@@ -364,10 +372,18 @@ class JobRunner:
             if job.job_id in self.jobs:
                 raise BadRequest(Code.ALREADY_EXISTS, f"job id {job.job_id!r} already used")
             job.state, job.outputs = S.DONE, {}
+            self._count(job, S.DONE, 0)
             job.done.set()
             self.jobs[job.job_id] = job
             self._trim_locked()
         return job
+
+    def _count(self, job: Job, state: int, input_bytes: int) -> None:
+        if self.metrics is not None:
+            self.metrics.job_finished(
+                job.kind, job.owner, S.State.Name(state).lower(),
+                job.party.stats if job.party is not None else None, job.wall_s,
+                job.started - job.submitted if job.started else None, input_bytes)
 
     # ------------------------------------------------------------- cancel, expiry ----
     def _unqueue_locked(self, job: Job) -> bool:

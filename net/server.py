@@ -36,9 +36,10 @@ from .config import ClusterConfig
 from .errors import BadRequest, Code
 from .limits import Quotas
 from .link import SERVER_OPTIONS, PeerRouter, PeerUnavailable
+from .metrics import Metrics, MetricsServer
 from .proto import mpc3_pb2_grpc as pb_grpc
 from .runner import JobRunner
-from .service import ClientServicer
+from .service import VERSION, ClientServicer
 from .sessions import SessionStore
 from .store import CORRUPT, ModelStore
 from .verify import compare_slots
@@ -65,9 +66,12 @@ class PartyServer:
         self.router = PeerRouter(rank, cfg.dial_address(rank, (rank + 1) % 3), creds,
                                  tls=cfg.tls, transport=self._peer_transport())
         self.sessions = SessionStore(rank, self.limits)
+        self.metrics = Metrics(rank, VERSION)
+        self.kernels: tuple[int, float] | None = None   # (warm-up runs, seconds): serve()
+        self.metrics_server: MetricsServer | None = None
         self.runner = JobRunner(rank, registry, self.limits, self.sessions, self._open_party,
                                 self.router.close_job, self._tell,
-                                cfg.job_timeout_s, self.quotas.release)
+                                cfg.job_timeout_s, self.quotas.release, self.metrics)
         # controls are handled in order on one thread of their own, not on a link's reader:
         # handling one may send a control, which may wait for a busy link to the sender
         self._controls = futures.ThreadPoolExecutor(1, thread_name_prefix="mpc3-control")
@@ -162,6 +166,11 @@ class PartyServer:
 
     # ------------------------------------------------------------------- lifecycle ----
     def start(self) -> None:
+        if self.pcfg.metrics_listen:
+            self.metrics.gauges = self._gauges
+            self.metrics_server = MetricsServer(self.metrics, self.pcfg.metrics_listen)
+            log.info("party %d: metrics on http://%s/metrics", self.rank,
+                     self.metrics_server.address)
         self.grpc.start()
         self.router.start()
         threading.Thread(target=self._health_loop, daemon=True, name="mpc3-health").start()
@@ -198,10 +207,18 @@ class PartyServer:
             for jid in self.runner.expire(self.cfg.peer_timeout_s):
                 log.info("party %d: job %s expired in the queue", self.rank, jid)
 
+    def _gauges(self) -> dict[str, float]:
+        recs, _ = self.store.list()
+        running, queued = self.runner.counts()
+        return {"jobs_running": running, "jobs_queued": queued,
+                "models": sum(1 for r in recs if r.state != CORRUPT)}
+
     def stop(self, grace: float = 1.0) -> None:
         if self._stopped.is_set():
             return
         self._stopped.set()
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
         self.service.reaper.stop()
         self.router.stop()
         self.grpc.stop(grace).wait()
@@ -262,9 +279,13 @@ def serve(cfg: ClusterConfig, rank: int, registry: JobRegistry = PRODUCTION) -> 
     (:func:`net.malloc.keep_freed_memory`: no page faults for every fresh buffer)."""
     runtime_defaults()
     malloc.keep_freed_memory()
-    log.info("party %d: secure kernels ready in %.1f s", rank,
-             prepare_kernels(cfg.party(rank).data_dir, rank))
+    took = prepare_kernels(cfg.party(rank).data_dir, rank)
+    log.info("party %d: secure kernels ready in %.1f s", rank, took,
+             extra={"event": "kernels_ready"})
     srv = PartyServer(cfg, rank, registry)
+    from mpc3.kernels.catalog import KERNELS, WARM_UP_SIZES
+    srv.kernels = (len(KERNELS) * len(WARM_UP_SIZES), took)
+    srv.metrics.kernels_s = took
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: threading.Thread(target=srv.stop).start())
     srv.start()

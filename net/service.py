@@ -282,7 +282,8 @@ class ClientServicer(pb_grpc.ClientServiceServicer):
             store.abandon(model_id, stage)
             raise
         log.info("party %d: model %s stored (%d tensors, %d bytes) for %s", rank, model_id,
-                 len(tensors), total, ident.name)
+                 len(tensors), total, ident.name,
+                 extra={"event": "model_stored", "user": ident.name})
         yield pb.UploadReply(model=_model_info(rec))
 
     UploadModelShares = _rpc(OWNER, stream="in")(_upload)
@@ -319,7 +320,8 @@ class ClientServicer(pb_grpc.ClientServiceServicer):
             raise BadRequest(Code.PERMISSION_DENIED, f"model {request.model_id!r} belongs to "
                              "another owner")
         self.srv.store.delete(request.model_id)
-        log.info("party %d: model %s deleted by %s", rank, request.model_id, ident.name)
+        log.info("party %d: model %s deleted by %s", rank, request.model_id, ident.name,
+                 extra={"event": "model_deleted", "user": ident.name})
         return pb.Empty()
 
     @_rpc(ANY, blocking=True)
@@ -452,4 +454,15 @@ class ClientServicer(pb_grpc.ClientServiceServicer):
                               models=sum(1 for r in recs if r.state != CORRUPT),
                               tls=self.cfg.tls, version=VERSION,
                               diagnostic=self.srv.registry.diagnostic,
-                              job_kinds=self.srv.registry.names())
+                              job_kinds=self.srv.registry.names(), **_doctor_fields(self.srv))
+
+
+def _doctor_fields(srv) -> dict:
+    """What ``mpc3 doctor`` checks beyond the above: the party's clock, its kernels
+    (compiled before serving, net.server.serve) and its limits - all public."""
+    import dataclasses
+    compiled, took = srv.kernels or (0, 0.0)
+    return dict(party_time=time.time(), kernels_ready=srv.kernels is not None,
+                kernels_compiled=compiled, kernels_compile_s=took,
+                limits_json=json.dumps(dataclasses.asdict(srv.limits), sort_keys=True),
+                uptime_s=time.time() - srv.metrics.started)

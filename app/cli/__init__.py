@@ -9,13 +9,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import bench, cluster, generate, models, text, translate
+from . import bench, cluster, doctor, generate, models, text, translate
 
 DESCRIPTION = """Private transformer inference by three MPC parties: a model owner shares its
 weights, a query user its input, and only the user sees the result. Start with `mpc3 demo`;
 three hosts: deploy/README.md; every command: `mpc3 COMMAND --help`."""
 
-GROUPS = (cluster, models, translate, generate, text, bench)
+GROUPS = (cluster, doctor, models, translate, generate, text, bench)
 
 
 def version() -> str:

@@ -8,8 +8,6 @@
 """
 from __future__ import annotations
 
-import logging
-import sys
 from pathlib import Path
 
 from net import keys
@@ -36,6 +34,13 @@ def register(sub) -> None:
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--exit-with-parent", type=int, metavar="PID", default=None,
                    help="stop when process PID exits (set by benchmark and demo launchers)")
+    p.add_argument("--metrics", metavar="HOST:PORT", default=None,
+                   help="serve Prometheus metrics on http://HOST:PORT/metrics (overrides "
+                   "metrics_listen of the party's [[party]] table; no TLS or "
+                   "authentication: bind it to localhost or firewall it)")
+    p.add_argument("--log-json", action="store_true",
+                   help="log JSON lines (time, level, party, event, job, user) instead of "
+                   "text (or log_format = \"json\" in the party's [[party]] table)")
     add_insecure(p)
     p.set_defaults(func=_cmd_party)
 
@@ -81,9 +86,17 @@ def _cmd_keys(args) -> int:
 
 
 def _cmd_party(args) -> int:
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    import dataclasses
+
+    from net import logjson
     cfg = load(args)
+    pcfg = cfg.party(args.id)
+    if args.metrics is not None or args.log_json:
+        pcfg = dataclasses.replace(pcfg, metrics_listen=args.metrics or pcfg.metrics_listen,
+                                   log_format="json" if args.log_json else pcfg.log_format)
+        parties = tuple(pcfg if n == args.id else p for n, p in enumerate(cfg.parties))
+        cfg = dataclasses.replace(cfg, parties=parties)
+    logjson.configure(args.id, args.log_level, pcfg.log_format)
     from net.server import serve
     exit_with_parent(args.exit_with_parent)
     return serve(cfg, args.id)

@@ -18,31 +18,17 @@ import sys
 
 import numpy as np
 
-from .common import add_client_creds, add_fuse, check_same_model, load, load_model_file
+from .common import add_client_creds, add_fuse, check_same_model, load
 
 
 def _cmd_generate(args) -> int:
     from net.client import QueryUser
-    from protocols.model import load_tokenizer
-    from ..generate import ByteStream, LMClusterBackend, encode_text, eos_of, generate
-    from ..text import TokenStream, parse_ids, token_ids
+    from ..generate import ByteStream, LMClusterBackend, generate
+    from ..text import lm_prompt
     cfg = load(args)
-    mcfg, _, user = load_model_file(args.model)
-    if mcfg.arch != "decoder-only":
-        raise ValueError(f"{args.model} is an {mcfg.arch} model; generate needs a "
-                         "decoder-only LM")
-    if not user:
-        raise ValueError(f"{args.model} holds no query-user tensors (embed.tgt, out.w, out.b)")
-    if (args.prompt is None) == (args.ids is None):
-        raise ValueError("give a text prompt or --ids, not both or neither")
-    if args.ids is not None:
-        ids, text, tok = parse_ids(args.ids, mcfg.tgt_vocab), False, None
-    else:
-        text, tok = True, load_tokenizer(args.model)
-        ids = token_ids(tok, [args.prompt], mcfg.max_len)[0] if tok is not None else \
-            encode_text(mcfg, args.prompt)
-    eos = eos_of(mcfg) if text and tok is None else None
-    stream = ByteStream() if tok is None else TokenStream(tok)
+    mcfg, user, ids, stream, eos = lm_prompt(args.model, args.prompt, args.ids)
+    text = stream is not None
+    stream = stream or ByteStream()
 
     def show(k: int, tok: np.ndarray) -> None:
         t = int(tok[0])

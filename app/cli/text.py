@@ -22,64 +22,26 @@ import time
 
 import numpy as np
 
-from .common import add_client_creds, check_same_model, load, load_model_file
-
-
-def _a(word: str) -> str:
-    return f"{'an' if word[0] in 'aeiou' else 'a'} {word}"
+from .common import add_client_creds, load
 
 
 def _inputs(args, arch: str):
     """(cfg, user tensors, token id sequences, their labels for printing) of the command's
     texts or --ids, checked against the model file."""
-    from protocols.model import load_tokenizer
-
-    from ..text import parse_ids, token_ids
-    mcfg, _, user = load_model_file(args.model)
-    if mcfg.arch != arch:
-        raise ValueError(f"{args.model} is {_a(mcfg.arch)} model; {args.command} needs "
-                         f"{_a(arch)} model")
-    if "embed.src" not in user:
-        raise ValueError(f"{args.model} holds no query-user tensors (embed.src)")
-    if bool(args.texts) == (args.ids is not None):
-        raise ValueError("give texts or --ids, not both or neither")
-    if args.ids is not None:
-        ids = parse_ids(args.ids, mcfg.src_vocab)
-        if len(ids) > mcfg.max_len:
-            raise ValueError(f"--ids: {len(ids)} tokens; the model takes at most "
-                             f"{mcfg.max_len} (max_len)")
-        return mcfg, user, [ids], [f"ids {args.ids}"]
-    tok = load_tokenizer(args.model)
-    if tok is None:
-        raise ValueError(f"{args.model} carries no tokenizer (imported without "
-                         f"tokenizer.json): pass token ids with --ids")
-    return mcfg, user, token_ids(tok, args.texts, mcfg.max_len), [repr(t) for t in args.texts]
+    from ..text import model_inputs
+    mcfg, user, seqs = model_inputs(args.model, arch, args.texts, args.ids, args.command)
+    names = [f"ids {args.ids}"] if args.ids is not None else [repr(t) for t in args.texts]
+    return mcfg, user, seqs, names
 
 
 def _run(args, kind: str, out_name: str, mcfg, user, seqs):
     """One job per token length on the cluster; (rows in input order, jobs, seconds)."""
-    from net.client import QueryUser
-
-    from ..text import by_length, run_grouped
-    cfg = load(args)
+    from ..api import Cluster
     t0 = time.monotonic()
-    with QueryUser(cfg, args.cert, args.key, rpc_timeout=args.rpc_timeout) as qu:
-        remote = _remote_config(qu, args.model_id)
-        check_same_model(remote, mcfg, args.model_id, args.model)
-        rows = run_grouped(lambda x: qu.run(args.model_id, kind, {"X": x})[out_name],
-                           mcfg, user, seqs)
-    return rows, len(by_length(seqs)), time.monotonic() - t0
-
-
-def _remote_config(qu, model_id: str):
-    import json
-
-    from protocols import model as M
-    meta = json.loads(qu.model(model_id).public_meta or "{}")
-    if "model_config" not in meta:
-        raise ValueError(f"model {model_id!r} has no public model_config (not shared by "
-                         f"'mpc3 share-model'?)")
-    return M.ModelConfig.from_dict(meta["model_config"])
+    with Cluster(load(args), "query-user", args.cert, args.key,
+                 rpc_timeout=args.rpc_timeout) as cluster:
+        rows = cluster.run_rows(args.model_id, kind, out_name, mcfg, user, seqs, args.model)
+    return rows, cluster.last_costs.jobs, time.monotonic() - t0
 
 
 def _cmd_embed(args) -> int:

@@ -23,22 +23,6 @@ DEMO_SEED = 2024
 
 
 # ---------------------------------------------------------------------------- helpers ----
-def _user_side(path: str | None):
-    """(model config, user tensors, vocab, weights or None) of the query user."""
-    from protocols import model as M
-    from protocols import textdata as TD
-    if path is None:
-        if not TD.SHIPPED_MODEL.exists():
-            raise FileNotFoundError(f"shipped model {TD.SHIPPED_MODEL} is missing; pass "
-                                    "--model PATH")
-        mcfg, w, user, vocab = TD.load_shipped()
-        return mcfg, user, vocab, w
-    mcfg, w, user = M.load_model(path)
-    if not user:
-        raise ValueError(f"{path} holds no query-user tensors (embed.src, embed.tgt, out.*)")
-    return mcfg, user, TD.VOCAB, w
-
-
 class Progress:
     """One line per generated token (batch rows side by side), on stderr."""
 
@@ -80,9 +64,10 @@ def layer_table(layers, cost) -> str:
 # -------------------------------------------------------------------------- translate ----
 def _cmd_translate(args) -> int:
     from net.client import QueryUser
+    from ..api import translator_side
     from ..translate import ClusterBackend, translate_texts
     cfg = load(args)
-    mcfg, user, vocab, _ = _user_side(args.model)
+    mcfg, user, vocab = translator_side(args.model)
     with QueryUser(cfg, args.cert, args.key, rpc_timeout=args.rpc_timeout) as qu:
         backend = ClusterBackend(qu, args.model_id, step_timeout=args.step_timeout,
                                  fuse=args.fuse)
