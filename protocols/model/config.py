@@ -274,6 +274,42 @@ class ModelConfig:
                    **opt).validate()
 
 
+#: The largest value of each size key a model file may carry (docs/MODELS.md, "Untrusted model
+#: files"): far beyond the models mpc3 runs, small enough that a config cannot make the
+#: owner's tools allocate without end. max_len: MAX_LEN positions (a longer learned position
+#: table is cut with ``--max-len``; calibration runs sequences of max_len tokens).
+MAX_LEN = 8192
+CEILINGS = {"d_model": 1 << 16, "n_heads": 1 << 10, "n_features": 1 << 16, "d_ff": 1 << 18,
+            "n_enc_layers": 1 << 10, "n_dec_layers": 1 << 10, "src_vocab": 1 << 24,
+            "tgt_vocab": 1 << 24, "n_classes": 1 << 24, "type_vocab": 1 << 16,
+            "ffn_pruned": 1 << 10, "max_len": MAX_LEN}
+
+
+def check_ceilings(cfg: ModelConfig, where: str = "model config") -> ModelConfig:
+    """ValueError naming the first key of ``cfg`` above its :data:`CEILINGS` value."""
+    for key, top in CEILINGS.items():
+        if getattr(cfg, key) > top:
+            fix = ("; cut a learned position table with --max-len" if key == "max_len"
+                   else "")
+            raise ValueError(f"{where}: {key}={getattr(cfg, key)} exceeds mpc3's ceiling "
+                             f"{top} (docs/MODELS.md, Untrusted model files{fix})")
+    return cfg
+
+
+def check_layers(cfg: ModelConfig, names, where: str = "model config") -> ModelConfig:
+    """ValueError unless ``cfg``'s layer counts are at most the layers whose tensors are in
+    ``names`` (``enc.i.``, ``dec.i.``) and within :data:`CEILINGS` - checked before
+    :func:`expected_shapes` (whose size grows with the layers) is formed."""
+    check_ceilings(cfg, where)
+    for key, stack in (("n_enc_layers", "enc"), ("n_dec_layers", "dec")):
+        present = {n.split(".", 2)[1] for n in names if n.startswith(stack + ".")}
+        have = len({p for p in present if p.isdigit()})
+        if getattr(cfg, key) > have:
+            raise ValueError(f"{where}: {key}={getattr(cfg, key)} but the file holds "
+                             f"tensors of {have} {stack}.* layers")
+    return cfg
+
+
 def config_keys(arch: str) -> tuple[str, ...]:
     """Every key of an ``arch`` config dictionary (ModelConfig.to_dict / from_dict)."""
     return _COMMON + ARCH_KEYS[arch]

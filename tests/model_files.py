@@ -1,0 +1,206 @@
+"""Small model files of every format ``mpc3 import`` reads, valid and hostile, built without
+torch or the hub (mpc3's own writers; Hugging Face names written by hand), and a runner that
+measures a command's peak memory in a child process (tests/test_model_hostile.py,
+tests/test_model_fuzz.py)."""
+import json
+import os
+import resource
+import struct
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from protocols import model as M
+from protocols.model import safetensors as ST
+
+ROOT = Path(__file__).resolve().parent.parent
+D, H, F, V, P, C = 8, 2, 16, 11, 6, 3          # the tiny HF checkpoints' sizes
+
+
+def tiny_cfg(**kw) -> M.ModelConfig:
+    args = dict(d_model=8, n_heads=2, d_head=4, n_features=4, d_ff=16, n_enc_layers=1,
+                n_dec_layers=1, attn_c=0.5, attn_norm="mean", norm_first=False, src_vocab=5,
+                tgt_vocab=6, max_len=8)
+    return M.ModelConfig(**{**args, **kw}).validate()
+
+
+def mpc3_safetensors(path: Path, cfg: M.ModelConfig | None = None) -> Path:
+    cfg = cfg or tiny_cfg()
+    ST.save_safetensors_model(path, cfg, M.random_weights(cfg, 1), M.random_user(cfg, 2))
+    return path
+
+
+def mpc3_npz(path: Path, cfg: M.ModelConfig | None = None) -> Path:
+    cfg = cfg or tiny_cfg()
+    M.save_model(path, cfg, M.random_weights(cfg, 1), M.random_user(cfg, 2),
+                 labels=None)
+    return path
+
+
+def raw_safetensors(path: Path, header, data: bytes = b"") -> Path:
+    """A safetensors file of exactly this header (a dict, or bytes as they are) and data."""
+    head = header if isinstance(header, bytes) else json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(head)) + head + data)
+    return path
+
+
+def _bert_tensors(rng, layers=2) -> dict[str, np.ndarray]:
+    def t(*shape):
+        return (0.2 * rng.standard_normal(shape)).astype(np.float32)
+
+    out = {"bert.embeddings.word_embeddings.weight": t(V, D),
+           "bert.embeddings.position_embeddings.weight": t(P, D),
+           "bert.embeddings.token_type_embeddings.weight": t(2, D),
+           "bert.embeddings.LayerNorm.weight": 1 + t(D), "bert.embeddings.LayerNorm.bias": t(D),
+           "bert.pooler.dense.weight": t(D, D), "bert.pooler.dense.bias": t(D),
+           "classifier.weight": t(C, D), "classifier.bias": t(C)}
+    for i in range(layers):
+        p = f"bert.encoder.layer.{i}."
+        for n in ("attention.self.query", "attention.self.key", "attention.self.value",
+                  "attention.output.dense"):
+            out[p + n + ".weight"], out[p + n + ".bias"] = t(D, D), t(D)
+        out[p + "intermediate.dense.weight"], out[p + "intermediate.dense.bias"] = t(F, D), t(F)
+        out[p + "output.dense.weight"], out[p + "output.dense.bias"] = t(D, F), t(D)
+        for n in ("attention.output.LayerNorm", "output.LayerNorm"):
+            out[p + n + ".weight"], out[p + n + ".bias"] = 1 + t(D), t(D)
+    return out
+
+
+def bert_config(layers=2) -> dict:
+    return {"model_type": "bert", "architectures": ["BertForSequenceClassification"],
+            "hidden_size": D, "num_attention_heads": H, "num_hidden_layers": layers,
+            "intermediate_size": F, "vocab_size": V, "max_position_embeddings": P,
+            "type_vocab_size": 2, "hidden_act": "gelu", "layer_norm_eps": 1e-12,
+            "id2label": {str(i): f"c{i}" for i in range(C)}}
+
+
+def hf_bert(d: Path, shards: int = 1) -> Path:
+    """A save_pretrained-like BertForSequenceClassification directory (float32), in one file
+    or ``shards`` files listed by model.safetensors.index.json."""
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text(json.dumps(bert_config()))
+    tensors = _bert_tensors(np.random.default_rng(3))
+    if shards == 1:
+        ST.write_safetensors(d / "model.safetensors", tensors, {"format": "pt"})
+        return d
+    names, weight_map = sorted(tensors), {}
+    for k in range(shards):
+        part = names[k::shards]
+        file = f"model-{k + 1:05d}-of-{shards:05d}.safetensors"
+        ST.write_safetensors(d / file, {n: tensors[n] for n in part}, {"format": "pt"})
+        weight_map.update({n: file for n in part})
+    (d / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": 0}, "weight_map": weight_map}))
+    return d
+
+
+def hf_gpt2(d: Path) -> Path:
+    """A save_pretrained-like GPT2LMHeadModel directory (float32, tied LM head)."""
+    d.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(4)
+
+    def t(*shape):
+        return (0.2 * rng.standard_normal(shape)).astype(np.float32)
+
+    conf = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": D,
+            "n_head": H, "n_layer": 2, "vocab_size": V, "n_positions": P,
+            "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5}
+    (d / "config.json").write_text(json.dumps(conf))
+    out = {"transformer.wte.weight": t(V, D), "transformer.wpe.weight": t(P, D),
+           "transformer.ln_f.weight": 1 + t(D), "transformer.ln_f.bias": t(D)}
+    for i in range(2):
+        p = f"transformer.h.{i}."
+        for n, (a, b) in {"attn.c_attn": (D, 3 * D), "attn.c_proj": (D, D),
+                          "mlp.c_fc": (D, 4 * D), "mlp.c_proj": (4 * D, D)}.items():
+            out[p + n + ".weight"], out[p + n + ".bias"] = t(a, b), t(b)
+        for n in ("ln_1", "ln_2"):
+            out[p + n + ".weight"], out[p + n + ".bias"] = 1 + t(D), t(D)
+    ST.write_safetensors(d / "model.safetensors", out, {"format": "pt"})
+    return d
+
+
+# ------------------------------------------------------------------------ hostile ----
+def overlapping_spans(path: Path, n: int = 2500, span: int = 1 << 20) -> Path:
+    """``n`` tensors on one ``span``-byte range: the old reader copied each before checking
+    the spans (a 1.2 MB file reached 2.5 GB)."""
+    header = {f"t{i}": {"dtype": "F64", "shape": [span // 8], "data_offsets": [0, span]}
+              for i in range(n)}
+    return raw_safetensors(path, header, b"\0" * span)
+
+
+def zip_bomb(path: Path, nbytes: int = 1 << 30) -> Path:
+    """An .npz whose one member inflates to ``nbytes`` of zeros (a valid .npy header; ~1 MB
+    on disk per GB)."""
+    header = {"descr": "<f8", "fortran_order": False, "shape": (nbytes // 8,)}
+    buf = _npy_header(header)
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        with z.open("enc.0.attn.wq.npy", "w", force_zip64=True) as fh:
+            fh.write(buf)
+            chunk = bytes(1 << 20)
+            for _ in range(nbytes >> 20):
+                fh.write(chunk)
+    return path
+
+
+def _npy_header(header: dict) -> bytes:
+    text = repr(header).encode("latin1")
+    text += b" " * (-(len(text) + 11) % 64) + b"\n"
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(text)) + text
+
+
+def npz_with_npy_header(path: Path, header: dict, data: bytes, name="enc.0.attn.wq") -> Path:
+    """A one-member .npz whose .npy header says ``header`` (shape, dtype) over ``data``."""
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(name + ".npy", _npy_header(header) + data)
+    return path
+
+
+def with_config(path: Path, **changes) -> Path:
+    """The tiny mpc3 safetensors model with config keys overwritten in its metadata (the
+    tensors stay those of tiny_cfg)."""
+    cfg = tiny_cfg()
+    tensors = {**M.random_weights(cfg, 1).tensors, **M.random_user(cfg, 2)}
+    conf = {**cfg.to_dict(), **changes}
+    ST.write_safetensors(path, tensors, {ST.CONFIG_KEY: json.dumps(conf)})
+    return path
+
+
+# ------------------------------------------------------------------------- runner ----
+def _limit_memory(limit: int):
+    def apply():
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    return apply
+
+
+def run_measured(args, timeout: float = 120, address_space: int = 3 << 30) -> dict:
+    """``python -m app.cli ARGS`` in a child process limited to ``address_space`` bytes of
+    address space: its exit code, stdout, stderr, peak RSS in MB (that child's own, from
+    wait4) and wall seconds; killed after ``timeout`` seconds (rc None)."""
+    import tempfile
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OPENBLAS_NUM_THREADS="1",
+               OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "app.cli", *map(str, args)]
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        t0 = time.monotonic()
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=err, text=True,
+                                preexec_fn=_limit_memory(address_space))
+        rc = usage = None
+        while time.monotonic() - t0 < timeout:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                rc = os.waitstatus_to_exitcode(status)
+                break
+            time.sleep(0.02)
+        else:
+            proc.kill()
+            usage = os.wait4(proc.pid, 0)[2]
+        proc.returncode = rc if rc is not None else -9      # reaped here, not by Popen
+        took = time.monotonic() - t0
+        out.seek(0)
+        err.seek(0)
+        return {"rc": rc, "out": out.read(), "err": err.read(),
+                "peak_mb": usage.ru_maxrss / 1024, "seconds": took}
