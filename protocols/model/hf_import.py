@@ -56,15 +56,16 @@ imported with that difference stated in the import's notes, not refused.
 """
 from __future__ import annotations
 
-import json
 import os
+import re
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from .config import DECODER_ONLY, ENCODER, ENCODER_CLASSIFIER, ModelConfig
-from .safetensors import read_safetensors
+from .config import DECODER_ONLY, ENCODER, ENCODER_CLASSIFIER, ModelConfig, check_ceilings
+from .files import Budget, FileLimits, ModelFileError, limits, read_json
+from .safetensors import SafetensorsFile
 from .weights import Weights, validate_user
 
 FORMATS = ("mpc3", "hf-bert", "hf-gpt2", "sentence-transformers")
@@ -102,35 +103,76 @@ def _read_config(p: Path) -> dict:
     f = p / "config.json"
     if not f.is_file():
         raise ValueError(f"{p}: no config.json (a directory as save_pretrained writes it)")
-    with open(f, encoding="utf-8") as fh:
-        conf = json.load(fh)
-    if not isinstance(conf, dict):
-        raise ValueError(f"{f}: not a JSON object")
-    return conf
+    return read_json(f, "config.json")
 
 
-def read_checkpoint(path) -> tuple[dict, dict[str, np.ndarray]]:
-    """(config.json, tensors) of a save_pretrained directory (single or sharded
-    safetensors)."""
-    p = Path(path)
-    conf = _read_config(p)
+def _shard_names(index: Path, lim: FileLimits) -> list[str]:
+    """The shard files an index.json lists: plain file names in its directory."""
+    weight_map = read_json(index, "shard index", lim).get("weight_map")
+    if not isinstance(weight_map, dict) or not all(
+            isinstance(v, str) for v in weight_map.values()):
+        raise ModelFileError(f"{index}: weight_map is not an object of file names")
+    shards = sorted(set(weight_map.values()))
+    for name in shards:
+        if os.path.basename(name) != name or name in ("", ".", "..") or "\\" in name:
+            raise ModelFileError(f"{index}: shard {name[:80]!r} is not a file name in "
+                                 f"{index.parent} (no directories, no '..', no absolute "
+                                 f"paths)")
+    return shards
+
+
+def checkpoint_files(path, lim: FileLimits | None = None) -> list[SafetensorsFile]:
+    """The safetensors files of a save_pretrained directory, every header checked and the
+    model's ceilings (:class:`.files.FileLimits`) applied over all of them before any
+    tensor is read; the caller closes them (:func:`read_checkpoint` reads them all)."""
+    p, lim = Path(path), limits(lim)
     single, index = p / "model.safetensors", p / "model.safetensors.index.json"
-    if single.is_file():
-        return conf, read_safetensors(single)[0]
-    if index.is_file():
-        with open(index, encoding="utf-8") as fh:
-            shards = sorted(set(json.load(fh)["weight_map"].values()))
-        tensors: dict[str, np.ndarray] = {}
-        for name in shards:
-            if os.path.basename(name) != name:
-                raise ValueError(f"{index}: shard {name!r} is not a file name in {p}")
-            tensors.update(read_safetensors(p / name)[0])
-        return conf, tensors
-    if any((p / n).exists() for n in ("pytorch_model.bin", "model.bin", "tf_model.h5")):
+    if single.exists() or single.is_symlink():
+        names = [single.name]
+    elif index.exists() or index.is_symlink():
+        names = _shard_names(index, lim)
+    elif any((p / n).exists() for n in ("pytorch_model.bin", "model.bin", "tf_model.h5")):
         raise ImportRefused(f"{p}: only a pickled/TF checkpoint is there; mpc3 reads "
                             f"safetensors only (re-save with model.save_pretrained(dir), "
                             f"whose default is safetensors)")
-    raise ValueError(f"{p}: no model.safetensors or model.safetensors.index.json")
+    else:
+        raise ValueError(f"{p}: no model.safetensors or model.safetensors.index.json")
+    budget, files, seen = Budget(p, lim), [], {}
+    try:
+        for name in names:
+            files.append(SafetensorsFile(p / name, lim, budget))
+            for t in files[-1].names:
+                if seen.setdefault(t, name) != name:
+                    raise ModelFileError(f"{p}: tensor {t[:80]!r} is in both {seen[t]} and "
+                                         f"{name}")
+    except BaseException:
+        for f in files:
+            f.close()
+        raise
+    return files
+
+
+def read_checkpoint(path, lim: FileLimits | None = None) -> tuple[dict, dict[str, np.ndarray]]:
+    """(config.json, tensors) of a save_pretrained directory (single or sharded
+    safetensors, :func:`checkpoint_files`)."""
+    conf = _read_config(Path(path))
+    tensors: dict[str, np.ndarray] = {}
+    files = checkpoint_files(path, lim)
+    try:
+        for f in files:
+            tensors.update({name: f.read(name) for name in f.names})
+    finally:
+        for f in files:
+            f.close()
+    return conf, tensors
+
+
+def _check_layers(layers, tensors: dict, pattern: str, key: str, name: str) -> None:
+    """A config's layer count is at most the layers whose tensors the checkpoint holds."""
+    have = len({m.group(1) for k in tensors for m in [re.search(pattern, k)] if m})
+    if isinstance(layers, int) and layers > have:
+        raise ImportRefused(f"{name}: config.json {key}={layers} but the checkpoint holds "
+                            f"tensors of {have} layers")
 
 
 class _Tensors:
@@ -236,6 +278,8 @@ def bert(conf: dict, tensors: dict, name: str = "BERT", pool: str | None = None,
     d, h, L = conf["hidden_size"], conf["num_attention_heads"], conf["num_hidden_layers"]
     f, V, P = conf["intermediate_size"], conf["vocab_size"], conf["max_position_embeddings"]
     T = conf.get("type_vocab_size", 2)
+    _check_layers(L, tensors, r"^(?:bert\.)?encoder\.layer\.(\d+)\.", "num_hidden_layers",
+                  name)
     common = dict(**_common(d, h, f, P, conf.get("layer_norm_eps", 1e-12)), norm_first=False,
                   n_enc_layers=L, src_vocab=V, ffn_act=_act(conf, "hidden_act", notes),
                   embedding="learned-ln", type_vocab=T)
@@ -312,6 +356,7 @@ def gpt2(conf: dict, tensors: dict, name: str = "GPT-2") -> tuple:
     d, h, L = conf["n_embd"], conf["n_head"], conf["n_layer"]
     V, P = conf["vocab_size"], conf["n_positions"]
     f = conf.get("n_inner") or 4 * d
+    _check_layers(L, tensors, r"^(?:transformer\.)?h\.(\d+)\.", "n_layer", name)
     cfg = ModelConfig(**_common(d, h, f, P, conf.get("layer_norm_epsilon", 1e-5)),
                       norm_first=True, arch=DECODER_ONLY, n_dec_layers=L, tgt_vocab=V,
                       ffn_act=_act(conf, "activation_function", notes),
@@ -388,4 +433,4 @@ def load_hf(path, fmt: str = "auto", pool: str | None = None, normalize: bool | 
                             f"(BertModel, sentence-transformers), not to GPT-2")
     else:
         cfg, w, user, notes = gpt2(conf, tensors, name)
-    return cap_max_len(cfg, user, max_len, name), w, user, notes
+    return check_ceilings(cap_max_len(cfg, user, max_len, name), name), w, user, notes
