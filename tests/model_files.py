@@ -176,14 +176,17 @@ def _limit_memory(limit: int):
     return apply
 
 
-def run_measured(args, timeout: float = 120, address_space: int = 3 << 30) -> dict:
-    """``python -m app.cli ARGS`` in a child process limited to ``address_space`` bytes of
-    address space: its exit code, stdout, stderr, peak RSS in MB (that child's own, from
-    wait4) and wall seconds; killed after ``timeout`` seconds (rc None)."""
+def run_measured(args, timeout: float = 120, address_space: int = 3 << 30,
+                 python: tuple = ("-m", "app.cli")) -> dict:
+    """``python -m app.cli ARGS`` (or ``python PYTHON ARGS``) in a child process limited to
+    ``address_space`` bytes of address space: its exit code, stdout, stderr, peak RSS in MB
+    (that child's own, from wait4) and wall seconds; killed after ``timeout`` seconds (rc
+    None)."""
     import tempfile
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OPENBLAS_NUM_THREADS="1",
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests'}",
+               OPENBLAS_NUM_THREADS="1",
                OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "app.cli", *map(str, args)]
+    cmd = [sys.executable, *python, *map(str, args)]
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         t0 = time.monotonic()
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=err, text=True,

@@ -140,6 +140,9 @@ def checkpoint_files(path, lim: FileLimits | None = None) -> list[SafetensorsFil
     budget, files, seen = Budget(p, lim), [], {}
     try:
         for name in names:
+            if not ((p / name).exists() or (p / name).is_symlink()):
+                raise ModelFileError(f"{p}: its shard index lists {name[:80]!r}, which is not "
+                                     f"in the directory")
             files.append(SafetensorsFile(p / name, lim, budget))
             for t in files[-1].names:
                 if seen.setdefault(t, name) != name:
