@@ -160,6 +160,17 @@ def test_absurd_sizes_are_refused_by_import(tmp_path, capsys, key, value):
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and f"{key}={value}" in err, err
     assert not (tmp_path / "o.npz").exists()
+    from app.cli.common import load_model_file          # what share-model loads it with
+    with pytest.raises(ValueError, match=f"{key}={value}"):
+        load_model_file(str(src))
+
+
+def test_the_max_len_ceiling_can_be_raised(tmp_path, monkeypatch):
+    src = MF.with_config(tmp_path / "m.safetensors", max_len=4096)
+    with pytest.raises(ValueError, match="max_len=4096 exceeds mpc3's ceiling 2048.*MPC3_MAX"):
+        ST.load_safetensors_model(src)
+    monkeypatch.setenv("MPC3_MAX_LEN", "4096")
+    assert ST.load_safetensors_model(src)[0].max_len == 4096
 
 
 def test_huge_position_tables_are_cut_or_refused(tmp_path, capsys):

@@ -276,21 +276,27 @@ class ModelConfig:
 
 #: The largest value of each size key a model file may carry (docs/MODELS.md, "Untrusted model
 #: files"): far beyond the models mpc3 runs, small enough that a config cannot make the
-#: owner's tools allocate without end. max_len: MAX_LEN positions (a longer learned position
-#: table is cut with ``--max-len``; calibration runs sequences of max_len tokens).
-MAX_LEN = 8192
+#: owner's tools allocate without end. ``max_len`` has its own, lower ceiling
+#: (:class:`.files.FileLimits`, ``MPC3_MAX_LEN``, default 2048): calibration traces sequences
+#: of max_len tokens, at a cost quadratic in it whatever the model's width (a tiny softmax
+#: model: 57 s and 1.4 GB at 2048, 4x that per doubling); a longer learned position table
+#: is cut with ``--max-len``.
 CEILINGS = {"d_model": 1 << 16, "n_heads": 1 << 10, "n_features": 1 << 16, "d_ff": 1 << 18,
             "n_enc_layers": 1 << 10, "n_dec_layers": 1 << 10, "src_vocab": 1 << 24,
             "tgt_vocab": 1 << 24, "n_classes": 1 << 24, "type_vocab": 1 << 16,
-            "ffn_pruned": 1 << 10, "max_len": MAX_LEN}
+            "ffn_pruned": 1 << 10, "max_len": None}
 
 
-def check_ceilings(cfg: ModelConfig, where: str = "model config") -> ModelConfig:
-    """ValueError naming the first key of ``cfg`` above its :data:`CEILINGS` value."""
-    for key, top in CEILINGS.items():
+def check_ceilings(cfg: ModelConfig, where: str = "model config",
+                   keys=tuple(CEILINGS)) -> ModelConfig:
+    """ValueError naming the first key of ``cfg`` (of ``keys``) above its :data:`CEILINGS`
+    value."""
+    from .files import ENV, FileLimits
+    for key in keys:
+        top = CEILINGS[key] if key != "max_len" else FileLimits.from_env().max_len
         if getattr(cfg, key) > top:
-            fix = ("; cut a learned position table with --max-len" if key == "max_len"
-                   else "")
+            fix = (f"; raise {ENV['max_len'][0]}, or cut a learned position table with "
+                   f"--max-len" if key == "max_len" else "")
             raise ValueError(f"{where}: {key}={getattr(cfg, key)} exceeds mpc3's ceiling "
                              f"{top} (docs/MODELS.md, Untrusted model files{fix})")
     return cfg

@@ -38,7 +38,8 @@ import numpy as np
 ENV = {"max_tensor_bytes": ("MPC3_MAX_TENSOR_BYTES", 4 << 30),
        "max_model_bytes": ("MPC3_MAX_MODEL_BYTES", 16 << 30),
        "max_tensors": ("MPC3_MAX_TENSORS", 1 << 16),
-       "max_json_bytes": ("MPC3_MAX_JSON_BYTES", 64 << 20)}
+       "max_json_bytes": ("MPC3_MAX_JSON_BYTES", 64 << 20),
+       "max_len": ("MPC3_MAX_LEN", 2048)}
 #: An .npz's members may inflate to NPZ_EXPANSION times the archive's length plus NPZ_SLACK
 #: (mpc3 writes them stored, ratio 1; float weights deflate by less than 4).
 NPZ_EXPANSION, NPZ_SLACK = 16, 64 << 20
@@ -55,6 +56,7 @@ class FileLimits:
     max_model_bytes: int = ENV["max_model_bytes"][1]
     max_tensors: int = ENV["max_tensors"][1]
     max_json_bytes: int = ENV["max_json_bytes"][1]
+    max_len: int = ENV["max_len"][1]      # config.check_ceilings: a model's positions
 
     @classmethod
     def from_env(cls, environ=None) -> "FileLimits":

@@ -63,7 +63,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import DECODER_ONLY, ENCODER, ENCODER_CLASSIFIER, ModelConfig, check_ceilings
+from .config import (CEILINGS, DECODER_ONLY, ENCODER, ENCODER_CLASSIFIER, ModelConfig,
+                     check_ceilings)
 from .files import Budget, FileLimits, ModelFileError, limits, read_json
 from .safetensors import SafetensorsFile
 from .weights import Weights, validate_user
@@ -76,6 +77,8 @@ HF_MODEL_TYPES = {"bert": "hf-bert", "gpt2": "hf-gpt2"}
 GELU_TANH_GAP = 4.8e-4
 _ACTS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu", "gelu_pytorch_tanh": "gelu"}
 _TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh")
+#: The config sizes checked as soon as the config is read (max_len after --max-len).
+_SIZES = tuple(k for k in CEILINGS if k != "max_len")
 
 
 class ImportRefused(ValueError):
@@ -222,7 +225,7 @@ class _Tensors:
 
 def _act(conf: dict, key: str, notes: list[str]) -> str:
     act = conf.get(key, "gelu")
-    if act not in _ACTS:
+    if not isinstance(act, str) or act not in _ACTS:
         raise ImportRefused(f"activation {key}={act!r} is not supported (mpc3 FFN "
                             f"activations: relu, gelu; accepted names {sorted(_ACTS)})")
     if act in _TANH_GELUS:
@@ -299,6 +302,7 @@ def bert(conf: dict, tensors: dict, name: str = "BERT", pool: str | None = None,
         cfg = ModelConfig(**common, arch=ENCODER_CLASSIFIER, n_classes=C,
                           pool="cls-tanh").validate()
         ignore = ("embeddings.position_ids", "embeddings.token_type_ids")
+    check_ceilings(cfg, name, keys=_SIZES)
     t = _Tensors(tensors, "bert.", ignore, name)
     if not headless and not t.has("classifier.weight"):
         raise ImportRefused(f"{name}: no classifier head (classifier.weight): import a "
@@ -364,6 +368,7 @@ def gpt2(conf: dict, tensors: dict, name: str = "GPT-2") -> tuple:
                       norm_first=True, arch=DECODER_ONLY, n_dec_layers=L, tgt_vocab=V,
                       ffn_act=_act(conf, "activation_function", notes),
                       embedding="learned").validate()
+    check_ceilings(cfg, name, keys=_SIZES)
     t = _Tensors(tensors, "transformer.", (".attn.bias", ".attn.masked_bias"), name)
     wte = t.take("wte.weight", (V, d))
     head = t.take("lm_head.weight", (V, d)) if t.has("lm_head.weight") else wte
