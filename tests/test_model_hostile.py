@@ -99,6 +99,18 @@ def test_a_zip_bomb_is_refused_from_its_directory(tmp_path, baseline_mb):
     refused(tmp_path, src, baseline_mb, "inflate to 1073741952 bytes", seconds=10)
 
 
+def test_bzip2_and_lzma_members_are_refused_unread(tmp_path):
+    """zipfile inflates bzip2 / LZMA data without bounding one read's output: 4 KB of bzip2
+    can hold a gigabyte, so such members are refused from the zip directory."""
+    for method in (zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA):
+        path = tmp_path / f"m{method}.npz"
+        with zipfile.ZipFile(path, "w", method) as z:
+            z.writestr("format.npy", MF._npy_header({"descr": "<i8", "fortran_order": False,
+                                                     "shape": (1,)}) + bytes(8))
+        with pytest.raises(FL.ModelFileError, match=f"compression method {method}"):
+            FL.NpzReader(path)
+
+
 def test_npy_headers_must_describe_their_member(tmp_path):
     huge = MF.npz_with_npy_header(tmp_path / "h.npz", {"descr": "<f8", "fortran_order": False,
                                                        "shape": (1 << 40,)}, bytes(8))

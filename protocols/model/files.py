@@ -14,7 +14,9 @@ file's own length and the ceilings of :class:`FileLimits` *before* anything is a
   at most ``max_tensor_bytes``, a model at most ``max_model_bytes`` in ``max_tensors``
   tensors;
 * an ``.npz`` (a zip of ``.npy`` members) is read by :class:`NpzReader`: each member's
-  declared size is bounded, the members' total may exceed the archive's length at most
+  declared size is bounded, only stored and deflated members are read (the zip library
+  inflates bzip2 and LZMA without bounding a read's output), the members' total may
+  exceed the archive's length at most
   :data:`NPZ_EXPANSION` times (plus :data:`NPZ_SLACK`), an ``.npy`` header must describe
   exactly the member's bytes, object arrays (pickles) are refused, and a member is read
   with a reader that stops at its declared size (the zip library checks its CRC).
@@ -253,6 +255,11 @@ class NpzReader:
             if not name.endswith(".npy") or name[:-4] in index:
                 raise ModelFileError(f"{self.path}: member {name[:80]!r} is not a .npy array "
                                      f"or appears twice (not an mpc3 .npz model file)")
+            if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+                # the zip library inflates bzip2 / LZMA without an output bound per read
+                raise ModelFileError(f"{self.path}: member {name[:80]!r} uses compression "
+                                     f"method {info.compress_type}; mpc3 reads stored or "
+                                     f"deflated members (np.savez, np.savez_compressed)")
             check_tensor_bytes(info.file_size, f"{self.path}: member {name[:80]!r}", self.lim)
             total += info.file_size
             index[name[:-4]] = info
