@@ -14,15 +14,16 @@ file's own length and the ceilings of :class:`FileLimits` *before* anything is a
   at most ``max_tensor_bytes``, a model at most ``max_model_bytes`` in ``max_tensors``
   tensors;
 * an ``.npz`` (a zip of ``.npy`` members) is read by :class:`NpzReader`: each member's
-  declared size is bounded, only stored and deflated members are read (the zip library
-  inflates bzip2 and LZMA without bounding a read's output), the members' total may
-  exceed the archive's length at most
-  :data:`NPZ_EXPANSION` times (plus :data:`NPZ_SLACK`), an ``.npy`` header must describe
-  exactly the member's bytes, object arrays (pickles) are refused, and a member is read
-  with a reader that stops at its declared size (the zip library checks its CRC).
+  declared size is bounded; only stored and deflated members are read (the zip library
+  inflates bzip2 and LZMA without bounding a read's output); the members' total may exceed
+  the archive's length at most :data:`NPZ_EXPANSION` times (plus :data:`NPZ_SLACK`); an
+  ``.npy`` header must describe exactly the member's bytes; object arrays (pickles) are
+  refused; a member is read in steps that stop at its declared size (the zip library
+  checks its CRC).
 
 Every refusal is a :class:`ModelFileError` (a ValueError) in one line naming the file, what
-is wrong and how to go on; the ceilings come from environment variables (:data:`ENV`).
+is wrong and how to go on; the ceilings come from environment variables (:data:`ENV`;
+``max_len`` is applied by :func:`.config.check_ceilings`).
 """
 from __future__ import annotations
 
@@ -98,7 +99,7 @@ def open_regular(path, what: str = "model file") -> tuple[int, int]:
     try:
         fd = os.open(path, flags)
     except FileNotFoundError:
-        raise
+        raise                           # the caller says "not found" (a path mistyped)
     except OSError as exc:
         if os.path.islink(path):
             raise ModelFileError(f"{path}: the {what} is a symbolic link; mpc3 reads model "
