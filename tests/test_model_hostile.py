@@ -254,6 +254,22 @@ def test_ceilings_come_from_the_environment(tmp_path, monkeypatch):
     assert FL.FileLimits.from_env({}) == FL.FileLimits()
 
 
+@pytest.mark.parametrize("key,value,named", [
+    ("vocab_size", 10 ** 9, "src_vocab=1000000000 (config.json vocab_size)"),
+    ("hidden_size", 2 ** 40, "d_model=1099511627776 (config.json hidden_size)"),
+    ("intermediate_size", 10 ** 9, "d_ff=1000000000 (config.json intermediate_size)")])
+def test_hf_config_sizes_are_refused_naming_the_key(tmp_path, capsys, key, value, named):
+    d = MF.hf_bert(tmp_path / "b")
+    conf = json.loads((d / "config.json").read_text())
+    conf[key] = value
+    if key == "hidden_size":
+        conf["num_attention_heads"] = 1
+    (d / "config.json").write_text(json.dumps(conf))
+    assert cli(["import", str(d), "--out", str(tmp_path / "o.npz")]) == 2
+    err = capsys.readouterr().err
+    assert named in err and len(err.splitlines()) == 1, err
+
+
 def test_hf_config_layers_are_bounded_by_the_checkpoint(tmp_path, capsys):
     d = MF.hf_bert(tmp_path / "b")
     conf = json.loads((d / "config.json").read_text())

@@ -287,17 +287,18 @@ CEILINGS = {"d_model": 1 << 16, "n_heads": 1 << 10, "n_features": 1 << 16, "d_ff
             "ffn_pruned": 1 << 10, "max_len": None}
 
 
-def check_ceilings(cfg: ModelConfig, where: str = "model config",
-                   keys=tuple(CEILINGS)) -> ModelConfig:
+def check_ceilings(cfg: ModelConfig, where: str = "model config", keys=tuple(CEILINGS),
+                   source: Mapping[str, str] | None = None) -> ModelConfig:
     """ValueError naming the first key of ``cfg`` (of ``keys``) above its :data:`CEILINGS`
-    value."""
+    value (and ``source[key]``, the key it was read from, e.g. config.json's)."""
     from .files import ENV, FileLimits
     for key in keys:
         top = CEILINGS[key] if key != "max_len" else FileLimits.from_env().max_len
         if getattr(cfg, key) > top:
             fix = (f"; raise {ENV['max_len'][0]}, or cut a learned position table with "
                    f"--max-len" if key == "max_len" else "")
-            raise ValueError(f"{where}: {key}={getattr(cfg, key)} exceeds mpc3's ceiling "
+            src = f" (config.json {source[key]})" if source and key in source else ""
+            raise ValueError(f"{where}: {key}={getattr(cfg, key)}{src} exceeds mpc3's ceiling "
                              f"{top} (docs/MODELS.md, Untrusted model files{fix})")
     return cfg
 

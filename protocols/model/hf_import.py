@@ -77,8 +77,15 @@ HF_MODEL_TYPES = {"bert": "hf-bert", "gpt2": "hf-gpt2"}
 GELU_TANH_GAP = 4.8e-4
 _ACTS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu", "gelu_pytorch_tanh": "gelu"}
 _TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh")
-#: The config sizes checked as soon as the config is read (max_len after --max-len).
+#: The config sizes checked as soon as the config is read (max_len after --max-len), and
+#: the config.json keys they come from.
 _SIZES = tuple(k for k in CEILINGS if k != "max_len")
+_BERT_KEYS = {"d_model": "hidden_size", "n_heads": "num_attention_heads",
+              "n_enc_layers": "num_hidden_layers", "d_ff": "intermediate_size",
+              "src_vocab": "vocab_size", "type_vocab": "type_vocab_size",
+              "n_classes": "num_labels / id2label", "max_len": "max_position_embeddings"}
+_GPT2_KEYS = {"d_model": "n_embd", "n_heads": "n_head", "n_dec_layers": "n_layer",
+              "d_ff": "n_inner", "tgt_vocab": "vocab_size", "max_len": "n_positions"}
 
 
 class ImportRefused(ValueError):
@@ -302,7 +309,7 @@ def bert(conf: dict, tensors: dict, name: str = "BERT", pool: str | None = None,
         cfg = ModelConfig(**common, arch=ENCODER_CLASSIFIER, n_classes=C,
                           pool="cls-tanh").validate()
         ignore = ("embeddings.position_ids", "embeddings.token_type_ids")
-    check_ceilings(cfg, name, keys=_SIZES)
+    check_ceilings(cfg, name, _SIZES, _BERT_KEYS)
     t = _Tensors(tensors, "bert.", ignore, name)
     if not headless and not t.has("classifier.weight"):
         raise ImportRefused(f"{name}: no classifier head (classifier.weight): import a "
@@ -368,7 +375,7 @@ def gpt2(conf: dict, tensors: dict, name: str = "GPT-2") -> tuple:
                       norm_first=True, arch=DECODER_ONLY, n_dec_layers=L, tgt_vocab=V,
                       ffn_act=_act(conf, "activation_function", notes),
                       embedding="learned").validate()
-    check_ceilings(cfg, name, keys=_SIZES)
+    check_ceilings(cfg, name, _SIZES, _GPT2_KEYS)
     t = _Tensors(tensors, "transformer.", (".attn.bias", ".attn.masked_bias"), name)
     wte = t.take("wte.weight", (V, d))
     head = t.take("lm_head.weight", (V, d)) if t.has("lm_head.weight") else wte
@@ -441,4 +448,6 @@ def load_hf(path, fmt: str = "auto", pool: str | None = None, normalize: bool | 
                             f"(BertModel, sentence-transformers), not to GPT-2")
     else:
         cfg, w, user, notes = gpt2(conf, tensors, name)
-    return check_ceilings(cap_max_len(cfg, user, max_len, name), name), w, user, notes
+    keys = _BERT_KEYS if fmt == "hf-bert" else _GPT2_KEYS
+    return check_ceilings(cap_max_len(cfg, user, max_len, name), name, source=keys), w, user, \
+        notes
