@@ -103,7 +103,7 @@ def detect_format(path) -> str:
         return "sentence-transformers"
     conf = _read_config(p)
     kind = conf.get("model_type")
-    if kind not in HF_MODEL_TYPES:
+    if not isinstance(kind, str) or kind not in HF_MODEL_TYPES:
         raise ImportRefused(f"{p}: model_type {kind!r} is not supported (importable: "
                             f"{', '.join(sorted(HF_MODEL_TYPES))}, as hf-bert / hf-gpt2)")
     return HF_MODEL_TYPES[kind]
@@ -255,6 +255,31 @@ def _common(d: int, h: int, d_ff: int, max_len: int, eps: float) -> dict:
                 attention="softmax", attn_bias=True)
 
 
+def _sizes(conf: dict, name: str, **keys) -> list:
+    """config.json's values of ``keys`` (key=default, ``...`` for a required key), each an
+    int >= 0 (None allowed where the default is None), or ImportRefused naming the key."""
+    out = []
+    for key, default in keys.items():
+        if default is ... and key not in conf:
+            raise ImportRefused(f"{name}: config.json has no {key}")
+        v = conf.get(key, None if default is ... else default)
+        if v is None and default is None:
+            out.append(v)
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ImportRefused(f"{name}: config.json {key}={str(v)[:40]} is not an integer "
+                                f">= 0")
+        out.append(v)
+    return out
+
+
+def _eps(conf: dict, key: str, default: float, name: str) -> float:
+    v = conf.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ImportRefused(f"{name}: config.json {key}={str(v)[:40]} is not a number")
+    return float(v)
+
+
 def _refuse_flags(conf: dict, flags: dict) -> None:
     for key, (bad, feature) in flags.items():
         if key in conf and bad(conf[key]):
@@ -275,6 +300,8 @@ def bert(conf: dict, tensors: dict, name: str = "BERT", pool: str | None = None,
     if conf.get("model_type") != "bert":
         raise ImportRefused(f"{name}: model_type {conf.get('model_type')!r} is not 'bert'")
     arch = conf.get("architectures") or ["BertForSequenceClassification"]
+    if not isinstance(arch, list) or not all(isinstance(a, str) for a in arch):
+        raise ImportRefused(f"{name}: config.json architectures is not a list of names")
     headless = "BertModel" in arch
     if not set(BERT_ARCHS) & set(arch):
         raise ImportRefused(f"{name}: architecture {arch} is not supported (mpc3 imports "
@@ -288,13 +315,13 @@ def bert(conf: dict, tensors: dict, name: str = "BERT", pool: str | None = None,
         "is_decoder": (bool, "BERT as a decoder (causal attention)"),
         "add_cross_attention": (bool, "cross-attention")})
     notes: list[str] = []
-    d, h, L = conf["hidden_size"], conf["num_attention_heads"], conf["num_hidden_layers"]
-    f, V, P = conf["intermediate_size"], conf["vocab_size"], conf["max_position_embeddings"]
-    T = conf.get("type_vocab_size", 2)
+    d, h, L, f, V, P, T = _sizes(
+        conf, name, hidden_size=..., num_attention_heads=..., num_hidden_layers=...,
+        intermediate_size=..., vocab_size=..., max_position_embeddings=..., type_vocab_size=2)
     _check_layers(L, tensors, r"^(?:bert\.)?encoder\.layer\.(\d+)\.", "num_hidden_layers",
                   name)
-    common = dict(**_common(d, h, f, P, conf.get("layer_norm_eps", 1e-12)), norm_first=False,
-                  n_enc_layers=L, src_vocab=V, ffn_act=_act(conf, "hidden_act", notes),
+    common = dict(**_common(d, h, f, P, _eps(conf, "layer_norm_eps", 1e-12, name)),
+                  norm_first=False, n_enc_layers=L, src_vocab=V, ffn_act=_act(conf, "hidden_act", notes),
                   embedding="learned-ln", type_vocab=T)
     if headless:
         cfg = ModelConfig(**common, arch=ENCODER, pool=pool or "mean",
@@ -305,7 +332,10 @@ def bert(conf: dict, tensors: dict, name: str = "BERT", pool: str | None = None,
             notes.append("BertModel's pooler (pooler.dense, the [CLS]-tanh layer) is not part "
                          f"of a sentence embedding: left out (pool {cfg.pool})")
     else:
-        C = len(conf["id2label"]) if conf.get("id2label") else conf.get("num_labels", 2)
+        if conf.get("id2label") and not isinstance(conf["id2label"], dict):
+            raise ImportRefused(f"{name}: config.json id2label is not an object")
+        C = len(conf["id2label"]) if conf.get("id2label") else _sizes(conf, name,
+                                                                       num_labels=2)[0]
         cfg = ModelConfig(**common, arch=ENCODER_CLASSIFIER, n_classes=C,
                           pool="cls-tanh").validate()
         ignore = ("embeddings.position_ids", "embeddings.token_type_ids")
@@ -359,6 +389,8 @@ def gpt2(conf: dict, tensors: dict, name: str = "GPT-2") -> tuple:
     if conf.get("model_type") != "gpt2":
         raise ImportRefused(f"{name}: model_type {conf.get('model_type')!r} is not 'gpt2'")
     arch = conf.get("architectures") or ["GPT2LMHeadModel"]
+    if not isinstance(arch, list) or not all(isinstance(a, str) for a in arch):
+        raise ImportRefused(f"{name}: config.json architectures is not a list of names")
     if not {"GPT2LMHeadModel", "GPT2Model"} & set(arch):
         raise ImportRefused(f"{name}: architecture {arch} is not supported (mpc3 imports "
                             f"GPT2LMHeadModel / GPT2Model as a decoder-only LM)")
@@ -367,11 +399,11 @@ def gpt2(conf: dict, tensors: dict, name: str = "GPT-2") -> tuple:
         "scale_attn_weights": (lambda v: not v, "unscaled attention scores"),
         "add_cross_attention": (bool, "cross-attention")})
     notes: list[str] = []
-    d, h, L = conf["n_embd"], conf["n_head"], conf["n_layer"]
-    V, P = conf["vocab_size"], conf["n_positions"]
-    f = conf.get("n_inner") or 4 * d
+    d, h, L, V, P, f = _sizes(conf, name, n_embd=..., n_head=..., n_layer=..., vocab_size=...,
+                              n_positions=..., n_inner=None)
+    f = f or 4 * d
     _check_layers(L, tensors, r"^(?:transformer\.)?h\.(\d+)\.", "n_layer", name)
-    cfg = ModelConfig(**_common(d, h, f, P, conf.get("layer_norm_epsilon", 1e-5)),
+    cfg = ModelConfig(**_common(d, h, f, P, _eps(conf, "layer_norm_epsilon", 1e-5, name)),
                       norm_first=True, arch=DECODER_ONLY, n_dec_layers=L, tgt_vocab=V,
                       ffn_act=_act(conf, "activation_function", notes),
                       embedding="learned").validate()
