@@ -176,34 +176,47 @@ def _limit_memory(limit: int):
     return apply
 
 
+#: Runs ``-m MODULE ARGS`` or ``SCRIPT ARGS`` and writes the process's VmHWM (peak RSS of
+#: its own memory since exec, in kB) to the file named by its first argument when it ends -
+#: wait4's ru_maxrss would include the forked copy of the (large) pytest process.
+_PEAK = """
+import runpy, sys
+out = sys.argv.pop(1)
+try:
+    if sys.argv[1] == "-m":
+        sys.argv = [sys.argv[2], *sys.argv[3:]]
+        runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = sys.argv[1:]
+        runpy.run_path(sys.argv[0], run_name="__main__")
+finally:
+    with open("/proc/self/status") as fh:
+        hwm = [line.split()[1] for line in fh if line.startswith("VmHWM:")]
+    with open(out, "w") as fh:
+        fh.write(hwm[0])
+"""
+
+
 def run_measured(args, timeout: float = 120, address_space: int = 3 << 30,
                  python: tuple = ("-m", "app.cli")) -> dict:
     """``python -m app.cli ARGS`` (or ``python PYTHON ARGS``) in a child process limited to
     ``address_space`` bytes of address space: its exit code, stdout, stderr, peak RSS in MB
-    (that child's own, from wait4) and wall seconds; killed after ``timeout`` seconds (rc
-    None)."""
+    (its own VmHWM) and wall seconds; killed after ``timeout`` seconds (rc None)."""
     import tempfile
     env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests'}",
-               OPENBLAS_NUM_THREADS="1",
-               OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    cmd = [sys.executable, *python, *map(str, args)]
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+               OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    with tempfile.TemporaryDirectory() as tmp:
+        peak_file = Path(tmp) / "peak"
+        cmd = [sys.executable, "-c", _PEAK, str(peak_file), *python, *map(str, args)]
         t0 = time.monotonic()
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=err, text=True,
-                                preexec_fn=_limit_memory(address_space))
-        rc = usage = None
-        while time.monotonic() - t0 < timeout:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                rc = os.waitstatus_to_exitcode(status)
-                break
-            time.sleep(0.02)
-        else:
-            proc.kill()
-            usage = os.wait4(proc.pid, 0)[2]
-        proc.returncode = rc if rc is not None else -9      # reaped here, not by Popen
+        try:
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
+                                  timeout=timeout, preexec_fn=_limit_memory(address_space))
+            rc, out, err = proc.returncode, proc.stdout, proc.stderr
+        except subprocess.TimeoutExpired as exc:
+            rc, out, err = None, exc.stdout or "", f"{exc.stderr or ''}[killed after {timeout} s]"
         took = time.monotonic() - t0
-        out.seek(0)
-        err.seek(0)
-        return {"rc": rc, "out": out.read(), "err": err.read(),
-                "peak_mb": usage.ru_maxrss / 1024, "seconds": took}
+        peak = int(peak_file.read_text()) / 1024 if peak_file.exists() else float("inf")
+    return {"rc": rc, "out": out if isinstance(out, str) else out.decode(),
+            "err": err if isinstance(err, str) else err.decode(), "peak_mb": peak,
+            "seconds": took}
