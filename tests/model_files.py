@@ -210,7 +210,7 @@ def run_measured(args, timeout: float = 120, address_space: int = 3 << 30,
         cmd = [sys.executable, "-c", _PEAK, str(peak_file), *python, *map(str, args)]
         t0 = time.monotonic()
         try:
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT,
                                   timeout=timeout, preexec_fn=_limit_memory(address_space))
             rc, out, err = proc.returncode, proc.stdout, proc.stderr
         except subprocess.TimeoutExpired as exc:

@@ -137,6 +137,8 @@ def load_model_source(path: str, config_path: str | None = None, fmt: str = "aut
     except FileNotFoundError as exc:
         raise FileNotFoundError(f"model file {exc.filename or path} not found") from None
     except (ValueError, KeyError, TypeError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        if str(exc).startswith(f"{path}: "):
+            raise ValueError(str(exc)) from None        # it names the file already
         if str(path).endswith(".safetensors"):
             raise ValueError(f"{path}: not a usable mpc3 model: {exc}") from None
         raise ValueError(f"{path} is not a readable mpc3 model file (.npz with config.json "
