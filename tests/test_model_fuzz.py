@@ -6,7 +6,7 @@ wrong types), of the .npy headers and members of the archive, and of config.json
 index.json - each either imports or is refused with one ValueError of one line, through
 ``load_model_source`` and through ``mpc3 import`` (exit code 0 or 2, one stderr line).
 
-The cases run in one child process limited to 2 GiB of address space; its peak RSS (wait4)
+The cases run in one child process limited to 2 GiB of address space; its peak RSS (VmHWM)
 must stay under PEAK_MB and the whole run under a minute on a loaded 2-core box. Fixed seed,
 CASES cases; everything lives in the test's temporary directory."""
 import contextlib

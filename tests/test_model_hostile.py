@@ -1,7 +1,7 @@
 """Hostile model files do not exhaust the owner's machine (issue 33, item 4): each finding
 reproduced as it was reported and refused by ``mpc3 import`` in a child process limited in
 address space, in one line (exit code 2, no traceback), quickly and with its peak RSS
-measured (wait4). Before the fix (measured on this box with the same files): overlapping
+measured (its VmHWM). Before the fix (measured on this box with the same files): overlapping
 spans 2560 MB / 12.5 s, a link to /dev/zero (file or shard) MemoryError at the 2 GB limit,
 the 1 MB zip bomb 1072 MB, n_enc_layers = 10^6 killed after 120 s at 2728 MB, max_len =
 10^12 imported, shape [2^64] a 28-line OverflowError traceback."""
