@@ -150,3 +150,26 @@ def test_wrong_names_and_shapes_are_refused_with_the_name(tmp_path):
         load_model_file(str(tmp_path / "m.npz"), str(tmp_path / "cfg.json"))
     assert cli(["import", str(shape), "--out", str(tmp_path / "o.npz")]) == 2
     assert not (tmp_path / "o.npz").exists()
+
+
+def test_tensors_are_read_on_demand_after_the_whole_header_is_checked(tmp_path):
+    """SafetensorsFile checks the header when opened and reads a tensor only when asked
+    (share-model can stream a model tensor by tensor): opening a 64 MB file allocates a few
+    KB; each read allocates that tensor alone."""
+    import tracemalloc
+    big = np.zeros((1024, 8192))                                     # 64 MiB
+    small = np.arange(6, dtype=np.float32).reshape(2, 3)
+    path = tmp_path / "big.safetensors"
+    ST.write_safetensors(path, {"big": big, "small": small}, {"k": "v"})
+    tracemalloc.start()
+    try:
+        with ST.SafetensorsFile(path) as fh:
+            opened = tracemalloc.get_traced_memory()[1]
+            assert sorted(fh.names) == ["big", "small"] and fh.shape("big") == (1024, 8192)
+            assert fh.metadata == {"k": "v"}
+            tracemalloc.reset_peak()
+            np.testing.assert_array_equal(fh.read("small"), small)
+            read_small = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert opened < 1 << 20 and read_small < 1 << 20, (opened, read_small)

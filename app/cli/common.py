@@ -96,6 +96,7 @@ def load_model_source(path: str, config_path: str | None = None, fmt: str = "aut
     from pathlib import Path
 
     from protocols.model import hf_import, load_model
+    from protocols.model.files import ModelFileError
     from protocols.model.safetensors import load_safetensors_model
     from protocols.model.st_import import Imported, import_checkpoint
     from protocols.model.weights import LABELS_KEY, TOKENIZER_KEY, load_labels, text_entry
@@ -108,6 +109,8 @@ def load_model_source(path: str, config_path: str | None = None, fmt: str = "aut
                              "Hugging Face directory carries its config.json)")
         try:
             return import_checkpoint(path, fmt, **options)
+        except ModelFileError:
+            raise                                   # names its file, says what to do
         except FileNotFoundError as exc:
             raise FileNotFoundError(f"model {exc.filename or path} not found") from None
         except (ValueError, KeyError, TypeError, OSError) as exc:
@@ -129,9 +132,13 @@ def load_model_source(path: str, config_path: str | None = None, fmt: str = "aut
             got.labels = load_labels(path)
         got.tokenizer = text_entry(path, TOKENIZER_KEY)
         return got
+    except ModelFileError:
+        raise                                       # names its file, says what to do
     except FileNotFoundError as exc:
         raise FileNotFoundError(f"model file {exc.filename or path} not found") from None
     except (ValueError, KeyError, TypeError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        if str(exc).startswith(f"{path}: "):
+            raise ValueError(str(exc)) from None        # it names the file already
         if str(path).endswith(".safetensors"):
             raise ValueError(f"{path}: not a usable mpc3 model: {exc}") from None
         raise ValueError(f"{path} is not a readable mpc3 model file (.npz with config.json "

@@ -274,6 +274,49 @@ class ModelConfig:
                    **opt).validate()
 
 
+#: The largest value of each size key a model file may carry (docs/MODELS.md, "Untrusted model
+#: files"): far beyond the models mpc3 runs, small enough that a config cannot make the
+#: owner's tools allocate without end. ``max_len`` has its own, lower ceiling
+#: (:class:`.files.FileLimits`, ``MPC3_MAX_LEN``, default 2048): calibration traces sequences
+#: of max_len tokens, at a cost quadratic in it whatever the model's width (a tiny softmax
+#: model: 57 s and 1.4 GB at 2048, 4x that per doubling); a longer learned position table
+#: is cut with ``--max-len``.
+CEILINGS = {"d_model": 1 << 16, "n_heads": 1 << 10, "n_features": 1 << 16, "d_ff": 1 << 18,
+            "n_enc_layers": 1 << 10, "n_dec_layers": 1 << 10, "src_vocab": 1 << 24,
+            "tgt_vocab": 1 << 24, "n_classes": 1 << 24, "type_vocab": 1 << 16,
+            "ffn_pruned": 1 << 10, "max_len": None}
+
+
+def check_ceilings(cfg: ModelConfig, where: str = "model config", keys=tuple(CEILINGS),
+                   source: Mapping[str, str] | None = None) -> ModelConfig:
+    """ValueError naming the first key of ``cfg`` (of ``keys``) above its :data:`CEILINGS`
+    value (and ``source[key]``, the key it was read from, e.g. config.json's)."""
+    from .files import ENV, FileLimits
+    for key in keys:
+        top = CEILINGS[key] if key != "max_len" else FileLimits.from_env().max_len
+        if getattr(cfg, key) > top:
+            fix = (f"; raise {ENV['max_len'][0]}, or cut a learned position table with "
+                   f"--max-len" if key == "max_len" else "")
+            src = f" (config.json {source[key]})" if source and key in source else ""
+            raise ValueError(f"{where}: {key}={getattr(cfg, key)}{src} exceeds mpc3's ceiling "
+                             f"{top} (docs/MODELS.md, Untrusted model files{fix})")
+    return cfg
+
+
+def check_layers(cfg: ModelConfig, names, where: str = "model config") -> ModelConfig:
+    """ValueError unless ``cfg``'s layer counts are at most the layers whose tensors are in
+    ``names`` (``enc.i.``, ``dec.i.``) and within :data:`CEILINGS` - checked before
+    :func:`expected_shapes` (whose size grows with the layers) is formed."""
+    check_ceilings(cfg, where)
+    for key, stack in (("n_enc_layers", "enc"), ("n_dec_layers", "dec")):
+        present = {n.split(".", 2)[1] for n in names if n.startswith(stack + ".")}
+        have = len({p for p in present if p.isdigit()})
+        if getattr(cfg, key) > have:
+            raise ValueError(f"{where}: {key}={getattr(cfg, key)} but the file holds "
+                             f"tensors of {have} {stack}.* layers")
+    return cfg
+
+
 def config_keys(arch: str) -> tuple[str, ...]:
     """Every key of an ``arch`` config dictionary (ModelConfig.to_dict / from_dict)."""
     return _COMMON + ARCH_KEYS[arch]

@@ -56,15 +56,17 @@ imported with that difference stated in the import's notes, not refused.
 """
 from __future__ import annotations
 
-import json
 import os
+import re
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from .config import DECODER_ONLY, ENCODER, ENCODER_CLASSIFIER, ModelConfig
-from .safetensors import read_safetensors
+from .config import (CEILINGS, DECODER_ONLY, ENCODER, ENCODER_CLASSIFIER, ModelConfig,
+                     check_ceilings)
+from .files import Budget, FileLimits, ModelFileError, limits, read_json
+from .safetensors import SafetensorsFile
 from .weights import Weights, validate_user
 
 FORMATS = ("mpc3", "hf-bert", "hf-gpt2", "sentence-transformers")
@@ -75,6 +77,15 @@ HF_MODEL_TYPES = {"bert": "hf-bert", "gpt2": "hf-gpt2"}
 GELU_TANH_GAP = 4.8e-4
 _ACTS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu", "gelu_pytorch_tanh": "gelu"}
 _TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh")
+#: The config sizes checked as soon as the config is read (max_len after --max-len), and
+#: the config.json keys they come from.
+_SIZES = tuple(k for k in CEILINGS if k != "max_len")
+_BERT_KEYS = {"d_model": "hidden_size", "n_heads": "num_attention_heads",
+              "n_enc_layers": "num_hidden_layers", "d_ff": "intermediate_size",
+              "src_vocab": "vocab_size", "type_vocab": "type_vocab_size",
+              "n_classes": "num_labels / id2label", "max_len": "max_position_embeddings"}
+_GPT2_KEYS = {"d_model": "n_embd", "n_heads": "n_head", "n_dec_layers": "n_layer",
+              "d_ff": "n_inner", "tgt_vocab": "vocab_size", "max_len": "n_positions"}
 
 
 class ImportRefused(ValueError):
@@ -92,7 +103,7 @@ def detect_format(path) -> str:
         return "sentence-transformers"
     conf = _read_config(p)
     kind = conf.get("model_type")
-    if kind not in HF_MODEL_TYPES:
+    if not isinstance(kind, str) or kind not in HF_MODEL_TYPES:
         raise ImportRefused(f"{p}: model_type {kind!r} is not supported (importable: "
                             f"{', '.join(sorted(HF_MODEL_TYPES))}, as hf-bert / hf-gpt2)")
     return HF_MODEL_TYPES[kind]
@@ -102,35 +113,79 @@ def _read_config(p: Path) -> dict:
     f = p / "config.json"
     if not f.is_file():
         raise ValueError(f"{p}: no config.json (a directory as save_pretrained writes it)")
-    with open(f, encoding="utf-8") as fh:
-        conf = json.load(fh)
-    if not isinstance(conf, dict):
-        raise ValueError(f"{f}: not a JSON object")
-    return conf
+    return read_json(f, "config.json")
 
 
-def read_checkpoint(path) -> tuple[dict, dict[str, np.ndarray]]:
-    """(config.json, tensors) of a save_pretrained directory (single or sharded
-    safetensors)."""
-    p = Path(path)
-    conf = _read_config(p)
+def _shard_names(index: Path, lim: FileLimits) -> list[str]:
+    """The shard files an index.json lists: plain file names in its directory."""
+    weight_map = read_json(index, "shard index", lim).get("weight_map")
+    if not isinstance(weight_map, dict) or not all(
+            isinstance(v, str) for v in weight_map.values()):
+        raise ModelFileError(f"{index}: weight_map is not an object of file names")
+    shards = sorted(set(weight_map.values()))
+    for name in shards:
+        if os.path.basename(name) != name or name in ("", ".", "..") or "\\" in name:
+            raise ModelFileError(f"{index}: shard {name[:80]!r} is not a file name in "
+                                 f"{index.parent} (no directories, no '..', no absolute "
+                                 f"paths)")
+    return shards
+
+
+def checkpoint_files(path, lim: FileLimits | None = None) -> list[SafetensorsFile]:
+    """The safetensors files of a save_pretrained directory, every header checked and the
+    model's ceilings (:class:`.files.FileLimits`) applied over all of them before any
+    tensor is read; the caller closes them (:func:`read_checkpoint` reads them all)."""
+    p, lim = Path(path), limits(lim)
     single, index = p / "model.safetensors", p / "model.safetensors.index.json"
-    if single.is_file():
-        return conf, read_safetensors(single)[0]
-    if index.is_file():
-        with open(index, encoding="utf-8") as fh:
-            shards = sorted(set(json.load(fh)["weight_map"].values()))
-        tensors: dict[str, np.ndarray] = {}
-        for name in shards:
-            if os.path.basename(name) != name:
-                raise ValueError(f"{index}: shard {name!r} is not a file name in {p}")
-            tensors.update(read_safetensors(p / name)[0])
-        return conf, tensors
-    if any((p / n).exists() for n in ("pytorch_model.bin", "model.bin", "tf_model.h5")):
+    if single.exists() or single.is_symlink():
+        names = [single.name]
+    elif index.exists() or index.is_symlink():
+        names = _shard_names(index, lim)
+    elif any((p / n).exists() for n in ("pytorch_model.bin", "model.bin", "tf_model.h5")):
         raise ImportRefused(f"{p}: only a pickled/TF checkpoint is there; mpc3 reads "
                             f"safetensors only (re-save with model.save_pretrained(dir), "
                             f"whose default is safetensors)")
-    raise ValueError(f"{p}: no model.safetensors or model.safetensors.index.json")
+    else:
+        raise ValueError(f"{p}: no model.safetensors or model.safetensors.index.json")
+    budget, files, seen = Budget(p, lim), [], {}
+    try:
+        for name in names:
+            if not ((p / name).exists() or (p / name).is_symlink()):
+                raise ModelFileError(f"{p}: its shard index lists {name[:80]!r}, which is not "
+                                     f"in the directory")
+            files.append(SafetensorsFile(p / name, lim, budget))
+            for t in files[-1].names:
+                if seen.setdefault(t, name) != name:
+                    raise ModelFileError(f"{p}: tensor {t[:80]!r} is in both {seen[t]} and "
+                                         f"{name}")
+    except BaseException:
+        for f in files:
+            f.close()
+        raise
+    return files
+
+
+def read_checkpoint(path, lim: FileLimits | None = None) -> tuple[dict, dict[str, np.ndarray]]:
+    """(config.json, tensors) of a save_pretrained directory (single or sharded
+    safetensors, :func:`checkpoint_files`)."""
+    conf = _read_config(Path(path))
+    tensors: dict[str, np.ndarray] = {}
+    files = checkpoint_files(path, lim)
+    try:
+        for f in files:
+            tensors.update({name: f.read(name) for name in f.names})
+    finally:
+        for f in files:
+            f.close()
+    return conf, tensors
+
+
+def _check_layers(layers, tensors: dict, pattern: str, key: str, name: str) -> None:
+    """A config's layer count is at most the layers whose tensors the checkpoint holds."""
+    have = len({m.group(1) for k in tensors for m in [re.search(pattern, k)] if m})
+    if isinstance(layers, int) and layers > have:
+        raise ImportRefused(f"{name}: config.json {key}={layers} but the checkpoint holds "
+                            f"tensors of {have} layers")
 
 
 class _Tensors:
@@ -177,7 +232,7 @@ class _Tensors:
 
 def _act(conf: dict, key: str, notes: list[str]) -> str:
     act = conf.get(key, "gelu")
-    if act not in _ACTS:
+    if not isinstance(act, str) or act not in _ACTS:
         raise ImportRefused(f"activation {key}={act!r} is not supported (mpc3 FFN "
                             f"activations: relu, gelu; accepted names {sorted(_ACTS)})")
     if act in _TANH_GELUS:
@@ -200,6 +255,31 @@ def _common(d: int, h: int, d_ff: int, max_len: int, eps: float) -> dict:
                 attention="softmax", attn_bias=True)
 
 
+def _sizes(conf: dict, name: str, **keys) -> list:
+    """config.json's values of ``keys`` (key=default, ``...`` for a required key), each an
+    int >= 0 (None allowed where the default is None), or ImportRefused naming the key."""
+    out = []
+    for key, default in keys.items():
+        if default is ... and key not in conf:
+            raise ImportRefused(f"{name}: config.json has no {key}")
+        v = conf.get(key, None if default is ... else default)
+        if v is None and default is None:
+            out.append(v)
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ImportRefused(f"{name}: config.json {key}={str(v)[:40]} is not an integer "
+                                f">= 0")
+        out.append(v)
+    return out
+
+
+def _eps(conf: dict, key: str, default: float, name: str) -> float:
+    v = conf.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ImportRefused(f"{name}: config.json {key}={str(v)[:40]} is not a number")
+    return float(v)
+
+
 def _refuse_flags(conf: dict, flags: dict) -> None:
     for key, (bad, feature) in flags.items():
         if key in conf and bad(conf[key]):
@@ -220,6 +300,8 @@ def bert(conf: dict, tensors: dict, name: str = "BERT", pool: str | None = None,
     if conf.get("model_type") != "bert":
         raise ImportRefused(f"{name}: model_type {conf.get('model_type')!r} is not 'bert'")
     arch = conf.get("architectures") or ["BertForSequenceClassification"]
+    if not isinstance(arch, list) or not all(isinstance(a, str) for a in arch):
+        raise ImportRefused(f"{name}: config.json architectures is not a list of names")
     headless = "BertModel" in arch
     if not set(BERT_ARCHS) & set(arch):
         raise ImportRefused(f"{name}: architecture {arch} is not supported (mpc3 imports "
@@ -233,11 +315,13 @@ def bert(conf: dict, tensors: dict, name: str = "BERT", pool: str | None = None,
         "is_decoder": (bool, "BERT as a decoder (causal attention)"),
         "add_cross_attention": (bool, "cross-attention")})
     notes: list[str] = []
-    d, h, L = conf["hidden_size"], conf["num_attention_heads"], conf["num_hidden_layers"]
-    f, V, P = conf["intermediate_size"], conf["vocab_size"], conf["max_position_embeddings"]
-    T = conf.get("type_vocab_size", 2)
-    common = dict(**_common(d, h, f, P, conf.get("layer_norm_eps", 1e-12)), norm_first=False,
-                  n_enc_layers=L, src_vocab=V, ffn_act=_act(conf, "hidden_act", notes),
+    d, h, L, f, V, P, T = _sizes(
+        conf, name, hidden_size=..., num_attention_heads=..., num_hidden_layers=...,
+        intermediate_size=..., vocab_size=..., max_position_embeddings=..., type_vocab_size=2)
+    _check_layers(L, tensors, r"^(?:bert\.)?encoder\.layer\.(\d+)\.", "num_hidden_layers",
+                  name)
+    common = dict(**_common(d, h, f, P, _eps(conf, "layer_norm_eps", 1e-12, name)),
+                  norm_first=False, n_enc_layers=L, src_vocab=V, ffn_act=_act(conf, "hidden_act", notes),
                   embedding="learned-ln", type_vocab=T)
     if headless:
         cfg = ModelConfig(**common, arch=ENCODER, pool=pool or "mean",
@@ -248,10 +332,14 @@ def bert(conf: dict, tensors: dict, name: str = "BERT", pool: str | None = None,
             notes.append("BertModel's pooler (pooler.dense, the [CLS]-tanh layer) is not part "
                          f"of a sentence embedding: left out (pool {cfg.pool})")
     else:
-        C = len(conf["id2label"]) if conf.get("id2label") else conf.get("num_labels", 2)
+        if conf.get("id2label") and not isinstance(conf["id2label"], dict):
+            raise ImportRefused(f"{name}: config.json id2label is not an object")
+        C = len(conf["id2label"]) if conf.get("id2label") else _sizes(conf, name,
+                                                                       num_labels=2)[0]
         cfg = ModelConfig(**common, arch=ENCODER_CLASSIFIER, n_classes=C,
                           pool="cls-tanh").validate()
         ignore = ("embeddings.position_ids", "embeddings.token_type_ids")
+    check_ceilings(cfg, name, _SIZES, _BERT_KEYS)
     t = _Tensors(tensors, "bert.", ignore, name)
     if not headless and not t.has("classifier.weight"):
         raise ImportRefused(f"{name}: no classifier head (classifier.weight): import a "
@@ -301,6 +389,8 @@ def gpt2(conf: dict, tensors: dict, name: str = "GPT-2") -> tuple:
     if conf.get("model_type") != "gpt2":
         raise ImportRefused(f"{name}: model_type {conf.get('model_type')!r} is not 'gpt2'")
     arch = conf.get("architectures") or ["GPT2LMHeadModel"]
+    if not isinstance(arch, list) or not all(isinstance(a, str) for a in arch):
+        raise ImportRefused(f"{name}: config.json architectures is not a list of names")
     if not {"GPT2LMHeadModel", "GPT2Model"} & set(arch):
         raise ImportRefused(f"{name}: architecture {arch} is not supported (mpc3 imports "
                             f"GPT2LMHeadModel / GPT2Model as a decoder-only LM)")
@@ -309,13 +399,15 @@ def gpt2(conf: dict, tensors: dict, name: str = "GPT-2") -> tuple:
         "scale_attn_weights": (lambda v: not v, "unscaled attention scores"),
         "add_cross_attention": (bool, "cross-attention")})
     notes: list[str] = []
-    d, h, L = conf["n_embd"], conf["n_head"], conf["n_layer"]
-    V, P = conf["vocab_size"], conf["n_positions"]
-    f = conf.get("n_inner") or 4 * d
-    cfg = ModelConfig(**_common(d, h, f, P, conf.get("layer_norm_epsilon", 1e-5)),
+    d, h, L, V, P, f = _sizes(conf, name, n_embd=..., n_head=..., n_layer=..., vocab_size=...,
+                              n_positions=..., n_inner=None)
+    f = f or 4 * d
+    _check_layers(L, tensors, r"^(?:transformer\.)?h\.(\d+)\.", "n_layer", name)
+    cfg = ModelConfig(**_common(d, h, f, P, _eps(conf, "layer_norm_epsilon", 1e-5, name)),
                       norm_first=True, arch=DECODER_ONLY, n_dec_layers=L, tgt_vocab=V,
                       ffn_act=_act(conf, "activation_function", notes),
                       embedding="learned").validate()
+    check_ceilings(cfg, name, _SIZES, _GPT2_KEYS)
     t = _Tensors(tensors, "transformer.", (".attn.bias", ".attn.masked_bias"), name)
     wte = t.take("wte.weight", (V, d))
     head = t.take("lm_head.weight", (V, d)) if t.has("lm_head.weight") else wte
@@ -388,4 +480,6 @@ def load_hf(path, fmt: str = "auto", pool: str | None = None, normalize: bool | 
                             f"(BertModel, sentence-transformers), not to GPT-2")
     else:
         cfg, w, user, notes = gpt2(conf, tensors, name)
-    return cap_max_len(cfg, user, max_len, name), w, user, notes
+    keys = _BERT_KEYS if fmt == "hf-bert" else _GPT2_KEYS
+    return check_ceilings(cap_max_len(cfg, user, max_len, name), name, source=keys), w, user, \
+        notes

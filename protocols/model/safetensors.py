@@ -7,9 +7,11 @@ and the tensors' bytes, little-endian, row-major, offsets relative to the end of
 code when read, unlike pickled checkpoints, which is why mpc3 takes it.
 
 The reader here is plain numpy (no extra dependency at run time); the tests check it against
-the reference implementation. It refuses, naming the problem, a header that is too long or
-not JSON, offsets outside the file or overlapping, a shape that does not match its byte
-count, a dtype it does not know, and bytes the header does not account for.
+the reference implementation. It reads untrusted files with bounded memory (:mod:`.files`):
+the whole header is checked before any tensor is read, and it refuses, naming the problem,
+a header that is too long or not JSON, offsets outside the file or overlapping, a shape
+that does not match its byte count, a dtype it does not know, bytes the header does not
+account for, and sizes beyond the ceilings of :class:`.files.FileLimits`.
 
 A model is the file's tensors under mpc3's names (:func:`protocols.model.expected_shapes`
 for the MPC weights, :func:`expected_user_shapes` for the query user's embedding and output
@@ -25,74 +27,132 @@ from typing import Mapping
 
 import numpy as np
 
-from .config import ModelConfig, expected_shapes, expected_user_shapes
+from .config import ModelConfig, check_layers, expected_shapes, expected_user_shapes
+from .files import (Budget, FileLimits, ModelFileError, check_tensor_bytes, element_count,
+                    limits, open_regular, parse_json, pread_exact, read_json)
 from .weights import Weights, validate_user
 
-MAX_HEADER_BYTES = 100 << 20
 CONFIG_KEY = "mpc3_config"
 
 #: safetensors dtype names -> numpy dtypes (little-endian); BF16 is widened by hand.
 DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2",
           "I8": "i1", "U8": "u1", "BOOL": "?"}
+_SIZES = {**{k: np.dtype(v).itemsize for k, v in DTYPES.items()}, "BF16": 2}
 
 
-def _bf16(raw: bytes, count: int) -> np.ndarray:
+def _bf16(raw, count: int) -> np.ndarray:
     hi = np.frombuffer(raw, dtype="<u2", count=count).astype(np.uint32) << 16
     return hi.view(np.float32)
 
 
-def read_safetensors(path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """``(tensors, metadata)`` of a safetensors file; ValueError naming what is wrong."""
-    with open(path, "rb") as fh:
-        blob = fh.read()
-    if len(blob) < 8:
-        raise ValueError(f"{path}: {len(blob)} bytes, too short for a safetensors file")
-    (n,) = struct.unpack("<Q", blob[:8])
-    if n > MAX_HEADER_BYTES or 8 + n > len(blob):
-        raise ValueError(f"{path}: header length {n} exceeds the file or {MAX_HEADER_BYTES} "
-                         f"bytes (not a safetensors file?)")
-    try:
-        header = json.loads(blob[8:8 + n].decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{path}: header is not JSON ({exc})") from None
-    if not isinstance(header, dict):
-        raise ValueError(f"{path}: header must be a JSON object")
-    meta = header.pop("__metadata__", None) or {}
-    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
-        raise ValueError(f"{path}: __metadata__ must map strings to strings")
-    data = memoryview(blob)[8 + n:]
-    spans, tensors = [], {}
-    for name, info in header.items():
+class SafetensorsFile:
+    """One safetensors file, its whole header checked when opened - before any tensor is
+    read - and each tensor read on demand (:meth:`read`, exactly its own bytes).
+
+    Checked from the header alone (:mod:`.files`): a regular file; the header at most
+    ``max_json_bytes`` and inside the file; every entry a known dtype, a shape of
+    non-negative ints whose byte count (a Python int) is its span's length and at most
+    ``max_tensor_bytes``; the spans, sorted, contiguous from 0 to the file's end (no
+    overlap, no gap, nothing outside); at most ``max_tensors`` tensors and
+    ``max_model_bytes`` (with ``budget``: over all the files of one model)."""
+
+    def __init__(self, path, lim: FileLimits | None = None, budget: Budget | None = None):
+        self.path, self.lim = path, limits(lim)
+        self._fd, size = open_regular(path)
         try:
-            dtype, shape, (begin, end) = info["dtype"], list(info["shape"]), info["data_offsets"]
-        except (KeyError, TypeError, ValueError):
-            raise ValueError(f"{path}: tensor {name!r} lacks dtype, shape or data_offsets") \
-                from None
-        if dtype != "BF16" and dtype not in DTYPES:
-            raise ValueError(f"{path}: tensor {name!r} has dtype {dtype!r}; supported: "
-                             f"{', '.join(sorted([*DTYPES, 'BF16']))}")
-        if not all(isinstance(d, int) and d >= 0 for d in shape) or \
-                not (isinstance(begin, int) and isinstance(end, int) and 0 <= begin <= end <= len(data)):
-            raise ValueError(f"{path}: tensor {name!r}: bad shape {shape} or offsets "
-                             f"[{begin}, {end}] (data section has {len(data)} bytes)")
-        count = int(np.prod(shape, dtype=np.int64))
-        itemsize = 2 if dtype == "BF16" else np.dtype(DTYPES[dtype]).itemsize
-        if count * itemsize != end - begin:
-            raise ValueError(f"{path}: tensor {name!r}: shape {shape} of {dtype} needs "
-                             f"{count * itemsize} bytes, offsets give {end - begin}")
-        raw = data[begin:end]
+            self._entries, self.metadata = self._check(size)
+            (budget or Budget(path, self.lim)).add(len(self._entries), size - self._base)
+        except BaseException:
+            self.close()
+            raise
+
+    def _check(self, size: int):
+        path = self.path
+        if size < 8:
+            raise ModelFileError(f"{path}: {size} bytes, too short for a safetensors file")
+        (n,) = struct.unpack("<Q", pread_exact(self._fd, 0, 8, path))
+        if 8 + n > size or n > self.lim.max_json_bytes:
+            raise ModelFileError(f"{path}: header length {n} exceeds the file ({size} bytes) "
+                                 f"or {self.lim.max_json_bytes} bytes (not a safetensors "
+                                 f"file? {self.lim.hint('max_json_bytes')})")
+        header = parse_json(pread_exact(self._fd, 8, n, path), path, "safetensors header",
+                            self.lim)
+        self._base = 8 + n
+        meta = header.pop("__metadata__", None) or {}
+        if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+            raise ModelFileError(f"{path}: __metadata__ must map strings to strings")
+        if len(header) > self.lim.max_tensors:
+            raise ModelFileError(f"{path}: {len(header)} tensors "
+                                 f"({self.lim.hint('max_tensors')})")
+        entries, spans = {}, []
+        for name, info in header.items():
+            where = f"{path}: tensor {name[:80]!r}"
+            if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= set(info):
+                raise ModelFileError(f"{where} lacks dtype, shape or data_offsets")
+            dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+            if not isinstance(dtype, str) or dtype not in _SIZES:
+                raise ModelFileError(f"{where} has dtype {str(dtype)[:20]!r}; supported: "
+                                     f"{', '.join(sorted(_SIZES))}")
+            nbytes = element_count(shape, where) * _SIZES[dtype]
+            if not (isinstance(offsets, list) and len(offsets) == 2 and all(
+                    isinstance(k, int) and not isinstance(k, bool) for k in offsets)):
+                raise ModelFileError(f"{where}: data_offsets {str(offsets)[:80]} is not "
+                                     f"[begin, end]")
+            begin, end = offsets
+            if not 0 <= begin <= end <= size - self._base:
+                raise ModelFileError(f"{where}: bad shape {shape} or offsets [{begin}, {end}] "
+                                     f"(data section has {size - self._base} bytes)")
+            if nbytes != end - begin:
+                raise ModelFileError(f"{where}: shape {shape} of {dtype} needs {nbytes} "
+                                     f"bytes, offsets give {end - begin}")
+            check_tensor_bytes(nbytes, where, self.lim)
+            entries[name] = (dtype, tuple(shape), begin, end)
+            spans.append((begin, end, name))
+        pos = 0
+        for begin, end, name in sorted(spans):
+            if begin != pos:
+                what = "overlaps the previous tensor" if begin < pos else "leaves a gap before it"
+                raise ModelFileError(f"{path}: tensor {name[:80]!r} {what} (offset {begin}, "
+                                     f"expected {pos})")
+            pos = end
+        if pos != size - self._base:
+            raise ModelFileError(f"{path}: {size - self._base - pos} trailing bytes no tensor "
+                                 f"accounts for")
+        return entries, dict(meta)
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._entries)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self._entries[name][1]
+
+    def read(self, name: str) -> np.ndarray:
+        """The tensor ``name`` (its own array; BF16 widened to float32)."""
+        dtype, shape, begin, end = self._entries[name]
+        raw = pread_exact(self._fd, self._base + begin, end - begin, self.path)
+        count = (end - begin) // _SIZES[dtype]
         arr = _bf16(raw, count) if dtype == "BF16" else np.frombuffer(raw, DTYPES[dtype], count)
-        tensors[name] = arr.reshape(shape).copy()
-        spans.append((begin, end, name))
-    pos = 0
-    for begin, end, name in sorted(spans):
-        if begin != pos:
-            what = "overlaps the previous tensor" if begin < pos else "leaves a gap before it"
-            raise ValueError(f"{path}: tensor {name!r} {what} (offset {begin}, expected {pos})")
-        pos = end
-    if pos != len(data):
-        raise ValueError(f"{path}: {len(data) - pos} trailing bytes no tensor accounts for")
-    return tensors, dict(meta)
+        return arr.reshape(shape)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> "SafetensorsFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def read_safetensors(path, lim: FileLimits | None = None, budget: Budget | None = None
+                     ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """``(tensors, metadata)`` of a safetensors file (:class:`SafetensorsFile`);
+    ModelFileError naming what is wrong."""
+    with SafetensorsFile(path, lim, budget) as fh:
+        return {name: fh.read(name) for name in fh.names}, fh.metadata
 
 
 def write_safetensors(path, tensors: Mapping[str, np.ndarray],
@@ -134,30 +194,34 @@ def save_safetensors_model(path, cfg: ModelConfig, weights: Weights,
     write_safetensors(path, tensors, {CONFIG_KEY: json.dumps(cfg.to_dict(), sort_keys=True)})
 
 
-def load_safetensors_model(path, config_path=None
+def load_safetensors_model(path, config_path=None, lim: FileLimits | None = None
                            ) -> tuple[ModelConfig, Weights, dict[str, np.ndarray]]:
     """``(cfg, weights, user)`` from a safetensors file in mpc3's naming; the config from
-    ``config_path`` (JSON of :meth:`ModelConfig.to_dict`) or the file's metadata."""
-    tensors, meta = read_safetensors(path)
-    if config_path is not None:
-        with open(config_path, encoding="utf-8") as fh:
-            raw_cfg = json.load(fh)
-    elif CONFIG_KEY in meta:
-        raw_cfg = json.loads(meta[CONFIG_KEY])
-    else:
-        raise ValueError(f"{path}: no model config: pass a JSON config file (mpc3 naming, "
-                         f"see docs/MODELS.md) or store it in __metadata__['{CONFIG_KEY}']")
-    cfg = ModelConfig.from_dict(raw_cfg)
-    user_names = set(expected_user_shapes(cfg))
-    unknown = sorted(set(tensors) - set(expected_shapes(cfg)) - user_names)
-    if unknown:
-        raise ValueError(f"{path}: tensor(s) {unknown[:8]}{' ...' if len(unknown) > 8 else ''} "
-                         f"are not part of this model config (mpc3 naming: "
-                         f"protocols.model.expected_shapes); a checkpoint in another "
-                         f"framework's naming needs converting first")
-    user = {k: tensors.pop(k).astype(np.float64) for k in sorted(user_names & set(tensors))}
+    ``config_path`` (JSON of :meth:`ModelConfig.to_dict`) or the file's metadata. The
+    config is checked against the file's tensors (:func:`check_layers`) before any tensor
+    is read."""
+    with SafetensorsFile(path, lim) as fh:
+        meta = fh.metadata
+        if config_path is not None:
+            raw_cfg = read_json(config_path, "model config", fh.lim)
+        elif CONFIG_KEY in meta:
+            raw_cfg = parse_json(meta[CONFIG_KEY].encode("utf-8"), path,
+                                 f"__metadata__['{CONFIG_KEY}']", fh.lim)
+        else:
+            raise ValueError(f"{path}: no model config: pass a JSON config file (mpc3 naming, "
+                             f"see docs/MODELS.md) or store it in __metadata__['{CONFIG_KEY}']")
+        cfg = check_layers(ModelConfig.from_dict(raw_cfg), fh.names, str(path))
+        user_names = set(expected_user_shapes(cfg))
+        unknown = sorted(set(fh.names) - set(expected_shapes(cfg)) - user_names)
+        if unknown:
+            raise ValueError(f"{path}: tensor(s) {unknown[:8]}{' ...' if len(unknown) > 8 else ''}"
+                             f" are not part of this model config (mpc3 naming: "
+                             f"protocols.model.expected_shapes); a checkpoint in another "
+                             f"framework's naming needs converting first")
+        tensors = {name: fh.read(name).astype(np.float64) for name in fh.names}
+    user = {k: tensors.pop(k) for k in sorted(user_names & set(tensors))}
     if user:
         validate_user(cfg, user)
-    weights = Weights({k: v.astype(np.float64) for k, v in tensors.items()})
+    weights = Weights(tensors)
     weights.validate(cfg)
     return cfg, weights, user

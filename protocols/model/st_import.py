@@ -31,11 +31,11 @@ without any tokenizer imports with a note (its users pass token ids). A classifi
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .config import ModelConfig
+from .config import ModelConfig, check_ceilings
+from .files import ModelFileError, read_json, read_small
 from .hf_import import (ST_MODULES, ImportRefused, bert, cap_max_len, detect_format, labels_of,
                         load_hf, read_checkpoint)
 from .weights import Weights
@@ -65,12 +65,17 @@ class Imported:
     labels: list[str] | None = None       # a classifier's class names
 
 
-def _json(path: Path, what: str) -> dict | list:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
-    except ValueError as exc:
-        raise ImportRefused(f"{path}: {what} is not valid JSON ({exc})") from None
+def _json(path: Path, what: str, kind=dict) -> dict | list:
+    """A JSON file of the checkpoint, bounded (:func:`.files.read_json`), of type ``kind``."""
+    return read_json(path, what, kind=kind)
+
+
+def _inside(root: Path, sub: str, name: str) -> Path:
+    """``root / sub``, refused when a link takes it outside ``root``."""
+    d = root / sub
+    if not d.resolve().is_relative_to(root.resolve()):
+        raise ImportRefused(f"{name}: module path {sub!r} leads outside the directory")
+    return d
 
 
 def tokenizer_text(d: Path, rows: int, name: str, required: bool,
@@ -89,7 +94,10 @@ def tokenizer_text(d: Path, rows: int, name: str, required: bool,
                                 f"embeds text: save it with its tokenizer)")
         notes.append("no tokenizer.json: query users pass token ids (--ids), not text")
         return None
-    text = f.read_text(encoding="utf-8")
+    try:
+        text = read_small(f, "tokenizer.json").decode("utf-8")
+    except UnicodeDecodeError:
+        raise ModelFileError(f"{f}: tokenizer.json is not UTF-8 text") from None
     from tokenizers import Tokenizer
     try:
         tok = Tokenizer.from_str(text)
@@ -164,7 +172,7 @@ def sentence_transformers(path, max_len: int | None = None) -> Imported:
     """A sentence-transformers directory (the module docstring) -> an arch encoder model."""
     root = Path(path)
     name = f"{root} (sentence-transformers)"
-    modules = _json(root / ST_MODULES, ST_MODULES)
+    modules = _json(root / ST_MODULES, ST_MODULES, kind=None)
     if not isinstance(modules, list):
         raise ImportRefused(f"{name}: {ST_MODULES} is not a list of modules")
     kinds = [_module_kind(e, name) for e in sorted(
@@ -177,18 +185,20 @@ def sentence_transformers(path, max_len: int | None = None) -> Imported:
     if cst.is_file() and _json(cst, cst.name).get("default_prompt_name"):
         raise ImportRefused(f"{name}: a default prompt (default_prompt_name) is not "
                             f"supported: mpc3 embeds the text as given")
-    tdir = root / kinds[0][1]
+    tdir = _inside(root, kinds[0][1], name)
     conf, tensors = read_checkpoint(tdir)
     arch = conf.get("architectures") or ["BertModel"]
     if conf.get("model_type") != "bert" or "BertModel" not in arch:
         raise ImportRefused(f"{name}: its Transformer module is {conf.get('model_type')!r} "
                             f"{arch}; mpc3 imports a BertModel encoder")
-    pool = st_pooling(_json(root / kinds[1][1] / "config.json", "the Pooling config"),
+    pool = st_pooling(_json(_inside(root, kinds[1][1], name) / "config.json",
+                            "the Pooling config"),
                       conf.get("hidden_size"), name)
     cfg, w, user, notes = bert({**conf, "architectures": arch}, tensors, name, pool,
                                len(kinds) == 3)
     default = st_max_len(tdir, cfg.max_len)
-    cfg = cap_max_len(cfg, user, max_len if max_len is not None else default, name)
+    cfg = check_ceilings(cap_max_len(cfg, user, max_len if max_len is not None else default,
+                                     name), name)
     text = tokenizer_text(tdir, cfg.src_vocab, name, True, notes)
     return Imported(cfg, w, user, notes, text)
 

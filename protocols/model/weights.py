@@ -39,7 +39,8 @@ from typing import Mapping
 
 import numpy as np
 
-from .config import ModelConfig, expected_shapes, expected_user_shapes
+from .config import ModelConfig, check_layers, expected_shapes, expected_user_shapes
+from .files import FileLimits, NpzReader, parse_json
 
 FORMAT_VERSION = 1
 USER_NAMES = ("embed.src", "embed.tgt", "out.w", "out.b", "embed.pos", "embed.type",
@@ -224,21 +225,33 @@ def save_model(path, cfg: ModelConfig, weights: Weights, user: Mapping | None = 
     os.replace(tmp, path)
 
 
-def load_model(path) -> tuple[ModelConfig, Weights, dict[str, np.ndarray]]:
+def load_model(path, lim: FileLimits | None = None
+               ) -> tuple[ModelConfig, Weights, dict[str, np.ndarray]]:
     """Load ``(cfg, weights, user)``; ``user`` is ``{}`` if the file has no user tensors
-    (the tokenizer and labels: :func:`load_tokenizer`, :func:`load_labels`)."""
-    with np.load(path, allow_pickle=False) as z:
-        data = {k: z[k] for k in z.files if k not in _TEXT_KEYS}
-    for k in _META_KEYS:
-        if k not in data:
-            raise ValueError(f"{path}: missing entry {k!r} (not an mpc3 model file)")
-    fmt = int(np.asarray(data.pop("format")).reshape(-1)[0])
-    if fmt != FORMAT_VERSION:
-        raise ValueError(f"{path}: unsupported format version {fmt} (expected {FORMAT_VERSION})")
-    raw = data.pop("config.json")
-    if raw.dtype != np.uint8:
-        raise ValueError(f"{path}: 'config.json' must be a uint8 array")
-    cfg = ModelConfig.from_dict(json.loads(raw.tobytes().decode("utf-8")))
+    (the tokenizer and labels: :func:`load_tokenizer`, :func:`load_labels`). The archive is
+    read with bounded memory (:class:`.files.NpzReader`); its config is checked against its
+    tensors (:func:`check_layers`) before any weight is read."""
+    with NpzReader(path, lim) as z:
+        for k in _META_KEYS:
+            if k not in z:
+                raise ValueError(f"{path}: missing entry {k!r} (not an mpc3 model file)")
+        fmt = z.read("format").reshape(-1)
+        if fmt.size != 1 or fmt.dtype.kind not in "iu" or int(fmt[0]) != FORMAT_VERSION:
+            raise ValueError(f"{path}: unsupported format version {fmt[:4].tolist()} "
+                             f"(expected {FORMAT_VERSION})")
+        raw = z.read("config.json")
+        if raw.dtype != np.uint8:
+            raise ValueError(f"{path}: 'config.json' must be a uint8 array")
+        names = [k for k in z.names if k not in (*_TEXT_KEYS, *_META_KEYS)]
+        cfg = check_layers(ModelConfig.from_dict(parse_json(raw.tobytes(), path, "config.json",
+                                                            z.lim)), names, str(path))
+        unknown = sorted(set(names) - set(USER_NAMES) - set(expected_shapes(cfg)))
+        if unknown:
+            raise ValueError(f"unexpected weight tensor(s): {unknown[:8]}")
+        data = {k: z.read(k) for k in names}
+    for k, v in data.items():
+        if v.dtype.kind not in "fiu":
+            raise ValueError(f"{path}: tensor {k!r} has non-numeric dtype {v.dtype}")
     user = {k: data.pop(k).astype(np.float64) for k in USER_NAMES if k in data}
     if user:
         validate_user(cfg, user)
@@ -247,15 +260,18 @@ def load_model(path) -> tuple[ModelConfig, Weights, dict[str, np.ndarray]]:
     return cfg, w, user
 
 
-def text_entry(path, key: str) -> str | None:
+def text_entry(path, key: str, lim: FileLimits | None = None) -> str | None:
     """The text of an optional entry (TOKENIZER_KEY, LABELS_KEY) of a model file, or None."""
-    with np.load(path, allow_pickle=False) as z:
-        if key not in z.files:
+    with NpzReader(path, lim) as z:
+        if key not in z:
             return None
-        raw = z[key]
+        raw = z.read(key)
     if raw.dtype != np.uint8:
         raise ValueError(f"{path}: {key!r} must be a uint8 array")
-    return raw.tobytes().decode("utf-8")
+    try:
+        return raw.tobytes().decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: {key!r} is not UTF-8 text") from None
 
 
 def load_tokenizer(path):
@@ -279,7 +295,7 @@ def load_labels(path) -> list[str] | None:
     text = text_entry(path, LABELS_KEY)
     if text is None:
         return None
-    labels = json.loads(text)
+    labels = parse_json(text.encode("utf-8"), path, LABELS_KEY, kind=None)
     if not isinstance(labels, list) or not all(isinstance(v, str) for v in labels):
         raise ValueError(f"{path}: 'labels.json' must be a JSON list of strings")
     return labels
