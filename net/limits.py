@@ -31,6 +31,9 @@ class Limits:
     user_input_bytes: int = 1 << 30   # input shares held for one user's jobs and streams
     tensor_bytes: int = 1 << 31       # one tensor (model weight or job input)
     owner_model_bytes: int = 1 << 36  # all models stored for one model owner
+    job_memory_bytes: int = 1 << 31   # one job's estimated working memory (protocols.jobs.memory)
+    user_memory_bytes: int = 1 << 32  # estimated working memory of one user's queued + running jobs
+    party_memory_bytes: int = 3 << 31  # the same for all users' queued + running jobs
 
     @classmethod
     def from_table(cls, table: dict, where: str = "[limits]") -> "Limits":

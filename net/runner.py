@@ -19,6 +19,7 @@ runs the job through :func:`protocols.jobs.execute`, exactly as the in-process b
 from __future__ import annotations
 
 import collections
+import gc
 import logging
 import threading
 import time
@@ -30,6 +31,9 @@ from mpc3.party import Party
 from mpc3.shares import AShare
 from protocols.jobs import (CostRecorder, JobContext, JobRefused, JobRegistry, JobSpec,
                             ModelView, admit, execute)
+from protocols.jobs.memory import job_memory
+
+from . import malloc
 
 from .errors import BadRequest, Code, check_id
 from .limits import Limits
@@ -41,6 +45,10 @@ log = logging.getLogger("mpc3.runner")
 S = pb.JobStatusReply
 LEADER = 0
 MAX_DONE_JOBS = 1000
+#: A job estimated to need at least this much working memory returns it to the OS when it
+#: ends with no other job running (:func:`net.malloc.trim`); smaller ones (decode steps)
+#: keep the heap warm for the next job.
+TRIM_AFTER_BYTES = 64 << 20
 REFUSAL_CODES = {"unknown": Code.NOT_FOUND, "forbidden": Code.PERMISSION_DENIED,
                  "invalid": Code.INVALID_ARGUMENT}
 
@@ -67,6 +75,7 @@ class Job:
     done: threading.Event = field(default_factory=threading.Event)
     costs: list = field(default_factory=list)
     queue_position: int = 0
+    memory_bytes: int = 0           # estimated working memory (protocols.jobs.memory)
 
     def reply(self) -> pb.JobStatusReply:
         st = self.party.stats if self.party is not None else None
@@ -129,8 +138,10 @@ class JobRunner:
                          params)
         except JobRefused as exc:
             raise BadRequest(REFUSAL_CODES[exc.reason], f"party {self.rank}: {exc}") from None
+        shapes = {k: v.shape for k, v in inputs.items()}
         job = Job(job_id=job_id, owner=owner, kind=kind, model_id=model.model_id, spec=spec,
-                  model=model, inputs=inputs, params=params, input_bytes=input_bytes)
+                  model=model, inputs=inputs, params=params, input_bytes=input_bytes,
+                  memory_bytes=job_memory(spec, model, shapes))
         if spec.session is not None:
             sid = check_id(params.get("session"), "session id")
             if spec.session == "close":
@@ -168,6 +179,7 @@ class JobRunner:
                 raise BadRequest(Code.RESOURCE_EXHAUSTED, f"party {self.rank}: the queue "
                                  f"holds {queued} jobs (limit queued_jobs = "
                                  f"{self.limits.queued_jobs} in [limits]); retry later")
+            self._check_memory_locked(job)
             job.state = S.QUEUED
             self.jobs[job.job_id] = job
             self._trim_locked()
@@ -185,6 +197,29 @@ class JobRunner:
                 starts = []
         self._start_all(starts)
         return job
+
+    def _check_memory_locked(self, job: Job) -> None:
+        """Refuse a job whose estimated working memory exceeds job_memory_bytes, or would
+        bring its user's or all queued and running jobs' estimates beyond user_memory_bytes
+        or party_memory_bytes (RESOURCE_EXHAUSTED with the figures)."""
+        lim, need = self.limits, job.memory_bytes
+        active = [j for j in self.jobs.values() if j.state in (S.QUEUED, S.RUNNING)]
+        mine = sum(j.memory_bytes for j in active if j.owner == job.owner)
+        held = sum(j.memory_bytes for j in active)
+        what = f"party {self.rank}: job {job.kind} needs ~{_mib(need)} of working memory"
+        if need > lim.job_memory_bytes:
+            raise BadRequest(Code.RESOURCE_EXHAUSTED, f"{what} (estimated), more than "
+                             f"job_memory_bytes = {lim.job_memory_bytes} in [limits]; send "
+                             "a smaller batch or shorter inputs")
+        if mine + need > lim.user_memory_bytes:
+            raise BadRequest(Code.RESOURCE_EXHAUSTED, f"{what} (estimated) and user "
+                             f"{job.owner!r}'s queued and running jobs {_mib(mine)}, more "
+                             f"than user_memory_bytes = {lim.user_memory_bytes} in [limits];"
+                             " wait for them to finish")
+        if held + need > lim.party_memory_bytes:
+            raise BadRequest(Code.RESOURCE_EXHAUSTED, f"{what} (estimated) and the queued "
+                             f"and running jobs {_mib(held)}, more than party_memory_bytes "
+                             f"= {lim.party_memory_bytes} in [limits]; retry later")
 
     def on_start(self, job_id: str) -> None:
         """Party 0 started ``job_id`` (parties 1 and 2)."""
@@ -279,6 +314,10 @@ class JobRunner:
             job.state, job.error = state, error
             job.wall_s = time.monotonic() - job.started if job.started else 0.0
             starts = self._dispatch_locked() if self.leader else []
+            idle = self._running == 0 and not starts
+        if idle and job.memory_bytes >= TRIM_AFTER_BYTES:
+            gc.collect()             # cycles holding arrays, then the freed heap
+            malloc.trim()
         job.done.set()
         log.info("party %d: job %s %s in %.3f s%s", self.rank, job.job_id,
                  S.State.Name(state), job.wall_s, f" ({error})" if error else "")
@@ -337,6 +376,10 @@ class JobRunner:
         done = [j for j in self.jobs.values() if j.state not in (S.QUEUED, S.RUNNING)]
         for j in done[:max(0, len(done) - MAX_DONE_JOBS)]:
             del self.jobs[j.job_id]
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.0f} MiB"
 
 
 def party_unavailable(exc: ProtocolError) -> BadRequest:
