@@ -144,3 +144,19 @@ def test_estimate_bounds_the_measured_peak_and_rss_returns_after_the_job(attenti
     assert 1.0 <= r["ratio"] <= 2.0, r
     grew = r["peak_rss"] - r["base_rss"]
     assert r["after_rss"] - r["base_rss"] - r["session_bytes"] < 0.5 * grew, r
+
+
+def test_sharing_a_model_holds_at_most_two_tensors(tmp_path):
+    """The owner's peak RSS while uploading three 64 MiB float64 tensors read on demand
+    (benchmarks/share_memory.py --upload, a fresh process) grows by at most 2x the largest
+    tensor + 64 MiB (the float tensor while it is encoded, its encoding, a chunk per stream
+    and gRPC's buffers); dealing the whole model first grew by 9x the model."""
+    from app.localcluster import LocalCluster
+    with LocalCluster(tmp_path / "c", bench=True, tied=True) as c:
+        out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "share_memory.py"),
+                              "--upload", "3", "64", "--config", str(c.path)],
+                             capture_output=True, text=True, timeout=300,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["increase"] <= 2 * r["tensor_bytes"] + (64 << 20), r
