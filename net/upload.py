@@ -106,6 +106,7 @@ class TensorFeed:
             yield from pair_chunks(name, shape, fracs[name],
                                    lambda s, e: d.slot(n, s, e),
                                    lambda s, e: d.slot((n + 1) % 3, s, e))
+            del d                           # this frame must not keep tensor k alive
             self.done(k)
 
     def messages(self, n: int, fracs: Mapping[str, int], model_id: str, upload_id: str,
