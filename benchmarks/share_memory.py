@@ -126,7 +126,7 @@ def main(argv=None) -> int:
     from app.localcluster import LocalCluster
     result = runinfo.start("share_memory")
     with tempfile.TemporaryDirectory(prefix="mpc3-share-mem-") as tmp:
-        with LocalCluster(Path(tmp) / "cluster", bench=True, tied=True) as c:
+        with LocalCluster(Path(tmp) / "cluster", bench=True, tied=True).start(wait=300) as c:
             cfg = str(c.path)
             result["parties_idle"] = party_memory(c)
             result["upload"] = _child(["--upload", "4", "64", "--config", cfg])

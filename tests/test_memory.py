@@ -129,10 +129,10 @@ def test_the_per_user_memory_limit_refuses_a_second_job_but_not_another_users():
         r1.cancel(job, "test")
 
 
-@pytest.mark.parametrize("attention,B,T", [("softmax", 64, 52), ("relu-performer", 64, 52)])
+@pytest.mark.parametrize("attention,B,T", [("softmax", 128, 52), ("relu-performer", 128, 52)])
 def test_estimate_bounds_the_measured_peak_and_rss_returns_after_the_job(attention, B, T):
     """In a fresh process (benchmarks/job_memory.py): the estimate is at least the measured
-    per-party peak increase and at most 2x it (measured 1.17 - 1.46x,
+    per-party peak increase and at most 2x it (measured 1.2 - 1.5x,
     benchmarks/results/job_memory.json), and after the job the RSS holds less than half
     of that increase beyond the session's KV caches (the runner trims the heap; without the
     trim it stayed at the peak)."""
@@ -152,7 +152,7 @@ def test_sharing_a_model_holds_at_most_two_tensors(tmp_path):
     tensor + 64 MiB (the float tensor while it is encoded, its encoding, a chunk per stream
     and gRPC's buffers); dealing the whole model first grew by 9x the model."""
     from app.localcluster import LocalCluster
-    with LocalCluster(tmp_path / "c", bench=True, tied=True) as c:
+    with LocalCluster(tmp_path / "c", bench=True, tied=True).start(wait=300) as c:
         out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "share_memory.py"),
                               "--upload", "3", "64", "--config", str(c.path)],
                              capture_output=True, text=True, timeout=300,
