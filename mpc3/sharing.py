@@ -52,8 +52,14 @@ class BlockDeal:
     same elements. Party i's pair is slots (i, i+1); every caller asking for a block of one
     slot gets the same values. ``start`` must be even (a whole AES block)."""
 
-    def __init__(self, x: np.ndarray) -> None:
-        self.x = ring.check_ring(np.asarray(x), "x").reshape(-1)
+
+    def __init__(self, x: np.ndarray, frac: int | None = None) -> None:
+        """``x``: a ring array, or reals encoded block by block at ``frac`` fractional bits
+        (:func:`mpc3.ring.encode`) when ``frac`` is given - the float array is then all
+        that is held."""
+        self.frac = frac
+        self.x = (np.asarray(x) if frac is not None else
+                  ring.check_ring(np.asarray(x), "x")).reshape(-1)
         seed = os.urandom(64)
         self._keys = [(seed[:16], seed[16:32]), (seed[32:48], seed[48:])]
 
@@ -76,6 +82,7 @@ class BlockDeal:
                              "(start must be even)")
         if j < 2:
             return self._stream(j, start, stop)
-        out = self.x[start:stop] - self._stream(0, start, stop)
+        x = self.x[start:stop]
+        out = (x if self.frac is None else ring.encode(x, self.frac)) - self._stream(0, start, stop)
         out -= self._stream(1, start, stop)
         return out

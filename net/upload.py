@@ -3,11 +3,11 @@ sends each party, with the owner holding one tensor and no shares.
 
 Each party's stream is its own gRPC call on its own thread. A :class:`TensorFeed` gives them
 the tensors in lockstep: tensor k is loaded from the caller's mapping (which may read it from
-disk only now), encoded in fixed point and wrapped in a :class:`mpc3.sharing.BlockDeal` when
+disk only now), checked for its fixed-point encoding and wrapped in a :class:`mpc3.sharing.BlockDeal` when
 the first stream asks for it, after all three streams finished tensor k - 1 (which is then
-dropped); every chunk's elements of a slot are drawn or computed when its stream sends it
-(:func:`net.codec.pair_chunks`). So the owner holds the float tensor while encoding it, its
-ring encoding, and a chunk per stream - not the model, its encoding or six share slots of it
+dropped); every chunk's elements of a slot are drawn, encoded or computed when its stream
+sends it (:func:`net.codec.pair_chunks`). So the owner holds the float tensor and a chunk per
+stream - not the model, its encoding or six share slots of it
 (measured: docs/PERFORMANCE.md, memory). A stream that fails aborts the feed, so the others
 end instead of waiting for it.
 """
@@ -24,7 +24,7 @@ from mpc3.sharing import BlockDeal
 from .codec import pair_chunks
 from .proto import mpc3_pb2 as pb
 
-#: Elements encoded at a time (bounds the float temporaries of encoding a tensor).
+#: Elements checked at a time (bounds the temporaries of checking a tensor's encoding).
 ENCODE_BLOCK = 1 << 20
 
 
@@ -32,20 +32,21 @@ class FeedAborted(RuntimeError):
     """Another party's stream failed; this one stops (the caller reports the other's error)."""
 
 
-def encode_blocks(value, frac: int) -> np.ndarray:
-    """:func:`mpc3.ring.encode` of ``value`` a block at a time: the same ring array, with
-    temporaries of one block instead of three of the tensor's size."""
+def check_encodable(value, frac: int) -> np.ndarray:
+    """``value`` as an array, after :func:`mpc3.ring.encode` accepted every block of it (no
+    NaN, nothing out of the fixed-point range) - checked before its first chunk is sent,
+    with temporaries of one block; the encoding itself is made per chunk
+    (:class:`mpc3.sharing.BlockDeal`)."""
     x = np.asarray(value)
     flat = x.reshape(-1)
-    out = np.empty(flat.size, dtype=ring.DTYPE)
     for s in range(0, flat.size, ENCODE_BLOCK):
-        out[s:s + ENCODE_BLOCK] = ring.encode(flat[s:s + ENCODE_BLOCK], frac)
-    return out.reshape(x.shape)
+        ring.encode(flat[s:s + ENCODE_BLOCK], frac)
+    return x
 
 
 class TensorFeed:
     """The tensors of ``names`` for three streams in lockstep (see the module docstring).
-    ``load(name)`` returns the ring array of a tensor (encoded)."""
+    ``load(name)`` returns (the tensor, its fractional bits or None if it is a ring array)."""
 
     def __init__(self, names: list[str], load: Callable[[str], np.ndarray],
                  streams: int = 3) -> None:
@@ -59,10 +60,10 @@ class TensorFeed:
     def of(cls, weights: Mapping, fracs: Mapping[str, int], encoded: bool) -> "TensorFeed":
         """The feed of a mapping of float tensors (ring arrays if ``encoded``), read from it
         one at a time when first needed (a lazy mapping may load them only then)."""
-        def load(name: str) -> np.ndarray:
+        def load(name: str) -> tuple[np.ndarray, int | None]:
             value = weights[name]
-            return ring.check_ring(np.asarray(value), name) if encoded else \
-                encode_blocks(value, fracs[name])
+            return (ring.check_ring(np.asarray(value), name), None) if encoded else \
+                (check_encodable(value, fracs[name]), fracs[name])
         return cls(list(weights), load)
 
     def take(self, k: int) -> tuple[tuple, BlockDeal]:
@@ -72,11 +73,11 @@ class TensorFeed:
                     raise FeedAborted("upload aborted") from None
                 if self._k == k - 1 and self._left == 0:
                     try:
-                        x = self.load(self.names[k])
+                        x, frac = self.load(self.names[k])
                     except BaseException as exc:
                         self.abort(exc)
                         raise
-                    self._shape, self._item = tuple(x.shape), BlockDeal(x)
+                    self._shape, self._item = tuple(x.shape), BlockDeal(x, frac)
                     self._k, self._left = k, self.streams
                     self._cond.notify_all()
                     break

@@ -34,6 +34,9 @@ def test_block_deal_is_a_replicated_sharing_drawn_in_any_order():
     assert (whole[0] != whole[1]).any() and (whole[0] != BlockDeal(x).slot(0, 0, x.size)).any()
     with pytest.raises(ValueError):
         d.slot(0, 1, 5)
+    f = np.random.default_rng(0).standard_normal(1001).astype(np.float32)   # encoded per block
+    d = BlockDeal(f, 18)
+    assert (sum(d.slot(j, 0, f.size) for j in range(3)) == ring.encode(f, 18)).all()
 
 
 def test_pair_chunks_reassemble_and_feed_keeps_one_tensor():
