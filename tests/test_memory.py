@@ -152,8 +152,9 @@ def test_estimate_bounds_the_measured_peak_and_rss_returns_after_the_job(attenti
 def test_sharing_a_model_holds_at_most_two_tensors(tmp_path):
     """The owner's peak RSS while uploading three 64 MiB float64 tensors read on demand
     (benchmarks/share_memory.py --upload, a fresh process) grows by at most 2x the largest
-    tensor + 64 MiB (the float tensor while it is encoded, its encoding, a chunk per stream
-    and gRPC's buffers); dealing the whole model first grew by 9x the model."""
+    tensor + 64 MiB: it holds the float tensor being sent, a chunk per stream and gRPC's
+    buffers (benchmarks/results/share_memory.json); before, the whole model's six share
+    slots and a payload per party were made before the first byte went out."""
     from app.localcluster import LocalCluster
     with LocalCluster(tmp_path / "c", bench=True, tied=True).start(wait=300) as c:
         out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "share_memory.py"),
