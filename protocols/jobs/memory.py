@@ -16,7 +16,8 @@ buffers at once; layers run one after another, so the widest one sets the peak:
 jobs of the shipped softmax LM, per party (three in-process parties, divided by three;
 ``benchmarks/job_memory.py``, ``benchmarks/results/job_memory.json``), is 280 - 300 B per
 score element at B = 64 - 256, T = 52. ``tests/test_memory.py`` checks the estimate against
-the measured increase for several kinds and shapes (within the factor stated there).
+the measured increase of softmax and Performer prefills (1x - 2x; measured 1.2 - 1.5x). The
+other kinds (classify, embed, encoder, decode steps) use the same formula unmeasured.
 Kinds without a model config (diagnostic kinds on bare tensors) are estimated from their
 inputs alone (:data:`BYTES_PER_INPUT_BYTE` per byte of input shares).
 """
