@@ -96,13 +96,12 @@ def share_transformer(cfg: ClusterConfig, model_id: str, mcfg: M.ModelConfig,
     range and default samples); ``samples``: calibration inputs (default:
     :func:`calibration_samples`). Raises :class:`protocols.calibrate.RangeError` before
     anything is uploaded if the model leaves a kernel's range."""
-    from protocols.secure_model import plain_tensors
+    from protocols.secure_model import LazyTensors, layout
     check_permit(permit, mcfg.arch)
     cal = calibrate_model(mcfg, weights, user, samples, RingConfig(frac=cfg.frac), margin,
                           fold_omega)
     meta = transformer_meta(mcfg, cal, permit, source, fold_omega, check_inputs)
-    layout = plain_tensors(mcfg, weights, fold_omega=fold_omega)
-    with ModelOwner(cfg, cert, key) as owner:
-        return owner.upload(model_id, {k: v for k, (v, _) in layout.items()},
-                            public_meta=meta,
-                            extra_frac={k: e for k, (_, e) in layout.items() if e})
+    tensors = LazyTensors(layout(mcfg, weights, fold_omega=fold_omega))
+    with ModelOwner(cfg, cert, key) as owner:       # one tensor at a time (net.upload)
+        return owner.upload(model_id, tensors, public_meta=meta,
+                            extra_frac=tensors.extra_frac())

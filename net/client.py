@@ -1,8 +1,9 @@
 """Clients of a cluster: :class:`ModelOwner` (uploads shared weights) and :class:`QueryUser`.
 
 ModelOwner encodes float weights in fixed point (:func:`mpc3.ring.encode`), splits each into
-replicated shares with ``os.urandom`` randomness (:func:`mpc3.sharing.deal`) and streams party
-``i`` its pair ``(x_i, x_{i+1})`` in chunks of at most 1 MiB, each tensor with a SHA-256.
+replicated shares with ``os.urandom``-keyed randomness and streams party ``i`` its pair
+``(x_i, x_{i+1})`` in chunks of at most 1 MiB, each tensor with a SHA-256 - one tensor at a
+time, each chunk's shares made as it is sent (:mod:`net.upload`).
 All three uploads carry the same random ``upload_id``; if any party refuses, the owner
 deletes the model from the others, so the cluster never holds a partial model.
 
@@ -40,6 +41,7 @@ from .failures import (
 )
 from .outputs import reconstruct, same_scales  # noqa: F401 - reconstruct: callers' import
 from .proto import mpc3_pb2 as pb
+from .upload import TensorFeed
 
 S = pb.JobStatusReply
 
@@ -62,22 +64,22 @@ class ModelOwner(Client):
         if not weights:
             raise ValueError("no tensors to upload")
         upload_id = os.urandom(8).hex()
-        shares = self._share(weights, encoded, extra_frac)
         fracs = {k: self.frac + (extra_frac or {}).get(k, 0) for k in weights}
         meta = json.dumps(dict(public_meta or {}), sort_keys=True)
 
-        def chunks(n: int):
-            first = True
-            for name, share in shares[n].items():
-                for c in tensor_chunks(name, share, fracs[name]):
-                    msg = pb.UploadChunk(model_id=model_id, upload_id=upload_id, tensor=c)
-                    if first:
-                        msg.public_meta, msg.n_tensors, first = meta, len(shares[n]), False
-                    yield msg
+        feed = TensorFeed.of(weights, fracs, encoded)
+
+        def send(n: int):
+            try:
+                return self._call(n, "UploadModelShares",
+                                  feed.messages(n, fracs, model_id, upload_id, meta),
+                                  timeout=max(self.timeout, 600))
+            except BaseException as exc:
+                feed.abort(exc)
+                raise
 
         try:
-            self._each(lambda n: self._call(n, "UploadModelShares", chunks(n),
-                                            timeout=max(self.timeout, 600)))
+            feed.raise_first([e for _, e in self._settled(send)])
             self.verify(model_id)
         except ClusterError as exc:
             errors = getattr(exc, "party_errors", [None, None, None])

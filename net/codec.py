@@ -10,6 +10,7 @@ callback is charged for every chunk so a party can bound the bytes one user hold
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from typing import Callable
 
@@ -44,18 +45,34 @@ def share_from_payload(data, shape) -> AShare:
 
 def tensor_chunks(name: str, share: AShare, frac: int):
     """The TensorChunk messages carrying one share pair."""
-    payload = share_payload(share)
-    digest = hashlib.sha256(payload).digest()
-    total = len(payload)
+    a = np.ascontiguousarray(share.a, "<u8").reshape(-1)
+    b = np.ascontiguousarray(share.b, "<u8").reshape(-1)
+    yield from pair_chunks(name, share.shape, frac, lambda s, e: a[s:e], lambda s, e: b[s:e])
+
+
+def pair_chunks(name: str, shape, frac: int, slot_a, slot_b):
+    """The TensorChunk messages of a pair given by its two slots' blocks: ``slot_a(start,
+    stop)`` gives elements ``start:stop`` of x_i (flattened), ``slot_b`` those of x_{i+1}.
+    Only one chunk's elements are held at a time; the SHA-256 of the payload (x_i's bytes,
+    then x_{i+1}'s) is computed as the chunks go. Blocks start at multiples of
+    CHUNK_BYTES / 8 elements, so a chunk never spans the two slots."""
+    n = math.prod(shape)
+    total, step = 16 * n, CHUNK_BYTES // 8
+    digest = hashlib.sha256()
     off = 0
-    while True:
-        end = min(off + CHUNK_BYTES, total)
-        yield pb.TensorChunk(name=name, dtype="uint64", shape=share.shape, ring_bits=64,
-                             frac=frac, offset=off, total_bytes=total,
-                             data=payload[off:end], sha256=digest if end == total else b"")
-        off = end
-        if off >= total:
-            return
+    if not n:
+        yield pb.TensorChunk(name=name, dtype="uint64", shape=shape, ring_bits=64, frac=frac,
+                             offset=0, total_bytes=0, data=b"", sha256=digest.digest())
+        return
+    for slot in (slot_a, slot_b):
+        for start in range(0, n, step):
+            data = np.ascontiguousarray(slot(start, min(start + step, n)), "<u8").tobytes()
+            digest.update(data)
+            end = off + len(data)
+            yield pb.TensorChunk(name=name, dtype="uint64", shape=shape, ring_bits=64,
+                                 frac=frac, offset=off, total_bytes=total, data=data,
+                                 sha256=digest.digest() if end == total else b"")
+            off = end
 
 
 class TensorAssembler:

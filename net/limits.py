@@ -46,6 +46,9 @@ class Limits:
     user_input_bytes: int = 1 << 30   # input shares held for one user's jobs and streams
     tensor_bytes: int = 1 << 31       # one tensor (model weight or job input)
     owner_model_bytes: int = 1 << 36  # all models stored for one model owner
+    job_memory_bytes: int = 1 << 31   # one job's estimated working memory (protocols.jobs.memory)
+    user_memory_bytes: int = 1 << 32  # estimated working memory of one user's queued + running jobs
+    party_memory_bytes: int = 3 << 31  # the same for all users' queued + running jobs
 
     @classmethod
     def from_table(cls, table: dict, where: str = "[limits]") -> "Limits":
@@ -162,3 +165,29 @@ class Quotas:
         with self._lock:
             held = self._held["streams"]
             return held.get(user, 0) if user else sum(held.values())
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.0f} MiB"
+
+
+def memory_refusal(lim: Limits, rank: int, kind: str, owner: str, need: int,
+                   active: list[tuple[str, int]]) -> str | None:
+    """Why a job estimated to need ``need`` bytes of working memory is refused, given the
+    (owner, estimate) of the queued and running jobs - beyond job_memory_bytes, or its
+    user's or all jobs' estimates beyond user_memory_bytes or party_memory_bytes - else
+    None."""
+    mine = sum(n for o, n in active if o == owner)
+    held = sum(n for _, n in active)
+    what = f"party {rank}: job {kind} needs ~{_mib(need)} of working memory"
+    if need > lim.job_memory_bytes:
+        return (f"{what} (estimated), more than job_memory_bytes = {lim.job_memory_bytes} "
+                "in [limits]; send a smaller batch or shorter inputs")
+    if mine + need > lim.user_memory_bytes:
+        return (f"{what} (estimated) and user {owner!r}'s queued and running jobs "
+                f"{_mib(mine)}, more than user_memory_bytes = {lim.user_memory_bytes} in "
+                "[limits]; wait for them to finish")
+    if held + need > lim.party_memory_bytes:
+        return (f"{what} (estimated) and the queued and running jobs {_mib(held)}, more "
+                f"than party_memory_bytes = {lim.party_memory_bytes} in [limits]; retry later")
+    return None

@@ -40,6 +40,14 @@ def _mallopt():
         return None
 
 
+@functools.cache
+def _malloc_trim():
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
 def _set(param: int, value: int) -> bool:
     fn = _mallopt()
     return bool(fn and fn(param, value))
@@ -67,3 +75,17 @@ def one_arena() -> bool:
     keep freed buffers in three arenas (peak RSS of `mpc3 bench layer encoder` 1.06 vs
     0.98 GB, time unchanged). Call before the threads start."""
     return _set(M_ARENA_MAX, 1)
+
+
+def trim() -> bool:
+    """Return the freed heap memory of every arena to the kernel (glibc ``malloc_trim(0)``:
+    the free top and, since glibc 2.8, the free pages inside the heap); False where it is
+    unavailable. :func:`keep_freed_memory` keeps up to TRIM_THRESHOLD of freed memory for
+    the next round's buffers, so without this a party's RSS stayed at its largest job's peak
+    (issue 33, item 5: 2.0 -> 3.2 GB idle); the runner calls it when a large job ends and
+    no other job runs (net.runner, measured in docs/PERFORMANCE.md)."""
+    fn = _malloc_trim()
+    if fn is None:
+        return False
+    fn(0)
+    return True

@@ -28,6 +28,7 @@ runs the job through :func:`protocols.jobs.execute`, exactly as the in-process b
 from __future__ import annotations
 
 import collections
+import gc
 import logging
 import threading
 import time
@@ -39,9 +40,12 @@ from mpc3.party import Party
 from mpc3.shares import AShare
 from protocols.jobs import (CostRecorder, JobContext, JobRefused, JobRegistry, JobSpec,
                             ModelView, admit, execute)
+from protocols.jobs.memory import job_memory
+
+from . import malloc
 
 from .errors import BadRequest, Code, check_id
-from .limits import Limits
+from .limits import Limits, memory_refusal
 from .proto import mpc3_pb2 as pb
 from .sessions import Session, SessionStore
 
@@ -51,6 +55,10 @@ S = pb.JobStatusReply
 LEADER = 0
 FOLLOWERS = (1, 2)
 MAX_DONE_JOBS = 1000
+#: A job estimated to need at least this much working memory returns it to the OS when it
+#: ends with no other job running (:func:`net.malloc.trim`); smaller ones (decode steps)
+#: keep the heap warm for the next job.
+TRIM_AFTER_BYTES = 64 << 20
 REFUSAL_CODES = {"unknown": Code.NOT_FOUND, "forbidden": Code.PERMISSION_DENIED,
                  "invalid": Code.INVALID_ARGUMENT}
 
@@ -79,6 +87,7 @@ class Job:
     queue_position: int = 0
     org: str = ""                 # the owner's organisation (sessions' org_sessions)
     have: set = field(default_factory=set)   # party 0: followers holding the submission
+    memory_bytes: int = 0           # estimated working memory (protocols.jobs.memory)
 
     def reply(self) -> pb.JobStatusReply:
         st = self.party.stats if self.party is not None else None
@@ -148,8 +157,10 @@ class JobRunner:
                          params)
         except JobRefused as exc:
             raise BadRequest(REFUSAL_CODES[exc.reason], f"party {self.rank}: {exc}") from None
+        shapes = {k: v.shape for k, v in inputs.items()}
         job = Job(job_id=job_id, owner=owner, kind=kind, model_id=model.model_id, spec=spec,
-                  model=model, inputs=inputs, params=params, input_bytes=input_bytes, org=org)
+                  model=model, inputs=inputs, params=params, input_bytes=input_bytes, org=org,
+                  memory_bytes=job_memory(spec, model, shapes))
         if spec.session is not None:
             sid = check_id(params.get("session"), "session id")
             if spec.session == "close":
@@ -187,6 +198,7 @@ class JobRunner:
                 raise BadRequest(Code.RESOURCE_EXHAUSTED, f"party {self.rank}: the queue "
                                  f"holds {queued} jobs (limit queued_jobs = "
                                  f"{self.limits.queued_jobs} in [limits]); retry later")
+            self._check_memory_locked(job)
             job.state = S.QUEUED
             self.jobs[job.job_id] = job
             self._trim_locked()
@@ -262,6 +274,15 @@ class JobRunner:
         if drop:
             self._tell_quietly(peer, job_id, "drop")
         self._start_all(starts)
+
+    def _check_memory_locked(self, job: Job) -> None:
+        """Refuse a job beyond the [limits] memory keys (:func:`net.limits.memory_refusal`)."""
+        active = [(j.owner, j.memory_bytes) for j in self.jobs.values()
+                  if j.state in (S.QUEUED, S.RUNNING)]
+        refusal = memory_refusal(self.limits, self.rank, job.kind, job.owner,
+                                 job.memory_bytes, active)
+        if refusal:
+            raise BadRequest(Code.RESOURCE_EXHAUSTED, refusal)
 
     def on_start(self, job_id: str) -> None:
         """Party 0 started ``job_id`` (parties 1 and 2); one not waiting here is gone."""
@@ -359,10 +380,14 @@ class JobRunner:
             self._count(job, state, nbytes)      # before the state: a client that saw the
             job.state, job.error = state, error  # job end sees it counted and logged
             starts = self._dispatch_locked() if self.leader else []
+            idle = self._running == 0 and not starts
         log.info("party %d: job %s %s in %.3f s%s", self.rank, job.job_id,
                  S.State.Name(state), job.wall_s, f" ({error})" if error else "",
                  extra={"event": "job_" + S.State.Name(state).lower(), "job": job.job_id,
                         "user": job.owner, "kind": job.kind})
+        if idle and job.memory_bytes >= TRIM_AFTER_BYTES:
+            gc.collect()             # cycles holding arrays, then the freed heap
+            malloc.trim()
         job.done.set()
         self._start_all(starts)
 

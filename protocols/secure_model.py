@@ -47,6 +47,9 @@ decoder import it without a cycle. The stacks are :func:`protocols.encoder.encod
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Callable
+
 import numpy as np
 
 from mpc3 import ring
@@ -76,6 +79,34 @@ def fold_scales(cfg: M.ModelConfig) -> tuple[float, float, float]:
 def plain_tensors(cfg: M.ModelConfig, weights: M.Weights, fold_omega: bool = True
                   ) -> dict[str, tuple[np.ndarray, int]]:
     """name -> (float tensor, extra fractional bits) of everything that gets shared."""
+    return {k: (make(), e) for k, (make, e) in layout(cfg, weights, fold_omega).items()}
+
+
+class LazyTensors(Mapping):
+    """name -> float tensor of a :func:`layout`, each computed when read and not kept (the
+    model owner's upload reads them one at a time, :mod:`net.upload`)."""
+
+    def __init__(self, recipes: dict[str, tuple[Callable[[], np.ndarray], int]]) -> None:
+        self.recipes = recipes
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.recipes[name][0]()
+
+    def __iter__(self):
+        return iter(self.recipes)
+
+    def __len__(self) -> int:
+        return len(self.recipes)
+
+    def extra_frac(self) -> dict[str, int]:
+        return {k: e for k, (_, e) in self.recipes.items() if e}
+
+
+def layout(cfg: M.ModelConfig, weights: M.Weights, fold_omega: bool = True
+           ) -> dict[str, tuple[Callable[[], np.ndarray], int]]:
+    """name -> (a function computing the float tensor, extra fractional bits): what
+    :func:`plain_tensors` evaluates, without holding more than the tensor asked for beyond
+    ``weights`` (and the folds that combine tensors: Omega, BatchNorm, AERO scales)."""
     weights.validate(cfg)
     out_scale = None
     if cfg.ffn_bn:                       # seed 002's BatchNorm in the MLP, folded into W1, b1
@@ -87,36 +118,42 @@ def plain_tensors(cfg: M.ModelConfig, weights: M.Weights, fold_omega: bool = Tru
     attn = set(M.attn_prefixes(cfg))
     q_scale, k_scale, v_scale = fold_scales(cfg)
     qk_scale = {"q": q_scale, "k": k_scale}
-    out: dict[str, tuple[np.ndarray, int]] = {}
-    for name, t in weights.items():
+    w = weights
+    out: dict[str, tuple[Callable[[], np.ndarray], int]] = {}
+
+    def scaled(f: float, name: str):
+        return lambda: f * (folded[name] if name in folded else w[name])
+    for name in weights.keys():
         prefix, leaf = name.rsplit(".", 1)
         if cfg.norm == "batchnorm" and leaf in ("gamma", "beta", "mean", "var"):
             if leaf == "gamma":
-                a, b = M.batchnorm_affine(*(weights[f"{prefix}.{n}"] for n in
+                a, b = M.batchnorm_affine(*(w[f"{prefix}.{n}"] for n in
                                           ("gamma", "beta", "mean", "var")), cfg.ln_eps)
-                out[f"{prefix}.scale"], out[f"{prefix}.shift"] = (a, 0), (b, 0)
+                out[f"{prefix}.scale"] = ((lambda a=a: a), 0)
+                out[f"{prefix}.shift"] = ((lambda b=b: b), 0)
         elif cfg.ffn_act == "none" and prefix.endswith(".ffn"):
             if leaf == "w1":
-                w2 = weights[f"{prefix}.w2"]
-                out[name] = (t @ w2, 0)
-                out[f"{prefix}.b1"] = (weights[f"{prefix}.b1"] @ w2 + weights[f"{prefix}.b2"], 0)
+                p = prefix
+                out[name] = ((lambda p=p: w[f"{p}.w1"] @ w[f"{p}.w2"]), 0)
+                out[f"{prefix}.b1"] = ((lambda p=p: w[f"{p}.b1"] @ w[f"{p}.w2"]
+                                        + w[f"{p}.b2"]), 0)
         elif prefix not in attn:
-            out[name] = (t, 0)
-        elif leaf in ("wq", "wk"):           # pop: the unscaled folded copy goes at once
-            src = folded.pop(f"{prefix}.{leaf}_omega") if fold_omega else t
-            out[f"{prefix}.{leaf}_proj"] = (qk_scale[leaf[1]] * src, PROJ_EXTRA)
+            out[name] = ((lambda n=name: w[n]), 0)
+        elif leaf in ("wq", "wk"):
+            out[f"{prefix}.{leaf}_proj"] = (scaled(qk_scale[leaf[1]], f"{name}_omega"
+                                                   if fold_omega else name), PROJ_EXTRA)
         elif leaf == "wv":
-            out[f"{prefix}.wv_c"] = (v_scale * t, PROJ_EXTRA)
+            out[f"{prefix}.wv_c"] = (scaled(v_scale, name), PROJ_EXTRA)
         elif leaf in ("bq", "bk"):
-            out[name] = (qk_scale[leaf[1]] * (folded[f"{name}_omega"] if fold_omega else t), 0)
+            out[name] = (scaled(qk_scale[leaf[1]], f"{name}_omega" if fold_omega else name), 0)
         elif leaf == "bv":
-            out[name] = (v_scale * t, 0)
+            out[name] = (scaled(v_scale, name), 0)
         elif leaf == "omega" and fold_omega:
             continue
         else:
-            out[name] = (t, 0)
+            out[name] = ((lambda n=name: w[n]), 0)
     if out_scale is not None:
-        out[OUT_SCALE] = (np.array([out_scale]), 0)
+        out[OUT_SCALE] = ((lambda: np.array([out_scale])), 0)
     return out
 
 
