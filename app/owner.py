@@ -90,12 +90,15 @@ def share_transformer(cfg: ClusterConfig, model_id: str, mcfg: M.ModelConfig,
                       weights: M.Weights, permit=None, cert=None, key=None,
                       source: str = "", fold_omega: bool = True, user=None,
                       samples: C.Samples | None = None,
-                      margin: float = C.DEFAULT_MARGIN, check_inputs: bool = False) -> str:
+                      margin: float = C.DEFAULT_MARGIN, check_inputs: bool = False,
+                      to_diagnostic_parties: bool = False) -> str:
     """Calibrate and share ``weights`` with the cluster as ``model_id``; returns the upload
     id. ``user``: the model's query-user tensors (never shared; they give the exact input
     range and default samples); ``samples``: calibration inputs (default:
     :func:`calibration_samples`). Raises :class:`protocols.calibrate.RangeError` before
-    anything is uploaded if the model leaves a kernel's range."""
+    anything is uploaded if the model leaves a kernel's range, and ValueError if a party runs
+    the diagnostic job kinds (benchmark/test processes, where any user can read every
+    weight matrix) unless ``to_diagnostic_parties`` (test and benchmark weights)."""
     from protocols.secure_model import LazyTensors, layout
     check_permit(permit, mcfg.arch)
     cal = calibrate_model(mcfg, weights, user, samples, RingConfig(frac=cfg.frac), margin,
@@ -103,5 +106,13 @@ def share_transformer(cfg: ClusterConfig, model_id: str, mcfg: M.ModelConfig,
     meta = transformer_meta(mcfg, cal, permit, source, fold_omega, check_inputs)
     tensors = LazyTensors(layout(mcfg, weights, fold_omega=fold_omega))
     with ModelOwner(cfg, cert, key) as owner:       # one tensor at a time (net.upload)
+        diagnostic = [n for n, st in enumerate(owner.status()) if st.diagnostic]
+        if diagnostic and not to_diagnostic_parties:
+            raise ValueError(
+                f"part{'ies' if len(diagnostic) > 1 else 'y'} "
+                f"{', '.join(map(str, diagnostic))} run the diagnostic (benchmark/test) job "
+                "kinds, which let any user read every weight matrix of a model shared with "
+                "them: share real models only with production parties (mpc3 party, cluster "
+                "up); for test weights pass --to-diagnostic-parties")
         return owner.upload(model_id, tensors, public_meta=meta,
                             extra_frac=tensors.extra_frac())

@@ -403,3 +403,21 @@ def _alive(pid: int) -> bool:
             return fh.read().split(")")[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_share_model_refuses_diagnostic_parties(cluster):
+    """Issue 33, item 7: share-model uploaded a real model to benchmark parties (which run
+    the diagnostic job kinds: any user reads every weight) without a word. It is refused,
+    naming the parties and the flag for test weights; nothing is stored."""
+    from app.owner import share_transformer
+    from protocols import model as M
+    from protocols import textdata as TD
+    mcfg, w, user = M.load_model(TD.SHIPPED_CLASSIFIER)
+    with pytest.raises(ValueError, match="parties 0, 1, 2 run the diagnostic .* "
+                                         "--to-diagnostic-parties"):
+        share_transformer(cluster.cfg, "real", mcfg, w, None, *cluster.creds("owner"),
+                          user=user)
+    from net.proto import mpc3_pb2 as pb
+    with cluster.user() as u:
+        listed = u._each(lambda n: u._call(n, "ListModels", pb.ListModelsRequest()))
+    assert all("real" not in [m.model_id for m in r.models] for r in listed)

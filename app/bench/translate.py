@@ -109,7 +109,7 @@ def run_translate(a) -> dict:
                                        peer_transport=a.peer_transport).start()
                 network = dict(network, peer_transport=a.peer_transport)
             share_transformer(cluster.cfg, "bench", cfg, w, None, *cluster.creds("owner"),
-                              user=user)
+                              user=user, to_diagnostic_parties=True)     # random weights
             qu = QueryUser(cluster.cfg, *cluster.creds("user"), rpc_timeout=120)
             backend = T.ClusterBackend(qu, "bench", step_timeout=600, fuse=a.fuse)
         else:

@@ -57,6 +57,9 @@ def register(sub) -> None:
                    "range on shares and refuse it if it leaves the range (a modified client "
                    "gets a refusal, not garbage; ~165 bytes and 17-18 rounds more per job, "
                    "input element counted)")
+    p.add_argument("--to-diagnostic-parties", action="store_true",
+                   help="share even with parties that run the diagnostic (benchmark) job "
+                   "kinds, where any user can read every weight: test weights only")
     add_import_options(p)
     add_client_creds(p)
     p.set_defaults(func=_cmd_share)
@@ -121,7 +124,8 @@ def _cmd_share(args) -> int:
                                   args.key, source=Path(args.weights).name,
                                   fold_omega=not args.no_fold_omega, user=user,
                                   samples=samples, margin=args.margin,
-                                  check_inputs=args.check_inputs)
+                                  check_inputs=args.check_inputs,
+                                  to_diagnostic_parties=args.to_diagnostic_parties)
     print(f"model {args.model_id} ({mcfg.arch}, permits "
           f"{', '.join(check_permit(permit, mcfg.arch))}): {weights.n_params()} "
           f"parameters calibrated and shared to "
