@@ -27,7 +27,8 @@ def register(sub) -> None:
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--dir", help="output directory for a new CA (must not hold one yet)")
     where.add_argument("--ca-dir", help="an existing CA's directory (ca.pem + ca.key): issue "
-                       "only the --client certificates, change nothing else")
+                       "the --client certificates (new clients) or --party N's (rotation), "
+                       "change nothing else")
     p.add_argument("--host", action="append", default=None,
                    help="host name or IP the parties are reached at (repeatable; "
                         "default localhost and 127.0.0.1)")
