@@ -386,7 +386,7 @@ def rehearse(work: Path, tag: str, install_each: bool = False) -> None:
             for h, r in zip(hosts, results):
                 if r.returncode != 0:
                     journal = "".join(f"\n--- {p}:\n{p.read_text()[-3000:]}"
-                                      for p in (work / h).glob("mpc3-party@*.log"))
+                                      for p in sorted(work.glob("*/mpc3-party@*.log")))
                     raise SystemExit(f"rehearse: on {h}, the block starting {first!r} failed "
                                      f"({r.returncode}):\n{r.stdout}{r.stderr}{journal}")
             last = body.strip().splitlines()[-1]

@@ -98,13 +98,18 @@ def sandbox_script(s: dict[str, str]) -> str:
         ro.append("/sys")
     if s.get("ProtectControlGroups", "").lower() in yes:
         ro.append("/sys/fs/cgroup")
-    # remount read-only, mount by mount (a bind remount changes one mount point only)
+    # remount read-only, mount by mount (a bind remount changes one mount point only); a
+    # mount that is listed but shadowed by a later one cannot be remounted and is out of
+    # reach - unless its path can still be written, which stops the start
+    ro_mount = ('{ mount -o remount,bind,ro "$m" 2>/dev/null || ! touch "$m/.ro-probe" '
+                '2>/dev/null || { rm -f "$m/.ro-probe"; echo "cannot make $m read-only" >&2; '
+                'exit 1; }; }')
     cmds.append(
         "awk '{print $5}' /proc/self/mountinfo | sort -u | while read -r m; do "
         f"case \"$m\" in {'|'.join(sorted(keep)) or '/nonexistent'}) continue;; esac; "
         + ("case \"$m\" in /dev|/dev/*|/proc|/proc/*|/sys|/sys/*) ;; *) "
-           "mount -o remount,bind,ro \"$m\";; esac; " if "all" in ro else "")
-        + " ".join(f"case \"$m\" in {p}|{p}/*) mount -o remount,bind,ro \"$m\";; esac;"
+           f"{ro_mount};; esac; " if "all" in ro else "")
+        + " ".join(f"case \"$m\" in {p}|{p}/*) {ro_mount};; esac;"
                    for p in ro if p != "all")
         + " done")
     user, group = s.get("User", "root"), s.get("Group", s.get("User", "root"))
