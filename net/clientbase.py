@@ -37,12 +37,13 @@ class Client:
         self._tls_files = None
         if cfg.tls:
             creds_cfg = cfg.clients.get(self.role)
+            where = keys.cred_sources(self.role, cfg.path, cert, key)
             cert = cert or (creds_cfg.cert if creds_cfg else None)
             key = key or (creds_cfg.key if creds_cfg else None)
             if cert is None or key is None:
                 raise ValueError(f"no client certificate for role {self.role!r}: pass "
                                  f"--cert/--key or add [clients.{self.role}] to the config")
-            creds = keys.channel_credentials(cert, key, cfg.ca)
+            creds = keys.channel_credentials(cert, key, cfg.ca, where)
             self._tls_files = (cert, key, cfg.ca)
         else:
             self.metadata = (("x-mpc3-identity", dev_identity), ("x-mpc3-role", self.role))

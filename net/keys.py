@@ -90,10 +90,12 @@ def _san(hosts) -> list[x509.GeneralName]:
     return out
 
 
-def create_ca(directory: Path) -> None:
+def create_ca(directory: Path, name: str = "mpc3 cluster CA") -> None:
+    """``ca.pem``/``ca.key`` in ``directory``; ``name`` is the CA's CN (one CA per
+    organisation: a CN of its own, so a trust bundle of several CAs tells them apart)."""
     key = _key()
     now = _dt.datetime.now(_dt.timezone.utc)
-    name = _name("mpc3 cluster CA", "ca")
+    name = _name(name, "ca")
     cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
             .public_key(key.public_key()).serial_number(x509.random_serial_number())
             .not_valid_before(now - _dt.timedelta(minutes=5))
@@ -135,18 +137,21 @@ def issue(directory: Path, stem: str, cn: str, role: str, hosts=(),
 
 
 def generate(directory, hosts=("localhost", "127.0.0.1"), party_hosts=None,
-             clients=DEFAULT_CLIENTS) -> Path:
-    """CA + three party certificates + client certificates in ``directory``.
+             clients=DEFAULT_CLIENTS, parties=(0, 1, 2), ca_name: str = "mpc3 cluster CA"
+             ) -> Path:
+    """A CA + the certificates of ``parties`` + client certificates in ``directory``.
 
     ``party_hosts``: optional per-party host lists (else every party gets ``hosts``).
+    One CA per organisation: each runs this with its own ``parties`` (e.g. ``(1,)``) and
+    ``ca_name``, and every party and client trusts the concatenation of the ``ca.pem``s.
     Refuses to overwrite an existing CA.
     """
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     if (d / "ca.key").exists():
         raise FileExistsError(f"{d / 'ca.key'} exists; refusing to overwrite a CA")
-    create_ca(d)
-    for n in range(3):
+    create_ca(d, ca_name)
+    for n in parties:
         issue(d, f"party-{n}", f"party-{n}", PARTY_ROLES[n],
               hosts=(party_hosts[n] if party_hosts else hosts))
     for stem, role in clients:
@@ -154,14 +159,61 @@ def generate(directory, hosts=("localhost", "127.0.0.1"), party_hosts=None,
     return d
 
 
+def add_client(directory, name: str, role: str) -> tuple[Path, Path]:
+    """Issue one more client certificate ``<name>.pem``/``.key`` with the CA in
+    ``directory``, changing nothing else; refuses to overwrite an existing one."""
+    d = Path(directory)
+    if role not in CLIENT_ROLES:
+        raise ValueError(f"role {role!r}: expected model-owner or query-user")
+    if not (d / "ca.key").exists():
+        raise FileNotFoundError(f"{d / 'ca.key'} not found: --ca-dir must hold the CA "
+                                "(ca.pem and ca.key) that signs the new certificate")
+    for ext in ("pem", "key"):
+        if (d / f"{name}.{ext}").exists():
+            raise FileExistsError(f"{d / f'{name}.{ext}'} exists; choose another name or "
+                                  "move the old certificate away to replace it")
+    return issue(d, name, name, role)
+
+
+def reissue_party(directory, n: int, hosts) -> tuple[Path, Path]:
+    """A new ``party-N.pem``/``.key`` signed by the CA in ``directory`` (rotation); the old
+    pair, if any, is renamed ``party-N.pem.old``/``.key.old``."""
+    d = Path(directory)
+    if not (d / "ca.key").exists():
+        raise FileNotFoundError(f"{d / 'ca.key'} not found: --ca-dir must hold the CA "
+                                "(ca.pem and ca.key) that signs the new certificate")
+    for ext in ("pem", "key"):
+        if (d / f"party-{n}.{ext}").exists():
+            os.replace(d / f"party-{n}.{ext}", d / f"party-{n}.{ext}.old")
+    return issue(d, f"party-{n}", f"party-{n}", PARTY_ROLES[n], hosts=hosts)
+
+
+def read_pem(path, what: str, where: str) -> bytes:
+    """The bytes of a certificate or key file, or one line naming the file, ``what`` it is
+    and ``where`` its path was set (the config key, or the option)."""
+    try:
+        return Path(path).read_bytes()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{what} {path} not found (set by {where}): copy the file "
+                                "there or change that setting") from None
+    except PermissionError:
+        raise PermissionError(f"{what} {path} (set by {where}) is not readable by uid "
+                              f"{os.getuid()}: fix its owner or mode") from None
+    except IsADirectoryError:
+        raise IsADirectoryError(f"{what} {path} (set by {where}) is a directory, not a "
+                                "PEM file") from None
+
+
 def why_not_trusted(cert: Path, ca: Path) -> str:
-    """Why a party could refuse ``cert`` given the cluster's ``ca``, as far as a client can
-    tell locally: another issuer, a bad signature, expiry, or a role a party does not take."""
+    """Why a party could refuse ``cert`` given the cluster's ``ca`` (one CA or a bundle of
+    several, one per organisation), as far as a client can tell locally: another issuer, a
+    bad signature, expiry, or a role a party does not take."""
     c = x509.load_pem_x509_certificate(Path(cert).read_bytes())
-    authority = x509.load_pem_x509_certificate(Path(ca).read_bytes())
-    if c.issuer != authority.subject:
+    bundle = x509.load_pem_x509_certificates(Path(ca).read_bytes())
+    authority = next((a for a in bundle if a.subject == c.issuer), None)
+    if authority is None:
         return (f"it was issued by '{c.issuer.rfc4514_string()}', not by the cluster's CA "
-                f"'{authority.subject.rfc4514_string()}'")
+                + " or ".join(f"'{a.subject.rfc4514_string()}'" for a in bundle))
     try:
         c.verify_directly_issued_by(authority)
     except (ValueError, TypeError, Exception):  # noqa: BLE001 - InvalidSignature and kin
@@ -188,19 +240,36 @@ def peer_identity(context) -> Identity | None:
     return _identity_cached(bytes(pems[0]))
 
 
+PARTY_SOURCES = ("[cluster] ca", "[[party]] cert", "[[party]] key")
+
+
 def server_credentials(cert: Path, key: Path, ca: Path):
     """mTLS server credentials: clients must present a certificate signed by the CA."""
     import grpc
-    return grpc.ssl_server_credentials([(Path(key).read_bytes(), Path(cert).read_bytes())],
-                                       root_certificates=Path(ca).read_bytes(),
-                                       require_client_auth=True)
+    return grpc.ssl_server_credentials(
+        [(read_pem(key, "party key", PARTY_SOURCES[2]),
+          read_pem(cert, "party certificate", PARTY_SOURCES[1]))],
+        root_certificates=read_pem(ca, "CA file", PARTY_SOURCES[0]), require_client_auth=True)
 
 
-def channel_credentials(cert: Path | None, key: Path | None, ca: Path):
+def cred_sources(role: str, config_path, cert, key) -> tuple[str, str, str]:
+    """Where a client's CA, cert and key paths come from: ``--cert``/``--key`` when given
+    (``cert``/``key`` not None), else the config's ``[clients.ROLE]`` table."""
+    return ("[cluster] ca", *(f"--{k}" if v else f"[clients.{role}] {k} in {config_path}"
+                              for k, v in (("cert", cert), ("key", key))))
+
+
+def channel_credentials(cert: Path | None, key: Path | None, ca: Path,
+                        where: tuple[str, str, str] | None = None):
+    """mTLS channel credentials; ``where``: the settings a client's CA, cert and key paths
+    came from (:func:`cred_sources`), named when a file is missing (default: a party's)."""
     import grpc
+    who = "party" if where is None else "client"
+    where = where or PARTY_SOURCES
     return grpc.ssl_channel_credentials(
-        Path(ca).read_bytes(), Path(key).read_bytes() if key else None,
-        Path(cert).read_bytes() if cert else None)
+        read_pem(ca, "CA file", where[0]),
+        read_pem(key, f"{who} key", where[2]) if key else None,
+        read_pem(cert, f"{who} certificate", where[1]) if cert else None)
 
 
 def party_target_name(rank: int) -> str:

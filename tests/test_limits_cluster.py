@@ -83,7 +83,8 @@ def _submit_to(stub, job_id, upload_id, params_json="{}"):
     chunks = list(tensor_chunks("X", AShare(x, x.copy()), 18))
     first = pb.SubmitChunk(job_id=job_id, model_id="lin", upload_id=upload_id, kind="linear",
                            params_json=params_json, n_tensors=1, tensor=chunks[0])
-    return stub.SubmitJob(iter([first]), timeout=10)
+    rest = [pb.SubmitChunk(job_id=job_id, tensor=c) for c in chunks[1:]]   # x_{i+1}'s slot
+    return stub.SubmitJob(iter([first, *rest]), timeout=10)
 
 
 def _upload_id(c):

@@ -1,6 +1,9 @@
 """Running a cluster: certificates, party processes, a local cluster, status.
 
     mpc3 keys --dir D                         CA + party and client certificates
+    mpc3 keys --dir D --org O --party N       one organisation's CA and its party's cert
+    mpc3 keys --ca-dir D --client NAME:ROLE   one more client of an existing CA
+    mpc3 keys --ca-dir D --party N --host H   a new certificate for party N (rotation)
     mpc3 party --config C --id N              run party N (foreground)
     mpc3 cluster up --dir D [--new-ports]     three local parties; prints the config path
     mpc3 cluster down --dir D                 stop them
@@ -17,15 +20,27 @@ from .common import add_client_creds, add_insecure, any_client, load
 
 
 def register(sub) -> None:
-    p = sub.add_parser("keys", help="create a CA and certificates for three parties and clients")
-    p.add_argument("--dir", required=True, help="output directory (must not hold a CA yet)")
+    p = sub.add_parser("keys", help="create a CA and certificates for three parties and "
+                       "clients, or add a client to an existing CA")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--dir", help="output directory for a new CA (must not hold one yet)")
+    where.add_argument("--ca-dir", help="an existing CA's directory (ca.pem + ca.key): issue "
+                       "the --client certificates (new clients) or --party N's (rotation), "
+                       "change nothing else")
     p.add_argument("--host", action="append", default=None,
                    help="host name or IP the parties are reached at (repeatable; "
                         "default localhost and 127.0.0.1)")
     p.add_argument("--client", action="append", default=None, metavar="NAME:ROLE",
                    help="client certificate to issue, ROLE in model-owner|query-user "
-                        "(repeatable; default owner:model-owner user:query-user "
+                        "(repeatable; default with --dir: owner:model-owner user:query-user "
                         "user2:query-user)")
+    p.add_argument("--party", action="append", type=int, choices=(0, 1, 2), default=None,
+                   help="with --dir: issue only this party's certificate (repeatable; default "
+                   "all three) - one CA per organisation, each for the parties it runs; "
+                   "with --ca-dir: a new certificate for this party (rotation)")
+    p.add_argument("--org", default=None, help="with --dir: the organisation whose CA this "
+                   "is (its name, CN 'mpc3 CA of ORG'; concatenate the organisations' ca.pem "
+                   "files into the bundle every [cluster] ca names)")
     p.set_defaults(func=_cmd_keys)
 
     p = sub.add_parser("party", help="run one MPC party process (model inference job kinds)")
@@ -69,18 +84,38 @@ def register(sub) -> None:
     p.set_defaults(func=_cmd_status)
 
 
+def _client_specs(specs) -> list[tuple[str, str]]:
+    clients = []
+    for spec in specs:
+        name, _, role = spec.partition(":")
+        if not name or "/" in name or role not in keys.CLIENT_ROLES:
+            raise ValueError(f"--client {spec!r}: expected NAME:model-owner or "
+                             "NAME:query-user")
+        clients.append((name, role))
+    return clients
+
+
 def _cmd_keys(args) -> int:
-    clients = keys.DEFAULT_CLIENTS
-    if args.client:
-        clients = []
-        for spec in args.client:
-            name, _, role = spec.partition(":")
-            if not name or role not in keys.CLIENT_ROLES:
-                raise ValueError(f"--client {spec!r}: expected NAME:model-owner or "
-                                 "NAME:query-user")
-            clients.append((name, role))
+    if args.ca_dir is not None:
+        if not (args.client or args.party) or args.org or (args.host and not args.party):
+            raise ValueError("--ca-dir issues more certificates with an existing CA: give "
+                             "--client NAME:ROLE (a new client) and/or --party N --host H "
+                             "(a party's new certificate; the old one is kept as .old)")
+        ca = Path(args.ca_dir) / "ca.pem"
+        for name, role in _client_specs(args.client or ()):
+            cert, key = keys.add_client(args.ca_dir, name, role)
+            print(f"{role} {name}: {cert}, {key} (signed by {ca})")
+        for n in sorted(set(args.party or ())):
+            if not args.host:
+                raise ValueError(f"--party {n}: give the --host names it is reached at")
+            cert, key = keys.reissue_party(args.ca_dir, n, tuple(args.host))
+            print(f"party {n}: {cert}, {key} (signed by {ca}; the old ones renamed .old)")
+        return 0
+    clients = keys.DEFAULT_CLIENTS if args.client is None else _client_specs(args.client)
+    parties = tuple(sorted(set(args.party))) if args.party else (0, 1, 2)
     d = keys.generate(args.dir, hosts=tuple(args.host or ("localhost", "127.0.0.1")),
-                      clients=clients)
+                      clients=clients, parties=parties,
+                      ca_name=f"mpc3 CA of {args.org}" if args.org else "mpc3 cluster CA")
     print(f"certificates written to {d}")
     return 0
 

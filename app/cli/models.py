@@ -6,6 +6,7 @@
     mpc3 infer --config C --model-id ID --kind classify --input X.npy     (prints logits)
     mpc3 infer --config C --model-id ID --kind classify_argmax --input X.npy  (the class)
     mpc3 import MODEL.safetensors [--model-config CFG.json] --out MODEL.npz
+    mpc3 export-model translator|lm|lm-softmax|...|classifier FILE     (a shipped model)
     mpc3 import HF_DIR [--format auto|hf-bert|hf-gpt2|sentence-transformers] --out MODEL.npz
         [--pool mean|cls|max] [--normalize] [--max-len N]     (save_pretrained / ST directory)
 """
@@ -103,6 +104,34 @@ def register(sub) -> None:
                    "tokenizer) or .safetensors")
     add_import_options(p)
     p.set_defaults(func=_cmd_import)
+
+    p = sub.add_parser("export-model", help="write a model shipped with mpc3 to a file, for "
+                       "share-model (owner) and translate / generate --model (query user)")
+    p.add_argument("name", choices=tuple(shipped_models()), help="translator (digits to "
+                   "English words), lm (relu-performer LM: 'N = ' -> N's words), lm-ATTENTION "
+                   "(the same LM with another attention), classifier")
+    p.add_argument("file", help="output .npz")
+    p.set_defaults(func=_cmd_export)
+
+
+def shipped_models() -> dict[str, Path]:
+    """The model files shipped in protocols/assets, by the names export-model takes."""
+    from protocols import textdata as TD
+    lms = {("lm" if a == "relu-performer" else f"lm-{a}"): f
+           for a, f in TD.SHIPPED_LMS.items()}
+    return {"translator": TD.SHIPPED_MODEL, **lms, "classifier": TD.SHIPPED_CLASSIFIER}
+
+
+def _cmd_export(args) -> int:
+    import shutil
+    src = shipped_models()[args.name]
+    if not src.exists():
+        raise FileNotFoundError(f"shipped model {src} is missing (reinstall mpc3)")
+    if not args.file.endswith(".npz"):
+        raise ValueError(f"{args.file}: use a .npz file name (the model's format)")
+    shutil.copyfile(src, args.file)
+    print(f"{args.name}: {args.file} ({src.stat().st_size} bytes)")
+    return 0
 
 
 def _cmd_share(args) -> int:
