@@ -291,6 +291,9 @@ def test_cli_share_model_infer_status(cluster, tmp_path):
         model = tmp_path / "m.npz"
         save_model(model, cfg, random_weights(cfg), random_user(cfg))
         r = run("share-model", str(model), "--config", conf, "--model-id", "enc")
+        assert r.returncode == 2 and "--to-diagnostic-parties" in r.stderr   # benchmark parties
+        r = run("share-model", str(model), "--config", conf, "--model-id", "enc",
+                "--to-diagnostic-parties")                                    # random weights
         assert r.returncode == 0, r.stderr
         with cluster.user() as u:
             names = {t.name for t in u.model("enc").tensors}
