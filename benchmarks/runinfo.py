@@ -42,3 +42,12 @@ def finish(result: dict, path: Path | None) -> None:
     print(text)
     if path:
         Path(path).write_text(text + "\n")
+
+
+def rss() -> int:
+    """This process's resident set size in bytes (VmRSS)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
