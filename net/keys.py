@@ -154,14 +154,14 @@ def generate(directory, hosts=("localhost", "127.0.0.1"), party_hosts=None,
     for n in parties:
         issue(d, f"party-{n}", f"party-{n}", PARTY_ROLES[n],
               hosts=(party_hosts[n] if party_hosts else hosts))
-    for stem, role in clients:
-        issue(d, stem, stem, role)
+    for stem, role, *org in clients:              # (name, role[, organisation])
+        issue(d, stem, stem, role, org=org[0] if org else None)
     return d
 
 
-def add_client(directory, name: str, role: str) -> tuple[Path, Path]:
-    """Issue one more client certificate ``<name>.pem``/``.key`` with the CA in
-    ``directory``, changing nothing else; refuses to overwrite an existing one."""
+def add_client(directory, name: str, role: str, org: str | None = None) -> tuple[Path, Path]:
+    """Issue one more client certificate ``<name>.pem``/``.key`` (organisation ``org``) with
+    the CA in ``directory``, changing nothing else; refuses to overwrite an existing one."""
     d = Path(directory)
     if role not in CLIENT_ROLES:
         raise ValueError(f"role {role!r}: expected model-owner or query-user")
@@ -172,7 +172,7 @@ def add_client(directory, name: str, role: str) -> tuple[Path, Path]:
         if (d / f"{name}.{ext}").exists():
             raise FileExistsError(f"{d / f'{name}.{ext}'} exists; choose another name or "
                                   "move the old certificate away to replace it")
-    return issue(d, name, name, role)
+    return issue(d, name, name, role, org=org)
 
 
 def reissue_party(directory, n: int, hosts) -> tuple[Path, Path]:

@@ -170,3 +170,17 @@ def test_a_party_certificate_is_rotated_with_the_same_ca(tmp_path):
     assert _handshake(d / "party-0.pem", d / "party-0.key", d / "ca.pem",
                       d / "party-1.pem", d / "party-1.key") is None
     assert _keys("--ca-dir", d, "--party", "2") == 2                 # no --host
+
+
+def test_clients_carry_their_organisation(tmp_path):
+    """NAME:ROLE:ORG puts ORG in the certificate's O, which the parties' cluster-wide limits
+    are shared out by (net.limits org_*); --dir --org O makes O every client's default, and
+    a client without an organisation counts as its own."""
+    assert _keys("--dir", tmp_path / "acme", "--org", "acme", "--party", 0,
+                 "--client", "alice:query-user", "--client", "bob:query-user:beta") == 0
+    assert _keys("--ca-dir", tmp_path / "acme", "--client", "carol:model-owner:acme",
+                 "--client", "dave:query-user") == 0
+    org = {n: keys.identity_from_pem((tmp_path / "acme" / f"{n}.pem").read_bytes()).org
+           for n in ("alice", "bob", "carol", "dave")}
+    assert org == {"alice": "acme", "bob": "beta", "carol": "acme", "dave": ""}
+    assert _keys("--ca-dir", tmp_path / "acme", "--client", "eve:query-user:a:b") == 2

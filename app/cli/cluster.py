@@ -30,8 +30,10 @@ def register(sub) -> None:
     p.add_argument("--host", action="append", default=None,
                    help="host name or IP the parties are reached at (repeatable; "
                         "default localhost and 127.0.0.1)")
-    p.add_argument("--client", action="append", default=None, metavar="NAME:ROLE",
-                   help="client certificate to issue, ROLE in model-owner|query-user "
+    p.add_argument("--client", action="append", default=None, metavar="NAME:ROLE[:ORG]",
+                   help="client certificate to issue, ROLE in model-owner|query-user, ORG "
+                   "its organisation (the certificate's O; default --org: cluster-wide "
+                   "limits are shared out per organisation) "
                         "(repeatable; default with --dir: owner:model-owner user:query-user "
                         "user2:query-user)")
     p.add_argument("--party", action="append", type=int, choices=(0, 1, 2), default=None,
@@ -84,14 +86,15 @@ def register(sub) -> None:
     p.set_defaults(func=_cmd_status)
 
 
-def _client_specs(specs) -> list[tuple[str, str]]:
+def _client_specs(specs, org: str | None = None) -> list[tuple[str, str, str | None]]:
+    """(name, role, organisation) of each NAME:ROLE[:ORG] (``org``: the default ORG)."""
     clients = []
     for spec in specs:
-        name, _, role = spec.partition(":")
-        if not name or "/" in name or role not in keys.CLIENT_ROLES:
+        name, role, *rest = spec.split(":") + [""]
+        if not name or "/" in name or role not in keys.CLIENT_ROLES or len(rest) > 2:
             raise ValueError(f"--client {spec!r}: expected NAME:model-owner or "
-                             "NAME:query-user")
-        clients.append((name, role))
+                             "NAME:query-user, optionally :ORGANISATION")
+        clients.append((name, role, rest[0] or org))
     return clients
 
 
@@ -102,8 +105,8 @@ def _cmd_keys(args) -> int:
                              "--client NAME:ROLE (a new client) and/or --party N --host H "
                              "(a party's new certificate; the old one is kept as .old)")
         ca = Path(args.ca_dir) / "ca.pem"
-        for name, role in _client_specs(args.client or ()):
-            cert, key = keys.add_client(args.ca_dir, name, role)
+        for name, role, org in _client_specs(args.client or ()):
+            cert, key = keys.add_client(args.ca_dir, name, role, org)
             print(f"{role} {name}: {cert}, {key} (signed by {ca})")
         for n in sorted(set(args.party or ())):
             if not args.host:
@@ -111,7 +114,8 @@ def _cmd_keys(args) -> int:
             cert, key = keys.reissue_party(args.ca_dir, n, tuple(args.host))
             print(f"party {n}: {cert}, {key} (signed by {ca}; the old ones renamed .old)")
         return 0
-    clients = keys.DEFAULT_CLIENTS if args.client is None else _client_specs(args.client)
+    clients = _client_specs([f"{n}:{r}" for n, r in keys.DEFAULT_CLIENTS]
+                            if args.client is None else args.client, args.org)
     parties = tuple(sorted(set(args.party))) if args.party else (0, 1, 2)
     d = keys.generate(args.dir, hosts=tuple(args.host or ("localhost", "127.0.0.1")),
                       clients=clients, parties=parties,
