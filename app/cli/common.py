@@ -10,6 +10,12 @@ from net import config as cconf
 INSECURE_FLAG = "--insecure-plaintext-for-local-dev"
 
 
+#: What a demo says while its parties start (silent otherwise for the first compilation).
+STARTING = ("starting three party processes; each compiles its secure kernels before it "
+            "listens (~15 s the first time on this machine, ~2 s once numba's cache holds "
+            "them)")
+
+
 def add_insecure(p: argparse.ArgumentParser) -> None:
     p.add_argument(INSECURE_FLAG, dest="insecure", action="store_true",
                    help="DANGER: no TLS and no authentication; local development only")

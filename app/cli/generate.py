@@ -18,7 +18,7 @@ import sys
 
 import numpy as np
 
-from .common import add_client_creds, add_fuse, check_same_model, load
+from .common import STARTING, add_client_creds, add_fuse, check_same_model, load
 
 
 def _cmd_generate(args) -> int:
@@ -111,6 +111,7 @@ def demo_lm(args) -> int:
     t_start, pairs, exact = time.perf_counter(), [], 0
     say(f"mpc3 demo --model lm --attention {attention}: secure generation with a "
         "decoder-only LM by three parties")
+    say(STARTING)
     with temporary_cluster("mpc3-demo-lm-", args.keep_dir, peer_timeout=15.0) as cluster:
         upload = share_transformer(cluster.cfg, "lm", mcfg, w, None, *cluster.creds("owner"),
                                    source=path.name, user=user)

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import (add_client_creds, add_import_options, any_client, import_options, load,
-                     load_model_file, load_model_source)
+from .common import (STARTING, add_client_creds, add_import_options, any_client,
+                     import_options, load, load_model_file, load_model_source)
 
 
 def register(sub) -> None:
@@ -346,6 +346,7 @@ def demo_classifier(args) -> int:
     t_start = time.perf_counter()
     say("mpc3 demo --model classifier: the leading digit of a number, read from its English "
         "words, by an encoder classifier on three parties")
+    say(STARTING)
     with temporary_cluster("mpc3-demo-clf-", args.keep_dir, peer_timeout=15.0) as cluster:
         upload = share_transformer(cluster.cfg, "classifier", mcfg, w, ["classify-argmax"],
                                    *cluster.creds("owner"), source=path.name, user=user)

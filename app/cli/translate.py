@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 from ..localcluster import temporary_cluster
-from .common import add_client_creds, add_fuse, check_same_model, load
+from .common import STARTING, add_client_creds, add_fuse, check_same_model, load
 
 DEMO_INPUTS = 5
 DEMO_SEED = 2024
@@ -127,6 +127,7 @@ def _cmd_demo(args) -> int:
     texts = args.text or demo_inputs(args.inputs)
     t_start = time.perf_counter()
     say("mpc3 demo: secure translation of digits to English words by three MPC parties")
+    say(STARTING)
     with temporary_cluster("mpc3-demo-", args.keep_dir, peer_timeout=15.0) as cluster:
         say(f"three parties up on {', '.join(p.address for p in cluster.cfg.parties)} "
             f"(mTLS, certificates in {cluster.dir / 'certs'}) in "
