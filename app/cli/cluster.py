@@ -46,9 +46,10 @@ def register(sub) -> None:
     p.set_defaults(func=_cmd_keys)
 
     p = sub.add_parser("party", help="run one MPC party process (model inference job kinds)")
-    p.add_argument("--config", required=True)
-    p.add_argument("--id", type=int, required=True, choices=(0, 1, 2))
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--config", required=True, help="the cluster TOML (deploy/cluster.toml)")
+    p.add_argument("--id", type=int, required=True, choices=(0, 1, 2),
+                   help="which party of the config this process is")
+    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO (default), WARNING")
     p.add_argument("--exit-with-parent", type=int, metavar="PID", default=None,
                    help="stop when process PID exits (set by benchmark and demo launchers)")
     p.add_argument("--metrics", metavar="HOST:PORT", default=None,
@@ -65,19 +66,22 @@ def register(sub) -> None:
     csub = p.add_subparsers(dest="action", required=True)
     up = csub.add_parser("up", help="generate certs + config, start three parties (or the "
                          "ones that stopped), wait until they are linked")
-    up.add_argument("--dir", required=True)
-    up.add_argument("--host", default="127.0.0.1")
+    up.add_argument("--dir", required=True, help="the cluster's directory (certificates, "
+                    "cluster.toml, party logs and data)")
+    up.add_argument("--host", default="127.0.0.1", help="address the parties listen on "
+                    "(default 127.0.0.1)")
     up.add_argument("--base-port", type=int, default=0,
                     help="first of three ports (default: those of an earlier run in DIR, "
                          "else free ephemeral ports)")
     up.add_argument("--new-ports", action="store_true",
                     help="pick fresh ports even if DIR holds a config from an earlier run")
-    up.add_argument("--peer-timeout", type=float, default=30.0)
+    up.add_argument("--peer-timeout", type=float, default=30.0,
+                    help="seconds a party waits for a peer's message before failing the job")
     up.add_argument("--wait", type=float, default=60.0, help="seconds to wait for health")
     add_insecure(up)
     up.set_defaults(func=_cmd_up)
     down = csub.add_parser("down", help="stop the parties started by 'cluster up'")
-    down.add_argument("--dir", required=True)
+    down.add_argument("--dir", required=True, help="the directory of 'cluster up'")
     down.set_defaults(func=_cmd_down)
 
     p = sub.add_parser("status", help="health, links, models and jobs of every party; "

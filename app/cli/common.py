@@ -10,6 +10,8 @@ from net import config as cconf
 INSECURE_FLAG = "--insecure-plaintext-for-local-dev"
 
 
+MODEL_ID_HELP = "the id the model is shared under (share-model --model-id)"
+
 #: What a demo says while its parties start (silent otherwise for the first compilation).
 STARTING = ("starting three party processes; each compiles its secure kernels before it "
             "listens (~15 s the first time on this machine, ~2 s once numba's cache holds "

@@ -18,7 +18,8 @@ import sys
 
 import numpy as np
 
-from .common import STARTING, add_client_creds, add_fuse, check_same_model, load
+from .common import (MODEL_ID_HELP, STARTING, add_client_creds, add_fuse, check_same_model,
+                     load)
 
 
 def _cmd_generate(args) -> int:
@@ -69,7 +70,7 @@ def register(sub) -> None:
                        "running cluster (streams tokens)")
     p.add_argument("prompt", nargs="?", help="text prompt (UTF-8 bytes as tokens)")
     p.add_argument("--ids", help="prompt as comma-separated token ids instead of text")
-    p.add_argument("--model-id", required=True)
+    p.add_argument("--model-id", required=True, help=MODEL_ID_HELP)
     p.add_argument("--model", required=True, help="model file with the query-user tensors "
                    "(embed.tgt, out.w, out.b)")
     p.add_argument("--tokens", type=int, default=16, help="tokens to generate (default 16)")

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import (STARTING, add_client_creds, add_import_options, any_client,
-                     import_options, load, load_model_file, load_model_source)
+from .common import (MODEL_ID_HELP, STARTING, add_client_creds, add_import_options,
+                     any_client, import_options, load, load_model_file, load_model_source)
 
 
 def register(sub) -> None:
@@ -32,7 +32,7 @@ def register(sub) -> None:
                    "docs/MODELS.md)")
     p.add_argument("--model-config", metavar="JSON",
                    help=".safetensors only: the model config (default: the file's metadata)")
-    p.add_argument("--model-id", required=True)
+    p.add_argument("--model-id", required=True, help=MODEL_ID_HELP)
     p.add_argument("--no-fold-omega", action="store_true",
                    help="share W^Q, W^K and Omega separately instead of W Omega")
     p.add_argument("--permit", metavar="COMPUTATIONS",
@@ -74,7 +74,7 @@ def register(sub) -> None:
     p.set_defaults(func=_cmd_models)
 
     p = sub.add_parser("infer", help="run one job on a shared model; writes its output")
-    p.add_argument("--model-id", required=True)
+    p.add_argument("--model-id", required=True, help=MODEL_ID_HELP)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--input", help=".npy of the embedded input X (B, S, d)")
     src.add_argument("--ids", help="token ids of one input (comma-separated), embedded "

@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from .common import add_client_creds, load
+from .common import MODEL_ID_HELP, add_client_creds, load
 
 
 def _inputs(args, arch: str):
@@ -85,7 +85,7 @@ def register(sub) -> None:
         p.add_argument("texts", nargs="*", help="texts, tokenized with the model file's "
                        "tokenizer")
         p.add_argument("--ids", help="one input as comma-separated token ids instead")
-        p.add_argument("--model-id", required=True)
+        p.add_argument("--model-id", required=True, help=MODEL_ID_HELP)
         p.add_argument("--model", required=True, help="model file with the query-user "
                        "tensors and the tokenizer (mpc3 import's .npz)")
         if name == "embed":

@@ -16,7 +16,8 @@ import time
 import numpy as np
 
 from ..localcluster import temporary_cluster
-from .common import STARTING, add_client_creds, add_fuse, check_same_model, load
+from .common import (MODEL_ID_HELP, STARTING, add_client_creds, add_fuse, check_same_model,
+                     load)
 
 DEMO_INPUTS = 5
 DEMO_SEED = 2024
@@ -174,7 +175,7 @@ def register(sub) -> None:
     from protocols.textdata import SHIPPED_LMS
     p = sub.add_parser("translate", help="translate text securely on a running cluster")
     p.add_argument("text", nargs="+", help="input(s), e.g. 4096")
-    p.add_argument("--model-id", required=True)
+    p.add_argument("--model-id", required=True, help=MODEL_ID_HELP)
     p.add_argument("--model", help="model file with the query-user tensors (default: the "
                    "shipped translator)")
     p.add_argument("--step-timeout", type=float, default=120.0,
@@ -192,7 +193,7 @@ def register(sub) -> None:
     p.add_argument("text", nargs="*", help="inputs (default: held-out numbers)")
     p.add_argument("--inputs", type=int, default=DEMO_INPUTS, help="how many held-out inputs")
     p.add_argument("--keep-dir", action="store_true", help="keep certificates and logs")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="only the results")
     p.add_argument("--model", choices=("translator", "lm", "classifier"),
                    default="translator",
                    help="translator (default); lm: the shipped decoder-only LM continues "
