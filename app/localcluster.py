@@ -184,6 +184,11 @@ def wait_healthy(cfg: cconf.ClusterConfig, timeout: float, procs=None) -> list[s
     return problems
 
 
+#: How long starting parties may take to link up: each compiles its secure kernels first
+#: (~12 s of CPU with an empty numba cache; three at once on two busy cores took over 60 s).
+START_WAIT_S = 240.0
+
+
 class LocalCluster:
     def __init__(self, directory, *, bench: bool = False, insecure: bool = False,
                  log_level: str = "INFO", launch: Callable | None = None, tied: bool = False,
@@ -216,7 +221,7 @@ class LocalCluster:
                 out[n] = pid
         return out
 
-    def start(self, wait: float = 60.0) -> "LocalCluster":
+    def start(self, wait: float = START_WAIT_S) -> "LocalCluster":
         """Start the three parties; where some still run (one crashed or was killed), start
         only the missing ones on the existing config, so the survivors keep their sessions."""
         running = self.running_pids()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from net import keys
 
-from ..localcluster import LocalCluster, exit_with_parent
+from ..localcluster import START_WAIT_S, LocalCluster, exit_with_parent
 from .common import add_client_creds, add_insecure, any_client, load
 
 
@@ -77,7 +77,9 @@ def register(sub) -> None:
                     help="pick fresh ports even if DIR holds a config from an earlier run")
     up.add_argument("--peer-timeout", type=float, default=30.0,
                     help="seconds a party waits for a peer's message before failing the job")
-    up.add_argument("--wait", type=float, default=60.0, help="seconds to wait for health")
+    up.add_argument("--wait", type=float, default=START_WAIT_S,
+                    help=f"seconds to wait for the parties to link up (default "
+                    f"{START_WAIT_S:.0f}: the first start compiles their kernels)")
     add_insecure(up)
     up.set_defaults(func=_cmd_up)
     down = csub.add_parser("down", help="stop the parties started by 'cluster up'")
