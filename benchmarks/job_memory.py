@@ -8,7 +8,7 @@ Each case is a fresh process holding three in-process parties (net.inproc, the p
 runner and its malloc settings, net.malloc.keep_freed_memory) of a shipped LM
 (protocols/assets/lm_*.npz): a warm-up ``lm_prefill`` at B = 1, T = 4 (the kernels'
 compilation), then RSS (``base``), one ``lm_prefill`` of B x T random rows, then the peak
-(``ru_maxrss``) and RSS ``after`` it (the runner has returned the freed heap to the OS,
+(``VmHWM``) and RSS ``after`` it (the runner has returned the freed heap to the OS,
 :func:`net.malloc.trim`; the session's KV caches are still held, ``session_bytes``).
 Per party = the increase / 3 (the three parties compute at once).
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from runinfo import rss  # noqa: E402  (benchmarks/ on the path first)
+from runinfo import peak_rss, rss  # noqa: E402  (benchmarks/ on the path first)
 CASES = [("softmax", 64, 52), ("softmax", 256, 52), ("softmax", 128, 24),
          ("relu-performer", 128, 52)]
 
@@ -33,7 +33,6 @@ CASES = [("softmax", 64, 52), ("softmax", 256, 52), ("softmax", 128, 24),
 def one(attention: str, B: int, T: int) -> dict:
     from net import malloc
     malloc.keep_freed_memory()
-    import resource
 
     import numpy as np
 
@@ -55,7 +54,7 @@ def one(attention: str, B: int, T: int) -> dict:
     inputs = x(B, T)
     base = rss()
     ps.run("lm_prefill", {"session": "s"}, inputs)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = peak_rss()
     after = rss()
     state = sum(a.nbytes for r in ps.runners for a in
                 _arrays(r.sessions.acquire("s", "inproc", "inproc", ps.upload_id).state))

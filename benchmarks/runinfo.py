@@ -44,10 +44,21 @@ def finish(result: dict, path: Path | None) -> None:
         Path(path).write_text(text + "\n")
 
 
-def rss() -> int:
-    """This process's resident set size in bytes (VmRSS)."""
+def _status(key: str) -> int:
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS"):
+            if line.startswith(key + ":"):
                 return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
+    raise RuntimeError(f"no {key} in /proc/self/status")
+
+
+def rss() -> int:
+    """This process's resident set size in bytes (VmRSS)."""
+    return _status("VmRSS")
+
+
+def peak_rss() -> int:
+    """This process's peak resident set size in bytes (VmHWM). Not ``ru_maxrss``: Linux
+    carries that across exec, so a child forked from a large process (pytest with torch
+    loaded, 1.5 GB) reports the parent's size as its own peak."""
+    return _status("VmHWM")

@@ -4,7 +4,7 @@
     python benchmarks/share_memory.py --upload 4 64      # one upload case, one JSON line
 
 Three party processes on this machine (a tied local cluster). Each measured owner is a fresh
-process whose peak RSS (``ru_maxrss``) it reports itself:
+process whose peak RSS (``VmHWM``) it reports itself:
 
 * ``upload``: :meth:`net.client.ModelOwner.upload` of N float64 tensors of M MiB each from
   a lazy mapping (a tensor is generated when the upload reads it, as a model file read on
@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -28,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from runinfo import rss  # noqa: E402  (benchmarks/ on the path first)
+from runinfo import peak_rss, rss  # noqa: E402  (benchmarks/ on the path first)
 MIB = 1 << 20
 
 
@@ -69,7 +68,7 @@ def upload_case(config: str, n: int, mib: int) -> dict:
         owner.list_models()                       # channels up before the baseline
         base = rss()
         owner.upload(f"synthetic-{os.getpid()}", model)
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        peak = peak_rss()
         owner.delete(f"synthetic-{os.getpid()}")
     largest = mib * MIB
     return {"tensors": n, "tensor_bytes": largest, "baseline_rss": base, "peak_rss": peak,
@@ -78,12 +77,14 @@ def upload_case(config: str, n: int, mib: int) -> dict:
 
 def share_model_case(config: str, path: str) -> dict:
     """``mpc3 share-model`` in a child that reports its own peak."""
-    code = ("import resource, runpy, sys\n"
+    code = ("import runpy, sys\n"
+            f"sys.path.insert(0, {str(ROOT / 'benchmarks')!r})\n"
+            "import runinfo\n"
             f"sys.argv = ['mpc3', 'share-model', {path!r}, '--config', {config!r}, "
             "'--model-id', 'gpt2small']\n"
             "try:\n    runpy.run_module('app.cli', run_name='__main__')\n"
             "except SystemExit as e:\n    assert not e.code, e.code\n"
-            "print('PEAK', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)\n")
+            "print('PEAK', runinfo.peak_rss())\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True)
     peak = int(out.stdout.split("PEAK")[-1].strip())

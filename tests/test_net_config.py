@@ -157,7 +157,7 @@ def test_share_model_refuses_unreadable_files_in_one_line(tmp_path, content):
     f.write_bytes(content)
     r = mpc3("share-model", str(f), "--config", str(ROOT / "deploy" / "cluster.toml"),
              "--model-id", "m")
-    assert r.returncode == 2 and "not a readable mpc3 model file" in r.stderr, r.stderr
+    assert r.returncode == 2 and "not a readable .npz archive" in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
 
 

@@ -411,7 +411,7 @@ def test_cli_infer_refuses_out_of_permission_and_share_model_permits(prod, tmp_p
     r = _mpc3("models", "--config", prod.path, "--verify", "tr2")
     assert r.returncode == 0 and "verified on parties [0, 1, 2]" in r.stdout
     r = _mpc3("share-model", tmp_path / "x.npy", "--config", prod.path, "--model-id", "bad")
-    assert r.returncode == 2 and "not a readable mpc3 model file" in r.stderr, r.stderr
+    assert r.returncode == 2 and "not a readable .npz archive" in r.stderr, r.stderr
 
 
 # --------------------------------------------------------------------- right or refused ----
