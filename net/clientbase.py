@@ -135,13 +135,11 @@ class Client:
                                     f"{model_id}') and share it again")
         return replies
 
-    def _share(self, tensors: Mapping[str, np.ndarray], encoded: bool,
-               extra_frac: Mapping[str, int] | None = None) -> list[dict]:
+    def _share(self, tensors: Mapping[str, np.ndarray], encoded: bool) -> list[dict]:
         per_party: list[dict] = [{}, {}, {}]
         for name, value in tensors.items():
-            frac = self.frac + (extra_frac or {}).get(name, 0)
             x = ring.check_ring(np.asarray(value), name) if encoded else ring.encode(
-                value, frac)
+                value, self.frac)
             for n, s in enumerate(deal(x)):
                 per_party[n][name] = s
         return per_party

@@ -33,23 +33,16 @@ TOP_PAD = 64 << 20
 
 
 @functools.cache
-def _mallopt():
+def _libc(name: str):
+    """glibc's function ``name``, or None where it is unavailable."""
     try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
-    except (OSError, AttributeError):
-        return None
-
-
-@functools.cache
-def _malloc_trim():
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+        return getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), name)
     except (OSError, AttributeError):
         return None
 
 
 def _set(param: int, value: int) -> bool:
-    fn = _mallopt()
+    fn = _libc("mallopt")
     return bool(fn and fn(param, value))
 
 
@@ -84,7 +77,7 @@ def trim() -> bool:
     the next round's buffers, so without this a party's RSS stayed at its largest job's peak
     (issue 33, item 5: 2.0 -> 3.2 GB idle); the runner calls it when a large job ends and
     no other job runs (net.runner, measured in docs/PERFORMANCE.md)."""
-    fn = _malloc_trim()
+    fn = _libc("malloc_trim")
     if fn is None:
         return False
     fn(0)

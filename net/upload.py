@@ -105,8 +105,8 @@ class TensorFeed:
         for k, name in enumerate(self.names):
             shape, d = self.take(k)
             yield from pair_chunks(name, shape, fracs[name],
-                                   lambda s, e: d.slot(n, s, e),
-                                   lambda s, e: d.slot((n + 1) % 3, s, e))
+                                   lambda s, e, d=d: d.slot(n, s, e),
+                                   lambda s, e, d=d: d.slot((n + 1) % 3, s, e))
             del d                           # this frame must not keep tensor k alive
             self.done(k)
 

@@ -78,21 +78,14 @@ def checked_inputs(meta: dict, inputs: dict) -> list[tuple[str, float]]:
     return [(name, float(ranges[name])) for name in sorted(inputs) if name in ranges]
 
 
-def check_inputs(p: Party, meta: dict, inputs: dict) -> None:
-    """Raise :class:`InputOutOfRange` (at every party alike) if an input leaves its range."""
-    for name, lim in checked_inputs(meta, inputs):
+def check_inputs(p: Party, meta: dict, inputs: dict) -> bool:
+    """Raise :class:`InputOutOfRange` (at every party alike) if an input leaves its range;
+    whether the model asked for any check."""
+    checks = checked_inputs(meta, inputs)
+    for name, lim in checks:
         if not in_range(p, inputs[name], lim):
             raise InputOutOfRange(
                 f"input {name} lies outside the model's calibrated range [-{lim:.4g}, "
                 f"{lim:.4g}] (checked on shares; the client should have refused it before "
                 f"sharing: use an unmodified mpc3 client)")
-
-
-def cost_check_inputs(meta: dict, shapes: dict, cfg) -> Cost:
-    """Declared cost of :func:`check_inputs` for inputs of these shapes."""
-    total = Cost(0, (0, 0, 0))
-    for name, _ in checked_inputs(meta, shapes):
-        total = total + cost_input_check(int(np.prod(shapes[name])), cfg)
-    return total
-
-
+    return bool(checks)

@@ -212,7 +212,7 @@ def test_party_processes_keep_freed_memory_unless_the_operator_chose():
     unless the operator set malloc options of their own."""
     import ctypes
     from net import malloc
-    if malloc._mallopt() is None or not hasattr(ctypes.CDLL(None), "mallinfo2"):
+    if malloc._libc("mallopt") is None or not hasattr(ctypes.CDLL(None), "mallinfo2"):
         pytest.skip("no glibc mallopt / mallinfo2")
     env = {k: v for k, v in os.environ.items() if not malloc.operator_chose({k: v})}
     assert _mapped_by_a_30_mib_buffer(env) == 0

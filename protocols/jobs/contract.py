@@ -264,9 +264,8 @@ def execute(spec: JobSpec, ctx: JobContext, inputs: dict[str, AShare]) -> dict[s
     """Run an admitted job on this party; checks the outputs it declares. Where the model's
     owner asked for it, the inputs are first checked against the calibrated range on shares
     (:mod:`protocols.input_check`: one opened bit; refused at every party alike)."""
-    from ..input_check import check_inputs, checked_inputs
-    if not spec.diagnostic and checked_inputs(ctx.model.meta, inputs):
-        check_inputs(ctx.party, ctx.model.meta, inputs)
+    from ..input_check import check_inputs
+    if not spec.diagnostic and check_inputs(ctx.party, ctx.model.meta, inputs):
         ctx.costs.mark("input_check")
     out = spec.run(ctx, inputs)
     if not isinstance(out, dict) or not all(isinstance(v, AShare) for v in out.values()):
