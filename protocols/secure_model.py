@@ -106,7 +106,8 @@ def layout(cfg: M.ModelConfig, weights: M.Weights, fold_omega: bool = True
            ) -> dict[str, tuple[Callable[[], np.ndarray], int]]:
     """name -> (a function computing the float tensor, extra fractional bits): what
     :func:`plain_tensors` evaluates, without holding more than the tensor asked for beyond
-    ``weights`` (and the folds that combine tensors: Omega, BatchNorm, AERO scales)."""
+    ``weights`` (weights read from their file, protocols.model.OnDemandTensors, are read when
+    asked for; the BatchNorm and AERO folds hold their models in memory)."""
     weights.validate(cfg)
     out_scale = None
     if cfg.ffn_bn:                       # seed 002's BatchNorm in the MLP, folded into W1, b1
@@ -114,15 +115,14 @@ def layout(cfg: M.ModelConfig, weights: M.Weights, fold_omega: bool = True
     if cfg.ffn_scale:                    # AERO's FFN scales folded into the weights
         cfg, weights, out_scale = M.fold_ffn_scales(cfg, weights)
     fold_omega = fold_omega and cfg.attention == M.PERFORMER
-    folded = M.fold_omega(weights, cfg) if fold_omega else {}
     attn = set(M.attn_prefixes(cfg))
     q_scale, k_scale, v_scale = fold_scales(cfg)
     qk_scale = {"q": q_scale, "k": k_scale}
     w = weights
     out: dict[str, tuple[Callable[[], np.ndarray], int]] = {}
 
-    def scaled(f: float, name: str):
-        return lambda: f * (folded[name] if name in folded else w[name])
+    def scaled(f: float, name: str):        # W^Q Omega etc. folded when read
+        return lambda: f * (M.fold_omega_one(w, name) if name.endswith("_omega") else w[name])
     for name in weights.keys():
         prefix, leaf = name.rsplit(".", 1)
         if cfg.norm == "batchnorm" and leaf in ("gamma", "beta", "mean", "var"):

@@ -47,6 +47,19 @@ def _bias(y: np.ndarray, w: dict, name: str, scale: float = 1.0) -> np.ndarray:
     return y + scale * w[name] if name in w else y
 
 
+class _Below:
+    """``w[prefix + "." + name]`` as ``view[name]`` (Trace.sub)."""
+
+    def __init__(self, w: M.Weights, prefix: str) -> None:
+        self.w, self.p = w, prefix + "."
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.w[self.p + name]
+
+    def __contains__(self, name: str) -> bool:
+        return self.p + name in self.w
+
+
 class Recorder:
     """(layer, site) -> largest |value| seen; ``var_eps`` keeps (min, max)."""
 
@@ -54,7 +67,9 @@ class Recorder:
         self.values: dict[str, dict[str, float | list[float]]] = {}
 
     def mag(self, layer: str, site: str, *arrays: np.ndarray) -> None:
-        v = max((float(np.max(np.abs(a))) for a in arrays if a.size), default=0.0)
+        # max |a| as max(max a, -min a): no |a| copy of the (often largest) activation;
+        # np.maximum keeps a NaN as np.max(np.abs(a)) did
+        v = max((float(np.maximum(a.max(), -a.min())) for a in arrays if a.size), default=0.0)
         row = self.values.setdefault(layer, {})
         row[site] = max(row.get(site, 0.0), v)
 
@@ -78,14 +93,13 @@ class Trace:
                       else int(decode_block))
         self.rec = rec or Recorder()
         self.sq, self.sk, self.vs = fold_scales(self.cfg)
-        self._sub: dict[str, dict[str, np.ndarray]] = {}
         self.attn = {p: self.sub(p) for p in M.attn_prefixes(self.cfg)}
-        self._linear: dict[str, tuple[np.ndarray, np.ndarray]] = {}   # fused once per FFN
+        self._linear: tuple[str, tuple[np.ndarray, np.ndarray]] | None = None
 
-    def sub(self, prefix: str) -> dict[str, np.ndarray]:
-        if prefix not in self._sub:
-            self._sub[prefix] = self.w.sub(prefix)
-        return self._sub[prefix]
+    def sub(self, prefix: str) -> "_Below":
+        """The weights below ``prefix``, each looked up when used: a model read from its
+        file (protocols.model.OnDemandTensors) is then held one tensor at a time."""
+        return _Below(self.w, prefix)
 
     # ------------------------------------------------------------ building blocks ----
     def ln(self, layer: str, x: np.ndarray, want_y: bool = True) -> np.ndarray:
@@ -136,12 +150,12 @@ class Trace:
         return self._fused(prefix)[0] if self.cfg.ffn_act == "none" else self.sub(prefix)["w1"]
 
     def _fused(self, prefix: str) -> tuple[np.ndarray, np.ndarray]:
-        """A linear FFN as shared (secure_model.plain_tensors): (W1 W2, b1 W2 + b2), formed
-        once per FFN, not on every traced call."""
-        if prefix not in self._linear:
+        """A linear FFN as shared (secure_model.plain_tensors): (W1 W2, b1 W2 + b2), kept
+        for the FFN traced last (its calls follow each other)."""
+        if self._linear is None or self._linear[0] != prefix:
             w = self.sub(prefix)
-            self._linear[prefix] = (w["w1"] @ w["w2"], w["b1"] @ w["w2"] + w["b2"])
-        return self._linear[prefix]
+            self._linear = (prefix, (w["w1"] @ w["w2"], w["b1"] @ w["w2"] + w["b2"]))
+        return self._linear[1]
 
     def _project(self, layer: str, x: np.ndarray, which: str) -> np.ndarray:
         """x times an attention weight as the secure model holds it (attn_c folded; W^Q Omega,

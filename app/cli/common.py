@@ -99,7 +99,8 @@ def load_model_source(path: str, config_path: str | None = None, fmt: str = "aut
     with its config from ``config_path`` or the file's metadata, or a directory laid out
     like Hugging Face BERT / GPT-2 or sentence-transformers (``fmt`` auto, hf-bert,
     hf-gpt2, sentence-transformers; ``options``: :func:`import_options`) - or one clear
-    ValueError."""
+    ValueError. Weights of an mpc3 file stay in it and are read when used
+    (:class:`protocols.model.OnDemandTensors`): sharing holds one tensor at a time."""
     import zipfile
     from pathlib import Path
 
@@ -131,11 +132,11 @@ def load_model_source(path: str, config_path: str | None = None, fmt: str = "aut
                          f"Hugging Face / sentence-transformers directories, not to {path}")
     try:
         if str(path).endswith(".safetensors"):
-            return Imported(*load_safetensors_model(path, config_path))
+            return Imported(*load_safetensors_model(path, config_path, lazy=True))
         if config_path is not None:
             raise ValueError("--model-config applies to .safetensors files only (an .npz "
                              "model carries its own config)")
-        got = Imported(*load_model(path))
+        got = Imported(*load_model(path, lazy=True))
         if text_entry(path, LABELS_KEY) is not None:
             got.labels = load_labels(path)
         got.tokenizer = text_entry(path, TOKENIZER_KEY)

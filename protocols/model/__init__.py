@@ -21,13 +21,13 @@ from .config import (ARCHS, ATTENTIONS, ATTN_NORMS, DECODER_ONLY, NORMS, DEFAULT
                      expected_user_shapes)
 from .decode import (embed, embed_tokens, greedy_decode, input_table, output_logits,
                      positional_encoding, take_tokens)
-from .features import (attn_norm, attn_params, fold_omega, merge_heads, project, ref_features,
+from .features import (attn_norm, attn_params, fold_omega, fold_omega_one, merge_heads, project, ref_features,
                        relu, split_heads)
 from .presets import PRESETS, aero, apply_preset
 from .variants import head_kind
 from .reference import (RefDecodeState, ffn_activation, ref_decoder, ref_decoder_step, ref_encoder, ref_ffn,
                         batchnorm_affine, fold_ffn_bn, ref_batchnorm, ref_layernorm, ref_mha, ref_norm)
-from .weights import (FORMAT_VERSION, USER_NAMES, Weights, load_labels, load_model,
+from .weights import (FORMAT_VERSION, USER_NAMES, OnDemandTensors, Weights, load_labels, load_model,
                       load_tokenizer, make_omega,
                       orthogonal_features, random_user, random_weights, save_model,
                       validate_user)
@@ -35,8 +35,8 @@ from .weights import (FORMAT_VERSION, USER_NAMES, Weights, load_labels, load_mod
 __all__ = [
     "ARCHS", "ATTENTIONS", "NORMS", "PRESETS", "fold_ffn_scales", "fold_ffn_bn", "aero", "apply_preset", "batchnorm_affine", "ref_batchnorm", "ref_norm", "PERFORMER", "DECODER_ONLY", "ENCODER", "ENCODER_CLASSIFIER", "ENCODER_DECODER", "RefLMState",
     "config_keys", "greedy_generate", "ref_classify", "ref_embed", "ref_lm", "ref_lm_step", "ATTN_NORMS", "DEFAULT_LN_EPS", "FORMAT_VERSION", "USER_NAMES", "ModelConfig",
-    "RefDecodeState", "Weights", "ffn_activation", "attn_norm", "attn_params", "attn_prefixes", "embed", "embed_tokens", "input_table", "take_tokens",
-    "expected_shapes", "expected_user_shapes", "fold_omega", "greedy_decode", "load_model",
+    "RefDecodeState", "OnDemandTensors", "Weights", "ffn_activation", "attn_norm", "attn_params", "attn_prefixes", "embed", "embed_tokens", "input_table", "take_tokens",
+    "expected_shapes", "expected_user_shapes", "fold_omega", "fold_omega_one", "greedy_decode", "load_model",
     "make_omega", "merge_heads", "load_labels", "load_tokenizer", "orthogonal_features", "project", "output_logits", "positional_encoding",
     "random_user", "random_weights", "ref_decoder", "ref_decoder_step", "ref_encoder",
     "ref_features", "ref_ffn", "ref_layernorm", "ref_mha", "relu", "save_model", "split_heads",

@@ -49,17 +49,20 @@ def fold_omega(weights: Weights | Mapping, cfg: ModelConfig | None = None) -> di
         if not k.endswith(".omega"):
             continue
         p = k[: -len(".omega")]
-        om = np.asarray(t[k], dtype=np.float64)
-        h, dh, r = om.shape
-        for src, dst in (("wq", "wq_omega"), ("wk", "wk_omega")):
-            W = np.asarray(t[f"{p}.{src}"], dtype=np.float64)
-            out[f"{p}.{dst}"] = np.concatenate(
-                [W[:, j * dh:(j + 1) * dh] @ om[j] for j in range(h)], axis=1)
-            if f"{p}.b{src[1]}" in t:
-                b = np.asarray(t[f"{p}.b{src[1]}"], dtype=np.float64)
-                out[f"{p}.b{src[1]}_omega"] = np.concatenate(
-                    [b[j * dh:(j + 1) * dh] @ om[j] for j in range(h)])
+        for leaf in ("wq", "wk", "bq", "bk"):
+            if f"{p}.{leaf}" in t:
+                out[f"{p}.{leaf}_omega"] = fold_omega_one(t, f"{p}.{leaf}_omega")
     return out
+
+
+def fold_omega_one(weights: Weights | Mapping, name: str) -> np.ndarray:
+    """One tensor of :func:`fold_omega` (``p.wq_omega``, ``p.wk_omega``, ``p.bq_omega`` or
+    ``p.bk_omega``), reading only the two tensors it folds."""
+    p, leaf = name.rsplit(".", 1)
+    om = np.asarray(weights[f"{p}.omega"], dtype=np.float64)
+    W = np.asarray(weights[f"{p}.{leaf[:2]}"], dtype=np.float64)
+    h, dh, _ = om.shape
+    return np.concatenate([W[..., j * dh:(j + 1) * dh] @ om[j] for j in range(h)], axis=-1)
 
 
 def attn_params(w: Weights, prefix: str, folded: Mapping | None = None) -> dict[str, np.ndarray]:

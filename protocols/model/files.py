@@ -278,20 +278,38 @@ class NpzReader:
     def __contains__(self, name: str) -> bool:
         return name in self._index
 
+    def _header(self, fp, name: str, where: str):
+        """(shape, fortran_order, dtype, data bytes) of member ``name`` open as ``fp``."""
+        shape, fortran, dtype = _npy_header(fp, where)
+        if dtype.hasobject:
+            raise ModelFileError(f"{where}: an object array (a pickle); mpc3 reads "
+                                 f"numeric arrays only")
+        nbytes = element_count(list(shape), where) * dtype.itemsize
+        if fp.tell() + nbytes != self._index[name].file_size:
+            raise ModelFileError(f"{where}: its .npy header describes {nbytes} bytes "
+                                 f"of {dtype} {shape}, the member holds "
+                                 f"{self._index[name].file_size - fp.tell()}")
+        return shape, fortran, dtype, nbytes
+
+    def header(self, name: str) -> tuple[tuple[int, ...], np.dtype]:
+        """``(shape, dtype)`` of member ``name``, from its .npy header alone."""
+        where = f"{self.path}: member {name[:80]!r}"
+        try:
+            with self._zip.open(self._index[name]) as fp:
+                shape, _, dtype, _ = self._header(fp, name, where)
+        except ModelFileError:
+            raise
+        except _ZIP_ERRORS as exc:
+            raise ModelFileError(f"{where}: unreadable "
+                                 f"({' '.join(str(exc).split())[:200]})") from None
+        return tuple(shape), dtype
+
     def read(self, name: str) -> np.ndarray:
         info = self._index[name]
         where = f"{self.path}: member {name[:80]!r}"
         try:
             with self._zip.open(info) as fp:
-                shape, fortran, dtype = _npy_header(fp, where)
-                if dtype.hasobject:
-                    raise ModelFileError(f"{where}: an object array (a pickle); mpc3 reads "
-                                         f"numeric arrays only")
-                nbytes = element_count(list(shape), where) * dtype.itemsize
-                if fp.tell() + nbytes != info.file_size:
-                    raise ModelFileError(f"{where}: its .npy header describes {nbytes} bytes "
-                                         f"of {dtype} {shape}, the member holds "
-                                         f"{info.file_size - fp.tell()}")
+                shape, fortran, dtype, nbytes = self._header(fp, name, where)
                 buf, got = bytearray(nbytes), 0
                 view = memoryview(buf)
                 while got < nbytes:           # at most 1 MiB beyond the buffer at a time

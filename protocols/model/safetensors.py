@@ -30,7 +30,7 @@ import numpy as np
 from .config import ModelConfig, check_layers, expected_shapes, expected_user_shapes
 from .files import (Budget, FileLimits, ModelFileError, check_tensor_bytes, element_count,
                     limits, open_regular, parse_json, pread_exact, read_json)
-from .weights import Weights, validate_user
+from .weights import OnDemandTensors, Weights, validate_user
 
 CONFIG_KEY = "mpc3_config"
 
@@ -194,13 +194,15 @@ def save_safetensors_model(path, cfg: ModelConfig, weights: Weights,
     write_safetensors(path, tensors, {CONFIG_KEY: json.dumps(cfg.to_dict(), sort_keys=True)})
 
 
-def load_safetensors_model(path, config_path=None, lim: FileLimits | None = None
+def load_safetensors_model(path, config_path=None, lim: FileLimits | None = None,
+                           lazy: bool = False
                            ) -> tuple[ModelConfig, Weights, dict[str, np.ndarray]]:
     """``(cfg, weights, user)`` from a safetensors file in mpc3's naming; the config from
     ``config_path`` (JSON of :meth:`ModelConfig.to_dict`) or the file's metadata. The
     config is checked against the file's tensors (:func:`check_layers`) before any tensor
-    is read."""
-    with SafetensorsFile(path, lim) as fh:
+    is read. ``lazy``: the weights are read when used (:class:`.weights.OnDemandTensors`)."""
+    fh = SafetensorsFile(path, lim)
+    try:
         meta = fh.metadata
         if config_path is not None:
             raw_cfg = read_json(config_path, "model config", fh.lim)
@@ -218,10 +220,20 @@ def load_safetensors_model(path, config_path=None, lim: FileLimits | None = None
                              f" are not part of this model config (mpc3 naming: "
                              f"protocols.model.expected_shapes); a checkpoint in another "
                              f"framework's naming needs converting first")
-        tensors = {name: fh.read(name).astype(np.float64) for name in fh.names}
-    user = {k: tensors.pop(k) for k in sorted(user_names & set(tensors))}
+        user = {k: fh.read(k).astype(np.float64) for k in sorted(user_names & set(fh.names))}
+        mpc = [k for k in fh.names if k not in user]
+        if lazy:
+            weights = Weights(OnDemandTensors({k: fh.shape(k) for k in mpc},
+                                          lambda k: fh.read(k).astype(np.float64), str(path),
+                                          fh.close))
+        else:
+            weights = Weights({k: fh.read(k).astype(np.float64) for k in mpc})
+    except BaseException:
+        fh.close()
+        raise
+    if not lazy:
+        fh.close()
     if user:
         validate_user(cfg, user)
-    weights = Weights(tensors)
     weights.validate(cfg)
     return cfg, weights, user

@@ -31,11 +31,13 @@ Tensor names and shapes are given by :func:`expected_shapes` /
 """
 from __future__ import annotations
 
-import io
 import json
 import math
 import os
-from typing import Mapping
+import weakref
+import zipfile
+from collections.abc import MutableMapping
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -51,29 +53,85 @@ TOKENIZER_KEY, LABELS_KEY = "tokenizer.json", "labels.json"
 _TEXT_KEYS = (TOKENIZER_KEY, LABELS_KEY)
 
 
+def _check_values(name: str, a: np.ndarray) -> None:
+    if not np.issubdtype(a.dtype, np.floating) and not np.issubdtype(a.dtype, np.integer):
+        raise ValueError(f"tensor {name!r} has non-numeric dtype {a.dtype}")
+    if not np.all(np.isfinite(a)):
+        raise ValueError(f"tensor {name!r} contains non-finite values")
+
+
 def _check_tensors(tensors: Mapping[str, np.ndarray], shapes: Mapping[str, tuple], what: str):
+    """Names and shapes, and (tensors in memory) values; a :class:`OnDemandTensors` checks each
+    tensor's values whenever it reads it, so it is not read here."""
     for name, shape in shapes.items():
         if name not in tensors:
             raise ValueError(f"missing tensor {name!r}")
-        got = tuple(np.shape(tensors[name]))
+        got = tensors.shape(name) if isinstance(tensors, OnDemandTensors) else \
+            tuple(np.shape(tensors[name]))
         if got != tuple(shape):
             raise ValueError(f"tensor {name!r} has shape {got}, expected {tuple(shape)}")
-        a = np.asarray(tensors[name])
-        if not np.issubdtype(a.dtype, np.floating) and not np.issubdtype(a.dtype, np.integer):
-            raise ValueError(f"tensor {name!r} has non-numeric dtype {a.dtype}")
-        if not np.all(np.isfinite(a)):
-            raise ValueError(f"tensor {name!r} contains non-finite values")
+        if not isinstance(tensors, OnDemandTensors):
+            _check_values(name, np.asarray(tensors[name]))
     extra = sorted(set(tensors) - set(shapes))
     if extra:
         raise ValueError(f"unexpected {what} tensor(s): {extra}")
 
 
+class OnDemandTensors(MutableMapping):
+    """name -> float64 tensor, read (from a model file, ``load_model(..., lazy=True)``) or
+    drawn (``random_weights(..., lazy=True)``) when asked for and not kept: a model shared
+    this way is held one tensor at a time. Every read is checked (shape, numeric dtype,
+    finite values) and converted to float64; tensors set afterwards are held in memory.
+    ``close``: called when the mapping is collected (the file's reader)."""
+
+    def __init__(self, shapes: Mapping[str, tuple], read: Callable[[str], np.ndarray],
+                 where: str, close: Callable[[], None] | None = None) -> None:
+        self.shapes = {k: tuple(v) for k, v in shapes.items()}
+        self._read, self.where, self._held = read, where, {}
+        if close is not None:
+            weakref.finalize(self, close)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.shapes[name]
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name in self._held:
+            return self._held[name]
+        if name not in self.shapes:
+            raise KeyError(name)
+        a = np.asarray(self._read(name))
+        if a.shape != self.shapes[name]:
+            raise ValueError(f"{self.where}: tensor {name!r} now has shape {a.shape}, not "
+                             f"{self.shapes[name]} (the file changed while read?)")
+        _check_values(name, a)
+        return a.astype(np.float64, copy=False)
+
+    def __setitem__(self, name: str, value) -> None:
+        self._held[name] = np.asarray(value, dtype=np.float64)
+        self.shapes[name] = self._held[name].shape
+
+    def __delitem__(self, name: str) -> None:
+        del self.shapes[name]
+        self._held.pop(name, None)
+
+    def __iter__(self):
+        return iter(self.shapes)
+
+    def __len__(self) -> int:
+        return len(self.shapes)
+
+    def __contains__(self, name) -> bool:
+        return name in self.shapes
+
+
 class Weights:
-    """MPC-side model weights: name -> float64 array (see :func:`expected_shapes`)."""
+    """MPC-side model weights: name -> float64 array (see :func:`expected_shapes`), held in
+    memory or read from the model file when used (:class:`OnDemandTensors`)."""
 
     def __init__(self, tensors: Mapping[str, np.ndarray] | None = None):
-        self.tensors: dict[str, np.ndarray] = {
-            k: np.asarray(v, dtype=np.float64) for k, v in (tensors or {}).items()}
+        self.tensors: MutableMapping[str, np.ndarray] = tensors if isinstance(
+            tensors, OnDemandTensors) else {k: np.asarray(v, dtype=np.float64)
+                                        for k, v in (tensors or {}).items()}
 
     def __getitem__(self, name: str) -> np.ndarray:
         return self.tensors[name]
@@ -99,15 +157,20 @@ class Weights:
     def sub(self, prefix: str) -> dict[str, np.ndarray]:
         """Tensors below ``prefix`` with the prefix stripped (``sub('enc.0.ffn')['w1']``)."""
         p = prefix + "."
-        return {k[len(p):]: v for k, v in self.tensors.items() if k.startswith(p)}
+        return {k[len(p):]: self.tensors[k] for k in self.tensors if k.startswith(p)}
 
     def validate(self, cfg: ModelConfig) -> "Weights":
         cfg.validate()
         _check_tensors(self.tensors, expected_shapes(cfg), "weight")
         return self
 
+    def shape(self, name: str) -> tuple[int, ...]:
+        """A tensor's shape (without reading it from its file)."""
+        t = self.tensors
+        return t.shape(name) if isinstance(t, OnDemandTensors) else tuple(np.shape(t[name]))
+
     def n_params(self) -> int:
-        return int(sum(v.size for v in self.tensors.values()))
+        return int(sum(math.prod(self.shape(k)) for k in self.tensors))
 
 
 def validate_user(cfg: ModelConfig, user: Mapping[str, np.ndarray]) -> None:
@@ -148,27 +211,37 @@ def make_omega(cfg: ModelConfig, rng: np.random.Generator) -> np.ndarray:
                      for _ in range(cfg.n_heads)])
 
 
-def random_weights(cfg: ModelConfig, seed: int = 0) -> Weights:
-    """Random (Xavier-scaled) weights for tests/benchmarks; activations stay O(1)."""
+def _random_tensor(cfg: ModelConfig, name: str, shape: tuple, rng: np.random.Generator
+                   ) -> np.ndarray:
+    leaf = name.rsplit(".", 1)[1]
+    if leaf == "omega":
+        return make_omega(cfg, rng)
+    if leaf in ("wq", "wk", "wv", "wo", "w1", "w2", "w"):
+        return rng.standard_normal(shape) * math.sqrt(2.0 / (shape[0] + shape[1]))
+    if leaf in ("gamma", "bn_gamma"):
+        return 1.0 + 0.1 * rng.standard_normal(shape)
+    if leaf in ("var", "bn_var"):    # BatchNorm running variance (norm batchnorm, ffn_bn)
+        return 0.5 + rng.random(shape)
+    if name.endswith((".ffn.alpha", ".ffn.beta")):    # AERO's FFN scales (ffn_scale)
+        return 1.0 + rng.random(shape)
+    return 0.1 * rng.standard_normal(shape)   # beta, mean, b1, b2, b, bq, bk, bv, bo
+
+
+def random_weights(cfg: ModelConfig, seed: int = 0, lazy: bool = False) -> Weights:
+    """Random (Xavier-scaled) weights for tests/benchmarks; activations stay O(1).
+    ``lazy``: each tensor drawn when used from its own generator (seeded by ``seed`` and its
+    index; other values than the eager draw), never held: a benchmark's model owner then
+    holds one tensor at a time, as when sharing a model file."""
     cfg.validate()
+    shapes = expected_shapes(cfg)
+    if lazy:
+        index = {name: i for i, name in enumerate(shapes)}
+        return Weights(OnDemandTensors(shapes, lambda name: _random_tensor(
+            cfg, name, tuple(shapes[name]), np.random.default_rng([seed, index[name]])),
+            f"random weights (seed {seed})"))
     rng = np.random.default_rng(seed)
-    w = Weights()
-    for name, shape in expected_shapes(cfg).items():
-        leaf = name.rsplit(".", 1)[1]
-        if leaf == "omega":
-            w[name] = make_omega(cfg, rng)
-        elif leaf in ("wq", "wk", "wv", "wo", "w1", "w2", "w"):
-            std = math.sqrt(2.0 / (shape[0] + shape[1]))
-            w[name] = rng.standard_normal(shape) * std
-        elif leaf in ("gamma", "bn_gamma"):
-            w[name] = 1.0 + 0.1 * rng.standard_normal(shape)
-        elif leaf in ("var", "bn_var"):    # BatchNorm running variance (norm batchnorm, ffn_bn)
-            w[name] = 0.5 + rng.random(shape)
-        elif name.endswith((".ffn.alpha", ".ffn.beta")):    # AERO's FFN scales (ffn_scale)
-            w[name] = 1.0 + rng.random(shape)
-        else:  # beta, mean, b1, b2, b, bq, bk, bv, bo
-            w[name] = 0.1 * rng.standard_normal(shape)
-    return w
+    return Weights({name: _random_tensor(cfg, name, tuple(shape), rng)
+                    for name, shape in shapes.items()})
 
 
 def random_user(cfg: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:
@@ -207,31 +280,40 @@ def save_model(path, cfg: ModelConfig, weights: Weights, user: Mapping | None = 
         "config.json": np.frombuffer(json.dumps(cfg.to_dict(), sort_keys=True).encode("utf-8"),
                                      dtype=np.uint8).copy(),
     }
-    for k, v in weights.items():
-        arrays[k] = np.asarray(v, dtype=np.float64)
     if user is not None:
         validate_user(cfg, user)
-        for k in expected_user_shapes(cfg):
-            arrays[k] = np.asarray(user[k], dtype=np.float64)
     if tokenizer is not None:
         arrays[TOKENIZER_KEY] = _utf8(tokenizer)
     if labels is not None:
         arrays[LABELS_KEY] = _utf8(json.dumps([str(v) for v in labels]))
-    buf = io.BytesIO()
-    np.savez(buf, **arrays)
+    names = [*arrays, *weights.keys(), *(expected_user_shapes(cfg) if user is not None else ())]
     tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
-    with open(tmp, "wb") as fh:
-        fh.write(buf.getvalue())
-    os.replace(tmp, path)
+    try:
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
+            for k in names:              # one tensor at a time (a lazily read model too)
+                a = arrays[k] if k in arrays else np.asarray(
+                    weights[k] if k in weights else user[k], dtype=np.float64)
+                with zf.open(f"{k}.npy", "w", force_zip64=True) as fh:
+                    np.lib.format.write_array(fh, a, allow_pickle=False)
+                del a
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
 
 
-def load_model(path, lim: FileLimits | None = None
+def load_model(path, lim: FileLimits | None = None, lazy: bool = False
                ) -> tuple[ModelConfig, Weights, dict[str, np.ndarray]]:
     """Load ``(cfg, weights, user)``; ``user`` is ``{}`` if the file has no user tensors
     (the tokenizer and labels: :func:`load_tokenizer`, :func:`load_labels`). The archive is
     read with bounded memory (:class:`.files.NpzReader`); its config is checked against its
-    tensors (:func:`check_layers`) before any weight is read."""
-    with NpzReader(path, lim) as z:
+    tensors (:func:`check_layers`) before any weight is read. ``lazy``: the weights stay in
+    the file, each read when used (:class:`OnDemandTensors`: the model owner shares a model
+    one tensor at a time); their names, shapes and dtypes are checked from the headers now,
+    their values whenever read. The user tensors are read either way."""
+    z = NpzReader(path, lim)
+    try:
         for k in _META_KEYS:
             if k not in z:
                 raise ValueError(f"{path}: missing entry {k!r} (not an mpc3 model file)")
@@ -248,14 +330,23 @@ def load_model(path, lim: FileLimits | None = None
         unknown = sorted(set(names) - set(USER_NAMES) - set(expected_shapes(cfg)))
         if unknown:
             raise ValueError(f"unexpected weight tensor(s): {unknown[:8]}")
-        data = {k: z.read(k) for k in names}
-    for k, v in data.items():
-        if v.dtype.kind not in "fiu":
-            raise ValueError(f"{path}: tensor {k!r} has non-numeric dtype {v.dtype}")
-    user = {k: data.pop(k).astype(np.float64) for k in USER_NAMES if k in data}
+        heads = {k: z.header(k) for k in names}
+        for k, (_, dtype) in heads.items():
+            if dtype.kind not in "fiu":
+                raise ValueError(f"{path}: tensor {k!r} has non-numeric dtype {dtype}")
+        user = {k: z.read(k).astype(np.float64) for k in USER_NAMES if k in heads}
+        mpc = [k for k in names if k not in user]
+        if lazy:
+            w = Weights(OnDemandTensors({k: heads[k][0] for k in mpc}, z.read, str(path), z.close))
+        else:
+            w = Weights({k: z.read(k) for k in mpc})
+    except BaseException:
+        z.close()
+        raise
+    if not lazy:
+        z.close()
     if user:
         validate_user(cfg, user)
-    w = Weights(data)
     w.validate(cfg)
     return cfg, w, user
 
