@@ -96,10 +96,20 @@ def gelu_limit(cfg: RingConfig) -> float:
     return convert.relu_limit(cfg) / 2
 
 
+@functools.cache
+def _erf():
+    """``math.erf`` as a numba ufunc: the same values (libm's erf), without np.vectorize's
+    Python call and float object per element (10x faster, and no object array 4x the
+    input's size - the calibration's largest transient). Compiled when first used, not
+    cached on disk (a read-only install computes it too)."""
+    import numba
+    return numba.vectorize(["float64(float64)"])(lambda v: math.erf(v))
+
+
 def gelu_ref(x) -> np.ndarray:
     """float64 GELU, exact erf form."""
     x = np.asarray(x, dtype=np.float64)
-    return 0.5 * x * (1.0 + np.vectorize(math.erf, otypes=[float])(x / math.sqrt(2.0)))
+    return 0.5 * x * (1.0 + _erf()(x / math.sqrt(2.0)))
 
 
 def _minimax(basis: np.ndarray, target: np.ndarray, iters: int) -> np.ndarray:
