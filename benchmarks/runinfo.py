@@ -12,6 +12,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from mpc3.procinfo import peak_rss, rss  # noqa: F401 - the benchmarks read them here
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -43,22 +45,3 @@ def finish(result: dict, path: Path | None) -> None:
     if path:
         Path(path).write_text(text + "\n")
 
-
-def _status(key: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no {key} in /proc/self/status")
-
-
-def rss() -> int:
-    """This process's resident set size in bytes (VmRSS)."""
-    return _status("VmRSS")
-
-
-def peak_rss() -> int:
-    """This process's peak resident set size in bytes (VmHWM). Not ``ru_maxrss``: Linux
-    carries that across exec, so a child forked from a large process (pytest with torch
-    loaded, 1.5 GB) reports the parent's size as its own peak."""
-    return _status("VmHWM")

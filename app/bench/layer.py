@@ -31,6 +31,7 @@ import time
 
 import numpy as np
 
+from mpc3.procinfo import peak_rss
 from protocols.workloads import LAYER_WORKLOADS as WORKLOADS
 
 
@@ -64,12 +65,6 @@ def _config(a, stacks: tuple[str, ...] = ("enc", "dec")):
 def _stacks(prefixes: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(s for s in ("enc", "dec") if any(p.startswith(s + ".") for p in prefixes)) \
         or ("enc",)
-
-
-def peak_rss_bytes() -> int:
-    """Peak resident set size of this process so far (Linux ru_maxrss is in KiB)."""
-    import resource
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 @contextlib.contextmanager
@@ -146,7 +141,7 @@ def run_layer(a) -> dict:
     return {"workload": a.name, "params": params, "transport": a.transport, "net": "none",
             "emulation": "none",
             "wall_s": {"min": min(walls), "median": statistics.median(walls)},
-            "plain_wall_s": plain_wall, "peak_rss_bytes": peak_rss_bytes(),
+            "plain_wall_s": plain_wall, "peak_rss_bytes": peak_rss(),
             "bytes_total": sum(s.bytes_sent for s in stats),
             "bytes_per_party": [s.bytes_sent for s in stats],
             "messages": sum(s.messages for s in stats),

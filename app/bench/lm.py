@@ -41,11 +41,11 @@ from __future__ import annotations
 import math
 import os
 import platform
-import resource
 import time
 
 import numpy as np
 
+from mpc3.procinfo import peak_rss
 ARCHS = {"decoder-only": "decoder-only", "encoder-decoder": "encoder-decoder",
          "classifier": "encoder-classifier", "encoder": "encoder"}
 ATTENTIONS = {"relu-performer": "relu-performer", "softmax": "softmax",
@@ -98,11 +98,12 @@ def lm_config(arch: str, attention: str, d_model: int, heads: int, layers: int, 
 
 
 # ---------------------------------------------------------------- inputs, reference ----
-def make_case(cfg, prompt: int, tokens: int, seed: int = 0):
-    """(weights, X (1, prompt, d), Y (tokens, 1, d) or None): random weights and the query
-    user's embeddings of random token ids."""
+def make_case(cfg, prompt: int, tokens: int, seed: int = 0, lazy: bool = False):
+    """(weights, X (1, prompt, d), Y (tokens, 1, d) or None): random weights (``lazy``:
+    drawn when used, :func:`protocols.model.random_weights`) and the query user's
+    embeddings of random token ids."""
     from protocols import model as M
-    w, user = M.random_weights(cfg, seed), M.random_user(cfg, seed)
+    w, user = M.random_weights(cfg, seed, lazy), M.random_user(cfg, seed)
     rng = np.random.default_rng(seed + 1)
     vocab = cfg.tgt_vocab if cfg.arch == M.DECODER_ONLY else cfg.src_vocab
     ids, nxt = rng.integers(0, vocab, (1, prompt)), rng.integers(0, vocab, (1, tokens))
@@ -178,12 +179,14 @@ def run_inproc(cfg, shares: list, x, y, fuse=None) -> dict:
     return {k: reveal([j.outputs[k] for j in jobs]) for k in ("Y", "stats", "mem")}
 
 
-def run_remote(rc, cfg, layout: dict, x, y, fuse=None) -> dict:
-    """The same on a :class:`app.bench.remote.RemoteCluster`, uploading ``layout``
-    (:func:`protocols.secure_model.plain_tensors`) as the model (deleted after)."""
+def run_remote(rc, cfg, w, x, y, fuse=None) -> dict:
+    """The same on a :class:`app.bench.remote.RemoteCluster`, uploading the weights ``w``
+    one tensor at a time (:class:`protocols.secure_model.LazyTensors`) as the model
+    (deleted after)."""
     from net.client import reconstruct
-    pairs = rc.run_job("bench_lm", {k: t for k, (t, _) in layout.items()},
-                       {k: e for k, (_, e) in layout.items() if e}, _inputs(x, y),
+    from protocols.secure_model import LazyTensors, layout
+    tensors = LazyTensors(layout(cfg, w))
+    pairs = rc.run_job("bench_lm", tensors, tensors.extra_frac(), _inputs(x, y),
                        _params(cfg, y, fuse))
     return reconstruct(pairs)
 
@@ -244,26 +247,27 @@ def run_lm(a) -> dict:
     tiny = lm_config(a.arch, a.attention, 8, 2, 1, 8, warm_len, min(a.tokens, 1), a.ffn,
                      a.preset, 4, softmax=a.softmax)
     warm = make_case(tiny, warm_len, min(a.tokens, 1))
-    w, x, y = make_case(cfg, a.prompt, a.tokens, a.seed)
+    inproc = a.transport == "inproc" and a.net == "none"
+    # over party processes the weights are drawn when shared and when the reference runs:
+    # this process (the model owner) holds one tensor at a time
+    w, x, y = make_case(cfg, a.prompt, a.tokens, a.seed, lazy=not inproc)
     t0 = time.perf_counter()
     ref = reference(cfg, w, x, y)
     plain_wall = time.perf_counter() - t0
     network = {"net": "none", "emulation": "none"}
     t_setup = time.perf_counter()
-    from protocols.secure_model import plain_tensors, share_model
-    if a.transport == "inproc" and a.net == "none":
+    if inproc:
+        from protocols.secure_model import share_model
         run_inproc(tiny, share_model(tiny, warm[0], shared_replicas=True), *warm[1:])
         shares = share_model(cfg, w, shared_replicas=True)
         del w                                  # the parties' shares only from here on
         got = run_inproc(cfg, shares, x, y, a.fuse)
     else:
         from .remote import RemoteCluster
-        layout = plain_tensors(cfg, w)
-        del w
         with RemoteCluster(a.net) as rc:
-            run_remote(rc, tiny, plain_tensors(tiny, warm[0]), *warm[1:])
+            run_remote(rc, tiny, *warm)
             network = rc.network
-            got = run_remote(rc, cfg, layout, x, y, a.fuse)
+            got = run_remote(rc, cfg, w, x, y, a.fuse)
     elapsed = time.perf_counter() - t_setup
     stats = got["stats"].astype(np.int64)
     costs = declared(cfg, 1, a.prompt, a.tokens, a.fuse)
@@ -302,8 +306,7 @@ def run_lm(a) -> dict:
         "checks": {k: all(p["checks"][k] for p in phases) for k in phases[0]["checks"]},
         "max_abs_err": err, "max_rel_err": err / max(float(np.abs(ref).max()), 1e-12),
         "plain_wall_s": plain_wall,
-        "peak_rss_bytes": {"this_process": resource.getrusage(
-            resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "peak_rss_bytes": {"this_process": peak_rss(),
             "parties": (None if a.transport == "inproc" and a.net == "none"
                         else got["mem"].astype(np.int64).reshape(3, -1)[:, 0].tolist())},
     }

@@ -29,10 +29,9 @@ peak resident set size in bytes of each party process at the end of the job.
 """
 from __future__ import annotations
 
-import resource
-
 import numpy as np
 
+from mpc3.procinfo import peak_rss
 from mpc3.shares import AShare
 
 from .. import breakdown
@@ -97,7 +96,7 @@ def run_bench_lm(ctx: JobContext, inputs: dict) -> dict:
             if out is not None:
                 outs.append(out)
     mine = np.stack(rows).astype(np.uint64)
-    rss = np.array([[resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024]], np.uint64)
+    rss = np.array([[peak_rss()]], np.uint64)
     return {"Y": _stack(outs), "stats": public_stats(party, mine),
             "mem": public_stats(party, rss)}
 
