@@ -96,20 +96,22 @@ def gelu_limit(cfg: RingConfig) -> float:
     return convert.relu_limit(cfg) / 2
 
 
-@functools.cache
-def _erf():
-    """``math.erf`` as a numba ufunc: the same values (libm's erf), without np.vectorize's
-    Python call and float object per element (10x faster, and no object array 4x the
-    input's size - the calibration's largest transient). Compiled when first used, not
-    cached on disk (a read-only install computes it too)."""
-    import numba
-    return numba.vectorize(["float64(float64)"])(lambda v: math.erf(v))
+#: Elements per np.vectorize call of :func:`gelu_ref`: its object array (a Python float per
+#: element, ~4x the input's bytes) stays a few MB.
+_ERF_BLOCK = 1 << 16
 
 
 def gelu_ref(x) -> np.ndarray:
-    """float64 GELU, exact erf form."""
+    """float64 GELU, exact erf form (``math.erf``, libm's; evaluated in blocks of
+    :data:`_ERF_BLOCK` elements so that np.vectorize's object array stays small - whole,
+    it was the calibration trace's largest transient. A numba ufunc is 10x faster with
+    the same bits, but compiling it costs an owner process 124 MB of LLVM)."""
     x = np.asarray(x, dtype=np.float64)
-    return 0.5 * x * (1.0 + _erf()(x / math.sqrt(2.0)))
+    u = (x / math.sqrt(2.0)).reshape(-1)
+    erf = np.vectorize(math.erf, otypes=[float])
+    for i in range(0, u.size, _ERF_BLOCK):
+        u[i:i + _ERF_BLOCK] = erf(u[i:i + _ERF_BLOCK])
+    return 0.5 * x * (1.0 + u.reshape(x.shape))
 
 
 def _minimax(basis: np.ndarray, target: np.ndarray, iters: int) -> np.ndarray:
