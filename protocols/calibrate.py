@@ -297,17 +297,23 @@ def calibrate(cfg: M.ModelConfig, weights: M.Weights, samples: Samples,
     samples.validate(cfg)
     rec = Recorder()
     tr = Trace(cfg, weights, fold_omega, decode_block, rec)
-    for i, x in enumerate(samples.X):
-        if cfg.arch == M.ENCODER_CLASSIFIER:
-            tr.classifier(x)
-        elif cfg.arch == M.ENCODER:
-            tr.embedding(x)
-        elif cfg.arch == M.DECODER_ONLY:
-            tr.lm(x)
-        else:
-            enc = tr.encoder(x)
-            if cfg.n_dec_layers:
-                tr.decoder(samples.Y[i], enc)
+    for i, xs in enumerate(samples.X):
+        # at most max_len rows at once (one full-length sequence): the trace's working set
+        # is then that of one sequence, not of the batch (4 sequences by default); every
+        # sequence is traced on its own values, so the maxima are the batch's
+        step = max(1, cfg.max_len // max(1, xs.shape[1]))
+        for b in range(0, len(xs), step):
+            x = xs[b:b + step]
+            if cfg.arch == M.ENCODER_CLASSIFIER:
+                tr.classifier(x)
+            elif cfg.arch == M.ENCODER:
+                tr.embedding(x)
+            elif cfg.arch == M.DECODER_ONLY:
+                tr.lm(x)
+            else:
+                enc = tr.encoder(x)
+                if cfg.n_dec_layers:
+                    tr.decoder(samples.Y[i][b:b + step], enc)
     rng_in = {"X": max(float(np.abs(x).max()) for x in samples.X)}
     if _needs_y(cfg):
         rng_in["Y"] = max(float(np.abs(y).max()) for y in samples.Y)
