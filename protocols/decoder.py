@@ -100,9 +100,10 @@ def decoder(p: Party, cfg: M.ModelConfig, shares: dict, y: AShare, enc: AShare,
 #: per token, for h r d more products per layer at decode_open (201 MB more for the
 #: Privformer workload: it pays for itself after ~13 tokens on the emulated WAN, ~120 on
 #: loopback). The default keeps a token of a calibrated model (its LayerNorms' narrowed
-#: tables, :func:`protocols.schedule.ln_spans`) within 10 % of issue 12's 6.45 MB: 6.90 MB in
+#: tables, :func:`protocols.schedule.ln_spans`) within 10 % of issue 12's 6.45 MB: 6.85 MB in
 #: 246 rounds for the random Privformer model (7.22 MB and 263 rounds with whole tables and
-#: no calibration); FUSIONS gives the fewest rounds.
+#: no calibration); FUSIONS ("all") gives the fewest rounds, 236 for 7.58 MB (measured:
+#: protocols/jobs/transformer.py).
 FUSIONS = ("self", "cross", "ffn", "wo")
 DEFAULT_FUSE = ("cross", "ffn", "wo")
 

@@ -8,16 +8,18 @@ Computation ``translate`` (the model's own inference; permitted by default):
   attention: the encoder output's K, V per layer and empty KV caches) in the session. No
   output: the encoder output never leaves the parties.
   Parameter ``fuse`` (:func:`protocols.ln_proj.fusion_choice`): which LayerNorms of every
-  step form the projection after them in their own rounds (default ``cross,ffn``; ``all`` on
-  high-latency links: 243 instead of 253 rounds per token of the random Privformer model
-  for 10 % more bytes). It changes the schedule, never the function computed. So does the
+  step form the projection after them in their own rounds (default
+  :data:`protocols.decoder.DEFAULT_FUSE`, ``cross,ffn,wo``; ``all`` on high-latency links:
+  236 instead of 246 rounds per token of the random Privformer model for 11 % more bytes,
+  7.58 instead of 6.85 MB: ``mpc3 bench translate --model random --src-len 64 --tokens 3
+  --transport inproc [--fuse all]`` at d0af210). It changes the schedule, never the function computed. So does the
   model's calibration (public metadata, stored by ``share-model``, :mod:`protocols.schedule`):
   where it keeps a decoder layer's attention output times W^O below 2^(62 - 3 frac), that
   layer's steps truncate o W^O by 2 frac from an untruncated o, one round less per attention
   sublayer (``deferred_wo``), and each decoder LayerNorm's sqrt_inv table covers only its
   calibrated variance octaves (``ln_spans``, fewer bytes). Random Privformer model of
-  ``mpc3 bench translate --model random``: 253 rounds and 7.00 MB per token (a model
-  without those calibration sites: 264 rounds, 7.22 MB).
+  ``mpc3 bench translate --model random``: 246 rounds and 6.85 MB per token (a model
+  without those calibration sites: 263 rounds, 7.22 MB, protocols.decoder).
 * ``decode_step`` (session): input ``Y`` (B, d), the newest embedded target token -> output
   ``H`` (B, d), the decoder output row of that token. O(1) in the prefix length
   (relu-performer; softmax-style: O(t + S) bytes, rounds independent of t and S).
