@@ -136,6 +136,8 @@ def _cmd_export(args) -> int:
 
 def _cmd_share(args) -> int:
     from app.owner import share_transformer
+    from net.malloc import one_arena
+    one_arena()       # the upload's stream and gRPC threads share one heap (net.malloc)
     cfg = load(args)
     from app.owner import calibration_samples, check_permit
     # user tensors are never shared
