@@ -9,7 +9,8 @@ process whose peak RSS (``VmHWM``) it reports itself:
 
 * ``upload``: :meth:`net.client.ModelOwner.upload` of N float64 tensors of M MiB each from
   a lazy mapping (a tensor is generated when the upload reads it, as a model file read on
-  demand would give it), against ``baseline`` - the same process's RSS just before;
+  demand would give it), against ``baseline`` - the same process's RSS just before
+  (``upload``: 64 MiB tensors; ``upload_18mib``: 18 MiB, the GPT-2-small shape's largest);
 * ``share_model``: ``mpc3 share-model`` of the GPT-2-small-shaped decoder-only LM of
   ``benchmarks/lm_gpt2small.py`` (d = 768, 12 heads, 12 layers, d_ff = 3072, softmax,
   GELU, vocabulary 64: 85 M shared parameters) saved as an .npz, from loading and
@@ -161,6 +162,8 @@ def main(argv=None) -> int:
             cfg = str(c.path)
             result["parties_idle"] = party_memory(c)
             result["upload"] = _child(["--upload", "4", "64", "--config", cfg])
+            # tensors of the GPT-2-small shape's largest size: what streaming alone costs
+            result["upload_18mib"] = _child(["--upload", "4", "18", "--config", cfg])
             result["share_model"] = share_models(cfg, Path(tmp), "gpt2small")
             result["share_model_6_layers"] = share_models(cfg, Path(tmp), "gpt2small-6")
             result["parties_after_share_model"] = party_memory(c)
