@@ -57,6 +57,14 @@ def test_imports_point_downward():
     assert not bad, "upward imports:\n" + "\n".join(sorted(bad))
 
 
+def test_the_benchmark_harness_does_not_import_the_cli():
+    """app/cli runs app/bench's commands, so the harness may not import app/cli back (what
+    both need lives below them, e.g. app/options.py)."""
+    bad = sorted(f"{n} imports {d}" for n, deps in GRAPH.items() if n.startswith("app.bench")
+                 for d in deps if d == "app.cli" or d.startswith("app.cli."))
+    assert not bad, "app/bench imports app/cli:\n" + "\n".join(bad)
+
+
 def test_no_import_cycles():
     """Module-level and function-level imports together: a cycle through a function-local
     import is still a knot in the design."""

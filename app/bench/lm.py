@@ -356,7 +356,7 @@ def _cmd(a) -> int:
 def register(bsub) -> None:
     from protocols.causal_lm import LM_FUSIONS
     from protocols.decoder import FUSIONS
-    from ..cli.common import add_fuse
+    from ..options import add_fuse
     p = bsub.add_parser("lm", help="a whole model: prompt + generated tokens, with the "
                         "breakdown by operation type")
     p.add_argument("--arch", choices=tuple(ARCHS), default="decoder-only")

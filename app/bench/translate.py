@@ -209,7 +209,7 @@ def _cmd(a) -> int:
 
 def register(bsub) -> None:
     from protocols.decoder import FUSIONS
-    from ..cli.common import add_fuse
+    from ..options import add_fuse
     p = bsub.add_parser("translate", help="secure translation end to end (encoder once + "
                         "incremental decoding)")
     p.add_argument("--model", choices=("shipped", "random"), default="shipped")

@@ -30,14 +30,6 @@ def add_client_creds(p: argparse.ArgumentParser) -> None:
     add_insecure(p)
 
 
-def add_fuse(p: argparse.ArgumentParser, kinds: tuple[str, ...]) -> None:
-    """``--fuse``: the session's fusions (decode_open / lm_prefill's ``fuse``)."""
-    p.add_argument("--fuse", default=None, help="fusions of the session (LayerNorm with the "
-                   "next projection; wo: the cross attention's W^O at open): default, "
-                   "all (fewest rounds per token, for high-latency links; more bytes), none, "
-                   f"or a comma list of {', '.join(kinds)}")
-
-
 #: Model config keys that say how the parties compute, not what: a query user's local model
 #: file and the model its owner shared may differ in them (share-model --softmax).
 PROTOCOL_KEYS = ("softmax_form",)

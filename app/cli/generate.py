@@ -18,7 +18,8 @@ import sys
 
 import numpy as np
 
-from .common import (MODEL_ID_HELP, STARTING, add_client_creds, add_fuse, check_same_model,
+from ..options import add_fuse
+from .common import (MODEL_ID_HELP, STARTING, add_client_creds, check_same_model,
                      load)
 
 

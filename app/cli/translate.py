@@ -16,7 +16,8 @@ import time
 import numpy as np
 
 from ..localcluster import temporary_cluster
-from .common import (MODEL_ID_HELP, STARTING, add_client_creds, add_fuse, check_same_model,
+from ..options import add_fuse
+from .common import (MODEL_ID_HELP, STARTING, add_client_creds, check_same_model,
                      load)
 
 DEMO_INPUTS = 5
