@@ -190,10 +190,9 @@ try:
         sys.argv = sys.argv[1:]
         runpy.run_path(sys.argv[0], run_name="__main__")
 finally:
-    with open("/proc/self/status") as fh:
-        hwm = [line.split()[1] for line in fh if line.startswith("VmHWM:")]
+    from mpc3.procinfo import peak_rss
     with open(out, "w") as fh:
-        fh.write(hwm[0])
+        fh.write(str(peak_rss() // 1024))
 """
 
 

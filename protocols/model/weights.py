@@ -60,14 +60,19 @@ def _check_values(name: str, a: np.ndarray) -> None:
         raise ValueError(f"tensor {name!r} contains non-finite values")
 
 
+def _shape(tensors: Mapping[str, np.ndarray], name: str) -> tuple[int, ...]:
+    """A tensor's shape, without reading one that is read on demand."""
+    return tensors.shape(name) if isinstance(tensors, OnDemandTensors) else \
+        tuple(np.shape(tensors[name]))
+
+
 def _check_tensors(tensors: Mapping[str, np.ndarray], shapes: Mapping[str, tuple], what: str):
     """Names and shapes, and (tensors in memory) values; a :class:`OnDemandTensors` checks each
     tensor's values whenever it reads it, so it is not read here."""
     for name, shape in shapes.items():
         if name not in tensors:
             raise ValueError(f"missing tensor {name!r}")
-        got = tensors.shape(name) if isinstance(tensors, OnDemandTensors) else \
-            tuple(np.shape(tensors[name]))
+        got = _shape(tensors, name)
         if got != tuple(shape):
             raise ValueError(f"tensor {name!r} has shape {got}, expected {tuple(shape)}")
         if not isinstance(tensors, OnDemandTensors):
@@ -166,8 +171,7 @@ class Weights:
 
     def shape(self, name: str) -> tuple[int, ...]:
         """A tensor's shape (without reading it from its file)."""
-        t = self.tensors
-        return t.shape(name) if isinstance(t, OnDemandTensors) else tuple(np.shape(t[name]))
+        return _shape(self.tensors, name)
 
     def n_params(self) -> int:
         return int(sum(math.prod(self.shape(k)) for k in self.tensors))
