@@ -66,6 +66,9 @@ class Party:
     cfg: RingConfig = field(default_factory=RingConfig)
     kop: int = 0
     kop_top: int = field(default=0, repr=False)   # highest counter handed out so far
+    #: a real party runs the protocols; a :class:`mpc3.shadow.ShadowParty` sets this to
+    #: itself and the kernels hand over to it (their ``site`` keywords are for it only)
+    shadow = None
 
     def __post_init__(self) -> None:
         if self.rank not in (0, 1, 2):
@@ -83,6 +86,10 @@ class Party:
         switched ``kop`` back to one of theirs."""
         self.kop = self.kop_top = max(self.kop, self.kop_top) + 1
         return self.kop
+
+    def at(self, layer: str) -> "Party":
+        """This party (a shadow party files its records under ``layer``)."""
+        return self
 
     def role(self, leader: int) -> int:
         return (self.rank - leader) % 3

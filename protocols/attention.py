@@ -37,16 +37,19 @@ SOFTMAX_EXP = ("poly", "limit")
 
 
 # ----------------------------------------------------------------- batched products ----
-def mul_many(p: Party, items: list[tuple], trunc: bool | int = True) -> list[AShare]:
+def mul_many(p: Party, items: list[tuple], trunc: bool | int = True,
+             sites: list | None = None) -> list[AShare]:
     """Independent products ``x*y`` ("mul", same shapes) or ``x@y`` ("matmul") in one go.
 
     Items are ``(x, y, kind)`` or ``(x, y, kind, keep)`` with ``keep`` a public boolean array
     broadcastable to the output: only kept entries are reshared, the others are exactly 0
     (a causal mask never pays for the masked half of Q'K'^T). One fused reshare/truncation
     over all kept outputs (:func:`mpc3.kernels.arith.mul_many_aa`): the cost of a single
-    mul_aa with that many elements (:func:`cost_mul_many`).
+    mul_aa with that many elements (:func:`cost_mul_many`). ``sites``: per item, the
+    calibration site (a shadow party's records, :mod:`protocols.shadow`).
     """
-    return arith.mul_many_aa(p, [(x, y, kind, trunc, *rest) for x, y, kind, *rest in items])
+    return arith.mul_many_aa(p, [(x, y, kind, trunc, *rest) for x, y, kind, *rest in items],
+                             sites)
 
 
 def cost_mul_many(n_out: int, trunc: bool | int, p_cfg) -> Cost:
@@ -66,11 +69,11 @@ def row_scale_trunc(s, frac: int) -> arith.Scaled:
     return arith.scaled(s, frac, frac + ROW_SCALE_EXTRA)
 
 
-def relu_many(p: Party, xs: list[AShare]) -> list[AShare]:
+def relu_many(p: Party, xs: list[AShare], site: str | None = None) -> list[AShare]:
     """ReLU of several arrays in one relu_a call (one call per protocol step)."""
     from mpc3.kernels import convert
     flat = AShare.concat([x.reshape(-1) for x in xs])
-    out = convert.relu_a(p, flat)
+    out = convert.relu_a(p, flat, site)
     res, pos = [], 0
     for x in xs:
         res.append(out[pos:pos + x.size].reshape(x.shape))
@@ -78,29 +81,31 @@ def relu_many(p: Party, xs: list[AShare]) -> list[AShare]:
     return res
 
 
-def relu_products(p: Party, items: list[tuple], trunc, plain: list[tuple] | None = None):
+def relu_products(p: Party, items: list[tuple], trunc, plain: list[tuple] | None = None,
+                  site: str | None = None, relu_site: str | None = None):
     """ReLU(x @ w + b) for items ``(x, w, b)`` (``b`` None or a replicated bias broadcast over
     the rows) in one relu_a call, the products stopping at the split form relu_a reads
     (arith.mul_split_aa: 8 bytes per element less than products then :func:`relu_many`).
     With ``plain`` (items ``(x, w)``) the result is ``(relus, [x @ w])``: those products,
-    truncated alike, come back completed from the same rounds. Cost:
-    :func:`cost_relu_products`."""
+    truncated alike, come back completed from the same rounds. ``site``: the calibration
+    site of every product, ``relu_site`` the ReLU's. Cost: :func:`cost_relu_products`."""
     shapes = [(*x.shape[:-1], w.shape[-1]) for x, w, _ in items]
     z = arith.mul_split_aa(p, [(x, w, "matmul") for x, w, _ in items], trunc=trunc,
                            biases=[b for _, _, b in items],
                            replicated=None if plain is None else [(x, w, "matmul")
-                                                                  for x, w in plain])
+                                                                  for x, w in plain],
+                           sites=[site] * (len(items) + len(plain or [])))
     if plain is None:
-        return relu_split(p, z, shapes)
+        return relu_split(p, z, shapes, relu_site)
     z, done = z
-    return relu_split(p, z, shapes), done
+    return relu_split(p, z, shapes, relu_site), done
 
 
-def relu_split(p: Party, z, shapes) -> list[AShare]:
+def relu_split(p: Party, z, shapes, site: str | None = None) -> list[AShare]:
     """ReLU of the flat products ``z`` (arith.mul_split_aa's split share, biases included)
     in one relu_a call, cut into arrays of ``shapes``. Cost: convert.cost_relu_split."""
     from mpc3.kernels import convert
-    out, res, pos = convert.relu_a(p, z), [], 0
+    out, res, pos = convert.relu_a(p, z, site), [], 0
     for s in shapes:
         n = int(np.prod(s))
         res.append(out[pos:pos + n].reshape(s))
@@ -133,11 +138,13 @@ def relu_attention(p: Party, qf: AShare, kf: AShare, v: AShare, order: str = "au
     Sk, dh = v.shape[-2], v.shape[-1]
     if order == "auto":
         order = choose_order(B, h, Sq, Sk, r, dh)
+        if p.shadow is not None:       # calibrated: the order a shorter input takes, too
+            relu_attention(p, qf, kf, v, "qk" if order == "kv" else "kv")
     if order == "kv":
-        kv = arith.matmul_aa(p, kf.T, v)
-        return arith.matmul_aa(p, qf, kv)
-    a = arith.matmul_aa(p, qf, kf.T)
-    return arith.matmul_aa(p, a, v)
+        kv = arith.matmul_aa(p, kf.T, v, site="kv")
+        return arith.matmul_aa(p, qf, kv, site="out")
+    a = arith.matmul_aa(p, qf, kf.T, site="scores")
+    return arith.matmul_aa(p, a, v, site="out")
 
 
 def cost_relu_attention(p_cfg, B, h, Sq, Sk, r, dh, order="auto") -> Cost:
@@ -306,13 +313,15 @@ def attention_step(p: Party, state: PrefixState, qf: AShare, kf: AShare, v: ASha
     first = True
     if raw and scale is not None:
         first = row_scale_trunc(scale, p.cfg.frac)
-    items = [(qf, kc.T, "matmul", first)]
+    items, sites = [(qf, kc.T, "matmul", first)], ["scores"]
     if state.folded:
         items.append((qf, state.G, "matmul", first))
+        sites.append("out")
     if fold:
         items.append((kc.T, vc, "matmul", True))
-    got = arith.mul_many_aa(p, items)
-    out = arith.matmul_aa(p, got[0], vc, trunc=not raw)
+        sites.append("kv")
+    got = arith.mul_many_aa(p, items, sites)
+    out = arith.matmul_aa(p, got[0], vc, trunc=not raw, site="out")
     if state.folded:
         prev = got[1].scale(np.uint64(1 << p.cfg.frac)) if raw else got[1]
         out = out + prev
@@ -345,7 +354,7 @@ def cost_attention_step(p_cfg, B, h, r, dh, cached: int, folded: bool, block: in
 def cross_attention_step(p: Party, qf: AShare, kv: AShare, raw: bool = False) -> AShare:
     """Q'_t (K'^T V) with the cross-attention K'^T V (B,h,r,dh) computed once; ``raw``:
     reshared untruncated (2 frac fractional bits, one round)."""
-    return arith.matmul_aa(p, qf, kv, trunc=not raw)
+    return arith.matmul_aa(p, qf, kv, trunc=not raw, site="out")
 
 
 # --------------------------------------------------- division by softmax row sums ----
@@ -360,21 +369,24 @@ def _two_minus(p: Party, x: AShare) -> AShare:
     return arith.add_public(p, -x, np.full(x.shape, ring.encode(np.array(2.0), p.cfg.frac)))
 
 
-def divide_rows(p: Party, e: AShare, v: AShare, den: AShare) -> AShare:
+def divide_rows(p: Party, e: AShare, v: AShare, den: AShare,
+                den_site: str | None = None) -> AShare:
     """(e @ v) / den per row - e (..., S, Sk), v (..., Sk, dh), den (..., S) in
     ``fxp.RECIPROCAL_RANGE`` - in the rounds of ``fxp.reciprocal_a`` alone: its guess
     (``iterations=0``), then its two Newton steps y <- y (2 - den y) with e @ v riding in
     the first step's first product and the second step applied to (e @ v) y directly:
     out = ((e @ v) y1) (2 - den y1). Four products after the guess, where reciprocal, e @ v
     and the product by 1/den take six (4 rounds fewer); the value is reciprocal_a's up to
-    rounding (same Newton iterates). Cost: :func:`cost_divide_rows`."""
+    rounding (same Newton iterates). Cost: :func:`cost_divide_rows`. Sites: ``den_site``
+    (the denominators, when calibrated), ``vout`` (e @ v and the output's products)."""
     from mpc3.kernels import fxp
     dh = v.shape[-1]
-    y = fxp.reciprocal_a(p, den, iterations=0)
-    xy, ev = mul_many(p, [(den, y, "mul"), (e, v, "matmul")])
+    y = fxp.reciprocal_a(p, den, iterations=0, site=den_site)
+    xy, ev = mul_many(p, [(den, y, "mul"), (e, v, "matmul")], sites=[None, "vout"])
     y = arith.mul_aa(p, y, _two_minus(p, xy))
-    xy, evy = mul_many(p, [(den, y, "mul"), (ev, repeat_cols(y, dh), "mul")])
-    return arith.mul_aa(p, evy, repeat_cols(_two_minus(p, xy), dh))
+    xy, evy = mul_many(p, [(den, y, "mul"), (ev, repeat_cols(y, dh), "mul")],
+                       sites=[None, "vout"])
+    return arith.mul_aa(p, evy, repeat_cols(_two_minus(p, xy), dh), site="vout")
 
 
 def cost_divide_rows(p_cfg, rows: int, dh: int) -> Cost:

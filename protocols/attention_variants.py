@@ -78,7 +78,7 @@ def _relu_scores(p: Party, q: AShare, k: AShare, keep: np.ndarray, prescaled: bo
     split form relu_a reads (arith.mul_split_aa: 8 bytes per kept score less)."""
     return convert.relu_a(p, arith.mul_split_aa(
         p, [(score_query(q, prescaled), k.T, "matmul", keep)],
-        trunc=score_trunc(p.cfg.frac, prescaled)))
+        trunc=score_trunc(p.cfg.frac, prescaled), sites=["vscores"]), "sigma")
 
 
 def _power_layers(n: int) -> int:
@@ -89,12 +89,12 @@ def _power_layers(n: int) -> int:
 
 
 def _power(p: Party, x: AShare, n: int) -> AShare:
-    """x^n by repeated squaring, each product truncated (one layer each)."""
+    """x^n by repeated squaring, each product truncated (one layer each; site ``power``)."""
     if n == 1:
         return x
     half = _power(p, x, n // 2)
-    sq = arith.mul_aa(p, half, half)
-    return arith.mul_aa(p, sq, x) if n % 2 else sq
+    sq = arith.mul_aa(p, half, half, site="power")
+    return arith.mul_aa(p, sq, x, site="power") if n % 2 else sq
 
 
 def _check_power(power: int, eps: float, form: str) -> None:
@@ -143,11 +143,11 @@ def power_softmax(p: Party, q: AShare, k: AShare, v: AShare, power: int = 4,
         total = mean
     den = arith.add_public(p, total, np.full(total.shape, ring.encode(np.array(eps), f)))
     if fused and form != "length":
-        return divide_rows(p, e, v, den)
-    inv = fxp.reciprocal_a(p, den)
+        return divide_rows(p, e, v, den, "den")
+    inv = fxp.reciprocal_a(p, den, site="den")
     if form != "length":
-        ev = arith.matmul_aa(p, e, v)
-    return arith.mul_aa(p, ev, repeat_cols(inv, v.shape[-1]))
+        ev = arith.matmul_aa(p, e, v, site="vout")
+    return arith.mul_aa(p, ev, repeat_cols(inv, v.shape[-1]), site="vout")
 
 
 def cost_power_softmax(cfg: RingConfig, B: int, h: int, Sq: int, Sk: int, dh: int,
@@ -224,7 +224,8 @@ def sigma_attention(p: Party, q: AShare, k: AShare, v: AShare, sigma="relu",
         act = arith.add_public(p, s.scale(c[1]), np.full(s.shape, c[0] << np.uint64(f)))
         for ck, x in zip(c[2:], pw[1:]):
             act = act + x.scale(ck)                           # sum_k c_k s^k / L at f + b
-    return arith.matmul_aa(p, scatter_kept(act, keep), v, trunc=f + b)
+    return arith.matmul_aa(p, scatter_kept(act, keep), v, trunc=f + b,
+                           site="sigma_sum" if isinstance(sigma, str) else None)
 
 
 def _sigma_length(length, Sq: int, Sk: int, masked: bool, sigma):

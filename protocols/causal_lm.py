@@ -138,7 +138,7 @@ def prefill_attention(p: Party, qf: AShare, kf: AShare, v: AShare,
     items = [(qb, kb.T, "matmul", A.tril_mask(L).astype(bool))]
     if nf:
         items.append((kb[:, :, :nf].T, vb[:, :, :nf], "matmul"))
-    got = A.mul_many(p, items)
+    got = A.mul_many(p, items, sites=["scores", "kv"][:len(items)])
     scores = got[0]
     z = np.zeros((B, h, r, dh), dtype=np.uint64)
     G = AShare(z, z.copy())
@@ -152,7 +152,7 @@ def prefill_attention(p: Party, qf: AShare, kf: AShare, v: AShare,
             prefix = AShare.concat([AShare(zero, zero.copy()), csum[:, :, :nb - 1]], axis=2)
             left = AShare.concat([qb, scores], axis=-1)              # (B,h,nb,L,r+L)
             right = AShare.concat([prefix, vb], axis=-2)             # (B,h,nb,r+L,dh)
-    out = arith.matmul_aa(p, left, right).reshape(B, h, nb * L, dh)[:, :, :T]
+    out = arith.matmul_aa(p, left, right, site="out").reshape(B, h, nb * L, dh)[:, :, :T]
     rest = T - nf * L
     state = A.PrefixState(G, block=L, t=T, folded=nf * L)
     if rest:
@@ -181,10 +181,11 @@ def _ffn_block(p: Party, cfg: M.ModelConfig, shares: dict, i: int, x: AShare,
     pre = f"dec.{i}"
     if not cfg.has_ffn(i):
         return x
+    pf = p.at(f"{pre}.ffn")
     if cfg.norm_first:
-        return x + ffn(p, wf, _ln(p, cfg, shares, f"{pre}.ln2", x), cfg.ffn_act)
+        return x + ffn(pf, wf, _ln(p, cfg, shares, f"{pre}.ln2", x), cfg.ffn_act)
     x = _ln(p, cfg, shares, f"{pre}.ln1", x)
-    return _ln(p, cfg, shares, f"{pre}.ln2", x + ffn(p, wf, x, cfg.ffn_act))
+    return _ln(p, cfg, shares, f"{pre}.ln2", x + ffn(pf, wf, x, cfg.ffn_act))
 
 
 def _out_scale(p: Party, cfg: M.ModelConfig, shares: dict, x: AShare) -> AShare:
@@ -192,7 +193,8 @@ def _out_scale(p: Party, cfg: M.ModelConfig, shares: dict, x: AShare) -> AShare:
     ``dec.out_scale`` (one truncated product of the returned rows)."""
     if not cfg.ffn_scale:
         return x
-    return arith.mul_aa(p, x, _bcast(shares[OUT_SCALE], x.shape))
+    return arith.mul_aa(p.at(OUT_SCALE), x, _bcast(shares[OUT_SCALE], x.shape),
+                        site="out_scale")
 
 
 def _check(cfg: M.ModelConfig) -> None:
@@ -217,18 +219,19 @@ def lm_prefill(p: Party, cfg: M.ModelConfig, shares: dict, x: AShare,
         raise ValueError(f"a prompt of {T} tokens exceeds max_len {cfg.max_len}")
     mark = on_layer or (lambda name: None)
     states, n = [], np.arange(1, T + 1)
-    for i in range(cfg.n_dec_layers):
-        pre, last = f"dec.{i}", i == cfg.n_dec_layers - 1
-        w, wf = sub(shares, f"{pre}.self"), sub(shares, f"{pre}.ffn")
+    every = p.shadow is not None       # calibrated: every row goes on, as the last row of the
+    for i in range(cfg.n_dec_layers):  # prompt that ends there would (row i sees rows <= i)
+        pre, last = f"dec.{i}", i == cfg.n_dec_layers - 1 and not every
+        w, wf, pa = sub(shares, f"{pre}.self"), sub(shares, f"{pre}.ffn"), p.at(f"{pre}.self")
         u = _ln(p, cfg, shares, f"{pre}.ln1", x) if cfg.norm_first else x
         if cfg.attention != M.PERFORMER:   # KV cache; the last layer needs the last query only
-            q, k, v = project(p, cfg, w, u[:, T - 1:] if last else u, u)
+            q, k, v = project(pa, cfg, w, u[:, T - 1:] if last else u, u)
             st = KVCache.empty(B, cfg.n_heads, cfg.d_head, cfg.max_len)
-            x = (x[:, -1:] if last else x) + attend_out(p, cfg, w, st, q, k, v)
+            x = (x[:, -1:] if last else x) + attend_out(pa, cfg, w, st, q, k, v)
         else:
-            qf, kf, v = qkv_features(p, cfg, w, u, None)
-            o, st = prefill_attention(p, qf, kf, v, block)
-            x = x + finish(p, cfg, w, o, n)
+            qf, kf, v = qkv_features(pa, cfg, w, u, None)
+            o, st = prefill_attention(pa, qf, kf, v, block)
+            x = x + finish(pa, cfg, w, o, n)
         states.append(st)
         if last:                       # only the last position's hidden row is returned
             x = x[:, -1:]
@@ -241,7 +244,22 @@ def lm_prefill(p: Party, cfg: M.ModelConfig, shares: dict, x: AShare,
                     frozenset(raw_wo), dict(ln_spans or {}))
     if fusions:                    # the session's beta W1: after the last layer's mark
         mark("dec.ln_bias")
-    return _out_scale(p, cfg, shares, x).reshape(B, cfg.d_model), state
+    return _out_scale(p, cfg, shares, x)[:, -1:].reshape(B, cfg.d_model), state
+
+
+def lm_open(p: Party, cfg: M.ModelConfig, shares: dict, B: int, block: int | None = None,
+            fuse=DEFAULT_LM_FUSE, raw_wo=frozenset(), ln_spans=None) -> LMState:
+    """The state :func:`lm_prefill` of an empty prompt would leave: every token stepped
+    (the calibration's steps, :mod:`protocols.shadow`). Cost: its fused LayerNorms'
+    beta W (:func:`protocols.ln_proj.cost_ln_bias`)."""
+    _check(cfg)
+    fusions = lm_fusions(cfg, fuse)
+    h, dh = cfg.n_heads, cfg.d_head
+    states = [KVCache.empty(B, h, dh, cfg.max_len) if cfg.attention != M.PERFORMER else
+              A.PrefixState.empty(B, h, cfg.n_features, dh, block)
+              for _ in range(cfg.n_dec_layers)]
+    return LMState(states, 0, fused_biases(p, shares, fusions), tuple(fuse), frozenset(raw_wo),
+                   dict(ln_spans or {}))
 
 
 def lm_step(p: Party, cfg: M.ModelConfig, shares: dict, state: LMState, y_t: AShare,
@@ -268,18 +286,19 @@ def lm_step(p: Party, cfg: M.ModelConfig, shares: dict, state: LMState, y_t: ASh
         pre, names = f"dec.{i}", step_names(i)
         w, wf, st = sub(shares, f"{pre}.self"), sub(shares, f"{pre}.ffn"), state.prefix[i]
         pre_ln, raw = cfg.norm_first, f"{pre}.self" in state.raw_wo
+        pa, pf = p.at(f"{pre}.self"), p.at(f"{pre}.ffn")
         u, got = through_ln(f"{pre}.ln1", x, False, names["self"]) if pre_ln else (x, got)
         if got:                        # Q, K, V formed by the LayerNorm before
-            x = x + sublayer(p, cfg, "self", got, w, names["self"], st, raw)
+            x = x + sublayer(pa, cfg, "self", got, w, names["self"], st, raw)
         elif isinstance(st, KVCache):
-            x = x + attend_out(p, cfg, w, st, *project(p, cfg, w, u, None))
+            x = x + attend_out(pa, cfg, w, st, *project(pa, cfg, w, u, None))
         else:
-            x = x + self_step(p, cfg, w, *qkv_features(p, cfg, w, u, None), st, True, raw)
+            x = x + self_step(pa, cfg, w, *qkv_features(pa, cfg, w, u, None), st, True, raw)
         got = None
         if cfg.has_ffn(i):      # pre-LN: x + FFN(LN2(x)); post-LN: LN2(y + FFN(y)), y = LN1(x)
             y, hid = through_ln(f"{pre}.ln{2 if pre_ln else 1}", x, not pre_ln, names["ffn"])
-            h = (sublayer(p, cfg, "ffn", hid, wf, names["ffn"]) if hid else
-                 ffn(p, wf, y, cfg.ffn_act))
+            h = (sublayer(pf, cfg, "ffn", hid, wf, names["ffn"]) if hid else
+                 ffn(pf, wf, y, cfg.ffn_act))
             x = x + h if pre_ln else y + h
             if not pre_ln:             # LN2 may form the next layer's Q, K, V
                 nxt = step_names(i + 1)["self"] if i + 1 < cfg.n_dec_layers else []

@@ -51,7 +51,8 @@ def pool_head(p: Party, cfg: M.ModelConfig, shares: dict, h: AShare) -> AShare:
         return cls_tanh_head(p, shares, h)
     S = h.shape[1]
     s = AShare(h.a.sum(axis=1, dtype=np.uint64), h.b.sum(axis=1, dtype=np.uint64))
-    logits = arith.matmul_aa(p, s, shares["head.w"], row_scale_trunc(1.0 / S, p.cfg.frac))
+    logits = arith.matmul_aa(p, s, shares["head.w"], row_scale_trunc(1.0 / S, p.cfg.frac),
+                             site="head")
     return _add_row(logits, shares["head.b"])
 
 
@@ -61,9 +62,9 @@ def cls_tanh_head(p: Party, shares: dict, h: AShare) -> AShare:
     activations.TANH_LIMIT, calibration site ``tanh``)."""
     from mpc3.kernels import activations
     cls = AShare(np.ascontiguousarray(h.a[:, 0]), np.ascontiguousarray(h.b[:, 0]))
-    z = _add_row(arith.matmul_aa(p, cls, shares["pool.w"]), shares["pool.b"])
-    return _add_row(arith.matmul_aa(p, activations.tanh_a(p, z), shares["head.w"]),
-                    shares["head.b"])
+    z = _add_row(arith.matmul_aa(p, cls, shares["pool.w"], site="pool_dense"), shares["pool.b"])
+    return _add_row(arith.matmul_aa(p, activations.tanh_a(p, z, site="tanh"), shares["head.w"],
+                                    site="head"), shares["head.b"])
 
 
 def cost_pool_head(p_cfg, B: int, n_classes: int, pool: str = "mean", d: int = 0) -> Cost:
@@ -82,7 +83,7 @@ def classify(p: Party, cfg: M.ModelConfig, shares: dict, x: AShare,
     if cfg.arch != M.ENCODER_CLASSIFIER:
         raise ValueError(f"classify needs an encoder-classifier model, got arch {cfg.arch!r}")
     h = encoder(p, cfg, shares, x, on_layer=on_layer)
-    out = pool_head(p, cfg, shares, h)
+    out = pool_head(p.at("head"), cfg, shares, h)
     if on_layer is not None:
         on_layer("head")
     return out

@@ -28,11 +28,12 @@ def encoder_layer(p: Party, cfg: M.ModelConfig, shares: dict, i: int, x: AShare,
                   order: str = "auto") -> AShare:
     pre = f"enc.{i}"
     wa, wf = sub(shares, f"{pre}.attn"), sub(shares, f"{pre}.ffn")
+    pa, pf = p.at(f"{pre}.attn"), p.at(f"{pre}.ffn")      # (a shadow party's scopes)
     if cfg.norm_first:
-        x = x + mha(p, cfg, wa, _ln(p, cfg, shares, f"{pre}.ln1", x), order=order)
-        return x + ffn(p, wf, _ln(p, cfg, shares, f"{pre}.ln2", x), cfg.ffn_act)
-    x = _ln(p, cfg, shares, f"{pre}.ln1", x + mha(p, cfg, wa, x, order=order))
-    return _ln(p, cfg, shares, f"{pre}.ln2", x + ffn(p, wf, x, cfg.ffn_act))
+        x = x + mha(pa, cfg, wa, _ln(p, cfg, shares, f"{pre}.ln1", x), order=order)
+        return x + ffn(pf, wf, _ln(p, cfg, shares, f"{pre}.ln2", x), cfg.ffn_act)
+    x = _ln(p, cfg, shares, f"{pre}.ln1", x + mha(pa, cfg, wa, x, order=order))
+    return _ln(p, cfg, shares, f"{pre}.ln2", x + ffn(pf, wf, x, cfg.ffn_act))
 
 
 def encoder(p: Party, cfg: M.ModelConfig, shares: dict, x: AShare, order: str = "auto",

@@ -29,9 +29,9 @@ def activation(p: Party, h: AShare, act: str) -> AShare:
     """The FFN nonlinearity on shares: relu_a, gelu_a (|h| <= 2^13) or none."""
     from mpc3.kernels import activations, convert
     if act == "relu":
-        return convert.relu_a(p, h)
+        return convert.relu_a(p, h, "hidden")
     if act == "gelu":
-        return activations.gelu_a(p, h)
+        return activations.gelu_a(p, h, site="hidden_gelu")
     if act == "none":
         return h
     raise ValueError(f"ffn: unknown activation {act!r} (relu, gelu, none)")
@@ -43,9 +43,9 @@ def ffn(p: Party, w: dict, x: AShare, act: str = "relu") -> AShare:
     if x.shape[-1] != w["w1"].shape[0]:
         raise ValueError(f"ffn: input width {x.shape[-1]} != d_model {w['w1'].shape[0]}")
     if act == "relu" and "w2" in w:            # ReLU reads the product's split form
-        z = arith.mul_split_aa(p, [(x, w["w1"], "matmul")], biases=[w["b1"]])
+        z = arith.mul_split_aa(p, [(x, w["w1"], "matmul")], biases=[w["b1"]], sites=["w1"])
         return ffn_hidden(p, w, z.reshape(*x.shape[:-1], w["w1"].shape[1]), act)
-    return ffn_hidden(p, w, _add(arith.matmul_aa(p, x, w["w1"]), w["b1"]), act)
+    return ffn_hidden(p, w, _add(arith.matmul_aa(p, x, w["w1"], site="w1"), w["b1"]), act)
 
 
 def ffn_hidden(p: Party, w: dict, hid: AShare, act: str = "relu") -> AShare:
@@ -56,7 +56,7 @@ def ffn_hidden(p: Party, w: dict, hid: AShare, act: str = "relu") -> AShare:
         if act != "none":
             raise ValueError(f"ffn: fused shares (no w2) are a linear FFN, not {act!r}")
         return hid
-    return _add(arith.matmul_aa(p, activation(p, hid, act), w["w2"]), w["b2"])
+    return _add(arith.matmul_aa(p, activation(p, hid, act), w["w2"], site="w2"), w["b2"])
 
 
 def cost_activation(p_cfg, n: int, act: str, split: bool = False):

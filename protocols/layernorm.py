@@ -52,7 +52,7 @@ def _stats(p: Party, x: AShare, gamma: AShare, beta: AShare, eps: float
     ex2, mu2, xg = arith.mul_many_aa(p, [
         (x.reshape(*lead, 1, d), x.reshape(*x.shape, 1), "matmul", t_ex2),
         (s1, s1, "mul", t_mu2),
-        (xc, g, "mul", t_xg)])
+        (xc, g, "mul", t_xg)], ["sumsq", "sum2", "xgamma"])
     var = ex2.reshape(lead) - mu2
     return xg, arith.add_public(p, var, ring.encode(np.full(var.shape, float(eps)), f))
 
@@ -79,8 +79,9 @@ def layernorm(p: Party, x: AShare, gamma: AShare, beta: AShare, eps: float,
     untruncated (one round fewer: an output the query user truncates itself, :func:`widen`)."""
     from mpc3.kernels import fxp
     xg, var = _stats(p, x, gamma, beta, eps)
-    rs = fxp.sqrt_inv_a(p, var, span=span)
-    y = arith.mul_aa(p, xg, _bcast(rs.reshape(*rs.shape, 1), x.shape), trunc=not wide)
+    rs = fxp.sqrt_inv_a(p, var, span=span, site="var_eps")
+    y = arith.mul_aa(p, xg, _bcast(rs.reshape(*rs.shape, 1), x.shape), trunc=not wide,
+                     site="scale")
     return y + _bcast(widen(p, beta) if wide else beta, x.shape)
 
 
@@ -91,7 +92,7 @@ def widen(p: Party, x: AShare) -> AShare:
 
 def layernorm_project(p: Party, x: AShare, gamma: AShare, beta: AShare, eps: float,
                       mats: list[tuple[AShare, int]], want_y: bool = True, split=(),
-                      split_biases=None, span=None):
+                      split_biases=None, span=None, sites=None):
     """LayerNorm fused with the linear layer that reads its output: returns
     ``(y, outs, z)`` with ``y = LN(x)`` (None unless ``want_y``) and
     ``outs[i] = LN(x) W_i - beta W_i`` for i not in ``split``; the outputs of the mats in
@@ -107,22 +108,26 @@ def layernorm_project(p: Party, x: AShare, gamma: AShare, beta: AShare, eps: flo
     scales xg and every ``xg W_i`` by rs. The caller adds ``beta W_i`` (a constant of the
     model, formed once per session). Cost: :func:`cost_layernorm_project` - the rounds of a
     LayerNorm alone; the bytes of the products plus those of the extra ``rs`` scalings.
-    ``span``: as :func:`layernorm`'s.
+    ``span``: as :func:`layernorm`'s; ``sites``: the calibration site of each mat's product
+    (their scalings by rs: ``lnscale``).
     """
     from mpc3.kernels import fxp
     from mpc3.kernels.base import run_steps
     xg, var = _stats(p, x, gamma, beta, eps)
-    rs, prods = run_steps(p, fxp.sqrt_inv_steps(p, var, span=span), arith.mul_many_steps(
-        p, [(xg, w, "matmul", bits) for w, bits in mats]))
+    rs, prods = run_steps(p, fxp.sqrt_inv_steps(p, var, span=span, site="var_eps"),
+                          arith.mul_many_steps(p, [(xg, w, "matmul", bits) for w, bits in mats],
+                                               sites))
     rs = rs.reshape(*rs.shape, 1)
     keep = [i for i in range(len(mats)) if i not in split]
     items = ([xg] if want_y else []) + [prods[i] for i in keep]
     scaled = [(t, _bcast(rs, t.shape), "mul") for t in items]
     sitems = [(prods[i], _bcast(rs, prods[i].shape), "mul") for i in split]
+    names = (["scale"] if want_y else []) + ["lnscale"] * len(keep)
     if sitems:                     # one call: the split products and the others, completed
-        z, out = arith.mul_split_aa(p, sitems, replicated=scaled, biases=split_biases)
+        z, out = arith.mul_split_aa(p, sitems, replicated=scaled, biases=split_biases,
+                                    sites=["lnscale"] * len(sitems) + names)
     else:
-        out, z = arith.mul_many_aa(p, [item + (True,) for item in scaled]), None
+        out, z = arith.mul_many_aa(p, [item + (True,) for item in scaled], names), None
     y = out.pop(0) + _bcast(beta, x.shape) if want_y else None
     outs = [None] * len(mats)
     for i, o in zip(keep, out):

@@ -58,6 +58,11 @@ def fusion_choice(value, allowed: tuple, default: tuple, what: str) -> tuple:
     return tuple(k for k in allowed if k in kinds)
 
 
+def _site(name: str) -> str:
+    """The calibration site of a LayerNorm's product with weight ``name`` (site_catalog)."""
+    return "lnw1" if name.endswith(".w1") else "lnproj"
+
+
 def _proj_bits(p_cfg, name: str) -> int:
     return p_cfg.frac + (0 if name.endswith(".w1") else PROJ_EXTRA)
 
@@ -71,8 +76,9 @@ def fused_biases(p: Party, shares: dict, fusions: dict[str, list[str]]
         return {}
     kernels = []
     for ln, ws in fusions.items():
-        kernels.append(arith.mul_many_steps(p, [(shares[f"{ln}.beta"].reshape(1, -1), shares[w],
-                                                 "matmul", _proj_bits(p.cfg, w)) for w in ws]))
+        kernels.append(arith.mul_many_steps(p.at(ln), [(shares[f"{ln}.beta"].reshape(1, -1),
+                                                        shares[w], "matmul", _proj_bits(p.cfg, w))
+                                                       for w in ws], [_site(w) for w in ws]))
     got = run_steps(p, *kernels)
     return {(ln, w): _plus_bias(shares, w, v.reshape(-1))
             for (ln, ws), vs in zip(fusions.items(), got) for w, v in zip(ws, vs)}
@@ -109,7 +115,7 @@ class _Split:
     shapes: list[tuple]
 
     def relu_outputs(self, p: Party) -> dict[str, AShare]:
-        return dict(zip(self.names, A.relu_split(p, self.z, self.shapes)))
+        return dict(zip(self.names, A.relu_split(p, self.z, self.shapes, "features")))
 
 
 def _feeds_relu(cfg: M.ModelConfig, name: str, folded: bool) -> bool:
@@ -165,10 +171,11 @@ def ln_proj(p, cfg, shares, ln_bias: dict, ln: str, x, want_y: bool, names: list
         y = norm(p, cfg, shares, ln, x, span)
         return (y if want_y else None), step_project(p, cfg, shares, y, names)
     split = _split_names(cfg, shares, names)
-    y, outs, z = layernorm_project(p, x, shares[f"{ln}.gamma"], shares[f"{ln}.beta"],
+    y, outs, z = layernorm_project(p.at(ln), x, shares[f"{ln}.gamma"], shares[f"{ln}.beta"],
                                    cfg.ln_eps, [(shares[w], _proj_bits(p.cfg, w)) for w in names],
                                    want_y, split=[names.index(w) for w in split],
-                                   split_biases=[ln_bias[(ln, w)] for w in split], span=span)
+                                   split_biases=[ln_bias[(ln, w)] for w in split], span=span,
+                                   sites=[_site(w) for w in names])
     got = {w: o + bcast_row(ln_bias[(ln, w)], o.shape)
            for w, o in zip(names, outs) if o is not None}
     if split:

@@ -74,7 +74,8 @@ def project(p: Party, cfg: M.ModelConfig, w: dict, xq: AShare, xkv: AShare | Non
     names = (["wq_proj"] if want_q else []) + (["wk_proj", "wv_c"] if want_kv else [])
     # one product call, one reshare + truncation for all (no [W^Q|W^K|W^V] copy per call)
     got = dict(zip(names, A.mul_many(p, [(xq if n == "wq_proj" else src, w[n], "matmul")
-                                         for n in names], trunc=bits)))
+                                         for n in names], trunc=bits,
+                                     sites=["proj"] * len(names))))
     q, k, v = (add_bias(got.get(n), w, b) for n, b in
                (("wq_proj", "bq"), ("wk_proj", "bk"), ("wv_c", "bv")))
     sp = lambda t: None if t is None else split_heads(t, h)  # noqa: E731
@@ -86,10 +87,10 @@ def features(p: Party, cfg: M.ModelConfig, w: dict, q: AShare | None, k: AShare 
     parts = [t for t in (q, k) if t is not None]
     if "omega" in w:                       # unfolded: one batched matmul for Q and K
         cat = AShare.concat(parts, axis=2) if len(parts) > 1 else parts[0]
-        proj = arith.matmul_aa(p, cat, w["omega"])
+        proj = arith.matmul_aa(p, cat, w["omega"], site="omega")
         sizes = [t.shape[2] for t in parts]
         parts = [proj[:, :, :sizes[0]]] + ([proj[:, :, sizes[0]:]] if len(parts) > 1 else [])
-    out = A.relu_many(p, parts)
+    out = A.relu_many(p, parts, "features")
     it = iter(out)
     return (next(it) if q is not None else None), (next(it) if k is not None else None)
 
@@ -106,8 +107,10 @@ def project_features(p: Party, cfg: M.ModelConfig, w: dict, xq: AShare, xkv: ASh
     names = [("wq_proj", "bq", xq)] + ([("wk_proj", "bk", src)] if want_kv else [])
     items = [(x, w[n], w.get(b)) for n, b, x in names]
     if not want_kv:
-        return split_heads(A.relu_products(p, items, bits)[0], h), None, None
-    (qf, kf), (v,) = A.relu_products(p, items, bits, plain=[(src, w["wv_c"])])
+        return split_heads(A.relu_products(p, items, bits, site="proj",
+                                           relu_site="features")[0], h), None, None
+    (qf, kf), (v,) = A.relu_products(p, items, bits, plain=[(src, w["wv_c"])], site="proj",
+                                     relu_site="features")
     return split_heads(qf, h), split_heads(kf, h), split_heads(add_bias(v, w, "bv"), h)
 
 
@@ -164,7 +167,8 @@ def finish(p: Party, cfg: M.ModelConfig, w: dict, o: AShare, n_keys, raw: bool =
     if cfg.attn_norm == "mean" and n_keys is not None:
         trunc = row_scale_trunc(1.0 / np.asarray(n_keys, dtype=np.float64)[:, None],
                                 p.cfg.frac)
-    return add_bias(arith.matmul_aa(p, merge_heads(o), w["wo"], trunc), w, "bo")
+    return add_bias(arith.matmul_aa(p, merge_heads(o), w["wo"], trunc,
+                                    site="wo_raw" if raw else "wo"), w, "bo")
 
 
 def mha(p: Party, cfg: M.ModelConfig, w: dict, xq: AShare, xkv: AShare | None = None,
@@ -179,7 +183,7 @@ def mha(p: Party, cfg: M.ModelConfig, w: dict, xq: AShare, xkv: AShare | None = 
     if cfg.attention != M.PERFORMER:
         q, k, v = project(p, cfg, w, xq, xkv)
         o = heads(p, M.head_kind(cfg), q, k, v, causal)
-        return add_bias(arith.matmul_aa(p, merge_heads(o), w["wo"]), w, "bo")
+        return add_bias(arith.matmul_aa(p, merge_heads(o), w["wo"], site="wo"), w, "bo")
     qf, kf, v = qkv_features(p, cfg, w, xq, xkv)
     Sq, Sk = qf.shape[2], kf.shape[2]
     if causal:

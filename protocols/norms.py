@@ -33,7 +33,7 @@ def batchnorm(p: Party, x: AShare, scale: AShare, shift: AShare, wide: bool = Fa
     d = x.shape[-1]
     if scale.shape != (d,) or shift.shape != (d,):
         raise ValueError(f"batchnorm: scale/shift must have shape ({d},)")
-    return arith.mul_aa(p, x, _bcast(scale, x.shape), trunc=not wide) \
+    return arith.mul_aa(p, x, _bcast(scale, x.shape), trunc=not wide, site="bn") \
         + _bcast(widen(p, shift) if wide else shift, x.shape)
 
 
@@ -47,6 +47,7 @@ def norm(p: Party, cfg: M.ModelConfig, shares: dict, prefix: str, x: AShare,
     ``span``: a LayerNorm's calibrated variance octaves (:func:`protocols.layernorm.layernorm`);
     ``wide``: the output at 2 frac fractional bits, its last product untruncated (one round
     fewer; a model output the query user truncates after reconstructing it)."""
+    p = p.at(prefix)                 # a shadow party files its records under the prefix
     if cfg.norm == "none":
         return widen(p, x) if wide else x
     if cfg.norm == "batchnorm":

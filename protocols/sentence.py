@@ -82,7 +82,7 @@ def max_pool_a(p: Party, h: AShare) -> AShare:
     B, S, d = h.shape
     rows = AShare(np.ascontiguousarray(h.a.transpose(0, 2, 1)).reshape(-1),
                   np.ascontiguousarray(h.b.transpose(0, 2, 1)).reshape(-1))
-    return extrema.max_rows_a(p, rows, np.full(B * d, S)).reshape(B, d)
+    return extrema.max_rows_a(p, rows, np.full(B * d, S), site="pool_max").reshape(B, d)
 
 
 def cost_max_pool(p_cfg, B: int, S: int, d: int) -> Cost:
@@ -120,11 +120,12 @@ def normalize_a(p: Party, e: AShare, K: int) -> AShare:
     module docstring). Cost: :func:`cost_normalize`."""
     B, d = e.shape
     f = p.cfg.frac
-    n2 = arith.matmul_aa(p, e.reshape(B, 1, d), e.reshape(B, d, 1), f + 2 * K)
-    r = fxp.sqrt_inv_a(p, n2.reshape(B, 1))
+    n2 = arith.matmul_aa(p, e.reshape(B, 1, d), e.reshape(B, d, 1), f + 2 * K,
+                         site="norm_sumsq")
+    r = fxp.sqrt_inv_a(p, n2.reshape(B, 1), site="norm_sq")
     rb = AShare(np.ascontiguousarray(np.broadcast_to(r.a, (B, d))),
                 np.ascontiguousarray(np.broadcast_to(r.b, (B, d))))
-    return arith.mul_aa(p, e, rb, f + K)
+    return arith.mul_aa(p, e, rb, f + K, site="norm_scale")
 
 
 def cost_normalize(p_cfg, B: int, d: int, K: int) -> Cost:
@@ -143,11 +144,11 @@ def embed_sentence(p: Party, cfg: M.ModelConfig, shares: dict, x: AShare,
                          f"got arch {cfg.arch!r}")
     mark = on_layer or (lambda name: None)
     h = encoder(p, cfg, shares, x, on_layer=on_layer)
-    e = pool_a(p, cfg, h)
+    e = pool_a(p.at("pool"), cfg, h)
     mark("pool")
     if not cfg.normalize:
         return e
-    out = normalize_a(p, e, norm_scale(cfg.d_model, x.shape[1], cfg.pool))
+    out = normalize_a(p.at("pool"), e, norm_scale(cfg.d_model, x.shape[1], cfg.pool))
     mark("normalize")
     return out
 

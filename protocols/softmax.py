@@ -81,7 +81,7 @@ def kept_scores(p: Party, q: AShare, k: AShare, keep: np.ndarray, prescaled: boo
     """The kept entries of q k^T / sqrt(dh), flat in row-major order: one product.
     Cost: ``arith.cost_mul(kept, score_trunc(frac, prescaled), ...)``."""
     sc = arith.mul_many_aa(p, [(score_query(q, prescaled), k.T, "matmul",
-                                score_trunc(p.cfg.frac, prescaled), keep)])[0]
+                                score_trunc(p.cfg.frac, prescaled), keep)], ["vscores"])[0]
     return AShare(sc.a[keep], sc.b[keep])
 
 
@@ -123,18 +123,19 @@ def softmax_attention(p: Party, q: AShare, k: AShare, v: AShare, masked: bool = 
     s = kept_scores(p, q, k, keep, prescaled)            # kept scores, row-major
     if form == "max":
         lens = row_lengths(B, h, Sq, Sk, masked)
-        m = extrema.max_rows_a(p, s, lens)
+        m = extrema.max_rows_a(p, s, lens, site="rowmax")
         rows = np.repeat(np.arange(lens.size), lens)
-        e_kept = fxp.exp_neg_a(p, s - AShare(m.a[rows], m.b[rows]))
+        e_kept = fxp.exp_neg_a(p, s - AShare(m.a[rows], m.b[rows]), site="rowmax")
     else:
-        e_kept = fxp.exp_a(p, s, method=exp)
+        e_kept = fxp.exp_a(p, s, method=exp, site="exp")
     e = scatter_kept(e_kept, keep)
     den = row_sums(e)
+    den_site = None if form == "max" else "den"      # max-subtracted: den in [1, n]
     if fused:
-        return divide_rows(p, e, v, den)
-    inv = fxp.reciprocal_a(p, den)
-    ev = arith.matmul_aa(p, e, v)
-    return arith.mul_aa(p, ev, repeat_cols(inv, dh))
+        return divide_rows(p, e, v, den, den_site)
+    inv = fxp.reciprocal_a(p, den, site=den_site)
+    ev = arith.matmul_aa(p, e, v, site="vout")
+    return arith.mul_aa(p, ev, repeat_cols(inv, dh), site="vout")
 
 
 def cost_softmax_attention(cfg: RingConfig, B: int, h: int, Sq: int, Sk: int, dh: int,

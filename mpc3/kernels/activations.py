@@ -173,9 +173,11 @@ def gelu_method(method: str, n: int, trunc: str) -> str:
     return method
 
 
-def gelu_a(p: Party, x: AShare, method: str = "auto") -> AShare:
+def gelu_a(p: Party, x: AShare, method: str = "auto", site: str | None = None) -> AShare:
     """GELU(x) (erf form) for |x| <= gelu_limit(cfg), same scale; error GELU_ERROR.
     Algorithm and costs: module docstring. Cost: :func:`cost_gelu`."""
+    if p.shadow is not None:
+        return p.shadow.gelu_a(x, site)
     if gelu_method(method, x.size, p.cfg.trunc) == "cheb":
         f, (e, K) = p.cfg.frac, GELU_CHEB_SCALES[p.cfg.trunc]
         T = gelu_cheb_threshold()
@@ -364,7 +366,7 @@ TANH_LIMIT = -fxp.EXP_RANGE[0] / 2
 TANH_ERROR = {"exact": 1e-4, "prob": 2.5e-3}
 
 
-def tanh_a(p: Party, x: AShare) -> AShare:
+def tanh_a(p: Party, x: AShare, site: str | None = None) -> AShare:
     """tanh(x) for |x| <= TANH_LIMIT (24), same scale; error TANH_ERROR.
 
     tanh is odd, so with s = 2 [x >= 0] - 1 and a = s x = |x|:
@@ -382,6 +384,8 @@ def tanh_a(p: Party, x: AShare) -> AShare:
 
     Cost (:func:`cost_tanh`): drelu (6) + injection (2) + exp + reciprocal + injection (2)
     rounds: 44 in exact mode with exp 16 and reciprocal 18."""
+    if p.shadow is not None:
+        return p.shadow.tanh_a(x, site)
     shape = x.shape
     x = x.reshape(-1)
     b = convert.drelu_a(p, x)                                  # [x >= 0]

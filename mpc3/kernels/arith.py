@@ -178,7 +178,8 @@ def _local_matmul(x: AShare, y: AShare, rank: int) -> np.ndarray:
     return out
 
 
-def mul_aa(p: Party, x: AShare, y: AShare, trunc: bool | int = True) -> AShare:
+def mul_aa(p: Party, x: AShare, y: AShare, trunc: bool | int = True,
+           site: str | None = None) -> AShare:
     """Elementwise product of two shared arrays (Araki et al.; Privformer Pi_Mult).
 
     ``trunc``: True = truncate by cfg.frac (fixed-point), an int = truncate by that many
@@ -190,17 +191,22 @@ def mul_aa(p: Party, x: AShare, y: AShare, trunc: bool | int = True) -> AShare:
     """
     if x.shape != y.shape:
         raise ValueError(f"mul_aa: shapes differ {x.shape} vs {y.shape}")
+    if p.shadow is not None:
+        return p.shadow.mul_aa(x, y, trunc, site)
     p.new_op()
     return _finish(p, _local_mul(x, y), trunc)
 
 
-def matmul_aa(p: Party, x: AShare, y: AShare, trunc: bool | int = True) -> AShare:
+def matmul_aa(p: Party, x: AShare, y: AShare, trunc: bool | int = True,
+              site: str | None = None) -> AShare:
     """Matrix product of two shared matrices (batched like np.matmul) (Privformer Pi_MatMul).
 
     Communication depends on the output size only. Cost: :func:`cost_mul` of the output.
     """
     if x.shape[-1] != y.shape[-2 if len(y.shape) > 1 else 0]:
         raise ValueError(f"matmul_aa: inner dimensions differ {x.shape} @ {y.shape}")
+    if p.shadow is not None:
+        return p.shadow.matmul_aa(x, y, trunc, site)
     p.new_op()
     return _finish(p, _local_matmul(x, y, p.rank), trunc)
 
@@ -218,18 +224,23 @@ def _item_product(x: AShare, y: AShare, kind: str, keep, rank: int):
     return z, keep, (z.reshape(-1) if keep is None else z[keep])
 
 
-def mul_many_aa(p: Party, items: list[tuple]) -> list[AShare]:
+def mul_many_aa(p: Party, items: list[tuple], sites: list | None = None) -> list[AShare]:
     """Several independent products in the rounds of one: items ``(x, y, kind, trunc)``
     or ``(x, y, kind, trunc, keep)``; ``kind`` is "mul" (elementwise) or "matmul";
     ``trunc`` True/int (fixed-point shift) or False (plain reshare, riding the first round);
     ``keep`` is a public boolean mask: only kept outputs are reshared, the rest are 0.
+    ``sites``: the calibration site of each item (a shadow party's records, mpc3.shadow).
     Cost: :func:`cost_mul_many`.
     """
+    if p.shadow is not None:
+        return p.shadow.mul_many_aa(items, sites)
     return run_steps(p, mul_many_steps(p, items))[0]
 
 
-def mul_many_steps(p: Party, items: list[tuple]):
+def mul_many_steps(p: Party, items: list[tuple], sites: list | None = None):
     """:func:`mul_many_aa` as lockstep steps (:func:`base.lockstep`)."""
+    if p.shadow is not None:               # no rounds: done at the first step
+        return p.shadow.mul_many_aa(items, sites)
     p.new_op()
     parts, (zt, flat_plain), mults = _many_products(p, items)
     if flat_plain is not None:
@@ -299,7 +310,8 @@ def _mult_array(parts: list[tuple], mults: list[tuple]) -> np.ndarray | None:
 
 
 def mul_split_aa(p: Party, items: list[tuple], trunc: bool | int = True,
-                 replicated: list[tuple] | None = None, biases: list | None = None):
+                 replicated: list[tuple] | None = None, biases: list | None = None,
+                 sites: list | None = None):
     """Products ``(x, y, kind)`` or ``(x, y, kind, keep)`` (kind "mul" or "matmul"; ``keep``
     a public boolean mask: only kept outputs, in row-major order), truncated by ``trunc``,
     plus ``biases`` (per item None or a replicated share broadcast to the item's output),
@@ -316,7 +328,9 @@ def mul_split_aa(p: Party, items: list[tuple], trunc: bool | int = True,
     the shifted window would leave the ring. With ``replicated`` (a list, possibly empty) the result is
     ``(split, [outputs])``: those items come back completed, as AShares, from the same rounds
     and messages (the split ones keep their own element groups). Cost:
-    :func:`cost_mul_split`."""
+    :func:`cost_mul_split`. ``sites``: per item, then per replicated item (mpc3.shadow)."""
+    if p.shadow is not None:
+        return p.shadow.mul_split_aa(items, trunc, replicated, biases, sites)
     p.new_op()
 
     zs = [_item_product(*it[:3], it[3] if len(it) > 3 else None, p.rank) for it in items]

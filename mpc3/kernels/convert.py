@@ -115,13 +115,15 @@ def sign_of_leaves(p: Party, leaves: BShare, nb: int, fused: bool):
 
 
 def drelu_a(p: Party, x: AShare, exact: bool = False,
-            win: tuple[int, int] | None = None) -> BShare:
+            win: tuple[int, int] | None = None, site: str | None = None) -> BShare:
     """DReLU(x) = [x >= 0] as a replicated boolean sharing (one plane).
 
     ``exact=True`` uses the full 64-bit window (no magnitude bound, no error region);
     ``win=(L, m)`` sets the window explicitly (|x| < 2^(L+m-2), error region [-2^L, 0)).
     Cost: :func:`cost_drelu`.
     """
+    if p.shadow is not None:
+        return p.shadow.drelu_a(x, site)
     p.new_op()
     bits, _ = _drelu_bits(p, x, exact, fused=False, win=win)
     return bits
@@ -280,7 +282,7 @@ def cost_inject(n: int, fused: bool, cols: int = 1, seg: int = 0) -> Cost:
 
 
 # ------------------------------------------------------------------ public kernels ----
-def relu_a(p: Party, x: AShare | SplitShare) -> AShare:
+def relu_a(p: Party, x: AShare | SplitShare, site: str | None = None) -> AShare:
     """ReLU(x) = DReLU(x) * x with the injection fused onto the last AND layer. ``x`` may be
     a :class:`SplitShare` straight from mul_split_aa (the whole array: its element groups
     are this call's): the comparison's leaves and the injection read only A and B; a
@@ -288,8 +290,10 @@ def relu_a(p: Party, x: AShare | SplitShare) -> AShare:
 
     Inputs must satisfy |x| < 2^(frac + relu_bound_bits); output error < 2^relu_drop_bits
     ulp, only for inputs in [-2^drop, 0). Cost: :func:`cost_relu` (:func:`cost_relu_split`
-    for mul_split_aa's output).
+    for mul_split_aa's output). ``site``: a shadow party's record (mpc3.shadow).
     """
+    if p.shadow is not None:
+        return p.shadow.relu_a(x, site)
     p.new_op()
     flat = AShare(x.a.reshape(-1), x.b.reshape(-1))      # a SplitShare's A and B as well
     if isinstance(x, SignedSplit):                 # MaskedBits, or (leaves, N) to finish
@@ -306,6 +310,8 @@ def mul_ab(p: Party, bit: BShare, x: AShare) -> AShare:
     if bit.planes != 1 or bit.n not in (x.size, x.shape[0] if x.a.ndim else -1):
         raise ValueError(f"mul_ab: need one bit plane over {x.size} elements "
                          f"or {x.shape[0] if x.a.ndim else 0} rows, got {bit.n}")
+    if p.shadow is not None:
+        return p.shadow.mul_ab(bit, x)
     p.new_op()
     rows = x.reshape(bit.n, -1) if bit.n != x.size else x.reshape(-1)
     return _inject(p, rows, bit, from_masked=False).reshape(x.shape)

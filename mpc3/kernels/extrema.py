@@ -60,10 +60,12 @@ def _check(x: AShare, lengths) -> np.ndarray:
     return lens
 
 
-def max_rows_a(p: Party, x: AShare, lengths) -> AShare:
+def max_rows_a(p: Party, x: AShare, lengths, site: str | None = None) -> AShare:
     """The maximum of each row of ``x``: the flat concatenation of rows of ``lengths``
     values (row-major order) -> (len(lengths),). Cost: :func:`cost_max_rows`."""
     lens = _check(x, lengths)
+    if p.shadow is not None:
+        return p.shadow.max_rows_a(x, lens, site)
     cur = AShare(x.a.reshape(-1), x.b.reshape(-1))
     zero = np.zeros(1, np.uint64)
     for a, b, dst, keep_src, keep_dst, size in _levels(lens.tobytes()):

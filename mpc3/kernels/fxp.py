@@ -246,7 +246,8 @@ NEWTON_SQRT = 2  # Newton steps of sqrt_inv "lean"
 LEAN_PER_OCTAVE = 4
 
 
-def sqrt_inv_a(p: Party, x: AShare, mode: str = "auto", span=None) -> AShare:
+def sqrt_inv_a(p: Party, x: AShare, mode: str = "auto", span=None,
+               site: str | None = None) -> AShare:
     """1/sqrt(x) for shared x in SQRT_INV_RANGE (Privformer Alg. 4, leak-free), same scale.
 
     mode "fast": sixteenth-octave thresholds with the best line per interval (rel. error
@@ -261,13 +262,18 @@ def sqrt_inv_a(p: Party, x: AShare, mode: str = "auto", span=None) -> AShare:
     ``span`` (octaves (lo, hi), None: the whole range): the caller guarantees
     x in [2^lo, 2^hi] (a calibrated LayerNorm) - the table covers only those octaves, with
     the same error there (fast: 17 + 16 (hi - lo) intervals instead of 449); outside it
-    the guess saturates at the span's ends.
+    the guess saturates at the span's ends. ``site``: a shadow party's record.
     """
+    if p.shadow is not None:
+        return p.shadow.sqrt_inv_a(x, site)
     return run_steps(p, sqrt_inv_steps(p, x, mode, span))[0]
 
 
-def sqrt_inv_steps(p: Party, x: AShare, mode: str = "auto", span=None):
+def sqrt_inv_steps(p: Party, x: AShare, mode: str = "auto", span=None,
+                   site: str | None = None):
     """:func:`sqrt_inv_a` as lockstep steps (:func:`mpc3.kernels.base.lockstep`)."""
+    if p.shadow is not None:               # no rounds: done at the first step
+        return p.shadow.sqrt_inv_a(x, site)
     p.new_op()
     mode = _sqrt_inv_mode(mode, x.size)
     f, (e1, e2) = p.cfg.frac, SQ_EXTRA[p.cfg.trunc]
@@ -310,10 +316,13 @@ def cost_sqrt_inv(n: int, mode: str, frac: int, trunc: str, span=None) -> Cost:
     return cost
 
 
-def reciprocal_a(p: Party, x: AShare, iterations: int = 2) -> AShare:
+def reciprocal_a(p: Party, x: AShare, iterations: int = 2, site: str | None = None) -> AShare:
     """1/x for shared x in RECIPROCAL_RANGE: leak-free half-octave linear initialisation
     (1.5 %) + Newton y <- y (2 - x y) twice. Error: RECIPROCAL_ERROR (for the default two
-    iterations). Cost: :func:`cost_reciprocal` (4 + 4 * iterations rounds)."""
+    iterations). Cost: :func:`cost_reciprocal` (4 + 4 * iterations rounds). A shadow
+    party returns 1/x for every ``iterations`` (the guess is exact, so are its steps)."""
+    if p.shadow is not None:
+        return p.shadow.reciprocal_a(x, site)
     y = _init_guess(p, x, 1.0, per_octave=2, linear=True)
     for _ in range(iterations):
         xy = arith.mul_aa(p, x, y)
@@ -389,7 +398,7 @@ def exp_steps(p: Party, x: AShare):
     return y
 
 
-def exp_neg_a(p: Party, x: AShare) -> AShare:
+def exp_neg_a(p: Party, x: AShare, site: str | None = None) -> AShare:
     """exp(x) for x <= 0 of any size (a max-subtracted softmax's s - max): exp "limit"
     (:func:`exp_steps`, exact on [-48, 0]) in lockstep with one two-round comparison
     ``[x >= -EXP_NEG_FLOOR]`` (:func:`mpc3.kernels.thresholds.compare_steps`), whose bit then
@@ -398,6 +407,8 @@ def exp_neg_a(p: Party, x: AShare) -> AShare:
     :data:`EXP_NEG_ERROR` ulp (exp's own on [-EXP_NEG_FLOOR, 0]; e^-32 < 2^-46 below it,
     and either answer on the comparison's error region [-2^-12, 0) below the floor).
     Cost: :func:`cost_exp_neg` (exp's 16 rounds + 2; prob truncation 9 + 2)."""
+    if p.shadow is not None:
+        return p.shadow.exp_neg_a(x, site)
     flat = AShare(x.a.reshape(-1), x.b.reshape(-1))
     floor = ring.encode(np.array([-EXP_NEG_FLOOR]), p.cfg.frac)
     e, above = run_steps(p, exp_steps(p, flat),
@@ -425,9 +436,11 @@ def _exp_poly(p: Party, x: AShare) -> AShare:
     return _const(p, arith.trunc_a(p, acc), 1.0)
 
 
-def exp_a(p: Party, x: AShare, method: str = "limit") -> AShare:
+def exp_a(p: Party, x: AShare, method: str = "limit", site: str | None = None) -> AShare:
     """exp(x): "limit" (accurate on EXP_RANGE, see the module docstring) or "poly"
     (Privformer's polynomial baseline). Cost: :func:`cost_exp`."""
+    if p.shadow is not None:
+        return p.shadow.exp_a(x, site)
     if method == "limit":
         return run_steps(p, exp_steps(p, x))[0]
     if method == "poly":

@@ -168,6 +168,8 @@ def _check_mult(mult, n: int) -> np.ndarray:
 def trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None = None,
                 split: bool = False, segments=None, mult=None):
     """Core of fused/standalone truncation (:func:`trunc_steps` run alone)."""
+    if p.shadow is not None:           # a standalone truncation of a shadow share
+        return p.shadow.trunc(src, bits, mult)
     return run_steps(p, trunc_steps(p, src, bits, from_rss, plain, split, segments,
                                     mult=mult))[0]
 

@@ -1,0 +1,132 @@
+"""Calibration as a by-product of the secure code: the secure stacks run on a
+:class:`mpc3.shadow.ShadowParty` (each kernel's ideal functionality on plaintext ring values)
+and every range-limited kernel call reports what reaches it, filed under the layer the stack
+names (``p.at(prefix)``) and the site it names (the kernels' ``site=`` / ``sites=``
+keywords, :data:`protocols.site_catalog.SITES`). No second copy of the model is written for
+it: what the parties compute is what is measured, in their representation (folded scales,
+split forms, row scales in truncations) because it *is* their code.
+
+:class:`ShadowRecorder` turns the ring units a kernel reports into the site's real units -
+a product's value before its truncation at 2 frac + the site's extra fractional bits (+ frac
+for a ``raw`` site), any other kernel's input at frac - and keeps per (layer, site) the
+largest magnitude, or the (min, max) span for the sqrt_inv / exp / reciprocal sites, as
+:class:`protocols.sites.Recorder` does for the float64 trace.
+
+Scope (docs/CALIBRATION.md): the encoder classifier (every ``attention`` whose kernels are
+tagged: relu-performer, softmax, softmax-max-free) is traced here
+(:func:`trace_classifier`); the other architectures still use :class:`protocols.sites.Trace`.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from mpc3 import ring as R
+from mpc3.party import RingConfig
+from mpc3.shadow import SPAN_KINDS, ShadowParty
+from mpc3.shares import AShare
+
+from . import model as M
+from .causal_lm import lm_open, lm_prefill, lm_step
+from .classifier import classify
+from .secure_model import plain_tensors
+from .sentence import embed_sentence
+from .site_catalog import SITES
+from .sites import Recorder
+
+class ShadowRecorder(Recorder):
+    """The ``record`` callback of a :class:`ShadowParty`: ring units -> the site's units."""
+
+    def __init__(self, ring: RingConfig = RingConfig()) -> None:
+        super().__init__()
+        self.frac = ring.frac
+
+    def __call__(self, layer: str, site: str, kind: str, got) -> None:
+        """``got``: a kernel's report in ring units (mpc3.shadow.ShadowParty._note)."""
+        s = SITES[site]
+        if kind != s.kernel:
+            raise ValueError(f"{layer}: site {site!r} is a {s.kernel} site, reported by a "
+                             f"{kind} kernel (a mis-tagged call)")
+        f = self.frac
+        unit = 2.0 ** (2 * f + s.extra + (f if s.raw else 0) if kind == "product" else f)
+        row = self.values.setdefault(layer, {})
+        if kind not in SPAN_KINDS:
+            row[site] = max(row.get(site, 0.0), got / unit)
+        elif got is not None:
+            lo, hi = row.get(site, [np.inf, -np.inf])
+            row[site] = [min(lo, got[0] / unit), max(hi, got[1] / unit)]
+
+
+def shadow_shares(cfg: M.ModelConfig, weights: M.Weights, fold_omega: bool = True,
+                  frac: int = R.DEFAULT_FRAC) -> dict[str, AShare]:
+    """The model's tensors as the parties hold them (:func:`protocols.secure_model.
+    plain_tensors`: folded, scaled, encoded), as shadow shares."""
+    return {name: ShadowParty.share(R.encode(t, frac + extra), constant=True)
+            for name, (t, extra) in plain_tensors(cfg, weights, fold_omega).items()}
+
+
+def shadow_input(p: ShadowParty, x: np.ndarray) -> AShare:
+    return p.share(R.encode(np.asarray(x, dtype=np.float64), p.cfg.frac))
+
+
+def decode(p: ShadowParty, x: AShare) -> np.ndarray:
+    return p.value(x) / 2.0 ** p.cfg.frac
+
+
+def trace_classifier(cfg: M.ModelConfig, weights: M.Weights, X: list[np.ndarray],
+                     ring: RingConfig = RingConfig(), fold_omega: bool = True,
+                     rec: ShadowRecorder | None = None) -> ShadowRecorder:
+    """Run :func:`protocols.classifier.classify` on a shadow party over the samples ``X``
+    (each (B, S, d)); the recorder holds every (layer, site) it reached. The arg-max's
+    tournament (site ``argmax``, run only by the classify-argmax job) is recorded as the
+    bound every one of its comparisons stays within: the spread of the logits."""
+    if cfg.arch != M.ENCODER_CLASSIFIER:
+        raise ValueError(f"trace_classifier needs an encoder classifier, got {cfg.arch!r}")
+    rec = rec if rec is not None else ShadowRecorder(ring)
+    p = ShadowParty(ring, rec)
+    shares = shadow_shares(cfg, weights, fold_omega, ring.frac)
+    for x in X:
+        logits = decode(p, classify(p, cfg, shares, shadow_input(p, x)))
+        rec.mag("head", "argmax", logits.max(axis=-1) - logits.min(axis=-1))
+    return rec
+
+
+def trace_embedding(cfg: M.ModelConfig, weights: M.Weights, X: list[np.ndarray],
+                    ring: RingConfig = RingConfig(), fold_omega: bool = True,
+                    rec: ShadowRecorder | None = None) -> ShadowRecorder:
+    """:func:`protocols.sentence.embed_sentence` (a headless encoder: encoder, pooling,
+    normalization) on a shadow party over the samples ``X``."""
+    if cfg.arch != M.ENCODER:
+        raise ValueError(f"trace_embedding needs a headless encoder, got {cfg.arch!r}")
+    rec = rec if rec is not None else ShadowRecorder(ring)
+    p = ShadowParty(ring, rec)
+    shares = shadow_shares(cfg, weights, fold_omega, ring.frac)
+    for x in X:
+        embed_sentence(p, cfg, shares, shadow_input(p, x))
+    return rec
+
+
+def trace_lm(cfg: M.ModelConfig, weights: M.Weights, X: list[np.ndarray],
+             ring: RingConfig = RingConfig(), fold_omega: bool = True,
+             block: int | None = None, rec: ShadowRecorder | None = None) -> ShadowRecorder:
+    """The decoder-only LM on a shadow party over the token sequences ``X`` (each (B, T, d),
+    embedded): the prefill of each whole sequence (which, on a shadow party, takes every row
+    through every layer: each row is the last of the prompt that ends there), then every
+    token as a decode step from an empty session (:func:`protocols.causal_lm.lm_open`) - and
+    a Performer's steps once more with every o W^O formed from the untruncated o (site
+    ``wo_raw``: the schedule :func:`protocols.schedule.deferred_wo` may choose)."""
+    if cfg.arch != M.DECODER_ONLY:
+        raise ValueError(f"trace_lm needs a decoder-only LM, got {cfg.arch!r}")
+    rec = rec if rec is not None else ShadowRecorder(ring)
+    p = ShadowParty(ring, rec)
+    shares = shadow_shares(cfg, weights, fold_omega, ring.frac)
+    schedules = [frozenset()]
+    if cfg.attention == M.PERFORMER:
+        schedules.append(frozenset(f"dec.{i}.self" for i in range(cfg.n_dec_layers)))
+    for x in X:
+        xs = shadow_input(p, x)
+        lm_prefill(p, cfg, shares, xs, block)
+        for raw in schedules:
+            st = lm_open(p, cfg, shares, x.shape[0], block, raw_wo=raw)
+            for t in range(x.shape[1]):
+                lm_step(p, cfg, shares, st, xs[:, t])
+    return rec
