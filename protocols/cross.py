@@ -30,19 +30,27 @@ class CrossKV:
 
 
 def cross_precompute(p: Party, cfg: M.ModelConfig, shares: dict, enc: AShare,
-                     need_kv: bool = True, kv_scale: float | None = None) -> list[CrossKV]:
+                     need_kv: bool = True, kv_scale: float | None = None,
+                     layers: list[int] | None = None) -> list[CrossKV]:
     """K', V (and K'^T V, times the public ``kv_scale`` in its truncation when given) of
-    every decoder layer's cross attention: 3-4 kernel calls in all; softmax-style attention:
-    K and V (one product call)."""
-    L, h = cfg.n_dec_layers, cfg.n_heads
+    every decoder layer's cross attention (``layers``: of those): 3-4 kernel calls in all;
+    softmax-style attention: K and V (one product call). A shadow party (the calibration)
+    runs the layers one by one, filing each layer's values under it."""
+    layers = list(range(cfg.n_dec_layers)) if layers is None else layers
+    L, h = len(layers), cfg.n_heads
     if L == 0:
         return []
-    ws = [sub(shares, f"dec.{i}.cross") for i in range(L)]
+    if p.shadow is not None:
+        if L > 1:
+            return [cross_precompute(p, cfg, shares, enc, need_kv, kv_scale, [i])[0]
+                    for i in layers]
+        p = p.at(f"dec.{layers[0]}.cross")
+    ws = [sub(shares, f"dec.{i}.cross") for i in layers]
     if cfg.attention == M.PERFORMER and "omega" not in ws[0]:
         kf, vs = _cross_features(p, cfg, ws, enc)
         return _with_kv(p, kf, vs, need_kv, kv_scale)
     wcat = AShare.concat([AShare.concat([w["wk_proj"], w["wv_c"]], axis=1) for w in ws], axis=1)
-    y = arith.matmul_aa(p, enc, wcat, trunc=p.cfg.frac + PROJ_EXTRA)
+    y = arith.matmul_aa(p, enc, wcat, trunc=p.cfg.frac + PROJ_EXTRA, site="proj")
     if "bk" in ws[0]:                                  # attention biases: local
         bcat = AShare.concat([AShare.concat([w["bk"], w["bv"]], axis=0) for w in ws], axis=0)
         y = add_bias(y, {"b": bcat}, "b")
@@ -58,8 +66,8 @@ def cross_precompute(p: Party, cfg: M.ModelConfig, shares: dict, enc: AShare,
     if "omega" in ws[0]:
         om = AShare(np.stack([w["omega"].a for w in ws])[:, None],
                     np.stack([w["omega"].b for w in ws])[:, None])         # (L,1,h,dh,r)
-        kst = arith.matmul_aa(p, kst, om)
-    return _with_kv(p, A.relu_many(p, [kst])[0], vs, need_kv, kv_scale)
+        kst = arith.matmul_aa(p, kst, om, site="omega")
+    return _with_kv(p, A.relu_many(p, [kst], "features")[0], vs, need_kv, kv_scale)
 
 
 def _with_kv(p: Party, kf: AShare, vs: list[AShare], need_kv: bool,
@@ -70,7 +78,7 @@ def _with_kv(p: Party, kf: AShare, vs: list[AShare], need_kv: bool,
     if need_kv:
         vst = _stack(vs)
         trunc = True if kv_scale is None else row_scale_trunc(kv_scale, p.cfg.frac)
-        kv = arith.matmul_aa(p, kf.T, vst, trunc)
+        kv = arith.matmul_aa(p, kf.T, vst, trunc, site="kv")
     return [CrossKV(kf[i], vs[i], None if kv is None else kv[i]) for i in range(len(vs))]
 
 
@@ -84,7 +92,8 @@ def _cross_features(p: Party, cfg: M.ModelConfig, ws: list[dict], enc: AShare):
     V's products in the same rounds."""
     h, bits = cfg.n_heads, p.cfg.frac + PROJ_EXTRA
     kfs, (y,) = A.relu_products(p, [(enc, w["wk_proj"], w.get("bk")) for w in ws], bits,
-                                plain=[(enc, AShare.concat([w["wv_c"] for w in ws], axis=1))])
+                                plain=[(enc, AShare.concat([w["wv_c"] for w in ws], axis=1))],
+                                site="proj", relu_site="features")
     if "bv" in ws[0]:
         y = add_bias(y, {"b": AShare.concat([w["bv"] for w in ws], axis=0)}, "b")
     d = cfg.d_model
@@ -123,7 +132,7 @@ def cross_mha(p: Party, cfg: M.ModelConfig, w: dict, xq: AShare, ckv: CrossKV,
             return finish(p, cfg, w, heads(p, M.head_kind(cfg), q, ckv.kf, ckv.v), None)
         qf, _ = features(p, cfg, w, q, None)
     if order == "kv" and ckv.kv is not None:
-        o = arith.matmul_aa(p, qf, ckv.kv)
+        o = arith.matmul_aa(p, qf, ckv.kv, site="out")
     else:
         o = A.relu_attention(p, qf, ckv.kf, ckv.v, order="qk")
     return finish(p, cfg, w, o, np.full(qf.shape[2], ckv.kf.shape[2]))

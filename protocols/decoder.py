@@ -209,11 +209,17 @@ def fold_wo_into_kv(p: Party, cfg: M.ModelConfig, shares: dict, cross: list,
     (2 rounds; :func:`cost_fold_wo`)."""
     if not layers:
         return cross
+    if p.shadow is not None:               # the calibration files each layer apart
+        if len(layers) > 1:
+            for i in layers:
+                cross = fold_wo_into_kv(p, cfg, shares, cross, [i])
+            return cross
+        p = p.at(f"dec.{layers[0]}.cross")
     h, dh, d, r = cfg.n_heads, cfg.d_head, cfg.d_model, cfg.n_features
     kv = AShare(np.stack([cross[i].a for i in layers]), np.stack([cross[i].b for i in layers]))
     wo = [shares[f"dec.{i}.cross.wo"].reshape(h, dh, d) for i in layers]
     wo = AShare(np.stack([w.a for w in wo])[:, None], np.stack([w.b for w in wo])[:, None])
-    m = arith.matmul_aa(p, kv, wo)                                   # (n, B, h, r, d)
+    m = arith.matmul_aa(p, kv, wo, site="kvwo")                      # (n, B, h, r, d)
     out = list(cross)
     for n, i in enumerate(layers):
         out[i] = FoldedWO(m[n].reshape(m.shape[1], h * r, d))
@@ -262,7 +268,7 @@ def _cross_step(p, cfg, w, q, kv, featured: bool = False, raw: bool = False):
     qf = q if featured else features(p, cfg, w, q, None)[0]
     if isinstance(kv, FoldedWO):                   # o W^O = Q' ((K'^T V) W^O): one product
         B = qf.shape[0]
-        return add_bias(arith.matmul_aa(p, qf.reshape(B, 1, -1), kv.m), w, "bo")
+        return add_bias(arith.matmul_aa(p, qf.reshape(B, 1, -1), kv.m, site="wo"), w, "bo")
     return finish(p, cfg, w, A.cross_attention_step(p, qf, kv, raw), None, raw)
 
 
@@ -338,13 +344,13 @@ def decoder_step(p: Party, cfg: M.ModelConfig, shares: dict, state: DecodeState,
                            ln in fusions, span)
 
         for kind, w, s in (("self", ws, st), ("cross", wc, kv), ("ffn", wf, None)):
-            raw = f"{pre}.{kind}" in state.raw_wo
+            raw, pk = f"{pre}.{kind}" in state.raw_wo, p.at(f"{pre}.{kind}")
             if post:                # x = LN(x + sublayer(x)); LN forms the next projection
-                y, got = through_ln(x + sublayer(p, cfg, kind, got, w, names[kind], s, raw))
+                y, got = through_ln(x + sublayer(pk, cfg, kind, got, w, names[kind], s, raw))
                 x = y
             else:                   # x = x + sublayer(LN(x))
                 _, got = through_ln(x)
-                x = x + sublayer(p, cfg, kind, got, w, names[kind], s, raw)
+                x = x + sublayer(pk, cfg, kind, got, w, names[kind], s, raw)
         if on_layer is not None:
             on_layer(pre)
     if cfg.norm_first and cfg.n_dec_layers:

@@ -63,6 +63,11 @@ def _site(name: str) -> str:
     return "lnw1" if name.endswith(".w1") else "lnproj"
 
 
+def _own_site(name: str) -> str:
+    """The calibration site of a projection formed after its LayerNorm (step_project)."""
+    return "w1" if name.endswith(".w1") else "proj"
+
+
 def _proj_bits(p_cfg, name: str) -> int:
     return p_cfg.frac + (0 if name.endswith(".w1") else PROJ_EXTRA)
 
@@ -132,18 +137,23 @@ def _split_names(cfg: M.ModelConfig, shares: dict, names: list[str]) -> list[str
 
 def step_project(p: Party, cfg: M.ModelConfig, shares: dict, y: AShare, names: list[str]) -> dict:
     """y W (+ bias) for the projections ``names`` in one round of products: {name: AShare},
-    and under :data:`RELU` a :class:`_Split` of those that only feed relu_a."""
+    and under :data:`RELU` a :class:`_Split` of those that only feed relu_a (a shadow party
+    files the products under the projections' layer)."""
     split = _split_names(cfg, shares, names)
     plain = [w for w in names if w not in split]
+    if names:
+        p = p.at(names[0].rsplit(".", 1)[0])
     if not split:
         return {w: _plus_bias(shares, w, o) for w, o in zip(plain, arith.mul_many_aa(
-            p, [(y, shares[w], "matmul", _proj_bits(p.cfg, w)) for w in plain]))}
+            p, [(y, shares[w], "matmul", _proj_bits(p.cfg, w)) for w in plain],
+            [_own_site(w) for w in plain]))}
     bits = {_proj_bits(p.cfg, w) for w in names}
     if len(bits) != 1:
         raise ValueError(f"projections {names} truncate differently: not one call")
     z, out = arith.mul_split_aa(p, [(y, shares[w], "matmul") for w in split], trunc=bits.pop(),
                                 replicated=[(y, shares[w], "matmul") for w in plain],
-                                biases=[_bias_of(shares, w) for w in split])
+                                biases=[_bias_of(shares, w) for w in split],
+                                sites=[_own_site(w) for w in split + plain])
     got = {w: _plus_bias(shares, w, o) for w, o in zip(plain, out)}
     got[RELU] = _Split(z, split, [(*y.shape[:-1], shares[w].shape[-1]) for w in split])
     return got

@@ -12,9 +12,9 @@ for a ``raw`` site), any other kernel's input at frac - and keeps per (layer, si
 largest magnitude, or the (min, max) span for the sqrt_inv / exp / reciprocal sites, as
 :class:`protocols.sites.Recorder` does for the float64 trace.
 
-Scope (docs/CALIBRATION.md): the encoder classifier (every ``attention`` whose kernels are
-tagged: relu-performer, softmax, softmax-max-free) is traced here
-(:func:`trace_classifier`); the other architectures still use :class:`protocols.sites.Trace`.
+Drivers (:func:`trace`, one per architecture) run the jobs' stacks over the samples and every
+alternative a job may take that the samples alone would not (docs/CALIBRATION.md): both
+attention orders, every prefill row, every decode step, the decode schedules.
 """
 from __future__ import annotations
 
@@ -26,8 +26,12 @@ from mpc3.shadow import SPAN_KINDS, ShadowParty
 from mpc3.shares import AShare
 
 from . import model as M
+from . import causal_lm as LM
+from . import decoder as D
 from .causal_lm import lm_open, lm_prefill, lm_step
 from .classifier import classify
+from .decoder import DecodeState, decoder_step
+from .encoder import encoder
 from .secure_model import plain_tensors
 from .sentence import embed_sentence
 from .site_catalog import SITES
@@ -126,7 +130,54 @@ def trace_lm(cfg: M.ModelConfig, weights: M.Weights, X: list[np.ndarray],
         xs = shadow_input(p, x)
         lm_prefill(p, cfg, shares, xs, block)
         for raw in schedules:
-            st = lm_open(p, cfg, shares, x.shape[0], block, raw_wo=raw)
+            st = lm_open(p, cfg, shares, x.shape[0], block, LM.DEFAULT_LM_FUSE, raw_wo=raw)
             for t in range(x.shape[1]):
                 lm_step(p, cfg, shares, st, xs[:, t])
     return rec
+
+
+def trace_translator(cfg: M.ModelConfig, weights: M.Weights, X: list[np.ndarray],
+                     Y: list[np.ndarray], ring: RingConfig = RingConfig(),
+                     fold_omega: bool = True, block: int | None = None,
+                     rec: ShadowRecorder | None = None) -> ShadowRecorder:
+    """The encoder-decoder on a shadow party over the paired samples ``X`` (encoder inputs)
+    and ``Y`` (the targets, each token a decode step of the default session,
+    :data:`protocols.decoder.DEFAULT_FUSE`, read when called). A Performer's sessions twice more, for the
+    schedules (:mod:`protocols.schedule`) its calibration decides: every attention's o W^O
+    deferred (steps again; site ``wo_raw``) and every cross attention's W^O folded into its
+    K'^T V (the session start; site ``kvwo``)."""
+    if cfg.arch != M.ENCODER_DECODER:
+        raise ValueError(f"trace_translator needs an encoder-decoder, got {cfg.arch!r}")
+    rec = rec if rec is not None else ShadowRecorder(ring)
+    p = ShadowParty(ring, rec)
+    shares = shadow_shares(cfg, weights, fold_omega, ring.frac)
+    every = frozenset(f"dec.{i}.{k}" for i in range(cfg.n_dec_layers) for k in ("self", "cross"))
+    for i, x in enumerate(X):
+        enc = encoder(p, cfg, shares, shadow_input(p, x))
+        if not cfg.n_dec_layers:                  # (no targets then: Samples.validate)
+            continue
+        y = Y[i]
+        ys = shadow_input(p, y)
+        sessions = [(frozenset(), frozenset(), True)]
+        if cfg.attention == M.PERFORMER:
+            sessions += [(every, frozenset(), True), (frozenset(), every, False)]
+        for raw, fold, steps in sessions:
+            st = DecodeState.start(p, cfg, shares, enc, block, D.DEFAULT_FUSE, raw_wo=raw,
+                                   fold_wo=fold)
+            for t in range(y.shape[1] if steps else 0):
+                decoder_step(p, cfg, shares, st, ys[:, t])
+    return rec
+
+
+def trace(cfg: M.ModelConfig, weights: M.Weights, X: list[np.ndarray], Y: list[np.ndarray],
+          ring: RingConfig = RingConfig(), fold_omega: bool = True, block: int | None = None,
+          rec: ShadowRecorder | None = None) -> ShadowRecorder:
+    """The model's architecture's driver (``cfg.arch``) on the samples ``X`` (and ``Y``,
+    an encoder-decoder's targets): what :func:`protocols.calibrate.calibrate` records."""
+    if cfg.arch == M.ENCODER_CLASSIFIER:
+        return trace_classifier(cfg, weights, X, ring, fold_omega, rec)
+    if cfg.arch == M.ENCODER:
+        return trace_embedding(cfg, weights, X, ring, fold_omega, rec)
+    if cfg.arch == M.DECODER_ONLY:
+        return trace_lm(cfg, weights, X, ring, fold_omega, block, rec)
+    return trace_translator(cfg, weights, X, Y, ring, fold_omega, block, rec)
