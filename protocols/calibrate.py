@@ -1,13 +1,16 @@
 """Calibration of a model before it is shared ("right or refused").
 
-Every range-limited kernel of the secure model (:mod:`protocols.sites`) is exact only on its
-documented range; outside it the ring wraps and the output is garbage with no error. So:
+Every range-limited kernel of the secure model (:mod:`protocols.site_catalog`) is exact only
+on its documented range; outside it the ring wraps and the output is garbage with no error.
+So:
 
 * the model owner's ``share-model`` calls :func:`calibrate` on sample inputs: it runs the
-  float64 trace of the secure encoder and of every decode step over a full ``max_len``-token
-  target (so the Performer prefix sums reach their largest size), records per layer and site
-  the largest value reaching the kernel, and refuses (:class:`RangeError`) a model whose
-  values leave a kernel's range divided by the safety margin;
+  secure stacks themselves on a shadow party (:mod:`protocols.shadow`: each kernel's ideal
+  functionality on plaintext fixed point, docs/CALIBRATION.md) - the encoder and every
+  decode step over a full ``max_len``-token target (so the Performer prefix sums reach their
+  largest size) -, records per layer and site the largest value reaching the kernel, and
+  refuses (:class:`RangeError`) a model whose values leave a kernel's range divided by the
+  safety margin;
 * per architecture (``cfg.arch``): an encoder classifier is traced through its encoder and
   head (sites ``head``, ``pool``, ``argmax``), a headless encoder through its encoder,
   pooling and normalization (layer ``pool``: ``pool_max``, ``norm_sumsq``, ``norm_sq``,
@@ -45,7 +48,9 @@ import numpy as np
 from mpc3.party import RingConfig
 
 from . import model as M
-from .sites import SITES, Recorder, Trace, site_range
+from .attention import default_decode_block
+from .shadow import trace
+from .site_catalog import SITES, site_range
 
 #: 2: an LM step's LayerNorm forms its FFN's W1 (causal_lm.lm_fusions), so a version-1
 #: calibration of an LM lacks sites its decode steps now reach: refused, re-share the model.
@@ -283,8 +288,9 @@ def calibrate(cfg: M.ModelConfig, weights: M.Weights, samples: Samples,
               ring: RingConfig = RingConfig(), margin: float = DEFAULT_MARGIN,
               user: Mapping[str, np.ndarray] | None = None, fold_omega: bool = True,
               decode_block: int | None = None, check: bool = True) -> Calibration:
-    """Trace the secure encoder and decode steps on ``samples``; return the checked
-    :class:`Calibration` or raise :class:`RangeError` (model refused).
+    """Run the secure stacks on ``samples`` on a shadow party (:mod:`protocols.shadow`:
+    every kernel's ideal functionality, recording what reaches each range-limited one);
+    return the checked :class:`Calibration` or raise :class:`RangeError` (model refused).
 
     ``user``: the query-user tensors, when the model has them (exact input range);
     ``fold_omega`` / ``decode_block``: as the model will be shared and decoded
@@ -295,25 +301,19 @@ def calibrate(cfg: M.ModelConfig, weights: M.Weights, samples: Samples,
         raise ValueError(f"margin={margin} must be >= 1")
     weights.validate(cfg)
     samples.validate(cfg)
-    rec = Recorder()
-    tr = Trace(cfg, weights, fold_omega, decode_block, rec)
+    block = (default_decode_block(cfg.n_features, cfg.d_head) if decode_block is None
+             else int(decode_block))
+    # at most max_len rows at once (one full-length sequence): the shadow's working set is
+    # then that of one sequence, not of the batch (4 sequences by default); every sequence
+    # runs on its own values, so the maxima are the batch's
+    X, Y = [], []
     for i, xs in enumerate(samples.X):
-        # at most max_len rows at once (one full-length sequence): the trace's working set
-        # is then that of one sequence, not of the batch (4 sequences by default); every
-        # sequence is traced on its own values, so the maxima are the batch's
         step = max(1, cfg.max_len // max(1, xs.shape[1]))
         for b in range(0, len(xs), step):
-            x = xs[b:b + step]
-            if cfg.arch == M.ENCODER_CLASSIFIER:
-                tr.classifier(x)
-            elif cfg.arch == M.ENCODER:
-                tr.embedding(x)
-            elif cfg.arch == M.DECODER_ONLY:
-                tr.lm(x)
-            else:
-                enc = tr.encoder(x)
-                if cfg.n_dec_layers:
-                    tr.decoder(samples.Y[i][b:b + step], enc)
+            X.append(xs[b:b + step])
+            if _needs_y(cfg):
+                Y.append(samples.Y[i][b:b + step])
+    rec = trace(cfg, weights, X, Y, ring, fold_omega, block)
     rng_in = {"X": max(float(np.abs(x).max()) for x in samples.X)}
     if _needs_y(cfg):
         rng_in["Y"] = max(float(np.abs(y).max()) for y in samples.Y)
@@ -326,7 +326,7 @@ def calibrate(cfg: M.ModelConfig, weights: M.Weights, samples: Samples,
         rng_in["Y"] = rng_in["X"]
     cal = Calibration(rec.values, rng_in, margin=float(margin), frac=ring.frac,
                       relu_bound_bits=ring.relu_bound_bits, fold_omega=fold_omega,
-                      decode_block=tr.block, ln_eps=float(cfg.ln_eps))
+                      decode_block=block, ln_eps=float(cfg.ln_eps))
     return cal.check() if check else cal
 
 

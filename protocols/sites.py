@@ -1,6 +1,11 @@
 """A float64 trace of the secure model that measures the values reaching its range-limited
 kernel sites (:mod:`protocols.site_catalog`: :data:`SITES`, :func:`site_range`).
 
+No longer the calibration: :func:`protocols.calibrate.calibrate` runs the secure stacks
+themselves on a shadow party (:mod:`protocols.shadow`, docs/CALIBRATION.md). The trace stays
+as the independent oracle the shadow's records are compared with (tests/test_shadow.py)
+until its deletion (docs/CALIBRATION.md, "Status").
+
 A *site* is a place where the secure encoder (:func:`protocols.encoder.encoder`) or the secure
 incremental decoder (:meth:`protocols.decoder.DecodeState.start` + :func:`decoder_step`)
 hands a value to a kernel that is exact only on a documented range.

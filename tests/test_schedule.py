@@ -136,7 +136,9 @@ def test_calibration_records_wo_raw_and_never_refuses_on_it(rng):
     for i in range(2):
         for kind in ("self", "cross"):
             row = cal.layers[f"dec.{i}.{kind}"]
-            assert 0 < row["wo_raw"] <= row["wo"] + 1e-12
+            # cross: the same product (K'^T V carries 1/n), here from the untruncated o - equal
+            # up to the fixed point the calibration runs in (protocols.shadow)
+            assert 0 < row["wo_raw"] <= row["wo"] * (1 + 1e-4)
     # scale W^O up until o W^O passes the deferral limit but no refusing site
     big = M.Weights({k: (v * 4 if k.endswith(".wo") else v) for k, v in w.tensors.items()})
     cal_big = C.calibrate(cfg, big, samples)
