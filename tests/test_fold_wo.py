@@ -111,4 +111,4 @@ def test_calibration_records_kvwo(rng):
     cal_big = C.calibrate(cfg, big, samples)
     for i in range(2):
         assert cal_big.layers[f"dec.{i}.cross"]["kvwo"] == \
-            pytest.approx(2 * cal.layers[f"dec.{i}.cross"]["kvwo"])
+            pytest.approx(2 * cal.layers[f"dec.{i}.cross"]["kvwo"], rel=1e-4)   # fixed point
