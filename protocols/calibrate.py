@@ -235,7 +235,7 @@ class Calibration:
 
     def fills(self) -> list[tuple[float, str, str]]:
         """(fill, layer, site) of every site that limits the model (not the schedule-only
-        ones, :attr:`protocols.sites.Site.schedule`), largest first."""
+        ones, :attr:`protocols.site_catalog.Site.schedule`), largest first."""
         return sorted(((self.fill(layer, site), layer, site) for layer, site in self._limits()),
                       reverse=True)
 

@@ -25,7 +25,7 @@ in t (scores, exp and weights of t keys per head): :func:`cost_attend`. Ranges: 
 the attention (module docstrings of :mod:`protocols.attention_variants` and
 :mod:`protocols.softmax`: scores below ``softmax.SCORE_LIMIT`` for softmax, inside
 ``fxp.EXP_RANGE`` for its max-free form), checked per site by the calibration
-(:meth:`protocols.sites.Trace.lm`) on the same rows.
+(the calibration's, :func:`protocols.shadow.trace_lm`) on the same rows.
 """
 from __future__ import annotations
 

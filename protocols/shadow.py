@@ -10,7 +10,7 @@ split forms, row scales in truncations) because it *is* their code.
 a product's value before its truncation at 2 frac + the site's extra fractional bits (+ frac
 for a ``raw`` site), any other kernel's input at frac - and keeps per (layer, site) the
 largest magnitude, or the (min, max) span for the sqrt_inv / exp / reciprocal sites, as
-:class:`protocols.sites.Recorder` does for the float64 trace.
+the float64 trace (now tests/trace_oracle.py) did.
 
 Drivers (:func:`trace`, one per architecture) run the jobs' stacks over the samples and every
 alternative a job may take that the samples alone would not (docs/CALIBRATION.md): both
@@ -25,9 +25,9 @@ from mpc3.party import RingConfig
 from mpc3.shadow import SPAN_KINDS, ShadowParty
 from mpc3.shares import AShare
 
-from . import model as M
 from . import causal_lm as LM
 from . import decoder as D
+from . import model as M
 from .causal_lm import lm_open, lm_prefill, lm_step
 from .classifier import classify
 from .decoder import DecodeState, decoder_step
@@ -35,13 +35,14 @@ from .encoder import encoder
 from .secure_model import plain_tensors
 from .sentence import embed_sentence
 from .site_catalog import SITES
-from .sites import Recorder
 
-class ShadowRecorder(Recorder):
-    """The ``record`` callback of a :class:`ShadowParty`: ring units -> the site's units."""
+
+class ShadowRecorder:
+    """The ``record`` callback of a :class:`ShadowParty`: ring units -> the site's units;
+    ``values[layer][site]``: the largest |value|, or [min, max] for a two-sided kernel."""
 
     def __init__(self, ring: RingConfig = RingConfig()) -> None:
-        super().__init__()
+        self.values: dict[str, dict[str, float | list[float]]] = {}
         self.frac = ring.frac
 
     def __call__(self, layer: str, site: str, kind: str, got) -> None:
@@ -58,6 +59,11 @@ class ShadowRecorder(Recorder):
         elif got is not None:
             lo, hi = row.get(site, [np.inf, -np.inf])
             row[site] = [min(lo, got[0] / unit), max(hi, got[1] / unit)]
+
+    def mag(self, layer: str, site: str, real: np.ndarray) -> None:
+        """Record real values at a magnitude site directly (a bound a driver forms)."""
+        row = self.values.setdefault(layer, {})
+        row[site] = max(row.get(site, 0.0), float(np.abs(real).max()) if real.size else 0.0)
 
 
 def shadow_shares(cfg: M.ModelConfig, weights: M.Weights, fold_omega: bool = True,

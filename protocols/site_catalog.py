@@ -1,5 +1,5 @@
 """The range-limited kernel sites of the secure model (:data:`SITES`) and their ranges
-(:func:`site_range`); :mod:`protocols.sites` traces the values reaching them.
+(:func:`site_range`); :mod:`protocols.shadow` records the values reaching them.
 
 A *site* is a place where the secure encoder (:func:`protocols.encoder.encoder`) or the secure
 incremental decoder (:meth:`protocols.decoder.DecodeState.start` + :func:`decoder_step`)

@@ -18,7 +18,7 @@ from protocols import decoder as D
 from protocols import model as M
 from protocols import secure_model as SM
 from protocols.encoder import encoder
-from protocols.sites import Trace
+from trace_oracle import Trace
 
 TOL = 2e-3
 BASE = dict(d_model=16, n_heads=2, d_head=8, n_features=8, d_ff=32, attn_c=0.125,

@@ -1,4 +1,4 @@
-"""Calibration ("right or refused"): protocols.calibrate, protocols.sites.
+"""Calibration ("right or refused"): protocols.calibrate, protocols.shadow.
 
 Small shapes (d_model 12-16, 1-2 layers, max_len 6-8) except the shipped translator
 (d_model 64, 2 + 2 layers). Secure runs use three in-process parties; their outputs are
@@ -22,7 +22,8 @@ from protocols import model as M
 from protocols import secure_model as SM
 from protocols import textdata as TD
 from protocols.encoder import encoder
-from protocols.sites import SITES, Trace, site_range
+from protocols.site_catalog import SITES, site_range
+from trace_oracle import Trace
 
 TOL = 2e-3
 #: probe vs calibration: the secure run's fixed-point error is ~1e-4 relative at every site

@@ -19,7 +19,7 @@ from protocols import causal_lm as LM
 from protocols import ln_proj as LP
 from protocols import model as M
 from protocols import secure_model as SM
-from protocols.sites import Trace
+from trace_oracle import Trace
 
 TOL = 2e-3
 

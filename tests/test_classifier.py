@@ -15,7 +15,7 @@ from protocols import calibrate as C
 from protocols import classifier as CL
 from protocols import model as M
 from protocols import secure_model as SM
-from protocols.sites import Trace
+from trace_oracle import Trace
 
 TOL = 2e-3
 

@@ -25,7 +25,7 @@ from protocols import decoder as D
 from protocols import model as M
 from protocols import secure_model as SM
 from protocols.encoder import cost_encoder, encoder
-from protocols.sites import Trace
+from trace_oracle import Trace
 
 TOL = 1e-2
 VARIANTS = ["softmax", "power-softmax", "sigma-relu"]

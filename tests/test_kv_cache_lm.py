@@ -18,7 +18,7 @@ from protocols import causal_lm as LM
 from protocols import kv_cache as KV
 from protocols import model as M
 from protocols import secure_model as SM
-from protocols.sites import Trace
+from trace_oracle import Trace
 
 TOL = 1e-2
 VARIANTS = ["softmax", "power-softmax", "sigma-relu"]

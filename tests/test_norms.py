@@ -287,7 +287,7 @@ def test_aero_scaled_pruned_lm_secure(run, rng, attention):
         w[f"dec.{i}.self.wq"] = 0.35 * w[f"dec.{i}.self.wq"]
     x = rng.uniform(-1, 1, (2, 7, 16))
     C.calibrate(cfg, w, C.Samples([x]))               # the folded trace: in range
-    from protocols.sites import Trace                 # ... and it computes the reference
+    from trace_oracle import Trace                    # ... and it computes the reference
     assert close(Trace(cfg, w).lm(x), M.ref_lm(cfg, w, x))
 
     fn = _lm_run(cfg)

@@ -19,7 +19,7 @@ from protocols import calibrate as C
 from protocols import model as M
 from protocols import secure_model as SM
 from protocols import sentence as SE
-from protocols.sites import Trace
+from trace_oracle import Trace
 
 TOL = 2e-3
 POOLS = [(pool, norm) for pool in ("mean", "cls", "max") for norm in (False, True)]

@@ -1,6 +1,6 @@
 """The shadow party (mpc3.shadow, protocols.shadow): the secure stacks themselves, run on
 plaintext ring values, record what reaches every range-limited kernel - the values the
-hand-written float64 trace (protocols.sites.Trace) records, within fixed-point error.
+hand-written float64 trace (tests/trace_oracle.py, the calibration before) records, within fixed-point error.
 
 Equal sites, equal values (relative 2e-3 plus 1e-3 absolute: the shadow carries frac = 18
 fixed point, the trace float64; a wrong scale is off by a power of two) on the shipped
@@ -14,6 +14,7 @@ import itertools
 
 import numpy as np
 import pytest
+from trace_oracle import Recorder, Trace
 
 from mpc3 import ring
 from mpc3.kernels import arith, convert
@@ -23,7 +24,6 @@ from protocols import model as M
 from protocols import shadow as SH
 from protocols import textdata as TD
 from protocols.model.presets import aero
-from protocols.sites import Recorder, Trace
 
 RTOL, ATOL = 2e-3, 1e-3
 
@@ -194,6 +194,7 @@ def test_a_real_party_ignores_the_site_names():
     """Same kernels, same values and traffic with and without ``site`` (the keyword is the
     shadow party's only; tests/test_kernel_catalog.py checks every declared cost)."""
     from conftest import share, value
+
     from mpc3.sim import make_parties, run_parties
     x = np.random.default_rng(0).normal(size=(3, 4))
     xs = share(x)

@@ -1,10 +1,12 @@
 """A float64 trace of the secure model that measures the values reaching its range-limited
 kernel sites (:mod:`protocols.site_catalog`: :data:`SITES`, :func:`site_range`).
 
-No longer the calibration: :func:`protocols.calibrate.calibrate` runs the secure stacks
-themselves on a shadow party (:mod:`protocols.shadow`, docs/CALIBRATION.md). The trace stays
-as the independent oracle the shadow's records are compared with (tests/test_shadow.py)
-until its deletion (docs/CALIBRATION.md, "Status").
+Test-only since issue 34 (it was ``protocols/sites.py``, the calibration):
+:func:`protocols.calibrate.calibrate` runs the secure stacks themselves on a shadow party
+(:mod:`protocols.shadow`, docs/CALIBRATION.md). The trace is frozen here as an independent
+oracle for the architectures it knows - tests/test_shadow.py compares the shadow's records
+with it, other tests that it computes the float64 reference - and a new layer or
+architecture is not added to it (docs/CALIBRATION.md, "Status").
 
 A *site* is a place where the secure encoder (:func:`protocols.encoder.encoder`) or the secure
 incremental decoder (:meth:`protocols.decoder.DecodeState.start` + :func:`decoder_step`)
@@ -25,13 +27,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import model as M
 from mpc3.kernels import fxp
-
-from .attention import default_decode_block
-from .model import variants as MV
-from .secure_model import fold_scales
-from .site_catalog import SITES, Site, site_range
+from protocols import model as M
+from protocols.attention import default_decode_block
+from protocols.model import variants as MV
+from protocols.secure_model import fold_scales
+from protocols.site_catalog import SITES, Site, site_range
 
 __all__ = ["SITES", "Recorder", "Site", "Trace", "site_range"]
 
@@ -360,7 +361,7 @@ class Trace:
         """Every decode step of the target ``y`` (B, T, d), layer by layer (the same values
         as T calls of decoder_step: a step's layer i sees only layer i-1 up to its token),
         with the LayerNorm fusions ``fuse`` (default: the decode step's default)."""
-        from .decoder import DEFAULT_FUSE, ln_fusions
+        from protocols.decoder import DEFAULT_FUSE, ln_fusions
         cfg, x, L = self.cfg, y, self.cfg.n_dec_layers
         fused = _targets(ln_fusions(cfg, DEFAULT_FUSE if fuse is None else fuse))
 
@@ -433,7 +434,7 @@ class Trace:
         tournament's differences stay within; the mean's sum undivided when normalized), then normalization (the
         squared norm, its value / 4^K handed to sqrt_inv, the pooled row times 2^K / norm).
         Returns the embeddings."""
-        from .sentence import norm_scale
+        from protocols.sentence import norm_scale
         cfg, rec = self.cfg, self.rec
         h = self.encoder(x)
         if cfg.pool == "cls":
@@ -460,7 +461,7 @@ class Trace:
         rows a KV cache computes), the steps' LayerNorms fused as ``fuse`` says (default:
         the LM step's); the prefill's own LayerNorms and projections are recorded too.
         Returns the final hidden rows."""
-        from .causal_lm import DEFAULT_LM_FUSE, lm_fusions
+        from protocols.causal_lm import DEFAULT_LM_FUSE, lm_fusions
         cfg = self.cfg
         attn = (self.variant_attention if cfg.attention != M.PERFORMER else self.masked_steps)
         fused = _targets(lm_fusions(cfg, DEFAULT_LM_FUSE if fuse is None else fuse))
