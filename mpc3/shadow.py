@@ -29,12 +29,12 @@ them, so rounds, bytes and values of the secure run are unchanged.
 """
 from __future__ import annotations
 
-import math
 from typing import Callable
 
 import numpy as np
 
 from . import ring
+from .kernels.activations import gelu_ref
 from .party import RingConfig
 from .shares import AShare, BShare, SplitShare, bits_to_planes, planes_to_bits
 
@@ -53,11 +53,29 @@ def _ignore(layer: str, site: str, kind: str, values: np.ndarray) -> None:
 
 
 class _Constant(AShare):
-    """A shadow share of a model constant, with its ring units as floats (decoded once)."""
+    """A shadow share of a model constant held as its ring units alone (float64 integers,
+    exact: encoded values stay below 2^62 and weights' far below 2^53), which the products
+    use as they are; its ring halves are made when a local operation asks for them (slot b
+    a read-only zero view). ``units`` may map a file (protocols.shadow.ShadowTensors)."""
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self.units = ring.to_signed(self.a).astype(np.float64)
+    def __init__(self, units: np.ndarray) -> None:          # (not the dataclass's fields)
+        self.units = units
+
+    @property
+    def a(self) -> np.ndarray:
+        return self.units.astype(np.int64).view(np.uint64)
+
+    @property
+    def b(self) -> np.ndarray:
+        return np.broadcast_to(np.zeros((), np.uint64), self.units.shape)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.units.shape
+
+    @property
+    def size(self) -> int:
+        return self.units.size
 
 
 class ShadowParty:
@@ -81,13 +99,21 @@ class ShadowParty:
 
     # ------------------------------------------------------------------ values ----
     @staticmethod
-    def share(x: np.ndarray, constant: bool = False) -> AShare:
-        """The shadow share of a ring array; ``constant`` (a model weight, used as it is by
-        many calls): its float value is kept with it."""
+    def share(x: np.ndarray) -> AShare:
+        """The shadow share of a ring array."""
         x = ring.check_ring(np.asarray(x), "x")
-        if constant:
-            return _Constant(x.copy(), np.zeros_like(x))
         return AShare(x.copy(), np.zeros_like(x))
+
+    @staticmethod
+    def constant(t: np.ndarray, frac: int) -> AShare:
+        """A model constant (a float tensor, used as it is by many calls) encoded at ``frac``
+        fractional bits (:func:`mpc3.ring.encode`) as a shadow share."""
+        return _Constant(ring.to_signed(ring.encode(t, frac)).astype(np.float64))
+
+    @staticmethod
+    def constant_units(units: np.ndarray) -> AShare:
+        """A model constant from the ring units :meth:`constant` made (``.units``)."""
+        return _Constant(units)
 
     @staticmethod
     def value(x) -> np.ndarray:
@@ -226,9 +252,7 @@ class ShadowParty:
         return self._func(x, None, "exp", np.exp)
 
     def gelu_a(self, x, site=None) -> AShare:
-        return self._func(x, site, "gelu",
-                          lambda r: 0.5 * r * (1.0 + np.vectorize(math.erf, otypes=[float])(
-                              r / math.sqrt(2.0))))
+        return self._func(x, site, "gelu", gelu_ref)
 
     def tanh_a(self, x, site=None) -> AShare:
         return self._func(x, site, "tanh", np.tanh)

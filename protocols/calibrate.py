@@ -303,17 +303,7 @@ def calibrate(cfg: M.ModelConfig, weights: M.Weights, samples: Samples,
     samples.validate(cfg)
     block = (default_decode_block(cfg.n_features, cfg.d_head) if decode_block is None
              else int(decode_block))
-    # at most max_len rows at once (one full-length sequence): the shadow's working set is
-    # then that of one sequence, not of the batch (4 sequences by default); every sequence
-    # runs on its own values, so the maxima are the batch's
-    X, Y = [], []
-    for i, xs in enumerate(samples.X):
-        step = max(1, cfg.max_len // max(1, xs.shape[1]))
-        for b in range(0, len(xs), step):
-            X.append(xs[b:b + step])
-            if _needs_y(cfg):
-                Y.append(samples.Y[i][b:b + step])
-    rec = trace(cfg, weights, X, Y, ring, fold_omega, block)
+    rec = trace(cfg, weights, samples.X, samples.Y, ring, fold_omega, block)
     rng_in = {"X": max(float(np.abs(x).max()) for x in samples.X)}
     if _needs_y(cfg):
         rng_in["Y"] = max(float(np.abs(y).max()) for y in samples.Y)

@@ -189,9 +189,34 @@ def share_input(x, frac: int = ring.DEFAULT_FRAC, rng=None) -> list[AShare]:
     return deal(ring.encode(np.asarray(x, dtype=np.float64), frac), rng)
 
 
-def sub(shares: dict[str, AShare], prefix: str) -> dict[str, AShare]:
+def sub(shares: Mapping[str, AShare], prefix: str) -> Mapping[str, AShare]:
+    """The shares below ``prefix`` (``"dec.0.self"``), named without it; of a mapping that
+    makes its values when read (the shadow party's, protocols.shadow.ShadowTensors), a view
+    that reads each one when used."""
     p = prefix + "."
+    if not isinstance(shares, dict):
+        return _Below(shares, p)
     return {k[len(p):]: v for k, v in shares.items() if k.startswith(p)}
+
+
+class _Below(Mapping):
+    """``shares[prefix + name]`` as ``view[name]``, read when asked for (:func:`sub`)."""
+
+    def __init__(self, shares: Mapping[str, AShare], prefix: str) -> None:
+        self.shares, self.prefix = shares, prefix
+
+    def __getitem__(self, name: str) -> AShare:
+        return self.shares[self.prefix + name]
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self.prefix + name in self.shares
+
+    def __iter__(self):
+        n = len(self.prefix)
+        return (k[n:] for k in self.shares if k.startswith(self.prefix))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 def check_shares(cfg: M.ModelConfig, shares: dict[str, AShare], fold_omega: bool | None = None):

@@ -18,6 +18,10 @@ attention orders, every prefill row, every decode step, the decode schedules.
 """
 from __future__ import annotations
 
+import math
+import tempfile
+from collections.abc import Mapping
+
 import numpy as np
 
 from mpc3 import ring as R
@@ -32,7 +36,7 @@ from .causal_lm import lm_open, lm_prefill, lm_step
 from .classifier import classify
 from .decoder import DecodeState, decoder_step
 from .encoder import encoder
-from .secure_model import plain_tensors
+from .secure_model import layout
 from .sentence import embed_sentence
 from .site_catalog import SITES
 
@@ -66,12 +70,61 @@ class ShadowRecorder:
         row[site] = max(row.get(site, 0.0), float(np.abs(real).max()) if real.size else 0.0)
 
 
+class ShadowTensors(Mapping):
+    """The model's tensors as the parties hold them (:func:`protocols.secure_model.layout`:
+    folded, scaled, encoded) as shadow shares, made once: a decode step reads every weight
+    again, so they are kept, as ring units (8 bytes per weight). Of a model in memory they
+    are kept in memory. Of a model read from its file or drawn when used
+    (:class:`protocols.model.OnDemandTensors`: the model owner's ``share-model``) they are
+    written, one at a time, to an unlinked temporary file in ``tmp_dir`` (default: the
+    system's) and each read maps its own slice: the owner then holds a few tensors at a time
+    whatever the model's depth (the stacks look tensors up when they use them, through
+    :func:`protocols.secure_model.sub` views), and the disk holds the model's size."""
+
+    def __init__(self, cfg: M.ModelConfig, weights: M.Weights, fold_omega: bool = True,
+                 frac: int = R.DEFAULT_FRAC, tmp_dir: str | None = None) -> None:
+        self.recipes = layout(cfg, weights, fold_omega)
+        self.kept: dict[str, AShare] = {}
+        self.at: dict[str, tuple[int, tuple[int, ...]]] = {}
+        self.file = None
+        if not isinstance(weights.tensors, M.OnDemandTensors):
+            for name, (make, extra) in self.recipes.items():
+                self.kept[name] = ShadowParty.constant(make(), frac + extra)
+            return
+        self.file = tempfile.TemporaryFile(prefix="mpc3-shadow-", dir=tmp_dir)
+        for name, (make, extra) in self.recipes.items():
+            units = np.ascontiguousarray(ShadowParty.constant(make(), frac + extra).units)
+            self.at[name] = (self.file.tell(), units.shape)
+            self.file.write(units.data)
+            del units
+        self.file.flush()
+
+    def __getitem__(self, name: str) -> AShare:
+        if self.file is None:
+            return self.kept[name]
+        offset, shape = self.at[name]
+        if not math.prod(shape):
+            return ShadowParty.constant_units(np.zeros(shape))
+        return ShadowParty.constant_units(np.memmap(self.file, np.float64, "r", offset,
+                                                    shape).view(np.ndarray))
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.recipes
+
+    def __iter__(self):
+        return iter(self.recipes)
+
+    def __len__(self) -> int:
+        return len(self.recipes)
+
+
 def shadow_shares(cfg: M.ModelConfig, weights: M.Weights, fold_omega: bool = True,
-                  frac: int = R.DEFAULT_FRAC) -> dict[str, AShare]:
-    """The model's tensors as the parties hold them (:func:`protocols.secure_model.
-    plain_tensors`: folded, scaled, encoded), as shadow shares."""
-    return {name: ShadowParty.share(R.encode(t, frac + extra), constant=True)
-            for name, (t, extra) in plain_tensors(cfg, weights, fold_omega).items()}
+                  frac: int = R.DEFAULT_FRAC) -> ShadowTensors:
+    return ShadowTensors(cfg, weights, fold_omega, frac)
 
 
 def shadow_input(p: ShadowParty, x: np.ndarray) -> AShare:
@@ -80,6 +133,15 @@ def shadow_input(p: ShadowParty, x: np.ndarray) -> AShare:
 
 def decode(p: ShadowParty, x: AShare) -> np.ndarray:
     return p.value(x) / 2.0 ** p.cfg.frac
+
+
+def rows(cfg: M.ModelConfig, x: np.ndarray):
+    """``x`` (B, S, ...) in slices of at most ``cfg.max_len`` rows (one full-length
+    sequence): a pass over whole sequences then holds the activations of one sequence, not
+    of the batch (4 by default). The decode steps go over the whole batch at once: their
+    activations are one row per sequence, and each step reads every weight."""
+    step = max(1, cfg.max_len // max(1, x.shape[1]))
+    return [x[b:b + step] for b in range(0, len(x), step)]
 
 
 def trace_classifier(cfg: M.ModelConfig, weights: M.Weights, X: list[np.ndarray],
@@ -94,7 +156,7 @@ def trace_classifier(cfg: M.ModelConfig, weights: M.Weights, X: list[np.ndarray]
     rec = rec if rec is not None else ShadowRecorder(ring)
     p = ShadowParty(ring, rec)
     shares = shadow_shares(cfg, weights, fold_omega, ring.frac)
-    for x in X:
+    for x in (c for xs in X for c in rows(cfg, xs)):
         logits = decode(p, classify(p, cfg, shares, shadow_input(p, x)))
         rec.mag("head", "argmax", logits.max(axis=-1) - logits.min(axis=-1))
     return rec
@@ -110,7 +172,7 @@ def trace_embedding(cfg: M.ModelConfig, weights: M.Weights, X: list[np.ndarray],
     rec = rec if rec is not None else ShadowRecorder(ring)
     p = ShadowParty(ring, rec)
     shares = shadow_shares(cfg, weights, fold_omega, ring.frac)
-    for x in X:
+    for x in (c for xs in X for c in rows(cfg, xs)):
         embed_sentence(p, cfg, shares, shadow_input(p, x))
     return rec
 
@@ -133,8 +195,9 @@ def trace_lm(cfg: M.ModelConfig, weights: M.Weights, X: list[np.ndarray],
     if cfg.attention == M.PERFORMER:
         schedules.append(frozenset(f"dec.{i}.self" for i in range(cfg.n_dec_layers)))
     for x in X:
+        for c in rows(cfg, x):
+            lm_prefill(p, cfg, shares, shadow_input(p, c), block)
         xs = shadow_input(p, x)
-        lm_prefill(p, cfg, shares, xs, block)
         for raw in schedules:
             st = lm_open(p, cfg, shares, x.shape[0], block, LM.DEFAULT_LM_FUSE, raw_wo=raw)
             for t in range(x.shape[1]):
@@ -159,7 +222,7 @@ def trace_translator(cfg: M.ModelConfig, weights: M.Weights, X: list[np.ndarray]
     shares = shadow_shares(cfg, weights, fold_omega, ring.frac)
     every = frozenset(f"dec.{i}.{k}" for i in range(cfg.n_dec_layers) for k in ("self", "cross"))
     for i, x in enumerate(X):
-        enc = encoder(p, cfg, shares, shadow_input(p, x))
+        enc = AShare.concat([encoder(p, cfg, shares, shadow_input(p, c)) for c in rows(cfg, x)])
         if not cfg.n_dec_layers:                  # (no targets then: Samples.validate)
             continue
         y = Y[i]

@@ -3,7 +3,7 @@
 ``load_model(..., lazy=True)`` / ``load_safetensors_model(..., lazy=True)`` keep the weights
 in the file (:class:`protocols.model.OnDemandTensors`): names, shapes and dtypes are checked
 from the headers when loading, values whenever a tensor is read. Calibration
-(:class:`protocols.sites.Trace`) and the share layout (:func:`protocols.secure_model.layout`)
+(:mod:`protocols.shadow`, the secure stacks on a shadow party) and the share layout (:func:`protocols.secure_model.layout`)
 read each tensor when they use it and keep none, so they give exactly what the model in
 memory gives. The memory this saves is measured over a cluster in tests/test_memory.py.
 """
