@@ -1,7 +1,7 @@
 """The model owner's flow: put a transformer on a cluster as secret shares.
 
 :func:`share_transformer` first **calibrates** the model (:mod:`protocols.calibrate`: the
-float64 trace of the secure protocols on sample inputs; a model whose values leave a
+secure protocols themselves on sample inputs, on a shadow party; a model whose values leave a
 kernel's range is refused with the layer, the value and the limit), then builds the
 protocols.secure_model layout (Omega folded into W^Q, W^K; attn_c folded into the
 projections; projections at frac + PROJ_EXTRA bits), records in the model's public metadata

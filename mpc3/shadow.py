@@ -125,7 +125,7 @@ class ShadowParty:
     def _enc(self, v: np.ndarray) -> AShare:
         """Ring units (float) -> a shadow share, rounded to the nearest. A value beyond a
         kernel's range (a product above its limit) goes on with its true value, as the
-        float64 trace's did, while it fits 64 bits; beyond, it wraps."""
+        float64 trace it replaced did, while it fits 64 bits; beyond, it wraps."""
         v = np.rint(np.asarray(v, dtype=np.float64))
         if v.size and np.abs(v).max() >= 2.0 ** 63:
             v = np.mod(v + 2.0 ** 63, 2.0 ** 64) - 2.0 ** 63

@@ -12,12 +12,13 @@ shares inputs) check, with :func:`check_stored`, that the calibration
 * is there, parses, has the current :data:`protocols.calibrate.VERSION`, a finite margin
   >= 1, and was taken as the model runs: the ring's frac and ReLU bound, the model's
   ``ln_eps``, its ``fold_omega`` and its decode block;
-* records every value as a finite magnitude (or a [min, max] span, as the trace records that
-  site) inside its kernel's range with the margin (:meth:`Calibration.check`);
+* records every value as a finite magnitude (or a [min, max] span, as the calibration
+  records that site) inside its kernel's range with the margin (:meth:`Calibration.check`);
 * covers every (layer, site) the model's protocols reach (:func:`sites_reached`: the
-  calibration's own float64 trace on a copy of the config shrunk to a tiny width - same
-  architecture, layers, attention, norms and flags - with random weights on short samples;
-  the sites a model reaches do not depend on its widths, ``tests/test_calibration_check.py``);
+  calibration's own run - the secure stacks on a shadow party - on a copy of the config
+  shrunk to a tiny width - same architecture, layers, attention, norms and flags - with
+  random weights on short samples; the sites a model reaches do not depend on its widths,
+  ``tests/test_calibration_check.py``);
 * gives a finite, positive input range for every input the model's job kinds take.
 
 The work is bounded by the metadata's size, never by the config's widths or length: the
@@ -33,6 +34,7 @@ trust its weights (README, threat model).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Iterable, Mapping
 
@@ -89,6 +91,13 @@ def sites_reached(cfg: M.ModelConfig, fold_omega: bool = True, **widths) -> dict
                      decode_block=small_block, check=False).layers
 
 
+@functools.lru_cache(maxsize=64)
+def _reached(cfg: M.ModelConfig, fold_omega: bool) -> dict:
+    """:func:`sites_reached` of a config, kept (read-only): a party checks a model when it is
+    shared and again before its first job, and the sites depend on the config alone."""
+    return sites_reached(cfg, fold_omega)
+
+
 def _value_error(layer: str, site: str, v, span: bool) -> str | None:
     """Why a recorded value is not a finite magnitude / [min, max] span, or None."""
     def real(a) -> bool:
@@ -136,7 +145,7 @@ def check_stored(stored, cfg: M.ModelConfig, fold_omega: bool, inputs: Iterable[
         raise ValueError(f"its calibration has {len(cal.layers)} rows for a model of "
                          f"{layers} layers" + (f" (at most {MAX_LAYERS} fit the metadata)"
                                                if layers > MAX_LAYERS else ""))
-    reached = sites_reached(cfg, fold_omega)
+    reached = _reached(cfg, bool(fold_omega))
     missing = [f"{layer}.{site}" for layer, row in reached.items() for site in row
                if site not in cal.layers.get(layer, {})]
     if missing:

@@ -10,7 +10,7 @@ split forms, row scales in truncations) because it *is* their code.
 a product's value before its truncation at 2 frac + the site's extra fractional bits (+ frac
 for a ``raw`` site), any other kernel's input at frac - and keeps per (layer, site) the
 largest magnitude, or the (min, max) span for the sqrt_inv / exp / reciprocal sites, as
-the float64 trace (now tests/trace_oracle.py) did.
+the float64 trace it replaced did.
 
 Drivers (:func:`trace`, one per architecture) run the jobs' stacks over the samples and every
 alternative a job may take that the samples alone would not (docs/CALIBRATION.md): both
@@ -144,6 +144,15 @@ def rows(cfg: M.ModelConfig, x: np.ndarray):
     return [x[b:b + step] for b in range(0, len(x), step)]
 
 
+def _start(cfg: M.ModelConfig, arch: str, need: str, weights: M.Weights, ring: RingConfig,
+           fold_omega: bool, rec: ShadowRecorder | None):
+    """(recorder, shadow party, the model's shadow tensors) of a driver for ``arch``."""
+    if cfg.arch != arch:
+        raise ValueError(f"{need}, got {cfg.arch!r}")
+    rec = rec if rec is not None else ShadowRecorder(ring)
+    return rec, ShadowParty(ring, rec), shadow_shares(cfg, weights, fold_omega, ring.frac)
+
+
 def trace_classifier(cfg: M.ModelConfig, weights: M.Weights, X: list[np.ndarray],
                      ring: RingConfig = RingConfig(), fold_omega: bool = True,
                      rec: ShadowRecorder | None = None) -> ShadowRecorder:
@@ -151,11 +160,9 @@ def trace_classifier(cfg: M.ModelConfig, weights: M.Weights, X: list[np.ndarray]
     (each (B, S, d)); the recorder holds every (layer, site) it reached. The arg-max's
     tournament (site ``argmax``, run only by the classify-argmax job) is recorded as the
     bound every one of its comparisons stays within: the spread of the logits."""
-    if cfg.arch != M.ENCODER_CLASSIFIER:
-        raise ValueError(f"trace_classifier needs an encoder classifier, got {cfg.arch!r}")
-    rec = rec if rec is not None else ShadowRecorder(ring)
-    p = ShadowParty(ring, rec)
-    shares = shadow_shares(cfg, weights, fold_omega, ring.frac)
+    rec, p, shares = _start(cfg, M.ENCODER_CLASSIFIER,
+                            "trace_classifier needs an encoder classifier",
+                            weights, ring, fold_omega, rec)
     for x in (c for xs in X for c in rows(cfg, xs)):
         logits = decode(p, classify(p, cfg, shares, shadow_input(p, x)))
         rec.mag("head", "argmax", logits.max(axis=-1) - logits.min(axis=-1))
@@ -167,11 +174,8 @@ def trace_embedding(cfg: M.ModelConfig, weights: M.Weights, X: list[np.ndarray],
                     rec: ShadowRecorder | None = None) -> ShadowRecorder:
     """:func:`protocols.sentence.embed_sentence` (a headless encoder: encoder, pooling,
     normalization) on a shadow party over the samples ``X``."""
-    if cfg.arch != M.ENCODER:
-        raise ValueError(f"trace_embedding needs a headless encoder, got {cfg.arch!r}")
-    rec = rec if rec is not None else ShadowRecorder(ring)
-    p = ShadowParty(ring, rec)
-    shares = shadow_shares(cfg, weights, fold_omega, ring.frac)
+    rec, p, shares = _start(cfg, M.ENCODER, "trace_embedding needs a headless encoder",
+                            weights, ring, fold_omega, rec)
     for x in (c for xs in X for c in rows(cfg, xs)):
         embed_sentence(p, cfg, shares, shadow_input(p, x))
     return rec
@@ -186,11 +190,8 @@ def trace_lm(cfg: M.ModelConfig, weights: M.Weights, X: list[np.ndarray],
     token as a decode step from an empty session (:func:`protocols.causal_lm.lm_open`) - and
     a Performer's steps once more with every o W^O formed from the untruncated o (site
     ``wo_raw``: the schedule :func:`protocols.schedule.deferred_wo` may choose)."""
-    if cfg.arch != M.DECODER_ONLY:
-        raise ValueError(f"trace_lm needs a decoder-only LM, got {cfg.arch!r}")
-    rec = rec if rec is not None else ShadowRecorder(ring)
-    p = ShadowParty(ring, rec)
-    shares = shadow_shares(cfg, weights, fold_omega, ring.frac)
+    rec, p, shares = _start(cfg, M.DECODER_ONLY, "trace_lm needs a decoder-only LM",
+                            weights, ring, fold_omega, rec)
     schedules = [frozenset()]
     if cfg.attention == M.PERFORMER:
         schedules.append(frozenset(f"dec.{i}.self" for i in range(cfg.n_dec_layers)))
@@ -211,15 +212,12 @@ def trace_translator(cfg: M.ModelConfig, weights: M.Weights, X: list[np.ndarray]
                      rec: ShadowRecorder | None = None) -> ShadowRecorder:
     """The encoder-decoder on a shadow party over the paired samples ``X`` (encoder inputs)
     and ``Y`` (the targets, each token a decode step of the default session,
-    :data:`protocols.decoder.DEFAULT_FUSE`, read when called). A Performer's sessions twice more, for the
-    schedules (:mod:`protocols.schedule`) its calibration decides: every attention's o W^O
+    :data:`protocols.decoder.DEFAULT_FUSE`, read when called). A Performer's sessions twice
+    more, for the schedules (:mod:`protocols.schedule`) its calibration decides: every attention's o W^O
     deferred (steps again; site ``wo_raw``) and every cross attention's W^O folded into its
     K'^T V (the session start; site ``kvwo``)."""
-    if cfg.arch != M.ENCODER_DECODER:
-        raise ValueError(f"trace_translator needs an encoder-decoder, got {cfg.arch!r}")
-    rec = rec if rec is not None else ShadowRecorder(ring)
-    p = ShadowParty(ring, rec)
-    shares = shadow_shares(cfg, weights, fold_omega, ring.frac)
+    rec, p, shares = _start(cfg, M.ENCODER_DECODER, "trace_translator needs an encoder-decoder",
+                            weights, ring, fold_omega, rec)
     every = frozenset(f"dec.{i}.{k}" for i in range(cfg.n_dec_layers) for k in ("self", "cross"))
     for i, x in enumerate(X):
         enc = AShare.concat([encoder(p, cfg, shares, shadow_input(p, c)) for c in rows(cfg, x)])

@@ -18,7 +18,7 @@ from protocols import decoder as D
 from protocols import model as M
 from protocols import secure_model as SM
 from protocols.encoder import encoder
-from trace_oracle import Trace
+import shadow_run as SR
 
 TOL = 2e-3
 BASE = dict(d_model=16, n_heads=2, d_head=8, n_features=8, d_ff=32, attn_c=0.125,
@@ -95,7 +95,7 @@ def test_classifier_with_biases_matches_reference_and_declared_cost(run, rng, at
     w = M.random_weights(cfg, 2)
     x = rng.uniform(-1, 1, (2, 6, 16))
     ref = M.ref_classify(cfg, w, x)
-    np.testing.assert_allclose(Trace(cfg, w).classifier(x), ref, atol=1e-10)
+    SR.close(SR.classifier(cfg, w, x), ref)          # the calibration runs it too
     res = run(lambda p, s, xs: CL.classify(p, cfg, s, xs), SM.share_model(cfg, w, fold),
               share(x))
     assert np.max(np.abs(value(res) - ref)) < TOL
@@ -115,8 +115,7 @@ def test_translator_with_biases_encoder_and_decode_steps(rng, norm_first, fold):
     x, y = rng.uniform(-1, 1, (2, 5, 16)), rng.uniform(-1, 1, (2, 4, 16))
     enc_ref = M.ref_encoder(cfg, w, x)
     dec_ref = M.ref_decoder(cfg, w, y, enc_ref)
-    tr = Trace(cfg, w, fold_omega=fold, decode_block=2)
-    np.testing.assert_allclose(tr.decoder(y, tr.encoder(x)), dec_ref, atol=1e-10)
+    SR.close(SR.translator(cfg, w, x, y, fold=fold, block=2)[1], dec_ref)
     sh = SM.share_model(cfg, w, fold_omega=fold)
 
     def fn(p, s, xs, ys):
@@ -137,7 +136,7 @@ def test_lm_with_biases_prefill_and_steps(run, rng):
     w = M.random_weights(cfg, 4)
     x = rng.uniform(-1, 1, (2, 7, 16))
     full = M.ref_lm(cfg, w, x)
-    np.testing.assert_allclose(Trace(cfg, w).lm(x), full, atol=1e-10)
+    SR.close(SR.lm(cfg, w, x), full)
 
     def fn(p, s, xs):
         h, st = LM.lm_prefill(p, cfg, s, xs[:, :4], block=3)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from conftest import share, value
 from kernel_probe import Probe
+import shadow_run as SR
 from test_norms import fit_batchnorm
 
 from mpc3.kernels import activations, arith, convert, fxp
@@ -20,10 +21,10 @@ from protocols import decoder as D
 from protocols import schedule as S
 from protocols import model as M
 from protocols import secure_model as SM
+from protocols import shadow as SH
 from protocols import textdata as TD
 from protocols.encoder import encoder
 from protocols.site_catalog import SITES, site_range
-from trace_oracle import Trace
 
 TOL = 2e-3
 #: probe vs calibration: the secure run's fixed-point error is ~1e-4 relative at every site
@@ -63,28 +64,30 @@ def secure_run(cfg, w, x, y=None, block=None, fold=True, fuse=D.DEFAULT_FUSE,
 # ------------------------------------------------------------------ the trace ----
 @pytest.mark.parametrize("norm_first,fold", [(False, True), (True, False)])
 @pytest.mark.parametrize("fuse", [D.DEFAULT_FUSE, D.FUSIONS])
-def test_trace_computes_the_reference(norm_first, fold, fuse):
+def test_the_calibration_runs_the_reference(norm_first, fold, fuse, monkeypatch):
+    """The calibration's backend (the stacks on a shadow party) computes the float64
+    reference within fixed point, and records the sites the session's fusions decide."""
     cfg = make_cfg(norm_first=norm_first)
     w, rng = M.random_weights(cfg, 1), np.random.default_rng(2)
     x, y = rng.normal(size=(2, 5, 12)), rng.normal(size=(2, 6, 12))
-    tr = Trace(cfg, w, fold_omega=fold, decode_block=2)
-    enc = tr.encoder(x)
-    np.testing.assert_allclose(enc, M.ref_encoder(cfg, w, x), atol=1e-10)
-    np.testing.assert_allclose(tr.decoder(y, enc, fuse), M.ref_decoder(cfg, w, y, enc),
-                               atol=1e-10)
+    enc, steps = SR.translator(cfg, w, x, y, fuse, fold, block=2)
+    SR.close(enc, M.ref_encoder(cfg, w, x))
+    SR.close(steps, M.ref_decoder(cfg, w, y, enc))
+    monkeypatch.setattr(D, "DEFAULT_FUSE", fuse)       # the session the calibration runs
+    rec = SH.trace_translator(cfg, w, [x], [y], fold_omega=fold, block=2)
     # a decode step may form a LayerNorm's next projection inside it (decoder.ln_fusions):
     # then the projection's layer records no product of its own
     own_self = "self" not in fuse or not norm_first
     # (the self attention's 1/n rides in W^O's truncation: no "rowscale" site of its own;
     # "wo_raw": the normalised product, for schedule.deferred_wo)
-    assert set(tr.rec.values["dec.0.self"]) == {"features", "kv", "scores", "out",
+    assert set(rec.values["dec.0.self"]) == {"features", "kv", "scores", "out",
                                                 "wo", "wo_raw"} | (set() if fold else {"omega"}) \
         | ({"proj"} if own_self else set())
     ln_ffn = "dec.0.ln3" if norm_first else "dec.0.ln2"
-    assert ("w1" in tr.rec.values["dec.0.ffn"]) == ("ffn" not in fuse)
-    assert ("w1" not in tr.rec.values["dec.0.ffn"]) == ("lnw1" in tr.rec.values[ln_ffn])
+    assert ("w1" in rec.values["dec.0.ffn"]) == ("ffn" not in fuse)
+    assert ("w1" not in rec.values["dec.0.ffn"]) == ("lnw1" in rec.values[ln_ffn])
     # LN1 forms the cross attention's features (post-LN) or Q, K, V (pre-LN)
-    assert ("lnproj" in tr.rec.values["dec.0.ln1"]) == ("self" in fuse if norm_first
+    assert ("lnproj" in rec.values["dec.0.ln1"]) == ("self" in fuse if norm_first
                                                         else "cross" in fuse)
 
 

@@ -18,7 +18,7 @@ from protocols import causal_lm as LM
 from protocols import kv_cache as KV
 from protocols import model as M
 from protocols import secure_model as SM
-from trace_oracle import Trace
+import shadow_run as SR
 
 TOL = 1e-2
 VARIANTS = ["softmax", "power-softmax", "sigma-relu"]
@@ -155,12 +155,12 @@ def test_secure_generation_agrees_with_plaintext_greedy(attention):
     ("power-softmax", "max", "den", 5.0, "max-free softmax / PowerSoftmax row denominator"),
     ("sigma-relu", "max", "sigma_sum", 400.0, r"sigma-attention ReLU\(s\) V before its 1/L")])
 def test_calibration_covers_the_decode_and_refuses(rng, attention, form, site, hot, refusal):
-    """The LM trace records the variant's sites on the causal rows (= the decode steps'
+    """The LM calibration records the variant's sites on the causal rows (= the decode steps'
     rows); scores pushed out of a kernel's range by W^Q are refused at that kernel."""
     cfg = lm_cfg(attention, norm_first=True, softmax_form=form)
     w, user = M.random_weights(cfg, 5), M.random_user(cfg, 5)
     x = rng.normal(size=(2, 12, 16))
-    np.testing.assert_allclose(Trace(cfg, w).lm(x), M.ref_lm(cfg, w, x), atol=1e-10)
+    SR.close(SR.lm(cfg, w, x), M.ref_lm(cfg, w, x))
     cal = C.calibrate(cfg, w, C.default_samples(cfg, user, rng), user=user)
     # sigma-attention's output reaches no kernel before W^O: no vout (docs/CALIBRATION.md)
     assert {"vscores", site} | ({"vout"} if attention != "sigma-relu" else set()) \

@@ -2,10 +2,11 @@
 
 ``load_model(..., lazy=True)`` / ``load_safetensors_model(..., lazy=True)`` keep the weights
 in the file (:class:`protocols.model.OnDemandTensors`): names, shapes and dtypes are checked
-from the headers when loading, values whenever a tensor is read. Calibration
-(:mod:`protocols.shadow`, the secure stacks on a shadow party) and the share layout (:func:`protocols.secure_model.layout`)
-read each tensor when they use it and keep none, so they give exactly what the model in
-memory gives. The memory this saves is measured over a cluster in tests/test_memory.py.
+from the headers when loading, values whenever a tensor is read. The share layout
+(:func:`protocols.secure_model.layout`) reads each tensor when it uses it and keeps none;
+the calibration (:mod:`protocols.shadow`, the secure stacks on a shadow party) makes each
+one's ring form once into a temporary file it maps a slice of at each use. Both give
+exactly what the model in memory gives. The memory this saves is measured over a cluster in tests/test_memory.py.
 """
 import dataclasses
 

@@ -19,7 +19,7 @@ from protocols import calibrate as C
 from protocols import model as M
 from protocols import secure_model as SM
 from protocols import sentence as SE
-from trace_oracle import Trace
+import shadow_run as SR
 
 TOL = 2e-3
 POOLS = [(pool, norm) for pool in ("mean", "cls", "max") for norm in (False, True)]
@@ -157,12 +157,11 @@ def test_owner_permits_embed():
 
 # ---------------------------------------------------------------------- calibration ----
 @pytest.mark.parametrize("pool,normalize", POOLS)
-def test_trace_is_the_reference_and_calibrates(rng, pool, normalize):
+def test_its_calibration_runs_the_reference_and_calibrates(rng, pool, normalize):
     cfg = enc_cfg(pool=pool, normalize=normalize, norm_first=True)
     w, user = M.random_weights(cfg, 5), M.random_user(cfg, 5)
     x = rng.normal(size=(2, 6, 16))
-    np.testing.assert_allclose(Trace(cfg, w).embedding(x), M.ref_embed(cfg, w, x),
-                               atol=1e-12)
+    SR.close(SR.embedding(cfg, w, x), M.ref_embed(cfg, w, x))
     cal = C.calibrate(cfg, w, C.default_samples(cfg, user, rng), user=user)
     want = ({"pool_max"} if pool == "max" else set()) | \
         ({"norm_sumsq", "norm_sq", "norm_scale"} if normalize else set())
