@@ -162,7 +162,12 @@ class ShadowParty:
     def _product(self, x, y, kind: str, trunc, site, keep=None) -> np.ndarray:
         """The ring units of one (mat)product after its truncation; records it before."""
         xv, yv = self.value(x), self.value(y)
-        z = xv * yv if kind == "mul" else np.matmul(xv, yv)
+        if kind == "mul":
+            z = xv * yv
+        elif yv.ndim == 2 and xv.ndim > 2:      # rows of a batch times a weight: one GEMM
+            z = (xv.reshape(-1, xv.shape[-1]) @ yv).reshape(xv.shape[:-1] + yv.shape[-1:])
+        else:
+            z = np.matmul(xv, yv)
         if keep is not None:
             z = np.where(np.broadcast_to(keep, z.shape), z, 0.0)
         self._note(site, "product", z)
