@@ -55,7 +55,8 @@ TRACE_LEN = 4
 #: Most layers a stored calibration can cover: it takes >= 230 bytes of JSON per layer
 #: (measured over tests/test_calibration_check.py's grid), and a party takes at most 64 KB of
 #: public metadata (``net.service.MAX_META``): ~280 layers. More are refused before
-#: anything is traced (the trace of 320 tiny layers takes ~1.5 s).
+#: anything is run (the calibration of 320 tiny layers takes 9-11 s,
+#: benchmarks/calibration_cost.py; a config is checked once, :func:`_reached`).
 MAX_LAYERS = 320
 
 
