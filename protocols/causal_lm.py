@@ -226,7 +226,7 @@ def lm_prefill(p: Party, cfg: M.ModelConfig, shares: dict, x: AShare,
         u = _ln(p, cfg, shares, f"{pre}.ln1", x) if cfg.norm_first else x
         if cfg.attention != M.PERFORMER:   # KV cache; the last layer needs the last query only
             q, k, v = project(pa, cfg, w, u[:, T - 1:] if last else u, u)
-            st = KVCache.empty(B, cfg.n_heads, cfg.d_head, cfg.max_len)
+            st = KVCache.empty(B, cfg.n_heads, cfg.d_head, cfg.max_len, p.shadow is not None)
             x = (x[:, -1:] if last else x) + attend_out(pa, cfg, w, st, q, k, v)
         else:
             qf, kf, v = qkv_features(pa, cfg, w, u, None)
@@ -255,7 +255,8 @@ def lm_open(p: Party, cfg: M.ModelConfig, shares: dict, B: int, block: int | Non
     _check(cfg)
     fusions = lm_fusions(cfg, fuse)
     h, dh = cfg.n_heads, cfg.d_head
-    states = [KVCache.empty(B, h, dh, cfg.max_len) if cfg.attention != M.PERFORMER else
+    states = [KVCache.empty(B, h, dh, cfg.max_len, p.shadow is not None)
+              if cfg.attention != M.PERFORMER else
               A.PrefixState.empty(B, h, cfg.n_features, dh, block)
               for _ in range(cfg.n_dec_layers)]
     return LMState(states, 0, fused_biases(p, shares, fusions), tuple(fuse), frozenset(raw_wo),

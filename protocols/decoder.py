@@ -163,7 +163,8 @@ class DecodeState:
         ln_spans = dict(ln_spans or {})
         B, S, _ = enc.shape
         if cfg.attention != M.PERFORMER:            # KV caches of capacity max_len
-            return DecodeState([KVCache.empty(B, cfg.n_heads, cfg.d_head, cfg.max_len)
+            return DecodeState([KVCache.empty(B, cfg.n_heads, cfg.d_head, cfg.max_len,
+                                              p.shadow is not None)
                                 for _ in range(cfg.n_dec_layers)],
                                cross_precompute(p, cfg, shares, enc), S,
                                fused_biases(p, shares, ln_fusions(cfg, fuse)), tuple(fuse),

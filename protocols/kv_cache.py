@@ -41,14 +41,17 @@ from . import model as M
 from .mha import cost_finish, cost_heads, finish, heads
 
 
-def _zeros(B: int, h: int, n: int, dh: int) -> AShare:
-    return AShare(np.zeros((B, h, n, dh), np.uint64), np.zeros((B, h, n, dh), np.uint64))
+def _zeros(B: int, h: int, n: int, dh: int, plain: bool = False) -> AShare:
+    a = np.zeros((B, h, n, dh), np.uint64)
+    return AShare(a, np.broadcast_to(np.zeros((), np.uint64), a.shape) if plain else
+                  np.zeros_like(a))
 
 
 @dataclass
 class KVCache:
     """Shares of the keys and values of the first ``t`` tokens (rows >= t are zero), at most
-    ``capacity`` tokens."""
+    ``capacity`` tokens. A shadow party's cache (``plain``: its shares' slot b is zero,
+    mpc3.shadow) keeps slot a alone - the calibration's decode steps hold half the bytes."""
 
     k: AShare          # (B, h, allocated rows, dh)
     v: AShare
@@ -56,10 +59,10 @@ class KVCache:
     t: int = 0
 
     @staticmethod
-    def empty(B: int, h: int, dh: int, capacity: int) -> "KVCache":
+    def empty(B: int, h: int, dh: int, capacity: int, plain: bool = False) -> "KVCache":
         if capacity < 1:
             raise ValueError(f"KV cache capacity={capacity} must be >= 1")
-        return KVCache(_zeros(B, h, 0, dh), _zeros(B, h, 0, dh), int(capacity))
+        return KVCache(_zeros(B, h, 0, dh, plain), _zeros(B, h, 0, dh, plain), int(capacity))
 
     @property
     def batch(self) -> int:
@@ -78,12 +81,18 @@ class KVCache:
         if t + n > rows:                                  # grow by doubling, up to capacity
             grow = min(self.capacity, max(2 * rows, t + n))
             for name in ("k", "v"):
-                old, new = getattr(self, name), _zeros(B, h, grow, dh)
-                new.a[:, :, :t], new.b[:, :, :t] = old.a[:, :, :t], old.b[:, :, :t]
+                old = getattr(self, name)
+                new = _zeros(B, h, grow, dh, plain=not old.b.flags.writeable)
+                new.a[:, :, :t] = old.a[:, :, :t]
+                if new.b.flags.writeable:
+                    new.b[:, :, :t] = old.b[:, :, :t]
                 setattr(self, name, new)
         for cache, new in ((self.k, k), (self.v, v)):
             cache.a[:, :, t:t + n] = new.a
-            cache.b[:, :, t:t + n] = new.b
+            if cache.b.flags.writeable:
+                cache.b[:, :, t:t + n] = new.b
+            elif new.b.any():
+                raise ValueError("a plain (shadow) KV cache takes shares whose slot b is zero")
         self.t = t + n
 
     def rows(self) -> tuple[AShare, AShare]:

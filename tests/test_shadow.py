@@ -223,3 +223,24 @@ def test_a_product_beyond_its_limit_is_recorded_whole_and_carried_on_as_the_trac
     assert abs(ring.decode(huge.a)[0]) < 2.0 ** 45
     with pytest.raises(C.RangeError, match="enc.0.ffn: FFN product"):
         C.Calibration(rec.values, {"X": 1.0}).check()
+
+
+def test_a_shadow_kv_cache_keeps_one_slot_and_the_same_rows():
+    """The calibration's KV caches (KVCache.empty(plain=True), a shadow party's) hold slot a
+    alone - as they grow, the same rows as a two-slot cache - and refuse a share whose slot
+    b is not zero."""
+    from protocols.kv_cache import KVCache
+    rng = np.random.default_rng(0)
+    plain, full = KVCache.empty(2, 3, 4, 9, plain=True), KVCache.empty(2, 3, 4, 9)
+    p = ShadowParty()
+    for n in (3, 1, 1, 4):                             # grows 3 -> 6 -> 9
+        k, v = (p.share(ring.encode(rng.normal(size=(2, 3, n, 4)))) for _ in range(2))
+        plain.append(k, v)
+        full.append(k, v)
+    assert not plain.k.b.flags.writeable and plain.k.b.strides == (0, 0, 0, 0)
+    for got, want in zip(plain.rows(), full.rows()):
+        assert np.array_equal(p.value(got), p.value(want))
+    other = KVCache.empty(2, 3, 4, 9, plain=True)
+    k = p.share(ring.encode(np.ones((2, 3, 1, 4))))
+    with pytest.raises(ValueError, match="slot b is zero"):
+        other.append(k, type(k)(k.a, k.a.copy()))
