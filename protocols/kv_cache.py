@@ -57,12 +57,14 @@ class KVCache:
     v: AShare
     capacity: int
     t: int = 0
+    plain: bool = False
 
     @staticmethod
     def empty(B: int, h: int, dh: int, capacity: int, plain: bool = False) -> "KVCache":
         if capacity < 1:
             raise ValueError(f"KV cache capacity={capacity} must be >= 1")
-        return KVCache(_zeros(B, h, 0, dh, plain), _zeros(B, h, 0, dh, plain), int(capacity))
+        return KVCache(_zeros(B, h, 0, dh, plain), _zeros(B, h, 0, dh, plain), int(capacity),
+                       plain=plain)
 
     @property
     def batch(self) -> int:
@@ -81,15 +83,14 @@ class KVCache:
         if t + n > rows:                                  # grow by doubling, up to capacity
             grow = min(self.capacity, max(2 * rows, t + n))
             for name in ("k", "v"):
-                old = getattr(self, name)
-                new = _zeros(B, h, grow, dh, plain=not old.b.flags.writeable)
+                old, new = getattr(self, name), _zeros(B, h, grow, dh, self.plain)
                 new.a[:, :, :t] = old.a[:, :, :t]
-                if new.b.flags.writeable:
+                if not self.plain:
                     new.b[:, :, :t] = old.b[:, :, :t]
                 setattr(self, name, new)
         for cache, new in ((self.k, k), (self.v, v)):
             cache.a[:, :, t:t + n] = new.a
-            if cache.b.flags.writeable:
+            if not self.plain:
                 cache.b[:, :, t:t + n] = new.b
             elif new.b.any():
                 raise ValueError("a plain (shadow) KV cache takes shares whose slot b is zero")
