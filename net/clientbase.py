@@ -18,7 +18,7 @@ from mpc3.sharing import deal
 from . import keys
 from .config import ClusterConfig
 from .failures import ClusterError, InconsistentModel, diagnose_tls, rpc_error
-from .link import GRPC_OPTIONS
+from .grpcopts import GRPC_OPTIONS
 from .proto import mpc3_pb2 as pb
 from .proto import mpc3_pb2_grpc as pb_grpc
 

@@ -1,4 +1,4 @@
-"""What every peer link has (:mod:`net.link`'s gRPC streams, :mod:`net.tlslink`'s sockets)
+"""What every peer link has (:mod:`net.streams`' gRPC streams, :mod:`net.tlslink`'s sockets)
 and a job's mailbox of messages from its two peers."""
 from __future__ import annotations
 

@@ -9,7 +9,9 @@ from pathlib import Path
 import grpc
 
 from . import keys
-from .link import SERVER_OPTIONS, PeerRouter, PeerUnavailable
+from .grpcopts import SERVER_OPTIONS
+from .router import PeerRouter, PeerUnavailable
+from .streams import PeerServicer, StreamTransport
 from .proto import mpc3_pb2_grpc as pb_grpc
 
 
@@ -42,8 +44,9 @@ def local_mesh(cert_dir=None, host: str = "127.0.0.1", ready_timeout: float = 20
             d = Path(cert_dir)
             creds = keys.channel_credentials(d / f"party-{r}.pem", d / f"party-{r}.key",
                                              d / "ca.pem")
-        router = PeerRouter(r, f"{host}:{ports[(r + 1) % 3]}", creds, tls=cert_dir is not None)
-        pb_grpc.add_PeerServiceServicer_to_server(router.servicer, servers[r])
+        router = PeerRouter(r, StreamTransport(f"{host}:{ports[(r + 1) % 3]}", creds,
+                                               tls=cert_dir is not None))
+        pb_grpc.add_PeerServiceServicer_to_server(PeerServicer(router), servers[r])
         routers.append(router)
     return _run(routers, ready_timeout, servers)
 
@@ -62,7 +65,7 @@ def _socket_mesh(cert_dir, host: str, ready_timeout: float):
     routers = []
     for r, t in enumerate(transports):
         t.dial = f"{host}:{ports[(r + 1) % 3]}"
-        routers.append(PeerRouter(r, t.dial, tls=cert_dir is not None, transport=t))
+        routers.append(PeerRouter(r, t))
     return _run(routers, ready_timeout)
 
 
@@ -75,7 +78,7 @@ def _run(routers: list[PeerRouter], ready_timeout: float, servers=()):
 
     def stop() -> None:
         for router in routers:
-            router._stop.set()
+            router.stopping.set()
         for router in routers:
             router.stop()
         for srv in servers:

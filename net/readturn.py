@@ -97,9 +97,9 @@ class ReadTurns:
 
     def _dispatch(self, router, item) -> None:
         if isinstance(item, tuple):
-            router._on_message(self.peer, *item)
+            router.on_message(self.peer, *item)
         else:
-            router._on_frame(self.peer, item)
+            router.on_frame(self.peer, item)
 
     @staticmethod
     def writer_blocked(blocked: bool) -> None:

@@ -4,7 +4,7 @@ Why one order. A job computes only when all three parties run it; if parties adm
 their running slots in different orders, two of them could each wait for a job the other has
 queued. So **party 0 admits** and parties 1 and 2 follow: party 0 keeps the queue, starts a job
 when one of its ``running_jobs`` slots is free and tells the other two over the peer links
-(a ``start`` control frame, :meth:`net.link.PeerRouter.send_control`); they start exactly the
+(a ``start`` control frame, :meth:`net.router.PeerRouter.send_control`); they start exactly the
 jobs party 0 started, whenever both the submission and the start have arrived.
 
 Arrival. A job enters party 0's queue only once parties 1 and 2 said they hold its

@@ -2,7 +2,7 @@
 
 * the links to the two other parties: TLS sockets on the party's ``peer_address``
   (:mod:`net.tlslink`, default), or ``mpc3.PeerService`` streams on the gRPC port with
-  ``peer_transport = "grpc"`` (:mod:`net.link`);
+  ``peer_transport = "grpc"`` (:mod:`net.streams`);
 * ``mpc3.ClientService`` - model owners and query users (:mod:`net.service`);
 * ``grpc.health.v1.Health`` - SERVING once both peer links are up, NOT_SERVING otherwise.
 
@@ -35,7 +35,9 @@ from . import keys, malloc
 from .config import ClusterConfig
 from .errors import BadRequest, Code
 from .limits import Quotas
-from .link import SERVER_OPTIONS, PeerRouter, PeerUnavailable
+from .grpcopts import SERVER_OPTIONS
+from .router import PeerRouter, PeerUnavailable
+from .streams import PeerServicer, StreamTransport
 from .metrics import Metrics, MetricsServer
 from .proto import mpc3_pb2_grpc as pb_grpc
 from .runner import JobRunner
@@ -63,8 +65,7 @@ class PartyServer:
         creds = None
         if cfg.tls:
             creds = keys.channel_credentials(self.pcfg.cert, self.pcfg.key, cfg.ca)
-        self.router = PeerRouter(rank, cfg.dial_address(rank, (rank + 1) % 3), creds,
-                                 tls=cfg.tls, transport=self._peer_transport())
+        self.router = PeerRouter(rank, self._peer_transport(creds))
         self.sessions = SessionStore(rank, self.limits)
         self.metrics = Metrics(rank, VERSION)
         self.kernels: tuple[int, float] | None = None   # (warm-up runs, seconds): serve()
@@ -84,7 +85,7 @@ class PartyServer:
         self.grpc = grpc.server(futures.ThreadPoolExecutor(max_workers=workers),
                                 options=SERVER_OPTIONS)
         self.service = ClientServicer(self)
-        pb_grpc.add_PeerServiceServicer_to_server(self.router.servicer, self.grpc)
+        pb_grpc.add_PeerServiceServicer_to_server(PeerServicer(self.router), self.grpc)
         pb_grpc.add_ClientServiceServicer_to_server(self.service, self.grpc)
         self.health = None
         try:
@@ -102,10 +103,12 @@ class PartyServer:
             raise RuntimeError(f"party {rank}: cannot listen on {self.pcfg.listen}")
         self._stopped = threading.Event()
 
-    def _peer_transport(self):
-        """The TLS socket links (default), or None for the gRPC streams."""
+    def _peer_transport(self, creds):
+        """The TLS socket links (default), or the gRPC streams (``creds``: this party's
+        channel credentials, None in plaintext)."""
         if self.cfg.peer_transport != "tls":
-            return None
+            return StreamTransport(self.cfg.dial_address(self.rank, (self.rank + 1) % 3),
+                                   creds, tls=self.cfg.tls)
         from .tlslink import SocketTransport
         from .tlssock import tls_contexts
         nxt = (self.rank + 1) % 3
@@ -176,7 +179,8 @@ class PartyServer:
         threading.Thread(target=self._health_loop, daemon=True, name="mpc3-health").start()
         threading.Thread(target=self._upkeep_loop, daemon=True, name="mpc3-upkeep").start()
         log.info("party %d listening on %s, peers on %s (%s)", self.rank, self.pcfg.listen,
-                 self.pcfg.peer_listen if self.router.transport else "the same port",
+                 self.pcfg.peer_listen if not isinstance(self.router.transport, StreamTransport)
+                 else "the same port",
                  "mTLS" if self.cfg.tls else "INSECURE PLAINTEXT")
         if self.registry.diagnostic:
             log.warning("party %d: BENCHMARK/TEST PROCESS - diagnostic job kinds enabled "

@@ -8,7 +8,7 @@ the job thread writes its frame to the socket itself and, waiting for a message,
 link itself too (:mod:`net.readturn`); a reader thread per link reads only what no job thread
 waits for: no hand-off between threads in a round.
 
-What stays the same (:mod:`net.link`): the router, its per-job mailboxes and ops, the
+What stays the same (:mod:`net.router`, :mod:`net.streams`): the router, its per-job mailboxes and ops, the
 ``PeerFrame`` messages (hello, data chunks of at most :data:`net.frames.CHUNK_BYTES`,
 abort, control), the X25519 hello that derives the pairwise PRG seeds, and the topology
 (party ``i`` dials party ``i+1``; each link carries both directions).
@@ -59,7 +59,8 @@ from mpc3.comm import Aborted, Payload, PeerTimeout, ProtocolError
 from . import keys
 from .frames import MAX_HEADER_BYTES, MAX_MESSAGE_BYTES, contiguous, parse_layout, split
 from .handshake import Handshake
-from .link import MAX_FRAME_BYTES, PeerRouter
+from .grpcopts import MAX_FRAME_BYTES
+from .router import PeerRouter
 from .linkbase import Link
 from .proto import mpc3_pb2 as pb
 from .readturn import SLICE_S, Paused, ReadTurns, poller
@@ -313,6 +314,7 @@ class SocketTransport:
                  send_timeout: float = 30.0) -> None:
         self.listen, self.dial = listen, dial
         self.contexts = contexts
+        self.tls = contexts is not None
         self.connect_timeout = connect_timeout
         self.send_timeout = send_timeout
         host, port = split_address(listen)
@@ -392,19 +394,19 @@ class SocketTransport:
         finally:
             if opened is not None:
                 opened()
-        r._link_up(peer, link)
+        r.link_up(peer, link)
         reason = "link reader failed"
         try:
             reason = link.serve(r)
         finally:
-            r._link_lost(peer, link, reason)
+            r.link_lost(peer, link, reason)
             link.release()
         return reason
 
     def _dial_loop(self) -> None:
         r, backoff, said = self.router, 0.1, None
         addr = split_address(self.dial)
-        while not r._stop.is_set():
+        while not r.stopping.is_set():
             try:
                 sock = socket.create_connection(addr, timeout=self.connect_timeout)
             except OSError as exc:
@@ -415,22 +417,22 @@ class SocketTransport:
                 except Exception as exc:  # noqa: BLE001 - keep dialling whatever happened
                     reason = f"link failed ({type(exc).__name__}: {exc})"
                 backoff = 0.1 if not reason.startswith("handshake") else backoff
-            if not r._stop.is_set() and reason != said:     # each new reason once
+            if not r.stopping.is_set() and reason != said:     # each new reason once
                 log.warning("party %d: link to party %d at %s: %s", r.rank, r.next, self.dial,
                             reason)
                 said = reason
-            r._stop.wait(backoff)
+            r.stopping.wait(backoff)
             backoff = min(2 * backoff, 1.0)
 
     def _accept_loop(self) -> None:
         r = self.router
-        while not (r._stop.is_set() or self._closing):
+        while not (r.stopping.is_set() or self._closing):
             try:
                 sock, addr = self._ls.accept()
             except OSError as exc:          # EMFILE, ECONNABORTED...: keep listening
                 if not self._closing:
                     self._refused(f"accept failed: {exc}")
-                    r._stop.wait(0.1)
+                    r.stopping.wait(0.1)
                 continue
             host = addr[0]
             why = self._admit(host)

@@ -148,7 +148,7 @@ def test_party_with_wrong_certificate_cannot_link(tmp_path, mesh):
     rogue = keys.channel_credentials(tmp_path / "user.pem", tmp_path / "user.key",
                                      tmp_path / "ca.pem")
     # the mesh's CA differs from tmp_path's: handshake itself fails
-    addr = mesh[0]._dial_addr
+    addr = mesh[0].transport.dial
     ch = grpc.secure_channel(addr, rogue, options=[("grpc.ssl_target_name_override", "party-1")])
     with pytest.raises(grpc.RpcError) as err:
         next(pb_grpc.PeerServiceStub(ch).Link(iter([pb.PeerFrame()]), timeout=5))
@@ -160,8 +160,8 @@ def test_bytes_held_for_unopened_jobs_are_bounded(mesh, monkeypatch):
     """Messages for a job this party has not opened yet are held (the peer may start first)
     up to MAX_UNOPENED_BYTES over all such jobs; past it the job is aborted, its bytes are
     dropped and opening it fails naming why. Within the bound they are delivered."""
-    from net import link
-    monkeypatch.setattr(link, "MAX_UNOPENED_BYTES", 3000)
+    from net import router
+    monkeypatch.setattr(router, "MAX_UNOPENED_BYTES", 3000)
     r0, r1 = mesh[0], mesh[1]
     ok, over = f"held{next(_ids)}", f"over{next(_ids)}"
     p_ok, p_over = r1.open_job(ok, timeout=5), r1.open_job(over, timeout=5)

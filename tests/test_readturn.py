@@ -14,7 +14,8 @@ from mpc3.kernels import arith
 from mpc3.sharing import deal, reveal
 from mpc3.sim import run_parties
 from net import keys, readturn
-from net.link import PeerRouter
+from net.router import PeerRouter
+from net.streams import StreamTransport
 from net.tlslink import _MSG, SocketLink
 from net.tlssock import tls_contexts
 
@@ -131,7 +132,7 @@ def test_a_job_that_ends_calls_the_reader_back(mesh, monkeypatch):
 def _pair_router():
     """A router of party 0 whose links to parties 1 and 2 are socket pairs (no reader
     threads), and the peers' ends of them as SocketLinks."""
-    router = PeerRouter(0, "127.0.0.1:1", tls=False)
+    router = PeerRouter(0, StreamTransport("127.0.0.1:1", tls=False))   # never started
     peers = {}
     for peer in (1, 2):
         a, b = socket.socketpair()
@@ -192,7 +193,7 @@ def test_a_bad_frame_read_by_a_job_thread_ends_the_link():
         time.sleep(0.01)
     reason = link.serve(router)             # the reader thread's report, as _run_link logs it
     assert "unknown kind 7" in reason
-    router._link_lost(1, link, reason)
+    router.link_lost(1, link, reason)
     t.join(5)
     assert errors and "unknown kind 7" in errors[0]
 

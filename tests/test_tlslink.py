@@ -18,7 +18,7 @@ from net import keys
 from net import mesh as local
 from net.handshake import Handshake
 from net.proto import mpc3_pb2 as pb
-from net.link import PeerRouter
+from net.router import PeerRouter
 from net.tlslink import SocketLink, SocketTransport
 from net.tlssock import tls_contexts
 
@@ -102,7 +102,7 @@ def test_dialler_checks_the_listeners_identity(certs, stem, error):
     addr = "127.0.0.1:%d" % ls.getsockname()[1]
     t = SocketTransport("127.0.0.1:0", addr, tls_contexts(
         certs / "party-0.pem", certs / "party-0.key", certs / "ca.pem"), connect_timeout=5)
-    t.router = PeerRouter(0, addr, tls=True, transport=t)
+    t.router = PeerRouter(0, t)
     with pytest.raises(error):
         t._open(socket.create_connection(ls.getsockname(), timeout=5), 1, dialling=True)
     t.stop()
@@ -127,7 +127,7 @@ def lone(certs):
     """Party 0's router and peer listener alone: no real party 2 to take its link back."""
     t = SocketTransport("127.0.0.1:0", "127.0.0.1:1", tls_contexts(
         certs / "party-0.pem", certs / "party-0.key", certs / "ca.pem"), connect_timeout=2)
-    router = PeerRouter(0, t.dial, tls=True, transport=t)
+    router = PeerRouter(0, t)
     router.start()
     yield router
     router.stop()

@@ -9,7 +9,7 @@ see the catalog), stated in the JSON under ``params.inputs``. attn_norm defaults
 with c = 1 / (r * seq) (the paper's public constant; "mean" is selectable).
 
 Transports: ``inproc`` (three threads over in-memory queues) or ``grpc`` (three party routers
-of :mod:`net.link` in this process, talking real gRPC over loopback with mTLS; certificates
+of :mod:`net.router` in this process, talking real gRPC over loopback with mTLS; certificates
 are generated in a temporary directory).
 
 Metrics (DESIGN.md names): wall_s {min, median} over ``--repeat`` runs with shares already in

@@ -1,10 +1,11 @@
-"""Party-to-party links implementing mpc3's :class:`~mpc3.comm.Communicator`: the router (per-job
-mailboxes, ops, aborts) and the gRPC-stream transport (``peer_transport = "grpc"``); the
-default transport, TLS sockets, is :mod:`net.tlslink` and plugs into the same router.
+"""The peer router: mpc3's :class:`~mpc3.comm.Communicator` over a party's links to its two
+peers - per-job mailboxes, ops, aborts. A transport carries the links and calls the router's
+sink methods: TLS sockets (:mod:`net.tlslink`, the default) or gRPC streams
+(:mod:`net.streams`, ``peer_transport = "grpc"``).
 
-Topology. Each pair of parties shares one bidirectional ``PeerService.Link`` stream; party
-``i`` dials party ``i+1`` (mod 3) and accepts the stream of party ``i-1``, so every party has
-one outgoing and one incoming link, both carrying traffic in both directions.
+Topology. Each pair of parties shares one bidirectional link; party ``i`` dials party ``i+1``
+(mod 3) and accepts the link of party ``i-1``, so every party has one outgoing and one
+incoming link, both carrying traffic in both directions.
 
 Link set-up. Inside the (mutually authenticated) TLS channel both ends send a ``Hello`` with
 an ephemeral X25519 public key and a nonce; the pairwise PRG seed is HKDF-SHA256 of the shared
@@ -37,33 +38,16 @@ import threading
 import time
 from dataclasses import dataclass
 
-import grpc
-
 from mpc3.comm import Aborted, Communicator, Payload, PeerTimeout, ProtocolError
 from mpc3.party import Party, RingConfig
 from mpc3.prg import PRG
 
-from . import keys
 from .frames import Partial, parse_layout, split
-from .handshake import Handshake
-from .linkbase import DOWN as _DOWN
-from .linkbase import Link as _Link
-from .linkbase import Mailbox as _Box
+from .linkbase import DOWN, Link, Mailbox
 from .proto import mpc3_pb2 as pb
-from .proto import mpc3_pb2_grpc as pb_grpc
 
 log = logging.getLogger("mpc3.link")
 
-MAX_FRAME_BYTES = 4 << 20
-GRPC_OPTIONS = [
-    ("grpc.max_send_message_length", MAX_FRAME_BYTES),
-    ("grpc.max_receive_message_length", MAX_FRAME_BYTES),
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-]
-SERVER_OPTIONS = GRPC_OPTIONS + [("grpc.http2.min_ping_interval_without_data_ms", 5_000)]
 _CLOSED_MEMORY = 4096          # ids of finished jobs remembered to drop their late frames
 MAX_UNOPENED_BYTES = 256 << 20  # all messages held for jobs peers started, this party not yet
 
@@ -72,60 +56,45 @@ class PeerUnavailable(ProtocolError):
     """A link needed by a job is not up."""
 
 
-# -------------------------------------------------------------------------- router ----
 class PeerRouter:
     """Links of one party to its two peers, and per-job mailboxes over them.
 
-    ``dial``: address of party ``rank+1``; ``channel_creds``: TLS credentials of this party
-    (None only in insecure plaintext mode).
+    The transport brings links up and reads them; it tells the router through the **sink**
+    methods - :meth:`link_up`, :meth:`link_lost`, :meth:`on_frame`, :meth:`on_message` -
+    and the router sends through :class:`~net.linkbase.Link`. Nothing else crosses.
     """
 
-    def __init__(self, rank: int, dial: str, channel_creds=None, tls: bool = True,
-                 transport=None) -> None:
+    def __init__(self, rank: int, transport) -> None:
         self.rank = rank
         self.next = (rank + 1) % 3
         self.prev = (rank - 1) % 3
-        self._dial_addr = dial
-        self._creds = channel_creds
-        self._tls = tls
         self._private_seed = os.urandom(32)
         self._lock = threading.Lock()
-        self._links: dict[int, _Link] = {}
+        self._links: dict[int, Link] = {}
         self._link_change = threading.Condition(self._lock)
-        self._boxes: dict[str, _Box] = {}
+        self._boxes: dict[str, Mailbox] = {}
         self._closed: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._used: set[str] = set()      # every job id ever opened: keys are never reused
         self._held = 0                    # sum of the boxes' held bytes
-        self._stop = threading.Event()
-        self._channel: grpc.Channel | None = None
-        self._dialer: threading.Thread | None = None
-        #: a :class:`net.tlslink.SocketTransport` carries the links; None = gRPC streams
+        #: set when the router stops: the transports' loops end, lost links are not logged
+        self.stopping = threading.Event()
+        #: what carries the links: :class:`net.tlslink.SocketTransport` (default) or
+        #: :class:`net.streams.StreamTransport`; it calls the sink methods below
         self.transport = transport
-        self.servicer = _PeerServicer(self)
         #: ``on_control(peer, job_id, control)``: control frames (job admission, net.runner)
         self.on_control = None
 
     # ---------------------------------------------------------------- lifecycle ----
     def start(self) -> None:
-        if self.transport is not None:
-            return self.transport.start(self)
-        self._dialer = threading.Thread(target=self._dial_loop, daemon=True,
-                                        name=f"mpc3-p{self.rank}-dial")
-        self._dialer.start()
+        self.transport.start(self)
 
     def stop(self) -> None:
-        self._stop.set()
+        self.stopping.set()
         with self._lock:
             links = list(self._links.values())
-            channel = self._channel
         for link in links:
             link.close()
-        if channel is not None:
-            channel.close()
-        if self.transport is not None:
-            self.transport.stop()
-        if self._dialer is not None:
-            self._dialer.join(timeout=5)
+        self.transport.stop()
 
     def links_up(self) -> list[int]:
         with self._lock:
@@ -141,16 +110,19 @@ class PeerRouter:
                 self._link_change.wait(left)
             return True
 
-    def _link_up(self, peer: int, link: _Link) -> None:
+    # -------------------------------------------------------------------- sink ----
+    def link_up(self, peer: int, link: Link) -> None:
+        """``link`` to ``peer`` finished its handshake (its ``seed`` is set); a link it
+        replaces is lost."""
         with self._lock:
             old = self._links.get(peer)
             self._links[peer] = link
             self._link_change.notify_all()
         if old is not None:
-            self._link_lost(peer, old, "replaced by a new connection", current=True)
+            self.link_lost(peer, old, "replaced by a new connection", current=True)
         log.info("party %d: link to party %d up", self.rank, peer)
 
-    def _link_lost(self, peer: int, link: _Link, reason: str, current: bool = False) -> None:
+    def link_lost(self, peer: int, link: Link, reason: str, current: bool = False) -> None:
         """``link`` ended; if it was the live link to ``peer`` (``current``: it was until a
         new connection replaced it), every job on this party is aborted."""
         link.close()
@@ -162,63 +134,19 @@ class PeerRouter:
             boxes = list(self._boxes.values()) if current else []
         for box in boxes:
             box.abort(f"lost link to party {peer}: {reason}")
-        if not self._stop.is_set():
+        if not self.stopping.is_set():
             log.warning("party %d: link to party %d down (%s)", self.rank, peer, reason)
 
-    # ------------------------------------------------------------------- dialling ----
-    def _dial_loop(self) -> None:
-        backoff = 0.1
-        while not self._stop.is_set():
-            target = keys.party_target_name(self.next)
-            if self._tls:
-                channel = grpc.secure_channel(
-                    self._dial_addr, self._creds,
-                    options=GRPC_OPTIONS + [("grpc.ssl_target_name_override", target)])
-            else:
-                channel = grpc.insecure_channel(self._dial_addr, options=GRPC_OPTIONS)
-            with self._lock:
-                self._channel = channel
-            link = _Link(self.next)
-            reason = "stream ended"
-            try:
-                grpc.channel_ready_future(channel).result(timeout=2)
-                hs = Handshake()
-                mine = hs.hello(self.rank)
-
-                def requests():
-                    yield pb.PeerFrame(hello=mine)
-                    yield from link.frames()
-
-                responses = pb_grpc.PeerServiceStub(channel).Link(requests())
-                first = next(responses)
-                if not first.HasField("hello") or first.hello.rank != self.next:
-                    raise ProtocolError(f"party {self.next} sent no valid hello")
-                link.seed = hs.seed(mine, first.hello, self.rank, self.next)
-                self._link_up(self.next, link)
-                backoff = 0.1
-                for frame in responses:
-                    self._on_frame(self.next, frame)
-            except grpc.FutureTimeoutError:
-                reason = f"party {self.next} at {self._dial_addr} unreachable"
-            except grpc.RpcError as exc:
-                reason = f"{exc.code().name}: {exc.details()}"
-            except (ProtocolError, StopIteration, ValueError) as exc:
-                reason = f"handshake failed: {exc}"
-            finally:
-                self._link_lost(self.next, link, reason) if link.seed else link.close()
-                channel.close()
-            self._stop.wait(backoff)
-            backoff = min(2 * backoff, 1.0)
-
     # -------------------------------------------------------------------- frames ----
-    def _box(self, job_id: str, create: bool) -> _Box | None:
+    def _box(self, job_id: str, create: bool) -> Mailbox | None:
         with self._lock:
             box = self._boxes.get(job_id)
             if box is None and create and job_id not in self._closed:
-                box = self._boxes[job_id] = _Box()
+                box = self._boxes[job_id] = Mailbox()
             return box
 
-    def _on_frame(self, peer: int, f: pb.PeerFrame) -> None:
+    def on_frame(self, peer: int, f: pb.PeerFrame) -> None:
+        """A frame read from ``peer``'s link: a control, an abort or a (chunk of a) message."""
         if f.control:
             if self.on_control is not None:
                 self.on_control(peer, f.job_id, f.control)
@@ -235,7 +163,7 @@ class PeerRouter:
         except (ValueError, TypeError, ProtocolError) as exc:
             box.abort(f"bad frame from party {peer}: {exc}")
 
-    def _on_message(self, peer: int, job_id: str, op: int, arrays: list) -> None:
+    def on_message(self, peer: int, job_id: str, op: int, arrays: list) -> None:
         """A whole message of a job (the socket links' raw form)."""
         box = self._box(job_id, create=True)
         if box is None or not self._hold(box, peer, sum(a.nbytes for a in arrays)):
@@ -248,7 +176,7 @@ class PeerRouter:
             box.msgs[peer].append((op, arrays))
             box.cond.notify_all()
 
-    def _hold(self, box: _Box, peer: int, n: int) -> bool:
+    def _hold(self, box: Mailbox, peer: int, n: int) -> bool:
         """Count ``n`` bytes for ``box``; past MAX_UNOPENED_BYTES for unopened jobs, abort it."""
         if box.opened:                      # the per-round case: no lock (opened stays True)
             return not box.aborted
@@ -267,7 +195,7 @@ class PeerRouter:
         return False
 
     @staticmethod
-    def _assemble(box: _Box, peer: int, f: pb.PeerFrame) -> None:
+    def _assemble(box: Mailbox, peer: int, f: pb.PeerFrame) -> None:
         with box.cond:
             part = box.partial.get(peer)
             if part is None:
@@ -304,12 +232,12 @@ class PeerRouter:
                                       f"{' and '.join(map(str, missing))}")
             seed_prev = self._links[self.prev].seed
             seed_next = self._links[self.next].seed
-            box = self._boxes.setdefault(job_id, _Box())
+            box = self._boxes.setdefault(job_id, Mailbox())
             box.opened, self._held, box.held = True, self._held - box.held, 0
             self._used.add(job_id)
             self._sweep_locked(timeout)
         prg = PRG.for_job(seed_prev, seed_next, self._private_seed, job_id)
-        comm = GrpcComm(rank=self.rank, timeout=timeout, router=self, job_id=job_id)
+        comm = PeerComm(rank=self.rank, timeout=timeout, router=self, job_id=job_id)
         return Party(rank=self.rank, comm=comm, prg=prg, cfg=cfg or RingConfig())
 
     def close_job(self, job_id: str) -> None:
@@ -358,7 +286,7 @@ class PeerRouter:
                 if left <= 0:
                     raise PeerTimeout(f"party {self.rank}: no message {op} from party {peer} "
                                       f"within {timeout:g} s")
-            self._links.get(peer, _DOWN).await_message(self, box, done, deadline)
+            self._links.get(peer, DOWN).await_message(self, box, done, deadline)
 
     def send_control(self, peer: int, job_id: str, control: str) -> None:
         """A control frame for ``job_id`` to ``peer`` (PeerUnavailable if its link is down)."""
@@ -383,55 +311,9 @@ class PeerRouter:
                 pass
 
 
-class _PeerServicer(pb_grpc.PeerServiceServicer):
-    def __init__(self, router: PeerRouter) -> None:
-        self.router = router
-
-    def Link(self, request_iterator, context):
-        r = self.router
-        ident = keys.peer_identity(context)
-        if r._tls and (ident is None or ident.party_rank != r.prev):
-            context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                          f"party {r.rank} accepts links only from party {r.prev}")
-        if r.transport is not None:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                          f"party {r.rank} takes peer links on its TLS socket, not over gRPC "
-                          "(all parties must use the same [cluster] peer_transport)")
-        try:
-            first = next(request_iterator)
-        except StopIteration:
-            return
-        if not first.HasField("hello") or first.hello.rank != r.prev:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"expected a hello from party {r.prev}")
-        hs = Handshake()
-        mine = hs.hello(r.rank)
-        link = _Link(r.prev)
-        try:
-            link.seed = hs.seed(mine, first.hello, r.prev, r.rank)
-        except (ProtocolError, ValueError) as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad hello: {exc}")
-
-        def reader() -> None:
-            reason = f"party {r.prev} closed the stream"
-            try:
-                for frame in request_iterator:
-                    r._on_frame(r.prev, frame)
-            except Exception as exc:  # noqa: BLE001 - any stream error ends the link
-                reason = f"stream from party {r.prev} failed ({type(exc).__name__})"
-            r._link_lost(r.prev, link, reason)
-
-        r._link_up(r.prev, link)
-        threading.Thread(target=reader, daemon=True, name=f"mpc3-p{r.rank}-in").start()
-        yield pb.PeerFrame(hello=mine)
-        yield from link.frames(context.is_active)
-        if not link.closed.is_set():
-            r._link_lost(r.prev, link, "stream cancelled")
-
-
 @dataclass
-class GrpcComm(Communicator):
-    """Communicator of one job over the router's peer streams."""
+class PeerComm(Communicator):
+    """Communicator of one job over the router's links."""
 
     router: PeerRouter | None = None
     job_id: str = ""
