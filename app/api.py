@@ -16,7 +16,7 @@ user's model file - embedding tables, output layer, tokenizer - stays in this pr
 secret shares of embedded inputs leave it, and only outputs the model's owner permitted
 come back. A cluster runs only its job kinds (:data:`protocols.jobs.PRODUCTION`) on shared
 models: there is no call to compute anything else, by design (docs/API.md). Errors are
-the CLI's one-line exceptions: ``ValueError`` (bad input), ``net.client.ClusterError`` (a
+the CLI's one-line exceptions: ``ValueError`` (bad input), ``net.failures.ClusterError`` (a
 party refused or failed; a RuntimeError), ``OSError`` (files).
 """
 from __future__ import annotations
@@ -99,7 +99,8 @@ class Cluster:
 
     def __init__(self, cfg: cconf.ClusterConfig, role: str = "query-user", cert=None,
                  key=None, rpc_timeout: float = 60.0, step_timeout: float = 120.0) -> None:
-        from net.client import ModelOwner, QueryUser
+        from net.owner import ModelOwner
+        from net.user import QueryUser
         if role not in ROLES:
             raise ValueError(f"role {role!r}: choose {' or '.join(ROLES)}")
         self.cfg, self.role, self.cert, self.key = cfg, role, cert, key

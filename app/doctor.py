@@ -41,7 +41,8 @@ class Report:
 
 
 def _client(cfg: ClusterConfig, role: str, cert=None, key=None, **kw):
-    from net.client import ModelOwner, QueryUser
+    from net.owner import ModelOwner
+    from net.user import QueryUser
     cls = ModelOwner if role == "model-owner" else QueryUser
     return cls(cfg, cert, key, **kw)
 
@@ -125,7 +126,7 @@ def tiny_model():
 def run_test_job(cfg: ClusterConfig, report: Report, owner_creds=(None, None),
                  user_creds=(None, None)) -> None:
     """Share the tiny model, classify one input, compare, delete: into ``report``."""
-    from net.client import ClusterError
+    from net.failures import ClusterError
     from protocols import model as M
 
     from .owner import share_transformer

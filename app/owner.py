@@ -13,7 +13,7 @@ model file are never shared: the owner hands them to its users, who thereby lear
 from __future__ import annotations
 
 from mpc3.party import RingConfig
-from net.client import ModelOwner
+from net.owner import ModelOwner
 from net.config import ClusterConfig
 from protocols import calibrate as C
 from protocols import model as M

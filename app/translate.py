@@ -9,12 +9,12 @@ of sources of one length it
    prefix sums (job ``decode_open``);
 2. per step shares only the newest token's embedding (job ``decode_step``, its own job id),
    fetches the three output pairs, reconstructs the new row with the replica check
-   (:class:`~net.client.TamperingDetected`), applies Linear + softmax locally and picks the
+   (:class:`~net.failures.TamperingDetected`), applies Linear + softmax locally and picks the
    most likely token greedily;
 3. stops when every row emitted ``<eos>`` or at the length limit, and closes the session.
 
 Two backends run the same job functions (:mod:`protocols.jobs`): :class:`ClusterBackend`
-(party processes over gRPC, via :class:`~net.client.QueryUser`) and :class:`InprocBackend`
+(party processes over gRPC, via :class:`~net.user.QueryUser`) and :class:`InprocBackend`
 (three in-process threads, one fresh :func:`mpc3.sim.make_parties` - fresh PRG keys - per job).
 Costs: each party counts its own traffic per job; bytes and messages are summed over the
 parties, rounds are the maximum.
@@ -35,7 +35,9 @@ from mpc3.sharing import deal
 from protocols import model as M
 from protocols.jobs import output_fracs
 
-from net.client import ClusterError, QueryUser, TamperingDetected, reconstruct
+from net.failures import ClusterError, TamperingDetected
+from net.user import QueryUser
+from net.outputs import reconstruct
 
 
 class TranslationError(RuntimeError):

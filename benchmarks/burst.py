@@ -31,7 +31,7 @@ from app.localcluster import LocalCluster  # noqa: E402
 from app.owner import share_transformer  # noqa: E402
 from mpc3 import ring  # noqa: E402
 from mpc3.sharing import deal  # noqa: E402
-from net import client as nc  # noqa: E402
+from net.failures import ClusterError  # noqa: E402
 from net.codec import tensor_chunks  # noqa: E402
 from net.proto import mpc3_pb2 as pb  # noqa: E402
 from protocols import model as M  # noqa: E402
@@ -120,7 +120,7 @@ def hang(c: LocalCluster, mcfg) -> dict:
             try:
                 u.wait(jid, timeout=c.cfg.job_timeout_s)
                 msg = "job finished before the party stopped (no measurement)"
-            except nc.ClusterError as exc:
+            except ClusterError as exc:
                 msg = str(exc)
             took = time.monotonic() - t0
         finally:

@@ -12,7 +12,6 @@ Each case runs in a fresh process: its seconds and its peak RSS (VmHWM).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys

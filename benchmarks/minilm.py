@@ -81,7 +81,7 @@ def _inproc_embed(parties, x: np.ndarray):
     """The ``embed`` job on in-process parties: (E (B, d), per-party (bytes, rounds))."""
     from mpc3 import ring
     from mpc3.sharing import deal
-    from net.client import reconstruct
+    from net.outputs import reconstruct
     shares = deal(ring.encode(x, parties.ring.frac))
     jobs = parties.run("embed", {}, [{"X": s} for s in shares])
     out = ring.decode(reconstruct([j.outputs for j in jobs])["E"], parties.ring.frac)
@@ -124,7 +124,7 @@ def cost(a) -> dict:
     from app.bench.remote import RemoteCluster
     from app.owner import share_transformer
     from app.text import token_ids
-    from net.client import QueryUser
+    from net.user import QueryUser
     from net.inproc import InprocParties
     from mpc3 import ring
     from mpc3.party import RingConfig

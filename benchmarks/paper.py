@@ -153,7 +153,7 @@ def translate_e2e(rc, tokens: int, d: dict, seed: int = 0, fuse: str | None = No
     ``fuse``: the decode sessions' LayerNorm fusions (None: the parties' default)."""
     from app import translate as T
     from app.owner import share_transformer
-    from net.client import QueryUser
+    from net.user import QueryUser
     from protocols import model as M
     cfg = M.ModelConfig(d_model=d["d_model"], n_heads=d["heads"],
                         d_head=d["d_model"] // d["heads"], n_features=d["features"],

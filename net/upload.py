@@ -1,4 +1,4 @@
-"""The model owner's upload, one tensor at a time: what :meth:`net.client.ModelOwner.upload`
+"""The model owner's upload, one tensor at a time: what :meth:`net.owner.ModelOwner.upload`
 sends each party, with the owner holding one tensor and no shares.
 
 Each party's stream is its own gRPC call on its own thread. A :class:`TensorFeed` gives them

@@ -137,7 +137,7 @@ def share_inputs(x, name="X"):
 def run_job(parties, kind, x):
     """Job ``kind`` on :class:`net.inproc.InprocParties` with input X = ``x``: (decoded
     outputs, the three parties' jobs)."""
-    from net.client import reconstruct
+    from net.outputs import reconstruct
     jobs = parties.run(kind, {}, share_inputs(x))
     return {k: ring.decode(v) for k, v in reconstruct([j.outputs for j in jobs]).items()}, jobs
 

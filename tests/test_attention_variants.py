@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from conftest import share, value
-from protocols import attention as A
 from protocols import attention_variants as V
 from protocols import softmax as SM
 from protocols.model import variants as MV

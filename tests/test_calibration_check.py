@@ -14,7 +14,8 @@ import pytest
 
 from app.owner import transformer_meta
 from mpc3.party import RingConfig
-from net import client as nc
+from net.failures import ClusterError
+from net.user import QueryUser
 from net.proto import mpc3_pb2 as pb
 from protocols import calibrate as C
 from protocols import model as M
@@ -211,13 +212,13 @@ def test_the_check_does_not_grow_with_the_config(lm_meta):
 
 
 # ------------------------------------------------------------------------ the client ----
-def _user_with(meta: dict, tmp_path) -> nc.QueryUser:
+def _user_with(meta: dict, tmp_path) -> QueryUser:
     """A QueryUser that knows model 'lm' by the given public metadata (no party needed:
     check_inputs runs before anything is sent)."""
     from app.localcluster import write_config
     from net import config as cconf
     path = write_config(tmp_path, insecure=True)
-    u = nc.QueryUser(cconf.load(path, insecure_flag=True))
+    u = QueryUser(cconf.load(path, insecure_flag=True))
     u._models["lm"] = pb.ModelInfo(model_id="lm", upload_id="u1", public_meta=json.dumps(meta))
     return u
 
@@ -229,14 +230,14 @@ def test_client_refuses_to_share_inputs_without_a_valid_calibration(lm_meta, edi
     EDITS[edit][0](meta)
     u = _user_with(meta, tmp_path)
     x = np.zeros((1, 3, LM.d_model))
-    with pytest.raises(nc.ClusterError) as err:
+    with pytest.raises(ClusterError) as err:
         u.check_inputs("lm", {"X": x})
     assert err.value.code == grpc.StatusCode.FAILED_PRECONDITION and err.value.party is None
     assert str(err.value).startswith("model 'lm' cannot run: ") and EDITS[edit][1] in \
         str(err.value)
     sent = []
     u._submit_once = lambda *a: sent.append(a)          # submit() refuses before sharing
-    with pytest.raises(nc.ClusterError):
+    with pytest.raises(ClusterError):
         u.submit("lm", "lm_prefill", {"X": x}, {"session": "s"}, upload_id="u1")
     assert sent == []
     u.close()

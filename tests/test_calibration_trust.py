@@ -17,8 +17,7 @@ from app import translate as T
 from app.localcluster import LocalCluster
 from app.owner import calibrate_model, share_transformer, transformer_meta
 from mpc3 import ring
-from mpc3.sharing import deal
-from net import client as nc
+from net.failures import ClusterError
 from protocols import model as M
 from protocols.secure_model import plain_tensors
 from test_calibration_check import EDITS, LM
@@ -73,7 +72,7 @@ def test_upload_without_a_valid_calibration_is_refused_and_nothing_stored(cl, ed
     change, why = EDITS[edit]
     meta = json.loads(json.dumps(cl.meta))
     change(meta)
-    with pytest.raises(nc.ClusterError) as err:
+    with pytest.raises(ClusterError) as err:
         _upload(cl, "bad", meta)
     msg = str(err.value)
     assert err.value.code == C.INVALID_ARGUMENT and "\n" not in msg
@@ -111,18 +110,18 @@ def test_model_edited_on_disk_is_refused_at_job_time_others_still_serve(cl):
     _edit_public_meta(cl, 0, "ed0", EDITS["input range inf"][0])
     x = M.embed(LM, cl.user_t["embed.tgt"], np.array([[5, 1, 7]]))
     with cl.user(retry_s=0) as u:
-        with pytest.raises(nc.ClusterError) as err:
+        with pytest.raises(ClusterError) as err:
             u.run("ed1", "lm_prefill", {"X": x}, {"session": "e1"})
         msg = str(err.value)
         assert err.value.party == 1 and err.value.code == C.FAILED_PRECONDITION, msg
         assert msg.startswith("party 1: model 'ed1' cannot run: it has no calibration; its "
                               "owner must share it again with 'mpc3 share-model'"), msg
-        with pytest.raises(nc.ClusterError) as err:              # the client's own check
+        with pytest.raises(ClusterError) as err:              # the client's own check
             u.run("ed0", "lm_prefill", {"X": x}, {"session": "e2"})
         assert err.value.party is None and "input range for X is inf" in str(err.value)
         assert [s.jobs_running + s.jobs_queued for s in u.status()] == [0, 0, 0]
         info = u.model("ed0")                                     # a client without it
-        with pytest.raises(nc.ClusterError) as err:
+        with pytest.raises(ClusterError) as err:
             u.submit("ed0", "lm_prefill", {"X": ring.encode(x)}, {"session": "e3"},
                      encoded=True, upload_id=info.upload_id)
         assert err.value.party == 0 and "model 'ed0' cannot run: its calibrated input " \

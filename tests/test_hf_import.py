@@ -33,7 +33,7 @@ from app.cli import main as cli  # noqa: E402
 from app.owner import calibration_samples  # noqa: E402
 from mpc3 import ring  # noqa: E402
 from mpc3.sharing import deal  # noqa: E402
-from net.client import reconstruct  # noqa: E402
+from net.outputs import reconstruct  # noqa: E402
 from net.inproc import InprocParties  # noqa: E402
 from protocols import calibrate as C  # noqa: E402
 from protocols import model as M  # noqa: E402

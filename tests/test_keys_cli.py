@@ -136,7 +136,7 @@ def test_a_party_refuses_an_organisation_missing_from_its_bundle(tmp_path):
 
 
 def test_a_missing_client_key_is_one_line_naming_the_file_and_its_setting(tmp_path):
-    from net.client import QueryUser
+    from net.user import QueryUser
     from net.config import load
     d = tmp_path / "certs"
     keys.generate(d, clients=[("alice", "query-user")])

@@ -182,7 +182,7 @@ def test_deep_or_long_params_are_refused_before_parsing():
 def test_client_waits_for_a_party_as_long_as_the_parties_wait_for_each_other(tmp_path):
     from app.localcluster import write_config
     from net import config as cconf
-    from net.client import QueryUser
+    from net.user import QueryUser
     path = write_config(tmp_path, insecure=True, peer_timeout=2.5)
     with QueryUser(cconf.load(path, insecure_flag=True)) as u:    # was 60 s
         assert u.timeout == 2.5
@@ -199,7 +199,7 @@ def test_a_failure_is_reported_without_waiting_for_a_silent_party(tmp_path):
 
     from app.localcluster import write_config
     from net import config as cconf
-    from net.client import QueryUser
+    from net.user import QueryUser
     from net.failures import ClusterError, JobFailed
     path = write_config(tmp_path, insecure=True, peer_timeout=2.0)
     release = threading.Event()
@@ -272,7 +272,7 @@ def test_a_refused_long_poll_is_followed_by_a_short_one(tmp_path):
 
     from app.localcluster import write_config
     from net import config as cconf
-    from net.client import QueryUser
+    from net.user import QueryUser
     from net.failures import ClusterError
     path = write_config(tmp_path, insecure=True)
     asked = []

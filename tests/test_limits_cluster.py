@@ -19,7 +19,9 @@ import numpy as np
 import pytest
 
 from mpc3.shares import AShare
-from net import client as nc
+from net.failures import ClusterError
+from net.owner import ModelOwner
+from net.user import QueryUser
 from net import config as cconf
 from net import keys, store
 from net.proto import mpc3_pb2 as pb
@@ -53,7 +55,7 @@ def cluster(tmp_path_factory):
     c = type("C", (), {})()
     c.dir, c.cfg, c.srvs = d, cfg, srvs
     c.W = np.random.default_rng(3).standard_normal((48, 24)) * 0.2
-    with nc.ModelOwner(cfg, *_creds(c, "owner")) as o:
+    with ModelOwner(cfg, *_creds(c, "owner")) as o:
         o.upload("lin", {"W": c.W})
     with _user(c) as u:                       # compiles the job's kernels before timing
         u.run("lin", "linear", {"X": np.ones((1, 48))})
@@ -67,7 +69,7 @@ def _creds(c, stem):
 
 
 def _user(c, stem="user", **kw):
-    return nc.QueryUser(c.cfg, *_creds(c, stem), **kw)
+    return QueryUser(c.cfg, *_creds(c, stem), **kw)
 
 
 def _stub(c, n, stem):
@@ -216,7 +218,7 @@ def test_a_full_disk_during_upload_names_the_party_and_keeps_nothing(cluster, mo
         return real(path, data)
 
     monkeypatch.setattr(store, "atomic_write", full)
-    with nc.ModelOwner(c.cfg, *_creds(c, "owner")) as o, pytest.raises(nc.ClusterError) as err:
+    with ModelOwner(c.cfg, *_creds(c, "owner")) as o, pytest.raises(ClusterError) as err:
         o.upload("full", {"W": np.ones((8, 8))})
     assert err.value.code == RE and err.value.party == 1
     assert str(err.value) == ("party 1: the disk of its data_dir is full (No space left on "
@@ -227,7 +229,7 @@ def test_a_full_disk_during_upload_names_the_party_and_keeps_nothing(cluster, mo
     for s in c.srvs:
         assert s.store.info("full") is None
     monkeypatch.undo()
-    with nc.ModelOwner(c.cfg, *_creds(c, "owner")) as o:    # disk freed: shared again
+    with ModelOwner(c.cfg, *_creds(c, "owner")) as o:    # disk freed: shared again
         o.upload("full", {"W": np.ones((8, 8))})
 
 
@@ -241,8 +243,8 @@ def test_a_silent_party_fails_a_call_within_the_peer_timeout(cluster):
     parties = list(cluster.cfg.parties)
     parties[2] = dataclasses.replace(parties[2], address=addr)
     cfg = dataclasses.replace(cluster.cfg, parties=tuple(parties), peer_timeout_s=2.0)
-    with nc.QueryUser(cfg, *_creds(cluster, "user")) as u, \
-            pytest.raises(nc.ClusterError) as err:
+    with QueryUser(cfg, *_creds(cluster, "user")) as u, \
+            pytest.raises(ClusterError) as err:
         t0 = time.monotonic()
         u.model("lin")
     took = time.monotonic() - t0

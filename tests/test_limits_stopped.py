@@ -12,7 +12,7 @@ import pytest
 from app.generate import LMClusterBackend, generate
 from app.localcluster import LocalCluster
 from app.owner import share_transformer
-from net.client import QueryUser
+from net.user import QueryUser
 from net.failures import ClusterError
 from protocols import model as M
 

@@ -17,7 +17,10 @@ import numpy as np
 import pytest
 
 from mpc3 import ring
-from net import client as nc
+from net.failures import ClusterError, InconsistentModel, TamperingDetected
+from net.outputs import reconstruct
+from net.owner import ModelOwner
+from net.user import QueryUser
 from app.localcluster import LocalCluster
 from net import keys
 from net.proto import mpc3_pb2 as pb
@@ -110,16 +113,16 @@ def test_roles_and_ownership(cluster):
         job = u.submit("lin", "linear", {"X": x})
         u.wait(job)
         for call in (lambda: u2.fetch(job), lambda: u2.job_status(job)):
-            with pytest.raises(nc.ClusterError) as err:
+            with pytest.raises(ClusterError) as err:
                 call()
             assert err.value.code == grpc.StatusCode.PERMISSION_DENIED
         assert set(u.fetch(job)) == {"Y"}
-        with pytest.raises(nc.ClusterError) as err:     # a query user may not upload
-            nc.ModelOwner(cluster.cfg, *cluster.creds("user")).upload("evil", {"W": x})
+        with pytest.raises(ClusterError) as err:     # a query user may not upload
+            ModelOwner(cluster.cfg, *cluster.creds("user")).upload("evil", {"W": x})
         assert err.value.code == grpc.StatusCode.PERMISSION_DENIED
     with cluster.owner() as o:                          # an owner may not submit jobs
-        with pytest.raises(nc.ClusterError) as err:
-            nc.QueryUser(cluster.cfg, *cluster.creds("owner")).submit("lin", "linear",
+        with pytest.raises(ClusterError) as err:
+            QueryUser(cluster.cfg, *cluster.creds("owner")).submit("lin", "linear",
                                                                      {"X": x})
         assert err.value.code == grpc.StatusCode.PERMISSION_DENIED
         assert len(o.list_models()[0]) == 2
@@ -258,7 +261,7 @@ def test_inconsistent_model_across_parties_is_detected(cluster):
                              tensor=_chunk())
         stub.UploadModelShares(iter([msg]), timeout=10)
         ch.close()
-    with cluster.user() as u, pytest.raises(nc.InconsistentModel):
+    with cluster.user() as u, pytest.raises(InconsistentModel):
         u.submit("mixed", "linear", {"X": np.ones((1, 4))})
     with cluster.owner() as o:
         o.delete("mixed")
@@ -270,12 +273,12 @@ def test_tampered_output_share_is_detected(cluster):
         job = u.submit("lin", "linear", {"X": x})
         u.wait(job)
         pairs = u.fetch_pairs(job)
-    assert np.abs(ring.decode(nc.reconstruct(pairs)["Y"]) - x @ cluster.W).max() < 40 * ULP
+    assert np.abs(ring.decode(reconstruct(pairs)["Y"]) - x @ cluster.W).max() < 40 * ULP
     for n, half in ((0, "a"), (1, "b"), (2, "a")):
         bad = [{k: v.copy() for k, v in p.items()} for p in pairs]
         getattr(bad[n]["Y"], half)[2, 3] += np.uint64(1)
-        with pytest.raises(nc.TamperingDetected):
-            nc.reconstruct(bad)
+        with pytest.raises(TamperingDetected):
+            reconstruct(bad)
 
 
 def test_cli_share_model_infer_status(cluster, tmp_path):
@@ -333,7 +336,7 @@ def test_partial_upload_is_rolled_back(cluster):
                                                 tensor=_chunk())]), timeout=10)
     ch.close()
     with cluster.owner() as o:
-        with pytest.raises(nc.ClusterError) as err:
+        with pytest.raises(ClusterError) as err:
             o.upload("half", {"W": np.ones((2, 2))})
         assert err.value.party == 1 and err.value.code == grpc.StatusCode.ALREADY_EXISTS
         ids = [{m.model_id: m.upload_id for m in ms} for ms in o.list_models()]

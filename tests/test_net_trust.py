@@ -14,7 +14,7 @@ import pytest
 
 from app.localcluster import LocalCluster
 from app.owner import share_transformer
-from net import client as nc
+from net.failures import ClusterError, InconsistentModel, JobFailed
 from net.codec import tensor_chunks
 from net.proto import mpc3_pb2 as pb
 from net.proto import mpc3_pb2_grpc as pb_grpc
@@ -96,13 +96,13 @@ def test_weight_extraction_through_a_diagnostic_kind_is_refused(prod):
     eye = np.eye(16)
     with prod.user() as u:
         for kind in ("linear_relu", "linear", "bench_layer", "bench_op", "bench_lm"):
-            with pytest.raises(nc.ClusterError) as err:
+            with pytest.raises(ClusterError) as err:
                 u.run("tr1", kind, {"X": eye}, {"weight": "enc.0.ffn.w1"})
             assert err.value.code == C.NOT_FOUND and "unknown job kind" in str(err.value)
-        with pytest.raises(nc.ClusterError) as err:       # an intermediate value: forbidden
+        with pytest.raises(ClusterError) as err:       # an intermediate value: forbidden
             u.run("tr1", "encoder", {"X": eye[None]})
         assert err.value.code == C.PERMISSION_DENIED and "permitted: translate" in str(err.value)
-        with pytest.raises(nc.ClusterError) as err:       # no parameter selects weights
+        with pytest.raises(ClusterError) as err:       # no parameter selects weights
             u.run("tr2", "encoder", {"X": eye[None]}, {"weight": "enc.0.ffn.w1"})
         assert err.value.code == C.INVALID_ARGUMENT and "unknown parameters" in str(err.value)
 
@@ -118,7 +118,7 @@ def test_no_permitted_kind_is_a_linear_function_of_its_input(prod):
         enc = u.run("tr2", "encoder", {"X": X})["Y"]
         be = T.ClusterBackend(u, "tr2")
         be.open("probe", rng.uniform(-1.5, 1.5, (48, 3, 16)), T.Traffic())
-        hs = nc.ring.decode(be.step("probe", ys, T.Traffic()))
+        hs = ring.decode(be.step("probe", ys, T.Traffic()))
         be.close("probe")
     for inp, out in ((X.reshape(-1, 16), enc.reshape(-1, 16)), (ys, hs)):
         A = np.hstack([inp, np.ones((inp.shape[0], 1))])
@@ -171,14 +171,14 @@ def test_per_user_job_limit_names_the_limit(prod):
                 try:
                     u._call(1, "SubmitJob", submit_chunks(job_id, "tr2", info.upload_id,
                                                           "encoder", {}, share))
-                except nc.ClusterError as exc:
+                except ClusterError as exc:
                     refused = (i, exc)
                     break
         finally:
             for job_id in ids:
                 try:
                     u._call(1, "CancelJob", pb.JobRef(job_id=job_id), timeout=10)
-                except nc.ClusterError:
+                except ClusterError:
                     pass
     assert refused is not None and refused[0] == 6, refused
     exc = refused[1]
@@ -195,7 +195,7 @@ def test_sessions_per_user_are_limited(prod):
         be = T.ClusterBackend(u, "tr1")
         be.open("lim-1", x, T.Traffic())
         be.open("lim-2", x, T.Traffic())
-        with pytest.raises(nc.ClusterError) as err:
+        with pytest.raises(ClusterError) as err:
             be.open("lim-3", x, T.Traffic())
         assert err.value.code == C.RESOURCE_EXHAUSTED and "user_sessions" in str(err.value)
         be.close("lim-1")
@@ -286,7 +286,7 @@ def test_hung_party_is_named_and_the_job_aborted(prod):
                 u._call(n, "SubmitJob", submit_chunks(job_id, "tr2", info.upload_id,
                                                       "encoder", {}, shares[n]))
             t0 = time.monotonic()
-            with pytest.raises(nc.JobFailed) as err:
+            with pytest.raises(JobFailed) as err:
                 u.wait(job_id, timeout=60)
             assert time.monotonic() - t0 < 40
         finally:
@@ -333,12 +333,12 @@ def test_edited_share_with_recomputed_checksum_is_detected(prod):
     (d / "meta.json").write_text(json.dumps(meta))
     _restart(prod, 1)
     with prod.user() as u:
-        with pytest.raises(nc.InconsistentModel) as err:
+        with pytest.raises(InconsistentModel) as err:
             u.model("tam")
     msg = str(err.value)
     assert "slot 1 differs between party 0 and party 1" in msg and "delete" in msg, msg
     with prod.user() as u:                               # refused for jobs on every party
-        with pytest.raises(nc.ClusterError):
+        with pytest.raises(ClusterError):
             u.run("tam", "decode_open", {"X": np.zeros((1, 2, 16))}, {"session": "t1"})
     with prod.owner() as o:                              # the owner replaces it
         o.delete("tam")
@@ -354,7 +354,7 @@ def test_corrupt_files_on_one_party_can_be_deleted_and_reshared(prod):
     f.write_bytes(f.read_bytes()[:40])                   # truncated on party 0
     _restart(prod, 0)
     with prod.user() as u:
-        with pytest.raises(nc.InconsistentModel) as err:
+        with pytest.raises(InconsistentModel) as err:
             u.model("cor")
         assert "party 0" in str(err.value) and "corrupt" in str(err.value)
         assert str(prod.dir) not in str(err.value)       # no server paths

@@ -7,7 +7,8 @@ import pytest
 
 from mpc3 import ring
 from app.localcluster import LocalCluster
-from net import client as nc
+from net.failures import ClusterError
+from net.proto import mpc3_pb2 as pb
 from app import translate as T
 from protocols import model as M
 from protocols import textdata as TD
@@ -79,12 +80,12 @@ def test_grpc_incremental_decoding_equals_plaintext_steps(cluster):
             want = M.ref_decoder_step(cfg, w, ref, y)
             np.testing.assert_allclose(got, want, atol=0.05)
             assert M.output_logits(ut, got).argmax() == M.output_logits(ut, want).argmax()
-        with pytest.raises(nc.ClusterError) as err:      # only the owner may use it; to
+        with pytest.raises(ClusterError) as err:      # only the owner may use it; to
             with cluster.user("user2") as other:         # others its id is simply unknown
                 T.ClusterBackend(other, "tr").step("inc-1", y, T.Traffic())
         assert err.value.code == grpc.StatusCode.NOT_FOUND and "is unknown" in str(err.value)
         be.close("inc-1")
-        with pytest.raises(nc.ClusterError, match="closed by its owner"):
+        with pytest.raises(ClusterError, match="closed by its owner"):
             be.step("inc-1", y, T.Traffic())
     assert layers.rows["dec.0"][3] == len(tgt)            # one entry per step
 
@@ -92,18 +93,18 @@ def test_grpc_incremental_decoding_equals_plaintext_steps(cluster):
 def test_grpc_clear_errors(cluster):
     cfg = cluster.mcfg
     with cluster.user() as u:
-        with pytest.raises(nc.ClusterError) as err:
+        with pytest.raises(ClusterError) as err:
             T.ClusterBackend(u, "no-such-model")
         assert err.value.code == grpc.StatusCode.NOT_FOUND
         be = T.ClusterBackend(u, "tr")
-        with pytest.raises(nc.ClusterError, match="too long") as err:
+        with pytest.raises(ClusterError, match="too long") as err:
             be.open("long-1", np.zeros((1, cfg.max_len + 4, cfg.d_model)), T.Traffic())
         assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
-        with pytest.raises(nc.ClusterError, match="unknown on party"):
+        with pytest.raises(ClusterError, match="unknown on party"):
             be.step("never-opened", np.zeros((1, cfg.d_model)), T.Traffic())
         with pytest.raises(ValueError, match="too long"):
             T.translate_texts(be, cfg, cluster.user_t, ["12345678901"])
-        with pytest.raises(nc.ClusterError, match="unknown parameters"):
+        with pytest.raises(ClusterError, match="unknown parameters"):
             u.submit("tr", "encoder", {"X": np.zeros((1, 3, cfg.d_model))},
                      {"_session": 1})
 
@@ -134,18 +135,18 @@ def test_party_dying_mid_decoding_fails_cleanly(cluster):
         cluster.procs[2].kill()
         cluster.procs[2].wait(10)
         t0 = time.monotonic()
-        with pytest.raises(nc.ClusterError) as err:
+        with pytest.raises(ClusterError) as err:
             be.step("dies-1", y, T.Traffic())
         assert time.monotonic() - t0 < 20
         assert err.value.code in (grpc.StatusCode.UNAVAILABLE, None) or \
             "party 2" in str(err.value)
         for n in (0, 1):     # the survivors still answer: closing is local, no peer needed
             try:
-                st = u._call(n, "SubmitJob", iter([nc.pb.SubmitChunk(
+                st = u._call(n, "SubmitJob", iter([pb.SubmitChunk(
                     job_id=f"after-{n}", model_id="tr", upload_id=be.info.upload_id,
                     kind="decode_close", params_json='{"session": "dies-1"}')]))
-                assert st.state == nc.S.DONE
-            except nc.ClusterError as exc:       # or it was dropped with the failed step
+                assert st.state == pb.JobStatusReply.DONE
+            except ClusterError as exc:       # or it was dropped with the failed step
                 assert "dropped after a failed job" in str(exc)
     for p in cluster.procs[:2]:
         assert p.poll() is None                    # the survivors keep serving

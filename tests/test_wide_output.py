@@ -11,7 +11,8 @@ from conftest import share, value
 from mpc3 import ring
 from mpc3.party import RingConfig
 from mpc3.sim import run_parties
-from net.client import TamperingDetected, reconstruct
+from net.failures import TamperingDetected
+from net.outputs import reconstruct
 from net.outputs import same_scales
 from net.codec import TensorAssembler, tensor_chunks
 from net.errors import BadRequest

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from app.localcluster import LocalCluster
+from mpc3 import ring
 from conftest import mpc3_cli
 from app.owner import share_transformer
-from net import client as nc
+from net.failures import ClusterError
 from protocols import model as M
 
 C = grpc.StatusCode
@@ -90,13 +91,13 @@ def test_cli_classify_prints_logits_and_argmax_only_when_permitted(zoo, tmp_path
     assert r.stdout.strip().splitlines() == [f"row {i}: class {int(ref[i].argmax())}"
                                              for i in range(2)]
     with zoo.user() as u:                     # logits of an argmax-only model: forbidden
-        with pytest.raises(nc.ClusterError) as err:
+        with pytest.raises(ClusterError) as err:
             u.run("clf-argmax", "classify", {"X": x})
         assert err.value.code == C.PERMISSION_DENIED
-        with pytest.raises(nc.ClusterError) as err:                     # wrong arch
+        with pytest.raises(ClusterError) as err:                     # wrong arch
             u.run("lm", "classify", {"X": x})
         assert err.value.code == C.PERMISSION_DENIED and "decoder-only model" in str(err.value)
-        with pytest.raises(nc.ClusterError) as err:                     # no weight picking
+        with pytest.raises(ClusterError) as err:                     # no weight picking
             u.run("clf", "classify", {"X": x}, {"weight": "head.w"})
         assert err.value.code == C.INVALID_ARGUMENT
 
@@ -127,9 +128,9 @@ def test_new_kinds_are_no_linear_function_of_their_input(zoo):
         logits = u.run("clf", "classify", {"X": X})["logits"]
         be = G.LMClusterBackend(u, "lm")
         P = rng.uniform(-1.5, 1.5, (96, 2, 16))
-        h0 = nc.ring.decode(be.prefill("probe", P, T.Traffic()))
+        h0 = ring.decode(be.prefill("probe", P, T.Traffic()))
         ys = rng.uniform(-1.5, 1.5, (96, 16))
-        h1 = nc.ring.decode(be.step("probe", ys, T.Traffic()))
+        h1 = ring.decode(be.step("probe", ys, T.Traffic()))
         be.close("probe")
     for inp, out in ((X.reshape(96, -1), logits), (P.reshape(96, -1), h0), (ys, h1)):
         A = np.hstack([inp, np.ones((inp.shape[0], 1))])

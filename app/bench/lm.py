@@ -183,7 +183,7 @@ def run_remote(rc, cfg, w, x, y, fuse=None) -> dict:
     """The same on a :class:`app.bench.remote.RemoteCluster`, uploading the weights ``w``
     one tensor at a time (:class:`protocols.secure_model.LazyTensors`) as the model
     (deleted after)."""
-    from net.client import reconstruct
+    from net.outputs import reconstruct
     from protocols.secure_model import LazyTensors, layout
     tensors = LazyTensors(layout(cfg, w))
     pairs = rc.run_job("bench_lm", tensors, tensors.extra_frac(), _inputs(x, y),

@@ -218,7 +218,7 @@ class RemoteCluster:
     # ------------------------------------------------------------------- running ----
     def _run_job(self, kind: str, model: dict, extra_frac: dict, inputs: dict, params: dict,
                  encoded_model: bool = False) -> tuple[list[dict], np.ndarray]:
-        from net.client import reconstruct
+        from net.outputs import reconstruct
         pairs = self.run_job(kind, model, extra_frac, inputs, params, encoded_model)
         stats = reconstruct([{"s": p["stats"]} for p in pairs])["s"]
         return [{"Y": p["Y"]} for p in pairs], stats.astype(np.int64)
@@ -227,7 +227,8 @@ class RemoteCluster:
                 encoded_model: bool = False) -> list[dict]:
         """Upload ``model`` (plaintext tensors, shared here) as a bench model, run one
         diagnostic job on it, delete it: the three parties' output pairs."""
-        from net.client import ModelOwner, QueryUser
+        from net.owner import ModelOwner
+        from net.user import QueryUser
         self._counter += 1
         model_id = f"bench-{os.getpid()}-{self._counter}"
         with ModelOwner(self.cfg, rpc_timeout=600) as owner:
@@ -284,7 +285,7 @@ class RemoteCluster:
             "bench_layer", {k: t for k, (t, _) in layout.items()},
             {k: e for k, (_, e) in layout.items() if e},
             dict(zip(workloads.layer_inputs(name), inputs)), params)
-        from net.client import reconstruct
+        from net.outputs import reconstruct
         got = ring.decode(reconstruct(outs)["Y"], self.cfg.frac)
         err = float(np.max(np.abs(got - ref)))
         return {"workload": f"layer/{name}",

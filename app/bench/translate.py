@@ -95,7 +95,7 @@ def run_translate(a) -> dict:
     t_setup = time.perf_counter()
     try:
         if a.transport == "grpc" or a.net != "none":
-            from net.client import QueryUser
+            from net.user import QueryUser
             from ..localcluster import LocalCluster
             from ..owner import share_transformer
             tmp = Path(tempfile.mkdtemp(prefix="mpc3-bench-translate-"))

@@ -166,7 +166,7 @@ def _cmd_down(args) -> int:
 
 
 def _cmd_status(args) -> int:
-    from net.client import ClusterError
+    from net.failures import ClusterError
     from net.proto import mpc3_pb2 as pb
     cfg = load(args)
     replies = {}

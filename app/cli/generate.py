@@ -24,7 +24,7 @@ from .common import (MODEL_ID_HELP, STARTING, add_client_creds, check_same_model
 
 
 def _cmd_generate(args) -> int:
-    from net.client import QueryUser
+    from net.user import QueryUser
     from ..generate import ByteStream, LMClusterBackend, generate
     from ..text import lm_prompt
     cfg = load(args)
@@ -93,7 +93,7 @@ def demo_lm(args) -> int:
     the plaintext reference."""
     import time
 
-    from net.client import QueryUser
+    from net.user import QueryUser
     from protocols import model as M
     from protocols import textdata as TD
 

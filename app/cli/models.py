@@ -165,7 +165,7 @@ def _cmd_share(args) -> int:
 
 
 def _cmd_models(args) -> int:
-    from net.client import ModelOwner
+    from net.owner import ModelOwner
     cfg = load(args)
     if args.delete:
         with ModelOwner(cfg, args.cert, args.key) as owner:
@@ -266,7 +266,7 @@ def job_kind(name: str) -> str:
 
 
 def _cmd_infer(args) -> int:
-    from net.client import QueryUser
+    from net.user import QueryUser
     cfg = load(args)
     try:
         params = json.loads(args.params)
@@ -330,7 +330,7 @@ def demo_classifier(args) -> int:
     shared by the owner permitting ``classify-argmax`` only (the user learns the class, not
     the logits), and held-out numbers' words classified securely (one job for all of them)
     against the plaintext arg-max."""
-    from net.client import QueryUser
+    from net.user import QueryUser
     from protocols import model as M
     from protocols import textdata as TD
 

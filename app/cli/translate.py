@@ -65,7 +65,7 @@ def layer_table(layers, cost) -> str:
 
 # -------------------------------------------------------------------------- translate ----
 def _cmd_translate(args) -> int:
-    from net.client import QueryUser
+    from net.user import QueryUser
     from ..api import translator_side
     from ..translate import ClusterBackend, translate_texts
     cfg = load(args)
@@ -119,7 +119,7 @@ def _cmd_demo(args) -> int:
         from .models import demo_classifier
         return demo_classifier(args)
     from protocols import textdata as TD
-    from net.client import QueryUser
+    from net.user import QueryUser
     from ..owner import share_transformer
     from ..translate import ClusterBackend, LayerCosts, token_agreement, translate_texts
     say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, flush=True))

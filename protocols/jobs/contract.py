@@ -59,7 +59,7 @@ class TensorSpec:
     """A named tensor with a symbolic shape such as ``("B", "S", "d")``. ``wide``: an output
     carried at 2 frac fractional bits (its last product reshared untruncated, one round
     fewer); the chunks say so (their ``frac``) and the query user rounds it to frac bits
-    after reconstructing it (:func:`net.client.reconstruct`)."""
+    after reconstructing it (:func:`net.outputs.reconstruct`)."""
 
     name: str
     shape: tuple[str, ...]
