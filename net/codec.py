@@ -19,7 +19,7 @@ import numpy as np
 from mpc3.shares import AShare
 
 from .errors import BadRequest, Code
-from .frames import CHUNK_BYTES
+from .grpcopts import CHUNK_BYTES
 from .proto import mpc3_pb2 as pb
 
 TENSOR_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:/-]{0,127}$")

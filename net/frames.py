@@ -1,7 +1,7 @@
 """A communicator message on a peer link: the PeerFrames carrying it and its arrays back.
 
 A message - the arrays one round sends to one peer - travels as ONE :class:`PeerFrame` when
-its bytes fit in :data:`CHUNK_BYTES`, else as consecutive chunks of the same ``(job_id,
+its bytes fit in :data:`~net.grpcopts.CHUNK_BYTES`, else as consecutive chunks of the same ``(job_id,
 op)``. The first frame carries ``n_arrays`` and ``layout``: ASCII, one
 ``<dtype.str>:<d0>,<d1>,...`` per array joined by ``;`` (``b"<u8:3;<i2:0,2;|u1:"`` is three
 arrays, the last of 0 dimensions); ``data`` carries the arrays' bytes back to back. There is
@@ -22,9 +22,9 @@ import numpy as np
 
 from mpc3.comm import Payload, ProtocolError
 
+from .grpcopts import CHUNK_BYTES
 from .proto import mpc3_pb2 as pb
 
-CHUNK_BYTES = 1 << 20
 MAX_MESSAGE_BYTES = 1 << 34     # a peer announcing more is broken
 MAX_DIMS = 32
 MAX_HEADER_BYTES = 1 << 16      # ~3000 arrays in one message

@@ -2,6 +2,7 @@
 parties, the party server, and the peer links when they run over gRPC streams."""
 
 MAX_FRAME_BYTES = 4 << 20          # one gRPC message or one serialised PeerFrame, at most
+CHUNK_BYTES = 1 << 20              # data in one chunk of a tensor or of a peer message
 GRPC_OPTIONS = [
     ("grpc.max_send_message_length", MAX_FRAME_BYTES),
     ("grpc.max_receive_message_length", MAX_FRAME_BYTES),

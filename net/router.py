@@ -17,7 +17,7 @@ each end knows which party it talks to.
 
 Messages. A communicator message (the list of arrays one round sends to one peer) is sent as
 ONE frame tagged ``(job_id, op)`` - its layout in a compact header, its arrays' bytes back to
-back - when it fits in :data:`~net.frames.CHUNK_BYTES`, else as consecutive chunks
+back - when it fits in :data:`~net.grpcopts.CHUNK_BYTES`, else as consecutive chunks
 (:mod:`net.frames`). Frames of one job arrive in order on a link, so the receiver puts them per
 (job, peer) into a FIFO mailbox (on socket links the waiting job thread reads them itself,
 :mod:`net.readturn`); jobs never see each other's messages, and a message carrying another op

@@ -9,7 +9,7 @@ link itself too (:mod:`net.readturn`); a reader thread per link reads only what 
 waits for: no hand-off between threads in a round.
 
 What stays the same (:mod:`net.router`, :mod:`net.streams`): the router, its per-job mailboxes and ops, the
-``PeerFrame`` messages (hello, data chunks of at most :data:`net.frames.CHUNK_BYTES`,
+``PeerFrame`` messages (hello, data chunks of at most :data:`net.grpcopts.CHUNK_BYTES`,
 abort, control), the X25519 hello that derives the pairwise PRG seeds, and the topology
 (party ``i`` dials party ``i+1``; each link carries both directions).
 

@@ -17,7 +17,7 @@ from mpc3.shares import AShare
 from mpc3.sharing import BlockDeal
 from net.codec import TensorAssembler, share_from_payload
 from net.errors import BadRequest, Code
-from net.frames import CHUNK_BYTES
+from net.grpcopts import CHUNK_BYTES
 from net.upload import TensorFeed
 
 ROOT = Path(__file__).resolve().parent.parent

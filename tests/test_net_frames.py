@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from mpc3.comm import ProtocolError
-from net import frames
+from net import frames, grpcopts
 from net.proto import mpc3_pb2 as pb
 
 
@@ -35,9 +35,9 @@ def test_arrays_come_back_with_dtype_shape_and_bytes():
 
 
 def test_large_message_is_chunked_and_reassembled():
-    big = np.arange((frames.CHUNK_BYTES // 8) * 2 + 3, dtype=np.uint64)
+    big = np.arange((grpcopts.CHUNK_BYTES // 8) * 2 + 3, dtype=np.uint64)
     got, wire = _roundtrip([big, np.zeros((0, 2), np.int16)])
-    assert len(wire) == 3 and all(len(f.data) <= frames.CHUNK_BYTES for f in wire)
+    assert len(wire) == 3 and all(len(f.data) <= grpcopts.CHUNK_BYTES for f in wire)
     assert not wire[1].layout and wire[1].n_arrays == 0
     assert (got[0] == big).all() and got[1].shape == (0, 2)
 
