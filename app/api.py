@@ -16,7 +16,7 @@ user's model file - embedding tables, output layer, tokenizer - stays in this pr
 secret shares of embedded inputs leave it, and only outputs the model's owner permitted
 come back. A cluster runs only its job kinds (:data:`protocols.jobs.PRODUCTION`) on shared
 models: there is no call to compute anything else, by design (docs/API.md). Errors are
-the CLI's one-line exceptions: ``ValueError`` (bad input), ``net.failures.ClusterError`` (a
+the CLI's one-line exceptions: ``ValueError`` (bad input), ``net.client.failures.ClusterError`` (a
 party refused or failed; a RuntimeError), ``OSError`` (files).
 """
 from __future__ import annotations
@@ -99,8 +99,8 @@ class Cluster:
 
     def __init__(self, cfg: cconf.ClusterConfig, role: str = "query-user", cert=None,
                  key=None, rpc_timeout: float = 60.0, step_timeout: float = 120.0) -> None:
-        from net.owner import ModelOwner
-        from net.user import QueryUser
+        from net.client.owner import ModelOwner
+        from net.client.user import QueryUser
         if role not in ROLES:
             raise ValueError(f"role {role!r}: choose {' or '.join(ROLES)}")
         self.cfg, self.role, self.cert, self.key = cfg, role, cert, key
@@ -185,7 +185,7 @@ class Cluster:
         sentence-transformers directory) and share it as ``model_id``; ``permit``: the
         computations query users may run (default: the model's own inference). Returns
         the upload id; the parties hold verified copies when it returns."""
-        from protocols import calibrate as C
+        from protocols.calibration import calibrate as C
 
         from .cli.common import load_model_file
         from .owner import calibration_samples, share_transformer
@@ -351,7 +351,7 @@ def translator_side(path=None):
     """(config, user tensors, vocabulary) of the query user's translator: the shipped one
     unless ``path`` names another model file holding the query-user tensors."""
     from protocols import model as M
-    from protocols import textdata as TD
+    from app import textdata as TD
     if path is None:
         if not TD.SHIPPED_MODEL.exists():
             raise FileNotFoundError(f"shipped model {TD.SHIPPED_MODEL} is missing; pass "

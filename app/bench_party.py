@@ -13,7 +13,7 @@ import logging
 import sys
 
 from net import config
-from net.server import serve
+from net.party.server import serve
 from protocols.jobs import benchmark_registry
 
 

@@ -10,7 +10,7 @@ and the model is deleted. It needs the config's ``[clients.model-owner]`` and
 
 Clock skew is the party's time in its Status reply minus the midpoint of the call, so the
 round trip bounds the error. A party that cannot compile its kernels does not start
-(:func:`net.server.prepare_kernels`); doctor reports it down - its log has the reason.
+(:func:`net.party.server.prepare_kernels`); doctor reports it down - its log has the reason.
 """
 from __future__ import annotations
 
@@ -41,8 +41,8 @@ class Report:
 
 
 def _client(cfg: ClusterConfig, role: str, cert=None, key=None, **kw):
-    from net.owner import ModelOwner
-    from net.user import QueryUser
+    from net.client.owner import ModelOwner
+    from net.client.user import QueryUser
     cls = ModelOwner if role == "model-owner" else QueryUser
     return cls(cfg, cert, key, **kw)
 
@@ -126,7 +126,7 @@ def tiny_model():
 def run_test_job(cfg: ClusterConfig, report: Report, owner_creds=(None, None),
                  user_creds=(None, None)) -> None:
     """Share the tiny model, classify one input, compare, delete: into ``report``."""
-    from net.failures import ClusterError
+    from net.client.failures import ClusterError
     from protocols import model as M
 
     from .owner import share_transformer

@@ -161,9 +161,9 @@ def is_own_party(pid: int, cfg_path: Path) -> bool:
 
 def wait_healthy(cfg: cconf.ClusterConfig, timeout: float, procs=None) -> list[str]:
     """Poll the parties' Status until all three have both links up; returns problems left."""
-    from net.failures import ClusterError
-    from net.owner import ModelOwner
-    from net.user import QueryUser
+    from net.client.failures import ClusterError
+    from net.client.owner import ModelOwner
+    from net.client.user import QueryUser
     from net.proto import mpc3_pb2 as pb
     role_cls = QueryUser if "query-user" in cfg.clients or not cfg.tls else ModelOwner
     deadline = time.monotonic() + timeout
@@ -310,11 +310,11 @@ class LocalCluster:
         return self.dir / "certs" / f"{stem}.pem", self.dir / "certs" / f"{stem}.key"
 
     def owner(self, **kw):
-        from net.owner import ModelOwner
+        from net.client.owner import ModelOwner
         return ModelOwner(self.cfg, *(() if self.insecure else self.creds("owner")), **kw)
 
     def user(self, stem: str = "user", **kw):
-        from net.user import QueryUser
+        from net.client.user import QueryUser
         return QueryUser(self.cfg, *(() if self.insecure else self.creds(stem)), **kw)
 
 

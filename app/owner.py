@@ -1,9 +1,9 @@
 """The model owner's flow: put a transformer on a cluster as secret shares.
 
-:func:`share_transformer` first **calibrates** the model (:mod:`protocols.calibrate`: the
+:func:`share_transformer` first **calibrates** the model (:mod:`protocols.calibration.calibrate`: the
 secure protocols themselves on sample inputs, on a shadow party; a model whose values leave a
 kernel's range is refused with the layer, the value and the limit), then builds the
-protocols.secure_model layout (Omega folded into W^Q, W^K; attn_c folded into the
+protocols.layers.secure_model layout (Omega folded into W^Q, W^K; attn_c folded into the
 projections; projections at frac + PROJ_EXTRA bits), records in the model's public metadata
 its config, its kind, the computations query users may run (``permit``; default: the model's
 own inference only) and the calibration (with the input range clients check), uploads the
@@ -13,9 +13,9 @@ model file are never shared: the owner hands them to its users, who thereby lear
 from __future__ import annotations
 
 from mpc3.party import RingConfig
-from net.owner import ModelOwner
+from net.client.owner import ModelOwner
 from net.config import ClusterConfig
-from protocols import calibrate as C
+from protocols.calibration import calibrate as C
 from protocols import model as M
 from protocols.jobs import DEFAULT_PERMITTED, ENCODER_DECODER, PRODUCTION, TRANSFORMER_LAYOUT
 
@@ -47,9 +47,9 @@ def check_permit(permit, arch: str = ENCODER_DECODER) -> tuple[str, ...]:
 def calibration_samples(mcfg: M.ModelConfig, weights: M.Weights, user=None,
                         path=None) -> C.Samples:
     """The owner's samples (``path``: .npy/.npz of embedded inputs), else real inputs for a
-    model of the digits-to-words task (protocols.textdata), else random token sequences
+    model of the digits-to-words task (app.textdata), else random token sequences
     embedded with the model's own tables; a bare model needs ``path``."""
-    from protocols import textdata as TD
+    from app import textdata as TD
     import numpy as np
     if path is not None:
         return C.load_samples(path)
@@ -67,7 +67,7 @@ def calibrate_model(mcfg: M.ModelConfig, weights: M.Weights, user=None,
                     samples: C.Samples | None = None, ring: RingConfig = RingConfig(),
                     margin: float = C.DEFAULT_MARGIN, fold_omega: bool = True) -> C.Calibration:
     """The calibration ``share-model`` stores with a model: on ``samples`` (default:
-    :func:`calibration_samples`); raises :class:`protocols.calibrate.RangeError` if the model
+    :func:`calibration_samples`); raises :class:`protocols.calibration.calibrate.RangeError` if the model
     leaves a kernel's range."""
     if samples is None:
         samples = calibration_samples(mcfg, weights, user)
@@ -78,8 +78,8 @@ def transformer_meta(mcfg: M.ModelConfig, calibration: C.Calibration, permit=Non
                      source: str = "", fold_omega: bool = True,
                      check_inputs: bool = False) -> dict:
     """Public metadata stored with a shared transformer (``check_inputs``: the parties
-    check jobs' inputs against the calibrated range on shares, :mod:`protocols.input_check`)."""
-    from protocols.input_check import META_KEY
+    check jobs' inputs against the calibrated range on shares, :mod:`protocols.calibration.input_check`)."""
+    from protocols.calibration.input_check import META_KEY
     return {"model_config": mcfg.to_dict(), "kind": mcfg.arch,
             "layout": TRANSFORMER_LAYOUT, "fold_omega": fold_omega,
             "permitted": list(check_permit(permit, mcfg.arch)), "source": source,
@@ -95,17 +95,17 @@ def share_transformer(cfg: ClusterConfig, model_id: str, mcfg: M.ModelConfig,
     """Calibrate and share ``weights`` with the cluster as ``model_id``; returns the upload
     id. ``user``: the model's query-user tensors (never shared; they give the exact input
     range and default samples); ``samples``: calibration inputs (default:
-    :func:`calibration_samples`). Raises :class:`protocols.calibrate.RangeError` before
+    :func:`calibration_samples`). Raises :class:`protocols.calibration.calibrate.RangeError` before
     anything is uploaded if the model leaves a kernel's range, and ValueError if a party runs
     the diagnostic job kinds (benchmark/test processes, where any user can read every
     weight matrix) unless ``to_diagnostic_parties`` (test and benchmark weights)."""
-    from protocols.secure_model import LazyTensors, layout
+    from protocols.layers.secure_model import LazyTensors, layout
     check_permit(permit, mcfg.arch)
     cal = calibrate_model(mcfg, weights, user, samples, RingConfig(frac=cfg.frac), margin,
                           fold_omega)
     meta = transformer_meta(mcfg, cal, permit, source, fold_omega, check_inputs)
     tensors = LazyTensors(layout(mcfg, weights, fold_omega=fold_omega))
-    with ModelOwner(cfg, cert, key) as owner:       # one tensor at a time (net.upload)
+    with ModelOwner(cfg, cert, key) as owner:       # one tensor at a time (net.client.upload)
         diagnostic = [n for n, st in enumerate(owner.status()) if st.diagnostic]
         if diagnostic and not to_diagnostic_parties:
             raise ValueError(

@@ -9,12 +9,12 @@ of sources of one length it
    prefix sums (job ``decode_open``);
 2. per step shares only the newest token's embedding (job ``decode_step``, its own job id),
    fetches the three output pairs, reconstructs the new row with the replica check
-   (:class:`~net.failures.TamperingDetected`), applies Linear + softmax locally and picks the
+   (:class:`~net.client.failures.TamperingDetected`), applies Linear + softmax locally and picks the
    most likely token greedily;
 3. stops when every row emitted ``<eos>`` or at the length limit, and closes the session.
 
 Two backends run the same job functions (:mod:`protocols.jobs`): :class:`ClusterBackend`
-(party processes over gRPC, via :class:`~net.user.QueryUser`) and :class:`InprocBackend`
+(party processes over gRPC, via :class:`~net.client.user.QueryUser`) and :class:`InprocBackend`
 (three in-process threads, one fresh :func:`mpc3.sim.make_parties` - fresh PRG keys - per job).
 Costs: each party counts its own traffic per job; bytes and messages are summed over the
 parties, rounds are the maximum.
@@ -35,9 +35,9 @@ from mpc3.sharing import deal
 from protocols import model as M
 from protocols.jobs import output_fracs
 
-from net.failures import ClusterError, TamperingDetected
-from net.user import QueryUser
-from net.outputs import reconstruct
+from net.client.failures import ClusterError, TamperingDetected
+from net.client.user import QueryUser
+from net.client.outputs import reconstruct
 
 
 class TranslationError(RuntimeError):
@@ -104,7 +104,7 @@ class LayerCosts:
 # ------------------------------------------------------------------------ backends ----
 def opening(fuse: str | None) -> dict:
     """The extra job parameters of a job that opens a session: its LayerNorm fusions ``fuse``
-    (None: the parties' default; :func:`protocols.ln_proj.fusion_choice`)."""
+    (None: the parties' default; :func:`protocols.layers.ln_proj.fusion_choice`)."""
     return {} if fuse is None else {"fuse": fuse}
 
 
@@ -169,7 +169,7 @@ class ClusterBackend:
 
 class InprocBackend:
     """Three in-process parties (threads) holding model shares: the party service's own job
-    runner without a network (:class:`net.inproc.InprocParties`)."""
+    runner without a network (:class:`net.party.inproc.InprocParties`)."""
 
     transport = "inproc"
 
@@ -177,8 +177,8 @@ class InprocBackend:
                  timeout: float = 120.0, fuse: str | None = None,
                  calibration: dict | None = None):
         """``calibration``: the model's (``Calibration.to_dict()``), as ``share-model`` stores
-        it - the decode steps' schedule follows from it (:func:`protocols.schedule.deferred_wo`)."""
-        from net.inproc import InprocParties
+        it - the decode steps' schedule follows from it (:func:`protocols.jobs.schedule.deferred_wo`)."""
+        from net.party.inproc import InprocParties
         self.cfg = cfg
         self.frac = frac
         self.fuse = fuse
@@ -316,7 +316,7 @@ def translate_texts(backend, cfg, user, texts: list[str], vocab=None, batch: int
     Returns the translations, the total cost and the (secure, plaintext) token lists per text
     (with EOS; plaintext None unless ``plaintext_weights`` is given) for token agreement.
     """
-    from protocols import textdata as TD
+    from app import textdata as TD
     vocab = vocab or TD.VOCAB
     ids = [TD.encode_src(t, vocab) for t in texts]     # ValueError on bad/over-long input
     for t, s in zip(texts, ids):

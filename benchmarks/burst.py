@@ -31,11 +31,11 @@ from app.localcluster import LocalCluster  # noqa: E402
 from app.owner import share_transformer  # noqa: E402
 from mpc3 import ring  # noqa: E402
 from mpc3.sharing import deal  # noqa: E402
-from net.failures import ClusterError  # noqa: E402
+from net.client.failures import ClusterError  # noqa: E402
 from net.codec import tensor_chunks  # noqa: E402
 from net.proto import mpc3_pb2 as pb  # noqa: E402
 from protocols import model as M  # noqa: E402
-from protocols import textdata as TD  # noqa: E402
+from app import textdata as TD  # noqa: E402
 
 
 def burst(c: LocalCluster, mcfg, user_t, vocab) -> dict:

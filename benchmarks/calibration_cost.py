@@ -37,7 +37,7 @@ _SITES = """
 import sys, time
 from mpc3.procinfo import peak_rss
 from app.bench.lm import lm_config
-from protocols.calibration_check import MAX_LAYERS, sites_reached
+from protocols.calibration.check import MAX_LAYERS, sites_reached
 cfg = lm_config("decoder-only", sys.argv[1], 64, 4, MAX_LAYERS, 128, 64, 1, "gelu")
 t = time.perf_counter()
 sites_reached(cfg)
@@ -73,7 +73,7 @@ def main(argv=None) -> int:
     result["code"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=code,
                                     capture_output=True, text=True).stdout.strip()
     sys.path.insert(0, str(code))
-    from protocols import textdata as TD
+    from app import textdata as TD
     models = {"classifier": TD.SHIPPED_CLASSIFIER, "translator": TD.SHIPPED_MODEL,
               **{f"lm-{k}": v for k, v in TD.SHIPPED_LMS.items()}}
     cases = {}

@@ -4,12 +4,12 @@ the peak RSS increase measured, and the RSS left when it ended (issue 33, item 5
     python benchmarks/job_memory.py --json benchmarks/results/job_memory.json
     python benchmarks/job_memory.py --one softmax 64 52      # one case, one JSON line
 
-Each case is a fresh process holding three in-process parties (net.inproc, the party's
-runner and its malloc settings, net.malloc.keep_freed_memory) of a shipped LM
-(protocols/assets/lm_*.npz): a warm-up ``lm_prefill`` at B = 1, T = 4 (the kernels'
+Each case is a fresh process holding three in-process parties (net.party.inproc, the party's
+runner and its malloc settings, net.party.malloc.keep_freed_memory) of a shipped LM
+(app/assets/lm_*.npz): a warm-up ``lm_prefill`` at B = 1, T = 4 (the kernels'
 compilation), then RSS (``base``), one ``lm_prefill`` of B x T random rows, then the peak
 (``VmHWM``) and RSS ``after`` it (the runner has returned the freed heap to the OS,
-:func:`net.malloc.trim`; the session's KV caches are still held, ``session_bytes``).
+:func:`net.party.malloc.trim`; the session's KV caches are still held, ``session_bytes``).
 Per party = the increase / 3 (the three parties compute at once).
 """
 from __future__ import annotations
@@ -31,16 +31,16 @@ CASES = [("softmax", 64, 52), ("softmax", 256, 52), ("softmax", 128, 24),
 
 
 def one(attention: str, B: int, T: int) -> dict:
-    from net import malloc
+    from net.party import malloc
     malloc.keep_freed_memory()
 
     import numpy as np
 
     from mpc3 import ring
     from mpc3.sharing import deal
-    from net.inproc import InprocParties
+    from net.party.inproc import InprocParties
     from protocols import model as M
-    from protocols import textdata as TD
+    from app import textdata as TD
     from protocols.jobs import PRODUCTION
     from protocols.jobs.memory import job_memory
     cfg, w, _ = M.load_model(TD.SHIPPED_LMS[attention])

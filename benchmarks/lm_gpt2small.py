@@ -8,7 +8,7 @@ with ``mpc3 bench lm``, and the comparison table against AERO (seed 001, Table 4
 
 ``run`` writes ``benchmarks/results/lm_gpt2small_{attention}[-{variant}]_{where}.json`` (and
 ``.png``, the breakdown), where = inproc | loopback (three party processes, gRPC) | lan | wan
-(emulated, :mod:`net.emulate`); each run is a fresh ``python -m app.cli bench lm`` process.
+(emulated, :mod:`net.peer.emulate`); each run is a fresh ``python -m app.cli bench lm`` process.
 ``--layers`` below 12 measures fewer layers (the file name says ``_L{n}``), ``--fuse`` another
 choice of the session's LayerNorm fusions (``_fuse-{choice}``). ``table`` reads
 every such JSON and prints bytes, rounds, wall and the breakdown next to AERO's figures

@@ -51,7 +51,7 @@ def _model(tmp: Path):
     from app.bench.checkpoints import minilm_dir
     from app.cli import main as cli
     from app.owner import calibration_samples
-    from protocols import calibrate as C
+    from protocols.calibration import calibrate as C
     from protocols import model as M
     from sentence_transformers import SentenceTransformer
     src = minilm_dir(tmp)
@@ -81,7 +81,7 @@ def _inproc_embed(parties, x: np.ndarray):
     """The ``embed`` job on in-process parties: (E (B, d), per-party (bytes, rounds))."""
     from mpc3 import ring
     from mpc3.sharing import deal
-    from net.outputs import reconstruct
+    from net.client.outputs import reconstruct
     shares = deal(ring.encode(x, parties.ring.frac))
     jobs = parties.run("embed", {}, [{"X": s} for s in shares])
     out = ring.decode(reconstruct([j.outputs for j in jobs])["E"], parties.ring.frac)
@@ -90,7 +90,7 @@ def _inproc_embed(parties, x: np.ndarray):
 
 def accuracy(a) -> dict:
     from app.text import run_grouped, token_ids
-    from net.inproc import InprocParties
+    from net.party.inproc import InprocParties
     result = runinfo.start("minilm_accuracy")
     texts = _sentences()
     with tempfile.TemporaryDirectory() as tmp:
@@ -124,12 +124,12 @@ def cost(a) -> dict:
     from app.bench.remote import RemoteCluster
     from app.owner import share_transformer
     from app.text import token_ids
-    from net.user import QueryUser
-    from net.inproc import InprocParties
+    from net.client.user import QueryUser
+    from net.party.inproc import InprocParties
     from mpc3 import ring
     from mpc3.party import RingConfig
     from protocols import model as M
-    from protocols.sentence import cost_embed_sentence
+    from protocols.stacks.sentence import cost_embed_sentence
     result = runinfo.start("minilm_cost")
     texts = _sentences()
     with tempfile.TemporaryDirectory() as tmp:

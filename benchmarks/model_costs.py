@@ -12,13 +12,13 @@ import functools
 import numpy as np
 
 from mpc3.party import RingConfig
-from protocols import attention as A
-from protocols import causal_lm as LM
-from protocols import decoder as D
-from protocols import ln_proj as LP
+from protocols.layers import attention as A
+from protocols.stacks import causal_lm as LM
+from protocols.stacks import decoder as D
+from protocols.layers import ln_proj as LP
 from protocols import model as M
-from protocols.classifier import cost_argmax, cost_classify
-from protocols.encoder import cost_encoder
+from protocols.stacks.classifier import cost_argmax, cost_classify
+from protocols.stacks.encoder import cost_encoder
 
 RC = RingConfig()
 SMALL = dict(d_model=16, n_heads=2, d_head=8, n_features=8, d_ff=32, attn_c=0.125,
@@ -92,9 +92,9 @@ def translator_rows() -> list[tuple]:
 @functools.lru_cache(maxsize=1)
 def _random_schedule() -> tuple[M.ModelConfig, dict]:
     """The Table 2 translator of ``mpc3 bench translate --model random`` (seed 0) and the
-    decode schedule its calibration gives (protocols.schedule.session_schedule)."""
+    decode schedule its calibration gives (protocols.jobs.schedule.session_schedule)."""
     from app.owner import calibrate_model
-    from protocols.schedule import session_schedule
+    from protocols.jobs.schedule import session_schedule
     cfg = _cfg(TABLE2, norm_first=False, max_len=65, n_enc_layers=6, n_dec_layers=6,
                src_vocab=256, tgt_vocab=256)
     w, user = M.random_weights(cfg, 0), M.random_user(cfg, 0)
@@ -119,7 +119,7 @@ def fusion_rows() -> list[tuple]:
     """The translator's token at the Table 2 shape (6+6 layers, post-LN, relu-performer,
     source 64, mean of t < 64) for each session fusion choice (decode_open's ``fuse``): the
     general schedule, and the one the random model's calibration gives (``mpc3 bench
-    translate --model random`` shares that model: protocols.schedule), with the bytes of
+    translate --model random`` shares that model: protocols.jobs.schedule), with the bytes of
     that session's DecodeState.start (K'^T V, W^O folded into it, beta W)."""
     cfg, sched = _random_schedule()
     rows = []

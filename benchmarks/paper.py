@@ -15,7 +15,7 @@ beside each emulated time, and ``DIR/*.png`` plots Fig. 3/4 (matplotlib: the ``p
 that the emulation delays traffic: every emulated point must take at least rounds x one-way
 delay (exit status 1 otherwise). The full run writes ``benchmarks/results/paper_full``.
 
-Emulated networks need root (net/emulate.py); ``--nets none`` runs without.
+Emulated networks need root (net/peer/emulate.py); ``--nets none`` runs without.
 """
 from __future__ import annotations
 
@@ -153,7 +153,7 @@ def translate_e2e(rc, tokens: int, d: dict, seed: int = 0, fuse: str | None = No
     ``fuse``: the decode sessions' LayerNorm fusions (None: the parties' default)."""
     from app import translate as T
     from app.owner import share_transformer
-    from net.user import QueryUser
+    from net.client.user import QueryUser
     from protocols import model as M
     cfg = M.ModelConfig(d_model=d["d_model"], n_heads=d["heads"],
                         d_head=d["d_model"] // d["heads"], n_features=d["features"],
@@ -414,7 +414,7 @@ def translation(pts) -> dict:
 
 def translation_model(pts) -> dict:
     """net -> time model of the translation from the loopback points, for lan and wan."""
-    from net.emulate import PROFILES
+    from net.peer.emulate import PROFILES
     from app.bench.remote import time_model
     e = _find(pts, "translate", "encoder", "none")
     d = _find(pts, "translate", "decoder-step", "none")

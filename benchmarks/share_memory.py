@@ -7,7 +7,7 @@
 Three party processes on this machine (a tied local cluster). Each measured owner is a fresh
 process whose peak RSS (``VmHWM``) it reports itself:
 
-* ``upload``: :meth:`net.owner.ModelOwner.upload` of N float64 tensors of M MiB each from
+* ``upload``: :meth:`net.client.owner.ModelOwner.upload` of N float64 tensors of M MiB each from
   a lazy mapping (a tensor is generated when the upload reads it, as a model file read on
   demand would give it), against ``baseline`` - the same process's RSS just before
   (``upload``: 64 MiB tensors; ``upload_18mib``: 18 MiB, the GPT-2-small shape's largest);
@@ -64,7 +64,7 @@ def upload_case(config: str, n: int, mib: int) -> dict:
     """In this (fresh) process: the owner's peak while uploading n tensors of ``mib`` MiB."""
     import numpy as np  # noqa: F401 - imported before the baseline
 
-    from net.owner import ModelOwner
+    from net.client.owner import ModelOwner
     from net.config import load
     cfg = load(config)
     shape = (mib * MIB // 8 // 1024, 1024)

@@ -2,7 +2,7 @@
 
 1. per MB on loopback: CPU of the sending and of the receiving thread (``time.thread_time``)
    for ``--mb`` MB in 2 MB messages, over a TLS 1.3 socket made with the party links' own
-   contexts (:func:`net.tlssock.tls_contexts`, certificates from :func:`net.keys.generate`)
+   contexts (:func:`net.peer.tlssock.tls_contexts`, certificates from :func:`net.keys.generate`)
    and over a plain TCP socket;
 2. the AES-GCM speed of the system OpenSSL that Python's ``ssl`` links (``openssl speed``,
    16 KiB blocks - a TLS record - if the ``openssl`` command is there);
@@ -31,8 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import runinfo  # noqa: E402
 import thread_cpu  # noqa: E402
 from app.bench.remote import RemoteCluster, layer_config  # noqa: E402
-from net import keys, malloc  # noqa: E402
-from net.tlssock import tls_contexts  # noqa: E402
+from net import keys  # noqa: E402
+from net.party import malloc  # noqa: E402
+from net.peer.tlssock import tls_contexts  # noqa: E402
 
 MESSAGE = 2 << 20
 
@@ -122,7 +123,7 @@ def main(argv=None) -> None:
     ap.add_argument("--repeat", type=int, default=4, help="encoder runs per setting")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args(argv)
-    malloc.keep_freed_memory()                  # as a party process (net.server.serve)
+    malloc.keep_freed_memory()                  # as a party process (net.party.server.serve)
     result = runinfo.start("tls_cost")
     result["loopback"] = {"tls": per_mb(True, a.mb), "tcp": per_mb(False, a.mb)}
     result["openssl_speed"] = openssl_speed()

@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from protocols import model as M  # noqa: E402
-from protocols import textdata as TD  # noqa: E402
+from app import textdata as TD  # noqa: E402
 
 
 def default_config() -> M.ModelConfig:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Manual LAN/WAN emulation for the three MPC parties (root required).
 #
-# NOTE: net/emulate.py is the supported path (python -m net.emulate check
+# NOTE: net/peer/emulate.py is the supported path (python -m net.peer.emulate check
 # --net lan|wan|custom:R:RTT, and the Emulation API used by benchmarks).  This
 # script is a small equivalent for poking at things by hand; it uses the same
 # layout: namespaces mpc3-sh-p{0,1,2}, a veth mesh, party i = 10.77.0.<i+1>.
@@ -11,7 +11,7 @@
 #   ip netns exec mpc3-sh-p0 <cmd>        # run a party
 #
 # With sch_netem: netem (delay RTT/2 + rate) on every veth end; dial 10.77.0.<j+1>:PORT.
-# Without it:     tbf rate + the delay relay of net/emulate.py inside each
+# Without it:     tbf rate + the delay relay of net/peer/emulate.py inside each
 #                 namespace; party i dials 127.0.1.<j+1>:PORT to reach party j.
 set -euo pipefail
 NS=mpc3-sh

@@ -13,10 +13,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # a checkout's
 
 import app.api as mpc3api  # noqa: E402
 from app.localcluster import LocalCluster  # noqa: E402
-from protocols import textdata  # noqa: E402
+from app import textdata  # noqa: E402
 
-TRANSLATOR = textdata.SHIPPED_MODEL       # protocols/assets/translator.npz
-LM = textdata.SHIPPED_LM                  # protocols/assets/lm.npz (byte tokens)
+TRANSLATOR = textdata.SHIPPED_MODEL       # app/assets/translator.npz
+LM = textdata.SHIPPED_LM                  # app/assets/lm.npz (byte tokens)
 NUMBERS = ["4096", "77", "1234"]
 PROMPT = "12 = "
 

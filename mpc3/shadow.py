@@ -20,7 +20,7 @@ hands over to the same-named method here, which
   kernel's input ("relu", "sqrt_inv", ...). ``site`` is the name the stack passed
   (``site=`` / ``sites=`` keywords of the kernels, None for a kernel the calibration does
   not track) and ``layer`` the scope the stack set with :meth:`at`. The recorder (in
-  ``protocols``: :mod:`protocols.shadow`) turns ring units into the site's real units.
+  ``protocols``: :mod:`protocols.calibration.shadow`) turns ring units into the site's real units.
 
 Nothing here runs on a party of a job: a ShadowParty has no communicator, no PRG and no
 secret; it exists for the calibration of a model by its owner and for tests. A real
@@ -56,7 +56,7 @@ class _Constant(AShare):
     """A shadow share of a model constant held as its ring units alone (float64 integers,
     exact: encoded values stay below 2^62 and weights' far below 2^53), which the products
     use as they are; its ring halves are made when a local operation asks for them (slot b
-    a read-only zero view). ``units`` may map a file (protocols.shadow.ShadowTensors)."""
+    a read-only zero view). ``units`` may map a file (protocols.calibration.shadow.ShadowTensors)."""
 
     def __init__(self, units: np.ndarray) -> None:          # (not the dataclass's fields)
         self.units = units

@@ -44,7 +44,7 @@ def reveal(shares) -> np.ndarray:
 
 class BlockDeal:
     """Replicated shares of one ring array made block by block, for streaming it to the
-    parties without holding its shares (the model owner's upload, :mod:`net.owner`).
+    parties without holding its shares (the model owner's upload, :mod:`net.client.owner`).
 
     Slots 0 and 1 are AES-CTR keystreams under fresh ``os.urandom`` keys and counters, as in
     :func:`deal`; CTR mode reaches any element directly (counter + byte offset / 16), so

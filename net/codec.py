@@ -25,7 +25,7 @@ from .proto import mpc3_pb2 as pb
 TENSOR_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:/-]{0,127}$")
 MAX_DIMS = 8
 #: A tensor may carry up to this many fractional bits more than the cluster's ``frac``
-#: (e.g. projection weights encoded with frac + PROJ_EXTRA, see protocols.secure_model).
+#: (e.g. projection weights encoded with frac + PROJ_EXTRA, see protocols.layers.secure_model).
 MAX_EXTRA_FRAC = 16
 
 

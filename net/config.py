@@ -24,8 +24,8 @@ Example (see deploy/cluster.toml)::
     data_dir = "/var/lib/mpc3"
     # dial = { 1 = "10.0.0.2:7700" }     # optional per-peer dial overrides
     # peer_dial = { 1 = "10.0.0.2:7701" }
-    # metrics_listen = "127.0.0.1:9700"  # Prometheus metrics (net.metrics): localhost only
-    # log_format = "json"                # JSON log lines (net.logjson); default "text"
+    # metrics_listen = "127.0.0.1:9700"  # Prometheus metrics (net.party.metrics): localhost only
+    # log_format = "json"                # JSON log lines (net.party.logjson); default "text"
 
     [clients.model-owner]
     cert = "certs/owner.pem"
@@ -65,8 +65,8 @@ class PartyConfig:
     peer_address: str = ""
     peer_listen: str = ""
     peer_dial: dict[int, str] = field(default_factory=dict)
-    metrics_listen: str = ""       # host:port of GET /metrics (net.metrics); "" = off
-    log_format: str = "text"       # or "json" (net.logjson)
+    metrics_listen: str = ""       # host:port of GET /metrics (net.party.metrics); "" = off
+    log_format: str = "text"       # or "json" (net.party.logjson)
 
 
 @dataclass(frozen=True)

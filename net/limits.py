@@ -9,7 +9,7 @@ Three kinds of holding are counted per user, per organisation and for all users 
 open streams, decode sessions and *blocking calls* - unary calls that wait (a JobStatus
 long-poll, a model verification waiting for the peers, a cancellation waiting for its job).
 A blocking call over its limit is refused at once, so it never queues on a server thread;
-the party's thread pool is sized above ``streams + blocking_calls`` (net.server), so cheap
+the party's thread pool is sized above ``streams + blocking_calls`` (net.party.server), so cheap
 calls and other users always find a thread. The organisation of a user is its certificate's
 O attribute (:attr:`net.keys.Identity.org`): the ``org_*`` limits keep one organisation's
 many identities from taking every slot of a cluster-wide limit from another organisation.

@@ -35,7 +35,7 @@ def certs(tmp_path_factory):
 @pytest.fixture
 def tls_mesh(certs):
     """Three peer routers in this process over TLS socket links on loopback."""
-    from net import mesh
+    from net.peer import mesh
     routers, stop = mesh.local_mesh(certs, transport="tls")
     yield routers
     stop()
@@ -107,10 +107,10 @@ def value(shares, frac=ring.DEFAULT_FRAC):
 
 
 def lm_session(run, cfg, shares, x, prompt: int, **prefill_kw):
-    """protocols.causal_lm on three in-process parties: the prefill of ``x[:, :prompt]``
+    """protocols.stacks.causal_lm on three in-process parties: the prefill of ``x[:, :prompt]``
     then one step per further row of x. Returns (revealed hidden rows, prefill's then each
     step's, ``{t: (bytes per party, rounds)}`` of each step t)."""
-    from protocols import causal_lm as LM
+    from protocols.stacks import causal_lm as LM
     measured = {}
 
     def fn(p, s, xs):
@@ -135,9 +135,9 @@ def share_inputs(x, name="X"):
 
 
 def run_job(parties, kind, x):
-    """Job ``kind`` on :class:`net.inproc.InprocParties` with input X = ``x``: (decoded
+    """Job ``kind`` on :class:`net.party.inproc.InprocParties` with input X = ``x``: (decoded
     outputs, the three parties' jobs)."""
-    from net.outputs import reconstruct
+    from net.client.outputs import reconstruct
     jobs = parties.run(kind, {}, share_inputs(x))
     return {k: ring.decode(v) for k, v in reconstruct([j.outputs for j in jobs]).items()}, jobs
 

@@ -1,4 +1,4 @@
-"""The secure stacks on a shadow party (the calibration's backend, protocols.shadow), returning
+"""The secure stacks on a shadow party (the calibration's backend, protocols.calibration.shadow), returning
 what they compute, decoded: tests compare it with the float64 reference
 (protocols.model.reference) to show that the calibration runs the model itself.
 
@@ -10,13 +10,13 @@ import numpy as np
 
 from mpc3.party import RingConfig
 from mpc3.shadow import ShadowParty
-from protocols import decoder as D
+from protocols.stacks import decoder as D
 from protocols import model as M
-from protocols import shadow as SH
-from protocols.causal_lm import DEFAULT_LM_FUSE, lm_open, lm_step
-from protocols.classifier import classify
-from protocols.encoder import encoder
-from protocols.sentence import embed_sentence
+from protocols.calibration import shadow as SH
+from protocols.stacks.causal_lm import DEFAULT_LM_FUSE, lm_open, lm_step
+from protocols.stacks.classifier import classify
+from protocols.stacks.encoder import encoder
+from protocols.stacks.sentence import embed_sentence
 
 RTOL, ATOL = 2e-3, 2e-3
 
@@ -27,20 +27,20 @@ def _setup(cfg: M.ModelConfig, w: M.Weights, fold: bool = True, rec=None):
 
 
 def classifier(cfg: M.ModelConfig, w: M.Weights, x: np.ndarray) -> np.ndarray:
-    """Logits (B, n_classes) of :func:`protocols.classifier.classify`."""
+    """Logits (B, n_classes) of :func:`protocols.stacks.classifier.classify`."""
     p, shares = _setup(cfg, w)
     return SH.decode(p, classify(p, cfg, shares, SH.shadow_input(p, x)))
 
 
 def embedding(cfg: M.ModelConfig, w: M.Weights, x: np.ndarray) -> np.ndarray:
-    """Sentence embeddings (B, d) of :func:`protocols.sentence.embed_sentence`."""
+    """Sentence embeddings (B, d) of :func:`protocols.stacks.sentence.embed_sentence`."""
     p, shares = _setup(cfg, w)
     return SH.decode(p, embed_sentence(p, cfg, shares, SH.shadow_input(p, x)))
 
 
 def lm(cfg: M.ModelConfig, w: M.Weights, x: np.ndarray, fuse=DEFAULT_LM_FUSE) -> np.ndarray:
     """Final hidden rows (B, T, d) of every token of ``x`` decoded as a step
-    (:func:`protocols.causal_lm.lm_step`) from an empty session."""
+    (:func:`protocols.stacks.causal_lm.lm_step`) from an empty session."""
     p, shares = _setup(cfg, w)
     st = lm_open(p, cfg, shares, x.shape[0], None, fuse)
     xs = SH.shadow_input(p, x)
@@ -52,9 +52,9 @@ def translator(cfg: M.ModelConfig, w: M.Weights, x: np.ndarray, y: np.ndarray,
                fuse=None, fold: bool = True, block: int | None = None,
                rec: SH.ShadowRecorder | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(encoder output (B, S, d), every decode step's output (B, T, d)) of the
-    encoder-decoder: :func:`protocols.encoder.encoder`, then each target row as a
-    :func:`protocols.decoder.decoder_step` of a session with the fusions ``fuse``
-    (default :data:`protocols.decoder.DEFAULT_FUSE`); ``rec``: records what the kernels
+    encoder-decoder: :func:`protocols.stacks.encoder.encoder`, then each target row as a
+    :func:`protocols.stacks.decoder.decoder_step` of a session with the fusions ``fuse``
+    (default :data:`protocols.stacks.decoder.DEFAULT_FUSE`); ``rec``: records what the kernels
     see."""
     p, shares = _setup(cfg, w, fold, rec)
     enc = encoder(p, cfg, shares, SH.shadow_input(p, x))

@@ -15,7 +15,7 @@ from app.doctor import tiny_model
 from app.localcluster import LocalCluster
 from conftest import ROOT
 from protocols import model as M
-from protocols import textdata as TD
+from app import textdata as TD
 
 
 def test_quickstart_example_prints_the_plaintext_models_results(tmp_path):

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from mpc3.party import RingConfig
-from protocols import calibrate as C
+from protocols.calibration import calibrate as C
 from protocols import model as M
-from protocols import secure_model as SM
-from protocols.classifier import classify, cost_classify
+from protocols.layers import secure_model as SM
+from protocols.stacks.classifier import classify, cost_classify
 
 from conftest import share, value
 

@@ -1,4 +1,4 @@
-"""Attention variants of protocols.attention_variants (PowerSoftmax, scaled sigma-attention)
+"""Attention variants of protocols.layers.attention_variants (PowerSoftmax, scaled sigma-attention)
 and the softmax's fused division (tests/test_softmax.py: the softmax itself): values against their float64 references and measured traffic equal
 to the declared cost, unmasked and causal.
 
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from conftest import share, value
-from protocols import attention_variants as V
-from protocols import softmax as SM
+from protocols.layers import attention_variants as V
+from protocols.layers import softmax as SM
 from protocols.model import variants as MV
 
 B, H, S, DH = 2, 3, 7, 8

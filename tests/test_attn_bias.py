@@ -11,13 +11,13 @@ import pytest
 from conftest import share, value
 from mpc3.party import RingConfig
 from mpc3.sim import make_parties, run_parties
-from protocols import calibrate as C
-from protocols import causal_lm as LM
-from protocols import classifier as CL
-from protocols import decoder as D
+from protocols.calibration import calibrate as C
+from protocols.stacks import causal_lm as LM
+from protocols.stacks import classifier as CL
+from protocols.stacks import decoder as D
 from protocols import model as M
-from protocols import secure_model as SM
-from protocols.encoder import encoder
+from protocols.layers import secure_model as SM
+from protocols.stacks.encoder import encoder
 import shadow_run as SR
 
 TOL = 2e-3

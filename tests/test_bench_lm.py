@@ -1,4 +1,4 @@
-"""``mpc3 bench lm`` and the measured breakdown by operation type (protocols.breakdown): the
+"""``mpc3 bench lm`` and the measured breakdown by operation type (protocols.jobs.breakdown): the
 command runs for every architecture and attention, the JSON has DESIGN.md's fields, the
 categories sum to the communicators' totals, the totals equal the declared costs, and the
 categories hold what they say (LayerNorm and FFN-activation bytes = their declared costs)."""
@@ -13,11 +13,11 @@ from mpc3.kernels import arith
 from mpc3.party import RingConfig
 from mpc3.sharing import deal
 from mpc3.sim import make_parties, run_parties
-from protocols import breakdown as BD
-from protocols import causal_lm as LM
-from protocols import ln_proj as LP
-from protocols.ffn import cost_activation
-from protocols.layernorm import cost_layernorm
+from protocols.jobs import breakdown as BD
+from protocols.stacks import causal_lm as LM
+from protocols.layers import ln_proj as LP
+from protocols.layers.ffn import cost_activation
+from protocols.layers.layernorm import cost_layernorm
 
 SMALL = ["--d-model", "16", "--heads", "2", "--layers", "2", "--d-ff", "32", "--prompt", "8"]
 NAMES = sorted(set(L.ATTENTIONS.values()))          # "sigma" is an alias of sigma-relu
@@ -34,7 +34,7 @@ def _run(*extra):
 
 
 def _check_phase(ph, arch=None):
-    """``arch`` encoder: its pooling and normalization are ``other`` (protocols.breakdown)."""
+    """``arch`` encoder: its pooling and normalization are ``other`` (protocols.jobs.breakdown)."""
     bd = ph["breakdown"]
     assert set(bd) == set(BD.CATEGORIES)
     for k in ("bytes_total", "messages"):

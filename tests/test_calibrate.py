@@ -1,4 +1,4 @@
-"""Calibration ("right or refused"): protocols.calibrate, protocols.shadow.
+"""Calibration ("right or refused"): protocols.calibration.calibrate, protocols.calibration.shadow.
 
 Small shapes (d_model 12-16, 1-2 layers, max_len 6-8) except the shipped translator
 (d_model 64, 2 + 2 layers). Secure runs use three in-process parties; their outputs are
@@ -16,15 +16,15 @@ from test_norms import fit_batchnorm
 from mpc3.kernels import activations, arith, convert, fxp
 from mpc3.party import RingConfig
 from mpc3.sim import make_parties, run_parties
-from protocols import calibrate as C
-from protocols import decoder as D
-from protocols import schedule as S
+from protocols.calibration import calibrate as C
+from protocols.stacks import decoder as D
+from protocols.jobs import schedule as S
 from protocols import model as M
-from protocols import secure_model as SM
-from protocols import shadow as SH
-from protocols import textdata as TD
-from protocols.encoder import encoder
-from protocols.site_catalog import SITES, site_range
+from protocols.layers import secure_model as SM
+from protocols.calibration import shadow as SH
+from app import textdata as TD
+from protocols.stacks.encoder import encoder
+from protocols.calibration.site_catalog import SITES, site_range
 
 TOL = 2e-3
 #: probe vs calibration: the secure run's fixed-point error is ~1e-4 relative at every site

@@ -1,4 +1,4 @@
-"""The checks of a stored calibration (protocols.calibration_check, protocols.jobs.
+"""The checks of a stored calibration (protocols.calibration.check, protocols.jobs.
 model_problem) without a cluster: the sites a model reaches come from the calibration's own
 trace and do not depend on widths; every real calibration passes; every edit the parties and
 the client must refuse is refused with one line naming the model, the problem and the next
@@ -14,14 +14,14 @@ import pytest
 
 from app.owner import transformer_meta
 from mpc3.party import RingConfig
-from net.failures import ClusterError
-from net.user import QueryUser
+from net.client.failures import ClusterError
+from net.client.user import QueryUser
 from net.proto import mpc3_pb2 as pb
-from protocols import calibrate as C
+from protocols.calibration import calibrate as C
 from protocols import model as M
-from protocols.attention import default_decode_block
-from net.service import MAX_META
-from protocols.calibration_check import MAX_LAYERS, narrowed, sites_reached
+from protocols.layers.attention import default_decode_block
+from net.party.service import MAX_META
+from protocols.calibration.check import MAX_LAYERS, narrowed, sites_reached
 from protocols.jobs import PRODUCTION, model_problem
 
 BASE = dict(d_model=16, n_heads=2, d_head=8, n_features=8, d_ff=32, attn_c=0.125,

@@ -17,9 +17,9 @@ from app import translate as T
 from app.localcluster import LocalCluster
 from app.owner import calibrate_model, share_transformer, transformer_meta
 from mpc3 import ring
-from net.failures import ClusterError
+from net.client.failures import ClusterError
 from protocols import model as M
-from protocols.secure_model import plain_tensors
+from protocols.layers.secure_model import plain_tensors
 from test_calibration_check import EDITS, LM
 
 C = grpc.StatusCode

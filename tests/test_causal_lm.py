@@ -14,11 +14,11 @@ from mpc3.party import RingConfig
 from mpc3.sharing import deal
 from app import generate as G
 from app import translate as T
-from protocols import calibrate as C
-from protocols import causal_lm as LM
-from protocols import ln_proj as LP
+from protocols.calibration import calibrate as C
+from protocols.stacks import causal_lm as LM
+from protocols.layers import ln_proj as LP
 from protocols import model as M
-from protocols import secure_model as SM
+from protocols.layers import secure_model as SM
 import shadow_run as SR
 
 TOL = 2e-3
@@ -153,7 +153,7 @@ def test_lm_fusions_need_layernorm_and_known_kinds():
 
 def test_prefill_attention_leaves_the_decode_state(run, rng):
     """The state after a prefill of T rows continues exactly like T decode steps would."""
-    from protocols import attention as A
+    from protocols.layers import attention as A
     qf, kf = rng.uniform(0, 1, (1, 2, 7, 4)), rng.uniform(0, 1, (1, 2, 7, 4))
     v = rng.uniform(-1, 1, (1, 2, 7, 3))
 

@@ -10,11 +10,11 @@ import pytest
 
 from conftest import run_job, share, share_inputs, value
 from mpc3.party import RingConfig
-from net.inproc import InprocParties
-from protocols import calibrate as C
-from protocols import classifier as CL
+from net.party.inproc import InprocParties
+from protocols.calibration import calibrate as C
+from protocols.stacks import classifier as CL
 from protocols import model as M
-from protocols import secure_model as SM
+from protocols.layers import secure_model as SM
 import shadow_run as SR
 
 TOL = 2e-3

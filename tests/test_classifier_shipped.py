@@ -1,4 +1,4 @@
-"""The shipped encoder classifier (protocols/assets/classifier.npz,
+"""The shipped encoder classifier (app/assets/classifier.npz,
 benchmarks/train_classifier.py): the English words of N (bytes) -> N's leading digit. Small,
 accurate in plaintext on held-out numbers, accepted by share-model's calibration, and its
 secure logits and secure arg-max agree with the plaintext arg-max; `mpc3 demo --model
@@ -12,10 +12,10 @@ import pytest
 from conftest import run_job
 
 from app.owner import calibration_samples
-from net.inproc import InprocParties
-from protocols import calibrate as C
+from net.party.inproc import InprocParties
+from protocols.calibration import calibrate as C
 from protocols import model as M
-from protocols import textdata as TD
+from app import textdata as TD
 
 #: Of 60 held-out numbers, how many the classifier must get right in plaintext (all: it gets
 #: every one of the 990 test numbers right, benchmarks/results/classifier_accuracy.json).

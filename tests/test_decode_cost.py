@@ -1,15 +1,15 @@
 """Rounds and bytes of one generated token (issue 12): every decode step's measured traffic
-equals :func:`protocols.decoder.cost_decoder_step`, and the rounds per token of the
+equals :func:`protocols.stacks.decoder.cost_decoder_step`, and the rounds per token of the
 Privformer translation workload are pinned (deterministic; a change that adds rounds to a
 token must change this number on purpose)."""
 import numpy as np
 import pytest
 
 from mpc3.party import RingConfig
-from protocols import decoder as D
+from protocols.stacks import decoder as D
 from protocols import model as M
-from protocols import secure_model as SM
-from protocols.encoder import encoder
+from protocols.layers import secure_model as SM
+from protocols.stacks.encoder import encoder
 
 from conftest import share
 
@@ -21,7 +21,7 @@ from conftest import share
 #: (x W1 inside LN2's rounds, its ReLU the injection), three LayerNorms 8 each (statistics 2,
 #: sqrt_inv's table lookup 4: the two-round threshold comparison and the injection, the
 #: normalising product 2). One less per attention sublayer whose o W^O is deferred
-#: (protocols.schedule.deferred_wo).
+#: (protocols.jobs.schedule.deferred_wo).
 ROUNDS_PER_LAYER = 44
 
 
@@ -78,10 +78,10 @@ def test_privformer_rounds_per_generated_token():
     rounds, 288 before the self attention's 1/n rode the truncation of o W^O, 276 before the
     cross attention's projection was formed inside LN1 by default); 254 with every LayerNorm
     forming its next projection (a session's choice: decode_open's fuse "all"); 12 fewer
-    with every o W^O deferred (protocols.schedule.deferred_wo, 11 for the random model's
+    with every o W^O deferred (protocols.jobs.schedule.deferred_wo, 11 for the random model's
     calibration).
     Bytes: within 10 % of issue 12's 6.45 MB with the LayerNorm tables the calibration
-    narrows (protocols.schedule.ln_spans; 7.22 MB with whole tables: the split-form feature
+    narrows (protocols.jobs.schedule.ln_spans; 7.22 MB with whole tables: the split-form feature
     and hidden products pay for the comparisons' dealt carry bits, the fused cross
     projection for one product by 1/sqrt(var + eps) per feature)."""
     cfg = M.ModelConfig(d_model=512, n_heads=8, d_head=64, n_features=266, d_ff=2048,
@@ -98,7 +98,8 @@ def test_privformer_rounds_per_generated_token():
     assert got[()][1] < got[D.DEFAULT_FUSE][1] < got[D.FUSIONS][1]
     # the random model's calibration (as mpc3 bench translate --model random shares it)
     from app.owner import calibration_samples
-    from protocols import calibrate as C, schedule as S
+    from protocols.calibration import calibrate as C
+    from protocols.jobs import schedule as S
     w, user = M.random_weights(cfg, 0), M.random_user(cfg, 0)
     cal = C.calibrate(cfg, w, calibration_samples(cfg, w, user), user=user).to_dict()
     raw, spans = S.deferred_wo(cfg, cal, RingConfig()), S.ln_spans(cfg, cal)

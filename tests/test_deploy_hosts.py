@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from app import cli
-from protocols import textdata as TD
+from app import textdata as TD
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS = ("ip", "nft", "setpriv", "unshare", "nsenter", "mknod")

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_rea
 
 
 def _answers(cl, n: int) -> bool:
-    from net.failures import ClusterError
+    from net.client.failures import ClusterError
     from net.proto import mpc3_pb2 as pb
     try:
         return cl._call(n, "Status", pb.Empty(), 2.0).rank == n

@@ -1,4 +1,4 @@
-"""Quick tests for net/emulate.py (need root + ip netns; skipped otherwise)."""
+"""Quick tests for net/peer/emulate.py (need root + ip netns; skipped otherwise)."""
 import json
 import os
 import signal
@@ -9,8 +9,8 @@ import textwrap
 import pytest
 from conftest import netns_skip_reason
 
-from net import emulate
-from net.emulate import PROBE_PORT_OFFSET, Emulation, NetProfile, parse_profile, verify_link
+from net.peer import emulate
+from net.peer.emulate import PROBE_PORT_OFFSET, Emulation, NetProfile, parse_profile, verify_link
 
 PROFILE = "custom:100:40"          # 100 Mbit/s, 40 ms RTT
 
@@ -115,7 +115,7 @@ def test_teardown_on_sigterm():
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     child = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
         import time
-        from net.emulate import Emulation
+        from net.peer.emulate import Emulation
         with Emulation("custom:100:40") as emu:
             print(" ".join(emu.namespaces), flush=True)
             time.sleep(60)

@@ -20,12 +20,12 @@ from conftest import share, value
 
 from app import translate as T
 from mpc3.party import RingConfig
-from protocols import calibrate as C
-from protocols import decoder as D
+from protocols.calibration import calibrate as C
+from protocols.stacks import decoder as D
 from protocols import model as M
-from protocols import secure_model as SM
-from protocols import shadow as SH
-from protocols.encoder import cost_encoder, encoder
+from protocols.layers import secure_model as SM
+from protocols.calibration import shadow as SH
+from protocols.stacks.encoder import cost_encoder, encoder
 import shadow_run as SR
 
 TOL = 1e-2

@@ -1,7 +1,7 @@
 """The cross attention's W^O folded into K'^T V at decode_open (issue 12): a session with
 ``fuse`` "wo" forms M_h = (K'^T V)_h W^O_h once and each step's o W^O = Q' M in one product,
 one round fewer per decoder layer; only where the model's calibration keeps |M| below
-``arith.product_limit(frac)`` with its margin (``protocols.schedule.folded_wo``, site
+``arith.product_limit(frac)`` with its margin (``protocols.jobs.schedule.folded_wo``, site
 ``kvwo``). The same function: checked against the plaintext steps with the stack's bound
 (tests/test_protocols_stack.py, 2e-3), measured traffic == declared."""
 import numpy as np
@@ -9,11 +9,11 @@ import pytest
 
 from mpc3.kernels import arith
 from mpc3.party import RingConfig
-from protocols import calibrate as C
-from protocols import decoder as D
+from protocols.calibration import calibrate as C
+from protocols.stacks import decoder as D
 from protocols import model as M
-from protocols import schedule as S
-from protocols.encoder import encoder
+from protocols.jobs import schedule as S
+from protocols.stacks.encoder import encoder
 
 from conftest import share, value
 from test_protocols_stack import TOL, make_cfg, per_party

@@ -33,11 +33,11 @@ from app.cli import main as cli  # noqa: E402
 from app.owner import calibration_samples  # noqa: E402
 from mpc3 import ring  # noqa: E402
 from mpc3.sharing import deal  # noqa: E402
-from net.outputs import reconstruct  # noqa: E402
-from net.inproc import InprocParties  # noqa: E402
-from protocols import calibrate as C  # noqa: E402
+from net.client.outputs import reconstruct  # noqa: E402
+from net.party.inproc import InprocParties  # noqa: E402
+from protocols.calibration import calibrate as C  # noqa: E402
 from protocols import model as M  # noqa: E402
-from protocols import secure_model as SM  # noqa: E402
+from protocols.layers import secure_model as SM  # noqa: E402
 from protocols.model import hf_import as HF  # noqa: E402
 
 NOISE = 0.15
@@ -189,7 +189,7 @@ def test_gpt2_secure_prefill_and_steps_match_transformers(tmp_path, run):
     cfg, w, user = _import(tmp_path, tmp_path / "gpt2")
     C.calibrate(cfg, w, calibration_samples(cfg, w, user), user=user)
     from conftest import share, value
-    from protocols import causal_lm as LM
+    from protocols.stacks import causal_lm as LM
     ids = _ids(np.random.default_rng(3), 1, 7)
     x = M.embed_tokens(cfg, user, ids)
 

@@ -7,7 +7,7 @@ from conftest import share
 from mpc3 import ring
 from mpc3.party import RingConfig
 from mpc3.sharing import deal
-from protocols.input_check import cost_input_check, in_range, ring_limit
+from protocols.calibration.input_check import cost_input_check, in_range, ring_limit
 
 LIM = 4.0
 
@@ -59,9 +59,9 @@ def test_traffic_does_not_depend_on_the_values(run):
 def checked_classifier():
     """The shipped classifier shared with the owner's --check-inputs choice."""
     from app.owner import calibrate_model
-    from net.inproc import InprocParties
+    from net.party.inproc import InprocParties
     from protocols import model as M
-    from protocols import textdata as TD
+    from app import textdata as TD
     cfg, w, user = M.load_model(TD.SHIPPED_CLASSIFIER)
     cal = calibrate_model(cfg, w, user)
     x = M.embed_tokens(cfg, user, TD.classifier_input([4096, 14]))

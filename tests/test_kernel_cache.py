@@ -54,7 +54,7 @@ def test_a_read_only_install_compiles_into_the_data_dir(tmp_path):
     r = _read_only_install(tmp_path, "from mpc3.kernels import catalog; catalog.warm_up()", data)
     assert r.returncode != 0 and "no locator available" in r.stderr
     # the party's start: the cache goes to its data dir, every kernel compiled up front
-    r = _read_only_install(tmp_path, "import os; from net.server import prepare_kernels; "
+    r = _read_only_install(tmp_path, "import os; from net.party.server import prepare_kernels; "
                            "print(prepare_kernels(os.environ['DATA'], 1))", data)
     assert r.returncode == 0, r.stderr
     assert any((data / "numba-cache").rglob("*.nbi"))
@@ -62,7 +62,7 @@ def test_a_read_only_install_compiles_into_the_data_dir(tmp_path):
 
 def test_a_party_that_cannot_compile_says_so_in_one_line(tmp_path):
     data = tmp_path / "install" / "data"             # inside the read-only mount
-    r = _read_only_install(tmp_path, "import os; from net.server import prepare_kernels\n"
+    r = _read_only_install(tmp_path, "import os; from net.party.server import prepare_kernels\n"
                            "try:\n    prepare_kernels(os.environ['DATA'], 2)\n"
                            "except RuntimeError as e:\n    print('ERR', e)", data)
     assert r.returncode == 0, r.stderr

@@ -15,8 +15,9 @@ from mpc3 import ring
 from mpc3.kernels import arith
 from mpc3.sharing import deal, reveal
 from mpc3.sim import run_parties
-from net import keys, mesh
-from net.tlssock import tls_contexts
+from net import keys
+from net.peer import mesh
+from net.peer.tlssock import tls_contexts
 
 
 def _keys(*argv) -> int:
@@ -136,7 +137,7 @@ def test_a_party_refuses_an_organisation_missing_from_its_bundle(tmp_path):
 
 
 def test_a_missing_client_key_is_one_line_naming_the_file_and_its_setting(tmp_path):
-    from net.user import QueryUser
+    from net.client.user import QueryUser
     from net.config import load
     d = tmp_path / "certs"
     keys.generate(d, clients=[("alice", "query-user")])

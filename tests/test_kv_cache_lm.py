@@ -1,5 +1,5 @@
 """Decoder-only LMs with softmax-style attention (softmax, power-softmax, sigma-relu) and the
-secret KV cache (protocols.kv_cache): secure prefill + steps against the float64 reference
+secret KV cache (protocols.layers.kv_cache): secure prefill + steps against the float64 reference
 (the full masked stack at every position), declared == measured traffic for prefill and every
 step, the job kinds and greedy generation in-process, calibration of the decode sites.
 
@@ -13,11 +13,11 @@ from conftest import lm_session, share, value
 from mpc3.party import RingConfig
 from app import generate as G
 from app import translate as T
-from protocols import calibrate as C
-from protocols import causal_lm as LM
-from protocols import kv_cache as KV
+from protocols.calibration import calibrate as C
+from protocols.stacks import causal_lm as LM
+from protocols.layers import kv_cache as KV
 from protocols import model as M
-from protocols import secure_model as SM
+from protocols.layers import secure_model as SM
 import shadow_run as SR
 
 TOL = 1e-2

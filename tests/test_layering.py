@@ -1,6 +1,7 @@
 """The folder tree is the architecture: imports point downward only (app -> net ->
-protocols -> mpc3), there are no import cycles, and no source file outside tests and
-benchmarks grows past ~500 lines without saying why at its top."""
+protocols -> mpc3, and inside protocols/ and net/ from room to room as ROOMS says), there
+are no import cycles, and no source file outside tests and benchmarks grows past ~500 lines
+without saying why at its top."""
 import ast
 from pathlib import Path
 
@@ -55,6 +56,53 @@ def test_imports_point_downward():
             if LAYERS.index(d.split(".")[0]) > mine:
                 bad.append(f"{name} imports {d}")
     assert not bad, "upward imports:\n" + "\n".join(sorted(bad))
+
+
+#: the rooms of protocols/ and net/, each with the rooms of its own folder it may import;
+#: modules directly in protocols/ or net/ (and net/proto/) form the room named by the folder
+ROOMS = {
+    "protocols": set(),
+    "protocols.model": {"protocols"},
+    "protocols.layers": {"protocols", "protocols.model"},
+    "protocols.stacks": {"protocols", "protocols.model", "protocols.layers"},
+    "protocols.calibration": {"protocols", "protocols.model", "protocols.layers",
+                              "protocols.stacks"},
+    "protocols.jobs": {"protocols", "protocols.model", "protocols.layers", "protocols.stacks",
+                       "protocols.calibration"},
+    "net": set(),                       # with net/proto/
+    "net.peer": {"net"},
+    "net.party": {"net", "net.peer"},
+    "net.client": {"net"},
+}
+
+
+def _room(name: str) -> str | None:
+    parts = name.split(".")
+    if parts[0] not in ("protocols", "net"):
+        return None
+    return ".".join(parts[:2]) if ".".join(parts[:2]) in ROOMS else parts[0]
+
+
+def test_every_module_is_in_a_room():
+    """A new sub-folder of protocols/ or net/ is a new room: it gets its line in ROOMS."""
+    dirs = {str(p.parent.relative_to(ROOT)).replace("/", ".")
+            for top in ("protocols", "net") for p in (ROOT / top).rglob("__init__.py")}
+    assert not sorted(d for d in dirs if d not in ROOMS and d != "net.proto"), \
+        "a package of protocols/ or net/ is in no room of tests/test_layering.py's ROOMS"
+
+
+def test_rooms_import_downward():
+    bad = []
+    for name, deps in GRAPH.items():
+        room = _room(name)
+        for d in deps:
+            there = _room(d)
+            if room is None or there is None or there == room or \
+                    there.split(".")[0] != room.split(".")[0]:
+                continue                        # between top folders: LAYERS decides
+            if there not in ROOMS[room]:
+                bad.append(f"{name} ({room}) imports {d} ({there})")
+    assert not bad, "imports between rooms against ROOMS:\n" + "\n".join(sorted(bad))
 
 
 def test_the_benchmark_harness_does_not_import_the_cli():

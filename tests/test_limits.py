@@ -12,11 +12,11 @@ from cryptography import x509
 
 from net import keys
 from net.errors import BadRequest, Code
-from net.inproc import InprocParties
+from net.party.inproc import InprocParties
 from net.limits import Limits, Quotas
 from net.proto import mpc3_pb2 as pb
-from net.service import MAX_JSON_DEPTH, MAX_PARAMS, json_value
-from net.sessions import SessionStore
+from net.party.service import MAX_JSON_DEPTH, MAX_PARAMS, json_value
+from net.party.sessions import SessionStore
 from test_sessions import _lm, _x
 
 S = pb.JobStatusReply
@@ -182,7 +182,7 @@ def test_deep_or_long_params_are_refused_before_parsing():
 def test_client_waits_for_a_party_as_long_as_the_parties_wait_for_each_other(tmp_path):
     from app.localcluster import write_config
     from net import config as cconf
-    from net.user import QueryUser
+    from net.client.user import QueryUser
     path = write_config(tmp_path, insecure=True, peer_timeout=2.5)
     with QueryUser(cconf.load(path, insecure_flag=True)) as u:    # was 60 s
         assert u.timeout == 2.5
@@ -199,8 +199,8 @@ def test_a_failure_is_reported_without_waiting_for_a_silent_party(tmp_path):
 
     from app.localcluster import write_config
     from net import config as cconf
-    from net.user import QueryUser
-    from net.failures import ClusterError, JobFailed
+    from net.client.user import QueryUser
+    from net.client.failures import ClusterError, JobFailed
     path = write_config(tmp_path, insecure=True, peer_timeout=2.0)
     release = threading.Event()
 
@@ -233,7 +233,7 @@ def test_a_session_is_not_closed_after_the_cluster_failed_its_job():
     that stopped answering (its whole timeout)."""
     from app.generate import generate
     from mpc3 import ring
-    from net.failures import JobFailed
+    from net.client.failures import JobFailed
     from protocols import model as M
 
     cfg, _ = _lm()
@@ -272,8 +272,8 @@ def test_a_refused_long_poll_is_followed_by_a_short_one(tmp_path):
 
     from app.localcluster import write_config
     from net import config as cconf
-    from net.user import QueryUser
-    from net.failures import ClusterError
+    from net.client.user import QueryUser
+    from net.client.failures import ClusterError
     path = write_config(tmp_path, insecure=True)
     asked = []
 

@@ -19,14 +19,15 @@ import numpy as np
 import pytest
 
 from mpc3.shares import AShare
-from net.failures import ClusterError
-from net.owner import ModelOwner
-from net.user import QueryUser
+from net.client.failures import ClusterError
+from net.client.owner import ModelOwner
+from net.client.user import QueryUser
 from net import config as cconf
-from net import keys, store
+from net import keys
+from net.party import store
 from net.proto import mpc3_pb2 as pb
 from net.proto import mpc3_pb2_grpc as pb_grpc
-from net.server import PartyServer
+from net.party.server import PartyServer
 from protocols.jobs import benchmark_registry
 
 PEER_TIMEOUT = 10.0

@@ -12,8 +12,8 @@ import pytest
 from app.generate import LMClusterBackend, generate
 from app.localcluster import LocalCluster
 from app.owner import share_transformer
-from net.user import QueryUser
-from net.failures import ClusterError
+from net.client.user import QueryUser
+from net.client.failures import ClusterError
 from protocols import model as M
 
 PEER_TIMEOUT = 3.0

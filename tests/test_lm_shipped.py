@@ -1,4 +1,4 @@
-"""The shipped decoder-only LMs (protocols/assets/lm*.npz, benchmarks/train_lm.py), one per
+"""The shipped decoder-only LMs (app/assets/lm*.npz, benchmarks/train_lm.py), one per
 attention, same shape and text: small, accurate in plaintext on held-out numbers, accepted by
 share-model's calibration, and their secure generation agrees token for token with the
 plaintext reference; `mpc3 demo --model lm [--attention A]` runs one on a local cluster."""
@@ -11,9 +11,9 @@ import pytest
 
 from app import generate as G
 from app.owner import calibration_samples
-from protocols import calibrate as C
+from protocols.calibration import calibrate as C
 from protocols import model as M
-from protocols import textdata as TD
+from app import textdata as TD
 
 #: Of 12 held-out 4-digit prompts, how many each LM must get exactly right in plaintext (its
 #: test exact match on 300 numbers, benchmarks/results/lm*_accuracy.json, allows this).

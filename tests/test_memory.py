@@ -1,5 +1,5 @@
 """Issue 33, item 5: memory. The model owner streams a model tensor by tensor (its shares are
-made chunk by chunk: mpc3.sharing.BlockDeal, net.codec.pair_chunks, net.upload), jobs are
+made chunk by chunk: mpc3.sharing.BlockDeal, net.codec.pair_chunks, net.client.upload), jobs are
 admitted against their estimated working memory ([limits] job_memory_bytes and the per-user
 and per-party totals), and a party returns a large job's memory to the OS when it ends."""
 import json
@@ -18,7 +18,7 @@ from mpc3.sharing import BlockDeal
 from net.codec import TensorAssembler, share_from_payload
 from net.errors import BadRequest, Code
 from net.grpcopts import CHUNK_BYTES
-from net.upload import TensorFeed
+from net.client.upload import TensorFeed
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -75,10 +75,10 @@ def test_pair_chunks_reassemble_and_feed_keeps_one_tensor():
 
 
 def _lm_parties(**limits):
-    from net.inproc import InprocParties
+    from net.party.inproc import InprocParties
     from net.limits import Limits
     from protocols import model as M
-    from protocols import textdata as TD
+    from app import textdata as TD
     cfg, w, _ = M.load_model(TD.SHIPPED_LMS["softmax"])
     return cfg, InprocParties.for_model(cfg, w, limits=Limits(**limits))
 

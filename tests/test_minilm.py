@@ -17,8 +17,8 @@ from app.bench.checkpoints import minilm_dir
 from app.cli import main as cli
 from app.owner import calibration_samples
 from conftest import run_job
-from net.inproc import InprocParties
-from protocols import calibrate as C
+from net.party.inproc import InprocParties
+from protocols.calibration import calibrate as C
 from protocols import model as M
 
 SENTENCES = ["A man is playing a guitar.", "The new movie is awesome!",

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from protocols import model as M
-from protocols import textdata as TD
+from app import textdata as TD
 
 COMMON = dict(d_model=16, n_heads=2, d_head=8, n_features=8, d_ff=32, attn_c=0.125,
               attn_norm="mean", norm_first=False, max_len=12)

@@ -3,8 +3,8 @@
 ``load_model(..., lazy=True)`` / ``load_safetensors_model(..., lazy=True)`` keep the weights
 in the file (:class:`protocols.model.OnDemandTensors`): names, shapes and dtypes are checked
 from the headers when loading, values whenever a tensor is read. The share layout
-(:func:`protocols.secure_model.layout`) reads each tensor when it uses it and keeps none;
-the calibration (:mod:`protocols.shadow`, the secure stacks on a shadow party) makes each
+(:func:`protocols.layers.secure_model.layout`) reads each tensor when it uses it and keeps none;
+the calibration (:mod:`protocols.calibration.shadow`, the secure stacks on a shadow party) makes each
 one's ring form once into a temporary file it maps a slice of at each use. Both give
 exactly what the model in memory gives. The memory this saves is measured over a cluster in tests/test_memory.py.
 """
@@ -17,7 +17,7 @@ from app.bench.lm import lm_config
 from app.owner import calibrate_model
 from protocols import model as M
 from protocols.model.safetensors import load_safetensors_model, save_safetensors_model
-from protocols.secure_model import LazyTensors, layout, plain_tensors
+from protocols.layers.secure_model import LazyTensors, layout, plain_tensors
 
 
 def _lm(attention="softmax"):
@@ -156,7 +156,7 @@ import sys
 from mpc3.procinfo import peak_rss
 from app.owner import calibrate_model
 from protocols import model as M
-from protocols.secure_model import LazyTensors, layout
+from protocols.layers.secure_model import LazyTensors, layout
 cfg, w, user = M.load_model(sys.argv[1], lazy=sys.argv[2] == "lazy")
 calibrate_model(cfg, w, user)
 tensors = LazyTensors(layout(cfg, w))

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 from mpc3 import ring
-from net.failures import ClusterError, InconsistentModel, TamperingDetected
-from net.outputs import reconstruct
-from net.owner import ModelOwner
-from net.user import QueryUser
+from net.client.failures import ClusterError, InconsistentModel, TamperingDetected
+from net.client.outputs import reconstruct
+from net.client.owner import ModelOwner
+from net.client.user import QueryUser
 from app.localcluster import LocalCluster
 from net import keys
 from net.proto import mpc3_pb2 as pb
@@ -417,7 +417,7 @@ def test_share_model_refuses_diagnostic_parties(cluster):
     naming the parties and the flag for test weights; nothing is stored."""
     from app.owner import share_transformer
     from protocols import model as M
-    from protocols import textdata as TD
+    from app import textdata as TD
     mcfg, w, user = M.load_model(TD.SHIPPED_CLASSIFIER)
     with pytest.raises(ValueError, match="parties 0, 1, 2 run the diagnostic .* "
                                          "--to-diagnostic-parties"):

@@ -167,7 +167,7 @@ def test_version():
 
 
 def test_party_processes_let_openmp_workers_sleep_unless_the_operator_chose():
-    from net.server import runtime_defaults
+    from net.party.server import runtime_defaults
     env: dict[str, str] = {}
     runtime_defaults(env)
     assert env == {"OMP_WAIT_POLICY": "PASSIVE"}
@@ -211,7 +211,7 @@ def test_party_processes_keep_freed_memory_unless_the_operator_chose():
     and faults it in anew after every free; after keep_freed_memory it comes from the heap -
     unless the operator set malloc options of their own."""
     import ctypes
-    from net import malloc
+    from net.party import malloc
     if malloc._libc("mallopt") is None or not hasattr(ctypes.CDLL(None), "mallinfo2"):
         pytest.skip("no glibc mallopt / mallinfo2")
     env = {k: v for k, v in os.environ.items() if not malloc.operator_chose({k: v})}

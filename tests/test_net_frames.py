@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from mpc3.comm import ProtocolError
-from net import frames, grpcopts
+from net.peer import frames
+from net import grpcopts
 from net.proto import mpc3_pb2 as pb
 
 

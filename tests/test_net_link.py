@@ -12,7 +12,7 @@ from mpc3.kernels import arith
 from mpc3.sharing import deal, reveal
 from mpc3.sim import make_parties, run_parties
 from net import keys
-from net import mesh as local
+from net.peer import mesh as local
 
 ULP = 2.0 ** -ring.DEFAULT_FRAC
 
@@ -160,7 +160,7 @@ def test_bytes_held_for_unopened_jobs_are_bounded(mesh, monkeypatch):
     """Messages for a job this party has not opened yet are held (the peer may start first)
     up to MAX_UNOPENED_BYTES over all such jobs; past it the job is aborted, its bytes are
     dropped and opening it fails naming why. Within the bound they are delivered."""
-    from net import router
+    from net.peer import router
     monkeypatch.setattr(router, "MAX_UNOPENED_BYTES", 3000)
     r0, r1 = mesh[0], mesh[1]
     ok, over = f"held{next(_ids)}", f"over{next(_ids)}"

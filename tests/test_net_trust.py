@@ -14,7 +14,7 @@ import pytest
 
 from app.localcluster import LocalCluster
 from app.owner import share_transformer
-from net.failures import ClusterError, InconsistentModel, JobFailed
+from net.client.failures import ClusterError, InconsistentModel, JobFailed
 from net.codec import tensor_chunks
 from net.proto import mpc3_pb2 as pb
 from net.proto import mpc3_pb2_grpc as pb_grpc
@@ -416,7 +416,7 @@ def test_cli_infer_refuses_out_of_permission_and_share_model_permits(prod, tmp_p
 
 # --------------------------------------------------------------------- right or refused ----
 def test_out_of_range_input_is_refused_before_sharing(prod, tmp_path):
-    from protocols.calibrate import RangeError
+    from protocols.calibration.calibrate import RangeError
     x = M.embed(prod.mcfg, prod.user_t["embed.src"], np.array([[1, 2, 3, 4]]))
     with prod.user() as u:
         y = u.run("tr2", "encoder", {"X": x})["Y"]                   # genuine input: right
@@ -433,7 +433,7 @@ def test_out_of_range_input_is_refused_before_sharing(prod, tmp_path):
 
 
 def test_share_model_refuses_a_model_outside_the_kernels_ranges(prod, tmp_path):
-    from protocols.calibrate import RangeError
+    from protocols.calibration.calibrate import RangeError
     d = small_cfg().to_dict()
     d["attn_c"] = 64.0                                               # passes validation
     cfg = M.ModelConfig.from_dict(d)

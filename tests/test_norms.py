@@ -15,13 +15,13 @@ from conftest import share, value
 from mpc3.kernels import arith
 from mpc3.party import RingConfig
 from mpc3.sim import run_parties
-from protocols import causal_lm as LM
-from protocols import decoder as D
+from protocols.stacks import causal_lm as LM
+from protocols.stacks import decoder as D
 from protocols import model as M
-from protocols import norms as N
-from protocols import secure_model as SM
-from protocols.classifier import classify, cost_classify
-from protocols.encoder import encoder
+from protocols.layers import norms as N
+from protocols.layers import secure_model as SM
+from protocols.stacks.classifier import classify, cost_classify
+from protocols.stacks.encoder import encoder
 
 TOL = 2e-3
 
@@ -219,7 +219,7 @@ def test_fused_linear_ffn_saves_a_round_and_bytes(rng):
     """The same linear FFN, shared fused (the layout of every ffn_act none model) and unfused:
     both equal the unfused float64 reference; fused measures fewer rounds and bytes, each
     as declared."""
-    from protocols.ffn import cost_ffn, ffn
+    from protocols.layers.ffn import cost_ffn, ffn
     cfg = M.aero(cfg_of("decoder-only", norm_first=True))
     w = M.random_weights(cfg, 6)
     f = w.sub("dec.0.ffn")
@@ -279,7 +279,7 @@ def test_aero_scaled_pruned_lm_secure(run, rng, attention):
     """Scales folded into the shares (one product by their product at the end), the pruned
     layer's FFN skipped: secure prefill + steps == the scaled reference, declared == measured,
     and cheaper than the unscaled, unpruned model by the pruned FFN minus one product."""
-    from protocols import calibrate as C
+    from protocols.calibration import calibrate as C
     base = aero_lm(attention, attn_c=0.05)
     cfg = M.ModelConfig(**{**base.to_dict(), "ffn_scale": True, "ffn_pruned": 1})
     w = M.random_weights(cfg, 2)
@@ -298,7 +298,7 @@ def test_aero_scaled_pruned_lm_secure(run, rng, attention):
     rc = RingConfig()
     plain = LM.cost_lm_step(rc, base, 2, 5, 3)
     got = LM.cost_lm_step(rc, cfg, 2, 5, 3)
-    from protocols.ffn import cost_ffn
+    from protocols.layers.ffn import cost_ffn
     saved = cost_ffn(rc, 2, 16, 32, "none")
     scale = arith.cost_mul(2 * 16, True, rc.frac, rc.trunc)
     assert got.rounds == plain.rounds - saved.rounds + scale.rounds
@@ -317,7 +317,7 @@ def test_secure_generation_agrees_with_plaintext_greedy(variant, tmp_path):
     else:
         cfg = cfg_of("decoder-only", norm="batchnorm", ffn_bn=True, ffn_act="gelu",
                      norm_first=True, tgt_vocab=13)
-    from protocols import calibrate as C          # what share-model checks first
+    from protocols.calibration import calibrate as C          # what share-model checks first
     w, user = M.random_weights(cfg, 1), M.random_user(cfg, 1)
     samples = C.default_samples(cfg, user, np.random.default_rng(0))
     if variant.startswith("aero"):      # nothing bounds the stream: its scores grow with depth

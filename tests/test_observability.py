@@ -20,7 +20,7 @@ from app.localcluster import LocalCluster, free_port, write_config
 from app.owner import share_transformer
 from conftest import ROOT, mpc3_cli
 from net import config as cconf
-from net.metrics import Metrics
+from net.party.metrics import Metrics
 from protocols import model as M
 
 SAMPLE = re.compile(r'^([a-z_:][a-z0-9_:]*)(\{([a-z_]+="(\\.|[^"\\])*",?)*\})? (\S+)$')

@@ -14,7 +14,7 @@ from conftest import netns_skip_reason
 from mpc3 import ring
 from mpc3.sharing import deal, reveal
 from mpc3.shares import AShare
-from net.inproc import InprocParties
+from net.party.inproc import InprocParties
 from protocols.jobs import ModelView, benchmark_registry
 from protocols.jobs import diagnostic as D
 

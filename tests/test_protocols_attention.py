@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from mpc3 import ring
-from protocols import attention as A
+from protocols.layers import attention as A
 
 from conftest import share, value
 

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from app.bench import layer as cli_layer
-from protocols import workloads
+from protocols.jobs import workloads
 
 TINY = ["--seq", "5", "--d-model", "12", "--heads", "2", "--features", "6", "--d-ff", "16",
         "--layers", "1", "--repeat", "1", "--attn-c", "0.002"]

@@ -9,11 +9,11 @@ import pytest
 
 from mpc3.kernels import arith, convert
 from protocols import model as M
-from protocols import secure_model as SM
-from protocols.ffn import ffn
+from protocols.layers import secure_model as SM
+from protocols.layers.ffn import ffn
 from mpc3.party import RingConfig
-from protocols.layernorm import cost_layernorm, layernorm
-from protocols.mha import mha
+from protocols.layers.layernorm import cost_layernorm, layernorm
+from protocols.layers.mha import mha
 
 from conftest import Run, share, value
 
@@ -192,7 +192,7 @@ def test_mha_small_c_large_inputs_keeps_precision(run, rng):
 @pytest.mark.parametrize("fold,causal,norm", [(True, False, "mean"), (False, True, "const"),
                                               (True, True, "mean")])
 def test_mha_declared_cost(run, rng, fold, causal, norm):
-    from protocols.mha import cost_mha
+    from protocols.layers.mha import cost_mha
     cfg = make_cfg(attn_norm=norm)
     _, sh = model_shares(cfg, fold)
     x = rng.uniform(-1, 1, (2, 7, 24))

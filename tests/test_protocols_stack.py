@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from mpc3.shares import AShare
-from protocols import decoder as D
+from protocols.stacks import decoder as D
 from protocols import model as M
-from protocols import secure_model as SM
-from protocols.encoder import encoder
+from protocols.layers import secure_model as SM
+from protocols.stacks.encoder import encoder
 
 from conftest import share, value
 

@@ -1,4 +1,4 @@
-"""Who reads a socket link (net/readturn.py): the job thread waiting for a message reads it
+"""Who reads a socket link (net/peer/readturn.py): the job thread waiting for a message reads it
 itself, the reader thread reads what nobody waits for, a blocked writer gets a reader, and a
 bad frame read by a job thread ends the link as the reader's would."""
 import socket
@@ -13,11 +13,12 @@ from mpc3.comm import Aborted, PeerTimeout
 from mpc3.kernels import arith
 from mpc3.sharing import deal, reveal
 from mpc3.sim import run_parties
-from net import keys, readturn
-from net.router import PeerRouter
-from net.streams import StreamTransport
-from net.tlslink import _MSG, SocketLink
-from net.tlssock import tls_contexts
+from net import keys
+from net.peer import readturn
+from net.peer.router import PeerRouter
+from net.peer.streams import StreamTransport
+from net.peer.tlslink import _MSG, SocketLink
+from net.peer.tlssock import tls_contexts
 
 _ids = iter(range(10**6))
 
@@ -112,7 +113,7 @@ def test_the_reader_delivers_what_no_job_thread_waits_for(mesh):
 
 def test_a_job_that_ends_calls_the_reader_back(mesh, monkeypatch):
     """However long the grace, the reader reads again as soon as a job ends: the next job's
-    first frames (the leader's "start" of net.runner) do not wait for it."""
+    first frames (the leader's "start" of net.party.runner) do not wait for it."""
     monkeypatch.setattr(readturn, "GRACE_S", 3600.0)
     jid = f"j{next(_ids)}"
     parties = [r.open_job(jid, timeout=10) for r in mesh]

@@ -1,4 +1,4 @@
-"""A decode session's schedule from the model's calibration (protocols.schedule), issue 12:
+"""A decode session's schedule from the model's calibration (protocols.jobs.schedule), issue 12:
 
 * o W^O truncated by 2 frac from an untruncated o (one round less per attention sublayer),
   chosen only where the calibration keeps |o W^O| below 2^(62 - 3 frac) with its safety
@@ -15,12 +15,12 @@ import pytest
 
 from mpc3.kernels import arith, fxp
 from mpc3.party import RingConfig
-from protocols import calibrate as C
-from protocols import decoder as D
-from protocols import schedule as S
+from protocols.calibration import calibrate as C
+from protocols.stacks import decoder as D
+from protocols.jobs import schedule as S
 from protocols import model as M
-from protocols import secure_model as SM
-from protocols.encoder import encoder
+from protocols.layers import secure_model as SM
+from protocols.stacks.encoder import encoder
 
 from conftest import share, value
 from test_protocols_stack import TOL, make_cfg, per_party
@@ -137,7 +137,7 @@ def test_calibration_records_wo_raw_and_never_refuses_on_it(rng):
         for kind in ("self", "cross"):
             row = cal.layers[f"dec.{i}.{kind}"]
             # cross: the same product (K'^T V carries 1/n), here from the untruncated o - equal
-            # up to the fixed point the calibration runs in (protocols.shadow)
+            # up to the fixed point the calibration runs in (protocols.calibration.shadow)
             assert 0 < row["wo_raw"] <= row["wo"] * (1 + 1e-4)
     # scale W^O up until o W^O passes the deferral limit but no refusing site
     big = M.Weights({k: (v * 4 if k.endswith(".wo") else v) for k, v in w.tensors.items()})
@@ -190,7 +190,7 @@ def test_lm_steps_follow_the_schedule(run, rng, norm_first, fuse):
     deferred, its LayerNorms' tables narrowed): the reference's values, declared = measured,
     one round less per deferred layer."""
     from conftest import lm_session
-    from protocols import causal_lm as LM
+    from protocols.stacks import causal_lm as LM
     cfg = M.ModelConfig(d_model=16, n_heads=2, d_head=8, n_features=8, d_ff=32, attn_c=0.125,
                         attn_norm="mean", norm_first=norm_first, max_len=16,
                         arch="decoder-only", n_dec_layers=2, tgt_vocab=13).validate()

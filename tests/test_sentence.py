@@ -14,11 +14,11 @@ import pytest
 
 from conftest import run_job, share, share_inputs, value
 from mpc3.party import RingConfig
-from net.inproc import InprocParties
-from protocols import calibrate as C
+from net.party.inproc import InprocParties
+from protocols.calibration import calibrate as C
 from protocols import model as M
-from protocols import secure_model as SM
-from protocols import sentence as SE
+from protocols.layers import secure_model as SM
+from protocols.stacks import sentence as SE
 import shadow_run as SR
 
 TOL = 2e-3

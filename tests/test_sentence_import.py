@@ -26,8 +26,8 @@ st = pytest.importorskip("sentence_transformers")
 from app.cli import main as cli  # noqa: E402
 from app.owner import calibration_samples  # noqa: E402
 from conftest import run_job  # noqa: E402
-from net.inproc import InprocParties  # noqa: E402
-from protocols import calibrate as C  # noqa: E402
+from net.party.inproc import InprocParties  # noqa: E402
+from protocols.calibration import calibrate as C  # noqa: E402
 from protocols import model as M  # noqa: E402
 
 WORDS = ["the", "cat", "dog", "sat", "on", "mat", "a", "runs", "fast", "slow"]
@@ -267,7 +267,7 @@ def test_classifier_import_keeps_labels_and_refuses_pool(tmp_path, capsys):
 
 
 def test_old_model_files_load_unchanged(tmp_path):
-    from protocols import textdata as TD
+    from app import textdata as TD
     for path in (TD.SHIPPED_CLASSIFIER, TD.SHIPPED_MODEL):   # written before tokenizers
         cfg, w, user = M.load_model(path)
         assert M.load_tokenizer(path) is None and M.load_labels(path) is None

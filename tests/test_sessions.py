@@ -1,4 +1,4 @@
-"""Decode sessions at one party (net.sessions, net.runner): a refused session-opening job
+"""Decode sessions at one party (net.party.sessions, net.party.runner): a refused session-opening job
 leaves nothing behind, so the client's retry with the same session id is accepted (issue 33,
 item 2: the retry answered ``session id already used`` and translations failed under load);
 one user's session ids never meet another's, so a foreign id looks unused."""
@@ -7,9 +7,9 @@ import pytest
 
 from mpc3.shares import AShare
 from net.errors import BadRequest, Code
-from net.inproc import InprocParties
+from net.party.inproc import InprocParties
 from net.limits import Limits
-from net.sessions import SessionStore
+from net.party.sessions import SessionStore
 from protocols import model as M
 
 

@@ -1,4 +1,4 @@
-"""The shadow party (mpc3.shadow, protocols.shadow): the secure stacks themselves, run on
+"""The shadow party (mpc3.shadow, protocols.calibration.shadow): the secure stacks themselves, run on
 plaintext ring values, record what reaches every range-limited kernel - the values the
 hand-written float64 trace (tests/trace_oracle.py, the calibration before) records, within fixed-point error.
 
@@ -19,10 +19,10 @@ from trace_oracle import Recorder, Trace
 from mpc3 import ring
 from mpc3.kernels import arith, convert
 from mpc3.shadow import ShadowParty
-from protocols import calibrate as C
+from protocols.calibration import calibrate as C
 from protocols import model as M
-from protocols import shadow as SH
-from protocols import textdata as TD
+from protocols.calibration import shadow as SH
+from app import textdata as TD
 from protocols.model.presets import aero
 
 RTOL, ATOL = 2e-3, 1e-3
@@ -229,7 +229,7 @@ def test_a_shadow_kv_cache_keeps_one_slot_and_the_same_rows():
     """The calibration's KV caches (KVCache.empty(plain=True), a shadow party's) hold slot a
     alone - as they grow, the same rows as a two-slot cache - and refuse a share whose slot
     b is not zero."""
-    from protocols.kv_cache import KVCache
+    from protocols.layers.kv_cache import KVCache
     rng = np.random.default_rng(0)
     plain, full = KVCache.empty(2, 3, 4, 9, plain=True), KVCache.empty(2, 3, 4, 9)
     p = ShadowParty()

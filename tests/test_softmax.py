@@ -1,4 +1,4 @@
-"""protocols.softmax: the max-subtracted softmax (models' default) and the max-free one, values
+"""protocols.layers.softmax: the max-subtracted softmax (models' default) and the max-free one, values
 against float64 and measured traffic equal to the declared cost.
 
 Shapes small and odd (B=2, h=3, S=7, dh=8). Stated bound, max |secure - float64| over the
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import share, value
-from protocols import softmax as SM
+from protocols.layers import softmax as SM
 
 B, H, S, DH = 2, 3, 7, 8
 BOUND = 2e-3

@@ -1,4 +1,4 @@
-"""net.store.ModelStore on disk: a model whose files are damaged in any way - meta.json of any
+"""net.party.store.ModelStore on disk: a model whose files are damaged in any way - meta.json of any
 JSON type or with fields of the wrong type, tensor files outside the model, missing,
 symlinked, special or of the wrong size - is loaded as ``corrupt`` with its reason, and the
 party still loads and serves every healthy model beside it (issue 33, item 3: a meta.json
@@ -12,7 +12,7 @@ import pytest
 
 from mpc3.shares import AShare
 from net.codec import share_payload
-from net.store import CORRUPT, UNVERIFIED, ModelStore
+from net.party.store import CORRUPT, UNVERIFIED, ModelStore
 
 
 def _store_model(store: ModelStore, model_id: str) -> dict:

@@ -1,4 +1,4 @@
-"""Peer links over TLS sockets (net/tlslink.py): who may link, what ends a link, and that the
+"""Peer links over TLS sockets (net/peer/tlslink.py): who may link, what ends a link, and that the
 parties recover from it. (Results, traffic, chunking and job isolation over these links are
 in tests/test_net_link.py, which runs every case over both peer transports.)"""
 import socket
@@ -15,12 +15,12 @@ from mpc3.kernels import arith
 from mpc3.sharing import deal, reveal
 from mpc3.sim import run_parties
 from net import keys
-from net import mesh as local
-from net.handshake import Handshake
+from net.peer import mesh as local
+from net.peer.handshake import Handshake
 from net.proto import mpc3_pb2 as pb
-from net.router import PeerRouter
-from net.tlslink import SocketLink, SocketTransport
-from net.tlssock import tls_contexts
+from net.peer.router import PeerRouter
+from net.peer.tlslink import SocketLink, SocketTransport
+from net.peer.tlssock import tls_contexts
 
 _ids = iter(range(10**6))
 
@@ -219,7 +219,7 @@ def test_messages_round_trip_in_raw_form(monkeypatch, grow):
     to go out array by array, and (grow=4096) larger than the receive buffer's growth step -
     arrives equal, and an empty message arrives empty."""
     import threading
-    from net import tlslink
+    from net.peer import tlslink
     if grow:
         monkeypatch.setattr(tlslink, "FIRST_BYTES", grow)
     a, b = socket.socketpair()
@@ -248,7 +248,7 @@ def test_connections_stuck_before_their_handshake_are_capped_per_address(lone, c
     """Callers that connect and say nothing hold at most MAX_HANDSHAKES_PER_HOST handshake
     slots of one address (until the connect timeout); the next is closed at once, and once
     they are gone the real peer still links."""
-    from net.tlslink import MAX_HANDSHAKES_PER_HOST
+    from net.peer.tlslink import MAX_HANDSHAKES_PER_HOST
     addr = ("127.0.0.1", lone.transport.port)
     idle = [socket.create_connection(addr, timeout=5) for _ in range(MAX_HANDSHAKES_PER_HOST)]
     # accepted, in their handshake (waited for, not slept on: a fixed sleep loses the race

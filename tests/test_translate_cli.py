@@ -5,7 +5,7 @@ import tempfile
 import pytest
 
 from app import cli
-from protocols import textdata as TD
+from app import textdata as TD
 
 KEYS = {"workload", "params", "transport", "net", "emulation", "wall_s", "bytes_total",
         "bytes_per_party", "messages", "rounds", "max_abs_err", "max_rel_err", "tokens",

@@ -7,11 +7,11 @@ import pytest
 
 from mpc3 import ring
 from app.localcluster import LocalCluster
-from net.failures import ClusterError
+from net.client.failures import ClusterError
 from net.proto import mpc3_pb2 as pb
 from app import translate as T
 from protocols import model as M
-from protocols import textdata as TD
+from app import textdata as TD
 
 pytestmark = pytest.mark.skipif(not TD.SHIPPED_MODEL.exists(), reason="no shipped model")
 

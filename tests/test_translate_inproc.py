@@ -6,12 +6,12 @@ from mpc3 import ring
 from mpc3.sharing import reveal
 from mpc3.sim import make_parties, run_parties
 from app import translate as T
-from protocols import decoder as D
-from protocols import ln_proj as LP
+from protocols.stacks import decoder as D
+from protocols.layers import ln_proj as LP
 from protocols import jobs as J
 from protocols import model as M
-from protocols import textdata as TD
-from protocols.secure_model import share_input, share_model
+from app import textdata as TD
+from protocols.layers.secure_model import share_input, share_model
 
 shipped = pytest.mark.skipif(not TD.SHIPPED_MODEL.exists(), reason="no shipped model")
 
@@ -124,7 +124,7 @@ def test_session_fusions_change_rounds_not_the_function(fuse, attention):
         # two post-LN layers: 48 rounds each unfused, 2 fewer per fused kind and layer
         # ("self" fuses the next layer's projection into this layer's last LayerNorm:
         # once), and one fewer for the wide output row
-        # ("wo" folds nothing here: no calibration, protocols.schedule.folded_wo)
+        # ("wo" folds nothing here: no calibration, protocols.jobs.schedule.folded_wo)
         assert declared.rounds == {(): 95, ("ffn",): 91, ("cross", "ffn"): 87,
                                    ("cross", "ffn", "wo"): 87, D.FUSIONS: 85}[chosen]
 

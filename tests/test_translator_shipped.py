@@ -1,10 +1,10 @@
-"""The shipped translator (protocols/assets) works with the numpy reference only."""
+"""The shipped translator (app/assets) works with the numpy reference only."""
 
 import numpy as np
 import pytest
 
 from protocols import model as M
-from protocols import textdata as TD
+from app import textdata as TD
 
 pytestmark = pytest.mark.skipif(not TD.SHIPPED_MODEL.exists(), reason="no shipped model")
 

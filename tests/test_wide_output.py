@@ -11,14 +11,14 @@ from conftest import share, value
 from mpc3 import ring
 from mpc3.party import RingConfig
 from mpc3.sim import run_parties
-from net.failures import TamperingDetected
-from net.outputs import reconstruct
-from net.outputs import same_scales
+from net.client.failures import TamperingDetected
+from net.client.outputs import reconstruct
+from net.client.outputs import same_scales
 from net.codec import TensorAssembler, tensor_chunks
 from net.errors import BadRequest
 from protocols import model as M
-from protocols import norms as N
-from protocols import secure_model as SM
+from protocols.layers import norms as N
+from protocols.layers import secure_model as SM
 from protocols.jobs import PRODUCTION, output_fracs
 
 F = ring.DEFAULT_FRAC

@@ -13,7 +13,7 @@ from app.localcluster import LocalCluster
 from mpc3 import ring
 from conftest import mpc3_cli
 from app.owner import share_transformer
-from net.failures import ClusterError
+from net.client.failures import ClusterError
 from protocols import model as M
 
 C = grpc.StatusCode
@@ -166,7 +166,7 @@ def _rounds_per_token(stderr: str) -> int:
 
 @pytest.mark.parametrize("attention", ["softmax", "power-softmax", "sigma-relu"])
 def test_cli_generate_with_a_kv_cache_lm(zoo, attention):
-    """A random softmax-style LM (secret KV cache, protocols.kv_cache) shared with
+    """A random softmax-style LM (secret KV cache, protocols.layers.kv_cache) shared with
     share-model (calibrated) and run with `mpc3 generate` over party processes: the tokens
     of the plaintext greedy decoding."""
     path, ref = _kv_lm(zoo, attention)
@@ -204,7 +204,7 @@ def test_cli_translate_with_a_softmax_translator(zoo):
     target prefix, the cross attention against the source's K, V kept since decode_open)
     shared with share-model (calibrated) and run with `mpc3 translate` over party processes:
     the plaintext greedy translation (seed 4: top-2 logit margin > 1e-2 along the path)."""
-    from protocols import textdata as TD
+    from app import textdata as TD
     v = TD.VOCAB
     cfg = M.ModelConfig(**COMMON, n_enc_layers=1, n_dec_layers=2, src_vocab=len(v.src),
                         tgt_vocab=len(v.tgt), attention="softmax").validate()

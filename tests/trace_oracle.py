@@ -1,22 +1,22 @@
 """A float64 trace of the secure model that measures the values reaching its range-limited
-kernel sites (:mod:`protocols.site_catalog`: :data:`SITES`, :func:`site_range`).
+kernel sites (:mod:`protocols.calibration.site_catalog`: :data:`SITES`, :func:`site_range`).
 
 Test-only since issue 34 (it was ``protocols/sites.py``, the calibration):
-:func:`protocols.calibrate.calibrate` runs the secure stacks themselves on a shadow party
-(:mod:`protocols.shadow`, docs/CALIBRATION.md). The trace is frozen here as an independent
+:func:`protocols.calibration.calibrate.calibrate` runs the secure stacks themselves on a shadow party
+(:mod:`protocols.calibration.shadow`, docs/CALIBRATION.md). The trace is frozen here as an independent
 oracle for the architectures it knows - tests/test_shadow.py compares the shadow's records
 with it, other tests that it computes the float64 reference - and a new layer or
 architecture is not added to it (docs/CALIBRATION.md, "Status").
 
-A *site* is a place where the secure encoder (:func:`protocols.encoder.encoder`) or the secure
-incremental decoder (:meth:`protocols.decoder.DecodeState.start` + :func:`decoder_step`)
+A *site* is a place where the secure encoder (:func:`protocols.stacks.encoder.encoder`) or the secure
+incremental decoder (:meth:`protocols.stacks.decoder.DecodeState.start` + :func:`decoder_step`)
 hands a value to a kernel that is exact only on a documented range.
 
 Every site is measured per layer in the secure protocol's own
 representation - attn_c folded as s = |c|^(1/3) into W^Q, W^K and c/s^2 into W^V
-(:func:`protocols.secure_model.fold_scales`), Omega folded or not, LayerNorm's sum of squares
+(:func:`protocols.layers.secure_model.fold_scales`), Omega folded or not, LayerNorm's sum of squares
 before its 1/d, unnormalised attention sums before the ``mean`` row scaling, and the decode
-steps' partial products with the decode block of :class:`protocols.attention.PrefixState`.
+steps' partial products with the decode block of :class:`protocols.layers.attention.PrefixState`.
 
 :class:`Trace` runs the same computation as :mod:`protocols.model.reference` in float64 and
 records the largest magnitude reaching each site (for ``var_eps`` its minimum and maximum).
@@ -29,10 +29,10 @@ import numpy as np
 
 from mpc3.kernels import fxp
 from protocols import model as M
-from protocols.attention import default_decode_block
+from protocols.layers.attention import default_decode_block
 from protocols.model import variants as MV
-from protocols.secure_model import fold_scales
-from protocols.site_catalog import SITES, Site, site_range
+from protocols.layers.secure_model import fold_scales
+from protocols.calibration.site_catalog import SITES, Site, site_range
 
 __all__ = ["SITES", "Recorder", "Site", "Trace", "site_range"]
 
@@ -109,7 +109,7 @@ class Trace:
 
     # ------------------------------------------------------------ building blocks ----
     def ln(self, layer: str, x: np.ndarray, want_y: bool = True) -> np.ndarray:
-        """The model's normalization (cfg.norm; protocols.norms)."""
+        """The model's normalization (cfg.norm; protocols.layers.norms)."""
         w, d, rec = self.sub(layer), x.shape[-1], self.rec
         if self.cfg.norm != "layernorm":
             if self.cfg.norm == "none":
@@ -225,7 +225,7 @@ class Trace:
         """``n`` None: the 1/n row scale was applied before (a decode state's K'^T V); else
         it rides in the truncation of o W^O, whose product is formed unnormalised.
         ``steps``: decode steps, which may form it normalised from an untruncated o instead
-        (``wo_raw``, :func:`protocols.schedule.deferred_wo`)."""
+        (``wo_raw``, :func:`protocols.jobs.schedule.deferred_wo`)."""
         y = M.merge_heads(o) @ self.attn[layer]["wo"]
         self.rec.mag(layer, "wo", y)
         if self.cfg.attn_norm == "mean" and n is not None:
@@ -239,7 +239,7 @@ class Trace:
                           xkv: np.ndarray | None = None, proj: bool = True) -> np.ndarray:
         """A softmax-style attention (mha.heads): projections, scores and the kernel inputs
         of the model's variant. ``masked``: the causal rows, which are also the KV-cache
-        decode steps' rows (protocols.kv_cache: a step's row is the masked row); only the
+        decode steps' rows (protocols.layers.kv_cache: a step's row is the masked row); only the
         kept (causal) scores reach the kernels. ``xkv``: keys and values from there (cross
         attention); ``proj`` False: q, k, v were formed inside a LayerNorm (ln_fused)."""
         w, h, rec = self.attn[layer], self.cfg.n_heads, self.rec
@@ -301,7 +301,7 @@ class Trace:
         token t sees the folded prefix G (one product) and the cached tokens of its block
         (scores, then scores @ V); a full block is folded into G with one K'^T V.
         ``prefill``: also the whole sum Q'_b G + scores V_b, which the LM's prefill
-        (:func:`protocols.causal_lm.prefill_attention`) forms in one product."""
+        (:func:`protocols.stacks.causal_lm.prefill_attention`) forms in one product."""
         T, L = x.shape[1], self.block
         qf, kf, v = self._features(layer, x, "wq", proj), self._features(layer, x, "wk", proj), \
             self._values(layer, x, proj)
@@ -361,7 +361,7 @@ class Trace:
         """Every decode step of the target ``y`` (B, T, d), layer by layer (the same values
         as T calls of decoder_step: a step's layer i sees only layer i-1 up to its token),
         with the LayerNorm fusions ``fuse`` (default: the decode step's default)."""
-        from protocols.decoder import DEFAULT_FUSE, ln_fusions
+        from protocols.stacks.decoder import DEFAULT_FUSE, ln_fusions
         cfg, x, L = self.cfg, y, self.cfg.n_dec_layers
         fused = _targets(ln_fusions(cfg, DEFAULT_FUSE if fuse is None else fuse))
 
@@ -405,7 +405,7 @@ class Trace:
         return self.cross_steps(f"{pre}.cross", x, kv, proj)
 
     def classifier(self, x: np.ndarray) -> np.ndarray:
-        """protocols.classifier.classify: encoder, sum over positions @ head.w, times 1/S,
+        """protocols.stacks.classifier.classify: encoder, sum over positions @ head.w, times 1/S,
         + head.b; and the logit differences the arg-max compares. Returns the logits."""
         h, w = self.encoder(x), self.sub("head")
         if self.cfg.pool == "cls-tanh":
@@ -417,7 +417,7 @@ class Trace:
         return out
 
     def _cls_tanh(self, h: np.ndarray, w: dict) -> np.ndarray:
-        """protocols.classifier.cls_tanh_head: BERT's pooler on the first row, the head."""
+        """protocols.stacks.classifier.cls_tanh_head: BERT's pooler on the first row, the head."""
         pw = self.sub("pool")
         z = h[:, 0] @ pw["w"]
         self.rec.mag("head", "pool_dense", z)
@@ -430,11 +430,11 @@ class Trace:
         return out
 
     def embedding(self, x: np.ndarray) -> np.ndarray:
-        """protocols.sentence.embed_sentence: encoder, pooling (the spread the max
+        """protocols.stacks.sentence.embed_sentence: encoder, pooling (the spread the max
         tournament's differences stay within; the mean's sum undivided when normalized), then normalization (the
         squared norm, its value / 4^K handed to sqrt_inv, the pooled row times 2^K / norm).
         Returns the embeddings."""
-        from protocols.sentence import norm_scale
+        from protocols.stacks.sentence import norm_scale
         cfg, rec = self.cfg, self.rec
         h = self.encoder(x)
         if cfg.pool == "cls":
@@ -456,12 +456,12 @@ class Trace:
             return e * r / scale
 
     def lm(self, x: np.ndarray, fuse=None) -> np.ndarray:
-        """The decoder-only LM (protocols.causal_lm): its prefill and every decode step of
+        """The decoder-only LM (protocols.stacks.causal_lm): its prefill and every decode step of
         the sequence x (B, T, d), layer by layer (Performer's decode blocks, or the causal
         rows a KV cache computes), the steps' LayerNorms fused as ``fuse`` says (default:
         the LM step's); the prefill's own LayerNorms and projections are recorded too.
         Returns the final hidden rows."""
-        from protocols.causal_lm import DEFAULT_LM_FUSE, lm_fusions
+        from protocols.stacks.causal_lm import DEFAULT_LM_FUSE, lm_fusions
         cfg = self.cfg
         attn = (self.variant_attention if cfg.attention != M.PERFORMER else self.masked_steps)
         fused = _targets(lm_fusions(cfg, DEFAULT_LM_FUSE if fuse is None else fuse))

@@ -1,7 +1,7 @@
 """``mpc3 bench layer NAME``: one Privformer layer (Table 2 workloads) on three parties.
 
 The workloads (secure function, inputs, float64 reference, declared cost) come from the one
-catalog :mod:`protocols.workloads`. Random weights (:func:`protocols.model.random_weights`,
+catalog :mod:`protocols.jobs.workloads`. Random weights (:func:`protocols.model.random_weights`,
 Xavier) and, as in Privformer Sec. 9.1, single layers get inputs drawn uniformly from
 [-10, 10] (encoded with 18 fractional bits instead of the paper's 13); the encoder/decoder
 stacks get unit-variance inputs and the softmax baselines per-head Q, K, V in [-1, 1] (why:
@@ -9,7 +9,7 @@ see the catalog), stated in the JSON under ``params.inputs``. attn_norm defaults
 with c = 1 / (r * seq) (the paper's public constant; "mean" is selectable).
 
 Transports: ``inproc`` (three threads over in-memory queues) or ``grpc`` (three party routers
-of :mod:`net.router` in this process, talking real gRPC over loopback with mTLS; certificates
+of :mod:`net.peer.router` in this process, talking real gRPC over loopback with mTLS; certificates
 are generated in a temporary directory).
 
 Metrics (DESIGN.md names): wall_s {min, median} over ``--repeat`` runs with shares already in
@@ -32,18 +32,18 @@ import time
 import numpy as np
 
 from mpc3.procinfo import peak_rss
-from protocols.workloads import LAYER_WORKLOADS as WORKLOADS
+from protocols.jobs.workloads import LAYER_WORKLOADS as WORKLOADS
 
 
 def _options(a):
-    from protocols.workloads import Options
+    from protocols.jobs.workloads import Options
     return Options(fold=a.fold, block=a.block, decode_block=a.decode_block, exp=a.exp,
                    input_range=a.input_range)
 
 
 def input_range(a) -> float:
     """Half-width of the uniform inputs: the paper's 10 for single layers, sqrt(3) for stacks."""
-    from protocols import workloads
+    from protocols.jobs import workloads
     return workloads.get(a.name).x_range(_options(a))
 
 
@@ -75,7 +75,8 @@ def _transport(kind: str):
     if kind == "inproc":
         yield lambda: sim.make_parties(timeout=600.0)
         return
-    from net import keys, mesh
+    from net import keys
+    from net.peer import mesh
     with tempfile.TemporaryDirectory() as d:
         keys.generate(d)
         routers, stop = mesh.local_mesh(d)
@@ -99,9 +100,9 @@ def run_layer(a) -> dict:
     from mpc3 import ring, sim
     from mpc3.sharing import reveal
     from protocols import model as M
-    from protocols import workloads
-    from protocols.secure_model import deal_tensors, plain_tensors, share_input
-    from net import malloc
+    from protocols.jobs import workloads
+    from protocols.layers.secure_model import deal_tensors, plain_tensors, share_input
+    from net.party import malloc
     arenas_capped = a.transport == "inproc" and malloc.one_arena()
     kept = malloc.keep_freed_memory()             # once per process: `mpc3 bench` did it
     wl, opts = workloads.get(a.name), _options(a)
@@ -137,7 +138,7 @@ def run_layer(a) -> dict:
     params.update(attn_c=cfg.attn_c, frac=ring.DEFAULT_FRAC, inputs=wl.describe_inputs(opts))
     params["load_avg_1m_at_end"] = __import__("os").getloadavg()[0]   # other jobs inflate times
     params["malloc_arenas"] = 1 if arenas_capped else "glibc default"
-    params["malloc_keep_freed"] = kept            # net.malloc.keep_freed_memory
+    params["malloc_keep_freed"] = kept            # net.party.malloc.keep_freed_memory
     return {"workload": a.name, "params": params, "transport": a.transport, "net": "none",
             "emulation": "none",
             "wall_s": {"min": min(walls), "median": statistics.median(walls)},

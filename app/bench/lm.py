@@ -26,8 +26,8 @@ tiny shape. Metrics (DESIGN.md names; shares already in place, protocol only): p
 (``prefill`` - the prompt / the encoder / the classification - and each generated token)
 ``wall_s`` (the slowest party), ``bytes_total`` and ``bytes_per_party``, ``messages``,
 ``rounds``, all counted by the parties' communicators; ``per_token_*`` the mean over the
-steps; ``breakdown`` the same split into :data:`protocols.breakdown.CATEGORIES` (measured:
-:mod:`protocols.breakdown`; wall time of the slowest party); ``declared`` the protocols'
+steps; ``breakdown`` the same split into :data:`protocols.jobs.breakdown.CATEGORIES` (measured:
+:mod:`protocols.jobs.breakdown`; wall time of the slowest party); ``declared`` the protocols'
 declared costs (cost_lm_prefill / cost_lm_step, cost_classify, cost_embed_sentence,
 cost_encoder +
 cost_decode_start / cost_decoder_step) and ``checks`` whether the
@@ -138,17 +138,17 @@ def declared(cfg, B: int, S: int, T: int, fuse=None) -> list:
     from protocols.jobs.bench_lm import session_fuse
     ring, kinds = RingConfig(), session_fuse(cfg, {"fuse": fuse})
     if cfg.arch == M.DECODER_ONLY:
-        from protocols.causal_lm import cost_lm_prefill, cost_lm_step
+        from protocols.stacks.causal_lm import cost_lm_prefill, cost_lm_step
         return [cost_lm_prefill(ring, cfg, B, S, fuse=kinds)] + [
             cost_lm_step(ring, cfg, B, S + t, fuse=kinds) for t in range(T)]
     if cfg.arch == M.ENCODER_CLASSIFIER:
-        from protocols.classifier import cost_classify
+        from protocols.stacks.classifier import cost_classify
         return [cost_classify(ring, cfg, B, S)]
     if cfg.arch == M.ENCODER:
-        from protocols.sentence import cost_embed_sentence
+        from protocols.stacks.sentence import cost_embed_sentence
         return [cost_embed_sentence(ring, cfg, B, S)]
-    from protocols.decoder import cost_decode_start, cost_decoder_step
-    from protocols.encoder import cost_encoder
+    from protocols.stacks.decoder import cost_decode_start, cost_decoder_step
+    from protocols.stacks.encoder import cost_encoder
     first = cost_encoder(ring, cfg, B, S) + cost_decode_start(ring, cfg, B, S, fuse=kinds)
     return [first] + [cost_decoder_step(ring, cfg, B, t, n_enc=S, fuse=kinds)
                       for t in range(T)]
@@ -166,11 +166,11 @@ def _params(cfg, y, fuse) -> dict:
 
 def run_inproc(cfg, shares: list, x, y, fuse=None) -> dict:
     """The bench_lm job on three in-process parties holding ``shares``
-    (:func:`protocols.secure_model.share_model`): {"Y", "stats", "mem"} as ring arrays."""
+    (:func:`protocols.layers.secure_model.share_model`): {"Y", "stats", "mem"} as ring arrays."""
     from mpc3.sharing import reveal
-    from net.inproc import InprocParties
+    from net.party.inproc import InprocParties
     from protocols.jobs import ModelView, benchmark_registry
-    from protocols.secure_model import share_input
+    from protocols.layers.secure_model import share_input
     models = [ModelView("bench", shares[r], {"bench": "bench_lm"}) for r in range(3)]
     ip = InprocParties(models, registry=benchmark_registry(), timeout=600.0)
     ins = {k: share_input(v) for k, v in _inputs(x, y).items()}
@@ -181,10 +181,10 @@ def run_inproc(cfg, shares: list, x, y, fuse=None) -> dict:
 
 def run_remote(rc, cfg, w, x, y, fuse=None) -> dict:
     """The same on a :class:`app.bench.remote.RemoteCluster`, uploading the weights ``w``
-    one tensor at a time (:class:`protocols.secure_model.LazyTensors`) as the model
+    one tensor at a time (:class:`protocols.layers.secure_model.LazyTensors`) as the model
     (deleted after)."""
-    from net.outputs import reconstruct
-    from protocols.secure_model import LazyTensors, layout
+    from net.client.outputs import reconstruct
+    from protocols.layers.secure_model import LazyTensors, layout
     tensors = LazyTensors(layout(cfg, w))
     pairs = rc.run_job("bench_lm", tensors, tensors.extra_frac(), _inputs(x, y),
                        _params(cfg, y, fuse))
@@ -194,7 +194,7 @@ def run_remote(rc, cfg, w, x, y, fuse=None) -> dict:
 # ----------------------------------------------------------------------- metrics ----
 def _phase(st: np.ndarray, cost) -> dict:
     """One phase's (3, len(CATEGORIES) + 1, 4) stats -> metrics, breakdown, declared."""
-    from protocols.breakdown import CATEGORIES
+    from protocols.jobs.breakdown import CATEGORIES
     tot = st[:, -1]
     slow = int(np.argmax(tot[:, 0]))
     out = {"wall_s": float(tot[slow, 0] / 1e9), "bytes_total": int(tot[:, 1].sum()),
@@ -257,7 +257,7 @@ def run_lm(a) -> dict:
     network = {"net": "none", "emulation": "none"}
     t_setup = time.perf_counter()
     if inproc:
-        from protocols.secure_model import share_model
+        from protocols.layers.secure_model import share_model
         run_inproc(tiny, share_model(tiny, warm[0], shared_replicas=True), *warm[1:])
         shares = share_model(cfg, w, shared_replicas=True)
         del w                                  # the parties' shares only from here on
@@ -354,8 +354,8 @@ def _cmd(a) -> int:
 
 
 def register(bsub) -> None:
-    from protocols.causal_lm import LM_FUSIONS
-    from protocols.decoder import FUSIONS
+    from protocols.stacks.causal_lm import LM_FUSIONS
+    from protocols.stacks.decoder import FUSIONS
     from ..options import add_fuse
     p = bsub.add_parser("lm", help="a whole model: prompt + generated tokens, with the "
                         "breakdown by operation type")

@@ -7,7 +7,7 @@
 
 :class:`RemoteCluster` generates certificates and a cluster config in a temporary directory
 and starts ``mpc3 party`` three times: on 127.0.0.1 (``net="none"``) or each inside its own
-network namespace of a :class:`net.emulate.Emulation` (parties dial their peers through the
+network namespace of a :class:`net.peer.emulate.Emulation` (parties dial their peers through the
 emulation's dial addresses, so every protocol byte crosses the shaped, delayed links). The
 links are verified first (RTT, throughput; printed and kept in every result). The benchmark
 client runs in the root namespace and reaches each party over an extra *unshaped* veth pair
@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from protocols import workloads
+from protocols.jobs import workloads
 
 REPO = Path(__file__).resolve().parent.parent
 MGMT_NET = "10.78"          # client <-> party k management link: 10.78.<slot>.{1,2}/30
@@ -166,7 +166,7 @@ class RemoteCluster:
         self.procs = self.cluster.procs
 
     def _start_emulation(self) -> None:
-        from net.emulate import Emulation, verify_link
+        from net.peer.emulate import Emulation, verify_link
         self.emu = Emulation(self.net).__enter__()
         prof = self.emu.profile
         self._log(f"[net] {prof.name}: {prof.rate_mbit} Mbit/s, {prof.rtt_ms} ms RTT, "
@@ -218,7 +218,7 @@ class RemoteCluster:
     # ------------------------------------------------------------------- running ----
     def _run_job(self, kind: str, model: dict, extra_frac: dict, inputs: dict, params: dict,
                  encoded_model: bool = False) -> tuple[list[dict], np.ndarray]:
-        from net.outputs import reconstruct
+        from net.client.outputs import reconstruct
         pairs = self.run_job(kind, model, extra_frac, inputs, params, encoded_model)
         stats = reconstruct([{"s": p["stats"]} for p in pairs])["s"]
         return [{"Y": p["Y"]} for p in pairs], stats.astype(np.int64)
@@ -227,8 +227,8 @@ class RemoteCluster:
                 encoded_model: bool = False) -> list[dict]:
         """Upload ``model`` (plaintext tensors, shared here) as a bench model, run one
         diagnostic job on it, delete it: the three parties' output pairs."""
-        from net.owner import ModelOwner
-        from net.user import QueryUser
+        from net.client.owner import ModelOwner
+        from net.client.user import QueryUser
         self._counter += 1
         model_id = f"bench-{os.getpid()}-{self._counter}"
         with ModelOwner(self.cfg, rpc_timeout=600) as owner:
@@ -272,7 +272,7 @@ class RemoteCluster:
                 name, tiny, fold=fold, block=None, exp=exp, warmup=False))
         from mpc3 import ring
         from protocols import model as M
-        from protocols.secure_model import plain_tensors
+        from protocols.layers.secure_model import plain_tensors
         w = M.random_weights(cfg, seed=seed)
         inputs, ref = workloads.layer_case(name, cfg, w, batch, np.random.default_rng(seed + 1),
                                             fold=fold, exp=exp)
@@ -285,7 +285,7 @@ class RemoteCluster:
             "bench_layer", {k: t for k, (t, _) in layout.items()},
             {k: e for k, (_, e) in layout.items() if e},
             dict(zip(workloads.layer_inputs(name), inputs)), params)
-        from net.outputs import reconstruct
+        from net.client.outputs import reconstruct
         got = ring.decode(reconstruct(outs)["Y"], self.cfg.frac)
         err = float(np.max(np.abs(got - ref)))
         return {"workload": f"layer/{name}",

@@ -54,7 +54,7 @@ def _random_model(a):
 
 def _sources(a, cfg, vocab):
     """List of (B, S) int arrays (one per batch) and the texts (shipped) or None."""
-    from protocols import textdata as TD
+    from app import textdata as TD
     if a.model == "random":
         rng = np.random.default_rng(a.seed + 1)
         return [rng.integers(3, cfg.src_vocab, size=(a.sentences, a.src_len))], None
@@ -77,7 +77,7 @@ def _sources(a, cfg, vocab):
 
 def run_translate(a) -> dict:
     from protocols import model as M
-    from protocols import textdata as TD
+    from app import textdata as TD
     from .. import translate as T
     if a.model == "shipped":
         if a.attention != M.PERFORMER:
@@ -95,7 +95,7 @@ def run_translate(a) -> dict:
     t_setup = time.perf_counter()
     try:
         if a.transport == "grpc" or a.net != "none":
-            from net.user import QueryUser
+            from net.client.user import QueryUser
             from ..localcluster import LocalCluster
             from ..owner import share_transformer
             tmp = Path(tempfile.mkdtemp(prefix="mpc3-bench-translate-"))
@@ -208,7 +208,7 @@ def _cmd(a) -> int:
 
 
 def register(bsub) -> None:
-    from protocols.decoder import FUSIONS
+    from protocols.stacks.decoder import FUSIONS
     from ..options import add_fuse
     p = bsub.add_parser("translate", help="secure translation end to end (encoder once + "
                         "incremental decoding)")

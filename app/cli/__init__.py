@@ -22,7 +22,7 @@ def version() -> str:
     from importlib.metadata import PackageNotFoundError
     from importlib.metadata import version as dist_version
 
-    from net.service import VERSION
+    from net.party.service import VERSION
     try:
         v = dist_version("mpc3")
     except PackageNotFoundError:

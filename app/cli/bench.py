@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import functools
 
-from net import malloc
+from net.party import malloc
 
 from ..bench import layer, lm, op, translate
 
 
 def _as_a_party_process(func):
     """Every benchmark process keeps freed buffers for reuse, as a party process does
-    (:func:`net.server.serve`), so in-process and party-process figures compare
+    (:func:`net.party.server.serve`), so in-process and party-process figures compare
     like with like."""
     @functools.wraps(func)
     def run(args):

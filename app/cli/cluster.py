@@ -133,7 +133,7 @@ def _cmd_keys(args) -> int:
 def _cmd_party(args) -> int:
     import dataclasses
 
-    from net import logjson
+    from net.party import logjson
     cfg = load(args)
     pcfg = cfg.party(args.id)
     if args.metrics is not None or args.log_json:
@@ -142,7 +142,7 @@ def _cmd_party(args) -> int:
         parties = tuple(pcfg if n == args.id else p for n, p in enumerate(cfg.parties))
         cfg = dataclasses.replace(cfg, parties=parties)
     logjson.configure(args.id, args.log_level, pcfg.log_format)
-    from net.server import serve
+    from net.party.server import serve
     exit_with_parent(args.exit_with_parent)
     return serve(cfg, args.id)
 
@@ -166,7 +166,7 @@ def _cmd_down(args) -> int:
 
 
 def _cmd_status(args) -> int:
-    from net.failures import ClusterError
+    from net.client.failures import ClusterError
     from net.proto import mpc3_pb2 as pb
     cfg = load(args)
     replies = {}

@@ -58,8 +58,8 @@ def load(args) -> cconf.ClusterConfig:
 def any_client(args, cfg, **kw):
     """A client for read-only calls: the query user's credentials if configured, else the
     model owner's."""
-    from net.owner import ModelOwner
-    from net.user import QueryUser
+    from net.client.owner import ModelOwner
+    from net.client.user import QueryUser
     cls = QueryUser if (args.cert or "query-user" in cfg.clients or not cfg.tls) else ModelOwner
     return cls(cfg, args.cert, args.key, **kw)
 

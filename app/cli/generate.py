@@ -24,7 +24,7 @@ from .common import (MODEL_ID_HELP, STARTING, add_client_creds, check_same_model
 
 
 def _cmd_generate(args) -> int:
-    from net.user import QueryUser
+    from net.client.user import QueryUser
     from ..generate import ByteStream, LMClusterBackend, generate
     from ..text import lm_prompt
     cfg = load(args)
@@ -66,7 +66,7 @@ def _cmd_generate(args) -> int:
 
 
 def register(sub) -> None:
-    from protocols.causal_lm import LM_FUSIONS
+    from protocols.stacks.causal_lm import LM_FUSIONS
     p = sub.add_parser("generate", help="generate text securely with a decoder-only LM on a "
                        "running cluster (streams tokens)")
     p.add_argument("prompt", nargs="?", help="text prompt (UTF-8 bytes as tokens)")
@@ -93,9 +93,9 @@ def demo_lm(args) -> int:
     the plaintext reference."""
     import time
 
-    from net.user import QueryUser
+    from net.client.user import QueryUser
     from protocols import model as M
-    from protocols import textdata as TD
+    from app import textdata as TD
 
     from ..generate import ByteStream, LMClusterBackend, eos_of, generate
     from ..localcluster import temporary_cluster

@@ -115,8 +115,8 @@ def register(sub) -> None:
 
 
 def shipped_models() -> dict[str, Path]:
-    """The model files shipped in protocols/assets, by the names export-model takes."""
-    from protocols import textdata as TD
+    """The model files shipped in app/assets, by the names export-model takes."""
+    from app import textdata as TD
     lms = {("lm" if a == "relu-performer" else f"lm-{a}"): f
            for a, f in TD.SHIPPED_LMS.items()}
     return {"translator": TD.SHIPPED_MODEL, **lms, "classifier": TD.SHIPPED_CLASSIFIER}
@@ -136,8 +136,8 @@ def _cmd_export(args) -> int:
 
 def _cmd_share(args) -> int:
     from app.owner import share_transformer
-    from net.malloc import one_arena
-    one_arena()       # the upload's stream and gRPC threads share one heap (net.malloc)
+    from net.party.malloc import one_arena
+    one_arena()       # the upload's stream and gRPC threads share one heap (net.party.malloc)
     cfg = load(args)
     from app.owner import calibration_samples, check_permit
     # user tensors are never shared
@@ -165,7 +165,7 @@ def _cmd_share(args) -> int:
 
 
 def _cmd_models(args) -> int:
-    from net.owner import ModelOwner
+    from net.client.owner import ModelOwner
     cfg = load(args)
     if args.delete:
         with ModelOwner(cfg, args.cert, args.key) as owner:
@@ -266,7 +266,7 @@ def job_kind(name: str) -> str:
 
 
 def _cmd_infer(args) -> int:
-    from net.user import QueryUser
+    from net.client.user import QueryUser
     cfg = load(args)
     try:
         params = json.loads(args.params)
@@ -330,9 +330,9 @@ def demo_classifier(args) -> int:
     shared by the owner permitting ``classify-argmax`` only (the user learns the class, not
     the logits), and held-out numbers' words classified securely (one job for all of them)
     against the plaintext arg-max."""
-    from net.user import QueryUser
+    from net.client.user import QueryUser
     from protocols import model as M
-    from protocols import textdata as TD
+    from app import textdata as TD
 
     from ..localcluster import temporary_cluster
     from ..owner import share_transformer

@@ -5,7 +5,7 @@ on a throw-away local cluster: the first command to run after installing).
     mpc3 demo [--inputs N] [--keep-dir] [--model lm [--attention A] | --model classifier]
 
 The query user's part of the model (embedding tables, output projection) and the vocabulary
-come from the shipped translator (``protocols/assets``) unless ``--model`` names another
+come from the shipped translator (``app/assets``) unless ``--model`` names another
 model file that holds them; they never leave this process.
 """
 from __future__ import annotations
@@ -65,7 +65,7 @@ def layer_table(layers, cost) -> str:
 
 # -------------------------------------------------------------------------- translate ----
 def _cmd_translate(args) -> int:
-    from net.user import QueryUser
+    from net.client.user import QueryUser
     from ..api import translator_side
     from ..translate import ClusterBackend, translate_texts
     cfg = load(args)
@@ -88,7 +88,7 @@ def demo_inputs(n: int = DEMO_INPUTS, lengths: tuple[int, ...] = (4, 6)) -> list
     """``n`` held-out (test split) numbers, deterministic, alternating between ``lengths``
     digits: inputs of one length share a decode session (one batch), so the demo runs
     ``len(lengths)`` sessions instead of ``n``."""
-    from protocols import textdata as TD
+    from app import textdata as TD
     pools = {k: [] for k in lengths}
     for x in TD.sample_numbers(400, seed=DEMO_SEED, split="test"):
         s = str(int(x))
@@ -101,7 +101,7 @@ def check_demo_args(args) -> None:
     """Refuse what the chosen demo cannot run before any party starts: every demo reads
     numbers N (the translator's digits; N < 10000 for the LM and the classifier, which were
     trained on those), and --attention picks one of the shipped LMs."""
-    from protocols import textdata as TD
+    from app import textdata as TD
     if args.attention is not None and args.model != "lm":
         raise ValueError("--attention picks one of the shipped LMs: use it with --model lm")
     for text in args.text:
@@ -118,8 +118,8 @@ def _cmd_demo(args) -> int:
     if args.model == "classifier":
         from .models import demo_classifier
         return demo_classifier(args)
-    from protocols import textdata as TD
-    from net.user import QueryUser
+    from app import textdata as TD
+    from net.client.user import QueryUser
     from ..owner import share_transformer
     from ..translate import ClusterBackend, LayerCosts, token_agreement, translate_texts
     say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, flush=True))
@@ -172,8 +172,8 @@ def _cmd_demo(args) -> int:
 
 
 def register(sub) -> None:
-    from protocols.decoder import FUSIONS
-    from protocols.textdata import SHIPPED_LMS
+    from protocols.stacks.decoder import FUSIONS
+    from app.textdata import SHIPPED_LMS
     p = sub.add_parser("translate", help="translate text securely on a running cluster")
     p.add_argument("text", nargs="+", help="input(s), e.g. 4096")
     p.add_argument("--model-id", required=True, help=MODEL_ID_HELP)

@@ -56,7 +56,7 @@ for _ in $(seq 1 90); do
 done
 mpc3 status --config "$C/cluster.toml"
 echo "== model owner shares, query user translates"
-mpc3 share-model "$REPO/protocols/assets/translator.npz" --config "$C/cluster.toml" --model-id tr
+mpc3 share-model "$REPO/app/assets/translator.npz" --config "$C/cluster.toml" --model-id tr
 OUT=$(mpc3 translate --quiet --config "$C/cluster.toml" --model-id tr 4096 2>/dev/null)
 echo "$OUT"
 [ "$OUT" = "$(printf '4096\tfour thousand ninety six')" ] || { echo "wrong translation" >&2; exit 1; }

@@ -199,7 +199,7 @@ def _matmul_relu_tolerance(shapes, cfg):
 
 
 #: Fractional bits of the public row scales 1/n_i of the "matmul-rowscale" kernel (as
-#: attention's: protocols.mha.row_scale_trunc).
+#: attention's: protocols.layers.mha.row_scale_trunc).
 ROWSCALE_BITS = 4
 
 

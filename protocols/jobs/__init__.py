@@ -9,10 +9,26 @@ from __future__ import annotations
 
 from .causal_lm import SPECS as _CAUSAL_LM
 from .classifier import SPECS as _CLASSIFIER
-from .contract import (DECODER_ONLY, DEFAULT_PERMITTED, ENCODER, ENCODER_CLASSIFIER,
-                       ENCODER_DECODER, TENSORS, TRANSFORMER_LAYOUT, CostRecorder,
-                       JobContext, JobRefused, JobRegistry, JobSpec, ModelView, SessionSlot,
-                       TensorSpec, admit, execute, output_fracs)
+from .contract import (
+    DECODER_ONLY,
+    DEFAULT_PERMITTED,
+    ENCODER,
+    ENCODER_CLASSIFIER,
+    ENCODER_DECODER,
+    TENSORS,
+    TRANSFORMER_LAYOUT,
+    CostRecorder,
+    JobContext,
+    JobRefused,
+    JobRegistry,
+    JobSpec,
+    ModelView,
+    SessionSlot,
+    TensorSpec,
+    admit,
+    execute,
+    output_fracs,
+)
 from .runnable import model_problem
 from .sentence import SPECS as _SENTENCE
 from .transformer import SPECS as _TRANSFORMER

@@ -1,24 +1,24 @@
 """Diagnostic job kind ``bench_lm`` (``mpc3 bench lm``): a whole model's inference on uploaded
 shares, phase by phase, with the measured breakdown by operation type
-(:mod:`protocols.breakdown`). Benchmark and test processes only, like every diagnostic kind.
+(:mod:`protocols.jobs.breakdown`). Benchmark and test processes only, like every diagnostic kind.
 
 Params: ``config`` (a ModelConfig dict; the uploaded tensors are its
-:mod:`protocols.secure_model` layout, Omega folded), ``tokens`` T, optionally ``fuse`` (the
+:mod:`protocols.layers.secure_model` layout, Omega folded), ``tokens`` T, optionally ``fuse`` (the
 session's LayerNorm fusions, as ``lm_prefill`` / ``decode_open`` take it:
-:func:`protocols.ln_proj.fusion_choice`). Inputs: ``X`` (B, S, d),
+:func:`protocols.layers.ln_proj.fusion_choice`). Inputs: ``X`` (B, S, d),
 the embedded prompt / source / classifier input, and for T > 0 ``Y`` (T, B, d), the embedded
 tokens fed to the T steps (a generation feeds back its own greedy tokens through the query
 user; the cost does not depend on which tokens they are). Phases, by architecture:
 
-* ``decoder-only``: phase 0 :func:`protocols.causal_lm.lm_prefill` of X, phase 1 + t
-  :func:`protocols.causal_lm.lm_step` of Y[t]; output ``Y`` (1 + T, B, d), the final hidden
+* ``decoder-only``: phase 0 :func:`protocols.stacks.causal_lm.lm_prefill` of X, phase 1 + t
+  :func:`protocols.stacks.causal_lm.lm_step` of Y[t]; output ``Y`` (1 + T, B, d), the final hidden
   rows;
-* ``encoder-decoder``: phase 0 the encoder and :meth:`protocols.decoder.DecodeState.start`
-  (what ``decode_open`` runs), phase 1 + t :func:`protocols.decoder.decoder_step` (T >= 1);
+* ``encoder-decoder``: phase 0 the encoder and :meth:`protocols.stacks.decoder.DecodeState.start`
+  (what ``decode_open`` runs), phase 1 + t :func:`protocols.stacks.decoder.decoder_step` (T >= 1);
   output (T, B, d);
-* ``encoder-classifier``: phase 0 :func:`protocols.classifier.classify` (T = 0); output
+* ``encoder-classifier``: phase 0 :func:`protocols.stacks.classifier.classify` (T = 0); output
   (1, B, n_classes), the logits;
-* ``encoder``: phase 0 :func:`protocols.sentence.embed_sentence` (T = 0); output (1, B, d),
+* ``encoder``: phase 0 :func:`protocols.stacks.sentence.embed_sentence` (T = 0); output (1, B, d),
   the sentence embeddings.
 
 Measurement as :mod:`protocols.jobs.diagnostic` (a barrier round first, protocol only, shares
@@ -34,8 +34,8 @@ import numpy as np
 from mpc3.procinfo import peak_rss
 from mpc3.shares import AShare
 
-from .. import breakdown
 from .. import model as M
+from . import breakdown
 from .contract import TENSORS, JobContext, JobSpec, TensorSpec
 from .diagnostic import public_stats
 
@@ -50,7 +50,8 @@ def session_fuse(cfg: M.ModelConfig, params) -> tuple:
     """The fusions the ``fuse`` parameter picks for ``cfg``'s sessions, as the architecture's
     session-opening job kind reads it (ValueError if unknown; a classifier or a headless
     encoder has none)."""
-    from ..ln_proj import fusion_choice
+    from protocols.layers.ln_proj import fusion_choice
+
     from .causal_lm import session_fuse as lm_fuse
     from .transformer import session_fuse as encdec_fuse
     if cfg.arch in (M.ENCODER_CLASSIFIER, M.ENCODER):
@@ -63,20 +64,20 @@ def _phases(ctx: JobContext, cfg: M.ModelConfig, x: AShare, ys: AShare | None, T
     p, shares = ctx.party, ctx.model.shares
     fuse = session_fuse(cfg, ctx.params)
     if cfg.arch == M.DECODER_ONLY:
-        from ..causal_lm import lm_prefill, lm_step
+        from protocols.stacks.causal_lm import lm_prefill, lm_step
         h, state = lm_prefill(p, cfg, shares, x, fuse=fuse)
         yield h
         for t in range(T):
             yield lm_step(p, cfg, shares, state, ys[t])
     elif cfg.arch == M.ENCODER_CLASSIFIER:
-        from ..classifier import classify
+        from protocols.stacks.classifier import classify
         yield classify(p, cfg, shares, x)
     elif cfg.arch == M.ENCODER:
-        from ..sentence import embed_sentence
+        from protocols.stacks.sentence import embed_sentence
         yield embed_sentence(p, cfg, shares, x)
     else:
-        from ..decoder import DecodeState, decoder_step
-        from ..encoder import encoder
+        from protocols.stacks.decoder import DecodeState, decoder_step
+        from protocols.stacks.encoder import encoder
         state = DecodeState.start(p, cfg, shares, encoder(p, cfg, shares, x), fuse=fuse)
         yield None
         for t in range(T):

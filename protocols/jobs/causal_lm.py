@@ -5,7 +5,7 @@ Computation ``generate`` (the model's own inference; permitted by default):
 
 * ``lm_prefill`` (session open): input ``X`` (B, T, d), the embedded prompt -> output ``H``
   (B, d), the final hidden row of its last position; keeps the secret decode state of every
-  layer (:class:`protocols.causal_lm.LMState`: Performer prefix sums, or the secret KV
+  layer (:class:`protocols.stacks.causal_lm.LMState`: Performer prefix sums, or the secret KV
   cache of a softmax-style attention) in the session.
 * ``lm_step`` (session step): input ``Y`` (B, d), the newest embedded token -> ``H`` (B, d).
   O(1) in the prefix length (relu-performer; a KV cache: O(t) bytes, constant rounds);
@@ -14,18 +14,25 @@ Computation ``generate`` (the model's own inference; permitted by default):
 
 The query user applies the LM head (``out.w``, ``out.b``, its own tensors) to ``H`` and picks
 the next token; only final hidden rows leave the parties, as for the translator. Besides the
-session id, ``lm_prefill`` takes ``fuse`` (:func:`protocols.ln_proj.fusion_choice` over
+session id, ``lm_prefill`` takes ``fuse`` (:func:`protocols.layers.ln_proj.fusion_choice` over
 ``self``, ``ffn``; default ``ffn``): the LayerNorms whose next projection the session's steps
 form in their rounds - a schedule, not a different function, as is the one the model's
-calibration allows the steps (:mod:`protocols.schedule`: deferred o W^O truncations,
+calibration allows the steps (:mod:`protocols.jobs.schedule`: deferred o W^O truncations,
 narrowed LayerNorm tables). Per-layer costs are marked (``dec.i``, ``dec.final_ln``).
 """
 from __future__ import annotations
 
-from ..causal_lm import DEFAULT_LM_FUSE, LM_FUSIONS, LMState, lm_prefill, lm_step
-from ..ln_proj import fusion_choice
-from ..schedule import session_schedule
+from protocols.layers.ln_proj import fusion_choice
+from protocols.stacks.causal_lm import (
+    DEFAULT_LM_FUSE,
+    LM_FUSIONS,
+    LMState,
+    lm_prefill,
+    lm_step,
+)
+
 from .contract import DECODER_ONLY, JobContext, JobSpec, ModelView, TensorSpec
+from .schedule import session_schedule
 from .transformer import check_rows, validate_source
 
 

@@ -3,7 +3,7 @@
 A *job kind* is a :class:`JobSpec`: its name, the tensors it takes and returns (with symbolic
 shapes), the model kinds it applies to, the *computation* a model owner must permit for a
 query user to run it, its role in a session, and the public parameters it accepts. The
-server (:mod:`net.runner`) and the in-process backend run every job the same way:
+server (:mod:`net.party.runner`) and the in-process backend run every job the same way:
 
 1. :func:`admit` - before anything is started: the kind exists in the process's
    :class:`JobRegistry`, applies to the model, is permitted by the model's owner, takes
@@ -38,7 +38,7 @@ DECODER_ONLY = "decoder-only"
 ENCODER = "encoder"                  # a headless encoder (sentence embeddings)
 TENSORS = "tensors"                  # bare tensors (benchmarks, tests): no inference of its own
 #: ``public_meta["layout"]`` of a transformer shared by ``share-model``
-#: (:mod:`protocols.secure_model`); other models (bare tensors) carry no calibration.
+#: (:mod:`protocols.layers.secure_model`); other models (bare tensors) carry no calibration.
 TRANSFORMER_LAYOUT = "protocols.secure_model"
 
 
@@ -59,7 +59,7 @@ class TensorSpec:
     """A named tensor with a symbolic shape such as ``("B", "S", "d")``. ``wide``: an output
     carried at 2 frac fractional bits (its last product reshared untruncated, one round
     fewer); the chunks say so (their ``frac``) and the query user rounds it to frac bits
-    after reconstructing it (:func:`net.outputs.reconstruct`)."""
+    after reconstructing it (:func:`net.client.outputs.reconstruct`)."""
 
     name: str
     shape: tuple[str, ...]
@@ -263,8 +263,8 @@ def output_fracs(spec: JobSpec, frac: int) -> dict[str, int]:
 def execute(spec: JobSpec, ctx: JobContext, inputs: dict[str, AShare]) -> dict[str, AShare]:
     """Run an admitted job on this party; checks the outputs it declares. Where the model's
     owner asked for it, the inputs are first checked against the calibrated range on shares
-    (:mod:`protocols.input_check`: one opened bit; refused at every party alike)."""
-    from ..input_check import check_inputs
+    (:mod:`protocols.calibration.input_check`: one opened bit; refused at every party alike)."""
+    from protocols.calibration.input_check import check_inputs
     if not spec.diagnostic and check_inputs(ctx.party, ctx.model.meta, inputs):
         ctx.costs.mark("input_check")
     out = spec.run(ctx, inputs)

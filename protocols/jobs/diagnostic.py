@@ -31,8 +31,8 @@ from mpc3.kernels.arith import matmul_aa
 from mpc3.party import Party, RingConfig
 from mpc3.shares import AShare, BShare
 
-from .. import workloads as W
 from .. import model as M
+from . import workloads as W
 from .contract import ENCODER_DECODER, TENSORS, JobContext, JobSpec, TensorSpec
 
 STATS_FIELDS = ("wall_ns", "bytes", "messages", "rounds")

@@ -1,5 +1,5 @@
 """A job's working memory on one party, estimated from its kind and shapes before it is
-admitted (:meth:`net.runner.JobRunner.accept` bounds it by ``[limits]`` job_memory_bytes and
+admitted (:meth:`net.party.runner.JobRunner.accept` bounds it by ``[limits]`` job_memory_bytes and
 the per-user and per-party totals).
 
 What grows with a transformer job's shapes is the widest layer's elements and the session

@@ -1,5 +1,5 @@
 """Whether a shared model may run at all: a transformer's stored calibration checked
-(:func:`protocols.calibration_check.check_stored`) against the inputs a registry's job kinds
+(:func:`protocols.calibration.check.check_stored`) against the inputs a registry's job kinds
 take. Parties ask it when a model is uploaded (nothing is stored if it fails) and before its
 jobs (once per upload: a model stored before the check, or whose metadata was edited on
 disk); the query user's client asks it before it shares inputs.
@@ -18,8 +18,8 @@ def model_problem(model_id: str, public_meta: str | Mapping, registry: JobRegist
                   ring: RingConfig) -> str:
     """'' if the model ``model_id`` with public metadata ``public_meta`` (its JSON, or the
     parsed object) may run, else one line naming the model, what is wrong and the owner's
-    next step (:func:`protocols.calibration_check.refusal`)."""
-    from ..calibration_check import check_stored, refusal
+    next step (:func:`protocols.calibration.check.refusal`)."""
+    from protocols.calibration.check import check_stored, refusal
     meta = public_meta
     if isinstance(public_meta, str):
         try:

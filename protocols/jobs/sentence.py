@@ -3,7 +3,7 @@ sentence-transformers).
 
 * ``embed`` (computation ``embed``, the model's own inference, permitted by default):
   input ``X`` (B, S, d), the embedded input -> output ``E`` (B, d), the sentence embeddings
-  (:func:`protocols.sentence.embed_sentence`: encoder, the model's pooling, L2
+  (:func:`protocols.stacks.sentence.embed_sentence`: encoder, the model's pooling, L2
   normalization when the config says so).
 
 No parameters; per-layer costs are marked (``enc.i``, ``enc.final_ln``, ``pool``,
@@ -11,7 +11,8 @@ No parameters; per-layer costs are marked (``enc.i``, ``enc.final_ln``, ``pool``
 """
 from __future__ import annotations
 
-from ..sentence import embed_sentence
+from protocols.stacks.sentence import embed_sentence
+
 from .contract import ENCODER, JobContext, JobSpec, TensorSpec
 from .transformer import validate_source
 

@@ -1,25 +1,25 @@
-"""Production job kinds of an encoder-decoder transformer (protocols.secure_model layout).
+"""Production job kinds of an encoder-decoder transformer (protocols.layers.secure_model layout).
 
 Computation ``translate`` (the model's own inference; permitted by default):
 
 * ``decode_open`` (session): input ``X`` (B, S, d), the embedded source. Runs the encoder once
   and keeps the secret decode state (cross-attention K'^T V of every decoder layer, empty
-  self-attention prefix sums, :class:`protocols.decoder.DecodeState`; softmax-style
+  self-attention prefix sums, :class:`protocols.stacks.decoder.DecodeState`; softmax-style
   attention: the encoder output's K, V per layer and empty KV caches) in the session. No
   output: the encoder output never leaves the parties.
-  Parameter ``fuse`` (:func:`protocols.ln_proj.fusion_choice`): which LayerNorms of every
+  Parameter ``fuse`` (:func:`protocols.layers.ln_proj.fusion_choice`): which LayerNorms of every
   step form the projection after them in their own rounds (default
-  :data:`protocols.decoder.DEFAULT_FUSE`, ``cross,ffn,wo``; ``all`` on high-latency links:
+  :data:`protocols.stacks.decoder.DEFAULT_FUSE`, ``cross,ffn,wo``; ``all`` on high-latency links:
   236 instead of 246 rounds per token of the random Privformer model for 11 % more bytes,
   7.58 instead of 6.85 MB: ``mpc3 bench translate --model random --src-len 64 --tokens 3
   --transport inproc [--fuse all]`` at d0af210). It changes the schedule, never the function computed. So does the
-  model's calibration (public metadata, stored by ``share-model``, :mod:`protocols.schedule`):
+  model's calibration (public metadata, stored by ``share-model``, :mod:`protocols.jobs.schedule`):
   where it keeps a decoder layer's attention output times W^O below 2^(62 - 3 frac), that
   layer's steps truncate o W^O by 2 frac from an untruncated o, one round less per attention
   sublayer (``deferred_wo``), and each decoder LayerNorm's sqrt_inv table covers only its
   calibrated variance octaves (``ln_spans``, fewer bytes). Random Privformer model of
   ``mpc3 bench translate --model random``: 246 rounds and 6.85 MB per token (a model
-  without those calibration sites: 263 rounds, 7.22 MB, protocols.decoder).
+  without those calibration sites: 263 rounds, 7.22 MB, protocols.stacks.decoder).
 * ``decode_step`` (session): input ``Y`` (B, d), the newest embedded target token -> output
   ``H`` (B, d), the decoder output row of that token. O(1) in the prefix length
   (relu-performer; softmax-style: O(t + S) bytes, rounds independent of t and S).
@@ -36,15 +36,14 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from protocols.layers.ln_proj import fusion_choice
+from protocols.layers.secure_model import PROJ_EXTRA, check_shares
+from protocols.stacks.decoder import DEFAULT_FUSE, FUSIONS, DecodeState, decoder_step
+from protocols.stacks.encoder import encoder
 
 from .. import model as M
-from ..decoder import DEFAULT_FUSE, FUSIONS, DecodeState, decoder_step
-from ..schedule import session_schedule
-from ..encoder import encoder
-from ..ln_proj import fusion_choice
-from ..secure_model import PROJ_EXTRA, check_shares
-from .contract import (ENCODER_DECODER, JobContext, JobSpec, ModelView,
-                       TensorSpec)
+from .contract import ENCODER_DECODER, JobContext, JobSpec, ModelView, TensorSpec
+from .schedule import session_schedule
 
 MAX_BATCH = 256
 MAX_SRC_LEN = 4096
@@ -64,7 +63,7 @@ def check_model(model: ModelView) -> M.ModelConfig:
             want = base + PROJ_EXTRA if k.endswith(("_proj", ".wv_c")) else base
             if f != want:
                 raise ValueError(f"model tensor {k!r} is encoded with {f} fractional bits, "
-                                 f"expected {want} (protocols.secure_model layout)")
+                                 f"expected {want} (protocols.layers.secure_model layout)")
     return cfg
 
 

@@ -1,5 +1,5 @@
 """Float64 reference of the architectures beyond the translator (the semantics the secure
-protocols of :mod:`protocols.classifier` and :mod:`protocols.causal_lm` compute on shares).
+protocols of :mod:`protocols.stacks.classifier` and :mod:`protocols.stacks.causal_lm` compute on shares).
 
 Encoder classifier (``arch = "encoder-classifier"``, BERT-style)::
 
@@ -92,7 +92,7 @@ def fold_ffn_scales(cfg: ModelConfig, w: Weights) -> tuple[ModelConfig, Weights,
     the betas before it. Layer l's W^Q, W^K, W^V are multiplied by C_l and W^O, b^O divided by
     it; its FFN (linear) becomes F(C_l z) / (alpha_l C_(l+1)): W1 / (alpha beta), b1 and b2
     divided by alpha C_(l+1); c = C_L. Exact up to float rounding; shared so by
-    :mod:`protocols.secure_model` (one product by c at the end instead of one per layer).
+    :mod:`protocols.layers.secure_model` (one product by c at the end instead of one per layer).
     Refuses alpha or beta = 0."""
     out = Weights(dict(w.tensors))
     C = 1.0

@@ -37,7 +37,7 @@ root's range (:data:`mpc3.kernels.fxp.SQRT_INV_RANGE`): LayerNorm computes 1/sqr
 that kernel, so with eps inside its range a row of (near-)constant values still yields a value
 the kernel computes correctly (the output is then beta, as in float). A smaller eps (the
 customary 1e-5) is accepted - trained models carry the eps they were trained with - and
-:mod:`protocols.calibrate` checks that var + eps stays inside the range on real inputs.
+:mod:`protocols.calibration.calibrate` checks that var + eps stays inside the range on real inputs.
 """
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ ATTN_NORMS = ("const", "mean")
 FFN_ACTS = ("relu", "gelu", "none")
 #: Attention of the model (``attention``; float64 references in :mod:`.variants`), every one
 #: for every architecture: relu-performer decodes with Performer's prefix sums, the others
-#: with a secret KV cache (protocols.kv_cache; the encoder-decoder's cross attention keeps
+#: with a secret KV cache (protocols.layers.kv_cache; the encoder-decoder's cross attention keeps
 #: the encoder output's K, V from the session's start).
 ATTENTIONS = ("relu-performer", "softmax", "power-softmax", "sigma-relu")
 PERFORMER = "relu-performer"

@@ -5,9 +5,9 @@
 * no LayerNorm: ``norm = "none"`` (the identity; no tensors, 0 rounds);
 * no FFN nonlinearity: ``ffn_act = "none"``;
 * the FFN fused into one matrix: with no nonlinearity, FFN(x) = x W1 W2 + (b1 W2 + b2)
-  exactly, and :mod:`protocols.secure_model` shares it so (``w1`` = W1 W2 (d, d), ``b1`` =
+  exactly, and :mod:`protocols.layers.secure_model` shares it so (``w1`` = W1 W2 (d, d), ``b1`` =
   b1 W2 + b2): one product of d outputs per row instead of d_ff + d, one round fewer
-  (:func:`protocols.ffn.ffn`) - on every config with ``ffn_act`` none, not only this preset;
+  (:func:`protocols.layers.ffn.ffn`) - on every config with ``ffn_act`` none, not only this preset;
 * softmax attention (the softmax is the block's only nonlinearity), unless ``attention``
   says otherwise.
 

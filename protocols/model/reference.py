@@ -173,7 +173,7 @@ def _ffn(cfg, w, prefix, x):
 def fold_ffn_bn(cfg: ModelConfig, w: Weights) -> tuple[ModelConfig, Weights]:
     """``cfg.ffn_bn`` folded: BN(x W1 + b1) = x (W1 diag a) + (b1 a + b) with
     (a, b) = :func:`batchnorm_affine` of the FFN's statistics - the same model without
-    ``ffn_bn`` (exact up to float rounding; :mod:`protocols.secure_model` shares it so, at no
+    ``ffn_bn`` (exact up to float rounding; :mod:`protocols.layers.secure_model` shares it so, at no
     cost online)."""
     from dataclasses import replace
     out = Weights(dict(w.tensors))

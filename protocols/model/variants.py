@@ -8,8 +8,8 @@
   number of keys the row attends to (S unmasked; i + 1 for causal row i, so a decoder's row
   never depends on later tokens and a KV-cache step computes exactly the masked row).
 
-The secure protocols computing them are in :mod:`protocols.attention` (softmax) and
-:mod:`protocols.attention_variants`; these functions are the one float64 definition both the
+The secure protocols computing them are in :mod:`protocols.layers.attention` (softmax) and
+:mod:`protocols.layers.attention_variants`; these functions are the one float64 definition both the
 model reference and those protocols' tests use. q, k, v are per head: (B, h, S, dh).
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ import math
 import numpy as np
 
 ATTENTIONS = ("relu-performer", "softmax", "power-softmax", "sigma-relu")
-#: What the secure heads (protocols.mha.heads) run for a softmax-style attention: the
+#: What the secure heads (protocols.layers.mha.heads) run for a softmax-style attention: the
 #: model's ``attention``, softmax split by ``softmax_form`` (:func:`head_kind`).
 HEAD_KINDS = ("softmax", "softmax-max-free", "power-softmax", "sigma-relu")
 #: PowerSoftmax exponent and epsilon of models (eps >= 2^-12: the reciprocal's range).

@@ -1,0 +1,210 @@
+"""Measured cost breakdown by operation type (``mpc3 bench lm``; AERO's figures split a
+private inference into linear layers, softmax, GELU and LayerNorm the same way).
+
+While :func:`instrumented` is active, the entry points of :data:`TARGETS` are wrapped: a call
+whose party has a :class:`Recorder` (:meth:`Recorder.attach`) opens a *region* of the
+target's category; other calls (parties without a recorder, branches of
+:func:`mpc3.parallel.parallel`) pass straight through. The recorder attributes what its
+party's communicator counted (bytes, messages, rounds) and the wall time between two region
+boundaries to the innermost open region, so the categories partition the measured totals
+exactly: nothing is estimated, and the sum over categories is the communicator's count.
+
+Categories (:data:`CATEGORIES`):
+
+* ``matmul`` - products outside every other region: Q/K/V projections, W^O, the FFN's W1 and
+  W2, attention scores q k^T, the Performer products and the score-times-V products, public
+  truncations (a kernel call of :mod:`mpc3.kernels.arith`);
+* ``attention`` - the attention nonlinearity: softmax's row maximum, exp and the division by
+  the row sums (:func:`protocols.layers.attention.divide_rows`: in fused softmax / PowerSoftmax the
+  e V product shares the kernel call of the reciprocal's Newton step, so it is counted
+  here), PowerSoftmax's powers, sigma's ReLU, Performer's ReLU features - and,
+  for a full sequence of the folded Performer, its Q/K/V projections too
+  (:func:`protocols.layers.mha.project_features` and the cross attention's
+  :func:`protocols.layers.cross.cross_precompute` run them in the rounds of the feature ReLU, one
+  region: concurrent branches cannot be told apart in one party's counters);
+* ``ffn_act`` - the FFN's activation (ReLU, GELU); a ReLU's comparison with 0 taken in the
+  rounds of the product that feeds it (:func:`mpc3.kernels.arith.mul_split_aa`, few
+  elements) is that product's, so it counts where the product does (``matmul``, or
+  ``norm`` for a LayerNorm's projection) - the same for the Performer's features;
+* ``norm`` - LayerNorm, all of it (its products and inverse square root; a decode step's
+  fused LayerNorm projection :func:`protocols.layers.layernorm.layernorm_project` included);
+* ``other`` - the classifier's pooler tanh and arg-max, a sentence embedding's pooling and
+  normalization, and the time of local work between
+  kernel calls (bias additions, head reshapes, KV-cache appends): no bytes for an LM.
+
+Every region other than ``matmul`` claims everything called inside it (a LayerNorm's
+products are normalization); a ``matmul`` region inside ``attention`` never opens. The
+wrapping is process state: it exists only while a benchmark holds :func:`instrumented`
+(reference-counted, so concurrent benchmark jobs of one process share it) and is removed
+after; production parties never enter it.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import sys
+import threading
+import time
+
+import numpy as np
+
+from mpc3.comm import CommStats
+from mpc3.party import Party
+
+CATEGORIES = ("matmul", "attention", "ffn_act", "norm", "other")
+FIELDS = ("wall_ns", "bytes", "messages", "rounds")
+#: (module, function, category): the entry points a region opens at.
+TARGETS = (
+    ("protocols.layers.layernorm", "layernorm", "norm"),
+    ("protocols.layers.layernorm", "layernorm_project", "norm"),
+    ("protocols.layers.norms", "batchnorm", "norm"),
+    ("protocols.layers.ffn", "activation", "ffn_act"),
+    ("protocols.layers.attention", "relu_many", "attention"),
+    ("protocols.layers.attention", "relu_split", "attention"),
+    # the folded Performer's Q/K/V products share rounds with its feature ReLU (one region)
+    ("protocols.layers.mha", "project_features", "attention"),
+    ("protocols.layers.cross", "_cross_features", "attention"),
+    ("protocols.layers.attention", "divide_rows", "attention"),
+    ("protocols.layers.attention_variants", "_power", "attention"),
+    ("mpc3.kernels.fxp", "exp_a", "attention"),
+    ("mpc3.kernels.fxp", "exp_neg_a", "attention"),
+    ("mpc3.kernels.extrema", "max_rows_a", "attention"),
+    ("mpc3.kernels.fxp", "reciprocal_a", "attention"),
+    ("mpc3.kernels.convert", "relu_a", "attention"),     # FFN ReLU: inside ffn_act
+    ("mpc3.kernels.activations", "tanh_a", "other"),
+    ("protocols.stacks.classifier", "argmax_a", "other"),
+    ("protocols.stacks.sentence", "pool_a", "other"),
+    ("protocols.stacks.sentence", "normalize_a", "other"),
+    ("mpc3.kernels.arith", "mul_many_aa", "matmul"),
+    ("mpc3.kernels.arith", "mul_split_aa", "matmul"),
+    ("mpc3.kernels.arith", "matmul_aa", "matmul"),
+    ("mpc3.kernels.arith", "mul_aa", "matmul"),
+    ("mpc3.kernels.arith", "trunc_a", "matmul"),
+    # a decode step's projections: split-form and replicated products in shared rounds
+    ("protocols.layers.ln_proj", "step_project", "matmul"),
+    # a session's beta W of its fused LayerNorm projections (one kernel per LN, shared rounds)
+    ("protocols.layers.ln_proj", "fused_biases", "matmul"),
+)
+_PACKAGES = ("mpc3", "protocols")
+_OTHER = CATEGORIES.index("other")
+
+
+class Recorder:
+    """Exclusive attribution of one party's measured traffic and time to categories."""
+
+    def __init__(self, party: Party) -> None:
+        self.party = party
+        self.stack: list[int] = []
+        self.acc = np.zeros((len(CATEGORIES), len(FIELDS)), np.int64)
+        self._last = party.stats.snapshot()
+        self._t = time.perf_counter_ns()
+        self._start = self._last
+        self._t0 = self._t
+
+    def _flush(self) -> None:
+        now, t = self.party.stats.snapshot(), time.perf_counter_ns()
+        d: CommStats = now - self._last
+        row = self.stack[-1] if self.stack else _OTHER
+        self.acc[row] += (t - self._t, d.bytes_sent, d.messages, d.rounds)
+        self._last, self._t = now, t
+
+    def enter(self, category: int) -> bool:
+        """Open a region; False (nothing opened) inside a region that claims its callees."""
+        if self.stack and CATEGORIES[self.stack[-1]] != "matmul":
+            return False
+        self._flush()
+        self.stack.append(category)
+        return True
+
+    def exit(self) -> None:
+        self._flush()
+        self.stack.pop()
+
+    def take(self) -> np.ndarray:
+        """(len(CATEGORIES) + 1, len(FIELDS)): what each category got since the last take,
+        and as the last row the communicator's and the clock's own totals over the same
+        span; resets. Call between protocols (no region open)."""
+        if self.stack:
+            raise RuntimeError("Recorder.take inside an open region")
+        self._flush()
+        d = self._last - self._start
+        total = np.array([self._t - self._t0, d.bytes_sent, d.messages, d.rounds], np.int64)
+        out = np.vstack([self.acc, total[None]])
+        self.acc = np.zeros_like(self.acc)
+        self._start, self._t0 = self._last, self._t
+        return out
+
+
+class _Patches:
+    """The wrapped entry points while any benchmark holds :func:`instrumented`."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.users = 0
+        self.saved: list[tuple[object, str, object]] = []
+        self.recorders: dict[int, Recorder] = {}
+
+    def wrap(self, fn, category: int):
+        recorders = self.recorders
+
+        @functools.wraps(fn)
+        def region(*args, **kw):
+            rec = recorders.get(id(getattr(args[0], "comm", None))) if args else None
+            if rec is None or not rec.enter(category):
+                return fn(*args, **kw)
+            try:
+                return fn(*args, **kw)
+            finally:
+                rec.exit()
+        return region
+
+    def install(self) -> None:
+        originals = {}
+        for mod_name, name, cat in TARGETS:
+            fn = getattr(importlib.import_module(mod_name), name)
+            originals[id(fn)] = (fn, self.wrap(fn, CATEGORIES.index(cat)))
+        for mod_name, mod in list(sys.modules.items()):
+            if mod is None or mod_name.split(".")[0] not in _PACKAGES:
+                continue
+            for attr, val in list(vars(mod).items()):
+                hit = originals.get(id(val))
+                if hit is not None and hit[0] is val:       # every binding of the function
+                    self.saved.append((mod, attr, val))
+                    setattr(mod, attr, hit[1])
+
+    def remove(self) -> None:
+        for mod, attr, val in reversed(self.saved):
+            setattr(mod, attr, val)
+        self.saved.clear()
+
+
+_STATE = _Patches()
+
+
+@contextlib.contextmanager
+def instrumented():
+    """Wrap :data:`TARGETS` (every module binding of them) for the duration."""
+    with _STATE.lock:
+        if _STATE.users == 0:
+            _STATE.install()
+        _STATE.users += 1
+    try:
+        yield
+    finally:
+        with _STATE.lock:
+            _STATE.users -= 1
+            if _STATE.users == 0:
+                _STATE.remove()
+
+
+@contextlib.contextmanager
+def recording(party: Party):
+    """A :class:`Recorder` for ``party`` (inside :func:`instrumented`)."""
+    rec = Recorder(party)
+    key = id(party.comm)
+    _STATE.recorders[key] = rec
+    try:
+        yield rec
+    finally:
+        _STATE.recorders.pop(key, None)

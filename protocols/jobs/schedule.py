@@ -1,0 +1,121 @@
+"""A decode session's schedule from the model's calibration (its public metadata, stored by
+``share-model``; :mod:`protocols.calibration.calibrate`): faster forms that are exact only on a range the
+calibration shows the model's values keep to, with its safety margin. A schedule never
+changes the function computed; a model without a (recent enough) calibration gets the
+general schedule.
+
+* :func:`deferred_wo`: attention sublayers whose o W^O truncates by 2 frac from an
+  untruncated o (one round less each);
+* :func:`ln_spans`: the octaves of var + eps each LayerNorm's sqrt_inv table covers (fewer
+  thresholds: fewer bytes and less work, same rounds);
+* :func:`folded_wo`: cross attention sublayers whose W^O a session may fold into K'^T V
+  (one round less each, more bytes at decode_open);
+* :func:`session_schedule`: all three, as the keyword arguments of ``DecodeState.start``,
+  ``lm_prefill`` and their cost functions.
+
+They read the calibration as a dict (``Calibration.to_dict()``) so that a party applies the
+metadata it stores without re-validating sites it does not use.
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+from mpc3.kernels import arith, fxp
+from protocols import model as M
+
+
+def _read(calibration) -> tuple[Mapping, float]:
+    """(layers, margin) of calibration metadata; ({}, 0) if it is missing or malformed (then
+    every schedule choice falls back to the general one)."""
+    if not isinstance(calibration, Mapping):
+        return {}, 0.0
+    layers, margin = calibration.get("layers"), calibration.get("margin")
+    if not isinstance(layers, Mapping) or not isinstance(margin, (int, float)) \
+            or not math.isfinite(margin):
+        return {}, 0.0
+    return layers, float(margin)
+
+
+def deferred_wo(cfg: M.ModelConfig, calibration: Mapping | None, ring_cfg) -> frozenset:
+    """The attention sublayers (``dec.i.self``, ``dec.i.cross``) whose decode-step o W^O may
+    truncate by 2 frac, one round less each (:func:`protocols.layers.mha.finish` ``raw``): the
+    product before it (cross: Q'(K'^T V); self: scores @ V, after Q'G and the scores took the
+    row scale 1/n) is reshared untruncated. Exact while |o W^O| < ``arith.product_limit(frac,
+    frac)`` (2^8 at frac 18), so only where the model's calibration (its public metadata,
+    :mod:`protocols.calibration.calibrate`) records site ``wo_raw`` times its safety margin below that;
+    none for a calibration of another frac, one without the site (calibrated before it
+    existed), a softmax-style attention or "prob" truncation (which would fail with
+    probability ~|z| 2^(3 frac - 64)). A schedule choice: the same function either way."""
+    frac = ring_cfg.frac
+    layers, margin = _read(calibration)
+    if cfg.attention != M.PERFORMER or not layers or calibration.get("frac") != frac \
+            or ring_cfg.trunc != "exact":
+        return frozenset()
+    limit = arith.product_limit(frac, frac)
+    out = set()
+    for i in range(cfg.n_dec_layers):
+        for kind in ("self", "cross"):
+            row = layers.get(f"dec.{i}.{kind}", {})
+            v = row.get("wo_raw") if isinstance(row, Mapping) else None
+            if isinstance(v, (int, float)) and margin >= 1.0 and 0 <= v * margin < limit:
+                out.add(f"dec.{i}.{kind}")
+    return frozenset(out)
+
+
+def folded_wo(cfg: M.ModelConfig, calibration: Mapping | None, ring_cfg) -> frozenset:
+    """The cross attention sublayers (``dec.i.cross``) whose W^O a decode session may fold
+    into its K'^T V at decode_open (M_h = (K'^T V)_h W^O_h, h r d products once), so that
+    each step forms o W^O = sum_h Q'_h M_h in one product: one round fewer per layer
+    (:class:`protocols.stacks.decoder.FoldedWO`; the session asks for it with ``fuse`` "wo").
+    Exact while |M| < ``arith.product_limit(frac)``, so only where the model's calibration
+    records site ``kvwo`` times its safety margin below that (none for a calibration of
+    another frac, one without the site, or a softmax-style attention). The steps' product
+    is the o W^O every step forms (site ``wo``)."""
+    layers, margin = _read(calibration)
+    if cfg.attention != M.PERFORMER or not layers or calibration.get("frac") != ring_cfg.frac:
+        return frozenset()
+    limit = arith.product_limit(ring_cfg.frac)
+    out = set()
+    for i in range(cfg.n_dec_layers):
+        row = layers.get(f"dec.{i}.cross", {})
+        v = row.get("kvwo") if isinstance(row, Mapping) else None
+        if isinstance(v, (int, float)) and margin >= 1.0 and 0 <= v * margin < limit:
+            out.add(f"dec.{i}.cross")
+    return frozenset(out)
+
+
+def ln_spans(cfg: M.ModelConfig, calibration: Mapping | None) -> dict[str, tuple[int, int]]:
+    """Decoder LayerNorm prefix -> the octaves (lo, hi) of var + eps its sqrt_inv table covers:
+    the calibrated [min / margin^2, max * margin^2] (site ``var_eps``) rounded out to whole
+    octaves, inside :data:`mpc3.kernels.fxp.FULL_SPAN`. The variance is quadratic in the
+    LayerNorm's input, so margin^2 keeps the headroom the calibration gives every linear site:
+    an input ``margin`` times larger or smaller in scale than the samples' stays inside its
+    table (a narrower table is exact only inside it: outside it saturates). LayerNorms
+    without a calibrated ``var_eps`` keep the whole table."""
+    layers, margin = _read(calibration)
+    margin = margin ** 2
+    if cfg.norm != "layernorm" or not margin >= 1.0:
+        return {}
+    out = {}
+    for layer, row in layers.items():
+        v = row.get("var_eps") if isinstance(row, Mapping) else None
+        if not layer.startswith("dec.") or not isinstance(v, (list, tuple)) or len(v) != 2 \
+                or not all(isinstance(e, (int, float)) for e in v) or not 0 < v[0] <= v[1] \
+                or not math.isfinite(v[1]):
+            continue
+        lo = max(fxp.LOG_LO, math.floor(math.log2(v[0] / margin)))
+        hi = min(fxp.LOG_HI, math.ceil(math.log2(v[1] * margin)))
+        out[layer] = (lo, max(hi, lo + 1)) if lo < fxp.LOG_HI else (fxp.LOG_HI - 1, fxp.LOG_HI)
+    return out
+
+
+def session_schedule(cfg: M.ModelConfig, calibration: Mapping | None, ring_cfg) -> dict:
+    """``raw_wo`` (:func:`deferred_wo`) and ``ln_spans`` (:func:`ln_spans`) of a session,
+    and for an encoder-decoder ``fold_wo`` (:func:`folded_wo`), as keyword arguments
+    (``DecodeState.start`` and ``cost_decoder_step``; ``lm_prefill``, ``cost_lm_step``)."""
+    out = {"raw_wo": deferred_wo(cfg, calibration, ring_cfg),
+           "ln_spans": ln_spans(cfg, calibration)}
+    if cfg.arch == M.ENCODER_DECODER:
+        out["fold_wo"] = folded_wo(cfg, calibration, ring_cfg)
+    return out
