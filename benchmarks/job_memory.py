@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from runinfo import peak_rss, rss  # noqa: E402  (benchmarks/ on the path first)
+from mpc3.procinfo import peak_rss, rss  # noqa: E402  (the repository on the path first)
 CASES = [("softmax", 64, 52), ("softmax", 256, 52), ("softmax", 128, 24),
          ("relu-performer", 128, 52)]
 

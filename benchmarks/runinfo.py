@@ -12,8 +12,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from mpc3.procinfo import peak_rss, rss  # noqa: F401 - the benchmarks read them here
-
 ROOT = Path(__file__).resolve().parent.parent
 
 

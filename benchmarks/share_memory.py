@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from runinfo import peak_rss, rss  # noqa: E402  (benchmarks/ on the path first)
+from mpc3.procinfo import peak_rss, rss  # noqa: E402  (the repository on the path first)
 MIB = 1 << 20
 
 
@@ -83,13 +83,12 @@ def upload_case(config: str, n: int, mib: int) -> dict:
 def share_model_case(config: str, path: str, model_id: str) -> dict:
     """``mpc3 share-model`` in a child that reports its own peak."""
     code = ("import runpy, sys\n"
-            f"sys.path.insert(0, {str(ROOT / 'benchmarks')!r})\n"
-            "import runinfo\n"
+            "from mpc3 import procinfo\n"
             f"sys.argv = ['mpc3', 'share-model', {path!r}, '--config', {config!r}, "
             f"'--model-id', {model_id!r}, '--to-diagnostic-parties']\n"
             "try:\n    runpy.run_module('app.cli', run_name='__main__')\n"
             "except SystemExit as e:\n    assert not e.code, e.code\n"
-            "print('PEAK', runinfo.peak_rss())\n")
+            "print('PEAK', procinfo.peak_rss())\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     if out.returncode:

@@ -38,7 +38,7 @@ def _check(run, fn, ref, cost, qkv):
                                         ("stable", 4), ("length", 4), ("length", 6)])
 def test_power_softmax(run, qkv, form, power, masked):
     _check(run, lambda p, a, b, c: V.power_softmax(p, a, b, c, power, 1e-2, form, masked),
-           V.ref_power_softmax(*qkv, power, 1e-2, form, masked),
+           MV.ref_power_softmax(*qkv, power, 1e-2, form, masked),
            V.cost_power_softmax(run.cfg, B, H, S, S, DH, power, form, masked), qkv)
 
 
@@ -54,17 +54,17 @@ def test_stable_form_is_scale_free(run, qkv):
     assert np.abs(s * np.tril(np.ones((S, S)))).max(-1).min() >= 2.0 ** -6
     got = value(run(lambda p, a, b, c: V.power_softmax(p, a, b, c, 4, 1e-2, "stable", True),
                     share(small), share(k), share(v)))
-    ref = V.ref_power_softmax(q, k, v, 4, 1e-2, "stable", True)
+    ref = MV.ref_power_softmax(q, k, v, 4, 1e-2, "stable", True)
     assert np.abs(got - ref).max() <= BOUND
-    plain = V.ref_power_softmax(small, k, v, 4, 1e-2, "plain", True)
+    plain = MV.ref_power_softmax(small, k, v, 4, 1e-2, "plain", True)
     assert np.abs(plain - ref).max() > 0.1
 
 
 def test_length_form_equals_eq6_and_plain_with_eps_times_l(qkv):
     """Eq. 6 with eps is Eq. 4 with eps * L_i (the float references agree)."""
     q, k, v = qkv
-    a = V.ref_power_softmax(q, k, v, 4, 1e-2, "length", False)
-    b = V.ref_power_softmax(q, k, v, 4, 1e-2 * S, "plain", False)
+    a = MV.ref_power_softmax(q, k, v, 4, 1e-2, "length", False)
+    b = MV.ref_power_softmax(q, k, v, 4, 1e-2 * S, "plain", False)
     assert np.abs(a - b).max() < 1e-12
 
 
@@ -86,13 +86,13 @@ SIGMAS = ["relu", (0.0, 0.0, 1.0), (0.1, 0.5, 0.25), (0.2, 0.5, 0.3, 0.1, -0.02)
 @pytest.mark.parametrize("sigma", SIGMAS, ids=["relu", "square", "quadratic", "quartic"])
 def test_sigma_attention(run, qkv, sigma, masked):
     _check(run, lambda p, a, b, c: V.sigma_attention(p, a, b, c, sigma, masked),
-           V.ref_sigma_attention(*qkv, sigma, masked),
+           MV.ref_sigma_attention(*qkv, sigma, masked),
            V.cost_sigma_attention(run.cfg, B, H, S, S, DH, sigma, masked), qkv)
 
 
 def test_sigma_attention_length_and_refusals(run, qkv):
     _check(run, lambda p, a, b, c: V.sigma_attention(p, a, b, c, "relu", True, length=64),
-           V.ref_sigma_attention(*qkv, "relu", True, length=64),
+           MV.ref_sigma_attention(*qkv, "relu", True, length=64),
            V.cost_sigma_attention(run.cfg, B, H, S, S, DH, "relu", True, length=64), qkv)
     q, k, v = (share(x) for x in qkv)
     with pytest.raises(ValueError, match="sigma"):
@@ -105,7 +105,7 @@ def test_sigma_attention_length_and_refusals(run, qkv):
 def test_sigma_attention_per_row_length(run, qkv, masked):
     """length="keys": each row divided by its own number of keys (i + 1 when causal), the
     form models use; unmasked it is the paper's constant Sk."""
-    want = V.ref_sigma_attention(*qkv, "relu", masked, length="keys")
+    want = MV.ref_sigma_attention(*qkv, "relu", masked, length="keys")
     rows = np.arange(1, S + 1)[:, None] if masked else S
     by_hand = (np.maximum(MV.scores(*qkv[:2]), 0) * (np.tril(np.ones((S, S))) if masked else 1)
                ) @ qkv[2] / rows
@@ -124,14 +124,14 @@ def test_fused_division_matches_and_saves_four_rounds(run, qkv, kind, masked):
     if kind == "softmax":
         fn = lambda fused: lambda p, a, b, c: SM.softmax_attention(  # noqa: E731
             p, a, b, c, masked=masked, exp="limit", fused=fused)
-        ref = SM.ref_softmax_attention(*qkv, masked=masked)
+        ref = MV.ref_softmax_attention(*qkv, masked=masked)
         cost = lambda fused: SM.cost_softmax_attention(  # noqa: E731
             run.cfg, B, H, S, S, DH, masked, "limit", fused)
     else:
         form = kind.split("-")[1]
         fn = lambda fused: lambda p, a, b, c: V.power_softmax(  # noqa: E731
             p, a, b, c, 4, 1e-2, form, masked, fused)
-        ref = V.ref_power_softmax(*qkv, 4, 1e-2, form, masked)
+        ref = MV.ref_power_softmax(*qkv, 4, 1e-2, form, masked)
         cost = lambda fused: V.cost_power_softmax(  # noqa: E731
             run.cfg, B, H, S, S, DH, 4, form, masked, 1e-2, fused)
     _check(run, fn(True), ref, cost(True), qkv)

@@ -13,6 +13,7 @@ import pytest
 
 from conftest import share, value
 from protocols.layers import softmax as SM
+from protocols.model.variants import ref_softmax_attention
 
 B, H, S, DH = 2, 3, 7, 8
 BOUND = 2e-3
@@ -40,7 +41,7 @@ def _run(run, q, k, v, prescaled, **kw):
 def test_forms_value_and_declared_cost(run, rng, form, masked, fused, prescaled):
     q, k, v = _case(rng, 3.0)
     got = _run(run, q, k, v, prescaled, masked=masked, exp="limit", fused=fused, form=form)
-    assert np.abs(got - SM.ref_softmax_attention(q, k, v, masked=masked)).max() <= BOUND
+    assert np.abs(got - ref_softmax_attention(q, k, v, masked=masked)).max() <= BOUND
     run.assert_cost(SM.cost_softmax_attention(run.cfg, B, H, S, S, DH, masked, "limit", fused,
                                               form, prescaled))
 
@@ -51,7 +52,7 @@ def test_max_free_baseline(run, rng, masked, exp):
     """The paper's max-free baseline (default form), with its polynomial exp."""
     q, k, v = _case(rng, 1.0)
     got = _run(run, q, k, v, False, masked=masked, exp=exp)
-    ref = SM.ref_softmax_attention(q, k, v, masked=masked, exp=exp)
+    ref = ref_softmax_attention(q, k, v, masked=masked, exp=exp)
     assert np.abs(got - ref).max() <= BOUND
     run.assert_cost(SM.cost_softmax_attention(run.cfg, B, H, S, S, DH, masked, exp))
 
@@ -63,7 +64,7 @@ def test_max_form_takes_any_score_range(run, rng, masked, top):
     q is prescaled, and within the baseline constant's error otherwise; the max-free form
     on the same inputs is garbage (why it is refused for such models)."""
     q, k, v = _case(rng, top)
-    ref = SM.ref_softmax_attention(q, k, v, masked=masked)
+    ref = ref_softmax_attention(q, k, v, masked=masked)
     kw = dict(masked=masked, exp="limit", fused=True, form="max")
     err = np.abs(_run(run, q, k, v, True, **kw) - ref).max()
     assert err <= BOUND, err
@@ -79,7 +80,7 @@ def test_decode_row_against_many_keys(run, rng):
     """A KV-cache step: one query row against t keys (unmasked), large scores."""
     q, k, v = _case(rng, 60.0, Sq=1, Sk=37)
     got = _run(run, q, k, v, True, exp="limit", fused=True, form="max")
-    assert np.abs(got - SM.ref_softmax_attention(q, k, v)).max() <= BOUND
+    assert np.abs(got - ref_softmax_attention(q, k, v)).max() <= BOUND
     run.assert_cost(SM.cost_softmax_attention(run.cfg, B, H, 1, 37, DH, False, "limit", True,
                                               "max", True))
 
@@ -94,7 +95,7 @@ def test_rows_dominated_by_one_key_and_flat_rows(run, rng):
     got = _run(run, q, k, v, True, exp="limit", fused=True, form="max")
     assert np.abs(got[0, 0, 2] - v[0, 0, 3]).max() <= BOUND
     assert np.abs(got[1, 2, 4] - v[1, 2].mean(0)).max() <= BOUND
-    assert np.abs(got - SM.ref_softmax_attention(q, k, v)).max() <= BOUND
+    assert np.abs(got - ref_softmax_attention(q, k, v)).max() <= BOUND
 
 
 def test_row_maxima_of_ragged_rows(run, rng):

@@ -191,7 +191,7 @@ def _softmax(name: str, masked: bool) -> Workload:
         return lambda p, sh, q, k, v: softmax_attention(p, q, k, v, masked=masked, exp=opts.exp)
 
     def case(cfg, weights, batch, rng, opts):
-        from protocols.layers.softmax import ref_softmax_attention
+        from protocols.model.variants import ref_softmax_attention
         shape = (batch, cfg.n_heads, cfg.max_len, cfg.d_head)
         q, k, v = (rng.uniform(-SOFTMAX_RANGE, SOFTMAX_RANGE, shape) for _ in range(3))
         return [q, k, v], ref_softmax_attention(q, k, v, masked=masked, exp=opts.exp)

@@ -28,7 +28,6 @@ from mpc3.kernels import arith
 from mpc3.kernels.base import Cost
 from mpc3.party import Party
 from mpc3.shares import AShare
-from protocols.model.variants import ref_softmax_attention  # noqa: F401  (tests, benchmarks)
 
 ORDERS = ("auto", "kv", "qk")
 MASKED_FORMS = ("auto", "qk", "vk")

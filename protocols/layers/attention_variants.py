@@ -60,7 +60,6 @@ from protocols.layers.softmax import (
     score_query,
     score_trunc,
 )
-from protocols.model.variants import ref_power_softmax, ref_sigma_attention  # noqa: F401
 
 POWER_FORMS = ("plain", "stable", "length")
 #: Significant bits of the public factors 1/L, eps and c_k/L that ride in products.

@@ -37,7 +37,6 @@ from mpc3.kernels import arith, extrema, fxp
 from mpc3.kernels.base import Cost
 from mpc3.party import Party, RingConfig
 from mpc3.shares import AShare
-from protocols.model.variants import ref_softmax_attention  # noqa: F401  (tests, benchmarks)
 
 from .attention import cost_divide_rows, divide_rows, repeat_cols, tril_mask
 
