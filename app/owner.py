@@ -1,14 +1,15 @@
 """The model owner's flow: put a transformer on a cluster as secret shares.
 
-:func:`share_transformer` first **calibrates** the model (:mod:`protocols.calibration.calibrate`: the
-secure protocols themselves on sample inputs, on a shadow party; a model whose values leave a
+:func:`share_transformer` first **calibrates** the model (:mod:`protocols.calibration.calibrate`:
+the secure protocols themselves on sample inputs, on a shadow party; a model whose values leave a
 kernel's range is refused with the layer, the value and the limit), then builds the
 protocols.layers.secure_model layout (Omega folded into W^Q, W^K; attn_c folded into the
 projections; projections at frac + PROJ_EXTRA bits), records in the model's public metadata
 its config, its kind, the computations query users may run (``permit``; default: the model's
 own inference only) and the calibration (with the input range clients check), uploads the
-shares and verifies that the parties hold consistent copies. The query-user tensors (embeddings, output layer) of a
-model file are never shared: the owner hands them to its users, who thereby learn them.
+shares and verifies that the parties hold consistent copies. The query-user tensors (embeddings,
+output layer) of a model file are never shared: the owner hands them to its users, who thereby learn
+them.
 """
 from __future__ import annotations
 
@@ -67,8 +68,8 @@ def calibrate_model(mcfg: M.ModelConfig, weights: M.Weights, user=None,
                     samples: C.Samples | None = None, ring: RingConfig = RingConfig(),
                     margin: float = C.DEFAULT_MARGIN, fold_omega: bool = True) -> C.Calibration:
     """The calibration ``share-model`` stores with a model: on ``samples`` (default:
-    :func:`calibration_samples`); raises :class:`protocols.calibration.calibrate.RangeError` if the model
-    leaves a kernel's range."""
+    :func:`calibration_samples`); raises :class:`protocols.calibration.calibrate.RangeError` if the
+    model leaves a kernel's range."""
     if samples is None:
         samples = calibration_samples(mcfg, weights, user)
     return C.calibrate(mcfg, weights, samples, ring, margin, user=user, fold_omega=fold_omega)
@@ -78,7 +79,8 @@ def transformer_meta(mcfg: M.ModelConfig, calibration: C.Calibration, permit=Non
                      source: str = "", fold_omega: bool = True,
                      check_inputs: bool = False) -> dict:
     """Public metadata stored with a shared transformer (``check_inputs``: the parties
-    check jobs' inputs against the calibrated range on shares, :mod:`protocols.calibration.input_check`)."""
+    check jobs' inputs against the calibrated range on shares,
+    :mod:`protocols.calibration.input_check`)."""
     from protocols.calibration.input_check import META_KEY
     return {"model_config": mcfg.to_dict(), "kind": mcfg.arch,
             "layout": TRANSFORMER_LAYOUT, "fold_omega": fold_omega,

@@ -298,9 +298,9 @@ def translate(texts, cfg, w, user, vocab: Vocab = VOCAB) -> list[str]:
 
 
 def calibration_samples(cfg, w, user, n: int = 64, seed: int = 0, vocab: Vocab = VOCAB):
-    """Real inputs of the translator for :func:`protocols.calibration.calibrate.calibrate`: ``n`` numbers
-    of the train split (1 to 9 digits), their embedded sources grouped by length, each paired
-    with the decoder inputs a real greedy decoding feeds - ``<bos>`` and then the model's own
+    """Real inputs of the translator for :func:`protocols.calibration.calibrate.calibrate`: ``n``
+    numbers of the train split (1 to 9 digits), their embedded sources grouped by length, each
+    paired with the decoder inputs a real greedy decoding feeds - ``<bos>`` and then the model's own
     predictions for all ``max_len - 1`` further steps (a batched decoding keeps stepping rows
     that already emitted ``<eos>``), so the prefix sums reach their full size."""
     from protocols import model as M

@@ -177,7 +177,8 @@ class InprocBackend:
                  timeout: float = 120.0, fuse: str | None = None,
                  calibration: dict | None = None):
         """``calibration``: the model's (``Calibration.to_dict()``), as ``share-model`` stores
-        it - the decode steps' schedule follows from it (:func:`protocols.jobs.schedule.deferred_wo`)."""
+        it - the decode steps' schedule follows from it
+        (:func:`protocols.jobs.schedule.deferred_wo`)."""
         from net.party.inproc import InprocParties
         self.cfg = cfg
         self.frac = frac

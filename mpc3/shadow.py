@@ -56,7 +56,8 @@ class _Constant(AShare):
     """A shadow share of a model constant held as its ring units alone (float64 integers,
     exact: encoded values stay below 2^62 and weights' far below 2^53), which the products
     use as they are; its ring halves are made when a local operation asks for them (slot b
-    a read-only zero view). ``units`` may map a file (protocols.calibration.shadow.ShadowTensors)."""
+    a read-only zero view). ``units`` may map a file
+    (protocols.calibration.shadow.ShadowTensors)."""
 
     def __init__(self, units: np.ndarray) -> None:          # (not the dataclass's fields)
         self.units = units

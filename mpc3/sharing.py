@@ -20,8 +20,8 @@ def deal(x, rng=None, shared_replicas: bool = False) -> list:
 
     Slots are uniform (AES-CTR under fresh ``os.urandom`` keys, :func:`mpc3.prg.fresh_ring`,
     unless a numpy Generator is passed for tests). With ``shared_replicas`` the two copies of
-    each slot are one array (party i's ``b`` is party i+1's ``a``): half the memory for three parties living in one process (benchmarks), valid
-    because kernels never write into share arrays.
+    each slot are one array (party i's ``b`` is party i+1's ``a``): half the memory for three
+    parties living in one process (benchmarks), valid because kernels never write into share arrays.
     """
     x = ring.check_ring(np.asarray(x), "x")
     if rng is None:

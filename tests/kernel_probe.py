@@ -4,9 +4,9 @@
 drelu_a, sqrt_inv_a, reciprocal_a, exp_a) for three in-process parties. Each top-level call
 (calls made inside another wrapped kernel, e.g. sqrt_inv_a's Newton products, are the kernel's
 own business) is attributed from the call stack to a calibration site (layer, site) of
-:mod:`protocols.calibration.site_catalog`; a call that matches no site fails the test, naming the source line.
-After the run the operands are reconstructed from the three parties' shares and each call's
-largest value is computed exactly in the ring: for a product the untruncated result (real
+:mod:`protocols.calibration.site_catalog`; a call that matches no site fails the test, naming the
+source line. After the run the operands are reconstructed from the three parties' shares and each
+call's largest value is computed exactly in the ring: for a product the untruncated result (real
 value = raw / 2^(2 frac + extra), so raw / 2^62 is the fraction of its limit used), for relu
 the input, for sqrt_inv the input's minimum and maximum.
 """

@@ -1,5 +1,5 @@
-"""The secure stacks on a shadow party (the calibration's backend, protocols.calibration.shadow), returning
-what they compute, decoded: tests compare it with the float64 reference
+"""The secure stacks on a shadow party (the calibration's backend, protocols.calibration.shadow),
+returning what they compute, decoded: tests compare it with the float64 reference
 (protocols.model.reference) to show that the calibration runs the model itself.
 
 The shadow computes in the parties' fixed point (frac = 18) with exact nonlinearities, so it

@@ -4,9 +4,10 @@
 in the file (:class:`protocols.model.OnDemandTensors`): names, shapes and dtypes are checked
 from the headers when loading, values whenever a tensor is read. The share layout
 (:func:`protocols.layers.secure_model.layout`) reads each tensor when it uses it and keeps none;
-the calibration (:mod:`protocols.calibration.shadow`, the secure stacks on a shadow party) makes each
-one's ring form once into a temporary file it maps a slice of at each use. Both give
-exactly what the model in memory gives. The memory this saves is measured over a cluster in tests/test_memory.py.
+the calibration (:mod:`protocols.calibration.shadow`, the secure stacks on a shadow party) makes
+each one's ring form once into a temporary file it maps a slice of at each use. Both give
+exactly what the model in memory gives. The memory this saves is measured over a cluster in
+tests/test_memory.py.
 """
 import dataclasses
 

@@ -1,4 +1,5 @@
-"""Benchmarks over the network (app/bench/remote.py, protocols/jobs/diagnostic.py, benchmarks/paper.py).
+"""Benchmarks over the network (app/bench/remote.py, protocols/jobs/diagnostic.py,
+benchmarks/paper.py).
 
 The loopback tests start three real party processes; the emulated one needs root and
 ``ip netns`` and is skipped cleanly otherwise.

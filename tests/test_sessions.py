@@ -1,5 +1,5 @@
-"""Decode sessions at one party (net.party.sessions, net.party.runner): a refused session-opening job
-leaves nothing behind, so the client's retry with the same session id is accepted (issue 33,
+"""Decode sessions at one party (net.party.sessions, net.party.runner): a refused session-opening
+job leaves nothing behind, so the client's retry with the same session id is accepted (issue 33,
 item 2: the retry answered ``session id already used`` and translations failed under load);
 one user's session ids never meet another's, so a foreign id looks unused."""
 import numpy as np

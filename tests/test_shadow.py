@@ -1,6 +1,7 @@
-"""The shadow party (mpc3.shadow, protocols.calibration.shadow): the secure stacks themselves, run on
-plaintext ring values, record what reaches every range-limited kernel - the values the
-hand-written float64 trace (tests/trace_oracle.py, the calibration before) records, within fixed-point error.
+"""The shadow party (mpc3.shadow, protocols.calibration.shadow): the secure stacks themselves, run
+on plaintext ring values, record what reaches every range-limited kernel - the values the
+hand-written float64 trace (tests/trace_oracle.py, the calibration before) records, within
+fixed-point error.
 
 Equal sites, equal values (relative 2e-3 plus 1e-3 absolute: the shadow carries frac = 18
 fixed point, the trace float64; a wrong scale is off by a power of two) on the shipped

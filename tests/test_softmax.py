@@ -1,5 +1,5 @@
-"""protocols.layers.softmax: the max-subtracted softmax (models' default) and the max-free one, values
-against float64 and measured traffic equal to the declared cost.
+"""protocols.layers.softmax: the max-subtracted softmax (models' default) and the max-free one,
+values against float64 and measured traffic equal to the declared cost.
 
 Shapes small and odd (B=2, h=3, S=7, dh=8). Stated bound, max |secure - float64| over the
 outputs (|v| <= 1.5): 2e-3 in every case - scores |s| <= 3 (both forms), and the max form

@@ -2,15 +2,15 @@
 kernel sites (:mod:`protocols.calibration.site_catalog`: :data:`SITES`, :func:`site_range`).
 
 Test-only since issue 34 (it was ``protocols/sites.py``, the calibration):
-:func:`protocols.calibration.calibrate.calibrate` runs the secure stacks themselves on a shadow party
-(:mod:`protocols.calibration.shadow`, docs/CALIBRATION.md). The trace is frozen here as an independent
-oracle for the architectures it knows - tests/test_shadow.py compares the shadow's records
-with it, other tests that it computes the float64 reference - and a new layer or
+:func:`protocols.calibration.calibrate.calibrate` runs the secure stacks themselves on a shadow
+party (:mod:`protocols.calibration.shadow`, docs/CALIBRATION.md). The trace is frozen here as an
+independent oracle for the architectures it knows - tests/test_shadow.py compares the shadow's
+records with it, other tests that it computes the float64 reference - and a new layer or
 architecture is not added to it (docs/CALIBRATION.md, "Status").
 
-A *site* is a place where the secure encoder (:func:`protocols.stacks.encoder.encoder`) or the secure
-incremental decoder (:meth:`protocols.stacks.decoder.DecodeState.start` + :func:`decoder_step`)
-hands a value to a kernel that is exact only on a documented range.
+A *site* is a place where the secure encoder (:func:`protocols.stacks.encoder.encoder`) or the
+secure incremental decoder (:meth:`protocols.stacks.decoder.DecodeState.start` +
+:func:`decoder_step`) hands a value to a kernel that is exact only on a documented range.
 
 Every site is measured per layer in the secure protocol's own
 representation - attn_c folded as s = |c|^(1/3) into W^Q, W^K and c/s^2 into W^V
@@ -431,9 +431,9 @@ class Trace:
 
     def embedding(self, x: np.ndarray) -> np.ndarray:
         """protocols.stacks.sentence.embed_sentence: encoder, pooling (the spread the max
-        tournament's differences stay within; the mean's sum undivided when normalized), then normalization (the
-        squared norm, its value / 4^K handed to sqrt_inv, the pooled row times 2^K / norm).
-        Returns the embeddings."""
+        tournament's differences stay within; the mean's sum undivided when normalized), then
+        normalization (the squared norm, its value / 4^K handed to sqrt_inv, the pooled row times
+        2^K / norm). Returns the embeddings."""
         from protocols.stacks.sentence import norm_scale
         cfg, rec = self.cfg, self.rec
         h = self.encoder(x)

@@ -14,9 +14,9 @@ further random ids (what a generation feeds back does not change its cost). Arch
 steps: Performer prefix sums, or a KV cache and the source's K, V for the softmax-style
 attentions), ``classifier`` (encoder + pooling + head on ``--prompt``
 positions, T = 0), ``encoder`` (a sentence embedding: encoder, mean pooling and L2
-normalization on ``--prompt`` positions, T = 0). ``--preset aero`` here is softmax attention and a linear FFN (``ffn_act``
-none) with the LayerNorms kept: random weights without normalization leave the kernels'
-ranges. The full preset (``norm`` none, W1 W2 fused, scaled / pruned FFN) is
+normalization on ``--prompt`` positions, T = 0). ``--preset aero`` here is softmax attention and a
+linear FFN (``ffn_act`` none) with the LayerNorms kept: random weights without normalization leave
+the kernels' ranges. The full preset (``norm`` none, W1 W2 fused, scaled / pruned FFN) is
 :func:`protocols.model.aero`, for trained models.
 
 The parties run one diagnostic ``bench_lm`` job (:mod:`protocols.jobs.bench_lm`): in process

@@ -1,7 +1,8 @@
 """What every client of a cluster does: one channel per party (mTLS with the client's
 certificate, or the dev identity in plaintext), calls that name the party when they fail,
 the three parties asked concurrently, model listing, status and verification, and the
-replicated sharing of inputs (:class:`net.client.owner.ModelOwner`, :class:`net.client.user.QueryUser`).
+replicated sharing of inputs (:class:`net.client.owner.ModelOwner`,
+:class:`net.client.user.QueryUser`).
 """
 from __future__ import annotations
 

@@ -3,11 +3,11 @@ sends each party, with the owner holding one tensor and no shares.
 
 Each party's stream is its own gRPC call on its own thread. A :class:`TensorFeed` gives them
 the tensors in lockstep: tensor k is loaded from the caller's mapping (which may read it from
-disk only now), checked for its fixed-point encoding and wrapped in a :class:`mpc3.sharing.BlockDeal` when
-the first stream asks for it, after all three streams finished tensor k - 1 (which is then
-dropped); every chunk's elements of a slot are drawn, encoded or computed when its stream
-sends it (:func:`net.codec.pair_chunks`). So the owner holds the float tensor and a chunk per
-stream - not the model, its encoding or six share slots of it
+disk only now), checked for its fixed-point encoding and wrapped in a
+:class:`mpc3.sharing.BlockDeal` when the first stream asks for it, after all three streams finished
+tensor k - 1 (which is then dropped); every chunk's elements of a slot are drawn, encoded or
+computed when its stream sends it (:func:`net.codec.pair_chunks`). So the owner holds the float
+tensor and a chunk per stream - not the model, its encoding or six share slots of it
 (measured: docs/PERFORMANCE.md, memory). A stream that fails aborts the feed, so the others
 end instead of waiting for it.
 """

@@ -109,9 +109,9 @@ class QueryUser(Client):
 
         Work a party refuses for now is cancelled on the others and resubmitted under a new
         job id with exponential backoff: for up to ``retry_s`` seconds when a limit is full,
-        for a few seconds when a party is unreachable. ``upload_id``: the model's upload as returned by :meth:`model` (saves the
-        consistency check's round trip when a caller submits many jobs, e.g. decoding
-        steps). ``allow_empty``: submit without input tensors (closing a session).
+        for a few seconds when a party is unreachable. ``upload_id``: the model's upload as returned
+        by :meth:`model` (saves the consistency check's round trip when a caller submits many jobs,
+        e.g. decoding steps). ``allow_empty``: submit without input tensors (closing a session).
         """
         if not inputs and not allow_empty:
             raise ValueError("no input tensors")

@@ -48,9 +48,9 @@ class InprocParties:
                   **kw) -> "InprocParties":
         """Three parties holding fresh shares of a transformer (``cfg``, ``weights``) with the
         public metadata ``share-model`` stores (kind = its arch; ``permitted`` default: the
-        model's own inference; ``calibration``: its :meth:`protocols.calibration.calibrate.Calibration
-        .to_dict`, from which the decode steps choose their schedule - none: the schedule of
-        a model calibrated before that existed)."""
+        model's own inference; ``calibration``: its
+        :meth:`protocols.calibration.calibrate.Calibration .to_dict`, from which the decode steps
+        choose their schedule - none: the schedule of a model calibrated before that existed)."""
         from protocols.jobs import DEFAULT_PERMITTED
         from protocols.layers.secure_model import plain_tensors, share_model
         ring_cfg = kw.pop("ring", None) or RingConfig(**({} if frac is None else

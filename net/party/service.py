@@ -9,8 +9,9 @@ the user as they arrive (:mod:`net.limits`). Every unary call that waits - a Job
 long-poll, VerifyModel (it waits for the peers; query users call it too, because a client
 verifies a model no party has verified since it was loaded), CancelJob (it waits for the
 job) - holds one of the user's ``user_blocking_calls``, refused at once beyond it (issue 33:
-120 long-polls of one user took a party's threads and another user's Status took 27 s). Refusals carry a gRPC status and one line naming
-the party, the object or limit concerned and the next step. Nothing secret is logged.
+120 long-polls of one user took a party's threads and another user's Status took 27 s). Refusals
+carry a gRPC status and one line naming the party, the object or limit concerned and the next step.
+Nothing secret is logged.
 
 Costs. JobStatus replies carry the job's traffic counters and, once the job is done, its
 public per-layer costs as JSON in the trailing metadata ``x-mpc3-costs``. A JobStatus request

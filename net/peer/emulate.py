@@ -398,7 +398,8 @@ def _summary(r: dict) -> str:
 # ---- CLI
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    ap = argparse.ArgumentParser(prog="python -m net.peer.emulate", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m net.peer.emulate",
+                                 description=__doc__.split("\n")[0])
     c = ap.add_subparsers(dest="cmd", required=True).add_parser(
         "check", help="set up the emulation, verify all three links, tear down")
     c.add_argument("--net", default="lan", help="lan | wan | custom:RATE_MBIT:RTT_MS")

@@ -1,8 +1,8 @@
 """A communicator message on a peer link: the PeerFrames carrying it and its arrays back.
 
 A message - the arrays one round sends to one peer - travels as ONE :class:`PeerFrame` when
-its bytes fit in :data:`~net.grpcopts.CHUNK_BYTES`, else as consecutive chunks of the same ``(job_id,
-op)``. The first frame carries ``n_arrays`` and ``layout``: ASCII, one
+its bytes fit in :data:`~net.grpcopts.CHUNK_BYTES`, else as consecutive chunks of the same
+``(job_id, op)``. The first frame carries ``n_arrays`` and ``layout``: ASCII, one
 ``<dtype.str>:<d0>,<d1>,...`` per array joined by ``;`` (``b"<u8:3;<i2:0,2;|u1:"`` is three
 arrays, the last of 0 dimensions); ``data`` carries the arrays' bytes back to back. There is
 no per-array protobuf object.

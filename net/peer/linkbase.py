@@ -1,5 +1,5 @@
-"""What every peer link has (:mod:`net.peer.streams`' gRPC streams, :mod:`net.peer.tlslink`'s sockets)
-and a job's mailbox of messages from its two peers."""
+"""What every peer link has (:mod:`net.peer.streams`' gRPC streams, :mod:`net.peer.tlslink`'s
+sockets) and a job's mailbox of messages from its two peers."""
 from __future__ import annotations
 
 import collections

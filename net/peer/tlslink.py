@@ -8,10 +8,10 @@ the job thread writes its frame to the socket itself and, waiting for a message,
 link itself too (:mod:`net.peer.readturn`); a reader thread per link reads only what no job thread
 waits for: no hand-off between threads in a round.
 
-What stays the same (:mod:`net.peer.router`, :mod:`net.peer.streams`): the router, its per-job mailboxes and ops, the
-``PeerFrame`` messages (hello, data chunks of at most :data:`net.grpcopts.CHUNK_BYTES`,
-abort, control), the X25519 hello that derives the pairwise PRG seeds, and the topology
-(party ``i`` dials party ``i+1``; each link carries both directions).
+What stays the same (:mod:`net.peer.router`, :mod:`net.peer.streams`): the router, its per-job
+mailboxes and ops, the ``PeerFrame`` messages (hello, data chunks of at most
+:data:`net.grpcopts.CHUNK_BYTES`, abort, control), the X25519 hello that derives the pairwise PRG
+seeds, and the topology (party ``i`` dials party ``i+1``; each link carries both directions).
 
 Security. TLS 1.3 with the cluster CA in both directions: the dialler checks that the
 listener's certificate is party ``i+1``'s (``party-N`` DNS name and OU), the listener
@@ -34,9 +34,9 @@ socket is non-blocking, reads and writes take a lock around each SSL call, and t
 for readiness with ``poll`` outside it, each with its own poll object. A write that cannot
 finish within the peer deadline (the peer timeout plus a 1 MB/s floor for its size) closes the
 link, which aborts the jobs on it; TCP's user timeout does the same for a host that vanished
-with bytes in flight. Closing shuts the socket down under the same lock, never through ``SSLSocket.shutdown``
-(which drops the SSL object first: a write racing it would leave in plaintext), and
-the descriptor is closed only under that lock, after which no thread touches it.
+with bytes in flight. Closing shuts the socket down under the same lock, never through
+``SSLSocket.shutdown`` (which drops the SSL object first: a write racing it would leave in
+plaintext), and the descriptor is closed only under that lock, after which no thread touches it.
 
 Unauthenticated callers: at most :data:`MAX_HANDSHAKES` connections complete their TLS
 handshake at once, at most :data:`MAX_HANDSHAKES_PER_HOST` from one address (more are closed

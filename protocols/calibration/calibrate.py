@@ -1,12 +1,12 @@
 """Calibration of a model before it is shared ("right or refused").
 
-Every range-limited kernel of the secure model (:mod:`protocols.calibration.site_catalog`) is exact only
-on its documented range; outside it the ring wraps and the output is garbage with no error.
+Every range-limited kernel of the secure model (:mod:`protocols.calibration.site_catalog`) is exact
+only on its documented range; outside it the ring wraps and the output is garbage with no error.
 So:
 
 * the model owner's ``share-model`` calls :func:`calibrate` on sample inputs: it runs the
-  secure stacks themselves on a shadow party (:mod:`protocols.calibration.shadow`: each kernel's ideal
-  functionality on plaintext fixed point, docs/CALIBRATION.md) - the encoder and every
+  secure stacks themselves on a shadow party (:mod:`protocols.calibration.shadow`: each kernel's
+  ideal functionality on plaintext fixed point, docs/CALIBRATION.md) - the encoder and every
   decode step over a full ``max_len``-token target (so the Performer prefix sums reach their
   largest size) -, records per layer and site the largest value reaching the kernel, and
   refuses (:class:`RangeError`) a model whose values leave a kernel's range divided by the

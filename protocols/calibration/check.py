@@ -1,8 +1,8 @@
 """Checks of the calibration stored with a shared transformer ("right or refused" where the
 job runs, not only where the model was shared).
 
-``share-model`` calibrates a model (:mod:`protocols.calibration.calibrate`) and stores the result in the
-model's public metadata; the parties then run only what it allows and the query user's
+``share-model`` calibrates a model (:mod:`protocols.calibration.calibrate`) and stores the result in
+the model's public metadata; the parties then run only what it allows and the query user's
 client refuses inputs outside its input range. A model uploaded without that step
 (``ModelOwner.upload`` with metadata of its own) or whose stored metadata was edited would
 otherwise run, and a value that leaves a kernel's range comes back as garbage with no error.

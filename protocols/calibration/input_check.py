@@ -1,8 +1,8 @@
 """The parties check a query user's secret input against the model's calibrated range.
 
 The honest client refuses an input outside the range stored with the model before sharing
-it (:func:`protocols.calibration.calibrate.check_input`); a modified client that skips that check would
-otherwise get silent garbage, since the parties only hold shares. With this check (an
+it (:func:`protocols.calibration.calibrate.check_input`); a modified client that skips that check
+would otherwise get silent garbage, since the parties only hold shares. With this check (an
 owner's choice at ``share-model --check-inputs``, stored in the model's metadata so that all
 three parties run it) every job first computes, on shares, whether every element x of every
 input with a calibrated range satisfies |x| <= lim, and opens that one bit - nothing else:

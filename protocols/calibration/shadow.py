@@ -2,8 +2,8 @@
 :class:`mpc3.shadow.ShadowParty` (each kernel's ideal functionality on plaintext ring values)
 and every range-limited kernel call reports what reaches it, filed under the layer the stack
 names (``p.at(prefix)``) and the site it names (the kernels' ``site=`` / ``sites=``
-keywords, :data:`protocols.calibration.site_catalog.SITES`). No second copy of the model is written for
-it: what the parties compute is what is measured, in their representation (folded scales,
+keywords, :data:`protocols.calibration.site_catalog.SITES`). No second copy of the model is written
+for it: what the parties compute is what is measured, in their representation (folded scales,
 split forms, row scales in truncations) because it *is* their code.
 
 :class:`ShadowRecorder` turns the ring units a kernel reports into the site's real units -
@@ -213,9 +213,9 @@ def trace_translator(cfg: M.ModelConfig, weights: M.Weights, X: list[np.ndarray]
     """The encoder-decoder on a shadow party over the paired samples ``X`` (encoder inputs)
     and ``Y`` (the targets, each token a decode step of the default session,
     :data:`protocols.stacks.decoder.DEFAULT_FUSE`, read when called). A Performer's sessions twice
-    more, for the schedules (:mod:`protocols.jobs.schedule`) its calibration decides: every attention's o W^O
-    deferred (steps again; site ``wo_raw``) and every cross attention's W^O folded into its
-    K'^T V (the session start; site ``kvwo``)."""
+    more, for the schedules (:mod:`protocols.jobs.schedule`) its calibration decides: every
+    attention's o W^O deferred (steps again; site ``wo_raw``) and every cross attention's W^O folded
+    into its K'^T V (the session start; site ``kvwo``)."""
     rec, p, shares = _start(cfg, M.ENCODER_DECODER, "trace_translator needs an encoder-decoder",
                             weights, ring, fold_omega, rec)
     every = frozenset(f"dec.{i}.{k}" for i in range(cfg.n_dec_layers) for k in ("self", "cross"))
@@ -240,7 +240,8 @@ def trace(cfg: M.ModelConfig, weights: M.Weights, X: list[np.ndarray], Y: list[n
           ring: RingConfig = RingConfig(), fold_omega: bool = True, block: int | None = None,
           rec: ShadowRecorder | None = None) -> ShadowRecorder:
     """The model's architecture's driver (``cfg.arch``) on the samples ``X`` (and ``Y``,
-    an encoder-decoder's targets): what :func:`protocols.calibration.calibrate.calibrate` records."""
+    an encoder-decoder's targets): what :func:`protocols.calibration.calibrate.calibrate`
+    records."""
     if cfg.arch == M.ENCODER_CLASSIFIER:
         return trace_classifier(cfg, weights, X, ring, fold_omega, rec)
     if cfg.arch == M.ENCODER:

@@ -1,9 +1,9 @@
 """The range-limited kernel sites of the secure model (:data:`SITES`) and their ranges
 (:func:`site_range`); :mod:`protocols.calibration.shadow` records the values reaching them.
 
-A *site* is a place where the secure encoder (:func:`protocols.stacks.encoder.encoder`) or the secure
-incremental decoder (:meth:`protocols.stacks.decoder.DecodeState.start` + :func:`decoder_step`)
-hands a value to a kernel that is exact only on a documented range:
+A *site* is a place where the secure encoder (:func:`protocols.stacks.encoder.encoder`) or the
+secure incremental decoder (:meth:`protocols.stacks.decoder.DecodeState.start` +
+:func:`decoder_step`) hands a value to a kernel that is exact only on a documented range:
 
 * ``product``: a truncated product (mul_aa / matmul_aa / mul_many_aa item) is
   exact while its real value satisfies |z| < ``arith.product_limit(frac, extra)``, ``extra``

@@ -1,6 +1,6 @@
 """A decode session's schedule from the model's calibration (its public metadata, stored by
-``share-model``; :mod:`protocols.calibration.calibrate`): faster forms that are exact only on a range the
-calibration shows the model's values keep to, with its safety margin. A schedule never
+``share-model``; :mod:`protocols.calibration.calibrate`): faster forms that are exact only on a
+range the calibration shows the model's values keep to, with its safety margin. A schedule never
 changes the function computed; a model without a (recent enough) calibration gets the
 general schedule.
 
@@ -43,8 +43,8 @@ def deferred_wo(cfg: M.ModelConfig, calibration: Mapping | None, ring_cfg) -> fr
     product before it (cross: Q'(K'^T V); self: scores @ V, after Q'G and the scores took the
     row scale 1/n) is reshared untruncated. Exact while |o W^O| < ``arith.product_limit(frac,
     frac)`` (2^8 at frac 18), so only where the model's calibration (its public metadata,
-    :mod:`protocols.calibration.calibrate`) records site ``wo_raw`` times its safety margin below that;
-    none for a calibration of another frac, one without the site (calibrated before it
+    :mod:`protocols.calibration.calibrate`) records site ``wo_raw`` times its safety margin below
+    that; none for a calibration of another frac, one without the site (calibrated before it
     existed), a softmax-style attention or "prob" truncation (which would fail with
     probability ~|z| 2^(3 frac - 64)). A schedule choice: the same function either way."""
     frac = ring_cfg.frac

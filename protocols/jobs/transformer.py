@@ -12,12 +12,12 @@ Computation ``translate`` (the model's own inference; permitted by default):
   :data:`protocols.stacks.decoder.DEFAULT_FUSE`, ``cross,ffn,wo``; ``all`` on high-latency links:
   236 instead of 246 rounds per token of the random Privformer model for 11 % more bytes,
   7.58 instead of 6.85 MB: ``mpc3 bench translate --model random --src-len 64 --tokens 3
-  --transport inproc [--fuse all]`` at d0af210). It changes the schedule, never the function computed. So does the
-  model's calibration (public metadata, stored by ``share-model``, :mod:`protocols.jobs.schedule`):
-  where it keeps a decoder layer's attention output times W^O below 2^(62 - 3 frac), that
-  layer's steps truncate o W^O by 2 frac from an untruncated o, one round less per attention
-  sublayer (``deferred_wo``), and each decoder LayerNorm's sqrt_inv table covers only its
-  calibrated variance octaves (``ln_spans``, fewer bytes). Random Privformer model of
+  --transport inproc [--fuse all]`` at d0af210). It changes the schedule, never the function
+  computed. So does the model's calibration (public metadata, stored by ``share-model``,
+  :mod:`protocols.jobs.schedule`): where it keeps a decoder layer's attention output times W^O below
+  2^(62 - 3 frac), that layer's steps truncate o W^O by 2 frac from an untruncated o, one round less
+  per attention sublayer (``deferred_wo``), and each decoder LayerNorm's sqrt_inv table covers only
+  its calibrated variance octaves (``ln_spans``, fewer bytes). Random Privformer model of
   ``mpc3 bench translate --model random``: 246 rounds and 6.85 MB per token (a model
   without those calibration sites: 263 rounds, 7.22 MB, protocols.stacks.decoder).
 * ``decode_step`` (session): input ``Y`` (B, d), the newest embedded target token -> output

@@ -4,9 +4,9 @@ Inputs are per-head tensors, heads already split: ``qf`` (B, h, Sq, r) and ``kf`
 are the ReLU random features Q', K' and ``v`` (B, h, Sk, dh). All heads go through one
 kernel call per step, so rounds never depend on ``h``. The public normalisation of
 :func:`protocols.model.attn_norm` is *not* applied here: the constant ``c`` is folded into the
-shared W^Q, W^K, W^V by :mod:`protocols.layers.secure_model` (free online), and :mod:`protocols.layers.mha`
-applies the per-row ``1/n_i`` inside the truncation of the product with W^O (no rounds of
-its own) only for ``attn_norm == "mean"``.
+shared W^Q, W^K, W^V by :mod:`protocols.layers.secure_model` (free online), and
+:mod:`protocols.layers.mha` applies the per-row ``1/n_i`` inside the truncation of the product with
+W^O (no rounds of its own) only for ``attn_norm == "mean"``.
 
 Cost declarations (``cost_*``) give rounds and bytes per party as formulas of the shapes and
 are checked against the communicator's counters in tests/test_protocols_attention.py.

@@ -123,7 +123,8 @@ def power_softmax(p: Party, q: AShare, k: AShare, v: AShare, power: int = 4,
                   fused: bool = False, prescaled: bool = False) -> AShare:
     """PowerSoftmax attention (seed 000 Eq. 4-6; module docstring). ``fused`` (forms plain
     and stable): the division as :func:`protocols.layers.attention.divide_rows` (4 rounds fewer);
-    ``prescaled``: q carries 1/sqrt(dh) (protocols.layers.softmax). Cost: :func:`cost_power_softmax`."""
+    ``prescaled``: q carries 1/sqrt(dh) (protocols.layers.softmax). Cost:
+    :func:`cost_power_softmax`."""
     _check_power(power, eps, form)
     f = p.cfg.frac
     B, h, Sq, dh = q.shape

@@ -8,7 +8,8 @@ replicated shares of the projected keys and values of every token so far
 (:class:`KVCache`, (B, h, capacity, d_head) each, capacity = the model's ``max_len``; shares
 only, nothing is opened; the arrays grow by doubling as tokens arrive, up to the capacity:
 per party 32 h d_head bytes per token, layer and batch row, at most twice that while it
-grows - not max_len tokens' worth from the session's start). :func:`attend` appends the new tokens' k, v rows (local) and
+grows - not max_len tokens' worth from the session's start). :func:`attend` appends the new tokens'
+k, v rows (local) and
 
 * on an empty cache with one query row per new token (the prompt): the causally masked
   attention of those rows (``heads(masked=True)``: only the T(T+1)/2 causal scores are

@@ -45,9 +45,10 @@ def cost_batchnorm(ring_cfg, rows: int, d: int, wide: bool = False) -> Cost:
 def norm(p: Party, cfg: M.ModelConfig, shares: dict, prefix: str, x: AShare,
          span=None, wide: bool = False) -> AShare:
     """The model's normalization at ``prefix`` (``enc.0.ln1``, ``dec.final_ln`` ...) of x;
-    ``span``: a LayerNorm's calibrated variance octaves (:func:`protocols.layers.layernorm.layernorm`);
-    ``wide``: the output at 2 frac fractional bits, its last product untruncated (one round
-    fewer; a model output the query user truncates after reconstructing it)."""
+    ``span``: a LayerNorm's calibrated variance octaves
+    (:func:`protocols.layers.layernorm.layernorm`); ``wide``: the output at 2 frac fractional bits,
+    its last product untruncated (one round fewer; a model output the query user truncates after
+    reconstructing it)."""
     p = p.at(prefix)                 # a shadow party files its records under the prefix
     if cfg.norm == "none":
         return widen(p, x) if wide else x

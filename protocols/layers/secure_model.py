@@ -43,7 +43,8 @@ precision; the products must stay below 2^(62 - 2*frac - PROJ_EXTRA) = 2^18 in r
 This module is the layout only (encoding and dealing by the model owner, :func:`sub` and
 :data:`PROJ_EXTRA` for the protocols that read it); it imports no protocol, so mha, encoder and
 decoder import it without a cycle. The stacks are :func:`protocols.stacks.encoder.encoder`,
-:meth:`protocols.stacks.decoder.DecodeState.start` and :func:`protocols.stacks.decoder.decoder_step`.
+:meth:`protocols.stacks.decoder.DecodeState.start` and
+:func:`protocols.stacks.decoder.decoder_step`.
 """
 from __future__ import annotations
 
@@ -190,8 +191,8 @@ def share_input(x, frac: int = ring.DEFAULT_FRAC, rng=None) -> list[AShare]:
 
 def sub(shares: Mapping[str, AShare], prefix: str) -> Mapping[str, AShare]:
     """The shares below ``prefix`` (``"dec.0.self"``), named without it; of a mapping that
-    makes its values when read (the shadow party's, protocols.calibration.shadow.ShadowTensors), a view
-    that reads each one when used."""
+    makes its values when read (the shadow party's, protocols.calibration.shadow.ShadowTensors), a
+    view that reads each one when used."""
     p = prefix + "."
     if not isinstance(shares, dict):
         return _Below(shares, p)

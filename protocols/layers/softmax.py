@@ -16,10 +16,10 @@ b^Q, :func:`protocols.layers.secure_model.fold_scales` - exact to the weights' e
 scores' product truncates by frac alone); otherwise (the paper's baselines, tests) it rides in
 the score product, q times round(2^12/sqrt(dh)) truncated by frac + 12, whose rounding of the
 constant (up to 2^-13 relative) shifts a score s by up to s 2^-13. A causal (``masked``)
-attention reshares and transforms only the S(S+1)/2 kept scores; row sums are local; the division is :func:`protocols.layers.attention.divide_rows`
-(``fused``: in the reciprocal's rounds) or reciprocal, e @ v, product (the paper baseline).
-``exp="poly"`` (max-free only) is the paper's polynomial baseline 1 + x + x^2/2 + 0.1665 x^3
-+ 0.0438 x^4, accurate only near 0.
+attention reshares and transforms only the S(S+1)/2 kept scores; row sums are local; the division is
+:func:`protocols.layers.attention.divide_rows` (``fused``: in the reciprocal's rounds) or
+reciprocal, e @ v, product (the paper baseline). ``exp="poly"`` (max-free only) is the paper's
+polynomial baseline 1 + x + x^2/2 + 0.1665 x^3 + 0.0438 x^4, accurate only near 0.
 
 Cost (:func:`cost_softmax_attention`), per attention call: the max form adds
 ceil(log2 n_keys) ReLU levels (4 rounds each on up to 2^14 pairs) and 2 rounds of the

@@ -1,5 +1,6 @@
 """Float64 reference of the architectures beyond the translator (the semantics the secure
-protocols of :mod:`protocols.stacks.classifier` and :mod:`protocols.stacks.causal_lm` compute on shares).
+protocols of :mod:`protocols.stacks.classifier` and :mod:`protocols.stacks.causal_lm` compute on
+shares).
 
 Encoder classifier (``arch = "encoder-classifier"``, BERT-style)::
 

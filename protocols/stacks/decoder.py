@@ -341,8 +341,9 @@ def decoder_step(p: Party, cfg: M.ModelConfig, shares: dict, state: DecodeState,
     The LayerNorms of ``state.fuse`` run fused with the projection after them
     (:func:`ln_fusions`). ``on_layer(name)`` is called after each layer (``dec.i``,
     ``dec.final_ln``). ``wide``: the output row at 2 frac fractional bits, the last
-    normalization's product reshared untruncated (one round fewer, :func:`protocols.layers.norms.norm`):
-    for the query user, who truncates it after reconstructing."""
+    normalization's product reshared untruncated (one round fewer,
+    :func:`protocols.layers.norms.norm`): for the query user, who truncates it after
+    reconstructing."""
     if len(y_t.shape) != 2 or y_t.shape[-1] != cfg.d_model:
         raise ValueError(f"decoder step input must be (B, {cfg.d_model}), got {y_t.shape}")
     B = y_t.shape[0]
