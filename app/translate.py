@@ -178,7 +178,7 @@ class InprocBackend:
                  calibration: dict | None = None):
         """``calibration``: the model's (``Calibration.to_dict()``), as ``share-model`` stores
         it - the decode steps' schedule follows from it
-        (:func:`protocols.jobs.schedule.deferred_wo`)."""
+        (:func:`protocols.stacks.schedule.deferred_wo`)."""
         from net.party.inproc import InprocParties
         self.cfg = cfg
         self.frac = frac

@@ -19,6 +19,7 @@ from protocols.layers import ln_proj as LP
 from protocols import model as M
 from protocols.stacks.classifier import cost_argmax, cost_classify
 from protocols.stacks.encoder import cost_encoder
+from protocols.stacks.schedule import GENERAL
 
 RC = RingConfig()
 SMALL = dict(d_model=16, n_heads=2, d_head=8, n_features=8, d_ff=32, attn_c=0.125,
@@ -92,9 +93,9 @@ def translator_rows() -> list[tuple]:
 @functools.lru_cache(maxsize=1)
 def _random_schedule() -> tuple[M.ModelConfig, dict]:
     """The Table 2 translator of ``mpc3 bench translate --model random`` (seed 0) and the
-    decode schedule its calibration gives (protocols.jobs.schedule.session_schedule)."""
+    decode schedule its calibration gives (protocols.stacks.schedule.session_schedule)."""
     from app.owner import calibrate_model
-    from protocols.jobs.schedule import session_schedule
+    from protocols.stacks.schedule import session_schedule
     cfg = _cfg(TABLE2, norm_first=False, max_len=65, n_enc_layers=6, n_dec_layers=6,
                src_vocab=256, tgt_vocab=256)
     w, user = M.random_weights(cfg, 0), M.random_user(cfg, 0)
@@ -107,10 +108,10 @@ def schedule_summary() -> str:
     from mpc3.kernels import fxp
     cfg, sched = _random_schedule()
     every = {f"dec.{i}.{k}" for i in range(cfg.n_dec_layers) for k in ("self", "cross")}
-    sizes = [16 * (hi - lo) + 1 for lo, hi in sched["ln_spans"].values()]
+    sizes = [16 * (hi - lo) + 1 for lo, hi in sched.ln_spans.values()]
     full = 16 * (fxp.FULL_SPAN[1] - fxp.FULL_SPAN[0]) + 1
-    kept = ", ".join(sorted(every - sched["raw_wo"])) or "none"
-    return (f"random model's schedule: o W^O deferred in {len(sched['raw_wo'])} of "
+    kept = ", ".join(sorted(every - sched.raw_wo)) or "none"
+    return (f"random model's schedule: o W^O deferred in {len(sched.raw_wo)} of "
             f"{len(every)} attention sublayers (not: {kept}); {len(sizes)} LayerNorm tables "
             f"of {min(sizes)} - {max(sizes)} thresholds (whole range: {full})")
 
@@ -119,18 +120,19 @@ def fusion_rows() -> list[tuple]:
     """The translator's token at the Table 2 shape (6+6 layers, post-LN, relu-performer,
     source 64, mean of t < 64) for each session fusion choice (decode_open's ``fuse``): the
     general schedule, and the one the random model's calibration gives (``mpc3 bench
-    translate --model random`` shares that model: protocols.jobs.schedule), with the bytes of
+    translate --model random`` shares that model: protocols.stacks.schedule), with the bytes of
     that session's DecodeState.start (K'^T V, W^O folded into it, beta W)."""
     cfg, sched = _random_schedule()
     rows = []
     for fuse in ("none", "ffn", "cross,ffn", "default", "self,ffn", "all"):
         kinds = LP.fusion_choice(fuse, D.FUSIONS, D.DEFAULT_FUSE, "model_costs")
         row = [fuse if fuse != "default" else f"default ({','.join(kinds)})"]
-        for kw in ({}, sched):
-            steps = [D.cost_decoder_step(RC, cfg, 1, t, fuse=kinds, wide=True, **kw)
+        for schedule in (GENERAL, sched):
+            steps = [D.cost_decoder_step(RC, cfg, 1, t, fuse=kinds, wide=True,
+                                         schedule=schedule)
                      for t in range(64)]
             row += [steps[0].rounds, _mb(np.mean([c.bytes_total for c in steps]))]
-        opened = D.cost_decode_start(RC, cfg, 1, 64, fuse=kinds, fold_wo=sched["fold_wo"])
+        opened = D.cost_decode_start(RC, cfg, 1, 64, fuse=kinds, schedule=sched)
         row.append(_mb(opened))
         rows.append(tuple(row))
     return rows

@@ -18,7 +18,7 @@ from mpc3.party import RingConfig
 from mpc3.sim import make_parties, run_parties
 from protocols.calibration import calibrate as C
 from protocols.stacks import decoder as D
-from protocols.jobs import schedule as S
+from protocols.stacks import schedule as S
 from protocols import model as M
 from protocols.layers import secure_model as SM
 from protocols.calibration import shadow as SH
@@ -49,8 +49,8 @@ def secure_run(cfg, w, x, y=None, block=None, fold=True, fuse=D.DEFAULT_FUSE,
         enc = encoder(p, cfg, s, xs)
         if ys is None:
             return enc, []
-        st = D.DecodeState.start(p, cfg, s, enc, block=block, fuse=fuse, raw_wo=raw_wo,
-                                 fold_wo=fold_wo)
+        st = D.DecodeState.start(p, cfg, s, enc, block=block, fuse=fuse,
+                                 schedule=S.Schedule(raw_wo=raw_wo, fold_wo=fold_wo))
         return enc, [D.decoder_step(p, cfg, s, st, ys[:, t]) for t in range(ys.shape[1])]
 
     xs = share(x)

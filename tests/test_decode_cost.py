@@ -10,6 +10,7 @@ from protocols.stacks import decoder as D
 from protocols import model as M
 from protocols.layers import secure_model as SM
 from protocols.stacks.encoder import encoder
+from protocols.stacks.schedule import Schedule
 
 from conftest import share
 
@@ -21,7 +22,7 @@ from conftest import share
 #: (x W1 inside LN2's rounds, its ReLU the injection), three LayerNorms 8 each (statistics 2,
 #: sqrt_inv's table lookup 4: the two-round threshold comparison and the injection, the
 #: normalising product 2). One less per attention sublayer whose o W^O is deferred
-#: (protocols.jobs.schedule.deferred_wo).
+#: (protocols.stacks.schedule.deferred_wo).
 ROUNDS_PER_LAYER = 44
 
 
@@ -50,7 +51,8 @@ def test_decode_step_traffic_equals_declared(rng, d, norm_first, norm, fold, fus
 
     def fn(p, s, xi, yi):
         enc = encoder(p, cfg, s, xi)
-        st = D.DecodeState.start(p, cfg, s, enc, block=block, fuse=fuse, raw_wo=raw_wo)
+        st = D.DecodeState.start(p, cfg, s, enc, block=block, fuse=fuse,
+                                 schedule=Schedule(raw_wo=raw_wo))
         per_step = []
         for t in range(steps):
             before = p.stats.snapshot()
@@ -62,7 +64,7 @@ def test_decode_step_traffic_equals_declared(rng, d, norm_first, norm, fold, fus
     res = run_parties(fn, [(sh[i], xs[i], ys[i]) for i in range(3)])
     for t in range(steps):
         declared = D.cost_decoder_step(RingConfig(), cfg, B, t, block=block, folded=fold,
-                                       fuse=fuse, raw_wo=raw_wo)
+                                       fuse=fuse, schedule=Schedule(raw_wo=raw_wo))
         assert tuple(r[t].bytes_sent for r in res) == declared.bytes_per_party, t
         assert max(r[t].rounds for r in res) == declared.rounds, t
     if d == 16 and not norm_first and fold and fuse == D.DEFAULT_FUSE:
@@ -78,10 +80,10 @@ def test_privformer_rounds_per_generated_token():
     rounds, 288 before the self attention's 1/n rode the truncation of o W^O, 276 before the
     cross attention's projection was formed inside LN1 by default); 254 with every LayerNorm
     forming its next projection (a session's choice: decode_open's fuse "all"); 12 fewer
-    with every o W^O deferred (protocols.jobs.schedule.deferred_wo, 11 for the random model's
+    with every o W^O deferred (protocols.stacks.schedule.deferred_wo, 11 for the random model's
     calibration).
     Bytes: within 10 % of issue 12's 6.45 MB with the LayerNorm tables the calibration
-    narrows (protocols.jobs.schedule.ln_spans; 7.22 MB with whole tables: the split-form feature
+    narrows (protocols.stacks.schedule.ln_spans; 7.22 MB with whole tables: the split-form feature
     and hidden products pay for the comparisons' dealt carry bits, the fused cross
     projection for one product by 1/sqrt(var + eps) per feature)."""
     cfg = M.ModelConfig(d_model=512, n_heads=8, d_head=64, n_features=266, d_ff=2048,
@@ -99,12 +101,12 @@ def test_privformer_rounds_per_generated_token():
     # the random model's calibration (as mpc3 bench translate --model random shares it)
     from app.owner import calibration_samples
     from protocols.calibration import calibrate as C
-    from protocols.jobs import schedule as S
+    from protocols.stacks import schedule as S
     w, user = M.random_weights(cfg, 0), M.random_user(cfg, 0)
     cal = C.calibrate(cfg, w, calibration_samples(cfg, w, user), user=user).to_dict()
     raw, spans = S.deferred_wo(cfg, cal, RingConfig()), S.ln_spans(cfg, cal)
     assert len(raw) == 11 and len(spans) == 18
-    costs = [D.cost_decoder_step(RingConfig(), cfg, 1, t, raw_wo=raw, ln_spans=spans)
+    costs = [D.cost_decoder_step(RingConfig(), cfg, 1, t, schedule=S.Schedule(raw, spans))
              for t in range(64)]
     assert costs[0].rounds == 253
     assert 6.0e6 < np.mean([c.bytes_total for c in costs]) < 1.1 * 6.45e6   # +10 % at most
@@ -112,7 +114,8 @@ def test_privformer_rounds_per_generated_token():
     # round less per attention sublayer, a few KB less (untruncated o is only reshared)
     every = frozenset(f"dec.{i}.{k}" for i in range(6) for k in ("self", "cross"))
     for fuse, rounds in ((D.DEFAULT_FUSE, 252), (D.FUSIONS, 242)):
-        costs = [D.cost_decoder_step(RingConfig(), cfg, 1, t, fuse=fuse, raw_wo=every)
+        costs = [D.cost_decoder_step(RingConfig(), cfg, 1, t, fuse=fuse,
+                                     schedule=S.Schedule(raw_wo=every))
                  for t in range(64)]
         assert costs[0].rounds == rounds
         assert np.mean([c.bytes_total for c in costs]) < got[fuse][1]

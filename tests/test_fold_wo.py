@@ -1,7 +1,7 @@
 """The cross attention's W^O folded into K'^T V at decode_open (issue 12): a session with
 ``fuse`` "wo" forms M_h = (K'^T V)_h W^O_h once and each step's o W^O = Q' M in one product,
 one round fewer per decoder layer; only where the model's calibration keeps |M| below
-``arith.product_limit(frac)`` with its margin (``protocols.jobs.schedule.folded_wo``, site
+``arith.product_limit(frac)`` with its margin (``protocols.stacks.schedule.folded_wo``, site
 ``kvwo``). The same function: checked against the plaintext steps with the stack's bound
 (tests/test_protocols_stack.py, 2e-3), measured traffic == declared."""
 import numpy as np
@@ -12,7 +12,7 @@ from mpc3.party import RingConfig
 from protocols.calibration import calibrate as C
 from protocols.stacks import decoder as D
 from protocols import model as M
-from protocols.jobs import schedule as S
+from protocols.stacks import schedule as S
 from protocols.stacks.encoder import encoder
 
 from conftest import share, value
@@ -26,6 +26,7 @@ CROSS = frozenset({"dec.0.cross", "dec.1.cross"})
 def test_folded_steps_equal_reference_one_round_fewer_per_layer(run, rng, norm_first, norm, c):
     cfg, w, sh, x, y, cal = calibrated_case(rng, norm_first, norm, c, steps=4)
     fold = S.folded_wo(cfg, cal, RingConfig())
+    sched = S.Schedule(fold_wo=fold)
     assert fold == CROSS
     fuses = (("cross", "ffn"), ("cross", "ffn", "wo"))
     assert D.DEFAULT_FUSE == fuses[1]
@@ -35,7 +36,7 @@ def test_folded_steps_equal_reference_one_round_fewer_per_layer(run, rng, norm_f
         out = []
         for fuse in fuses:
             c0 = p.stats.snapshot()
-            st = D.DecodeState.start(p, cfg, s, enc, block=2, fuse=fuse, fold_wo=fold)
+            st = D.DecodeState.start(p, cfg, s, enc, block=2, fuse=fuse, schedule=sched)
             opened, steps = p.stats.snapshot() - c0, []
             for t in range(4):
                 c0 = p.stats.snapshot()
@@ -47,25 +48,25 @@ def test_folded_steps_equal_reference_one_round_fewer_per_layer(run, rng, norm_f
     enc_ref = M.ref_encoder(cfg, w, x)
     rc = RingConfig()
     for k, fuse in enumerate(fuses):
-        opened = D.cost_decode_start(rc, cfg, 2, 7, fuse=fuse, fold_wo=fold)
+        opened = D.cost_decode_start(rc, cfg, 2, 7, fuse=fuse, schedule=sched)
         assert tuple(r[k][0].bytes_sent for r in res) == opened.bytes_per_party
         assert max(r[k][0].rounds for r in res) == opened.rounds
         for t in range(4):
             want = M.ref_decoder(cfg, w, y[:, :t + 1], enc_ref)[:, t]
             assert np.max(np.abs(value([r[k][1][t][0] for r in res]) - want)) < TOL, (fuse, t)
-            declared = D.cost_decoder_step(rc, cfg, 2, t, block=2, fuse=fuse, fold_wo=fold)
+            declared = D.cost_decoder_step(rc, cfg, 2, t, block=2, fuse=fuse, schedule=sched)
             assert tuple(r[k][1][t][1].bytes_sent for r in res) == declared.bytes_per_party
             assert max(r[k][1][t][1].rounds for r in res) == declared.rounds
     # one round fewer per layer than o W^O from an untruncated o (deferred_wo), two than
     # from a truncated one
-    folded = D.cost_decoder_step(rc, cfg, 2, 1, block=2, fuse=fuses[1], fold_wo=fold)
+    folded = D.cost_decoder_step(rc, cfg, 2, 1, block=2, fuse=fuses[1], schedule=sched)
     for raw, fewer in ((CROSS, 1), (frozenset(), 2)):
-        plain = D.cost_decoder_step(rc, cfg, 2, 1, block=2, fuse=fuses[0], fold_wo=fold,
-                                    raw_wo=raw)
+        plain = D.cost_decoder_step(rc, cfg, 2, 1, block=2, fuse=fuses[0],
+                                    schedule=S.Schedule(raw_wo=raw, fold_wo=fold))
         assert plain.rounds - folded.rounds == fewer * cfg.n_dec_layers
     # the open pays for it: h r d products per row and layer
-    extra = D.cost_decode_start(rc, cfg, 2, 7, fuse=fuses[1], fold_wo=fold).bytes_total \
-        - D.cost_decode_start(rc, cfg, 2, 7, fuse=fuses[0], fold_wo=fold).bytes_total
+    extra = D.cost_decode_start(rc, cfg, 2, 7, fuse=fuses[1], schedule=sched).bytes_total \
+        - D.cost_decode_start(rc, cfg, 2, 7, fuse=fuses[0], schedule=sched).bytes_total
     assert extra == D.cost_fold_wo(rc, cfg, 2, 2).bytes_total > 0
 
 
@@ -92,9 +93,11 @@ def test_folding_follows_the_calibration():
     assert D.folded_layers(cfg, ("cross", "ffn"), CROSS) == []
     assert D.folded_layers(cfg, ("wo",), {"dec.1.cross"}) == [1]
     # the schedule offers it to encoder-decoders only
-    assert "fold_wo" in S.session_schedule(cfg, None, RingConfig())
+    both = _calibration({0: 1.0, 1: 1.0})
+    assert S.session_schedule(cfg, both, RingConfig()).fold_wo == CROSS
     lm = make_cfg(arch=M.DECODER_ONLY, n_enc_layers=0, src_vocab=0)
-    assert "fold_wo" not in S.session_schedule(lm, None, RingConfig())
+    assert S.folded_wo(lm, both, RingConfig()) == CROSS
+    assert S.session_schedule(lm, both, RingConfig()).fold_wo == frozenset()
 
 
 def test_calibration_records_kvwo(rng):

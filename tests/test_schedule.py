@@ -1,4 +1,4 @@
-"""A decode session's schedule from the model's calibration (protocols.jobs.schedule), issue 12:
+"""A decode session's schedule from the model's calibration (protocols.stacks.schedule), issue 12:
 
 * o W^O truncated by 2 frac from an untruncated o (one round less per attention sublayer),
   chosen only where the calibration keeps |o W^O| below 2^(62 - 3 frac) with its safety
@@ -17,7 +17,7 @@ from mpc3.kernels import arith, fxp
 from mpc3.party import RingConfig
 from protocols.calibration import calibrate as C
 from protocols.stacks import decoder as D
-from protocols.jobs import schedule as S
+from protocols.stacks import schedule as S
 from protocols import model as M
 from protocols.layers import secure_model as SM
 from protocols.stacks.encoder import encoder
@@ -50,7 +50,8 @@ def test_deferred_steps_equal_reference(run, rng, norm_first, norm, c):
         enc = encoder(p, cfg, s, xs)
         out = []
         for raw, sp in ((frozenset(), None), (EVERY, spans)):
-            st = D.DecodeState.start(p, cfg, s, enc, block=2, raw_wo=raw, ln_spans=sp)
+            st = D.DecodeState.start(p, cfg, s, enc, block=2,
+                                     schedule=S.Schedule(raw, sp or {}))
             before = p.stats.snapshot()
             steps = [D.decoder_step(p, cfg, s, st, ys[:, t]) for t in range(5)]
             out.append((steps, (p.stats.snapshot() - before).rounds))
@@ -174,8 +175,8 @@ def test_decode_jobs_defer_where_the_stored_calibration_allows():
             traffic = T.Traffic()
             got = ring.decode(be.step("s", y, traffic))
             np.testing.assert_allclose(got, M.ref_decoder_step(cfg, w, ref, y), atol=TOL)
-            declared = D.cost_decoder_step(RingConfig(), cfg, 2, t, raw_wo=want,
-                                           ln_spans=want_spans, wide=True, fold_wo=want_fold)
+            declared = D.cost_decoder_step(RingConfig(), cfg, 2, t, wide=True,
+                                           schedule=S.Schedule(want, want_spans or {}, want_fold))
             assert (traffic.rounds, tuple(traffic.bytes_per_party)) == \
                 (declared.rounds, declared.bytes_per_party)
         be.close("s")
@@ -201,13 +202,13 @@ def test_lm_steps_follow_the_schedule(run, rng, norm_first, fuse):
     raw, spans = S.deferred_wo(cfg, cal, RingConfig()), S.ln_spans(cfg, cal)
     assert raw == {"dec.0.self", "dec.1.self"} and len(spans) == 4 + norm_first
     rows, steps = lm_session(run, cfg, SM.share_model(cfg, w), x, 5, block=3, fuse=fuse,
-                             raw_wo=raw, ln_spans=spans)
+                             schedule=S.Schedule(raw, spans))
     full = M.ref_lm(cfg, w, x)
     for k, h in enumerate(rows):
         assert np.max(np.abs(h - full[:, 4 + k])) < TOL
     rc = RingConfig()
     for t, got in steps.items():
-        declared = LM.cost_lm_step(rc, cfg, 2, t, 3, fuse=fuse, raw_wo=raw, ln_spans=spans)
+        declared = LM.cost_lm_step(rc, cfg, 2, t, 3, fuse=fuse, schedule=S.Schedule(raw, spans))
         assert got == (declared.bytes_per_party, declared.rounds)
         general = LM.cost_lm_step(rc, cfg, 2, t, 3, fuse=fuse)
         assert general.rounds - declared.rounds == 2

@@ -124,7 +124,7 @@ def test_session_fusions_change_rounds_not_the_function(fuse, attention):
         # two post-LN layers: 48 rounds each unfused, 2 fewer per fused kind and layer
         # ("self" fuses the next layer's projection into this layer's last LayerNorm:
         # once), and one fewer for the wide output row
-        # ("wo" folds nothing here: no calibration, protocols.jobs.schedule.folded_wo)
+        # ("wo" folds nothing here: no calibration, protocols.stacks.schedule.folded_wo)
         assert declared.rounds == {(): 95, ("ffn",): 91, ("cross", "ffn"): 87,
                                    ("cross", "ffn", "wo"): 87, D.FUSIONS: 85}[chosen]
 

@@ -225,7 +225,7 @@ class Trace:
         """``n`` None: the 1/n row scale was applied before (a decode state's K'^T V); else
         it rides in the truncation of o W^O, whose product is formed unnormalised.
         ``steps``: decode steps, which may form it normalised from an untruncated o instead
-        (``wo_raw``, :func:`protocols.jobs.schedule.deferred_wo`)."""
+        (``wo_raw``, :func:`protocols.stacks.schedule.deferred_wo`)."""
         y = M.merge_heads(o) @ self.attn[layer]["wo"]
         self.rec.mag(layer, "wo", y)
         if self.cfg.attn_norm == "mean" and n is not None:

@@ -36,6 +36,7 @@ from protocols.stacks.causal_lm import lm_open, lm_prefill, lm_step
 from protocols.stacks.classifier import classify
 from protocols.stacks.decoder import DecodeState, decoder_step
 from protocols.stacks.encoder import encoder
+from protocols.stacks.schedule import Schedule
 from protocols.stacks.sentence import embed_sentence
 
 from .site_catalog import SITES
@@ -189,7 +190,7 @@ def trace_lm(cfg: M.ModelConfig, weights: M.Weights, X: list[np.ndarray],
     through every layer: each row is the last of the prompt that ends there), then every
     token as a decode step from an empty session (:func:`protocols.stacks.causal_lm.lm_open`) - and
     a Performer's steps once more with every o W^O formed from the untruncated o (site
-    ``wo_raw``: the schedule :func:`protocols.jobs.schedule.deferred_wo` may choose)."""
+    ``wo_raw``: the schedule :func:`protocols.stacks.schedule.deferred_wo` may choose)."""
     rec, p, shares = _start(cfg, M.DECODER_ONLY, "trace_lm needs a decoder-only LM",
                             weights, ring, fold_omega, rec)
     schedules = [frozenset()]
@@ -200,7 +201,8 @@ def trace_lm(cfg: M.ModelConfig, weights: M.Weights, X: list[np.ndarray],
             lm_prefill(p, cfg, shares, shadow_input(p, c), block)
         xs = shadow_input(p, x)
         for raw in schedules:
-            st = lm_open(p, cfg, shares, x.shape[0], block, LM.DEFAULT_LM_FUSE, raw_wo=raw)
+            st = lm_open(p, cfg, shares, x.shape[0], block, LM.DEFAULT_LM_FUSE,
+                         Schedule(raw_wo=raw))
             for t in range(x.shape[1]):
                 lm_step(p, cfg, shares, st, xs[:, t])
     return rec
@@ -213,7 +215,7 @@ def trace_translator(cfg: M.ModelConfig, weights: M.Weights, X: list[np.ndarray]
     """The encoder-decoder on a shadow party over the paired samples ``X`` (encoder inputs)
     and ``Y`` (the targets, each token a decode step of the default session,
     :data:`protocols.stacks.decoder.DEFAULT_FUSE`, read when called). A Performer's sessions twice
-    more, for the schedules (:mod:`protocols.jobs.schedule`) its calibration decides: every
+    more, for the schedules (:mod:`protocols.stacks.schedule`) its calibration decides: every
     attention's o W^O deferred (steps again; site ``wo_raw``) and every cross attention's W^O folded
     into its K'^T V (the session start; site ``kvwo``)."""
     rec, p, shares = _start(cfg, M.ENCODER_DECODER, "trace_translator needs an encoder-decoder",
@@ -229,8 +231,8 @@ def trace_translator(cfg: M.ModelConfig, weights: M.Weights, X: list[np.ndarray]
         if cfg.attention == M.PERFORMER:
             sessions += [(every, frozenset(), True), (frozenset(), every, False)]
         for raw, fold, steps in sessions:
-            st = DecodeState.start(p, cfg, shares, enc, block, D.DEFAULT_FUSE, raw_wo=raw,
-                                   fold_wo=fold)
+            st = DecodeState.start(p, cfg, shares, enc, block, D.DEFAULT_FUSE,
+                                   Schedule(raw_wo=raw, fold_wo=fold))
             for t in range(y.shape[1] if steps else 0):
                 decoder_step(p, cfg, shares, st, ys[:, t])
     return rec

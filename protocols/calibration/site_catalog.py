@@ -27,9 +27,9 @@ secure incremental decoder (:meth:`protocols.stacks.decoder.DecodeState.start` +
 Schedule sites (``Site.schedule``) never refuse a model: they record a value that decides
 whether a faster schedule is exact for it. ``wo_raw``: a decode step's normalised o W^O,
 whose truncation by 2 frac from an untruncated o (one round less,
-:func:`protocols.jobs.schedule.deferred_wo`) is exact below ``arith.product_limit(frac, frac)``;
+:func:`protocols.stacks.schedule.deferred_wo`) is exact below ``arith.product_limit(frac, frac)``;
 ``kvwo``: the cross attention's (K'^T V)_h W^O_h, which a session may form once
-(:func:`protocols.jobs.schedule.folded_wo`) below ``arith.product_limit(frac)``.
+(:func:`protocols.stacks.schedule.folded_wo`) below ``arith.product_limit(frac)``.
 
 Sites per layer (:data:`SITES`): what reaches the kernel, and what the model owner can change
 when a calibration (:mod:`protocols.calibration.calibrate`) refuses the model there.
@@ -72,11 +72,11 @@ SITES: dict[str, Site] = {
     "out": Site("product", "attention output Q'(K'^T V) (or a decode step's part of it)", _LONG),
     "wo": Site("product", "output projection (.) W^O", "rescale W^O"),
     "wo_raw": Site("product", "a decode step's o W^O formed from an untruncated, normalised "
-                   "o (protocols.jobs.schedule.deferred_wo)", "none needed: above the limit the "
+                   "o (protocols.stacks.schedule.deferred_wo)", "none needed: above the limit the "
                    "step truncates o first (one round more)", raw=True, schedule=True),
     "kvwo": Site("product", "a decode session's cross attention K'^T V (times 1/n) times "
                  "each head's rows of W^O, formed once at decode_open "
-                 "(protocols.jobs.schedule.folded_wo)", "none needed: above the limit the steps "
+                 "(protocols.stacks.schedule.folded_wo)", "none needed: above the limit the steps "
                  "multiply by W^O themselves (one round more)", schedule=True),
     # softmax-style attentions (ModelConfig.attention != relu-performer)
     "vscores": Site("product", "attention scores q k^T (1/sqrt(d_head) folded into W^Q)",

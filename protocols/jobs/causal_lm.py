@@ -17,7 +17,7 @@ the next token; only final hidden rows leave the parties, as for the translator.
 session id, ``lm_prefill`` takes ``fuse`` (:func:`protocols.layers.ln_proj.fusion_choice` over
 ``self``, ``ffn``; default ``ffn``): the LayerNorms whose next projection the session's steps
 form in their rounds - a schedule, not a different function, as is the one the model's
-calibration allows the steps (:mod:`protocols.jobs.schedule`: deferred o W^O truncations,
+calibration allows the steps (:mod:`protocols.stacks.schedule`: deferred o W^O truncations,
 narrowed LayerNorm tables). Per-layer costs are marked (``dec.i``, ``dec.final_ln``).
 """
 from __future__ import annotations
@@ -30,9 +30,9 @@ from protocols.stacks.causal_lm import (
     lm_prefill,
     lm_step,
 )
+from protocols.stacks.schedule import session_schedule
 
 from .contract import DECODER_ONLY, JobContext, JobSpec, ModelView, TensorSpec
-from .schedule import session_schedule
 from .transformer import check_rows, validate_source
 
 
@@ -55,8 +55,8 @@ def run_lm_prefill(ctx: JobContext, inputs: dict) -> dict:
     cfg = ctx.model.config
     h, state = lm_prefill(ctx.party, cfg, ctx.model.shares, inputs["X"],
                           on_layer=ctx.costs.mark, fuse=session_fuse(ctx.params),
-                          **session_schedule(cfg, ctx.model.meta.get("calibration"),
-                                             ctx.party.cfg))
+                          schedule=session_schedule(cfg, ctx.model.meta.get("calibration"),
+                                                    ctx.party.cfg))
     ctx.session.state = state
     return {"H": h}
 

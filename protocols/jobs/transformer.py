@@ -14,7 +14,7 @@ Computation ``translate`` (the model's own inference; permitted by default):
   7.58 instead of 6.85 MB: ``mpc3 bench translate --model random --src-len 64 --tokens 3
   --transport inproc [--fuse all]`` at d0af210). It changes the schedule, never the function
   computed. So does the model's calibration (public metadata, stored by ``share-model``,
-  :mod:`protocols.jobs.schedule`): where it keeps a decoder layer's attention output times W^O below
+  :mod:`protocols.stacks.schedule`): where it keeps a decoder layer's attention output times W^O below
   2^(62 - 3 frac), that layer's steps truncate o W^O by 2 frac from an untruncated o, one round less
   per attention sublayer (``deferred_wo``), and each decoder LayerNorm's sqrt_inv table covers only
   its calibrated variance octaves (``ln_spans``, fewer bytes). Random Privformer model of
@@ -40,10 +40,10 @@ from protocols.layers.ln_proj import fusion_choice
 from protocols.layers.secure_model import PROJ_EXTRA, check_shares
 from protocols.stacks.decoder import DEFAULT_FUSE, FUSIONS, DecodeState, decoder_step
 from protocols.stacks.encoder import encoder
+from protocols.stacks.schedule import session_schedule
 
 from .. import model as M
 from .contract import ENCODER_DECODER, JobContext, JobSpec, ModelView, TensorSpec
-from .schedule import session_schedule
 
 MAX_BATCH = 256
 MAX_SRC_LEN = 4096
@@ -118,8 +118,8 @@ def run_decode_open(ctx: JobContext, inputs: dict) -> dict:
     cfg, shares = ctx.model.config, ctx.model.shares
     enc = encoder(ctx.party, cfg, shares, inputs["X"], on_layer=ctx.costs.mark)
     state = DecodeState.start(ctx.party, cfg, shares, enc, fuse=session_fuse(ctx.params),
-                              **session_schedule(cfg, ctx.model.meta.get("calibration"),
-                                                 ctx.party.cfg))
+                              schedule=session_schedule(
+                                  cfg, ctx.model.meta.get("calibration"), ctx.party.cfg))
     ctx.costs.mark("dec.cross_kv")
     ctx.session.state = DecodeSession(cfg, state)
     return {}

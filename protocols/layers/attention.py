@@ -300,7 +300,7 @@ def attention_step(p: Party, state: PrefixState, qf: AShare, kf: AShare, v: ASha
     stage 2: scores @ V_c. Out = Q'_t G + (Q'_t K'_c^T) V_c. Cost: :func:`cost_attention_step`.
 
     ``raw`` (a decode step that defers this truncation into o W^O,
-    :func:`protocols.jobs.schedule.deferred_wo`): stage 1 truncates Q'_t G and the scores times
+    :func:`protocols.stacks.schedule.deferred_wo`): stage 1 truncates Q'_t G and the scores times
     the public row scale ``scale`` (attn_norm "mean": 1/n; None: none) and stage 2 is
     reshared untruncated, so the output is ``scale * Out`` at 2 frac fractional bits, one
     round earlier.

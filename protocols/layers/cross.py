@@ -17,6 +17,7 @@ from mpc3.shares import AShare
 from protocols import model as M
 
 from . import attention as A
+from .attention import row_scale_trunc
 from .mha import (
     add_bias,
     cost_features,
@@ -27,7 +28,6 @@ from .mha import (
     heads,
     project,
     project_features,
-    row_scale_trunc,
     split_heads,
 )
 from .secure_model import PROJ_EXTRA, sub

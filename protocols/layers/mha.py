@@ -34,7 +34,7 @@ from protocols import model as M
 from protocols.model import variants as MV
 
 from . import attention as A
-from .attention import row_scale_trunc  # noqa: F401  (cross, classifier)
+from .attention import row_scale_trunc
 from .secure_model import PROJ_EXTRA
 
 

@@ -71,6 +71,7 @@ from protocols.layers.norms import cost_norm, norm
 from protocols.layers.secure_model import OUT_SCALE, sub
 
 from .decoder import cost_self_core, self_step, step_names, sublayer
+from .schedule import GENERAL, Schedule
 
 #: the projections a step may form inside the LayerNorm before them (:func:`lm_fusions`).
 #: Each fused LayerNorm saves 2 rounds per layer for one truncated product per projection
@@ -114,8 +115,7 @@ class LMState:
     t: int = 0
     ln_bias: dict = field(default_factory=dict)
     fuse: tuple = ()                 # lm_prefill sets its fuse (default DEFAULT_LM_FUSE)
-    raw_wo: frozenset = frozenset()  # the steps' schedule (protocols.jobs.schedule)
-    ln_spans: dict = field(default_factory=dict)
+    schedule: Schedule = GENERAL     # the steps' calibrated choices
 
     @property
     def batch(self) -> int:
@@ -216,11 +216,11 @@ def _check(cfg: M.ModelConfig) -> None:
 
 def lm_prefill(p: Party, cfg: M.ModelConfig, shares: dict, x: AShare,
                block: int | None = None, on_layer: Callable[[str], None] | None = None,
-               fuse=DEFAULT_LM_FUSE, raw_wo=frozenset(),
-               ln_spans=None) -> tuple[AShare, LMState]:
+               fuse=DEFAULT_LM_FUSE,
+               schedule: Schedule = GENERAL) -> tuple[AShare, LMState]:
     """Prompt x (B, T, d) -> (final hidden row of its last position (B, d), the session's
     LMState after T tokens, its steps fusing the LayerNorms of ``fuse`` and following the
-    schedule ``raw_wo``, ``ln_spans`` (:mod:`protocols.jobs.schedule`)). ``on_layer(name)``
+    ``schedule`` (:class:`~protocols.stacks.schedule.Schedule`)). ``on_layer(name)``
     after each layer (``dec.i``, ``dec.final_ln``). Cost: :func:`cost_lm_prefill`."""
     _check(cfg)
     fusions = lm_fusions(cfg, fuse)               # an unknown kind is refused before any round
@@ -252,15 +252,14 @@ def lm_prefill(p: Party, cfg: M.ModelConfig, shares: dict, x: AShare,
     if cfg.norm_first:
         x = _ln(p, cfg, shares, "dec.final_ln", x)
         mark("dec.final_ln")
-    state = LMState(states, T, fused_biases(p, shares, fusions), tuple(fuse),
-                    frozenset(raw_wo), dict(ln_spans or {}))
+    state = LMState(states, T, fused_biases(p, shares, fusions), tuple(fuse), schedule)
     if fusions:                    # the session's beta W1: after the last layer's mark
         mark("dec.ln_bias")
     return _out_scale(p, cfg, shares, x)[:, -1:].reshape(B, cfg.d_model), state
 
 
 def lm_open(p: Party, cfg: M.ModelConfig, shares: dict, B: int, block: int | None = None,
-            fuse=DEFAULT_LM_FUSE, raw_wo=frozenset(), ln_spans=None) -> LMState:
+            fuse=DEFAULT_LM_FUSE, schedule: Schedule = GENERAL) -> LMState:
     """The state :func:`lm_prefill` of an empty prompt would leave: every token stepped
     (the calibration's steps, :mod:`protocols.calibration.shadow`). Cost: its fused LayerNorms'
     beta W (:func:`protocols.layers.ln_proj.cost_ln_bias`)."""
@@ -271,8 +270,7 @@ def lm_open(p: Party, cfg: M.ModelConfig, shares: dict, B: int, block: int | Non
               if cfg.attention != M.PERFORMER else
               A.PrefixState.empty(B, h, cfg.n_features, dh, block)
               for _ in range(cfg.n_dec_layers)]
-    return LMState(states, 0, fused_biases(p, shares, fusions), tuple(fuse), frozenset(raw_wo),
-                   dict(ln_spans or {}))
+    return LMState(states, 0, fused_biases(p, shares, fusions), tuple(fuse), schedule)
 
 
 def lm_step(p: Party, cfg: M.ModelConfig, shares: dict, state: LMState, y_t: AShare,
@@ -290,7 +288,7 @@ def lm_step(p: Party, cfg: M.ModelConfig, shares: dict, state: LMState, y_t: ASh
 
     def through_ln(ln: str, x: AShare, want_y: bool, names: list[str]):
         """LN ``ln`` of x, and the projections ``names`` if it forms them: (y, got)."""
-        span = state.ln_spans.get(ln)
+        span = state.schedule.span(ln)
         if ln not in fusions:
             return _ln(p, cfg, shares, ln, x, span), None
         return ln_proj(p, cfg, shares, state.ln_bias, ln, x, want_y, names, True, span)
@@ -298,7 +296,7 @@ def lm_step(p: Party, cfg: M.ModelConfig, shares: dict, state: LMState, y_t: ASh
     for i in range(cfg.n_dec_layers):
         pre, names = f"dec.{i}", step_names(i)
         w, wf, st = sub(shares, f"{pre}.self"), sub(shares, f"{pre}.ffn"), state.prefix[i]
-        pre_ln, raw = cfg.norm_first, f"{pre}.self" in state.raw_wo
+        pre_ln, raw = cfg.norm_first, f"{pre}.self" in state.schedule.raw_wo
         pa, pf = p.at(f"{pre}.self"), p.at(f"{pre}.ffn")
         u, got = through_ln(f"{pre}.ln1", x, False, names["self"]) if pre_ln else (x, got)
         if got:                        # Q, K, V formed by the LayerNorm before
@@ -319,7 +317,7 @@ def lm_step(p: Party, cfg: M.ModelConfig, shares: dict, state: LMState, y_t: ASh
         if on_layer is not None:
             on_layer(pre)
     if cfg.norm_first:
-        x = _ln(p, cfg, shares, "dec.final_ln", x, state.ln_spans.get("dec.final_ln"))
+        x = _ln(p, cfg, shares, "dec.final_ln", x, state.schedule.span("dec.final_ln"))
         if on_layer is not None:
             on_layer("dec.final_ln")
     state.t += 1
@@ -384,16 +382,16 @@ def _cost_end(p_cfg, cfg: M.ModelConfig, B: int, span=None) -> Cost:
 
 
 def cost_lm_step(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int | None = None,
-                 fuse=DEFAULT_LM_FUSE, folded: bool = True, raw_wo=frozenset(),
-                 ln_spans=None) -> Cost:
+                 fuse=DEFAULT_LM_FUSE, folded: bool = True,
+                 schedule: Schedule = GENERAL) -> Cost:
     """Declared cost of :func:`lm_step` for the token at position ``t`` (t tokens before it)
-    in a session fusing the LayerNorms of ``fuse`` (:func:`lm_fusions`) with the schedule
-    ``raw_wo``, ``ln_spans`` (:mod:`protocols.jobs.schedule`), Omega ``folded`` into the shares or
+    in a session fusing the LayerNorms of ``fuse`` (:func:`lm_fusions`) with the ``schedule``
+    (:class:`~protocols.stacks.schedule.Schedule`), Omega ``folded`` into the shares or
     not: relu-performer: it depends on t only through t mod block (O(1) in the prefix);
     softmax-style (KV cache): bytes linear in t, rounds independent of t."""
     h, r, dh, d = cfg.n_heads, cfg.n_features, cfg.d_head, cfg.d_model
     L = A.default_decode_block(r, dh) if block is None else int(block)
-    spans = ln_spans or {}
+    spans, raw_wo = schedule.ln_spans, schedule.raw_wo
 
     def attn(raw: bool) -> Cost:               # projections, features, the step and W^O
         if cfg.attention != M.PERFORMER:

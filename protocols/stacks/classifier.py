@@ -33,8 +33,9 @@ from mpc3.kernels.base import Cost
 from mpc3.party import Party
 from mpc3.shares import AShare
 from protocols import model as M
+from protocols.layers.attention import row_scale_trunc
 from protocols.layers.ffn import cost_ffn
-from protocols.layers.mha import cost_mha, row_scale_trunc
+from protocols.layers.mha import cost_mha
 from protocols.layers.norms import cost_norm
 
 from .encoder import encoder

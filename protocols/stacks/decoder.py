@@ -34,7 +34,7 @@ from mpc3.party import Party
 from mpc3.shares import AShare
 from protocols import model as M
 from protocols.layers import attention as A
-from protocols.layers.cross import (  # noqa: F401
+from protocols.layers.cross import (
     CrossKV,
     cost_cross_precompute,
     cross_mha,
@@ -67,6 +67,8 @@ from protocols.layers.mha import (
 from protocols.layers.norms import cost_norm, norm
 from protocols.layers.secure_model import sub
 
+from .schedule import GENERAL, Schedule
+
 
 def _ln(p, cfg, shares, prefix, x, span=None, wide: bool = False):
     return norm(p, cfg, shares, prefix, x, span, wide)
@@ -96,7 +98,8 @@ def decoder(p: Party, cfg: M.ModelConfig, shares: dict, y: AShare, enc: AShare,
     x = y
     for i in range(n):
         pre = f"dec.{i}"
-        ws, wc, wf = sub(shares, f"{pre}.self"), sub(shares, f"{pre}.cross"), sub(shares, f"{pre}.ffn")
+        ws, wc = sub(shares, f"{pre}.self"), sub(shares, f"{pre}.cross")
+        wf = sub(shares, f"{pre}.ffn")
         kw = dict(causal=True, masked_form=masked_form, block=block)
         if cfg.norm_first:
             x = x + mha(p, cfg, ws, _ln(p, cfg, shares, f"{pre}.ln1", x), **kw)
@@ -121,7 +124,7 @@ def decoder(p: Party, cfg: M.ModelConfig, shares: dict, y: AShare, enc: AShare,
 #: per token, for h r d more products per layer at decode_open (201 MB more for the
 #: Privformer workload: it pays for itself after ~13 tokens on the emulated WAN, ~120 on
 #: loopback). The default keeps a token of a calibrated model (its LayerNorms' narrowed
-#: tables, :func:`protocols.jobs.schedule.ln_spans`) within 10 % of issue 12's 6.45 MB: 6.85 MB in
+#: tables, :func:`protocols.stacks.schedule.ln_spans`) within 10 % of issue 12's 6.45 MB: 6.85 MB in
 #: 246 rounds for the random Privformer model (7.22 MB and 263 rounds with whole tables and
 #: no calibration); FUSIONS ("all") gives the fewest rounds, 236 for 7.58 MB (measured:
 #: protocols/jobs/transformer.py).
@@ -166,22 +169,18 @@ class DecodeState:
     n_enc: int
     ln_bias: dict = field(default_factory=dict)
     fuse: tuple = DEFAULT_FUSE
-    raw_wo: frozenset = frozenset()
-    ln_spans: dict = field(default_factory=dict)
+    schedule: Schedule = GENERAL
     t: int = 0
 
     @staticmethod
     def start(p: Party, cfg: M.ModelConfig, shares: dict, enc: AShare,
-              block: int | None = None, fuse=DEFAULT_FUSE, raw_wo=frozenset(),
-              ln_spans=None, fold_wo=frozenset()) -> "DecodeState":
+              block: int | None = None, fuse=DEFAULT_FUSE,
+              schedule: Schedule = GENERAL) -> "DecodeState":
         """``block``: tokens cached before folding into G (:class:`attention.PrefixState`);
-        ``raw_wo``: the attention sublayers whose o W^O the steps truncate by 2 frac
-        (:func:`protocols.jobs.schedule.deferred_wo`); ``ln_spans``: LayerNorm prefix -> the
-        octaves of its sqrt_inv table (:func:`protocols.jobs.schedule.ln_spans`); ``fold_wo``:
-        the cross attention sublayers whose W^O may be folded into K'^T V
-        (:func:`protocols.jobs.schedule.folded_wo`; folded if ``fuse`` has "wo"). Cost:
+        ``fuse``: the LayerNorms fused with the projections after them (:func:`ln_fusions`;
+        "wo" folds the cross attentions' W^O the ``schedule`` allows); ``schedule``: the
+        session's calibrated choices (:class:`~protocols.stacks.schedule.Schedule`). Cost:
         :func:`cost_decode_start`."""
-        ln_spans = dict(ln_spans or {})
         B, S, _ = enc.shape
         if cfg.attention != M.PERFORMER:            # KV caches of capacity max_len
             return DecodeState([KVCache.empty(B, cfg.n_heads, cfg.d_head, cfg.max_len,
@@ -189,15 +188,16 @@ class DecodeState:
                                 for _ in range(cfg.n_dec_layers)],
                                cross_precompute(p, cfg, shares, enc), S,
                                fused_biases(p, shares, ln_fusions(cfg, fuse)), tuple(fuse),
-                               ln_spans=ln_spans)
+                               schedule)
         scale = 1.0 / S if cfg.attn_norm == "mean" else None     # in K'^T V's truncation
         cross = [c.kv for c in cross_precompute(p, cfg, shares, enc, need_kv=True,
                                                 kv_scale=scale)]
-        cross = fold_wo_into_kv(p, cfg, shares, cross, folded_layers(cfg, fuse, fold_wo))
+        cross = fold_wo_into_kv(p, cfg, shares, cross,
+                                folded_layers(cfg, fuse, schedule.fold_wo))
         return DecodeState([A.PrefixState.empty(B, cfg.n_heads, cfg.n_features, cfg.d_head,
                                                 block) for _ in range(cfg.n_dec_layers)],
                            cross, S, fused_biases(p, shares, ln_fusions(cfg, fuse)), tuple(fuse),
-                           frozenset(raw_wo), ln_spans)
+                           schedule)
 
     @property
     def batch(self) -> int | None:
@@ -218,7 +218,7 @@ class FoldedWO:
 
 def folded_layers(cfg: M.ModelConfig, fuse, fold_wo) -> list[int]:
     """The layers whose cross attention W^O a session folds: ``fuse`` has "wo" and the
-    model's schedule allows it (``fold_wo``, :func:`protocols.jobs.schedule.folded_wo`)."""
+    model's schedule allows it (``fold_wo``, :func:`protocols.stacks.schedule.folded_wo`)."""
     if "wo" not in fuse or cfg.attention != M.PERFORMER:
         return []
     return [i for i in range(cfg.n_dec_layers) if f"dec.{i}.cross" in fold_wo]
@@ -254,13 +254,13 @@ def cost_fold_wo(p_cfg, cfg: M.ModelConfig, B: int, n_layers: int) -> Cost:
 
 
 def cost_decode_start(p_cfg, cfg: M.ModelConfig, B: int, S: int, folded: bool = True,
-                      fuse=DEFAULT_FUSE, fold_wo=frozenset()) -> Cost:
+                      fuse=DEFAULT_FUSE, schedule: Schedule = GENERAL) -> Cost:
     """Declared cost of :meth:`DecodeState.start` on B encoder outputs of S positions: its
     :func:`cross_precompute` (K'^T V carrying the row scale 1/n_enc in its truncation for
     attn_norm "mean"), the folded W^O (:func:`fold_wo_into_kv`) and the fused LayerNorms'
     beta W."""
     scaled = cfg.attn_norm == "mean" and cfg.attention == M.PERFORMER
-    n_fold = len(folded_layers(cfg, fuse, fold_wo))
+    n_fold = len(folded_layers(cfg, fuse, schedule.fold_wo))
     return (cost_cross_precompute(p_cfg, cfg, B, S, folded, kv_scaled=scaled)
             + (cost_fold_wo(p_cfg, cfg, B, n_fold) if n_fold else Cost(0, (0, 0, 0)))
             + cost_ln_bias(p_cfg, cfg, ln_fusions(cfg, fuse), folded))
@@ -269,7 +269,7 @@ def cost_decode_start(p_cfg, cfg: M.ModelConfig, B: int, S: int, folded: bool = 
 def self_step(p, cfg, w, q, k, v, st: A.PrefixState | KVCache, featured: bool = False,
                raw: bool = False):
     """``featured``: q, k are already the Performer features (ReLU'd split projections);
-    ``raw``: o W^O truncates by 2 frac (:func:`protocols.jobs.schedule.deferred_wo`)."""
+    ``raw``: o W^O truncates by 2 frac (:func:`protocols.stacks.schedule.deferred_wo`)."""
     if isinstance(st, KVCache):               # softmax-style: the row against the cache
         return attend_out(p, cfg, w, st, q, k, v)
     qf, kf = (q, k) if featured else features(p, cfg, w, q, k)
@@ -284,7 +284,7 @@ def _cross_step(p, cfg, w, q, kv, featured: bool = False, raw: bool = False):
     """The cross attention of one token from its projection q (``featured``: from its
     features); kv carries 1/n_enc (a :class:`CrossKV`, softmax-style: the row against the
     encoder output's K, V); ``raw``: o W^O truncates by 2 frac
-    (:func:`protocols.jobs.schedule.deferred_wo`)."""
+    (:func:`protocols.stacks.schedule.deferred_wo`)."""
     if isinstance(kv, CrossKV):
         return finish(p, cfg, w, heads(p, M.head_kind(cfg), q, kv.kf, kv.v), None)
     qf = q if featured else features(p, cfg, w, q, None)[0]
@@ -300,7 +300,7 @@ def sublayer(p: Party, cfg: M.ModelConfig, kind: str, got: dict, w: dict, names:
     projections ``got`` (:func:`step_project` / :func:`ln_proj`, outputs ``names``; the split
     ones under :data:`RELU`); ``w`` the sublayer's shares, ``st`` the self attention's
     PrefixState / KVCache or the cross attention's K'^T V / CrossKV; ``raw``: an attention
-    whose o W^O truncates by 2 frac (:func:`protocols.jobs.schedule.deferred_wo`)."""
+    whose o W^O truncates by 2 frac (:func:`protocols.stacks.schedule.deferred_wo`)."""
     featured = RELU in got
     if kind == "ffn" and featured:                 # relu_a of ffn_hidden reads the split form
         sp = got[RELU]
@@ -354,20 +354,21 @@ def decoder_step(p: Party, cfg: M.ModelConfig, shares: dict, state: DecodeState,
         got = step_project(p, cfg, shares, x, step_names(0)["self"])
     for i in range(cfg.n_dec_layers):
         pre = f"dec.{i}"
-        ws, wc, wf = sub(shares, f"{pre}.self"), sub(shares, f"{pre}.cross"), sub(shares, f"{pre}.ffn")
+        ws, wc = sub(shares, f"{pre}.self"), sub(shares, f"{pre}.cross")
+        wf = sub(shares, f"{pre}.ffn")
         st, kv, names = state.prefix[i], state.cross_kv[i], step_names(i)
         plan = iter(_plan(cfg, i))
 
         def through_ln(x):
             ln, kind, j = next(plan)
-            span = state.ln_spans.get(ln)
+            span = state.schedule.span(ln)
             if kind is None:                       # post-LN: the step's output
                 return _ln(p, cfg, shares, ln, x, span, wide), {}
             return ln_proj(p, cfg, shares, state.ln_bias, ln, x, post, step_names(j)[kind],
                            ln in fusions, span)
 
         for kind, w, s in (("self", ws, st), ("cross", wc, kv), ("ffn", wf, None)):
-            raw, pk = f"{pre}.{kind}" in state.raw_wo, p.at(f"{pre}.{kind}")
+            raw, pk = f"{pre}.{kind}" in state.schedule.raw_wo, p.at(f"{pre}.{kind}")
             if post:                # x = LN(x + sublayer(x)); LN forms the next projection
                 y, got = through_ln(x + sublayer(pk, cfg, kind, got, w, names[kind], s, raw))
                 x = y
@@ -377,7 +378,7 @@ def decoder_step(p: Party, cfg: M.ModelConfig, shares: dict, state: DecodeState,
         if on_layer is not None:
             on_layer(pre)
     if cfg.norm_first and cfg.n_dec_layers:
-        x = _ln(p, cfg, shares, "dec.final_ln", x, state.ln_spans.get("dec.final_ln"), wide)
+        x = _ln(p, cfg, shares, "dec.final_ln", x, state.schedule.span("dec.final_ln"), wide)
         if on_layer is not None:
             on_layer("dec.final_ln")
     elif wide and not cfg.n_dec_layers:
@@ -388,20 +389,19 @@ def decoder_step(p: Party, cfg: M.ModelConfig, shares: dict, state: DecodeState,
 
 def cost_decoder_step(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int | None = None,
                       folded: bool = True, fuse=DEFAULT_FUSE, n_enc: int | None = None,
-                      raw_wo=frozenset(), ln_spans=None, wide: bool = False,
-                      fold_wo=frozenset()) -> Cost:
+                      schedule: Schedule = GENERAL, wide: bool = False) -> Cost:
     """Declared rounds and bytes per party of :func:`decoder_step` for the token at position
     ``t`` (t tokens already decoded; the self-attention cache state follows from t and
-    ``block``) with the LayerNorm fusions ``fuse``, the deferred truncations ``raw_wo``
-    (:func:`protocols.jobs.schedule.deferred_wo`) and the LayerNorms' table spans ``ln_spans``
-    (:func:`protocols.jobs.schedule.ln_spans`) and the ``wide`` output (:func:`decoder_step`'s).
+    ``block``) with the LayerNorm fusions ``fuse``, the session's ``schedule``
+    (:class:`~protocols.stacks.schedule.Schedule`) and the ``wide`` output
+    (:func:`decoder_step`'s).
     Rounds do not depend on t; bytes do, through the
     cache folding - or, softmax-style attention, linearly in t and in ``n_enc`` (the source
     positions the cross attention reads; required then)."""
-    d, L, spans = cfg.d_model, cfg.n_dec_layers, ln_spans or {}
+    d, L, spans, raw_wo = cfg.d_model, cfg.n_dec_layers, schedule.ln_spans, schedule.raw_wo
     ffn = cost_ffn_hidden(p_cfg, B, d, cfg.d_ff, cfg.ffn_act, split=True)
     post, fusions = not cfg.norm_first, ln_fusions(cfg, fuse)
-    folds = set(folded_layers(cfg, fuse, fold_wo))
+    folds = set(folded_layers(cfg, fuse, schedule.fold_wo))
     total = cost_step_project(p_cfg, cfg, B, step_names(0)["self"], folded) if post and L else \
         Cost(0, (0, 0, 0))
     for i in range(L):
@@ -422,7 +422,7 @@ def cost_decoder_step(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int | No
 def cost_self_core(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int | None,
                    folded: bool, raw: bool = False) -> Cost:
     """:func:`self_step` from its projections, the token at position t: relu-performer the
-    features' ReLU, the step (``raw``: deferred, :func:`protocols.jobs.schedule.deferred_wo`) and
+    features' ReLU, the step (``raw``: deferred, :func:`protocols.stacks.schedule.deferred_wo`) and
     W^O; softmax-style the KV-cache row. Shared with the LM's steps."""
     if cfg.attention != M.PERFORMER:
         return cost_attend_out(p_cfg, cfg, B, t)

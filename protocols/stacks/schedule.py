@@ -10,8 +10,8 @@ general schedule.
   thresholds: fewer bytes and less work, same rounds);
 * :func:`folded_wo`: cross attention sublayers whose W^O a session may fold into K'^T V
   (one round less each, more bytes at decode_open);
-* :func:`session_schedule`: all three, as the keyword arguments of ``DecodeState.start``,
-  ``lm_prefill`` and their cost functions.
+* :func:`session_schedule`: all three, as the :class:`Schedule` that ``DecodeState.start``,
+  ``lm_prefill`` and their cost functions take.
 
 They read the calibration as a dict (``Calibration.to_dict()``) so that a party applies the
 metadata it stores without re-validating sites it does not use.
@@ -19,10 +19,34 @@ metadata it stores without re-validating sites it does not use.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import Mapping
 
 from mpc3.kernels import arith, fxp
 from protocols import model as M
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A decode session's calibrated choices; the default is the general schedule (exact on
+    every kernel's whole range). None of them changes the function computed.
+
+    ``raw_wo``: attention sublayers (``dec.i.self``, ``dec.i.cross``) whose o W^O truncates
+    by 2 frac (:func:`deferred_wo`); ``ln_spans``: LayerNorm prefix -> the octaves of its
+    sqrt_inv table (:func:`ln_spans`); ``fold_wo``: cross attention sublayers whose W^O a
+    session may fold into K'^T V (:func:`folded_wo`; folded only if the session's ``fuse``
+    asks for "wo")."""
+
+    raw_wo: frozenset = frozenset()
+    ln_spans: Mapping = field(default_factory=dict)
+    fold_wo: frozenset = frozenset()
+
+    def span(self, layernorm: str) -> tuple[int, int] | None:
+        """The octaves of ``layernorm``'s table, or None for the whole table."""
+        return self.ln_spans.get(layernorm)
+
+
+GENERAL = Schedule()
 
 
 def _read(calibration) -> tuple[Mapping, float]:
@@ -110,12 +134,9 @@ def ln_spans(cfg: M.ModelConfig, calibration: Mapping | None) -> dict[str, tuple
     return out
 
 
-def session_schedule(cfg: M.ModelConfig, calibration: Mapping | None, ring_cfg) -> dict:
-    """``raw_wo`` (:func:`deferred_wo`) and ``ln_spans`` (:func:`ln_spans`) of a session,
-    and for an encoder-decoder ``fold_wo`` (:func:`folded_wo`), as keyword arguments
-    (``DecodeState.start`` and ``cost_decoder_step``; ``lm_prefill``, ``cost_lm_step``)."""
-    out = {"raw_wo": deferred_wo(cfg, calibration, ring_cfg),
-           "ln_spans": ln_spans(cfg, calibration)}
-    if cfg.arch == M.ENCODER_DECODER:
-        out["fold_wo"] = folded_wo(cfg, calibration, ring_cfg)
-    return out
+def session_schedule(cfg: M.ModelConfig, calibration: Mapping | None, ring_cfg) -> Schedule:
+    """The :class:`Schedule` a model's calibration gives its decode sessions (``fold_wo`` for
+    an encoder-decoder only)."""
+    return Schedule(deferred_wo(cfg, calibration, ring_cfg), ln_spans(cfg, calibration),
+                    folded_wo(cfg, calibration, ring_cfg)
+                    if cfg.arch == M.ENCODER_DECODER else frozenset())
