@@ -77,7 +77,7 @@ from ..shares import AShare
 from . import arith, convert, fxp
 from .base import Cost
 from .piecewise import (FIT_MARGIN, cheb_z, coef_ints, cost_cheb_z, cost_piecewise,
-                        cost_segments, minimax, piecewise, quartic_table, segments_a,
+                        cost_segments, form, minimax, piecewise, quartic_table, segments_a,
                         x_half_dot)
 
 #: Comparison thresholds t_0..t_4: 0 below t_0, quartic j on [t_{j-1}, t_j), x from t_4 on.
@@ -126,11 +126,7 @@ def gelu_table(extra: int, coef_bits: int) -> tuple[np.ndarray, np.ndarray]:
 def gelu_method(method: str, n: int, trunc: str) -> str:
     """"auto": "segments" (fewest rounds) for calls of at most ROUND_LEAN_ELEMENTS
     elements, else "cheb" (fewest bytes)."""
-    if method == "auto":
-        return "segments" if n <= convert.ROUND_LEAN_ELEMENTS else "cheb"
-    if method not in ("segments", "cheb"):
-        raise ValueError(f"gelu_a: unknown method {method!r} (auto, segments, cheb)")
-    return method
+    return form("gelu_a", method, n)
 
 
 def gelu_a(p: Party, x: AShare, method: str = "auto", site: str | None = None) -> AShare:

@@ -90,6 +90,16 @@ def quartic_table(fn: Callable[[np.ndarray], np.ndarray], breaks, extra: int,
 
 
 # --------------------------------------------------------------- the segmented form ----
+def form(kernel: str, method: str, n: int) -> str:
+    """"auto": "segments" (fewest rounds) for calls of at most ROUND_LEAN_ELEMENTS
+    elements, else "cheb" (fewest bytes); a named method as it is."""
+    if method == "auto":
+        return "segments" if n <= convert.ROUND_LEAN_ELEMENTS else "cheb"
+    if method not in ("segments", "cheb"):
+        raise ValueError(f"{kernel}: unknown method {method!r} (auto, segments, cheb)")
+    return method
+
+
 def wide(v: AShare, k: int) -> AShare:
     """(n,) -> (n, k), the same value in every column."""
     return AShare(np.repeat(v.a[:, None], k, 1), np.repeat(v.b[:, None], k, 1))
