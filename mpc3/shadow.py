@@ -10,10 +10,11 @@ shares would sum to it. Every kernel that communicates checks ``p.shadow`` at it
 hands over to the same-named method here, which
 
 * computes the kernel's *ideal* output (the exact product truncated to the nearest, exact
-  ReLU / 1/sqrt / exp / reciprocal / GELU / tanh) in float64 on the decoded ring values and
-  encodes it back, so the stacks go on with fixed-point values as the parties would, without
-  the protocols' approximation errors or their randomness (and, past a kernel's range,
-  with the true value where the parties' would be garbage, while it fits 64 bits);
+  ReLU / 1/sqrt / exp / reciprocal / GELU / SiLU / tanh) in float64 on the decoded ring
+  values and encodes it back, so the stacks go on with fixed-point values as the parties
+  would, without the protocols' approximation errors or their randomness (and, past a
+  kernel's range, with the true value where the parties' would be garbage, while it fits
+  64 bits);
 * calls ``record(layer, site, kind, values)`` with the values *as the range-limited step
   sees them*, in ring units (integer-valued floats, never reduced mod 2^64): a product
   before its truncation and before a public scale in it (``kind`` "product"), any other
@@ -35,6 +36,7 @@ import numpy as np
 
 from . import ring
 from .kernels.activations import gelu_ref
+from .kernels.silu import silu_ref
 from .party import RingConfig
 from .shares import AShare, BShare, SplitShare, bits_to_planes, planes_to_bits
 
@@ -259,6 +261,9 @@ class ShadowParty:
 
     def gelu_a(self, x, site=None) -> AShare:
         return self._func(x, site, "gelu", gelu_ref)
+
+    def silu_a(self, x, site=None) -> AShare:
+        return self._func(x, site, "silu", silu_ref)
 
     def tanh_a(self, x, site=None) -> AShare:
         return self._func(x, site, "tanh", np.tanh)

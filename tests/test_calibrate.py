@@ -13,7 +13,7 @@ from kernel_probe import Probe
 import shadow_run as SR
 from test_norms import fit_batchnorm
 
-from mpc3.kernels import activations, arith, convert, fxp
+from mpc3.kernels import activations, arith, convert, fxp, silu
 from mpc3.party import RingConfig
 from mpc3.sim import make_parties, run_parties
 from protocols.calibration import calibrate as C
@@ -256,8 +256,8 @@ def test_probe_deferred_wo_matches_calibration(monkeypatch):
 
 def test_site_limits_are_the_kernels_own():
     """Sites read their ranges from the kernels' named limits at run time."""
-    assert {s.kernel for s in SITES.values()} == {"product", "relu", "gelu", "sqrt_inv", "exp",
-                                                  "reciprocal", "tanh"}
+    assert {s.kernel for s in SITES.values()} == {"product", "relu", "gelu", "silu", "sqrt_inv",
+                                                  "exp", "reciprocal", "tanh"}
     assert site_range("tanh", RingConfig()) == (0.0, activations.TANH_LIMIT)
     assert site_range("den", RingConfig()) == fxp.RECIPROCAL_RANGE
     assert site_range("exp", RingConfig()) == fxp.EXP_RANGE
@@ -266,6 +266,7 @@ def test_site_limits_are_the_kernels_own():
     assert site_range("features", ring)[1] == convert.relu_limit(ring)
     assert site_range("var_eps", ring) == fxp.SQRT_INV_RANGE
     assert site_range("hidden_gelu", ring)[1] == activations.gelu_limit(ring) == 2 ** 13
+    assert site_range("hidden_silu", ring)[1] == silu.silu_limit(ring) == 2 ** 13
     # a decode step's o W^O from an untruncated o: frac more bits, 2^8; schedule only
     assert site_range("wo_raw", ring)[1] == arith.product_limit(ring.frac, ring.frac) == 2 ** 8
     # the cross attention's W^O folded at decode_open: a plain product's 2^26; schedule only

@@ -14,7 +14,8 @@ GELU(x) = x Phi(x) = x (1 + erf(x / sqrt 2)) / 2. gelu_a(method="auto") takes
   product give it. Measured error 3.95e-4 (exact) on the grid of tests/test_kernels_gelu.py.
 
 Both have the same range and error claim. The segments form - the PUMA approach (Dong et
-al. 2023: segments with low-degree polynomials chosen by comparisons), re-cut for rounds:
+al. 2023: segments with low-degree polynomials chosen by comparisons), re-cut for rounds
+(the machinery, shared with silu_a: :mod:`mpc3.kernels.piecewise`):
 
 * Segments. Thresholds t = (-4, -1.5625, 0, 1.5625, 4) (:data:`GELU_BREAKS`): 0 below -4,
   x above 4 (exact by construction: the tails |GELU - ReLU| = |x| Phi(-|x|) < 1.27e-4
@@ -71,11 +72,13 @@ import math
 import numpy as np
 
 from .. import ring
-from ..parallel import parallel
 from ..party import Party, RingConfig
 from ..shares import AShare
-from . import arith, convert, fxp, thresholds
-from .base import Cost, run_steps
+from . import arith, convert, fxp
+from .base import Cost
+from .piecewise import (FIT_MARGIN, cheb_z, coef_ints, cost_cheb_z, cost_piecewise,
+                        cost_segments, form, minimax, piecewise, quartic_table, segments_a,
+                        x_half_dot)
 
 #: Comparison thresholds t_0..t_4: 0 below t_0, quartic j on [t_{j-1}, t_j), x from t_4 on.
 GELU_BREAKS = (-4.0, -1.5625, 0.0, 1.5625, 4.0)
@@ -87,8 +90,6 @@ GELU_ERROR = {"exact": 6e-4, "prob": 6e-4}
 #: method's outermost threshold), an upper bound (see the scales above and
 #: :data:`GELU_CHEB_SCALES`); a failure is a garbage value, documented, not prevented.
 GELU_PROB_FAILURE = {"segments": 1e-4, "cheb": 2e-4}
-#: The quartics are fitted this far beyond each segment (DReLU's either-answer region).
-_FIT_MARGIN = 2.0 ** -10
 
 
 def gelu_limit(cfg: RingConfig) -> float:
@@ -114,63 +115,18 @@ def gelu_ref(x) -> np.ndarray:
     return 0.5 * x * (1.0 + u.reshape(x.shape))
 
 
-def _minimax(basis: np.ndarray, target: np.ndarray, iters: int) -> np.ndarray:
-    """Coefficients of ``basis`` (points x terms) near-minimising the max error to
-    ``target`` (least squares reweighted towards the worst points)."""
-    w = np.ones(len(target))
-    for _ in range(iters):
-        coef, *_ = np.linalg.lstsq(basis * w[:, None], target * w, rcond=None)
-        r = np.abs(basis @ coef - target)
-        w = w * (1 + 50 * r / r.max())
-        w = w / w.max()
-    return coef
-
-
-def _fit(u: np.ndarray, y: np.ndarray, fixed: dict[int, float]) -> np.ndarray:
-    """Quartic coefficients a0..a4 in u minimising the max error (reweighted least
-    squares), with the coefficients in ``fixed`` held at their given values."""
-    free = [k for k in range(5) if k not in fixed]
-    target = y - sum(c * u ** k for k, c in fixed.items())
-    coef = _minimax(np.stack([u ** k for k in free], 1), target, 40)
-    out = np.zeros(5)
-    out[free] = coef
-    for k, c in fixed.items():
-        out[k] = c
-    return out
-
-
 @functools.lru_cache(maxsize=None)
 def gelu_table(extra: int, coef_bits: int) -> tuple[np.ndarray, np.ndarray]:
-    """(centres m_j, coefficients (4, 5) a0..a4 in u = x - m_j) of the four quartics: m_j
-    a multiple of 2^-(extra + 1) (so 2 m_j x is exact at scale frac + extra), a4, a3, a1
-    multiples of 2^-coef_bits (quantised in that order, refitting the rest)."""
-    centres, coefs = [], []
-    for lo, hi in zip(GELU_BREAKS[:-1], GELU_BREAKS[1:]):
-        m = round((lo + hi) / 2 * 2 ** (extra + 1)) / 2 ** (extra + 1)
-        x = np.linspace(lo - _FIT_MARGIN, hi + _FIT_MARGIN, 801)
-        u, y = x - m, gelu_ref(x)
-        fixed: dict[int, float] = {}
-        for k in (4, 3, 1):
-            a = _fit(u, y, fixed)
-            fixed[k] = round(a[k] * 2 ** coef_bits) / 2 ** coef_bits
-        centres.append(m)
-        coefs.append(_fit(u, y, fixed))
-    return np.array(centres), np.array(coefs)
-
-
-def _wide(v: AShare, k: int) -> AShare:
-    """(n,) -> (n, k), the same value in every column."""
-    return AShare(np.repeat(v.a[:, None], k, 1), np.repeat(v.b[:, None], k, 1))
+    """(centres m_j, coefficients (4, 5) a0..a4 in u = x - m_j) of the four quartics
+    (:func:`mpc3.kernels.piecewise.quartic_table` of GELU on :data:`GELU_BREAKS`): m_j a
+    multiple of 2^-(extra + 1), a4, a3, a1 multiples of 2^-coef_bits."""
+    return quartic_table(gelu_ref, GELU_BREAKS, extra, coef_bits)
 
 
 def gelu_method(method: str, n: int, trunc: str) -> str:
     """"auto": "segments" (fewest rounds) for calls of at most ROUND_LEAN_ELEMENTS
     elements, else "cheb" (fewest bytes)."""
-    if method == "auto":
-        return "segments" if n <= convert.ROUND_LEAN_ELEMENTS else "cheb"
-    if method not in ("segments", "cheb"):
-        raise ValueError(f"gelu_a: unknown method {method!r} (auto, segments, cheb)")
-    return method
+    return form("gelu_a", method, n)
 
 
 def gelu_a(p: Party, x: AShare, method: str = "auto", site: str | None = None) -> AShare:
@@ -181,102 +137,17 @@ def gelu_a(p: Party, x: AShare, method: str = "auto", site: str | None = None) -
     if gelu_method(method, x.size, p.cfg.trunc) == "cheb":
         f, (e, K) = p.cfg.frac, GELU_CHEB_SCALES[p.cfg.trunc]
         T = gelu_cheb_threshold()
-        return _piecewise(p, x, (-T, T), lambda q, v: _cheb_poly(q, v, f + e, K))
+        return piecewise(p, x, (-T, T), lambda q, v: _cheb_poly(q, v, f + e, K))
     e, K = GELU_SCALES[p.cfg.trunc]
-    return _piecewise(p, x, GELU_BREAKS, lambda q, v: run_steps(q, _quartics(q, v, e, K))[0],
-                      steps=lambda v: _quartics(p, v, e, K))
-
-
-def _piecewise(p: Party, x: AShare, breaks, pieces, steps=None) -> AShare:
-    """0 below breaks[0], piece j on [t_j, t_{j+1}), x from breaks[-1] on: the comparisons
-    c_k = [x >= t_k] (one drelu_masked call, left masked for the injection) run in the rounds
-    of ``pieces(party, x)`` -> (n, len(breaks) - 1) values V_1..; the output is
-    sum_k c_k (V_{k+1} - V_k) with V_0 = 0 and V_last = x (it telescopes to the piece x is
-    in; garbage in the other pieces cancels exactly in the ring): one batched injection.
-    ``steps(x)``: the pieces as lockstep steps; with the threshold comparison they share
-    rounds without mpc3.parallel's threads."""
-    shape = x.shape
-    x = x.reshape(-1)
-    n, nt = x.size, len(breaks)
-    t = ring.encode(np.array(breaks), p.cfg.frac)
-    if steps is not None and _shared_breaks(n, nt, p.cfg):
-        bits, poly = run_steps(p, thresholds.compare_steps(p, x, t, convert.window(p)),
-                               steps(x))
-    elif _shared_breaks(n, nt, p.cfg):      # one thermometer per element, dealt carry
-        def compare(q):
-            return thresholds.compare_public_masked(q, x, t, convert.window(q))
-    else:
-        diff = arith.add_public(p, _wide(x, nt), -t[None, :]).reshape(-1)
-
-        def compare(q):
-            return convert.drelu_masked(q, diff)
-    if steps is None or not _shared_breaks(n, nt, p.cfg):
-        bits, poly = parallel(p, compare, lambda q: pieces(q, x))
-    zero = np.zeros((n, 1), dtype=np.uint64)
-    values = AShare.concat([poly, x.reshape(n, 1)], 1)                # V_1..V_nt
-    below = AShare.concat([AShare(zero, zero.copy()), poly], 1)       # V_0..V_nt-1
-    # nt injections, 2 rounds, resharing only each element's sum
-    return convert.mul_masked(p, bits, (values - below).reshape(-1), sum_runs=nt).reshape(shape)
-
-
-def _shared_breaks(n: int, nt: int, cfg: RingConfig) -> bool:
-    """Whether :func:`_piecewise` compares each element with all its breaks in
-    thresholds.compare_public_masked (2 rounds; one thermometer per element) rather than
-    convert.drelu_masked on the n * nt differences: on few elements, or when it sends fewer
-    bytes (4 or more breaks)."""
-    win = convert.window_for(cfg)
-    return convert.dealt_carry(n * nt) or \
-        thresholds.cost_compare_public(n, nt, *win).bytes_total <= \
-        convert.cost_drelu(n * nt, *win, fused=True).bytes_total
-
-
-def _quartics(p: Party, x: AShare, e: int, K: int):
-    """The four segment quartics P_j(x), (n, 4) at scale frac: two product layers (lockstep
-    steps, :func:`mpc3.kernels.base.lockstep`)."""
-    p.new_op()
-    f, S = p.cfg.frac, p.cfg.frac + e
-    n = x.size
-    centres, a = gelu_table(e, K)
-    nseg = centres.size
-    wide = _wide
-    y, = yield from arith.mul_many_steps(p, [(x, x, "mul", 2 * f - S)])   # x^2 at scale S
-    xs = wide(x.scale(1 << e), nseg)                         # x at scale S
-    u = arith.add_public(p, xs, -ring.encode(centres, S)[None, :])
-    two_m = ring.from_signed(np.rint(2 * centres * 2 ** e).astype(np.int64))[None, :]
-    u2 = arith.add_public(p, wide(y, nseg) - wide(x, nseg).scale(two_m),   # (x - m)^2 at S
-                          ring.encode(centres ** 2, S)[None, :])
-    def ints(c: np.ndarray) -> np.ndarray:                  # K-bit public coefficients
-        return ring.from_signed(np.rint(c * 2 ** K).astype(np.int64))[None, :]
-
-    L = arith.add_public(p, u2.scale(ints(a[:, 4])) + u.scale(ints(a[:, 3])),
-                         ring.encode(a[:, 2], S + K)[None, :])        # scale S + K
-    M = u.scale(ints(a[:, 1]))                                        # scale S + K
-    one = arith.public_share(p, np.full((n, nseg), np.uint64(1) << np.uint64(S)))
-    left = AShare(np.stack([u2.a, M.a], -1)[..., None, :], np.stack([u2.b, M.b], -1)[..., None, :])
-    right = AShare(np.stack([L.a, one.a], -1)[..., None], np.stack([L.b, one.b], -1)[..., None])
-    # 4 products (one per segment), 2 | 1 rounds
-    poly, = yield from arith.mul_many_steps(p, [(left, right, "matmul", 2 * S + K - f)])
-    poly = poly.reshape(n, nseg)
-    return arith.add_public(p, poly, ring.encode(a[:, 0], f)[None, :])  # P_j at scale f
+    return segments_a(p, x, GELU_BREAKS, gelu_table(e, K), e, K)
 
 
 def cost_gelu(n: int, cfg: RingConfig, method: str = "auto") -> Cost:
     """Rounds and bytes per party of :func:`gelu_a` on ``n`` elements."""
     if gelu_method(method, n, cfg.trunc) == "cheb":
-        return _cost_piecewise(n, 2, cfg, _cost_cheb_poly(n, cfg))
-    f, (e, K) = cfg.frac, GELU_SCALES[cfg.trunc]
-    S, nt = f + e, len(GELU_BREAKS)
-    quartics = (arith.cost_mul(n, 2 * f - S, f, cfg.trunc)
-                + arith.cost_mul(n * (nt - 1), 2 * S + K - f, f, cfg.trunc))
-    return _cost_piecewise(n, nt, cfg, quartics)
-
-
-def _cost_piecewise(n: int, nt: int, cfg: RingConfig, pieces: Cost) -> Cost:
-    """:func:`_piecewise` with ``nt`` breaks whose pieces cost ``pieces``."""
-    win = convert.window_for(cfg)
-    compare = (thresholds.cost_compare_public(n, nt, *win) if _shared_breaks(n, nt, cfg)
-               else convert.cost_drelu(n * nt, *win, fused=True))
-    return Cost.parallel(compare, pieces) + convert.cost_inject(n * nt, fused=True, seg=nt)
+        return cost_piecewise(n, 2, cfg, _cost_cheb_poly(n, cfg))
+    e, K = GELU_SCALES[cfg.trunc]
+    return cost_segments(n, len(GELU_BREAKS), cfg, e, K)
 
 
 # ------------------------------------------------------------ GELU, method "cheb" ----
@@ -302,17 +173,17 @@ def gelu_cheb_table() -> np.ndarray:
     """Chebyshev coefficients c_0..c_6 in z of E(x) = x erf(x / sqrt 2) / 2 (even, smooth:
     GELU(x) = x / 2 + E(x)) on |x| <= T + 2^-10, near-minimax (reweighted least squares)."""
     T = gelu_cheb_threshold()
-    x = np.linspace(0, T + _FIT_MARGIN, 6001)
+    x = np.linspace(0, T + FIT_MARGIN, 6001)
     z = 2 * (x / T) ** 2 - 1
     target = gelu_ref(x) - x / 2
     eye = np.eye(GELU_CHEB_DEGREE + 1)
     basis = np.stack([np.polynomial.chebyshev.chebval(z, eye[k]) for k in range(len(eye))], 1)
-    return _minimax(basis, target, 80)
+    return minimax(basis, target, 80)
 
 
 def _cheb_poly(p: Party, x: AShare, S: int, K: int) -> AShare:
     """The "cheb" form's one piece, (n, 1) at scale frac: four product layers (2 comparisons,
-    4 products, 2 injections per element with :func:`_piecewise`).
+    4 products, 2 injections per element with :func:`mpc3.kernels.piecewise.piecewise`).
 
     P(x) = x / 2 + sum_k c_k T_k(z) on |x| < T; outside, garbage that cancels.
     P from three products z, T_2 = 2 z^2 - 1, T_4 = 2 T_2^2 - 1 and ONE 4-term dot product:
@@ -320,38 +191,25 @@ def _cheb_poly(p: Party, x: AShare, S: int, K: int) -> AShare:
     sum c_k T_k = c_0 + L + z T_2 (2 c_3 - 2 c_5) + T_4 (2 c_5 z + 2 c_6 T_2),
     L = (c_1 - c_3 + c_5) z + (c_2 - c_6) T_2 + c_4 T_4 (local), and x / 2 rides in the
     same sum as x times a public power of two."""
-    f = p.cfg.frac
-    num, sh = GELU_CHEB_Z
     c = gelu_cheb_table()
-    n = x.size
-    one_S = ring.encode(np.ones(n), S)
-    # z = 2 x^2 / T^2 - 1 = 37 x^2 / 2^8 - 1 at scale S
-    z = arith.add_public(p, arith.mul_aa(p, x, x.scale(num), trunc=2 * f + sh - S), -one_S)
+    one_S = ring.encode(np.ones(x.size), S)
+    z = cheb_z(p, x, *GELU_CHEB_Z, S)                   # 37 x^2 / 2^8 - 1 at scale S
     t2 = arith.add_public(p, arith.mul_aa(p, z, z, trunc=S - 1), -one_S)
     t4 = arith.add_public(p, arith.mul_aa(p, t2, t2, trunc=S - 1), -one_S)
 
-    def k_int(v: float) -> np.uint64:                       # K-bit public coefficient
-        return ring.from_signed(np.array([round(v * 2 ** K)], dtype=np.int64))[0]
+    def k_int(v: float) -> np.ndarray:                      # K-bit public coefficient
+        return coef_ints(v, K)
     local = z.scale(k_int(c[1] - c[3] + c[5])) + t2.scale(k_int(c[2] - c[6])) \
         + t4.scale(k_int(c[4]))                                         # scale S + K
     mixed = z.scale(k_int(2 * c[5])) + t2.scale(k_int(2 * c[6]))      # scale S + K
-    half = np.uint64(1) << np.uint64(2 * S + K - f - 1)                # x * half = x / 2
-    left = [t2, t4, local, x]
-    right = [z.scale(k_int(2 * c[3] - 2 * c[5])), mixed,
-             arith.public_share(p, one_S), arith.public_share(p, np.full(n, half))]
-    L = AShare(np.stack([v.a for v in left], -1)[:, None, :],
-               np.stack([v.b for v in left], -1)[:, None, :])
-    R = AShare(np.stack([v.a for v in right], -1)[:, :, None],
-               np.stack([v.b for v in right], -1)[:, :, None])
-    poly = arith.matmul_aa(p, L, R, trunc=2 * S + K - f).reshape(n, 1)   # scale f
-    return arith.add_public(p, poly, ring.encode(np.full((n, 1), c[0]), f))
+    return x_half_dot(p, x, [t2, t4, local], [z.scale(k_int(2 * c[3] - 2 * c[5])), mixed,
+                                              arith.public_share(p, one_S)], c[0], S, K)
 
 
 def _cost_cheb_poly(n: int, cfg: RingConfig) -> Cost:
     f, (e, K) = cfg.frac, GELU_CHEB_SCALES[cfg.trunc]
     S = f + e
-    sh = GELU_CHEB_Z[1]
-    return (arith.cost_mul(n, 2 * f + sh - S, f, cfg.trunc)
+    return (cost_cheb_z(n, cfg, GELU_CHEB_Z[1], S)
             + arith.cost_mul(n, S - 1, f, cfg.trunc) + arith.cost_mul(n, S - 1, f, cfg.trunc)
             + arith.cost_mul(n, 2 * S + K - f, f, cfg.trunc))
 

@@ -28,7 +28,7 @@ from .. import ring
 from ..party import Party, RingConfig
 from ..shares import BShare, bits_to_planes, planes_to_bits
 from ..sharing import deal, reveal
-from . import activations, arith, boolean, convert, extrema, fxp
+from . import activations, arith, boolean, convert, extrema, fxp, silu
 from .base import Cost
 
 #: Shift of the "trunc" kernel (its operand is a value at scale frac + TRUNC_SHIFT).
@@ -220,16 +220,25 @@ def _sqrt_inv_tolerance(shapes, cfg):
     return rel, ulps * _ulp(cfg)
 
 
-def _gelu_inputs(rng, n, shape, cfg):
-    """Mostly the polynomial segments [-5, 5], the range's ends, and the tails."""
-    lim = activations.gelu_limit(cfg)
-    x = rng.uniform(-5, 5, n)
-    x[:4] = [-lim, lim, -100.0, 100.0][:n]
-    return (x,)
+def _activation_inputs(limit, spread: float):
+    """Inputs of an activation that is 0 far left and x far right (gelu, silu): mostly its
+    polynomials' [-spread, spread], the range's ends (``limit(cfg)``), and the tails."""
+    def inputs(rng, n, shape, cfg):
+        lim = limit(cfg)
+        x = rng.uniform(-spread, spread, n)
+        x[:4] = [-lim, lim, -100.0, 100.0][:n]
+        return (x,)
+    return inputs
 
 
-def _gelu_tolerance(shapes, cfg):
-    return 0.0, activations.GELU_ERROR[cfg.trunc]
+def _absolute(errors: dict):
+    """Tolerance of a kernel whose error claim is absolute, per truncation mode."""
+    return lambda shapes, cfg: (0.0, errors[cfg.trunc])
+
+
+_gelu_inputs = _activation_inputs(activations.gelu_limit, 5.0)
+_gelu_tolerance = _absolute(activations.GELU_ERROR)
+_silu_inputs = _activation_inputs(silu.silu_limit, 12.0)
 
 
 def _tanh_inputs(rng, n, shape, cfg):
@@ -238,10 +247,6 @@ def _tanh_inputs(rng, n, shape, cfg):
     x = np.concatenate([rng.uniform(-4, 4, n - n // 4), rng.uniform(-lim, lim, n // 4)])
     x[:3] = [-lim, lim, 0.0][:n]
     return (x,)
-
-
-def _tanh_tolerance(shapes, cfg):
-    return 0.0, activations.TANH_ERROR[cfg.trunc]
 
 
 def _exp_tolerance(shapes, cfg):
@@ -390,9 +395,18 @@ _ALL = [
            lambda s, c: activations.cost_gelu(_n(s), c, "cheb"), activations.gelu_ref,
            _gelu_inputs, _gelu_tolerance,
            "as gelu (the bytes-lean form gelu uses above 2^14 elements)"),
+    Kernel("silu", lambda p, x: silu.silu_a(p, x),
+           lambda s, c: silu.cost_silu(_n(s), c), silu.silu_ref,
+           _silu_inputs, _absolute(silu.SILU_ERROR),
+           "|x| <= silu.silu_limit(cfg) = 2^13; error <= 6e-4 (prob 7e-4)"),
+    Kernel("silu-cheb", lambda p, x: silu.silu_a(p, x, "cheb"),
+           lambda s, c: silu.cost_silu(_n(s), c, "cheb"), silu.silu_ref,
+           _silu_inputs, _absolute(silu.SILU_ERROR),
+           "as silu (the bytes-lean form silu uses above 2^14 elements)"),
     Kernel("tanh", lambda p, x: activations.tanh_a(p, x),
            lambda s, c: activations.cost_tanh(_n(s), c), np.tanh, _tanh_inputs,
-           _tanh_tolerance, "|x| <= activations.TANH_LIMIT = 24; error <= 1e-4"),
+           _absolute(activations.TANH_ERROR),
+           "|x| <= activations.TANH_LIMIT = 24; error <= 1e-4"),
 ]
 
 #: name (as typed in ``mpc3 bench op``) -> Kernel, in registration order.

@@ -278,7 +278,7 @@ class Calibration:
             return (f"{layer}: {s.what} falls to {v[0]:.3g}, below {name} [{lo:.2g}, {hi:.6g}]"
                     f" with safety margin {m:g} (min {lo * m:.3g}); {advice}")
         kernel = {"product": "a truncated product", "relu": "ReLU", "gelu": "GELU",
-                  "tanh": "tanh"}[s.kernel] + \
+                  "silu": "SiLU", "tanh": "tanh"}[s.kernel] + \
             (f" (+{s.extra} fractional bits)" if s.extra else "")
         return (f"{layer}: {s.what} reaches {v:.3g}, above the limit {hi:.6g} of {kernel} "
                 f"with safety margin {m:g} (max {hi / m:.3g}); {s.advice}")

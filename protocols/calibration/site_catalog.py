@@ -12,6 +12,7 @@ secure incremental decoder (:meth:`protocols.stacks.decoder.DecodeState.start` +
   product mod 2^64 (``arith.scaled``);
 * ``relu``: relu_a inputs must satisfy |x| < ``convert.relu_limit(ring)``;
 * ``gelu``: gelu_a inputs must satisfy |x| <= ``activations.gelu_limit(ring)`` (2^13);
+* ``silu``: silu_a inputs must satisfy |x| <= ``silu.silu_limit(ring)`` (2^13);
 * ``tanh``: tanh_a inputs (BERT's pooler) must satisfy |x| <= ``activations.TANH_LIMIT`` (24);
 * ``sqrt_inv``: sqrt_inv_a inputs must lie in ``fxp.SQRT_INV_RANGE`` (a LayerNorm's
   ``var_eps`` checks the lower end only when ln_eps is below it; ``norm_sq``, a sentence
@@ -38,7 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mpc3.kernels import activations, arith, convert, fxp
+from mpc3.kernels import activations, arith, convert, fxp, silu
 from mpc3.party import RingConfig
 from protocols.layers.attention_variants import SIG_BITS
 from protocols.layers.secure_model import PROJ_EXTRA
@@ -118,6 +119,7 @@ SITES: dict[str, Site] = {
                "rescale W1"),
     "hidden": Site("relu", "FFN hidden x W1 + b1", "rescale W1 and b1"),
     "hidden_gelu": Site("gelu", "FFN hidden x W1 + b1 (GELU input)", "rescale W1 and b1"),
+    "hidden_silu": Site("silu", "FFN hidden x W1 + b1 (SiLU input)", "rescale W1 and b1"),
     "w2": Site("product", "FFN product ReLU(.) W2", "rescale W2"),
     # classifier head (head), protocols.stacks.classifier
     "head": Site("product", "classifier head (sum over positions of h) @ head.w",
@@ -150,6 +152,8 @@ def site_range(site: str, ring: RingConfig) -> tuple[float, float]:
         return 0.0, convert.relu_limit(ring)
     if s.kernel == "gelu":
         return 0.0, activations.gelu_limit(ring)
+    if s.kernel == "silu":
+        return 0.0, silu.silu_limit(ring)
     if s.kernel == "tanh":
         return 0.0, activations.TANH_LIMIT
     if s.kernel == "exp":
