@@ -198,9 +198,9 @@ def test_site_is_recorded_on_a_shadow_party_and_checked_by_the_calibration():
     """On a shadow party silu_a is the ideal SiLU and reports |x| at its site; the site's
     range is silu_limit, so a calibration whose hidden_silu exceeds it (with the margin)
     refuses the model naming the site and the kernel."""
-    from protocols import calibrate as C
-    from protocols.shadow import ShadowRecorder
-    from protocols.site_catalog import SITES, site_range
+    from protocols.calibration import calibrate as C
+    from protocols.calibration.shadow import ShadowRecorder
+    from protocols.calibration.site_catalog import SITES, site_range
     rec = ShadowRecorder(CFG)
     p = ShadowParty(CFG, rec).at("dec.0.ffn")
     x = _q([-3.0, 0.5, 7.25, -20.0])

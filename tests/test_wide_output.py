@@ -12,8 +12,7 @@ from mpc3 import ring
 from mpc3.party import RingConfig
 from mpc3.sim import run_parties
 from net.client.failures import TamperingDetected
-from net.client.outputs import reconstruct
-from net.client.outputs import same_scales
+from net.client.outputs import reconstruct, same_scales
 from net.codec import TensorAssembler, tensor_chunks
 from net.errors import BadRequest
 from protocols import model as M
