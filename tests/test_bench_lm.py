@@ -9,7 +9,7 @@ import pytest
 
 from app.bench import lm as L
 from app.cli import build_parser, main
-from mpc3.kernels import arith
+from mpc3.kernels import arith, truncation
 from mpc3.party import RingConfig
 from mpc3.sharing import deal
 from mpc3.sim import make_parties, run_parties
@@ -119,7 +119,7 @@ def test_recorder_attributes_innermost_and_passes_through():
 
     def fn(p, x):
         y = arith.mul_aa(p, x, x)                         # matmul
-        z = fxp.exp_a(p, arith.trunc_a(p, y, 20))        # trunc: matmul; exp: attention
+        z = fxp.exp_a(p, truncation.trunc_a(p, y, 20))        # trunc: matmul; exp: attention
         return y, z
 
     with BD.instrumented():
@@ -143,7 +143,7 @@ def test_recorder_attributes_innermost_and_passes_through():
         assert total[1] == parties[rank].stats.bytes_sent
         m, a = BD.CATEGORIES.index("matmul"), BD.CATEGORIES.index("attention")
         assert cats[m, 3] == (arith.cost_mul(16, True, 18, "exact").rounds
-                              + arith.cost_trunc(16, 20, "exact").rounds)
+                              + truncation.cost_trunc(16, 20, "exact").rounds)
         assert cats[a, 3] > 0 and cats[a, 1] > 0
         assert cats[BD.CATEGORIES.index("norm"), 1] == 0
 

@@ -58,9 +58,9 @@ def test_matmul_fixed_point(mode, rng):
 def test_trunc(mode, rng):
     run = Run(RingConfig(trunc=mode))
     x = np.concatenate([EDGE, rng.normal(size=100) * 100])
-    out = run(lambda p, a: arith.trunc_a(p, a, 7), share(x * 128))
+    out = run(lambda p, a: truncation.trunc_a(p, a, 7), share(x * 128))
     assert np.abs(value(out) - x).max() < ULP * (1 + 2.0 ** -8)   # stochastic rounding + encoding
-    run.assert_cost(arith.cost_trunc(x.size, 7, mode))
+    run.assert_cost(truncation.cost_trunc(x.size, 7, mode))
 
 
 def _forced_wrap_shares(x_ring):
@@ -76,9 +76,9 @@ def _forced_wrap_shares(x_ring):
 def test_exact_truncation_never_fails_where_share_truncation_does():
     x = np.full(6, -3.25)
     shares = _forced_wrap_shares(ring.encode(x * 2.0 ** 18))
-    exact = Run(RingConfig(trunc="exact"))(lambda p, a: arith.trunc_a(p, a), shares)
+    exact = Run(RingConfig(trunc="exact"))(lambda p, a: truncation.trunc_a(p, a), shares)
     assert np.abs(value(exact) - x).max() <= ULP
-    prob = Run(RingConfig(trunc="prob"))(lambda p, a: arith.trunc_a(p, a), shares)
+    prob = Run(RingConfig(trunc="prob"))(lambda p, a: truncation.trunc_a(p, a), shares)
     assert np.abs(value(prob) - x).max() > 1e8          # the classic failure event (group 0)
 
 
@@ -86,7 +86,7 @@ def test_public_ops(run, rng):
     x, c = rng.normal(size=(4, 6)), rng.normal(size=(6, 3))
     def f(p, a):
         y = arith.matmul_public(a, ring.encode(c))
-        y = arith.trunc_a(p, y)
+        y = truncation.trunc_a(p, y)
         return arith.add_public(p, y, ring.encode(np.ones((4, 3))))
     assert np.abs(value(run(f, share(x))) - (x @ c + 1)).max() < 10 * ULP
 
@@ -117,7 +117,7 @@ def test_mul_many_mixed_truncation(mode, rng):
     run = Run(RingConfig(trunc=mode))
     x, y, w = rng.normal(size=(5, 8)), rng.normal(size=(5, 8)), rng.normal(size=(8, 3))
     keep = np.tril(np.ones((5, 8), dtype=bool))
-    sc = arith.scaled(0.5, ring.DEFAULT_FRAC, 12)
+    sc = truncation.scaled(0.5, ring.DEFAULT_FRAC, 12)
     def f(p, a, b, c):
         return arith.mul_many_aa(p, [(a, b, "mul", True), (a, c, "matmul", False),
                                      (a, b, "mul", 10, keep), (a, b, "mul", False, keep),
@@ -195,7 +195,7 @@ def test_scaled_truncation_equals_the_wide_product(mode, rng):
         mk = np.broadcast_to(m, z.shape).tolist()
         assert all(any((err[k] + sg * int(mk[k]) * 2 ** (64 - shift)) % 2 ** 64 in (0, 1)
                        for sg in (1, -1)) for k in bad), (shift, [err[k] for k in bad])
-        run.assert_cost(arith.cost_trunc(z.size, shift, mode))
+        run.assert_cost(truncation.cost_trunc(z.size, shift, mode))
 
 
 def test_matmul_times_public_row_scales(run, rng):
@@ -205,7 +205,7 @@ def test_matmul_times_public_row_scales(run, rng):
     o, w = (ring.decode(ring.encode(v)) for v in (rng.normal(size=(2, 5, 8)) * 30,
                                                   rng.normal(size=(8, 3))))
     n = np.array([1, 2, 3, 64, 1 << 20], dtype=np.float64)
-    sc = arith.scaled(1.0 / n[:, None], ring.DEFAULT_FRAC, 22)
+    sc = truncation.scaled(1.0 / n[:, None], ring.DEFAULT_FRAC, 22)
     out = run(lambda p, a, b: arith.matmul_aa(p, a, b, sc), share(o), share(w))
     want = (o @ w) / n[:, None]
     bound = 2 * ULP + np.abs(want) * n[:, None] * 2.0 ** -23
@@ -221,7 +221,7 @@ def test_matmul_times_public_row_scales(run, rng):
 def test_scaled_truncation_refuses_bad_factors(run):
     for s in (0.0, -0.5, 1.5):
         with pytest.raises(ValueError, match="factor"):
-            arith.scaled(s, 18)
+            truncation.scaled(s, 18)
     x = share(np.ones(4))
     for m in (0, 1 << 31):
         with pytest.raises(ValueError, match="multipliers"):

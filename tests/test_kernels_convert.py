@@ -7,7 +7,7 @@ from mpc3 import ring
 from mpc3.party import RingConfig
 from mpc3.shares import AShare, BShare, SplitShare, bits_to_planes, planes_to_bits
 from mpc3.sharing import reveal
-from mpc3.kernels import arith, convert, fxp
+from mpc3.kernels import arith, convert, fxp, leaves, thresholds
 
 ULP = 2.0 ** -ring.DEFAULT_FRAC
 CFG = RingConfig()
@@ -135,15 +135,15 @@ def test_exp_poly_is_the_paper_polynomial(mode, rng):
     run.assert_cost(fxp.cost_exp(x.size, "poly", ring.DEFAULT_FRAC, mode))
 
 
-@pytest.mark.parametrize("n,rounds", [(300, 4), (convert.ROUND_LEAN_ELEMENTS, 4),
-                                      (convert.ROUND_LEAN_ELEMENTS + 1, 7)])
+@pytest.mark.parametrize("n,rounds", [(300, 4), (thresholds.ROUND_LEAN_ELEMENTS, 4),
+                                      (thresholds.ROUND_LEAN_ELEMENTS + 1, 7)])
 def test_relu_round_lean_for_few_elements(rng, n, rounds):
     """Calls on few elements take the two-round comparison of mpc3.kernels.thresholds (a
     dealt carry: 4 rounds with the injection); whole sequences keep the tree over 3-bit
     blocks (fewest bytes). The non-fused drelu_a on few elements takes wider leaf blocks
     (one tree level less). All: values exact outside the error region, declared = measured."""
     win = convert.window_for(RingConfig())
-    assert [k for _, k in convert.leaf_blocks(win[1] - 1, n)] == \
+    assert [k for _, k in leaves.leaf_blocks(win[1] - 1, n)] == \
         ([4] * 6 + [3] if rounds == 4 else [3] * 9)
     x = rng.uniform(-100, 100, n)
     run = Run()
@@ -230,7 +230,7 @@ def test_split_products_past_the_lean_size_take_their_leaves_in_their_own_rounds
     injection - 7 rounds from product to ReLU instead of 9 (exact truncation), the same
     bytes; with probabilistic truncation the same values."""
     from mpc3.shares import SignedSplit
-    n = convert.ROUND_LEAN_ELEMENTS + 7
+    n = thresholds.ROUND_LEAN_ELEMENTS + 7
     x, w, b = rng.normal(size=(1, 8)), rng.normal(size=(8, n)) * 0.5, rng.normal(size=n)
     run = Run(RingConfig(trunc=mode))
 

@@ -7,7 +7,7 @@ import pytest
 
 from conftest import Run, failure_allowance, share, value
 from mpc3 import ring
-from mpc3.kernels import activations as act
+from mpc3.kernels import activations as act, thresholds
 from mpc3.party import RingConfig
 
 F = ring.DEFAULT_FRAC
@@ -40,7 +40,7 @@ def _allowed(mode, method, x):
 
 
 def test_auto_picks_by_call_size():
-    lean = act.convert.ROUND_LEAN_ELEMENTS
+    lean = thresholds.ROUND_LEAN_ELEMENTS
     for mode in ("exact", "prob"):
         assert act.gelu_method("auto", lean, mode) == "segments"
         assert act.gelu_method("auto", lean + 1, mode) == "cheb"

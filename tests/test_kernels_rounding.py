@@ -19,7 +19,7 @@ from conftest import Run, prob_trunc_allowance
 from mpc3 import ring
 from mpc3.party import RingConfig
 from mpc3.sharing import deal, reveal
-from mpc3.kernels import arith
+from mpc3.kernels import arith, truncation
 
 F = ring.DEFAULT_FRAC
 N = 100_000
@@ -115,9 +115,9 @@ def test_trunc_a_unbiased(mode, per_element, rng):
     X[:50] = (X[:50] >> 20) << 20
     shifts = rng.choice([7, 18, 20], size=N) if per_element else 18
     run = Run(RingConfig(trunc=mode))
-    out = run(lambda p, a: arith.trunc_a(p, a, shifts), deal(ring.from_signed(X)))
+    out = run(lambda p, a: truncation.trunc_a(p, a, shifts), deal(ring.from_signed(X)))
     _check(_errors(reveal(out), X, shifts, mode), X, shifts)
-    run.assert_cost(arith.cost_trunc(N, shifts, mode))
+    run.assert_cost(truncation.cost_trunc(N, shifts, mode))
 
 
 @pytest.mark.parametrize("mode", MODES)

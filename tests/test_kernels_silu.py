@@ -9,6 +9,7 @@ import pytest
 from conftest import Run, failure_allowance, share, value
 from mpc3 import ring
 from mpc3.kernels import silu as S
+from mpc3.kernels import thresholds
 from mpc3.party import RingConfig
 from mpc3.shadow import ShadowParty
 
@@ -45,7 +46,7 @@ def _allowed(mode, method, x):
 
 
 def test_auto_picks_by_call_size():
-    lean = S.convert.ROUND_LEAN_ELEMENTS
+    lean = thresholds.ROUND_LEAN_ELEMENTS
     assert S.silu_method("auto", lean) == "segments"
     assert S.silu_method("auto", lean + 1) == "cheb"
     with pytest.raises(ValueError, match="silu_a: unknown method"):

@@ -4,7 +4,7 @@ after a round, and every kernel keeps its own kernel counter (no PRG draw repeat
 import numpy as np
 
 from mpc3.comm import NEXT, PREV
-from mpc3.kernels import arith
+from mpc3.kernels import truncation
 from mpc3.kernels.base import Cost, Round, lockstep, run_steps
 from mpc3.kernels.truncation import trunc_steps
 
@@ -60,8 +60,8 @@ def test_truncations_in_lockstep_equal_their_separate_runs(rng):
     run = Run()
 
     def fn(p, xs, ys):
-        zx = arith.trunc_a(p, xs.scale(np.uint64(3 << 10)), bits=10)
-        zy = arith.trunc_a(p, ys.scale(np.uint64(5 << 12)), bits=12)
+        zx = truncation.trunc_a(p, xs.scale(np.uint64(3 << 10)), bits=10)
+        zy = truncation.trunc_a(p, ys.scale(np.uint64(5 << 12)), bits=12)
         before = p.stats.snapshot()
         a, b = run_steps(p, trunc_steps(p, xs.scale(np.uint64(3 << 10)), 10, from_rss=True),
                          trunc_steps(p, ys.scale(np.uint64(5 << 12)), 12, from_rss=True))
@@ -69,7 +69,7 @@ def test_truncations_in_lockstep_equal_their_separate_runs(rng):
     out = run(fn, share(x), share(y))
     for k, ref in ((0, 3 * x), (1, 5 * y), (2, 3 * x), (3, 5 * y)):
         np.testing.assert_allclose(value([o[k] for o in out]), ref, atol=8 * 2.0 ** -18)
-    both = Cost.parallel(arith.cost_trunc(40, 10, "exact"), arith.cost_trunc(25, 12, "exact"))
+    both = Cost.parallel(truncation.cost_trunc(40, 10, "exact"), truncation.cost_trunc(25, 12, "exact"))
     assert tuple(o[4].bytes_sent for o in out) == both.bytes_per_party
     assert max(o[4].rounds for o in out) == both.rounds == 2
 

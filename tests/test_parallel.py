@@ -6,7 +6,7 @@ import pytest
 
 from mpc3 import ring
 from mpc3.comm import ProtocolError
-from mpc3.kernels import arith, convert
+from mpc3.kernels import arith, convert, truncation
 from mpc3.kernels.base import Cost
 from mpc3.parallel import parallel
 from mpc3.party import RingConfig
@@ -38,7 +38,7 @@ def test_parallel_values_rounds_and_bytes():
     def both(p, a, b, c):
         return parallel(p, lambda q: arith.mul_aa(q, a, b),
                         lambda q: convert.drelu_a(q, c, win=win),
-                        lambda q: arith.trunc_a(q, a, 4))
+                        lambda q: truncation.trunc_a(q, a, 4))
 
     outs, stats = _traffic(both, list(zip(xs, ys, zs)))
     prod = ring.decode(reveal([o[0] for o in outs]), CFG.frac)
@@ -49,7 +49,7 @@ def test_parallel_values_rounds_and_bytes():
     np.testing.assert_allclose(tr, x / 16, atol=2 ** -CFG.frac * 1.01)
     declared = Cost.parallel(arith.cost_mul(40, True, CFG.frac, CFG.trunc),
                              convert.cost_drelu(40, *win),
-                             arith.cost_trunc(40, 4, CFG.trunc))
+                             truncation.cost_trunc(40, 4, CFG.trunc))
     for r, s in enumerate(stats):
         assert s.rounds == declared.rounds
         assert s.bytes_sent == declared.bytes_per_party[r]
@@ -70,7 +70,7 @@ def test_nested_parallel_and_uneven_branches():
 
     def chain(q, a, k):
         for _ in range(k):
-            a = arith.mul_aa(q, a, a) if k < 0 else arith.trunc_a(q, a, 1)
+            a = arith.mul_aa(q, a, a) if k < 0 else truncation.trunc_a(q, a, 1)
         return a
 
     def body(p, a):
@@ -87,7 +87,7 @@ def test_nested_parallel_and_uneven_branches():
             parts.append(v)
         np.testing.assert_allclose(ring.decode(reveal(parts), CFG.frac), x / 2 ** k,
                                    atol=k * 2 ** -CFG.frac * 1.01)
-    assert all(s.rounds == 3 * arith.cost_trunc(8, 1, CFG.trunc).rounds for s in stats)
+    assert all(s.rounds == 3 * truncation.cost_trunc(8, 1, CFG.trunc).rounds for s in stats)
 
 
 def test_branches_draw_distinct_randomness():
@@ -115,7 +115,7 @@ def test_branch_failure_reaches_caller_and_aborts_peers():
             if q.rank == 1:
                 raise ValueError("branch failed on purpose")
             return arith.mul_aa(q, a, a)
-        return parallel(p, bad, lambda q: arith.trunc_a(q, a, 1))
+        return parallel(p, bad, lambda q: truncation.trunc_a(q, a, 1))
 
     with pytest.raises(ValueError, match="on purpose"):
         run_parties(body, [(s,) for s in x], timeout=5.0)

@@ -6,7 +6,7 @@ from conftest import share
 from mpc3.party import RingConfig
 from mpc3.prg import PRG
 from mpc3.sim import make_parties, run_parties
-from mpc3.kernels import arith, catalog, convert
+from mpc3.kernels import arith, catalog, convert, thresholds
 
 
 def _record(parties):
@@ -159,7 +159,7 @@ def test_prg_many_draws_equal_single_draws():
             assert g.tobytes() == prg.bytes("prev", 4, tag, nb).tobytes()
 
 
-@pytest.mark.parametrize("n", [300, convert.ROUND_LEAN_ELEMENTS + 7])
+@pytest.mark.parametrize("n", [300, thresholds.ROUND_LEAN_ELEMENTS + 7])
 def test_relu_of_products_sends_fresh_nonzero_messages(n):
     """A product whose ReLU comparison (few elements) or DReLU leaves (more) ride its own
     truncation rounds (arith.mul_split_aa): same input shares, two runs, every message

@@ -3,7 +3,7 @@ exp and reciprocal; see its docstring).
 
 GELU(x) = x Phi(x) = x (1 + erf(x / sqrt 2)) / 2. gelu_a(method="auto") takes
 
-* "segments" for calls of at most convert.ROUND_LEAN_ELEMENTS (2^14) elements - a decode
+* "segments" for calls of at most thresholds.ROUND_LEAN_ELEMENTS (2^14) elements - a decode
   step's FFN row: fewest rounds (7 exact), 466 B per element over the three parties;
 * "cheb" above - a prompt's or a batch's FFN: fewest bytes (247.5 B per element, 10
   rounds exact, 6-7 prob), see :func:`_cheb_poly`. GELU(x) = x / 2 + E(x) with

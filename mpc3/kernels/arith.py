@@ -25,8 +25,8 @@ from ..party import Party
 from ..shares import AShare, SignedSplit, SplitShare
 from . import leaves, thresholds
 from .base import Cost, Round, group_bounds, run_steps
-from .truncation import (OFFSET_BITS, Scaled, cost_trunc, cost_trunc_shifts,  # noqa: F401
-                         scaled, trunc_a, trunc_split, trunc_steps)
+from .truncation import (OFFSET_BITS, Scaled, cost_trunc_shifts, trunc_split,
+                         trunc_steps)
 
 
 def product_limit(frac: int, extra: int = 0) -> float:

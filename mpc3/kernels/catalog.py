@@ -28,7 +28,7 @@ from .. import ring
 from ..party import Party, RingConfig
 from ..shares import BShare, bits_to_planes, planes_to_bits
 from ..sharing import deal, reveal
-from . import activations, arith, boolean, convert, extrema, fxp, silu
+from . import activations, arith, boolean, convert, extrema, fxp, silu, truncation
 from .base import Cost
 
 #: Shift of the "trunc" kernel (its operand is a value at scale frac + TRUNC_SHIFT).
@@ -206,7 +206,7 @@ ROWSCALE_BITS = 4
 def _row_scale(rows: int, cfg: RingConfig) -> arith.Scaled:
     """Row i times 1/(i + 1) (a causal attention's 1/n_i) in the product's truncation."""
     n = np.arange(1, rows + 1, dtype=np.float64)[:, None]
-    return arith.scaled(1.0 / n, cfg.frac, cfg.frac + ROWSCALE_BITS)
+    return truncation.scaled(1.0 / n, cfg.frac, cfg.frac + ROWSCALE_BITS)
 
 
 def _rowscale_tolerance(shapes, cfg):
@@ -321,8 +321,8 @@ _ALL = [
            lambda x, y: np.maximum(x @ y, 0), _matmul_relu_inputs, _matmul_relu_tolerance,
            "as matmul, and every |sum_k x_ik y_kj| < convert.relu_limit(cfg) = 2^14",
            ("fxp", "fxp")),
-    Kernel("trunc", lambda p, x: arith.trunc_a(p, x, TRUNC_SHIFT),
-           lambda s, c: arith.cost_trunc(_n(s), TRUNC_SHIFT, c.trunc),
+    Kernel("trunc", lambda p, x: truncation.trunc_a(p, x, TRUNC_SHIFT),
+           lambda s, c: truncation.cost_trunc(_n(s), TRUNC_SHIFT, c.trunc),
            lambda x: x / 2.0 ** TRUNC_SHIFT,
            lambda r, n, sh, c: (r.normal(size=n) * 4 * 2.0 ** TRUNC_SHIFT,), _one_ulp,
            "|x| < 2^(62 - frac) (exact mode; prob fails w.p. ~|x| 2^(frac-64))"),

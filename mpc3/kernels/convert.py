@@ -43,11 +43,10 @@ from .arith import public_share
 from . import fused
 from .base import Cost, Round, group_bounds, packed_bytes, run_steps
 from . import thresholds
-from .thresholds import ROUND_LEAN_ELEMENTS, dealt_carry, window, window_for  # noqa: F401
+from .thresholds import dealt_carry, window, window_for
 from .bitplanes import MaskedBits, run_span
 from .boolean import and_bb, and_local, cost_and_bb, pack_planes, random_planes, unpack_planes
-from .leaves import (BLOCK, MAX_BLOCK, ands_per_level, leaf_blocks,  # noqa: F401
-                     leaf_cost, leaves_steps, tree_plan)
+from .leaves import ands_per_level, leaf_cost, leaves_steps, tree_plan
 
 
 

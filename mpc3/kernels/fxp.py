@@ -62,7 +62,7 @@ import numpy as np
 from .. import ring
 from ..party import Party
 from ..shares import AShare
-from . import arith, convert, thresholds
+from . import arith, convert, thresholds, truncation
 from .base import Cost, lockstep, run_steps
 from .truncation import trunc_steps
 
@@ -433,7 +433,7 @@ def _exp_poly(p: Party, x: AShare) -> AShare:
     for c, term in zip((1.0, 0.5, 0.1665, 0.0438), (x, x2, x3, x4)):
         t = term.scale(ring.encode(np.array(c), f))
         acc = t if acc is None else acc + t
-    return _const(p, arith.trunc_a(p, acc), 1.0)
+    return _const(p, truncation.trunc_a(p, acc), 1.0)
 
 
 def exp_a(p: Party, x: AShare, method: str = "limit", site: str | None = None) -> AShare:
@@ -452,11 +452,11 @@ def cost_exp(n: int, method: str, frac: int, mode: str) -> Cost:
     """Rounds and bytes per party of :func:`exp_a` on ``n`` elements."""
     if method == "poly":
         return (arith.cost_mul(n, True, frac, mode) + arith.cost_mul(2 * n, True, frac, mode)
-                + arith.cost_trunc(n, frac, mode))
+                + truncation.cost_trunc(n, frac, mode))
     F, K = _exp_scales(frac, mode)
     cost = arith.cost_mul(n, F, frac, mode) + arith.cost_mul(n, F + K, frac, mode)
     if F < frac + EXP_SQUARINGS:
-        cost = arith.cost_trunc(n, frac + EXP_SQUARINGS - F, mode) + cost
+        cost = truncation.cost_trunc(n, frac + EXP_SQUARINGS - F, mode) + cost
     for k in range(EXP_SQUARINGS):
         cost = cost + arith.cost_mul(n, F if k < EXP_SQUARINGS - 1 else 2 * F - frac, frac, mode)
     return cost

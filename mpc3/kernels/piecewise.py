@@ -94,7 +94,7 @@ def form(kernel: str, method: str, n: int) -> str:
     """"auto": "segments" (fewest rounds) for calls of at most ROUND_LEAN_ELEMENTS
     elements, else "cheb" (fewest bytes); a named method as it is."""
     if method == "auto":
-        return "segments" if n <= convert.ROUND_LEAN_ELEMENTS else "cheb"
+        return "segments" if n <= thresholds.ROUND_LEAN_ELEMENTS else "cheb"
     if method not in ("segments", "cheb"):
         raise ValueError(f"{kernel}: unknown method {method!r} (auto, segments, cheb)")
     return method

@@ -8,7 +8,7 @@ polynomials must cover |x| < ~10, and tanh(x / 2)'s poles at x = +-i pi make one
 converge slowly there (degree 24 in x for 5.5e-4 on |x| < 10, GELU's 12 on 3.72).
 silu_a(method="auto") takes
 
-* "segments" for calls of at most convert.ROUND_LEAN_ELEMENTS (2^14) elements: fewest
+* "segments" for calls of at most thresholds.ROUND_LEAN_ELEMENTS (2^14) elements: fewest
   rounds (6 exact, 4 prob), five quartics;
 * "cheb" above: fewest bytes (2 comparisons instead of 6), one degree-12 polynomial in
   z = 2 x^2 / T^2 - 1 in five product layers (12 rounds exact, 7 prob).

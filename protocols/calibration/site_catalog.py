@@ -9,7 +9,7 @@ secure incremental decoder (:meth:`protocols.stacks.decoder.DecodeState.start` +
   exact while its real value satisfies |z| < ``arith.product_limit(frac, extra)``, ``extra``
   being the additional fractional bits of one operand (PROJ_EXTRA for the projections); a
   public factor in its truncation (a 1/n row scale) does not count: it never reduces the
-  product mod 2^64 (``arith.scaled``);
+  product mod 2^64 (``truncation.scaled``);
 * ``relu``: relu_a inputs must satisfy |x| < ``convert.relu_limit(ring)``;
 * ``gelu``: gelu_a inputs must satisfy |x| <= ``activations.gelu_limit(ring)`` (2^13);
 * ``silu``: silu_a inputs must satisfy |x| <= ``silu.silu_limit(ring)`` (2^13);

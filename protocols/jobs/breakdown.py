@@ -80,7 +80,7 @@ TARGETS = (
     ("mpc3.kernels.arith", "mul_split_aa", "matmul"),
     ("mpc3.kernels.arith", "matmul_aa", "matmul"),
     ("mpc3.kernels.arith", "mul_aa", "matmul"),
-    ("mpc3.kernels.arith", "trunc_a", "matmul"),
+    ("mpc3.kernels.truncation", "trunc_a", "matmul"),
     # a decode step's projections: split-form and replicated products in shared rounds
     ("protocols.layers.ln_proj", "step_project", "matmul"),
     # a session's beta W of its fused LayerNorm projections (one kernel per LN, shared rounds)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mpc3 import ring
-from mpc3.kernels import arith
+from mpc3.kernels import arith, truncation
 from mpc3.kernels.base import Cost
 from mpc3.party import Party
 from mpc3.shares import AShare
@@ -64,7 +64,7 @@ def row_scale_trunc(s, frac: int) -> arith.Scaled:
     """The truncation of a product times a public row scale ``s`` = 1/n (o W^O, a decode
     state's K'^T V, a classifier's pooled logits): s encoded with frac + ROW_SCALE_EXTRA
     fractional bits, as the separate scaling it replaces did."""
-    return arith.scaled(s, frac, frac + ROW_SCALE_EXTRA)
+    return truncation.scaled(s, frac, frac + ROW_SCALE_EXTRA)
 
 
 def relu_many(p: Party, xs: list[AShare], site: str | None = None) -> list[AShare]:

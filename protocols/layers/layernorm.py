@@ -5,7 +5,7 @@ For x (..., d) (the residual sum is formed by the caller, locally), with S1 = su
 
 * in ONE kernel call E[x^2] = (x . x) / d, mu^2 = S1^2 / d^2 and (x - mu) * gamma =
   (d x - S1) * gamma / d (d x - S1 is local; the 1/d, 1/d^2 ride in the truncations: shifts
-  for d a power of two, else public multipliers, :func:`mpc3.kernels.arith.scaled`); then
+  for d a power of two, else public multipliers, :func:`mpc3.kernels.truncation.scaled`); then
   var + eps = E[x^2] - mu^2 + eps (local), rs = sqrt_inv_a(var + eps),
   y = ((x - mu) * gamma) * rs + beta (one multiplication). No separate truncation for the
   mean: 8 rounds when decoding (sqrt_inv "fast"), 16 for whole sequences, for every d.
@@ -26,7 +26,7 @@ import functools
 import numpy as np
 
 from mpc3 import ring
-from mpc3.kernels import arith
+from mpc3.kernels import arith, truncation
 from mpc3.kernels.base import Cost
 from mpc3.party import Party
 from mpc3.shares import AShare
@@ -68,8 +68,8 @@ def _inverse_d(f: int, d: int):
     if d & (d - 1) == 0:
         logd = d.bit_length() - 1
         return f + logd, f + 2 * logd, f + logd
-    return (arith.scaled(1.0 / d, f), arith.scaled(1.0 / d ** 2, f),
-            arith.scaled(1.0 / d, f, f + 2 + d.bit_length()))
+    return (truncation.scaled(1.0 / d, f), truncation.scaled(1.0 / d ** 2, f),
+            truncation.scaled(1.0 / d, f, f + 2 + d.bit_length()))
 
 
 def layernorm(p: Party, x: AShare, gamma: AShare, beta: AShare, eps: float,

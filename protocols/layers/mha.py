@@ -13,7 +13,7 @@ with the public constant c folded into the three of them,
    V's product in the same rounds);
 4. attention core (:mod:`protocols.layers.attention`);
 5. merge heads, @ W^O; attn_norm "mean": rows times the public 1/n_i inside that product's
-   truncation (:func:`mpc3.kernels.arith.scaled`: no rounds of its own); c itself is in the
+   truncation (:func:`mpc3.kernels.truncation.scaled`: no rounds of its own); c itself is in the
    weights.
 
 Models with another ``attention`` (softmax, power-softmax, sigma-relu) take steps 1 and 6

@@ -73,7 +73,7 @@ def mean_trunc(S: int, frac: int) -> truncation.Scaled:
     """The standalone truncation that multiplies a value of ``frac`` fractional bits by the
     public 1/S: the multiplier round(2^(frac + ROW_SCALE_EXTRA) / S) and as many bits of
     shift (relative error of 1/S at most S 2^-(frac + ROW_SCALE_EXTRA + 1))."""
-    return arith.scaled(1.0 / S, 0, frac + ROW_SCALE_EXTRA)
+    return truncation.scaled(1.0 / S, 0, frac + ROW_SCALE_EXTRA)
 
 
 def max_pool_a(p: Party, h: AShare) -> AShare:
