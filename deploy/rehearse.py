@@ -224,7 +224,8 @@ def scp(lab: Lab, clone: Path) -> None:
 
 REFERENCE = r"""
 import sys
-from protocols import model as M, textdata as TD
+from protocols import model as M
+from app import textdata as TD
 from app.generate import eos_of
 kind, args = sys.argv[1], sys.argv[2:]
 if kind == "translate":

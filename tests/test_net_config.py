@@ -191,7 +191,7 @@ def _mapped_by_a_30_mib_buffer(env: dict) -> int:
     keep_freed_memory (mallinfo2's hblkhd)."""
     code = """if True:
         import ctypes, numpy as np
-        from net import malloc
+        from net.party import malloc
         class Info(ctypes.Structure):
             _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks",
                         "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
