@@ -19,21 +19,19 @@ from collections import defaultdict
 
 import numpy as np
 
-from mpc3 import parallel as mpc3_parallel
 from mpc3 import ring
-from mpc3.kernels import arith, convert, fxp
+from mpc3.kernels import arith, convert, fxp, truncation
 from mpc3.kernels.base import group_bounds
 from mpc3.shares import SplitShare
 from mpc3.sharing import reveal
 
 KERNELS = ((arith, "mul_aa"), (arith, "matmul_aa"), (arith, "mul_many_aa"),
-           (arith, "mul_split_aa"), (arith, "trunc_a"),
+           (arith, "mul_split_aa"), (truncation, "trunc_a"),
            (convert, "relu_a"), (convert, "drelu_a"), (fxp, "sqrt_inv_a"),
            (fxp, "reciprocal_a"), (fxp, "exp_a"))
 #: kernels written as lockstep steps (generators), recorded under the name of their
 #: blocking form: calls made while they run are theirs
 STEPS = {(fxp, "sqrt_inv_steps"): "sqrt_inv_a", (arith, "mul_many_steps"): "mul_many_aa"}
-PARALLEL_USERS = (mpc3_parallel,)
 HELPERS = {"mul_many", "relu_many", "relu_products", "wrapped",
            "activation", "<lambda>", "relu_split", "relu_outputs"}
 SUBLAYER = {"mha": "attn", "ffn": "ffn", "ffn_hidden": "ffn", "_self_step": "self",
@@ -169,11 +167,6 @@ class Probe:
             monkeypatch.setattr(mod, name, self._wrap(name, getattr(mod, name)))
         for (mod, name), kernel in STEPS.items():
             monkeypatch.setattr(mod, name, self._wrap_steps(kernel, getattr(mod, name)))
-        # branches of mpc3.parallel run on their own threads, whose stacks do not reach the
-        # protocol frames that name a site: run them one after the other in the caller
-        # (same values; the rounds, which this probe does not look at, differ)
-        for mod in PARALLEL_USERS:
-            monkeypatch.setattr(mod, "parallel", lambda p, *fs: [f(p) for f in fs])
 
     def _wrap_steps(self, kernel, fn):
         """A steps kernel: recorded when called, its body runs one level deeper."""

@@ -24,9 +24,9 @@ al. 2023: segments with low-degree polynomials chosen by comparisons), re-cut fo
   the largest of the four errors). Three segments need degree 8 (one more product
   layer), five reach 4e-5 at one more comparison, product and injection per element.
 * Comparisons. All five c_k = [x >= t_k] in ONE DReLU call (a thermometer code), running in
-  the rounds of the quartics (:func:`mpc3.parallel.parallel`) and left masked so its last
-  AND layer rides in the injection's first round (convert.drelu_masked / mul_masked):
-  7 rounds in all.
+  the rounds of the quartics (lockstep steps, :func:`mpc3.kernels.base.lockstep`) and left
+  masked so its last AND layer rides in the injection's first round
+  (convert.drelu_masked / mul_masked): 7 rounds in all.
 * Quartics in two product layers, all segments at once. Layer 1: y = x^2 (one product,
   kept at S = frac + e bits). Each segment j is written around a centre m_j (a multiple
   of 2^-(e+1), so 2 m_j x is exact at scale S) in u = x - m_j, so its coefficients stay small (sum |a_k u^k| <= 4
@@ -137,7 +137,7 @@ def gelu_a(p: Party, x: AShare, method: str = "auto", site: str | None = None) -
     if gelu_method(method, x.size, p.cfg.trunc) == "cheb":
         f, (e, K) = p.cfg.frac, GELU_CHEB_SCALES[p.cfg.trunc]
         T = gelu_cheb_threshold()
-        return piecewise(p, x, (-T, T), lambda q, v: _cheb_poly(q, v, f + e, K))
+        return piecewise(p, x, (-T, T), lambda v: _cheb_poly(p, v, f + e, K))
     e, K = GELU_SCALES[p.cfg.trunc]
     return segments_a(p, x, GELU_BREAKS, gelu_table(e, K), e, K)
 
@@ -181,8 +181,9 @@ def gelu_cheb_table() -> np.ndarray:
     return minimax(basis, target, 80)
 
 
-def _cheb_poly(p: Party, x: AShare, S: int, K: int) -> AShare:
-    """The "cheb" form's one piece, (n, 1) at scale frac: four product layers (2 comparisons,
+def _cheb_poly(p: Party, x: AShare, S: int, K: int):
+    """The "cheb" form's one piece as lockstep steps, (n, 1) at scale frac: four product
+    layers (2 comparisons,
     4 products, 2 injections per element with :func:`mpc3.kernels.piecewise.piecewise`).
 
     P(x) = x / 2 + sum_k c_k T_k(z) on |x| < T; outside, garbage that cancels.
@@ -193,17 +194,20 @@ def _cheb_poly(p: Party, x: AShare, S: int, K: int) -> AShare:
     same sum as x times a public power of two."""
     c = gelu_cheb_table()
     one_S = ring.encode(np.ones(x.size), S)
-    z = cheb_z(p, x, *GELU_CHEB_Z, S)                   # 37 x^2 / 2^8 - 1 at scale S
-    t2 = arith.add_public(p, arith.mul_aa(p, z, z, trunc=S - 1), -one_S)
-    t4 = arith.add_public(p, arith.mul_aa(p, t2, t2, trunc=S - 1), -one_S)
+    z = yield from cheb_z(p, x, *GELU_CHEB_Z, S)         # 37 x^2 / 2^8 - 1 at scale S
+    zz, = yield from arith.mul_many_steps(p, [(z, z, "mul", S - 1)])
+    t2 = arith.add_public(p, zz, -one_S)
+    t22, = yield from arith.mul_many_steps(p, [(t2, t2, "mul", S - 1)])
+    t4 = arith.add_public(p, t22, -one_S)
 
     def k_int(v: float) -> np.ndarray:                      # K-bit public coefficient
         return coef_ints(v, K)
     local = z.scale(k_int(c[1] - c[3] + c[5])) + t2.scale(k_int(c[2] - c[6])) \
         + t4.scale(k_int(c[4]))                                         # scale S + K
     mixed = z.scale(k_int(2 * c[5])) + t2.scale(k_int(2 * c[6]))      # scale S + K
-    return x_half_dot(p, x, [t2, t4, local], [z.scale(k_int(2 * c[3] - 2 * c[5])), mixed,
-                                              arith.public_share(p, one_S)], c[0], S, K)
+    return (yield from x_half_dot(p, x, [t2, t4, local],
+                                  [z.scale(k_int(2 * c[3] - 2 * c[5])), mixed,
+                                   arith.public_share(p, one_S)], c[0], S, K))
 
 
 def _cost_cheb_poly(n: int, cfg: RingConfig) -> Cost:

@@ -34,8 +34,8 @@ class Cost:
 
     @staticmethod
     def parallel(*costs: "Cost") -> "Cost":
-        """Branches run in shared rounds (:func:`mpc3.parallel.parallel`): the largest
-        branch's rounds, the sum of the bytes."""
+        """Kernels run in shared rounds (:func:`lockstep`): the largest kernel's rounds,
+        the sum of the bytes."""
         return Cost(max(c.rounds for c in costs),
                     tuple(sum(c.bytes_per_party[i] for c in costs) for i in range(3)))
 

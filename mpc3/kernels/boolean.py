@@ -13,7 +13,7 @@ import numpy as np
 
 from ..party import Party
 from ..shares import BShare, group_sizes, words
-from .base import Cost
+from .base import NEXT, PREV, Cost, Round, run_steps
 
 
 def word_slices(sizes: list[int]) -> list[slice]:
@@ -70,9 +70,17 @@ def and_local(p: Party, x: BShare, y: BShare, tag: str) -> np.ndarray:
 
 def reshare_bits(p: Party, z: np.ndarray, n: int) -> BShare:
     """3-out-of-3 (already masked) -> replicated: send z_i to party i-1."""
+    return run_steps(p, reshare_bits_steps(p, z, n))[0]
+
+
+def reshare_bits_steps(p: Party, z: np.ndarray, n: int):
+    """:func:`reshare_bits` as one lockstep round (:func:`base.lockstep`)."""
     sizes = group_sizes(n)
-    got, _ = p.comm.exchange(to_prev=[pack_grouped(z, sizes)], from_next=True)
-    return BShare(z, unpack_grouped(got[0], sizes, z.shape[0]), n)
+    r = Round(p)
+    r.send(PREV, pack_grouped(z, sizes))
+    r.recv(NEXT, 0, 1)
+    got = yield r
+    return BShare(z, unpack_grouped(got[(NEXT, 0)][0], sizes, z.shape[0]), n)
 
 
 def and_bb(p: Party, x: BShare, y: BShare, tag: str = "and") -> BShare:

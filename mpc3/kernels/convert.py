@@ -45,7 +45,8 @@ from .base import Cost, Round, group_bounds, packed_bytes, run_steps
 from . import thresholds
 from .thresholds import dealt_carry, window, window_for
 from .bitplanes import MaskedBits, run_span
-from .boolean import and_bb, and_local, cost_and_bb, pack_planes, random_planes, unpack_planes
+from .boolean import (and_local, cost_and_bb, pack_planes, random_planes,
+                      reshare_bits_steps, unpack_planes)
 from .leaves import ands_per_level, leaf_cost, leaves_steps, tree_plan
 
 
@@ -69,6 +70,11 @@ def _bits_u64(planes: np.ndarray, n: int) -> np.ndarray:
 def _carry(p: Party, leaves: BShare, nb: int, fused: bool):
     """Carry into the top window bit. Returns an RSS BShare, or (fused) this party's
     masked 3-out-of-3 share of the last node's G."""
+    return run_steps(p, _carry_steps(p, leaves, nb, fused))[0]
+
+
+def _carry_steps(p: Party, leaves: BShare, nb: int, fused: bool):
+    """:func:`_carry` as lockstep steps: one AND layer per round."""
     G = [leaves[1 + j] for j in range(nb)]
     P = [None] + [leaves[nb + 1 + j] for j in range(nb - 1)]
     levels = tree_plan(nb)
@@ -80,7 +86,7 @@ def _carry(p: Party, leaves: BShare, nb: int, fused: bool):
         if last and fused:
             z = and_local(p, xs, ys, f"tree{li}")
             return z ^ G[lvl[0][0]].a
-        prod = and_bb(p, xs, ys, f"tree{li}")
+        prod = yield from reshare_bits_steps(p, and_local(p, xs, ys, f"tree{li}"), xs.n)
         newG, newP, pos = [], [], 0
         for hi, lo, need in lvl:
             newG.append(G[hi] ^ prod[pos])
@@ -100,10 +106,9 @@ def _carry(p: Party, leaves: BShare, nb: int, fused: bool):
 def _drelu_bits(p: Party, x: AShare, exact: bool, fused: bool, win=None):
     L, m = win or window(p, exact)
     flat = AShare(x.a.reshape(-1), x.b.reshape(-1))
-    if fused and dealt_carry(flat.size):       # few elements: 2 rounds instead of 4
-        zero = np.zeros(1, dtype=np.uint64)
-        return thresholds.compare_public_masked(p, flat, zero, (L, m)).planes, flat
-    return sign_of_leaves(p, *run_steps(p, leaves_steps(p, flat, L, m))[0], fused), flat
+    if fused:
+        return run_steps(p, _drelu_masked_steps(p, flat, L, m))[0], flat
+    return sign_of_leaves(p, *run_steps(p, leaves_steps(p, flat, L, m))[0], False), flat
 
 
 def sign_of_leaves(p: Party, leaves: BShare, nb: int, fused: bool):
@@ -111,6 +116,23 @@ def sign_of_leaves(p: Party, leaves: BShare, nb: int, fused: bool):
     or (fused) this party's masked 3-out-of-3 planes for the injection."""
     carry = _carry(p, leaves, nb, fused)
     return carry ^ leaves[0].a if fused else carry ^ leaves[0]
+
+
+def _drelu_masked_steps(p: Party, flat: AShare, L: int, m: int):
+    """The fused DReLU bits of ``flat`` as lockstep steps (:func:`drelu_masked_steps`),
+    after its ``p.new_op()``: the same kernel counters as the blocking form, whose nested
+    kernels run in ``run_steps`` (each restores the caller's counter when it ends)."""
+    if dealt_carry(flat.size):                 # few elements: 2 rounds instead of 4
+        zero = np.zeros(1, dtype=np.uint64)
+        outer = p.kop
+        bits = yield from thresholds.compare_steps(p, flat, zero, (L, m))
+        p.kop = outer
+        return bits.planes
+    outer = p.kop
+    leaves, nb = yield from leaves_steps(p, flat, L, m)
+    p.kop = outer
+    carry = yield from _carry_steps(p, leaves, nb, True)
+    return carry ^ leaves[0].a
 
 
 def drelu_a(p: Party, x: AShare, exact: bool = False,
@@ -319,9 +341,16 @@ def mul_ab(p: Party, bit: BShare, x: AShare) -> AShare:
 def drelu_masked(p: Party, x: AShare, win: tuple[int, int] | None = None) -> MaskedBits:
     """DReLU(x) as :class:`MaskedBits` (for :func:`mul_masked`). Cost:
     ``cost_drelu(n, L, m, fused=True)`` - one round less than drelu_a."""
+    return run_steps(p, drelu_masked_steps(p, x, win))[0]
+
+
+def drelu_masked_steps(p: Party, x: AShare, win: tuple[int, int] | None = None):
+    """:func:`drelu_masked` as lockstep steps (:func:`base.lockstep`): e.g. a table
+    lookup's comparisons beside the polynomial pieces they select."""
     p.new_op()
-    e, flat = _drelu_bits(p, x, exact=False, fused=True, win=win)
-    return MaskedBits(e, flat.size)
+    flat = AShare(x.a.reshape(-1), x.b.reshape(-1))
+    bits = yield from _drelu_masked_steps(p, flat, *(win or window(p, False)))
+    return MaskedBits(bits, flat.size)
 
 
 def mul_masked(p: Party, bits: MaskedBits, y: AShare, sum_runs: int = 0) -> AShare:

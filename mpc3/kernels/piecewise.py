@@ -23,7 +23,6 @@ from typing import Callable
 import numpy as np
 
 from .. import ring
-from ..parallel import parallel
 from ..party import Party, RingConfig
 from ..shares import AShare
 from . import arith, convert, thresholds
@@ -120,31 +119,23 @@ def coef_ints(c, bits: int) -> np.ndarray:
                             .astype(np.int64))
 
 
-def piecewise(p: Party, x: AShare, breaks, pieces, steps=None) -> AShare:
+def piecewise(p: Party, x: AShare, breaks, steps: Callable) -> AShare:
     """0 below breaks[0], piece j on [t_j, t_{j+1}), x from breaks[-1] on: the comparisons
-    c_k = [x >= t_k] (one drelu_masked call, left masked for the injection) run in the rounds
-    of ``pieces(party, x)`` -> (n, len(breaks) - 1) values V_1..; the output is
-    sum_k c_k (V_{k+1} - V_k) with V_0 = 0 and V_last = x (it telescopes to the piece x is
-    in; garbage in the other pieces cancels exactly in the ring): one batched injection.
-    ``steps(x)``: the pieces as lockstep steps; with the threshold comparison they share
-    rounds without mpc3.parallel's threads."""
+    c_k = [x >= t_k] (left masked for the injection) run in lockstep with the pieces
+    ``steps(x)`` (lockstep steps, :func:`mpc3.kernels.base.lockstep`) -> (n, len(breaks) - 1)
+    values V_1..; the output is sum_k c_k (V_{k+1} - V_k) with V_0 = 0 and V_last = x (it
+    telescopes to the piece x is in; garbage in the other pieces cancels exactly in the
+    ring): one batched injection."""
     shape = x.shape
     x = x.reshape(-1)
     n, nt = x.size, len(breaks)
     t = ring.encode(np.array(breaks), p.cfg.frac)
-    if steps is not None and shared_breaks(n, nt, p.cfg):
-        bits, poly = run_steps(p, thresholds.compare_steps(p, x, t, convert.window(p)),
-                               steps(x))
-    elif shared_breaks(n, nt, p.cfg):      # one thermometer per element, dealt carry
-        def compare(q):
-            return thresholds.compare_public_masked(q, x, t, convert.window(q))
+    if shared_breaks(n, nt, p.cfg):        # one thermometer per element, dealt carry
+        compare = thresholds.compare_steps(p, x, t, convert.window(p))
     else:
         diff = arith.add_public(p, wide(x, nt), -t[None, :]).reshape(-1)
-
-        def compare(q):
-            return convert.drelu_masked(q, diff)
-    if steps is None or not shared_breaks(n, nt, p.cfg):
-        bits, poly = parallel(p, compare, lambda q: pieces(q, x))
+        compare = convert.drelu_masked_steps(p, diff)
+    bits, poly = run_steps(p, compare, steps(x))
     zero = np.zeros((n, 1), dtype=np.uint64)
     values = AShare.concat([poly, x.reshape(n, 1)], 1)                # V_1..V_nt
     below = AShare.concat([AShare(zero, zero.copy()), poly], 1)       # V_0..V_nt-1
@@ -205,8 +196,7 @@ def quartics(p: Party, x: AShare, table: tuple[np.ndarray, np.ndarray], e: int, 
 
 def segments_a(p: Party, x: AShare, breaks, table, e: int, K: int) -> AShare:
     """:func:`piecewise` with :func:`quartics` for the segments between ``breaks``."""
-    return piecewise(p, x, breaks, lambda q, v: run_steps(q, quartics(q, v, table, e, K))[0],
-                     steps=lambda v: quartics(p, v, table, e, K))
+    return piecewise(p, x, breaks, lambda v: quartics(p, v, table, e, K))
 
 
 def cost_segments(n: int, nt: int, cfg: RingConfig, e: int, K: int) -> Cost:
@@ -218,12 +208,13 @@ def cost_segments(n: int, nt: int, cfg: RingConfig, e: int, K: int) -> Cost:
 
 
 # ------------------------------------------------------------ the Chebyshev forms ----
-def cheb_z(p: Party, x: AShare, num: int, sh: int, S: int) -> AShare:
+def cheb_z(p: Party, x: AShare, num: int, sh: int, S: int):
     """z = 2 x^2 / T^2 - 1 at scale S, 2 / T^2 = num / 2^sh exact in the ring: one product
-    (:func:`cost_cheb_z`)."""
+    (:func:`cost_cheb_z`), as lockstep steps."""
     f = p.cfg.frac
     one = ring.encode(np.ones(x.size), S)
-    return arith.add_public(p, arith.mul_aa(p, x, x.scale(num), trunc=2 * f + sh - S), -one)
+    z, = yield from arith.mul_many_steps(p, [(x, x.scale(num), "mul", 2 * f + sh - S)])
+    return arith.add_public(p, z, -one)
 
 
 def cost_cheb_z(n: int, cfg: RingConfig, sh: int, S: int) -> Cost:
@@ -231,12 +222,14 @@ def cost_cheb_z(n: int, cfg: RingConfig, sh: int, S: int) -> Cost:
 
 
 def x_half_dot(p: Party, x: AShare, left: list[AShare], right: list[AShare], c0: float,
-               S: int, K: int) -> AShare:
+               S: int, K: int):
     """x / 2 + sum_i left_i right_i + c0, (n, 1) at scale frac: ONE dot product formed at
     scale 2 S + K (left_i at S, right_i at S + K) whose last term is x times the public
-    power of two that halves it. Cost: one product (arith.cost_mul of n, shift 2 S + K - f)."""
+    power of two that halves it, as lockstep steps. Cost: one product (arith.cost_mul of
+    n, shift 2 S + K - f)."""
     f, n = p.cfg.frac, x.size
     half = arith.public_share(p, np.full(n, np.uint64(1) << np.uint64(2 * S + K - f - 1)))
-    poly = arith.matmul_aa(p, *pairs(left + [x], right + [half]),
-                           trunc=2 * S + K - f).reshape(n, 1)       # scale f
+    poly, = yield from arith.mul_many_steps(p, [(*pairs(left + [x], right + [half]), "matmul",
+                                                 2 * S + K - f)])
+    poly = poly.reshape(n, 1)                                       # scale f
     return arith.add_public(p, poly, ring.encode(np.full((n, 1), c0), f))

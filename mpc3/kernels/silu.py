@@ -164,23 +164,27 @@ def silu_a(p: Party, x: AShare, method: str = "auto", site: str | None = None) -
     if silu_method(method, x.size) == "cheb":
         f, (e, K) = p.cfg.frac, SILU_CHEB_SCALES[p.cfg.trunc]
         T = silu_cheb_threshold()
-        return piecewise(p, x, (-T, T), lambda q, v: _cheb_poly(q, v, f + e, K))
+        return piecewise(p, x, (-T, T), lambda v: _cheb_poly(p, v, f + e, K))
     e, K = SILU_SCALES[p.cfg.trunc]
     return segments_a(p, x, SILU_BREAKS, silu_table(e, K), e, K)
 
 
-def _cheb_poly(p: Party, x: AShare, S: int, K: int) -> AShare:
-    """The "cheb" form's one piece, (n, 1) at scale frac: x / 2 + c_0 + L + T_8 A + T_4 B
-    (module docstring) in five product layers; outside |x| < T garbage that cancels."""
+def _cheb_poly(p: Party, x: AShare, S: int, K: int):
+    """The "cheb" form's one piece as lockstep steps, (n, 1) at scale frac: x / 2 + c_0 + L
+    + T_8 A + T_4 B (module docstring) in five product layers; outside |x| < T garbage that
+    cancels."""
     c = silu_cheb_table(K)
     k = coef_ints(c, K)
     one_S = ring.encode(np.ones(x.size), S)
     # each layer: one product per element (two in layer 3), 2 | 1 rounds
-    z = cheb_z(p, x, *SILU_CHEB_Z, S)                        # 43 x^2 / 2^11 - 1 at scale S
-    t2 = arith.add_public(p, arith.mul_aa(p, z, z, trunc=S - 1), -one_S)
-    zt2, t4 = arith.mul_many_aa(p, [(z, t2, "mul", S - 1), (t2, t2, "mul", S - 1)])
+    z = yield from cheb_z(p, x, *SILU_CHEB_Z, S)             # 43 x^2 / 2^11 - 1 at scale S
+    zz, = yield from arith.mul_many_steps(p, [(z, z, "mul", S - 1)])
+    t2 = arith.add_public(p, zz, -one_S)
+    zt2, t4 = yield from arith.mul_many_steps(p, [(z, t2, "mul", S - 1),
+                                                  (t2, t2, "mul", S - 1)])
     t3, t4 = zt2 - z, arith.add_public(p, t4, -one_S)
-    t8 = arith.add_public(p, arith.mul_aa(p, t4, t4, trunc=S - 1), -one_S)
+    t44, = yield from arith.mul_many_steps(p, [(t4, t4, "mul", S - 1)])
+    t8 = arith.add_public(p, t44, -one_S)
 
     def comb(first: int, terms: list[AShare]) -> AShare:   # scale S + K
         out = terms[0].scale(k[first])
@@ -191,7 +195,8 @@ def _cheb_poly(p: Party, x: AShare, S: int, K: int) -> AShare:
     A = comb(6, [z, t2, t3, t4])
     B = comb(10, [z, t2, t3])
     # layer 5: one 4-term dot product per element, 2 | 1 rounds
-    return x_half_dot(p, x, [t8, t4, L], [A, B, arith.public_share(p, one_S)], c[0], S, K)
+    return (yield from x_half_dot(p, x, [t8, t4, L], [A, B, arith.public_share(p, one_S)],
+                                  c[0], S, K))
 
 
 def _cost_cheb_poly(n: int, cfg: RingConfig) -> Cost:

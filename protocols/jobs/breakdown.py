@@ -3,10 +3,9 @@ private inference into linear layers, softmax, GELU and LayerNorm the same way).
 
 While :func:`instrumented` is active, the entry points of :data:`TARGETS` are wrapped: a call
 whose party has a :class:`Recorder` (:meth:`Recorder.attach`) opens a *region* of the
-target's category; other calls (parties without a recorder, branches of
-:func:`mpc3.parallel.parallel`) pass straight through. The recorder attributes what its
-party's communicator counted (bytes, messages, rounds) and the wall time between two region
-boundaries to the innermost open region, so the categories partition the measured totals
+target's category; other calls (parties without a recorder) pass straight through. The recorder
+attributes what its party's communicator counted (bytes, messages, rounds) and the wall time between
+two region boundaries to the innermost open region, so the categories partition the measured totals
 exactly: nothing is estimated, and the sum over categories is the communicator's count.
 
 Categories (:data:`CATEGORIES`):
