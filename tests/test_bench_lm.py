@@ -142,8 +142,8 @@ def test_recorder_attributes_innermost_and_passes_through():
         assert (cats.sum(axis=0) == total).all()
         assert total[1] == parties[rank].stats.bytes_sent
         m, a = BD.CATEGORIES.index("matmul"), BD.CATEGORIES.index("attention")
-        assert cats[m, 3] == (arith.cost_mul(16, True, 18, "exact").rounds
-                              + truncation.cost_trunc(16, 20, "exact").rounds)
+        assert cats[m, 3] == (arith.cost_mul(16, RingConfig(frac=18, trunc="exact")).rounds
+                              + truncation.cost_trunc(16, RingConfig(trunc="exact"), 20).rounds)
         assert cats[a, 3] > 0 and cats[a, 1] > 0
         assert cats[BD.CATEGORIES.index("norm"), 1] == 0
 

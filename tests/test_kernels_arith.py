@@ -32,7 +32,7 @@ def test_mul_fixed_point(mode, rng):
     # prob: ~1.4e-5 expected failures here (a failure is off by 2^(64 - 2f) = 2^28)
     bad = err > bound
     assert bad.sum() <= _allowed(mode, x * y * 2.0 ** (2 * F)) and (err[bad] > 2.0 ** 27).all()
-    run.assert_cost(arith.cost_mul(x.size, True, ring.DEFAULT_FRAC, mode))
+    run.assert_cost(arith.cost_mul(x.size, RingConfig(frac=ring.DEFAULT_FRAC, trunc=mode)))
 
 
 def test_mul_integer_and_open(run, rng):
@@ -51,7 +51,7 @@ def test_matmul_fixed_point(mode, rng):
     err = np.abs(value(out) - a @ b)
     bad = err >= 40 * ULP                  # prob: ~1.7e-6 expected failures, each off by 2^28
     assert bad.sum() <= _allowed(mode, a @ b * 2.0 ** (2 * F)) and (err[bad] > 2.0 ** 27).all()
-    run.assert_cost(arith.cost_mul(2 * 9 * 5, True, ring.DEFAULT_FRAC, mode))
+    run.assert_cost(arith.cost_mul(2 * 9 * 5, RingConfig(frac=ring.DEFAULT_FRAC, trunc=mode)))
 
 
 @pytest.mark.parametrize("mode", ["exact", "prob"])
@@ -60,7 +60,7 @@ def test_trunc(mode, rng):
     x = np.concatenate([EDGE, rng.normal(size=100) * 100])
     out = run(lambda p, a: truncation.trunc_a(p, a, 7), share(x * 128))
     assert np.abs(value(out) - x).max() < ULP * (1 + 2.0 ** -8)   # stochastic rounding + encoding
-    run.assert_cost(truncation.cost_trunc(x.size, 7, mode))
+    run.assert_cost(truncation.cost_trunc(x.size, RingConfig(trunc=mode), 7))
 
 
 def _forced_wrap_shares(x_ring):
@@ -160,11 +160,11 @@ def test_mul_split_with_replicated_items(mode, rng):
                                atol=8 * ulp)
     np.testing.assert_allclose(value([o[1] for o in out]), x @ w2, atol=8 * ulp)
     np.testing.assert_allclose(value([o[2] for o in out]), y * v, atol=8 * ulp)
-    declared = arith.cost_mul_split(cfg, 23, True, n_rep=12)
+    declared = arith.cost_mul_split(23, cfg, True, n_rep=12)
     assert tuple(o[3].bytes_sent for o in out) == declared.bytes_per_party
     assert max(o[3].rounds for o in out) == declared.rounds
-    assert declared.bytes_total == arith.cost_mul_split(cfg, 23, True).bytes_total \
-        + arith.cost_mul(12, True, cfg.frac, mode).bytes_total
+    assert declared.bytes_total == arith.cost_mul_split(23, cfg, True).bytes_total \
+        + arith.cost_mul(12, RingConfig(frac=cfg.frac, trunc=mode)).bytes_total
 
 
 # ------------------------------------------------ scaled truncation (public factor) ----
@@ -195,7 +195,7 @@ def test_scaled_truncation_equals_the_wide_product(mode, rng):
         mk = np.broadcast_to(m, z.shape).tolist()
         assert all(any((err[k] + sg * int(mk[k]) * 2 ** (64 - shift)) % 2 ** 64 in (0, 1)
                        for sg in (1, -1)) for k in bad), (shift, [err[k] for k in bad])
-        run.assert_cost(truncation.cost_trunc(z.size, shift, mode))
+        run.assert_cost(truncation.cost_trunc(z.size, RingConfig(trunc=mode), shift))
 
 
 def test_matmul_times_public_row_scales(run, rng):
@@ -210,7 +210,8 @@ def test_matmul_times_public_row_scales(run, rng):
     want = (o @ w) / n[:, None]
     bound = 2 * ULP + np.abs(want) * n[:, None] * 2.0 ** -23
     assert (np.abs(value(out) - want) <= bound).all()
-    run.assert_cost(arith.cost_mul(2 * 5 * 3, sc.shift, ring.DEFAULT_FRAC, "exact"))
+    run.assert_cost(arith.cost_mul(2 * 5 * 3, RingConfig(frac=ring.DEFAULT_FRAC, trunc="exact"),
+                                   sc.shift))
     mixed = run(lambda p, a, b: arith.mul_many_aa(p, [(a, b, "matmul", sc),
                                                       (a, a, "mul", True)]), share(o), share(w))
     got = [reveal([m[k] for m in mixed]) for k in range(2)]

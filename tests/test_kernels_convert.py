@@ -32,7 +32,7 @@ def test_drelu(run, rng):
     assert (d[outside] == (xs[outside] >= 0)).all()
     assert d[xs == 0].all()                              # DReLU(0) = 1 as in the paper
     L, m = convert.window(run.parties[0])
-    run.assert_cost(convert.cost_drelu(x.size, L, m))
+    run.assert_cost(convert.cost_drelu(x.size, RingConfig(), win=(L, m)))
 
 
 def test_drelu_exact_and_msb(run, rng):
@@ -48,11 +48,12 @@ def test_relu_bytes_and_values(run, rng):
     err = np.abs(value(out) - np.maximum(x, 0))
     assert err.max() <= DROP + ULP
     L, m = convert.window(run.parties[0])
-    cost = convert.cost_relu(x.size, L, m)
+    cost = convert.cost_relu(x.size, RingConfig(), win=(L, m))
     run.assert_cost(cost)
     assert cost.rounds == 4                     # few elements: the two-round comparison
     big = 1 << 17                               # whole sequences: the bytes-lean tree
-    assert convert.cost_relu(big, L, m).bytes_total / big <= 60   # issue target: <= 60 B
+    # issue target: <= 60 B
+    assert convert.cost_relu(big, RingConfig(), win=(L, m)).bytes_total / big <= 60
 
 
 def test_select_b2a_mul(run, rng):
@@ -78,9 +79,9 @@ def test_sqrt_inv_auto_picks_by_size(run, rng, n, mode):
     rel, ulps = fxp.SQRT_INV_ERROR[mode]["exact"]
     xq = ring.decode(ring.encode(x))
     assert (np.abs(value(out) - 1 / np.sqrt(xq)) <= rel / np.sqrt(xq) + ulps * ULP).all()
-    run.assert_cost(fxp.cost_sqrt_inv(n, mode, ring.DEFAULT_FRAC, "exact"))
-    assert fxp.cost_sqrt_inv(n, "auto", ring.DEFAULT_FRAC, "exact") == \
-        fxp.cost_sqrt_inv(n, mode, ring.DEFAULT_FRAC, "exact")
+    run.assert_cost(fxp.cost_sqrt_inv(n, RingConfig(frac=ring.DEFAULT_FRAC, trunc="exact"), mode))
+    assert fxp.cost_sqrt_inv(n, RingConfig(frac=ring.DEFAULT_FRAC, trunc="exact")) == \
+        fxp.cost_sqrt_inv(n, RingConfig(frac=ring.DEFAULT_FRAC, trunc="exact"), mode)
 
 
 def test_select_broadcasts_a_bit_over_a_row(run, rng):
@@ -101,7 +102,7 @@ def test_masked_bits_times_rows(run, rng):
     out = run(lambda p, xx, yy: convert.mul_masked(p, convert.drelu_masked(p, xx), yy),
               share(x), share(y))
     assert np.abs(value(out) - (x >= 0)[:, None] * y).max() <= ULP
-    run.assert_cost(convert.cost_drelu(30, *convert.window_for(CFG), fused=True)
+    run.assert_cost(convert.cost_drelu(30, CFG, fused=True)
                     + convert.cost_inject(30, fused=True, cols=4))
 
 
@@ -132,7 +133,7 @@ def test_exp_poly_is_the_paper_polynomial(mode, rng):
         assert (err[bad] > 1e6).all()
     else:
         assert not bad.any()
-    run.assert_cost(fxp.cost_exp(x.size, "poly", ring.DEFAULT_FRAC, mode))
+    run.assert_cost(fxp.cost_exp(x.size, RingConfig(frac=ring.DEFAULT_FRAC, trunc=mode), "poly"))
 
 
 @pytest.mark.parametrize("n,rounds", [(300, 4), (thresholds.ROUND_LEAN_ELEMENTS, 4),
@@ -149,7 +150,7 @@ def test_relu_round_lean_for_few_elements(rng, n, rounds):
     run = Run()
     got = value(run(lambda p, a: convert.relu_a(p, a), share(x)))
     np.testing.assert_allclose(got, np.maximum(x, 0), atol=2 ** -11)
-    run.assert_cost(convert.cost_relu(n, *win))
+    run.assert_cost(convert.cost_relu(n, RingConfig(), win=win))
     assert run.rounds == rounds
 
 
@@ -181,7 +182,7 @@ def test_products_in_split_form_feed_relu(mode, rng):
         bad = np.abs(got[name][0] - ref) >= 2.0 ** -12 + 2.0 ** -16
         assert bad.sum() <= (prob_trunc_allowance(z) if mode == "prob" else 0)
     run = got["split"][1]
-    run.assert_cost(arith.cost_mul_split(cfg, 157, True) + convert.cost_relu_split(cfg, 157, True))
+    run.assert_cost(arith.cost_mul_split(157, cfg, True) + convert.cost_relu_split(157, cfg, True))
     saved = sum(got["replicated"][1].bytes_per_party) - sum(run.bytes_per_party)
     assert saved == 8 * 157
 
@@ -212,14 +213,12 @@ def test_split_products_take_their_sign_in_their_own_rounds(rng):
             return convert.relu_a(p, z.reshape(3, 9)), mid
         out = run(fn, share(x, 18 if signed else 40), share(w), share(b))
         np.testing.assert_allclose(value([o[0] for o in out]), ref, atol=2 ** -12)
-        run.assert_cost(arith.cost_mul_split(RingConfig(), 27, trunc)
-                        + convert.cost_relu_split(RingConfig(), 27, trunc))
+        run.assert_cost(arith.cost_mul_split(27, RingConfig(), trunc)
+                        + convert.cost_relu_split(27, RingConfig(), trunc))
         assert run.rounds == (4 if signed else 6) and out[0][1] == 2
-    same = arith.cost_mul_split(RingConfig(), 27, True) + convert.cost_relu_split(
-        RingConfig(), 27, True)
+    same = arith.cost_mul_split(27, RingConfig()) + convert.cost_relu_split(27, RingConfig())
     apart = arith.cost_trunc_shifts(np.full(27, ring.DEFAULT_FRAC), "exact", from_rss=False,
-                                    split=True) + convert.cost_relu(27, *convert.window_for(
-                                        RingConfig()))
+                                    split=True) + convert.cost_relu(27, RingConfig())
     assert same.bytes_per_party == apart.bytes_per_party and same.rounds == apart.rounds - 2
 
 
@@ -241,11 +240,11 @@ def test_split_products_past_the_lean_size_take_their_leaves_in_their_own_rounds
     got = value(run(fn, share(x), share(w), share(b)))
     np.testing.assert_allclose(got, np.maximum(x @ w + b, 0).reshape(-1), atol=2 ** -12)
     cfg = RingConfig(trunc=mode)
-    run.assert_cost(arith.cost_mul_split(cfg, n, True) + convert.cost_relu_split(cfg, n, True))
+    run.assert_cost(arith.cost_mul_split(n, cfg, True) + convert.cost_relu_split(n, cfg, True))
     if mode == "prob":
         return
     apart = arith.cost_trunc_shifts(np.full(n, cfg.frac), "exact", from_rss=False, split=True) \
-        + convert.cost_relu(n, *convert.window_for(cfg))
+        + convert.cost_relu(n, cfg)
     assert run.rounds == apart.rounds - 2 == 7
     assert sum(run.bytes_per_party) == apart.bytes_total
 

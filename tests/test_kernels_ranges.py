@@ -166,11 +166,12 @@ def test_sqrt_inv_span_keeps_the_bound_on_its_octaves(method, span, rng):
     got = value([o[0] for o in out])
     rel, ulps = fxp.SQRT_INV_ERROR[method]["exact"]
     _claim(got, 1 / np.sqrt(x), rel, ulps, 0)
-    declared = fxp.cost_sqrt_inv(x.size, method, 18, "exact", span)
+    declared = fxp.cost_sqrt_inv(x.size, RingConfig(frac=18, trunc="exact"), method, span)
     assert tuple(o[1].bytes_sent for o in out) == declared.bytes_per_party
     assert max(o[1].rounds for o in out) == declared.rounds \
-        == fxp.cost_sqrt_inv(x.size, method, 18, "exact").rounds
-    assert declared.bytes_total < fxp.cost_sqrt_inv(x.size, method, 18, "exact").bytes_total
+        == fxp.cost_sqrt_inv(x.size, RingConfig(frac=18, trunc="exact"), method).rounds
+    assert declared.bytes_total < \
+        fxp.cost_sqrt_inv(x.size, RingConfig(frac=18, trunc="exact"), method).bytes_total
     if method == "fast":                          # outside: the span's end values
         edge = value(Run()(lambda p, a: fxp.sqrt_inv_a(p, a, "fast", span),
                            share(_q([lo / 4, hi * 1.4]))))   # below 2^17: the window

@@ -74,7 +74,7 @@ def test_mul_unbiased(mode, rng):
               deal(ring.from_signed(X)), deal(ring.from_signed(Y)))
     z = X * Y
     _check(_errors(reveal(out), z, F, mode), z, F)
-    run.assert_cost(arith.cost_mul(N, True, F, mode))
+    run.assert_cost(arith.cost_mul(N, RingConfig(frac=F, trunc=mode)))
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -87,7 +87,7 @@ def test_matmul_unbiased(mode, rng):
               deal(ring.from_signed(X)), deal(ring.from_signed(Y)))
     z = X @ Y
     _check(_errors(reveal(out), z, F, mode), z, F)
-    run.assert_cost(arith.cost_mul(z.size, True, F, mode))
+    run.assert_cost(arith.cost_mul(z.size, RingConfig(frac=F, trunc=mode)))
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -117,7 +117,7 @@ def test_trunc_a_unbiased(mode, per_element, rng):
     run = Run(RingConfig(trunc=mode))
     out = run(lambda p, a: truncation.trunc_a(p, a, shifts), deal(ring.from_signed(X)))
     _check(_errors(reveal(out), X, shifts, mode), X, shifts)
-    run.assert_cost(truncation.cost_trunc(N, shifts, mode))
+    run.assert_cost(truncation.cost_trunc(N, RingConfig(trunc=mode), shifts))
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -86,11 +86,11 @@ def test_declared_cost_and_summed_injection(run, rng, rows, k):
     for got, declared in ((tuple(c[1].bytes_sent for c in by_rank),
                            T.cost_compare_public(rows, k, *win)),
                           (tuple(c[2].bytes_sent for c in by_rank),
-                           convert.cost_inject(rows * k, True, seg=k))):
+                           convert.cost_inject(rows * k, fused=True, seg=k))):
         assert got == declared.bytes_per_party
     assert max(c[1].rounds for c in costs) == 2 and max(c[2].rounds for c in costs) == 2
     # the lookup's resharing carries one element per run and group, not one per product
-    summed, plain = (convert.cost_inject(rows * k, True, seg=s).bytes_total for s in (k, 0))
+    summed, plain = (convert.cost_inject(rows * k, fused=True, seg=s).bytes_total for s in (k, 0))
     assert summed < plain if k >= 4 else summed <= plain
 
 

@@ -2,13 +2,13 @@
 share their rounds without threads, a later kernel may read what an earlier one published
 after a round, and every kernel keeps its own kernel counter (no PRG draw repeats)."""
 import numpy as np
+from conftest import Run, share, value
 
 from mpc3.comm import NEXT, PREV
 from mpc3.kernels import truncation
 from mpc3.kernels.base import Cost, Round, lockstep, run_steps
 from mpc3.kernels.truncation import trunc_steps
-
-from conftest import Run, share, value
+from mpc3.party import RingConfig
 
 
 def _draw_then_swap(p, tag: str, box: dict | None = None):
@@ -69,7 +69,8 @@ def test_truncations_in_lockstep_equal_their_separate_runs(rng):
     out = run(fn, share(x), share(y))
     for k, ref in ((0, 3 * x), (1, 5 * y), (2, 3 * x), (3, 5 * y)):
         np.testing.assert_allclose(value([o[k] for o in out]), ref, atol=8 * 2.0 ** -18)
-    both = Cost.parallel(truncation.cost_trunc(40, 10, "exact"), truncation.cost_trunc(25, 12, "exact"))
+    exact = RingConfig(trunc="exact")
+    both = Cost.parallel(truncation.cost_trunc(40, exact, 10), truncation.cost_trunc(25, exact, 12))
     assert tuple(o[4].bytes_sent for o in out) == both.bytes_per_party
     assert max(o[4].rounds for o in out) == both.rounds == 2
 

@@ -134,7 +134,7 @@ def test_share_layout_folds_batchnorm_and_fuses_the_linear_ffn():
                                atol=1e-12)
     SM.check_shares(cfg, SM.share_model(cfg, w)[0])        # names and shapes agree
     rc = RingConfig()
-    assert N.cost_norm(rc, cfg, 10) == arith.cost_mul(160, True, rc.frac, rc.trunc)
+    assert N.cost_norm(rc, cfg, 10) == arith.cost_mul(160, rc)
     assert N.cost_norm(rc, cfg_of("decoder-only", norm="none"), 10).rounds == 0
 
 
@@ -300,7 +300,7 @@ def test_aero_scaled_pruned_lm_secure(run, rng, attention):
     got = LM.cost_lm_step(rc, cfg, 2, 5, 3)
     from protocols.layers.ffn import cost_ffn
     saved = cost_ffn(rc, 2, 16, 32, "none")
-    scale = arith.cost_mul(2 * 16, True, rc.frac, rc.trunc)
+    scale = arith.cost_mul(2 * 16, rc)
     assert got.rounds == plain.rounds - saved.rounds + scale.rounds
     assert got.bytes_total == plain.bytes_total - saved.bytes_total + scale.bytes_total
 

@@ -86,12 +86,10 @@ def test_ffn_value_and_cost(run, rng):
     out = run(lambda p, s, xs: ffn(p, SM.sub(s, "enc.0.ffn"), xs), *zip(*args(sh, share(x))))
     ref = M.ref_ffn(x, *(w[f"enc.0.ffn.{k}"] for k in ("w1", "b1", "w2", "b2")))
     close(value(out), ref)
-    L, m = convert.window(run.parties[0])
-    f, mode = run.cfg.frac, run.cfg.trunc
     # x W1 stops at the split form relu_a reads (mul_split_aa)
-    declared = (arith.cost_mul_split(run.cfg, 2 * 7 * 40, True)
-                + convert.cost_relu_split(run.cfg, 2 * 7 * 40, True)
-                + arith.cost_mul(2 * 7 * 24, True, f, mode))
+    declared = (arith.cost_mul_split(2 * 7 * 40, run.cfg)
+                + convert.cost_relu_split(2 * 7 * 40, run.cfg)
+                + arith.cost_mul(2 * 7 * 24, run.cfg))
     run.assert_cost(declared)
 
 

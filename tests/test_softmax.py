@@ -109,7 +109,7 @@ def test_row_maxima_of_ragged_rows(run, rng):
     got = value(run(lambda p, a: extrema.max_rows_a(p, a, lens), share(x)))
     want = np.maximum.reduceat(x, np.concatenate([[0], np.cumsum(lens)[:-1]]))
     assert np.all(got <= want + 2.0 ** -18) and np.all(got >= want - 9 * 2.0 ** -12)
-    run.assert_cost(extrema.cost_max_rows(run.cfg, lens))
+    run.assert_cost(extrema.cost_max_rows(lens, run.cfg))
     with pytest.raises(ValueError, match="at least one value"):
         run(lambda p, a: extrema.max_rows_a(p, a, [3, 0]), share(x[:3]))
     with pytest.raises(ValueError, match="rows of 4 values for 3"):

@@ -214,8 +214,8 @@ def _cost_cheb_poly(n: int, cfg: RingConfig) -> Cost:
     f, (e, K) = cfg.frac, GELU_CHEB_SCALES[cfg.trunc]
     S = f + e
     return (cost_cheb_z(n, cfg, GELU_CHEB_Z[1], S)
-            + arith.cost_mul(n, S - 1, f, cfg.trunc) + arith.cost_mul(n, S - 1, f, cfg.trunc)
-            + arith.cost_mul(n, 2 * S + K - f, f, cfg.trunc))
+            + arith.cost_mul(n, cfg, S - 1) + arith.cost_mul(n, cfg, S - 1)
+            + arith.cost_mul(n, cfg, 2 * S + K - f))
 
 
 #: The one documented range of tanh_a (closed): |x| <= 24, so that -2|x| stays inside
@@ -263,8 +263,7 @@ def tanh_a(p: Party, x: AShare, site: str | None = None) -> AShare:
 
 def cost_tanh(n: int, cfg: RingConfig) -> Cost:
     """Rounds and bytes per party of :func:`tanh_a` on ``n`` elements."""
-    f = cfg.frac
-    return (convert.cost_drelu(n, *convert.window_for(cfg))
+    return (convert.cost_drelu(n, cfg)
             + convert.cost_inject(n, fused=False)
-            + fxp.cost_exp(n, "limit", f, cfg.trunc) + fxp.cost_reciprocal(n, f, cfg.trunc)
+            + fxp.cost_exp(n, cfg) + fxp.cost_reciprocal(n, cfg)
             + convert.cost_inject(n, fused=False))

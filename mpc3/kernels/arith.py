@@ -85,7 +85,7 @@ def open_a(p: Party, x: AShare, to: int | None = None) -> np.ndarray | None:
     return x.a + x.b + got[0] if p.rank == to else None
 
 
-def cost_open_a(n: int, to: int | None = None) -> Cost:
+def cost_open_a(n: int, cfg=None, to: int | None = None) -> Cost:
     if to is None:
         return Cost.uniform(1, 8 * n)
     per = [0, 0, 0]
@@ -106,7 +106,7 @@ def reshare(p: Party, z: np.ndarray, tag: str = "reshare") -> AShare:
     return AShare(zi, got[0].reshape(z.shape))
 
 
-def cost_reshare(n: int) -> Cost:
+def cost_reshare(n: int, cfg=None) -> Cost:
     return Cost.uniform(1, 8 * n)
 
 
@@ -393,7 +393,7 @@ def split_sign_window(cfg, n: int, trunc: bool | int) -> tuple[int, int] | None:
     return win if n and win is not None else None
 
 
-def cost_mul_split(cfg, n: int, trunc: bool | int, n_rep: int = 0) -> Cost:
+def cost_mul_split(n: int, cfg, trunc: bool | int = True, n_rep: int = 0) -> Cost:
     """mul_split_aa with ``n`` split and ``n_rep`` replicated outputs (``cfg``: the
     RingConfig), the sign's comparison included when it rides along."""
     bits = cfg.frac if trunc is True else trunc
@@ -415,13 +415,13 @@ def cost_mul_many(shifts, n_plain: int, mode: str) -> Cost:
     return cost_trunc_shifts(shifts, mode, from_rss=False) + Cost(0, (8 * n_plain,) * 3)
 
 
-def cost_mul(n: int, trunc, frac: int, mode: str) -> Cost:
+def cost_mul(n: int, cfg, trunc=True) -> Cost:
     """Rounds and bytes per party of mul_aa/matmul_aa with ``n`` output elements
     (``trunc``: True, False, a shift, or per-element shifts)."""
     if trunc is False:
         return cost_reshare(n)
-    bits = frac if trunc is True else trunc
-    return cost_trunc_shifts(np.broadcast_to(np.asarray(bits), (n,)), mode, from_rss=False)
+    bits = cfg.frac if trunc is True else trunc
+    return cost_trunc_shifts(np.broadcast_to(np.asarray(bits), (n,)), cfg.trunc, from_rss=False)
 
 
 def _finish(p: Party, z: np.ndarray, trunc) -> AShare:

@@ -89,6 +89,6 @@ def and_bb(p: Party, x: BShare, y: BShare, tag: str = "and") -> BShare:
     return reshare_bits(p, and_local(p, x, y, tag), x.n)
 
 
-def cost_and_bb(n: int, planes: int = 1) -> Cost:
+def cost_and_bb(n: int, cfg=None, planes: int = 1) -> Cost:
     return Cost.uniform(1, planes * sum((m + 7) // 8 for m in group_sizes(n)))
 

@@ -1,7 +1,9 @@
 """The kernel catalog: every kernel once, in one registration list (SPU style).
 
 Each :class:`Kernel` names a per-party function (as ``mpc3 bench op NAME`` calls it), its
-declared cost, a float64 reference, an input generator that stays inside the kernel's
+declared cost - the kernel module's own ``cost_*(n, cfg, **options)``, every kernel cost
+function taking the element count and the RingConfig first (options bound with
+``functools.partial``) - a float64 reference, an input generator that stays inside the kernel's
 documented range, the error tolerance on that range, and the range itself. The generic test
 (tests/test_kernel_catalog.py), ``mpc3 bench op`` and the benchmark job kinds all read this
 list, so adding a kernel touches only its own module and :data:`KERNELS`.
@@ -20,6 +22,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable
 
 import numpy as np
@@ -37,19 +40,25 @@ TRUNC_SHIFT = 10
 Shapes = tuple  # the operand shapes, in operand order
 
 
+def _n(shapes: Shapes) -> int:
+    """An elementwise kernel's n: the first operand's elements."""
+    return math.prod(shapes[0])
+
+
 @dataclass(frozen=True)
 class Kernel:
     """One kernel: see the module docstring for operand and output kinds."""
 
     name: str
     fn: Callable[..., Any]                                   # fn(party, *operand shares)
-    cost: Callable[[Shapes, RingConfig], Cost]               # declared, from the kernel module
+    cost: Callable[[int, RingConfig], Cost]                  # declared: cost_*(n, cfg)
     reference: Callable[..., np.ndarray]                     # float64 on the plaintext operands
     inputs: Callable[[np.random.Generator, int, tuple, RingConfig], tuple]
     tolerance: Callable[[Shapes, RingConfig], tuple[float, float]]   # |e| <= rel |y| + abs
     domain: str                                              # the documented range, in words
     operands: tuple[str, ...] = ("fxp",)
     output: str = "fxp"
+    size: Callable[[Shapes], int] = _n                       # the n of its cost
 
     def run(self, party: Party, *operands) -> Any:
         return self.fn(party, *operands)
@@ -87,7 +96,7 @@ class Kernel:
         return ring.decode(reveal(outputs), cfg.frac if self.output == "fxp" else 0)
 
     def cost_of(self, plain: tuple, cfg: RingConfig | None = None) -> Cost:
-        return self.cost(tuple(np.shape(o) for o in plain), cfg or RingConfig())
+        return self.cost(self.size(tuple(np.shape(o) for o in plain)), cfg or RingConfig())
 
     def bound(self, plain: tuple, cfg: RingConfig | None = None) -> np.ndarray:
         """Per-element error bound rel * |reference| + abs on these operands."""
@@ -123,10 +132,6 @@ def _deal_additive(x, frac: int, rng=None) -> list[np.ndarray]:
 
 _DEAL = {"fxp": lambda x, frac, rng=None: deal(ring.encode(x, frac), rng),
          "bit": _deal_bits, "add": _deal_additive}
-
-
-def _n(shapes: Shapes) -> int:
-    return math.prod(shapes[0])
 
 
 def _ulp(cfg: RingConfig) -> float:
@@ -201,6 +206,23 @@ def _matmul_relu_tolerance(shapes, cfg):
 #: Fractional bits of the public row scales 1/n_i of the "matmul-rowscale" kernel (as
 #: attention's: protocols.layers.mha.row_scale_trunc).
 ROWSCALE_BITS = 4
+
+
+def _matmul_outputs(shapes: Shapes) -> int:
+    """A matmul's output elements, the n of its cost."""
+    return shapes[0][0] * shapes[1][1]
+
+
+def _cost_matmul_relu(n: int, cfg: RingConfig) -> Cost:
+    return arith.cost_mul_split(n, cfg) + convert.cost_relu_split(n, cfg)
+
+
+def _cost_rowscale(n: int, cfg: RingConfig) -> Cost:
+    return arith.cost_mul(n, cfg, _row_scale(1, cfg).shift)
+
+
+def _cost_max_rows(n: int, cfg: RingConfig) -> Cost:
+    return extrema.cost_max_rows(np.full(n // MAX_ROW, MAX_ROW), cfg)
 
 
 def _row_scale(rows: int, cfg: RingConfig) -> arith.Scaled:
@@ -300,111 +322,108 @@ def _max_rows_tolerance(shapes, cfg):
 # ------------------------------------------------------------------------ the list ----
 _ALL = [
     Kernel("mult", lambda p, x, y: arith.mul_aa(p, x, y),
-           lambda s, c: arith.cost_mul(_n(s), True, c.frac, c.trunc),
+           arith.cost_mul,
            lambda x, y: x * y, _product_inputs, _one_ulp,
            "|x*y| < arith.product_limit(frac) = 2^26", ("fxp", "fxp")),
-    Kernel("matmul", lambda p, x, y: arith.matmul_aa(p, x, y),
-           lambda s, c: arith.cost_mul(s[0][0] * s[1][1], True, c.frac, c.trunc),
+    Kernel("matmul", lambda p, x, y: arith.matmul_aa(p, x, y), arith.cost_mul,
            lambda x, y: x @ y, _matmul_inputs, _one_ulp,
-           "every |sum_k x_ik y_kj| < arith.product_limit(frac) = 2^26", ("fxp", "fxp")),
+           "every |sum_k x_ik y_kj| < arith.product_limit(frac) = 2^26", ("fxp", "fxp"),
+           size=_matmul_outputs),
     Kernel("matmul-rowscale",
            lambda p, x, y: arith.matmul_aa(p, x, y, _row_scale(x.shape[0], p.cfg)),
-           lambda s, c: arith.cost_mul(s[0][0] * s[1][1], _row_scale(1, c).shift, c.frac,
-                                       c.trunc),
+           _cost_rowscale,
            lambda x, y: (x @ y) / np.arange(1, x.shape[0] + 1)[:, None], _matmul_inputs,
            _rowscale_tolerance,
            "as matmul (the scale rides in the truncation, whose product is never reduced)",
-           ("fxp", "fxp")),
-    Kernel("matmul-relu", _matmul_relu,
-           lambda s, c: (arith.cost_mul_split(c, s[0][0] * s[1][1], True)
-                         + convert.cost_relu_split(c, s[0][0] * s[1][1], True)),
+           ("fxp", "fxp"), size=_matmul_outputs),
+    Kernel("matmul-relu", _matmul_relu, _cost_matmul_relu,
            lambda x, y: np.maximum(x @ y, 0), _matmul_relu_inputs, _matmul_relu_tolerance,
            "as matmul, and every |sum_k x_ik y_kj| < convert.relu_limit(cfg) = 2^14",
-           ("fxp", "fxp")),
+           ("fxp", "fxp"), size=_matmul_outputs),
     Kernel("trunc", lambda p, x: truncation.trunc_a(p, x, TRUNC_SHIFT),
-           lambda s, c: truncation.cost_trunc(_n(s), TRUNC_SHIFT, c.trunc),
+           partial(truncation.cost_trunc, bits=TRUNC_SHIFT),
            lambda x: x / 2.0 ** TRUNC_SHIFT,
            lambda r, n, sh, c: (r.normal(size=n) * 4 * 2.0 ** TRUNC_SHIFT,), _one_ulp,
            "|x| < 2^(62 - frac) (exact mode; prob fails w.p. ~|x| 2^(frac-64))"),
     Kernel("open", lambda p, x: arith.open_a(p, x),
-           lambda s, c: arith.cost_open_a(_n(s)),
+           arith.cost_open_a,
            lambda x: x, lambda r, n, sh, c: (r.normal(size=n) * 100,), _exact,
            "any ring value", output="public"),
     Kernel("reshare", lambda p, z: arith.reshare(p, z),
-           lambda s, c: arith.cost_reshare(_n(s)),
+           arith.cost_reshare,
            lambda x: x, lambda r, n, sh, c: (r.normal(size=n) * 100,), _exact,
            "any ring value (3-out-of-3 input)", ("add",)),
     Kernel("drelu", lambda p, x: convert.drelu_a(p, x),
-           lambda s, c: convert.cost_drelu(_n(s), *convert.window_for(c)),
+           convert.cost_drelu,
            lambda x: (x >= 0).astype(np.float64), _relu_inputs, _exact,
            "|x| < convert.relu_limit(cfg) = 2^14; either answer on [-2^(drop-frac), 0)",
            output="bit"),
     Kernel("msb", lambda p, x: convert.msb_a(p, x),
-           lambda s, c: convert.cost_msb(_n(s), *convert.window_for(c)),
+           convert.cost_msb,
            lambda x: (x < 0).astype(np.float64), _relu_inputs, _exact,
            "as drelu", output="bit"),
     Kernel("relu", lambda p, x: convert.relu_a(p, x),
-           lambda s, c: convert.cost_relu(_n(s), *convert.window_for(c)),
+           convert.cost_relu,
            lambda x: np.maximum(x, 0), _relu_inputs, _exact,
            "as drelu (error < 2^(drop-frac) on the either-answer region)"),
     Kernel("b2a", lambda p, b: convert.b2a(p, b),
-           lambda s, c: convert.cost_b2a(_n(s)),
+           convert.cost_b2a,
            lambda b: b.astype(np.float64), lambda r, n, sh, c: (_bits(r, n),), _exact,
            "bits", ("bit",), "int"),
     Kernel("and", lambda p, a, b: boolean.and_bb(p, a, b),
-           lambda s, c: boolean.cost_and_bb(_n(s), 1),
+           boolean.cost_and_bb,
            lambda a, b: (a & b).astype(np.float64),
            lambda r, n, sh, c: (_bits(r, n), _bits(r, n)), _exact, "bits", ("bit", "bit"),
            "bit"),
     Kernel("mul-ab", lambda p, b, x: convert.mul_ab(p, b, x),
-           lambda s, c: convert.cost_inject(_n(s), fused=False),
+           convert.cost_inject,
            lambda b, x: b * x, lambda r, n, sh, c: (_bits(r, n), r.normal(size=n) * 100),
            _exact, "any ring value", ("bit", "fxp")),
     Kernel("select", lambda p, b, x, y: convert.select_ab(p, b, x, y),
-           lambda s, c: convert.cost_inject(_n(s), fused=False),
+           convert.cost_inject,
            lambda b, x, y: np.where(b == 1, y, x),
            lambda r, n, sh, c: (_bits(r, n), r.normal(size=n) * 4, r.normal(size=n)), _exact,
            "any ring value", ("bit", "fxp", "fxp")),
     Kernel("sqrt-inv", lambda p, x: fxp.sqrt_inv_a(p, x),
-           lambda s, c: fxp.cost_sqrt_inv(_n(s), "auto", c.frac, c.trunc),
+           fxp.cost_sqrt_inv,
            lambda x: 1 / np.sqrt(x),
            lambda r, n, sh, c: (_spread(r, *fxp.SQRT_INV_RANGE, n, log=True),),
            _sqrt_inv_tolerance, "x in fxp.SQRT_INV_RANGE = [2^-12, 2^16]"),
     Kernel("reciprocal", lambda p, x: fxp.reciprocal_a(p, x),
-           lambda s, c: fxp.cost_reciprocal(_n(s), c.frac, c.trunc),
+           fxp.cost_reciprocal,
            lambda x: 1 / x,
            lambda r, n, sh, c: (_spread(r, *fxp.RECIPROCAL_RANGE, n, log=True),),
            _reciprocal_tolerance, "x in fxp.RECIPROCAL_RANGE = [2^-12, 2^16]"),
     Kernel("exp", lambda p, x: fxp.exp_a(p, x, "limit"),
-           lambda s, c: fxp.cost_exp(_n(s), "limit", c.frac, c.trunc),
+           partial(fxp.cost_exp, method="limit"),
            np.exp, lambda r, n, sh, c: (_spread(r, *fxp.EXP_RANGE, n),),
            _exp_tolerance, "x in fxp.EXP_RANGE = [-48, 9.5]"),
     Kernel("exp-neg", lambda p, x: fxp.exp_neg_a(p, x),
-           lambda s, c: fxp.cost_exp_neg(_n(s), c), np.exp, _exp_neg_inputs,
+           fxp.cost_exp_neg, np.exp, _exp_neg_inputs,
            _exp_neg_tolerance, "x in fxp.EXP_NEG_RANGE = [-2^13, 9.5]; 0 below -32"),
     Kernel("max-rows",
            lambda p, x: extrema.max_rows_a(p, x, np.full(x.size // MAX_ROW, MAX_ROW)),
-           lambda s, c: extrema.cost_max_rows(c, np.full(_n(s) // MAX_ROW, MAX_ROW)),
+           _cost_max_rows,
            _max_rows_reference, _max_rows_inputs, _max_rows_tolerance,
            "|x| < 2^13 (differences inside convert.relu_limit); rows of MAX_ROW values"),
     Kernel("gelu", lambda p, x: activations.gelu_a(p, x),
-           lambda s, c: activations.cost_gelu(_n(s), c), activations.gelu_ref,
+           activations.cost_gelu, activations.gelu_ref,
            _gelu_inputs, _gelu_tolerance,
            "|x| <= activations.gelu_limit(cfg) = 2^13; error <= 6e-4"),
     Kernel("gelu-cheb", lambda p, x: activations.gelu_a(p, x, "cheb"),
-           lambda s, c: activations.cost_gelu(_n(s), c, "cheb"), activations.gelu_ref,
+           partial(activations.cost_gelu, method="cheb"), activations.gelu_ref,
            _gelu_inputs, _gelu_tolerance,
            "as gelu (the bytes-lean form gelu uses above 2^14 elements)"),
     Kernel("silu", lambda p, x: silu.silu_a(p, x),
-           lambda s, c: silu.cost_silu(_n(s), c), silu.silu_ref,
+           silu.cost_silu, silu.silu_ref,
            _silu_inputs, _absolute(silu.SILU_ERROR),
            "|x| <= silu.silu_limit(cfg) = 2^13; error <= 6e-4 (prob 7e-4)"),
     Kernel("silu-cheb", lambda p, x: silu.silu_a(p, x, "cheb"),
-           lambda s, c: silu.cost_silu(_n(s), c, "cheb"), silu.silu_ref,
+           partial(silu.cost_silu, method="cheb"), silu.silu_ref,
            _silu_inputs, _absolute(silu.SILU_ERROR),
            "as silu (the bytes-lean form silu uses above 2^14 elements)"),
     Kernel("tanh", lambda p, x: activations.tanh_a(p, x),
-           lambda s, c: activations.cost_tanh(_n(s), c), np.tanh, _tanh_inputs,
+           activations.cost_tanh, np.tanh, _tanh_inputs,
            _absolute(activations.TANH_ERROR),
            "|x| <= activations.TANH_LIMIT = 24; error <= 1e-4"),
 ]

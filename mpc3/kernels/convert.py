@@ -161,8 +161,8 @@ def msb_a(p: Party, x: AShare, exact: bool = False) -> BShare:
     return d
 
 
-def cost_msb(n: int, L: int, m: int) -> Cost:
-    return cost_drelu(n, L, m)
+def cost_msb(n: int, cfg, win: tuple[int, int] | None = None) -> Cost:
+    return cost_drelu(n, cfg, win=win)
 
 
 # --------------------------------------------------------------------- injection ------
@@ -288,7 +288,7 @@ def _word_bounds(n: int) -> list[slice]:
     return out
 
 
-def cost_inject(n: int, fused: bool, cols: int = 1, seg: int = 0) -> Cost:
+def cost_inject(n: int, cfg=None, fused: bool = False, cols: int = 1, seg: int = 0) -> Cost:
     """:func:`_inject` on ``n`` bits (``cols`` values each; ``seg``: summed runs)."""
     per = [0, 0, 0]
     for g, sl in enumerate(group_bounds(n)):
@@ -382,13 +382,15 @@ def b2a(p: Party, bit: BShare) -> AShare:
     return mul_ab(p, bit, one)
 
 
-def cost_b2a(n: int) -> Cost:
+def cost_b2a(n: int, cfg=None) -> Cost:
     return cost_inject(n, fused=False)
 
 
-def cost_drelu(n: int, L: int, m: int, fused: bool = False) -> Cost:
+def cost_drelu(n: int, cfg, fused: bool = False, win: tuple[int, int] | None = None) -> Cost:
     """Leaves (2 rounds) + one round per tree level (the last one free when fused); fused
-    on few elements (:func:`dealt_carry`): thresholds.cost_compare_public (2 rounds)."""
+    on few elements (:func:`dealt_carry`): thresholds.cost_compare_public (2 rounds).
+    ``win``: the window (L, m) if not cfg's (:func:`window_for`)."""
+    L, m = win or window_for(cfg)
     if fused and dealt_carry(n):
         return thresholds.cost_compare_public(n, 1, L, m)
     cost, nb = leaf_cost(n, L, m)
@@ -400,20 +402,20 @@ def _cost_tree(n: int, nb: int, fused: bool) -> Cost:
     levels = ands_per_level(nb)
     for li, k in enumerate(levels):
         if not (fused and li == len(levels) - 1):
-            cost = cost + cost_and_bb(n, k)
+            cost = cost + cost_and_bb(n, planes=k)
     return cost
 
 
-def cost_relu(n: int, L: int, m: int) -> Cost:
-    return cost_drelu(n, L, m, fused=True) + cost_inject(n, fused=True)
+def cost_relu(n: int, cfg, win: tuple[int, int] | None = None) -> Cost:
+    return cost_drelu(n, cfg, fused=True, win=win) + cost_inject(n, fused=True)
 
 
-def cost_relu_split(cfg, n: int, trunc: bool | int) -> Cost:
+def cost_relu_split(n: int, cfg, trunc: bool | int = True) -> Cost:
     """relu_a of mul_split_aa's ``n`` outputs truncated by ``trunc``: when the product took
     the sign (:func:`mpc3.kernels.arith.split_sign_window`) the injection alone, or for a
     call past ROUND_LEAN_ELEMENTS the carry tree over the leaves it took and the injection."""
     win = arith.split_sign_window(cfg, n, trunc)
     if win is None:
-        return cost_relu(n, *window_for(cfg))
+        return cost_relu(n, cfg)
     tree = Cost(0, (0, 0, 0)) if dealt_carry(n) else _cost_tree(n, leaf_cost(n, *win)[1], True)
     return tree + cost_inject(n, fused=True)

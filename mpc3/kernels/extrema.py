@@ -79,7 +79,7 @@ def max_rows_a(p: Party, x: AShare, lengths, site: str | None = None) -> AShare:
     return cur
 
 
-def cost_max_rows(cfg, lengths) -> Cost:
+def cost_max_rows(lengths, cfg) -> Cost:
     """Rounds and bytes per party of :func:`max_rows_a` on rows of ``lengths`` values."""
     lens = np.ascontiguousarray(np.asarray(lengths, dtype=np.int64).reshape(-1))
     cost = Cost(0, (0, 0, 0))

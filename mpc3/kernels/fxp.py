@@ -225,7 +225,7 @@ def cost_init_guess(n: int, power: float, per_octave: int, linear: bool, frac: i
     if linear:
         compare = Cost.parallel(arith.cost_trunc_shifts(np.tile(shifts, n), mode, from_rss=True),
                                 compare)
-    return compare + convert.cost_inject(n * k, True, seg=k)
+    return compare + convert.cost_inject(n * k, fused=True, seg=k)
 
 
 def _const(p: Party, x: AShare, c: float) -> AShare:
@@ -303,13 +303,14 @@ def _sqrt_inv_mode(mode: str, n: int) -> str:
     return mode
 
 
-def cost_sqrt_inv(n: int, mode: str, frac: int, trunc: str, span=None) -> Cost:
+def cost_sqrt_inv(n: int, cfg, mode: str = "auto", span=None) -> Cost:
     """Rounds and bytes per party of :func:`sqrt_inv_a` on ``n`` inputs (table ``span``)."""
+    frac, trunc = cfg.frac, cfg.trunc
     if _sqrt_inv_mode(mode, n) == "fast":
         return cost_init_guess(n, 0.5, 16, True, frac, trunc, span)
     e1, e2 = SQ_EXTRA[trunc]
-    step = (arith.cost_mul(3 * n, np.repeat([frac - e1, frac - e2, frac + 1], n), frac, trunc)
-            + arith.cost_mul(n, frac + e1 + e2 + 1, frac, trunc))
+    step = (arith.cost_mul(3 * n, cfg, np.repeat([frac - e1, frac - e2, frac + 1], n))
+            + arith.cost_mul(n, cfg, frac + e1 + e2 + 1))
     cost = cost_init_guess(n, 0.5, LEAN_PER_OCTAVE, False, frac, trunc, span)
     for _ in range(NEWTON_SQRT):
         cost = cost + step
@@ -330,10 +331,12 @@ def reciprocal_a(p: Party, x: AShare, iterations: int = 2, site: str | None = No
     return y
 
 
-def cost_reciprocal(n: int, frac: int, trunc: str, iterations: int = 2) -> Cost:
+def cost_reciprocal(n: int, cfg, iterations: int = 2) -> Cost:
+    """Rounds and bytes per party of :func:`reciprocal_a` on ``n`` elements."""
+    frac, trunc = cfg.frac, cfg.trunc
     cost = cost_init_guess(n, 1.0, 2, True, frac, trunc)
     for _ in range(2 * iterations):
-        cost = cost + arith.cost_mul(n, True, frac, trunc)
+        cost = cost + arith.cost_mul(n, cfg)
     return cost
 
 
@@ -418,7 +421,7 @@ def exp_neg_a(p: Party, x: AShare, site: str | None = None) -> AShare:
 
 def cost_exp_neg(n: int, cfg) -> Cost:
     """Rounds and bytes per party of :func:`exp_neg_a` on ``n`` elements."""
-    return (Cost.parallel(cost_exp(n, "limit", cfg.frac, cfg.trunc),
+    return (Cost.parallel(cost_exp(n, cfg),
                           thresholds.cost_compare_public(n, 1, *thresholds.window_for(cfg)))
             + convert.cost_inject(n, fused=True))
 
@@ -448,15 +451,16 @@ def exp_a(p: Party, x: AShare, method: str = "limit", site: str | None = None) -
     raise ValueError(f"exp_a: unknown method {method!r} (poly, limit)")
 
 
-def cost_exp(n: int, method: str, frac: int, mode: str) -> Cost:
+def cost_exp(n: int, cfg, method: str = "limit") -> Cost:
     """Rounds and bytes per party of :func:`exp_a` on ``n`` elements."""
+    frac, mode = cfg.frac, cfg.trunc
     if method == "poly":
-        return (arith.cost_mul(n, True, frac, mode) + arith.cost_mul(2 * n, True, frac, mode)
-                + truncation.cost_trunc(n, frac, mode))
+        return (arith.cost_mul(n, cfg) + arith.cost_mul(2 * n, cfg)
+                + truncation.cost_trunc(n, cfg, frac))
     F, K = _exp_scales(frac, mode)
-    cost = arith.cost_mul(n, F, frac, mode) + arith.cost_mul(n, F + K, frac, mode)
+    cost = arith.cost_mul(n, cfg, F) + arith.cost_mul(n, cfg, F + K)
     if F < frac + EXP_SQUARINGS:
-        cost = truncation.cost_trunc(n, frac + EXP_SQUARINGS - F, mode) + cost
+        cost = truncation.cost_trunc(n, cfg, frac + EXP_SQUARINGS - F) + cost
     for k in range(EXP_SQUARINGS):
-        cost = cost + arith.cost_mul(n, F if k < EXP_SQUARINGS - 1 else 2 * F - frac, frac, mode)
+        cost = cost + arith.cost_mul(n, cfg, F if k < EXP_SQUARINGS - 1 else 2 * F - frac)
     return cost

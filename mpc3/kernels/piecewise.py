@@ -151,14 +151,14 @@ def shared_breaks(n: int, nt: int, cfg: RingConfig) -> bool:
     win = convert.window_for(cfg)
     return convert.dealt_carry(n * nt) or \
         thresholds.cost_compare_public(n, nt, *win).bytes_total <= \
-        convert.cost_drelu(n * nt, *win, fused=True).bytes_total
+        convert.cost_drelu(n * nt, cfg, win=win, fused=True).bytes_total
 
 
 def cost_piecewise(n: int, nt: int, cfg: RingConfig, pieces: Cost) -> Cost:
     """:func:`piecewise` with ``nt`` breaks whose pieces cost ``pieces``."""
     win = convert.window_for(cfg)
     compare = (thresholds.cost_compare_public(n, nt, *win) if shared_breaks(n, nt, cfg)
-               else convert.cost_drelu(n * nt, *win, fused=True))
+               else convert.cost_drelu(n * nt, cfg, win=win, fused=True))
     return Cost.parallel(compare, pieces) + convert.cost_inject(n * nt, fused=True, seg=nt)
 
 
@@ -202,8 +202,8 @@ def segments_a(p: Party, x: AShare, breaks, table, e: int, K: int) -> AShare:
 def cost_segments(n: int, nt: int, cfg: RingConfig, e: int, K: int) -> Cost:
     """:func:`segments_a` with ``nt`` breaks (nt - 1 quartics) on ``n`` elements."""
     f, S = cfg.frac, cfg.frac + e
-    quartic = (arith.cost_mul(n, 2 * f - S, f, cfg.trunc)
-               + arith.cost_mul(n * (nt - 1), 2 * S + K - f, f, cfg.trunc))
+    quartic = (arith.cost_mul(n, cfg, 2 * f - S)
+               + arith.cost_mul(n * (nt - 1), cfg, 2 * S + K - f))
     return cost_piecewise(n, nt, cfg, quartic)
 
 
@@ -218,7 +218,7 @@ def cheb_z(p: Party, x: AShare, num: int, sh: int, S: int):
 
 
 def cost_cheb_z(n: int, cfg: RingConfig, sh: int, S: int) -> Cost:
-    return arith.cost_mul(n, 2 * cfg.frac + sh - S, cfg.frac, cfg.trunc)
+    return arith.cost_mul(n, cfg, 2 * cfg.frac + sh - S)
 
 
 def x_half_dot(p: Party, x: AShare, left: list[AShare], right: list[AShare], c0: float,

@@ -203,10 +203,10 @@ def _cost_cheb_poly(n: int, cfg: RingConfig) -> Cost:
     f, (e, K) = cfg.frac, SILU_CHEB_SCALES[cfg.trunc]
     S = f + e
     return (cost_cheb_z(n, cfg, SILU_CHEB_Z[1], S)
-            + arith.cost_mul(n, S - 1, f, cfg.trunc)            # T_2
-            + arith.cost_mul(2 * n, S - 1, f, cfg.trunc)        # z T_2 and T_4, one round
-            + arith.cost_mul(n, S - 1, f, cfg.trunc)            # T_8
-            + arith.cost_mul(n, 2 * S + K - f, f, cfg.trunc))   # the dot product
+            + arith.cost_mul(n, cfg, S - 1)            # T_2
+            + arith.cost_mul(2 * n, cfg, S - 1)        # z T_2 and T_4, one round
+            + arith.cost_mul(n, cfg, S - 1)            # T_8
+            + arith.cost_mul(n, cfg, 2 * S + K - f))   # the dot product
 
 
 def cost_silu(n: int, cfg: RingConfig, method: str = "auto") -> Cost:

@@ -95,8 +95,11 @@ def trunc_a(p: Party, x: AShare, bits=None) -> AShare:
     return trunc_split(p, flat, bits, from_rss=True).reshape(x.shape)
 
 
-def cost_trunc(n: int, bits, mode: str) -> Cost:
-    return cost_trunc_shifts(np.broadcast_to(np.asarray(bits), (n,)), mode, from_rss=True)
+def cost_trunc(n: int, cfg, bits=None) -> Cost:
+    """Rounds and bytes per party of :func:`trunc_a` on ``n`` elements by ``bits`` (an int
+    or per-element shifts; None: cfg.frac)."""
+    bits = cfg.frac if bits is None else bits
+    return cost_trunc_shifts(np.broadcast_to(np.asarray(bits), (n,)), cfg.trunc, from_rss=True)
 
 
 def _group_shifts(bits, sl: slice):

@@ -64,9 +64,9 @@ def in_range(p: Party, x: AShare, lim: float) -> bool:
 
 def cost_input_check(n: int, cfg) -> Cost:
     """Declared cost of :func:`in_range` on ``n`` elements."""
-    L, m = window_for(cfg, exact=True)
-    return (convert.cost_drelu(2 * n, L, m) + convert.cost_b2a(2 * n)
-            + convert.cost_drelu(1, L, m) + convert.cost_b2a(1) + arith.cost_open_a(1))
+    win = window_for(cfg, exact=True)
+    return (convert.cost_drelu(2 * n, cfg, win=win) + convert.cost_b2a(2 * n)
+            + convert.cost_drelu(1, cfg, win=win) + convert.cost_b2a(1) + arith.cost_open_a(1))
 
 
 def checked_inputs(meta: dict, inputs: dict) -> list[tuple[str, float]]:

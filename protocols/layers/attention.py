@@ -51,7 +51,7 @@ def mul_many(p: Party, items: list[tuple], trunc: bool | int = True,
 
 
 def cost_mul_many(n_out: int, trunc: bool | int, p_cfg) -> Cost:
-    return arith.cost_mul(n_out, trunc, p_cfg.frac, p_cfg.trunc)
+    return arith.cost_mul(n_out, p_cfg, trunc)
 
 
 #: Extra fractional bits of a public 1/n row scale, in the truncation of the product it
@@ -114,8 +114,8 @@ def relu_split(p: Party, z, shapes, site: str | None = None) -> list[AShare]:
 def cost_relu_products(p_cfg, n: int, trunc, n_plain: int = 0) -> Cost:
     """:func:`relu_products` on ``n`` ReLU and ``n_plain`` plain outputs."""
     from mpc3.kernels import convert
-    return (arith.cost_mul_split(p_cfg, n, trunc, n_rep=n_plain)
-            + convert.cost_relu_split(p_cfg, n, trunc))
+    return (arith.cost_mul_split(n, p_cfg, trunc, n_rep=n_plain)
+            + convert.cost_relu_split(n, p_cfg, trunc))
 
 
 # --------------------------------------------------------- unmasked (Alg. 1, Eq. 12) ----
@@ -149,8 +149,8 @@ def cost_relu_attention(p_cfg, B, h, Sq, Sk, r, dh, order="auto") -> Cost:
     if order == "auto":
         order = choose_order(B, h, Sq, Sk, r, dh)
     first = B * h * (r * dh if order == "kv" else Sq * Sk)
-    return (arith.cost_mul(first, True, p_cfg.frac, p_cfg.trunc)
-            + arith.cost_mul(B * h * Sq * dh, True, p_cfg.frac, p_cfg.trunc))
+    return (arith.cost_mul(first, p_cfg)
+            + arith.cost_mul(B * h * Sq * dh, p_cfg))
 
 
 # ------------------------------------------------------------ masked (Alg. 2 and 3) ----
@@ -169,8 +169,8 @@ def masked_attention_qk(p: Party, qf: AShare, kf: AShare, v: AShare) -> AShare:
 
 
 def cost_masked_qk(p_cfg, B, h, S, r, dh) -> Cost:
-    return (arith.cost_mul(B * h * S * (S + 1) // 2, True, p_cfg.frac, p_cfg.trunc)
-            + arith.cost_mul(B * h * S * dh, True, p_cfg.frac, p_cfg.trunc))
+    return (arith.cost_mul(B * h * S * (S + 1) // 2, p_cfg)
+            + arith.cost_mul(B * h * S * dh, p_cfg))
 
 
 def best_block(S: int, r: int, dh: int) -> int:
@@ -235,8 +235,8 @@ def cost_masked_vk(p_cfg, B, h, S, r, dh, block=None) -> Cost:
     L = best_block(S, r, dh) if block is None else block
     nb = -(-S // L)
     first = B * h * (nb * L * (L + 1) // 2 + (nb - 1) * r * dh)
-    return (arith.cost_mul(first, True, p_cfg.frac, p_cfg.trunc)
-            + arith.cost_mul(B * h * nb * L * dh, True, p_cfg.frac, p_cfg.trunc))
+    return (arith.cost_mul(first, p_cfg)
+            + arith.cost_mul(B * h * nb * L * dh, p_cfg))
 
 
 def masked_attention(p: Party, qf: AShare, kf: AShare, v: AShare, form: str = "auto",
@@ -341,12 +341,12 @@ def cost_attention_step(p_cfg, B, h, r, dh, cached: int, folded: bool, block: in
     first = B * h * (n + (dh if folded else 0))
     fold = B * h * r * dh if n >= block else 0
     if not raw:
-        return (arith.cost_mul(first + fold, True, p_cfg.frac, p_cfg.trunc)
-                + arith.cost_mul(B * h * dh, True, p_cfg.frac, p_cfg.trunc))
+        return (arith.cost_mul(first + fold, p_cfg)
+                + arith.cost_mul(B * h * dh, p_cfg))
     shift = row_scale_trunc(1.0, p_cfg.frac).shift if scaled else p_cfg.frac
     shifts = np.concatenate([np.full(first, shift), np.full(fold, p_cfg.frac)])
     return (arith.cost_mul_many(shifts, 0, p_cfg.trunc)
-            + arith.cost_mul(B * h * dh, False, p_cfg.frac, p_cfg.trunc))
+            + arith.cost_mul(B * h * dh, p_cfg, False))
 
 
 def cross_attention_step(p: Party, qf: AShare, kv: AShare, raw: bool = False) -> AShare:
@@ -390,8 +390,7 @@ def divide_rows(p: Party, e: AShare, v: AShare, den: AShare,
 def cost_divide_rows(p_cfg, rows: int, dh: int) -> Cost:
     """:func:`divide_rows` on ``rows`` rows of width ``dh``."""
     from mpc3.kernels import fxp
-    f, mode = p_cfg.frac, p_cfg.trunc
-    return (fxp.cost_reciprocal(rows, f, mode, iterations=0)
-            + arith.cost_mul(rows + rows * dh, True, f, mode) + arith.cost_mul(rows, True, f, mode)
-            + arith.cost_mul(rows + rows * dh, True, f, mode)
-            + arith.cost_mul(rows * dh, True, f, mode))
+    return (fxp.cost_reciprocal(rows, p_cfg, iterations=0)
+            + arith.cost_mul(rows + rows * dh, p_cfg) + arith.cost_mul(rows, p_cfg)
+            + arith.cost_mul(rows + rows * dh, p_cfg)
+            + arith.cost_mul(rows * dh, p_cfg))

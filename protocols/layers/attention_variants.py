@@ -162,27 +162,27 @@ def cost_power_softmax(cfg: RingConfig, B: int, h: int, Sq: int, Sk: int, dh: in
                        power: int = 4, form: str = "plain", masked: bool = False,
                        eps: float = 1e-2, fused: bool = False, prescaled: bool = False) -> Cost:
     _check_power(power, eps, form)
-    f, mode = cfg.frac, cfg.trunc
+    f = cfg.frac
     kept = B * h * (Sq * (Sq + 1) // 2 if masked else Sq * Sk)
     rows = B * h * Sq
-    cost = arith.cost_mul(kept, score_trunc(f, prescaled), f, mode)
+    cost = arith.cost_mul(kept, cfg, score_trunc(f, prescaled))
     if form == "stable":
-        cost = (cost + arith.cost_mul(kept, True, f, mode)
-                + extrema.cost_max_rows(cfg, row_lengths(B, h, Sq, Sk, masked))
-                + fxp.cost_sqrt_inv(rows, "auto", f, mode) + arith.cost_mul(kept, True, f, mode))
+        cost = (cost + arith.cost_mul(kept, cfg)
+                + extrema.cost_max_rows(row_lengths(B, h, Sq, Sk, masked), cfg)
+                + fxp.cost_sqrt_inv(rows, cfg) + arith.cost_mul(kept, cfg))
     for _ in range(_power_layers(power)):
-        cost = cost + arith.cost_mul(kept, True, f, mode)
+        cost = cost + arith.cost_mul(kept, cfg)
     if form == "length":
         b = _mantissa(1.0 / row_keys(Sq, Sk, masked))[1]
         shifts = np.concatenate([np.tile(b, B * h),
                                  np.tile(np.repeat(f + b, dh), B * h)])
-        cost = cost + arith.cost_mul_many(shifts, 0, mode)
+        cost = cost + arith.cost_mul_many(shifts, 0, cfg.trunc)
     elif fused:
         return cost + cost_divide_rows(cfg, rows, dh)
-    cost = cost + fxp.cost_reciprocal(rows, f, mode)
+    cost = cost + fxp.cost_reciprocal(rows, cfg)
     if form != "length":
-        cost = cost + arith.cost_mul(rows * dh, True, f, mode)
-    return cost + arith.cost_mul(rows * dh, True, f, mode)
+        cost = cost + arith.cost_mul(rows * dh, cfg)
+    return cost + arith.cost_mul(rows * dh, cfg)
 
 
 # ---------------------------------------------------------- scaled sigma-attention ----
@@ -253,22 +253,22 @@ def _sigma_length(length, Sq: int, Sk: int, masked: bool, sigma):
 def cost_sigma_attention(cfg: RingConfig, B: int, h: int, Sq: int, Sk: int, dh: int,
                          sigma="relu", masked: bool = False,
                          length: int | str | None = None, prescaled: bool = False) -> Cost:
-    f, mode = cfg.frac, cfg.trunc
+    f = cfg.frac
     kept = B * h * (Sq * (Sq + 1) // 2 if masked else Sq * Sk)
     L = _sigma_length(length, Sq, Sk, masked, sigma)
     if isinstance(sigma, str):
         trunc = score_trunc(f, prescaled)
-        cost = arith.cost_mul_split(cfg, kept, trunc) + convert.cost_relu_split(cfg, kept, trunc)
+        cost = arith.cost_mul_split(kept, cfg, trunc) + convert.cost_relu_split(kept, cfg, trunc)
         b = _mantissa(1.0 / L)[1]
         if np.ndim(L):
             b = np.broadcast_to(b[:, None], (B, h, Sq, dh)).reshape(-1)
     else:
-        cost = arith.cost_mul(kept, score_trunc(f, prescaled), f, mode)
+        cost = arith.cost_mul(kept, cfg, score_trunc(f, prescaled))
         deg = len(sigma) - 1
         done = 1
         while done < deg:
             new = min(2 * done, deg) - done
-            cost = cost + arith.cost_mul(kept * new, True, f, mode)
+            cost = cost + arith.cost_mul(kept * new, cfg)
             done += new
         b = _sigma_coeffs(sigma, L)[1]
-    return cost + arith.cost_mul(B * h * Sq * dh, f + b, f, mode)
+    return cost + arith.cost_mul(B * h * Sq * dh, cfg, f + b)

@@ -129,7 +129,7 @@ def cost_cross_precompute(p_cfg, cfg: M.ModelConfig, B: int, S: int, folded: boo
                                                                       folded)
     if need_kv:
         bits = row_scale_trunc(1.0, p_cfg.frac).shift if kv_scaled else True
-        cost = cost + arith.cost_mul(L * B * h * r * dh, bits, p_cfg.frac, p_cfg.trunc)
+        cost = cost + arith.cost_mul(L * B * h * r * dh, p_cfg, bits)
     return cost
 
 

@@ -66,8 +66,8 @@ def cost_activation(p_cfg, n: int, act: str, split: bool = False):
     from mpc3.kernels.base import Cost
     if act == "relu":
         if split:
-            return convert.cost_relu_split(p_cfg, n, True)
-        return convert.cost_relu(n, *convert.window_for(p_cfg))
+            return convert.cost_relu_split(n, p_cfg, True)
+        return convert.cost_relu(n, p_cfg)
     if act == "gelu":
         return activations.cost_gelu(n, p_cfg)
     if act == "none":
@@ -82,9 +82,9 @@ def cost_ffn(p_cfg, rows: int, d_model: int, d_ff: int, act: str = "relu",
     linear = act == "none" if fused is None else fused
     width = d_model if linear else d_ff
     if act == "relu" and not linear:
-        return (arith.cost_mul_split(p_cfg, rows * width, True)
+        return (arith.cost_mul_split(rows * width, p_cfg, True)
                 + cost_ffn_hidden(p_cfg, rows, d_model, d_ff, act, fused, split=True))
-    return (arith.cost_mul(rows * width, True, p_cfg.frac, p_cfg.trunc)
+    return (arith.cost_mul(rows * width, p_cfg)
             + cost_ffn_hidden(p_cfg, rows, d_model, d_ff, act, fused))
 
 
@@ -95,4 +95,4 @@ def cost_ffn_hidden(p_cfg, rows: int, d_model: int, d_ff: int, act: str = "relu"
     if act == "none" if fused is None else fused:
         return Cost(0, (0, 0, 0))
     return (cost_activation(p_cfg, rows * d_ff, act, split)
-            + arith.cost_mul(rows * d_model, True, p_cfg.frac, p_cfg.trunc))
+            + arith.cost_mul(rows * d_model, p_cfg))

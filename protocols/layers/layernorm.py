@@ -145,22 +145,20 @@ def _cost_stats(ring_cfg, rows: int, d: int) -> Cost:
 def cost_layernorm(ring_cfg, rows: int, d: int, span=None, wide: bool = False) -> Cost:
     """Declared rounds and bytes per party of :func:`layernorm` on ``rows`` rows of width d."""
     from mpc3.kernels import fxp
-    f, mode = ring_cfg.frac, ring_cfg.trunc
-    return (_cost_stats(ring_cfg, rows, d) + fxp.cost_sqrt_inv(rows, "auto", f, mode, span)
-            + arith.cost_mul(rows * d, not wide, f, mode))
+    return (_cost_stats(ring_cfg, rows, d) + fxp.cost_sqrt_inv(rows, ring_cfg, span=span)
+            + arith.cost_mul(rows * d, ring_cfg, not wide))
 
 
 def cost_layernorm_project(ring_cfg, rows: int, d: int, outs: list[tuple[int, int]],
                            want_y: bool = True, split=(), span=None) -> Cost:
     """:func:`layernorm_project` on ``rows`` rows; ``outs = [(width_i, bits_i)]``."""
     from mpc3.kernels import fxp
-    f, mode = ring_cfg.frac, ring_cfg.trunc
     prods = arith.cost_mul_many(np.concatenate([np.full(rows * n, bits) for n, bits in outs]),
-                                0, mode)
+                                0, ring_cfg.trunc)
     scaled = rows * (d * want_y + sum(n for i, (n, _) in enumerate(outs) if i not in split))
-    last = arith.cost_mul(scaled, True, f, mode)
+    last = arith.cost_mul(scaled, ring_cfg)
     if split:
-        last = arith.cost_mul_split(ring_cfg, rows * sum(outs[i][0] for i in split), True,
+        last = arith.cost_mul_split(rows * sum(outs[i][0] for i in split), ring_cfg,
                                     n_rep=scaled)
     return (_cost_stats(ring_cfg, rows, d)
-            + Cost.parallel(fxp.cost_sqrt_inv(rows, "auto", f, mode, span), prods) + last)
+            + Cost.parallel(fxp.cost_sqrt_inv(rows, ring_cfg, span=span), prods) + last)

@@ -168,7 +168,7 @@ def cost_step_project(p_cfg, cfg: M.ModelConfig, B: int, names: list[str], folde
     if not split:
         return arith.cost_mul_many(np.concatenate([np.full(widths[w], _proj_bits(p_cfg, w))
                                                    for w in names]), 0, p_cfg.trunc)
-    return arith.cost_mul_split(p_cfg, sum(widths[w] for w in split), _proj_bits(p_cfg, split[0]),
+    return arith.cost_mul_split(sum(widths[w] for w in split), p_cfg, _proj_bits(p_cfg, split[0]),
                                 n_rep=sum(widths[w] for w in names if w not in split))
 
 

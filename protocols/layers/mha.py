@@ -130,7 +130,7 @@ def cost_project_features(p_cfg, n_qk: int, n_v: int):
 
 def cost_project(p_cfg, n_out: int):
     """:func:`project` producing ``n_out`` elements (Q, K, V together)."""
-    return arith.cost_mul(n_out, p_cfg.frac + PROJ_EXTRA, p_cfg.frac, p_cfg.trunc)
+    return arith.cost_mul(n_out, p_cfg, p_cfg.frac + PROJ_EXTRA)
 
 
 def cost_features(p_cfg, n: int, folded: bool = True):
@@ -139,9 +139,9 @@ def cost_features(p_cfg, n: int, folded: bool = True):
     decode step's, made by its LayerNorm projection: convert.cost_relu_split)."""
     from mpc3.kernels import convert
     if folded:
-        return convert.cost_relu_split(p_cfg, n, p_cfg.frac + PROJ_EXTRA)
-    return (arith.cost_mul(n, True, p_cfg.frac, p_cfg.trunc)
-            + convert.cost_relu(n, *convert.window_for(p_cfg)))
+        return convert.cost_relu_split(n, p_cfg, p_cfg.frac + PROJ_EXTRA)
+    return (arith.cost_mul(n, p_cfg)
+            + convert.cost_relu(n, p_cfg))
 
 
 def cost_finish(p_cfg, cfg: M.ModelConfig, rows: int, row_scale: bool = True,
@@ -151,7 +151,7 @@ def cost_finish(p_cfg, cfg: M.ModelConfig, rows: int, row_scale: bool = True,
     untruncated o, truncated by 2 frac."""
     bits = 2 * p_cfg.frac if raw else row_scale_trunc(1.0, p_cfg.frac).shift \
         if cfg.attn_norm == "mean" and row_scale else True
-    return arith.cost_mul(rows * cfg.d_model, bits, p_cfg.frac, p_cfg.trunc)
+    return arith.cost_mul(rows * cfg.d_model, p_cfg, bits)
 
 
 def finish(p: Party, cfg: M.ModelConfig, w: dict, o: AShare, n_keys, raw: bool = False
@@ -241,7 +241,7 @@ def cost_mha(p_cfg, cfg: M.ModelConfig, B: int, Sq: int, Sk: int | None = None,
     if cfg.attention != M.PERFORMER:
         return (cost_project(p_cfg, B * Sq * d + B * Sk * 2 * d)
                 + cost_heads(p_cfg, M.head_kind(cfg), B, h, Sq, Sk, dh, causal)
-                + arith.cost_mul(B * Sq * d, True, p_cfg.frac, p_cfg.trunc))
+                + arith.cost_mul(B * Sq * d, p_cfg))
     nq = h * r if folded else d
     if folded:
         cost = cost_project_features(p_cfg, B * h * (Sq + Sk) * r, B * Sk * d)

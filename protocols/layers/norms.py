@@ -39,7 +39,7 @@ def batchnorm(p: Party, x: AShare, scale: AShare, shift: AShare, wide: bool = Fa
 
 
 def cost_batchnorm(ring_cfg, rows: int, d: int, wide: bool = False) -> Cost:
-    return arith.cost_mul(rows * d, not wide, ring_cfg.frac, ring_cfg.trunc)
+    return arith.cost_mul(rows * d, ring_cfg, not wide)
 
 
 def norm(p: Party, cfg: M.ModelConfig, shares: dict, prefix: str, x: AShare,

@@ -142,16 +142,16 @@ def cost_softmax_attention(cfg: RingConfig, B: int, h: int, Sq: int, Sk: int, dh
                            form: str = "max-free", prescaled: bool = False) -> Cost:
     """Declared rounds and bytes per party of :func:`softmax_attention`."""
     _check(form, exp)
-    f, mode = cfg.frac, cfg.trunc
+    f = cfg.frac
     kept = B * h * (Sq * (Sq + 1) // 2 if masked else Sq * Sk)
     rows = B * h * Sq
-    cost = arith.cost_mul(kept, score_trunc(f, prescaled), f, mode)
+    cost = arith.cost_mul(kept, cfg, score_trunc(f, prescaled))
     if form == "max":
-        cost = (cost + extrema.cost_max_rows(cfg, row_lengths(B, h, Sq, Sk, masked))
+        cost = (cost + extrema.cost_max_rows(row_lengths(B, h, Sq, Sk, masked), cfg)
                 + fxp.cost_exp_neg(kept, cfg))
     else:
-        cost = cost + fxp.cost_exp(kept, exp, f, mode)
+        cost = cost + fxp.cost_exp(kept, cfg, exp)
     if fused:
         return cost + cost_divide_rows(cfg, rows, dh)
-    return (cost + fxp.cost_reciprocal(rows, f, mode) + arith.cost_mul(rows * dh, True, f, mode)
-            + arith.cost_mul(rows * dh, True, f, mode))
+    return (cost + fxp.cost_reciprocal(rows, cfg) + arith.cost_mul(rows * dh, cfg)
+            + arith.cost_mul(rows * dh, cfg))

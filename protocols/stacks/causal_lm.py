@@ -177,8 +177,8 @@ def cost_prefill_attention(p_cfg, B: int, h: int, T: int, r: int, dh: int,
     L = A.default_decode_block(r, dh) if block is None else int(block)
     nb, nf = -(-T // L), T // L
     first = B * h * (nb * L * (L + 1) // 2 + nf * r * dh)
-    return (arith.cost_mul(first, True, p_cfg.frac, p_cfg.trunc)
-            + arith.cost_mul(B * h * nb * L * dh, True, p_cfg.frac, p_cfg.trunc))
+    return (arith.cost_mul(first, p_cfg)
+            + arith.cost_mul(B * h * nb * L * dh, p_cfg))
 
 
 def _ln(p, cfg, shares, prefix, x, span=None):
@@ -377,7 +377,7 @@ def _cost_end(p_cfg, cfg: M.ModelConfig, B: int, span=None) -> Cost:
     (:func:`_out_scale`)."""
     cost = cost_norm(p_cfg, cfg, B, span) if cfg.norm_first else Cost(0, (0, 0, 0))
     if cfg.ffn_scale:
-        cost = cost + arith.cost_mul(B * cfg.d_model, True, p_cfg.frac, p_cfg.trunc)
+        cost = cost + arith.cost_mul(B * cfg.d_model, p_cfg)
     return cost
 
 

@@ -70,12 +70,11 @@ def cls_tanh_head(p: Party, shares: dict, h: AShare) -> AShare:
 
 def cost_pool_head(p_cfg, B: int, n_classes: int, pool: str = "mean", d: int = 0) -> Cost:
     """:func:`pool_head` on B rows (``d``: model width, for ``pool`` cls-tanh)."""
-    f, mode = p_cfg.frac, p_cfg.trunc
     if pool == "cls-tanh":
         from mpc3.kernels import activations
-        return (arith.cost_mul(B * d, True, f, mode) + activations.cost_tanh(B * d, p_cfg)
-                + arith.cost_mul(B * n_classes, True, f, mode))
-    return arith.cost_mul(B * n_classes, row_scale_trunc(1.0, f).shift, f, mode)
+        return (arith.cost_mul(B * d, p_cfg) + activations.cost_tanh(B * d, p_cfg)
+                + arith.cost_mul(B * n_classes, p_cfg))
+    return arith.cost_mul(B * n_classes, p_cfg, row_scale_trunc(1.0, p_cfg.frac).shift)
 
 
 def classify(p: Party, cfg: M.ModelConfig, shares: dict, x: AShare,
@@ -132,10 +131,9 @@ def argmax_a(p: Party, x: AShare) -> AShare:
 
 
 def cost_argmax(p_cfg, B: int, C: int) -> Cost:
-    L, m = convert.window_for(p_cfg)
     cost, n = Cost(0, (0, 0, 0)), C
     while n > 1:
         pairs = B * (n // 2)
-        cost = cost + convert.cost_drelu(pairs, L, m) + convert.cost_inject(pairs, False, 2)
+        cost = cost + convert.cost_drelu(pairs, p_cfg) + convert.cost_inject(pairs, cols=2)
         n = n // 2 + n % 2
     return cost

@@ -249,8 +249,7 @@ def fold_wo_into_kv(p: Party, cfg: M.ModelConfig, shares: dict, cross: list,
 
 
 def cost_fold_wo(p_cfg, cfg: M.ModelConfig, B: int, n_layers: int) -> Cost:
-    return arith.cost_mul(n_layers * B * cfg.n_heads * cfg.n_features * cfg.d_model, True,
-                          p_cfg.frac, p_cfg.trunc)
+    return arith.cost_mul(n_layers * B * cfg.n_heads * cfg.n_features * cfg.d_model, p_cfg)
 
 
 def cost_decode_start(p_cfg, cfg: M.ModelConfig, B: int, S: int, folded: bool = True,
@@ -449,8 +448,8 @@ def _cost_attention_cores(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int 
                 "cross": (cost_heads(p_cfg, M.head_kind(cfg), B, h, 1, n_enc, dh)
                           + cost_finish(p_cfg, cfg, B, row_scale=False))}
     raw_cross = "cross" in raw
-    cross = (arith.cost_mul(B * cfg.d_model, True, p_cfg.frac, p_cfg.trunc) if fold else
-             arith.cost_mul(B * h * dh, not raw_cross, p_cfg.frac, p_cfg.trunc)
+    cross = (arith.cost_mul(B * cfg.d_model, p_cfg) if fold else
+             arith.cost_mul(B * h * dh, p_cfg, not raw_cross)
              + cost_finish(p_cfg, cfg, B, row_scale=False, raw=raw_cross))
     return {"self": cost_self_core(p_cfg, cfg, B, t, block, folded, "self" in raw),
             "cross": cost_features(p_cfg, B * h * r, folded) + cross}

@@ -86,7 +86,7 @@ def max_pool_a(p: Party, h: AShare) -> AShare:
 
 
 def cost_max_pool(p_cfg, B: int, S: int, d: int) -> Cost:
-    return extrema.cost_max_rows(p_cfg, np.full(B * d, S))
+    return extrema.cost_max_rows(np.full(B * d, S), p_cfg)
 
 
 def pool_a(p: Party, cfg: M.ModelConfig, h: AShare) -> AShare:
@@ -112,7 +112,7 @@ def cost_pool(p_cfg, cfg: M.ModelConfig, B: int, S: int) -> Cost:
         return Cost(0, (0, 0, 0))
     if cfg.pool == "max":
         return cost_max_pool(p_cfg, B, S, d)
-    return truncation.cost_trunc(B * d, mean_trunc(S, p_cfg.frac).shift, p_cfg.trunc)
+    return truncation.cost_trunc(B * d, p_cfg, mean_trunc(S, p_cfg.frac).shift)
 
 
 def normalize_a(p: Party, e: AShare, K: int) -> AShare:
@@ -129,9 +129,9 @@ def normalize_a(p: Party, e: AShare, K: int) -> AShare:
 
 
 def cost_normalize(p_cfg, B: int, d: int, K: int) -> Cost:
-    f, mode = p_cfg.frac, p_cfg.trunc
-    return (arith.cost_mul(B, f + 2 * K, f, mode) + fxp.cost_sqrt_inv(B, "auto", f, mode)
-            + arith.cost_mul(B * d, f + K, f, mode))
+    f = p_cfg.frac
+    return (arith.cost_mul(B, p_cfg, f + 2 * K) + fxp.cost_sqrt_inv(B, p_cfg)
+            + arith.cost_mul(B * d, p_cfg, f + K))
 
 
 def embed_sentence(p: Party, cfg: M.ModelConfig, shares: dict, x: AShare,
