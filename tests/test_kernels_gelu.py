@@ -5,38 +5,20 @@ tests/test_kernel_catalog.py.)"""
 import numpy as np
 import pytest
 
-from conftest import Run, failure_allowance, share, value
-from mpc3 import ring
+from piecewise_checks import (CFG, F, METHODS, Activation, check_outside_the_range,
+                              check_rounds_and_cost, quantized, quartic_segments)
+
 from mpc3.kernels import activations as act, thresholds
 from mpc3.party import RingConfig
 
-F = ring.DEFAULT_FRAC
-CFG = RingConfig()
-
-
-def _q(x):
-    return ring.decode(ring.encode(np.asarray(x, dtype=float)))
-
-
-METHODS = ("segments", "cheb")
+GELU = Activation(act.gelu_a, act.cost_gelu, act.gelu_ref, act.GELU_ERROR,
+                  act.GELU_PROB_FAILURE,
+                  lambda method: 4.0 if method == "segments" else act.gelu_cheb_threshold())
+_q, _outer, _allowed = quantized, GELU.outer, GELU.allowed
 
 
 def _gelu(x, mode="exact", method="auto"):
-    return value(Run(RingConfig(trunc=mode))(lambda p, a: act.gelu_a(p, a, method), share(x)))
-
-
-def _outer(method):
-    """The method's outermost thresholds: beyond them the output is 0 or x."""
-    return 4.0 if method == "segments" else act.gelu_cheb_threshold()
-
-
-def _allowed(mode, method, x):
-    """prob: as many elements as GELU_PROB_FAILURE per input on the polynomial makes likely
-    (conftest.failure_allowance, tail 1e-9); exact: none."""
-    if mode != "prob":
-        return 0
-    return failure_allowance(int((np.abs(x) < _outer(method)).sum()),
-                             act.GELU_PROB_FAILURE[method])
+    return GELU.secure(x, mode, method)
 
 
 def test_auto_picks_by_call_size():
@@ -83,31 +65,15 @@ def test_outside_the_range(method):
     """Up to |x| < 2^15 - 4 the comparisons stay in DReLU's window (one bit of margin):
     still right. From 2^15 + 4 to 2^16 - 4 every comparison is wrong: positive x give 0,
     negative x give x. (Further out about half are wrong: garbage.)"""
-    lim = act.gelu_limit(CFG)
-    rng = np.random.default_rng(7)
-    sign = rng.choice([-1.0, 1.0], 400)
-    x = _q(sign * rng.uniform(lim, 2 ** 15 - 4 - 2.0 ** -7, 400))
-    np.testing.assert_allclose(_gelu(x, method=method), np.maximum(x, 0),
-                               atol=act.GELU_ERROR["exact"])
-    x = _q(sign * rng.uniform(2 ** 15 + 4, 2 ** 16 - 4, 400))
-    got = _gelu(x, method=method)
-    assert (got[x > 0] == 0).all()
-    np.testing.assert_allclose(got[x < 0], x[x < 0], atol=2 * 2.0 ** -F)
+    check_outside_the_range(GELU, method, act.gelu_limit(CFG), 4.0)
 
 
 @pytest.mark.parametrize("method,mode,rounds", [
     ("segments", "exact", 6), ("segments", "prob", 4), ("cheb", "exact", 10), ("cheb", "prob", 6)])
 def test_rounds_and_declared_cost(method, mode, rounds, rng):
-    cfg = RingConfig(trunc=mode)
-    x = _q(rng.uniform(-5, 5, (3, 7)))
-    run = Run(cfg)
-    got = value(run(lambda p, a: act.gelu_a(p, a, method), share(x)))
-    assert got.shape == (3, 7)
     # prob: each of the ~17 inputs on the polynomial fails w.p. up to GELU_PROB_FAILURE
     # (a failure every few hundred runs without an allowance); exact: none may
-    assert (np.abs(got - act.gelu_ref(x)) > act.GELU_ERROR[mode]).sum() <= _allowed(mode, method, x)
-    run.assert_cost(act.cost_gelu(x.size, cfg, method))
-    assert run.rounds == rounds
+    check_rounds_and_cost(GELU, method, mode, rounds, 5.0, rng)
 
 
 def test_cheb_sends_about_two_thirds_the_bytes():
@@ -125,15 +91,9 @@ def test_table_in_float64(mode):
     """The quantised quartics alone (no fixed point) meet 4.4e-4 on their segments with the
     2^-10 fitting margin, coefficients small; the tails meet 1.27e-4."""
     e, K = act.GELU_SCALES[mode]
-    centres, a = act.gelu_table(e, K)
-    t = act.GELU_BREAKS
-    for j, (lo, hi) in enumerate(zip(t[:-1], t[1:])):
-        assert centres[j] * 2 ** (e + 1) == round(centres[j] * 2 ** (e + 1))
-        for k in (4, 3, 1):
-            assert a[j, k] * 2 ** K == round(a[j, k] * 2 ** K)
-        x = np.linspace(lo - 2.0 ** -10, hi + 2.0 ** -10, 5001)
-        u = x - centres[j]
-        poly = sum(a[j, k] * u ** k for k in range(5))
+    table = act.gelu_table(e, K)
+    a = table[1]
+    for j, x, u, poly in quartic_segments(table, act.GELU_BREAKS, e, K):
         assert np.abs(poly - act.gelu_ref(x)).max() < 4.4e-4
         assert np.abs(np.abs(a[j]) @ np.abs(u[None, :]) ** np.arange(5)[:, None]).max() < 5
     x = np.linspace(4, 50, 1000)

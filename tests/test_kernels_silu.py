@@ -6,43 +6,28 @@ traffic at catalog sizes: tests/test_kernel_catalog.py.)"""
 import numpy as np
 import pytest
 
-from conftest import Run, failure_allowance, share, value
+from piecewise_checks import (CFG, F, METHODS, Activation, check_outside_the_range,
+                              check_rounds_and_cost, quantized, quartic_segments)
+
 from mpc3 import ring
 from mpc3.kernels import silu as S
 from mpc3.kernels import thresholds
 from mpc3.party import RingConfig
 from mpc3.shadow import ShadowParty
 
-F = ring.DEFAULT_FRAC
-CFG = RingConfig()
-METHODS = ("segments", "cheb")
-
-
-def _q(x):
-    return ring.decode(ring.encode(np.asarray(x, dtype=float)))
+SILU = Activation(S.silu_a, S.cost_silu, S.silu_ref, S.SILU_ERROR, S.SILU_PROB_FAILURE,
+                  lambda method: S.SILU_BREAKS[-1] if method == "segments"
+                  else S.silu_cheb_threshold())
+_q, _outer, _allowed = quantized, SILU.outer, SILU.allowed
 
 
 def _silu(x, mode="exact", method="auto"):
-    return value(Run(RingConfig(trunc=mode))(lambda p, a: S.silu_a(p, a, method), share(x)))
-
-
-def _outer(method):
-    """The method's outermost threshold: beyond +-it the output is 0 or x."""
-    return S.SILU_BREAKS[-1] if method == "segments" else S.silu_cheb_threshold()
+    return SILU.secure(x, mode, method)
 
 
 def _breaks(method):
     T = _outer(method)
     return np.array(S.SILU_BREAKS if method == "segments" else (-T, T))
-
-
-def _allowed(mode, method, x):
-    """prob: as many elements as SILU_PROB_FAILURE per input on the polynomials makes
-    likely (conftest.failure_allowance, tail 1e-9); exact: none."""
-    if mode != "prob":
-        return 0
-    return failure_allowance(int((np.abs(x) < _outer(method)).sum()),
-                             S.SILU_PROB_FAILURE[method])
 
 
 def test_auto_picks_by_call_size():
@@ -110,29 +95,13 @@ def test_outside_the_range(method):
     """Up to |x| < 2^15 - 10.25 the comparisons stay in DReLU's window (one bit of margin):
     still right. From 2^15 + 10.25 to 2^16 - 10.25 every comparison is wrong: positive x
     give 0, negative x give x. (Further out about half are wrong: garbage.)"""
-    lim, t = S.silu_limit(CFG), S.SILU_BREAKS[-1]
-    rng = np.random.default_rng(7)
-    sign = rng.choice([-1.0, 1.0], 400)
-    x = _q(sign * rng.uniform(lim, 2 ** 15 - t - 2.0 ** -7, 400))
-    np.testing.assert_allclose(_silu(x, method=method), np.maximum(x, 0),
-                               atol=S.SILU_ERROR["exact"])
-    x = _q(sign * rng.uniform(2 ** 15 + t, 2 ** 16 - t, 400))
-    got = _silu(x, method=method)
-    assert (got[x > 0] == 0).all()
-    np.testing.assert_allclose(got[x < 0], x[x < 0], atol=2 * 2.0 ** -F)
+    check_outside_the_range(SILU, method, S.silu_limit(CFG), S.SILU_BREAKS[-1])
 
 
 @pytest.mark.parametrize("method,mode,rounds", [
     ("segments", "exact", 6), ("segments", "prob", 4), ("cheb", "exact", 12), ("cheb", "prob", 7)])
 def test_rounds_and_declared_cost(method, mode, rounds, rng):
-    cfg = RingConfig(trunc=mode)
-    x = _q(rng.uniform(-12, 12, (3, 7)))
-    run = Run(cfg)
-    got = value(run(lambda p, a: S.silu_a(p, a, method), share(x)))
-    assert got.shape == (3, 7)
-    assert (np.abs(got - S.silu_ref(x)) > S.SILU_ERROR[mode]).sum() <= _allowed(mode, method, x)
-    run.assert_cost(S.cost_silu(x.size, cfg, method))
-    assert run.rounds == rounds
+    check_rounds_and_cost(SILU, method, mode, rounds, 12.0, rng)
 
 
 def test_cheb_sends_about_seventy_percent_of_the_bytes():
@@ -151,20 +120,14 @@ def test_table_in_float64(mode):
     on their segments with the 2^-10 fitting margin, their selected products stay below
     3.5 (the scales' headroom, module docstring); the tails meet 3.63e-4."""
     e, K = S.SILU_SCALES[mode]
-    centres, a = S.silu_table(e, K)
-    t = S.SILU_BREAKS
+    table = S.silu_table(e, K)
+    a = table[1]
     worst = 0.0
-    for j, (lo, hi) in enumerate(zip(t[:-1], t[1:])):
-        assert centres[j] * 2 ** (e + 1) == round(centres[j] * 2 ** (e + 1))
-        for k in (4, 3, 1):
-            assert a[j, k] * 2 ** K == round(a[j, k] * 2 ** K)
-        x = np.linspace(lo - 2.0 ** -10, hi + 2.0 ** -10, 5001)
-        u = x - centres[j]
-        poly = sum(a[j, k] * u ** k for k in range(5))
+    for j, x, u, poly in quartic_segments(table, S.SILU_BREAKS, e, K):
         worst = max(worst, np.abs(poly - S.silu_ref(x)).max())
         assert np.abs(poly - a[j, 0]).max() < 3.5
     assert worst < {"exact": 3.3e-4, "prob": 4.1e-4}[mode]
-    x = np.linspace(t[-1], 60, 2000)
+    x = np.linspace(S.SILU_BREAKS[-1], 60, 2000)
     assert np.abs(S.silu_ref(x) - x).max() < 3.63e-4
     assert np.abs(S.silu_ref(-x)).max() < 3.63e-4
 
