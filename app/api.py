@@ -289,11 +289,11 @@ class Cluster:
         session is closed if the iteration stops early). Token ids go to
         :attr:`last_tokens`, the cost to :attr:`last_costs`."""
         from .cli.common import check_same_model
-        from .generate import LMClusterBackend
+        from .translate import ClusterBackend
         from .text import lm_prompt
         self._need("query-user", "generate")
         mcfg, user, prompt_ids, text, eos = lm_prompt(str(model), prompt, ids)
-        backend = LMClusterBackend(self.client, model_id, step_timeout=self.step_timeout)
+        backend = ClusterBackend(self.client, model_id, step_timeout=self.step_timeout)
         check_same_model(backend.model_config(), mcfg, model_id, str(model))
         it = self._generate(backend, mcfg, user, prompt_ids, max_new_tokens, text, eos)
         return it if stream else "".join(it)

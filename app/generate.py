@@ -14,13 +14,12 @@ of prompts of one length it
 3. stops after ``n_tokens`` tokens (or when every row produced ``eos``) and closes the session.
 
 Tokens are bytes (:func:`encode_text`): a model with ``tgt_vocab >= 256`` reads UTF-8 bytes
-as token ids 0..255; id 256, when the vocabulary has it, is end-of-text. The backends are the
-translator's (:mod:`app.translate`) with the LM's job kinds.
+as token ids 0..255; id 256, when the vocabulary has it, is end-of-text. The backends and the
+session (:class:`app.translate.Session` with the LM's job kinds) are the translator's.
 """
 from __future__ import annotations
 
 import codecs
-import os
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
@@ -29,43 +28,9 @@ import numpy as np
 from mpc3 import ring
 from protocols import model as M
 
-from .translate import ClusterBackend, InprocBackend, Traffic, close_session, opening
+from .translate import LM, Session, Traffic
 
 BYTE_VOCAB = 256
-
-
-class _LMJobs:
-    """The LM's session job kinds on top of a translator backend's ``_job``."""
-
-    def prefill(self, session: str, x: np.ndarray, cost: Traffic, layers=None) -> np.ndarray:
-        out = self._job("lm_prefill", {"X": x}, session, cost, layers, opening(self.fuse))["H"]
-        self._opened(session)
-        return out
-
-    def step(self, session: str, y: np.ndarray, cost: Traffic, layers=None) -> np.ndarray:
-        return self._job("lm_step", {"Y": y}, session, cost, layers)["H"]
-
-    def close(self, session: str) -> None:
-        self._job("lm_close", {}, session, Traffic(), None)
-
-    def _opened(self, session: str) -> None:
-        pass
-
-
-class LMClusterBackend(_LMJobs, ClusterBackend):
-    """LM sessions on a running cluster (three party processes)."""
-
-
-class LMInprocBackend(_LMJobs, InprocBackend):
-    """LM sessions on three in-process parties (tests, quick checks)."""
-
-    def _opened(self, session: str) -> None:
-        self.sessions.add(session)
-
-    def close(self, session: str) -> None:
-        if session in self.sessions:
-            self.sessions.discard(session)
-            self._job("lm_close", {}, session, Traffic(), None)
 
 
 # ---------------------------------------------------------------------------- text ----
@@ -130,13 +95,11 @@ def generate(backend, cfg: M.ModelConfig, user: Mapping[str, np.ndarray], prompt
                          f"{cfg.max_len} (max_len)")
     if ids.min() < 0 or ids.max() >= cfg.tgt_vocab:
         raise ValueError(f"token ids must lie in 0..{cfg.tgt_vocab - 1}")
-    session = "g" + os.urandom(12).hex()
-    pre, steps = Traffic(), Traffic()
-    res = Generation([[] for _ in range(B)], pre, steps, 0)
-    h = ring.decode(backend.prefill(session, M.embed_tokens(cfg, user, ids, table="embed.tgt"),
-                                    pre, layers), backend.frac)
-    failure = None
-    try:
+    res = Generation([[] for _ in range(B)], Traffic(), Traffic(), 0)
+    with Session(backend, LM, layers) as session:
+        res.prefill_cost, res.step_cost = session.opened, session.steps
+        prompt = M.embed_tokens(cfg, user, ids, table="embed.tgt")
+        h = ring.decode(session.open(prompt)["H"], backend.frac)
         done = np.zeros(B, dtype=bool)
         for k in range(n_tokens):
             res.hidden.append(h)
@@ -153,15 +116,9 @@ def generate(backend, cfg: M.ModelConfig, user: Mapping[str, np.ndarray], prompt
                 break
             y = M.embed_tokens(cfg, user, tok[:, None], offset=T + k, table="embed.tgt")[:, 0]
             res.fed.append(tok.copy())
-            h = ring.decode(backend.step(session, y, steps, layers), backend.frac)
+            h = ring.decode(session.step(y), backend.frac)
             res.steps += 1
-    except BaseException as exc:
-        failure = exc
-        raise
-    finally:
-        close_session(backend, session, failure)
     return res
 
 
-__all__ = ["ByteStream", "Generation", "LMClusterBackend", "LMInprocBackend", "encode_text",
-           "eos_of", "generate"]
+__all__ = ["ByteStream", "Generation", "encode_text", "eos_of", "generate"]

@@ -108,17 +108,15 @@ def opening(fuse: str | None) -> dict:
     return {} if fuse is None else {"fuse": fuse}
 
 
-def close_session(backend, session: str, failure: BaseException | None) -> None:
-    """Close a decode session, best effort (parties also drop idle sessions) - but not
-    after the cluster failed a job of it: the failed job dropped the session where it ran,
-    and a party that stopped answering would hold the close for its whole timeout (mpc3
-    generate took twice the parties' timeout to fail on a stopped party)."""
-    if isinstance(failure, ClusterError):
-        return
-    try:
-        backend.close(session)
-    except Exception:  # noqa: BLE001 - best effort
-        pass
+@dataclass
+class JobRun:
+    """One job of a session as a backend ran it: the reconstructed outputs, each party's
+    (bytes, messages, rounds), the wall time and each party's per-layer costs (public)."""
+
+    outputs: dict
+    per_party: list
+    wall_s: float
+    layers: list
 
 
 class ClusterBackend:
@@ -143,28 +141,14 @@ class ClusterBackend:
                                    "(not shared by 'mpc3 share-model'?)")
         return M.ModelConfig.from_dict(meta["model_config"])
 
-    def _job(self, kind: str, inputs: dict, session: str, cost: Traffic,
-             layers: LayerCosts | None, params: dict | None = None) -> dict[str, np.ndarray]:
+    def job(self, kind: str, inputs: dict, session: str, params: dict | None = None) -> JobRun:
         t0 = time.perf_counter()
         job = self.user.submit(self.model_id, kind, inputs, {"session": session, **(params or {})},
                                upload_id=self.info.upload_id, allow_empty=not inputs)
         st = self.user.wait(job, timeout=self.step_timeout)
         out = self.user.fetch(job) if not kind.endswith("_close") else {}
-        cost.add_parties([(s.bytes_sent, s.messages, s.rounds) for s in st],
-                         time.perf_counter() - t0)
-        if layers is not None:
-            layers.add(self.user.job_costs(job))
-        self.user.forget(job)
-        return out
-
-    def open(self, session: str, x: np.ndarray, cost: Traffic, layers=None) -> None:
-        self._job("decode_open", {"X": x}, session, cost, layers, opening(self.fuse))
-
-    def step(self, session: str, y: np.ndarray, cost: Traffic, layers=None) -> np.ndarray:
-        return self._job("decode_step", {"Y": y}, session, cost, layers)["H"]
-
-    def close(self, session: str) -> None:
-        self._job("decode_close", {}, session, Traffic(), None)
+        return JobRun(out, [(s.bytes_sent, s.messages, s.rounds) for s in st],
+                      time.perf_counter() - t0, st.costs)
 
 
 class InprocBackend:
@@ -185,39 +169,87 @@ class InprocBackend:
         self.fuse = fuse
         self.parties = InprocParties.for_model(cfg, weights, frac=frac, timeout=timeout,
                                                calibration=calibration)
-        self.sessions: set[str] = set()
 
     def model_config(self) -> M.ModelConfig:
         return self.cfg
 
-    def _job(self, kind: str, inputs: dict, session: str, cost: Traffic, layers,
-             params: dict | None = None) -> dict:
+    def open_sessions(self) -> int:
+        """Decode sessions the three parties hold (one per session and party)."""
+        return sum(r.sessions.count() for r in self.parties.runners)
+
+    def job(self, kind: str, inputs: dict, session: str, params: dict | None = None) -> JobRun:
         dealt = {k: deal(ring.encode(np.asarray(v, dtype=np.float64), self.frac))
                  for k, v in inputs.items()}
         t0 = time.perf_counter()
         jobs = self.parties.run(kind, {"session": session, **(params or {})},
                                 [{k: v[n] for k, v in dealt.items()} for n in range(3)])
-        if jobs[0].party is not None:
-            cost.add_parties([(j.party.stats.bytes_sent, j.party.stats.messages,
-                               j.party.stats.rounds) for j in jobs],
-                             time.perf_counter() - t0)
-        if layers is not None:
-            layers.add([j.costs for j in jobs])
+        per_party = [] if jobs[0].party is None else \
+            [(j.party.stats.bytes_sent, j.party.stats.messages, j.party.stats.rounds)
+             for j in jobs]
         outs = [j.outputs for j in jobs]
         wide = {k: f - self.frac for k, f in output_fracs(jobs[0].spec, self.frac).items()}
-        return reconstruct(outs, wide) if outs[0] else {}
+        return JobRun(reconstruct(outs, wide) if outs[0] else {}, per_party,
+                      time.perf_counter() - t0, [j.costs for j in jobs])
 
-    def open(self, session: str, x: np.ndarray, cost: Traffic, layers=None) -> None:
-        self._job("decode_open", {"X": x}, session, cost, layers, opening(self.fuse))
-        self.sessions.add(session)
 
-    def step(self, session: str, y: np.ndarray, cost: Traffic, layers=None) -> np.ndarray:
-        return self._job("decode_step", {"Y": y}, session, cost, layers)["H"]
+# ------------------------------------------------------------------------ sessions ----
+#: the job kinds of a session: (open, step, close)
+DECODE = ("decode_open", "decode_step", "decode_close")
+LM = ("lm_prefill", "lm_step", "lm_close")
 
-    def close(self, session: str) -> None:
-        if session in self.sessions:
-            self.sessions.discard(session)
-            self._job("decode_close", {}, session, Traffic(), None)
+
+class Session:
+    """One decode session from the query user's side, owning its tallies: ``opened`` (the
+    traffic of the job that opened it), ``steps`` (of its steps), ``last`` (of the latest
+    job) and ``layers`` (the per-layer costs the parties report, if given a LayerCosts).
+
+    ``kinds``: :data:`DECODE` (translator) or :data:`LM`; ``sid``: the session's name at the
+    parties (default: fresh and random). As a context manager it closes the session when
+    left (best effort; not after the cluster failed one of its jobs: the failed job dropped
+    the session where it ran, and a party that stopped answering would hold the close for
+    its whole timeout)."""
+
+    def __init__(self, backend, kinds: tuple[str, str, str] = DECODE,
+                 layers: "LayerCosts | None" = None, sid: str | None = None) -> None:
+        self.backend, self.kinds, self.layers = backend, kinds, layers
+        self.id = sid or "s" + os.urandom(12).hex()
+        self.opened, self.steps, self.last = Traffic(), Traffic(), Traffic()
+        self._started = False
+
+    def open(self, x: np.ndarray) -> dict:
+        """Share ``x`` and open the session (its outputs: ``H`` for an LM's prompt)."""
+        self._started = True
+        return self._run(self.kinds[0], {"X": x}, self.opened, opening(self.backend.fuse))
+
+    def step(self, y: np.ndarray) -> np.ndarray:
+        """One step on the embedded token rows ``y`` (B, d): the hidden rows, ring values."""
+        return self._run(self.kinds[1], {"Y": y}, self.steps)["H"]
+
+    def close(self, failure: BaseException | None = None) -> None:
+        if not self._started or isinstance(failure, ClusterError):
+            return
+        self._started = False
+        try:
+            self.backend.job(self.kinds[2], {}, self.id)
+        except Exception:  # noqa: BLE001 - best effort: parties also drop idle sessions
+            pass
+
+    def _run(self, kind: str, inputs: dict, tally: Traffic, params: dict | None = None) -> dict:
+        run = self.backend.job(kind, inputs, self.id, params)
+        self.last = Traffic()
+        if run.per_party:
+            self.last.add_parties(run.per_party, run.wall_s)
+            tally += self.last
+        if self.layers is not None:
+            self.layers.add(run.layers)
+        return run.outputs
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        self.close(exc)
+        return False
 
 
 # ---------------------------------------------------------------------------- loop ----
@@ -251,19 +283,16 @@ def decode_batch(backend, cfg: M.ModelConfig, user: Mapping[str, np.ndarray], sr
     if src.ndim == 1:
         src = src[None]
     B = src.shape[0]
-    session = "s" + os.urandom(12).hex()
-    x = M.embed(cfg, user["embed.src"], src)
-    open_cost, step_cost = Traffic(), Traffic()
     out: list[list[int]] = [[] for _ in range(B)]
     all_logits, hidden, fed = [], [], []
-    backend.open(session, x, open_cost, layers)
-    steps, failure = 0, None
-    try:
+    steps = 0
+    with Session(backend, DECODE, layers) as session:
+        session.open(M.embed(cfg, user["embed.src"], src))
         tok = np.full(B, bos, dtype=np.int64)
         done = np.zeros(B, dtype=bool)
         for t in range(max_steps):
             y = M.embed(cfg, user["embed.tgt"], tok[:, None], offset=t)[:, 0, :]
-            h = ring.decode(backend.step(session, y, step_cost, layers), backend.frac)
+            h = ring.decode(session.step(y), backend.frac)
             steps += 1
             hidden.append(h)
             fed.append(tok.copy())
@@ -275,12 +304,7 @@ def decode_batch(backend, cfg: M.ModelConfig, user: Mapping[str, np.ndarray], sr
             M.take_tokens(out, done, tok, eos)
             if done.all():
                 break
-    except BaseException as exc:
-        failure = exc
-        raise
-    finally:
-        close_session(backend, session, failure)
-    return BatchResult(out, open_cost, step_cost, steps, all_logits, hidden, fed)
+    return BatchResult(out, session.opened, session.steps, steps, all_logits, hidden, fed)
 
 
 def reference_rows(cfg: M.ModelConfig, w: M.Weights, user, src_ids, fed) -> list[np.ndarray]:

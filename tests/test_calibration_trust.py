@@ -59,7 +59,7 @@ def _generates(c, model_id, n=4):
     prompt = np.array([[5, 1, 7]])
     want = M.greedy_generate(LM, c.w, c.user_t, prompt, n)
     with c.user() as u:
-        got = G.generate(G.LMClusterBackend(u, model_id, step_timeout=60), LM, c.user_t,
+        got = G.generate(T.ClusterBackend(u, model_id, step_timeout=60), LM, c.user_t,
                          prompt, n).tokens
     assert got == want
 
@@ -162,9 +162,9 @@ def test_properly_shared_models_of_each_architecture_run(cl):
     ref = M.RefDecodeState(tr, w, M.ref_encoder(tr, w, src))
     with cl.user() as u:
         be = T.ClusterBackend(u, "tr")
-        be.open("t1", src, T.Traffic())
-        for t, tok in enumerate((0, 5, 2)):
-            y = M.embed(tr, user["embed.tgt"], np.array([[tok]]), offset=t)[:, 0]
-            got = ring.decode(be.step("t1", y, T.Traffic()))
-            assert np.abs(got - M.ref_decoder_step(tr, w, ref, y)).max() < 5e-2
-        be.close("t1")
+        with T.Session(be) as s:
+            s.open(src)
+            for t, tok in enumerate((0, 5, 2)):
+                y = M.embed(tr, user["embed.tgt"], np.array([[tok]]), offset=t)[:, 0]
+                got = ring.decode(s.step(y))
+                assert np.abs(got - M.ref_decoder_step(tr, w, ref, y)).max() < 5e-2

@@ -194,14 +194,14 @@ def test_secure_generation_agrees_with_plaintext_greedy(norm_first, seed, fuse):
     cfg = lm_cfg(max_len=14, norm_first=norm_first)
     w, user = M.random_weights(cfg, seed), M.random_user(cfg, seed)
     prompt = np.array([[1, 5, 2, 9], [3, 3, 0, 12]])
-    be = G.LMInprocBackend(cfg, w, fuse=fuse)
+    be = T.InprocBackend(cfg, w, fuse=fuse)
     streamed = []
     res = G.generate(be, cfg, user, prompt, 9, on_token=lambda k, tok: streamed.append(tok))
     ref = M.greedy_generate(cfg, w, user, prompt, 9)
     assert top2_gap(cfg, w, user, prompt, ref) > 1e-2 and len({*ref[0], *ref[1]}) >= 6
     assert res.tokens == ref and len(streamed) == 9               # token agreement 1.0
     assert res.steps == 8 and res.prefill_cost.jobs == 1 and res.step_cost.jobs == 8
-    assert not be.sessions
+    assert not be.open_sessions()
     st = M.RefLMState(cfg, 2)
     seq = np.concatenate([prompt, np.stack(res.fed, 1)], 1)
     for t in range(seq.shape[1]):             # hidden rows vs the reference on the same tokens
@@ -217,27 +217,29 @@ def test_secure_generation_agrees_with_plaintext_greedy(norm_first, seed, fuse):
 def test_lm_jobs_refuse_misuse():
     cfg = lm_cfg(max_len=6)
     w = M.random_weights(cfg, 1)
-    be = G.LMInprocBackend(cfg, w)
+    be = T.InprocBackend(cfg, w)
     x = np.random.default_rng(0).uniform(-1, 1, (1, 4, 16))
     with pytest.raises(ValueError, match="session 'nope' is unknown"):
-        be.step("nope", x[:, 0], T.Traffic())
+        T.Session(be, T.LM, sid="nope").step(x[:, 0])
     with pytest.raises(ValueError, match="too long"):
-        be.prefill("s0", np.zeros((1, 7, 16)), T.Traffic())
+        T.Session(be, T.LM).open(np.zeros((1, 7, 16)))
     for kind in ("classify", "decode_open"):
         dealt = deal(ring.encode(x, ring.DEFAULT_FRAC))
         with pytest.raises(ValueError, match=f"'{kind}' does not apply to model 'inproc' "
                            r"\(a decoder-only model\)"):
             be.parties.run(kind, {"session": "s9"} if kind == "decode_open" else {},
                            [{"X": dealt[n]} for n in range(3)])
-    be.prefill("s1", x, T.Traffic())
+    s1 = T.Session(be, T.LM)
+    s1.open(x)
     with pytest.raises(RuntimeError, match="step batch 2 differs"):     # fails at run time
-        be.step("s1", np.zeros((2, 16)), T.Traffic())
-    be2 = G.LMInprocBackend(cfg, w)
-    be2.prefill("s2", x, T.Traffic())
-    be2.step("s2", x[:, 0], T.Traffic())
-    be2.step("s2", x[:, 1], T.Traffic())
+        s1.step(np.zeros((2, 16)))
+    be2 = T.InprocBackend(cfg, w)
+    s2 = T.Session(be2, T.LM)
+    s2.open(x)
+    s2.step(x[:, 0])
+    s2.step(x[:, 1])
     with pytest.raises(RuntimeError, match="length limit of 6"):
-        be2.step("s2", x[:, 2], T.Traffic())
+        s2.step(x[:, 2])
     with pytest.raises(ValueError, match="need 8 positions; the model takes at most 6"):
         G.generate(be2, cfg, M.random_user(cfg), [[1, 2, 3]], 6)
 

@@ -124,7 +124,7 @@ def test_decode_jobs_round_trip_in_process(attention):
     src = np.array([[3, 4, 5, 1, 6], [6, 1, 2, 2, 0]])
     be = T.InprocBackend(cfg, w)
     res = T.decode_batch(be, cfg, user, src, bos=0, eos=None, max_steps=5)
-    assert not be.sessions and res.steps == 5
+    assert not be.open_sessions() and res.steps == 5
     ref = T.reference_rows(cfg, w, user, src, res.fed)
     err = max(np.max(np.abs(h - r)) for h, r in zip(res.hidden, ref))
     print(f"{attention} jobs: max abs error {err:.2e}")
@@ -140,13 +140,13 @@ def test_decode_jobs_round_trip_in_process(attention):
                                              for r in range(3)]
     assert res.step_cost.rounds == sum(c.rounds for c in steps)
     x = M.embed(cfg, user["embed.src"], src)
-    be.open("s", x, T.Traffic())
-    for t in range(cfg.max_len):
-        be.step("s", x[:, 0], T.Traffic())
-    with pytest.raises(RuntimeError, match="length limit of 8"):
-        be.step("s", x[:, 0], T.Traffic())
-    be.close("s")
-    assert not be.sessions
+    with T.Session(be) as s:
+        s.open(x)
+        for t in range(cfg.max_len):
+            s.step(x[:, 0])
+        with pytest.raises(RuntimeError, match="length limit of 8"):
+            s.step(x[:, 0])
+    assert not be.open_sessions()
 
 
 @pytest.mark.parametrize("attention,form,site,hot,refusal", [

@@ -26,6 +26,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from app import generate as G  # noqa: E402
+from app import translate as T  # noqa: E402
 from app.cli import main as cli  # noqa: E402
 from app.localcluster import LocalCluster  # noqa: E402
 from app.owner import share_transformer  # noqa: E402
@@ -99,7 +100,7 @@ def test_gpt2_generates_securely_like_transformers(gpt2):
     assert np.array_equal(gen[:, len(PROMPTS[0]):].numpy(), want)
     assert min(len(set(row)) for row in want.tolist()) >= 4     # not one token repeated
     with gpt2.user(rpc_timeout=30) as u:
-        backend = G.LMClusterBackend(u, "gpt2", step_timeout=120)
+        backend = T.ClusterBackend(u, "gpt2", step_timeout=120)
         res = G.generate(backend, cfg, user, np.array(PROMPTS), N_TOKENS)
     assert res.tokens == want.tolist()                           # 64 of 64 tokens agree
     assert res.steps == N_TOKENS - 1 and len(res.hidden) == N_TOKENS

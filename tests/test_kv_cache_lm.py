@@ -133,21 +133,22 @@ def test_secure_generation_agrees_with_plaintext_greedy(attention):
     cfg = lm_cfg(attention, norm_first=True)
     w, user = M.random_weights(cfg, 1), M.random_user(cfg, 1)
     prompt = np.array([[1, 5, 2], [3, 3, 0]])
-    be = G.LMInprocBackend(cfg, w)
+    be = T.InprocBackend(cfg, w)
     res = G.generate(be, cfg, user, prompt, 6)
     ref = M.greedy_generate(cfg, w, user, prompt, 6)
     assert top2_gap(cfg, w, user, prompt, ref) > 2e-2 and len({*ref[0], *ref[1]}) >= 5
-    assert res.tokens == ref and res.steps == 5 and not be.sessions
+    assert res.tokens == ref and res.steps == 5 and not be.open_sessions()
     rc = RingConfig()
     assert res.step_cost.rounds == sum(LM.cost_lm_step(rc, cfg, 2, t).rounds for t in range(3, 8))
     assert res.step_cost.bytes_total == sum(sum(LM.cost_lm_step(rc, cfg, 2, t).bytes_per_party)
                                             for t in range(3, 8))
-    be2 = G.LMInprocBackend(cfg, w)                 # the session refuses past max_len
+    be2 = T.InprocBackend(cfg, w)                 # the session refuses past max_len
     x = np.random.default_rng(0).uniform(-1, 1, (1, 11, 16))
-    be2.prefill("s", x, T.Traffic())
-    be2.step("s", x[:, 0], T.Traffic())
+    s = T.Session(be2, T.LM)
+    s.open(x)
+    s.step(x[:, 0])
     with pytest.raises(RuntimeError, match="length limit of 12"):
-        be2.step("s", x[:, 1], T.Traffic())
+        s.step(x[:, 1])
 
 
 @pytest.mark.parametrize("attention,form,site,hot,refusal", [

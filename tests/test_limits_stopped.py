@@ -9,7 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from app.generate import LMClusterBackend, generate
+from app.generate import generate
+from app.translate import ClusterBackend
 from app.localcluster import LocalCluster
 from app.owner import share_transformer
 from net.client.user import QueryUser
@@ -37,7 +38,7 @@ def test_generation_fails_naming_a_stopped_party_within_the_peer_timeout(tmp_pat
 
         try:
             with QueryUser(cluster.cfg, *cluster.creds("user")) as qu:   # the CLI's defaults
-                backend = LMClusterBackend(qu, "lm", step_timeout=120)
+                backend = ClusterBackend(qu, "lm", step_timeout=120)
                 with pytest.raises(ClusterError) as err:
                     generate(backend, cfg, user, np.array([[1, 2, 3]]), 8,
                              on_token=stop_party_2)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from app import generate as G
+from app import translate as T
 from app.owner import calibration_samples
 from protocols.calibration import calibrate as C
 from protocols import model as M
@@ -62,7 +63,7 @@ def test_secure_generation_agrees_with_plaintext(lm):
     _, _, cfg, w, user = lm
     nums = prompts(2, 4)
     ids = np.array([list(f"{n} = ".encode()) for n in nums])
-    res = G.generate(G.LMInprocBackend(cfg, w), cfg, user, ids, 46, eos=G.eos_of(cfg))
+    res = G.generate(T.InprocBackend(cfg, w), cfg, user, ids, 46, eos=G.eos_of(cfg))
     ref = M.greedy_generate(cfg, w, user, ids, 46, eos=G.eos_of(cfg))
     assert res.tokens == ref
     assert [bytes(t).decode() for t in res.tokens] == [TD.number_to_words(n) for n in nums]

@@ -117,9 +117,9 @@ def test_no_permitted_kind_is_a_linear_function_of_its_input(prod):
     with prod.user() as u:
         enc = u.run("tr2", "encoder", {"X": X})["Y"]
         be = T.ClusterBackend(u, "tr2")
-        be.open("probe", rng.uniform(-1.5, 1.5, (48, 3, 16)), T.Traffic())
-        hs = ring.decode(be.step("probe", ys, T.Traffic()))
-        be.close("probe")
+        with T.Session(be) as s:
+            s.open(rng.uniform(-1.5, 1.5, (48, 3, 16)))
+            hs = ring.decode(s.step(ys))
     for inp, out in ((X.reshape(-1, 16), enc.reshape(-1, 16)), (ys, hs)):
         A = np.hstack([inp, np.ones((inp.shape[0], 1))])
         fit, *_ = np.linalg.lstsq(A, out, rcond=None)
@@ -193,15 +193,16 @@ def test_sessions_per_user_are_limited(prod):
     x = np.zeros((1, 2, 16))
     with prod.user(retry_s=0) as u:
         be = T.ClusterBackend(u, "tr1")
-        be.open("lim-1", x, T.Traffic())
-        be.open("lim-2", x, T.Traffic())
+        s1, s2, s3 = (T.Session(be, sid=f"lim-{k}") for k in (1, 2, 3))
+        s1.open(x)
+        s2.open(x)
         with pytest.raises(ClusterError) as err:
-            be.open("lim-3", x, T.Traffic())
+            s3.open(x)
         assert err.value.code == C.RESOURCE_EXHAUSTED and "user_sessions" in str(err.value)
-        be.close("lim-1")
-        be.open("lim-3", x, T.Traffic())             # a closed session frees its slot
-        be.close("lim-2")
-        be.close("lim-3")
+        s1.close()
+        s3.open(x)                                    # a closed session frees its slot
+        s2.close()
+        s3.close()
 
 
 def test_stalled_streams_are_limited_and_reaped(prod):

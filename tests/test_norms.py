@@ -310,6 +310,7 @@ def test_secure_generation_agrees_with_plaintext_greedy(variant, tmp_path):
     """The production LM path (model file -> lm_prefill / lm_step / lm_close over the
     in-process transport, app.generate) generates the reference's greedy tokens."""
     from app import generate as G
+    from app import translate as T
     from test_causal_lm import top2_gap
     if variant == "aero-scaled-pruned":
         cfg = M.aero(cfg_of("decoder-only", n_dec_layers=3, attn_c=0.05, tgt_vocab=13),
@@ -331,11 +332,11 @@ def test_secure_generation_agrees_with_plaintext_greedy(variant, tmp_path):
     cfg, w, user = M.load_model(tmp_path / "m.npz")
     prompt = np.array([[1, 5, 2], [3, 3, 0]])
     C.calibrate(cfg, w, samples, user=user)
-    be = G.LMInprocBackend(cfg, w)
+    be = T.InprocBackend(cfg, w)
     res = G.generate(be, cfg, user, prompt, 6)
     ref = M.greedy_generate(cfg, w, user, prompt, 6)
     assert top2_gap(cfg, w, user, prompt, ref) > 2e-2 and len({*ref[0], *ref[1]}) >= 2
-    assert res.tokens == ref and not be.sessions
+    assert res.tokens == ref and not be.open_sessions()
     assert res.step_cost.bytes_total == sum(sum(LM.cost_lm_step(RingConfig(), cfg, 2, t)
                                                 .bytes_per_party) for t in range(3, 8))
 

@@ -168,18 +168,19 @@ def test_decode_jobs_defer_where_the_stored_calibration_allows():
     for calibration, want, want_spans, want_fold in ((None, frozenset(), None, frozenset()),
                                                      (cal, raw, spans, fold)):
         be = T.InprocBackend(cfg, w, calibration=calibration)
-        be.open("s", x, T.Traffic())
+        session = T.Session(be)
+        session.open(x)
         ref = M.RefDecodeState(cfg, w, M.ref_encoder(cfg, w, x))
         for t, tok in enumerate([1, 3]):
             y = M.embed(cfg, user["embed.tgt"], np.full((2, 1), tok), offset=t)[:, 0]
-            traffic = T.Traffic()
-            got = ring.decode(be.step("s", y, traffic))
+            got = ring.decode(session.step(y))
+            traffic = session.last
             np.testing.assert_allclose(got, M.ref_decoder_step(cfg, w, ref, y), atol=TOL)
             declared = D.cost_decoder_step(RingConfig(), cfg, 2, t, wide=True,
                                            schedule=S.Schedule(want, want_spans or {}, want_fold))
             assert (traffic.rounds, tuple(traffic.bytes_per_party)) == \
                 (declared.rounds, declared.bytes_per_party)
-        be.close("s")
+        session.close()
     # one round fewer per deferred o W^O, two per folded cross attention W^O
     assert declared.rounds == D.cost_decoder_step(RingConfig(), cfg, 2, 1, wide=True).rounds \
         - len(raw - fold) - 2 * len(fold)

@@ -73,20 +73,21 @@ def test_grpc_incremental_decoding_equals_plaintext_steps(cluster):
     with cluster.user() as u:
         be = T.ClusterBackend(u, "tr")
         layers = T.LayerCosts()
-        be.open("inc-1", x, T.Traffic(), layers)
+        session = T.Session(be, layers=layers, sid="inc-1")
+        session.open(x)
         for t, tok in enumerate(tgt):
             y = M.embed(cfg, ut["embed.tgt"], np.array([[tok]]), offset=t)[:, 0]
-            got = ring.decode(be.step("inc-1", y, T.Traffic(), layers))
+            got = ring.decode(session.step(y))
             want = M.ref_decoder_step(cfg, w, ref, y)
             np.testing.assert_allclose(got, want, atol=0.05)
             assert M.output_logits(ut, got).argmax() == M.output_logits(ut, want).argmax()
         with pytest.raises(ClusterError) as err:      # only the owner may use it; to
             with cluster.user("user2") as other:         # others its id is simply unknown
-                T.ClusterBackend(other, "tr").step("inc-1", y, T.Traffic())
+                T.Session(T.ClusterBackend(other, "tr"), sid="inc-1").step(y)
         assert err.value.code == grpc.StatusCode.NOT_FOUND and "is unknown" in str(err.value)
-        be.close("inc-1")
+        session.close()
         with pytest.raises(ClusterError, match="closed by its owner"):
-            be.step("inc-1", y, T.Traffic())
+            session.step(y)
     assert layers.rows["dec.0"][3] == len(tgt)            # one entry per step
 
 
@@ -98,10 +99,10 @@ def test_grpc_clear_errors(cluster):
         assert err.value.code == grpc.StatusCode.NOT_FOUND
         be = T.ClusterBackend(u, "tr")
         with pytest.raises(ClusterError, match="too long") as err:
-            be.open("long-1", np.zeros((1, cfg.max_len + 4, cfg.d_model)), T.Traffic())
+            T.Session(be, sid="long-1").open(np.zeros((1, cfg.max_len + 4, cfg.d_model)))
         assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
         with pytest.raises(ClusterError, match="unknown on party"):
-            be.step("never-opened", np.zeros((1, cfg.d_model)), T.Traffic())
+            T.Session(be, sid="never-opened").step(np.zeros((1, cfg.d_model)))
         with pytest.raises(ValueError, match="too long"):
             T.translate_texts(be, cfg, cluster.user_t, ["12345678901"])
         with pytest.raises(ClusterError, match="unknown parameters"):
@@ -130,13 +131,14 @@ def test_party_dying_mid_decoding_fails_cleanly(cluster):
     y = M.embed(cfg, ut["embed.tgt"], np.array([[cluster.vocab.bos]]))[:, 0]
     with cluster.user() as u:
         be = T.ClusterBackend(u, "tr", step_timeout=30)
-        be.open("dies-1", x, T.Traffic())
-        be.step("dies-1", y, T.Traffic())
+        session = T.Session(be, sid="dies-1")
+        session.open(x)
+        session.step(y)
         cluster.procs[2].kill()
         cluster.procs[2].wait(10)
         t0 = time.monotonic()
         with pytest.raises(ClusterError) as err:
-            be.step("dies-1", y, T.Traffic())
+            session.step(y)
         assert time.monotonic() - t0 < 20
         assert err.value.code in (grpc.StatusCode.UNAVAILABLE, None) or \
             "party 2" in str(err.value)

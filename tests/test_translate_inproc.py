@@ -89,7 +89,7 @@ def test_over_long_input_is_refused_before_any_job():
     cfg = _small_cfg()
     be = T.InprocBackend(cfg, M.random_weights(cfg))
     with pytest.raises(ValueError, match="too long"):
-        be.open("s2", np.zeros((1, cfg.max_len + 1, cfg.d_model)), T.Traffic())
+        T.Session(be).open(np.zeros((1, cfg.max_len + 1, cfg.d_model)))
     with pytest.raises(ValueError, match="too long"):
         T.translate_texts(be, cfg, M.random_user(cfg), ["1234567890"])
 
@@ -108,18 +108,19 @@ def test_session_fusions_change_rounds_not_the_function(fuse, attention):
     chosen = LP.fusion_choice(fuse, D.FUSIONS, D.DEFAULT_FUSE, "test")
     src = np.array([[3, 4, 5], [6, 1, 2]])
     x = M.embed(cfg, user["embed.src"], src)
-    be.open("s1", x, T.Traffic())
+    session = T.Session(be)
+    session.open(x)
     ref = M.RefDecodeState(cfg, w, M.ref_encoder(cfg, w, x))
     for t, tok in enumerate([1, 4, 7]):
         y = M.embed(cfg, user["embed.tgt"], np.full((2, 1), tok), offset=t)[:, 0]
-        traffic = T.Traffic()
-        got = ring.decode(be.step("s1", y, traffic))
+        got = ring.decode(session.step(y))
+        traffic = session.last
         np.testing.assert_allclose(got, M.ref_decoder_step(cfg, w, ref, y), atol=2e-2)
         declared = D.cost_decoder_step(RingConfig(), cfg, 2, t, fuse=chosen, n_enc=3, wide=True)
         assert traffic.rounds == declared.rounds
         assert tuple(traffic.bytes_per_party) == declared.bytes_per_party
-    be.close("s1")
-    assert "s1" not in be.sessions
+    session.close()
+    assert not be.open_sessions()
     if attention == M.PERFORMER:
         # two post-LN layers: 48 rounds each unfused, 2 fewer per fused kind and layer
         # ("self" fuses the next layer's projection into this layer's last LayerNorm:
@@ -135,8 +136,8 @@ def test_unknown_fusions_are_refused_before_any_round():
     for bad in ("bogus", "ffn,self,attn", 3, ""):
         be = T.InprocBackend(cfg, M.random_weights(cfg), fuse=bad)
         with pytest.raises(ValueError, match="fuse"):
-            be.open("s3", x, T.Traffic())
-        assert not be.sessions
+            T.Session(be).open(x)
+        assert not be.open_sessions()
     assert LP.fusion_choice("all", D.FUSIONS, D.DEFAULT_FUSE, "t") == D.FUSIONS
     assert LP.fusion_choice("none", D.FUSIONS, D.DEFAULT_FUSE, "t") == ()
     assert LP.fusion_choice(" ffn , self", D.FUSIONS, D.DEFAULT_FUSE, "t") == ("self", "ffn")

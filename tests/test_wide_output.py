@@ -107,11 +107,12 @@ def test_a_decode_step_job_returns_its_row_wide(rng):
     w, user = M.random_weights(cfg, 4), M.random_user(cfg, 4)
     be = T.InprocBackend(cfg, w)
     x = M.embed(cfg, user["embed.src"], np.array([[1, 2, 3]]))
-    be.open("s", x, T.Traffic())
+    session = T.Session(be, sid="s")
+    session.open(x)
     y = M.embed(cfg, user["embed.tgt"], np.array([[2]]), offset=0)[:, 0]
     jobs = be.parties.run("decode_step", {"session": "s"},
                           [{"Y": d} for d in share(y)])
     raw = ring.decode(reconstruct([j.outputs for j in jobs])["H"], 2 * F)
     ref = M.ref_decoder_step(cfg, w, M.RefDecodeState(cfg, w, M.ref_encoder(cfg, w, x)), y)
     assert np.max(np.abs(raw - ref)) < 2e-2
-    be.close("s")
+    session.close()

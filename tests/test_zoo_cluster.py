@@ -120,18 +120,17 @@ def test_cli_generate_streams_and_agrees_with_plaintext(zoo):
 def test_new_kinds_are_no_linear_function_of_their_input(zoo):
     """Probes through classify and lm_prefill/lm_step: no linear read-out explains the
     outputs, and no output block equals a weight."""
-    from app import generate as G
     from app import translate as T
     rng = np.random.default_rng(5)
     X = rng.uniform(-1.5, 1.5, (96, 2, 16))         # more probes than features (32 + 1)
     with zoo.user() as u:
         logits = u.run("clf", "classify", {"X": X})["logits"]
-        be = G.LMClusterBackend(u, "lm")
+        be = T.ClusterBackend(u, "lm")
         P = rng.uniform(-1.5, 1.5, (96, 2, 16))
-        h0 = ring.decode(be.prefill("probe", P, T.Traffic()))
-        ys = rng.uniform(-1.5, 1.5, (96, 16))
-        h1 = ring.decode(be.step("probe", ys, T.Traffic()))
-        be.close("probe")
+        with T.Session(be, T.LM) as session:
+            h0 = ring.decode(session.open(P)["H"])
+            ys = rng.uniform(-1.5, 1.5, (96, 16))
+            h1 = ring.decode(session.step(ys))
     for inp, out in ((X.reshape(96, -1), logits), (P.reshape(96, -1), h0), (ys, h1)):
         A = np.hstack([inp, np.ones((inp.shape[0], 1))])
         fit, *_ = np.linalg.lstsq(A, out, rcond=None)

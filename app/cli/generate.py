@@ -25,7 +25,8 @@ from .common import (MODEL_ID_HELP, STARTING, add_client_creds, check_same_model
 
 def _cmd_generate(args) -> int:
     from net.client.user import QueryUser
-    from ..generate import ByteStream, LMClusterBackend, generate
+    from ..generate import ByteStream, generate
+    from ..translate import ClusterBackend
     from ..text import lm_prompt
     cfg = load(args)
     mcfg, user, ids, stream, eos = lm_prompt(args.model, args.prompt, args.ids)
@@ -40,7 +41,7 @@ def _cmd_generate(args) -> int:
         sys.stdout.flush()
 
     with QueryUser(cfg, args.cert, args.key, rpc_timeout=args.rpc_timeout) as qu:
-        backend = LMClusterBackend(qu, args.model_id, step_timeout=args.step_timeout,
+        backend = ClusterBackend(qu, args.model_id, step_timeout=args.step_timeout,
                                    fuse=args.fuse)
         remote = backend.model_config()
         check_same_model(remote, mcfg, args.model_id, args.model)
@@ -97,7 +98,8 @@ def demo_lm(args) -> int:
     from protocols import model as M
     from app import textdata as TD
 
-    from ..generate import ByteStream, LMClusterBackend, eos_of, generate
+    from ..generate import ByteStream, eos_of, generate
+    from ..translate import ClusterBackend
     from ..localcluster import temporary_cluster
     from ..owner import share_transformer
     from ..translate import token_agreement
@@ -121,7 +123,7 @@ def demo_lm(args) -> int:
             f"d_model {mcfg.d_model}, {mcfg.n_dec_layers} layers, {mcfg.attention} attention, "
             f"byte tokens) as upload {upload}")
         with QueryUser(cluster.cfg, *cluster.creds("user"), rpc_timeout=30) as qu:
-            backend = LMClusterBackend(qu, "lm", step_timeout=120)
+            backend = ClusterBackend(qu, "lm", step_timeout=120)
             for n in nums:
                 prompt = list(f"{n} = ".encode())
                 budget = mcfg.max_len - len(prompt) + 1

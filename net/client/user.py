@@ -39,13 +39,21 @@ from .outputs import reconstruct, same_scales
 S = pb.JobStatusReply
 
 
+class JobResult(list):
+    """A finished job's status on each party (a list of JobStatusReply) and ``costs``: the
+    per-layer costs (public) each party reported with it."""
+
+    def __init__(self, states, costs) -> None:
+        super().__init__(states)
+        self.costs: list[list[dict]] = costs
+
+
 class QueryUser(Client):
     role = "query-user"
 
     def __init__(self, *args, retry_s: float = 120.0, **kw) -> None:
         super().__init__(*args, **kw)
         self.retry_s = retry_s
-        self._costs: dict[tuple[str, int], list] = {}
         self._models: dict[str, pb.ModelInfo] = {}
         self._refusals: dict[tuple[str, str], str] = {}    # (model, upload) -> why refused
 
@@ -190,19 +198,11 @@ class QueryUser(Client):
                     costs = json.loads(value)
                 except ValueError:
                     costs = []
-        self._costs[(job_id, n)] = costs
         return reply, costs
 
-    def job_costs(self, job_id: str) -> list[list[dict]]:
-        """Per-party public per-layer costs of a finished job (as seen by the last status)."""
-        return [self._costs.get((job_id, n), []) for n in range(3)]
-
-    def forget(self, job_id: str) -> None:
-        for n in range(3):
-            self._costs.pop((job_id, n), None)
-
-    def wait(self, job_id: str, timeout: float | None = None) -> list[pb.JobStatusReply]:
-        """Wait until the job is done on the three parties.
+    def wait(self, job_id: str, timeout: float | None = None) -> "JobResult":
+        """Wait until the job is done on the three parties: their final statuses, with the
+        per-layer costs each party reported (:class:`JobResult`).
 
         Long-polls the parties (no busy polling). As soon as one party reports the job
         failed or cancelled, cancels it everywhere and raises :class:`JobFailed` naming the
@@ -215,7 +215,7 @@ class QueryUser(Client):
         while True:
             left = deadline - time.monotonic()
             poll = max(0.0, min(5.0, left))
-            states, errors = self._poll(job_id, poll, short=busy)
+            states, costs, errors = self._poll(job_id, poll, short=busy)
             busy = set()
             for n, e in enumerate(errors):
                 if e is None:
@@ -233,7 +233,7 @@ class QueryUser(Client):
                                                    if s is None})
                 raise self._failure(job_id, failed, silent)
             if all(s is not None and s.state == S.DONE for s in states):
-                return states
+                return JobResult(states, costs)
             if time.monotonic() > deadline:
                 self.cancel(job_id)
                 raise JobFailed(None, grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -243,24 +243,27 @@ class QueryUser(Client):
             if busy:
                 time.sleep(0.1 + 0.4 * random.random())
 
-    def _poll(self, job_id: str, wait_s: float, short=()) -> tuple[list, list]:
+    def _poll(self, job_id: str, wait_s: float, short=()) -> tuple[list, list, list]:
         """Long-poll the three parties (those in ``short`` without waiting): (state or None,
-        error or None) per party, as soon as all answered or one reports the job failed - a
-        party that stopped answering does not delay the failure the others report."""
+        per-layer costs, error or None) per party, as soon as all answered or one reports
+        the job failed - a party that stopped answering does not delay the failure the
+        others report."""
         states: list = [None] * 3
+        costs: list = [[], [], []]
         errors: list = [None] * 3
         answered = [0]
         cond = threading.Condition()
 
         def body(n: int) -> None:
             reply = error = None
+            cost: list = []
             try:
-                reply = self._status(n, job_id, 0.0 if n in short else wait_s,
-                                     timeout=min(self.timeout, 10.0))[0]
+                reply, cost = self._status(n, job_id, 0.0 if n in short else wait_s,
+                                           timeout=min(self.timeout, 10.0))
             except ClusterError as exc:
                 error = exc
             with cond:
-                states[n], errors[n] = reply, error
+                states[n], costs[n], errors[n] = reply, cost, error
                 answered[0] += 1
                 cond.notify_all()
 
@@ -272,7 +275,7 @@ class QueryUser(Client):
             threading.Thread(target=body, args=(n,), daemon=True).start()
         with cond:
             cond.wait_for(ended)
-            return list(states), list(errors)
+            return list(states), list(costs), list(errors)
 
     @staticmethod
     def _failure(job_id: str, failed, silent: set[int]) -> JobFailed:
