@@ -2,8 +2,8 @@
 and ``mpc3 import`` run before sharing) on the shipped models and on the GPT-2-small shape,
 each read from its file as share-model reads it (one tensor at a time), and a party's check
 that a stored calibration covers the sites of a config of MAX_LAYERS layers
-(``calibration_check.sites_reached``, run when a model is shared and before its first job).
-Each case runs in a fresh process: its seconds and its peak RSS (VmHWM).
+(``protocols.calibration.check.sites_reached``, run when a model is shared and before its first
+job). Each case runs in a fresh process: its seconds and its peak RSS (VmHWM).
 
     python benchmarks/calibration_cost.py --json benchmarks/results/calibration_cost.json
     python benchmarks/calibration_cost.py --code /path/to/other/checkout --json OUT
@@ -37,7 +37,10 @@ _SITES = """
 import sys, time
 from mpc3.procinfo import peak_rss
 from app.bench.lm import lm_config
-from protocols.calibration.check import MAX_LAYERS, sites_reached
+try:                                 # --code of a checkout before the rooms (fd44a92)
+    from protocols.calibration.check import MAX_LAYERS, sites_reached
+except ImportError:
+    from protocols.calibration_check import MAX_LAYERS, sites_reached
 cfg = lm_config("decoder-only", sys.argv[1], 64, 4, MAX_LAYERS, 128, 64, 1, "gelu")
 t = time.perf_counter()
 sites_reached(cfg)
