@@ -98,6 +98,17 @@ def rng():
     return np.random.default_rng(12345)
 
 
+def make_cfg(**kw):
+    """A small encoder-decoder config (d 24, 3 heads, 2 + 2 layers) with ``kw`` changed;
+    the tests' common base model."""
+    from protocols import model as M
+    base = dict(d_model=24, n_heads=3, d_head=8, n_features=10, d_ff=40, n_enc_layers=2,
+                n_dec_layers=2, attn_c=0.5, attn_norm="mean", norm_first=False,
+                src_vocab=5, tgt_vocab=5, max_len=16)
+    base.update(kw)
+    return M.ModelConfig(**base).validate()
+
+
 def share(x, frac=ring.DEFAULT_FRAC):
     return deal(ring.encode(np.asarray(x, dtype=float), frac))
 

@@ -6,6 +6,9 @@ compared with the float64 reference at 2e-3 (as in test_protocols_stack).
 """
 import json
 
+import functools
+
+import conftest
 import numpy as np
 import pytest
 from conftest import share, value
@@ -32,12 +35,8 @@ TOL = 2e-3
 PROBE_RTOL = 1e-2
 
 
-def make_cfg(**kw):
-    base = dict(d_model=12, n_heads=2, d_head=6, n_features=6, d_ff=24, n_enc_layers=2,
-                n_dec_layers=2, attn_c=0.5, attn_norm="mean", norm_first=False, src_vocab=9,
-                tgt_vocab=9, max_len=6)
-    base.update(kw)
-    return M.ModelConfig(**base).validate()
+make_cfg = functools.partial(conftest.make_cfg, d_model=12, n_heads=2, d_head=6, n_features=6,
+                             d_ff=24, src_vocab=9, tgt_vocab=9, max_len=6)
 
 
 def secure_run(cfg, w, x, y=None, block=None, fold=True, fuse=D.DEFAULT_FUSE,

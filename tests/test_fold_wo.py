@@ -16,7 +16,8 @@ from protocols.stacks import schedule as S
 from protocols.stacks.encoder import encoder
 
 from conftest import share, value
-from test_protocols_stack import TOL, make_cfg, per_party
+from conftest import make_cfg
+from test_protocols_stack import TOL, per_party
 from test_schedule import calibrated_case
 
 CROSS = frozenset({"dec.0.cross", "dec.1.cross"})

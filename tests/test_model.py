@@ -1,4 +1,7 @@
 import dataclasses
+import functools
+
+import conftest
 
 import numpy as np
 import pytest
@@ -8,12 +11,7 @@ from protocols import model as M
 B, S, T = 2, 7, 6
 
 
-def make_cfg(**kw):
-    base = dict(d_model=24, n_heads=3, d_head=8, n_features=10, d_ff=40, n_enc_layers=2,
-                n_dec_layers=2, attn_c=0.5, attn_norm="mean", norm_first=False,
-                src_vocab=13, tgt_vocab=11, max_len=16)
-    base.update(kw)
-    return M.ModelConfig(**base).validate()
+make_cfg = functools.partial(conftest.make_cfg, src_vocab=13, tgt_vocab=11)
 
 
 @pytest.fixture(params=[("mean", False), ("const", False), ("mean", True)])

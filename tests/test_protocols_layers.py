@@ -4,6 +4,9 @@ Small odd shapes: B=2, S=7, d_model=24, h=3, r=10, d_ff=40. Inputs uniform in [-
 FFN) or [-5, 5] (LN). Bounds: |err| <= 1e-3 * (1 + max|ref|) for MHA/FFN (a handful of
 18-bit truncations; measured ~2e-5), LN 2e-3 absolute (sqrt_inv_a relative error <= 1e-3).
 """
+import functools
+
+import conftest
 import numpy as np
 import pytest
 
@@ -18,12 +21,7 @@ from protocols.layers.mha import mha
 from conftest import Run, share, value
 
 
-def make_cfg(**kw):
-    base = dict(d_model=24, n_heads=3, d_head=8, n_features=10, d_ff=40, n_enc_layers=1,
-                n_dec_layers=1, attn_c=0.5, attn_norm="mean", norm_first=False,
-                src_vocab=5, tgt_vocab=5, max_len=16)
-    base.update(kw)
-    return M.ModelConfig(**base).validate()
+make_cfg = functools.partial(conftest.make_cfg, n_enc_layers=1, n_dec_layers=1)
 
 
 def close(got, ref, tol=1e-3):

@@ -5,6 +5,7 @@ Shapes: B=2, S=7 source, T=5 target, d_model=24, h=3, r=10, d_ff=40, 2 layers ea
 Inputs uniform in [-1, 1]. Bound: 2e-3 absolute on LayerNorm-scale outputs (sqrt_inv_a is
 accurate to 1e-3 relative; measured ~2e-4).
 """
+import conftest
 import numpy as np
 import pytest
 
@@ -19,12 +20,7 @@ from conftest import share, value
 TOL = 2e-3
 
 
-def make_cfg(**kw):
-    base = dict(d_model=24, n_heads=3, d_head=8, n_features=10, d_ff=40, n_enc_layers=2,
-                n_dec_layers=2, attn_c=0.5, attn_norm="mean", norm_first=False,
-                src_vocab=5, tgt_vocab=5, max_len=16)
-    base.update(kw)
-    return M.ModelConfig(**base).validate()
+make_cfg = conftest.make_cfg
 
 
 def per_party(sh, *xs):

@@ -23,7 +23,8 @@ from protocols.layers import secure_model as SM
 from protocols.stacks.encoder import encoder
 
 from conftest import share, value
-from test_protocols_stack import TOL, make_cfg, per_party
+from conftest import make_cfg
+from test_protocols_stack import TOL, per_party
 
 EVERY = frozenset(f"dec.{i}.{k}" for i in range(2) for k in ("self", "cross"))
 
