@@ -232,6 +232,7 @@ def test_a_session_is_not_closed_after_the_cluster_failed_its_job():
     """The failed job dropped the session where it ran; a close would wait for the party
     that stopped answering (its whole timeout)."""
     from app.generate import generate
+    from app.translate import JobRun
     from mpc3 import ring
     from net.client.failures import JobFailed
     from protocols import model as M
@@ -240,19 +241,19 @@ def test_a_session_is_not_closed_after_the_cluster_failed_its_job():
     user = M.random_user(cfg, 1)
 
     class Backend:
-        frac = 18
+        frac, fuse = 18, None
 
         def __init__(self, fail):
             self.fail, self.closed = fail, []
 
-        def prefill(self, session, x, cost, layers=None):
-            return ring.encode(np.zeros((x.shape[0], cfg.d_model)), 18)
-
-        def step(self, session, y, cost, layers=None):
+        def job(self, kind, inputs, session, params=None):
+            if kind == "lm_prefill":
+                h = ring.encode(np.zeros((inputs["X"].shape[0], cfg.d_model)), 18)
+                return JobRun({"H": h}, [], 0.0, [])
+            if kind == "lm_close":
+                self.closed.append(session)
+                return JobRun({}, [], 0.0, [])
             raise self.fail
-
-        def close(self, session):
-            self.closed.append(session)
 
     cluster_failed = Backend(JobFailed(2, None, "job j was aborted"))
     with pytest.raises(JobFailed):
