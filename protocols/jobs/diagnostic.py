@@ -32,8 +32,8 @@ from mpc3.party import Party, RingConfig
 from mpc3.shares import AShare, BShare
 
 from .. import model as M
-from . import workloads as W
 from .contract import ENCODER_DECODER, TENSORS, JobContext, JobSpec, TensorSpec
+from .workloads import LAYER_WORKLOADS, layer_fn, layer_inputs
 
 STATS_FIELDS = ("wall_ns", "bytes", "messages", "rounds")
 MAX_REPEAT = 1000
@@ -111,19 +111,19 @@ def run_bench_layer(ctx: JobContext, inputs: dict) -> dict:
     params, party = ctx.params, ctx.party
     name = params["workload"]
     cfg = M.ModelConfig.from_dict(params["config"])
-    fn = W.layer_fn(name, cfg, params.get("block"), params.get("exp", "poly"))
-    args = [inputs[k] for k in W.layer_inputs(name)]
+    fn = layer_fn(name, cfg, params.get("block"), params.get("exp", "poly"))
+    args = [inputs[k] for k in layer_inputs(name)]
     out, mine = timed_runs(party, lambda: fn(party, ctx.model.shares, *args), _repeat(params))
     return {"Y": _as_output(out), "stats": public_stats(party, mine)}
 
 
 def validate_bench_layer(model, inputs: dict, params) -> None:
     name = params.get("workload")
-    if name not in W.LAYER_WORKLOADS:
-        raise ValueError(f"workload must be one of {W.LAYER_WORKLOADS}, got {name!r}")
+    if name not in LAYER_WORKLOADS:
+        raise ValueError(f"workload must be one of {LAYER_WORKLOADS}, got {name!r}")
     M.ModelConfig.from_dict(params.get("config") or {})
     _repeat(params)
-    want = set(W.layer_inputs(name))
+    want = set(layer_inputs(name))
     if set(inputs) != want:
         raise ValueError(f"{name} takes inputs {sorted(want)}, got {sorted(inputs)}")
 
