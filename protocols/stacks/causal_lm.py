@@ -391,7 +391,7 @@ def cost_lm_step(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int | None = 
     softmax-style (KV cache): bytes linear in t, rounds independent of t."""
     h, r, dh, d = cfg.n_heads, cfg.n_features, cfg.d_head, cfg.d_model
     L = A.default_decode_block(r, dh) if block is None else int(block)
-    spans, raw_wo = schedule.ln_spans, schedule.raw_wo
+    raw_wo = schedule.raw_wo
 
     def attn(raw: bool) -> Cost:               # projections, features, the step and W^O
         if cfg.attention != M.PERFORMER:
@@ -404,10 +404,10 @@ def cost_lm_step(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int | None = 
     fusions, pre_ln = lm_fusions(cfg, fuse), cfg.norm_first
 
     def norm_b(ln: str) -> Cost:
-        return cost_norm(p_cfg, cfg, B, spans.get(ln))
+        return cost_norm(p_cfg, cfg, B, schedule.span(ln))
 
     def ln_proj_cost(ln: str, names: list[str], want_y: bool) -> Cost | None:
-        return (cost_ln_proj(p_cfg, cfg, B, names, want_y, folded, True, spans.get(ln))
+        return (cost_ln_proj(p_cfg, cfg, B, names, want_y, folded, True, schedule.span(ln))
                 if ln in fusions else None)
 
     cost, formed = Cost(0, (0, 0, 0)), False    # formed: Q, K, V made by the LN before
@@ -432,4 +432,4 @@ def cost_lm_step(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int | None = 
                 fused = ln_proj_cost(f"{pre}.ln2", nxt, True)
                 formed = fused is not None
                 cost = cost + (fused if formed else norm_b(f"{pre}.ln2"))
-    return cost + _cost_end(p_cfg, cfg, B, spans.get("dec.final_ln"))
+    return cost + _cost_end(p_cfg, cfg, B, schedule.span("dec.final_ln"))

@@ -397,7 +397,7 @@ def cost_decoder_step(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int | No
     Rounds do not depend on t; bytes do, through the
     cache folding - or, softmax-style attention, linearly in t and in ``n_enc`` (the source
     positions the cross attention reads; required then)."""
-    d, L, spans, raw_wo = cfg.d_model, cfg.n_dec_layers, schedule.ln_spans, schedule.raw_wo
+    d, L, raw_wo = cfg.d_model, cfg.n_dec_layers, schedule.raw_wo
     ffn = cost_ffn_hidden(p_cfg, B, d, cfg.d_ff, cfg.ffn_act, split=True)
     post, fusions = not cfg.norm_first, ln_fusions(cfg, fuse)
     folds = set(folded_layers(cfg, fuse, schedule.fold_wo))
@@ -406,15 +406,15 @@ def cost_decoder_step(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int | No
     for i in range(L):
         for ln, kind, j in _plan(cfg, i):
             if kind is None:
-                total = total + cost_norm(p_cfg, cfg, B, spans.get(ln), wide)
+                total = total + cost_norm(p_cfg, cfg, B, schedule.span(ln), wide)
             else:
                 total = total + cost_ln_proj(p_cfg, cfg, B, step_names(j)[kind], post, folded,
-                                              ln in fusions, spans.get(ln))
+                                              ln in fusions, schedule.span(ln))
         core = _cost_attention_cores(p_cfg, cfg, B, t, block, folded, n_enc,
                                      {k for k in ("self", "cross") if f"dec.{i}.{k}" in raw_wo},
                                      i in folds)
         total = total + core["self"] + core["cross"] + ffn
-    return total + cost_norm(p_cfg, cfg, B, spans.get("dec.final_ln"), wide) \
+    return total + cost_norm(p_cfg, cfg, B, schedule.span("dec.final_ln"), wide) \
         if cfg.norm_first and L else total
 
 
