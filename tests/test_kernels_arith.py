@@ -32,7 +32,7 @@ def test_mul_fixed_point(mode, rng):
     # prob: ~1.4e-5 expected failures here (a failure is off by 2^(64 - 2f) = 2^28)
     bad = err > bound
     assert bad.sum() <= _allowed(mode, x * y * 2.0 ** (2 * F)) and (err[bad] > 2.0 ** 27).all()
-    run.assert_cost(arith.cost_mul(x.size, RingConfig(frac=ring.DEFAULT_FRAC, trunc=mode)))
+    run.assert_cost(arith.cost_mul(x.size, RingConfig(trunc=mode)))
 
 
 def test_mul_integer_and_open(run, rng):
@@ -51,7 +51,7 @@ def test_matmul_fixed_point(mode, rng):
     err = np.abs(value(out) - a @ b)
     bad = err >= 40 * ULP                  # prob: ~1.7e-6 expected failures, each off by 2^28
     assert bad.sum() <= _allowed(mode, a @ b * 2.0 ** (2 * F)) and (err[bad] > 2.0 ** 27).all()
-    run.assert_cost(arith.cost_mul(2 * 9 * 5, RingConfig(frac=ring.DEFAULT_FRAC, trunc=mode)))
+    run.assert_cost(arith.cost_mul(2 * 9 * 5, RingConfig(trunc=mode)))
 
 
 @pytest.mark.parametrize("mode", ["exact", "prob"])
@@ -210,7 +210,7 @@ def test_matmul_times_public_row_scales(run, rng):
     want = (o @ w) / n[:, None]
     bound = 2 * ULP + np.abs(want) * n[:, None] * 2.0 ** -23
     assert (np.abs(value(out) - want) <= bound).all()
-    run.assert_cost(arith.cost_mul(2 * 5 * 3, RingConfig(frac=ring.DEFAULT_FRAC, trunc="exact"),
+    run.assert_cost(arith.cost_mul(2 * 5 * 3, RingConfig(trunc="exact"),
                                    sc.shift))
     mixed = run(lambda p, a, b: arith.mul_many_aa(p, [(a, b, "matmul", sc),
                                                       (a, a, "mul", True)]), share(o), share(w))

@@ -79,9 +79,9 @@ def test_sqrt_inv_auto_picks_by_size(run, rng, n, mode):
     rel, ulps = fxp.SQRT_INV_ERROR[mode]["exact"]
     xq = ring.decode(ring.encode(x))
     assert (np.abs(value(out) - 1 / np.sqrt(xq)) <= rel / np.sqrt(xq) + ulps * ULP).all()
-    run.assert_cost(fxp.cost_sqrt_inv(n, RingConfig(frac=ring.DEFAULT_FRAC, trunc="exact"), mode))
-    assert fxp.cost_sqrt_inv(n, RingConfig(frac=ring.DEFAULT_FRAC, trunc="exact")) == \
-        fxp.cost_sqrt_inv(n, RingConfig(frac=ring.DEFAULT_FRAC, trunc="exact"), mode)
+    run.assert_cost(fxp.cost_sqrt_inv(n, RingConfig(trunc="exact"), mode))
+    assert fxp.cost_sqrt_inv(n, RingConfig(trunc="exact")) == \
+        fxp.cost_sqrt_inv(n, RingConfig(trunc="exact"), mode)
 
 
 def test_select_broadcasts_a_bit_over_a_row(run, rng):
@@ -133,7 +133,7 @@ def test_exp_poly_is_the_paper_polynomial(mode, rng):
         assert (err[bad] > 1e6).all()
     else:
         assert not bad.any()
-    run.assert_cost(fxp.cost_exp(x.size, RingConfig(frac=ring.DEFAULT_FRAC, trunc=mode), "poly"))
+    run.assert_cost(fxp.cost_exp(x.size, RingConfig(trunc=mode), "poly"))
 
 
 @pytest.mark.parametrize("n,rounds", [(300, 4), (thresholds.ROUND_LEAN_ELEMENTS, 4),

@@ -122,13 +122,12 @@ def _drelu_masked_steps(p: Party, flat: AShare, L: int, m: int):
     """The fused DReLU bits of ``flat`` as lockstep steps (:func:`drelu_masked_steps`),
     after its ``p.new_op()``: the same kernel counters as the blocking form, whose nested
     kernels run in ``run_steps`` (each restores the caller's counter when it ends)."""
+    outer = p.kop
     if dealt_carry(flat.size):                 # few elements: 2 rounds instead of 4
         zero = np.zeros(1, dtype=np.uint64)
-        outer = p.kop
         bits = yield from thresholds.compare_steps(p, flat, zero, (L, m))
         p.kop = outer
         return bits.planes
-    outer = p.kop
     leaves, nb = yield from leaves_steps(p, flat, L, m)
     p.kop = outer
     carry = yield from _carry_steps(p, leaves, nb, True)
@@ -340,7 +339,7 @@ def mul_ab(p: Party, bit: BShare, x: AShare) -> AShare:
 
 def drelu_masked(p: Party, x: AShare, win: tuple[int, int] | None = None) -> MaskedBits:
     """DReLU(x) as :class:`MaskedBits` (for :func:`mul_masked`). Cost:
-    ``cost_drelu(n, L, m, fused=True)`` - one round less than drelu_a."""
+    ``cost_drelu(n, cfg, fused=True, win=win)`` - one round less than drelu_a."""
     return run_steps(p, drelu_masked_steps(p, x, win))[0]
 
 

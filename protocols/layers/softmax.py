@@ -78,7 +78,7 @@ def score_query(q: AShare, prescaled: bool) -> AShare:
 
 def kept_scores(p: Party, q: AShare, k: AShare, keep: np.ndarray, prescaled: bool) -> AShare:
     """The kept entries of q k^T / sqrt(dh), flat in row-major order: one product.
-    Cost: ``arith.cost_mul(kept, score_trunc(frac, prescaled), ...)``."""
+    Cost: ``arith.cost_mul(kept, cfg, score_trunc(frac, prescaled))``."""
     sc = arith.mul_many_aa(p, [(score_query(q, prescaled), k.T, "matmul",
                                 score_trunc(p.cfg.frac, prescaled), keep)], ["vscores"])[0]
     return AShare(sc.a[keep], sc.b[keep])
