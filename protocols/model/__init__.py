@@ -16,7 +16,7 @@ Everything public is re-exported here: ``from protocols import model as M; M.ref
 """
 from .archs import (RefLMState, fold_ffn_scales, greedy_generate, ref_classify, ref_embed, ref_lm,
                     ref_lm_step)
-from .config import (ARCHS, ATTENTIONS, ATTN_NORMS, DECODER_ONLY, NORMS, DEFAULT_LN_EPS, ENCODER,
+from .config import (ARCHS, ATTENTIONS, ATTN_NORMS, DECODER_ONLY, GATED, ROTARY, NORMS, DEFAULT_LN_EPS, ENCODER,
                      ENCODER_CLASSIFIER, ENCODER_DECODER, PERFORMER, ModelConfig, attn_prefixes, config_keys, expected_shapes,
                      expected_user_shapes)
 from .decode import (embed, embed_tokens, greedy_decode, input_table, output_logits,
@@ -26,14 +26,16 @@ from .features import (attn_norm, attn_params, fold_omega, fold_omega_one, merge
 from .presets import PRESETS, aero, apply_preset
 from .variants import head_kind
 from .reference import (RefDecodeState, ffn_activation, ref_decoder, ref_decoder_step, ref_encoder, ref_ffn,
-                        batchnorm_affine, fold_ffn_bn, ref_batchnorm, ref_layernorm, ref_mha, ref_norm)
+                        batchnorm_affine, fold_ffn_bn, ref_batchnorm, ref_layernorm, ref_mha, ref_norm,
+                        qkv_heads, ref_rmsnorm, ref_swiglu)
+from .rotary import ref_rope, rope_tables, rotate_half
 from .weights import (FORMAT_VERSION, USER_NAMES, OnDemandTensors, Weights, load_labels, load_model,
                       load_tokenizer, make_omega,
                       orthogonal_features, random_user, random_weights, save_model,
                       validate_user)
 
 __all__ = [
-    "ARCHS", "ATTENTIONS", "NORMS", "PRESETS", "fold_ffn_scales", "fold_ffn_bn", "aero", "apply_preset", "batchnorm_affine", "ref_batchnorm", "ref_norm", "PERFORMER", "DECODER_ONLY", "ENCODER", "ENCODER_CLASSIFIER", "ENCODER_DECODER", "RefLMState",
+    "ARCHS", "ATTENTIONS", "NORMS", "GATED", "ROTARY", "qkv_heads", "ref_rmsnorm", "ref_swiglu", "ref_rope", "rope_tables", "rotate_half", "PRESETS", "fold_ffn_scales", "fold_ffn_bn", "aero", "apply_preset", "batchnorm_affine", "ref_batchnorm", "ref_norm", "PERFORMER", "DECODER_ONLY", "ENCODER", "ENCODER_CLASSIFIER", "ENCODER_DECODER", "RefLMState",
     "config_keys", "greedy_generate", "ref_classify", "ref_embed", "ref_lm", "ref_lm_step", "ATTN_NORMS", "DEFAULT_LN_EPS", "FORMAT_VERSION", "USER_NAMES", "ModelConfig",
     "RefDecodeState", "OnDemandTensors", "Weights", "ffn_activation", "attn_norm", "attn_params", "attn_prefixes", "embed", "embed_tokens", "input_table", "take_tokens",
     "expected_shapes", "expected_user_shapes", "fold_omega", "fold_omega_one", "greedy_decode", "load_model",

@@ -30,7 +30,10 @@ and for models imported from other frameworks (:mod:`.hf_import`) ``attn_bias`` 
 encoder-classifier: ``cls-tanh`` adds ``pool.w`` (d, d), ``pool.b``; encoder: ``cls``,
 ``max``), ``normalize`` (encoder), ``embedding``
 (:data:`EMBEDDINGS`: learned positions ``embed.pos`` (max_len, d), ``learned-ln`` also
-``embed.ln.gamma/beta``, user-side) and ``type_vocab`` (``embed.type``).
+``embed.ln.gamma/beta``, user-side) and ``type_vocab`` (``embed.type``); for LLaMA-family
+decoders ``norm`` rmsnorm, ``ffn_act`` swiglu (:data:`GATED`), ``embedding`` rotary with
+``rope_theta`` (default 10000) and ``n_kv_heads`` (grouped-query attention: W^K, W^V of
+shape (d, n_kv_heads * d_head); 0 = n_heads).
 
 ``ln_eps`` defaults to :data:`DEFAULT_LN_EPS` = 2^-10, the lower end of the secure inverse square
 root's range (:data:`mpc3.kernels.fxp.SQRT_INV_RANGE`): LayerNorm computes 1/sqrt(var + eps) with
@@ -50,7 +53,10 @@ import numpy as np
 ATTN_NORMS = ("const", "mean")
 #: FFN activations (``ffn_act``): ReLU (Privformer), exact-erf GELU (mpc3.kernels.activations,
 #: |x| <= 2^13), or none (a linear FFN, as in AERO's softmax-only block).
-FFN_ACTS = ("relu", "gelu", "none")
+FFN_ACTS = ("relu", "gelu", "none", "swiglu")
+#: The gated FFN of LLaMA-family models (``ffn_act`` swiglu): (silu(x W1) * (x W3)) W2, no
+#: biases (tensors ``w1`` gate, ``w3`` up (d, d_ff), ``w2`` down (d_ff, d)).
+GATED = "swiglu"
 #: Attention of the model (``attention``; float64 references in :mod:`.variants`), every one
 #: for every architecture: relu-performer decodes with Performer's prefix sums, the others
 #: with a secret KV cache (protocols.layers.kv_cache; the encoder-decoder's cross attention keeps
@@ -73,17 +79,22 @@ ARCH_POOLS = {"encoder-classifier": ("mean", "cls-tanh"), "encoder": ("mean", "c
 #: How the query user embeds tokens (``embedding``): ``embed[tok] * sqrt(d) + sinusoidal PE``,
 #: learned positions ``embed[tok] + embed.pos[pos] (+ embed.type[type])`` (GPT-2), or the
 #: same followed by a LayerNorm ``embed.ln`` (BERT). All user-side, never shared.
-EMBEDDINGS = ("sinusoidal", "learned", "learned-ln")
+EMBEDDINGS = ("sinusoidal", "learned", "learned-ln", "rotary")
+#: ``rotary`` (LLaMA-family): the user embeds ``embed.tgt[tok]`` alone; positions enter as
+#: rotary embeddings of q and k inside every self attention (:mod:`.rotary`, base
+#: ``rope_theta``), on shares.
+ROTARY = "rotary"
 #: Normalization where a transformer has its LayerNorms (``norm``): LayerNorm (tensors
 #: ``gamma, beta``); none (the identity, AERO's softmax-only block: no tensors); or BatchNorm
 #: with running statistics (seed 002's normalization of its vision transformers: tensors
-#: ``gamma, beta, mean, var``, eps = ``ln_eps``; at inference a per-channel affine map).
-NORMS = ("layernorm", "none", "batchnorm")
+#: ``gamma, beta, mean, var``, eps = ``ln_eps``; at inference a per-channel affine map); or
+#: RMSNorm (LLaMA-family: ``x / sqrt(mean(x^2) + eps) * gamma``, tensor ``gamma``).
+NORMS = ("layernorm", "none", "batchnorm", "rmsnorm")
 #: Keys every architecture may carry and omits from its dictionary at their default value.
 _OPTIONAL = {"ffn_act": "relu", "attention": PERFORMER, "attn_bias": False, "pool": "mean",
              "embedding": "sinusoidal", "type_vocab": 0, "norm": "layernorm",
              "ffn_scale": False, "ffn_pruned": 0, "ffn_bn": False, "softmax_form": "max",
-             "normalize": False}
+             "normalize": False, "n_kv_heads": 0, "rope_theta": 10000.0}
 ENCODER_DECODER, ENCODER_CLASSIFIER, DECODER_ONLY, ENCODER = \
     "encoder-decoder", "encoder-classifier", "decoder-only", "encoder"
 ARCHS = (ENCODER_DECODER, ENCODER_CLASSIFIER, DECODER_ONLY, ENCODER)
@@ -140,6 +151,13 @@ class ModelConfig:
     ffn_bn: bool = field(default=False, kw_only=True)
     softmax_form: str = field(default="max", kw_only=True)
     normalize: bool = field(default=False, kw_only=True)
+    n_kv_heads: int = field(default=0, kw_only=True)   # grouped-query attention; 0: n_heads
+    rope_theta: float = field(default=10000.0, kw_only=True)
+
+    @property
+    def kv_heads(self) -> int:
+        """The number of key/value heads (``n_kv_heads``, or n_heads without grouping)."""
+        return self.n_kv_heads or self.n_heads
 
     def validate(self) -> "ModelConfig":
         def posint(name, minimum=1):
@@ -185,11 +203,14 @@ class ModelConfig:
             raise ValueError(f"softmax_form={self.softmax_form!r} applies to attention "
                              f"'softmax' only (got {self.attention!r})")
         self._validate_extras(posint)
+        self._validate_llama(posint)
         if self.norm not in NORMS:
             raise ValueError(f"norm={self.norm!r} must be one of {NORMS}")
         self._validate_aero(posint)
         if self.ffn_act not in FFN_ACTS:
             raise ValueError(f"ffn_act={self.ffn_act!r} must be one of {FFN_ACTS}")
+        if self.ffn_act == GATED and (self.ffn_bn or self.ffn_scale):
+            raise ValueError("ffn_act 'swiglu' (the gated FFN) takes no ffn_bn / ffn_scale")
         if not isinstance(self.norm_first, (bool, np.bool_)):
             raise ValueError(f"norm_first must be a bool, got {self.norm_first!r}")
         return self
@@ -216,6 +237,33 @@ class ModelConfig:
         posint("type_vocab", 0)
         if self.type_vocab and self.embedding == "sinusoidal":
             raise ValueError("type_vocab (token-type embeddings) needs a learned embedding")
+
+    def _validate_llama(self, posint) -> None:
+        """LLaMA-family keys: grouped-query attention, rotary positions."""
+        posint("n_kv_heads", 0)
+        if self.n_kv_heads:
+            if self.attention == PERFORMER:
+                raise ValueError("n_kv_heads (grouped-query attention) needs a softmax-style "
+                                 "attention, not relu-performer")
+            if self.n_heads % self.n_kv_heads:
+                raise ValueError(f"n_kv_heads={self.n_kv_heads} must divide n_heads="
+                                 f"{self.n_heads}")
+        theta = self.rope_theta
+        if isinstance(theta, bool) or not isinstance(theta, (int, float, np.floating)) \
+                or not (float(theta) > 1 and math.isfinite(float(theta))):
+            raise ValueError(f"rope_theta={theta!r} must be a finite float > 1")
+        if self.embedding != ROTARY:
+            if float(theta) != 10000.0:
+                raise ValueError("rope_theta applies to embedding 'rotary' only")
+            return
+        if self.arch != DECODER_ONLY or self.attention == PERFORMER:
+            raise ValueError(f"embedding 'rotary' needs arch {DECODER_ONLY!r} with a "
+                             f"softmax-style attention (got {self.arch!r}, "
+                             f"{self.attention!r})")
+        if self.d_head % 2:
+            raise ValueError(f"rotary embeddings need an even d_head, got {self.d_head}")
+        if self.type_vocab:
+            raise ValueError("type_vocab needs a learned embedding, not 'rotary'")
 
     def _validate_aero(self, posint) -> None:
         """AERO's scaled / pruned FFN (seed 001, Eq. 6 and ScFuFFN_x): softmax-only blocks of
@@ -335,22 +383,29 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple]:
     d, f, h, dh, r = cfg.d_model, cfg.d_ff, cfg.n_heads, cfg.d_head, cfg.n_features
     out: dict[str, tuple] = {}
 
+    dkv = cfg.kv_heads * dh
+
     def attn(p):
         for n in ("wq", "wk", "wv", "wo"):
-            out[f"{p}.{n}"] = (d, d)
+            out[f"{p}.{n}"] = (d, dkv if n in ("wk", "wv") else d)
         if cfg.attn_bias:
             for n in ("bq", "bk", "bv", "bo"):
-                out[f"{p}.{n}"] = (d,)
+                out[f"{p}.{n}"] = (dkv if n in ("bk", "bv") else d,)
         if cfg.attention == PERFORMER:
             out[f"{p}.omega"] = (h, dh, r)
 
     def ln(p):
-        names = {"layernorm": ("gamma", "beta"), "none": (),
+        names = {"layernorm": ("gamma", "beta"), "none": (), "rmsnorm": ("gamma",),
                  "batchnorm": ("gamma", "beta", "mean", "var")}[cfg.norm]
         for n in names:
             out[f"{p}.{n}"] = (d,)
 
     def ffn(p):
+        if cfg.ffn_act == GATED:          # LLaMA: gate, up, down; no biases
+            out[f"{p}.w1"] = (d, f)
+            out[f"{p}.w3"] = (d, f)
+            out[f"{p}.w2"] = (f, d)
+            return
         if cfg.ffn_scale:                 # AERO Eq. 6: x = beta x_SA + FFN(x_SA) / alpha
             out[f"{p}.alpha"] = (1,)
             out[f"{p}.beta"] = (1,)
@@ -400,7 +455,7 @@ def expected_user_shapes(cfg: ModelConfig) -> dict[str, tuple]:
     tgt = {"embed.tgt": (cfg.tgt_vocab, d), "out.w": (d, cfg.tgt_vocab),
            "out.b": (cfg.tgt_vocab,)}
     extra: dict[str, tuple] = {}
-    if cfg.embedding != "sinusoidal":
+    if cfg.embedding not in ("sinusoidal", ROTARY):
         extra["embed.pos"] = (cfg.max_len, d)
         if cfg.type_vocab:
             extra["embed.type"] = (cfg.type_vocab, d)

@@ -47,7 +47,9 @@ def embed_tokens(cfg: ModelConfig, user: Mapping, ids, offset: int = 0, types=No
 
     * ``sinusoidal``: :func:`embed` with ``user[table]``;
     * ``learned`` (GPT-2): ``table[tok] + embed.pos[offset + pos] (+ embed.type[type])``;
-    * ``learned-ln`` (BERT): the same, then LayerNorm ``embed.ln.gamma/beta`` (cfg.ln_eps).
+    * ``learned-ln`` (BERT): the same, then LayerNorm ``embed.ln.gamma/beta`` (cfg.ln_eps);
+    * ``rotary`` (LLaMA-family): ``table[tok]`` alone (positions are rotated into q and k on
+      shares).
 
     ``table``: default :func:`input_table`; ``types`` (B, S) token types (default 0), only
     with an ``embed.type`` table. Computed in float64 by the user, never shared."""
@@ -60,7 +62,11 @@ def embed_tokens(cfg: ModelConfig, user: Mapping, ids, offset: int = 0, types=No
     S = ids.shape[-1]
     if offset + S > cfg.max_len:
         raise ValueError(f"{offset + S} positions exceed the model's {cfg.max_len} "
-                         f"learned positions (max_len)")
+                         f"positions (max_len)")
+    if cfg.embedding == "rotary":
+        if types is not None:
+            raise ValueError("token types need a model with an embed.type table")
+        return user[table][ids].astype(np.float64)
     x = user[table][ids] + user["embed.pos"][offset:offset + S]
     if "embed.type" in user:
         t = np.zeros_like(ids) if types is None else np.asarray(types, dtype=np.int64)

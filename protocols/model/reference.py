@@ -51,9 +51,10 @@ from typing import Mapping
 
 import numpy as np
 
-from .config import PERFORMER, ModelConfig
+from .config import GATED, PERFORMER, ROTARY, ModelConfig
 from .features import (attn_norm, attn_params, merge_heads, project, ref_features, relu,
                        split_heads)
+from .rotary import ref_rope
 from .variants import ref_heads
 from .weights import Weights
 
@@ -62,6 +63,11 @@ def ref_layernorm(x, gamma, beta, eps):
     mu = x.mean(axis=-1, keepdims=True)
     var = ((x - mu) ** 2).mean(axis=-1, keepdims=True)
     return (x - mu) / np.sqrt(var + eps) * gamma + beta
+
+
+def ref_rmsnorm(x, gamma, eps):
+    """RMSNorm (LLaMA-family): x / sqrt(mean(x^2) + eps) * gamma over the last dim."""
+    return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * gamma
 
 
 def ref_batchnorm(x, gamma, beta, mean, var, eps):
@@ -82,6 +88,8 @@ def ref_norm(cfg: ModelConfig, w: Mapping, prefix: str, x) -> np.ndarray:
     """The normalization ``cfg.norm`` with the tensors below ``prefix`` (``enc.0.ln1`` ...)."""
     if cfg.norm == "none":
         return x
+    if cfg.norm == "rmsnorm":
+        return ref_rmsnorm(x, w[f"{prefix}.gamma"], cfg.ln_eps)
     if cfg.norm == "batchnorm":
         return ref_batchnorm(x, *(w[f"{prefix}.{n}"] for n in ("gamma", "beta", "mean", "var")),
                              cfg.ln_eps)
@@ -92,6 +100,12 @@ def ref_ffn(x, w1, b1, w2, b2, act: str = "relu"):
     """act(x W1 + b1) W2 + b2 for act in ModelConfig's FFN_ACTS (relu, gelu, none)."""
     h = x @ w1 + b1
     return ffn_activation(h, act) @ w2 + b2
+
+
+def ref_swiglu(x, w1, w3, w2):
+    """LLaMA's gated FFN: (silu(x W1) * (x W3)) W2, no biases."""
+    g = x @ w1
+    return (g / (1.0 + np.exp(-g)) * (x @ w3)) @ w2
 
 
 def ffn_activation(h, act: str):
@@ -117,7 +131,7 @@ def ref_mha(cfg: ModelConfig, p: Mapping, xq, xkv, causal: bool = False,
     """
     h = cfg.n_heads
     if cfg.attention != PERFORMER:      # softmax-style: q, k, v per head, no features
-        q, k, v = (split_heads(project(p, x, n), h) for x, n in ((xq, "q"), (xkv, "k"), (xkv, "v")))
+        q, k, v = qkv_heads(cfg, p, xq, xkv, q_offset, q_offset)
         return project(p, merge_heads(ref_heads(cfg.attention, q, k, v, causal)), "o")
     qf = ref_features(cfg, p, xq, "q")  # (B,h,Sq,r)
     kf = ref_features(cfg, p, xkv, "k")  # (B,h,Sk,r)
@@ -153,6 +167,19 @@ def ref_mha(cfg: ModelConfig, p: Mapping, xq, xkv, causal: bool = False,
     return project(p, merge_heads(o), "o")
 
 
+def qkv_heads(cfg: ModelConfig, p: Mapping, xq, xkv, q_pos: int = 0, k_pos: int = 0):
+    """Per-head q (B, h, Sq, dh), k, v (B, h, Sk, dh) of a softmax-style attention: grouped
+    keys and values (``n_kv_heads``) repeated to the h query heads, and with ``embedding``
+    rotary q and k rotated at positions q_pos.., k_pos.. ."""
+    h, g = cfg.n_heads, cfg.n_heads // cfg.kv_heads
+    q = split_heads(project(p, xq, "q"), h)
+    k, v = (np.repeat(split_heads(project(p, xkv, n), cfg.kv_heads), g, axis=-3) for n in "kv")
+    if cfg.embedding == ROTARY:
+        q = ref_rope(q, q_pos + np.arange(q.shape[-2]), cfg.rope_theta)
+        k = ref_rope(k, k_pos + np.arange(k.shape[-2]), cfg.rope_theta)
+    return q, k, v
+
+
 # --------------------------------------------------------------------------- stacks
 
 
@@ -161,6 +188,8 @@ def _ln(cfg, w, prefix, x):
 
 
 def _ffn(cfg, w, prefix, x):
+    if cfg.ffn_act == GATED:
+        return ref_swiglu(x, *(w[f"{prefix}.{n}"] for n in ("w1", "w3", "w2")))
     if cfg.ffn_bn:      # seed 002: BatchNorm between the first product and the activation
         h = ref_batchnorm(x @ w[f"{prefix}.w1"] + w[f"{prefix}.b1"],
                           *(w[f"{prefix}.bn_{n}"] for n in ("gamma", "beta", "mean", "var")),
@@ -264,6 +293,8 @@ def _step_attn(cfg, p, x_t, kv, scale):
     ``kv`` = (K, V) (B, h, n, dh), unmasked (every key is visible to the row)."""
     if cfg.attention != PERFORMER:
         q = split_heads(project(p, x_t, "q")[:, None, :], cfg.n_heads)
+        if cfg.embedding == ROTARY:      # the row's position: the newest key's
+            q = ref_rope(q, [kv[0].shape[-2] - 1], cfg.rope_theta)
         return project(p, merge_heads(ref_heads(cfg.attention, q, *kv))[:, 0], "o")
     qf = ref_features(cfg, p, x_t[:, None, :], "q")[:, :, 0, :]  # (B,h,r)
     o = np.einsum("bhr,bhrd->bhd", qf, kv) * scale
@@ -275,7 +306,7 @@ def _step_self(cfg, w, i, state, x_t):
     state (G, or the KV cache K, V): ``RefDecodeState`` and ``archs.RefLMState``."""
     p = w.sub(f"dec.{i}.self")
     if cfg.attention != PERFORMER:        # KV cache: the new row against every key so far
-        k, v = (split_heads(project(p, x_t, n)[:, None, :], cfg.n_heads) for n in "kv")
+        _, k, v = qkv_heads(cfg, p, x_t[:, None, :], x_t[:, None, :], state.t, state.t)
         state.K[i] = np.concatenate([state.K[i], k], axis=2)
         state.V[i] = np.concatenate([state.V[i], v], axis=2)
         return _step_attn(cfg, p, x_t, (state.K[i], state.V[i]), 1.0)
