@@ -312,7 +312,7 @@ def test_calibration_dict_roundtrip_is_small_json():
         with pytest.raises(ValueError, match=f"version {old} is not {C.VERSION}.*re-shares"):
             C.Calibration.from_dict({**d, "version": old})
     with pytest.raises(ValueError, match="unknown sites"):
-        C.Calibration.from_dict({**d, "layers": {"enc.0.ffn": {"w3": 1.0}}})
+        C.Calibration.from_dict({**d, "layers": {"enc.0.ffn": {"w9": 1.0}}})
 
 
 def test_check_input_messages():

@@ -177,7 +177,7 @@ def top2_gap(cfg, w, user, prompt, tokens):
     for b, row in enumerate(tokens):
         ids = list(prompt[b])
         for tok in row:
-            h = M.ref_lm(cfg, w, M.embed(cfg, user["embed.tgt"], np.array([ids])))[0, -1]
+            h = M.ref_lm(cfg, w, M.embed_tokens(cfg, user, np.array([ids])))[0, -1]
             top = np.sort(M.output_logits(user, h))
             gaps.append(top[-1] - top[-2])
             ids.append(tok)

@@ -66,7 +66,8 @@ def cfg_of(arch, **kw):
 def test_norm_key_is_optional_checked_and_round_trips(tmp_path):
     ln = cfg_of("decoder-only")
     assert "norm" not in ln.to_dict()                      # layernorm: dictionaries unchanged
-    for norm, leaves in (("none", set()), ("batchnorm", {"gamma", "beta", "mean", "var"})):
+    for norm, leaves in (("none", set()), ("batchnorm", {"gamma", "beta", "mean", "var"}),
+                         ("rmsnorm", {"gamma"})):
         c = cfg_of("decoder-only", norm=norm, norm_first=True)
         assert c.to_dict()["norm"] == norm
         assert M.ModelConfig.from_dict(json.loads(json.dumps(c.to_dict()))) == c
@@ -76,8 +77,8 @@ def test_norm_key_is_optional_checked_and_round_trips(tmp_path):
         M.save_model(tmp_path / f"{norm}.npz", c, w)
         c2, w2, _ = M.load_model(tmp_path / f"{norm}.npz")
         assert c2 == c and set(w2) == set(w)
-    with pytest.raises(ValueError, match="norm='rmsnorm' must be one of"):
-        M.ModelConfig.from_dict({**ln.to_dict(), "norm": "rmsnorm"})
+    with pytest.raises(ValueError, match="norm='groupnorm' must be one of"):
+        M.ModelConfig.from_dict({**ln.to_dict(), "norm": "groupnorm"})
 
 
 def test_reference_norms():

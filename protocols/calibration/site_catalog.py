@@ -93,7 +93,8 @@ SITES: dict[str, Site] = {
     "sigma_sum": Site("product", "sigma-attention ReLU(s) V before its 1/L (whose "
                       f"{SIG_BITS}-bit factor rides in that product)", _VAR, SIG_BITS),
     "vout": Site("product", "attention weights times V (and times 1/denominator)", _VOUT),
-    # LayerNorm (enc.i.ln1, ..., dec.final_ln)
+    # LayerNorm (enc.i.ln1, ..., dec.final_ln); RMSNorm reports at the same sites (its
+    # "variance" the mean square, its "centred input" x itself)
     "sumsq": Site("product", "LayerNorm sum of squares sum_k x_k^2",
                   "lower attn_c or rescale the weights"),
     "sum2": Site("product", "LayerNorm squared row sum (sum_k x_k)^2",
@@ -121,6 +122,9 @@ SITES: dict[str, Site] = {
     "hidden_gelu": Site("gelu", "FFN hidden x W1 + b1 (GELU input)", "rescale W1 and b1"),
     "hidden_silu": Site("silu", "FFN hidden x W1 + b1 (SiLU input)", "rescale W1 and b1"),
     "w2": Site("product", "FFN product ReLU(.) W2", "rescale W2"),
+    # the gated FFN (ffn_act swiglu): silu(x W1) * (x W3), then W2
+    "w3": Site("product", "gated FFN up product x W3", "rescale W3"),
+    "gate": Site("product", "gated FFN product silu(x W1) * (x W3)", "rescale W1 or W3"),
     # classifier head (head), protocols.stacks.classifier
     "head": Site("product", "classifier head (sum over positions of h) @ head.w",
                  "rescale head.w or shorten max_len"),

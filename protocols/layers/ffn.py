@@ -1,5 +1,7 @@
 """Secure position-wise feed-forward network (Privformer Alg. 7): ReLU(x W1 + b1) W2 + b2.
 
+LLaMA-family models (``ffn_act`` swiglu) run the gated FFN (:func:`gated`) instead.
+
 Biases are added locally; the one activation call (ReLU, GELU or none: ModelConfig.ffn_act)
 covers every row of every batch element. With ReLU the x W1 product stops at the split form
 relu_a reads (:func:`mpc3.kernels.arith.mul_split_aa`: 8 bytes per hidden element less).
@@ -37,11 +39,32 @@ def activation(p: Party, h: AShare, act: str) -> AShare:
     raise ValueError(f"ffn: unknown activation {act!r} (relu, gelu, none)")
 
 
+def gated(p: Party, w: dict, x: AShare) -> AShare:
+    """LLaMA's gated FFN (``ffn_act`` swiglu): (silu(x W1) * (x W3)) W2, no biases - the two
+    products in one call, silu_a (|x W1| <= 2^13, site ``hidden_silu``), the gate product,
+    W2. Cost: :func:`cost_gated`."""
+    from mpc3.kernels.silu import silu_a
+    g, u = arith.mul_many_aa(p, [(x, w["w1"], "matmul", True), (x, w["w3"], "matmul", True)],
+                             ["w1", "w3"])
+    hid = arith.mul_aa(p, silu_a(p, g, site="hidden_silu"), u, site="gate")
+    return arith.matmul_aa(p, hid, w["w2"], site="w2")
+
+
+def cost_gated(p_cfg, rows: int, d_model: int, d_ff: int):
+    """:func:`gated` on ``rows`` rows."""
+    from mpc3.kernels.silu import cost_silu
+    n = rows * d_ff
+    return (arith.cost_mul(2 * n, p_cfg) + cost_silu(n, p_cfg) + arith.cost_mul(n, p_cfg)
+            + arith.cost_mul(rows * d_model, p_cfg))
+
+
 def ffn(p: Party, w: dict, x: AShare, act: str = "relu") -> AShare:
-    """``w``: shares ``w1`` (d, d_ff), ``b1``, ``w2`` (d_ff, d), ``b2``; ``x`` (..., d);
-    ``act``: ModelConfig.ffn_act."""
+    """``w``: shares ``w1`` (d, d_ff), ``b1``, ``w2`` (d_ff, d), ``b2`` (the gated FFN:
+    ``w1``, ``w3``, ``w2``); ``x`` (..., d); ``act``: ModelConfig.ffn_act."""
     if x.shape[-1] != w["w1"].shape[0]:
         raise ValueError(f"ffn: input width {x.shape[-1]} != d_model {w['w1'].shape[0]}")
+    if act == "swiglu":
+        return gated(p, w, x)
     if act == "relu" and "w2" in w:            # ReLU reads the product's split form
         z = arith.mul_split_aa(p, [(x, w["w1"], "matmul")], biases=[w["b1"]], sites=["w1"])
         return ffn_hidden(p, w, z.reshape(*x.shape[:-1], w["w1"].shape[1]), act)
@@ -79,6 +102,8 @@ def cost_ffn(p_cfg, rows: int, d_model: int, d_ff: int, act: str = "relu",
              fused: bool | None = None):
     """Declared rounds and bytes per party of :func:`ffn` on ``rows`` input rows (B*S);
     ``fused`` (default: act is none, as the share layout does) for shares without ``w2``."""
+    if act == "swiglu":
+        return cost_gated(p_cfg, rows, d_model, d_ff)
     linear = act == "none" if fused is None else fused
     width = d_model if linear else d_ff
     if act == "relu" and not linear:

@@ -39,7 +39,7 @@ from mpc3.party import Party
 from mpc3.shares import AShare
 from protocols import model as M
 
-from .mha import cost_finish, cost_heads, finish, heads
+from .mha import cost_finish, cost_heads, expand_kv, finish, heads
 
 
 def _zeros(B: int, h: int, n: int, dh: int, plain: bool = False) -> AShare:
@@ -110,14 +110,17 @@ def _shape(t0: int, n: int, rows: int) -> None:
 
 
 def attend(p: Party, attention: str, cache: KVCache, q: AShare, k: AShare,
-           v: AShare) -> AShare:
+           v: AShare, expand=None) -> AShare:
     """Append the n new tokens' k, v (B, h, n, dh) and return the attention of the query
     rows q (B, h, rows, dh): rows = n on an empty cache (causal mask) or rows = 1 (the
-    newest token against every cached key). Cost: :func:`cost_attend`."""
+    newest token against every cached key). ``expand``: repeats grouped-query keys and
+    values (the cache keeps kv_heads heads) for q's heads. Cost: :func:`cost_attend`."""
     t0, n, rows = cache.t, k.shape[2], q.shape[2]
     _shape(t0, n, rows)
     cache.append(k, v)
     keys, values = cache.rows()
+    if expand is not None:
+        keys, values = expand(keys), expand(values)
     return heads(p, attention, q, keys, values, masked=rows > 1)
 
 
@@ -132,7 +135,8 @@ def attend_out(p: Party, cfg, w: dict, cache: KVCache, q: AShare, k: AShare,
                v: AShare) -> AShare:
     """:func:`attend` with the model's attention, then the heads merged @ W^O (+ b^O): the
     attention sublayer's output (B, rows, d). Cost: :func:`cost_attend_out`."""
-    return finish(p, cfg, w, attend(p, M.head_kind(cfg), cache, q, k, v), None)
+    return finish(p, cfg, w, attend(p, M.head_kind(cfg), cache, q, k, v,
+                                    lambda t: expand_kv(cfg, t)), None)
 
 
 def cost_attend_out(p_cfg, cfg, B: int, t0: int, n: int = 1, rows: int = 1) -> Cost:

@@ -72,6 +72,43 @@ def _inverse_d(f: int, d: int):
             truncation.scaled(1.0 / d, f, f + 2 + d.bit_length()))
 
 
+def _rms_stats(p: Party, x: AShare, gamma: AShare, eps: float) -> tuple[AShare, AShare]:
+    """RMSNorm's products before sqrt_inv, in one call: (x * gamma, mean(x^2) + eps)."""
+    d = x.shape[-1]
+    if gamma.shape != (d,):
+        raise ValueError(f"rmsnorm: gamma must have shape ({d},)")
+    lead = x.shape[:-1]
+    ex2, xg = arith.mul_many_aa(p, [
+        (x.reshape(*lead, 1, d), x.reshape(*x.shape, 1), "matmul", _inverse_d(p.cfg.frac, d)[0]),
+        (x, _bcast(gamma, x.shape), "mul", True)], ["sumsq", "xgamma"])
+    ex2 = ex2.reshape(lead)
+    return xg, arith.add_public(p, ex2, ring.encode(np.full(ex2.shape, float(eps)), p.cfg.frac))
+
+
+def rmsnorm(p: Party, x: AShare, gamma: AShare, eps: float, span=None,
+            wide: bool = False) -> AShare:
+    """RMSNorm (LLaMA-family) ``x / sqrt(mean(x^2) + eps) * gamma``: LayerNorm's rounds
+    without the mean - one call for x . x / d and x * gamma, sqrt_inv_a of mean(x^2) + eps
+    (site ``var_eps``, ``span`` as :func:`layernorm`'s), one product. Cost:
+    :func:`cost_rmsnorm`."""
+    from mpc3.kernels import fxp
+    xg, ms = _rms_stats(p, x, gamma, eps)
+    rs = fxp.sqrt_inv_a(p, ms, span=span, site="var_eps")
+    return arith.mul_aa(p, xg, _bcast(rs.reshape(*rs.shape, 1), x.shape), trunc=not wide,
+                        site="scale")
+
+
+def cost_rmsnorm(ring_cfg, rows: int, d: int, span=None, wide: bool = False) -> Cost:
+    """Declared rounds and bytes per party of :func:`rmsnorm` on ``rows`` rows of width d."""
+    from mpc3.kernels import fxp
+    t_ex2 = getattr(_inverse_d(ring_cfg.frac, d)[0], "shift", _inverse_d(ring_cfg.frac, d)[0])
+    stats = arith.cost_mul_many(np.concatenate([np.full(rows, t_ex2),
+                                                np.full(rows * d, ring_cfg.frac)]),
+                                0, ring_cfg.trunc)
+    return (stats + fxp.cost_sqrt_inv(rows, ring_cfg, span=span)
+            + arith.cost_mul(rows * d, ring_cfg, not wide))
+
+
 def layernorm(p: Party, x: AShare, gamma: AShare, beta: AShare, eps: float,
               span=None, wide: bool = False) -> AShare:
     """``span``: octaves bounding var + eps (:func:`mpc3.kernels.fxp.sqrt_inv_a`; None: its

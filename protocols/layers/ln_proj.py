@@ -34,9 +34,13 @@ def fusion_map(cfg: M.ModelConfig, fuse, allowed: tuple, what: str,
     if unknown:
         raise ValueError(f"{what} fusions {sorted(unknown)} unknown (choose from {allowed})")
     out: dict[str, list[str]] = {}
+    # the fused projections are plain products: not a rotated / grouped q, k, v, nor the
+    # gated FFN's two
+    skip = {"self"} if cfg.embedding == M.ROTARY or cfg.n_kv_heads else set()
+    skip |= {"ffn"} if cfg.ffn_act == M.GATED else set()
     for i in range(cfg.n_dec_layers if cfg.norm == "layernorm" else 0):
         kinds = plan(i)
-        out.update(kinds[kind] for kind in fuse if kind in kinds)
+        out.update(kinds[kind] for kind in fuse if kind in kinds and kind not in skip)
     return out
 
 

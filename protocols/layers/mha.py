@@ -66,8 +66,12 @@ def add_bias(x: AShare | None, w: dict, name: str) -> AShare | None:
 
 
 def project(p: Party, cfg: M.ModelConfig, w: dict, xq: AShare, xkv: AShare | None,
-            want_q: bool = True, want_kv: bool = True):
-    """Q, K, V projections in one call; returns per-head (B,h,S,.) shares (None if not wanted)."""
+            want_q: bool = True, want_kv: bool = True, pos: int = 0):
+    """Q, K, V projections in one call; returns per-head (B,h,S,.) shares (None if not
+    wanted); K and V have ``cfg.kv_heads`` heads (:func:`expand_kv` repeats them for the
+    query heads). ``embedding`` rotary: q and k rotated (:mod:`.rotary`) with the key rows
+    at positions pos, pos + 1, ... and the query rows the last ones among them (self
+    attention; without keys the query rows start at pos). Cost: :func:`cost_qkv`."""
     bits = p.cfg.frac + PROJ_EXTRA
     h = cfg.n_heads
     src = xq if xkv is None else xkv
@@ -78,8 +82,38 @@ def project(p: Party, cfg: M.ModelConfig, w: dict, xq: AShare, xkv: AShare | Non
                                      sites=["proj"] * len(names))))
     q, k, v = (add_bias(got.get(n), w, b) for n, b in
                (("wq_proj", "bq"), ("wk_proj", "bk"), ("wv_c", "bv")))
-    sp = lambda t: None if t is None else split_heads(t, h)  # noqa: E731
-    return sp(q), sp(k), sp(v)
+    q = None if q is None else split_heads(q, h)
+    k, v = (None if t is None else split_heads(t, cfg.kv_heads) for t in (k, v))
+    if cfg.embedding == M.ROTARY:
+        from .rotary import rope_many
+        n_k = src.shape[1] if want_kv else 0
+        items = ([(q, pos + max(n_k - xq.shape[1], 0) + np.arange(xq.shape[1]))] if want_q
+                 else []) + ([(k, pos + np.arange(n_k))] if want_kv else [])
+        rot = iter(rope_many(p, items, cfg.rope_theta))
+        q = next(rot) if want_q else None
+        k = next(rot) if want_kv else None
+    return q, k, v
+
+
+def expand_kv(cfg: M.ModelConfig, t: AShare) -> AShare:
+    """Grouped-query keys or values (B, kv_heads, S, dh) repeated to the n_heads query heads
+    (query head j reads kv head j // (n_heads / kv_heads)); local."""
+    g = cfg.n_heads // cfg.kv_heads
+    if g == 1:
+        return t
+    return AShare(np.repeat(t.a, g, axis=1), np.repeat(t.b, g, axis=1))
+
+
+def cost_qkv(p_cfg, cfg: M.ModelConfig, n_q: int, n_kv: int):
+    """:func:`project` of ``n_q`` query rows and ``n_kv`` key/value rows (rows summed over the
+    batch), softmax-style attentions: the projections and, with rotary embeddings, the one
+    truncation of the rotated q and k."""
+    dkv = cfg.kv_heads * cfg.d_head
+    cost = cost_project(p_cfg, n_q * cfg.d_model + n_kv * 2 * dkv)
+    if cfg.embedding == M.ROTARY:
+        from .rotary import cost_rope
+        cost = cost + cost_rope(p_cfg, n_q * cfg.d_model + n_kv * dkv)
+    return cost
 
 
 def features(p: Party, cfg: M.ModelConfig, w: dict, q: AShare | None, k: AShare | None):
@@ -182,7 +216,7 @@ def mha(p: Party, cfg: M.ModelConfig, w: dict, xq: AShare, xkv: AShare | None = 
             raise ValueError("causal attention is self attention (xkv must be None)")
     if cfg.attention != M.PERFORMER:
         q, k, v = project(p, cfg, w, xq, xkv)
-        o = heads(p, M.head_kind(cfg), q, k, v, causal)
+        o = heads(p, M.head_kind(cfg), q, expand_kv(cfg, k), expand_kv(cfg, v), causal)
         return add_bias(arith.matmul_aa(p, merge_heads(o), w["wo"], site="wo"), w, "bo")
     qf, kf, v = qkv_features(p, cfg, w, xq, xkv)
     Sq, Sk = qf.shape[2], kf.shape[2]
@@ -239,7 +273,7 @@ def cost_mha(p_cfg, cfg: M.ModelConfig, B: int, Sq: int, Sk: int | None = None,
     d, h, r, dh = cfg.d_model, cfg.n_heads, cfg.n_features, cfg.d_head
     Sk = Sq if Sk is None else Sk
     if cfg.attention != M.PERFORMER:
-        return (cost_project(p_cfg, B * Sq * d + B * Sk * 2 * d)
+        return (cost_qkv(p_cfg, cfg, B * Sq, B * Sk)
                 + cost_heads(p_cfg, M.head_kind(cfg), B, h, Sq, Sk, dh, causal)
                 + arith.cost_mul(B * Sq * d, p_cfg))
     nq = h * r if folded else d

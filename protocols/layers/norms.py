@@ -2,6 +2,8 @@
 
 * ``layernorm``: :func:`protocols.layers.layernorm.layernorm` (leak-free inverse square root;
   :func:`protocols.layers.layernorm.cost_layernorm`: 11 rounds for <= 16 rows, 19 beyond, d = 2^k);
+* ``rmsnorm`` (LLaMA-family): :func:`protocols.layers.layernorm.rmsnorm`, LayerNorm's rounds
+  without the mean (:func:`protocols.layers.layernorm.cost_rmsnorm`);
 * ``none``: the identity (AERO's softmax-only block): no tensors, 0 rounds, 0 bytes;
 * ``batchnorm`` (seed 002 Sec. 4.2, its vision transformers): BatchNorm with running
   statistics is, at inference, the per-channel affine map ``y = x * a + b`` with
@@ -25,7 +27,7 @@ from mpc3.party import Party
 from mpc3.shares import AShare
 from protocols import model as M
 
-from .layernorm import _bcast, cost_layernorm, layernorm, widen
+from .layernorm import _bcast, cost_layernorm, cost_rmsnorm, layernorm, rmsnorm, widen
 
 
 def batchnorm(p: Party, x: AShare, scale: AShare, shift: AShare, wide: bool = False) -> AShare:
@@ -54,6 +56,8 @@ def norm(p: Party, cfg: M.ModelConfig, shares: dict, prefix: str, x: AShare,
         return widen(p, x) if wide else x
     if cfg.norm == "batchnorm":
         return batchnorm(p, x, shares[f"{prefix}.scale"], shares[f"{prefix}.shift"], wide)
+    if cfg.norm == "rmsnorm":
+        return rmsnorm(p, x, shares[f"{prefix}.gamma"], cfg.ln_eps, span, wide)
     return layernorm(p, x, shares[f"{prefix}.gamma"], shares[f"{prefix}.beta"], cfg.ln_eps,
                      span, wide)
 
@@ -64,4 +68,6 @@ def cost_norm(ring_cfg, cfg: M.ModelConfig, rows: int, span=None, wide: bool = F
         return Cost(0, (0, 0, 0))
     if cfg.norm == "batchnorm":
         return cost_batchnorm(ring_cfg, rows, cfg.d_model, wide)
+    if cfg.norm == "rmsnorm":
+        return cost_rmsnorm(ring_cfg, rows, cfg.d_model, span, wide)
     return cost_layernorm(ring_cfg, rows, cfg.d_model, span, wide)

@@ -236,11 +236,11 @@ def check_shares(cfg: M.ModelConfig, shares: dict[str, AShare], fold_omega: bool
             if leaf in ("w1", "b1"):
                 expect[name] = (d, d) if leaf == "w1" else (d,)
         elif leaf in ("wq", "wk"):
-            expect[f"{prefix}.{leaf}_proj"] = (d, h * r) if fold_omega else (d, d)
+            expect[f"{prefix}.{leaf}_proj"] = (d, h * r) if fold_omega else shape
         elif leaf == "wv":
             expect[f"{prefix}.wv_c"] = shape
         elif leaf in ("bq", "bk"):
-            expect[name] = (h * r,) if fold_omega else (d,)
+            expect[name] = (h * r,) if fold_omega else shape
         elif leaf == "omega" and fold_omega:
             continue
         else:

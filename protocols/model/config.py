@@ -242,6 +242,9 @@ class ModelConfig:
         """LLaMA-family keys: grouped-query attention, rotary positions."""
         posint("n_kv_heads", 0)
         if self.n_kv_heads:
+            if self.arch != DECODER_ONLY:
+                raise ValueError(f"n_kv_heads (grouped-query attention) applies to arch "
+                                 f"{DECODER_ONLY!r} only")
             if self.attention == PERFORMER:
                 raise ValueError("n_kv_heads (grouped-query attention) needs a softmax-style "
                                  "attention, not relu-performer")

@@ -62,7 +62,7 @@ def embed_tokens(cfg: ModelConfig, user: Mapping, ids, offset: int = 0, types=No
     S = ids.shape[-1]
     if offset + S > cfg.max_len:
         raise ValueError(f"{offset + S} positions exceed the model's {cfg.max_len} "
-                         f"positions (max_len)")
+                         f"{'' if cfg.embedding == 'rotary' else 'learned '}positions (max_len)")
     if cfg.embedding == "rotary":
         if types is not None:
             raise ValueError("token types need a model with an embed.type table")

@@ -63,6 +63,7 @@ from protocols.layers.mha import (
     cost_finish,
     cost_project,
     cost_project_features,
+    cost_qkv,
     finish,
     project,
     qkv_features,
@@ -238,7 +239,7 @@ def lm_prefill(p: Party, cfg: M.ModelConfig, shares: dict, x: AShare,
         u = _ln(p, cfg, shares, f"{pre}.ln1", x) if cfg.norm_first else x
         if cfg.attention != M.PERFORMER:   # KV cache; the last layer needs the last query only
             q, k, v = project(pa, cfg, w, u[:, T - 1:] if last else u, u)
-            st = KVCache.empty(B, cfg.n_heads, cfg.d_head, cfg.max_len, p.shadow is not None)
+            st = KVCache.empty(B, cfg.kv_heads, cfg.d_head, cfg.max_len, p.shadow is not None)
             x = (x[:, -1:] if last else x) + attend_out(pa, cfg, w, st, q, k, v)
         else:
             qf, kf, v = qkv_features(pa, cfg, w, u, None)
@@ -266,7 +267,7 @@ def lm_open(p: Party, cfg: M.ModelConfig, shares: dict, B: int, block: int | Non
     _check(cfg)
     fusions = lm_fusions(cfg, fuse)
     h, dh = cfg.n_heads, cfg.d_head
-    states = [KVCache.empty(B, h, dh, cfg.max_len, p.shadow is not None)
+    states = [KVCache.empty(B, cfg.kv_heads, dh, cfg.max_len, p.shadow is not None)
               if cfg.attention != M.PERFORMER else
               A.PrefixState.empty(B, h, cfg.n_features, dh, block)
               for _ in range(cfg.n_dec_layers)]
@@ -302,7 +303,7 @@ def lm_step(p: Party, cfg: M.ModelConfig, shares: dict, state: LMState, y_t: ASh
         if got:                        # Q, K, V formed by the LayerNorm before
             x = x + sublayer(pa, cfg, "self", got, w, names["self"], st, raw)
         elif isinstance(st, KVCache):
-            x = x + attend_out(pa, cfg, w, st, *project(pa, cfg, w, u, None))
+            x = x + attend_out(pa, cfg, w, st, *project(pa, cfg, w, u, None, pos=st.t))
         else:
             x = x + self_step(pa, cfg, w, *qkv_features(pa, cfg, w, u, None), st, True, raw)
         got = None
@@ -347,8 +348,7 @@ def _rest(p_cfg, cfg: M.ModelConfig, rows_in: int, rows: int, i: int = 0) -> Cos
 def _kv_attn(p_cfg, cfg: M.ModelConfig, B: int, t0: int, n: int, rows: int) -> Cost:
     """Softmax-style attention with the KV cache: projections (q of ``rows`` rows, k and v
     of n), :func:`protocols.layers.kv_cache.attend_out` (the attention and W^O)."""
-    d = cfg.d_model
-    return (cost_project(p_cfg, B * rows * d + B * n * 2 * d)
+    return (cost_qkv(p_cfg, cfg, B * rows, B * n)
             + cost_attend_out(p_cfg, cfg, B, t0, n, rows))
 
 
@@ -400,7 +400,6 @@ def cost_lm_step(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int | None = 
                 + A.cost_attention_step(p_cfg, B, h, r, dh, t % L, t >= L, L, raw,
                                         raw and cfg.attn_norm == "mean"))
 
-    ffn_core = cost_ffn_hidden(p_cfg, B, d, cfg.d_ff, cfg.ffn_act, split=True)
     fusions, pre_ln = lm_fusions(cfg, fuse), cfg.norm_first
 
     def norm_b(ln: str) -> Cost:
@@ -425,7 +424,8 @@ def cost_lm_step(p_cfg, cfg: M.ModelConfig, B: int, t: int, block: int | None = 
         if cfg.has_ffn(i):
             ln = f"{pre}.ln{2 if pre_ln else 1}"
             fused = ln_proj_cost(ln, names["ffn"], not pre_ln)
-            cost = cost + (fused + ffn_core if fused is not None else
+            cost = cost + (fused + cost_ffn_hidden(p_cfg, B, d, cfg.d_ff, cfg.ffn_act, split=True)
+                           if fused is not None else
                            norm_b(ln) + cost_ffn(p_cfg, B, d, cfg.d_ff, cfg.ffn_act))
             if not pre_ln:
                 nxt = step_names(i + 1)["self"] if i + 1 < cfg.n_dec_layers else []
