@@ -206,3 +206,26 @@ def test_gpt2small_extrapolation_is_exact_for_bytes_and_rounds():
     assert est["bytes_total"] == runs[3]["bytes_total"]
     assert est["rounds"] == runs[3]["rounds"]
     assert G.extrapolate({2: runs[2]}, layers=3) is None
+
+
+def test_bench_lm_llama_preset_breaks_down_rmsnorm_rotary_and_the_gated_ffn():
+    """--preset llama (RMSNorm, rotary, SiLU-gated FFN) with grouped KV heads: the checks
+    hold, and the categories hold what they say - norm is the RMSNorms' declared cost,
+    rotary the q/k truncations', ffn_act the SiLUs'."""
+    from mpc3.kernels.silu import cost_silu
+    from protocols.layers.layernorm import cost_rmsnorm
+    from protocols.layers.rotary import cost_rope
+    a = build_parser().parse_args(["bench", "lm", "--d-model", "32", "--heads", "4",
+                                   "--kv-heads", "2", "--layers", "2", "--d-ff", "48",
+                                   "--prompt", "6", "--tokens", "2", "--preset", "llama"])
+    r = L.run_lm(a)
+    assert r["checks"] == {"breakdown_equals_measured": True, "declared_equals_measured": True}
+    assert r["params"]["model_config"]["n_kv_heads"] == 2 and r["max_abs_err"] < 1e-2
+    step, rc = r["steps"][0], RingConfig()
+    _check_phase(step)
+    bd = step["breakdown"]                 # one row per step; 2 layers, q 32 + k 16 wide
+    assert bd["norm"]["bytes_total"] == sum(cost_rmsnorm(rc, 1, 32).bytes_per_party) * 5
+    assert bd["rotary"]["bytes_total"] == sum(cost_rope(rc, 48).bytes_per_party) * 2
+    assert bd["ffn_act"]["bytes_total"] == sum(cost_silu(48, rc).bytes_per_party) * 2
+    with pytest.raises(ValueError, match="needs --preset llama"):
+        L.lm_config("decoder-only", "softmax", 32, 4, 1, 48, 4, 1, kv_heads=2)

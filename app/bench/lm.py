@@ -57,9 +57,11 @@ PHASE0 = {"decoder-only": "prefill", "encoder-decoder": "encoder", "encoder-clas
 
 def lm_config(arch: str, attention: str, d_model: int, heads: int, layers: int, d_ff: int,
               prompt: int, tokens: int, ffn: str | None = None, preset: str | None = None,
-              features: int | None = None, vocab: int = 64, softmax: str = "max"):
+              features: int | None = None, vocab: int = 64, softmax: str = "max",
+              kv_heads: int | None = None):
     """The ModelConfig of a ``bench lm`` run (``arch``/``attention``: the command's names;
-    ``softmax``: the softmax form, ModelConfig.softmax_form)."""
+    ``softmax``: the softmax form, ModelConfig.softmax_form; ``preset`` llama: RMSNorm,
+    rotary positions, the SiLU-gated FFN, ``kv_heads`` key/value heads)."""
     from protocols import model as M
     if arch not in ARCHS or attention not in ATTENTIONS:
         raise ValueError(f"--arch must be one of {list(ARCHS)} and --attention one of "
@@ -71,8 +73,15 @@ def lm_config(arch: str, attention: str, d_model: int, heads: int, layers: int, 
         if attention != "softmax":
             raise ValueError("--preset aero is the softmax-only block (--attention softmax)")
         ffn = "none"
+    elif preset == "llama":
+        if ffn not in (None, "swiglu") or attention != "softmax" or arch != "decoder-only":
+            raise ValueError("--preset llama is a decoder-only LM with softmax attention and "
+                             "the gated FFN (leave --ffn out)")
+        ffn = "swiglu"
     elif preset is not None:
-        raise ValueError(f"unknown --preset {preset!r} (aero)")
+        raise ValueError(f"unknown --preset {preset!r} (aero, llama)")
+    if kv_heads and preset != "llama":
+        raise ValueError("--kv-heads (grouped-query attention) needs --preset llama")
     if d_model % heads:
         raise ValueError(f"--d-model {d_model} is not divisible by --heads {heads}")
     kind, dh = ARCHS[arch], d_model // heads
@@ -94,7 +103,12 @@ def lm_config(arch: str, attention: str, d_model: int, heads: int, layers: int, 
                          attn_c=1.0 / r, attn_norm="mean", norm_first=True, max_len=max_len,
                          arch=kind, ffn_act=ffn or "relu", attention=ATTENTIONS[attention],
                          softmax_form=softmax if attention == "softmax" else "max",
-                         **keys).validate()
+                         **keys, **(LLAMA_KEYS if preset == "llama" else {}),
+                         n_kv_heads=kv_heads or 0).validate()
+
+
+#: ``--preset llama``'s keys beside the gated FFN (docs/MODELS.md, LLaMA-family decoders)
+LLAMA_KEYS = {"norm": "rmsnorm", "embedding": "rotary", "ln_eps": 1e-5}
 
 
 # ---------------------------------------------------------------- inputs, reference ----
@@ -237,7 +251,8 @@ def run_lm(a) -> dict:
     from mpc3 import ring
     load_at_start = os.getloadavg()[0]
     cfg = lm_config(a.arch, a.attention, a.d_model, a.heads, a.layers, a.d_ff, a.prompt,
-                    a.tokens, a.ffn, a.preset, a.features, softmax=a.softmax)
+                    a.tokens, a.ffn, a.preset, a.features, softmax=a.softmax,
+                    kv_heads=a.kv_heads)
     try:                                # an unknown choice is refused before any setup
         from protocols.jobs.bench_lm import session_fuse
         session_fuse(cfg, {"fuse": a.fuse})
@@ -245,7 +260,7 @@ def run_lm(a) -> dict:
         raise SystemExit(f"--fuse: {exc}") from None
     warm_len = min(a.prompt, 32)        # > 16 rows: the kernels' batched paths warm up too
     tiny = lm_config(a.arch, a.attention, 8, 2, 1, 8, warm_len, min(a.tokens, 1), a.ffn,
-                     a.preset, 4, softmax=a.softmax)
+                     a.preset, 4, softmax=a.softmax, kv_heads=1 if a.kv_heads else None)
     warm = make_case(tiny, warm_len, min(a.tokens, 1))
     inproc = a.transport == "inproc" and a.net == "none"
     # over party processes the weights are drawn when shared and when the reference runs:
@@ -278,11 +293,13 @@ def run_lm(a) -> dict:
     steps = phases[1:]
     name = PHASE0[cfg.arch]
     return {
-        "workload": f"lm/{a.arch}/{a.attention}" + (f"/{a.preset}" if a.preset else ""),
+        "workload": f"lm/{a.arch}/{a.attention}" + (f"/{a.preset}" if a.preset else "")
+                    + (f"/kv{a.kv_heads}" if a.kv_heads else ""),
         "params": {"arch": cfg.arch, "attention": cfg.attention,
                    "softmax_form": cfg.softmax_form, "ffn_act": cfg.ffn_act,
-                   "norm": "layernorm (pre-LN, final LayerNorm)", "preset": a.preset,
-                   "preset_note": PRESET_NOTE if a.preset else None,
+                   "norm": f"{cfg.norm} (pre-LN, final norm)", "preset": a.preset,
+                   "kv_heads": cfg.kv_heads, "embedding": cfg.embedding,
+                   "preset_note": PRESET_NOTE if a.preset == "aero" else None,
                    "d_model": cfg.d_model, "heads": cfg.n_heads, "layers": a.layers,
                    "d_ff": cfg.d_ff, "features": cfg.n_features, "prompt": a.prompt,
                    "tokens": a.tokens, "batch": 1, "seed": a.seed, "frac": ring.DEFAULT_FRAC,
@@ -366,8 +383,12 @@ def register(bsub) -> None:
                    "Privformer's max-free (scores must stay in exp's range)")
     p.add_argument("--ffn", choices=("relu", "gelu", "none"), default=None,
                    help="FFN activation (default relu; --preset aero: none)")
-    p.add_argument("--preset", choices=("aero",), default=None,
-                   help="aero: AERO's softmax-only block (partial: LayerNorms stay)")
+    p.add_argument("--preset", choices=("aero", "llama"), default=None,
+                   help="aero: AERO's softmax-only block (partial: LayerNorms stay); llama: "
+                   "RMSNorm, rotary positions, the SiLU-gated FFN (--d-ff its width)")
+    p.add_argument("--kv-heads", type=int, default=None,
+                   help="--preset llama: key/value heads (grouped-query attention; default "
+                   "--heads)")
     p.add_argument("--d-model", type=int, default=64)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--layers", type=int, default=2)

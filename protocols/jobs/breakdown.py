@@ -25,8 +25,12 @@ Categories (:data:`CATEGORIES`):
   rounds of the product that feeds it (:func:`mpc3.kernels.arith.mul_split_aa`, few
   elements) is that product's, so it counts where the product does (``matmul``, or
   ``norm`` for a LayerNorm's projection) - the same for the Performer's features;
-* ``norm`` - LayerNorm, all of it (its products and inverse square root; a decode step's
-  fused LayerNorm projection :func:`protocols.layers.layernorm.layernorm_project` included);
+* ``norm`` - LayerNorm (or RMSNorm), all of it (its products and inverse square root; a
+  decode step's fused LayerNorm projection :func:`protocols.layers.layernorm.layernorm_project`
+  included);
+* ``rotary`` - LLaMA's rotary embeddings of q and k (their one truncation,
+  :func:`protocols.layers.rotary.rope_many`); the gated FFN's SiLU is ``ffn_act``, its two
+  products and the gate product ``matmul``;
 * ``other`` - the classifier's pooler tanh and arg-max, a sentence embedding's pooling and
   normalization, and the time of local work between
   kernel calls (bias additions, head reshapes, KV-cache appends): no bytes for an LM.
@@ -51,12 +55,15 @@ import numpy as np
 from mpc3.comm import CommStats
 from mpc3.party import Party
 
-CATEGORIES = ("matmul", "attention", "ffn_act", "norm", "other")
+CATEGORIES = ("matmul", "attention", "ffn_act", "norm", "rotary", "other")
 FIELDS = ("wall_ns", "bytes", "messages", "rounds")
 #: (module, function, category): the entry points a region opens at.
 TARGETS = (
     ("protocols.layers.layernorm", "layernorm", "norm"),
     ("protocols.layers.layernorm", "layernorm_project", "norm"),
+    ("protocols.layers.layernorm", "rmsnorm", "norm"),
+    ("protocols.layers.rotary", "rope_many", "rotary"),
+    ("mpc3.kernels.silu", "silu_a", "ffn_act"),
     ("protocols.layers.norms", "batchnorm", "norm"),
     ("protocols.layers.ffn", "activation", "ffn_act"),
     ("protocols.layers.attention", "relu_many", "attention"),
