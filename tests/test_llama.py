@@ -167,3 +167,40 @@ def test_secure_generation_agrees_with_plaintext_greedy():
     assert top2_gap(cfg, w, user, prompt, ref) > 2e-2
     res = G.generate(T.InprocBackend(cfg, w), cfg, user, prompt, 6)
     assert res.tokens == ref and res.steps == 5
+
+
+def test_rmsnorm_gain_keeps_small_streams_exact_and_inside_the_range(run, rng):
+    """A LLaMA-like stream (embeddings of RMS ~0.02, eps 1e-6: mean square ~4e-4, below
+    sqrt_inv's range with the margin) is refused at gain 0 and accepted by the calibration,
+    which stores a gain per RMSNorm (schedule.rms_gain); the secure prefill with the
+    session's schedule then meets float64 ~10x closer than without the gain, and the gain
+    changes no byte or round."""
+    from protocols.stacks import schedule as S
+    cfg = llama_cfg(ln_eps=1e-6, d_model=64, n_heads=4, d_head=16, d_ff=96, max_len=8)
+    w = M.random_weights(cfg, 2)
+    user = {**M.random_user(cfg, 2)}
+    user["embed.tgt"] = user["embed.tgt"] * (0.02 * 8)        # RMS ~0.02 per row (d 64)
+    cal = C.calibrate(cfg, w, C.default_samples(cfg, user, rng), user=user)
+    assert set(cal.norm_gain) >= {"dec.0.ln1"} and min(cal.norm_gain.values()) >= 3
+    assert C.Calibration.from_dict(cal.to_dict()).norm_gain == cal.norm_gain
+    with pytest.raises(C.RangeError, match="var_eps|variance"):
+        C.Calibration(cal.layers, cal.input_range, margin=cal.margin,
+                      ln_eps=cal.ln_eps).check()
+    with pytest.raises(ValueError, match="norm_gain"):
+        C.Calibration.from_dict({**cal.to_dict(), "norm_gain": {"dec.0.ln1": 99}})
+    sched = S.session_schedule(cfg, cal.to_dict(), RingConfig())
+    x = M.embed_tokens(cfg, user, rng.integers(0, 13, (2, 8)))
+    ref = M.ref_lm(cfg, w, x)[:, -1]
+    errs, costs = [], []
+
+    for schedule in (S.GENERAL, sched):
+        def fn(p, s, xs):
+            c0 = p.stats.snapshot()
+            h = LM.lm_prefill(p, cfg, s, xs, schedule=schedule)[0]
+            return h, p.stats.snapshot() - c0
+
+        res = run(fn, SM.share_model(cfg, w), share(x))
+        errs.append(np.max(np.abs(value([r[0] for r in res]) - ref)))
+        costs.append([(r[1].bytes_sent, r[1].rounds) for r in res])
+    print(f"RMSNorm gain: max abs error {errs[0]:.2e} without, {errs[1]:.2e} with")
+    assert errs[1] < errs[0] / 4 and errs[1] < 2e-3 and costs[0] == costs[1]

@@ -48,6 +48,7 @@ import numpy as np
 from mpc3.party import RingConfig
 from protocols import model as M
 from protocols.layers.attention import default_decode_block
+from protocols.stacks.schedule import GAIN_MAX, rms_gain
 
 from .shadow import trace
 from .site_catalog import SITES, site_range
@@ -188,13 +189,19 @@ class Calibration:
     decode_block: int = 1
     ln_eps: float = M.DEFAULT_LN_EPS
     version: int = VERSION
+    #: RMSNorm prefix -> its input gain exponent (protocols.stacks.schedule.rms_gain); the
+    #: sites of that norm are checked as the gained rows reach them
+    norm_gain: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return {"version": self.version, "margin": self.margin, "frac": self.frac,
-                "relu_bound_bits": self.relu_bound_bits, "fold_omega": self.fold_omega,
-                "decode_block": self.decode_block, "ln_eps": self.ln_eps,
-                "input_range": dict(self.input_range),
-                "layers": {k: dict(v) for k, v in self.layers.items()}}
+        d = {"version": self.version, "margin": self.margin, "frac": self.frac,
+             "relu_bound_bits": self.relu_bound_bits, "fold_omega": self.fold_omega,
+             "decode_block": self.decode_block, "ln_eps": self.ln_eps,
+             "input_range": dict(self.input_range),
+             "layers": {k: dict(v) for k, v in self.layers.items()}}
+        if self.norm_gain:                 # absent without RMSNorms: older dicts unchanged
+            d["norm_gain"] = dict(self.norm_gain)
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "Calibration":
@@ -209,16 +216,27 @@ class Calibration:
                    input_range={k: float(v) for k, v in d["input_range"].items()},
                    margin=float(d["margin"]), frac=int(d["frac"]),
                    relu_bound_bits=int(d["relu_bound_bits"]), fold_omega=bool(d["fold_omega"]),
-                   decode_block=int(d["decode_block"]), ln_eps=float(d["ln_eps"]))
+                   decode_block=int(d["decode_block"]), ln_eps=float(d["ln_eps"]),
+                   norm_gain=_gains(d.get("norm_gain", {}), d["layers"]))
 
     def ring(self) -> RingConfig:
         return RingConfig(frac=self.frac, relu_bound_bits=self.relu_bound_bits)
+
+    def value(self, layer: str, site: str):
+        """What reaches ``site`` of ``layer`` as the secure model computes it: the recorded
+        value, for an RMSNorm with a gain k (:attr:`norm_gain`) its rows scaled by 2^k
+        (``var_eps`` and ``sumsq`` times 4^k, ``xgamma`` times 2^k)."""
+        v, k = self.layers[layer][site], self.norm_gain.get(layer, 0)
+        f = {"var_eps": 4.0 ** k, "sumsq": 4.0 ** k, "xgamma": 2.0 ** k}.get(site, 1.0)
+        if f == 1.0:
+            return v
+        return [e * f for e in v] if isinstance(v, list) else v * f
 
     def fill(self, layer: str, site: str) -> float:
         """Fraction of the allowed range a site uses; above 1 means outside limit / margin.
         var_eps: also its minimum against lo * margin when ln_eps < lo (with ln_eps >= lo,
         var + eps >= lo holds for every input); other sqrt_inv sites (``norm_sq``) always."""
-        v, m = self.layers[layer][site], self.margin
+        v, m = self.value(layer, site), self.margin
         lo, hi = site_range(site, self.ring())
         if not isinstance(v, list):
             return v * m / hi
@@ -229,7 +247,7 @@ class Calibration:
             return max((v[1] + math.log(m)) / hi, v[0] / lo)
         if SITES[site].kernel == "reciprocal":
             return max(v[1] * m / hi, lo * m / max(v[0], 1e-300))
-        floor = self.ln_eps if site == "var_eps" else 0.0
+        floor = self.ln_eps * 4.0 ** self.norm_gain.get(layer, 0) if site == "var_eps" else 0.0
         low = 0.0 if floor >= lo else lo * m / max(v[0], 1e-300)
         return max(v[1] * m / hi, low)
 
@@ -259,7 +277,7 @@ class Calibration:
         return self
 
     def _explain(self, layer: str, site: str) -> str:
-        s, v = SITES[site], self.layers[layer][site]
+        s, v = SITES[site], self.value(layer, site)
         lo, hi = site_range(site, self.ring())
         m = self.margin
         if s.kernel in ("exp", "reciprocal"):
@@ -314,10 +332,23 @@ def calibrate(cfg: M.ModelConfig, weights: M.Weights, samples: Samples,
             rng_in["Y"] = embedding_range(cfg, user["embed.tgt"])
     if cfg.arch == M.DECODER_ONLY:        # prefill X and step Y embed the same tokens
         rng_in["Y"] = rng_in["X"]
+    gains = {} if cfg.norm != "rmsnorm" else {
+        layer: k for layer, row in rec.values.items()
+        if (k := rms_gain(row, float(margin), ring.frac))}
     cal = Calibration(rec.values, rng_in, margin=float(margin), frac=ring.frac,
                       relu_bound_bits=ring.relu_bound_bits, fold_omega=fold_omega,
-                      decode_block=block, ln_eps=float(cfg.ln_eps))
+                      decode_block=block, ln_eps=float(cfg.ln_eps), norm_gain=gains)
     return cal.check() if check else cal
+
+
+def _gains(got, layers) -> dict[str, int]:
+    """A stored ``norm_gain``: layer -> an int in [0, GAIN_MAX] for a calibrated layer."""
+    if not isinstance(got, Mapping) or not all(
+            isinstance(k, str) and k in layers and isinstance(v, int) and not isinstance(v, bool)
+            and 0 <= v <= GAIN_MAX for k, v in got.items()):
+        raise ValueError(f"calibration norm_gain must map calibrated layers to ints in "
+                         f"[0, {GAIN_MAX}]")
+    return dict(got)
 
 
 def check_input(calibration: Calibration | Mapping, name: str, x) -> None:

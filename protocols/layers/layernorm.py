@@ -86,12 +86,17 @@ def _rms_stats(p: Party, x: AShare, gamma: AShare, eps: float) -> tuple[AShare, 
 
 
 def rmsnorm(p: Party, x: AShare, gamma: AShare, eps: float, span=None,
-            wide: bool = False) -> AShare:
+            wide: bool = False, gain: int = 0) -> AShare:
     """RMSNorm (LLaMA-family) ``x / sqrt(mean(x^2) + eps) * gamma``: LayerNorm's rounds
     without the mean - one call for x . x / d and x * gamma, sqrt_inv_a of mean(x^2) + eps
-    (site ``var_eps``, ``span`` as :func:`layernorm`'s), one product. Cost:
+    (site ``var_eps``, ``span`` as :func:`layernorm`'s), one product. ``gain`` k: the rows
+    are first multiplied by 2^k and eps by 4^k (local; the same function, since RMSNorm is
+    scale invariant), so a small mean square keeps its significant bits
+    (:func:`protocols.stacks.schedule.rms_gain` picks k from the calibration). Cost:
     :func:`cost_rmsnorm`."""
     from mpc3.kernels import fxp
+    if gain:
+        x, eps = x.scale(np.uint64(1 << gain)), eps * 4.0 ** gain
     xg, ms = _rms_stats(p, x, gamma, eps)
     rs = fxp.sqrt_inv_a(p, ms, span=span, site="var_eps")
     return arith.mul_aa(p, xg, _bcast(rs.reshape(*rs.shape, 1), x.shape), trunc=not wide,

@@ -45,19 +45,19 @@ def cost_batchnorm(ring_cfg, rows: int, d: int, wide: bool = False) -> Cost:
 
 
 def norm(p: Party, cfg: M.ModelConfig, shares: dict, prefix: str, x: AShare,
-         span=None, wide: bool = False) -> AShare:
+         span=None, wide: bool = False, gain: int = 0) -> AShare:
     """The model's normalization at ``prefix`` (``enc.0.ln1``, ``dec.final_ln`` ...) of x;
     ``span``: a LayerNorm's calibrated variance octaves
     (:func:`protocols.layers.layernorm.layernorm`); ``wide``: the output at 2 frac fractional bits,
     its last product untruncated (one round fewer; a model output the query user truncates after
-    reconstructing it)."""
+    reconstructing it); ``gain``: an RMSNorm's calibrated input scale (:func:`rmsnorm`)."""
     p = p.at(prefix)                 # a shadow party files its records under the prefix
     if cfg.norm == "none":
         return widen(p, x) if wide else x
     if cfg.norm == "batchnorm":
         return batchnorm(p, x, shares[f"{prefix}.scale"], shares[f"{prefix}.shift"], wide)
     if cfg.norm == "rmsnorm":
-        return rmsnorm(p, x, shares[f"{prefix}.gamma"], cfg.ln_eps, span, wide)
+        return rmsnorm(p, x, shares[f"{prefix}.gamma"], cfg.ln_eps, span, wide, gain)
     return layernorm(p, x, shares[f"{prefix}.gamma"], shares[f"{prefix}.beta"], cfg.ln_eps,
                      span, wide)
 

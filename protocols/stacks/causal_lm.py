@@ -182,12 +182,13 @@ def cost_prefill_attention(p_cfg, B: int, h: int, T: int, r: int, dh: int,
             + arith.cost_mul(B * h * nb * L * dh, p_cfg))
 
 
-def _ln(p, cfg, shares, prefix, x, span=None):
-    return norm(p, cfg, shares, prefix, x, span)
+def _ln(p, cfg, shares, prefix, x, schedule: Schedule = GENERAL, span=None):
+    """The norm at ``prefix`` with the schedule's RMSNorm gain (``span``: a step's table)."""
+    return norm(p, cfg, shares, prefix, x, span, gain=schedule.gain(prefix))
 
 
 def _ffn_block(p: Party, cfg: M.ModelConfig, shares: dict, i: int, x: AShare,
-               wf: dict) -> AShare:
+               wf: dict, schedule: Schedule = GENERAL) -> AShare:
     """Layer i after its attention's residual sum x (post-LN: before LN1): LN1 (post-LN),
     the FFN and LN2; nothing for a pruned FFN (``ffn_pruned``: norm none, so no LN either).
     AERO's FFN scales are folded into the shares (:func:`_out_scale`)."""
@@ -196,9 +197,9 @@ def _ffn_block(p: Party, cfg: M.ModelConfig, shares: dict, i: int, x: AShare,
         return x
     pf = p.at(f"{pre}.ffn")
     if cfg.norm_first:
-        return x + ffn(pf, wf, _ln(p, cfg, shares, f"{pre}.ln2", x), cfg.ffn_act)
-    x = _ln(p, cfg, shares, f"{pre}.ln1", x)
-    return _ln(p, cfg, shares, f"{pre}.ln2", x + ffn(pf, wf, x, cfg.ffn_act))
+        return x + ffn(pf, wf, _ln(p, cfg, shares, f"{pre}.ln2", x, schedule), cfg.ffn_act)
+    x = _ln(p, cfg, shares, f"{pre}.ln1", x, schedule)
+    return _ln(p, cfg, shares, f"{pre}.ln2", x + ffn(pf, wf, x, cfg.ffn_act), schedule)
 
 
 def _out_scale(p: Party, cfg: M.ModelConfig, shares: dict, x: AShare) -> AShare:
@@ -236,7 +237,7 @@ def lm_prefill(p: Party, cfg: M.ModelConfig, shares: dict, x: AShare,
     for i in range(cfg.n_dec_layers):  # prompt that ends there would (row i sees rows <= i)
         pre, last = f"dec.{i}", i == cfg.n_dec_layers - 1 and not every
         w, wf, pa = sub(shares, f"{pre}.self"), sub(shares, f"{pre}.ffn"), p.at(f"{pre}.self")
-        u = _ln(p, cfg, shares, f"{pre}.ln1", x) if cfg.norm_first else x
+        u = _ln(p, cfg, shares, f"{pre}.ln1", x, schedule) if cfg.norm_first else x
         if cfg.attention != M.PERFORMER:   # KV cache; the last layer needs the last query only
             q, k, v = project(pa, cfg, w, u[:, T - 1:] if last else u, u)
             st = KVCache.empty(B, cfg.kv_heads, cfg.d_head, cfg.max_len, p.shadow is not None)
@@ -248,10 +249,10 @@ def lm_prefill(p: Party, cfg: M.ModelConfig, shares: dict, x: AShare,
         states.append(st)
         if last:                       # only the last position's hidden row is returned
             x = x[:, -1:]
-        x = _ffn_block(p, cfg, shares, i, x, wf)
+        x = _ffn_block(p, cfg, shares, i, x, wf, schedule)
         mark(pre)
     if cfg.norm_first:
-        x = _ln(p, cfg, shares, "dec.final_ln", x)
+        x = _ln(p, cfg, shares, "dec.final_ln", x, schedule)
         mark("dec.final_ln")
     state = LMState(states, T, fused_biases(p, shares, fusions), tuple(fuse), schedule)
     if fusions:                    # the session's beta W1: after the last layer's mark
@@ -291,7 +292,7 @@ def lm_step(p: Party, cfg: M.ModelConfig, shares: dict, state: LMState, y_t: ASh
         """LN ``ln`` of x, and the projections ``names`` if it forms them: (y, got)."""
         span = state.schedule.span(ln)
         if ln not in fusions:
-            return _ln(p, cfg, shares, ln, x, span), None
+            return _ln(p, cfg, shares, ln, x, state.schedule, span), None
         return ln_proj(p, cfg, shares, state.ln_bias, ln, x, want_y, names, True, span)
 
     for i in range(cfg.n_dec_layers):
@@ -318,7 +319,8 @@ def lm_step(p: Party, cfg: M.ModelConfig, shares: dict, state: LMState, y_t: ASh
         if on_layer is not None:
             on_layer(pre)
     if cfg.norm_first:
-        x = _ln(p, cfg, shares, "dec.final_ln", x, state.schedule.span("dec.final_ln"))
+        x = _ln(p, cfg, shares, "dec.final_ln", x, state.schedule,
+                state.schedule.span("dec.final_ln"))
         if on_layer is not None:
             on_layer("dec.final_ln")
     state.t += 1

@@ -10,7 +10,12 @@ general schedule.
   thresholds: fewer bytes and less work, same rounds);
 * :func:`folded_wo`: cross attention sublayers whose W^O a session may fold into K'^T V
   (one round less each, more bytes at decode_open);
-* :func:`session_schedule`: all three, as the :class:`Schedule` that ``DecodeState.start``,
+* :func:`rms_gain`: the power of two an RMSNorm scales its input rows by before its
+  statistics (RMSNorm is scale invariant, eps scaled alike): small residual streams (the
+  embeddings of LLaMA-family models, RMS ~0.02) then keep full precision in the mean square
+  and stay inside sqrt_inv's range. Unlike the others it is stored in the calibration
+  (``norm_gain``), whose checks it enters, and applies to the prompt too;
+* :func:`session_schedule`: all of them, as the :class:`Schedule` that ``DecodeState.start``,
   ``lm_prefill`` and their cost functions take.
 
 They read the calibration as a dict (``Calibration.to_dict()``) so that a party applies the
@@ -40,10 +45,15 @@ class Schedule:
     raw_wo: frozenset = frozenset()
     ln_spans: Mapping = field(default_factory=dict)
     fold_wo: frozenset = frozenset()
+    norm_gain: Mapping = field(default_factory=dict)
 
     def span(self, layernorm: str) -> tuple[int, int] | None:
         """The octaves of ``layernorm``'s table, or None for the whole table."""
         return self.ln_spans.get(layernorm)
+
+    def gain(self, norm: str) -> int:
+        """The power of two RMSNorm ``norm`` scales its rows by (:func:`rms_gain`; 0)."""
+        return self.norm_gain.get(norm, 0)
 
 
 GENERAL = Schedule()
@@ -134,9 +144,42 @@ def ln_spans(cfg: M.ModelConfig, calibration: Mapping | None) -> dict[str, tuple
     return out
 
 
+#: the largest RMSNorm gain exponent (:func:`rms_gain`)
+GAIN_MAX = 16
+
+
+def rms_gain(row: Mapping, margin: float, frac: int) -> int:
+    """The largest k <= :data:`GAIN_MAX` for which an RMSNorm whose calibrated row ``row``
+    (sites ``var_eps`` [min, max] of mean(x^2) + eps, ``sumsq`` max sum_k x_k^2, ``xgamma``
+    max |x gamma|) keeps every site inside its range, with the safety ``margin``, once its
+    input rows are scaled by 2^k: the mean square and the sum of squares grow by 4^k, x gamma
+    by 2^k; the output does not change. 0 without the three sites."""
+    ve, sq, xg = row.get("var_eps"), row.get("sumsq"), row.get("xgamma")
+    if not (isinstance(ve, (list, tuple)) and len(ve) == 2 and isinstance(sq, (int, float))
+            and isinstance(xg, (int, float)) and margin >= 1.0):
+        return 0
+    limit = arith.product_limit(frac)
+    k = 0
+    while (k < GAIN_MAX and ve[1] * 4.0 ** (k + 1) * margin <= fxp.SQRT_INV_RANGE[1]
+           and sq * 4.0 ** (k + 1) * margin < limit and xg * 2.0 ** (k + 1) * margin < limit):
+        k += 1
+    return k
+
+
+def norm_gains(calibration: Mapping | None) -> dict[str, int]:
+    """The RMSNorm gains stored with a calibration (``norm_gain``; ints in [0, GAIN_MAX],
+    anything else ignored: a malformed entry means gain 0, the general schedule)."""
+    got = calibration.get("norm_gain") if isinstance(calibration, Mapping) else None
+    if not isinstance(got, Mapping):
+        return {}
+    return {k: v for k, v in got.items() if isinstance(k, str) and isinstance(v, int)
+            and not isinstance(v, bool) and 0 <= v <= GAIN_MAX}
+
+
 def session_schedule(cfg: M.ModelConfig, calibration: Mapping | None, ring_cfg) -> Schedule:
     """The :class:`Schedule` a model's calibration gives its decode sessions (``fold_wo`` for
     an encoder-decoder only)."""
     return Schedule(deferred_wo(cfg, calibration, ring_cfg), ln_spans(cfg, calibration),
                     folded_wo(cfg, calibration, ring_cfg)
-                    if cfg.arch == M.ENCODER_DECODER else frozenset())
+                    if cfg.arch == M.ENCODER_DECODER else frozenset(),
+                    norm_gains(calibration) if cfg.norm == "rmsnorm" else {})
