@@ -179,14 +179,17 @@ def test_llama_shaped_forward_and_decode_steps_equal_the_reference(theta, kv):
     assert set(w2.tensors) == set(w.tensors) and set(u2) == set(user)
 
 
-@pytest.mark.parametrize("att,first", [("softmax", False), ("power-softmax", True),
-                                       ("sigma-relu", False)])
-def test_translator_rows_equal_the_reference_decode_steps(att, first):
+@pytest.mark.parametrize("att,first,kv", [("softmax", False, 0), ("power-softmax", True, 0),
+                                          ("sigma-relu", False, 0), ("softmax", True, 1)])
+def test_translator_rows_equal_the_reference_decode_steps(att, first, kv):
     """The teacher-forced torch decoder == the reference's incremental decode (KV cache of
-    the target prefix, cross-attention K, V of the encoder output from the state's start)."""
+    the target prefix, cross-attention K, V of the encoder output from the state's start;
+    ``kv`` 1: the self and cross attentions' 2 query heads share one K, V head)."""
     from dataclasses import replace
-    cfg = replace(make("encoder-decoder", att, "mean", "sinusoidal", "relu", "layernorm", first,
-                       True, np.random.default_rng(7)), n_dec_layers=2).validate()
+    cfg = make("encoder-decoder", att, "mean", "sinusoidal", "relu", "layernorm", first, True,
+               np.random.default_rng(7))
+    grouped = dict(n_heads=2, d_model=2 * cfg.d_head, n_kv_heads=1) if kv else {"n_kv_heads": 0}
+    cfg = replace(cfg, n_dec_layers=2, **grouped).validate()
     w, user = M.random_weights(cfg, 2), M.random_user(cfg, 2)
     rng = np.random.default_rng(8)
     src, tgt = rng.integers(0, 5, (2, 4)), rng.integers(0, 5, (2, 6))
