@@ -229,7 +229,7 @@ def _edit_config(path, **changes):
     (make_bert, {"position_embedding_type": "relative_key"},
      "relative position embeddings .* is not supported"),
     (make_bert, {"add_cross_attention": True}, "cross-attention .* is not supported"),
-    (make_bert, {"model_type": "llama"}, "model_type 'llama' is not supported"),
+    (make_bert, {"model_type": "t5"}, "model_type 't5' is not supported"),
     (make_bert, {"architectures": ["BertForMaskedLM"]}, "BertForMaskedLM.* is not supported"),
     (make_gpt2, {"scale_attn_by_inverse_layer_idx": True},
      "attention scaled by 1 / layer index .* is not supported"),

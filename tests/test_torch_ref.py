@@ -1,9 +1,13 @@
 """protocols.model.torch_ref.TorchModel == the float64 reference for every config: the
-whole grid arch x attention x ffn_act x norm x norm_first x attn_bias x pool (x normalize, for
-the headless encoder) x embedding (with and without token types) x ffn_bn x AERO's ffn_scale / ffn_pruned where they apply,
-each with random small shapes and weights; logits from token ids within 1e-9 (relative to max(1, |logit|): without normalization a random
-Performer stack can reach large values). Plus the decode paths (the reference's
-incremental LM and translator steps give the same rows), export, and a training step with BatchNorm."""
+whole grid arch x attention x ffn_act (swiglu too) x norm (rmsnorm too) x norm_first x
+attn_bias x pool (x normalize, for the headless encoder) x embedding (with and without token
+types; rotary for the decoder-only softmax-style LMs) x ffn_bn x AERO's ffn_scale /
+ffn_pruned where they apply, with grouped-query attention (n_kv_heads < n_heads) on half the
+softmax-style cases, each with random small shapes and weights; logits from token ids within
+1e-9 (relative to max(1, |logit|): without normalization a random Performer stack can reach
+large values). Plus a LLaMA-shaped decoder (rotary, 4 query / 2 kv heads, rmsnorm, swiglu,
+pre-norm, softmax) on longer sequences, the decode paths (the reference's incremental LM
+and translator steps give the same rows), export, and a training step with BatchNorm."""
 import itertools
 
 import numpy as np
@@ -12,6 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from protocols import model as M  # noqa: E402
+from protocols.model.config import EMBEDDINGS, FFN_ACTS  # noqa: E402
 from protocols.model.torch_ref import TorchModel  # noqa: E402
 
 TOL = 1e-9
@@ -23,7 +28,8 @@ def grid():
              "encoder-classifier": dict(attention=list(M.ATTENTIONS), pool=["mean", "cls-tanh"],
                                         embedding=["sinusoidal", "learned", "learned-ln"]),
              "decoder-only": dict(attention=list(M.ATTENTIONS), pool=["mean"],
-                                  embedding=["sinusoidal", "learned", "learned-ln"]),
+                                  embedding=["sinusoidal", "learned", "learned-ln",
+                                             M.ROTARY]),
              # the headless encoder: its encoder is the classifier's (run on the whole grid
              # above), so only pooling x normalize ("mean+n", ...) x embedding x norm_first
              "encoder": dict(attention=list(M.ATTENTIONS),
@@ -33,8 +39,10 @@ def grid():
     for arch, opts in archs.items():
         for att, pool, emb, act, norm, first, bias, bn in itertools.product(
                 opts["attention"], opts["pool"], opts["embedding"],
-                opts.get("act", ("relu", "gelu", "none")), opts.get("norm", M.NORMS),
+                opts.get("act", ("relu", "gelu", "none", M.GATED)), opts.get("norm", M.NORMS),
                 (False, True), opts.get("bias", (False, True)), opts.get("bn", (False, True))):
+            if (act == M.GATED and bn) or (emb == M.ROTARY and att == M.PERFORMER):
+                continue                    # configs validate() refuses
             aero = arch == "decoder-only" and norm == "none" and act == "none"
             for scale, pruned in ((False, 0), (True, 0), (False, 1), (True, 1)) if aero else \
                     ((False, 0),):
@@ -43,7 +51,7 @@ def grid():
 
 def make(arch, att, pool, emb, act, norm, first, bias, rng, scale=False, pruned=0, bn=False):
     h = int(rng.integers(1, 3))
-    dh = int(rng.integers(2, 5))
+    dh = int(rng.integers(2, 5)) if emb != M.ROTARY else 2 * int(rng.integers(1, 3))
     kw = dict(d_model=h * dh, n_heads=h, d_head=dh, n_features=int(rng.integers(2, 6)),
               d_ff=int(rng.integers(3, 9)), attn_c=float(rng.uniform(0.1, 0.6)),
               attn_norm=str(rng.choice(["const", "mean"])), norm_first=first, max_len=7,
@@ -62,8 +70,12 @@ def make(arch, att, pool, emb, act, norm, first, bias, rng, scale=False, pruned=
         kw.update(arch=arch, n_enc_layers=layers, src_vocab=6)
     else:
         kw.update(arch=arch, n_dec_layers=layers, tgt_vocab=6, ffn_pruned=pruned)
-    if emb != "sinusoidal" and rng.random() < 0.5:
+    if emb not in ("sinusoidal", M.ROTARY) and rng.random() < 0.5:
         kw["type_vocab"] = 2
+    if att != M.PERFORMER and rng.random() < 0.5:    # grouped-query: 2 heads share 1 K, V
+        kw.update(n_heads=2, d_model=2 * dh, n_kv_heads=1)
+    if emb == M.ROTARY:
+        kw["rope_theta"] = float(rng.choice([10000.0, 500.0]))
     return M.ModelConfig(**kw).validate()
 
 
@@ -87,7 +99,7 @@ def close(got, ref, tol=TOL):
 def test_forward_equals_reference_on_the_whole_config_grid():
     rng = np.random.default_rng(0)
     n = 0
-    seen = set()
+    seen, grouped = set(), set()
     for case in grid():
         cfg = make(*case[:8], rng, *case[8:])
         w, user = M.random_weights(cfg, n), M.random_user(cfg, n)
@@ -102,12 +114,16 @@ def test_forward_equals_reference_on_the_whole_config_grid():
                         None if types is None else torch.tensor(types)).numpy()
         assert got.shape == ref.shape and close(got, ref), (case, cfg.to_dict())
         seen.add(case)
+        grouped.add((cfg.arch, cfg.embedding, cfg.kv_heads < cfg.n_heads))
         n += 1
     # every value of every key was run
     assert {c[0] for c in seen} == set(M.ARCHS) and {c[1] for c in seen} == set(M.ATTENTIONS)
+    assert {c[3] for c in seen} == set(EMBEDDINGS) and {c[4] for c in seen} == set(FFN_ACTS)
+    assert {a for a, _, g in grouped if g} == set(M.ARCHS)          # grouped-query in each
+    assert {("decoder-only", M.ROTARY, g) for g in (False, True)} <= grouped
     assert {c[5] for c in seen} == set(M.NORMS) and {c[8:10] for c in seen} == {
         (False, 0), (True, 0), (False, 1), (True, 1)} and {c[10] for c in seen} == {False, True}
-    assert n >= 2000
+    assert n >= 3000
 
 
 @pytest.mark.parametrize("att,norm", [("relu-performer", "batchnorm"), ("softmax", "none"),
@@ -125,14 +141,55 @@ def test_lm_rows_equal_the_reference_decode_steps(att, norm):
         assert close(got[:, t], M.output_logits(user, row))
 
 
-@pytest.mark.parametrize("att,first", [("softmax", False), ("power-softmax", True),
-                                       ("sigma-relu", False)])
-def test_translator_rows_equal_the_reference_decode_steps(att, first):
+def llama_shaped(theta=10000.0, kv=2, layers=2):
+    """A LLaMA-shaped decoder: rotary, 4 query heads sharing ``kv`` K/V heads, RMSNorm,
+    SwiGLU without biases, pre-norm with a final norm, softmax attention."""
+    return M.ModelConfig(arch="decoder-only", d_model=32, n_heads=4, d_head=8, n_features=1,
+                         d_ff=48, attn_c=1.0, attn_norm="const", norm_first=True, max_len=24,
+                         n_dec_layers=layers, tgt_vocab=40, attention="softmax",
+                         norm="rmsnorm", ffn_act=M.GATED, embedding=M.ROTARY,
+                         n_kv_heads=0 if kv == 4 else kv, rope_theta=theta,
+                         ln_eps=1e-5).validate()
+
+
+@pytest.mark.parametrize("theta,kv", [(10000.0, 2), (500.0, 1), (10000.0, 4)])
+def test_llama_shaped_forward_and_decode_steps_equal_the_reference(theta, kv):
+    """Rotary at every position of a 20-token sequence (the angles reach 19 rad for the
+    fastest pair), grouped-query heads, RMSNorm and SwiGLU: the torch forward == ref_lm, and
+    its row t == the reference's KV-cache step t (q rotated at t, cached keys at theirs)."""
+    cfg = llama_shaped(theta, kv)
+    w, user = M.random_weights(cfg, 5), M.random_user(cfg, 5)
+    assert w["dec.0.self.wk"].shape == (32, 8 * cfg.kv_heads) and "embed.pos" not in user
+    assert {"dec.0.ffn.w1", "dec.0.ffn.w3", "dec.0.ffn.w2", "dec.final_ln.gamma"} <= set(w)
+    ids = np.random.default_rng(9).integers(0, 40, (2, 20))
+    ref = M.output_logits(user, M.ref_lm(cfg, w, M.embed_tokens(cfg, user, ids)))
+    model = TorchModel(cfg, w, user).eval()
+    with torch.no_grad():
+        got = model(torch.tensor(ids)).numpy()
+    assert np.abs(ref).max() > 0.1 and close(got, ref)
+    st = M.RefLMState(cfg, 2)
+    for t in range(ids.shape[1]):
+        row = M.ref_lm_step(cfg, w, st, M.embed_tokens(cfg, user, ids[:, t:t + 1], t)[:, 0])
+        assert close(got[:, t], M.output_logits(user, row)), t
+    # the positions matter: the same tokens shifted by one give other logits (not a bag)
+    with torch.no_grad():
+        shifted = model(torch.tensor(np.concatenate([ids[:, :1], ids], 1))).numpy()
+    assert np.abs(shifted[:, 1:] - got).max() > 1e-3
+    w2, u2 = model.export()
+    assert set(w2.tensors) == set(w.tensors) and set(u2) == set(user)
+
+
+@pytest.mark.parametrize("att,first,kv", [("softmax", False, 0), ("power-softmax", True, 0),
+                                          ("sigma-relu", False, 0), ("softmax", True, 1)])
+def test_translator_rows_equal_the_reference_decode_steps(att, first, kv):
     """The teacher-forced torch decoder == the reference's incremental decode (KV cache of
-    the target prefix, cross-attention K, V of the encoder output from the state's start)."""
+    the target prefix, cross-attention K, V of the encoder output from the state's start;
+    ``kv`` 1: the self and cross attentions' 2 query heads share one K, V head)."""
     from dataclasses import replace
-    cfg = replace(make("encoder-decoder", att, "mean", "sinusoidal", "relu", "layernorm", first,
-                       True, np.random.default_rng(7)), n_dec_layers=2).validate()
+    cfg = make("encoder-decoder", att, "mean", "sinusoidal", "relu", "layernorm", first, True,
+               np.random.default_rng(7))
+    grouped = dict(n_heads=2, d_model=2 * cfg.d_head, n_kv_heads=1) if kv else {"n_kv_heads": 0}
+    cfg = replace(cfg, n_dec_layers=2, **grouped).validate()
     w, user = M.random_weights(cfg, 2), M.random_user(cfg, 2)
     rng = np.random.default_rng(8)
     src, tgt = rng.integers(0, 5, (2, 4)), rng.integers(0, 5, (2, 6))

@@ -90,10 +90,11 @@ def load_model_source(path: str, config_path: str | None = None, fmt: str = "aut
     """A model in any format as :class:`protocols.model.st_import.Imported` (its
     tokenizer and class names with it) - mpc3 ``.npz``, ``.safetensors`` in mpc3's naming
     with its config from ``config_path`` or the file's metadata, or a directory laid out
-    like Hugging Face BERT / GPT-2 or sentence-transformers (``fmt`` auto, hf-bert,
-    hf-gpt2, sentence-transformers; ``options``: :func:`import_options`) - or one clear
-    ValueError. Weights of an mpc3 file stay in it and are read when used
-    (:class:`protocols.model.OnDemandTensors`): sharing holds one tensor at a time."""
+    like Hugging Face BERT / GPT-2 / LLaMA or sentence-transformers (``fmt`` auto,
+    hf-bert, hf-gpt2, hf-llama, sentence-transformers; ``options``:
+    :func:`import_options`) - or one clear ValueError. Weights of an mpc3 file stay in it
+    and are read when used (:class:`protocols.model.OnDemandTensors`): sharing holds one
+    tensor at a time."""
     import zipfile
     from pathlib import Path
 

@@ -7,8 +7,9 @@
     mpc3 infer --config C --model-id ID --kind classify_argmax --input X.npy  (the class)
     mpc3 import MODEL.safetensors [--model-config CFG.json] --out MODEL.npz
     mpc3 export-model translator|lm|lm-softmax|...|classifier FILE     (a shipped model)
-    mpc3 import HF_DIR [--format auto|hf-bert|hf-gpt2|sentence-transformers] --out MODEL.npz
-        [--pool mean|cls|max] [--normalize] [--max-len N]     (save_pretrained / ST directory)
+    mpc3 import HF_DIR [--format auto|hf-bert|hf-gpt2|hf-llama|sentence-transformers]
+        --out MODEL.npz [--pool mean|cls|max] [--normalize] [--max-len N]
+                                                              (save_pretrained / ST directory)
 """
 from __future__ import annotations
 
@@ -27,9 +28,9 @@ from .common import (MODEL_ID_HELP, STARTING, add_client_creds, add_import_optio
 def register(sub) -> None:
     p = sub.add_parser("share-model", help="secret-share a model's MPC weights to the parties")
     p.add_argument("weights", help="model .npz (protocols/model format), .safetensors "
-                   "(mpc3 tensor names), a Hugging Face BERT / GPT-2 directory (config.json "
-                   "+ model.safetensors) or a sentence-transformers directory (see "
-                   "docs/MODELS.md)")
+                   "(mpc3 tensor names), a Hugging Face BERT / GPT-2 / LLaMA directory "
+                   "(config.json + model.safetensors) or a sentence-transformers directory "
+                   "(see docs/MODELS.md)")
     p.add_argument("--model-config", metavar="JSON",
                    help=".safetensors only: the model config (default: the file's metadata)")
     p.add_argument("--model-id", required=True, help=MODEL_ID_HELP)
@@ -91,10 +92,11 @@ def register(sub) -> None:
     p = sub.add_parser("import", help="check a model in another format and convert it to "
                        "mpc3's .npz (or to .safetensors in mpc3 naming)")
     p.add_argument("source", help=".safetensors (mpc3 tensor names), .npz, or a directory "
-                   "as Hugging Face save_pretrained (BERT, GPT-2) or SentenceTransformer.save "
-                   "writes it")
+                   "as Hugging Face save_pretrained (BERT, GPT-2, LLaMA) or "
+                   "SentenceTransformer.save writes it")
     p.add_argument("--format", default="auto",
-                   choices=("auto", "mpc3", "hf-bert", "hf-gpt2", "sentence-transformers"),
+                   choices=("auto", "mpc3", "hf-bert", "hf-gpt2", "hf-llama",
+                            "sentence-transformers"),
                    help="layout of SOURCE (default auto: a directory with modules.json as "
                    "sentence-transformers, another by its config.json's model_type, a file "
                    "as mpc3)")

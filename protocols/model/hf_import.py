@@ -1,4 +1,4 @@
-"""Checkpoints laid out like Hugging Face BERT and GPT-2 -> mpc3 models (``mpc3 import``).
+"""Checkpoints laid out like Hugging Face BERT, GPT-2 and LLaMA -> mpc3 models (``mpc3 import``).
 
 A source is a directory as ``save_pretrained`` writes it: ``config.json`` and
 ``model.safetensors`` (or shards listed in ``model.safetensors.index.json``), read with mpc3's
@@ -14,6 +14,9 @@ own safetensors reader - no torch, no transformers, no pickle (a directory holdi
 * ``hf-gpt2`` - ``GPT2LMHeadModel`` (or ``GPT2Model``) -> arch ``decoder-only``, softmax
   attention with biases, pre-LN with the final ``ln_f``, GELU, embedding ``learned``
   (``wte`` + ``wpe``), LM head tied to ``wte`` unless the file holds its own ``lm_head``;
+* ``hf-llama`` - ``LlamaForCausalLM`` -> arch ``decoder-only`` with rmsnorm, swiglu, rotary
+  positions and grouped-query heads: :mod:`.llama_import` (which imports this module's
+  readers, so :func:`.st_import.import_checkpoint` calls it, not :func:`load_hf`);
 * ``sentence-transformers`` (a directory with ``modules.json``) and the checkpoints'
   tokenizers: :mod:`.st_import`. ``--max-len`` (:func:`cap_max_len`) applies to every one.
 
@@ -69,10 +72,10 @@ from .files import Budget, FileLimits, ModelFileError, limits, read_json
 from .safetensors import SafetensorsFile
 from .weights import Weights, validate_user
 
-FORMATS = ("mpc3", "hf-bert", "hf-gpt2", "sentence-transformers")
+FORMATS = ("mpc3", "hf-bert", "hf-gpt2", "hf-llama", "sentence-transformers")
 #: The file sentence-transformers writes at the top of a model directory (its modules).
 ST_MODULES = "modules.json"
-HF_MODEL_TYPES = {"bert": "hf-bert", "gpt2": "hf-gpt2"}
+HF_MODEL_TYPES = {"bert": "hf-bert", "gpt2": "hf-gpt2", "llama": "hf-llama"}
 #: max |GELU_tanh(x) - GELU_erf(x)| over all x (4.73e-4 at |x| = 2.70).
 GELU_TANH_GAP = 4.8e-4
 _ACTS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu", "gelu_pytorch_tanh": "gelu"}
@@ -94,8 +97,8 @@ class ImportRefused(ValueError):
 
 def detect_format(path) -> str:
     """``sentence-transformers`` for a directory with modules.json, ``hf-bert`` /
-    ``hf-gpt2`` for a save_pretrained directory (by ``model_type``), else ``mpc3`` (an mpc3
-    .npz or .safetensors file)."""
+    ``hf-gpt2`` / ``hf-llama`` for a save_pretrained directory (by ``model_type``), else
+    ``mpc3`` (an mpc3 .npz or .safetensors file)."""
     p = Path(path)
     if not p.is_dir():
         return "mpc3"
@@ -105,7 +108,8 @@ def detect_format(path) -> str:
     kind = conf.get("model_type")
     if not isinstance(kind, str) or kind not in HF_MODEL_TYPES:
         raise ImportRefused(f"{p}: model_type {kind!r} is not supported (importable: "
-                            f"{', '.join(sorted(HF_MODEL_TYPES))}, as hf-bert / hf-gpt2)")
+                            f"{', '.join(sorted(HF_MODEL_TYPES))}, as "
+                            f"{' / '.join(HF_MODEL_TYPES.values())})")
     return HF_MODEL_TYPES[kind]
 
 
@@ -321,7 +325,8 @@ def bert(conf: dict, tensors: dict, name: str = "BERT", pool: str | None = None,
     _check_layers(L, tensors, r"^(?:bert\.)?encoder\.layer\.(\d+)\.", "num_hidden_layers",
                   name)
     common = dict(**_common(d, h, f, P, _eps(conf, "layer_norm_eps", 1e-12, name)),
-                  norm_first=False, n_enc_layers=L, src_vocab=V, ffn_act=_act(conf, "hidden_act", notes),
+                  norm_first=False, n_enc_layers=L, src_vocab=V,
+                  ffn_act=_act(conf, "hidden_act", notes),
                   embedding="learned-ln", type_vocab=T)
     if headless:
         cfg = ModelConfig(**common, arch=ENCODER, pool=pool or "mean",
@@ -462,12 +467,13 @@ def load_hf(path, fmt: str = "auto", pool: str | None = None, normalize: bool | 
     """(cfg, weights, user tensors, notes) of a save_pretrained directory in ``fmt``
     (``auto``, ``hf-bert``, ``hf-gpt2``); ``pool`` / ``normalize``: a BertModel's sentence
     embedding; ``max_len``: :func:`cap_max_len`. :class:`ImportRefused` names an
-    unsupported feature. (A sentence-transformers directory, and the tokenizer of any:
-    :func:`protocols.model.st_import.import_checkpoint`.)"""
+    unsupported feature. (A sentence-transformers or LLaMA directory, and the tokenizer of
+    any: :func:`protocols.model.st_import.import_checkpoint`.)"""
     if fmt == "auto":
         fmt = detect_format(path)
     if fmt not in ("hf-bert", "hf-gpt2"):
-        raise ValueError(f"format {fmt!r} is not a Hugging Face layout (hf-bert, hf-gpt2)")
+        raise ValueError(f"format {fmt!r}: load_hf reads hf-bert, hf-gpt2 (every format: "
+                         f"protocols.model.st_import.import_checkpoint)")
     if not Path(path).is_dir():
         raise ValueError(f"{path}: format {fmt} reads a directory (config.json + "
                          f"model.safetensors, as save_pretrained writes it)")

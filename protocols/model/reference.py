@@ -279,10 +279,12 @@ class RefDecodeState:
         self.cross_kv = []
         for i in range(L):
             p = w.sub(f"dec.{i}.cross")
-            v = split_heads(project(p, enc_out, "v"), h)  # (B,h,S,dh)
-            if cfg.attention != PERFORMER:
-                self.cross_kv.append((split_heads(project(p, enc_out, "k"), h), v))
+            if cfg.attention != PERFORMER:    # grouped K, V repeated to the h query heads
+                self.cross_kv.append(tuple(np.repeat(split_heads(
+                    project(p, enc_out, n), cfg.kv_heads), h // cfg.kv_heads, axis=-3)
+                    for n in "kv"))
                 continue
+            v = split_heads(project(p, enc_out, "v"), h)  # (B,h,S,dh)
             kf = ref_features(cfg, p, enc_out, "k")  # (B,h,S,r)
             self.cross_kv.append(np.swapaxes(kf, -1, -2) @ v)
 

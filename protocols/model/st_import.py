@@ -1,6 +1,7 @@
 """Sentence-transformers directories and the text assets of imported checkpoints
 (``mpc3 import DIR``, ``mpc3 share-model DIR``): :func:`import_checkpoint` reads every
-Hugging Face layout (:mod:`.hf_import`) with its tokenizer and class names.
+Hugging Face layout (:mod:`.hf_import`, LLaMA: :mod:`.llama_import`) with its tokenizer and
+class names.
 
 A sentence-transformers directory (``SentenceTransformer.save``) lists its modules in
 ``modules.json``; mpc3 imports exactly
@@ -38,6 +39,7 @@ from .config import ModelConfig, check_ceilings
 from .files import ModelFileError, read_json, read_small
 from .hf_import import (ST_MODULES, ImportRefused, bert, cap_max_len, detect_format, labels_of,
                         load_hf, read_checkpoint)
+from .llama_import import FORMAT as LLAMA_FORMAT, load_llama
 from .weights import Weights
 
 #: Files that hold a tokenizer in a form mpc3 does not read (it reads tokenizer.json).
@@ -206,7 +208,7 @@ def sentence_transformers(path, max_len: int | None = None) -> Imported:
 # --------------------------------------------------------------------------- any format ----
 def import_checkpoint(path, fmt: str = "auto", pool: str | None = None,
                       normalize: bool | None = None, max_len: int | None = None) -> Imported:
-    """Any Hugging Face layout (``auto``, ``hf-bert``, ``hf-gpt2``,
+    """Any Hugging Face layout (``auto``, ``hf-bert``, ``hf-gpt2``, ``hf-llama``,
     ``sentence-transformers``) with its tokenizer and class names; ``pool`` /
     ``normalize`` (a BertModel), ``max_len`` (:func:`.hf_import.cap_max_len`)."""
     if fmt == "auto":
@@ -220,7 +222,11 @@ def import_checkpoint(path, fmt: str = "auto", pool: str | None = None,
                                 f"sets its pooling and normalization (leave out --pool, "
                                 f"--normalize)")
         return sentence_transformers(path, max_len)
-    cfg, w, user, notes = load_hf(path, fmt, pool, normalize, max_len)
+    if fmt == LLAMA_FORMAT and (pool is not None or normalize is not None):
+        raise ImportRefused(f"{path}: --pool and --normalize apply to a headless encoder "
+                            f"(BertModel, sentence-transformers), not to LLaMA")
+    cfg, w, user, notes = load_llama(path, max_len) if fmt == LLAMA_FORMAT else \
+        load_hf(path, fmt, pool, normalize, max_len)
     rows = cfg.tgt_vocab if cfg.arch == "decoder-only" else cfg.src_vocab
     text = tokenizer_text(Path(path), rows, f"{path}", False, notes)
     labels = labels_of(read_checkpoint_config(path), cfg.n_classes) if cfg.n_classes else None

@@ -11,13 +11,17 @@ and Performer's ``omega`` is a fixed buffer (Privformer draws it, it is not trai
 :meth:`TorchModel.export` returns ``(Weights, user)`` for :func:`protocols.model.save_model`.
 
 Forward paths, each equal to the reference on the same weights (tests/test_torch_ref.py:
-every arch x attention x ffn_act x norm x norm_first x attn_bias x pool x embedding, 1e-9 in
-float64):
+every arch x attention x ffn_act x norm x norm_first x attn_bias x pool x embedding x
+n_kv_heads, 1e-9 in float64; and LLaMA-shaped decoders: rmsnorm, swiglu, rotary, grouped-query):
 
-* :meth:`embed` == :func:`protocols.model.embed_tokens` (sinusoidal, learned, learned-ln);
+* :meth:`embed` == :func:`protocols.model.embed_tokens` (sinusoidal, learned, learned-ln,
+  rotary: the table alone);
 * :meth:`encoder` == ``ref_encoder``, :meth:`decoder` == ``ref_decoder``, :meth:`lm` ==
   ``ref_lm``, :meth:`classify` == ``ref_classify``, :meth:`embed_sentence` == ``ref_embed``
-  - on embedded inputs;
+  - on embedded inputs; :meth:`mha` repeats grouped keys / values to the query heads
+  (``n_kv_heads``, query head j reads kv head j // (h / n_kv_heads), transformers'
+  ``repeat_kv``) and rotates q and k at their positions (``embedding`` rotary, Hugging Face's
+  ``rotate_half`` convention, computed here in torch from ``rope_theta``);
 * :meth:`forward` from token ids to logits: ``classify`` for a classifier (a headless
   encoder: its sentence embeddings), the LM head on
   every position for a decoder-only LM, the output layer on the decoder rows for a
@@ -38,8 +42,8 @@ import torch
 import torch.nn.functional as F
 
 from .archs import NORM_EPS
-from .config import DECODER_ONLY, ENCODER, ENCODER_CLASSIFIER, PERFORMER, ModelConfig, \
-    expected_shapes, expected_user_shapes
+from .config import DECODER_ONLY, ENCODER, ENCODER_CLASSIFIER, GATED, PERFORMER, ROTARY, \
+    ModelConfig, expected_shapes, expected_user_shapes
 from .decode import positional_encoding
 from .variants import POWER, POWER_EPS
 from .weights import Weights, random_user, random_weights
@@ -63,9 +67,10 @@ class TorchModel(torch.nn.Module):
         self.cfg = cfg.validate()
         weights = random_weights(cfg, seed) if weights is None else weights.validate(cfg)
         user = random_user(cfg, seed) if user is None else user
-        self._names = list(expected_shapes(cfg)) + list(expected_user_shapes(cfg))
+        mpc = expected_shapes(cfg)
+        self._names = list(mpc) + list(expected_user_shapes(cfg))
         for name in self._names:
-            src = weights if name in expected_shapes(cfg) else user
+            src = weights if name in mpc else user
             t = torch.tensor(np.asarray(src[name], dtype=np.float64), dtype=dtype)
             if name.rsplit(".", 1)[1] in _BUFFERS:
                 self.register_buffer(_key(name), t)
@@ -95,6 +100,9 @@ class TorchModel(torch.nn.Module):
         cfg = self.cfg
         if cfg.norm == "none":
             return x
+        if cfg.norm == "rmsnorm":                  # LLaMA: no centring, no bias
+            ms = (x * x).mean(-1, keepdim=True)
+            return x / torch.sqrt(ms + cfg.ln_eps) * self.p(f"{prefix}.gamma")
         if cfg.norm == "layernorm":
             g, b = self.p(f"{prefix}.gamma"), self.p(f"{prefix}.beta")
             mu = x.mean(-1, keepdim=True)
@@ -117,6 +125,9 @@ class TorchModel(torch.nn.Module):
         return (x - mean) / torch.sqrt(var + self.cfg.ln_eps) * g + b
 
     def ffn(self, prefix: str, x: torch.Tensor) -> torch.Tensor:
+        if self.cfg.ffn_act == GATED:            # LLaMA: down(silu(gate x) * up x)
+            return (F.silu(x @ self.p(f"{prefix}.w1")) * (x @ self.p(f"{prefix}.w3"))) \
+                @ self.p(f"{prefix}.w2")
         h = x @ self.p(f"{prefix}.w1") + self.p(f"{prefix}.b1")
         if self.cfg.ffn_bn:                     # seed 002: BatchNorm inside the MLP
             h = self.batchnorm(f"{prefix}.bn_", h)
@@ -128,18 +139,33 @@ class TorchModel(torch.nn.Module):
         y = x @ self.p(f"{prefix}.w{which}")
         return y + self.p(f"{prefix}.b{which}") if self.has(f"{prefix}.b{which}") else y
 
-    def _heads(self, t: torch.Tensor) -> torch.Tensor:       # (B, S, d) -> (B, h, S, dh)
+    def _heads(self, t: torch.Tensor, h: int) -> torch.Tensor:  # (B, S, h dh) -> (B, h, S, dh)
         B, S, _ = t.shape
-        return t.view(B, S, self.cfg.n_heads, self.cfg.d_head).transpose(1, 2)
+        return t.view(B, S, h, self.cfg.d_head).transpose(1, 2)
+
+    def rope(self, t: torch.Tensor) -> torch.Tensor:
+        """Rotary embedding of per-head rows t (B, h, S, dh) at positions 0..S-1:
+        t cos + rotate_half(t) sin, angles pos * theta^(-2i/dh) repeated over both halves."""
+        dh, S = t.shape[-1], t.shape[-2]
+        inv = float(self.cfg.rope_theta) ** (
+            -torch.arange(0, dh, 2, dtype=torch.float64) / dh)
+        ang = torch.outer(torch.arange(S, dtype=torch.float64), inv)
+        ang = torch.cat([ang, ang], dim=-1).to(t.dtype)
+        half = torch.cat([-t[..., dh // 2:], t[..., :dh // 2]], dim=-1)
+        return t * torch.cos(ang) + half * torch.sin(ang)
 
     def mha(self, prefix: str, xq: torch.Tensor, xkv: torch.Tensor,
             causal: bool = False) -> torch.Tensor:
         """:func:`protocols.model.ref_mha` (any ``cfg.attention``)."""
         cfg = self.cfg
-        q, k, v = (self._heads(self._proj(prefix, x, n))
-                   for x, n in ((xq, "q"), (xkv, "k"), (xkv, "v")))
+        q = self._heads(self._proj(prefix, xq, "q"), cfg.n_heads)
+        k, v = (self._heads(self._proj(prefix, xkv, n), cfg.kv_heads).repeat_interleave(
+            cfg.n_heads // cfg.kv_heads, dim=1) for n in "kv")
+        if cfg.embedding == ROTARY:               # self attention only (decoder-only)
+            q, k = self.rope(q), self.rope(k)
         Sq, Sk = q.shape[-2], k.shape[-2]
-        mask = (torch.tril(torch.ones(Sq, Sk, dtype=q.dtype)) if causal
+        # the causal mask by comparison: torch.tril costs ~2 ms a call on some CPU builds
+        mask = ((torch.arange(Sq)[:, None] >= torch.arange(Sk)).to(q.dtype) if causal
                 else torch.ones(Sq, Sk, dtype=q.dtype))
         if cfg.attention == PERFORMER:
             om = self.p(f"{prefix}.omega")
@@ -229,6 +255,8 @@ class TorchModel(torch.nn.Module):
         S = ids.shape[-1]
         if cfg.embedding == "sinusoidal":
             return self.p(table)[ids] * math.sqrt(cfg.d_model) + self.pe[offset:offset + S]
+        if cfg.embedding == ROTARY:                # positions are rotated into q and k
+            return self.p(table)[ids]
         x = self.p(table)[ids] + self.p("embed.pos")[offset:offset + S]
         if self.has("embed.type"):
             x = x + self.p("embed.type")[torch.zeros_like(ids) if types is None else types]
