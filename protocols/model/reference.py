@@ -105,7 +105,7 @@ def ref_ffn(x, w1, b1, w2, b2, act: str = "relu"):
 def ref_swiglu(x, w1, w3, w2):
     """LLaMA's gated FFN: (silu(x W1) * (x W3)) W2, no biases."""
     g = x @ w1
-    return (g / (1.0 + np.exp(-g)) * (x @ w3)) @ w2
+    return (g * (0.5 + 0.5 * np.tanh(0.5 * g)) * (x @ w3)) @ w2     # silu, no overflow
 
 
 def ffn_activation(h, act: str):

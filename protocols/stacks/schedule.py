@@ -149,18 +149,22 @@ GAIN_MAX = 16
 
 
 def rms_gain(row: Mapping, margin: float, frac: int) -> int:
-    """The largest k <= :data:`GAIN_MAX` for which an RMSNorm whose calibrated row ``row``
-    (sites ``var_eps`` [min, max] of mean(x^2) + eps, ``sumsq`` max sum_k x_k^2, ``xgamma``
-    max |x gamma|) keeps every site inside its range, with the safety ``margin``, once its
-    input rows are scaled by 2^k: the mean square and the sum of squares grow by 4^k, x gamma
-    by 2^k; the output does not change. 0 without the three sites."""
+    """The gain exponent k of an RMSNorm whose calibrated row ``row`` has sites ``var_eps``
+    [min, max] of mean(x^2) + eps, ``sumsq`` (max sum_k x_k^2) and ``xgamma`` (max |x gamma|):
+    its input rows are scaled by 2^k, so the mean square and the sum of squares grow by 4^k
+    and x gamma by 2^k; the output does not change. k brings the geometric middle of the mean
+    square's span to ~1, where both it and its inverse square root keep all ``frac``
+    fractional bits (a mean square of 2^-11 keeps 7 significant bits, an inverse square root
+    of 2^-7 only 11), as far as every site stays inside its range with the safety ``margin``;
+    0 without the three sites or for spans already at or above 1 (k <= :data:`GAIN_MAX`)."""
     ve, sq, xg = row.get("var_eps"), row.get("sumsq"), row.get("xgamma")
     if not (isinstance(ve, (list, tuple)) and len(ve) == 2 and isinstance(sq, (int, float))
-            and isinstance(xg, (int, float)) and margin >= 1.0):
+            and isinstance(xg, (int, float)) and margin >= 1.0 and 0 < ve[0] <= ve[1]):
         return 0
+    want = min(GAIN_MAX, max(0, round(-math.log2(ve[0] * ve[1]) / 4)))
     limit = arith.product_limit(frac)
     k = 0
-    while (k < GAIN_MAX and ve[1] * 4.0 ** (k + 1) * margin <= fxp.SQRT_INV_RANGE[1]
+    while (k < want and ve[1] * 4.0 ** (k + 1) * margin <= fxp.SQRT_INV_RANGE[1]
            and sq * 4.0 ** (k + 1) * margin < limit and xg * 2.0 ** (k + 1) * margin < limit):
         k += 1
     return k
