@@ -52,7 +52,8 @@ def transformer_memory(cfg, spec: JobSpec, shapes: Mapping[str, tuple]) -> int:
         state = layers * B * cfg.n_heads * cfg.n_features * (cfg.d_head + 1) * SLOT_PAIR
     else:
         attn = B * cfg.n_heads * S * keys
-        state = layers * 2 * B * cfg.max_len * cfg.d_model * SLOT_PAIR   # K, V caches
+        kv = cfg.kv_heads * cfg.d_head                # grouped-query: the KV heads' width
+        state = layers * 2 * B * cfg.max_len * kv * SLOT_PAIR   # K, V caches
     wide = max(attn, B * S * cfg.d_ff, B * S * cfg.d_model)
     kept = state if spec.session in ("open", "step") else 0
     inputs = sum(math.prod(s) for s in shapes.values()) * SLOT_PAIR
