@@ -1,4 +1,28 @@
-"""The vocabulary end of a model on shares: the secure arg-max of logit rows.
+"""The vocabulary ends of a model on shares, for an owner that keeps its embedding table and
+LM head secret: the user's tokens go in as secret one-hot rows and come out as the index of
+the largest logit, which the caller opens to the user alone (greedy decoding that reveals no
+logit).
+
+:func:`onehot_embed` - the embedding lookup as one product. The user encodes its token ids
+as one-hot rows (:func:`onehot`: ring integers 0/1, i.e. 0 fractional bits, dealt with
+:func:`mpc3.sharing.deal` as they are, never through ``ring.encode``); the owner's table
+(V, d) is shared at ``frac`` bits. ``onehot @ table`` is then exactly the table's rows at
+``frac`` bits, so the product is reshared without a truncation (``arith.matmul_aa(...,
+trunc=False)``): 1 round, 8 B per output element per party, no range, no error. The work is
+the parties' local product, T V d multiply-adds per party and row of tokens (5/3 of that in
+arith's five-product form): at GPT-2's V = 50257, d = 768 about 0.06 s per party for one
+token and 11-17 s for a 128-token prompt on the project's loaded 2-core machine
+(docs/MODELS.md, "Secret embeddings and LM head: the protocols"). Nothing checks that a row
+is one-hot: a user sending another vector gets the model run on that mix of rows and still
+learns only the chosen token.
+
+:func:`lm_head_token` - the logits ``h @ W (+ b)`` of the final hidden rows h (B, d) with the
+owner's head W (d, V) and bias b (V,): one truncated product of B V outputs
+(:func:`arith.cost_mul`), the bias added locally, then :func:`argmax_a` over the V logits.
+Range: |logit| below ``arith.product_limit`` (2^26; calibration site ``lm_head``) and a
+row's spread below ``convert.relu_limit`` (site ``argmax``, below). Error: the product's
+stochastic rounding (< 1 ulp per logit, none when 2^frac divides the product) comes before
+the arg-max's error region, so logits within 2^-12 + 2 ulp of the maximum may win.
 
 :func:`argmax_a` is a tournament over the C entries of each row (ceil(log2 C) levels). Each
 level pairs neighbours (entries 2j, 2j + 1; an odd row's last entry waits for the next
@@ -8,23 +32,23 @@ the two-round masked comparison of all B * pairs differences with 0
 (:func:`mpc3.kernels.thresholds.compare_public_masked`, as :mod:`mpc3.kernels.extrema`'s row
 maxima) and the injection of its bits into the rows (a - b, i_a - i_b)
 (:func:`mpc3.kernels.convert.mul_masked`, two rounds): ``b + bit (a - b)`` is the winner's
-value, ``i_b + bit (i_a - i_b)`` its index, which rides along as a fixed-point share, so
-only the index is ever opened (by the caller). The last level injects the index alone.
+value, ``i_b + bit (i_a - i_b)`` its index, which rides along as a fixed-point share. The
+last level injects the index alone.
 
-Cost (:func:`cost_argmax`): 4 rounds per level. Against the former tournament of
-drelu_a (leaves, carry tree, one more round to complete the bit) and mul_ab, at C = 50257,
-B = 1: 64 rounds instead of 113, 5.55 MB instead of 4.92 MB for the three parties together
-(the comparison's dealt carry sends ~12 B per element more than the tree), both measured
-equal to their declarations; at C = 5: 12 rounds instead of 21, 1252 B instead of 924 B.
+Cost (:func:`cost_argmax`): 4 rounds per level. Against the former tournament of drelu_a
+(leaves, carry tree, one more round to complete the bit) and mul_ab, at C = 50257, B = 1:
+64 rounds instead of 113, 5.55 MB instead of 4.92 MB for the three parties together (the
+comparison's dealt carry sends more bytes per element than the tree), both measured equal
+to their declarations; at C = 5: 12 rounds instead of 21, 1252 B instead of 924 B.
 
 Range: every compared difference below ``convert.relu_limit`` (|a - b| < 2^14 real, so a
-row's spread max - min < 2^14; calibration site ``argmax``). Error: the comparison is exact
-for a - b >= 0 and for a - b < -2^(drop - frac) = -2^-12; on [-2^-12, 0) either bit may come
-out (DReLU's error region, ``RingConfig.relu_drop_bits``). So the result is numpy's argmax
-whenever every entry either equals the row maximum or lies more than 2^-12 below it; else it
-is the index of an entry within ceil(log2 C) * 2^-12 of the maximum (each level may keep
-the smaller of two values closer than 2^-12). Index differences are injected, not compared:
-no range. The index is exact (C < 2^(62 - frac)).
+row's spread max - min < 2^14). Error: the comparison is exact for a - b >= 0 and for
+a - b < -2^(drop - frac) = -2^-12; on [-2^-12, 0) either bit may come out (DReLU's error
+region, ``RingConfig.relu_drop_bits``). So the result is numpy's argmax whenever every entry
+either equals the row maximum or lies more than 2^-12 below it; else it is the index of an
+entry within ceil(log2 C) * 2^-12 of the maximum (each level may keep the smaller of two
+values closer than 2^-12). Index differences are injected, not compared: no range; the index
+is exact for C < 2^(63 - frac).
 """
 from __future__ import annotations
 
@@ -83,3 +107,57 @@ def cost_argmax(p_cfg, B: int, C: int) -> Cost:
                 + convert.cost_inject(pairs, fused=True, cols=1 if n == 2 else 2))
         n = n // 2 + n % 2
     return cost
+
+
+# ------------------------------------------------------------------ the embedding ----
+def onehot(ids, V: int) -> np.ndarray:
+    """User side: token ids (ints in [0, V), any shape) -> their one-hot rows, shape
+    ``ids.shape + (V,)``, as ring integers 0/1 (uint64, 0 fractional bits): deal them with
+    :func:`mpc3.sharing.deal` as they are (see the module docstring)."""
+    ids = np.asarray(ids)
+    if ids.size and (not np.issubdtype(ids.dtype, np.integer) or ids.min() < 0
+                     or ids.max() >= V):
+        raise ValueError(f"onehot: token ids must be integers in [0, {V})")
+    out = np.zeros(ids.shape + (V,), dtype=np.uint64)
+    np.put_along_axis(out, ids[..., None].astype(np.int64), np.uint64(1), axis=-1)
+    return out
+
+
+def onehot_embed(p: Party, onehot: AShare, table: AShare) -> AShare:
+    """The rows of a secret table picked by secret one-hot rows: ``onehot`` (B, T, V) at 0
+    fractional bits (:func:`onehot`), ``table`` (V, d) at ``frac`` bits -> (B, T, d) at
+    ``frac`` bits, exact. Cost: :func:`cost_onehot_embed`."""
+    if len(onehot.shape) != 3 or len(table.shape) != 2 or onehot.shape[2] != table.shape[0]:
+        raise ValueError(f"onehot_embed needs one-hot rows (B, T, V) and a table (V, d), "
+                         f"got {onehot.shape} and {table.shape}")
+    B, T, V = onehot.shape
+    out = arith.matmul_aa(p, onehot.reshape(B * T, V), table, trunc=False)
+    return out.reshape(B, T, table.shape[1])
+
+
+def cost_onehot_embed(p_cfg, B: int, T: int, d: int) -> Cost:
+    """Rounds and bytes per party of :func:`onehot_embed`: one resharing of B T d elements."""
+    return arith.cost_mul(B * T * d, p_cfg, trunc=False)
+
+
+# ------------------------------------------------------------------- the LM head ----
+def lm_head_token(p: Party, h: AShare, w: AShare, b: AShare | None = None) -> AShare:
+    """The token of each row: the index of the largest logit of ``h @ w (+ b)``, h (B, d) the
+    final hidden rows, w (d, V) and b (V,) the secret LM head -> (B,) shares of the index in
+    fixed point (``frac`` bits, as :func:`argmax_a`); opening it is the caller's. Shadow
+    sites ``lm_head`` (the product) and ``argmax``. Cost: :func:`cost_lm_head_token`."""
+    if len(h.shape) != 2 or len(w.shape) != 2 or h.shape[1] != w.shape[0]:
+        raise ValueError(f"lm_head_token needs rows (B, d) and a head (d, V), got {h.shape} "
+                         f"and {w.shape}")
+    if b is not None and b.shape != (w.shape[1],):
+        raise ValueError(f"lm_head_token: a bias of shape {b.shape} for {w.shape[1]} logits")
+    logits = arith.matmul_aa(p, h, w, site="lm_head")
+    if b is not None:
+        logits = logits + AShare(np.broadcast_to(b.a, logits.shape),
+                                 np.broadcast_to(b.b, logits.shape))
+    return argmax_a(p, logits, site="argmax")
+
+
+def cost_lm_head_token(p_cfg, B: int, V: int) -> Cost:
+    """Rounds and bytes per party of :func:`lm_head_token` on B rows and V logits."""
+    return arith.cost_mul(B * V, p_cfg) + cost_argmax(p_cfg, B, V)
