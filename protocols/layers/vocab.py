@@ -10,10 +10,11 @@ as one-hot rows (:func:`onehot`: ring integers 0/1, i.e. 0 fractional bits, deal
 ``frac`` bits, so the product is reshared without a truncation (``arith.matmul_aa(...,
 trunc=False)``): 1 round, 8 B per output element per party, no range, no error. The work is
 the parties' local product, T V d multiply-adds per party and row of tokens (5/3 of that in
-arith's five-product form): at GPT-2's V = 50257, d = 768 about 0.06 s per party for one
-token and 11-17 s for a 128-token prompt on the project's loaded 2-core machine
-(docs/MODELS.md, "Secret embeddings and LM head: the protocols"). Nothing checks that a row
-is one-hot: a user sending another vector gets the model run on that mix of rows and still
+arith's five-product form): at GPT-2's V = 50257, d = 768 one party's local product alone
+took 0.07 s for one token and 6.0 s for a 128-token prompt on the project's 2-core machine,
+three in-process parties 0.23 s and 23.5 s (benchmarks/results/vocab_argmax.json; docs/
+MODELS.md, "Secret embeddings and LM head: the protocols"). Nothing checks that a row is
+one-hot: a user sending another vector gets the model run on that mix of rows and still
 learns only the chosen token.
 
 :func:`lm_head_token` - the logits ``h @ W (+ b)`` of the final hidden rows h (B, d) with the
