@@ -17,7 +17,8 @@ from protocols.stacks import causal_lm as LM
 from protocols.stacks import decoder as D
 from protocols.layers import ln_proj as LP
 from protocols import model as M
-from protocols.stacks.classifier import cost_argmax, cost_classify
+from protocols.layers.vocab import cost_argmax
+from protocols.stacks.classifier import cost_classify
 from protocols.stacks.encoder import cost_encoder
 from protocols.stacks.schedule import GENERAL
 

@@ -268,6 +268,14 @@ class ShadowParty:
     def tanh_a(self, x, site=None) -> AShare:
         return self._func(x, site, "tanh", np.tanh)
 
+    def argmax_a(self, x, site=None) -> AShare:
+        """The index of each row's largest entry (the lowest among ties), in fixed point;
+        every difference the tournament compares lies within its row's spread max - min,
+        recorded (a "relu" site)."""
+        v = self.value(x)
+        self._note(site, "relu", v.max(axis=1) - v.min(axis=1))
+        return self._enc(np.argmax(v, axis=1) * 2.0 ** self.cfg.frac)
+
     def max_rows_a(self, x, lengths, site=None) -> AShare:
         """Row maxima; every difference the tournament compares lies within its row's
         spread max - min, recorded (a "relu" site)."""

@@ -37,18 +37,6 @@ def test_classify_matches_reference_and_declared_cost(run, rng, norm_first):
     run.assert_cost(CL.cost_classify(RingConfig(), cfg, 3, 7))
 
 
-@pytest.mark.parametrize("C_", [1, 2, 5, 8, 13])
-def test_argmax_matches_numpy_and_declared_cost(run, rng, C_):
-    logits = rng.normal(size=(6, C_)) * 3
-    logits[0] = 1.5                            # all tied: the lowest index, as numpy
-    if C_ > 2:
-        logits[1, [0, C_ - 1]] = 9.0           # tie of two maxima far apart
-    res = run(lambda p, xs: CL.argmax_a(p, xs), share(logits))
-    got = value(res)
-    np.testing.assert_array_equal(got, logits.argmax(1).astype(float))
-    run.assert_cost(CL.cost_argmax(RingConfig(), 6, C_))
-
-
 def test_pool_head_cost_and_value(run, rng):
     cfg = clf_cfg()
     w = M.random_weights(cfg, 3)

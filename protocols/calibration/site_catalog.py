@@ -130,6 +130,8 @@ SITES: dict[str, Site] = {
                  "rescale head.w or shorten max_len"),
     "argmax": Site("relu", "difference of two logits compared by the arg-max",
                    "rescale head.w and head.b"),
+    # a secret LM head, protocols.layers.vocab.lm_head_token (its arg-max: site argmax)
+    "lm_head": Site("product", "LM head logits h @ out.w", "rescale out.w"),
     # BERT's pooler (pool cls-tanh): first row @ pool.w, tanh, @ head.w
     "pool_dense": Site("product", "pooler product h[CLS] @ pool.w", "rescale pool.w"),
     "tanh": Site("tanh", "pooler tanh input h[CLS] @ pool.w + pool.b",

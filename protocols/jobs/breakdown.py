@@ -79,7 +79,7 @@ TARGETS = (
     ("mpc3.kernels.fxp", "reciprocal_a", "attention"),
     ("mpc3.kernels.convert", "relu_a", "attention"),     # FFN ReLU: inside ffn_act
     ("mpc3.kernels.activations", "tanh_a", "other"),
-    ("protocols.stacks.classifier", "argmax_a", "other"),
+    ("protocols.layers.vocab", "argmax_a", "other"),
     ("protocols.stacks.sentence", "pool_a", "other"),
     ("protocols.stacks.sentence", "normalize_a", "other"),
     ("mpc3.kernels.arith", "mul_many_aa", "matmul"),

@@ -3,7 +3,7 @@
 * ``classify`` (computation ``classify``, the model's own inference, permitted by default):
   input ``X`` (B, S, d), the embedded input -> output ``logits`` (B, C), C = n_classes.
 * ``classify_argmax`` (computation ``classify-argmax``): the same, then the arg-max class is
-  computed on shares (:func:`protocols.stacks.classifier.argmax_a`) and only ``class`` (B,) - the
+  computed on shares (:func:`protocols.layers.vocab.argmax_a`) and only ``class`` (B,) - the
   index, in fixed point - is returned. An owner that permits only ``classify-argmax`` lets
   its users learn the class and nothing of the logits.
 
@@ -11,7 +11,8 @@ Neither takes parameters; per-layer costs are marked (``enc.i``, ``enc.final_ln`
 """
 from __future__ import annotations
 
-from protocols.stacks.classifier import argmax_a, classify
+from protocols.layers.vocab import argmax_a
+from protocols.stacks.classifier import classify
 
 from .contract import ENCODER_CLASSIFIER, JobContext, JobSpec, TensorSpec
 from .transformer import validate_source
