@@ -27,8 +27,9 @@ import numpy as np
 
 from mpc3 import ring
 from protocols import model as M
+from protocols.model import take_tokens
 
-from .translate import LM, Session, Traffic
+from .translate import LM, LM_TOKEN, Session, Traffic
 
 BYTE_VOCAB = 256
 
@@ -83,18 +84,8 @@ def generate(backend, cfg: M.ModelConfig, user: Mapping[str, np.ndarray], prompt
     """Secure greedy generation of ``n_tokens`` tokens after each prompt row (all rows of
     one length); == :func:`protocols.model.greedy_generate`. ``on_token(k, tokens)`` is
     called as soon as the k-th token of every row is known (streaming)."""
-    ids = np.asarray(prompt_ids, dtype=np.int64)
-    if ids.ndim == 1:
-        ids = ids[None]
+    ids = _check_prompt(cfg, prompt_ids, n_tokens)
     B, T = ids.shape
-    if n_tokens < 1:
-        raise ValueError(f"n_tokens={n_tokens} must be >= 1")
-    if T < 1 or T + n_tokens - 1 > cfg.max_len:
-        raise ValueError(f"a prompt of {T} tokens and {n_tokens} generated need "
-                         f"{T + n_tokens - 1} positions; the model takes at most "
-                         f"{cfg.max_len} (max_len)")
-    if ids.min() < 0 or ids.max() >= cfg.tgt_vocab:
-        raise ValueError(f"token ids must lie in 0..{cfg.tgt_vocab - 1}")
     res = Generation([[] for _ in range(B)], Traffic(), Traffic(), 0)
     with Session(backend, LM, layers) as session:
         res.prefill_cost, res.step_cost = session.opened, session.steps
@@ -104,12 +95,7 @@ def generate(backend, cfg: M.ModelConfig, user: Mapping[str, np.ndarray], prompt
         for k in range(n_tokens):
             res.hidden.append(h)
             tok = M.output_logits(user, h).argmax(-1)
-            for b in range(B):
-                if not done[b]:
-                    if eos is not None and tok[b] == eos:
-                        done[b] = True
-                    else:
-                        res.tokens[b].append(int(tok[b]))
+            take_tokens(res.tokens, done, tok, eos)
             if on_token is not None:
                 on_token(k, tok)
             if done.all() or k == n_tokens - 1:
@@ -121,4 +107,57 @@ def generate(backend, cfg: M.ModelConfig, user: Mapping[str, np.ndarray], prompt
     return res
 
 
-__all__ = ["ByteStream", "Generation", "encode_text", "eos_of", "generate"]
+def _check_prompt(cfg: M.ModelConfig, prompt_ids, n_tokens: int) -> np.ndarray:
+    ids = np.asarray(prompt_ids, dtype=np.int64)
+    if ids.ndim == 1:
+        ids = ids[None]
+    T = ids.shape[1]
+    if n_tokens < 1:
+        raise ValueError(f"n_tokens={n_tokens} must be >= 1")
+    if T < 1 or T + n_tokens - 1 > cfg.max_len:
+        raise ValueError(f"a prompt of {T} tokens and {n_tokens} generated need "
+                         f"{T + n_tokens - 1} positions; the model takes at most "
+                         f"{cfg.max_len} (max_len)")
+    if ids.min() < 0 or ids.max() >= cfg.tgt_vocab:
+        raise ValueError(f"token ids must lie in 0..{cfg.tgt_vocab - 1}")
+    return ids
+
+
+def generate_tokens(backend, cfg: M.ModelConfig, prompt_ids, n_tokens: int,
+                    eos: int | None = None,
+                    on_token: Callable[[int, np.ndarray], None] | None = None,
+                    layers=None) -> Generation:
+    """Secure greedy generation from a model whose owner keeps the embedding table and LM
+    head secret (``share-model --secret-embeddings``): the prompt and every fed-back token
+    go as secret one-hot rows (:func:`protocols.layers.vocab.onehot`), the parties return
+    only each row's next token (jobs ``lm_prefill_token`` / ``lm_step_token``). The user
+    holds no table: ``Generation.hidden`` stays empty. == :func:`generate` on the same
+    model with the tables in the user's hands."""
+    from protocols.layers.vocab import onehot
+    ids = _check_prompt(cfg, prompt_ids, n_tokens)
+    B, V = ids.shape[0], cfg.tgt_vocab
+    res = Generation([[] for _ in range(B)], Traffic(), Traffic(), 0)
+
+    def token(got) -> np.ndarray:
+        return np.rint(ring.decode(np.asarray(got), backend.frac)).astype(np.int64)
+
+    with Session(backend, LM_TOKEN, layers) as session:
+        res.prefill_cost, res.step_cost = session.opened, session.steps
+        tok = token(session.open(onehot(ids, V))["TOK"])
+        done = np.zeros(B, dtype=bool)
+        for k in range(n_tokens):
+            if tok.min() < 0 or tok.max() >= V:
+                raise ValueError(f"the parties returned token ids {tok.tolist()} outside the "
+                                 f"vocabulary of {V}")
+            take_tokens(res.tokens, done, tok, eos)
+            if on_token is not None:
+                on_token(k, tok)
+            if done.all() or k == n_tokens - 1:
+                break
+            res.fed.append(tok.copy())
+            tok = token(session.step(onehot(tok, V)))
+            res.steps += 1
+    return res
+
+
+__all__ = ["ByteStream", "Generation", "encode_text", "eos_of", "generate", "generate_tokens"]

@@ -141,10 +141,13 @@ class ClusterBackend:
                                    "(not shared by 'mpc3 share-model'?)")
         return M.ModelConfig.from_dict(meta["model_config"])
 
-    def job(self, kind: str, inputs: dict, session: str, params: dict | None = None) -> JobRun:
+    def job(self, kind: str, inputs: dict, session: str, params: dict | None = None,
+            encoded: bool = False) -> JobRun:
+        """``encoded``: the inputs are ring integers, shared as they are (one-hot rows)."""
         t0 = time.perf_counter()
         job = self.user.submit(self.model_id, kind, inputs, {"session": session, **(params or {})},
-                               upload_id=self.info.upload_id, allow_empty=not inputs)
+                               upload_id=self.info.upload_id, allow_empty=not inputs,
+                               encoded=encoded)
         st = self.user.wait(job, timeout=self.step_timeout)
         out = self.user.fetch(job) if not kind.endswith("_close") else {}
         return JobRun(out, [(s.bytes_sent, s.messages, s.rounds) for s in st],
@@ -159,16 +162,17 @@ class InprocBackend:
 
     def __init__(self, cfg: M.ModelConfig, weights: M.Weights, frac: int = ring.DEFAULT_FRAC,
                  timeout: float = 120.0, fuse: str | None = None,
-                 calibration: dict | None = None):
+                 calibration: dict | None = None, secret_user: dict | None = None):
         """``calibration``: the model's (``Calibration.to_dict()``), as ``share-model`` stores
         it - the decode steps' schedule follows from it
-        (:func:`protocols.stacks.schedule.deferred_wo`)."""
+        (:func:`protocols.stacks.schedule.deferred_wo`); ``secret_user``: the user tables the
+        owner keeps secret (``share-model --secret-embeddings``), shared with the model."""
         from net.party.inproc import InprocParties
         self.cfg = cfg
         self.frac = frac
         self.fuse = fuse
         self.parties = InprocParties.for_model(cfg, weights, frac=frac, timeout=timeout,
-                                               calibration=calibration)
+                                               calibration=calibration, secret_user=secret_user)
 
     def model_config(self) -> M.ModelConfig:
         return self.cfg
@@ -177,8 +181,10 @@ class InprocBackend:
         """Decode sessions the three parties hold (one per session and party)."""
         return sum(r.sessions.count() for r in self.parties.runners)
 
-    def job(self, kind: str, inputs: dict, session: str, params: dict | None = None) -> JobRun:
-        dealt = {k: deal(ring.encode(np.asarray(v, dtype=np.float64), self.frac))
+    def job(self, kind: str, inputs: dict, session: str, params: dict | None = None,
+            encoded: bool = False) -> JobRun:
+        dealt = {k: deal(np.asarray(v, dtype=np.uint64) if encoded else
+                         ring.encode(np.asarray(v, dtype=np.float64), self.frac))
                  for k, v in inputs.items()}
         t0 = time.perf_counter()
         jobs = self.parties.run(kind, {"session": session, **(params or {})},
@@ -196,6 +202,8 @@ class InprocBackend:
 #: the job kinds of a session: (open, step, close)
 DECODE = ("decode_open", "decode_step", "decode_close")
 LM = ("lm_prefill", "lm_step", "lm_close")
+#: an LM whose owner keeps the vocabulary ends secret: one-hot rows in, tokens out
+LM_TOKEN = ("lm_prefill_token", "lm_step_token", "lm_close_token")
 
 
 class Session:
@@ -217,12 +225,18 @@ class Session:
         self._started = False
 
     def open(self, x: np.ndarray) -> dict:
-        """Share ``x`` and open the session (its outputs: ``H`` for an LM's prompt)."""
+        """Share ``x`` and open the session (its outputs: ``H`` for an LM's prompt; with
+        :data:`LM_TOKEN` ``x`` is the prompt's one-hot rows and the output ``TOK``)."""
         self._started = True
-        return self._run(self.kinds[0], {"X": x}, self.opened, opening(self.backend.fuse))
+        token = self.kinds == LM_TOKEN
+        return self._run(self.kinds[0], {"ONEHOT" if token else "X": x}, self.opened,
+                         opening(self.backend.fuse), token)
 
     def step(self, y: np.ndarray) -> np.ndarray:
-        """One step on the embedded token rows ``y`` (B, d): the hidden rows, ring values."""
+        """One step on the embedded token rows ``y`` (B, d): the hidden rows, ring values
+        (:data:`LM_TOKEN`: the one-hot rows (B, V) -> the tokens, ring values)."""
+        if self.kinds == LM_TOKEN:
+            return self._run(self.kinds[1], {"ONEHOT": y}, self.steps, None, True)["TOK"]
         return self._run(self.kinds[1], {"Y": y}, self.steps)["H"]
 
     def close(self, failure: BaseException | None = None) -> None:
@@ -234,8 +248,10 @@ class Session:
         except Exception:  # noqa: BLE001 - best effort: parties also drop idle sessions
             pass
 
-    def _run(self, kind: str, inputs: dict, tally: Traffic, params: dict | None = None) -> dict:
-        run = self.backend.job(kind, inputs, self.id, params)
+    def _run(self, kind: str, inputs: dict, tally: Traffic, params: dict | None = None,
+             encoded: bool = False) -> dict:
+        run = (self.backend.job(kind, inputs, self.id, params, encoded=True) if encoded else
+               self.backend.job(kind, inputs, self.id, params))
         self.last = Traffic()
         if run.per_party:
             self.last.add_parties(run.per_party, run.wall_s)

@@ -305,7 +305,8 @@ class Calibration:
 def calibrate(cfg: M.ModelConfig, weights: M.Weights, samples: Samples,
               ring: RingConfig = RingConfig(), margin: float = DEFAULT_MARGIN,
               user: Mapping[str, np.ndarray] | None = None, fold_omega: bool = True,
-              decode_block: int | None = None, check: bool = True) -> Calibration:
+              decode_block: int | None = None, check: bool = True,
+              secret: bool = False) -> Calibration:
     """Run the secure stacks on ``samples`` on a shadow party (:mod:`protocols.calibration.shadow`:
     every kernel's ideal functionality, recording what reaches each range-limited one);
     return the checked :class:`Calibration` or raise :class:`RangeError` (model refused).
@@ -314,14 +315,18 @@ def calibrate(cfg: M.ModelConfig, weights: M.Weights, samples: Samples,
     ``fold_omega`` / ``decode_block``: as the model will be shared and decoded
     (defaults: folded, :func:`protocols.layers.attention.default_decode_block`); ``check`` False:
     the values as traced, unchecked (which sites a model reaches,
-    :func:`protocols.calibration.check.sites_reached`)."""
+    :func:`protocols.calibration.check.sites_reached`); ``secret``: the owner keeps the LM
+    head secret (``user``'s ``out.w``, ``out.b``): its product and arg-max are calibrated too."""
     if not margin >= 1.0:
         raise ValueError(f"margin={margin} must be >= 1")
     weights.validate(cfg)
     samples.validate(cfg)
     block = (default_decode_block(cfg.n_features, cfg.d_head) if decode_block is None
              else int(decode_block))
-    rec = trace(cfg, weights, samples.X, samples.Y, ring, fold_omega, block)
+    if secret and not (user and "out.w" in user):
+        raise ValueError("calibrating a secret LM head needs the model's out.w, out.b")
+    rec = trace(cfg, weights, samples.X, samples.Y, ring, fold_omega, block,
+                head=user if secret else None)
     rng_in = {"X": max(float(np.abs(x).max()) for x in samples.X)}
     if _needs_y(cfg):
         rng_in["Y"] = max(float(np.abs(y).max()) for y in samples.Y)

@@ -184,15 +184,22 @@ def trace_embedding(cfg: M.ModelConfig, weights: M.Weights, X: list[np.ndarray],
 
 def trace_lm(cfg: M.ModelConfig, weights: M.Weights, X: list[np.ndarray],
              ring: RingConfig = RingConfig(), fold_omega: bool = True,
-             block: int | None = None, rec: ShadowRecorder | None = None) -> ShadowRecorder:
+             block: int | None = None, rec: ShadowRecorder | None = None,
+             head: Mapping | None = None) -> ShadowRecorder:
     """The decoder-only LM on a shadow party over the token sequences ``X`` (each (B, T, d),
     embedded): the prefill of each whole sequence (which, on a shadow party, takes every row
     through every layer: each row is the last of the prompt that ends there), then every
     token as a decode step from an empty session (:func:`protocols.stacks.causal_lm.lm_open`) - and
     a Performer's steps once more with every o W^O formed from the untruncated o (site
-    ``wo_raw``: the schedule :func:`protocols.stacks.schedule.deferred_wo` may choose)."""
+    ``wo_raw``: the schedule :func:`protocols.stacks.schedule.deferred_wo` may choose).
+    ``head``: the LM head ``out.w``, ``out.b`` an owner keeps secret - every step's row then
+    goes through :func:`protocols.layers.vocab.lm_head_token` too (sites ``lm_head``,
+    ``argmax`` under ``out``)."""
     rec, p, shares = _start(cfg, M.DECODER_ONLY, "trace_lm needs a decoder-only LM",
                             weights, ring, fold_omega, rec)
+    if head is not None:
+        from protocols.layers.vocab import lm_head_token
+        w, b = (p.constant(np.asarray(head[n], np.float64), ring.frac) for n in ("out.w", "out.b"))
     schedules = [frozenset()]
     if cfg.attention == M.PERFORMER:
         schedules.append(frozenset(f"dec.{i}.self" for i in range(cfg.n_dec_layers)))
@@ -204,7 +211,9 @@ def trace_lm(cfg: M.ModelConfig, weights: M.Weights, X: list[np.ndarray],
             st = lm_open(p, cfg, shares, x.shape[0], block, LM.DEFAULT_LM_FUSE,
                          Schedule(raw_wo=raw))
             for t in range(x.shape[1]):
-                lm_step(p, cfg, shares, st, xs[:, t])
+                h = lm_step(p, cfg, shares, st, xs[:, t])
+                if head is not None and not raw:
+                    lm_head_token(p.at("out"), h, w, b)
     return rec
 
 
@@ -240,14 +249,14 @@ def trace_translator(cfg: M.ModelConfig, weights: M.Weights, X: list[np.ndarray]
 
 def trace(cfg: M.ModelConfig, weights: M.Weights, X: list[np.ndarray], Y: list[np.ndarray],
           ring: RingConfig = RingConfig(), fold_omega: bool = True, block: int | None = None,
-          rec: ShadowRecorder | None = None) -> ShadowRecorder:
+          rec: ShadowRecorder | None = None, head: Mapping | None = None) -> ShadowRecorder:
     """The model's architecture's driver (``cfg.arch``) on the samples ``X`` (and ``Y``,
     an encoder-decoder's targets): what :func:`protocols.calibration.calibrate.calibrate`
-    records."""
+    records (``head``: an LM's secret head, :func:`trace_lm`)."""
     if cfg.arch == M.ENCODER_CLASSIFIER:
         return trace_classifier(cfg, weights, X, ring, fold_omega, rec)
     if cfg.arch == M.ENCODER:
         return trace_embedding(cfg, weights, X, ring, fold_omega, rec)
     if cfg.arch == M.DECODER_ONLY:
-        return trace_lm(cfg, weights, X, ring, fold_omega, block, rec)
+        return trace_lm(cfg, weights, X, ring, fold_omega, block, rec, head)
     return trace_translator(cfg, weights, X, Y, ring, fold_omega, block, rec)

@@ -19,6 +19,12 @@ session id, ``lm_prefill`` takes ``fuse`` (:func:`protocols.layers.ln_proj.fusio
 form in their rounds - a schedule, not a different function, as is the one the model's
 calibration allows the steps (:mod:`protocols.stacks.schedule`: deferred o W^O truncations,
 narrowed LayerNorm tables). Per-layer costs are marked (``dec.i``, ``dec.final_ln``).
+
+Computation ``generate-token`` (a model shared with ``--secret-embeddings``: its owner keeps
+the embedding table and LM head secret, :mod:`protocols.stacks.secret_lm`):
+``lm_prefill_token`` / ``lm_step_token`` / ``lm_close_token`` take the tokens as one-hot rows
+``ONEHOT`` (B, T, V) / (B, V) - ring integers 0/1, dealt unencoded - and return ``TOK`` (B,),
+the next token of each row as a fixed-point index; nothing else leaves the parties.
 """
 from __future__ import annotations
 
@@ -31,9 +37,10 @@ from protocols.stacks.causal_lm import (
     lm_step,
 )
 from protocols.stacks.schedule import session_schedule
+from protocols.stacks.secret_lm import lm_prefill_token, lm_step_token
 
 from .contract import DECODER_ONLY, JobContext, JobSpec, ModelView, TensorSpec
-from .transformer import check_rows, validate_source
+from .transformer import MAX_BATCH, MAX_SRC_LEN, check_model, check_rows, validate_source
 
 
 def session_fuse(params) -> tuple:
@@ -79,8 +86,71 @@ def run_lm_close(ctx: JobContext, inputs: dict) -> dict:
     return {}
 
 
+# ----------------------------------------------- secret embeddings and LM head ----
+def _secret_model(model: ModelView):
+    """The config of a model whose owner keeps its vocabulary ends secret (ValueError
+    otherwise, or if its calibration lacks the head's sites)."""
+    cfg = check_model(model)
+    if model.meta.get("embeddings") != "secret":
+        raise ValueError(f"model {model.model_id!r}: its owner hands its embedding tables and "
+                         f"LM head to its users (run generate: lm_prefill, lm_step)")
+    out = ((model.meta.get("calibration") or {}).get("layers") or {}).get("out") or {}
+    if not {"lm_head", "argmax"} <= set(out):
+        raise ValueError(f"model {model.model_id!r}: its calibration lacks the secret LM "
+                         f"head's sites (out.lm_head, out.argmax); its owner shares it again")
+    return cfg
+
+
+def _check_onehot(shape: tuple, cfg, rows: bool) -> None:
+    """One-hot rows (B, T, V) (``rows``) or (B, V): the model's vocabulary, a bounded batch
+    and at most max_len positions."""
+    if shape[-1] != cfg.tgt_vocab:
+        raise ValueError(f"one-hot rows must have the vocabulary's {cfg.tgt_vocab} entries, "
+                         f"got {shape}")
+    if not 1 <= shape[0] <= MAX_BATCH:
+        raise ValueError(f"batch size {shape[0]} outside 1..{MAX_BATCH}")
+    if rows and not 1 <= shape[1] <= min(cfg.max_len, MAX_SRC_LEN):
+        raise ValueError(f"a prompt of {shape[1]} tokens: the model takes 1..{cfg.max_len} "
+                         f"(max_len)")
+
+
+def _validate_prompt_token(model: ModelView, inputs: dict, params) -> None:
+    _check_onehot(tuple(inputs["ONEHOT"]), _secret_model(model), True)
+    session_fuse(params)
+
+
+def _validate_step_token(model: ModelView, inputs: dict, params) -> None:
+    _check_onehot(tuple(inputs["ONEHOT"]), _secret_model(model), False)
+
+
+def run_lm_prefill_token(ctx: JobContext, inputs: dict) -> dict:
+    cfg = ctx.model.config
+    tok, state = lm_prefill_token(ctx.party, cfg, ctx.model.shares, inputs["ONEHOT"],
+                                  fuse=session_fuse(ctx.params),
+                                  schedule=session_schedule(
+                                      cfg, ctx.model.meta.get("calibration"), ctx.party.cfg),
+                                  on_layer=ctx.costs.mark)
+    ctx.session.state = state
+    return {"TOK": tok}
+
+
+def run_lm_step_token(ctx: JobContext, inputs: dict) -> dict:
+    state: LMState | None = ctx.session.state
+    if state is None:
+        raise ValueError("the LM session was not opened")
+    cfg, y = ctx.model.config, inputs["ONEHOT"]
+    if y.shape[0] != state.batch:
+        raise ValueError(f"step batch {y.shape[0]} differs from the session's {state.batch}")
+    if state.t >= cfg.max_len:
+        raise ValueError(f"the session reached the model's length limit of {cfg.max_len} "
+                         "tokens")
+    return {"TOK": lm_step_token(ctx.party, cfg, ctx.model.shares, state, y,
+                                 on_layer=ctx.costs.mark)}
+
+
 _DO = (DECODER_ONLY,)
 H_OUT = (TensorSpec("H", ("B", "d")),)
+TOK_OUT = (TensorSpec("TOK", ("B",)),)
 
 SPECS = (
     JobSpec("lm_prefill", run_lm_prefill, (TensorSpec("X", ("B", "T", "d")),), H_OUT, _DO,
@@ -94,4 +164,16 @@ SPECS = (
                                      "embedded token"),
     JobSpec("lm_close", run_lm_close, (), (), _DO, computation="generate", session="close",
             params=("session",), doc="forget an LM session"),
+    # an owner keeping the embedding table and LM head secret (share-model
+    # --secret-embeddings): tokens in as one-hot rows (ring integers 0/1), the token out
+    JobSpec("lm_prefill_token", run_lm_prefill_token, (TensorSpec("ONEHOT", ("B", "T", "V")),),
+            TOK_OUT, _DO, computation="generate-token", validate=_validate_prompt_token,
+            session="open", params=("session", "fuse"),
+            doc="run the LM on a prompt of secret one-hot tokens; the next token of each row "
+                "(its index: no logit leaves), and the decode state kept in a session"),
+    JobSpec("lm_step_token", run_lm_step_token, (TensorSpec("ONEHOT", ("B", "V")),), TOK_OUT,
+            _DO, computation="generate-token", validate=_validate_step_token, session="step",
+            params=("session",), doc="one generated token from the newest token's one-hot row"),
+    JobSpec("lm_close_token", run_lm_close, (), (), _DO, computation="generate-token",
+            session="close", params=("session",), doc="forget a secret-head LM session"),
 )

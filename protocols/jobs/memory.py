@@ -37,14 +37,14 @@ SLOT_PAIR = 16                # a replicated share element on one party: two uin
 
 def _rows(shapes: Mapping[str, tuple]) -> tuple[int, int]:
     """(batch B, query positions S) of a transformer job's input (X (B, S, d) or Y (B, d))."""
-    shape = tuple(shapes.get("X") or shapes.get("Y") or (1, 1))
+    shape = tuple(shapes.get("X") or shapes.get("Y") or shapes.get("ONEHOT") or (1, 1))
     return int(shape[0]), int(shape[1]) if len(shape) == 3 else 1
 
 
 def transformer_memory(cfg, spec: JobSpec, shapes: Mapping[str, tuple]) -> int:
     """The estimate (module docstring) for a transformer job of ``cfg``."""
     B, S = _rows(shapes)
-    step = "X" not in shapes                          # one new row against a cache
+    step = spec.session == "step"                     # one new row against a cache
     keys = cfg.max_len if step else S                 # softmax: the scores' width
     layers = cfg.n_enc_layers + cfg.n_dec_layers
     if cfg.attention == "relu-performer":

@@ -56,7 +56,8 @@ def check_model(model: ModelView) -> M.ModelConfig:
     if cfg.arch != model.kind:
         raise ValueError(f"model {model.model_id!r} is stored as a {model.kind} model but its "
                          f"config says arch {cfg.arch!r}")
-    check_shares(cfg, {k: SimpleNamespace(shape=tuple(s)) for k, s in model.shapes().items()})
+    check_shares(cfg, {k: SimpleNamespace(shape=tuple(s)) for k, s in model.shapes().items()},
+                 secret=model.meta.get("embeddings") == "secret")
     if model.fracs:
         base = min(model.fracs.values())
         for k, f in model.fracs.items():

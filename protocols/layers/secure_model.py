@@ -51,6 +51,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Callable
 
+import math
+
 import numpy as np
 
 from mpc3 import ring
@@ -157,6 +159,35 @@ def layout(cfg: M.ModelConfig, weights: M.Weights, fold_omega: bool = True
     return out
 
 
+#: the query user's tables an owner shares instead of handing them out
+SECRET_NAMES = ("embed.tgt", "embed.pos", "out.w", "out.b")
+
+
+def check_secret(cfg: M.ModelConfig) -> None:
+    """ValueError unless ``cfg`` can keep its vocabulary ends secret (a decoder-only LM with
+    sinusoidal, learned or rotary positions; no embedding LayerNorm or token types)."""
+    if cfg.arch != M.DECODER_ONLY:
+        raise ValueError(f"secret embeddings run decoder-only LMs, not arch {cfg.arch!r}")
+    if cfg.embedding not in ("sinusoidal", "learned", "rotary") or cfg.type_vocab:
+        raise ValueError(f"secret embeddings: embedding {cfg.embedding!r} (with its "
+                         f"LayerNorm / token types) has no secure lookup yet")
+
+
+def secret_layout(cfg: M.ModelConfig, user: Mapping[str, np.ndarray]
+                  ) -> dict[str, tuple[Callable[[], np.ndarray], int]]:
+    """name -> (recipe, extra fractional bits) of the user tables the owner shares: the
+    token table (times sqrt(d) for sinusoidal positions), the learned position table and
+    the LM head."""
+    check_secret(cfg)
+    scale = math.sqrt(cfg.d_model) if cfg.embedding == "sinusoidal" else 1.0
+    out = {"embed.tgt": (lambda: np.asarray(user["embed.tgt"], np.float64) * scale, 0),
+           "out.w": (lambda: np.asarray(user["out.w"], np.float64), 0),
+           "out.b": (lambda: np.asarray(user["out.b"], np.float64), 0)}
+    if cfg.embedding == "learned":
+        out["embed.pos"] = (lambda: np.asarray(user["embed.pos"], np.float64), 0)
+    return out
+
+
 def share_model(cfg: M.ModelConfig, weights: M.Weights, fold_omega: bool = True,
                 frac: int = ring.DEFAULT_FRAC, rng=None, prefixes: tuple[str, ...] | None = None,
                 shared_replicas: bool = False) -> list[dict[str, AShare]]:
@@ -219,8 +250,10 @@ class _Below(Mapping):
         return sum(1 for _ in self)
 
 
-def check_shares(cfg: M.ModelConfig, shares: dict[str, AShare], fold_omega: bool | None = None):
-    """Clear error if a share dict does not match ``cfg`` (missing/extra names, shapes)."""
+def check_shares(cfg: M.ModelConfig, shares: dict[str, AShare], fold_omega: bool | None = None,
+                 secret: bool = False):
+    """Clear error if a share dict does not match ``cfg`` (missing/extra names, shapes);
+    ``secret``: with the user tables an owner keeps secret (:func:`secret_layout`)."""
     if fold_omega is None:
         fold_omega = not any(k.endswith(".omega") for k in shares)
     fold_omega = fold_omega and cfg.attention == M.PERFORMER
@@ -247,6 +280,10 @@ def check_shares(cfg: M.ModelConfig, shares: dict[str, AShare], fold_omega: bool
             expect[name] = shape
     if cfg.ffn_scale:
         expect[OUT_SCALE] = (1,)
+    if secret:
+        check_secret(cfg)
+        expect.update({k: v for k, v in M.expected_user_shapes(cfg).items()
+                       if k in SECRET_NAMES})
     missing = sorted(set(expect) - set(shares))
     if missing:
         raise ValueError(f"model shares lack {missing[:5]}{'...' if len(missing) > 5 else ''}")
