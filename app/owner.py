@@ -8,8 +8,9 @@ projections; projections at frac + PROJ_EXTRA bits), records in the model's publ
 its config, its kind, the computations query users may run (``permit``; default: the model's
 own inference only) and the calibration (with the input range clients check), uploads the
 shares and verifies that the parties hold consistent copies. The query-user tensors (embeddings,
-output layer) of a model file are never shared: the owner hands them to its users, who thereby learn
-them.
+output layer) of a model file are not shared by default: the owner hands them to its users, who
+thereby learn them - unless the owner keeps them secret (``secret_embeddings``, decoder-only
+LMs): then they are shared with the rest and users receive tokens only.
 """
 from __future__ import annotations
 
@@ -30,12 +31,17 @@ def computations(arch: str = ENCODER_DECODER) -> tuple[str, ...]:
 COMPUTATIONS = computations(ENCODER_DECODER)
 
 
-def check_permit(permit, arch: str = ENCODER_DECODER) -> tuple[str, ...]:
-    """The permitted computations (default: the model's own inference), refusing names the
-    architecture does not offer with the ones it does. Computations are spelt with hyphens;
-    the job kind's underscore spelling (``classify_argmax``) names the same one."""
-    permit = tuple(DEFAULT_PERMITTED[arch] if permit is None else
-                   (p.replace("_", "-") for p in permit))
+#: the default computation of a model whose owner keeps its vocabulary ends secret
+SECRET_PERMITTED = ("generate-token",)
+
+
+def check_permit(permit, arch: str = ENCODER_DECODER, secret: bool = False) -> tuple[str, ...]:
+    """The permitted computations (default: the model's own inference; with ``secret``
+    embeddings its token-only form), refusing names the architecture does not offer with the
+    ones it does. Computations are spelt with hyphens; the job kind's underscore spelling
+    (``classify_argmax``) names the same one."""
+    default = SECRET_PERMITTED if secret else DEFAULT_PERMITTED[arch]
+    permit = tuple(default if permit is None else (p.replace("_", "-") for p in permit))
     offered = computations(arch)
     unknown = sorted(set(permit) - set(offered))
     if unknown:
@@ -66,26 +72,32 @@ def calibration_samples(mcfg: M.ModelConfig, weights: M.Weights, user=None,
 
 def calibrate_model(mcfg: M.ModelConfig, weights: M.Weights, user=None,
                     samples: C.Samples | None = None, ring: RingConfig = RingConfig(),
-                    margin: float = C.DEFAULT_MARGIN, fold_omega: bool = True) -> C.Calibration:
+                    margin: float = C.DEFAULT_MARGIN, fold_omega: bool = True,
+                    secret: bool = False) -> C.Calibration:
     """The calibration ``share-model`` stores with a model: on ``samples`` (default:
-    :func:`calibration_samples`); raises :class:`protocols.calibration.calibrate.RangeError` if the
-    model leaves a kernel's range."""
+    :func:`calibration_samples`; ``secret``: the LM head too); raises
+    :class:`protocols.calibration.calibrate.RangeError` if the model leaves a kernel's range."""
     if samples is None:
         samples = calibration_samples(mcfg, weights, user)
-    return C.calibrate(mcfg, weights, samples, ring, margin, user=user, fold_omega=fold_omega)
+    return C.calibrate(mcfg, weights, samples, ring, margin, user=user, fold_omega=fold_omega,
+                       secret=secret)
 
 
 def transformer_meta(mcfg: M.ModelConfig, calibration: C.Calibration, permit=None,
                      source: str = "", fold_omega: bool = True,
-                     check_inputs: bool = False) -> dict:
+                     check_inputs: bool = False, secret: bool = False) -> dict:
     """Public metadata stored with a shared transformer (``check_inputs``: the parties
     check jobs' inputs against the calibrated range on shares,
-    :mod:`protocols.calibration.input_check`)."""
+    :mod:`protocols.calibration.input_check`; ``secret``: ``embeddings`` "secret", the owner
+    shares the embedding table and LM head instead of handing them out)."""
     from protocols.calibration.input_check import META_KEY
-    return {"model_config": mcfg.to_dict(), "kind": mcfg.arch,
+    meta = {"model_config": mcfg.to_dict(), "kind": mcfg.arch,
             "layout": TRANSFORMER_LAYOUT, "fold_omega": fold_omega,
-            "permitted": list(check_permit(permit, mcfg.arch)), "source": source,
+            "permitted": list(check_permit(permit, mcfg.arch, secret)), "source": source,
             "calibration": calibration.to_dict(), META_KEY: bool(check_inputs)}
+    if secret:
+        meta["embeddings"] = "secret"
+    return meta
 
 
 def share_transformer(cfg: ClusterConfig, model_id: str, mcfg: M.ModelConfig,
@@ -93,20 +105,31 @@ def share_transformer(cfg: ClusterConfig, model_id: str, mcfg: M.ModelConfig,
                       source: str = "", fold_omega: bool = True, user=None,
                       samples: C.Samples | None = None,
                       margin: float = C.DEFAULT_MARGIN, check_inputs: bool = False,
-                      to_diagnostic_parties: bool = False) -> str:
+                      to_diagnostic_parties: bool = False,
+                      secret_embeddings: bool = False) -> str:
     """Calibrate and share ``weights`` with the cluster as ``model_id``; returns the upload
     id. ``user``: the model's query-user tensors (never shared; they give the exact input
     range and default samples); ``samples``: calibration inputs (default:
     :func:`calibration_samples`). Raises :class:`protocols.calibration.calibrate.RangeError` before
     anything is uploaded if the model leaves a kernel's range, and ValueError if a party runs
     the diagnostic job kinds (benchmark/test processes, where any user can read every
-    weight matrix) unless ``to_diagnostic_parties`` (test and benchmark weights)."""
-    from protocols.layers.secure_model import LazyTensors, layout
-    check_permit(permit, mcfg.arch)
+    weight matrix) unless ``to_diagnostic_parties`` (test and benchmark weights).
+    ``secret_embeddings``: ``user``'s embedding table and LM head are shared too and the
+    model's users get tokens only (:mod:`protocols.stacks.secret_lm`; decoder-only LMs)."""
+    from protocols.layers.secure_model import LazyTensors, check_secret, layout, secret_layout
+    check_permit(permit, mcfg.arch, secret_embeddings)
+    recipes = layout(mcfg, weights, fold_omega=fold_omega)
+    if secret_embeddings:
+        check_secret(mcfg)
+        if not user or "out.w" not in user:
+            raise ValueError("--secret-embeddings shares the model file's embedding table "
+                             "and LM head: this file has none")
+        recipes.update(secret_layout(mcfg, user))
     cal = calibrate_model(mcfg, weights, user, samples, RingConfig(frac=cfg.frac), margin,
-                          fold_omega)
-    meta = transformer_meta(mcfg, cal, permit, source, fold_omega, check_inputs)
-    tensors = LazyTensors(layout(mcfg, weights, fold_omega=fold_omega))
+                          fold_omega, secret_embeddings)
+    meta = transformer_meta(mcfg, cal, permit, source, fold_omega, check_inputs,
+                            secret_embeddings)
+    tensors = LazyTensors(recipes)
     with ModelOwner(cfg, cert, key) as owner:       # one tensor at a time (net.client.upload)
         diagnostic = [n for n, st in enumerate(owner.status()) if st.diagnostic]
         if diagnostic and not to_diagnostic_parties:

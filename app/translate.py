@@ -133,6 +133,11 @@ class ClusterBackend:
         self.frac = user.frac
         self.fuse = fuse
 
+    def secret_embeddings(self) -> bool:
+        """Whether the model's owner keeps its embedding table and LM head secret."""
+        import json
+        return json.loads(self.info.public_meta or "{}").get("embeddings") == "secret"
+
     def model_config(self) -> M.ModelConfig:
         import json
         meta = json.loads(self.info.public_meta or "{}")

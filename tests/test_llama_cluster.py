@@ -82,6 +82,12 @@ def llama(tmp_path_factory):
             share_transformer(c.cfg, name, cfg, w, None, *c.creds("owner"), user=user,
                               source="hf")            # calibrates: refused if out of range
             c.models[name] = (model, cfg, user, calibrate_model(cfg, w, user))
+        # the same model with its embedding table and LM head kept secret by its owner
+        model, cfg, user, _ = c.models["noisy"]
+        share_transformer(c.cfg, "secret", cfg, M.load_model(d / "noisy.npz")[1], None,
+                          *c.creds("owner"), user=user, source="hf", secret_embeddings=True)
+        c.models["secret"] = c.models["noisy"]
+        c.file = d / "noisy.npz"
     except BaseException:
         c.stop()
         raise
@@ -133,3 +139,34 @@ def test_small_streams_are_accepted_with_a_gain_and_stay_exact(llama):
     print(f"HF-initialised LLaMA: gains {sorted(set(gains.values()))}, max |secure - "
           f"transformers| logit {err:.2e} (logits up to {np.abs(logits).max():.3f})")
     assert err < LOGIT_TOL
+
+
+def test_secret_embeddings_give_the_user_tokens_only(llama):
+    """share-model --secret-embeddings: the prompt and each fed-back token go as secret
+    one-hot rows, the parties embed them, run the LLaMA and the LM head's arg-max on shares
+    and return the token alone - the same 64 tokens as transformers; the CLI finds the mode
+    from the model's metadata, and `mpc3 models` shows it."""
+    import subprocess
+    import sys
+    model, cfg, _, _ = llama.models["secret"]
+    want, _ = reference(model, PROMPTS, N_TOKENS)
+    with llama.user(rpc_timeout=30) as u:
+        backend = T.ClusterBackend(u, "secret", step_timeout=120)
+        assert backend.secret_embeddings()
+        res = G.generate_tokens(backend, cfg, np.array(PROMPTS), N_TOKENS)
+        with pytest.raises(Exception, match="does not permit 'generate'"):
+            G.generate(backend, cfg, llama.models["noisy"][2], np.array(PROMPTS), 2)
+    assert res.tokens == want.tolist() and not res.hidden
+    print(f"secret embeddings over party processes: per token "
+          f"{res.step_cost.bytes_total / res.steps / 1e6:.3f} MB, "
+          f"{res.step_cost.rounds // res.steps} rounds")
+    r = subprocess.run([sys.executable, "-m", "app.cli", "generate", "--config",
+                        str(llama.path), "--model-id", "secret", "--model", str(llama.file),
+                        "--ids", ",".join(map(str, PROMPTS[0])), "--tokens", "4"],
+                       text=True, capture_output=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [str(t) for t in want[0][:4]]
+    r = subprocess.run([sys.executable, "-m", "app.cli", "models", "--config",
+                        str(llama.path)], text=True, capture_output=True, timeout=120)
+    assert "secret: OK" in r.stdout and "mode=secret-embeddings" in r.stdout, r.stdout
+    assert "mode=user-embeddings" in r.stdout

@@ -5,7 +5,10 @@ streaming each token as it is produced.
     mpc3 generate --config C --model-id ID --model LM.npz --ids 5,17,3 [--tokens N]
 
 ``--model`` is the model file holding the query user's part of the LM (``embed.tgt``,
-``out.w``, ``out.b``); those tensors never leave this process. A text prompt goes through
+``out.w``, ``out.b``); those tensors never leave this process. A model its owner shared with
+``--secret-embeddings`` is found so from its public metadata: the prompt and each generated
+token then go as secret one-hot rows and only the tokens come back
+(:func:`app.generate.generate_tokens`; the file gives the config and tokenizer). A text prompt goes through
 the model file's tokenizer when it carries one (an imported checkpoint, :mod:`app.text`: the
 generated ids are decoded back to text as they come, special tokens left out, and the run
 takes all ``--tokens``); otherwise it is UTF-8 bytes (a model with tgt_vocab >= 256; id 256
@@ -25,7 +28,7 @@ from .common import (MODEL_ID_HELP, STARTING, add_client_creds, check_same_model
 
 def _cmd_generate(args) -> int:
     from net.client.user import QueryUser
-    from ..generate import ByteStream, generate
+    from ..generate import ByteStream, generate, generate_tokens
     from ..translate import ClusterBackend
     from ..text import lm_prompt
     cfg = load(args)
@@ -45,8 +48,12 @@ def _cmd_generate(args) -> int:
                                    fuse=args.fuse)
         remote = backend.model_config()
         check_same_model(remote, mcfg, args.model_id, args.model)
-        res = generate(backend, mcfg, user, np.array([ids]), args.tokens, eos=eos,
-                       on_token=None if args.quiet else show)
+        if backend.secret_embeddings():    # the owner keeps the tables: tokens in and out
+            res = generate_tokens(backend, mcfg, np.array([ids]), args.tokens, eos=eos,
+                                  on_token=None if args.quiet else show)
+        else:
+            res = generate(backend, mcfg, user, np.array([ids]), args.tokens, eos=eos,
+                           on_token=None if args.quiet else show)
     if args.quiet:
         out = res.tokens[0]
         print("".join(stream.feed(t) for t in out) + stream.flush() if text

@@ -54,6 +54,9 @@ def register(sub) -> None:
                    "else max): max subtracts each row's maximum (any score range); "
                    "max-free is cheaper but only for models whose scores stay in exp's "
                    "range [-48, 9.5] (calibration refuses the others)")
+    p.add_argument("--secret-embeddings", action="store_true",
+                   help="decoder-only LMs: share the embedding table and LM head too; users "
+                   "send tokens and receive only the next token (mpc3 generate finds the mode)")
     p.add_argument("--check-inputs", action="store_true",
                    help="the parties check every job's secret input against the calibrated "
                    "range on shares and refuse it if it leaves the range (a modified client "
@@ -158,10 +161,13 @@ def _cmd_share(args) -> int:
                                   fold_omega=not args.no_fold_omega, user=user,
                                   samples=samples, margin=args.margin,
                                   check_inputs=args.check_inputs,
-                                  to_diagnostic_parties=args.to_diagnostic_parties)
+                                  to_diagnostic_parties=args.to_diagnostic_parties,
+                                  secret_embeddings=args.secret_embeddings)
+    secret = args.secret_embeddings
     print(f"model {args.model_id} ({mcfg.arch}, permits "
-          f"{', '.join(check_permit(permit, mcfg.arch))}): {weights.n_params()} "
-          f"parameters calibrated and shared to "
+          f"{', '.join(check_permit(permit, mcfg.arch, secret))}; "
+          f"{'embeddings and LM head secret' if secret else 'users hold the embeddings'}): "
+          f"{weights.n_params()} parameters calibrated and shared to "
           f"3 parties (upload {upload_id}, copies verified) in {time.monotonic() - t0:.1f} s")
     return 0
 
@@ -214,12 +220,26 @@ def _cmd_models(args) -> int:
         bad += verdict != "OK"
         states = sorted({infos[n].state for n in held})
         print(f"{model_id}: {verdict} upload={first.upload_id} "
-              f"owner={first.owner} tensors={len(first.tensors)} "
+              f"owner={first.owner} mode={_mode(first.public_meta)} tensors={len(first.tensors)} "
               f"{_size(first.total_bytes)} per party on parties {held} "
               f"state={'/'.join(states)}" + "".join(f"; {p}" for p in problems))
     if not names and not bad:
         print("no models")
     return 1 if bad else 0
+
+
+def _mode(public_meta: str) -> str:
+    """What a model's users hold: ``user-embeddings`` (the owner hands out the embedding
+    tables and output layer), ``secret-embeddings`` (tokens in, tokens out), or ``tensors``
+    (not a transformer shared by share-model)."""
+    import json
+    try:
+        meta = json.loads(public_meta or "{}")
+    except ValueError:
+        return "tensors"
+    if not isinstance(meta, dict) or "model_config" not in meta:
+        return "tensors"
+    return "secret-embeddings" if meta.get("embeddings") == "secret" else "user-embeddings"
 
 
 def _size(n: int) -> str:

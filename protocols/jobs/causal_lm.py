@@ -166,12 +166,12 @@ SPECS = (
             params=("session",), doc="forget an LM session"),
     # an owner keeping the embedding table and LM head secret (share-model
     # --secret-embeddings): tokens in as one-hot rows (ring integers 0/1), the token out
-    JobSpec("lm_prefill_token", run_lm_prefill_token, (TensorSpec("ONEHOT", ("B", "T", "V")),),
+    JobSpec("lm_prefill_token", run_lm_prefill_token, (TensorSpec("ONEHOT", ("B", "T", "V"), integers=True),),
             TOK_OUT, _DO, computation="generate-token", validate=_validate_prompt_token,
             session="open", params=("session", "fuse"),
             doc="run the LM on a prompt of secret one-hot tokens; the next token of each row "
                 "(its index: no logit leaves), and the decode state kept in a session"),
-    JobSpec("lm_step_token", run_lm_step_token, (TensorSpec("ONEHOT", ("B", "V")),), TOK_OUT,
+    JobSpec("lm_step_token", run_lm_step_token, (TensorSpec("ONEHOT", ("B", "V"), integers=True),), TOK_OUT,
             _DO, computation="generate-token", validate=_validate_step_token, session="step",
             params=("session",), doc="one generated token from the newest token's one-hot row"),
     JobSpec("lm_close_token", run_lm_close, (), (), _DO, computation="generate-token",

@@ -64,6 +64,8 @@ class TensorSpec:
     name: str
     shape: tuple[str, ...]
     wide: bool = False
+    #: ring integers dealt as they are (one-hot rows): no fixed-point range to calibrate
+    integers: bool = False
 
     def __str__(self) -> str:
         return f"{self.name} ({', '.join(self.shape)})"
@@ -211,7 +213,7 @@ class JobRegistry:
         """Names of the inputs this registry's production (non-diagnostic) kinds take on a
         model of ``model_kind`` (those a calibration must give a range)."""
         return {t.name for s in self._specs.values() if not s.diagnostic and
-                model_kind in s.model_kinds for t in (s.inputs or ())}
+                model_kind in s.model_kinds for t in (s.inputs or ()) if not t.integers}
 
     @property
     def diagnostic(self) -> bool:
