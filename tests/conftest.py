@@ -117,26 +117,48 @@ def value(shares, frac=ring.DEFAULT_FRAC):
     return ring.decode(reveal(shares), frac)
 
 
-def lm_session(run, cfg, shares, x, prompt: int, **prefill_kw):
+def lm_run(run, cfg, shares, x, prompt: int, **prefill_kw):
     """protocols.stacks.causal_lm on three in-process parties: the prefill of ``x[:, :prompt]``
     then one step per further row of x. Returns (revealed hidden rows, prefill's then each
-    step's, ``{t: (bytes per party, rounds)}`` of each step t)."""
+    step's; ``{t: (bytes per party, rounds)}`` of the prefill (t = -1) and of each step t;
+    party 0's LMState at the end)."""
     from protocols.stacks import causal_lm as LM
-    measured = {}
+    measured, states = {}, {}
 
     def fn(p, s, xs):
+        c0 = p.stats.snapshot()
         h, st = LM.lm_prefill(p, cfg, s, xs[:, :prompt], **prefill_kw)
+        measured.setdefault(-1, {})[p.rank] = p.stats.snapshot() - c0
         hs = [h]
         for t in range(prompt, xs.shape[1]):
             c0 = p.stats.snapshot()
             hs.append(LM.lm_step(p, cfg, s, st, xs[:, t]))
             measured.setdefault(t, {})[p.rank] = p.stats.snapshot() - c0
+        states[p.rank] = st
         return hs
 
     res = run(fn, shares, share(x))
     rows = [value([r[k] for r in res]) for k in range(len(res[0]))]
     return rows, {t: (tuple(m[r].bytes_sent for r in range(3)), max(v.rounds for v in m.values()))
-                  for t, m in measured.items()}
+                  for t, m in measured.items()}, states[0]
+
+
+def assert_lm_costs(cfg, measured, batch: int, prompt: int) -> None:
+    """:func:`lm_run`'s measured costs equal the declared ones (cost_lm_prefill at t = -1,
+    cost_lm_step at each step t)."""
+    from protocols.stacks import causal_lm as LM
+    rc = RingConfig()
+    for t, got in measured.items():
+        declared = (LM.cost_lm_prefill(rc, cfg, batch, prompt) if t < 0
+                    else LM.cost_lm_step(rc, cfg, batch, t))
+        assert got == (declared.bytes_per_party, declared.rounds), t
+
+
+def lm_session(run, cfg, shares, x, prompt: int, **prefill_kw):
+    """:func:`lm_run` without the prefill's cost and the state: (rows, ``{t: (bytes per
+    party, rounds)}`` of each step t)."""
+    rows, costs, _ = lm_run(run, cfg, shares, x, prompt, **prefill_kw)
+    return rows, {t: c for t, c in costs.items() if t >= 0}
 
 
 def share_inputs(x, name="X"):

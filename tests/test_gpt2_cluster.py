@@ -31,6 +31,7 @@ from app.cli import main as cli  # noqa: E402
 from app.localcluster import LocalCluster  # noqa: E402
 from app.owner import share_transformer  # noqa: E402
 from protocols import model as M  # noqa: E402
+from hf_greedy import reference  # noqa: E402
 
 NOISE = 0.15
 N_TOKENS = 16
@@ -52,20 +53,6 @@ def make_gpt2(path):
             p.add_(torch.randn(p.shape, generator=g) * NOISE)
     model.eval().save_pretrained(path)
     return model
-
-
-def reference(model, prompts, n):
-    """transformers' greedy continuation: tokens (B, n) and float64 logits (B, n, V) of
-    every step, token by token with the whole sequence (no cache of ours)."""
-    m = model.double()
-    seq, logits = torch.tensor(prompts), []
-    with torch.no_grad():
-        for _ in range(n):
-            step = m(input_ids=seq).logits[:, -1]
-            logits.append(step.numpy())
-            seq = torch.cat([seq, step.argmax(-1)[:, None]], dim=1)
-    model.float()
-    return seq[:, len(prompts[0]):].numpy(), np.stack(logits, axis=1)
 
 
 @pytest.fixture(scope="module")

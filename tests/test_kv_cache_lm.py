@@ -9,7 +9,7 @@ printed by ``-s`` and quoted in docs/MODELS.md."""
 import numpy as np
 import pytest
 
-from conftest import lm_session, share, value
+from conftest import assert_lm_costs, lm_run, lm_session, share, value
 from mpc3.party import RingConfig
 from app import generate as G
 from app import translate as T
@@ -39,34 +39,14 @@ def test_prefill_and_steps_match_reference_and_declared_cost(run, rng, attention
     w = M.random_weights(cfg, 2)
     steps = 4
     x = rng.uniform(-1, 1, (2, prompt + steps, 16))
-    measured = []
-
-    def fn(p, s, xs):
-        c0 = p.stats.snapshot()
-        h, st = LM.lm_prefill(p, cfg, s, xs[:, :prompt])
-        measured.append((p.rank, -1, p.stats.snapshot() - c0))
-        hs = [h]
-        for t in range(prompt, prompt + steps):
-            c0 = p.stats.snapshot()
-            hs.append(LM.lm_step(p, cfg, s, st, xs[:, t]))
-            measured.append((p.rank, t, p.stats.snapshot() - c0))
-        return hs, st.t, [c.t for c in st.prefix]
-
-    res = run(fn, SM.share_model(cfg, w), share(x))
-    assert res[0][1] == prompt + steps and res[0][2] == [prompt + steps] * 2
+    rows, measured, st = lm_run(run, cfg, SM.share_model(cfg, w), x, prompt)
+    assert st.t == prompt + steps and [c.t for c in st.prefix] == [prompt + steps] * 2
     full = M.ref_lm(cfg, w, x)
-    err = max(np.max(np.abs(value([r[0][k] for r in res]) - full[:, prompt - 1 + k]))
-              for k in range(steps + 1))
+    err = max(np.max(np.abs(h - full[:, prompt - 1 + k])) for k, h in enumerate(rows))
     print(f"{attention} norm_first={norm_first}: max abs error {err:.2e}")
     assert err < TOL
-    rc = RingConfig()
-    for t in [-1] + list(range(prompt, prompt + steps)):
-        declared = (LM.cost_lm_prefill(rc, cfg, 2, prompt) if t < 0
-                    else LM.cost_lm_step(rc, cfg, 2, t))
-        got = [m for r in range(3) for m in measured if m[0] == r and m[1] == t]
-        assert tuple(m[2].bytes_sent for m in got) == declared.bytes_per_party
-        assert max(m[2].rounds for m in got) == declared.rounds
-    costs = [LM.cost_lm_step(rc, cfg, 2, t) for t in range(1, 12)]
+    assert_lm_costs(cfg, measured, 2, prompt)
+    costs = [LM.cost_lm_step(RingConfig(), cfg, 2, t) for t in range(1, 12)]
     # rounds independent of t - but for the max-subtracted softmax's row maximum, whose
     # ReLU tournament over the t + 1 keys takes ceil(log2(t + 1)) levels of 4 rounds
     levels = [int(np.ceil(np.log2(t + 1))) if attention == "softmax" else 0

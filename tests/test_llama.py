@@ -9,7 +9,7 @@ uniform in [-1, 1]. Bound 1e-2 absolute on the hidden rows, as for the other LMs
 import numpy as np
 import pytest
 
-from conftest import share, value
+from conftest import assert_lm_costs, lm_run, share, value
 from mpc3.party import RingConfig
 from protocols import model as M
 from protocols.calibration import calibrate as C
@@ -38,33 +38,13 @@ def test_prefill_and_steps_match_reference_and_declared_cost(run, rng, kv, promp
     w = M.random_weights(cfg, 3)
     steps = 4
     x = rng.uniform(-1, 1, (2, prompt + steps, 16))
-    measured = []
-
-    def fn(p, s, xs):
-        c0 = p.stats.snapshot()
-        h, st = LM.lm_prefill(p, cfg, s, xs[:, :prompt])
-        measured.append((p.rank, -1, p.stats.snapshot() - c0))
-        hs = [h]
-        for t in range(prompt, prompt + steps):
-            c0 = p.stats.snapshot()
-            hs.append(LM.lm_step(p, cfg, s, st, xs[:, t]))
-            measured.append((p.rank, t, p.stats.snapshot() - c0))
-        return hs, [c.k.shape[1] for c in st.prefix]
-
-    res = run(fn, SM.share_model(cfg, w), share(x))
-    assert res[0][1] == [cfg.kv_heads] * 2          # the cache keeps the KV heads only
+    rows, measured, st = lm_run(run, cfg, SM.share_model(cfg, w), x, prompt)
+    assert [c.k.shape[1] for c in st.prefix] == [cfg.kv_heads] * 2   # the KV heads only
     full = M.ref_lm(cfg, w, x)
-    err = max(np.max(np.abs(value([r[0][k] for r in res]) - full[:, prompt - 1 + k]))
-              for k in range(steps + 1))
+    err = max(np.max(np.abs(h - full[:, prompt - 1 + k])) for k, h in enumerate(rows))
     print(f"kv heads {cfg.kv_heads}, prompt {prompt}: max abs error {err:.2e}")
     assert err < TOL
-    rc = RingConfig()
-    for t in [-1] + list(range(prompt, prompt + steps)):
-        declared = (LM.cost_lm_prefill(rc, cfg, 2, prompt) if t < 0
-                    else LM.cost_lm_step(rc, cfg, 2, t))
-        got = [m for r in range(3) for m in measured if m[0] == r and m[1] == t]
-        assert tuple(m[2].bytes_sent for m in got) == declared.bytes_per_party
-        assert max(m[2].rounds for m in got) == declared.rounds
+    assert_lm_costs(cfg, measured, 2, prompt)
 
 
 def test_incremental_reference_is_the_whole_sequence():

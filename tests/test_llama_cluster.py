@@ -31,6 +31,7 @@ from app.cli import main as cli  # noqa: E402
 from app.localcluster import LocalCluster  # noqa: E402
 from app.owner import calibrate_model, share_transformer  # noqa: E402
 from protocols import model as M  # noqa: E402
+from hf_greedy import reference  # noqa: E402
 
 N_TOKENS = 16
 PROMPTS = [[72, 63, 54, 55, 93], [54, 8, 29, 48, 42], [67, 52, 64, 25, 61],
@@ -53,19 +54,6 @@ def make_llama(path, noise: float):
             p.add_(torch.randn(p.shape, generator=g) * noise)
     model.eval().save_pretrained(path, safe_serialization=True)
     return model
-
-
-def reference(model, prompts, n):
-    """transformers' greedy continuation: tokens (B, n) and float64 logits (B, n, V)."""
-    m = model.double()
-    seq, logits = torch.tensor(prompts), []
-    with torch.no_grad():
-        for _ in range(n):
-            step = m(input_ids=seq).logits[:, -1]
-            logits.append(step.numpy())
-            seq = torch.cat([seq, step.argmax(-1)[:, None]], dim=1)
-    model.float()
-    return seq[:, len(prompts[0]):].numpy(), np.stack(logits, axis=1)
 
 
 @pytest.fixture(scope="module")

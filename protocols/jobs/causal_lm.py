@@ -68,17 +68,23 @@ def run_lm_prefill(ctx: JobContext, inputs: dict) -> dict:
     return {"H": h}
 
 
-def run_lm_step(ctx: JobContext, inputs: dict) -> dict:
+def _session_state(ctx: JobContext, y) -> LMState:
+    """The open session's state, checked to take one more row of ``y``'s batch."""
     state: LMState | None = ctx.session.state
     if state is None:
         raise ValueError("the LM session was not opened")
-    cfg, y = ctx.model.config, inputs["Y"]
     if y.shape[0] != state.batch:
         raise ValueError(f"step batch {y.shape[0]} differs from the session's {state.batch}")
-    if state.t >= cfg.max_len:
-        raise ValueError(f"the session reached the model's length limit of {cfg.max_len} "
-                         "tokens")
-    return {"H": lm_step(ctx.party, cfg, ctx.model.shares, state, y, on_layer=ctx.costs.mark)}
+    if state.t >= ctx.model.config.max_len:
+        raise ValueError(f"the session reached the model's length limit of "
+                         f"{ctx.model.config.max_len} tokens")
+    return state
+
+
+def run_lm_step(ctx: JobContext, inputs: dict) -> dict:
+    y = inputs["Y"]
+    return {"H": lm_step(ctx.party, ctx.model.config, ctx.model.shares,
+                         _session_state(ctx, y), y, on_layer=ctx.costs.mark)}
 
 
 def run_lm_close(ctx: JobContext, inputs: dict) -> dict:
@@ -135,17 +141,9 @@ def run_lm_prefill_token(ctx: JobContext, inputs: dict) -> dict:
 
 
 def run_lm_step_token(ctx: JobContext, inputs: dict) -> dict:
-    state: LMState | None = ctx.session.state
-    if state is None:
-        raise ValueError("the LM session was not opened")
-    cfg, y = ctx.model.config, inputs["ONEHOT"]
-    if y.shape[0] != state.batch:
-        raise ValueError(f"step batch {y.shape[0]} differs from the session's {state.batch}")
-    if state.t >= cfg.max_len:
-        raise ValueError(f"the session reached the model's length limit of {cfg.max_len} "
-                         "tokens")
-    return {"TOK": lm_step_token(ctx.party, cfg, ctx.model.shares, state, y,
-                                 on_layer=ctx.costs.mark)}
+    y = inputs["ONEHOT"]
+    return {"TOK": lm_step_token(ctx.party, ctx.model.config, ctx.model.shares,
+                                 _session_state(ctx, y), y, on_layer=ctx.costs.mark)}
 
 
 _DO = (DECODER_ONLY,)
