@@ -13,6 +13,11 @@ from mpc3.sharing import deal, reveal
 from mpc3.sim import make_parties, run_parties
 
 ROOT = Path(__file__).resolve().parent.parent
+#: tests/: on sys.path whatever pytest's import mode, so every test module finds conftest.py
+#: and helpers/ by name (no test module imports another: what two share is in helpers/)
+TESTS = Path(__file__).resolve().parent
+if str(TESTS) not in sys.path:
+    sys.path.insert(0, str(TESTS))
 
 
 def mpc3_cli(*args, timeout: float = 300):

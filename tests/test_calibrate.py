@@ -14,7 +14,7 @@ import pytest
 from conftest import share, value
 from kernel_probe import Probe
 import shadow_run as SR
-from test_norms import fit_batchnorm
+from helpers.cases import fit_batchnorm
 
 from mpc3.kernels import activations, arith, convert, fxp, silu
 from mpc3.party import RingConfig

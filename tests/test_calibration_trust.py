@@ -20,7 +20,7 @@ from mpc3 import ring
 from net.client.failures import ClusterError
 from protocols import model as M
 from protocols.layers.secure_model import plain_tensors
-from test_calibration_check import EDITS, LM
+from helpers.calibration_edits import EDITS, LM
 
 C = grpc.StatusCode
 

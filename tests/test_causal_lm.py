@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import lm_session, share, value
+from helpers.cases import top2_gap
 from mpc3 import ring
 from mpc3.party import RingConfig
 from mpc3.sharing import deal
@@ -169,19 +170,6 @@ def test_prefill_attention_leaves_the_decode_state(run, rng):
     for j, t in enumerate((5, 6)):
         assert np.max(np.abs(value([r[1][j] for r in res])[:, :, 0] - ref[:, :, t])) < 1e-4
     assert res[0][2] == (7, 6, 1)
-
-
-def top2_gap(cfg, w, user, prompt, tokens):
-    """Smallest margin between the best and second-best logit along the greedy path."""
-    gaps = []
-    for b, row in enumerate(tokens):
-        ids = list(prompt[b])
-        for tok in row:
-            h = M.ref_lm(cfg, w, M.embed_tokens(cfg, user, np.array([ids])))[0, -1]
-            top = np.sort(M.output_logits(user, h))
-            gaps.append(top[-1] - top[-2])
-            ids.append(tok)
-    return min(gaps)
 
 
 @pytest.mark.parametrize("norm_first,seed,fuse", [(True, 1, None), (False, 3, None),

@@ -11,9 +11,9 @@ import time
 import pytest
 
 from app.localcluster import LocalCluster, write_config
-from conftest import mpc3_cli
+from conftest import ROOT, mpc3_cli
+from helpers.cases import PACKAGES, _skip_reason
 from net import config as cconf
-from test_kernel_cache import PACKAGES, ROOT, _skip_reason
 
 pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
 

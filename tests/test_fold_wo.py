@@ -17,8 +17,7 @@ from protocols.stacks.encoder import encoder
 
 from conftest import share, value
 from conftest import make_cfg
-from test_protocols_stack import TOL, per_party
-from test_schedule import calibrated_case
+from helpers.cases import TOL, calibrated_case, per_party
 
 CROSS = frozenset({"dec.0.cross", "dec.1.cross"})
 

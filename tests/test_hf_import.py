@@ -31,6 +31,7 @@ transformers = pytest.importorskip("transformers")
 
 from app.cli import main as cli  # noqa: E402
 from app.owner import calibration_samples  # noqa: E402
+from helpers.hf_models import _perturb, make_bert  # noqa: E402
 from mpc3 import ring  # noqa: E402
 from mpc3.sharing import deal  # noqa: E402
 from net.client.outputs import reconstruct  # noqa: E402
@@ -39,28 +40,6 @@ from protocols.calibration import calibrate as C  # noqa: E402
 from protocols import model as M  # noqa: E402
 from protocols.layers import secure_model as SM  # noqa: E402
 from protocols.model import hf_import as HF  # noqa: E402
-
-NOISE = 0.15
-
-
-def _perturb(model, seed):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * NOISE)
-    return model.eval()
-
-
-def make_bert(path, **kw):
-    torch.manual_seed(0)
-    conf = transformers.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2,
-                                   num_attention_heads=4, intermediate_size=64,
-                                   max_position_embeddings=16, type_vocab_size=2,
-                                   num_labels=3, **kw)
-    model = _perturb(transformers.BertForSequenceClassification(conf), 1)
-    model.save_pretrained(path)
-    return model
-
 
 def make_gpt2(path, **kw):
     torch.manual_seed(0)

@@ -15,18 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from helpers.cases import PACKAGES, _skip_reason
+
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("mpc3", "protocols", "net", "app")
-
-
-def _skip_reason():
-    if os.geteuid() != 0:
-        return "a read-only bind mount needs root"
-    if shutil.which("unshare") is None or shutil.which("mount") is None:
-        return "unshare / mount not installed"
-    r = subprocess.run(["unshare", "-m", "true"], capture_output=True)
-    return None if r.returncode == 0 else "unshare -m not permitted here"
-
 
 pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
 

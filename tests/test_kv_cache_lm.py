@@ -129,7 +129,7 @@ def test_cache_rows_are_the_projected_keys_and_refuse_overflow(run, rng):
 def test_secure_generation_agrees_with_plaintext_greedy(attention):
     """lm_prefill / lm_step / lm_close over the in-process transport; token agreement 1.0
     where the reference's top-2 margin exceeds the secure error."""
-    from test_causal_lm import top2_gap
+    from helpers.cases import top2_gap
     cfg = lm_cfg(attention, norm_first=True)
     w, user = M.random_weights(cfg, 1), M.random_user(cfg, 1)
     prompt = np.array([[1, 5, 2], [3, 3, 0]])

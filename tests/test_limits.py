@@ -17,7 +17,7 @@ from net.limits import Limits, Quotas
 from net.proto import mpc3_pb2 as pb
 from net.party.service import MAX_JSON_DEPTH, MAX_PARAMS, json_value
 from net.party.sessions import SessionStore
-from test_sessions import _lm, _x
+from helpers.cases import _lm, _x
 
 S = pb.JobStatusReply
 

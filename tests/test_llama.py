@@ -159,7 +159,7 @@ def test_secure_generation_agrees_with_plaintext_greedy():
     greedy tokens, where its top-2 margin exceeds the secure error."""
     from app import generate as G
     from app import translate as T
-    from test_causal_lm import top2_gap
+    from helpers.cases import top2_gap
     cfg = llama_cfg()
     w, user = M.random_weights(cfg, 1), M.random_user(cfg, 1)
     prompt = np.array([[1, 5, 2], [3, 3, 0]])

@@ -32,30 +32,6 @@ BASE = dict(d_model=16, n_heads=2, d_head=8, n_features=8, d_ff=32, attn_c=0.125
             attn_norm="mean", max_len=12)
 
 
-def fit_batchnorm(cfg, w, x, y=None):
-    """Set every BatchNorm's running mean / var to the statistics of its input on x (and the
-    decoder input y), layer after layer - what training's running averages converge to; with
-    random weights and unrelated statistics an un-normalised Performer stack (cubic in its
-    input) overflows."""
-    from protocols.model import reference as R
-    plain = R.ref_norm
-
-    def fit(cfg_, w_, prefix, t):
-        flat = t.reshape(-1, t.shape[-1])
-        w_[f"{prefix}.mean"], w_[f"{prefix}.var"] = flat.mean(0), flat.var(0)
-        return plain(cfg_, w_, prefix, t)
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(R, "ref_norm", fit)
-        if cfg.arch == M.ENCODER_DECODER:
-            M.ref_decoder(cfg, w, y, M.ref_encoder(cfg, w, x))
-        elif cfg.arch == M.DECODER_ONLY:
-            M.ref_lm(cfg, w, x)
-        else:
-            M.ref_encoder(cfg, w, x)
-    return w
-
-
 def cfg_of(arch, **kw):
     extra = {"encoder-decoder": dict(n_enc_layers=1, n_dec_layers=2, src_vocab=7, tgt_vocab=7),
              "encoder-classifier": dict(arch=arch, n_enc_layers=2, src_vocab=7, n_classes=3),
@@ -312,7 +288,7 @@ def test_secure_generation_agrees_with_plaintext_greedy(variant, tmp_path):
     in-process transport, app.generate) generates the reference's greedy tokens."""
     from app import generate as G
     from app import translate as T
-    from test_causal_lm import top2_gap
+    from helpers.cases import top2_gap
     if variant == "aero-scaled-pruned":
         cfg = M.aero(cfg_of("decoder-only", n_dec_layers=3, attn_c=0.05, tgt_vocab=13),
                      scale=True, pruned=1)

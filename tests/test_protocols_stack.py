@@ -16,15 +16,9 @@ from protocols.layers import secure_model as SM
 from protocols.stacks.encoder import encoder
 
 from conftest import share, value
-
-TOL = 2e-3
-
+from helpers.cases import TOL, per_party
 
 make_cfg = conftest.make_cfg
-
-
-def per_party(sh, *xs):
-    return list(zip(*[(sh[i],) + tuple(x[i] for x in xs) for i in range(3)]))
 
 
 @pytest.mark.parametrize("norm_first", [False, True])

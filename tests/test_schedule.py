@@ -24,20 +24,9 @@ from protocols.stacks.encoder import encoder
 
 from conftest import share, value
 from conftest import make_cfg
-from test_protocols_stack import TOL, per_party
+from helpers.cases import TOL, calibrated_case, per_party
 
 EVERY = frozenset(f"dec.{i}.{k}" for i in range(2) for k in ("self", "cross"))
-
-
-def calibrated_case(rng, norm_first: bool, norm: str, c: float, steps: int):
-    """(cfg, weights, shares, x (2, 7, 24), y (2, steps, 24), calibration dict): a model
-    calibrated on these very inputs, as share-model would, with decode blocks of 2."""
-    cfg = make_cfg(norm_first=norm_first, attn_norm=norm, attn_c=c)
-    w = M.random_weights(cfg, 13)
-    x, y = rng.uniform(-1, 1, (2, 7, 24)), rng.uniform(-1, 1, (2, steps, 24))
-    pad = np.pad(y, ((0, 0), (0, cfg.max_len - steps), (0, 0)))
-    cal = C.calibrate(cfg, w, C.Samples([x], [pad]), decode_block=2).to_dict()
-    return cfg, w, SM.share_model(cfg, w), x, y, cal
 
 
 @pytest.mark.parametrize("norm_first,norm,c", [(False, "mean", 0.5), (True, "const", 0.05),

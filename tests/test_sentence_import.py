@@ -26,70 +26,10 @@ st = pytest.importorskip("sentence_transformers")
 from app.cli import main as cli  # noqa: E402
 from app.owner import calibration_samples  # noqa: E402
 from conftest import run_job  # noqa: E402
+from helpers.hf_models import TEXTS, make_bertmodel, make_st, make_tokenizer  # noqa: E402
 from net.party.inproc import InprocParties  # noqa: E402
 from protocols.calibration import calibrate as C  # noqa: E402
 from protocols import model as M  # noqa: E402
-
-WORDS = ["the", "cat", "dog", "sat", "on", "mat", "a", "runs", "fast", "slow"]
-SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-TEXTS = ["the cat sat on the mat", "a dog runs fast", "slow", "The DOG sat on a cat"]
-NOISE = 0.15
-
-
-def make_tokenizer(path):
-    """A BERT-style WordPiece tokenizer.json (lower-casing normalizer, [CLS] ... [SEP])."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-    vocab = SPECIAL + WORDS + list("abcdefghijklmnopqrstuvwxyz") + \
-        ["##" + c for c in "abcdefghijklmnopqrst"]
-    ids = {t: i for i, t in enumerate(vocab)}
-    tok = Tokenizer(models.WordPiece(ids, unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])])
-    tok.decoder = decoders.WordPiece()
-    tok.save(str(path / "tokenizer.json"))
-    fast = transformers.PreTrainedTokenizerFast(
-        tokenizer_file=str(path / "tokenizer.json"), unk_token="[UNK]", pad_token="[PAD]",
-        cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
-    fast.save_pretrained(path)          # tokenizer_config.json: what AutoTokenizer reads
-    return len(vocab)
-
-
-def make_bertmodel(path, positions=32, seed=0):
-    """A tiny random BertModel with its tokenizer, as save_pretrained writes them."""
-    path.mkdir(parents=True, exist_ok=True)
-    vocab = make_tokenizer(path)
-    torch.manual_seed(seed)
-    conf = transformers.BertConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=2,
-                                   num_attention_heads=4, intermediate_size=64,
-                                   max_position_embeddings=positions, type_vocab_size=2)
-    model = transformers.BertModel(conf)
-    g = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * NOISE)
-    model.eval().save_pretrained(path)
-    return path
-
-
-def make_st(path, pool="mean", normalize=True, max_seq_length=24, seed=0):
-    """A sentence-transformers directory around a tiny BertModel (SentenceTransformer.save)."""
-    from sentence_transformers import SentenceTransformer
-    try:                                    # sentence-transformers >= 6; before: .models
-        from sentence_transformers.sentence_transformer import modules
-    except ImportError:
-        from sentence_transformers import models as modules
-    bert = make_bertmodel(path.parent / f"{path.name}-bert", seed=seed)
-    mods = [modules.Transformer(str(bert), max_seq_length=max_seq_length),
-            modules.Pooling(32, pool)]
-    if normalize:
-        mods.append(modules.Normalize())
-    model = SentenceTransformer(modules=mods, device="cpu")
-    model.save(str(path))
-    return model
-
 
 def _import(tmp_path, src, *opts):
     out = tmp_path / "imported.npz"
@@ -256,7 +196,7 @@ def _edit_tokenizer(d):
 
 
 def test_classifier_import_keeps_labels_and_refuses_pool(tmp_path, capsys):
-    from test_hf_import import make_bert
+    from helpers.hf_models import make_bert
     make_bert(tmp_path / "c", id2label={0: "neg", 1: "neutral", 2: "pos"},
               label2id={"neg": 0, "neutral": 1, "pos": 2})
     out = _import(tmp_path, tmp_path / "c")

@@ -2,27 +2,13 @@
 job leaves nothing behind, so the client's retry with the same session id is accepted (issue 33,
 item 2: the retry answered ``session id already used`` and translations failed under load);
 one user's session ids never meet another's, so a foreign id looks unused."""
-import numpy as np
 import pytest
 
-from mpc3.shares import AShare
+from helpers.cases import _lm, _x
 from net.errors import BadRequest, Code
 from net.party.inproc import InprocParties
 from net.limits import Limits
 from net.party.sessions import SessionStore
-from protocols import model as M
-
-
-def _lm():
-    cfg = M.ModelConfig(d_model=8, n_heads=2, d_head=4, n_features=2, d_ff=8, attn_c=0.5,
-                        attn_norm="mean", norm_first=True, max_len=8, arch="decoder-only",
-                        n_dec_layers=1, tgt_vocab=5).validate()
-    return cfg, M.random_weights(cfg, 0)
-
-
-def _x(T: int = 3) -> dict:
-    z = np.zeros((1, T, 8), np.uint64)
-    return {"X": AShare(z, z.copy())}
 
 
 def test_a_refused_open_can_be_retried_with_its_id():

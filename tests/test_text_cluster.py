@@ -15,7 +15,7 @@ pytest.importorskip("sentence_transformers")
 from app.localcluster import LocalCluster  # noqa: E402
 from conftest import mpc3_cli  # noqa: E402
 from protocols import model as M  # noqa: E402
-from test_sentence_import import TEXTS, make_st, make_tokenizer  # noqa: E402
+from helpers.hf_models import TEXTS, make_st, make_tokenizer  # noqa: E402
 
 
 @pytest.fixture(scope="module")

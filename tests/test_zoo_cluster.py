@@ -147,7 +147,7 @@ def test_new_kinds_are_no_linear_function_of_their_input(zoo):
 def _kv_lm(zoo, attention):
     """A random softmax-style LM file (seed 3: top-2 logit margin > 1e-2 along the plaintext
     greedy path of PROMPT) and that path's 6 tokens."""
-    from test_causal_lm import top2_gap
+    from helpers.cases import top2_gap
     cfg = M.ModelConfig(**COMMON, arch="decoder-only", n_dec_layers=2, tgt_vocab=257,
                         attention=attention).validate()
     w, user = M.random_weights(cfg, 3), M.random_user(cfg, 3)
