@@ -13,11 +13,24 @@ from mpc3.sharing import deal, reveal
 from mpc3.sim import make_parties, run_parties
 
 ROOT = Path(__file__).resolve().parent.parent
-#: tests/: on sys.path whatever pytest's import mode, so every test module finds conftest.py
-#: and helpers/ by name (no test module imports another: what two share is in helpers/)
+#: tests/: one folder per room of the code (tests/mpc3/, tests/protocols/model/, ...,
+#: tests/system/; docs/DESIGN.md), none a package. On sys.path whatever pytest's import
+#: mode, so every test module finds conftest.py and helpers/ by name (no test module
+#: imports another: what two share is in helpers/).
 TESTS = Path(__file__).resolve().parent
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
+
+
+def pytest_sessionstart(session):
+    """pytest imports a test module by its basename (no __init__.py under tests/), so two
+    test modules of one name in two rooms would collide: refuse that before collecting."""
+    rooms = {}
+    for path in TESTS.rglob("test_*.py"):
+        rooms.setdefault(path.name, []).append(str(path.parent.relative_to(TESTS)))
+    twice = {name: sorted(where) for name, where in rooms.items() if len(where) > 1}
+    if twice:
+        raise pytest.UsageError(f"test modules share a basename, rename one: {twice}")
 
 
 def mpc3_cli(*args, timeout: float = 300):
