@@ -76,7 +76,7 @@ def failure_allowance(n: int, p: float, tail: float = 1e-9) -> int:
 def prob_trunc_allowance(z, tail: float = 1e-9) -> int:
     """failure_allowance for "prob" truncations of the ring values z (the untruncated
     integers, e.g. a product x y 2^(2 frac)): each fails with the documented probability
-    ~|z| / 2^64 (mpc3.kernels.truncation; measured by test_kernels_ranges.py::
+    ~|z| / 2^64 (mpc3.kernels.truncation; measured by tests/mpc3/test_kernels_ranges.py::
     test_prob_products_fail_with_documented_probability), so the Poisson mean is the sum."""
     p = np.abs(np.asarray(z, dtype=np.float64)).reshape(-1) / 2.0 ** 64
     return failure_allowance(p.size, float(p.mean()), tail) if p.size else 0

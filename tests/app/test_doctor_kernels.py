@@ -1,7 +1,7 @@
 """`mpc3 doctor` catches the numba-cache failure of issue 32, item 1: party 2 of a local
 cluster runs from a read-only install (a copy of the packages behind a read-only bind
-mount in a private mount namespace, HOME on it too, as tests/test_kernel_cache.py) and with
-a read-only data directory - the shipped systemd unit without its StateDirectory - so it
+mount in a private mount namespace, HOME on it too, as tests/net/party/test_kernel_cache.py)
+and with a read-only data directory - the shipped systemd unit without its StateDirectory - so it
 cannot compile or cache its secure kernels. It refuses to start; doctor names it as the
 party that is down and quotes why from its log, while parties 0 and 1 are up."""
 import shutil

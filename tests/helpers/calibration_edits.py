@@ -1,7 +1,7 @@
 """A small decoder-only LM and the edits of its stored calibration that the parties and
 the query user's client must refuse, each with the words its refusal must hold
-(tests/test_calibration_check.py without a cluster, tests/test_calibration_trust.py over
-party processes)."""
+(tests/protocols/calibration/test_calibration_check.py without a cluster,
+tests/protocols/calibration/test_calibration_trust.py over party processes)."""
 from protocols import model as M
 from protocols.calibration import calibrate as C
 from protocols.calibration.check import sites_reached

@@ -14,7 +14,7 @@ from protocols.calibration import calibrate as C
 from protocols.layers import secure_model as SM
 
 
-# ---------------------------- the encoder-decoder (tests/test_protocols_stack.py) ----
+# ------------------------ the encoder-decoder (tests/protocols/stacks/test_protocols_stack.py) ----
 TOL = 2e-3
 
 
@@ -22,7 +22,7 @@ def per_party(sh, *xs):
     return list(zip(*[(sh[i],) + tuple(x[i] for x in xs) for i in range(3)]))
 
 
-# ---------------------- a calibrated decode schedule (tests/test_schedule.py) ----
+# ---------------------- a calibrated decode schedule (tests/protocols/stacks/test_schedule.py) ----
 def calibrated_case(rng, norm_first: bool, norm: str, c: float, steps: int):
     """(cfg, weights, shares, x (2, 7, 24), y (2, steps, 24), calibration dict): a model
     calibrated on these very inputs, as share-model would, with decode blocks of 2."""
@@ -34,7 +34,7 @@ def calibrated_case(rng, norm_first: bool, norm: str, c: float, steps: int):
     return cfg, w, SM.share_model(cfg, w), x, y, cal
 
 
-# -------------------------- decoder-only LMs (tests/test_causal_lm.py) ----
+# -------------------------- decoder-only LMs (tests/protocols/stacks/test_causal_lm.py) ----
 def top2_gap(cfg, w, user, prompt, tokens):
     """Smallest margin between the best and second-best logit along the greedy path."""
     gaps = []
@@ -48,7 +48,7 @@ def top2_gap(cfg, w, user, prompt, tokens):
     return min(gaps)
 
 
-# ------------------------------- BatchNorm statistics (tests/test_norms.py) ----
+# ------------------------------- BatchNorm statistics (tests/protocols/stacks/test_norms.py) ----
 def fit_batchnorm(cfg, w, x, y=None):
     """Set every BatchNorm's running mean / var to the statistics of its input on x (and the
     decoder input y), layer after layer - what training's running averages converge to; with
@@ -73,7 +73,7 @@ def fit_batchnorm(cfg, w, x, y=None):
     return w
 
 
-# ------------------------ a session's LM at one party (tests/test_sessions.py) ----
+# ------------------------ a session's LM at one party (tests/net/party/test_sessions.py) ----
 def _lm():
     cfg = M.ModelConfig(d_model=8, n_heads=2, d_head=4, n_features=2, d_ff=8, attn_c=0.5,
                         attn_norm="mean", norm_first=True, max_len=8, arch="decoder-only",
@@ -86,7 +86,7 @@ def _x(T: int = 3) -> dict:
     return {"X": AShare(z, z.copy())}
 
 
-# ------------------------ a read-only install (tests/test_kernel_cache.py) ----
+# ------------------------ a read-only install (tests/net/party/test_kernel_cache.py) ----
 PACKAGES = ("mpc3", "protocols", "net", "app")
 
 

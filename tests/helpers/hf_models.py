@@ -1,8 +1,9 @@
 """Tiny Hugging Face checkpoints built here with a fixed seed and saved with
 ``save_pretrained`` (no hub downloads), every parameter perturbed by N(0, NOISE^2) after
-HF's initialisation: a BertForSequenceClassification (tests/test_hf_import.py) and a
-sentence-transformers directory around a BertModel with its WordPiece tokenizer
-(tests/test_sentence_import.py). Needs torch and transformers (skips without)."""
+HF's initialisation: a BertForSequenceClassification (tests/protocols/model/test_hf_import.py)
+and a sentence-transformers directory around a BertModel with its WordPiece tokenizer
+(tests/protocols/model/test_sentence_import.py). Needs torch and transformers (skips
+without)."""
 import pytest
 
 torch = pytest.importorskip("torch")

@@ -1,7 +1,7 @@
 """Small model files of every format ``mpc3 import`` reads, valid and hostile, built without
 torch or the hub (mpc3's own writers; Hugging Face names written by hand), and a runner that
-measures a command's peak memory in a child process (tests/test_model_hostile.py,
-tests/test_model_fuzz.py)."""
+measures a command's peak memory in a child process (tests/protocols/model/test_model_hostile.py,
+tests/protocols/model/test_model_fuzz.py)."""
 import json
 import os
 import resource

@@ -1,6 +1,6 @@
 """Checks both piecewise activations share (gelu_a, silu_a: mpc3.kernels.piecewise), each
-kernel described once by an :class:`Activation`: the tests of tests/test_kernels_gelu.py and
-tests/test_kernels_silu.py call these with their kernel."""
+kernel described once by an :class:`Activation`: the tests of tests/mpc3/test_kernels_gelu.py and
+tests/mpc3/test_kernels_silu.py call these with their kernel."""
 from __future__ import annotations
 
 from dataclasses import dataclass

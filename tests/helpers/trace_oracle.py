@@ -4,9 +4,9 @@ kernel sites (:mod:`protocols.calibration.site_catalog`: :data:`SITES`, :func:`s
 Test-only since issue 34 (it was ``protocols/sites.py``, the calibration):
 :func:`protocols.calibration.calibrate.calibrate` runs the secure stacks themselves on a shadow
 party (:mod:`protocols.calibration.shadow`, docs/CALIBRATION.md). The trace is frozen here as an
-independent oracle for the architectures it knows - tests/test_shadow.py compares the shadow's
-records with it, other tests that it computes the float64 reference - and a new layer or
-architecture is not added to it (docs/CALIBRATION.md, "Status").
+independent oracle for the architectures it knows - tests/protocols/calibration/test_shadow.py
+compares the shadow's records with it, other tests that it computes the float64 reference - and
+a new layer or architecture is not added to it (docs/CALIBRATION.md, "Status").
 
 A *site* is a place where the secure encoder (:func:`protocols.stacks.encoder.encoder`) or the
 secure incremental decoder (:meth:`protocols.stacks.decoder.DecodeState.start` +

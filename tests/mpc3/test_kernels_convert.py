@@ -73,7 +73,7 @@ def test_select_b2a_mul(run, rng):
 
 @pytest.mark.parametrize("n,mode", [(16, "fast"), (17, "lean")])
 def test_sqrt_inv_auto_picks_by_size(run, rng, n, mode):
-    """Values and bounds over the whole range: test_kernels_ranges.py."""
+    """Values and bounds over the whole range: tests/mpc3/test_kernels_ranges.py."""
     x = 2.0 ** rng.uniform(-12, 16, n)
     out = run(lambda p, a: fxp.sqrt_inv_a(p, a), share(x))
     rel, ulps = fxp.SQRT_INV_ERROR[mode]["exact"]
@@ -115,7 +115,7 @@ def _paper_poly(x):
 @pytest.mark.parametrize("mode", ["exact", "prob"])
 def test_exp_poly_is_the_paper_polynomial(mode, rng):
     """exp_a(method="poly"): Privformer's baseline polynomial (not exp) within a few ulp;
-    exp_a("limit") is tested against exp over EXP_RANGE in test_kernels_ranges.py."""
+    exp_a("limit") is tested against exp over EXP_RANGE in tests/mpc3/test_kernels_ranges.py."""
     run = Run(RingConfig(trunc=mode))
     x = np.concatenate([[0.0, -4.0, 4.0], rng.uniform(-4, 4, 200)])
     out = run(lambda p, a: fxp.exp_a(p, a, "poly"), share(x))

@@ -1,7 +1,7 @@
 """gelu_a: the error claim across its one range |x| <= gelu_limit (2^13), dense on the
 polynomial segments, in both truncation modes; what it does just outside the range; its
 rounds; the float64 table behind it. (Value and declared traffic at catalog sizes:
-tests/test_kernel_catalog.py.)"""
+tests/mpc3/test_kernel_catalog.py.)"""
 import numpy as np
 import pytest
 

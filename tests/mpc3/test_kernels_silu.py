@@ -2,7 +2,7 @@
 polynomials are, in both truncation modes and both methods; exactly 0 and x beyond them;
 what it does just outside the range; its rounds and declared cost; the float64 tables behind
 it; its site on a shadow party and the calibration's range check there. (Value and declared
-traffic at catalog sizes: tests/test_kernel_catalog.py.)"""
+traffic at catalog sizes: tests/mpc3/test_kernel_catalog.py.)"""
 import numpy as np
 import pytest
 

@@ -88,7 +88,7 @@ def test_every_module_is_in_a_room():
     dirs = {str(p.parent.relative_to(ROOT)).replace("/", ".")
             for top in ("protocols", "net") for p in (ROOT / top).rglob("__init__.py")}
     assert not sorted(d for d in dirs if d not in ROOMS and d != "net.proto"), \
-        "a package of protocols/ or net/ is in no room of tests/test_layering.py's ROOMS"
+        "a package of protocols/ or net/ is in no room of tests/system/test_layering.py's ROOMS"
 
 
 def test_rooms_import_downward():

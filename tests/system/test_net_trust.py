@@ -84,7 +84,7 @@ def test_production_party_runs_model_inference_only(prod):
     assert not PRODUCTION.diagnostic
     # No parameter a user sends can pick weights or a layer: a session id, and on opening a
     # session the LayerNorm fusions - a schedule from a fixed set, the same function computed
-    # (tests/test_translate_inproc.py::test_session_fusions_change_rounds_not_the_function).
+    # (tests/app/test_translate_inproc.py::test_session_fusions_change_rounds_not_the_function).
     for spec in PRODUCTION:
         allowed = {"session", "fuse"} if spec.session == "open" else {"session"}
         assert set(spec.params) <= allowed, spec.name

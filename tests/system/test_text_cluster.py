@@ -3,7 +3,7 @@ sentence-transformers directory imported with `mpc3 import`, shared with `mpc3 s
 (calibrated) and queried with `mpc3 embed "text" ...` against SentenceTransformer.encode;
 an encoder classifier with its class names queried with `mpc3 classify "text"`; an LM that
 carries a tokenizer continued from a text prompt with `mpc3 generate` (ids decoded back to
-text). Bounds as tests/test_sentence_import.py: cosine >= 0.9999, max abs 2e-3."""
+text). Bounds as tests/protocols/model/test_sentence_import.py: cosine >= 0.9999, max abs 2e-3."""
 import json
 
 import numpy as np

@@ -1,7 +1,8 @@
 """Three real party processes on loopback with mTLS: jobs, roles, bad input, failures.
 
 The cluster here is a benchmark/test cluster (app.bench_party): it runs the diagnostic job
-kind ``linear`` on bare tensors, which production parties refuse (tests/test_net_trust.py)."""
+kind ``linear`` on bare tensors, which production parties refuse
+(tests/system/test_net_trust.py)."""
 import hashlib
 import os
 import signal

@@ -142,7 +142,7 @@ def test_party_with_wrong_certificate_cannot_link(tmp_path, mesh):
     """A peer whose cert says another party (or a client) is refused by the listener."""
     import grpc
     if mesh[0].transport is not None:
-        pytest.skip("gRPC streams only: tests/test_tlslink.py covers the socket links")
+        pytest.skip("gRPC streams only: tests/net/peer/test_tlslink.py covers the socket links")
     from net.proto import mpc3_pb2 as pb, mpc3_pb2_grpc as pb_grpc
     keys.generate(tmp_path)
     rogue = keys.channel_credentials(tmp_path / "user.pem", tmp_path / "user.key",

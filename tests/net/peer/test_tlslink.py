@@ -1,6 +1,6 @@
 """Peer links over TLS sockets (net/peer/tlslink.py): who may link, what ends a link, and that the
 parties recover from it. (Results, traffic, chunking and job isolation over these links are
-in tests/test_net_link.py, which runs every case over both peer transports.)"""
+in tests/net/peer/test_net_link.py, which runs every case over both peer transports.)"""
 import socket
 import ssl
 import struct

@@ -3,7 +3,7 @@ model_problem) without a cluster: the sites a model reaches come from the calibr
 trace and do not depend on widths; every real calibration passes; every edit the parties and
 the client must refuse is refused with one line naming the model, the problem and the next
 step; the work does not grow with the config's sizes. Over party processes:
-tests/test_calibration_trust.py."""
+tests/protocols/calibration/test_calibration_trust.py."""
 import itertools
 import json
 import time

@@ -3,7 +3,8 @@ loopback, mTLS): a transformer uploaded without a valid calibration is refused b
 and nothing is stored; a model whose stored metadata was edited on disk is refused at job
 time - by the party holding the edit, or already by the query user's client before it shares
 inputs - while the party keeps serving its other models; properly shared models of each
-architecture run. The edits and their messages: tests/test_calibration_check.py."""
+architecture run. The edits and their messages:
+tests/protocols/calibration/test_calibration_check.py."""
 import json
 import subprocess
 import sys

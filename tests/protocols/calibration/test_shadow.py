@@ -1,6 +1,6 @@
 """The shadow party (mpc3.shadow, protocols.calibration.shadow): the secure stacks themselves, run
 on plaintext ring values, record what reaches every range-limited kernel - the values the
-hand-written float64 trace (tests/trace_oracle.py, the calibration before) records, within
+hand-written float64 trace (tests/helpers/trace_oracle.py, the calibration before) records, within
 fixed-point error.
 
 Equal sites, equal values (relative 2e-3 plus 1e-3 absolute: the shadow carries frac = 18
@@ -193,7 +193,7 @@ def test_a_mis_tagged_call_is_refused():
 
 def test_a_real_party_ignores_the_site_names():
     """Same kernels, same values and traffic with and without ``site`` (the keyword is the
-    shadow party's only; tests/test_kernel_catalog.py checks every declared cost)."""
+    shadow party's only; tests/mpc3/test_kernel_catalog.py checks every declared cost)."""
     from conftest import share, value
 
     from mpc3.sim import make_parties, run_parties

@@ -1,6 +1,7 @@
-"""Attention variants of protocols.layers.attention_variants (PowerSoftmax, scaled sigma-attention)
-and the softmax's fused division (tests/test_softmax.py: the softmax itself): values against their
-float64 references and measured traffic equal to the declared cost, unmasked and causal.
+"""Attention variants of protocols.layers.attention_variants (PowerSoftmax, scaled
+sigma-attention) and the softmax's fused division (tests/protocols/layers/test_softmax.py: the
+softmax itself): values against their float64 references and measured traffic equal to the
+declared cost, unmasked and causal.
 
 Shapes small and odd (B=2, h=3, S=7, dh=8), |q|, |k|, |v| <= 1.5 (scores |s| <= ~6).
 Stated bound: max |secure - reference| <= 2e-3 (measured over 25 runs of fresh shares:

@@ -7,7 +7,7 @@ from the headers when loading, values whenever a tensor is read. The share layou
 the calibration (:mod:`protocols.calibration.shadow`, the secure stacks on a shadow party) makes
 each one's ring form once into a temporary file it maps a slice of at each use. Both give
 exactly what the model in memory gives. The memory this saves is measured over a cluster in
-tests/test_memory.py.
+tests/net/party/test_memory.py.
 """
 import dataclasses
 
@@ -161,8 +161,8 @@ from protocols.layers.secure_model import LazyTensors, layout
 cfg, w, user = M.load_model(sys.argv[1], lazy=sys.argv[2] == "lazy")
 calibrate_model(cfg, w, user)
 tensors = LazyTensors(layout(cfg, w))
-for name in tensors:            # what the upload reads (the upload itself: test_memory.py)
-    tensors[name]
+for name in tensors:            # what the upload reads (the upload itself:
+    tensors[name]               # tests/net/party/test_memory.py)
 print(peak_rss())
 """
 

@@ -1,6 +1,7 @@
 """ModelConfig.attention: the seed papers' attention variants selectable in an
 encoder-classifier (softmax, power-softmax, sigma-relu; relu-performer stays the default;
-decoder-only LMs: tests/test_kv_cache_lm.py; the encoder-decoder: tests/test_encdec_variants.py) -
+decoder-only LMs: tests/protocols/stacks/test_kv_cache_lm.py; the encoder-decoder:
+tests/protocols/stacks/test_encdec_variants.py) -
 config, weights (no Omega), float64 reference, secure classify against it, declared cost,
 calibration."""
 import json

@@ -4,7 +4,8 @@ float64 reference in every architecture, with the declared costs unchanged (bias
 locally) and checked against measured traffic.
 
 Shapes: B=2, d=16, h=2, r=8, d_ff=32, 2 layers. Bounds: 2e-3 absolute on logits and on
-LayerNorm-scale hidden rows, as tests/test_classifier.py and tests/test_causal_lm.py."""
+LayerNorm-scale hidden rows, as tests/protocols/stacks/test_classifier.py and
+tests/protocols/stacks/test_causal_lm.py."""
 import numpy as np
 import pytest
 

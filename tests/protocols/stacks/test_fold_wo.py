@@ -3,7 +3,7 @@
 one round fewer per decoder layer; only where the model's calibration keeps |M| below
 ``arith.product_limit(frac)`` with its margin (``protocols.stacks.schedule.folded_wo``, site
 ``kvwo``). The same function: checked against the plaintext steps with the stack's bound
-(tests/test_protocols_stack.py, 2e-3), measured traffic == declared."""
+(tests/protocols/stacks/test_protocols_stack.py, 2e-3), measured traffic == declared."""
 import numpy as np
 import pytest
 

@@ -7,8 +7,8 @@
   (``ln_spans``: fewer bytes, same rounds).
 
 Both compute the same function within the stack's bound. Shapes as
-tests/test_protocols_stack.py (d=24, h=3, r=10, 2+2 layers, inputs uniform in [-1, 1]);
-bound there: 2e-3 absolute on LayerNorm-scale outputs.
+tests/protocols/stacks/test_protocols_stack.py (d=24, h=3, r=10, 2+2 layers, inputs uniform in
+[-1, 1]); bound there: 2e-3 absolute on LayerNorm-scale outputs.
 """
 import numpy as np
 import pytest
