@@ -264,7 +264,7 @@ def test_aero_scaled_pruned_lm_secure(run, rng, attention):
         w[f"dec.{i}.self.wq"] = 0.35 * w[f"dec.{i}.self.wq"]
     x = rng.uniform(-1, 1, (2, 7, 16))
     C.calibrate(cfg, w, C.Samples([x]))               # the folded trace: in range
-    import shadow_run as SR                           # ... and it computes the reference
+    from helpers import shadow_run as SR              # ... and it computes the reference
     SR.close(SR.lm(cfg, w, x), M.ref_lm(cfg, w, x))
 
     fn = _lm_run(cfg)
