@@ -27,7 +27,8 @@ from net.config import ClusterConfig
 #: clock difference (seconds) beyond which a party is reported: certificates' validity and
 #: the job deadlines assume roughly synchronized clocks
 MAX_SKEW_S = 2.0
-#: the test job's logits against the float64 reference (tests/test_classifier.py's bound)
+#: the test job's logits against the float64 reference (the bound of
+#: tests/protocols/stacks/test_classifier.py)
 JOB_TOLERANCE = 2e-3
 
 

@@ -1,5 +1,5 @@
 """Command-line options that the ``mpc3`` commands (app/cli) and the benchmark harness
-(app/bench) share; app/bench must not import app/cli (tests/test_layering.py)."""
+(app/bench) share; app/bench must not import app/cli (tests/system/test_layering.py)."""
 from __future__ import annotations
 
 import argparse

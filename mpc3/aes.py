@@ -12,7 +12,7 @@ took 1.17x as long.
 :data:`BACKEND` is ``"libcrypto"`` when the library loads (Linux only: macOS aborts a process
 that loads its unversioned libcrypto) and reproduces cryptography's keystream on a self-test
 vector at import, else ``"cryptography"`` (the same keystream through pyca/cryptography, logged
-once); tests/test_aes.py checks both against the reference and a NIST SP 800-38A vector.
+once); tests/mpc3/test_aes.py checks both against the reference and a NIST SP 800-38A vector.
 """
 from __future__ import annotations
 

@@ -56,7 +56,7 @@ def aes_ctr_bytes(key: bytes, nonce: bytes, nbytes: int) -> bytes:
 #: longer draws run CTR straight into the output buffer with the GIL released
 #: (:func:`mpc3.aes.ctr_into`; a short call that releases it waits for the GIL to come back
 #: from the other party threads, see ``ring.NOGIL_MIN_WORK``). Both give the same bytes for
-#: the same key and nonce (tests/test_security.py), so no counter is ever used twice.
+#: the same key and nonce (tests/mpc3/test_security.py), so no counter is ever used twice.
 ECB_MAX_BYTES = 1 << 14
 
 

@@ -13,6 +13,24 @@ from mpc3.sharing import deal, reveal
 from mpc3.sim import make_parties, run_parties
 
 ROOT = Path(__file__).resolve().parent.parent
+#: tests/: one folder per room of the code (tests/mpc3/, tests/protocols/model/, ...,
+#: tests/system/; docs/DESIGN.md), none a package. On sys.path whatever pytest's import
+#: mode, so every test module finds conftest.py and helpers/ by name (no test module
+#: imports another: what two share is in helpers/).
+TESTS = Path(__file__).resolve().parent
+if str(TESTS) not in sys.path:
+    sys.path.insert(0, str(TESTS))
+
+
+def pytest_sessionstart(session):
+    """pytest imports a test module by its basename (no __init__.py under tests/), so two
+    test modules of one name in two rooms would collide: refuse that before collecting."""
+    rooms = {}
+    for path in TESTS.rglob("test_*.py"):
+        rooms.setdefault(path.name, []).append(str(path.parent.relative_to(TESTS)))
+    twice = {name: sorted(where) for name, where in rooms.items() if len(where) > 1}
+    if twice:
+        raise pytest.UsageError(f"test modules share a basename, rename one: {twice}")
 
 
 def mpc3_cli(*args, timeout: float = 300):
@@ -58,7 +76,7 @@ def failure_allowance(n: int, p: float, tail: float = 1e-9) -> int:
 def prob_trunc_allowance(z, tail: float = 1e-9) -> int:
     """failure_allowance for "prob" truncations of the ring values z (the untruncated
     integers, e.g. a product x y 2^(2 frac)): each fails with the documented probability
-    ~|z| / 2^64 (mpc3.kernels.truncation; measured by test_kernels_ranges.py::
+    ~|z| / 2^64 (mpc3.kernels.truncation; measured by tests/mpc3/test_kernels_ranges.py::
     test_prob_products_fail_with_documented_probability), so the Poisson mean is the sum."""
     p = np.abs(np.asarray(z, dtype=np.float64)).reshape(-1) / 2.0 ** 64
     return failure_allowance(p.size, float(p.mean()), tail) if p.size else 0

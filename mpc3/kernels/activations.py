@@ -11,7 +11,7 @@ GELU(x) = x Phi(x) = x (1 + erf(x / sqrt 2)) / 2. gelu_a(method="auto") takes
   degree-6 Chebyshev polynomial in z = 2 x^2 / T^2 - 1 (degree 12 in x: 3.9e-4 in float64)
   replaces the four quartics, and two comparisons [x >= -T], [x >= T] (tails: |GELU - ReLU|
   <= T Phi(-T) = 3.7e-4) replace five; three products z, T_2, T_4 and one 4-term dot
-  product give it. Measured error 3.95e-4 (exact) on the grid of tests/test_kernels_gelu.py.
+  product give it. Measured error 3.95e-4 (exact) on the grid of tests/mpc3/test_kernels_gelu.py.
 
 Both have the same range and error claim. The segments form - the PUMA approach (Dong et
 al. 2023: segments with low-degree polynomials chosen by comparisons), re-cut for rounds
@@ -53,8 +53,9 @@ elements of [-6, 6]; documented like exp_a's, not prevented; products of segment
 Range (one, closed): |x| <= :func:`gelu_limit` (cfg) = relu_limit / 2 = 2^13: every
 comparison x - t_k then stays inside DReLU's window. Error on the range, both modes
 (:data:`GELU_ERROR`): max |out - GELU(x)| <= 6e-4 (measured 4.32e-4 exact, 4.37e-4 prob on
-a 4e4-point sweep of [-6, 6]; 1.3e-4 on the tails; tests/test_kernels_gelu.py). DReLU's either-answer region
-[t_k - 2^-12, t_k) picks the next segment's quartic, fitted 2^-10 beyond its ends.
+a 4e4-point sweep of [-6, 6]; 1.3e-4 on the tails; tests/mpc3/test_kernels_gelu.py). DReLU's
+either-answer region [t_k - 2^-12, t_k) picks the next segment's quartic, fitted 2^-10 beyond
+its ends.
 
 Outside the range: up to |x| < 2^15 - 4 - 2^-8 the comparisons are still right (DReLU's
 one bit of margin) and so is the result; beyond 2^15 + 4 every comparison is wrong -

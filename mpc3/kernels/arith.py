@@ -37,7 +37,7 @@ def product_limit(frac: int, extra: int = 0) -> float:
     2^62 offset no longer covers z (measured 13-37 % of results wrong), beyond that z wraps
     in the ring (~90 % wrong). In prob mode a product fails with probability
     ~|z| 2^(2*frac + extra - 64) at any size (2.3 % at |z| ~ 2^22.5, 19 % just below the
-    limit), as :mod:`mpc3.kernels.truncation` explains (tests/test_kernels_ranges.py)."""
+    limit), as :mod:`mpc3.kernels.truncation` explains (tests/mpc3/test_kernels_ranges.py)."""
     return 2.0 ** (OFFSET_BITS - 2 * frac - extra)
 
 

@@ -5,7 +5,7 @@ declared cost - the kernel module's own ``cost_*(n, cfg, **options)``, every ker
 function taking the element count and the RingConfig first (options bound with
 ``functools.partial``) - a float64 reference, an input generator that stays inside the kernel's
 documented range, the error tolerance on that range, and the range itself. The generic test
-(tests/test_kernel_catalog.py), ``mpc3 bench op`` and the benchmark job kinds all read this
+(tests/mpc3/test_kernel_catalog.py), ``mpc3 bench op`` and the benchmark job kinds all read this
 list, so adding a kernel touches only its own module and :data:`KERNELS`.
 
 Operands are plaintext float64/0-1 arrays of one of three kinds, shared by :meth:`Kernel.deal`:

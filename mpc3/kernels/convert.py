@@ -56,7 +56,7 @@ def relu_limit(cfg) -> float:
     (2^14 by default); inside it the result is exact outside the error region [-2^drop, 0)
     ulp. The window keeps one bit of margin (signs still right below 2^(bound+1) - 2^-8 for
     the defaults); on [2^(bound+1), 2^(bound+2)) every sign is wrong, beyond it about half
-    (tests/test_kernels_ranges.py). select_ab/mul_ab/b2a have no range (exact injection)."""
+    (tests/mpc3/test_kernels_ranges.py). select_ab/mul_ab/b2a have no range (exact injection)."""
     return 2.0 ** cfg.relu_bound_bits
 
 

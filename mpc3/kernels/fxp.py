@@ -16,7 +16,7 @@ x), followed by Newton iterations:
 * exp ("limit"): q(x/64)^64 - a degree-4 polynomial q fitted to e^u, six squarings.
 
 Ranges and errors (frac = 18, ulp = 2^-18, y the exact value of the encoded input; measured
-on dense sweeps and tested at the range edges by tests/test_kernels_ranges.py; "prob" mode
+on dense sweeps and tested at the range edges by tests/mpc3/test_kernels_ranges.py; "prob" mode
 figures exclude its failure events, see below). Rounds: exact / prob truncation.
 
 ==============  ===============  ==================================================  =======

@@ -51,7 +51,7 @@ harmlessly (they cancel).
 Range (one, closed): |x| <= :func:`silu_limit` (cfg) = relu_limit / 2 = 2^13, so every
 comparison x - t_k stays inside DReLU's window (|t_k| <= 10.25). Error on the range
 (:data:`SILU_ERROR`): max |out - SiLU(x)| <= 6e-4 exact, 7e-4 prob, both methods (measured
-on the grid of tests/test_kernels_silu.py: segments 3.62e-4 exact, 4.11e-4 prob; cheb
+on the grid of tests/mpc3/test_kernels_silu.py: segments 3.62e-4 exact, 4.11e-4 prob; cheb
 5.63e-4 exact, 5.77e-4 prob. The exact maxima are the tails just beyond the outermost
 threshold, 0 or x there exactly). DReLU's either-answer region [t_k - 2^-12, t_k) picks the
 next segment's piece, fitted 2^-10 beyond its ends.

@@ -18,7 +18,7 @@ shares inputs) check, with :func:`check_stored`, that the calibration
   calibration's own run - the secure stacks on a shadow party - on a copy of the config
   shrunk to a tiny width - same architecture, layers, attention, norms and flags - with
   random weights on short samples; the sites a model reaches do not depend on its widths,
-  ``tests/test_calibration_check.py``);
+  ``tests/protocols/calibration/test_calibration_check.py``);
 * gives a finite, positive input range for every input the model's job kinds take.
 
 The work is bounded by the metadata's size, never by the config's widths or length: the
@@ -53,9 +53,9 @@ NARROW = {"n_heads": 2, "d_head": 2, "n_features": 2, "d_ff": 4, "vocab": 4}
 #: and for decode blocks on either side of the block boundary.
 TRACE_LEN = 4
 #: Most layers a stored calibration can cover: it takes >= 230 bytes of JSON per layer
-#: (measured over tests/test_calibration_check.py's grid), and a party takes at most 64 KB of
-#: public metadata (``net.party.service.MAX_META``): ~280 layers. More are refused before
-#: anything is run (the calibration of 320 tiny layers takes 9-11 s,
+#: (measured over the grid of tests/protocols/calibration/test_calibration_check.py), and a
+#: party takes at most 64 KB of public metadata (``net.party.service.MAX_META``): ~280 layers.
+#: More are refused before anything is run (the calibration of 320 tiny layers takes 9-11 s,
 #: benchmarks/calibration_cost.py; a config is checked once, :func:`_reached`).
 MAX_LAYERS = 320
 

@@ -15,8 +15,8 @@ buffers at once; layers run one after another, so the widest one sets the peak:
 :data:`BYTES_PER_ELEMENT` is measured, not derived: the peak RSS increase of ``lm_prefill``
 jobs of the shipped softmax LM, per party (three in-process parties, divided by three;
 ``benchmarks/job_memory.py``, ``benchmarks/results/job_memory.json``), is 280 - 300 B per
-score element at B = 64 - 256, T = 52. ``tests/test_memory.py`` checks the estimate against
-the measured increase of softmax and Performer prefills (1x - 2x; measured 1.2 - 1.5x). The
+score element at B = 64 - 256, T = 52. ``tests/net/party/test_memory.py`` checks the estimate
+against the measured increase of softmax and Performer prefills (1x - 2x; measured 1.2 - 1.5x). The
 other kinds (classify, embed, encoder, decode steps) use the same formula unmeasured.
 Kinds without a model config (diagnostic kinds on bare tensors) are estimated from their
 inputs alone (:data:`BYTES_PER_INPUT_BYTE` per byte of input shares).

@@ -9,7 +9,8 @@ shared W^Q, W^K, W^V by :mod:`protocols.layers.secure_model` (free online), and
 W^O (no rounds of its own) only for ``attn_norm == "mean"``.
 
 Cost declarations (``cost_*``) give rounds and bytes per party as formulas of the shapes and
-are checked against the communicator's counters in tests/test_protocols_attention.py.
+are checked against the communicator's counters in
+tests/protocols/layers/test_protocols_attention.py.
 
 Batching helper: :func:`mul_many` runs several independent (mat)products in one truncated
 resharing (one kernel invocation, the rounds of a single product), which is how Q'K'^T and

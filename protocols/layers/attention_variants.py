@@ -27,8 +27,9 @@ the S(S+1)/2 causal scores are reshared and transformed; the others are 0.
   per-row shifts, no extra round).
 * softmax: :mod:`protocols.layers.softmax` (max-subtracted and max-free, masked forms included).
 
-Ranges (checked by the calibration the model-zoo wiring adds; tests/test_attention_variants.py
-runs inside them): every score |s| < 2^13 and every product below arith.product_limit;
+Ranges (checked by the calibration the model-zoo wiring adds;
+tests/protocols/layers/test_attention_variants.py runs inside them): every score |s| < 2^13
+and every product below arith.product_limit;
 power_softmax: each denominator (eps + sum_j s^p; eps + mean_j s^p for "length";
 eps + sum_j t^p in [1, Sk + eps] for "stable") in fxp.RECIPROCAL_RANGE = [2^-12, 2^16] - so
 eps >= 2^-12 is required for "plain"/"length" (refused otherwise); "stable" needs every
@@ -37,8 +38,9 @@ row's max_j |s_ij| in [2^-6, 2^7) (fxp.SQRT_INV_RANGE and the ReLU limit for s^2
 convert.relu_limit (2^14), |s|^deg < 2^26, and |out| * L < 2^14 (ReLU) or
 < 2^14 max_k |c_k| (polynomial). Error: fixed point (18 bits), the 12-bit factors (2^-12
 relative) and reciprocal_a's / sqrt_inv_a's; PowerSoftmax's is ~2 ulp * sum_j |v_j| / den
-(largest where den ~ eps). Measured in tests/test_attention_variants.py (<= 2e-3 absolute,
-measured <= 1.3e-3, at B=2, h=3, S=7, dh=8 with |q|, |k|, |v| <= 1.5, eps = 1e-2).
+(largest where den ~ eps). Measured in tests/protocols/layers/test_attention_variants.py
+(<= 2e-3 absolute, measured <= 1.3e-3, at B=2, h=3, S=7, dh=8 with |q|, |k|, |v| <= 1.5,
+eps = 1e-2).
 """
 from __future__ import annotations
 

@@ -10,7 +10,8 @@ protocols.model.torch_ref import TorchModel``): nothing else in mpc3 needs torch
 and Performer's ``omega`` is a fixed buffer (Privformer draws it, it is not trained).
 :meth:`TorchModel.export` returns ``(Weights, user)`` for :func:`protocols.model.save_model`.
 
-Forward paths, each equal to the reference on the same weights (tests/test_torch_ref.py:
+Forward paths, each equal to the reference on the same weights
+(tests/protocols/model/test_torch_ref.py:
 every arch x attention x ffn_act x norm x norm_first x attn_bias x pool x embedding x
 n_kv_heads, 1e-9 in float64; and LLaMA-shaped decoders: rmsnorm, swiglu, rotary, grouped-query):
 

@@ -29,7 +29,7 @@ For an embedded input x (B, S, d) shared by the query user:
    LayerNorm-scale row, whatever d and S; the result is e / ||e|| whatever K (it cancels).
 
 Cost: :func:`cost_embed_sentence` (equal to the measured traffic,
-``tests/test_sentence.py``).
+``tests/protocols/stacks/test_sentence.py``).
 
 Ranges (checked by :mod:`protocols.calibration.calibrate` at layer ``pool``): ``pool_max`` - the
 spread max - min over the positions of each coordinate, which bounds every difference the

@@ -1,0 +1,247 @@
+"""The shadow party (mpc3.shadow, protocols.calibration.shadow): the secure stacks themselves, run
+on plaintext ring values, record what reaches every range-limited kernel - the values the
+hand-written float64 trace (tests/helpers/trace_oracle.py, the calibration before) records, within
+fixed-point error.
+
+Equal sites, equal values (relative 2e-3 plus 1e-3 absolute: the shadow carries frac = 18
+fixed point, the trace float64; a wrong scale is off by a power of two) on the shipped
+classifier and LMs and on small configs across attentions, norms, activations and flags.
+Where the two differ, the shadow measures the secure code and the trace bounded it:
+sigma-attention's ``sigma_sum`` is the product with its actual multiplier c = 2^b / L
+(within [1/2, 1] of the trace's 2^SIG_BITS bound) and no ``vout`` (no kernel takes its
+output as an input before W^O).
+"""
+import itertools
+
+import numpy as np
+import pytest
+from helpers.trace_oracle import Recorder, Trace
+
+from mpc3 import ring
+from mpc3.kernels import arith, convert
+from mpc3.shadow import ShadowParty
+from protocols.calibration import calibrate as C
+from protocols import model as M
+from protocols.calibration import shadow as SH
+from app import textdata as TD
+from protocols.model.presets import aero
+
+RTOL, ATOL = 2e-3, 1e-3
+
+
+def compare(trace: dict, shadow: dict, attention: str, ordered: bool = True) -> None:
+    """``shadow`` records the layers and sites of ``trace`` in the same order (``ordered``;
+    an encoder-decoder's shadow files every cross attention and fused LayerNorm at the
+    session's start, where the parties compute them, the trace with its layer), with values
+    within RTOL / ATOL (sigma-attention: see the module docstring)."""
+    assert (list(shadow) if ordered else set(shadow)) == (list(trace) if ordered else set(trace))
+    for layer, row in trace.items():
+        want = set(row) - ({"vout"} if attention == "sigma-relu" else set())
+        assert set(shadow[layer]) == want, (layer, set(shadow[layer]) ^ want)
+        for site in want:
+            t, s = np.atleast_1d(row[site]), np.atleast_1d(shadow[layer][site])
+            if site == "sigma_sum":
+                assert np.all((s <= t * (1 + RTOL)) & (s >= t / 2 * (1 - RTOL))), (layer, t, s)
+            else:
+                np.testing.assert_allclose(s, t, rtol=RTOL, atol=ATOL, err_msg=f"{layer}.{site}")
+
+
+def traced(cfg, w, X, fold=True, block=None, Y=None):
+    rec = Recorder()
+    tr = Trace(cfg, w, fold, block, rec)
+    if cfg.arch == M.ENCODER_DECODER:
+        for x, y in zip(X, Y):
+            enc = tr.encoder(x)
+            if cfg.n_dec_layers:
+                tr.decoder(y, enc)
+        return rec.values
+    run = {M.ENCODER_CLASSIFIER: tr.classifier, M.ENCODER: tr.embedding,
+           M.DECODER_ONLY: tr.lm}[cfg.arch]
+    for x in X:
+        run(x)
+    return rec.values
+
+
+def shadowed(cfg, w, X, fold=True, block=None, Y=None):
+    if cfg.arch == M.ENCODER_DECODER:
+        return SH.trace_translator(cfg, w, X, Y, fold_omega=fold, block=block).values
+    if cfg.arch == M.ENCODER_CLASSIFIER:
+        return SH.trace_classifier(cfg, w, X, fold_omega=fold).values
+    if cfg.arch == M.ENCODER:
+        return SH.trace_embedding(cfg, w, X, fold_omega=fold).values
+    return SH.trace_lm(cfg, w, X, fold_omega=fold, block=block).values
+
+
+# ------------------------------------------------------------- shipped models ----
+@pytest.mark.parametrize("path", [TD.SHIPPED_CLASSIFIER, *TD.SHIPPED_LMS.values()],
+                         ids=["classifier", *TD.SHIPPED_LMS])
+def test_shipped_models_record_what_the_trace_records(path):
+    if not path.exists():
+        pytest.skip("no shipped model")
+    cfg, w, user = M.load_model(path)
+    X = C.default_samples(cfg, user, np.random.default_rng(0), n_seq=2).X
+    compare(traced(cfg, w, X), shadowed(cfg, w, X), cfg.attention)
+
+
+def test_shipped_translator_records_what_the_trace_records():
+    if not TD.SHIPPED_MODEL.exists():
+        pytest.skip("no shipped model")
+    cfg, w, user = M.load_model(TD.SHIPPED_MODEL)
+    s = C.default_samples(cfg, user, np.random.default_rng(0), n_seq=2)
+    compare(traced(cfg, w, s.X, Y=s.Y), shadowed(cfg, w, s.X, Y=s.Y), cfg.attention, False)
+
+
+# ------------------------------------------------------------- small configs ----
+ATTENTIONS = ("relu-performer", "softmax", "power-softmax", "sigma-relu")
+
+
+def small(arch: str, **kw) -> M.ModelConfig:
+    base = dict(d_model=8, n_heads=2, d_head=4, d_ff=16, n_features=6, max_len=7,
+                attn_c=0.5, attn_norm="mean", arch=arch, norm_first=False)
+    if arch == M.DECODER_ONLY:
+        base.update(n_enc_layers=0, n_dec_layers=2, tgt_vocab=10)
+    else:
+        base.update(n_enc_layers=2, n_dec_layers=0, src_vocab=10,
+                    n_classes=3 if arch == M.ENCODER_CLASSIFIER else 0)
+    return M.ModelConfig(**{**base, **kw}).validate()
+
+
+def samples(cfg, seed=2):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal((2, cfg.max_len, cfg.d_model)),
+            rng.standard_normal((1, 3, cfg.d_model)), rng.standard_normal((1, 1, cfg.d_model))]
+
+
+@pytest.mark.parametrize("arch", [M.ENCODER_CLASSIFIER, M.ENCODER, M.DECODER_ONLY])
+@pytest.mark.parametrize("attention,norm_first,act",
+                         list(itertools.product(ATTENTIONS, (False, True), ("relu", "gelu"))))
+def test_small_configs_across_attentions(arch, attention, norm_first, act):
+    cfg = small(arch, attention=attention, norm_first=norm_first, ffn_act=act,
+                attn_bias=act == "gelu")
+    w, X = M.random_weights(cfg, 1), samples(cfg)
+    compare(traced(cfg, w, X, block=3), shadowed(cfg, w, X, block=3), attention)
+
+
+@pytest.mark.parametrize("arch", [M.ENCODER_CLASSIFIER, M.ENCODER, M.DECODER_ONLY])
+@pytest.mark.parametrize("variant", ["unfolded", "const", "linear-ffn", "batchnorm",
+                                     "cls-tanh", "aero-scaled", "aero-pruned"])
+def test_small_configs_across_flags(arch, variant):
+    kw, fold = {}, variant != "unfolded"
+    if variant == "const":
+        kw = {"attn_norm": "const"}
+    elif variant == "linear-ffn":
+        kw = {"ffn_act": "none"}
+    elif variant == "batchnorm":
+        kw = {"norm": "batchnorm", "norm_first": True}
+    elif variant == "cls-tanh":
+        if arch != M.ENCODER_CLASSIFIER:
+            pytest.skip("a classifier's pooler")
+        kw = {"pool": "cls-tanh", "embedding": "learned"}
+    elif variant.startswith("aero"):
+        if arch != M.DECODER_ONLY:
+            pytest.skip("AERO's FFN scales are a decoder-only LM's")
+    cfg = small(arch, **kw)
+    if variant.startswith("aero"):
+        cfg = aero(cfg, scale=variant == "aero-scaled", pruned=int(variant == "aero-pruned"))
+    w, X = M.random_weights(cfg, 4), samples(cfg, 5)
+    compare(traced(cfg, w, X, fold, 2), shadowed(cfg, w, X, fold, 2), cfg.attention)
+
+
+@pytest.mark.parametrize("attention,norm_first,fold",
+                         list(itertools.product(ATTENTIONS, (False, True), (True, False))))
+def test_encoder_decoders_across_attentions(attention, norm_first, fold):
+    cfg = M.ModelConfig(d_model=8, n_heads=2, d_head=4, d_ff=16, n_features=6, n_enc_layers=1,
+                        n_dec_layers=2, max_len=7, src_vocab=10, tgt_vocab=10, attn_c=0.5,
+                        attn_norm="mean", attention=attention, norm_first=norm_first,
+                        attn_bias=not fold).validate()
+    w, rng = M.random_weights(cfg, 1), np.random.default_rng(2)
+    X = [rng.standard_normal((2, 7, 8)), rng.standard_normal((1, 3, 8))]
+    Y = [rng.standard_normal((2, 7, 8)), rng.standard_normal((1, 2, 8))]
+    compare(traced(cfg, w, X, fold, 3, Y), shadowed(cfg, w, X, fold, 3, Y), attention, False)
+
+
+@pytest.mark.parametrize("pool,normalize", [("mean", False), ("mean", True), ("cls", True),
+                                            ("max", False), ("max", True)])
+def test_sentence_embeddings_pool_and_normalize(pool, normalize):
+    cfg = small(M.ENCODER, pool=pool, normalize=normalize)
+    w, X = M.random_weights(cfg, 6), samples(cfg, 7)
+    compare(traced(cfg, w, X), shadowed(cfg, w, X), cfg.attention)
+
+
+# ------------------------------------------------------------ the mechanism ----
+def test_a_shadow_kernel_is_the_ideal_functionality_and_reports_its_site():
+    got = []
+    p = ShadowParty(record=lambda *a: got.append(a)).at("L")
+    x = np.array([[1.5, -2.0], [0.25, 3.0]])
+    sx = p.share(ring.encode(x))
+    y = arith.matmul_aa(p, sx, sx, site="w1")
+    np.testing.assert_allclose(ring.decode(y.a), x @ x, atol=2 ** -18)
+    assert not y.b.any()
+    r = convert.relu_a(p, sx, "hidden")
+    np.testing.assert_array_equal(ring.decode(r.a), np.maximum(x, 0))
+    assert got == [("L", "w1", "product", float(np.abs(x @ x).max() * 2 ** 36)),
+                   ("L", "hidden", "relu", 3.0 * 2 ** 18)]
+
+
+def test_a_mis_tagged_call_is_refused():
+    rec = SH.ShadowRecorder()
+    p = ShadowParty(record=rec).at("enc.0.ffn")
+    sx = p.share(ring.encode(np.ones((2, 2))))
+    with pytest.raises(ValueError, match="site 'hidden' is a relu site, reported by a product"):
+        arith.matmul_aa(p, sx, sx, site="hidden")
+
+
+def test_a_real_party_ignores_the_site_names():
+    """Same kernels, same values and traffic with and without ``site`` (the keyword is the
+    shadow party's only; tests/mpc3/test_kernel_catalog.py checks every declared cost)."""
+    from conftest import share, value
+
+    from mpc3.sim import make_parties, run_parties
+    x = np.random.default_rng(0).normal(size=(3, 4))
+    xs = share(x)
+
+    def fn(p, a, site):
+        out = arith.matmul_aa(p, a, a.T, site=site)
+        return out, p.stats.bytes_sent
+    runs = [run_parties(fn, [(xs[i], s) for i in range(3)], parties=make_parties())
+            for s in (None, "w1")]
+    for res in runs:
+        np.testing.assert_allclose(value([r[0] for r in res]), x @ x.T, atol=1e-4)
+    assert [r[1] for r in runs[0]] == [r[1] for r in runs[1]]
+
+
+def test_a_product_beyond_its_limit_is_recorded_whole_and_carried_on_as_the_trace_did():
+    """The parties' product would wrap (2^76 at 2 frac); the shadow records its real value
+    and goes on with it (as the float64 trace did), so later sites show where else the
+    model leaves a range; only an output beyond the ring's 64 bits itself wraps."""
+    rec = SH.ShadowRecorder()
+    p = ShadowParty(record=rec).at("enc.0.ffn")
+    big = p.share(ring.encode(np.array([2.0 ** 20])))
+    out = arith.mul_aa(p, big, big, site="w2")
+    assert rec.values["enc.0.ffn"]["w2"] == 2.0 ** 40
+    assert ring.decode(out.a)[0] == 2.0 ** 40
+    huge = arith.mul_aa(p, out, out, site="w2")                # 2^80 real: beyond 64 bits
+    assert abs(ring.decode(huge.a)[0]) < 2.0 ** 45
+    with pytest.raises(C.RangeError, match="enc.0.ffn: FFN product"):
+        C.Calibration(rec.values, {"X": 1.0}).check()
+
+
+def test_a_shadow_kv_cache_keeps_one_slot_and_the_same_rows():
+    """The calibration's KV caches (KVCache.empty(plain=True), a shadow party's) hold slot a
+    alone - as they grow, the same rows as a two-slot cache - and refuse a share whose slot
+    b is not zero."""
+    from protocols.layers.kv_cache import KVCache
+    rng = np.random.default_rng(0)
+    plain, full = KVCache.empty(2, 3, 4, 9, plain=True), KVCache.empty(2, 3, 4, 9)
+    p = ShadowParty()
+    for n in (3, 1, 1, 4):                             # grows 3 -> 6 -> 9
+        k, v = (p.share(ring.encode(rng.normal(size=(2, 3, n, 4)))) for _ in range(2))
+        plain.append(k, v)
+        full.append(k, v)
+    assert not plain.k.b.flags.writeable and plain.k.b.strides == (0, 0, 0, 0)
+    for got, want in zip(plain.rows(), full.rows()):
+        assert np.array_equal(p.value(got), p.value(want))
+    other = KVCache.empty(2, 3, 4, 9, plain=True)
+    k = p.share(ring.encode(np.ones((2, 3, 1, 4))))
+    with pytest.raises(ValueError, match="slot b is zero"):
+        other.append(k, type(k)(k.a, k.a.copy()))
