@@ -31,7 +31,7 @@ from app.cli import main as cli  # noqa: E402
 from app.localcluster import LocalCluster  # noqa: E402
 from app.owner import share_transformer  # noqa: E402
 from protocols import model as M  # noqa: E402
-from hf_greedy import reference  # noqa: E402
+from helpers.hf_greedy import reference  # noqa: E402
 
 NOISE = 0.15
 N_TOKENS = 16

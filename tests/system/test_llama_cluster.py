@@ -31,7 +31,7 @@ from app.cli import main as cli  # noqa: E402
 from app.localcluster import LocalCluster  # noqa: E402
 from app.owner import calibrate_model, share_transformer  # noqa: E402
 from protocols import model as M  # noqa: E402
-from hf_greedy import reference  # noqa: E402
+from helpers.hf_greedy import reference  # noqa: E402
 
 N_TOKENS = 16
 PROMPTS = [[72, 63, 54, 55, 93], [54, 8, 29, 48, 42], [67, 52, 64, 25, 61],
