@@ -165,8 +165,8 @@ def _cmd_share(args) -> int:
                                   secret_embeddings=args.secret_embeddings)
     secret = args.secret_embeddings
     print(f"model {args.model_id} ({mcfg.arch}, permits "
-          f"{', '.join(check_permit(permit, mcfg.arch, secret))}; "
-          f"{'embeddings and LM head secret' if secret else 'users hold the embeddings'}): "
+          f"{', '.join(check_permit(permit, mcfg.arch, secret))}"
+          f"{'; embeddings and LM head secret' if secret else ''}): "
           f"{weights.n_params()} parameters calibrated and shared to "
           f"3 parties (upload {upload_id}, copies verified) in {time.monotonic() - t0:.1f} s")
     return 0
