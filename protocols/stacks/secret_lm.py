@@ -98,8 +98,8 @@ def lm_step_token(p: Party, cfg: M.ModelConfig, shares: Mapping, state: LMState,
     return _token(p, shares, lm_step(p, cfg, shares, state, y, on_layer=on_layer))
 
 
-def cost_prefill_token(p_cfg, cfg: M.ModelConfig, B: int, T: int, fuse=DEFAULT_LM_FUSE,
-                       schedule: Schedule = GENERAL) -> Cost:
+def cost_prefill_token(p_cfg, cfg: M.ModelConfig, B: int, T: int,
+                       fuse=DEFAULT_LM_FUSE) -> Cost:
     return (cost_embed_onehot(p_cfg, cfg, B, T) + cost_lm_prefill(p_cfg, cfg, B, T, fuse=fuse)
             + cost_lm_head_token(p_cfg, B, cfg.tgt_vocab))
 
