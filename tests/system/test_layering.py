@@ -113,6 +113,13 @@ def test_the_benchmark_harness_does_not_import_the_cli():
     assert not bad, "app/bench imports app/cli:\n" + "\n".join(bad)
 
 
+def test_the_tamper_harness_stays_out_of_party_code():
+    """mpc3/tamper.py makes a party cheat (issue 35's tests and baseline): no module of the
+    layers imports it; only tests and benchmarks do."""
+    bad = sorted(n for n, deps in GRAPH.items() if "mpc3.tamper" in deps)
+    assert not bad, "modules importing the tamper harness: " + ", ".join(bad)
+
+
 def test_no_import_cycles():
     """Module-level and function-level imports together: a cycle through a function-local
     import is still a knot in the design, and so is a submodule importing names from its
