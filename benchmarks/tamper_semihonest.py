@@ -1,0 +1,157 @@
+"""What one cheating party does to each kernel's output in semi-honest mode, measured (issue
+35's baseline; docs/SECURITY.md, "What a cheating party can do in semi-honest mode"):
+
+    python benchmarks/tamper_semihonest.py --json benchmarks/results/tamper_semihonest.json
+
+Every kernel of the catalog (mpc3.kernels.catalog) runs on three in-process parties on the
+operands and PRG seeds of tests/mpc3/test_kernel_catalog.py's exact-cost test at its larger
+size (64 elements, matmul 8x16x8, exact truncation), once honestly and then ``--trials``
+times for each deviation, each time at a message drawn uniformly (seeded) from the honest
+run's messages, the cheater being that message's sender (mpc3.tamper):
+
+* ``add-1``: +1 to one entry (one ulp of a ring element; one unit of a packed byte);
+* ``add-random``: a uniform nonzero 64-bit error added to one entry (modulo its width);
+* ``flip``: one uniformly drawn bit of one entry.
+
+Each trial's outcome, from the three parties' outputs as the query user would take them:
+
+* ``raised_in_protocol`` - some party raised (a shape or op-counter check; the job aborts);
+* ``raised_at_reveal`` - the replicas of an output slot disagree (the client's check,
+  :func:`mpc3.sharing.reveal`, or the parties' opened values differ);
+* ``unchanged`` - the revealed value equals the honest run's, bit for bit;
+* ``changed_within_tolerance`` - it differs, but stays inside the kernel's documented error
+  bound against the float64 reference (silently altered, still a "right" answer);
+* ``changed_beyond_tolerance`` - it differs beyond the bound: a wrong answer nobody notices.
+
+Counts are exact for these draws (seeded: the same command gives the same table); they are
+frequencies over the messages of one job each, not probabilities over all inputs.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import runinfo  # noqa: E402
+from mpc3 import tamper  # noqa: E402
+from mpc3.kernels import catalog  # noqa: E402
+
+SIZE = (64, (8, 16, 8))              # the exact-cost test's larger size: elements, MxKxN
+DEVIATIONS = ("add-1", "add-random", "flip")
+OUTCOMES = ("unchanged", "changed_within_tolerance", "changed_beyond_tolerance",
+            "raised_at_reveal", "raised_in_protocol")
+
+
+def deviation(name: str, rng: np.random.Generator, seed: int) -> tamper.Deviation:
+    if name == "add-1":
+        return tamper.Deviation("add", error=1, seed=seed)
+    if name == "add-random":
+        return tamper.Deviation("add", error=int(rng.integers(1, 2 ** 64, dtype=np.uint64)),
+                                seed=seed)
+    return tamper.Deviation("flip", seed=seed)
+
+
+def outcome(case: tamper.Case, bad: tamper.Outcome, honest: np.ndarray) -> tuple[str, dict]:
+    """The trial's outcome and its details (the error, the largest change)."""
+    if bad.error is not None:
+        return "raised_in_protocol", {"error": _one_line(bad.error)}
+    try:
+        value = case.kernel.value(bad.results, case.cfg)
+    except ValueError as exc:
+        return "raised_at_reveal", {"error": _one_line(exc)}
+    if np.array_equal(value, honest):
+        return "unchanged", {}
+    change = {"max_abs_change": float(np.max(np.abs(value - honest))),
+              "elements_changed": int(np.sum(value != honest))}
+    err = np.abs(value - case.kernel.reference(*case.plain))
+    if (err <= case.kernel.bound(case.plain, case.cfg)).all():
+        return "changed_within_tolerance", change
+    return "changed_beyond_tolerance", change
+
+
+def _one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+
+
+def kernel_trials(name: str, trials: int, seed: int) -> dict:
+    case = tamper.catalog_case(name, *SIZE)
+    honest = case.run()
+    if honest.error is not None:
+        raise honest.error
+    value = case.kernel.value(honest.results, case.cfg)
+    rng = np.random.default_rng([seed, *name.encode()])
+    rows, counts = [], {d: Counter() for d in DEVIATIONS}
+    for dev_name in DEVIATIONS:
+        for t in range(trials):
+            dev = deviation(dev_name, rng, int(rng.integers(2 ** 32)))
+            target = tamper.draw(honest.sent, rng, dev.kind)
+            bad = case.run(target, dev)
+            result, details = outcome(case, bad, value)
+            counts[dev_name][result] += 1
+            rec, = bad.records
+            rows.append({"deviation": dev_name, **rec.as_dict(), "outcome": result, **details})
+    return {"messages": len(honest.sent), "rounds": max(s.rounds for s in honest.stats),
+            "counts": {d: {o: counts[d][o] for o in OUTCOMES} for d in DEVIATIONS},
+            "trials": rows}
+
+
+def table(result: dict) -> str:
+    """The Markdown table of docs/SECURITY.md: per kernel, outcomes summed over deviations."""
+    head = ("| kernel | messages | unchanged | changed, in tolerance | changed, beyond "
+            "tolerance | raised at reveal | raised in protocol |\n|---|---|---|---|---|---|---|")
+    lines = [head]
+    total = Counter()
+    for name, k in result["kernels"].items():
+        c = Counter()
+        for d in DEVIATIONS:
+            c.update(k["counts"][d])
+        total.update(c)
+        lines.append(f"| {name} | {k['messages']} | " + " | ".join(str(c[o]) for o in OUTCOMES)
+                     + " |")
+    lines.append("| **all** | | " + " | ".join(f"**{total[o]}**" for o in OUTCOMES) + " |")
+    by_dev = Counter()
+    for d in DEVIATIONS:
+        for o in OUTCOMES:
+            by_dev[(d, o)] = sum(k["counts"][d][o] for k in result["kernels"].values())
+    lines.append("")
+    lines.append("| deviation | " + " | ".join(OUTCOMES) + " |")
+    lines.append("|---|" + "---|" * len(OUTCOMES))
+    for d in DEVIATIONS:
+        lines.append(f"| {d} | " + " | ".join(str(by_dev[(d, o)]) for o in OUTCOMES) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--trials", type=int, default=8, help="per kernel and deviation")
+    ap.add_argument("--seed", type=int, default=35)
+    ap.add_argument("--only", help="comma-separated kernel names (default: the catalog)")
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--table", action="store_true", help="print the Markdown table only")
+    args = ap.parse_args(argv)
+    names = args.only.split(",") if args.only else list(catalog.KERNELS)
+    result = runinfo.start("tamper_semihonest")
+    result["command"] = "python benchmarks/tamper_semihonest.py" + "".join(
+        f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
+    result["params"] = {"elements": SIZE[0], "matmul_shape": list(SIZE[1]), "trunc": "exact",
+                        "trials_per_kernel_and_deviation": args.trials, "seed": args.seed,
+                        "deviations": list(DEVIATIONS)}
+    t0 = time.perf_counter()
+    result["kernels"] = {n: kernel_trials(n, args.trials, args.seed) for n in names}
+    result["wall_s"] = round(time.perf_counter() - t0, 1)
+    result["table_markdown"] = table(result)
+    if args.table:
+        print(result["table_markdown"])
+        return
+    runinfo.finish(result, args.json)
+
+
+if __name__ == "__main__":
+    main()

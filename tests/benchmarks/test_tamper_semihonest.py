@@ -1,0 +1,30 @@
+"""benchmarks/tamper_semihonest.py on two kernels: the JSON it writes (provenance, one outcome
+per trial, counts that add up) and its reproducibility from the seed."""
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+try:
+    import tamper_semihonest as T
+finally:
+    sys.path.pop(0)
+
+
+def test_the_baseline_writes_counts_that_add_up_and_repeat(tmp_path):
+    out = tmp_path / "r.json"
+    T.main(["--only", "open,relu", "--trials", "2", "--json", str(out)])
+    r = json.loads(out.read_text())
+    assert r["benchmark"] == "tamper_semihonest" and r["commit"] and "load_avg_1m_at_end" in r
+    assert r["command"].endswith("--only open,relu --trials 2 --json " + str(out))
+    for name, k in r["kernels"].items():
+        assert len(k["trials"]) == 2 * len(T.DEVIATIONS)
+        for d in T.DEVIATIONS:
+            assert sum(k["counts"][d].values()) == 2
+        assert all(t["outcome"] in T.OUTCOMES and t["kernel"] == name for t in k["trials"])
+    # an opened share changed on its way makes the parties open different values
+    assert {t["outcome"] for t in r["kernels"]["open"]["trials"]} == {"raised_at_reveal"}
+    again = tmp_path / "again.json"
+    T.main(["--only", "open,relu", "--trials", "2", "--json", str(again)])
+    assert json.loads(again.read_text())["kernels"] == r["kernels"]
