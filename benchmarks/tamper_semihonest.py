@@ -59,13 +59,13 @@ def deviation(name: str, rng: np.random.Generator, seed: int) -> tamper.Deviatio
 
 
 def outcome(case: tamper.Case, bad: tamper.Outcome, honest: np.ndarray) -> tuple[str, dict]:
-    """The trial's outcome and its details (the error, the largest change)."""
+    """The trial's outcome and its details (the exception, the largest change)."""
     if bad.error is not None:
-        return "raised_in_protocol", {"error": _one_line(bad.error)}
+        return "raised_in_protocol", {"exception": _one_line(bad.error)}
     try:
         value = case.kernel.value(bad.results, case.cfg)
     except ValueError as exc:
-        return "raised_at_reveal", {"error": _one_line(exc)}
+        return "raised_at_reveal", {"exception": _one_line(exc)}
     if np.array_equal(value, honest):
         return "unchanged", {}
     change = {"max_abs_change": float(np.max(np.abs(value - honest))),
@@ -96,7 +96,8 @@ def kernel_trials(name: str, trials: int, seed: int) -> dict:
             result, details = outcome(case, bad, value)
             counts[dev_name][result] += 1
             rec, = bad.records
-            rows.append({"deviation": dev_name, **rec.as_dict(), "outcome": result, **details})
+            where = {k: v for k, v in rec.as_dict().items() if k not in ("before", "after")}
+            rows.append({"deviation": dev_name, **where, "outcome": result, **details})
     return {"messages": len(honest.sent), "rounds": max(s.rounds for s in honest.stats),
             "counts": {d: {o: counts[d][o] for o in OUTCOMES} for d in DEVIATIONS},
             "trials": rows}

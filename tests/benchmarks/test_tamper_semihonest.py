@@ -23,6 +23,7 @@ def test_the_baseline_writes_counts_that_add_up_and_repeat(tmp_path):
         for d in T.DEVIATIONS:
             assert sum(k["counts"][d].values()) == 2
         assert all(t["outcome"] in T.OUTCOMES and t["kernel"] == name for t in k["trials"])
+        assert all(("exception" in t) == t["outcome"].startswith("raised") for t in k["trials"])
     # an opened share changed on its way makes the parties open different values
     assert {t["outcome"] for t in r["kernels"]["open"]["trials"]} == {"raised_at_reveal"}
     again = tmp_path / "again.json"
