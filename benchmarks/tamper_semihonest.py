@@ -23,6 +23,9 @@ Each trial's outcome, from the three parties' outputs as the query user would ta
   bound against the float64 reference (silently altered, still a "right" answer);
 * ``changed_beyond_tolerance`` - it differs beyond the bound: a wrong answer nobody notices.
 
+Trials are also split by where the message lies: in the kernel's last round (the one that
+delivers the output shares) or earlier.
+
 Counts are exact for these draws (seeded: the same command gives the same table); they are
 frequencies over the messages of one job each, not probabilities over all inputs.
 """
@@ -88,6 +91,7 @@ def kernel_trials(name: str, trials: int, seed: int) -> dict:
     value = case.kernel.value(honest.results, case.cfg)
     rng = np.random.default_rng([seed, *name.encode()])
     rows, counts = [], {d: Counter() for d in DEVIATIONS}
+    last = max(s.op for s in honest.sent)          # the round that delivers the output
     for dev_name in DEVIATIONS:
         for t in range(trials):
             dev = deviation(dev_name, rng, int(rng.integers(2 ** 32)))
@@ -97,7 +101,8 @@ def kernel_trials(name: str, trials: int, seed: int) -> dict:
             counts[dev_name][result] += 1
             rec, = bad.records
             where = {k: v for k, v in rec.as_dict().items() if k not in ("before", "after")}
-            rows.append({"deviation": dev_name, **where, "outcome": result, **details})
+            rows.append({"deviation": dev_name, **where, "last_round": rec.op == last,
+                         "outcome": result, **details})
     return {"messages": len(honest.sent), "rounds": max(s.rounds for s in honest.stats),
             "counts": {d: {o: counts[d][o] for o in OUTCOMES} for d in DEVIATIONS},
             "trials": rows}
@@ -126,6 +131,12 @@ def table(result: dict) -> str:
     lines.append("|---|" + "---|" * len(OUTCOMES))
     for d in DEVIATIONS:
         lines.append(f"| {d} | " + " | ".join(str(by_dev[(d, o)]) for o in OUTCOMES) + " |")
+    by_round = Counter((t["last_round"], t["outcome"]) for k in result["kernels"].values()
+                       for t in k["trials"])
+    lines += ["", "| message | " + " | ".join(OUTCOMES) + " |", "|---|" + "---|" * len(OUTCOMES)]
+    for last, label in ((True, "in the kernel's last round"), (False, "in an earlier round")):
+        lines.append(f"| {label} | " + " | ".join(str(by_round[(last, o)]) for o in OUTCOMES)
+                     + " |")
     return "\n".join(lines)
 
 
