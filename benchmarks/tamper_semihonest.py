@@ -11,7 +11,10 @@ run's messages, the cheater being that message's sender (mpc3.tamper):
 
 * ``add-1``: +1 to one entry (one ulp of a ring element; one unit of a packed byte);
 * ``add-random``: a uniform nonzero 64-bit error added to one entry (modulo its width);
-* ``flip``: one uniformly drawn bit of one entry.
+* ``flip``: one uniformly drawn bit of one entry;
+
+and, on whole messages: ``replace`` (fresh uniform entries), ``replay`` (an earlier message
+of the same link re-tagged; none in a kernel of one round) and ``duplicate`` (posted twice).
 
 Each trial's outcome, from the three parties' outputs as the query user would take them:
 
@@ -47,7 +50,9 @@ from mpc3 import tamper  # noqa: E402
 from mpc3.kernels import catalog  # noqa: E402
 
 SIZE = (64, (8, 16, 8))              # the exact-cost test's larger size: elements, MxKxN
-DEVIATIONS = ("add-1", "add-random", "flip")
+SINGLE = ("add-1", "add-random", "flip")     # one entry or one bit of one message
+WHOLE = ("replace", "replay", "duplicate")    # a whole message (mpc3.tamper's kinds)
+DEVIATIONS = SINGLE + WHOLE
 OUTCOMES = ("unchanged", "changed_within_tolerance", "changed_beyond_tolerance",
             "raised_at_reveal", "raised_in_protocol")
 
@@ -58,7 +63,7 @@ def deviation(name: str, rng: np.random.Generator, seed: int) -> tamper.Deviatio
     if name == "add-random":
         return tamper.Deviation("add", error=int(rng.integers(1, 2 ** 64, dtype=np.uint64)),
                                 seed=seed)
-    return tamper.Deviation("flip", seed=seed)
+    return tamper.Deviation(name, seed=seed)
 
 
 def outcome(case: tamper.Case, bad: tamper.Outcome, honest: np.ndarray) -> tuple[str, dict]:
@@ -95,7 +100,10 @@ def kernel_trials(name: str, trials: int, seed: int) -> dict:
     for dev_name in DEVIATIONS:
         for t in range(trials):
             dev = deviation(dev_name, rng, int(rng.integers(2 ** 32)))
-            target = tamper.draw(honest.sent, rng, dev.kind)
+            try:
+                target = tamper.draw(honest.sent, rng, dev.kind)
+            except tamper.NotApplicable:             # replay: no earlier message
+                break
             bad = case.run(target, dev)
             result, details = outcome(case, bad, value)
             counts[dev_name][result] += 1
@@ -109,14 +117,15 @@ def kernel_trials(name: str, trials: int, seed: int) -> dict:
 
 
 def table(result: dict) -> str:
-    """The Markdown table of docs/SECURITY.md: per kernel, outcomes summed over deviations."""
+    """The Markdown tables of docs/SECURITY.md: per kernel and per round position, the
+    single-entry deviations' outcomes; per deviation, all of them."""
     head = ("| kernel | messages | unchanged | changed, in tolerance | changed, beyond "
             "tolerance | raised at reveal | raised in protocol |\n|---|---|---|---|---|---|---|")
     lines = [head]
     total = Counter()
     for name, k in result["kernels"].items():
         c = Counter()
-        for d in DEVIATIONS:
+        for d in SINGLE:
             c.update(k["counts"][d])
         total.update(c)
         lines.append(f"| {name} | {k['messages']} | " + " | ".join(str(c[o]) for o in OUTCOMES)
@@ -132,7 +141,7 @@ def table(result: dict) -> str:
     for d in DEVIATIONS:
         lines.append(f"| {d} | " + " | ".join(str(by_dev[(d, o)]) for o in OUTCOMES) + " |")
     by_round = Counter((t["last_round"], t["outcome"]) for k in result["kernels"].values()
-                       for t in k["trials"])
+                       for t in k["trials"] if t["deviation"] in SINGLE)
     lines += ["", "| message | " + " | ".join(OUTCOMES) + " |", "|---|" + "---|" * len(OUTCOMES)]
     for last, label in ((True, "in the kernel's last round"), (False, "in an earlier round")):
         lines.append(f"| {label} | " + " | ".join(str(by_round[(last, o)]) for o in OUTCOMES)
