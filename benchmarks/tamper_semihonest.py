@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import runinfo  # noqa: E402
 from mpc3 import tamper  # noqa: E402
+from mpc3.comm import NEXT  # noqa: E402
 from mpc3.kernels import catalog  # noqa: E402
 
 SIZE = (64, (8, 16, 8))              # the exact-cost test's larger size: elements, MxKxN
@@ -95,7 +96,7 @@ def kernel_trials(name: str, trials: int, seed: int) -> dict:
         raise honest.error
     value = case.kernel.value(honest.results, case.cfg)
     rng = np.random.default_rng([seed, *name.encode()])
-    rows, counts = [], {d: Counter() for d in DEVIATIONS}
+    rows, counts, exceptions = [], {d: Counter() for d in DEVIATIONS}, Counter()
     last = max(s.op for s in honest.sent)          # the round that delivers the output
     for dev_name in DEVIATIONS:
         for t in range(trials):
@@ -108,12 +109,33 @@ def kernel_trials(name: str, trials: int, seed: int) -> dict:
             result, details = outcome(case, bad, value)
             counts[dev_name][result] += 1
             rec, = bad.records
-            where = {k: v for k, v in rec.as_dict().items() if k not in ("before", "after")}
-            rows.append({"deviation": dev_name, **where, "last_round": rec.op == last,
-                         "outcome": result, **details})
+            rows.append(_row(dev_name, rec, rec.op == last, result, details))
+            if "exception" in details:
+                exceptions[details["exception"]] += 1
     return {"messages": len(honest.sent), "rounds": max(s.rounds for s in honest.stats),
             "counts": {d: {o: counts[d][o] for o in OUTCOMES} for d in DEVIATIONS},
-            "trials": rows}
+            "exceptions": dict(exceptions.most_common()), "trials": rows}
+
+
+#: the fields of a trial's row, in order (one line each in the JSON, to keep it small)
+ROW = ("deviation", "party", "direction", "op", "k", "array", "element", "bit", "error",
+       "replayed_op", "last_round", "outcome", "max_abs_change")
+
+
+def _row(dev_name: str, rec: tamper.Record, last: bool, result: str, details: dict) -> str:
+    """``deviation=add-1 party=2 direction=prev op=1 ... outcome=raised_at_reveal``: the
+    fields of :data:`ROW` the trial has (direction as next/prev)."""
+    got = {**rec.as_dict(), "deviation": dev_name, "last_round": last, "outcome": result,
+           **details}
+    got["direction"] = "next" if rec.direction == NEXT else "prev"
+    return " ".join(f"{f}={got[f]}" for f in ROW if f in got)
+
+
+def parse_row(row: str) -> dict:
+    """A trial's row as a dict of strings (``last_round`` a bool)."""
+    got = dict(f.split("=", 1) for f in row.split(" "))
+    got["last_round"] = got["last_round"] == "True"
+    return got
 
 
 def table(result: dict) -> str:
@@ -141,7 +163,7 @@ def table(result: dict) -> str:
     for d in DEVIATIONS:
         lines.append(f"| {d} | " + " | ".join(str(by_dev[(d, o)]) for o in OUTCOMES) + " |")
     by_round = Counter((t["last_round"], t["outcome"]) for k in result["kernels"].values()
-                       for t in k["trials"] if t["deviation"] in SINGLE)
+                       for t in map(parse_row, k["trials"]) if t["deviation"] in SINGLE)
     lines += ["", "| message | " + " | ".join(OUTCOMES) + " |", "|---|" + "---|" * len(OUTCOMES)]
     for last, label in ((True, "in the kernel's last round"), (False, "in an earlier round")):
         lines.append(f"| {label} | " + " | ".join(str(by_round[(last, o)]) for o in OUTCOMES)
