@@ -56,6 +56,8 @@ WHOLE = ("replace", "replay", "duplicate")    # a whole message (mpc3.tamper's k
 DEVIATIONS = SINGLE + WHOLE
 OUTCOMES = ("unchanged", "changed_within_tolerance", "changed_beyond_tolerance",
             "raised_at_reveal", "raised_in_protocol")
+LABELS = dict(zip(OUTCOMES, ("unchanged", "changed, in tolerance", "changed, beyond tolerance",
+                             "raised at reveal", "raised in protocol")))
 
 
 def deviation(name: str, rng: np.random.Generator, seed: int) -> tamper.Deviation:
@@ -141,34 +143,26 @@ def parse_row(row: str) -> dict:
 def table(result: dict) -> str:
     """The Markdown tables of docs/SECURITY.md: per kernel and per round position, the
     single-entry deviations' outcomes; per deviation, all of them."""
-    head = ("| kernel | messages | unchanged | changed, in tolerance | changed, beyond "
-            "tolerance | raised at reveal | raised in protocol |\n|---|---|---|---|---|---|---|")
-    lines = [head]
-    total = Counter()
-    for name, k in result["kernels"].items():
-        c = Counter()
-        for d in SINGLE:
-            c.update(k["counts"][d])
-        total.update(c)
-        lines.append(f"| {name} | {k['messages']} | " + " | ".join(str(c[o]) for o in OUTCOMES)
-                     + " |")
-    lines.append("| **all** | | " + " | ".join(f"**{total[o]}**" for o in OUTCOMES) + " |")
-    by_dev = Counter()
-    for d in DEVIATIONS:
-        for o in OUTCOMES:
-            by_dev[(d, o)] = sum(k["counts"][d][o] for k in result["kernels"].values())
-    lines.append("")
-    lines.append("| deviation | " + " | ".join(OUTCOMES) + " |")
-    lines.append("|---|" + "---|" * len(OUTCOMES))
-    for d in DEVIATIONS:
-        lines.append(f"| {d} | " + " | ".join(str(by_dev[(d, o)]) for o in OUTCOMES) + " |")
-    by_round = Counter((t["last_round"], t["outcome"]) for k in result["kernels"].values()
+    def block(first: str, rows) -> list[str]:
+        return ([f"| {first} | " + " | ".join(LABELS[o] for o in OUTCOMES) + " |",
+                 "|---|" + "---|" * len(OUTCOMES)]
+                + [f"| {label} | " + " | ".join(str(c[o]) for o in OUTCOMES) + " |"
+                   for label, c in rows])
+
+    kernels = result["kernels"]
+    per_kernel = [(f"{n} ({k['messages']})", sum((Counter(k["counts"][d]) for d in SINGLE),
+                                                 Counter())) for n, k in kernels.items()]
+    total = sum((c for _, c in per_kernel), Counter())
+    per_kernel.append(("**all**", {o: f"**{total[o]}**" for o in OUTCOMES}))
+    per_dev = [(d, Counter({o: sum(k["counts"][d][o] for k in kernels.values())
+                            for o in OUTCOMES})) for d in DEVIATIONS]
+    by_round = Counter((t["last_round"], t["outcome"]) for k in kernels.values()
                        for t in map(parse_row, k["trials"]) if t["deviation"] in SINGLE)
-    lines += ["", "| message | " + " | ".join(OUTCOMES) + " |", "|---|" + "---|" * len(OUTCOMES)]
-    for last, label in ((True, "in the kernel's last round"), (False, "in an earlier round")):
-        lines.append(f"| {label} | " + " | ".join(str(by_round[(last, o)]) for o in OUTCOMES)
-                     + " |")
-    return "\n".join(lines)
+    rounds = [(label, {o: by_round[(last, o)] for o in OUTCOMES})
+              for last, label in ((True, "in the kernel's last round"),
+                                  (False, "in an earlier round"))]
+    return "\n".join(block("kernel (messages, 3 parties)", per_kernel) + [""]
+                     + block("deviation", per_dev) + [""] + block("message", rounds))
 
 
 def main(argv=None) -> None:
