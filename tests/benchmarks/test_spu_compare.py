@@ -1,17 +1,12 @@
 """benchmarks/spu_compare.py without SPU: arguments, interleaving order and the JSON it writes
 (the runner is faked; the real harness needs SPU's own venv and is never run in CI)."""
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-try:
-    import spu_compare as C
-finally:
-    sys.path.pop(0)
+from helpers.bench_scripts import script
+
+C = script("spu_compare")
 
 
 def test_args_defaults_and_row_selection(monkeypatch):

@@ -1,15 +1,10 @@
 """benchmarks/tamper_semihonest.py on two kernels: the JSON it writes (provenance, one outcome
 per trial, counts that add up) and its reproducibility from the seed."""
 import json
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-try:
-    import tamper_semihonest as T
-finally:
-    sys.path.pop(0)
+from helpers.bench_scripts import script
+
+T = script("tamper_semihonest")
 
 
 def test_the_baseline_writes_counts_that_add_up_and_repeat(tmp_path):
