@@ -1,6 +1,7 @@
 """The tamper harness (issue 35): one party deviates in one message, for tests and the
-semi-honest baseline (``benchmarks/tamper_semihonest.py``). Nothing in a party process
-imports it (``tests/system/test_layering.py`` checks).
+semi-honest baseline (``benchmarks/tamper_semihonest.py``). No module of mpc3/, protocols/,
+net/ or app/ imports it (``tests/system/test_layering.py`` checks), so no party process can
+be made to cheat through it.
 
 :func:`attach` wraps a party's :class:`~mpc3.comm.Communicator` in a :class:`TamperComm`: the
 same ``op`` counter and the same :class:`~mpc3.comm.CommStats` object, every message handed to
@@ -15,7 +16,11 @@ at random by :func:`draw` from the messages of an untampered run (:func:`run` re
 log: messages are data-independent in this SPMD code, so the tampered run sends the same
 ones up to the deviation). The kernel a message belongs to is a label, set around a call by
 :func:`scope` (``labelled(kernel)`` for a catalog kernel), read only by the harness; a
-kernel's own code does not know it.
+kernel's own code does not know it. The innermost label counts: kernels called inside a
+labelled one (a relu's comparisons) send under its label, and the kernels of a layer are
+labelled only where a test puts a scope around them (nothing patches kernel functions).
+The wrapper needs only its transport's ``_post``/``_take``/``abort``, so it fits the gRPC
+transport (net.peer.router.PeerComm) too; only the in-process simulator is wired up here.
 
 Deviations, on the arrays as they travel (ring elements are uint64; boolean shares and
 width-packed values travel as bytes, :func:`mpc3.ring.pack_bits`), so an "element" is one
