@@ -160,6 +160,9 @@ def test_random_draws_are_reproducible_and_reach_every_catalog_kernel():
     kernel_of = {(s.party, s.direction, s.op): s.kernel for s in honest.sent}
     hit = {kernel_of[(t.party, t.direction, t.op)] for t in draws}
     assert hit == set(catalog.KERNELS)
+    for name in ("open", "tanh"):                 # a draw inside one kernel stays there
+        t = tamper.draw(honest.sent, rng, "add", kernel=name)
+        assert kernel_of[(t.party, t.direction, t.op)] == name
     assert {t.party for t in draws} == {0, 1, 2} and {t.direction for t in draws} == {NEXT,
                                                                                         PREV}
 
