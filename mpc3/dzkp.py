@@ -1,0 +1,350 @@
+"""Distributed zero-knowledge proofs that a batch of a party's messages was computed honestly.
+
+The statement. Party P_i (the *prover*) sent messages whose correctness reduces to a batch of
+gates ``sum_a u[a, j] * v[a, j] == z[j]`` over Z_2^64 (j < L, a < m). P_i knows every value;
+its two neighbours, the *verifiers* V_L = P_{i-1} and V_R = P_{i+1}, hold additive shares of
+u, v and z (a value one of them knows whole is shared as (value, 0)). For the replicated
+product (:func:`mul_claims`) u and v are the cross terms of the two slots the verifiers hold
+and z is the message minus what the receiver can account for.
+
+The proof (Boyle-Gilboa-Ishai-Nof, CCS 2019: a fully linear PCP compiled to two verifiers
+holding shares; lifted to the Galois ring of :mod:`mpc3.galois` for Z_2^64):
+
+1. The verifiers send a challenge seed; every gate gets the weight theta_i sigma_t (j = (i, t),
+   uniform ring elements), and the claim becomes one weighted sum. A false gate survives with
+   probability <= 2 / 2^D (a bilinear form in theta, sigma over GF(2^D)).
+2. Compression by k: the prover sends (shared) the 2k - 1 values at public exceptional nodes
+   of h(X) = sum_t p_t(X) q_t(X), p_t and q_t interpolating k chunks of u and v. The
+   verifiers check sum_i theta_i h(w_i) == claim on shares (opened at the end) and send a
+   random exceptional point r; the new claim is h(r) over vectors p_t(r), q_t(r), k times
+   shorter. A false h passes with probability <= (2k - 2) / (2^D - 2k).
+3. At length <= k the prover pads p and q with one random value each (their evaluation at r is
+   then uniform: zero knowledge), sends h, and the verifiers open p(r), q(r), h(r) and every
+   check between themselves only.
+
+Rounds: 2 per compression after the first challenge, plus one exchange and one verdict.
+Soundness per proof: see :func:`soundness_bits`; ``reps`` independent repetitions share the
+rounds. The prover never learns a challenge before it has sent the message the challenge
+tests: seeds come from the key the two verifiers share and the prover lacks, and V_R sends
+each one only after receiving the prover's message. The three parties prove their own
+batches at the same time, so every round carries three proofs.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import ring
+from .comm import ProtocolError
+from .galois import GaloisRing, galois_ring
+from .party import Party
+from .prg import aes_ctr_bytes
+
+
+@dataclass(frozen=True)
+class Params:
+    """degree: of the Galois ring; reps: parallel repetitions; k: compression factor."""
+
+    degree: int = 32
+    reps: int = 2
+    k: int = 8
+
+
+@dataclass
+class Claim:
+    """One party's view of one prover's batch: u, v (m, L) and z (L,) over Z_2^64, whole for
+    the prover, additive shares for each verifier."""
+
+    u: np.ndarray
+    v: np.ndarray
+    z: np.ndarray
+
+    def __post_init__(self) -> None:
+        if self.u.shape != self.v.shape or self.u.ndim != 2 or self.z.shape != self.u.shape[1:]:
+            raise ValueError(f"claim shapes u {self.u.shape}, v {self.v.shape}, z {self.z.shape}")
+
+
+class CheatingDetected(ProtocolError):
+    """A proof was rejected: the prover deviated, or the reporting verifier lies."""
+
+    def __init__(self, prover: int, reporter: int, detail: str) -> None:
+        super().__init__(f"the proof of party {prover}'s messages was rejected by party "
+                         f"{reporter} ({detail}): party {prover} deviated from the protocol, "
+                         f"or party {reporter} reports falsely; the job is aborted")
+        self.prover, self.reporter = prover, reporter
+
+
+# ------------------------------------------------------------------ public costs ------
+def _lengths(L: int, m: int, k: int) -> list[int]:
+    """Vector lengths entering each compression (the first is the weighted one)."""
+    out = [L]
+    n = m * -(-L // k)
+    while n > k:
+        out.append(n)
+        n = -(-n // k)
+    out.append(n)
+    return out
+
+
+def soundness_bits(L: int, m: int, params: Params = Params()) -> float:
+    """-log2 of the probability that a false batch passes: per repetition 2 / 2^D for the
+    gate weights, (2k - 2) / (2^D - 2k) per compression and 2k / (2^D - 2k - 1) for the
+    last; repetitions are independent."""
+    g, k = 2.0 ** params.degree, params.k
+    steps = _lengths(L, m, k)
+    last = steps[-1]
+    eps = 2 / g + (len(steps) - 1) * (2 * k - 2) / (g - 2 * k) + 2 * last / (g - 2 * k - 1)
+    return -params.reps * math.log2(min(eps, 1.0))
+
+
+def cost_verify(L: int, m: int, params: Params = Params()) -> tuple[int, int]:
+    """(rounds, bytes each party sends) of :func:`verify_claims` for batches of L gates of m
+    terms (every party proves one batch of that size)."""
+    if L == 0:
+        return 0, 0
+    steps = _lengths(L, m, params.k)
+    elt = params.reps * params.degree * 8
+    S = len(steps)
+    bytes_ = 16 * S                                     # challenge seeds (V_R -> prover)
+    bytes_ += (S - 1) * (2 * params.k - 1) * elt        # h of each compression
+    bytes_ += (2 * steps[-1] + 1 + 2) * elt             # last h and the two pads
+    bytes_ += 2 * (S + 3) * elt                         # checks, p(r), q(r), h(r) both ways
+    bytes_ += 2 * 2                                     # verdicts
+    return 2 * S + 2, bytes_
+
+
+# --------------------------------------------------------------- randomness ------------
+def _words(seed: bytes, tag: str, n: int) -> np.ndarray:
+    nonce = (tag.encode() + bytes(16))[:16]
+    return np.frombuffer(aes_ctr_bytes(seed, nonce, 8 * n), dtype=np.uint64).copy()
+
+
+def _challenge(g: GaloisRing, seed: bytes, reps: int, avoid: int) -> np.ndarray:
+    """reps exceptional points, none equal mod 2 to the nodes 0 .. avoid - 1."""
+    raw = _words(seed, "point", 4 * reps).reshape(reps, 4) & np.uint64((1 << g.D) - 1)
+    pick = [next((int(w) for w in row if int(w) >= avoid), avoid) for row in raw]
+    return g.from_ints(np.array(pick))
+
+
+# ------------------------------------------------------------------ the proof ----------
+@functools.cache
+def _round(params: Params) -> "_Round":
+    return _Round(galois_ring(params.degree), params)
+
+
+class _Round:
+    """What the three roles of one party need across the compressions."""
+
+    def __init__(self, g: GaloisRing, params: Params) -> None:
+        self.g, self.p, self.k = g, params, params.k
+        k = params.k
+        self.nodes = g.from_ints(np.arange(2 * k + 1))
+        # L_i(w_e) for the k data nodes at all 2k - 1 nodes, and its pairwise products
+        lag = g.lagrange(self.nodes[:k], self.nodes[:2 * k - 1])
+        self.pair = g.mul(lag[:, :, None, :], lag[:, None, :, :])     # (2k-1, k, k, D)
+
+    def evals(self, gram: np.ndarray) -> np.ndarray:
+        """h at the 2k - 1 nodes from G[i, i'] = sum_t u_it v_i't: (reps, 2k-1, D)."""
+        return self.g.mul(self.pair[None], gram[:, None]).sum(axis=(2, 3))
+
+    def at(self, values: np.ndarray, r: np.ndarray, nodes: int) -> np.ndarray:
+        """Each repetition's polynomial through ``values`` (reps, nodes, D) at the nodes
+        0 .. nodes - 1, evaluated at its r (reps, D)."""
+        lag = self.g.lagrange(self.nodes[:nodes], r)                    # (reps, nodes, D)
+        return self.g.mul(lag, values).sum(axis=1)
+
+
+def _chunks(x: np.ndarray, k: int) -> np.ndarray:
+    """(..., L[, D]) -> (..., k, n[, D]) zero-padded, chunk i = elements i*n .. (i+1)*n - 1."""
+    axis = 1 if x.ndim >= 2 else 0
+    L = x.shape[axis]
+    n = -(-L // k)
+    if k * n != L:
+        shape = list(x.shape)
+        shape[axis] = k * n
+        padded = np.zeros(shape, dtype=x.dtype)
+        padded[(slice(None),) * axis + (slice(0, L),)] = x
+        x = padded
+    return x.reshape(x.shape[:axis] + (k, n) + x.shape[axis + 1:])
+
+
+def _gram(g: GaloisRing, U: np.ndarray, V: np.ndarray, k: int) -> np.ndarray:
+    """G[j, i, i'] = sum_t U[j, i, t] V[j, i', t] for ring vectors (reps, k, n, D)."""
+    reps, _, n, D = U.shape
+    out = np.empty((reps, k, k, D), dtype=np.uint64)
+    for j in range(reps):
+        A = np.ascontiguousarray(U[j].transpose(1, 0, 2)).reshape(n, k * D)
+        B = np.ascontiguousarray(V[j].transpose(1, 0, 2)).reshape(n, k * D)
+        C = ring.matmul(np.ascontiguousarray(A.T), B).reshape(k, D, k, D)
+        out[j] = g.fold_products(C.transpose(0, 2, 1, 3))
+    return out
+
+
+def verify_claims(p: Party, mine: Claim, as_left: Claim, as_right: Claim,
+                  params: Params = Params()) -> None:
+    """Prove ``mine`` to the two neighbours and verify theirs; raise
+    :class:`CheatingDetected` at every party if any proof fails. ``as_left``: this party's
+    shares of the next party's claim (this party is its V_L); ``as_right``: of the previous
+    party's claim (V_R). All three batches must have one shape (the parties run in
+    lockstep). Cost: :func:`cost_verify`."""
+    m, L = mine.u.shape
+    if L == 0:
+        return
+    g, k, reps = galois_ring(params.degree), params.k, params.reps
+    rd = _round(params)
+    op = p.new_op()
+    seed_of = {"L": lambda s: p.prg.bytes("prev", op, f"dzkp/seed{s}", 16).tobytes(),
+               "R": lambda s: p.prg.bytes("next", op, f"dzkp/seed{s}", 16).tobytes()}
+
+    def share_from_prover(stream: str, s: int, shape) -> np.ndarray:
+        return p.prg.ring(stream, op, f"dzkp/h{s}", shape)
+
+    # round 0: V_R hands each prover the seed of the gate weights
+    got, _ = p.comm.exchange(to_prev=[np.frombuffer(seed_of["R"](0), np.uint8)], from_next=True)
+    seeds = {"P": got[0].tobytes(), "L": seed_of["L"](0), "R": seed_of["R"](0)}
+    n = -(-L // k)
+    weights = {}
+    for role, seed in seeds.items():
+        w = _words(seed, "weights", reps * (k + n) * g.D).reshape(reps, k + n, g.D)
+        weights[role] = (w[:, :k], w[:, k:])                       # theta, sigma
+    # first compression: Z_2^64 data, weighted gates
+    claims, vecs, checks = {}, {}, {"L": [], "R": []}
+    data = {"P": mine, "L": as_left, "R": as_right}
+    for role, c in data.items():
+        theta, sigma = weights[role]
+        if role != "P":
+            zk = _chunks(c.z, k)                                       # (k, n)
+            s = ring.matmul(zk, np.ascontiguousarray(
+                sigma.transpose(1, 0, 2).reshape(n, reps * g.D))).reshape(k, reps, g.D)
+            claims[role] = g.mul(theta, s.transpose(1, 0, 2)).sum(axis=1)   # (reps, D)
+    uk, vk = _chunks(mine.u, k), _chunks(mine.v, k)                     # (m, k, n)
+    prod = np.einsum("ait,ajt->ijt", uk, vk).reshape(k * k, n)
+    theta, sigma = weights["P"]
+    gram = ring.matmul(prod, np.ascontiguousarray(
+        sigma.transpose(1, 0, 2).reshape(n, reps * g.D))).reshape(k, k, reps, g.D)
+    h = rd.evals(np.ascontiguousarray(gram.transpose(2, 0, 1, 3)))
+    hs = {}
+    hs["P"], hs["L"], hs["R"] = _send_h(p, h, share_from_prover, 1)
+    for role in ("L", "R"):
+        checks[role].append(g.mul(weights[role][0], hs[role][:, :k]).sum(axis=1) - claims[role])
+    # later compressions
+    step = 1
+    while True:
+        got, _ = p.comm.exchange(to_prev=[np.frombuffer(seed_of["R"](step), np.uint8)],
+                                 from_next=True)
+        seeds = {"P": got[0].tobytes(), "L": seed_of["L"](step), "R": seed_of["R"](step)}
+        for role, c in data.items():
+            r = _challenge(g, seeds[role], reps, 2 * k + 1)
+            if step == 1:
+                vecs[role] = _fold_first(g, rd, c, weights[role][1], r, k)
+            else:
+                vecs[role] = _fold(g, rd, vecs[role], r, k)
+            claims[role] = rd.at(hs[role], r, 2 * k - 1)
+        step += 1
+        U, V = vecs["P"]
+        if U.shape[1] <= k:
+            break
+        Uk, Vk = _chunks(U, k), _chunks(V, k)
+        h = rd.evals(_gram(g, Uk, Vk, k))
+        hs["P"], hs["L"], hs["R"] = _send_h(p, h, share_from_prover, step)
+        for role in ("L", "R"):
+            checks[role].append(hs[role][:, :k].sum(axis=1) - claims[role])
+    # last compression: pad with one random value each, open at a final point
+    kk = U.shape[1]
+    pads = p.prg.ring("private", op, "dzkp/pads", (reps, 2, g.D))
+    P_vals = np.concatenate([U, pads[:, :1]], axis=1)                    # (reps, kk+1, D)
+    Q_vals = np.concatenate([V, pads[:, 1:]], axis=1)
+    ext = [rd.at(P_vals, rd.nodes[e][None].repeat(reps, 0), kk + 1) for e in range(kk + 1, 2 * kk + 1)]
+    Pe = np.concatenate([P_vals] + [e[:, None] for e in ext], axis=1)
+    ext = [rd.at(Q_vals, rd.nodes[e][None].repeat(reps, 0), kk + 1) for e in range(kk + 1, 2 * kk + 1)]
+    Qe = np.concatenate([Q_vals] + [e[:, None] for e in ext], axis=1)
+    h = g.mul(Pe, Qe)                                                    # (reps, 2kk+1, D)
+    packed = np.concatenate([h, pads.reshape(reps, 2, g.D)], axis=1)
+    sent = {}
+    sent["P"], sent["L"], sent["R"] = _send_h(p, packed, share_from_prover, "last")
+    opened = {}
+    for role in ("L", "R"):
+        hl, pad = sent[role][:, :2 * kk + 1], sent[role][:, 2 * kk + 1:]
+        checks[role].append(hl[:, :kk].sum(axis=1) - claims[role])
+        Ul, Vl = vecs[role]
+        r = _challenge(g, seed_of[role]("final"), reps, 2 * k + 1)
+        pr = rd.at(np.concatenate([Ul, pad[:, :1]], axis=1), r, kk + 1)
+        qr = rd.at(np.concatenate([Vl, pad[:, 1:]], axis=1), r, kk + 1)
+        hr = rd.at(hl, r, 2 * kk + 1)
+        opened[role] = np.concatenate([np.stack(checks[role], axis=1), pr[:, None], qr[:, None],
+                                       hr[:, None]], axis=1)
+    # V_L and V_R open to each other: as V_L (of next) talk to prev, as V_R to next
+    from_next, from_prev = p.comm.exchange(to_prev=[opened["L"]], to_next=[opened["R"]],
+                                           from_next=True, from_prev=True)
+    verdict = np.array([_accept(g, opened["L"], from_prev[0]),
+                        _accept(g, opened["R"], from_next[0])], dtype=np.uint8)
+    from_next, from_prev = p.comm.exchange(to_prev=[verdict], to_next=[verdict],
+                                           from_next=True, from_prev=True)
+    reports = {p.rank: verdict, p.comm.peer(1): from_next[0], p.comm.peer(-1): from_prev[0]}
+    for reporter, verdicts in sorted(reports.items()):
+        ok_left, ok_right = (verdicts == 1).tolist() if verdicts.shape == (2,) else (0, 0)
+        if not ok_left:
+            raise CheatingDetected((reporter + 1) % 3, reporter, "checks did not open to zero")
+        if not ok_right:
+            raise CheatingDetected((reporter - 1) % 3, reporter, "checks did not open to zero")
+
+
+def _send_h(p: Party, h: np.ndarray, share_from_prover, step) -> tuple:
+    """The prover's ring values h, split: V_L's share drawn from their common key, V_R's
+    sent. Returns (whole, this party's share as V_L of next, as V_R of prev)."""
+    left = share_from_prover("prev", step, h.shape)
+    _, got = p.comm.exchange(to_next=[h - left], from_prev=True)
+    as_left = share_from_prover("next", step, h.shape)
+    return h, as_left, got[0].reshape(h.shape)
+
+
+def _fold_first(g: GaloisRing, rd: _Round, c: Claim, sigma: np.ndarray, r: np.ndarray,
+                k: int):
+    """u'_(a,t) = sigma_t p_(a,t)(r), v'_(a,t) = q_(a,t)(r) for Z_2^64 data: (reps, m n, D)."""
+    uk, vk = _chunks(c.u, k), _chunks(c.v, k)                          # (m, k, n)
+    m, _, n = uk.shape
+    lr = g.lagrange(rd.nodes[:k], r)                                   # (reps, k, D)
+    coeffs = np.ascontiguousarray(lr.transpose(1, 0, 2)).reshape(k, -1)
+    pu = g.combine_int(uk.transpose(1, 0, 2), coeffs).reshape(m, n, -1, g.D)
+    pv = g.combine_int(vk.transpose(1, 0, 2), coeffs).reshape(m, n, -1, g.D)
+    U = g.mul(pu.transpose(2, 0, 1, 3), sigma[:, None])
+    return U.reshape(-1, m * n, g.D), np.ascontiguousarray(pv.transpose(2, 0, 1, 3)).reshape(-1, m * n, g.D)
+
+
+def _fold(g: GaloisRing, rd: _Round, vecs, r: np.ndarray, k: int):
+    U, V = vecs
+    Uk, Vk = _chunks(U, k), _chunks(V, k)                              # (reps, k, n, D)
+    lr = g.lagrange(rd.nodes[:k], r)
+    return (np.stack([g.combine(Uk[j], lr[j]) for j in range(r.shape[0])]),
+            np.stack([g.combine(Vk[j], lr[j]) for j in range(r.shape[0])]))
+
+
+def _accept(g: GaloisRing, mine: np.ndarray, theirs: np.ndarray) -> bool:
+    """Both verifiers' shares: every check opens to zero and h(r) == p(r) q(r)."""
+    if theirs.shape != mine.shape:
+        return False
+    tot = mine + theirs
+    checks, pr, qr, hr = tot[:, :-3], tot[:, -3], tot[:, -2], tot[:, -1]
+    return bool(not checks.any() and np.array_equal(g.mul(pr, qr), hr))
+
+
+# ------------------------------------------------------------ replicated products ------
+def mul_claims(p: Party, x, y, sent: np.ndarray, received: np.ndarray, tag: str,
+               kop: int) -> tuple[Claim, Claim, Claim]:
+    """The three claims of one replicated product z = x y (:func:`mpc3.kernels.arith.reshare`
+    of ``x.a (y.a + y.b) + x.b y.a`` masked with the zero sharing ``(kop, tag)``): this
+    party's own (it ``sent`` its masked term to prev) and its shares of its neighbours'
+    (it ``received`` next's term)."""
+    xa, xb, ya, yb = (np.ravel(t) for t in (x.a, x.b, y.a, y.b))
+    f_next = np.ravel(p.prg.ring("next", kop, tag, np.shape(x.a)))
+    f_prev = np.ravel(p.prg.ring("prev", kop, tag, np.shape(x.a)))
+    zero = np.zeros_like(xa)
+    mine = Claim(np.stack([xa, xb]), np.stack([yb, ya]),
+                 np.ravel(sent) - xa * ya - f_next + f_prev)
+    as_left = Claim(np.stack([xb, zero]), np.stack([zero, yb]),
+                    np.ravel(received) - xb * yb + f_next)
+    as_right = Claim(np.stack([zero, xa]), np.stack([ya, zero]), -f_prev)
+    return mine, as_left, as_right

@@ -1,0 +1,127 @@
+"""Distributed zero-knowledge verification of replicated products (mpc3.dzkp): honest
+batches pass at their declared cost, every deviation of one party - in its product message
+or in its proof - aborts the job naming the prover, and what the verifiers open depends on
+the prover's private pads (zero knowledge)."""
+import numpy as np
+import pytest
+
+from mpc3 import dzkp, tamper
+from mpc3.comm import PREV, ProtocolError
+from mpc3.kernels.arith import _local_mul
+from mpc3.party import Party
+from mpc3.prg import PRG
+from mpc3.shares import AShare
+from mpc3.sharing import deal, reveal
+from mpc3.sim import make_parties, run_parties
+
+M64 = 1 << 64
+
+
+def _product_then_verify(p, x, y):
+    """z = x y by one reshare (the message tested), then the proof of every party's message."""
+    kop = p.new_op()
+    sent = p.add_zero_share(_local_mul(x, y), "mul")
+    got, _ = p.comm.exchange(to_prev=[sent], from_next=True)
+    before = p.stats.snapshot()
+    dzkp.verify_claims(p, *dzkp.mul_claims(p, x, y, sent, got[0], "mul", kop))
+    return AShare(sent, got[0]), p.stats - before
+
+
+def _operands(n, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, M64, size=n, dtype=np.uint64)
+    y = rng.integers(0, M64, size=n, dtype=np.uint64)
+    return x, y, deal(x, rng), deal(y, rng)
+
+
+@pytest.mark.parametrize("n", [1, 9, 1000, 5000])
+def test_honest_products_pass_at_declared_cost(n):
+    x, y, xs, ys = _operands(n)
+    out = run_parties(_product_then_verify, [(xs[i], ys[i]) for i in range(3)])
+    assert np.array_equal(reveal([o[0] for o in out]), x * y)
+    rounds, sent = dzkp.cost_verify(n, 2)
+    for _, spent in out:
+        assert (spent.rounds, spent.bytes_sent) == (rounds, sent)
+
+
+@pytest.mark.parametrize("cheater", [0, 1, 2])
+@pytest.mark.parametrize("kind,error", [("add", 1), ("add", 1 << 63), ("add", None),
+                                        ("flip", None)])
+def test_a_wrong_product_message_is_caught_naming_its_sender(cheater, kind, error):
+    n = 700
+    x, y, xs, ys = _operands(n, seed=cheater)
+    rng = np.random.default_rng(cheater * 7 + len(kind))
+    for trial in range(3):
+        err = int(rng.integers(1, M64, dtype=np.uint64)) if error is None else error
+        dev = tamper.Deviation(kind, error=err, seed=trial)
+        got = tamper.run(_product_then_verify, [(xs[i], ys[i]) for i in range(3)],
+                         make_parties(), tamper.Target(cheater, PREV, op=1), dev)
+        assert len(got.records) == 1
+        assert isinstance(got.error, dzkp.CheatingDetected), got.error
+        assert got.error.prover == cheater
+
+
+def test_any_deviation_in_the_proof_itself_aborts():
+    """Random messages of the verification (seeds, shares of h, pads, openings, verdicts),
+    each party cheating in turn: never accepted."""
+    x, y, xs, ys = _operands(300)
+    args = [(xs[i], ys[i]) for i in range(3)]
+    clean = tamper.run(_product_then_verify, args, make_parties())
+    assert clean.error is None
+    proof = [s for s in clean.sent if s.op > 1]
+    rng = np.random.default_rng(5)
+    for trial in range(24):
+        kind = ("add", "flip", "replace")[trial % 3]
+        target = tamper.draw(proof, rng, kind)
+        got = tamper.run(_product_then_verify, args, make_parties(), target,
+                         tamper.Deviation(kind, error=int(rng.integers(1, 1 << 62)),
+                                          seed=trial))
+        assert len(got.records) == 1
+        assert isinstance(got.error, ProtocolError), (target, got.error)
+
+
+def test_claims_of_other_sizes_are_refused_before_any_message():
+    with pytest.raises(ValueError, match="claim shapes"):
+        dzkp.Claim(np.zeros((2, 3), np.uint64), np.zeros((2, 4), np.uint64),
+                   np.zeros(3, np.uint64))
+
+
+def _parties_with_private(seed: bytes, private: bytes):
+    """Three parties whose pairwise keys come from ``seed`` and private keys from
+    ``private`` (so two runs share every challenge and differ in the prover's pads)."""
+    from mpc3.sim import InProcComm, _Net
+    net = _Net()
+    pair = [seed + b"pair%d" % i for i in range(3)]
+    return [Party(rank=r, comm=InProcComm(rank=r, net=net),
+                  prg=PRG.for_job(pair[(r - 1) % 3], pair[r], private + b"%d" % r, "job"))
+            for r in range(3)]
+
+
+def test_opened_values_are_masked_by_the_provers_pads(monkeypatch):
+    """Zero knowledge: the verifiers open p(r), q(r) only after the prover's random padding.
+    Same data, same challenges, other pads: every opened p(r), q(r) differs; same pads:
+    identical (so the difference is the pads', not noise)."""
+    opened = []
+    real = dzkp._accept
+
+    def spy(g, mine, theirs):
+        opened.append((mine + theirs)[:, -3:-1].copy())
+        return real(g, mine, theirs)
+    monkeypatch.setattr(dzkp, "_accept", spy)
+    x, y, xs, ys = _operands(200)
+    args = [(xs[i], ys[i]) for i in range(3)]
+    runs = []
+    for private in (b"a", b"b", b"a"):
+        opened.clear()
+        run_parties(_product_then_verify, args, parties=_parties_with_private(b"s" * 8, private))
+        runs.append(np.stack(sorted(opened, key=lambda a: a.tobytes())))
+    assert np.array_equal(runs[0], runs[2])
+    assert (runs[0] != runs[1]).any(axis=-1).all()
+
+
+def test_soundness_of_the_default_parameters():
+    """Per proof, the declared bound is below 2^-49.5 from one gate to 10^9 gates, so a job
+    of up to 2^9 proofs stays below 2^-40; one repetition alone would not do."""
+    for L in (1, 10**3, 10**6, 10**9):
+        assert dzkp.soundness_bits(L, 2) >= 49.5
+    assert dzkp.soundness_bits(10**6, 2, dzkp.Params(reps=1)) < 26
