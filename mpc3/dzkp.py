@@ -46,11 +46,14 @@ from .prg import aes_ctr_bytes
 
 @dataclass(frozen=True)
 class Params:
-    """degree: of the Galois ring; reps: parallel repetitions; k: compression factor."""
+    """degree: of the Galois ring; reps: parallel repetitions; k: compression factor;
+    k_first: that of the first compression (its data are Z_2^64 values, so a wide first
+    step is cheap and shortens every later, Galois-ring step)."""
 
     degree: int = 32
     reps: int = 2
     k: int = 8
+    k_first: int = 32
 
 
 @dataclass
@@ -78,10 +81,11 @@ class CheatingDetected(ProtocolError):
 
 
 # ------------------------------------------------------------------ public costs ------
-def _lengths(L: int, m: int, k: int) -> list[int]:
+def _lengths(L: int, m: int, params: Params) -> list[int]:
     """Vector lengths entering each compression (the first is the weighted one)."""
+    k = params.k
     out = [L]
-    n = m * -(-L // k)
+    n = m * -(-L // params.k_first)
     while n > k:
         out.append(n)
         n = -(-n // k)
@@ -91,12 +95,12 @@ def _lengths(L: int, m: int, k: int) -> list[int]:
 
 def soundness_bits(L: int, m: int, params: Params = Params()) -> float:
     """-log2 of the probability that a false batch passes: per repetition 2 / 2^D for the
-    gate weights, (2k - 2) / (2^D - 2k) per compression and 2k / (2^D - 2k - 1) for the
-    last; repetitions are independent."""
-    g, k = 2.0 ** params.degree, params.k
-    steps = _lengths(L, m, k)
-    last = steps[-1]
-    eps = 2 / g + (len(steps) - 1) * (2 * k - 2) / (g - 2 * k) + 2 * last / (g - 2 * k - 1)
+    gate weights, (2k - 2) / (2^D - 2K - 1) per compression (k_first for the first) and
+    2k' / (2^D - 2K - 1) for the last, K the larger factor; repetitions are independent."""
+    g, k, k1 = 2.0 ** params.degree, params.k, params.k_first
+    steps = _lengths(L, m, params)
+    last, free = steps[-1], g - _avoid(params)
+    eps = 2 / g + ((2 * k1 - 2) + (len(steps) - 2) * (2 * k - 2) + 2 * last) / free
     return -params.reps * math.log2(min(eps, 1.0))
 
 
@@ -105,11 +109,11 @@ def cost_verify(L: int, m: int, params: Params = Params()) -> tuple[int, int]:
     terms (every party proves one batch of that size)."""
     if L == 0:
         return 0, 0
-    steps = _lengths(L, m, params.k)
+    steps = _lengths(L, m, params)
     elt = params.reps * params.degree * 8
     S = len(steps)
     bytes_ = 16 * S                                     # challenge seeds (V_R -> prover)
-    bytes_ += (S - 1) * (2 * params.k - 1) * elt        # h of each compression
+    bytes_ += (2 * params.k_first - 1 + (S - 2) * (2 * params.k - 1)) * elt   # each h
     bytes_ += (2 * steps[-1] + 1 + 2) * elt             # last h and the two pads
     bytes_ += 2 * (S + 3) * elt                         # checks, p(r), q(r), h(r) both ways
     bytes_ += 2 * 2                                     # verdicts
@@ -130,25 +134,34 @@ def _challenge(g: GaloisRing, seed: bytes, reps: int, avoid: int) -> np.ndarray:
 
 
 # ------------------------------------------------------------------ the proof ----------
+def _avoid(params: Params) -> int:
+    """Challenges are exceptional points above every node (integers 0 .. 2K)."""
+    return 2 * max(params.k, params.k_first) + 1
+
+
 @functools.cache
-def _round(params: Params) -> "_Round":
-    return _Round(galois_ring(params.degree), params)
+def _round(degree: int, k: int) -> "_Round":
+    return _Round(galois_ring(degree), k)
 
 
 class _Round:
     """What the three roles of one party need across the compressions."""
 
-    def __init__(self, g: GaloisRing, params: Params) -> None:
-        self.g, self.p, self.k = g, params, params.k
-        k = params.k
+    def __init__(self, g: GaloisRing, k: int) -> None:
+        self.g, self.k = g, k
         self.nodes = g.from_ints(np.arange(2 * k + 1))
         # L_i(w_e) for the k data nodes at all 2k - 1 nodes, and its pairwise products
         lag = g.lagrange(self.nodes[:k], self.nodes[:2 * k - 1])
-        self.pair = g.mul(lag[:, :, None, :], lag[:, None, :, :])     # (2k-1, k, k, D)
+        pair = g.mul(lag[:, :, None, :], lag[:, None, :, :])          # (2k-1, k, k, D)
+        self._pairs_by_ii = np.ascontiguousarray(
+            pair.reshape(2 * k - 1, k * k, g.D).transpose(1, 0, 2))     # (k k, 2k-1, D)
 
     def evals(self, gram: np.ndarray) -> np.ndarray:
-        """h at the 2k - 1 nodes from G[i, i'] = sum_t u_it v_i't: (reps, 2k-1, D)."""
-        return self.g.mul(self.pair[None], gram[:, None]).sum(axis=(2, 3))
+        """h at the 2k - 1 nodes from G[i, i'] = sum_t u_it v_i't: (reps, 2k-1, D), one
+        GEMM per repetition (the products L_i(w_e) L_i'(w_e) times the G as matrices)."""
+        k, D = self.k, self.g.D
+        parts = self._pairs_by_ii
+        return np.stack([self.g.combine(parts, G.reshape(k * k, D)) for G in gram])
 
     def at(self, values: np.ndarray, r: np.ndarray, nodes: int) -> np.ndarray:
         """Each repetition's polynomial through ``values`` (reps, nodes, D) at the nodes
@@ -193,8 +206,9 @@ def verify_claims(p: Party, mine: Claim, as_left: Claim, as_right: Claim,
     m, L = mine.u.shape
     if L == 0:
         return
-    g, k, reps = galois_ring(params.degree), params.k, params.reps
-    rd = _round(params)
+    g, k, k1, reps = galois_ring(params.degree), params.k, params.k_first, params.reps
+    rd, rd1, avoid = _round(params.degree, k), _round(params.degree, params.k_first), \
+        _avoid(params)
     op = p.new_op()
     seed_of = {"L": lambda s: p.prg.bytes("prev", op, f"dzkp/seed{s}", 16).tobytes(),
                "R": lambda s: p.prg.bytes("next", op, f"dzkp/seed{s}", 16).tobytes()}
@@ -205,31 +219,31 @@ def verify_claims(p: Party, mine: Claim, as_left: Claim, as_right: Claim,
     # round 0: V_R hands each prover the seed of the gate weights
     got, _ = p.comm.exchange(to_prev=[np.frombuffer(seed_of["R"](0), np.uint8)], from_next=True)
     seeds = {"P": got[0].tobytes(), "L": seed_of["L"](0), "R": seed_of["R"](0)}
-    n = -(-L // k)
+    n = -(-L // k1)
     weights = {}
     for role, seed in seeds.items():
-        w = _words(seed, "weights", reps * (k + n) * g.D).reshape(reps, k + n, g.D)
-        weights[role] = (w[:, :k], w[:, k:])                       # theta, sigma
+        w = _words(seed, "weights", reps * (k1 + n) * g.D).reshape(reps, k1 + n, g.D)
+        weights[role] = (w[:, :k1], w[:, k1:])                     # theta, sigma
     # first compression: Z_2^64 data, weighted gates
     claims, vecs, checks = {}, {}, {"L": [], "R": []}
     data = {"P": mine, "L": as_left, "R": as_right}
     for role, c in data.items():
         theta, sigma = weights[role]
         if role != "P":
-            zk = _chunks(c.z, k)                                       # (k, n)
+            zk = _chunks(c.z, k1)                                      # (k1, n)
             s = ring.matmul(zk, np.ascontiguousarray(
-                sigma.transpose(1, 0, 2).reshape(n, reps * g.D))).reshape(k, reps, g.D)
+                sigma.transpose(1, 0, 2).reshape(n, reps * g.D))).reshape(k1, reps, g.D)
             claims[role] = g.mul(theta, s.transpose(1, 0, 2)).sum(axis=1)   # (reps, D)
-    uk, vk = _chunks(mine.u, k), _chunks(mine.v, k)                     # (m, k, n)
-    prod = np.einsum("ait,ajt->ijt", uk, vk).reshape(k * k, n)
+    uk, vk = _chunks(mine.u, k1), _chunks(mine.v, k1)                   # (m, k1, n)
+    prod = np.einsum("ait,ajt->ijt", uk, vk).reshape(k1 * k1, n)
     theta, sigma = weights["P"]
     gram = ring.matmul(prod, np.ascontiguousarray(
-        sigma.transpose(1, 0, 2).reshape(n, reps * g.D))).reshape(k, k, reps, g.D)
-    h = rd.evals(np.ascontiguousarray(gram.transpose(2, 0, 1, 3)))
+        sigma.transpose(1, 0, 2).reshape(n, reps * g.D))).reshape(k1, k1, reps, g.D)
+    h = rd1.evals(np.ascontiguousarray(gram.transpose(2, 0, 1, 3)))
     hs = {}
     hs["P"], hs["L"], hs["R"] = _send_h(p, h, share_from_prover, 1)
     for role in ("L", "R"):
-        checks[role].append(g.mul(weights[role][0], hs[role][:, :k]).sum(axis=1) - claims[role])
+        checks[role].append(g.mul(weights[role][0], hs[role][:, :k1]).sum(axis=1) - claims[role])
     # later compressions
     step = 1
     while True:
@@ -237,12 +251,13 @@ def verify_claims(p: Party, mine: Claim, as_left: Claim, as_right: Claim,
                                  from_next=True)
         seeds = {"P": got[0].tobytes(), "L": seed_of["L"](step), "R": seed_of["R"](step)}
         for role, c in data.items():
-            r = _challenge(g, seeds[role], reps, 2 * k + 1)
+            r = _challenge(g, seeds[role], reps, avoid)
             if step == 1:
-                vecs[role] = _fold_first(g, rd, c, weights[role][1], r, k)
+                vecs[role] = _fold_first(g, rd1, c, weights[role][1], r, k1)
+                claims[role] = rd1.at(hs[role], r, 2 * k1 - 1)
             else:
                 vecs[role] = _fold(g, rd, vecs[role], r, k)
-            claims[role] = rd.at(hs[role], r, 2 * k - 1)
+                claims[role] = rd.at(hs[role], r, 2 * k - 1)
         step += 1
         U, V = vecs["P"]
         if U.shape[1] <= k:
@@ -270,7 +285,7 @@ def verify_claims(p: Party, mine: Claim, as_left: Claim, as_right: Claim,
         hl, pad = sent[role][:, :2 * kk + 1], sent[role][:, 2 * kk + 1:]
         checks[role].append(hl[:, :kk].sum(axis=1) - claims[role])
         Ul, Vl = vecs[role]
-        r = _challenge(g, seed_of[role]("final"), reps, 2 * k + 1)
+        r = _challenge(g, seed_of[role]("final"), reps, avoid)
         pr = rd.at(np.concatenate([Ul, pad[:, :1]], axis=1), r, kk + 1)
         qr = rd.at(np.concatenate([Vl, pad[:, 1:]], axis=1), r, kk + 1)
         hr = rd.at(hl, r, 2 * kk + 1)
@@ -310,8 +325,13 @@ def _fold_first(g: GaloisRing, rd: _Round, c: Claim, sigma: np.ndarray, r: np.nd
     coeffs = np.ascontiguousarray(lr.transpose(1, 0, 2)).reshape(k, -1)
     pu = g.combine_int(uk.transpose(1, 0, 2), coeffs).reshape(m, n, -1, g.D)
     pv = g.combine_int(vk.transpose(1, 0, 2), coeffs).reshape(m, n, -1, g.D)
-    U = g.mul(pu.transpose(2, 0, 1, 3), sigma[:, None])
-    return U.reshape(-1, m * n, g.D), np.ascontiguousarray(pv.transpose(2, 0, 1, 3)).reshape(-1, m * n, g.D)
+    reps = r.shape[0]
+    U = np.empty((reps, m, n, g.D), dtype=np.uint64)
+    for j in range(reps):
+        for a in range(m):
+            U[j, a] = g.mul(np.ascontiguousarray(pu[a, :, j]), sigma[j])
+    return U.reshape(reps, m * n, g.D), np.ascontiguousarray(
+        pv.transpose(2, 0, 1, 3)).reshape(reps, m * n, g.D)
 
 
 def _fold(g: GaloisRing, rd: _Round, vecs, r: np.ndarray, k: int):
