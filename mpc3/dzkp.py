@@ -37,9 +37,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import ring
 from .comm import ProtocolError
-from .galois import GaloisRing, galois_ring
+from . import ring
+from .galois import LONG_BLOCK, GaloisRing, galois_ring, long_matmul
 from .party import Party
 from .prg import aes_ctr_bytes
 
@@ -191,7 +191,7 @@ def _gram(g: GaloisRing, U: np.ndarray, V: np.ndarray, k: int) -> np.ndarray:
     for j in range(reps):
         A = np.ascontiguousarray(U[j].transpose(1, 0, 2)).reshape(n, k * D)
         B = np.ascontiguousarray(V[j].transpose(1, 0, 2)).reshape(n, k * D)
-        C = ring.matmul(np.ascontiguousarray(A.T), B).reshape(k, D, k, D)
+        C = long_matmul(np.ascontiguousarray(A.T), B).reshape(k, D, k, D)
         out[j] = g.fold_products(C.transpose(0, 2, 1, 3))
     return out
 
@@ -231,14 +231,20 @@ def verify_claims(p: Party, mine: Claim, as_left: Claim, as_right: Claim,
         theta, sigma = weights[role]
         if role != "P":
             zk = _chunks(c.z, k1)                                      # (k1, n)
-            s = ring.matmul(zk, np.ascontiguousarray(
+            s = long_matmul(zk, np.ascontiguousarray(
                 sigma.transpose(1, 0, 2).reshape(n, reps * g.D))).reshape(k1, reps, g.D)
             claims[role] = g.mul(theta, s.transpose(1, 0, 2)).sum(axis=1)   # (reps, D)
     uk, vk = _chunks(mine.u, k1), _chunks(mine.v, k1)                   # (m, k1, n)
-    prod = np.einsum("ait,ajt->ijt", uk, vk).reshape(k1 * k1, n)
     theta, sigma = weights["P"]
-    gram = ring.matmul(prod, np.ascontiguousarray(
-        sigma.transpose(1, 0, 2).reshape(n, reps * g.D))).reshape(k1, k1, reps, g.D)
+    sig = np.ascontiguousarray(sigma.transpose(1, 0, 2).reshape(n, reps * g.D))
+    gram = np.zeros((k1 * k1, reps * g.D), dtype=np.uint64)
+    for s in range(0, n, LONG_BLOCK):               # G = sum_t sigma_t u_it v_i't, by blocks
+        b = slice(s, s + LONG_BLOCK)
+        prod = np.zeros((k1, k1, min(n, s + LONG_BLOCK) - s), dtype=np.uint64)
+        for a in range(m):
+            prod += uk[a, :, b][:, None, :] * vk[a, :, b][None, :, :]
+        ring.matmul(prod.reshape(k1 * k1, -1), sig[b], gram, n)
+    gram = gram.reshape(k1, k1, reps, g.D)
     h = rd1.evals(np.ascontiguousarray(gram.transpose(2, 0, 1, 3)))
     hs = {}
     hs["P"], hs["L"], hs["R"] = _send_h(p, h, share_from_prover, 1)

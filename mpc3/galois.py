@@ -34,6 +34,25 @@ MODULI = {8: (4, 3, 1, 0), 12: (3, 0), 16: (5, 3, 1, 0), 20: (3, 0), 24: (4, 3, 
           32: (7, 3, 2, 0), 48: (5, 3, 2, 0), 64: (4, 3, 1, 0)}
 
 
+#: inner-dimension block of :func:`long_matmul`: a (block x N) slice of the right operand
+#: stays in cache while every row of the left one passes over it
+LONG_BLOCK = 2048
+
+
+def long_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a @ b`` mod 2^64 for a long inner dimension and narrow operands (the proofs' Gram
+    matrices and weighted sums: M, N <= a few thousand, K up to millions), accumulated over
+    K blocks - the ring kernel streams its right operand once per two rows, from memory when
+    it is larger than the caches."""
+    K = a.shape[1]
+    if K <= 2 * LONG_BLOCK:
+        return ring.matmul(a, b)
+    out = np.zeros((a.shape[0], b.shape[1]), dtype=np.uint64)
+    for s in range(0, K, LONG_BLOCK):
+        ring.matmul(np.ascontiguousarray(a[:, s:s + LONG_BLOCK]), b[s:s + LONG_BLOCK], out, K)
+    return out
+
+
 def _mul_kernel(a: np.ndarray, b: np.ndarray, taps: np.ndarray,
                 out: np.ndarray) -> None:  # pragma: no cover
     """out[r] = a[r] * b[r] in the ring (int64 views: wrapping = mod 2^64): the schoolbook
@@ -162,7 +181,7 @@ class GaloisRing:
 
     def dot(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """sum_t a[t] * b[t] for element vectors (n, D): one (D x n) @ (n x D) GEMM."""
-        return self.fold_products(ring.matmul(np.ascontiguousarray(a.T), b))
+        return self.fold_products(long_matmul(np.ascontiguousarray(a.T), b))
 
     # ----------------------------------------------------------------- inverses ---------
     def _inv_mod2(self, a: np.ndarray) -> int:
