@@ -73,10 +73,12 @@ class Claim:
 class CheatingDetected(ProtocolError):
     """A proof was rejected: the prover deviated, or the reporting verifier lies."""
 
-    def __init__(self, prover: int, reporter: int, detail: str) -> None:
-        super().__init__(f"the proof of party {prover}'s messages was rejected by party "
-                         f"{reporter} ({detail}): party {prover} deviated from the protocol, "
-                         f"or party {reporter} reports falsely; the job is aborted")
+    def __init__(self, prover: int, reporter: int, detail: str,
+                 message: str | None = None) -> None:
+        super().__init__(message or (
+            f"the proof of party {prover}'s messages was rejected by party {reporter} "
+            f"({detail}): party {prover} deviated from the protocol, or party {reporter} "
+            f"reports falsely; the job is aborted"))
         self.prover, self.reporter = prover, reporter
 
 
@@ -116,7 +118,7 @@ def cost_verify(L: int, m: int, params: Params = Params()) -> tuple[int, int]:
     bytes_ += (2 * params.k_first - 1 + (S - 2) * (2 * params.k - 1)) * elt   # each h
     bytes_ += (2 * steps[-1] + 1 + 2) * elt             # last h and the two pads
     bytes_ += 2 * (S + 3) * elt                         # checks, p(r), q(r), h(r) both ways
-    bytes_ += 2 * 2                                     # verdicts
+    bytes_ += 2 * 3                                     # verdicts
     return 2 * S + 2, bytes_
 
 
@@ -197,14 +199,17 @@ def _gram(g: GaloisRing, U: np.ndarray, V: np.ndarray, k: int) -> np.ndarray:
 
 
 def verify_claims(p: Party, mine: Claim, as_left: Claim, as_right: Claim,
-                  params: Params = Params()) -> None:
+                  params: Params = Params(), opened_ok: bool | None = None) -> None:
     """Prove ``mine`` to the two neighbours and verify theirs; raise
     :class:`CheatingDetected` at every party if any proof fails. ``as_left``: this party's
     shares of the next party's claim (this party is its V_L); ``as_right``: of the previous
     party's claim (V_R). All three batches must have one shape (the parties run in
-    lockstep). Cost: :func:`cost_verify`."""
+    lockstep). ``opened_ok``: the verdict of this party's opening check
+    (:mod:`mpc3.checks`), sent with the proofs' verdicts. Cost: :func:`cost_verify`."""
     m, L = mine.u.shape
     if L == 0:
+        if opened_ok is not None:
+            _verdicts(p, np.array([1, 1, opened_ok], dtype=np.uint8))
         return
     g, k, k1, reps = galois_ring(params.degree), params.k, params.k_first, params.reps
     rd, rd1, avoid = _round(params.degree, k), _round(params.degree, params.k_first), \
@@ -300,17 +305,30 @@ def verify_claims(p: Party, mine: Claim, as_left: Claim, as_right: Claim,
     # V_L and V_R open to each other: as V_L (of next) talk to prev, as V_R to next
     from_next, from_prev = p.comm.exchange(to_prev=[opened["L"]], to_next=[opened["R"]],
                                            from_next=True, from_prev=True)
-    verdict = np.array([_accept(g, opened["L"], from_prev[0]),
-                        _accept(g, opened["R"], from_next[0])], dtype=np.uint8)
+    _verdicts(p, np.array([_accept(g, opened["L"], from_prev[0]),
+                           _accept(g, opened["R"], from_next[0]),
+                           1 if opened_ok is None else opened_ok], dtype=np.uint8))
+
+
+def _verdicts(p: Party, verdict: np.ndarray) -> None:
+    """Every party tells both neighbours its three verdicts (the proof of next, of prev, its
+    opening check); any failure anywhere raises at every party."""
     from_next, from_prev = p.comm.exchange(to_prev=[verdict], to_next=[verdict],
                                            from_next=True, from_prev=True)
     reports = {p.rank: verdict, p.comm.peer(1): from_next[0], p.comm.peer(-1): from_prev[0]}
     for reporter, verdicts in sorted(reports.items()):
-        ok_left, ok_right = (verdicts == 1).tolist() if verdicts.shape == (2,) else (0, 0)
-        if not ok_left:
+        ok = (verdicts == 1).tolist() if verdicts.shape == (3,) else [0, 0, 0]
+        if not ok[0]:
             raise CheatingDetected((reporter + 1) % 3, reporter, "checks did not open to zero")
-        if not ok_right:
+        if not ok[1]:
             raise CheatingDetected((reporter - 1) % 3, reporter, "checks did not open to zero")
+        if not ok[2]:
+            raise CheatingDetected(
+                (reporter + 1) % 3, reporter, "opening", message=(
+                    f"party {reporter} received an opened value that differs from its other "
+                    f"holder's digest: party {(reporter + 1) % 3} sent a wrong value, party "
+                    f"{(reporter - 1) % 3} a wrong digest, or party {reporter} reports "
+                    f"falsely; the job is aborted"))
 
 
 def _send_h(p: Party, h: np.ndarray, share_from_prover, step) -> tuple:

@@ -69,6 +69,9 @@ class Party:
     #: a real party runs the protocols; a :class:`mpc3.shadow.ShadowParty` sets this to
     #: itself and the kernels hand over to it (their ``site`` keywords are for it only)
     shadow = None
+    #: malicious mode: a :class:`mpc3.checks.Checks` that verified kernels register their
+    #: messages with (None: semi-honest, nothing extra is done)
+    checks = None
 
     def __post_init__(self) -> None:
         if self.rank not in (0, 1, 2):

@@ -78,11 +78,15 @@ def open_a(p: Party, x: AShare, to: int | None = None) -> np.ndarray | None:
     p.new_op()
     if to is None:
         got, _ = p.comm.exchange(to_prev=[x.b], from_next=True)
-        return x.a + x.b + got[0]
-    sender = (to + 1) % 3
-    got, _ = p.comm.exchange(to_prev=[x.b] if p.rank == sender else None,
-                             from_next=p.rank == to)
-    return x.a + x.b + got[0] if p.rank == to else None
+    else:
+        sender = (to + 1) % 3
+        got, _ = p.comm.exchange(to_prev=[x.b] if p.rank == sender else None,
+                                 from_next=p.rank == to)
+    if p.checks is not None:                 # malicious mode: the other holder's digest
+        p.checks.opened(p, x, None if got is None else got[0], to)
+    if got is None:
+        return None
+    return x.a + x.b + got[0]
 
 
 def cost_open_a(n: int, cfg=None, to: int | None = None) -> Cost:
@@ -193,8 +197,11 @@ def mul_aa(p: Party, x: AShare, y: AShare, trunc: bool | int = True,
         raise ValueError(f"mul_aa: shapes differ {x.shape} vs {y.shape}")
     if p.shadow is not None:
         return p.shadow.mul_aa(x, y, trunc, site)
-    p.new_op()
-    return _finish(p, _local_mul(x, y), trunc)
+    kop = p.new_op()
+    out = _finish(p, _local_mul(x, y), trunc)
+    if p.checks is not None:                 # malicious mode: the message's claim
+        p.checks.product(p, x, y, out, trunc, kop)
+    return out
 
 
 def matmul_aa(p: Party, x: AShare, y: AShare, trunc: bool | int = True,

@@ -1,0 +1,84 @@
+"""Malicious-mode bookkeeping (mpc3.checks): verified kernels register their messages, a
+flush proves them; any deviation of one party in a product or an opening aborts every party,
+and a kernel without verification is refused instead of run unchecked."""
+import numpy as np
+import pytest
+
+from mpc3 import dzkp, tamper
+from mpc3.checks import Checks, Unverified
+from mpc3.comm import ProtocolError
+from mpc3.kernels import arith
+from mpc3.sharing import deal
+from mpc3.sim import make_parties, run_parties
+
+M64 = 1 << 64
+
+
+def _job(p, x, y):
+    p.checks = Checks(p)
+    z = arith.mul_aa(p, x, y, trunc=False)
+    w = arith.mul_aa(p, z, x, trunc=False)
+    everyone = arith.open_a(p, z)
+    to_zero = arith.open_a(p, w, to=0)
+    before = p.stats.snapshot()
+    p.checks.flush(p)
+    return everyone, to_zero, p.stats - before
+
+
+def _operands(n=200, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, M64, size=n, dtype=np.uint64)
+    y = rng.integers(0, M64, size=n, dtype=np.uint64)
+    xs, ys = deal(x, rng), deal(y, rng)
+    return x, y, [(xs[i], ys[i]) for i in range(3)]
+
+
+def test_honest_job_passes_and_outputs_are_the_semi_honest_ones():
+    x, y, args = _operands()
+    out = run_parties(_job, args)
+    for r in range(3):
+        assert np.array_equal(out[r][0], x * y)
+    assert np.array_equal(out[0][1], x * y * x) and out[1][1] is None and out[2][1] is None
+    rounds, sent = dzkp.cost_verify(2 * 200, 2)
+    for r in range(3):
+        assert out[r][2].rounds == rounds + 1                 # + the digests' round
+        assert out[r][2].bytes_sent == sent + 32
+
+
+def test_every_deviation_before_or_during_the_flush_aborts():
+    x, y, args = _operands(seed=1)
+    clean = tamper.run(_job, args, make_parties())
+    assert clean.error is None
+    rng = np.random.default_rng(35)
+    kinds = ("add", "flip", "replace")
+    for trial in range(30):
+        kind = kinds[trial % 3]
+        # the four job messages first (two products, two openings), then the flush's
+        pool = [s for s in clean.sent if s.op <= 4] if trial < 15 else clean.sent
+        target = tamper.draw(pool, rng, kind)
+        got = tamper.run(_job, args, make_parties(), target,
+                         tamper.Deviation(kind, error=int(rng.integers(1, 1 << 62)), seed=trial))
+        assert len(got.records) == 1
+        assert isinstance(got.error, ProtocolError), (trial, target, got.error)
+
+
+@pytest.mark.parametrize("cheater", [0, 1, 2])
+def test_a_wrong_opening_names_the_sender_or_the_digest(cheater):
+    x, y, args = _operands(seed=2)
+    # op 3 is the opening to everyone: each party sends its b slot to prev
+    got = tamper.run(_job, args, make_parties(), tamper.Target(cheater, -1, op=3),
+                     tamper.Deviation("add", error=1 << 63))
+    assert isinstance(got.error, dzkp.CheatingDetected)
+    assert "opened value" in str(got.error)
+    assert f"party {cheater} sent a wrong value" in str(got.error)
+
+
+def test_a_kernel_without_verification_is_refused():
+    x, y, args = _operands(seed=3)
+
+    def job(p, x, y):
+        p.checks = Checks(p)
+        arith.mul_aa(p, x, y)                                  # truncating: not covered yet
+        p.checks.flush(p)
+    with pytest.raises(Unverified, match="no verification yet"):
+        run_parties(job, args)
