@@ -5,6 +5,8 @@ mode, where no kernel does anything extra). A kernel whose messages can be verif
 registers them as it runs - the message's op counter and what its verification needs:
 * a replicated product's reshare (``mul_aa`` without truncation): the claim of
   :func:`mpc3.dzkp.mul_claims`, proven at the flush;
+* a matrix product's reshare (``matmul_aa`` without truncation): the claims of
+  :func:`mpc3.freivalds.matmul_claims`, reduced by random vectors and joined to the proof;
 * an opening (``open_a``): the slot a party receives from its next neighbour is also held
   by its previous one, which sends a digest of every such slot at the flush.
 
@@ -23,6 +25,7 @@ import hashlib
 import numpy as np
 
 from . import dzkp
+from .freivalds import matmul_claims
 from .comm import ProtocolError
 
 
@@ -41,6 +44,7 @@ class Checks:
         self.start = p.comm.op
         self.covered: dict[int, str] = {}
         self.claims: list[tuple[dzkp.Claim, dzkp.Claim, dzkp.Claim]] = []
+        self.mats: list[tuple[list, list, list]] = []
         self.received = hashlib.blake2b(digest_size=32, person=b"mpc3-open-recv")
         self.for_next = hashlib.blake2b(digest_size=32, person=b"mpc3-open-recv")
         #: both digests are of the same values when everyone is honest (one personalisation)
@@ -53,6 +57,16 @@ class Checks:
             return                                  # truncating products: not yet covered
         self.claims.append(dzkp.mul_claims(p, x, y, out.a, out.b, "reshare", kop))
         self.covered[p.comm.op] = "mul_aa"
+
+    def matmul(self, p, x, y, out, trunc, kop: int) -> None:
+        """``matmul_aa``'s message, if it was a plain reshare (``trunc`` False) of operands
+        :func:`mpc3.freivalds.matmul_claims` covers."""
+        if trunc is not False:
+            return
+        views = matmul_claims(p, x, y, out, kop)
+        if views is not None:
+            self.mats.append(views)
+            self.covered[p.comm.op] = "matmul_aa"
 
     def opened(self, p, x, got: np.ndarray | None, to: int | None) -> None:
         """``open_a``'s message: ``got`` is the slot this party received (None if it
@@ -76,7 +90,9 @@ class Checks:
                                  from_prev=True)
         opened_ok = bool(got[0].tobytes() == self.received.digest())
         mine, left, right = (_concat([c[j] for c in self.claims]) for j in range(3))
-        dzkp.verify_claims(p, mine, left, right, self.params, opened_ok=opened_ok)
+        mats = tuple([c for views in self.mats for c in views[j]] for j in range(3))
+        dzkp.verify_claims(p, mine, left, right, self.params, opened_ok=opened_ok,
+                           mats=mats if self.mats else None)
         self._reset(p)
 
 

@@ -39,6 +39,7 @@ import numpy as np
 
 from .comm import ProtocolError
 from . import ring
+from .freivalds import reduce_mats
 from .galois import LONG_BLOCK, GaloisRing, galois_ring, long_matmul
 from .party import Party
 from .prg import aes_ctr_bytes
@@ -83,11 +84,12 @@ class CheatingDetected(ProtocolError):
 
 
 # ------------------------------------------------------------------ public costs ------
-def _lengths(L: int, m: int, params: Params) -> list[int]:
-    """Vector lengths entering each compression (the first is the weighted one)."""
+def _lengths(L: int, m: int, params: Params, ring_len: int = 0) -> list[int]:
+    """Vector lengths entering each compression: the weighted Z_2^64 one (if L > 0), then
+    the Galois-ring ones (with the ``ring_len`` terms of matrix-product claims joined)."""
     k = params.k
-    out = [L]
-    n = m * -(-L // params.k_first)
+    out = [L] if L else []
+    n = (m * -(-L // params.k_first) if L else 0) + ring_len
     while n > k:
         out.append(n)
         n = -(-n // k)
@@ -95,27 +97,33 @@ def _lengths(L: int, m: int, params: Params) -> list[int]:
     return out
 
 
-def soundness_bits(L: int, m: int, params: Params = Params()) -> float:
+def soundness_bits(L: int, m: int, params: Params = Params(), ring_len: int = 0) -> float:
     """-log2 of the probability that a false batch passes: per repetition 2 / 2^D for the
-    gate weights, (2k - 2) / (2^D - 2K - 1) per compression (k_first for the first) and
+    gate weights, 2 / 2^D for the matrix products' random vectors and 1 / 2^D for joining
+    them, (2k - 2) / (2^D - 2K - 1) per compression (k_first for the first) and
     2k' / (2^D - 2K - 1) for the last, K the larger factor; repetitions are independent."""
     g, k, k1 = 2.0 ** params.degree, params.k, params.k_first
-    steps = _lengths(L, m, params)
+    steps = _lengths(L, m, params, ring_len)
     last, free = steps[-1], g - _avoid(params)
-    eps = 2 / g + ((2 * k1 - 2) + (len(steps) - 2) * (2 * k - 2) + 2 * last) / free
+    first = 2 * k1 - 2 if L else 2 * k - 2
+    eps = (2 * (L > 0) + 3 * (ring_len > 0)) / g \
+        + (first + (len(steps) - 2) * (2 * k - 2) + 2 * last) / free
     return -params.reps * math.log2(min(eps, 1.0))
 
 
-def cost_verify(L: int, m: int, params: Params = Params()) -> tuple[int, int]:
+def cost_verify(L: int, m: int, params: Params = Params(),
+                ring_len: int = 0) -> tuple[int, int]:
     """(rounds, bytes each party sends) of :func:`verify_claims` for batches of L gates of m
-    terms (every party proves one batch of that size)."""
-    if L == 0:
+    terms and matrix-product claims of ``ring_len`` inner terms (every party proves one
+    batch of that size)."""
+    if L == 0 and ring_len == 0:
         return 0, 0
-    steps = _lengths(L, m, params)
+    steps = _lengths(L, m, params, ring_len)
     elt = params.reps * params.degree * 8
     S = len(steps)
+    first = 2 * (params.k_first if L else params.k) - 1
     bytes_ = 16 * S                                     # challenge seeds (V_R -> prover)
-    bytes_ += (2 * params.k_first - 1 + (S - 2) * (2 * params.k - 1)) * elt   # each h
+    bytes_ += (first + (S - 2) * (2 * params.k - 1)) * elt * (S > 1)    # each h
     bytes_ += (2 * steps[-1] + 1 + 2) * elt             # last h and the two pads
     bytes_ += 2 * (S + 3) * elt                         # checks, p(r), q(r), h(r) both ways
     bytes_ += 2 * 3                                     # verdicts
@@ -199,15 +207,19 @@ def _gram(g: GaloisRing, U: np.ndarray, V: np.ndarray, k: int) -> np.ndarray:
 
 
 def verify_claims(p: Party, mine: Claim, as_left: Claim, as_right: Claim,
-                  params: Params = Params(), opened_ok: bool | None = None) -> None:
+                  params: Params = Params(), opened_ok: bool | None = None,
+                  mats: tuple | None = None) -> None:
     """Prove ``mine`` to the two neighbours and verify theirs; raise
     :class:`CheatingDetected` at every party if any proof fails. ``as_left``: this party's
     shares of the next party's claim (this party is its V_L); ``as_right``: of the previous
     party's claim (V_R). All three batches must have one shape (the parties run in
     lockstep). ``opened_ok``: the verdict of this party's opening check
-    (:mod:`mpc3.checks`), sent with the proofs' verdicts. Cost: :func:`cost_verify`."""
+    (:mod:`mpc3.checks`), sent with the proofs' verdicts. ``mats``: lists of matrix-product
+    claims (:class:`mpc3.claims.MatClaim`) in the same three roles, reduced by random ring
+    vectors and joined to the batch. Cost: :func:`cost_verify`."""
     m, L = mine.u.shape
-    if L == 0:
+    ring_len = sum(c.inner for c in mats[0]) if mats else 0
+    if L == 0 and ring_len == 0:
         if opened_ok is not None:
             _verdicts(p, np.array([1, 1, opened_ok], dtype=np.uint8))
         return
@@ -221,63 +233,82 @@ def verify_claims(p: Party, mine: Claim, as_left: Claim, as_right: Claim,
     def share_from_prover(stream: str, s: int, shape) -> np.ndarray:
         return p.prg.ring(stream, op, f"dzkp/h{s}", shape)
 
-    # round 0: V_R hands each prover the seed of the gate weights
+    # round 0: V_R hands each prover the seed of the gate weights and product vectors
     got, _ = p.comm.exchange(to_prev=[np.frombuffer(seed_of["R"](0), np.uint8)], from_next=True)
     seeds = {"P": got[0].tobytes(), "L": seed_of["L"](0), "R": seed_of["R"](0)}
-    n = -(-L // k1)
-    weights = {}
-    for role, seed in seeds.items():
-        w = _words(seed, "weights", reps * (k1 + n) * g.D).reshape(reps, k1 + n, g.D)
-        weights[role] = (w[:, :k1], w[:, k1:])                     # theta, sigma
-    # first compression: Z_2^64 data, weighted gates
-    claims, vecs, checks = {}, {}, {"L": [], "R": []}
     data = {"P": mine, "L": as_left, "R": as_right}
-    for role, c in data.items():
-        theta, sigma = weights[role]
-        if role != "P":
-            zk = _chunks(c.z, k1)                                      # (k1, n)
+    ring_claims = None
+    if ring_len:
+        ring_claims = {role: reduce_mats(g, mats[j], reps,
+                                         lambda n, s=seeds[role]: _words(s, "mats", n))
+                       for j, role in enumerate(("P", "L", "R"))}
+    claims, vecs, checks, hs = {}, {}, {"L": [], "R": []}, {}
+    awaiting, step = None, 0
+    if L:
+        n = -(-L // k1)
+        weights = {}
+        for role, seed in seeds.items():
+            w = _words(seed, "weights", reps * (k1 + n) * g.D).reshape(reps, k1 + n, g.D)
+            weights[role] = (w[:, :k1], w[:, k1:])                 # theta, sigma
+        # first compression: Z_2^64 data, weighted gates
+        for role in ("L", "R"):
+            theta, sigma = weights[role]
+            zk = _chunks(data[role].z, k1)                             # (k1, n)
             s = long_matmul(zk, np.ascontiguousarray(
                 sigma.transpose(1, 0, 2).reshape(n, reps * g.D))).reshape(k1, reps, g.D)
             claims[role] = g.mul(theta, s.transpose(1, 0, 2)).sum(axis=1)   # (reps, D)
-    uk, vk = _chunks(mine.u, k1), _chunks(mine.v, k1)                   # (m, k1, n)
-    theta, sigma = weights["P"]
-    sig = np.ascontiguousarray(sigma.transpose(1, 0, 2).reshape(n, reps * g.D))
-    gram = np.zeros((k1 * k1, reps * g.D), dtype=np.uint64)
-    for s in range(0, n, LONG_BLOCK):               # G = sum_t sigma_t u_it v_i't, by blocks
-        b = slice(s, s + LONG_BLOCK)
-        prod = np.zeros((k1, k1, min(n, s + LONG_BLOCK) - s), dtype=np.uint64)
-        for a in range(m):
-            prod += uk[a, :, b][:, None, :] * vk[a, :, b][None, :, :]
-        ring.matmul(prod.reshape(k1 * k1, -1), sig[b], gram, n)
-    gram = gram.reshape(k1, k1, reps, g.D)
-    h = rd1.evals(np.ascontiguousarray(gram.transpose(2, 0, 1, 3)))
-    hs = {}
-    hs["P"], hs["L"], hs["R"] = _send_h(p, h, share_from_prover, 1)
-    for role in ("L", "R"):
-        checks[role].append(g.mul(weights[role][0], hs[role][:, :k1]).sum(axis=1) - claims[role])
-    # later compressions
-    step = 1
+        uk, vk = _chunks(mine.u, k1), _chunks(mine.v, k1)               # (m, k1, n)
+        sig = np.ascontiguousarray(weights["P"][1].transpose(1, 0, 2).reshape(n, reps * g.D))
+        gram = np.zeros((k1 * k1, reps * g.D), dtype=np.uint64)
+        for s in range(0, n, LONG_BLOCK):           # G = sum_t sigma_t u_it v_i't, by blocks
+            b = slice(s, s + LONG_BLOCK)
+            prod = np.zeros((k1, k1, min(n, s + LONG_BLOCK) - s), dtype=np.uint64)
+            for a in range(m):
+                prod += uk[a, :, b][:, None, :] * vk[a, :, b][None, :, :]
+            ring.matmul(prod.reshape(k1 * k1, -1), sig[b], gram, n)
+        gram = gram.reshape(k1, k1, reps, g.D)
+        h = rd1.evals(np.ascontiguousarray(gram.transpose(2, 0, 1, 3)))
+        hs["P"], hs["L"], hs["R"] = _send_h(p, h, share_from_prover, 1)
+        for role in ("L", "R"):
+            checks[role].append(g.mul(weights[role][0], hs[role][:, :k1]).sum(axis=1)
+                                - claims[role])
+        awaiting, step = "first", 1
+    else:
+        for role in data:
+            U, V, c = ring_claims[role]
+            vecs[role], claims[role] = (U, V), c
+        ring_claims = None
     while True:
-        got, _ = p.comm.exchange(to_prev=[np.frombuffer(seed_of["R"](step), np.uint8)],
-                                 from_next=True)
-        seeds = {"P": got[0].tobytes(), "L": seed_of["L"](step), "R": seed_of["R"](step)}
-        for role, c in data.items():
-            r = _challenge(g, seeds[role], reps, avoid)
-            if step == 1:
-                vecs[role] = _fold_first(g, rd1, c, weights[role][1], r, k1)
-                claims[role] = rd1.at(hs[role], r, 2 * k1 - 1)
-            else:
-                vecs[role] = _fold(g, rd, vecs[role], r, k)
-                claims[role] = rd.at(hs[role], r, 2 * k - 1)
-        step += 1
+        if awaiting:
+            got, _ = p.comm.exchange(to_prev=[np.frombuffer(seed_of["R"](step), np.uint8)],
+                                     from_next=True)
+            seeds = {"P": got[0].tobytes(), "L": seed_of["L"](step), "R": seed_of["R"](step)}
+            for role, c in data.items():
+                r = _challenge(g, seeds[role], reps, avoid)
+                if awaiting == "first":
+                    vecs[role] = _fold_first(g, rd1, c, weights[role][1], r, k1)
+                    claims[role] = rd1.at(hs[role], r, 2 * k1 - 1)
+                else:
+                    vecs[role] = _fold(g, rd, vecs[role], r, k)
+                    claims[role] = rd.at(hs[role], r, 2 * k - 1)
+                if ring_claims is not None:          # join the products' claim, weighted
+                    gamma = g.exceptional(_words(seeds[role], "join", reps))
+                    U, V, c = ring_claims[role]
+                    scaled = np.stack([g.scale(U[j], gamma[j]) for j in range(reps)])
+                    vecs[role] = (np.concatenate([vecs[role][0], scaled], axis=1),
+                                  np.concatenate([vecs[role][1], V], axis=1))
+                    claims[role] = claims[role] + g.mul(gamma, c)
+            ring_claims = None
         U, V = vecs["P"]
         if U.shape[1] <= k:
             break
+        step += 1
         Uk, Vk = _chunks(U, k), _chunks(V, k)
         h = rd.evals(_gram(g, Uk, Vk, k))
         hs["P"], hs["L"], hs["R"] = _send_h(p, h, share_from_prover, step)
         for role in ("L", "R"):
             checks[role].append(hs[role][:, :k].sum(axis=1) - claims[role])
+        awaiting = "ring"
     # last compression: pad with one random value each, open at a final point
     kk = U.shape[1]
     pads = p.prg.ring("private", op, "dzkp/pads", (reps, 2, g.D))

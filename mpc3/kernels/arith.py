@@ -141,6 +141,18 @@ def k_blocks(K: int) -> tuple[slice, slice, slice]:
     return tuple(slice(cuts[j], cuts[j + 1]) for j in range(3))
 
 
+def five_product_form(x_shape: tuple, y_shape: tuple) -> bool:
+    """Whether :func:`_local_matmul` cuts the inner dimension into three blocks (the parties'
+    terms differ by block: a verifier needs to know which, mpc3.freivalds)."""
+    K = x_shape[-1]
+    if min(len(x_shape), len(y_shape)) < 2:                  # a vector operand
+        return False
+    shape = np.broadcast_shapes(x_shape[:-2], y_shape[:-2]) + (x_shape[-2], y_shape[-1])
+    return not (K < 3 * FIVE_MIN_K
+                or math.prod(shape) * K < FIVE_MIN_RATIO * (math.prod(x_shape)
+                                                             + math.prod(y_shape)))
+
+
 def _local_matmul(x: AShare, y: AShare, rank: int) -> np.ndarray:
     """Party ``rank``'s term of x y: a 3-out-of-3 sharing of the product.
 
@@ -156,14 +168,13 @@ def _local_matmul(x: AShare, y: AShare, rank: int) -> np.ndarray:
     for every party would need the diagonal weights to be units of Z_2^64, and one of
     a, 1 - a is even), for the sums of one block of each operand. The zero sharing that
     masks the result makes any split of the nine products equally safe."""
-    K, sum_x = x.shape[-1], x.size <= y.size
-    shape = np.broadcast_shapes(x.shape[:-2], y.shape[:-2]) + (x.shape[-2], y.shape[-1]) \
-        if min(len(x.shape), len(y.shape)) > 1 else ()          # () : a vector operand
-    if K < 3 * FIVE_MIN_K or math.prod(shape) * K < FIVE_MIN_RATIO * (x.size + y.size) \
-            or not shape:
+    sum_x = x.size <= y.size
+    if not five_product_form(x.shape, y.shape):
         if sum_x:
             return ring.matmul(x.a + x.b, y.a) + ring.matmul(x.a, y.b)
         return ring.matmul(x.a, y.a + y.b) + ring.matmul(x.b, y.a)
+    K = x.shape[-1]
+    shape = np.broadcast_shapes(x.shape[:-2], y.shape[:-2]) + (x.shape[-2], y.shape[-1])
     out = np.zeros(shape, dtype=np.uint64)
     for j, kb in enumerate(k_blocks(K)):
         xa, xb, ya, yb = x.a[..., kb], x.b[..., kb], y.a[..., kb, :], y.b[..., kb, :]
@@ -214,8 +225,11 @@ def matmul_aa(p: Party, x: AShare, y: AShare, trunc: bool | int = True,
         raise ValueError(f"matmul_aa: inner dimensions differ {x.shape} @ {y.shape}")
     if p.shadow is not None:
         return p.shadow.matmul_aa(x, y, trunc, site)
-    p.new_op()
-    return _finish(p, _local_matmul(x, y, p.rank), trunc)
+    kop = p.new_op()
+    out = _finish(p, _local_matmul(x, y, p.rank), trunc)
+    if p.checks is not None:                 # malicious mode: the message's claim
+        p.checks.matmul(p, x, y, out, trunc, kop)
+    return out
 
 
 def _item_product(x: AShare, y: AShare, kind: str, keep, rank: int):

@@ -4,7 +4,7 @@ and a kernel without verification is refused instead of run unchecked."""
 import numpy as np
 import pytest
 
-from mpc3 import dzkp, tamper
+from mpc3 import dzkp, ring, tamper
 from mpc3.checks import Checks, Unverified
 from mpc3.comm import ProtocolError
 from mpc3.kernels import arith
@@ -82,3 +82,80 @@ def test_a_kernel_without_verification_is_refused():
         p.checks.flush(p)
     with pytest.raises(Unverified, match="no verification yet"):
         run_parties(job, args)
+
+
+def _matmul_job(p, x, y):
+    p.checks = Checks(p)
+    z = arith.matmul_aa(p, x, y, trunc=False)
+    opened = arith.open_a(p, z)
+    before = p.stats.snapshot()
+    p.checks.flush(p)
+    return opened, p.stats - before
+
+
+@pytest.mark.parametrize("xs,ys", [((8, 16), (16, 8)),            # two-product form
+                                   ((128, 96), (96, 128)),        # five-product form
+                                   ((2, 5, 16), (16, 4)),         # batch rows x weights
+                                   ((3, 4, 16), (3, 16, 5))])     # batched (heads)
+def test_matrix_products_are_verified_at_their_declared_cost(xs, ys):
+    rng = np.random.default_rng(sum(xs))
+    x = rng.integers(0, M64, size=xs, dtype=np.uint64)
+    y = rng.integers(0, M64, size=ys, dtype=np.uint64)
+    dx, dy = deal(x, rng), deal(y, rng)
+    args = [(dx[i], dy[i]) for i in range(3)]
+    out = run_parties(_matmul_job, args)
+    assert np.array_equal(out[0][0], ring.matmul(x, y))
+    items = xs[0] if len(ys) == 3 else 1
+    rounds, sent = dzkp.cost_verify(0, 2, ring_len=2 * xs[-1] * items)
+    for _, spent in out:
+        assert (spent.rounds, spent.bytes_sent) == (rounds + 1, sent + 32)
+    for cheater in range(3):
+        for kind, error in (("add", 1), ("add", 1 << 63), ("flip", 1)):
+            got = tamper.run(_matmul_job, args, make_parties(), tamper.Target(cheater, -1, op=1),
+                             tamper.Deviation(kind, error=error, seed=cheater))
+            assert isinstance(got.error, dzkp.CheatingDetected), (cheater, kind, got.error)
+            assert got.error.prover == cheater
+
+
+def test_a_matrix_product_it_cannot_reduce_is_refused():
+    rng = np.random.default_rng(4)
+    x = deal(rng.integers(0, M64, size=(4, 6), dtype=np.uint64), rng)
+    y = deal(rng.integers(0, M64, size=6, dtype=np.uint64), rng)       # a vector operand
+
+    def job(p, x, y):
+        p.checks = Checks(p)
+        arith.matmul_aa(p, x, y, trunc=False)
+        p.checks.flush(p)
+    with pytest.raises(Unverified):
+        run_parties(job, [(x[i], y[i]) for i in range(3)])
+
+
+def test_products_and_matrix_products_join_one_proof():
+    """Elementwise products (the weighted first compression) and a matrix product (joined
+    after it by a random weight) in one flush: honest at the declared cost, and random
+    single-message deviations in either abort."""
+    rng = np.random.default_rng(6)
+    a = rng.integers(0, M64, size=(12, 40), dtype=np.uint64)
+    w = rng.integers(0, M64, size=(40, 10), dtype=np.uint64)
+    da, dw = deal(a, rng), deal(w, rng)
+
+    def job(p, a, w):
+        p.checks = Checks(p)
+        sq = arith.mul_aa(p, a, a, trunc=False)
+        z = arith.matmul_aa(p, sq, w, trunc=False)
+        opened = arith.open_a(p, z)
+        before = p.stats.snapshot()
+        p.checks.flush(p)
+        return opened, p.stats - before
+    args = [(da[i], dw[i]) for i in range(3)]
+    clean = tamper.run(job, args, make_parties())
+    assert np.array_equal(clean.results[0][0], ring.matmul(a * a, w))
+    rounds, sent = dzkp.cost_verify(12 * 40, 2, ring_len=2 * 40)
+    assert all((s.rounds, s.bytes_sent) == (rounds + 1, sent + 32) for _, s in clean.results)
+    for trial in range(12):
+        kind = ("add", "flip", "replace")[trial % 3]
+        target = tamper.draw([s for s in clean.sent if s.op <= 3] if trial < 6 else clean.sent,
+                             rng, kind)
+        got = tamper.run(job, args, make_parties(), target,
+                         tamper.Deviation(kind, error=int(rng.integers(1, 1 << 62)), seed=trial))
+        assert isinstance(got.error, ProtocolError), (trial, target, got.error)

@@ -1,0 +1,128 @@
+"""Claims of replicated matrix products, reduced by random ring vectors (Freivalds) to inner
+products as long as the inner dimension - not as many gates as the product has outputs.
+
+A party's term of ``x @ y`` (:func:`mpc3.kernels.arith._local_matmul`), in both of its
+forms, is ``X_a Y_b + X_b Y_a`` over the whole inner dimension (the cross terms of its two
+slots a = i, b = i + 1) plus ``X_a Y_a`` over some blocks of it and ``X_b Y_b`` over others
+(the five-product form's roles; the two-product form has ``X_a Y_a`` everywhere). Its
+verifiers each hold one slot: V_L = P_{i-1} holds slot i, V_R = P_{i+1} slot i + 1. With
+ring vectors rho (rows) and kappa (columns) drawn after the message was sent,
+
+    rho^T (message - masks - X_a Y_a - X_b Y_b) kappa
+        = <rho^T X_a, Y_b kappa> + <rho^T X_b, Y_a kappa>,
+
+where each verifier computes its share of the left side alone (the diagonal terms are one
+verifier's: it holds both factors) and holds one factor of each inner product. A false
+message survives the vectors with probability <= 2 / 2^D (a bilinear form over GF(2^D),
+:mod:`mpc3.galois`); the inner products then join the batch :func:`mpc3.dzkp.verify_claims`
+proves. Cost of the reduction: local, (M + N) K ring multiply-adds per repetition and
+coefficient.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .galois import GaloisRing, long_matmul
+from .kernels.arith import five_product_form, k_blocks
+
+
+@dataclass
+class MatClaim:
+    """One party's view of one prover's 2-D product: the prover's slots (None where this
+    party holds nothing of it), its share of ``target`` = message - masks, and the inner
+    positions where ``X_a Y_a`` / ``X_b Y_b`` belong to the prover's term."""
+
+    xa: np.ndarray | None
+    xb: np.ndarray | None
+    ya: np.ndarray | None
+    yb: np.ndarray | None
+    target: np.ndarray
+    aa: np.ndarray
+    bb: np.ndarray
+
+    @property
+    def inner(self) -> int:
+        """Terms this claim adds to the joined inner product: both cross terms' K."""
+        return 2 * self.aa.shape[0]
+
+
+def _diagonal_masks(x_shape, y_shape, rank: int) -> tuple[np.ndarray, np.ndarray]:
+    K = x_shape[-1]
+    aa, bb = np.zeros(K, bool), np.zeros(K, bool)
+    if not five_product_form(x_shape, y_shape):
+        aa[:] = True
+        return aa, bb
+    for j, kb in enumerate(k_blocks(K)):
+        role = (rank - j) % 3
+        aa[kb] = role == 0
+        bb[kb] = role in (0, 1)
+    return aa, bb
+
+
+def matmul_claims(p, x, y, out, kop: int, tag: str = "reshare"):
+    """The three views (own, as V_L of next, as V_R of prev) of ``matmul_aa``'s plain
+    reshare of ``x @ y`` (``out`` its result: ``out.a`` sent, ``out.b`` received); lists of
+    one claim per batch item, or None for operand shapes it does not cover."""
+    if y.a.ndim == 2 and x.a.ndim >= 2:
+        items = [(x.a.reshape(-1, x.shape[-1]), x.b.reshape(-1, x.shape[-1]), y.a, y.b,
+                  out.a.reshape(-1, y.shape[-1]), out.b.reshape(-1, y.shape[-1]))]
+    elif x.a.ndim == y.a.ndim == 3 and x.shape[0] == y.shape[0]:
+        items = [(x.a[i], x.b[i], y.a[i], y.b[i], out.a[i], out.b[i]) for i in range(x.shape[0])]
+    else:
+        return None
+    f_next = p.prg.ring("next", kop, tag, out.shape).reshape(-1, out.shape[-1])
+    f_prev = p.prg.ring("prev", kop, tag, out.shape).reshape(-1, out.shape[-1])
+    rows = items[0][4].shape[0]
+    views = ([], [], [])
+    for i, (xa, xb, ya, yb, sent, got) in enumerate(items):
+        fn, fp = f_next[i * rows:(i + 1) * rows], f_prev[i * rows:(i + 1) * rows]
+        for role, (view, prover) in enumerate(zip(views, (p.rank, (p.rank + 1) % 3,
+                                                        (p.rank - 1) % 3))):
+            aa, bb = _diagonal_masks(x.shape, y.shape, prover)
+            if role == 0:                   # the prover: everything, its own masks
+                view.append(MatClaim(xa, xb, ya, yb, sent - fn + fp, aa, bb))
+            elif role == 1:                 # V_L of next: its slot a is this party's b
+                view.append(MatClaim(xb, None, yb, None, got + fn, aa, bb))
+            else:                           # V_R of prev: its slot b is this party's a
+                view.append(MatClaim(None, xa, None, ya, -fp, aa, bb))
+    return views
+
+
+def reduce_mats(g: GaloisRing, claims: list[MatClaim], reps: int, words) -> tuple:
+    """Every claim reduced by its random vectors (``words(n)``: n uniform words, the same
+    for the three parties' views): (U, V) (reps, sum of inner, D) and the claimed inner
+    product (reps, D), this party's shares."""
+    D = g.D
+    sizes = [(c.target.shape[0], c.target.shape[1]) for c in claims]
+    w = words(reps * D * sum(M + N for M, N in sizes))
+    Us, Vs, total, at = [], [], g.zeros((reps,)), 0
+    for c, (M, N) in zip(claims, sizes):
+        rho = w[at:at + M * reps * D].reshape(M, reps * D)
+        at += M * reps * D
+        kappa = w[at:at + N * reps * D].reshape(N, reps * D)
+        at += N * reps * D
+        K = c.aa.shape[0]
+
+        def left(X):                        # rho^T X: (reps, K, D)
+            if X is None:
+                return g.zeros((reps, K))
+            return long_matmul(np.ascontiguousarray(X.T), rho).reshape(K, reps, D) \
+                .transpose(1, 0, 2)
+
+        def right(Y):                       # Y kappa: (reps, K, D)
+            if Y is None:
+                return g.zeros((reps, K))
+            return long_matmul(Y, kappa).reshape(K, reps, D).transpose(1, 0, 2)
+        la, lb, ra, rb = left(c.xa), left(c.xb), right(c.ya), right(c.yb)
+        tr = long_matmul(np.ascontiguousarray(c.target.T), rho).reshape(N, reps, D)
+        claim = g.mul(tr, kappa.reshape(N, reps, D)).sum(axis=0)          # rho^T T kappa
+        if c.xa is not None and c.ya is not None and c.aa.any():
+            claim = claim - g.mul(la[:, c.aa], ra[:, c.aa]).sum(axis=1)
+        if c.xb is not None and c.yb is not None and c.bb.any():
+            claim = claim - g.mul(lb[:, c.bb], rb[:, c.bb]).sum(axis=1)
+        Us.append(np.concatenate([la, lb], axis=1))
+        Vs.append(np.concatenate([rb, ra], axis=1))
+        total = total + claim
+    return np.concatenate(Us, axis=1), np.concatenate(Vs, axis=1), total
