@@ -15,7 +15,9 @@ before any check) if any message since the last flush was sent by a kernel that 
 nothing - a kernel without verification is refused in malicious mode, never run unchecked -
 then exchanges the opening digests and proves every product claim in one
 :func:`mpc3.dzkp.verify_claims`, whose verdicts carry the digest comparison, so every party
-aborts together. Cost: one round and 32 bytes per party for the digests, plus
+aborts together. Inputs a party received from outside (``shared_input``: the query user's,
+the model owner's) are compared the same way: each slot has two holders, so a digest of one
+holder's copy goes to the other. Cost: one round and 64 bytes per party for the digests, plus
 :func:`mpc3.dzkp.cost_verify` of the claims (or one verdict round when there are none).
 """
 from __future__ import annotations
@@ -48,6 +50,8 @@ class Checks:
         self.received = hashlib.blake2b(digest_size=32, person=b"mpc3-open-recv")
         self.for_next = hashlib.blake2b(digest_size=32, person=b"mpc3-open-recv")
         #: both digests are of the same values when everyone is honest (one personalisation)
+        self.input_mine = hashlib.blake2b(digest_size=32, person=b"mpc3-input")
+        self.input_next = hashlib.blake2b(digest_size=32, person=b"mpc3-input")
 
     # --------------------------------------------------------- what kernels register --
     def product(self, p, x, y, out, trunc, kop: int) -> None:
@@ -68,6 +72,12 @@ class Checks:
             self.mats.append(views)
             self.covered[p.comm.op] = "matmul_aa"
 
+    def shared_input(self, x) -> None:
+        """A sharing this party received from outside (the query user's input, the model
+        owner's weights): its slot b is the next party's slot a, compared at the flush."""
+        self.input_mine.update(np.ascontiguousarray(x.a).tobytes())
+        self.input_next.update(np.ascontiguousarray(x.b).tobytes())
+
     def opened(self, p, x, got: np.ndarray | None, to: int | None) -> None:
         """``open_a``'s message: ``got`` is the slot this party received (None if it
         received nothing); its next neighbour received this party's ``x.a`` copy's twin."""
@@ -86,13 +96,15 @@ class Checks:
                              f"{missing[0]}) were sent by kernels that have no verification "
                              f"yet; the job is refused (docs/MALICIOUS.md lists what is "
                              f"covered)")
-        _, got = p.comm.exchange(to_next=[np.frombuffer(self.for_next.digest(), np.uint8)],
-                                 from_prev=True)
-        opened_ok = bool(got[0].tobytes() == self.received.digest())
+        digests = np.frombuffer(self.for_next.digest() + self.input_next.digest(), np.uint8)
+        _, got = p.comm.exchange(to_next=[digests], from_prev=True)
+        theirs = got[0].tobytes()
+        opened_ok = theirs[:32] == self.received.digest()
+        inputs_ok = theirs[32:] == self.input_mine.digest()
         mine, left, right = (_concat([c[j] for c in self.claims]) for j in range(3))
         mats = tuple([c for views in self.mats for c in views[j]] for j in range(3))
-        dzkp.verify_claims(p, mine, left, right, self.params, opened_ok=opened_ok,
-                           mats=mats if self.mats else None)
+        dzkp.verify_claims(p, mine, left, right, self.params,
+                           digests=(opened_ok, inputs_ok), mats=mats if self.mats else None)
         self._reset(p)
 
 

@@ -126,7 +126,7 @@ def cost_verify(L: int, m: int, params: Params = Params(),
     bytes_ += (first + (S - 2) * (2 * params.k - 1)) * elt * (S > 1)    # each h
     bytes_ += (2 * steps[-1] + 1 + 2) * elt             # last h and the two pads
     bytes_ += 2 * (S + 3) * elt                         # checks, p(r), q(r), h(r) both ways
-    bytes_ += 2 * 3                                     # verdicts
+    bytes_ += 2 * 4                                     # verdicts
     return 2 * S + 2, bytes_
 
 
@@ -207,21 +207,21 @@ def _gram(g: GaloisRing, U: np.ndarray, V: np.ndarray, k: int) -> np.ndarray:
 
 
 def verify_claims(p: Party, mine: Claim, as_left: Claim, as_right: Claim,
-                  params: Params = Params(), opened_ok: bool | None = None,
+                  params: Params = Params(), digests: tuple | None = None,
                   mats: tuple | None = None) -> None:
     """Prove ``mine`` to the two neighbours and verify theirs; raise
     :class:`CheatingDetected` at every party if any proof fails. ``as_left``: this party's
     shares of the next party's claim (this party is its V_L); ``as_right``: of the previous
     party's claim (V_R). All three batches must have one shape (the parties run in
-    lockstep). ``opened_ok``: the verdict of this party's opening check
-    (:mod:`mpc3.checks`), sent with the proofs' verdicts. ``mats``: lists of matrix-product
+    lockstep). ``digests``: this party's verdicts on the openings and on the inputs'
+    replicas (:mod:`mpc3.checks`), sent with the proofs' verdicts. ``mats``: lists of matrix-product
     claims (:class:`mpc3.claims.MatClaim`) in the same three roles, reduced by random ring
     vectors and joined to the batch. Cost: :func:`cost_verify`."""
     m, L = mine.u.shape
     ring_len = sum(c.inner for c in mats[0]) if mats else 0
     if L == 0 and ring_len == 0:
-        if opened_ok is not None:
-            _verdicts(p, np.array([1, 1, opened_ok], dtype=np.uint8))
+        if digests is not None:
+            _verdicts(p, np.array([1, 1, *digests], dtype=np.uint8))
         return
     g, k, k1, reps = galois_ring(params.degree), params.k, params.k_first, params.reps
     rd, rd1, avoid = _round(params.degree, k), _round(params.degree, params.k_first), \
@@ -338,17 +338,17 @@ def verify_claims(p: Party, mine: Claim, as_left: Claim, as_right: Claim,
                                            from_next=True, from_prev=True)
     _verdicts(p, np.array([_accept(g, opened["L"], from_prev[0]),
                            _accept(g, opened["R"], from_next[0]),
-                           1 if opened_ok is None else opened_ok], dtype=np.uint8))
+                           *((1, 1) if digests is None else digests)], dtype=np.uint8))
 
 
 def _verdicts(p: Party, verdict: np.ndarray) -> None:
-    """Every party tells both neighbours its three verdicts (the proof of next, of prev, its
-    opening check); any failure anywhere raises at every party."""
+    """Every party tells both neighbours its four verdicts (the proof of next, of prev, its
+    openings' and its inputs' digests); any failure anywhere raises at every party."""
     from_next, from_prev = p.comm.exchange(to_prev=[verdict], to_next=[verdict],
                                            from_next=True, from_prev=True)
     reports = {p.rank: verdict, p.comm.peer(1): from_next[0], p.comm.peer(-1): from_prev[0]}
     for reporter, verdicts in sorted(reports.items()):
-        ok = (verdicts == 1).tolist() if verdicts.shape == (3,) else [0, 0, 0]
+        ok = (verdicts == 1).tolist() if verdicts.shape == (4,) else [0, 0, 0, 0]
         if not ok[0]:
             raise CheatingDetected((reporter + 1) % 3, reporter, "checks did not open to zero")
         if not ok[1]:
@@ -360,6 +360,13 @@ def _verdicts(p: Party, verdict: np.ndarray) -> None:
                     f"holder's digest: party {(reporter + 1) % 3} sent a wrong value, party "
                     f"{(reporter - 1) % 3} a wrong digest, or party {reporter} reports "
                     f"falsely; the job is aborted"))
+        if not ok[3]:
+            raise CheatingDetected(
+                (reporter - 1) % 3, reporter, "inputs", message=(
+                    f"party {reporter}'s copy of an input slot differs from party "
+                    f"{(reporter - 1) % 3}'s: whoever shared the input (query user or model "
+                    f"owner) dealt inconsistent shares, or one of the two parties altered "
+                    f"its copy, or party {reporter} reports falsely; the job is aborted"))
 
 
 def _send_h(p: Party, h: np.ndarray, share_from_prover, step) -> tuple:

@@ -42,7 +42,7 @@ def test_honest_job_passes_and_outputs_are_the_semi_honest_ones():
     rounds, sent = dzkp.cost_verify(2 * 200, 2)
     for r in range(3):
         assert out[r][2].rounds == rounds + 1                 # + the digests' round
-        assert out[r][2].bytes_sent == sent + 32
+        assert out[r][2].bytes_sent == sent + 64
 
 
 def test_every_deviation_before_or_during_the_flush_aborts():
@@ -108,7 +108,7 @@ def test_matrix_products_are_verified_at_their_declared_cost(xs, ys):
     items = xs[0] if len(ys) == 3 else 1
     rounds, sent = dzkp.cost_verify(0, 2, ring_len=2 * xs[-1] * items)
     for _, spent in out:
-        assert (spent.rounds, spent.bytes_sent) == (rounds + 1, sent + 32)
+        assert (spent.rounds, spent.bytes_sent) == (rounds + 1, sent + 64)
     for cheater in range(3):
         for kind, error in (("add", 1), ("add", 1 << 63), ("flip", 1)):
             got = tamper.run(_matmul_job, args, make_parties(), tamper.Target(cheater, -1, op=1),
@@ -151,7 +151,7 @@ def test_products_and_matrix_products_join_one_proof():
     clean = tamper.run(job, args, make_parties())
     assert np.array_equal(clean.results[0][0], ring.matmul(a * a, w))
     rounds, sent = dzkp.cost_verify(12 * 40, 2, ring_len=2 * 40)
-    assert all((s.rounds, s.bytes_sent) == (rounds + 1, sent + 32) for _, s in clean.results)
+    assert all((s.rounds, s.bytes_sent) == (rounds + 1, sent + 64) for _, s in clean.results)
     for trial in range(12):
         kind = ("add", "flip", "replace")[trial % 3]
         target = tamper.draw([s for s in clean.sent if s.op <= 3] if trial < 6 else clean.sent,
@@ -159,3 +159,24 @@ def test_products_and_matrix_products_join_one_proof():
         got = tamper.run(job, args, make_parties(), target,
                          tamper.Deviation(kind, error=int(rng.integers(1, 1 << 62)), seed=trial))
         assert isinstance(got.error, ProtocolError), (trial, target, got.error)
+
+
+@pytest.mark.parametrize("holder", [0, 1, 2])
+def test_an_inconsistent_input_sharing_is_caught(holder):
+    """A sharer that hands two parties different copies of one slot (or a party that alters
+    its copy) is found at the flush, which names the two holders."""
+    x, y, args = _operands(seed=7)
+
+    def job(p, x, y):
+        p.checks = Checks(p)
+        p.checks.shared_input(x)
+        p.checks.shared_input(y)
+        p.checks.flush(p)                  # (a product of x would fail its proof as well)
+    run_parties(job, args)                                    # consistent: accepted
+    bad = [list(a) for a in args]
+    x_bad = bad[holder][0]
+    bad[holder][0] = type(x_bad)(x_bad.a.copy(), x_bad.b.copy())
+    bad[holder][0].a[5] += np.uint64(1)                       # slot `holder` of x, one copy
+    with pytest.raises(dzkp.CheatingDetected, match="copy of an input slot") as err:
+        run_parties(job, [tuple(a) for a in bad])
+    assert {err.value.reporter, err.value.prover} == {holder, (holder - 1) % 3}
