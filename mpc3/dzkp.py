@@ -164,14 +164,17 @@ class _Round:
         lag = g.lagrange(self.nodes[:k], self.nodes[:2 * k - 1])
         pair = g.mul(lag[:, :, None, :], lag[:, None, :, :])          # (2k-1, k, k, D)
         self._pairs_by_ii = np.ascontiguousarray(
-            pair.reshape(2 * k - 1, k * k, g.D).transpose(1, 0, 2))     # (k k, 2k-1, D)
+            pair[k:].reshape(k - 1, k * k, g.D).transpose(1, 0, 2))     # (k k, k-1, D)
 
     def evals(self, gram: np.ndarray) -> np.ndarray:
         """h at the 2k - 1 nodes from G[i, i'] = sum_t u_it v_i't: (reps, 2k-1, D), one
         GEMM per repetition (the products L_i(w_e) L_i'(w_e) times the G as matrices)."""
         k, D = self.k, self.g.D
-        parts = self._pairs_by_ii
-        return np.stack([self.g.combine(parts, G.reshape(k * k, D)) for G in gram])
+        parts = self._pairs_by_ii                       # the nodes after the k data nodes
+        diag = np.arange(k)
+        return np.stack([np.concatenate([G[diag, diag],           # h(w_i) = G_ii, i < k
+                                         self.g.combine(parts, G.reshape(k * k, D))])
+                         for G in gram])
 
     def at(self, values: np.ndarray, r: np.ndarray, nodes: int) -> np.ndarray:
         """Each repetition's polynomial through ``values`` (reps, nodes, D) at the nodes
