@@ -159,32 +159,55 @@ def layout(cfg: M.ModelConfig, weights: M.Weights, fold_omega: bool = True
     return out
 
 
-#: the query user's tables an owner shares instead of handing them out
-SECRET_NAMES = ("embed.tgt", "embed.pos", "out.w", "out.b")
+#: the query user's tables an owner shares instead of handing them out: an LM's token table,
+#: positions and head; an encoder's token, position and type tables and embedding LayerNorm
+SECRET_NAMES = ("embed.tgt", "embed.pos", "out.w", "out.b",
+                "embed.src", "embed.type", "embed.ln.gamma", "embed.ln.beta")
+#: the architectures whose owner may keep the embedding tables secret
+SECRET_ARCHS = (M.DECODER_ONLY, M.ENCODER_CLASSIFIER, M.ENCODER)
+
+
+def check_secret_arch(arch: str) -> None:
+    """ValueError unless models of ``arch`` have a secret-embeddings mode."""
+    if arch not in SECRET_ARCHS:
+        raise ValueError(f"secret embeddings run decoder-only LMs and encoders, not arch "
+                         f"{arch!r}")
 
 
 def check_secret(cfg: M.ModelConfig) -> None:
-    """ValueError unless ``cfg`` can keep its vocabulary ends secret (a decoder-only LM with
-    sinusoidal, learned or rotary positions; no embedding LayerNorm or token types)."""
-    if cfg.arch != M.DECODER_ONLY:
-        raise ValueError(f"secret embeddings run decoder-only LMs, not arch {cfg.arch!r}")
-    if cfg.embedding not in ("sinusoidal", "learned", "rotary") or cfg.type_vocab:
+    """ValueError unless ``cfg`` can keep its vocabulary ends secret: a decoder-only LM with
+    sinusoidal, learned or rotary positions and no embedding LayerNorm or token types; an
+    encoder (classifier or headless) with sinusoidal or learned positions, token types and
+    an embedding LayerNorm allowed (BERT)."""
+    check_secret_arch(cfg.arch)
+    if cfg.arch == M.DECODER_ONLY and (cfg.embedding not in ("sinusoidal", "learned",
+                                                             "rotary") or cfg.type_vocab):
         raise ValueError(f"secret embeddings: embedding {cfg.embedding!r} (with its "
-                         f"LayerNorm / token types) has no secure lookup yet")
+                         f"LayerNorm / token types) has no secure lookup in an LM yet")
+    if cfg.arch != M.DECODER_ONLY and cfg.embedding not in ("sinusoidal", "learned",
+                                                            "learned-ln"):
+        raise ValueError(f"secret embeddings: an encoder's embedding {cfg.embedding!r} has "
+                         f"no secure lookup")
 
 
 def secret_layout(cfg: M.ModelConfig, user: Mapping[str, np.ndarray]
                   ) -> dict[str, tuple[Callable[[], np.ndarray], int]]:
     """name -> (recipe, extra fractional bits) of the user tables the owner shares: the
     token table (times sqrt(d) for sinusoidal positions), the learned position table and
-    the LM head."""
+    the LM head; of an encoder its token table, positions, token types and embedding
+    LayerNorm (every query-user tensor of the model)."""
     check_secret(cfg)
     scale = math.sqrt(cfg.d_model) if cfg.embedding == "sinusoidal" else 1.0
-    out = {"embed.tgt": (lambda: np.asarray(user["embed.tgt"], np.float64) * scale, 0),
-           "out.w": (lambda: np.asarray(user["out.w"], np.float64), 0),
-           "out.b": (lambda: np.asarray(user["out.b"], np.float64), 0)}
+
+    def plain(name: str, f: float = 1.0):
+        return (lambda: np.asarray(user[name], np.float64) * f, 0)
+    if cfg.arch != M.DECODER_ONLY:
+        return {n: plain(n, scale if n == "embed.src" else 1.0)
+                for n in M.expected_user_shapes(cfg)}
+    out = {"embed.tgt": plain("embed.tgt", scale), "out.w": plain("out.w"),
+           "out.b": plain("out.b")}
     if cfg.embedding == "learned":
-        out["embed.pos"] = (lambda: np.asarray(user["embed.pos"], np.float64), 0)
+        out["embed.pos"] = plain("embed.pos")
     return out
 
 
