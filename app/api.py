@@ -180,11 +180,14 @@ class Cluster:
 
     # ------------------------------------------------------------- model owner ----
     def share_model(self, path, model_id: str, permit: Sequence[str] | None = None,
-                    samples=None, margin: float | None = None) -> str:
+                    samples=None, margin: float | None = None,
+                    secret_embeddings: bool = False) -> str:
         """Calibrate the model file at ``path`` (.npz, .safetensors, or a Hugging Face /
         sentence-transformers directory) and share it as ``model_id``; ``permit``: the
-        computations query users may run (default: the model's own inference). Returns
-        the upload id; the parties hold verified copies when it returns."""
+        computations query users may run (default: the model's own inference);
+        ``secret_embeddings``: its embedding tables (and an LM's head) are shared too
+        (``share-model --secret-embeddings``; :meth:`embed` and :meth:`classify` find the
+        mode). Returns the upload id; the parties hold verified copies when it returns."""
         from protocols.calibration import calibrate as C
 
         from .cli.common import load_model_file
@@ -195,7 +198,8 @@ class Cluster:
         return share_transformer(self.cfg, model_id, mcfg, weights,
                                  None if permit is None else list(permit), self.cert,
                                  self.key, source=Path(path).name, user=user, samples=cal,
-                                 margin=C.DEFAULT_MARGIN if margin is None else margin)
+                                 margin=C.DEFAULT_MARGIN if margin is None else margin,
+                                 secret_embeddings=secret_embeddings)
 
     def delete_model(self, model_id: str) -> None:
         self._need("model-owner", "delete_model")

@@ -93,12 +93,6 @@ def run_mode(cfg, shares, x, secret: bool) -> dict:
             and rounds == declared.rounds, "output": ring.decode(out[0], RC.frac)}
 
 
-def add_secret(cfg, shares, user) -> None:
-    for name, (make, extra) in SM.secret_layout(cfg, user).items():
-        for i, s in enumerate(deal(ring.encode(make(), RC.frac + extra), shared_replicas=True)):
-            shares[i][name] = s
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", choices=sorted(SHAPES), default="minilm")
@@ -109,8 +103,7 @@ def main() -> int:
     a = ap.parse_args()
     result = runinfo.start("encoder_secret")
     warm = config(a.shape, 1, 8, 300)          # numba compiles its kernels here, untimed
-    wsh = SM.share_model(warm, M.random_weights(warm, 1))
-    add_secret(warm, wsh, M.random_user(warm, 1))
+    wsh = SM.share_model(warm, M.random_weights(warm, 1), secret_user=M.random_user(warm, 1))
     wx = M.embed_tokens(warm, M.random_user(warm, 1), np.zeros((1, 8), np.int64))
     run_mode(warm, wsh, deal(ring.encode(wx, RC.frac)), False)
     run_mode(warm, wsh, deal(SE.encoder_onehot(np.zeros((1, 8), np.int64), warm)), True)
@@ -122,10 +115,9 @@ def main() -> int:
     x = M.embed_tokens(cfg, user, ids, types=types)
     ref = M.ref_classify(cfg, w, x).argmax(-1) if cfg.arch == M.ENCODER_CLASSIFIER \
         else M.ref_embed(cfg, w, x)
-    shares = SM.share_model(cfg, w, shared_replicas=True)
+    shares = SM.share_model(cfg, w, shared_replicas=True, secret_user=user)
     modes = {"user-held": run_mode(cfg, shares, deal(ring.encode(x, RC.frac),
                                                      shared_replicas=True), False)}
-    add_secret(cfg, shares, user)
     modes["secret"] = run_mode(cfg, shares, deal(SE.encoder_onehot(ids, cfg, types),
                                                  shared_replicas=True), True)
     for m in modes.values():

@@ -78,10 +78,15 @@ def fold_scales(cfg: M.ModelConfig) -> tuple[float, float, float]:
     return s, s, (c / (s * s) if s else 0.0)
 
 
-def plain_tensors(cfg: M.ModelConfig, weights: M.Weights, fold_omega: bool = True
+def plain_tensors(cfg: M.ModelConfig, weights: M.Weights, fold_omega: bool = True,
+                  secret_user: Mapping[str, np.ndarray] | None = None
                   ) -> dict[str, tuple[np.ndarray, int]]:
-    """name -> (float tensor, extra fractional bits) of everything that gets shared."""
-    return {k: (make(), e) for k, (make, e) in layout(cfg, weights, fold_omega).items()}
+    """name -> (float tensor, extra fractional bits) of everything that gets shared;
+    ``secret_user``: the user tables an owner keeps secret, shared too (:func:`secret_layout`)."""
+    recipes = layout(cfg, weights, fold_omega)
+    if secret_user is not None:
+        recipes.update(secret_layout(cfg, secret_user))
+    return {k: (make(), e) for k, (make, e) in recipes.items()}
 
 
 class LazyTensors(Mapping):
@@ -213,12 +218,14 @@ def secret_layout(cfg: M.ModelConfig, user: Mapping[str, np.ndarray]
 
 def share_model(cfg: M.ModelConfig, weights: M.Weights, fold_omega: bool = True,
                 frac: int = ring.DEFAULT_FRAC, rng=None, prefixes: tuple[str, ...] | None = None,
-                shared_replicas: bool = False) -> list[dict[str, AShare]]:
+                shared_replicas: bool = False,
+                secret_user: Mapping[str, np.ndarray] | None = None) -> list[dict[str, AShare]]:
     """Encode and deal the MPC tensors (those starting with one of ``prefixes``, default
     all); returns the three parties' share dicts. ``shared_replicas``: see
-    :func:`mpc3.sharing.deal` (three parties in one process)."""
-    return deal_tensors(plain_tensors(cfg, weights, fold_omega), frac, rng, prefixes,
-                        shared_replicas)
+    :func:`mpc3.sharing.deal` (three parties in one process); ``secret_user``: as
+    :func:`plain_tensors`'."""
+    return deal_tensors(plain_tensors(cfg, weights, fold_omega, secret_user), frac, rng,
+                        prefixes, shared_replicas)
 
 
 def deal_tensors(tensors: dict[str, tuple[np.ndarray, int]], frac: int = ring.DEFAULT_FRAC,

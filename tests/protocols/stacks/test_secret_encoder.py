@@ -43,14 +43,6 @@ def bertmodel(tmp_path_factory):
     return model, cfg, w, user
 
 
-def secret_shares(cfg, w, user):
-    parts = SM.share_model(cfg, w)
-    for name, (make, extra) in SM.secret_layout(cfg, user).items():
-        for i, s in enumerate(deal(ring.encode(make(), 18 + extra))):
-            parts[i][name] = s
-    return parts
-
-
 def tokens(rng, cfg, B, S):
     return rng.integers(0, cfg.src_vocab, (B, S)), rng.integers(0, cfg.type_vocab, (B, S))
 
@@ -58,7 +50,7 @@ def tokens(rng, cfg, B, S):
 def test_secret_classifier_equals_transformers_and_declared_cost(run, bert):
     model, cfg, w, user = bert
     ids, types = tokens(np.random.default_rng(3), cfg, 3, 9)
-    res = run(lambda p, s, oh: SE.classify_secret(p, cfg, s, oh), secret_shares(cfg, w, user),
+    res = run(lambda p, s, oh: SE.classify_secret(p, cfg, s, oh), SM.share_model(cfg, w, secret_user=user),
               deal(SE.encoder_onehot(ids, cfg, types)))
     got = value(res)
     with torch.no_grad():
@@ -72,7 +64,7 @@ def test_secret_classifier_equals_transformers_and_declared_cost(run, bert):
 def test_secret_sentence_embedding_equals_transformers_and_declared_cost(run, bertmodel):
     model, cfg, w, user = bertmodel
     ids, types = tokens(np.random.default_rng(4), cfg, 2, 11)
-    res = run(lambda p, s, oh: SE.embed_secret(p, cfg, s, oh), secret_shares(cfg, w, user),
+    res = run(lambda p, s, oh: SE.embed_secret(p, cfg, s, oh), SM.share_model(cfg, w, secret_user=user),
               deal(SE.encoder_onehot(ids, cfg, types)))
     got = value(res)
     with torch.no_grad():
