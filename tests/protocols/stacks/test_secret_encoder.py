@@ -47,32 +47,29 @@ def tokens(rng, cfg, B, S):
     return rng.integers(0, cfg.src_vocab, (B, S)), rng.integers(0, cfg.type_vocab, (B, S))
 
 
-def test_secret_classifier_equals_transformers_and_declared_cost(run, bert):
-    model, cfg, w, user = bert
-    ids, types = tokens(np.random.default_rng(3), cfg, 3, 9)
-    res = run(lambda p, s, oh: SE.classify_secret(p, cfg, s, oh), SM.share_model(cfg, w, secret_user=user),
-              deal(SE.encoder_onehot(ids, cfg, types)))
-    got = value(res)
+def theirs(model, ids, types):
+    """transformers' output for ids, types: a classifier's logits, else the mean-pooled,
+    L2-normalized last hidden state (the sentence embedding of the imported config)."""
     with torch.no_grad():
-        theirs = model(input_ids=torch.tensor(ids),
-                       token_type_ids=torch.tensor(types)).logits.numpy()
-    assert np.abs(theirs).max() > 0.1
-    assert np.max(np.abs(got - theirs)) < 1e-2
-    run.assert_cost(SE.cost_classify_secret(RingConfig(), cfg, 3, 9))
+        out = model(input_ids=torch.tensor(ids), token_type_ids=torch.tensor(types))
+    if isinstance(model, transformers.BertForSequenceClassification):
+        return out.logits.numpy()
+    return torch.nn.functional.normalize(out.last_hidden_state.mean(1), dim=-1).numpy()
 
 
-def test_secret_sentence_embedding_equals_transformers_and_declared_cost(run, bertmodel):
-    model, cfg, w, user = bertmodel
-    ids, types = tokens(np.random.default_rng(4), cfg, 2, 11)
-    res = run(lambda p, s, oh: SE.embed_secret(p, cfg, s, oh), SM.share_model(cfg, w, secret_user=user),
+@pytest.mark.parametrize("which,B,S", [("bert", 3, 9), ("bertmodel", 2, 11)])
+def test_secret_encoder_equals_transformers_and_declared_cost(run, request, which, B, S):
+    model, cfg, w, user = request.getfixturevalue(which)
+    clf = cfg.arch == M.ENCODER_CLASSIFIER
+    ids, types = tokens(np.random.default_rng(B), cfg, B, S)
+    stack, cost = (SE.classify_secret, SE.cost_classify_secret) if clf else \
+        (SE.embed_secret, SE.cost_embed_secret)
+    res = run(lambda p, s, oh: stack(p, cfg, s, oh), SM.share_model(cfg, w, secret_user=user),
               deal(SE.encoder_onehot(ids, cfg, types)))
-    got = value(res)
-    with torch.no_grad():
-        h = model(input_ids=torch.tensor(ids),
-                  token_type_ids=torch.tensor(types)).last_hidden_state.mean(1)
-    want = torch.nn.functional.normalize(h, dim=-1).numpy()
-    assert np.max(np.abs(got - want)) < 1e-2
-    run.assert_cost(SE.cost_embed_secret(RingConfig(), cfg, 2, 11))
+    want = theirs(model, ids, types)
+    assert np.abs(want).max() > 0.1
+    assert np.max(np.abs(value(res) - want)) < 1e-2
+    run.assert_cost(cost(RingConfig(), cfg, B, S))
 
 
 def test_onehot_rows_refuse_bad_tokens_in_one_line(bert):
@@ -127,12 +124,10 @@ def test_secret_jobs_return_the_permitted_output_and_refuse_bad_input(bert):
     model, cfg, w, user = bert
     cal = calibrated(cfg, w, user).to_dict()
     ids, types = tokens(np.random.default_rng(5), cfg, 4, 7)
-    with torch.no_grad():
-        theirs = model(input_ids=torch.tensor(ids),
-                       token_type_ids=torch.tensor(types)).logits.numpy()
+    want = theirs(model, ids, types)
     parties = InprocParties.for_model(cfg, w, calibration=cal, secret_user=user)
     out, jobs = _job(parties, "classify_argmax_secret", SE.encoder_onehot(ids, cfg, types))
-    assert np.rint(out["class"]).astype(int).tolist() == theirs.argmax(1).tolist()
+    assert np.rint(out["class"]).astype(int).tolist() == want.argmax(1).tolist()
     assert [e["layer"] for e in jobs[0].costs] == ["embed", "enc.0", "enc.1", "head", "argmax"]
     with pytest.raises(ValueError, match="does not permit 'classify-secret'"):
         _job(parties, "classify_secret", SE.encoder_onehot(ids, cfg, types))
@@ -144,7 +139,7 @@ def test_secret_jobs_return_the_permitted_output_and_refuse_bad_input(bert):
     both = InprocParties.for_model(cfg, w, calibration=cal, secret_user=user,
                                    permitted=("classify-secret",))
     out, _ = _job(both, "classify_secret", SE.encoder_onehot(ids, cfg, types))
-    assert np.max(np.abs(out["logits"] - theirs)) < 1e-2
+    assert np.max(np.abs(out["logits"] - want)) < 1e-2
     plain = InprocParties.for_model(cfg, w, calibration=cal,
                                     permitted=("classify-argmax-secret",))
     with pytest.raises(ValueError, match="hands its embedding tables"):
@@ -161,8 +156,5 @@ def test_secret_embed_job_is_the_embedding(bertmodel):
     ids, types = tokens(np.random.default_rng(6), cfg, 2, 5)
     parties = InprocParties.for_model(cfg, w, calibration=cal, secret_user=user)
     out, jobs = _job(parties, "embed_secret", SE.encoder_onehot(ids, cfg, types))
-    with torch.no_grad():
-        h = model(input_ids=torch.tensor(ids),
-                  token_type_ids=torch.tensor(types)).last_hidden_state.mean(1)
-    assert np.max(np.abs(out["E"] - torch.nn.functional.normalize(h, dim=-1).numpy())) < 1e-2
+    assert np.max(np.abs(out["E"] - theirs(model, ids, types))) < 1e-2
     assert jobs[0].costs[0]["layer"] == "embed"
