@@ -142,22 +142,22 @@ def test_secret_classifier_returns_transformers_class_only(cluster, tmp_path):
 
 
 def test_secret_sentence_encoder_embeds_like_sentence_transformers(cluster, tmp_path):
-    st = make_st(tmp_path / "st", "mean", True)
-    r = mpc3_cli("import", tmp_path / "st", "--out", tmp_path / "st.npz")
+    st = make_st(tmp_path / "sts", "mean", True)
+    r = mpc3_cli("import", tmp_path / "sts", "--out", tmp_path / "sts.npz")
     assert r.returncode == 0, r.stderr
-    r = mpc3_cli("share-model", tmp_path / "st.npz", "--config", cluster.path, "--model-id",
-                 "st", "--secret-embeddings")
+    r = mpc3_cli("share-model", tmp_path / "sts.npz", "--config", cluster.path, "--model-id",
+                 "sts", "--secret-embeddings")
     assert r.returncode == 0 and "(encoder, permits embed-secret; embeddings secret)" \
         in r.stdout, r.stderr
-    r = mpc3_cli("embed", "--config", cluster.path, "--model-id", "st", "--model",
-                 tmp_path / "st.npz", *TEXTS, "--output", tmp_path / "E.npy")
+    r = mpc3_cli("embed", "--config", cluster.path, "--model-id", "sts", "--model",
+                 tmp_path / "sts.npz", *TEXTS, "--output", tmp_path / "E.npy")
     assert r.returncode == 0, r.stderr
     got = np.load(tmp_path / "E.npy")
     want = st.encode(TEXTS, convert_to_numpy=True).astype(np.float64)
     cos = np.sum(got * want, -1) / np.linalg.norm(got, axis=-1) / np.linalg.norm(want, axis=-1)
     assert cos.min() >= 0.9999 and np.abs(got - want).max() < 2e-3
-    r = mpc3_cli("embed", "--config", cluster.path, "--model-id", "st", "--model",
-                 tmp_path / "st.npz", "the cat sat on the mat " * 4)
+    r = mpc3_cli("embed", "--config", cluster.path, "--model-id", "sts", "--model",
+                 tmp_path / "sts.npz", "the cat sat on the mat " * 4)
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "the model takes at most 24 (max_len)" in r.stderr
 
