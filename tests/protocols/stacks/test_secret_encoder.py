@@ -72,6 +72,30 @@ def test_secret_encoder_equals_transformers_and_declared_cost(run, request, whic
     run.assert_cost(cost(RingConfig(), cfg, B, S))
 
 
+@pytest.mark.parametrize("embedding,arch", [("sinusoidal", "encoder-classifier"),
+                                            ("learned", "encoder")])
+def test_secret_lookup_without_layernorm_equals_the_reference(run, embedding, arch):
+    """Privformer's sinusoidal positions (the table times sqrt(d), the public PE added on
+    shares; no token types) and learned positions without a LayerNorm, on the float64
+    reference of the user-held embedding."""
+    cfg = M.ModelConfig(d_model=16, n_heads=2, d_head=8, n_features=8, d_ff=32, attn_c=0.125,
+                        attn_norm="mean", norm_first=True, max_len=12, arch=arch,
+                        n_enc_layers=1, src_vocab=29, embedding=embedding,
+                        n_classes=3 if arch == M.ENCODER_CLASSIFIER else 0,
+                        type_vocab=2 if embedding == "learned" else 0,
+                        pool="mean").validate()
+    w, user = M.random_weights(cfg, 3), M.random_user(cfg, 3)
+    ids = np.random.default_rng(9).integers(0, 29, (2, 6))
+    types = ids % 2 if cfg.type_vocab else None
+    x = M.embed_tokens(cfg, user, ids, types=types)
+    stack, cost, ref = (SE.classify_secret, SE.cost_classify_secret, M.ref_classify) \
+        if arch == M.ENCODER_CLASSIFIER else (SE.embed_secret, SE.cost_embed_secret, M.ref_embed)
+    res = run(lambda p, s, oh: stack(p, cfg, s, oh), SM.share_model(cfg, w, secret_user=user),
+              deal(SE.encoder_onehot(ids, cfg, types)))
+    assert np.max(np.abs(value(res) - ref(cfg, w, x))) < 2e-3
+    run.assert_cost(cost(RingConfig(), cfg, 2, 6))
+
+
 def test_onehot_rows_refuse_bad_tokens_in_one_line(bert):
     _, cfg, _, _ = bert
     ok = SE.encoder_onehot([[2, 7]], cfg, [[0, 1]])
