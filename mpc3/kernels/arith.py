@@ -211,28 +211,6 @@ def matmul_aa(p: Party, x: AShare, y: AShare, trunc: bool | int = True,
     return _finish(p, _local_matmul(x, y, p.rank), trunc)
 
 
-def matmul_sum_aa(p: Party, pairs: list[tuple[AShare, AShare]]) -> AShare:
-    """``sum_i x_i @ y_i`` of same-shaped products, untruncated, reshared once: the local
-    terms are added before the one resharing, so it costs :func:`cost_mul` of one output
-    (``trunc=False``: 1 round) whatever the number of pairs - e.g. a word's and its token
-    type's one-hot rows times their tables (protocols.layers.vocab)."""
-    if not pairs:
-        raise ValueError("matmul_sum_aa needs at least one product")
-    for x, y in pairs:
-        if x.shape[-1] != y.shape[-2]:
-            raise ValueError(f"matmul_sum_aa: inner dimensions differ {x.shape} @ {y.shape}")
-    if p.shadow is not None:
-        out = p.shadow.matmul_aa(*pairs[0], False)
-        for x, y in pairs[1:]:
-            out = out + p.shadow.matmul_aa(x, y, False)
-        return out
-    p.new_op()
-    z = _local_matmul(*pairs[0], p.rank)
-    for x, y in pairs[1:]:
-        z = z + _local_matmul(x, y, p.rank)
-    return _finish(p, z, False)
-
-
 def _item_product(x: AShare, y: AShare, kind: str, keep, rank: int):
     """One item's local 3-out-of-3 product: (z, keep broadcast or None, kept entries flat)."""
     if kind == "mul" and x.shape != y.shape:

@@ -165,9 +165,10 @@ def layout(cfg: M.ModelConfig, weights: M.Weights, fold_omega: bool = True
 
 
 #: the query user's tables an owner shares instead of handing them out: an LM's token table,
-#: positions and head; an encoder's token, position and type tables and embedding LayerNorm
+#: positions and head; an encoder's token table with its token types' rows stacked under it
+#: (``embed.tokens``: one product looks up both), positions and embedding LayerNorm
 SECRET_NAMES = ("embed.tgt", "embed.pos", "out.w", "out.b",
-                "embed.src", "embed.type", "embed.ln.gamma", "embed.ln.beta")
+                "embed.tokens", "embed.ln.gamma", "embed.ln.beta")
 #: the architectures whose owner may keep the embedding tables secret
 SECRET_ARCHS = (M.DECODER_ONLY, M.ENCODER_CLASSIFIER, M.ENCODER)
 
@@ -199,20 +200,33 @@ def secret_layout(cfg: M.ModelConfig, user: Mapping[str, np.ndarray]
                   ) -> dict[str, tuple[Callable[[], np.ndarray], int]]:
     """name -> (recipe, extra fractional bits) of the user tables the owner shares: the
     token table (times sqrt(d) for sinusoidal positions), the learned position table and
-    the LM head; of an encoder its token table, positions, token types and embedding
-    LayerNorm (every query-user tensor of the model)."""
+    the LM head; of an encoder ``embed.tokens`` - ``embed.src`` (times sqrt(d) for
+    sinusoidal positions) with ``embed.type``'s rows stacked under it, (V + Tv, d) -,
+    ``embed.pos`` and the embedding LayerNorm (:func:`secret_shapes`)."""
     check_secret(cfg)
     scale = math.sqrt(cfg.d_model) if cfg.embedding == "sinusoidal" else 1.0
 
     def plain(name: str, f: float = 1.0):
         return (lambda: np.asarray(user[name], np.float64) * f, 0)
     if cfg.arch != M.DECODER_ONLY:
-        return {n: plain(n, scale if n == "embed.src" else 1.0)
-                for n in M.expected_user_shapes(cfg)}
+        out = {n: plain(n) for n in secret_shapes(cfg) if n != "embed.tokens"}
+        out["embed.tokens"] = (lambda: np.concatenate(
+            [np.asarray(user["embed.src"], np.float64) * scale]
+            + ([np.asarray(user["embed.type"], np.float64)] if cfg.type_vocab else [])), 0)
+        return out
     out = {"embed.tgt": plain("embed.tgt", scale), "out.w": plain("out.w"),
            "out.b": plain("out.b")}
     if cfg.embedding == "learned":
         out["embed.pos"] = plain("embed.pos")
+    return out
+
+
+def secret_shapes(cfg: M.ModelConfig) -> dict[str, tuple]:
+    """name -> shape of the tensors :func:`secret_layout` shares."""
+    user = M.expected_user_shapes(cfg)
+    out = {k: v for k, v in user.items() if k in SECRET_NAMES}
+    if cfg.arch != M.DECODER_ONLY:
+        out["embed.tokens"] = (cfg.src_vocab + cfg.type_vocab, cfg.d_model)
     return out
 
 
@@ -312,8 +326,7 @@ def check_shares(cfg: M.ModelConfig, shares: dict[str, AShare], fold_omega: bool
         expect[OUT_SCALE] = (1,)
     if secret:
         check_secret(cfg)
-        expect.update({k: v for k, v in M.expected_user_shapes(cfg).items()
-                       if k in SECRET_NAMES})
+        expect.update(secret_shapes(cfg))
     missing = sorted(set(expect) - set(shares))
     if missing:
         raise ValueError(f"model shares lack {missing[:5]}{'...' if len(missing) > 5 else ''}")

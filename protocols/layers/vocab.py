@@ -124,22 +124,15 @@ def onehot(ids, V: int) -> np.ndarray:
     return out
 
 
-def onehot_embed(p: Party, onehot: AShare, table: AShare,
-                 *more: tuple[AShare, AShare]) -> AShare:
+def onehot_embed(p: Party, onehot: AShare, table: AShare) -> AShare:
     """The rows of a secret table picked by secret one-hot rows: ``onehot`` (B, T, V) at 0
     fractional bits (:func:`onehot`), ``table`` (V, d) at ``frac`` bits -> (B, T, d) at
-    ``frac`` bits, exact. ``more``: further (one-hot rows (B, T, V'), table (V', d)) pairs
-    whose rows are added - a BERT token's type - in the same product: their local terms are
-    summed before the one resharing (:func:`mpc3.kernels.arith.matmul_sum_aa`), so they cost
-    nothing more. Cost: :func:`cost_onehot_embed`."""
-    pairs = ((onehot, table),) + more
-    for oh, tb in pairs:
-        if len(oh.shape) != 3 or len(tb.shape) != 2 or oh.shape[2] != tb.shape[0] or \
-                oh.shape[:2] != onehot.shape[:2] or tb.shape[1] != table.shape[1]:
-            raise ValueError(f"onehot_embed needs one-hot rows (B, T, V) and a table (V, d), "
-                             f"got {oh.shape} and {tb.shape}")
-    B, T, _ = onehot.shape
-    out = arith.matmul_sum_aa(p, [(oh.reshape(B * T, oh.shape[2]), tb) for oh, tb in pairs])
+    ``frac`` bits, exact. Cost: :func:`cost_onehot_embed`."""
+    if len(onehot.shape) != 3 or len(table.shape) != 2 or onehot.shape[2] != table.shape[0]:
+        raise ValueError(f"onehot_embed needs one-hot rows (B, T, V) and a table (V, d), "
+                         f"got {onehot.shape} and {table.shape}")
+    B, T, V = onehot.shape
+    out = arith.matmul_aa(p, onehot.reshape(B * T, V), table, trunc=False)
     return out.reshape(B, T, table.shape[1])
 
 

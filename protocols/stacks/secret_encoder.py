@@ -7,13 +7,15 @@ logits or its class (the arg-max on shares), a headless encoder's sentence embed
 Input ``onehot`` (B, S, V + Tv), ring integers 0/1 (:func:`protocols.layers.vocab.onehot`):
 each position's word one-hot row (V = ``src_vocab`` entries) followed by its token type's
 one-hot row (Tv = ``type_vocab`` entries, none for a model without types). The types are as
-secret as the words (a sentence pair's boundary is not revealed) and cost nothing: both
-lookups are one product, their local terms summed before one resharing
-(:func:`protocols.layers.vocab.onehot_embed`). Public: B, S (the token count), V, Tv.
+secret as the words (a sentence pair's boundary is not revealed) and cost nothing: the
+owner stacks the type table under the word table, so one product of the rows as they come
+looks up both (:func:`protocols.layers.vocab.onehot_embed`: an ordinary untruncated
+``matmul_aa``, whatever checks the products get). Public: B, S (the token count), V, Tv.
 
-Shares (:func:`protocols.layers.secure_model.secret_layout`): ``embed.src`` (V, d) - times
-sqrt(d) for sinusoidal positions -, ``embed.pos`` (max_len, d) and ``embed.type`` (Tv, d)
-for learned embeddings, ``embed.ln.gamma``, ``embed.ln.beta`` for ``learned-ln`` (BERT).
+Shares (:func:`protocols.layers.secure_model.secret_layout`): ``embed.tokens`` (V + Tv, d),
+``embed.src`` - times sqrt(d) for sinusoidal positions - with ``embed.type``'s rows under
+it; ``embed.pos`` (max_len, d) for learned embeddings, ``embed.ln.gamma``, ``embed.ln.beta``
+for ``learned-ln`` (BERT).
 
 Steps (:func:`embed_onehot_encoder`): the lookup (1 round, B S d elements reshared); the
 positions' shared rows added (learned) or the public PE (sinusoidal), local; BERT's
@@ -95,10 +97,8 @@ def embed_onehot_encoder(p: Party, cfg: M.ModelConfig, shares: Mapping,
     :func:`protocols.model.embed_tokens`. Cost: :func:`cost_embed_onehot_encoder`."""
     check_secret(cfg)
     check_onehot_shape(cfg, onehot.shape)
-    B, S, _ = onehot.shape
-    V = cfg.src_vocab
-    more = ((onehot[..., V:], shares["embed.type"]),) if cfg.type_vocab else ()
-    x = onehot_embed(p.at("embed"), onehot[..., :V], shares["embed.src"], *more)
+    S = onehot.shape[1]
+    x = onehot_embed(p.at("embed"), onehot, shares["embed.tokens"])
     if cfg.embedding == "sinusoidal":
         pe = M.positional_encoding(S, cfg.d_model)
         return arith.add_public(p, x, ring.encode(np.broadcast_to(pe, x.shape), p.cfg.frac))

@@ -103,21 +103,6 @@ def test_onehot_embed_picks_the_rows_exactly(run, rng, B, T, V):
     run.assert_cost(VO.cost_onehot_embed(RingConfig(), B, T, d))
 
 
-def test_onehot_embed_adds_further_lookups_in_the_same_product(run, rng):
-    """A word's and its token type's rows in one resharing: bit-exact, the cost of the
-    word's lookup alone."""
-    B, T, V, Tv, d = 2, 3, 11, 2, 5
-    table, types = rng.normal(size=(V, d)), rng.normal(size=(Tv, d))
-    ids, tt = rng.integers(0, V, size=(B, T)), rng.integers(0, Tv, size=(B, T))
-    res = run(lambda p, oh, tb, ot, ty: VO.onehot_embed(p, oh, tb, (ot, ty)),
-              deal(VO.onehot(ids, V)), share(table), deal(VO.onehot(tt, Tv)), share(types))
-    np.testing.assert_array_equal(reveal(res), ring.encode(table)[ids] + ring.encode(types)[tt])
-    run.assert_cost(VO.cost_onehot_embed(RingConfig(), B, T, d))
-    with pytest.raises(ValueError, match="onehot_embed needs"):
-        run(lambda p, oh, tb, ot, ty: VO.onehot_embed(p, oh, tb, (ot, ty)),
-            deal(VO.onehot(ids, V)), share(table), deal(VO.onehot(tt[:1], Tv)), share(types))
-
-
 def test_onehot_embed_refuses_bad_shapes(run):
     with pytest.raises(ValueError, match="onehot_embed needs"):
         run(lambda p, oh, tb: VO.onehot_embed(p, oh, tb), deal(VO.onehot([[1]], 4)),

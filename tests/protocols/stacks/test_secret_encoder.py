@@ -96,8 +96,13 @@ def test_secret_lookup_without_layernorm_equals_the_reference(run, embedding, ar
     run.assert_cost(cost(RingConfig(), cfg, 2, 6))
 
 
-def test_onehot_rows_refuse_bad_tokens_in_one_line(bert):
-    _, cfg, _, _ = bert
+def test_layout_and_onehot_rows_refuse_bad_tokens_in_one_line(bert):
+    _, cfg, _, user = bert
+    assert SM.secret_shapes(cfg) == {"embed.tokens": (52, 32), "embed.pos": (16, 32),
+                                     "embed.ln.gamma": (32,), "embed.ln.beta": (32,)}
+    tokens_table = SM.secret_layout(cfg, user)["embed.tokens"][0]()     # types under words
+    np.testing.assert_array_equal(tokens_table, np.concatenate([user["embed.src"],
+                                                                user["embed.type"]]))
     ok = SE.encoder_onehot([[2, 7]], cfg, [[0, 1]])
     assert ok.shape == (1, 2, cfg.src_vocab + 2) and ok.dtype == np.uint64
     assert ok[0, 1, 7] == 1 and ok[0, 1, cfg.src_vocab + 1] == 1
