@@ -180,11 +180,14 @@ class Cluster:
 
     # ------------------------------------------------------------- model owner ----
     def share_model(self, path, model_id: str, permit: Sequence[str] | None = None,
-                    samples=None, margin: float | None = None) -> str:
+                    samples=None, margin: float | None = None,
+                    secret_embeddings: bool = False) -> str:
         """Calibrate the model file at ``path`` (.npz, .safetensors, or a Hugging Face /
         sentence-transformers directory) and share it as ``model_id``; ``permit``: the
-        computations query users may run (default: the model's own inference). Returns
-        the upload id; the parties hold verified copies when it returns."""
+        computations query users may run (default: the model's own inference);
+        ``secret_embeddings``: its embedding tables (and an LM's head) are shared too
+        (``share-model --secret-embeddings``; :meth:`embed` and :meth:`classify` find the
+        mode). Returns the upload id; the parties hold verified copies when it returns."""
         from protocols.calibration import calibrate as C
 
         from .cli.common import load_model_file
@@ -195,25 +198,20 @@ class Cluster:
         return share_transformer(self.cfg, model_id, mcfg, weights,
                                  None if permit is None else list(permit), self.cert,
                                  self.key, source=Path(path).name, user=user, samples=cal,
-                                 margin=C.DEFAULT_MARGIN if margin is None else margin)
+                                 margin=C.DEFAULT_MARGIN if margin is None else margin,
+                                 secret_embeddings=secret_embeddings)
 
     def delete_model(self, model_id: str) -> None:
         self._need("model-owner", "delete_model")
         self.client.delete(model_id)
 
     # -------------------------------------------------------------- query user ----
-    def _remote(self, model_id: str, local, local_name: str):
-        """The shared model's config, refused unless it is the local file's model."""
-        from .cli.common import check_same_model
-        from .translate import ClusterBackend
-        remote = ClusterBackend(self.client, model_id).model_config()
-        check_same_model(remote, local, model_id, local_name)
-        return remote
-
-    def _job(self, model_id: str, kind: str, x: np.ndarray, cost: Traffic) -> dict:
+    def _job(self, model_id: str, kind: str, x: np.ndarray, cost: Traffic,
+             onehot: bool = False) -> dict:
+        """``onehot``: x is one-hot rows (ring integers, shared as they are) for ONEHOT."""
         qu = self.client
         t0 = time.perf_counter()
-        job = qu.submit(model_id, kind, {"X": x})
+        job = qu.submit(model_id, kind, {"ONEHOT" if onehot else "X": x}, encoded=onehot)
         st = qu.wait(job)                  # up to the cluster's job deadline, as qu.run
         out = {k: ring.decode(v, qu.frac) for k, v in qu.fetch(job).items()}
         cost.add_parties([(s.bytes_sent, s.messages, s.rounds) for s in st],
@@ -233,13 +231,20 @@ class Cluster:
         (one job per token length, rows in input order), embedded with the user tensors
         ``user`` of the local model file ``local_name`` (config ``mcfg``), which must be
         the shared model's: what embed and classify (and ``mpc3 embed`` / ``classify``)
-        run."""
-        from .text import run_grouped
+        run. A model whose owner keeps its embedding tables secret (``share-model
+        --secret-embeddings``) is sent the sequences' one-hot rows instead, by the job kind
+        :data:`app.text.SECRET_KINDS` names."""
+        from .cli.common import check_same_model
+        from .text import SECRET_KINDS, run_grouped
+        from .translate import ClusterBackend
         self._need("query-user", kind)
-        self._remote(model_id, mcfg, local_name)
+        backend = ClusterBackend(self.client, model_id)
+        check_same_model(backend.model_config(), mcfg, model_id, local_name)
+        secret = backend.secret_embeddings()          # one-hot rows in, as its owner chose
+        kind = SECRET_KINDS.get(kind, kind) if secret else kind
         cost = Traffic()
-        rows = run_grouped(lambda x: self._job(model_id, kind, x, cost)[out_name], mcfg,
-                           user, seqs)
+        rows = run_grouped(lambda x: self._job(model_id, kind, x, cost, secret)[out_name],
+                           mcfg, user, seqs, secret)
         self.last_costs = Costs.of(cost)
         return rows
 

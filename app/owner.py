@@ -10,7 +10,9 @@ own inference only) and the calibration (with the input range clients check), up
 shares and verifies that the parties hold consistent copies. The query-user tensors (embeddings,
 output layer) of a model file are not shared by default: the owner hands them to its users, who
 thereby learn them - unless the owner keeps them secret (``secret_embeddings``, decoder-only
-LMs): then they are shared with the rest and users receive tokens only.
+LMs and BERT-style encoders): then they are shared with the rest and users send one-hot
+tokens and receive tokens only (an LM), the class or logits (a classifier), the embedding
+(a headless encoder), as the owner permits.
 """
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ from net.client.owner import ModelOwner
 from net.config import ClusterConfig
 from protocols.calibration import calibrate as C
 from protocols import model as M
-from protocols.jobs import DEFAULT_PERMITTED, ENCODER_DECODER, PRODUCTION, TRANSFORMER_LAYOUT
+from protocols.jobs import (DEFAULT_PERMITTED, ENCODER_DECODER, PRODUCTION, SECRET_PERMITTED,
+                           TRANSFORMER_LAYOUT)
 
 
 def computations(arch: str = ENCODER_DECODER) -> tuple[str, ...]:
@@ -31,16 +34,15 @@ def computations(arch: str = ENCODER_DECODER) -> tuple[str, ...]:
 COMPUTATIONS = computations(ENCODER_DECODER)
 
 
-#: the default computation of a model whose owner keeps its vocabulary ends secret
-SECRET_PERMITTED = ("generate-token",)
-
-
 def check_permit(permit, arch: str = ENCODER_DECODER, secret: bool = False) -> tuple[str, ...]:
     """The permitted computations (default: the model's own inference; with ``secret``
     embeddings its token-only form), refusing names the architecture does not offer with the
     ones it does. Computations are spelt with hyphens; the job kind's underscore spelling
     (``classify_argmax``) names the same one."""
-    default = SECRET_PERMITTED if secret else DEFAULT_PERMITTED[arch]
+    if secret:
+        from protocols.layers.secure_model import check_secret_arch
+        check_secret_arch(arch)
+    default = (SECRET_PERMITTED if secret else DEFAULT_PERMITTED)[arch]
     permit = tuple(default if permit is None else (p.replace("_", "-") for p in permit))
     offered = computations(arch)
     unknown = sorted(set(permit) - set(offered))
@@ -115,15 +117,17 @@ def share_transformer(cfg: ClusterConfig, model_id: str, mcfg: M.ModelConfig,
     the diagnostic job kinds (benchmark/test processes, where any user can read every
     weight matrix) unless ``to_diagnostic_parties`` (test and benchmark weights).
     ``secret_embeddings``: ``user``'s embedding table and LM head are shared too and the
-    model's users get tokens only (:mod:`protocols.stacks.secret_lm`; decoder-only LMs)."""
+    model's users send one-hot tokens (:mod:`protocols.stacks.secret_lm`,
+    :mod:`protocols.stacks.secret_encoder`)."""
     from protocols.layers.secure_model import LazyTensors, check_secret, layout, secret_layout
     check_permit(permit, mcfg.arch, secret_embeddings)
     recipes = layout(mcfg, weights, fold_omega=fold_omega)
     if secret_embeddings:
         check_secret(mcfg)
-        if not user or "out.w" not in user:
-            raise ValueError("--secret-embeddings shares the model file's embedding table "
-                             "and LM head: this file has none")
+        need = "out.w" if mcfg.arch == M.DECODER_ONLY else "embed.src"
+        if not user or need not in user:
+            raise ValueError("--secret-embeddings shares the model file's embedding tables "
+                             "(and an LM's head): this file has none")
         recipes.update(secret_layout(mcfg, user))
     cal = calibrate_model(mcfg, weights, user, samples, RingConfig(frac=cfg.frac), margin,
                           fold_omega, secret_embeddings)

@@ -3,7 +3,8 @@ sentence-transformers checkpoints: :func:`protocols.model.load_tokenizer`), quer
 
 The user tokenizes locally with the checkpoint's own ``tokenizer.json`` - its normalizer,
 pre-tokenizer, model and post-processor, so a BERT-style tokenizer adds [CLS] and [SEP]
-itself; token types are 0 - embeds the ids with its tables and shares only the embedding.
+itself; token types are 0 - embeds the ids with its tables and shares only the embedding;
+for a model whose owner keeps the tables secret it shares the ids' one-hot rows instead.
 Nothing is cut: a text longer than the model's ``max_len`` (special tokens included) is
 refused with its token count (sentence-transformers would truncate it silently). Texts of
 one token length go to the parties as one job (:func:`by_length`); generated ids are turned
@@ -58,14 +59,25 @@ def by_length(seqs: Sequence[Sequence[int]]) -> dict[int, list[int]]:
     return groups
 
 
+#: the job kind an encoder whose owner keeps its embedding tables secret runs instead of each
+#: user-embedded one (protocols.stacks.secret_encoder: one-hot rows in)
+SECRET_KINDS = {"classify": "classify_secret", "classify_argmax": "classify_argmax_secret",
+                "embed": "embed_secret"}
+
+
 def run_grouped(run: Callable[[np.ndarray], np.ndarray], cfg: M.ModelConfig,
-                user: Mapping[str, np.ndarray], seqs: Sequence[Sequence[int]]) -> np.ndarray:
+                user: Mapping[str, np.ndarray], seqs: Sequence[Sequence[int]],
+                secret: bool = False) -> np.ndarray:
     """One job per token length: ``run(X)`` with X (B, S, d) the embedded sequences of
-    length S returns their rows (B, ...); the rows come back in the order of ``seqs``."""
+    length S returns their rows (B, ...); the rows come back in the order of ``seqs``.
+    ``secret``: X is instead their one-hot rows (B, S, V + Tv), token types 0
+    (:func:`protocols.stacks.secret_encoder.encoder_onehot`), for a model whose owner keeps
+    the embedding tables secret."""
+    from protocols.stacks.secret_encoder import encoder_onehot
     out: list[np.ndarray | None] = [None] * len(seqs)
     for idx in by_length(seqs).values():
         ids = np.array([seqs[i] for i in idx])
-        rows = run(M.embed_tokens(cfg, user, ids))
+        rows = run(encoder_onehot(ids, cfg) if secret else M.embed_tokens(cfg, user, ids))
         for i, row in zip(idx, rows):
             out[i] = row
     return np.stack(out)

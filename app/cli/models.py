@@ -55,8 +55,12 @@ def register(sub) -> None:
                    "max-free is cheaper but only for models whose scores stay in exp's "
                    "range [-48, 9.5] (calibration refuses the others)")
     p.add_argument("--secret-embeddings", action="store_true",
-                   help="decoder-only LMs: share the embedding table and LM head too; users "
-                   "send tokens and receive only the next token (mpc3 generate finds the mode)")
+                   help="share the embedding tables (and an LM's head) too; users send "
+                   "tokens as secret one-hot rows: a decoder-only LM returns only the next "
+                   "token (generate-token), a BERT-style classifier only the class "
+                   "(classify-argmax-secret; --permit classify-secret: the logits), a "
+                   "headless encoder the embedding (embed-secret); mpc3 generate, classify "
+                   "and embed find the mode")
     p.add_argument("--check-inputs", action="store_true",
                    help="the parties check every job's secret input against the calibrated "
                    "range on shares and refuse it if it leaves the range (a modified client "
@@ -164,9 +168,10 @@ def _cmd_share(args) -> int:
                                   to_diagnostic_parties=args.to_diagnostic_parties,
                                   secret_embeddings=args.secret_embeddings)
     secret = args.secret_embeddings
+    tables = "embeddings and LM head" if mcfg.arch == "decoder-only" else "embeddings"
     print(f"model {args.model_id} ({mcfg.arch}, permits "
           f"{', '.join(check_permit(permit, mcfg.arch, secret))}"
-          f"{'; embeddings and LM head secret' if secret else ''}): "
+          f"{f'; {tables} secret' if secret else ''}): "
           f"{weights.n_params()} parameters calibrated and shared to "
           f"3 parties (upload {upload_id}, copies verified) in {time.monotonic() - t0:.1f} s")
     return 0
@@ -230,7 +235,8 @@ def _cmd_models(args) -> int:
 
 def _mode(public_meta: str) -> str:
     """What a model's users hold: ``user-embeddings`` (the owner hands out the embedding
-    tables and output layer), ``secret-embeddings`` (tokens in, tokens out), or ``tensors``
+    tables and output layer), ``secret-embeddings`` (one-hot tokens in; an LM's token, a
+    classifier's class or logits, an encoder's embedding out), or ``tensors``
     (not a transformer shared by share-model)."""
     import json
     try:

@@ -14,6 +14,12 @@ prints each embedding's norm and first values (``--output``: all of them, (N, d)
 order given); ``classify`` prints the class (its name when the model file has the
 checkpoint's id2label) and the logits - or, with ``--kind classify_argmax``, the class
 alone, which is all an owner permitting only classify-argmax lets its users learn.
+
+A model its owner shared with ``--secret-embeddings`` is found so from its public metadata:
+the tokens then go as secret one-hot rows (token types 0) to ``embed_secret`` /
+``classify_secret`` / ``classify_argmax_secret`` (:data:`app.text.SECRET_KINDS`; the file
+gives the config and tokenizer), and the output is what the owner permits: by default the
+class alone for a classifier (``--kind classify_argmax``), the embedding for an encoder.
 """
 from __future__ import annotations
 

@@ -51,17 +51,15 @@ class InprocParties:
         model's own inference; ``calibration``: its
         :meth:`protocols.calibration.calibrate.Calibration .to_dict`, from which the decode steps
         choose their schedule - none: the schedule of a model calibrated before that existed)."""
-        from protocols.jobs import DEFAULT_PERMITTED
-        from protocols.layers.secure_model import deal_tensors, plain_tensors, secret_layout
+        from protocols.jobs import DEFAULT_PERMITTED, SECRET_PERMITTED
+        from protocols.layers.secure_model import deal_tensors, plain_tensors
         secret = kw.pop("secret_user", None)
         ring_cfg = kw.pop("ring", None) or RingConfig(**({} if frac is None else
                                                          {"frac": frac}))
-        plain = plain_tensors(cfg, weights)
-        if secret is not None:            # the owner's vocabulary ends, shared too
-            plain.update({k: (make(), e) for k, (make, e) in secret_layout(cfg, secret).items()})
+        plain = plain_tensors(cfg, weights, secret_user=secret)   # (+ the owner's secret tables)
         fracs = {k: ring_cfg.frac + e for k, (_, e) in plain.items()}
         shares = deal_tensors(plain, frac=ring_cfg.frac)
-        default = ("generate-token",) if secret is not None else DEFAULT_PERMITTED[cfg.arch]
+        default = (SECRET_PERMITTED if secret is not None else DEFAULT_PERMITTED)[cfg.arch]
         meta = {"model_config": cfg.to_dict(), "layout": "protocols.secure_model",
                 "kind": cfg.arch, "permitted": list(default if permitted is None else permitted)}
         if secret is not None:

@@ -50,7 +50,7 @@ from protocols import model as M
 from protocols.layers.attention import default_decode_block
 from protocols.stacks.schedule import GAIN_MAX, rms_gain
 
-from .shadow import trace
+from .shadow import trace, trace_secret_encoder
 from .site_catalog import SITES, site_range
 
 #: 2: an LM step's LayerNorm forms its FFN's W1 (causal_lm.lm_fusions), so a version-1
@@ -77,6 +77,11 @@ class Samples:
 
     X: list[np.ndarray]
     Y: list[np.ndarray] = field(default_factory=list)
+    #: the token ids (B, S) embedded as each X, and their token types: what an encoder whose
+    #: owner keeps the embedding tables secret is traced on (its embedding LayerNorm runs
+    #: on shares); :func:`default_samples` fills them
+    ids: list[np.ndarray] = field(default_factory=list)
+    types: list[np.ndarray] = field(default_factory=list)
 
     def validate(self, cfg: M.ModelConfig) -> "Samples":
         if not self.X:
@@ -165,12 +170,15 @@ def default_samples(cfg: M.ModelConfig, user: Mapping[str, np.ndarray],
                          "inputs from its owner (an .npy/.npz of embedded inputs)")
     vocab = cfg.tgt_vocab if cfg.arch == M.DECODER_ONLY else cfg.src_vocab
     X, Y, quarter = [], [], max(1, cfg.max_len // 4)
+    ids, types, trng = [], [], np.random.default_rng(1)     # (types: their own stream)
     for S in sorted({cfg.max_len, max(1, cfg.max_len // 2), quarter, 1}, reverse=True):
-        X.append(M.embed_tokens(cfg, user, rng.integers(0, vocab, (n_seq, S)), table=table))
+        ids.append(rng.integers(0, vocab, (n_seq, S)))
+        X.append(M.embed_tokens(cfg, user, ids[-1], table=table))
+        types.append(trng.integers(0, max(1, cfg.type_vocab), (n_seq, S)))
         if _needs_y(cfg):
             T = cfg.max_len if S == cfg.max_len else quarter
             Y.append(M.embed(cfg, user["embed.tgt"], rng.integers(0, cfg.tgt_vocab, (n_seq, T))))
-    return Samples(X, Y)
+    return Samples(X, Y, ids, types)
 
 
 # ------------------------------------------------------------------- calibration ----
@@ -316,17 +324,27 @@ def calibrate(cfg: M.ModelConfig, weights: M.Weights, samples: Samples,
     (defaults: folded, :func:`protocols.layers.attention.default_decode_block`); ``check`` False:
     the values as traced, unchecked (which sites a model reaches,
     :func:`protocols.calibration.check.sites_reached`); ``secret``: the owner keeps the LM
-    head secret (``user``'s ``out.w``, ``out.b``): its product and arg-max are calibrated too."""
+    head secret (``user``'s ``out.w``, ``out.b``): its product and arg-max are calibrated too;
+    of an encoder, its embedding tables: the model is traced from ``samples.ids`` (one-hot
+    rows, the embedding LayerNorm on shares: layer ``embed.ln``)."""
     if not margin >= 1.0:
         raise ValueError(f"margin={margin} must be >= 1")
     weights.validate(cfg)
     samples.validate(cfg)
     block = (default_decode_block(cfg.n_features, cfg.d_head) if decode_block is None
              else int(decode_block))
-    if secret and not (user and "out.w" in user):
+    encoder = cfg.arch in (M.ENCODER_CLASSIFIER, M.ENCODER)
+    if secret and encoder:
+        if not (user and "embed.src" in user) or not samples.ids:
+            raise ValueError("calibrating an encoder's secret embeddings needs its tables and "
+                             "token samples (the default samples, not embedded ones)")
+        rec = trace_secret_encoder(cfg, weights, samples.ids, samples.types, user, ring,
+                                   fold_omega)
+    elif secret and not (user and "out.w" in user):
         raise ValueError("calibrating a secret LM head needs the model's out.w, out.b")
-    rec = trace(cfg, weights, samples.X, samples.Y, ring, fold_omega, block,
-                head=user if secret else None)
+    else:
+        rec = trace(cfg, weights, samples.X, samples.Y, ring, fold_omega, block,
+                    head=user if secret else None)
     rng_in = {"X": max(float(np.abs(x).max()) for x in samples.X)}
     if _needs_y(cfg):
         rng_in["Y"] = max(float(np.abs(y).max()) for y in samples.Y)

@@ -182,6 +182,37 @@ def trace_embedding(cfg: M.ModelConfig, weights: M.Weights, X: list[np.ndarray],
     return rec
 
 
+def trace_secret_encoder(cfg: M.ModelConfig, weights: M.Weights, ids: list[np.ndarray],
+                         types: list[np.ndarray], user: Mapping,
+                         ring: RingConfig = RingConfig(), fold_omega: bool = True,
+                         rec: ShadowRecorder | None = None) -> ShadowRecorder:
+    """An encoder whose owner keeps its embedding tables secret
+    (:mod:`protocols.stacks.secret_encoder`) on a shadow party over token samples ``ids``
+    (each (B, S)) and their ``types``: their one-hot rows through the lookup and the
+    embedding LayerNorm on shares (layer ``embed.ln``), then the classifier (with its
+    arg-max's spread, as :func:`trace_classifier`) or the sentence embedding."""
+    from collections import ChainMap
+
+    from protocols.layers.secure_model import secret_layout
+    from protocols.stacks import secret_encoder as SE
+    if cfg.arch not in (M.ENCODER_CLASSIFIER, M.ENCODER):
+        raise ValueError(f"trace_secret_encoder needs an encoder, got {cfg.arch!r}")
+    rec = rec if rec is not None else ShadowRecorder(ring)
+    p = ShadowParty(ring, rec)
+    tables = {k: p.constant(make(), ring.frac + e)
+              for k, (make, e) in secret_layout(cfg, user).items()}
+    shares = ChainMap(tables, shadow_shares(cfg, weights, fold_omega, ring.frac))
+    for i, t in zip(ids, types):
+        for c, ct in zip(rows(cfg, i), rows(cfg, t)):
+            oh = p.share(SE.encoder_onehot(c, cfg, ct if cfg.type_vocab else None))
+            if cfg.arch == M.ENCODER:
+                SE.embed_secret(p, cfg, shares, oh)
+                continue
+            logits = decode(p, SE.classify_secret(p, cfg, shares, oh))
+            rec.mag("head", "argmax", logits.max(axis=-1) - logits.min(axis=-1))
+    return rec
+
+
 def trace_lm(cfg: M.ModelConfig, weights: M.Weights, X: list[np.ndarray],
              ring: RingConfig = RingConfig(), fold_omega: bool = True,
              block: int | None = None, rec: ShadowRecorder | None = None,

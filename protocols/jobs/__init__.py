@@ -15,6 +15,7 @@ from .contract import (
     ENCODER,
     ENCODER_CLASSIFIER,
     ENCODER_DECODER,
+    SECRET_PERMITTED,
     TENSORS,
     TRANSFORMER_LAYOUT,
     CostRecorder,
@@ -36,7 +37,8 @@ from .transformer import SPECS as _TRANSFORMER
 PRODUCTION = JobRegistry(_TRANSFORMER + _CLASSIFIER + _CAUSAL_LM + _SENTENCE)
 
 __all__ = ["PRODUCTION", "benchmark_registry", "DECODER_ONLY", "DEFAULT_PERMITTED", "ENCODER",
-           "ENCODER_CLASSIFIER", "ENCODER_DECODER", "TENSORS", "CostRecorder",
+           "ENCODER_CLASSIFIER", "ENCODER_DECODER", "SECRET_PERMITTED", "TENSORS",
+           "CostRecorder",
            "JobContext", "JobRefused", "JobRegistry", "JobSpec", "ModelView", "SessionSlot",
            "TRANSFORMER_LAYOUT", "TensorSpec", "admit", "execute", "model_problem",
            "output_fracs"]

@@ -40,7 +40,7 @@ from protocols.stacks.schedule import session_schedule
 from protocols.stacks.secret_lm import lm_prefill_token, lm_step_token
 
 from .contract import DECODER_ONLY, JobContext, JobSpec, ModelView, TensorSpec
-from .transformer import MAX_BATCH, MAX_SRC_LEN, check_model, check_rows, validate_source
+from .transformer import MAX_BATCH, MAX_SRC_LEN, check_rows, secret_model, validate_source
 
 
 def session_fuse(params) -> tuple:
@@ -96,15 +96,7 @@ def run_lm_close(ctx: JobContext, inputs: dict) -> dict:
 def _secret_model(model: ModelView):
     """The config of a model whose owner keeps its vocabulary ends secret (ValueError
     otherwise, or if its calibration lacks the head's sites)."""
-    cfg = check_model(model)
-    if model.meta.get("embeddings") != "secret":
-        raise ValueError(f"model {model.model_id!r}: its owner hands its embedding tables and "
-                         f"LM head to its users (run generate: lm_prefill, lm_step)")
-    out = ((model.meta.get("calibration") or {}).get("layers") or {}).get("out") or {}
-    if not {"lm_head", "argmax"} <= set(out):
-        raise ValueError(f"model {model.model_id!r}: its calibration lacks the secret LM "
-                         f"head's sites (out.lm_head, out.argmax); its owner shares it again")
-    return cfg
+    return secret_model(model, {"out": ("lm_head", "argmax")}, "generate: lm_prefill, lm_step")
 
 
 def _check_onehot(shape: tuple, cfg, rows: bool) -> None:

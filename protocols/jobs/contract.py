@@ -111,6 +111,10 @@ class ModelView:
 #: What a model of each kind permits when its owner does not say: its own inference only.
 DEFAULT_PERMITTED = {ENCODER_DECODER: ("translate",), ENCODER_CLASSIFIER: ("classify",),
                      DECODER_ONLY: ("generate",), ENCODER: ("embed",), TENSORS: ()}
+#: ... and when its owner keeps the embedding tables secret (``share-model
+#: --secret-embeddings``): an LM's tokens, a classifier's class, an encoder's embedding
+SECRET_PERMITTED = {DECODER_ONLY: ("generate-token",),
+                    ENCODER_CLASSIFIER: ("classify-argmax-secret",), ENCODER: ("embed-secret",)}
 
 
 class CostRecorder:

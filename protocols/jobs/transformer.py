@@ -68,6 +68,26 @@ def check_model(model: ModelView) -> M.ModelConfig:
     return cfg
 
 
+def secret_model(model: ModelView, sites: dict[str, tuple[str, ...]], plain: str
+                 ) -> M.ModelConfig:
+    """The config of a model whose owner keeps its embedding tables (and LM head) secret
+    (``share-model --secret-embeddings``); ValueError if its owner hands them to its users
+    (``plain``: the job kinds to run then) or if its calibration lacks one of ``sites``
+    (layer -> the sites the secret ends reach: a calibration made without them)."""
+    cfg = check_model(model)
+    if model.meta.get("embeddings") != "secret":
+        raise ValueError(f"model {model.model_id!r}: its owner hands its embedding tables to "
+                         f"its users (run {plain})")
+    cal = (model.meta.get("calibration") or {}).get("layers") or {}
+    missing = [f"{layer}.{s}" for layer, want in sites.items() for s in want
+               if s not in (cal.get(layer) or {})]
+    if missing:
+        raise ValueError(f"model {model.model_id!r}: its calibration lacks the secret "
+                         f"embeddings' sites ({', '.join(missing)}); its owner shares it "
+                         f"again")
+    return cfg
+
+
 def check_rows(shape: tuple, cfg: M.ModelConfig, name: str) -> None:
     if shape[-1] != cfg.d_model:
         raise ValueError(f"input {name} must have width d = {cfg.d_model}, got {shape}")

@@ -78,10 +78,15 @@ def fold_scales(cfg: M.ModelConfig) -> tuple[float, float, float]:
     return s, s, (c / (s * s) if s else 0.0)
 
 
-def plain_tensors(cfg: M.ModelConfig, weights: M.Weights, fold_omega: bool = True
+def plain_tensors(cfg: M.ModelConfig, weights: M.Weights, fold_omega: bool = True,
+                  secret_user: Mapping[str, np.ndarray] | None = None
                   ) -> dict[str, tuple[np.ndarray, int]]:
-    """name -> (float tensor, extra fractional bits) of everything that gets shared."""
-    return {k: (make(), e) for k, (make, e) in layout(cfg, weights, fold_omega).items()}
+    """name -> (float tensor, extra fractional bits) of everything that gets shared;
+    ``secret_user``: the user tables an owner keeps secret, shared too (:func:`secret_layout`)."""
+    recipes = layout(cfg, weights, fold_omega)
+    if secret_user is not None:
+        recipes.update(secret_layout(cfg, secret_user))
+    return {k: (make(), e) for k, (make, e) in recipes.items()}
 
 
 class LazyTensors(Mapping):
@@ -159,43 +164,82 @@ def layout(cfg: M.ModelConfig, weights: M.Weights, fold_omega: bool = True
     return out
 
 
-#: the query user's tables an owner shares instead of handing them out
-SECRET_NAMES = ("embed.tgt", "embed.pos", "out.w", "out.b")
+#: the query user's tables an owner shares instead of handing them out: an LM's token table,
+#: positions and head; an encoder's token table with its token types' rows stacked under it
+#: (``embed.tokens``: one product looks up both), positions and embedding LayerNorm
+SECRET_NAMES = ("embed.tgt", "embed.pos", "out.w", "out.b",
+                "embed.tokens", "embed.ln.gamma", "embed.ln.beta")
+#: the architectures whose owner may keep the embedding tables secret
+SECRET_ARCHS = (M.DECODER_ONLY, M.ENCODER_CLASSIFIER, M.ENCODER)
+
+
+def check_secret_arch(arch: str) -> None:
+    """ValueError unless models of ``arch`` have a secret-embeddings mode."""
+    if arch not in SECRET_ARCHS:
+        raise ValueError(f"secret embeddings run decoder-only LMs and encoders, not arch "
+                         f"{arch!r}")
 
 
 def check_secret(cfg: M.ModelConfig) -> None:
-    """ValueError unless ``cfg`` can keep its vocabulary ends secret (a decoder-only LM with
-    sinusoidal, learned or rotary positions; no embedding LayerNorm or token types)."""
-    if cfg.arch != M.DECODER_ONLY:
-        raise ValueError(f"secret embeddings run decoder-only LMs, not arch {cfg.arch!r}")
-    if cfg.embedding not in ("sinusoidal", "learned", "rotary") or cfg.type_vocab:
+    """ValueError unless ``cfg`` can keep its vocabulary ends secret: a decoder-only LM with
+    sinusoidal, learned or rotary positions and no embedding LayerNorm or token types; an
+    encoder (classifier or headless) with sinusoidal or learned positions, token types and
+    an embedding LayerNorm allowed (BERT)."""
+    check_secret_arch(cfg.arch)
+    if cfg.arch == M.DECODER_ONLY and (cfg.embedding not in ("sinusoidal", "learned",
+                                                             "rotary") or cfg.type_vocab):
         raise ValueError(f"secret embeddings: embedding {cfg.embedding!r} (with its "
-                         f"LayerNorm / token types) has no secure lookup yet")
+                         f"LayerNorm / token types) has no secure lookup in an LM yet")
+    if cfg.arch != M.DECODER_ONLY and cfg.embedding not in ("sinusoidal", "learned",
+                                                            "learned-ln"):
+        raise ValueError(f"secret embeddings: an encoder's embedding {cfg.embedding!r} has "
+                         f"no secure lookup")
 
 
 def secret_layout(cfg: M.ModelConfig, user: Mapping[str, np.ndarray]
                   ) -> dict[str, tuple[Callable[[], np.ndarray], int]]:
     """name -> (recipe, extra fractional bits) of the user tables the owner shares: the
     token table (times sqrt(d) for sinusoidal positions), the learned position table and
-    the LM head."""
+    the LM head; of an encoder ``embed.tokens`` - ``embed.src`` (times sqrt(d) for
+    sinusoidal positions) with ``embed.type``'s rows stacked under it, (V + Tv, d) -,
+    ``embed.pos`` and the embedding LayerNorm (:func:`secret_shapes`)."""
     check_secret(cfg)
     scale = math.sqrt(cfg.d_model) if cfg.embedding == "sinusoidal" else 1.0
-    out = {"embed.tgt": (lambda: np.asarray(user["embed.tgt"], np.float64) * scale, 0),
-           "out.w": (lambda: np.asarray(user["out.w"], np.float64), 0),
-           "out.b": (lambda: np.asarray(user["out.b"], np.float64), 0)}
+
+    def plain(name: str, f: float = 1.0):
+        return (lambda: np.asarray(user[name], np.float64) * f, 0)
+    if cfg.arch != M.DECODER_ONLY:
+        out = {n: plain(n) for n in secret_shapes(cfg) if n != "embed.tokens"}
+        out["embed.tokens"] = (lambda: np.concatenate(
+            [np.asarray(user["embed.src"], np.float64) * scale]
+            + ([np.asarray(user["embed.type"], np.float64)] if cfg.type_vocab else [])), 0)
+        return out
+    out = {"embed.tgt": plain("embed.tgt", scale), "out.w": plain("out.w"),
+           "out.b": plain("out.b")}
     if cfg.embedding == "learned":
-        out["embed.pos"] = (lambda: np.asarray(user["embed.pos"], np.float64), 0)
+        out["embed.pos"] = plain("embed.pos")
+    return out
+
+
+def secret_shapes(cfg: M.ModelConfig) -> dict[str, tuple]:
+    """name -> shape of the tensors :func:`secret_layout` shares."""
+    user = M.expected_user_shapes(cfg)
+    out = {k: v for k, v in user.items() if k in SECRET_NAMES}
+    if cfg.arch != M.DECODER_ONLY:
+        out["embed.tokens"] = (cfg.src_vocab + cfg.type_vocab, cfg.d_model)
     return out
 
 
 def share_model(cfg: M.ModelConfig, weights: M.Weights, fold_omega: bool = True,
                 frac: int = ring.DEFAULT_FRAC, rng=None, prefixes: tuple[str, ...] | None = None,
-                shared_replicas: bool = False) -> list[dict[str, AShare]]:
+                shared_replicas: bool = False,
+                secret_user: Mapping[str, np.ndarray] | None = None) -> list[dict[str, AShare]]:
     """Encode and deal the MPC tensors (those starting with one of ``prefixes``, default
     all); returns the three parties' share dicts. ``shared_replicas``: see
-    :func:`mpc3.sharing.deal` (three parties in one process)."""
-    return deal_tensors(plain_tensors(cfg, weights, fold_omega), frac, rng, prefixes,
-                        shared_replicas)
+    :func:`mpc3.sharing.deal` (three parties in one process); ``secret_user``: as
+    :func:`plain_tensors`'."""
+    return deal_tensors(plain_tensors(cfg, weights, fold_omega, secret_user), frac, rng,
+                        prefixes, shared_replicas)
 
 
 def deal_tensors(tensors: dict[str, tuple[np.ndarray, int]], frac: int = ring.DEFAULT_FRAC,
@@ -282,8 +326,7 @@ def check_shares(cfg: M.ModelConfig, shares: dict[str, AShare], fold_omega: bool
         expect[OUT_SCALE] = (1,)
     if secret:
         check_secret(cfg)
-        expect.update({k: v for k, v in M.expected_user_shapes(cfg).items()
-                       if k in SECRET_NAMES})
+        expect.update(secret_shapes(cfg))
     missing = sorted(set(expect) - set(shares))
     if missing:
         raise ValueError(f"model shares lack {missing[:5]}{'...' if len(missing) > 5 else ''}")

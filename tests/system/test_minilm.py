@@ -9,7 +9,9 @@ SentenceTransformer.encode (float32 torch: 1e-5 absolute on the normalized embed
 then shared as ``share-model`` does - calibration must pass - and five English sentences
 embedded securely on three in-process parties (the production ``embed`` job): cosine >= 0.9999
 with sentence-transformers' embedding for each. Its attention scores reach ~40, which the
-max-subtracted softmax (``softmax_form`` max) computes in range."""
+max-subtracted softmax (``softmax_form`` max) computes in range. With its embedding tables
+secret (share-model --secret-embeddings) it calibrates too and embed_secret gives the same
+embeddings from one-hot token rows."""
 import numpy as np
 import pytest
 
@@ -69,5 +71,27 @@ def test_minilm_calibrates_and_embeds_securely(minilm, reference):
     for s, x, want in zip(SENTENCES, xs, reference):
         C.check_input(cal, "X", x)
         got = run_job(parties, "embed", x)[0]["E"][0]
+        cos = float(got @ want / np.linalg.norm(got) / np.linalg.norm(want))
+        assert cos >= 0.9999, (s, cos)
+
+
+def test_minilm_with_secret_embedding_tables(minilm, reference):
+    """The same checkpoint shared with its embedding tables secret: the calibration traces
+    the one-hot lookup and the embedding LayerNorm on shares (layer embed.ln) and passes; the
+    production embed_secret job on one-hot token rows gives sentence-transformers' embedding
+    (cosine >= 0.9999)."""
+    from mpc3 import ring
+    from mpc3.sharing import deal
+    from net.client.outputs import reconstruct
+    from protocols.stacks.secret_encoder import encoder_onehot
+    cfg, w, user, _ = _inputs(minilm[1])
+    cal = C.calibrate(cfg, w, calibration_samples(cfg, w, user), user=user, secret=True)
+    assert {"var_eps", "scale"} <= set(cal.layers["embed.ln"])
+    parties = InprocParties.for_model(cfg, w, calibration=cal.to_dict(), secret_user=user)
+    tok = M.load_tokenizer(minilm[1])
+    for s, want in list(zip(SENTENCES, reference))[:2]:
+        oh = encoder_onehot([tok.encode(s).ids], cfg)
+        jobs = parties.run("embed_secret", {}, [{"ONEHOT": d} for d in deal(oh)])
+        got = ring.decode(reconstruct([j.outputs for j in jobs])["E"])[0]
         cos = float(got @ want / np.linalg.norm(got) / np.linalg.norm(want))
         assert cos >= 0.9999, (s, cos)

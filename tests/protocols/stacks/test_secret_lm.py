@@ -28,14 +28,6 @@ def lm_cfg(embedding, **kw):
     return M.ModelConfig(**{**base, **kw}).validate()
 
 
-def secret_shares(cfg, w, user):
-    parts = SM.share_model(cfg, w)
-    for name, (make, extra) in SM.secret_layout(cfg, user).items():
-        for i, s in enumerate(deal(ring.encode(make(), 18 + extra))):
-            parts[i][name] = s
-    return parts
-
-
 @pytest.mark.parametrize("embedding", ["sinusoidal", "learned", "rotary"])
 def test_secret_generation_equals_the_reference_and_declared_cost(run, embedding):
     cfg = lm_cfg(embedding)
@@ -60,7 +52,7 @@ def test_secret_generation_equals_the_reference_and_declared_cost(run, embedding
             toks.append(tok(t))
         return np.stack(toks, axis=1)
 
-    res = run(fn, secret_shares(cfg, w, user), deal(onehot(prompt, V)))
+    res = run(fn, SM.share_model(cfg, w, secret_user=user), deal(onehot(prompt, V)))
     assert res[0].tolist() == ref
     rc = RingConfig()
     for t, got in measured.items():
