@@ -27,10 +27,6 @@ def computations(arch: str = ENCODER_DECODER) -> tuple[str, ...]:
     return tuple(sorted({s.computation for s in PRODUCTION if arch in s.model_kinds}))
 
 
-#: Computations a query user may be permitted to run on an encoder-decoder model.
-COMPUTATIONS = computations(ENCODER_DECODER)
-
-
 #: the default computation of a model whose owner keeps its vocabulary ends secret
 SECRET_PERMITTED = ("generate-token",)
 
