@@ -79,15 +79,14 @@ class Generation:
 
 def generate(backend, cfg: M.ModelConfig, user: Mapping[str, np.ndarray], prompt_ids,
              n_tokens: int, eos: int | None = None,
-             on_token: Callable[[int, np.ndarray], None] | None = None,
-             layers=None) -> Generation:
+             on_token: Callable[[int, np.ndarray], None] | None = None) -> Generation:
     """Secure greedy generation of ``n_tokens`` tokens after each prompt row (all rows of
     one length); == :func:`protocols.model.greedy_generate`. ``on_token(k, tokens)`` is
     called as soon as the k-th token of every row is known (streaming)."""
     ids = _check_prompt(cfg, prompt_ids, n_tokens)
     B, T = ids.shape
     res = Generation([[] for _ in range(B)], Traffic(), Traffic(), 0)
-    with Session(backend, LM, layers) as session:
+    with Session(backend, LM) as session:
         res.prefill_cost, res.step_cost = session.opened, session.steps
         prompt = M.embed_tokens(cfg, user, ids, table="embed.tgt")
         h = ring.decode(session.open(prompt)["H"], backend.frac)
@@ -125,8 +124,8 @@ def _check_prompt(cfg: M.ModelConfig, prompt_ids, n_tokens: int) -> np.ndarray:
 
 def generate_tokens(backend, cfg: M.ModelConfig, prompt_ids, n_tokens: int,
                     eos: int | None = None,
-                    on_token: Callable[[int, np.ndarray], None] | None = None,
-                    layers=None) -> Generation:
+                    on_token: Callable[[int, np.ndarray], None] | None = None
+                    ) -> Generation:
     """Secure greedy generation from a model whose owner keeps the embedding table and LM
     head secret (``share-model --secret-embeddings``): the prompt and every fed-back token
     go as secret one-hot rows (:func:`protocols.layers.vocab.onehot`), the parties return
@@ -141,7 +140,7 @@ def generate_tokens(backend, cfg: M.ModelConfig, prompt_ids, n_tokens: int,
     def token(got) -> np.ndarray:
         return np.rint(ring.decode(np.asarray(got), backend.frac)).astype(np.int64)
 
-    with Session(backend, LM_TOKEN, layers) as session:
+    with Session(backend, LM_TOKEN) as session:
         res.prefill_cost, res.step_cost = session.opened, session.steps
         tok = token(session.open(onehot(ids, V))["TOK"])
         done = np.zeros(B, dtype=bool)

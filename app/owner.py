@@ -30,10 +30,6 @@ def computations(arch: str = ENCODER_DECODER) -> tuple[str, ...]:
     return tuple(sorted({s.computation for s in PRODUCTION if arch in s.model_kinds}))
 
 
-#: Computations a query user may be permitted to run on an encoder-decoder model.
-COMPUTATIONS = computations(ENCODER_DECODER)
-
-
 def check_permit(permit, arch: str = ENCODER_DECODER, secret: bool = False) -> tuple[str, ...]:
     """The permitted computations (default: the model's own inference; with ``secret``
     embeddings its token-only form), refusing names the architecture does not offer with the

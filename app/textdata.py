@@ -17,7 +17,7 @@ decoder input starts with ``<bos>``.  Special ids: ``<pad>=0, <bos>=1,
 
 Splits are disjoint by number: numbers < 100 (the pure lexicon) are train-only;
 every number >= 100 is assigned to ``train`` / ``valid`` / ``test`` by a fixed
-64-bit hash (:func:`split_of`; 80% / 10% / 10%).  ``make_split`` draws the digit
+64-bit hash (:func:`split_of`; 80% / 10% / 10%).  ``sample_numbers`` draws the digit
 count uniformly (1..9 for train, 3..9 for valid/test) then a uniform number
 with that many digits, rejecting numbers of other splits.
 """
@@ -221,11 +221,6 @@ def sample_numbers(n: int, seed: int, split: str) -> np.ndarray:
         out.append(x)
         have += len(x)
     return np.concatenate(out)[:n]
-
-
-def make_split(n: int, seed: int, split: str) -> list[tuple[str, str]]:
-    """n (source text, target text) pairs from ``split`` in {'train','valid','test'}."""
-    return [(str(int(x)), number_to_words(int(x))) for x in sample_numbers(n, seed, split)]
 
 
 # ------------------------------------------------------------------ shipped model

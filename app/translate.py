@@ -46,13 +46,15 @@ class TranslationError(RuntimeError):
 
 @dataclass
 class Traffic:
-    """Measured traffic of a set of jobs: bytes/messages summed over parties, rounds the maximum."""
+    """Measured traffic of a set of jobs: bytes/messages summed over parties, rounds the
+    maximum; ``layers`` the same jobs' per-layer costs as the parties report them."""
 
     wall_s: float = 0.0
     bytes_per_party: list = field(default_factory=lambda: [0, 0, 0])
     messages: int = 0
     rounds: int = 0
     jobs: int = 0
+    layers: "LayerCosts" = field(default_factory=lambda: LayerCosts())
 
     @property
     def bytes_total(self) -> int:
@@ -74,31 +76,35 @@ class Traffic:
         self.messages += other.messages
         self.rounds += other.rounds
         self.jobs += other.jobs
+        self.layers += other.layers
         return self
 
 
 class LayerCosts:
-    """Per-layer traffic reported by the parties (public), accumulated over jobs."""
+    """Per-layer traffic reported by the parties (public), accumulated over jobs (a
+    :class:`Traffic`'s ``layers``)."""
 
     def __init__(self) -> None:
         self.rows: dict[str, list] = {}     # layer -> [bytes_total, messages, rounds, calls]
-        self._lock = threading.Lock()
 
     def add(self, per_party: list[list[dict]]) -> None:
         """One job's entries from the three parties (ignored unless all three reported)."""
         if not per_party or not all(per_party) or \
                 len({len(p) for p in per_party}) != 1:
             return
-        with self._lock:
-            self._add(per_party)
-
-    def _add(self, per_party: list[list[dict]]) -> None:
         for entries in zip(*per_party):
             row = self.rows.setdefault(entries[0]["layer"], [0, 0, 0, 0])
             row[0] += sum(e["bytes"] for e in entries)
             row[1] += sum(e["messages"] for e in entries)
             row[2] += max(e["rounds"] for e in entries)
             row[3] += 1
+
+    def __iadd__(self, other: "LayerCosts") -> "LayerCosts":
+        for layer, got in other.rows.items():
+            row = self.rows.setdefault(layer, [0, 0, 0, 0])
+            for i, v in enumerate(got):
+                row[i] += v
+        return self
 
 
 # ------------------------------------------------------------------------ backends ----
@@ -213,8 +219,8 @@ LM_TOKEN = ("lm_prefill_token", "lm_step_token", "lm_close_token")
 
 class Session:
     """One decode session from the query user's side, owning its tallies: ``opened`` (the
-    traffic of the job that opened it), ``steps`` (of its steps), ``last`` (of the latest
-    job) and ``layers`` (the per-layer costs the parties report, if given a LayerCosts).
+    traffic of the job that opened it), ``steps`` (of its steps) and ``last`` (of the latest
+    job), each with the per-layer costs the parties report (:attr:`Traffic.layers`).
 
     ``kinds``: :data:`DECODE` (translator) or :data:`LM`; ``sid``: the session's name at the
     parties (default: fresh and random). As a context manager it closes the session when
@@ -223,8 +229,8 @@ class Session:
     its whole timeout)."""
 
     def __init__(self, backend, kinds: tuple[str, str, str] = DECODE,
-                 layers: "LayerCosts | None" = None, sid: str | None = None) -> None:
-        self.backend, self.kinds, self.layers = backend, kinds, layers
+                 sid: str | None = None) -> None:
+        self.backend, self.kinds = backend, kinds
         self.id = sid or "s" + os.urandom(12).hex()
         self.opened, self.steps, self.last = Traffic(), Traffic(), Traffic()
         self._started = False
@@ -260,9 +266,8 @@ class Session:
         self.last = Traffic()
         if run.per_party:
             self.last.add_parties(run.per_party, run.wall_s)
-            tally += self.last
-        if self.layers is not None:
-            self.layers.add(run.layers)
+        self.last.layers.add(run.layers)
+        tally += self.last
         return run.outputs
 
     def __enter__(self) -> "Session":
@@ -293,8 +298,8 @@ def softmax(z: np.ndarray) -> np.ndarray:
 
 def decode_batch(backend, cfg: M.ModelConfig, user: Mapping[str, np.ndarray], src_ids,
                  bos: int, eos: int | None, max_steps: int,
-                 on_token: Callable[[int, np.ndarray, np.ndarray], None] | None = None,
-                 layers: LayerCosts | None = None) -> BatchResult:
+                 on_token: Callable[[int, np.ndarray, np.ndarray], None] | None = None
+                 ) -> BatchResult:
     """Secure greedy decoding of a batch of equal-length sources; == M.greedy_decode.
 
     ``eos=None`` decodes exactly ``max_steps`` tokens (benchmarks). ``on_token(t, tokens,
@@ -307,7 +312,7 @@ def decode_batch(backend, cfg: M.ModelConfig, user: Mapping[str, np.ndarray], sr
     out: list[list[int]] = [[] for _ in range(B)]
     all_logits, hidden, fed = [], [], []
     steps = 0
-    with Session(backend, DECODE, layers) as session:
+    with Session(backend, DECODE) as session:
         session.open(M.embed(cfg, user["embed.src"], src))
         tok = np.full(B, bos, dtype=np.int64)
         done = np.zeros(B, dtype=bool)
@@ -349,8 +354,7 @@ class Translation:
 
 
 def translate_texts(backend, cfg, user, texts: list[str], vocab=None, batch: int = 32,
-                    on_token=None, layers: LayerCosts | None = None,
-                    plaintext_weights: M.Weights | None = None, parallel: int = 1
+                    on_token=None, plaintext_weights: M.Weights | None = None, parallel: int = 1
                     ) -> tuple[list[Translation], Traffic, list[tuple[list[int], list[int]]]]:
     """Translate ``texts`` securely (grouped by source length, at most ``batch`` per group).
 
@@ -359,7 +363,8 @@ def translate_texts(backend, cfg, user, texts: list[str], vocab=None, batch: int
     probs, sources)`` reports every step of every group. The cost adds up every job's own
     wall time, so with ``parallel`` > 1 it exceeds the elapsed time.
 
-    Returns the translations, the total cost and the (secure, plaintext) token lists per text
+    Returns the translations, the total cost (per layer too: ``.layers``) and the (secure,
+    plaintext) token lists per text
     (with EOS; plaintext None unless ``plaintext_weights`` is given) for token agreement.
     """
     from app import textdata as TD
@@ -387,7 +392,7 @@ def translate_texts(backend, cfg, user, texts: list[str], vocab=None, batch: int
                 with lock:
                     on_token(t, tok, probs, _srcs)
         res = decode_batch(backend, cfg, user, src, vocab.bos, vocab.eos,
-                           vocab.max_tgt_len, cb, layers)
+                           vocab.max_tgt_len, cb)
         with lock:
             nonlocal total
             total += res.open_cost

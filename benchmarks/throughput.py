@@ -9,7 +9,7 @@ from the same run; Table 2 shape: S=64, d=512, h=8, r=266, d_ff=2048, 6 layers):
    TLS costs); each figure is the min over its runs;
 2. batch 8 against batch 1 per sample (``--batch 8``), and MHA at S=1024 against S=64;
 3. the bytes of every Table 2 layer (deterministic; ``mpc3 bench layer NAME --repeat 1``)
-   against the Privformer code's (``PAPER_TABLE2`` of benchmarks/paper.py).
+   against the Privformer code's (``PAPER_TABLE2`` of benchmarks/paper_report.py).
 
     python benchmarks/throughput.py --json benchmarks/results/throughput.json
 
@@ -29,7 +29,7 @@ import runinfo
 
 ROOT = runinfo.ROOT
 
-#: Communication of the Privformer code (MB, all parties; Table 2, as PAPER_TABLE2 of paper.py)
+#: Communication of the Privformer code (MB, all parties; Table 2, as PAPER_TABLE2 of paper_report.py)
 PAPER_MB = {"mha": 48.361, "mmha-qk": 47.231, "ffn": 19.136, "ln": 1.64, "encoder": 424.668,
             "decoder": 717.894}
 #: issue 13's targets

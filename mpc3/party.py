@@ -12,6 +12,7 @@ plays every role on a third of the data and the traffic stays balanced.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -72,6 +73,9 @@ class Party:
     #: malicious mode: a :class:`mpc3.checks.Checks` that verified kernels register their
     #: messages with (None: semi-honest, nothing extra is done)
     checks = None
+    #: a benchmark's profiler (:class:`protocols.jobs.breakdown.Recorder`), told of every
+    #: call of a :func:`profiled` entry point; None: nothing is told
+    profiler = None
 
     def __post_init__(self) -> None:
         if self.rank not in (0, 1, 2):
@@ -130,3 +134,23 @@ class Party:
         z += self.rand("next", z.shape, tag)
         z -= self.rand("prev", z.shape, tag)
         return z
+
+
+def profiled(fn):
+    """An entry point a profiler attributes costs to (:mod:`protocols.jobs.breakdown`): a
+    call whose party has a ``profiler`` opens a region named ``module.function`` while it runs
+    (``profiler.enter(name)``, then ``profiler.exit()`` if it returned True); with none (every
+    party of a job, a shadow party) the call goes straight on."""
+    name = f"{fn.__module__}.{fn.__name__}"
+
+    @functools.wraps(fn)
+    def entry(p, *args, **kw):
+        prof = getattr(p, "profiler", None)
+        if prof is None or not prof.enter(name):
+            return fn(p, *args, **kw)
+        try:
+            return fn(p, *args, **kw)
+        finally:
+            prof.exit()
+    entry.profiled = name
+    return entry

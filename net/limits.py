@@ -157,15 +157,6 @@ class Quotas:
             else:
                 self._bytes.pop(user, None)
 
-    def held_bytes(self, user: str) -> int:
-        with self._lock:
-            return self._bytes.get(user, 0)
-
-    def open_streams(self, user: str | None = None) -> int:
-        with self._lock:
-            held = self._held["streams"]
-            return held.get(user, 0) if user else sum(held.values())
-
 
 def _mib(n: int) -> str:
     return f"{n / (1 << 20):.0f} MiB"

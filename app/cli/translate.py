@@ -121,7 +121,7 @@ def _cmd_demo(args) -> int:
     from app import textdata as TD
     from net.client.user import QueryUser
     from ..owner import share_transformer
-    from ..translate import ClusterBackend, LayerCosts, token_agreement, translate_texts
+    from ..translate import ClusterBackend, token_agreement, translate_texts
     say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, flush=True))
     if not TD.SHIPPED_MODEL.exists():
         raise FileNotFoundError(f"shipped model {TD.SHIPPED_MODEL} is missing (reinstall)")
@@ -143,13 +143,12 @@ def _cmd_demo(args) -> int:
             f"upload {upload} in {time.perf_counter() - t0:.1f} s")
         say(f"query user: translating {len(texts)} held-out inputs (only embeddings leave "
             "this process, secret-shared; one job per generated token)")
-        layers = LayerCosts()
         with QueryUser(cluster.cfg, *cluster.creds("user"), rpc_timeout=30) as qu:
             backend = ClusterBackend(qu, "translator", step_timeout=120)
             res, cost, pairs = translate_texts(backend, mcfg, user, texts, vocab,
                                                on_token=Progress(vocab, sys.stdout,
                                                                  args.quiet),
-                                               layers=layers, plaintext_weights=w,
+                                               plaintext_weights=w,
                                                parallel=len(texts))
         same, total = token_agreement(pairs)
         width = max(len(r.source) for r in res)
@@ -163,7 +162,7 @@ def _cmd_demo(args) -> int:
               f"translations: {sum(TD.reference_translation(r.source) == r.secure for r in res)}"
               f"/{len(res)}")
         print()
-        print(layer_table(layers, cost))
+        print(layer_table(cost.layers, cost))
         print(cost_line(cost, sum(len(s) for s, _ in pairs))
               + f" (jobs' own time; {len({len(t.strip()) for t in texts})} sessions ran "
               "concurrently)")

@@ -73,7 +73,7 @@ import math
 import numpy as np
 
 from .. import ring
-from ..party import Party, RingConfig
+from ..party import Party, RingConfig, profiled
 from ..shares import AShare
 from . import arith, convert, fxp
 from .base import Cost
@@ -229,6 +229,7 @@ TANH_LIMIT = -fxp.EXP_RANGE[0] / 2
 TANH_ERROR = {"exact": 1e-4, "prob": 2.5e-3}
 
 
+@profiled
 def tanh_a(p: Party, x: AShare, site: str | None = None) -> AShare:
     """tanh(x) for |x| <= TANH_LIMIT (24), same scale; error TANH_ERROR.
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from .. import ring
 from ..comm import NEXT, PREV
-from ..party import Party
+from ..party import Party, profiled
 from ..shares import AShare, SignedSplit, SplitShare
 from . import leaves, thresholds
 from .base import Cost, Round, group_bounds, run_steps
@@ -193,6 +193,7 @@ def _local_matmul(x: AShare, y: AShare, rank: int) -> np.ndarray:
     return out
 
 
+@profiled
 def mul_aa(p: Party, x: AShare, y: AShare, trunc: bool | int = True,
            site: str | None = None) -> AShare:
     """Elementwise product of two shared arrays (Araki et al.; Privformer Pi_Mult).
@@ -215,6 +216,7 @@ def mul_aa(p: Party, x: AShare, y: AShare, trunc: bool | int = True,
     return out
 
 
+@profiled
 def matmul_aa(p: Party, x: AShare, y: AShare, trunc: bool | int = True,
               site: str | None = None) -> AShare:
     """Matrix product of two shared matrices (batched like np.matmul) (Privformer Pi_MatMul).
@@ -245,6 +247,7 @@ def _item_product(x: AShare, y: AShare, kind: str, keep, rank: int):
     return z, keep, (z.reshape(-1) if keep is None else z[keep])
 
 
+@profiled
 def mul_many_aa(p: Party, items: list[tuple], sites: list | None = None) -> list[AShare]:
     """Several independent products in the rounds of one: items ``(x, y, kind, trunc)``
     or ``(x, y, kind, trunc, keep)``; ``kind`` is "mul" (elementwise) or "matmul";
@@ -330,6 +333,7 @@ def _mult_array(parts: list[tuple], mults: list[tuple]) -> np.ndarray | None:
                            for m, (shape, keep, _, _) in zip(per, parts)])
 
 
+@profiled
 def mul_split_aa(p: Party, items: list[tuple], trunc: bool | int = True,
                  replicated: list[tuple] | None = None, biases: list | None = None,
                  sites: list | None = None):

@@ -36,7 +36,7 @@ import functools
 import numpy as np
 
 from ..comm import NEXT, PREV
-from ..party import Party
+from ..party import Party, profiled
 from ..shares import AShare, BShare, SignedSplit, SplitShare, group_sizes, words
 from . import arith
 from .arith import public_share
@@ -302,6 +302,7 @@ def cost_inject(n: int, cfg=None, fused: bool = False, cols: int = 1, seg: int =
 
 
 # ------------------------------------------------------------------ public kernels ----
+@profiled
 def relu_a(p: Party, x: AShare | SplitShare, site: str | None = None) -> AShare:
     """ReLU(x) = DReLU(x) * x with the injection fused onto the last AND layer. ``x`` may be
     a :class:`SplitShare` straight from mul_split_aa (the whole array: its element groups

@@ -22,7 +22,7 @@ import functools
 
 import numpy as np
 
-from ..party import Party
+from ..party import Party, profiled
 from ..shares import AShare
 from . import convert
 from .base import Cost
@@ -60,6 +60,7 @@ def _check(x: AShare, lengths) -> np.ndarray:
     return lens
 
 
+@profiled
 def max_rows_a(p: Party, x: AShare, lengths, site: str | None = None) -> AShare:
     """The maximum of each row of ``x``: the flat concatenation of rows of ``lengths``
     values (row-major order) -> (len(lengths),). Cost: :func:`cost_max_rows`."""

@@ -60,7 +60,7 @@ import functools
 import numpy as np
 
 from .. import ring
-from ..party import Party
+from ..party import Party, profiled
 from ..shares import AShare
 from . import arith, convert, thresholds, truncation
 from .base import Cost, lockstep, run_steps
@@ -317,6 +317,7 @@ def cost_sqrt_inv(n: int, cfg, mode: str = "auto", span=None) -> Cost:
     return cost
 
 
+@profiled
 def reciprocal_a(p: Party, x: AShare, iterations: int = 2, site: str | None = None) -> AShare:
     """1/x for shared x in RECIPROCAL_RANGE: leak-free half-octave linear initialisation
     (1.5 %) + Newton y <- y (2 - x y) twice. Error: RECIPROCAL_ERROR (for the default two
@@ -401,6 +402,7 @@ def exp_steps(p: Party, x: AShare):
     return y
 
 
+@profiled
 def exp_neg_a(p: Party, x: AShare, site: str | None = None) -> AShare:
     """exp(x) for x <= 0 of any size (a max-subtracted softmax's s - max): exp "limit"
     (:func:`exp_steps`, exact on [-48, 0]) in lockstep with one two-round comparison
@@ -439,6 +441,7 @@ def _exp_poly(p: Party, x: AShare) -> AShare:
     return _const(p, truncation.trunc_a(p, acc), 1.0)
 
 
+@profiled
 def exp_a(p: Party, x: AShare, method: str = "limit", site: str | None = None) -> AShare:
     """exp(x): "limit" (accurate on EXP_RANGE, see the module docstring) or "poly"
     (Privformer's polynomial baseline). Cost: :func:`cost_exp`."""

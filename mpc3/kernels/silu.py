@@ -75,7 +75,7 @@ import math
 import numpy as np
 
 from .. import ring
-from ..party import Party, RingConfig
+from ..party import Party, RingConfig, profiled
 from ..shares import AShare
 from . import arith, convert
 from .base import Cost
@@ -155,6 +155,7 @@ def silu_cheb_table(coef_bits: int) -> np.ndarray:
                          range(len(_CHEB_TERMS), 0, -1), coef_bits)
 
 
+@profiled
 def silu_a(p: Party, x: AShare, method: str = "auto", site: str | None = None) -> AShare:
     """SiLU(x) = x sigmoid(x) for |x| <= silu_limit(cfg), same scale; error SILU_ERROR.
     Algorithm and costs: module docstring. Cost: :func:`cost_silu`. ``site``: the

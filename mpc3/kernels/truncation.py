@@ -40,7 +40,7 @@ import numpy as np
 
 from ..comm import NEXT, PREV
 from .. import ring
-from ..party import Party
+from ..party import Party, profiled
 from ..shares import AShare, SplitShare
 from . import fused
 from .base import (Cost, Round, pack_by_width, run_steps, unpack_by_width, width_bytes,
@@ -81,6 +81,7 @@ def _default_segments(n: int, split: bool):
     return tuple((sl, g, split) for g, sl in enumerate(group_bounds(n)))
 
 
+@profiled
 def trunc_a(p: Party, x: AShare, bits=None) -> AShare:
     """Fixed-point truncation x >> bits of a replicated sharing (default cfg.frac; an
     array broadcastable to x gives per-element shifts in the same rounds).

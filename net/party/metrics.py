@@ -25,7 +25,6 @@ log = logging.getLogger("mpc3.metrics")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 #: queue wait histogram buckets, seconds (party 0 queues; parties 1, 2 wait for its start)
 WAIT_BUCKETS = (0.005, 0.025, 0.1, 0.5, 1.0, 5.0, 30.0, 120.0)
-OUTCOMES = ("done", "failed", "cancelled")
 
 
 def _label(value) -> str:

@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from mpc3.comm import Aborted, ProtocolError
+from mpc3.comm import Aborted
 from mpc3.party import Party
 from mpc3.shares import AShare
 from net.errors import BadRequest, Code, check_id
@@ -487,7 +487,3 @@ class JobRunner:
         done = [j for j in self.jobs.values() if j.state not in (S.QUEUED, S.RUNNING)]
         for j in done[:max(0, len(done) - MAX_DONE_JOBS)]:
             del self.jobs[j.job_id]
-
-
-def party_unavailable(exc: ProtocolError) -> BadRequest:
-    return BadRequest(Code.UNAVAILABLE, str(exc))

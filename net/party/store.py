@@ -178,10 +178,6 @@ class ModelStore:
         with self._lock:
             return self._models.get(model_id)
 
-    def is_uploading(self, model_id: str) -> bool:
-        with self._lock:
-            return model_id in self._uploading
-
     def list(self) -> tuple[list[StoredModel], list[str]]:
         with self._lock:
             return list(self._models.values()), sorted(self._uploading)

@@ -35,7 +35,7 @@ from mpc3.procinfo import peak_rss
 from mpc3.shares import AShare
 
 from .. import model as M
-from .breakdown import instrumented, recording
+from .breakdown import recording
 from .contract import TENSORS, JobContext, JobSpec, TensorSpec
 from .diagnostic import public_stats
 
@@ -91,7 +91,7 @@ def run_bench_lm(ctx: JobContext, inputs: dict) -> dict:
     one = np.zeros(1, np.uint64)
     party.comm.exchange([one], [one], from_next=True, from_prev=True)      # barrier, 16 B
     rows, outs = [], []
-    with instrumented(), recording(party) as rec:
+    with recording(party) as rec:
         for out in _phases(ctx, cfg, inputs["X"], inputs.get("Y"), T):
             rows.append(rec.take())
             if out is not None:

@@ -1,12 +1,13 @@
 """Measured cost breakdown by operation type (``mpc3 bench lm``; AERO's figures split a
 private inference into linear layers, softmax, GELU and LayerNorm the same way).
 
-While :func:`instrumented` is active, the entry points of :data:`TARGETS` are wrapped: a call
-whose party has a :class:`Recorder` (:meth:`Recorder.attach`) opens a *region* of the
-target's category; other calls (parties without a recorder) pass straight through. The recorder
-attributes what its party's communicator counted (bytes, messages, rounds) and the wall time between
-two region boundaries to the innermost open region, so the categories partition the measured totals
-exactly: nothing is estimated, and the sum over categories is the communicator's count.
+The entry points of :data:`TARGETS` are marked :func:`mpc3.party.profiled`: a call whose
+party has a :class:`Recorder` (:func:`recording` sets it as the party's ``profiler``) opens a
+*region* of the target's category; other calls (parties without a recorder) go straight on.
+The recorder attributes what its party's communicator counted (bytes, messages, rounds) and
+the wall time between two region boundaries to the innermost open region, so the categories
+partition the measured totals exactly: nothing is estimated, and the sum over categories is
+the communicator's count.
 
 Categories (:data:`CATEGORIES`):
 
@@ -36,18 +37,13 @@ Categories (:data:`CATEGORIES`):
   kernel calls (bias additions, head reshapes, KV-cache appends): no bytes for an LM.
 
 Every region other than ``matmul`` claims everything called inside it (a LayerNorm's
-products are normalization); a ``matmul`` region inside ``attention`` never opens. The
-wrapping is process state: it exists only while a benchmark holds :func:`instrumented`
-(reference-counted, so concurrent benchmark jobs of one process share it) and is removed
-after; production parties never enter it.
+products are normalization); a ``matmul`` region inside ``attention`` never opens. Nothing is
+swapped at run time: a recorder belongs to one party for the span of :func:`recording`, and
+production parties have none.
 """
 from __future__ import annotations
 
 import contextlib
-import functools
-import importlib
-import sys
-import threading
 import time
 
 import numpy as np
@@ -92,8 +88,9 @@ TARGETS = (
     # a session's beta W of its fused LayerNorm projections (one kernel per LN, shared rounds)
     ("protocols.layers.ln_proj", "fused_biases", "matmul"),
 )
-_PACKAGES = ("mpc3", "protocols")
 _OTHER = CATEGORIES.index("other")
+#: ``module.function`` (the name :func:`mpc3.party.profiled` reports) -> category index
+_REGION = {f"{mod}.{name}": CATEGORIES.index(cat) for mod, name, cat in TARGETS}
 
 
 class Recorder:
@@ -115,12 +112,13 @@ class Recorder:
         self.acc[row] += (t - self._t, d.bytes_sent, d.messages, d.rounds)
         self._last, self._t = now, t
 
-    def enter(self, category: int) -> bool:
-        """Open a region; False (nothing opened) inside a region that claims its callees."""
+    def enter(self, entry: str) -> bool:
+        """Open a region of the category of ``entry`` (a :data:`TARGETS` entry point's
+        ``module.function``); False (nothing opened) inside a region that claims its callees."""
         if self.stack and CATEGORIES[self.stack[-1]] != "matmul":
             return False
         self._flush()
-        self.stack.append(category)
+        self.stack.append(_REGION[entry])
         return True
 
     def exit(self) -> None:
@@ -142,75 +140,14 @@ class Recorder:
         return out
 
 
-class _Patches:
-    """The wrapped entry points while any benchmark holds :func:`instrumented`."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.users = 0
-        self.saved: list[tuple[object, str, object]] = []
-        self.recorders: dict[int, Recorder] = {}
-
-    def wrap(self, fn, category: int):
-        recorders = self.recorders
-
-        @functools.wraps(fn)
-        def region(*args, **kw):
-            rec = recorders.get(id(getattr(args[0], "comm", None))) if args else None
-            if rec is None or not rec.enter(category):
-                return fn(*args, **kw)
-            try:
-                return fn(*args, **kw)
-            finally:
-                rec.exit()
-        return region
-
-    def install(self) -> None:
-        originals = {}
-        for mod_name, name, cat in TARGETS:
-            fn = getattr(importlib.import_module(mod_name), name)
-            originals[id(fn)] = (fn, self.wrap(fn, CATEGORIES.index(cat)))
-        for mod_name, mod in list(sys.modules.items()):
-            if mod is None or mod_name.split(".")[0] not in _PACKAGES:
-                continue
-            for attr, val in list(vars(mod).items()):
-                hit = originals.get(id(val))
-                if hit is not None and hit[0] is val:       # every binding of the function
-                    self.saved.append((mod, attr, val))
-                    setattr(mod, attr, hit[1])
-
-    def remove(self) -> None:
-        for mod, attr, val in reversed(self.saved):
-            setattr(mod, attr, val)
-        self.saved.clear()
-
-
-_STATE = _Patches()
-
-
-@contextlib.contextmanager
-def instrumented():
-    """Wrap :data:`TARGETS` (every module binding of them) for the duration."""
-    with _STATE.lock:
-        if _STATE.users == 0:
-            _STATE.install()
-        _STATE.users += 1
-    try:
-        yield
-    finally:
-        with _STATE.lock:
-            _STATE.users -= 1
-            if _STATE.users == 0:
-                _STATE.remove()
-
-
 @contextlib.contextmanager
 def recording(party: Party):
-    """A :class:`Recorder` for ``party`` (inside :func:`instrumented`)."""
+    """A :class:`Recorder` as ``party``'s profiler for the duration."""
+    if party.profiler is not None:
+        raise RuntimeError("the party has a profiler already")
     rec = Recorder(party)
-    key = id(party.comm)
-    _STATE.recorders[key] = rec
+    party.profiler = rec
     try:
         yield rec
     finally:
-        _STATE.recorders.pop(key, None)
+        party.profiler = None

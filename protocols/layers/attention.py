@@ -27,7 +27,7 @@ import numpy as np
 from mpc3 import ring
 from mpc3.kernels import arith, truncation
 from mpc3.kernels.base import Cost
-from mpc3.party import Party
+from mpc3.party import Party, profiled
 from mpc3.shares import AShare
 
 ORDERS = ("auto", "kv", "qk")
@@ -68,6 +68,7 @@ def row_scale_trunc(s, frac: int) -> arith.Scaled:
     return truncation.scaled(s, frac, frac + ROW_SCALE_EXTRA)
 
 
+@profiled
 def relu_many(p: Party, xs: list[AShare], site: str | None = None) -> list[AShare]:
     """ReLU of several arrays in one relu_a call (one call per protocol step)."""
     from mpc3.kernels import convert
@@ -100,6 +101,7 @@ def relu_products(p: Party, items: list[tuple], trunc, plain: list[tuple] | None
     return relu_split(p, z, shapes, relu_site), done
 
 
+@profiled
 def relu_split(p: Party, z, shapes, site: str | None = None) -> list[AShare]:
     """ReLU of the flat products ``z`` (arith.mul_split_aa's split share, biases included)
     in one relu_a call, cut into arrays of ``shapes``. Cost: convert.cost_relu_split."""
@@ -368,6 +370,7 @@ def _two_minus(p: Party, x: AShare) -> AShare:
     return arith.add_public(p, -x, np.full(x.shape, ring.encode(np.array(2.0), p.cfg.frac)))
 
 
+@profiled
 def divide_rows(p: Party, e: AShare, v: AShare, den: AShare,
                 den_site: str | None = None) -> AShare:
     """(e @ v) / den per row - e (..., S, Sk), v (..., Sk, dh), den (..., S) in

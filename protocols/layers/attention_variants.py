@@ -49,7 +49,7 @@ import numpy as np
 from mpc3 import ring
 from mpc3.kernels import arith, convert, extrema, fxp
 from mpc3.kernels.base import Cost
-from mpc3.party import Party, RingConfig
+from mpc3.party import Party, RingConfig, profiled
 from mpc3.shares import AShare
 from protocols.layers.attention import cost_divide_rows, divide_rows, repeat_cols
 from protocols.layers.softmax import (
@@ -97,6 +97,7 @@ def _power_layers(n: int) -> int:
     return _power_layers(n // 2) + 1 + n % 2
 
 
+@profiled
 def _power(p: Party, x: AShare, n: int) -> AShare:
     """x^n by repeated squaring, each product truncated (one layer each; site ``power``)."""
     if n == 1:

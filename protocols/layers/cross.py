@@ -12,7 +12,7 @@ import numpy as np
 
 from mpc3.kernels import arith
 from mpc3.kernels.base import Cost
-from mpc3.party import Party
+from mpc3.party import Party, profiled
 from mpc3.shares import AShare
 from protocols import model as M
 
@@ -97,6 +97,7 @@ def _stack(xs: list[AShare]) -> AShare:
     return AShare(np.stack([x.a for x in xs]), np.stack([x.b for x in xs]))
 
 
+@profiled
 def _cross_features(p: Party, cfg: M.ModelConfig, ws: list[dict], enc: AShare):
     """cross_precompute's K' (stacked) and V (per layer), Omega folded: every layer's
     K' = ReLU(enc W^K Omega + b_k) from the products' split form (attention.relu_products),

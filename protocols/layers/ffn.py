@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from mpc3.kernels import arith
-from mpc3.party import Party
+from mpc3.party import Party, profiled
 from mpc3.shares import AShare
 
 
@@ -27,6 +27,7 @@ def _add(x: AShare, b: AShare) -> AShare:
         AShare(x.a + np.broadcast_to(b.a, x.shape), x.b + np.broadcast_to(b.b, x.shape))
 
 
+@profiled
 def activation(p: Party, h: AShare, act: str) -> AShare:
     """The FFN nonlinearity on shares: relu_a, gelu_a (|h| <= 2^13) or none."""
     from mpc3.kernels import activations, convert

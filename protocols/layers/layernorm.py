@@ -28,7 +28,7 @@ import numpy as np
 from mpc3 import ring
 from mpc3.kernels import arith, truncation
 from mpc3.kernels.base import Cost
-from mpc3.party import Party
+from mpc3.party import Party, profiled
 from mpc3.shares import AShare
 
 
@@ -85,6 +85,7 @@ def _rms_stats(p: Party, x: AShare, gamma: AShare, eps: float) -> tuple[AShare, 
     return xg, arith.add_public(p, ex2, ring.encode(np.full(ex2.shape, float(eps)), p.cfg.frac))
 
 
+@profiled
 def rmsnorm(p: Party, x: AShare, gamma: AShare, eps: float, span=None,
             wide: bool = False, gain: int = 0) -> AShare:
     """RMSNorm (LLaMA-family) ``x / sqrt(mean(x^2) + eps) * gamma``: LayerNorm's rounds
@@ -114,6 +115,7 @@ def cost_rmsnorm(ring_cfg, rows: int, d: int, span=None, wide: bool = False) -> 
             + arith.cost_mul(rows * d, ring_cfg, not wide))
 
 
+@profiled
 def layernorm(p: Party, x: AShare, gamma: AShare, beta: AShare, eps: float,
               span=None, wide: bool = False) -> AShare:
     """``span``: octaves bounding var + eps (:func:`mpc3.kernels.fxp.sqrt_inv_a`; None: its
@@ -132,6 +134,7 @@ def widen(p: Party, x: AShare) -> AShare:
     return x.scale(np.uint64(1 << p.cfg.frac))
 
 
+@profiled
 def layernorm_project(p: Party, x: AShare, gamma: AShare, beta: AShare, eps: float,
                       mats: list[tuple[AShare, int]], want_y: bool = True, split=(),
                       split_biases=None, span=None, sites=None):

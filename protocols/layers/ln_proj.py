@@ -15,7 +15,7 @@ import numpy as np
 
 from mpc3.kernels import arith
 from mpc3.kernels.base import Cost, run_steps
-from mpc3.party import Party
+from mpc3.party import Party, profiled
 from mpc3.shares import AShare, SplitShare
 from protocols import model as M
 
@@ -76,6 +76,7 @@ def _proj_bits(p_cfg, name: str) -> int:
     return p_cfg.frac + (0 if name.endswith(".w1") else PROJ_EXTRA)
 
 
+@profiled
 def fused_biases(p: Party, shares: dict, fusions: dict[str, list[str]]
                  ) -> dict[tuple[str, str], AShare]:
     """beta W (+ b1 for W1) of every fused (LayerNorm, projection) of ``fusions`` (ln prefix ->
@@ -141,6 +142,7 @@ def _split_names(cfg: M.ModelConfig, shares: dict, names: list[str]) -> list[str
             if _feeds_relu(cfg, w, f"{w.rsplit('.', 1)[0]}.omega" not in shares)]
 
 
+@profiled
 def step_project(p: Party, cfg: M.ModelConfig, shares: dict, y: AShare, names: list[str]) -> dict:
     """y W (+ bias) for the projections ``names`` in one round of products: {name: AShare},
     and under :data:`RELU` a :class:`_Split` of those that only feed relu_a (a shadow party

@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from mpc3.kernels import arith
-from mpc3.party import Party
+from mpc3.party import Party, profiled
 from mpc3.shares import AShare
 from protocols import model as M
 from protocols.model import variants as MV
@@ -129,6 +129,7 @@ def features(p: Party, cfg: M.ModelConfig, w: dict, q: AShare | None, k: AShare 
     return (next(it) if q is not None else None), (next(it) if k is not None else None)
 
 
+@profiled
 def project_features(p: Party, cfg: M.ModelConfig, w: dict, xq: AShare, xkv: AShare | None,
                      want_kv: bool = True):
     """Folded Performer projection and features: Q' = ReLU(xq W^Q Omega + b_q), K' likewise

@@ -23,13 +23,14 @@ from __future__ import annotations
 
 from mpc3.kernels import arith
 from mpc3.kernels.base import Cost
-from mpc3.party import Party
+from mpc3.party import Party, profiled
 from mpc3.shares import AShare
 from protocols import model as M
 
 from .layernorm import _bcast, cost_layernorm, cost_rmsnorm, layernorm, rmsnorm, widen
 
 
+@profiled
 def batchnorm(p: Party, x: AShare, scale: AShare, shift: AShare, wide: bool = False) -> AShare:
     """x (..., d) * scale + shift, per channel; one truncated product (:func:`cost_batchnorm`;
     ``wide``: untruncated, at 2 frac fractional bits, as :func:`norm`'s)."""

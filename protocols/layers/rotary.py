@@ -16,7 +16,7 @@ import numpy as np
 from mpc3 import ring
 from mpc3.kernels import truncation
 from mpc3.kernels.base import Cost
-from mpc3.party import Party
+from mpc3.party import Party, profiled
 from mpc3.shares import AShare
 from protocols import model as M
 
@@ -33,6 +33,7 @@ def _rotated(p: Party, x: AShare, positions, theta: float) -> AShare:
     return AShare(x.a * c + _rotate_half(x.a) * s, x.b * c + _rotate_half(x.b) * s)
 
 
+@profiled
 def rope_many(p: Party, items: list[tuple[AShare, np.ndarray]], theta: float) -> list[AShare]:
     """Rotary embeddings of per-head rows ``x`` (..., S, dh) at ``positions`` (S,), for every
     ``(x, positions)`` item, in one truncation. Cost: :func:`cost_rope` of all elements."""

@@ -60,10 +60,11 @@ from mpc3.kernels import arith, convert
 from mpc3.kernels.base import Cost
 from mpc3.kernels.thresholds import (compare_public_masked, cost_compare_public, window,
                                      window_for)
-from mpc3.party import Party
+from mpc3.party import Party, profiled
 from mpc3.shares import AShare
 
 
+@profiled
 def argmax_a(p: Party, x: AShare, site: str | None = None) -> AShare:
     """Index of the largest entry of each row: x (B, C) -> (B,) shares of the index in fixed
     point (``frac`` bits, so it decodes to a float equal to the index). Ties go to the lower

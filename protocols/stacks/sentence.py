@@ -54,7 +54,7 @@ import numpy as np
 
 from mpc3.kernels import arith, extrema, fxp, truncation
 from mpc3.kernels.base import Cost
-from mpc3.party import Party
+from mpc3.party import Party, profiled
 from mpc3.shares import AShare
 from protocols import model as M
 from protocols.layers.attention import ROW_SCALE_EXTRA
@@ -89,6 +89,7 @@ def cost_max_pool(p_cfg, B: int, S: int, d: int) -> Cost:
     return extrema.cost_max_rows(np.full(B * d, S), p_cfg)
 
 
+@profiled
 def pool_a(p: Party, cfg: M.ModelConfig, h: AShare) -> AShare:
     """``cfg.pool`` of the encoder output h (B, S, d) -> (B, d); the mean's 1/S is left out
     when ``cfg.normalize`` (it cancels). Cost: :func:`cost_pool`."""
@@ -115,6 +116,7 @@ def cost_pool(p_cfg, cfg: M.ModelConfig, B: int, S: int) -> Cost:
     return truncation.cost_trunc(B * d, p_cfg, mean_trunc(S, p_cfg.frac).shift)
 
 
+@profiled
 def normalize_a(p: Party, e: AShare, K: int) -> AShare:
     """e / ||e|| per row of e (B, d), with n2 = ||e||^2 / 4^K handed to sqrt_inv_a (the
     module docstring). Cost: :func:`cost_normalize`."""

@@ -111,7 +111,7 @@ def test_aero_preset_has_no_ffn_activation():
 
 def test_recorder_attributes_innermost_and_passes_through():
     """A product inside a region of another category belongs to that region; calls from a
-    party without a recorder are not counted; the wrapping is gone afterwards."""
+    party without a recorder are not counted; no module attribute is swapped for it."""
     rng = np.random.default_rng(0)
     x = deal(rng.integers(0, 2 ** 20, (4, 4), dtype=np.uint64))
     from mpc3.kernels import fxp
@@ -122,21 +122,21 @@ def test_recorder_attributes_innermost_and_passes_through():
         z = fxp.exp_a(p, truncation.trunc_a(p, y, 20))        # trunc: matmul; exp: attention
         return y, z
 
-    with BD.instrumented():
-        assert arith.mul_aa is not original
-        parties = make_parties(RingConfig())
-        recs = []
+    parties = make_parties(RingConfig())
+    recs = []
 
-        def body(p, x):
-            if p.rank == 2:                               # no recorder: passes through
-                return fn(p, x)
-            with BD.recording(p) as rec:
-                out = fn(p, x)
-                recs.append((p.rank, rec.take()))
-            return out
+    def body(p, x):
+        if p.rank == 2:                               # no recorder: passes through
+            return fn(p, x)
+        with BD.recording(p) as rec:
+            assert arith.mul_aa is original and p.profiler is rec
+            out = fn(p, x)
+            recs.append((p.rank, rec.take()))
+        assert p.profiler is None
+        return out
 
-        run_parties(body, [(s,) for s in x], parties=parties)
-    assert arith.mul_aa is original
+    run_parties(body, [(s,) for s in x], parties=parties)
+    assert len(recs) == 2
     for rank, got in recs:
         cats, total = got[:-1], got[-1]
         assert (cats.sum(axis=0) == total).all()
@@ -229,3 +229,18 @@ def test_bench_lm_llama_preset_breaks_down_rmsnorm_rotary_and_the_gated_ffn():
     assert bd["ffn_act"]["bytes_total"] == sum(cost_silu(48, rc).bytes_per_party) * 2
     with pytest.raises(ValueError, match="needs --preset llama"):
         L.lm_config("decoder-only", "softmax", 32, 4, 1, 48, 4, 1, kv_heads=2)
+
+
+def test_every_target_is_a_profiled_entry_point():
+    """protocols.jobs.breakdown.TARGETS names exactly the functions marked
+    mpc3.party.profiled (no stale entry, no region without a category)."""
+    import importlib
+    import re
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    marked = {f"{'.'.join(f.relative_to(root).with_suffix('').parts)}.{name}"
+              for pkg in ("mpc3", "protocols") for f in (root / pkg).rglob("*.py")
+              for name in re.findall(r"^@profiled\ndef (\w+)\(", f.read_text(), re.M)}
+    assert marked == {f"{m}.{n}" for m, n, _ in BD.TARGETS}
+    for m, n, _ in BD.TARGETS:
+        assert getattr(importlib.import_module(m), n).profiled == f"{m}.{n}"

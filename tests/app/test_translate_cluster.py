@@ -72,8 +72,7 @@ def test_grpc_incremental_decoding_equals_plaintext_steps(cluster):
     ref = M.RefDecodeState(cfg, w, M.ref_encoder(cfg, w, x))
     with cluster.user() as u:
         be = T.ClusterBackend(u, "tr")
-        layers = T.LayerCosts()
-        session = T.Session(be, layers=layers, sid="inc-1")
+        session = T.Session(be, sid="inc-1")
         session.open(x)
         for t, tok in enumerate(tgt):
             y = M.embed(cfg, ut["embed.tgt"], np.array([[tok]]), offset=t)[:, 0]
@@ -88,7 +87,7 @@ def test_grpc_incremental_decoding_equals_plaintext_steps(cluster):
         session.close()
         with pytest.raises(ClusterError, match="closed by its owner"):
             session.step(y)
-    assert layers.rows["dec.0"][3] == len(tgt)            # one entry per step
+    assert session.steps.layers.rows["dec.0"][3] == len(tgt)      # one entry per step
 
 
 def test_grpc_clear_errors(cluster):

@@ -28,15 +28,13 @@ def test_shipped_secure_translation_agrees_with_plaintext():
     texts = heldout(5, 4)
     assert len(texts) == 5 and all(TD.split_of(int(t)) == "test" for t in texts)
     be = T.InprocBackend(cfg, w)
-    layers = T.LayerCosts()
-    res, cost, pairs = T.translate_texts(be, cfg, user, texts, vocab, layers=layers,
-                                         plaintext_weights=w)
+    res, cost, pairs = T.translate_texts(be, cfg, user, texts, vocab, plaintext_weights=w)
     assert [r.secure for r in res] == [r.plaintext for r in res]
     same, total = T.token_agreement(pairs)
     assert same == total > 0
     assert cost.jobs == 1 + max(len(p[1]) for p in pairs)    # one open, one job per step
     assert cost.bytes_total == sum(cost.bytes_per_party) > 0
-    assert set(layers.rows) == {"enc.0", "enc.1", "dec.cross_kv", "dec.0", "dec.1"}
+    assert set(cost.layers.rows) == {"enc.0", "enc.1", "dec.cross_kv", "dec.0", "dec.1"}
 
 
 def _small_cfg(norm_first=False, attention=M.PERFORMER):

@@ -107,7 +107,7 @@ def test_paper_quick_report_from_results(tmp_path):
     """The report/plot stage works from JSON points alone (no cluster needed)."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
-        import paper
+        import paper_report
     finally:
         sys.path.pop(0)
     pts = []
@@ -120,5 +120,5 @@ def test_paper_quick_report_from_results(tmp_path):
                                                                          "median": 0.1 * s},
                             "bytes_total": 1000 * s, "rounds": 10, "messages": 60,
                             "max_abs_err": 0.01, "time_model": {}})
-    md = paper.render_report(pts, quick=True)
+    md = paper_report.render_report(pts, quick=True)
     assert "Fig. 3" in md
