@@ -315,13 +315,13 @@ def verify_claims(p: Party, mine: Claim, as_left: Claim, as_right: Claim,
     # last compression: pad with one random value each, open at a final point
     kk = U.shape[1]
     pads = p.prg.ring("private", op, "dzkp/pads", (reps, 2, g.D))
-    P_vals = np.concatenate([U, pads[:, :1]], axis=1)                    # (reps, kk+1, D)
-    Q_vals = np.concatenate([V, pads[:, 1:]], axis=1)
-    ext = [rd.at(P_vals, rd.nodes[e][None].repeat(reps, 0), kk + 1) for e in range(kk + 1, 2 * kk + 1)]
-    Pe = np.concatenate([P_vals] + [e[:, None] for e in ext], axis=1)
-    ext = [rd.at(Q_vals, rd.nodes[e][None].repeat(reps, 0), kk + 1) for e in range(kk + 1, 2 * kk + 1)]
-    Qe = np.concatenate([Q_vals] + [e[:, None] for e in ext], axis=1)
-    h = g.mul(Pe, Qe)                                                    # (reps, 2kk+1, D)
+    def extended(vals: np.ndarray) -> np.ndarray:
+        """(reps, kk+1, D) values at nodes 0 .. kk, extended to nodes 0 .. 2kk."""
+        ext = [rd.at(vals, np.broadcast_to(rd.nodes[e], (reps, g.D)), kk + 1)
+               for e in range(kk + 1, 2 * kk + 1)]
+        return np.concatenate([vals] + [e[:, None] for e in ext], axis=1)
+    h = g.mul(extended(np.concatenate([U, pads[:, :1]], axis=1)),
+              extended(np.concatenate([V, pads[:, 1:]], axis=1)))     # (reps, 2kk+1, D)
     packed = np.concatenate([h, pads.reshape(reps, 2, g.D)], axis=1)
     sent = {}
     sent["P"], sent["L"], sent["R"] = _send_h(p, packed, share_from_prover, "last")

@@ -76,11 +76,12 @@ def matmul_claims(p, x, y, out, kop: int, tag: str = "reshare"):
     f_prev = p.prg.ring("prev", kop, tag, out.shape).reshape(-1, out.shape[-1])
     rows = items[0][4].shape[0]
     views = ([], [], [])
+    masks = [_diagonal_masks(x.shape, y.shape, prover)             # the same for every item
+             for prover in (p.rank, (p.rank + 1) % 3, (p.rank - 1) % 3)]
     for i, (xa, xb, ya, yb, sent, got) in enumerate(items):
         fn, fp = f_next[i * rows:(i + 1) * rows], f_prev[i * rows:(i + 1) * rows]
-        for role, (view, prover) in enumerate(zip(views, (p.rank, (p.rank + 1) % 3,
-                                                        (p.rank - 1) % 3))):
-            aa, bb = _diagonal_masks(x.shape, y.shape, prover)
+        for role, view in enumerate(views):
+            aa, bb = masks[role]
             if role == 0:                   # the prover: everything, its own masks
                 view.append(MatClaim(xa, xb, ya, yb, sent - fn + fp, aa, bb))
             elif role == 1:                 # V_L of next: its slot a is this party's b
