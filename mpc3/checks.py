@@ -29,6 +29,7 @@ import numpy as np
 from . import dzkp
 from .freivalds import matmul_claims
 from .comm import ProtocolError
+from .shares import group_sizes, planes_to_bits
 
 
 class Unverified(ProtocolError):
@@ -43,8 +44,9 @@ class Checks:
         self._reset(p)
 
     def _reset(self, p) -> None:
-        self.start = p.comm.op
-        self.covered: dict[int, str] = {}
+        p.comm.watch = self._sent
+        self.sent: dict[int, int] = {}              # op -> payload bytes this party sent
+        self.covered: dict[int, int] = {}           # op -> bytes of them a claim covers
         self.claims: list[tuple[dzkp.Claim, dzkp.Claim, dzkp.Claim]] = []
         self.mats: list[tuple[list, list, list]] = []
         self.received = hashlib.blake2b(digest_size=32, person=b"mpc3-open-recv")
@@ -53,6 +55,13 @@ class Checks:
         self.input_mine = hashlib.blake2b(digest_size=32, person=b"mpc3-input")
         self.input_next = hashlib.blake2b(digest_size=32, person=b"mpc3-input")
 
+    def _sent(self, op: int, nbytes: int) -> None:
+        self.sent[op] = self.sent.get(op, 0) + nbytes
+
+    def _cover(self, p, nbytes: int) -> None:
+        """The last round's message(s) of this party include ``nbytes`` a claim covers."""
+        self.covered[p.comm.op] = self.covered.get(p.comm.op, 0) + nbytes
+
     # --------------------------------------------------------- what kernels register --
     def product(self, p, x, y, out, trunc, kop: int) -> None:
         """``mul_aa``'s message, if it was a plain reshare (``trunc`` False) of
@@ -60,7 +69,7 @@ class Checks:
         if trunc is not False:
             return                                  # truncating products: not yet covered
         self.claims.append(dzkp.mul_claims(p, x, y, out.a, out.b, "reshare", kop))
-        self.covered[p.comm.op] = "mul_aa"
+        self._cover(p, out.a.nbytes)
 
     def matmul(self, p, x, y, out, trunc, kop: int) -> None:
         """``matmul_aa``'s message, if it was a plain reshare (``trunc`` False) of operands
@@ -70,7 +79,14 @@ class Checks:
         views = matmul_claims(p, x, y, out, kop)
         if views is not None:
             self.mats.append(views)
-            self.covered[p.comm.op] = "matmul_aa"
+            self._cover(p, out.a.nbytes)
+
+    def and_product(self, p, x, y, out, tag: str, kop: int) -> None:
+        """An AND layer's message (:func:`mpc3.kernels.boolean.and_steps`): ``out.a`` sent,
+        ``out.b`` received, masked with the boolean zero sharing ``(kop, tag)``; proven as
+        the same replicated-product claim mod 2 (:func:`and_claims`)."""
+        self.claims.append(and_claims(p, x, y, out, tag, kop))
+        self._cover(p, sum(x.planes * ((n + 7) // 8) for n in group_sizes(x.n)))
 
     def shared_input(self, x) -> None:
         """A sharing this party received from outside (the query user's input, the model
@@ -85,33 +101,60 @@ class Checks:
             self.received.update(np.ascontiguousarray(got).tobytes())
         if to is None or to == (p.rank + 1) % 3:
             self.for_next.update(np.ascontiguousarray(x.a).tobytes())
-        self.covered[p.comm.op] = "open_a"
+        if to is None or p.rank == (to + 1) % 3:
+            self._cover(p, x.b.nbytes)
 
     # ---------------------------------------------------------------------- flush -------
     def flush(self, p) -> None:
         """Verify everything registered since the last flush (see the module docstring)."""
-        missing = [op for op in range(self.start + 1, p.comm.op + 1) if op not in self.covered]
+        missing = [op for op, n in sorted(self.sent.items()) if self.covered.get(op, 0) < n]
         if missing:
-            raise Unverified(f"malicious mode: {len(missing)} message(s) (first: op "
-                             f"{missing[0]}) were sent by kernels that have no verification "
-                             f"yet; the job is refused (docs/MALICIOUS.md lists what is "
-                             f"covered)")
+            raise Unverified(f"malicious mode: {len(missing)} round(s) (first: op "
+                             f"{missing[0]}) carried messages from kernels that have no "
+                             f"verification yet; the job is refused (docs/MALICIOUS.md lists "
+                             f"what is covered)")
         digests = np.frombuffer(self.for_next.digest() + self.input_next.digest(), np.uint8)
         _, got = p.comm.exchange(to_next=[digests], from_prev=True)
         theirs = got[0].tobytes()
         opened_ok = theirs[:32] == self.received.digest()
         inputs_ok = theirs[32:] == self.input_mine.digest()
-        mine, left, right = (_concat([c[j] for c in self.claims]) for j in range(3))
+        terms = sorted({c[0].u.shape[0] for c in self.claims})     # one batch per width
+        mine, left, right = ([_concat([c[j] for c in self.claims if c[0].u.shape[0] == m])
+                              for m in terms] for j in range(3))
         mats = tuple([c for views in self.mats for c in views[j]] for j in range(3))
         dzkp.verify_claims(p, mine, left, right, self.params,
                            digests=(opened_ok, inputs_ok), mats=mats if self.mats else None)
         self._reset(p)
 
 
+_TOP = np.uint64(1 << 63)
+
+
+def _bits(planes: np.ndarray, n: int) -> np.ndarray:
+    """Grouped planes -> their P n bits as 0/1 words (a group's padding is never sent)."""
+    return planes_to_bits(planes, n).reshape(-1).astype(np.uint64)
+
+
+def and_claims(p, x, y, out, tag: str, kop: int) -> tuple[dzkp.Claim, dzkp.Claim, dzkp.Claim]:
+    """The three views of an AND layer's claim: :func:`mpc3.dzkp.mul_claims`'s replicated
+    product, read mod 2. XOR is addition mod 2, and ``2^63 a b = 2^63 (a b mod 2)`` in
+    Z_2^64, so with u and z multiplied by 2^63 (every bit lifted to a word) the Z_2^64 proof
+    checks the GF(2) gate ``z = x_a y_a ^ x_a y_b ^ x_b y_a ^ alpha`` with the same soundness
+    (an error 2^63 is caught by the Galois-ring proof like any other; tests/mpc3/test_galois.py)."""
+    n, shape = x.n, x.a.shape
+    xa, xb, ya, yb, sent, got = (_bits(t, n) for t in (x.a, x.b, y.a, y.b, out.a, out.b))
+    f_next, f_prev = (_bits(p.prg.bytes(stream, kop, tag, 8 * shape[0] * shape[1])
+                            .view(np.uint64).reshape(shape), n) for stream in ("next", "prev"))
+    zero = np.zeros_like(xa)
+    mine = dzkp.Claim(_TOP * np.stack([xa, xb]), np.stack([yb, ya]),
+                      _TOP * (sent + xa * ya + f_next + f_prev))
+    as_left = dzkp.Claim(_TOP * np.stack([xb, zero]), np.stack([zero, yb]),
+                         _TOP * (got + xb * yb + f_next))
+    as_right = dzkp.Claim(_TOP * np.stack([zero, xa]), np.stack([ya, zero]), _TOP * f_prev)
+    return mine, as_left, as_right
+
+
 def _concat(claims: list[dzkp.Claim]) -> dzkp.Claim:
-    if not claims:
-        empty = np.zeros((2, 0), dtype=np.uint64)
-        return dzkp.Claim(empty, empty.copy(), np.zeros(0, dtype=np.uint64))
     return dzkp.Claim(np.concatenate([c.u for c in claims], axis=1),
                       np.concatenate([c.v for c in claims], axis=1),
                       np.concatenate([c.z for c in claims]))

@@ -64,6 +64,9 @@ class Communicator(abc.ABC):
     timeout: float = 60.0
     op: int = 0
     stats: CommStats = field(default_factory=CommStats)
+    #: malicious mode (:class:`mpc3.checks.Checks`): called with (op, payload bytes) for
+    #: every message this party sends, so no message escapes its verification
+    watch = None
 
     def peer(self, direction: int) -> int:
         return (self.rank + direction) % 3
@@ -87,6 +90,8 @@ class Communicator(abc.ABC):
             self.stats.bytes_sent += sum(a.nbytes for a in arrays)
             self.stats.messages += 1
             self._post(direction, op, arrays)
+            if self.watch is not None:
+                self.watch(op, sum(a.nbytes for a in arrays))
             active = True
         got_next = self._take(NEXT, op) if from_next else None
         got_prev = self._take(PREV, op) if from_prev else None

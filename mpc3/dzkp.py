@@ -84,12 +84,20 @@ class CheatingDetected(ProtocolError):
 
 
 # ------------------------------------------------------------------ public costs ------
-def _lengths(L: int, m: int, params: Params, ring_len: int = 0) -> list[int]:
-    """Vector lengths entering each compression: the weighted Z_2^64 one (if L > 0), then
-    the Galois-ring ones (with the ``ring_len`` terms of matrix-product claims joined)."""
-    k = params.k
-    out = [L] if L else []
-    n = (m * -(-L // params.k_first) if L else 0) + ring_len
+def _batches(L, m) -> list[tuple[int, int]]:
+    """(gates, terms) of each non-empty batch: ``L`` and ``m`` ints, or sequences of them
+    (batches of different numbers of terms, :func:`verify_claims`)."""
+    if np.ndim(L) == 0:
+        L, m = [L], [m]
+    return [(int(a), int(b)) for a, b in zip(L, m) if a]
+
+
+def _lengths(L, m, params: Params, ring_len: int = 0) -> list[int]:
+    """Vector lengths entering each compression: the weighted Z_2^64 one (if any gates),
+    then the Galois-ring ones (with the ``ring_len`` terms of matrix-product claims joined)."""
+    k, batches = params.k, _batches(L, m)
+    out = [sum(a for a, _ in batches)] if batches else []
+    n = sum(b * -(-a // params.k_first) for a, b in batches) + ring_len
     while n > k:
         out.append(n)
         n = -(-n // k)
@@ -97,7 +105,7 @@ def _lengths(L: int, m: int, params: Params, ring_len: int = 0) -> list[int]:
     return out
 
 
-def soundness_bits(L: int, m: int, params: Params = Params(), ring_len: int = 0) -> float:
+def soundness_bits(L, m, params: Params = Params(), ring_len: int = 0) -> float:
     """-log2 of the probability that a false batch passes: per repetition 2 / 2^D for the
     gate weights, 2 / 2^D for the matrix products' random vectors and 1 / 2^D for joining
     them, (2k - 2) / (2^D - 2K - 1) per compression (k_first for the first) and
@@ -105,23 +113,25 @@ def soundness_bits(L: int, m: int, params: Params = Params(), ring_len: int = 0)
     g, k, k1 = 2.0 ** params.degree, params.k, params.k_first
     steps = _lengths(L, m, params, ring_len)
     last, free = steps[-1], g - _avoid(params)
-    first = 2 * k1 - 2 if L else 2 * k - 2
-    eps = (2 * (L > 0) + 3 * (ring_len > 0)) / g \
+    gates = bool(_batches(L, m))
+    first = 2 * k1 - 2 if gates else 2 * k - 2
+    eps = (2 * gates + 3 * (ring_len > 0)) / g \
         + (first + (len(steps) - 2) * (2 * k - 2) + 2 * last) / free
     return -params.reps * math.log2(min(eps, 1.0))
 
 
-def cost_verify(L: int, m: int, params: Params = Params(),
+def cost_verify(L, m, params: Params = Params(),
                 ring_len: int = 0) -> tuple[int, int]:
     """(rounds, bytes each party sends) of :func:`verify_claims` for batches of L gates of m
-    terms and matrix-product claims of ``ring_len`` inner terms (every party proves one
-    batch of that size)."""
-    if L == 0 and ring_len == 0:
+    terms (or sequences: one batch per entry) and matrix-product claims of ``ring_len``
+    inner terms (every party proves one batch of that size)."""
+    gates = bool(_batches(L, m))
+    if not gates and ring_len == 0:
         return 0, 0
     steps = _lengths(L, m, params, ring_len)
     elt = params.reps * params.degree * 8
     S = len(steps)
-    first = 2 * (params.k_first if L else params.k) - 1
+    first = 2 * (params.k_first if gates else params.k) - 1
     bytes_ = 16 * S                                     # challenge seeds (V_R -> prover)
     bytes_ += (first + (S - 2) * (2 * params.k - 1)) * elt * (S > 1)    # each h
     bytes_ += (2 * steps[-1] + 1 + 2) * elt             # last h and the two pads
@@ -209,20 +219,23 @@ def _gram(g: GaloisRing, U: np.ndarray, V: np.ndarray, k: int) -> np.ndarray:
     return out
 
 
-def verify_claims(p: Party, mine: Claim, as_left: Claim, as_right: Claim,
+def verify_claims(p: Party, mine, as_left, as_right,
                   params: Params = Params(), digests: tuple | None = None,
                   mats: tuple | None = None) -> None:
     """Prove ``mine`` to the two neighbours and verify theirs; raise
     :class:`CheatingDetected` at every party if any proof fails. ``as_left``: this party's
     shares of the next party's claim (this party is its V_L); ``as_right``: of the previous
-    party's claim (V_R). All three batches must have one shape (the parties run in
-    lockstep). ``digests``: this party's verdicts on the openings and on the inputs'
-    replicas (:mod:`mpc3.checks`), sent with the proofs' verdicts. ``mats``: lists of matrix-product
-    claims (:class:`mpc3.claims.MatClaim`) in the same three roles, reduced by random ring
+    party's claim (V_R). Each is a :class:`Claim` or a list of them (batches of gates with
+    different numbers of terms: chunked apart, one gate weight theta_i sigma_t over all of
+    them); the three must have one shape (the parties run in lockstep). ``digests``: this
+    party's verdicts on the openings and on the inputs' replicas (:mod:`mpc3.checks`), sent
+    with the proofs' verdicts. ``mats``: lists of matrix-product claims
+    (:class:`mpc3.freivalds.MatClaim`) in the same three roles, reduced by random ring
     vectors and joined to the batch. Cost: :func:`cost_verify`."""
-    m, L = mine.u.shape
+    data = {role: [c for c in (cs if isinstance(cs, (list, tuple)) else [cs]) if c.z.size]
+            for role, cs in (("P", mine), ("L", as_left), ("R", as_right))}
     ring_len = sum(c.inner for c in mats[0]) if mats else 0
-    if L == 0 and ring_len == 0:
+    if not data["P"] and ring_len == 0:
         if digests is not None:
             _verdicts(p, np.array([1, 1, *digests], dtype=np.uint8))
         return
@@ -239,7 +252,6 @@ def verify_claims(p: Party, mine: Claim, as_left: Claim, as_right: Claim,
     # round 0: V_R hands each prover the seed of the gate weights and product vectors
     got, _ = p.comm.exchange(to_prev=[np.frombuffer(seed_of["R"](0), np.uint8)], from_next=True)
     seeds = {"P": got[0].tobytes(), "L": seed_of["L"](0), "R": seed_of["R"](0)}
-    data = {"P": mine, "L": as_left, "R": as_right}
     ring_claims = None
     if ring_len:
         ring_claims = {role: reduce_mats(g, mats[j], reps,
@@ -247,28 +259,25 @@ def verify_claims(p: Party, mine: Claim, as_left: Claim, as_right: Claim,
                        for j, role in enumerate(("P", "L", "R"))}
     claims, vecs, checks, hs = {}, {}, {"L": [], "R": []}, {}
     awaiting, step = None, 0
-    if L:
-        n = -(-L // k1)
+    if data["P"]:
+        ns = [-(-c.z.size // k1) for c in data["P"]]
+        at = np.cumsum([0] + ns)
+        n = int(at[-1])
         weights = {}
         for role, seed in seeds.items():
             w = _words(seed, "weights", reps * (k1 + n) * g.D).reshape(reps, k1 + n, g.D)
-            weights[role] = (w[:, :k1], w[:, k1:])                 # theta, sigma
+            weights[role] = (w[:, :k1], [w[:, k1 + at[b]:k1 + at[b + 1]]    # theta, sigma
+                                         for b in range(len(ns))])
         # first compression: Z_2^64 data, weighted gates
         for role in ("L", "R"):
-            theta, sigma = weights[role]
-            zk = _chunks(data[role].z, k1)                             # (k1, n)
-            s = long_matmul(zk, np.ascontiguousarray(
-                sigma.transpose(1, 0, 2).reshape(n, reps * g.D))).reshape(k1, reps, g.D)
+            theta, sigmas = weights[role]
+            s = sum(long_matmul(_chunks(c.z, k1), np.ascontiguousarray(
+                sigma.transpose(1, 0, 2).reshape(-1, reps * g.D)))
+                for c, sigma in zip(data[role], sigmas)).reshape(k1, reps, g.D)
             claims[role] = g.mul(theta, s.transpose(1, 0, 2)).sum(axis=1)   # (reps, D)
-        uk, vk = _chunks(mine.u, k1), _chunks(mine.v, k1)               # (m, k1, n)
-        sig = np.ascontiguousarray(weights["P"][1].transpose(1, 0, 2).reshape(n, reps * g.D))
         gram = np.zeros((k1 * k1, reps * g.D), dtype=np.uint64)
-        for s in range(0, n, LONG_BLOCK):           # G = sum_t sigma_t u_it v_i't, by blocks
-            b = slice(s, s + LONG_BLOCK)
-            prod = np.zeros((k1, k1, min(n, s + LONG_BLOCK) - s), dtype=np.uint64)
-            for a in range(m):
-                prod += uk[a, :, b][:, None, :] * vk[a, :, b][None, :, :]
-            ring.matmul(prod.reshape(k1 * k1, -1), sig[b], gram, n)
+        for c, sigma in zip(data["P"], weights["P"][1]):
+            _gram_first(c, sigma, k1, gram)
         gram = gram.reshape(k1, k1, reps, g.D)
         h = rd1.evals(np.ascontiguousarray(gram.transpose(2, 0, 1, 3)))
         hs["P"], hs["L"], hs["R"] = _send_h(p, h, share_from_prover, 1)
@@ -289,7 +298,10 @@ def verify_claims(p: Party, mine: Claim, as_left: Claim, as_right: Claim,
             for role, c in data.items():
                 r = _challenge(g, seeds[role], reps, avoid)
                 if awaiting == "first":
-                    vecs[role] = _fold_first(g, rd1, c, weights[role][1], r, k1)
+                    folded = [_fold_first(g, rd1, cb, sigma, r, k1)
+                              for cb, sigma in zip(c, weights[role][1])]
+                    vecs[role] = tuple(np.concatenate([f[j] for f in folded], axis=1)
+                                       for j in range(2))
                     claims[role] = rd1.at(hs[role], r, 2 * k1 - 1)
                 else:
                     vecs[role] = _fold(g, rd, vecs[role], r, k)
@@ -379,6 +391,21 @@ def _send_h(p: Party, h: np.ndarray, share_from_prover, step) -> tuple:
     _, got = p.comm.exchange(to_next=[h - left], from_prev=True)
     as_left = share_from_prover("next", step, h.shape)
     return h, as_left, got[0].reshape(h.shape)
+
+
+def _gram_first(c: Claim, sigma: np.ndarray, k1: int, gram: np.ndarray) -> None:
+    """Add G[i, i'] = sum_t sigma_t sum_a u_ait v_ai't of one batch into ``gram``
+    (k1 k1, reps D), by blocks of the chunk length."""
+    m = c.u.shape[0]
+    uk, vk = _chunks(c.u, k1), _chunks(c.v, k1)               # (m, k1, n)
+    n = uk.shape[2]
+    sig = np.ascontiguousarray(sigma.transpose(1, 0, 2).reshape(n, -1))
+    for s in range(0, n, LONG_BLOCK):
+        b = slice(s, s + LONG_BLOCK)
+        prod = np.zeros((k1, k1, min(n, s + LONG_BLOCK) - s), dtype=np.uint64)
+        for a in range(m):
+            prod += uk[a, :, b][:, None, :] * vk[a, :, b][None, :, :]
+        ring.matmul(prod.reshape(k1 * k1, -1), sig[b], gram, n)
 
 
 def _fold_first(g: GaloisRing, rd: _Round, c: Claim, sigma: np.ndarray, r: np.ndarray,

@@ -86,7 +86,18 @@ def reshare_bits_steps(p: Party, z: np.ndarray, n: int):
 def and_bb(p: Party, x: BShare, y: BShare, tag: str = "and") -> BShare:
     """Plane-wise AND of two grouped boolean sharings. Cost: :func:`cost_and_bb` (1 round,
     1 bit per AND and party, packed per element group)."""
-    return reshare_bits(p, and_local(p, x, y, tag), x.n)
+    p.new_op()                              # fresh masks for every call
+    return run_steps(p, and_steps(p, x, y, tag))[0]
+
+
+def and_steps(p: Party, x: BShare, y: BShare, tag: str):
+    """:func:`and_bb` as one lockstep round (:func:`base.lockstep`); in malicious mode the
+    message's claim is registered (:meth:`mpc3.checks.Checks.and_product`)."""
+    kop = p.kop
+    out = yield from reshare_bits_steps(p, and_local(p, x, y, tag), x.n)
+    if p.checks is not None:
+        p.checks.and_product(p, x, y, out, tag, kop)
+    return out
 
 
 def cost_and_bb(n: int, cfg=None, planes: int = 1) -> Cost:

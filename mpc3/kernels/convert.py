@@ -45,8 +45,8 @@ from .base import Cost, Round, group_bounds, packed_bytes, run_steps
 from . import thresholds
 from .thresholds import dealt_carry, window, window_for
 from .bitplanes import MaskedBits, run_span
-from .boolean import (and_local, cost_and_bb, pack_planes, random_planes,
-                      reshare_bits_steps, unpack_planes)
+from .boolean import (and_local, and_steps, cost_and_bb, pack_planes, random_planes,
+                      unpack_planes)
 from .leaves import ands_per_level, leaf_cost, leaves_steps, tree_plan
 
 
@@ -86,7 +86,7 @@ def _carry_steps(p: Party, leaves: BShare, nb: int, fused: bool):
         if last and fused:
             z = and_local(p, xs, ys, f"tree{li}")
             return z ^ G[lvl[0][0]].a
-        prod = yield from reshare_bits_steps(p, and_local(p, xs, ys, f"tree{li}"), xs.n)
+        prod = yield from and_steps(p, xs, ys, f"tree{li}")
         newG, newP, pos = [], [], 0
         for hi, lo, need in lvl:
             newG.append(G[hi] ^ prod[pos])

@@ -125,3 +125,55 @@ def test_soundness_of_the_default_parameters():
     for L in (1, 10**3, 10**6, 10**8):
         assert dzkp.soundness_bits(L, 2) >= 49
     assert dzkp.soundness_bits(10**6, 2, dzkp.Params(reps=1)) < 26
+
+
+def _dot_claims(p, x, y, sent, got, tag, kop):
+    """Claims of a row-dot-product reshare (each gate c columns, 2c terms): mul_claims'
+    views with the columns stacked as terms."""
+    views = dzkp.mul_claims(p, x, y, sent, got, tag, kop)       # with rows summed below
+    cols = x.shape[1]
+    out = []
+    for v in views:
+        u = v.u.reshape(2, -1, cols).transpose(0, 2, 1).reshape(2 * cols, -1)
+        w = v.v.reshape(2, -1, cols).transpose(0, 2, 1).reshape(2 * cols, -1)
+        out.append(dzkp.Claim(u, w, v.z.reshape(-1, cols).sum(axis=1)))
+    return out
+
+
+def _two_widths_then_verify(p, x, y, a, b):
+    """A product batch (2 terms a gate) and a row-dot-product batch (2 c terms) in one proof."""
+    kop = p.new_op()
+    sent = p.add_zero_share(_local_mul(x, y), "mul")
+    got, _ = p.comm.exchange(to_prev=[sent], from_next=True)
+    products = dzkp.mul_claims(p, x, y, sent, got[0], "mul", kop)
+    kop2 = p.new_op()
+    full = _local_mul(a, b)                     # (rows, cols): each row's sum is one gate
+    masks = [p.prg.ring(s, kop2, "dot", full.shape) for s in ("next", "prev")]
+    sent2 = (full + masks[0] - masks[1]).sum(axis=1)
+    got2, _ = p.comm.exchange(to_prev=[sent2], from_next=True)
+    # the dot claims need per-element messages: spread each row's sum onto its first column
+    spread = lambda v: np.concatenate([v[:, None], np.zeros((v.size, a.shape[1] - 1),
+                                                          np.uint64)], axis=1)
+    dots = _dot_claims(p, a, b, spread(sent2), spread(got2[0]), "dot", kop2)
+    before = p.stats.snapshot()
+    dzkp.verify_claims(p, *([pc, dc] for pc, dc in zip(products, dots)))
+    return p.stats - before
+
+
+def test_batches_of_different_widths_join_one_proof():
+    """Gates of 2 and of 10 terms, chunked apart under one gate weight: honest at the
+    declared cost of both batches, and a wrong message in either is caught."""
+    x, y, xs, ys = _operands(300, seed=11)
+    rng = np.random.default_rng(12)
+    a, b = (rng.integers(0, M64, size=(80, 5), dtype=np.uint64) for _ in range(2))
+    da, db = deal(a, rng), deal(b, rng)
+    args = [(xs[i], ys[i], da[i], db[i]) for i in range(3)]
+    out = run_parties(_two_widths_then_verify, args)
+    rounds, sent = dzkp.cost_verify([300, 80], [2, 10])
+    assert all((s.rounds, s.bytes_sent) == (rounds, sent) for s in out)
+    assert dzkp.cost_verify([300, 0], [2, 10]) == dzkp.cost_verify(300, 2)
+    for cheater, op in ((0, 1), (1, 2), (2, 2)):
+        got = tamper.run(_two_widths_then_verify, args, make_parties(),
+                         tamper.Target(cheater, PREV, op=op), tamper.Deviation("add", error=1))
+        assert isinstance(got.error, dzkp.CheatingDetected), (cheater, op, got.error)
+        assert got.error.prover == cheater
