@@ -29,7 +29,8 @@ import numpy as np
 from . import dzkp
 from .freivalds import matmul_claims
 from .comm import ProtocolError
-from .shares import group_sizes, planes_to_bits
+from .claims import and_claims, injection_claims
+from .shares import group_sizes
 
 
 class Unverified(ProtocolError):
@@ -58,9 +59,11 @@ class Checks:
     def _sent(self, op: int, nbytes: int) -> None:
         self.sent[op] = self.sent.get(op, 0) + nbytes
 
-    def _cover(self, p, nbytes: int) -> None:
-        """The last round's message(s) of this party include ``nbytes`` a claim covers."""
-        self.covered[p.comm.op] = self.covered.get(p.comm.op, 0) + nbytes
+    def _cover(self, p, nbytes: int, back: int = 0) -> None:
+        """The message(s) of this party in the last round (``back`` rounds before it)
+        include ``nbytes`` a claim covers."""
+        op = p.comm.op - back
+        self.covered[op] = self.covered.get(op, 0) + nbytes
 
     # --------------------------------------------------------- what kernels register --
     def product(self, p, x, y, out, trunc, kop: int) -> None:
@@ -88,6 +91,21 @@ class Checks:
         self.claims.append(and_claims(p, x, y, out, tag, kop))
         self._cover(p, sum(x.planes * ((n + 7) // 8) for n in group_sizes(x.n)))
 
+    def injection(self, p, x, bit, st: list[dict], got2, other_form) -> None:
+        """Bit injection's two rounds (:func:`mpc3.kernels.convert.inject_steps`) for a bit
+        given as an RSS sharing and no run sums (``other_form`` false; the masked-bit and
+        run-sum forms are not covered yet): :func:`mpc3.claims.injection_claims`."""
+        if other_form:
+            return
+        for views in injection_claims(p, x, bit, st, got2).values():
+            self.claims.append(views)
+        per_row = int(np.prod(x.shape[1:], dtype=np.int64))
+        for s, ng in zip(st, group_sizes(x.shape[0])):
+            if s["role"] == 0:
+                self._cover(p, 3 * 8 * ng * per_row, back=1)     # m1, m2, s0
+            else:
+                self._cover(p, 8 * ng * per_row)                 # y
+
     def shared_input(self, x) -> None:
         """A sharing this party received from outside (the query user's input, the model
         owner's weights): its slot b is the next party's slot a, compared at the flush."""
@@ -105,6 +123,20 @@ class Checks:
             self._cover(p, x.b.nbytes)
 
     # ---------------------------------------------------------------------- flush -------
+    def batches(self) -> tuple[list, list, list]:
+        """The registered claims as one batch per width (terms a gate), in the three roles.
+        A kernel whose roles rotate over element groups gives the three provers batches
+        that differ by a few gates, and the proof's rounds follow its length: every batch
+        is padded with true zero gates to the longest of the three (all public sizes)."""
+        out = ([], [], [])
+        for m in sorted({c[0].u.shape[0] for c in self.claims}):
+            views = [_concat([c[j] for c in self.claims if c[0].u.shape[0] == m])
+                     for j in range(3)]
+            size = max(v.z.size for v in views)
+            for j, v in enumerate(views):
+                out[j].append(_pad(v, size))
+        return out
+
     def flush(self, p) -> None:
         """Verify everything registered since the last flush (see the module docstring)."""
         missing = [op for op, n in sorted(self.sent.items()) if self.covered.get(op, 0) < n]
@@ -118,40 +150,20 @@ class Checks:
         theirs = got[0].tobytes()
         opened_ok = theirs[:32] == self.received.digest()
         inputs_ok = theirs[32:] == self.input_mine.digest()
-        terms = sorted({c[0].u.shape[0] for c in self.claims})     # one batch per width
-        mine, left, right = ([_concat([c[j] for c in self.claims if c[0].u.shape[0] == m])
-                              for m in terms] for j in range(3))
+        mine, left, right = self.batches()
         mats = tuple([c for views in self.mats for c in views[j]] for j in range(3))
         dzkp.verify_claims(p, mine, left, right, self.params,
                            digests=(opened_ok, inputs_ok), mats=mats if self.mats else None)
         self._reset(p)
 
 
-_TOP = np.uint64(1 << 63)
-
-
-def _bits(planes: np.ndarray, n: int) -> np.ndarray:
-    """Grouped planes -> their P n bits as 0/1 words (a group's padding is never sent)."""
-    return planes_to_bits(planes, n).reshape(-1).astype(np.uint64)
-
-
-def and_claims(p, x, y, out, tag: str, kop: int) -> tuple[dzkp.Claim, dzkp.Claim, dzkp.Claim]:
-    """The three views of an AND layer's claim: :func:`mpc3.dzkp.mul_claims`'s replicated
-    product, read mod 2. XOR is addition mod 2, and ``2^63 a b = 2^63 (a b mod 2)`` in
-    Z_2^64, so with u and z multiplied by 2^63 (every bit lifted to a word) the Z_2^64 proof
-    checks the GF(2) gate ``z = x_a y_a ^ x_a y_b ^ x_b y_a ^ alpha`` with the same soundness
-    (an error 2^63 is caught by the Galois-ring proof like any other; tests/mpc3/test_galois.py)."""
-    n, shape = x.n, x.a.shape
-    xa, xb, ya, yb, sent, got = (_bits(t, n) for t in (x.a, x.b, y.a, y.b, out.a, out.b))
-    f_next, f_prev = (_bits(p.prg.bytes(stream, kop, tag, 8 * shape[0] * shape[1])
-                            .view(np.uint64).reshape(shape), n) for stream in ("next", "prev"))
-    zero = np.zeros_like(xa)
-    mine = dzkp.Claim(_TOP * np.stack([xa, xb]), np.stack([yb, ya]),
-                      _TOP * (sent + xa * ya + f_next + f_prev))
-    as_left = dzkp.Claim(_TOP * np.stack([xb, zero]), np.stack([zero, yb]),
-                         _TOP * (got + xb * yb + f_next))
-    as_right = dzkp.Claim(_TOP * np.stack([zero, xa]), np.stack([ya, zero]), _TOP * f_prev)
-    return mine, as_left, as_right
+def _pad(c: dzkp.Claim, size: int) -> dzkp.Claim:
+    extra = size - c.z.size
+    if not extra:
+        return c
+    wide = np.zeros((c.u.shape[0], extra), dtype=np.uint64)
+    return dzkp.Claim(np.concatenate([c.u, wide], axis=1), np.concatenate([c.v, wide], axis=1),
+                      np.concatenate([c.z, np.zeros(extra, dtype=np.uint64)]))
 
 
 def _concat(claims: list[dzkp.Claim]) -> dzkp.Claim:

@@ -193,6 +193,7 @@ def inject_steps(p: Party, x: AShare, bit, from_masked: bool, seg: int = 0):
             # A = x_g + x_{g+1}: m1 = A - 2 u A - rho1, m2 = u - rho2, s0 = u A - kappa
             m1, m2, s0 = fused.inject_single(x.a[sl], x.b[sl], u, s["kappa"], rho1, rho2)
             s["s0"] = fold(s0)
+            s.update(m1=m1, m2=m2, rho1=rho1, rho2=rho2)
             r1.send(NEXT, m1, m2)                                   # to role 1
             r1.send(PREV, s["s0"])                                  # to role 2
         else:
@@ -234,15 +235,20 @@ def inject_steps(p: Party, x: AShare, bit, from_masked: bool, seg: int = 0):
             V, u = got[(PREV, g)]
             kappa = p.rand_with(1, 0, shp, f"k{g}")
             y, s1, s2 = fused.inject_pair(B, beta, V, u, tau1, tau2, kappa, True, dst)
+            s.update(m1=V, m2=u, kappa=kappa)
         else:
             rho1, rho2 = p.rand_with_many(2, 0, [(f"r1{g}", shp), (f"r2{g}", shp)])
             s0 = got[(NEXT, g)][0]
             y, s0y, s2 = fused.inject_pair(B, beta, rho1, rho2, tau2, tau1,
                                            np.zeros_like(B) if seg else s0, False, dst)
+            s.update(s0=s0, rho1=rho1, rho2=rho2)
+        s.update(y=y, tau1=tau1, tau2=tau2)
         if seg:                                 # this party's slots' run sums, added below
             s["ab"] = (fold(s1), fold(s2)) if role == 1 else (fold(s2), fold(s0y) + s0)
         r2.send(PREV if role == 1 else NEXT, fold(y))
     got2 = yield r2
+    if p.checks is not None:                # malicious mode: the messages' claims
+        p.checks.injection(p, x, bit, st, got2, from_masked or seg)
 
     for g, (sl, s) in enumerate(zip(group_bounds(n), st)):
         if not seg:                             # the pair's slots: written by inject_pair

@@ -1,15 +1,17 @@
 """Malicious-mode bookkeeping (mpc3.checks): verified kernels register their messages, a
 flush proves them; any deviation of one party in a product or an opening aborts every party,
 and a kernel without verification is refused instead of run unchecked."""
+from itertools import combinations
+
 import numpy as np
 import pytest
 
 from mpc3 import dzkp, ring, tamper
 from mpc3.checks import Checks, Unverified
 from mpc3.comm import ProtocolError
-from mpc3.kernels import arith, boolean
+from mpc3.kernels import arith, boolean, convert
 from mpc3.kernels.base import run_steps
-from mpc3.shares import BShare, bits_to_planes, planes_to_bits
+from mpc3.shares import BShare, bits_to_planes, group_sizes, planes_to_bits
 from mpc3.sharing import deal
 from mpc3.sim import make_parties, run_parties
 
@@ -238,3 +240,50 @@ def test_a_round_shared_with_an_unverified_kernel_is_refused():
         p.checks.flush(p)
     with pytest.raises(Unverified, match="no verification yet"):
         run_parties(job, args)
+
+
+def _inject_job(p, bit, x, y):
+    p.checks = Checks(p)
+    sel = convert.select_ab(p, bit, x, y)
+    as_int = convert.b2a(p, bit)
+    opened = arith.open_a(p, sel), arith.open_a(p, as_int)
+    before = p.stats.snapshot()
+    p.checks.flush(p)
+    return opened, p.stats - before
+
+
+@pytest.mark.parametrize("n,cols,kind", [(100, 1, "add"), (31, 3, "flip")])
+def test_bit_injection_select_and_b2a_are_verified(n, cols, kind):
+    """select_ab (a row's bit over ``cols`` values) and b2a: every term of the single's
+    three messages is a product of values its two neighbours hold, the pair's replies two
+    such products each. Honest: the semi-honest outputs at the declared cost; any change of
+    any of the five messages of either injection is caught and names its sender among the
+    suspects."""
+    bits, args = _bit_operands(n, 1, seed=n)
+    rng = np.random.default_rng(n + 1)
+    shape = (n, cols) if cols > 1 else (n,)
+    x, y = (rng.integers(0, M64, size=shape, dtype=np.uint64) for _ in range(2))
+    dx, dy = deal(x, rng), deal(y, rng)
+    args = [(args[i][0], dx[i], dy[i]) for i in range(3)]
+    clean = tamper.run(_inject_job, args, make_parties())
+    (sel, as_int), spent = clean.results[0]
+    b = bits[0][0].astype(np.uint64)
+    assert np.array_equal(sel, np.where((b[:, None] if cols > 1 else b) == 1, y, x))
+    assert np.array_equal(as_int, b)
+    # a party's batch per injection of N elements: its single's group (widths 1 and 4:
+    # m2; s0 and m1) and the two groups it pairs in (width 2), padded to the longest party's
+    big = max(group_sizes(n))
+    per = sum(N * big for N in (cols, 1))                # select's, b2a's largest group
+    pair = sum(N * max(a + b for a, b in combinations(group_sizes(n), 2)) for N in (cols, 1))
+    rounds, sent = dzkp.cost_verify([per, pair, 2 * per], [1, 2, 4])
+    assert all((s.rounds, s.bytes_sent) == (rounds + 1, sent + 64) for _, s in clean.results)
+    injection_ops = {s.op for s in clean.sent if s.op <= 4}
+    assert injection_ops == {1, 2, 3, 4}                 # two rounds per injection
+    for s in [s for s in clean.sent if s.op <= 4]:
+        got = tamper.run(_inject_job, args, make_parties(),
+                         tamper.Target(s.party, s.direction, op=s.op),
+                         tamper.Deviation(kind, error=1 << 40, seed=s.op))
+        assert isinstance(got.error, dzkp.CheatingDetected), (s, got.error)
+        # the single's messages to role 1 also enter role 1's own claim, so a wrong one
+        # fails two proofs: the error names the pair (sender and its receiver)
+        assert s.party in (got.error.prover, got.error.reporter), (s, got.error)
