@@ -29,7 +29,9 @@ import numpy as np
 from . import dzkp
 from .freivalds import matmul_claims
 from .comm import ProtocolError
-from .claims import and_claims, injection_claims
+from .claims import and_claims, injection_claims, trunc_claims, trunc_witness
+from .kernels.base import width_bytes
+from .kernels.truncation import _default_segments
 from .shares import group_sizes
 
 
@@ -50,6 +52,7 @@ class Checks:
         self.covered: dict[int, int] = {}           # op -> bytes of them a claim covers
         self.claims: list[tuple[dzkp.Claim, dzkp.Claim, dzkp.Claim]] = []
         self.mats: list[tuple[list, list, list]] = []
+        self.truncs: list[dict] = []
         self.received = hashlib.blake2b(digest_size=32, person=b"mpc3-open-recv")
         self.for_next = hashlib.blake2b(digest_size=32, person=b"mpc3-open-recv")
         #: both digests are of the same values when everyone is honest (one personalisation)
@@ -106,6 +109,24 @@ class Checks:
             else:
                 self._cover(p, 8 * ng * per_row)                 # y
 
+    def truncation(self, p, x, per, state: list[dict], got2, plain_form: bool) -> None:
+        """A truncation's messages (:func:`mpc3.kernels.truncation.trunc_steps`); covered
+        for a replicated input without multipliers (``plain_form``: trunc_a; the fused,
+        split and scaled forms are not yet): :func:`mpc3.claims.trunc_claims`, whose
+        witness goes out at the flush."""
+        if not plain_form:
+            return
+        self.truncs.append({"x": x, "per": per, "state": state, "got2": got2, "kop": p.kop,
+                            "groups": [sl for sl, _, _ in _default_segments(x.a.size, False)]})
+        exact = got2 is not None
+        for st, (_, _, _, plan) in zip(state, per):
+            ng = st["n"]
+            wb = width_bytes(plan, ng) if exact else 0
+            if st["role"] == 0:
+                self._cover(p, 8 * ng + wb, back=int(exact))      # Uk (and t)
+            elif exact:
+                self._cover(p, wb)                                # x1 / x2
+
     def shared_input(self, x) -> None:
         """A sharing this party received from outside (the query user's input, the model
         owner's weights): its slot b is the next party's slot a, compared at the flush."""
@@ -146,8 +167,12 @@ class Checks:
                              f"verification yet; the job is refused (docs/MALICIOUS.md lists "
                              f"what is covered)")
         digests = np.frombuffer(self.for_next.digest() + self.input_next.digest(), np.uint8)
-        _, got = p.comm.exchange(to_next=[digests], from_prev=True)
+        witness = [trunc_witness(p, rec) for rec in self.truncs]
+        _, got = p.comm.exchange(to_next=[digests, *witness], from_prev=True)
         theirs = got[0].tobytes()
+        for rec, wit in zip(self.truncs, got[1:]):
+            for views in trunc_claims(p, rec, wit).values():
+                self.claims.append(views)
         opened_ok = theirs[:32] == self.received.digest()
         inputs_ok = theirs[32:] == self.input_mine.digest()
         mine, left, right = self.batches()

@@ -14,7 +14,9 @@ from __future__ import annotations
 import numpy as np
 
 from .dzkp import Claim
-from .shares import group_sizes, planes_to_bits, words
+from .kernels.base import unpack_by_width
+from .shares import planes_to_bits
+from .shares import group_sizes, words
 
 _TOP = np.uint64(1 << 63)
 _TWO = np.uint64(2)
@@ -142,3 +144,109 @@ def _concat(claims: list[Claim]) -> Claim:
     return Claim(np.concatenate([c.u for c in claims], axis=1),
                  np.concatenate([c.v for c in claims], axis=1),
                  np.concatenate([c.z for c in claims]))
+
+
+# ------------------------------------------------------------------- truncation -------
+_J = np.arange(64, dtype=np.uint64)[:, None]
+_ONE = np.uint64(1)
+
+
+def _bit_rows(words: np.ndarray) -> np.ndarray:
+    """(N,) words -> (64, N) their bits as 0/1 words (row j: bit j)."""
+    return (words[None, :] >> _J) & _ONE
+
+
+def _shift_rows(sh, n: int) -> np.ndarray:
+    """(64, n) coefficients c_j with sum_j c_j a_j = (A >>a f) for A's bits a_j:
+    2^(j-f) for f <= j < 63, -2^(63-f) for j = 63, 0 below f (f per element or one)."""
+    f = np.broadcast_to(np.asarray(sh, dtype=np.int64), (n,))
+    e = np.arange(64)[:, None] - f[None, :]
+    c = np.where(e >= 0, np.left_shift(_ONE, np.maximum(e, 0).astype(np.uint64)),
+                 np.uint64(0)).astype(np.uint64)
+    c[63] = np.uint64(0) - np.left_shift(_ONE, (63 - f).astype(np.uint64))
+    return c
+
+
+def trunc_witness(p, rec: dict) -> np.ndarray:
+    """The single's witness of a truncation (:func:`trunc_claims`): for the group where
+    this party is role 0, the bits of its ``A = x_g + x_{g+1}`` XOR a pad from the key it
+    shares with V_L (role 2), one word per element, for V_R (role 1)."""
+    out = []
+    for g, (sl, st) in enumerate(zip(rec["groups"], rec["state"])):
+        if st["role"] == 0:
+            x = rec["x"]
+            pad = p.prg.ring("prev", rec["kop"], f"wit{g}", (st["n"],))
+            out.append((x.a[sl] + x.b[sl]) ^ pad)
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.uint64)
+
+
+def trunc_claims(p, rec: dict, witness: np.ndarray) -> dict[int, tuple[Claim, Claim, Claim]]:
+    """The claims of :func:`mpc3.kernels.truncation.trunc_a`'s messages (replicated input,
+    no multiplier): gates by width -> (own, as V_L of next, as V_R of prev).
+
+    The single (role 0) knows ``A = x_g + x_{g+1}`` alone and sends ``Uk = (A >>a f) -
+    kappa`` (and, exact mode, ``t = (a_63 - rho) mod 2^f``) - not products of what its
+    neighbours hold. Its witness, A's 64 bits a_j = K_j ^ M_j with K a pad V_L (role 2)
+    draws from their key and M sent to V_R (role 1) at the flush (:func:`trunc_witness`),
+    makes them linear in the bits, whose arithmetic values ``K_j + M_j - 2 K_j M_j`` are
+    one product each (K, M are bits by construction):
+
+    * A:    sum_j (2^(j+1) K_j) M_j = (K - x_g) + (M - x_{g+1})
+    * Uk:   sum_j (2 c_j K_j) M_j = (sum c_j K_j - Uk) + (sum c_j M_j - kappa), c_j of
+      :func:`_shift_rows` - with A's 64 bits pinned, Uk is pinned mod 2^64
+    * t:    (2^(65-f) K_63) M_63 = 2^(64-f) (K_63 - t) + 2^(64-f) (M_63 - rho)
+
+    and the pair's exact-mode replies are one product each, mod 2^f (times 2^(64-f)):
+    ``x1 = b_t rho + nu1`` (role 1: rho from role 0, b_t from role 2) and ``x2 = b_t t +
+    nu2`` (role 2: b_t from role 1, t from role 0).
+    """
+    views: dict[int, tuple[list, list, list]] = {64: ([], [], []), 1: ([], [], [])}
+    x, kop, exact = rec["x"], rec["kop"], rec["got2"] is not None
+    for g, (sl, st, per) in enumerate(zip(rec["groups"], rec["state"], rec["per"])):
+        role, ng = st["role"], st["n"]
+        sh, up = per[0], per[1]
+        top = np.left_shift(_ONE, np.broadcast_to(np.asarray(up, np.uint64), (ng,)))
+        pos = role % 3                                           # prover: role 0
+        K = M = None
+        if pos in (0, 2):
+            K = p.prg.ring("prev" if pos == 0 else "next", kop, f"wit{g}", (ng,))
+        if pos == 0:
+            M = (x.a[sl] + x.b[sl]) ^ K
+        elif pos == 1:                       # a witness of the wrong length fails the proof
+            M = witness if witness.size == ng else np.zeros(ng, dtype=np.uint64)
+        xg = x.a[sl] if role == 0 else x.b[sl]               # slot g (V_L's) - role 2's b
+        xh = x.b[sl] if role == 0 else x.a[sl]               # slot g+1 (V_R's) - role 1's a
+        c = _shift_rows(sh, ng)
+        two_j = np.left_shift(_ONE, _J + _ONE)
+
+        def u64():
+            Kb = _bit_rows(K)
+            return np.concatenate([two_j * Kb, (c * Kb) * np.uint64(2)], axis=1)
+
+        def v64():
+            Mb = _bit_rows(M)
+            return np.concatenate([Mb, Mb], axis=1)
+        views[64][_slot(pos)].append(_view(
+            pos, u64, v64,
+            lambda: np.concatenate([K - xg, (c * _bit_rows(K)).sum(axis=0) - st["Uk"]]),
+            lambda: np.concatenate([M - xh, (c * _bit_rows(M)).sum(axis=0) - st["kappa"]])))
+        if not exact:
+            continue
+        t = st["t"] if role == 0 else st.get("at_rho")
+        views[1][_slot(pos)].append(_view(
+            pos, lambda: (top * np.uint64(2) * (K >> np.uint64(63)))[None],
+            lambda: (M >> np.uint64(63))[None],
+            lambda: top * ((K >> np.uint64(63)) - t), lambda: top * ((M >> np.uint64(63)) - st["rho"])))
+        got2 = rec["got2"]
+        bt = st["bt"].astype(np.uint64) if role else None
+        x1 = unpack_by_width(got2[(1, g)][0], per[3], ng) if role == 0 else st.get("x")
+        x2 = unpack_by_width(got2[(-1, g)][0], per[3], ng) if role == 0 else st.get("x")
+        pos = (role - 1) % 3                                     # prover: role 1
+        views[1][_slot(pos)].append(_view(
+            pos, lambda: (top * st["rho"])[None], lambda: bt[None],
+            lambda: top * x1, lambda: np.uint64(0) - top * st["nu"][0]))
+        pos = (role - 2) % 3                                     # prover: role 2
+        views[1][_slot(pos)].append(_view(
+            pos, lambda: (top * bt)[None], lambda: t[None],
+            lambda: np.uint64(0) - top * st["nu"][1], lambda: top * x2))
+    return {w: tuple(_concat(v) for v in vs) for w, vs in views.items() if vs[0] or vs[1]}

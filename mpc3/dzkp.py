@@ -72,15 +72,22 @@ class Claim:
 
 
 class CheatingDetected(ProtocolError):
-    """A proof was rejected: the prover deviated, or the reporting verifier lies."""
+    """A proof was rejected: the prover deviated, or a verifier fed the check wrong values
+    (a message it sent the prover that a claim reads on both sides, or its shares of the
+    check) or reports falsely. ``rejected``: every party whose proof some party rejected."""
 
     def __init__(self, prover: int, reporter: int, detail: str,
-                 message: str | None = None) -> None:
+                 message: str | None = None, rejected: frozenset = frozenset()) -> None:
+        others = sorted(set(rejected) - {prover})
+        also = f"; the proof(s) of part{'ies' if len(others) > 1 else 'y'} " \
+            f"{', '.join(map(str, others))} failed too" if others else ""
         super().__init__(message or (
             f"the proof of party {prover}'s messages was rejected by party {reporter} "
-            f"({detail}): party {prover} deviated from the protocol, or party {reporter} "
-            f"reports falsely; the job is aborted"))
+            f"({detail}): party {prover} deviated from the protocol, or one of its two "
+            f"verifiers fed the check wrong values or reports falsely{also}; the job is "
+            f"aborted"))
         self.prover, self.reporter = prover, reporter
+        self.rejected = frozenset(rejected) | {prover}
 
 
 # ------------------------------------------------------------------ public costs ------
@@ -362,12 +369,16 @@ def _verdicts(p: Party, verdict: np.ndarray) -> None:
     from_next, from_prev = p.comm.exchange(to_prev=[verdict], to_next=[verdict],
                                            from_next=True, from_prev=True)
     reports = {p.rank: verdict, p.comm.peer(1): from_next[0], p.comm.peer(-1): from_prev[0]}
-    for reporter, verdicts in sorted(reports.items()):
-        ok = (verdicts == 1).tolist() if verdicts.shape == (4,) else [0, 0, 0, 0]
+    oks = {r: (v == 1).tolist() if v.shape == (4,) else [0, 0, 0, 0] for r, v in reports.items()}
+    rejected = frozenset(((r + 1) % 3 if j == 0 else (r - 1) % 3)
+                         for r, ok in oks.items() for j in (0, 1) if not ok[j])
+    for reporter, ok in sorted(oks.items()):
         if not ok[0]:
-            raise CheatingDetected((reporter + 1) % 3, reporter, "checks did not open to zero")
+            raise CheatingDetected((reporter + 1) % 3, reporter, "checks did not open to zero",
+                                   rejected=rejected)
         if not ok[1]:
-            raise CheatingDetected((reporter - 1) % 3, reporter, "checks did not open to zero")
+            raise CheatingDetected((reporter - 1) % 3, reporter, "checks did not open to zero",
+                                   rejected=rejected)
         if not ok[2]:
             raise CheatingDetected(
                 (reporter + 1) % 3, reporter, "opening", message=(

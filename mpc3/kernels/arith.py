@@ -25,7 +25,7 @@ from ..party import Party, profiled
 from ..shares import AShare, SignedSplit, SplitShare
 from . import leaves, thresholds
 from .base import Cost, Round, group_bounds, run_steps
-from .truncation import (OFFSET_BITS, Scaled, cost_trunc_shifts, trunc_split,
+from .truncation import (OFFSET_BITS, Scaled, cost_trunc_shifts, trunc_a, trunc_split,
                          trunc_steps)
 
 
@@ -209,6 +209,8 @@ def mul_aa(p: Party, x: AShare, y: AShare, trunc: bool | int = True,
         raise ValueError(f"mul_aa: shapes differ {x.shape} vs {y.shape}")
     if p.shadow is not None:
         return p.shadow.mul_aa(x, y, trunc, site)
+    if p.checks is not None and trunc is not False:
+        return _checked_trunc(p, mul_aa(p, x, y, False, site), trunc)
     kop = p.new_op()
     out = _finish(p, _local_mul(x, y), trunc)
     if p.checks is not None:                 # malicious mode: the message's claim
@@ -227,11 +229,27 @@ def matmul_aa(p: Party, x: AShare, y: AShare, trunc: bool | int = True,
         raise ValueError(f"matmul_aa: inner dimensions differ {x.shape} @ {y.shape}")
     if p.shadow is not None:
         return p.shadow.matmul_aa(x, y, trunc, site)
+    if p.checks is not None and trunc is not False:
+        return _checked_trunc(p, matmul_aa(p, x, y, False, site), trunc)
     kop = p.new_op()
     out = _finish(p, _local_matmul(x, y, p.rank), trunc)
     if p.checks is not None:                 # malicious mode: the message's claim
         p.checks.matmul(p, x, y, out, trunc, kop)
     return out
+
+
+def _checked_trunc(p: Party, z: AShare, trunc) -> AShare:
+    """Malicious mode: a truncating product is its plain product, then the truncation of
+    the replicated result (both verified, :mod:`mpc3.checks`) - one round and the single's
+    8 bytes an element more than the fused form, whose truncation of a 3-out-of-3 sum has
+    no claim yet. Scaled truncations run unverified and are refused at the flush."""
+    if isinstance(trunc, Scaled):
+        flat = AShare(z.a.reshape(-1), z.b.reshape(-1))
+        mult = np.broadcast_to(trunc.mult, z.shape).reshape(-1)
+        p.new_op()
+        return trunc_split(p, flat, trunc.shift, from_rss=True, mult=mult).reshape(z.shape)
+    bits = p.cfg.frac if trunc is True else trunc
+    return trunc_a(p, z, bits if np.ndim(bits) == 0 else np.broadcast_to(bits, z.shape))
 
 
 def _item_product(x: AShare, y: AShare, kind: str, keep, rank: int):

@@ -209,7 +209,7 @@ def trunc_steps(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None = 
     p.new_op()
     exact = p.cfg.trunc == "exact"
     n = src.a.size if from_rss else src.size
-    segments = segments or _default_segments(n, split)
+    given, segments = segments, segments or _default_segments(n, split)
     groups = [sl for sl, _, _ in segments]
     if np.ndim(bits) != 0:
         bits = np.broadcast_to(np.asarray(bits, dtype=np.int64), (n,))
@@ -237,6 +237,7 @@ def trunc_steps(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None = 
             # A = z (or x_g + x_{g+1}); Uk = (A >>a f) - kappa; t = (a_t - rho) mod 2^f
             a_src, b_src = (src.a[sl], src.b[sl]) if from_rss else (src[sl], None)
             st["Uk"], t = fused.single_split(a_src, b_src, st["kappa"], rho, sh, low, mults[g])
+            st["rho"], st["t"] = rho, t
             msg = [] if split else [st["Uk"]]
             if exact:
                 msg.append(pack_by_width(t, plan))
@@ -275,6 +276,7 @@ def trunc_steps(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None = 
             split = st["split"]
             msg = got[(NEXT, g)] if (exact or not split) else ()
             st["s0"] = np.uint64(0) if split else msg[0]      # split: a slot nobody reads
+            st["Uk"] = st["s0"]
             if exact:
                 st["at_rho"] = unpack_by_width(msg[-1], plan, st["n"])
 
@@ -287,17 +289,20 @@ def trunc_steps(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None = 
                 r2.recv(NEXT, g, 1)
                 r2.recv(PREV, g, 1)
                 continue
-            nu1, nu2 = p.rand_with_many(role, 3 - role, [(f"nu1{g}", ng), (f"nu2{g}", ng)])
+            nu1, nu2 = st["nu"] = p.rand_with_many(role, 3 - role,
+                                                   [(f"nu1{g}", ng), (f"nu2{g}", ng)])
             # W -= (nu1 + nu2) << (64 - f); x = (b_t * r + nu_own) & (2^f - 1)
             if role == 1:
                 st["kappa"], rho = p.rand_with_many(1, 0, [(f"kappa{g}", ng), (f"rho{g}", ng)])
                 x1, st["x1"] = fused.pair_round2(st["W"], st["bt"], rho, nu1, nu2, low, up,
                                                  mults[g])
+                st["rho"], st["x"] = rho, x1
                 r2.send(PREV, pack_by_width(x1, plan))
             else:
                 x2, x2s = fused.pair_round2(st["W"], st["bt"], st["at_rho"], nu2, nu1, low, up,
                                             mults[g])
                 st["s0"] = st["s0"] + x2s
+                st["x"] = x2
                 r2.send(NEXT, pack_by_width(x2, plan))
         got2 = yield r2
 
@@ -313,13 +318,18 @@ def trunc_steps(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None = 
             else:
                 a_out[sl], b_out[sl] = st["Uk"], st["kappa"]
         elif role == 1:                     # b_out[sl] is W already
-            kappa = st["kappa"] if exact else p.rand_with(1, 0, st["n"], f"kappa{g}")
+            kappa = st["kappa"] = st["kappa"] if exact else \
+                p.rand_with(1, 0, st["n"], f"kappa{g}")
             if exact:
                 np.add(kappa, st["x1"], out=a_out[sl])
             else:
                 a_out[sl] = kappa
         else:                               # a_out[sl] is W already
             b_out[sl] = st["s0"]
+    if p.checks is not None:                # malicious mode: the messages' claims
+        p.checks.truncation(p, src, per, state, got2 if exact else None, plain_form=(
+            from_rss and mult is None and plain is None and pair_sum is None
+            and not any(sp for _, _, sp in segments) and given is None))
     if plain is not None:
         return AShare(a_out, b_out), AShare(plain, got[(NEXT, -1)][0])
     return SplitShare(a_out, b_out) if all(sp for _, _, sp in segments) else \
