@@ -5,7 +5,11 @@ The job runner (:mod:`net.party.runner`) calls these around :func:`protocols.job
 * :func:`begin` at job start: the job's Party gets a :class:`mpc3.checks.Checks`, and every
   sharing the job received from outside - the query user's input shares and the model
   owner's weight shares as loaded for the job - goes through ``Checks.shared_input``, so
-  the two holders of each slot compare them at the first flush. It returns the job's cost
+  the two holders of each slot compare them at the first flush. A weight goes as the
+  digests of its two slots (:func:`slot_digest`), computed once per loaded array rather
+  than per job (a GPT-2-small model is 2 GB of slots; this machine hashes 120-230 MB/s):
+  both holders of a slot digest the same bytes, so the comparison is the same. It returns
+  the job's cost
   recorder, a :class:`FlushingCosts`: the protocols mark every layer's end on it
   (``on_layer``), and it flushes there (:data:`MAX_FLUSHES` per job at most).
 * :func:`finish` after the job's last message and before its outputs are kept: the last
@@ -26,6 +30,13 @@ keeps a job at <= 2^9 proofs, below 2^-40 (docs/MALICIOUS.md). A job with more l
 that flushes at the first ones and once at its end, which covers the rest.
 """
 from __future__ import annotations
+
+import hashlib
+import threading
+import weakref
+from typing import NamedTuple
+
+import numpy as np
 
 from mpc3.checks import Checks, Unverified
 from mpc3.dzkp import CheatingDetected
@@ -58,6 +69,38 @@ class FlushingCosts(CostRecorder):
         super().mark(layer)
 
 
+class Slots(NamedTuple):
+    """What ``Checks.shared_input`` reads of a sharing: its two slots (here, digests)."""
+
+    a: np.ndarray
+    b: np.ndarray
+
+
+_digests: dict[int, tuple[weakref.ref, np.ndarray]] = {}
+_digests_lock = threading.Lock()
+
+
+def slot_digest(arr: np.ndarray) -> np.ndarray:
+    """32 bytes naming ``arr``'s dtype, shape and contents, cached while ``arr`` lives: a
+    stored model's arrays are loaded once and never written (jobs compute new arrays)."""
+    key = id(arr)
+    with _digests_lock:
+        hit = _digests.get(key)
+    if hit is not None and hit[0]() is arr:
+        return hit[1]
+    h = hashlib.blake2b(digest_size=32, person=b"mpc3-weight")
+    h.update(f"{arr.dtype.str}{arr.shape}".encode())
+    h.update(np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
+    digest = np.frombuffer(h.digest(), np.uint8)
+    try:
+        ref = weakref.ref(arr, lambda _, k=key: _digests.pop(k, None))
+    except TypeError:                  # not an ndarray: not cached
+        return digest
+    with _digests_lock:
+        _digests[key] = (ref, digest)
+    return digest
+
+
 def begin(party: Party, inputs: dict[str, AShare], model: ModelView | None) -> FlushingCosts:
     """Attach the checks to the job's ``party`` and register the sharings it received from
     outside (in name order, the same at every party); the job's cost recorder."""
@@ -66,7 +109,8 @@ def begin(party: Party, inputs: dict[str, AShare], model: ModelView | None) -> F
         party.checks.shared_input(inputs[name])
     shares = model.shares if model is not None else {}
     for name in sorted(shares):
-        party.checks.shared_input(shares[name])
+        x = shares[name]
+        party.checks.shared_input(Slots(slot_digest(x.a), slot_digest(x.b)))
     return FlushingCosts(party)
 
 

@@ -11,8 +11,10 @@ import pytest
 from mpc3 import tamper
 from mpc3.kernels import arith
 from mpc3.sharing import deal, reveal
+from mpc3.shares import AShare
 from net.errors import BadRequest, Code
 from net.party.inproc import InprocParties
+from net.party import malicious
 from net.party.malicious import MAX_FLUSHES, FlushingCosts
 from net.peer.linkbase import Link
 from net.peer.handshake import Handshake
@@ -131,6 +133,46 @@ def test_an_unverified_operation_is_refused_at_every_party_then_the_next_job_run
                                   "mode:") and "no verification yet" in j.error, j.error
     again, err = _run(ip, x)
     assert err is None and np.array_equal(reveal([j.outputs["Y"] for j in again]), x @ w)
+
+
+@pytest.mark.parametrize("what", ["weights", "input"])
+def test_an_inconsistent_sharing_aborts_at_every_party(what):
+    """Party 1's copy of slot 2 (party 2's ``a``) differs by one: as if the model owner or
+    the query user dealt inconsistent shares, or party 1 altered its copy. A weight the job
+    never uses is caught by the input digests alone; the input X also changes party 1's
+    product, whose proof fails first."""
+    x = _x(10)
+    ip, w = _cluster("malicious", seed=11)
+    xs = deal(x, np.random.default_rng(12))
+    if what == "weights":
+        vs = deal(np.arange(5, dtype=np.uint64), np.random.default_rng(13))
+        for r, m in enumerate(ip.models):
+            v = vs[r] if r != 1 else AShare(vs[1].a, vs[1].b + np.uint64(1))
+            m.shares = {**m.shares, "V": v}
+    else:
+        bad = xs[1].b.copy()
+        bad[2, 5] += np.uint64(1)
+        xs[1] = AShare(xs[1].a, bad)
+    with pytest.raises(RuntimeError):
+        ip.run("covered", {}, [{"X": xs[r]} for r in range(3)])
+    jobs = [list(ip.runners[r].jobs.values())[-1] for r in range(3)]
+    for j in jobs:
+        assert j.state == S.FAILED and j.outputs is None
+        assert j.job_id in j.error and "suspect party 1" in j.error, j.error
+        if what == "weights":
+            assert "party 2's copy of an input slot differs from party 1's" in j.error, j.error
+
+
+def test_weight_digests_are_computed_once_per_loaded_array():
+    ip, w = _cluster("malicious", seed=13)
+    assert _run(ip, _x(14))[1] is None
+    W = [m.shares["W"] for m in ip.models]
+    first = [malicious.slot_digest(s) for x in W for s in (x.a, x.b)]
+    jobs, err = _run(ip, _x(15))
+    assert err is None
+    assert all(malicious.slot_digest(s) is d         # not hashed again by the job
+               for s, d in zip([s for x in W for s in (x.a, x.b)], first))
+    assert np.array_equal(reveal([j.outputs["Y"] for j in jobs]), _x(15) @ w)
 
 
 def test_semi_honest_runs_the_unverified_operation():
