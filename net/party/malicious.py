@@ -2,6 +2,11 @@
 
 The job runner (:mod:`net.party.runner`) calls these around :func:`protocols.jobs.execute`:
 
+* :func:`start` in every mode: the job's cost recorder - or :class:`ModeMismatch` if a
+  peer's hello named another mode since the job was admitted (submissions are refused
+  then already; this covers a link that came up in between), which fails the job there
+  before it sends anything, and its abort fails it at the peers;
+
 * :func:`begin` at job start: the job's Party gets a :class:`mpc3.checks.Checks`, and every
   sharing the job received from outside - the query user's input shares and the model
   owner's weight shares as loaded for the job - goes through ``Checks.shared_input``, so
@@ -39,6 +44,7 @@ from typing import NamedTuple
 import numpy as np
 
 from mpc3.checks import Checks, Unverified
+from mpc3.comm import ProtocolError
 from mpc3.dzkp import CheatingDetected
 from mpc3.party import Party
 from mpc3.shares import AShare
@@ -48,6 +54,10 @@ SEMI_HONEST = "semi-honest"
 MALICIOUS = "malicious"
 #: flushes per job at most (3 proofs each: 384 <= 2^9, see the module docstring)
 MAX_FLUSHES = 128
+
+
+class ModeMismatch(ProtocolError):
+    """The parties' [cluster] security modes differ: no job runs."""
 
 
 class FlushingCosts(CostRecorder):
@@ -112,6 +122,17 @@ def begin(party: Party, inputs: dict[str, AShare], model: ModelView | None) -> F
         x = shares[name]
         party.checks.shared_input(Slots(slot_digest(x.a), slot_digest(x.b)))
     return FlushingCosts(party)
+
+
+def start(party: Party, security: str, problem: str, inputs: dict[str, AShare],
+          model: ModelView | None) -> CostRecorder:
+    """The job's cost recorder: :func:`begin`'s in malicious mode, a plain one otherwise;
+    ``problem``: the modes' disagreement ('' if none), raised as :class:`ModeMismatch`."""
+    if problem:
+        raise ModeMismatch(problem)
+    if security == MALICIOUS:
+        return begin(party, inputs, model)
+    return CostRecorder(party)
 
 
 def finish(costs: FlushingCosts) -> None:

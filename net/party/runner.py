@@ -43,7 +43,6 @@ from net.errors import BadRequest, Code, check_id
 from net.limits import Limits, memory_refusal
 from net.proto import mpc3_pb2 as pb
 from protocols.jobs import (
-    CostRecorder,
     JobContext,
     JobRefused,
     JobRegistry,
@@ -358,8 +357,8 @@ class JobRunner:
                                       "user": job.owner, "kind": job.kind})
         state, error = S.DONE, ""
         try:
-            costs = (malicious.begin(party, job.inputs, job.model)
-                     if self.security == malicious.MALICIOUS else CostRecorder(party))
+            costs = malicious.start(party, self.security, self.mode_problem(), job.inputs,
+                                    job.model)
             outputs = execute(job.spec, JobContext(party, job.model, job.params, costs,
                                                    job.session), job.inputs)
             if party.checks is not None:

@@ -218,3 +218,17 @@ def test_modes_travel_in_the_hello_and_a_disagreement_refuses_jobs():
     with pytest.raises(BadRequest) as err:
         ip.runners[0].accept("covered", "j1", "u", ip.models[0], "inproc", {}, {"X": xs[0]})
     assert err.value.code == Code.FAILED_PRECONDITION and "every job is refused" in str(err.value)
+
+
+def test_a_disagreement_seen_only_once_the_job_starts_fails_it_everywhere():
+    """A peer's hello naming another mode that arrives between admission and start (its
+    link came up in between): the job fails at the party that sees it before it sends
+    anything, and its abort fails it at the others."""
+    ip, w = _cluster("malicious", seed=16)
+    seen = iter(["", "party 1 runs security = \"malicious\" but party 2 runs \"semi-honest\""])
+    ip.runners[1].mode_problem = lambda: next(seen)
+    jobs, err = _run(ip, _x(17))
+    assert err is not None
+    assert all(j.state == S.FAILED and j.outputs is None for j in jobs)
+    assert 'ModeMismatch: party 1 runs security = "malicious"' in jobs[1].error, jobs[1].error
+    assert jobs[1].party.comm.op == 0
