@@ -6,17 +6,16 @@ The job runner (:mod:`net.party.runner`) calls these around :func:`protocols.job
   peer's hello named another mode since the job was admitted (submissions are refused
   then already; this covers a link that came up in between), which fails the job there
   before it sends anything, and its abort fails it at the peers;
-
-* :func:`begin` at job start: the job's Party gets a :class:`mpc3.checks.Checks`, and every
-  sharing the job received from outside - the query user's input shares and the model
-  owner's weight shares as loaded for the job - goes through ``Checks.shared_input``, so
-  the two holders of each slot compare them at the first flush. A weight goes as the
-  digests of its two slots (:func:`slot_digest`), computed once per loaded array rather
-  than per job (a GPT-2-small model is 2 GB of slots; this machine hashes 120-230 MB/s):
-  both holders of a slot digest the same bytes, so the comparison is the same. It returns
-  the job's cost
-  recorder, a :class:`FlushingCosts`: the protocols mark every layer's end on it
-  (``on_layer``), and it flushes there (:data:`MAX_FLUSHES` per job at most).
+* :func:`begin` (through :func:`start`, in malicious mode): the job's Party gets a
+  :class:`mpc3.checks.Checks`, and every sharing the job received from outside - the query
+  user's input shares and the model owner's weight shares as loaded for the job - goes
+  through ``Checks.shared_input``, so the two holders of each slot compare them at the
+  first flush. A weight goes as the digests of its two slots (:func:`slot_digest`),
+  computed once per loaded array rather than per job (GPT-2-small's slots are 2 GB; this
+  machine hashes 120-260 MB/s): both holders of a slot digest the same bytes, so the
+  comparison is the same. It returns the job's cost recorder, a :class:`FlushingCosts`:
+  the protocols mark every layer's end on it (``on_layer``), and it flushes there
+  (:data:`MAX_FLUSHES` per job at most).
 * :func:`finish` after the job's last message and before its outputs are kept: the last
   flush. No output share leaves a party before it (clients fetch outputs only of a job
   that is DONE).
