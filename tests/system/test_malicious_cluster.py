@@ -5,7 +5,7 @@ yet (docs/MALICIOUS.md) - at all three parties, naming the job, with no output t
 the parties go on serving (the next job is refused the same way, promptly, and Status stays
 OK); a session's steps and close have no session to run in, since its opening is refused.
 A party restarted with another mode makes every party refuse submissions in one line
-naming both modes, and `mpc3 status` reports it, instead of running a half-verified job.
+naming both modes, and `mpc3 status` and `mpc3 doctor` report it, instead of running a half-verified job.
 """
 import subprocess
 import time
@@ -156,6 +156,9 @@ def test_a_party_in_another_mode_makes_every_party_refuse_jobs(cluster):
         assert r.returncode == 1 and "security=semi-honest" in r.stdout, r.stdout
         assert "PROBLEM: the parties disagree on security modes" in r.stdout, r.stdout
         assert 'party 0 runs security = "malicious" but party 2 runs "semi-honest"' in r.stdout
+        r = mpc3_cli("doctor", "--config", cluster.path, "--no-job")
+        assert r.returncode != 0 and "the parties disagree on security modes" in \
+            r.stdout + r.stderr, r.stdout + r.stderr
         with cluster.user() as u:
             with pytest.raises(ClusterError) as err:
                 u.submit("clf", "classify", {"X": np.zeros((1, 3, 16))})
