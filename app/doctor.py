@@ -78,8 +78,11 @@ def check_parties(cfg: ClusterConfig, cl, report: Report, max_skew: float = MAX_
             f"{skew:+.3f} s (+-{rtt:.3f}), up {st.uptime_s:.0f} s, {st.models} models, "
             f"{st.jobs_running} running / {st.jobs_queued} queued, limits running_jobs="
             f"{limits.get('running_jobs')} user_jobs={limits.get('user_jobs')} "
-            f"queued_jobs={limits.get('queued_jobs')}, {'mTLS' if st.tls else 'PLAINTEXT'}"
+            f"queued_jobs={limits.get('queued_jobs')}, {'mTLS' if st.tls else 'PLAINTEXT'}, "
+            f"security {st.security or 'semi-honest'}"
             + (", DIAGNOSTIC JOB KINDS" if st.diagnostic else ""))
+        if st.security_problem:
+            report.problems.append(st.security_problem)
         if not st.kernels_ready:
             report.problems.append(f"party {n}: secure kernels not ready (an older party "
                                    "version, or a process that skipped prepare_kernels)")
@@ -95,7 +98,8 @@ def check_parties(cfg: ClusterConfig, cl, report: Report, max_skew: float = MAX_
                                    "kinds): never share real models with it")
     for what, get in (("versions", lambda s: s.version), ("limits", lambda s: s.limits_json),
                       ("job kinds", lambda s: tuple(s.job_kinds)),
-                      ("TLS settings", lambda s: s.tls)):
+                      ("TLS settings", lambda s: s.tls),
+                      ("security modes", lambda s: s.security or "semi-honest")):
         if len({get(s) for s in up.values()}) > 1:
             report.problems.append(f"the parties disagree on {what}: " + ", ".join(
                 f"party {n}: {get(s)}" for n, s in sorted(up.items())))

@@ -41,13 +41,14 @@ def write_config(d: Path, host: str = "127.0.0.1", base_port: int = 0,
                  peer_timeout: float = 30.0, insecure: bool = False,
                  limits: dict | None = None, new_ports: bool = False,
                  parties: list[dict] | None = None, job_timeout: float = 600.0,
-                 peer_transport: str = "tls") -> Path:
+                 peer_transport: str = "tls", security: str = "semi-honest") -> Path:
     """Certificates (unless insecure) and ``cluster.toml`` for three parties.
 
     ``parties``: the [[party]] tables to use (address, listen, dial...; cert, key and
     data_dir are filled in, peer_address too when missing: a free port); default: ``host``
     with ``base_port + n`` (peers ``base_port + 3 + n``) or the ports of an existing config in
-    ``d`` (unless ``new_ports``) or free ports.
+    ``d`` (unless ``new_ports``) or free ports. ``security``: [cluster] security (written
+    when not the default).
     """
     d.mkdir(parents=True, exist_ok=True)
     if not insecure and not (d / "certs" / "ca.key").exists():
@@ -69,6 +70,8 @@ def write_config(d: Path, host: str = "127.0.0.1", base_port: int = 0,
                        {"id": n, "address": f"{host}:{free_port(host)}"} for n in range(3)]
     cluster = {"peer_timeout_s": peer_timeout, "job_timeout_s": job_timeout, "frac": 18,
                "peer_transport": peer_transport}
+    if security != "semi-honest":
+        cluster["security"] = security
     if insecure:
         cluster[cconf.INSECURE_KEY] = True
     else:

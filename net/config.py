@@ -8,6 +8,7 @@ Example (see deploy/cluster.toml)::
     job_timeout_s = 600
     frac = 18                      # fixed-point fractional bits (ring Z_2^64)
     # peer_transport = "tls"       # party-to-party links: TLS sockets (default) or "grpc"
+    # security = "malicious"       # default "semi-honest"; the same at every party (below)
 
     [limits]                       # optional; every key of net.limits.Limits, e.g.
     running_jobs = 8               # jobs computing at once; more wait in party 0's queue
@@ -31,6 +32,11 @@ Example (see deploy/cluster.toml)::
     cert = "certs/owner.pem"
     key = "certs/owner.key"
 
+``security``: ``"semi-honest"`` (default) or ``"malicious"`` - every job verified before any
+output share leaves a party, or refused (:mod:`net.party.malicious`, docs/MALICIOUS.md). The
+parties tell each other their mode when their links come up (``Hello.security``) and refuse
+every job while any two disagree.
+
 Plaintext mode (no TLS, no authentication) exists only for local development, as
 ``insecure_plaintext_for_local_dev = true`` in ``[cluster]`` or the CLI flag
 ``--insecure-plaintext-for-local-dev``.
@@ -45,6 +51,7 @@ from .limits import Limits
 
 INSECURE_KEY = "insecure_plaintext_for_local_dev"
 PEER_TRANSPORTS = ("tls", "grpc")
+SECURITY_MODES = ("semi-honest", "malicious")
 REMOVED_KEYS = {
     "max_jobs": "use running_jobs in the [limits] table",
     "max_tensor_bytes": "use tensor_bytes in the [limits] table",
@@ -88,6 +95,7 @@ class ClusterConfig:
     clients: dict[str, ClientCreds] = field(default_factory=dict)
     insecure_plaintext_for_local_dev: bool = False
     peer_transport: str = "tls"
+    security: str = "semi-honest"
 
     def party(self, n: int) -> PartyConfig:
         if n not in (0, 1, 2):
@@ -196,6 +204,10 @@ def from_dict(raw: dict, base: Path, path: Path | None = None,
     if transport not in PEER_TRANSPORTS:
         raise ValueError(f"[cluster] peer_transport must be one of {', '.join(PEER_TRANSPORTS)}, "
                          f"got {transport!r}")
+    security = cl.get("security", "semi-honest")
+    if security not in SECURITY_MODES:
+        raise ValueError(f"[cluster] security must be \"semi-honest\" or \"malicious\", got "
+                         f"{security!r}")
     limits = raw.get("limits", {})
     if not isinstance(limits, dict):
         raise ValueError("[limits] must be a table")
@@ -208,7 +220,7 @@ def from_dict(raw: dict, base: Path, path: Path | None = None,
         limits=Limits.from_table(limits),
         clients=clients,
         insecure_plaintext_for_local_dev=insecure,
-        peer_transport=transport)
+        peer_transport=transport, security=security)
 
 
 def render(parties: list[dict], cluster: dict, clients: dict[str, dict],

@@ -77,6 +77,9 @@ def register(sub) -> None:
                     help="pick fresh ports even if DIR holds a config from an earlier run")
     up.add_argument("--peer-timeout", type=float, default=30.0,
                     help="seconds a party waits for a peer's message before failing the job")
+    up.add_argument("--security", choices=("semi-honest", "malicious"), default="semi-honest",
+                    help="[cluster] security written to DIR/cluster.toml (default semi-honest; "
+                    "malicious: every job verified or refused, docs/MALICIOUS.md)")
     up.add_argument("--wait", type=float, default=START_WAIT_S,
                     help=f"seconds to wait for the parties to link up (default "
                     f"{START_WAIT_S:.0f}: the first start compiles their kernels)")
@@ -150,7 +153,7 @@ def _cmd_party(args) -> int:
 def _cmd_up(args) -> int:
     cluster = LocalCluster(args.dir, insecure=args.insecure, host=args.host,
                            base_port=args.base_port, new_ports=args.new_ports,
-                           peer_timeout=args.peer_timeout)
+                           peer_timeout=args.peer_timeout, security=args.security)
     cluster.start(wait=args.wait)
     print(cluster.path)
     return 0
@@ -183,17 +186,20 @@ def _cmd_status(args) -> int:
             ok = len(links) == 2
             print(f"party {n} {addr}: {'OK' if ok else 'DEGRADED'} links={links} "
                   f"models={st.models} jobs_running={st.jobs_running} "
-                  f"jobs_queued={st.jobs_queued} {'mTLS' if st.tls else 'PLAINTEXT'}"
+                  f"jobs_queued={st.jobs_queued} {'mTLS' if st.tls else 'PLAINTEXT'} "
+                  f"security={st.security or 'semi-honest'}"
                   + (" DIAGNOSTIC-JOBS" if st.diagnostic else ""))
     problems = [f"party {n} is down" for n in range(3) if n not in replies]
     problems += [f"party {n} has links to {sorted(st.links_up)} only"
                  for n, st in replies.items() if len(st.links_up) != 2]
     for what, get in (("versions", lambda s: s.version), ("model counts", lambda s: s.models),
                       ("job kinds", lambda s: tuple(s.job_kinds)),
-                      ("TLS settings", lambda s: s.tls)):
+                      ("TLS settings", lambda s: s.tls),
+                      ("security modes", lambda s: s.security or "semi-honest")):
         if len({get(s) for s in replies.values()}) > 1:
             problems.append("the parties disagree on " + what + ": " + ", ".join(
                 f"party {n}: {get(s)}" for n, s in replies.items()))
+    problems += [st.security_problem for st in replies.values() if st.security_problem]
     for p in problems:
         print(f"PROBLEM: {p}")
     return 1 if problems else 0

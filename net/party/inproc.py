@@ -27,7 +27,9 @@ S = pb.JobStatusReply
 class InprocParties:
     def __init__(self, models: list[ModelView], registry: JobRegistry = PRODUCTION,
                  ring: RingConfig | None = None, timeout: float = 120.0,
-                 limits: Limits | None = None, job_timeout_s: float = 3600.0) -> None:
+                 limits: Limits | None = None, job_timeout_s: float = 3600.0,
+                 security: str = "semi-honest") -> None:
+        """``security``: every runner's mode (:mod:`net.party.malicious`)."""
         if len(models) != 3:
             raise ValueError("one ModelView per party")
         self.models = models
@@ -39,7 +41,7 @@ class InprocParties:
         self.upload_id = "inproc"
         self.runners = [JobRunner(r, registry, self.limits, SessionStore(r, self.limits),
                                   self._opener(r), self._closer(r), self._teller(r),
-                                  job_timeout_s)
+                                  job_timeout_s, security=security)
                         for r in range(3)]
 
     @classmethod

@@ -23,7 +23,8 @@ waits longer than ``queue_timeout_s`` fails with a message saying so (resubmit).
 is aborted at ``job_timeout_s``; peers that stop answering abort it after the peer timeout.
 
 The runner is transport-agnostic: it gets a Party per started job from ``open_party`` and
-runs the job through :func:`protocols.jobs.execute`, exactly as the in-process backend does.
+runs the job through :func:`protocols.jobs.execute`, exactly as the in-process backend does;
+with ``security = "malicious"`` verified, or refused, by :mod:`net.party.malicious`.
 """
 from __future__ import annotations
 
@@ -42,7 +43,6 @@ from net.errors import BadRequest, Code, check_id
 from net.limits import Limits, memory_refusal
 from net.proto import mpc3_pb2 as pb
 from protocols.jobs import (
-    CostRecorder,
     JobContext,
     JobRefused,
     JobRegistry,
@@ -53,7 +53,7 @@ from protocols.jobs import (
 )
 from protocols.jobs.memory import job_memory
 
-from . import malloc
+from . import malicious, malloc
 from .sessions import Session, SessionStore
 
 log = logging.getLogger("mpc3.runner")
@@ -117,8 +117,10 @@ class JobRunner:
                  close_party: Callable[[str], None],
                  tell: Callable[[int, str, str], None], job_timeout_s: float,
                  release_bytes: Callable[[str, int], None] = lambda user, n: None,
-                 metrics=None) -> None:
-        """``metrics``: a :class:`net.party.metrics.Metrics` told of every job that ends."""
+                 metrics=None, security: str = malicious.SEMI_HONEST,
+                 mode_problem: Callable[[], str] = lambda: "") -> None:
+        """``metrics``: a :class:`net.party.metrics.Metrics` told of every job that ends;
+        ``mode_problem()``: why the parties' security modes disagree ('' if they do not)."""
         self.rank = rank
         self.registry = registry
         self.limits = limits
@@ -129,6 +131,7 @@ class JobRunner:
         self.job_timeout_s = job_timeout_s
         self.release_bytes = release_bytes
         self.metrics = metrics
+        self.security, self.mode_problem = security, mode_problem
         self._lock = threading.Lock()
         self.jobs: dict[str, Job] = {}
         self._queues: dict[str, collections.deque] = {}    # party 0: user -> queued jobs
@@ -159,6 +162,8 @@ class JobRunner:
                org: str = "") -> Job:
         """Admit a submission (:func:`protocols.jobs.admit`), bind its session and queue it.
         Raises BadRequest (nothing started, the session unchanged) when it is refused."""
+        if self.mode_problem():
+            raise BadRequest(Code.FAILED_PRECONDITION, self.mode_problem())
         try:
             spec = admit(self.registry, kind, model, {k: v.shape for k, v in inputs.items()},
                          params)
@@ -352,16 +357,22 @@ class JobRunner:
                                       "user": job.owner, "kind": job.kind})
         state, error = S.DONE, ""
         try:
-            ctx = JobContext(party, job.model, job.params, CostRecorder(party), job.session)
-            job.outputs = execute(job.spec, ctx, job.inputs)
-            job.costs = ctx.costs.entries
+            costs = malicious.start(party, self.security, self.mode_problem(), job.inputs,
+                                    job.model)
+            outputs = execute(job.spec, JobContext(party, job.model, job.params, costs,
+                                                   job.session), job.inputs)
+            if party.checks is not None:
+                malicious.finish(costs)        # verified before any output share is kept
+            job.outputs, job.costs = outputs, costs.entries
         except Aborted as exc:
             state = S.CANCELLED if "cancelled" in str(exc) else S.FAILED
             error = str(exc)
             party.comm.abort(error)
         except Exception as exc:  # noqa: BLE001 - any failure ends the job, not the process
-            state, error = S.FAILED, f"party {self.rank}: {type(exc).__name__}: {exc}"
-            party.comm.abort(error)
+            refused = malicious.refusal(self.rank, job.job_id, exc)
+            state, error = S.FAILED, refused or f"party {self.rank}: {type(exc).__name__}: {exc}"
+            if refused is None:       # a failed flush fails at every party by itself
+                party.comm.abort(error)
         finally:
             watchdog.cancel()
             self.close_party(job.job_id)
@@ -442,8 +453,7 @@ class JobRunner:
             job.party.comm.abort(reason)
 
     def _tell_dropped(self, job: Job) -> None:
-        """A job that will not run here: party 0 tells the followers to drop it, a follower
-        tells party 0 it is gone."""
+        """A job that will not run here: party 0 tells followers to drop it, others: gone."""
         if self.leader:
             for peer in FOLLOWERS:
                 self._tell_quietly(peer, job.job_id, "drop")

@@ -66,14 +66,15 @@ class PartyServer:
         creds = None
         if cfg.tls:
             creds = keys.channel_credentials(self.pcfg.cert, self.pcfg.key, cfg.ca)
-        self.router = PeerRouter(rank, self._peer_transport(creds))
+        self.router = PeerRouter(rank, self._peer_transport(creds), cfg.security)
         self.sessions = SessionStore(rank, self.limits)
         self.metrics = Metrics(rank, VERSION)
         self.kernels: tuple[int, float] | None = None   # (warm-up runs, seconds): serve()
         self.metrics_server: MetricsServer | None = None
         self.runner = JobRunner(rank, registry, self.limits, self.sessions, self._open_party,
                                 self.router.close_job, self._tell,
-                                cfg.job_timeout_s, self.quotas.release, self.metrics)
+                                cfg.job_timeout_s, self.quotas.release, self.metrics,
+                                cfg.security, self.router.security_problem)
         # controls are handled in order on one thread of their own, not on a link's reader:
         # handling one may send a control, which may wait for a busy link to the sender
         self._controls = futures.ThreadPoolExecutor(1, thread_name_prefix="mpc3-control")
@@ -179,10 +180,11 @@ class PartyServer:
         self.router.start()
         threading.Thread(target=self._health_loop, daemon=True, name="mpc3-health").start()
         threading.Thread(target=self._upkeep_loop, daemon=True, name="mpc3-upkeep").start()
-        log.info("party %d listening on %s, peers on %s (%s)", self.rank, self.pcfg.listen,
+        log.info("party %d listening on %s, peers on %s (%s, security %s)", self.rank,
+                 self.pcfg.listen,
                  self.pcfg.peer_listen if not isinstance(self.router.transport, StreamTransport)
                  else "the same port",
-                 "mTLS" if self.cfg.tls else "INSECURE PLAINTEXT")
+                 "mTLS" if self.cfg.tls else "INSECURE PLAINTEXT", self.cfg.security)
         if self.registry.diagnostic:
             log.warning("party %d: BENCHMARK/TEST PROCESS - diagnostic job kinds enabled "
                         "(they return model weights); never share real models with it",

@@ -455,7 +455,10 @@ class ClientServicer(pb_grpc.ClientServiceServicer):
                               models=sum(1 for r in recs if r.state != CORRUPT),
                               tls=self.cfg.tls, version=VERSION,
                               diagnostic=self.srv.registry.diagnostic,
-                              job_kinds=self.srv.registry.names(), **_doctor_fields(self.srv))
+                              job_kinds=self.srv.registry.names(),
+                              security=self.cfg.security,
+                              security_problem=self.srv.router.security_problem(),
+                              **_doctor_fields(self.srv))
 
 
 def _doctor_fields(srv) -> dict:

@@ -39,6 +39,7 @@ class Link:
     def __init__(self, peer: int) -> None:
         self.peer = peer
         self.seed: bytes | None = None
+        self.security = ""              # the peer's [cluster] security, from its hello
         self.outq: queue.SimpleQueue = queue.SimpleQueue()
         self.closed = threading.Event()
 

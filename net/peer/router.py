@@ -64,8 +64,10 @@ class PeerRouter:
     and the router sends through :class:`~net.peer.linkbase.Link`. Nothing else crosses.
     """
 
-    def __init__(self, rank: int, transport) -> None:
+    def __init__(self, rank: int, transport, security: str = "semi-honest") -> None:
         self.rank = rank
+        #: this party's [cluster] security, sent in its hellos (net.peer.handshake)
+        self.security = security
         self.next = (rank + 1) % 3
         self.prev = (rank - 1) % 3
         self._private_seed = os.urandom(32)
@@ -99,6 +101,19 @@ class PeerRouter:
     def links_up(self) -> list[int]:
         with self._lock:
             return sorted(self._links)
+
+    def security_problem(self) -> str:
+        """Why this party must refuse jobs: a live link's hello named another [cluster]
+        security mode than this party's ('' if no peer linked so far disagrees)."""
+        with self._lock:
+            other = {p: link.security for p, link in sorted(self._links.items())
+                     if link.security and link.security != self.security}
+        if not other:
+            return ""
+        return (f"party {self.rank} runs security = \"{self.security}\" but " +
+                " and ".join(f"party {p} runs \"{m}\"" for p, m in other.items()) +
+                " ([cluster] security in cluster.toml); every job is refused until all "
+                "three parties use the same mode and are restarted")
 
     def wait_ready(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout

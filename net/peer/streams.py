@@ -69,7 +69,7 @@ class StreamTransport:
             reason = "stream ended"
             try:
                 grpc.channel_ready_future(channel).result(timeout=2)
-                hs = Handshake()
+                hs = Handshake(security=r.security)
                 mine = hs.hello(r.rank)
 
                 def requests():
@@ -81,6 +81,7 @@ class StreamTransport:
                 if not first.HasField("hello") or first.hello.rank != r.next:
                     raise ProtocolError(f"party {r.next} sent no valid hello")
                 link.seed = hs.seed(mine, first.hello, r.rank, r.next)
+                link.security = hs.peer_security
                 r.link_up(r.next, link)
                 backoff = 0.1
                 for frame in responses:
@@ -121,11 +122,12 @@ class PeerServicer(pb_grpc.PeerServiceServicer):
         if not first.HasField("hello") or first.hello.rank != r.prev:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           f"expected a hello from party {r.prev}")
-        hs = Handshake()
+        hs = Handshake(security=r.security)
         mine = hs.hello(r.rank)
         link = Link(r.prev)
         try:
             link.seed = hs.seed(mine, first.hello, r.prev, r.rank)
+            link.security = hs.peer_security
         except (ProtocolError, ValueError) as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad hello: {exc}")
 

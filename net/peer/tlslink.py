@@ -348,7 +348,8 @@ class SocketTransport:
     # ---------------------------------------------------------------- handshake ----
     def _hello(self, link: SocketLink, dialler: int, listener: int) -> bytes:
         """Exchange hellos (the dialler speaks first); the pairwise seed."""
-        r, hs = self.router, Handshake()
+        r = self.router
+        hs = Handshake(security=r.security)
         mine = hs.hello(r.rank)
         if r.rank == dialler:
             link.put(pb.PeerFrame(hello=mine))
@@ -358,7 +359,9 @@ class SocketTransport:
             raise ProtocolError(f"party {link.peer} sent no valid hello")
         if r.rank == listener:
             link.put(pb.PeerFrame(hello=mine))
-        return hs.seed(mine, first.hello, dialler, listener)
+        seed = hs.seed(mine, first.hello, dialler, listener)
+        link.security = hs.peer_security
+        return seed
 
     def _open(self, sock: socket.socket, peer: int, dialling: bool) -> SocketLink:
         """TLS handshake, identity check and hello on a fresh connection (each step bounded

@@ -47,6 +47,22 @@ def test_peer_addresses_and_overrides():
             config.from_dict(r, Path("."), insecure_flag=True)
 
 
+def test_security_mode_is_semi_honest_or_malicious():
+    parties = [{"id": i, "address": f"h:{i}"} for i in range(3)]
+    assert config.load(ROOT / "deploy" / "cluster.toml").security == "semi-honest"
+    assert config.from_dict({"party": parties}, Path("."), insecure_flag=True).security == \
+        "semi-honest"
+    cfg = config.from_dict({"cluster": {"security": "malicious"}, "party": parties}, Path("."),
+                           insecure_flag=True)
+    assert cfg.security == "malicious"
+    for bad in ("active", "Malicious", True, ""):
+        with pytest.raises(ValueError) as err:
+            config.from_dict({"cluster": {"security": bad}, "party": parties}, Path("."),
+                             insecure_flag=True)
+        assert str(err.value) == ('[cluster] security must be "semi-honest" or "malicious", '
+                                  f"got {bad!r}")
+
+
 @pytest.mark.parametrize("text, match", [
     ("[cluster]\nca='ca.pem'\n", "exactly three"),
     ("[cluster]\nca='ca.pem'\n" + "[[party]]\nid=0\naddress='h:1'\ncert='c'\nkey='k'\n" * 3,

@@ -1,0 +1,149 @@
+"""Malicious-mode jobs on one party (``[cluster] security = "malicious"``, issue 35).
+
+The job runner (:mod:`net.party.runner`) calls these around :func:`protocols.jobs.execute`:
+
+* :func:`start` in every mode: the job's cost recorder - or :class:`ModeMismatch` if a
+  peer's hello named another mode since the job was admitted (submissions are refused
+  then already; this covers a link that came up in between), which fails the job there
+  before it sends anything, and its abort fails it at the peers;
+* :func:`begin` (through :func:`start`, in malicious mode): the job's Party gets a
+  :class:`mpc3.checks.Checks`, and every sharing the job received from outside - the query
+  user's input shares and the model owner's weight shares as loaded for the job - goes
+  through ``Checks.shared_input``, so the two holders of each slot compare them at the
+  first flush. A weight goes as the digests of its two slots (:func:`slot_digest`),
+  computed once per loaded array rather than per job (GPT-2-small's slots are 2 GB; this
+  machine hashes 120-260 MB/s): both holders of a slot digest the same bytes, so the
+  comparison is the same. It returns the job's cost recorder, a :class:`FlushingCosts`:
+  the protocols mark every layer's end on it (``on_layer``), and it flushes there
+  (:data:`MAX_FLUSHES` per job at most).
+* :func:`finish` after the job's last message and before its outputs are kept: the last
+  flush. No output share leaves a party before it (clients fetch outputs only of a job
+  that is DONE).
+* :func:`refusal`: the job's error when a flush raised - :class:`mpc3.checks.Unverified`
+  (a kernel without verification ran: the job is refused, never run unchecked) or
+  :class:`mpc3.dzkp.CheatingDetected` (a proof or a digest failed; the suspect is named).
+  Both are raised at every party together (the first before any check, from the same op
+  counters; the second from the verdicts every party receives), so all three fail the job
+  with the same reason - the runner sends no abort of its own for them, which would race
+  the peers' verdicts - and the party goes on serving other jobs. (A cheater that withholds
+  its verdicts makes the others fail at the peer timeout instead.)
+
+Soundness per job: a flush proves three batches (each party's), each failing to catch a
+false one with probability <= 2^-49 (:func:`mpc3.dzkp.soundness_bits`); :data:`MAX_FLUSHES`
+keeps a job at <= 2^9 proofs, below 2^-40 (docs/MALICIOUS.md). A job with more layers than
+that flushes at the first ones and once at its end, which covers the rest.
+"""
+from __future__ import annotations
+
+import hashlib
+import threading
+import weakref
+from typing import NamedTuple
+
+import numpy as np
+
+from mpc3.checks import Checks, Unverified
+from mpc3.comm import ProtocolError
+from mpc3.dzkp import CheatingDetected
+from mpc3.party import Party
+from mpc3.shares import AShare
+from protocols.jobs import CostRecorder, ModelView
+
+SEMI_HONEST = "semi-honest"
+MALICIOUS = "malicious"
+#: flushes per job at most (3 proofs each: 384 <= 2^9, see the module docstring)
+MAX_FLUSHES = 128
+
+
+class ModeMismatch(ProtocolError):
+    """The parties' [cluster] security modes differ: no job runs."""
+
+
+class FlushingCosts(CostRecorder):
+    """The per-layer cost recorder of a malicious-mode job: it flushes the party's checks at
+    each layer's end (the flush's traffic is counted in that layer), keeping the last of
+    :data:`MAX_FLUSHES` for :func:`finish`."""
+
+    def __init__(self, party: Party) -> None:
+        super().__init__(party)
+        self.flushes = 0
+
+    def flush(self) -> None:
+        self.party.checks.flush(self.party)
+        self.flushes += 1
+
+    def mark(self, layer: str) -> None:
+        if self.flushes < MAX_FLUSHES - 1:
+            self.flush()
+        super().mark(layer)
+
+
+class Slots(NamedTuple):
+    """What ``Checks.shared_input`` reads of a sharing: its two slots (here, digests)."""
+
+    a: np.ndarray
+    b: np.ndarray
+
+
+_digests: dict[int, tuple[weakref.ref, np.ndarray]] = {}
+_digests_lock = threading.Lock()
+
+
+def slot_digest(arr: np.ndarray) -> np.ndarray:
+    """32 bytes naming ``arr``'s dtype, shape and contents, cached while ``arr`` lives: a
+    stored model's arrays are loaded once and never written (jobs compute new arrays)."""
+    key = id(arr)
+    with _digests_lock:
+        hit = _digests.get(key)
+    if hit is not None and hit[0]() is arr:
+        return hit[1]
+    h = hashlib.blake2b(digest_size=32, person=b"mpc3-weight")
+    h.update(f"{arr.dtype.str}{arr.shape}".encode())
+    h.update(np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
+    digest = np.frombuffer(h.digest(), np.uint8)
+    try:
+        ref = weakref.ref(arr, lambda _, k=key: _digests.pop(k, None))
+    except TypeError:                  # not an ndarray: not cached
+        return digest
+    with _digests_lock:
+        _digests[key] = (ref, digest)
+    return digest
+
+
+def begin(party: Party, inputs: dict[str, AShare], model: ModelView | None) -> FlushingCosts:
+    """Attach the checks to the job's ``party`` and register the sharings it received from
+    outside (in name order, the same at every party); the job's cost recorder."""
+    party.checks = Checks(party)
+    for name in sorted(inputs):
+        party.checks.shared_input(inputs[name])
+    shares = model.shares if model is not None else {}
+    for name in sorted(shares):
+        x = shares[name]
+        party.checks.shared_input(Slots(slot_digest(x.a), slot_digest(x.b)))
+    return FlushingCosts(party)
+
+
+def start(party: Party, security: str, problem: str, inputs: dict[str, AShare],
+          model: ModelView | None) -> CostRecorder:
+    """The job's cost recorder: :func:`begin`'s in malicious mode, a plain one otherwise;
+    ``problem``: the modes' disagreement ('' if none), raised as :class:`ModeMismatch`."""
+    if problem:
+        raise ModeMismatch(problem)
+    if security == MALICIOUS:
+        return begin(party, inputs, model)
+    return CostRecorder(party)
+
+
+def finish(costs: FlushingCosts) -> None:
+    """The job's last flush, before any of its outputs is kept."""
+    costs.flush()
+
+
+def refusal(rank: int, job_id: str, exc: BaseException) -> str | None:
+    """The job's error for a failed flush (None for any other failure)."""
+    if isinstance(exc, Unverified):
+        return f"party {rank}: job {job_id} refused: {exc}"
+    if isinstance(exc, CheatingDetected):
+        return (f"party {rank}: job {job_id} aborted in malicious mode, suspect party "
+                f"{exc.prover} (reported by party {exc.reporter}); nothing was revealed: {exc}")
+    return None
