@@ -141,36 +141,42 @@ def _ring_mul_into(a, b, taps, c, out):  # pragma: no cover
 
 def _fold_int_part(x, n, lr, sig, nz, taps, t0, t1, out):  # pragma: no cover
     """out[j, a n + t] = (sigma_t *) sum_i lr[i, j] x[a, i n + t] for t0 <= t < t1: x (m, L)
-    Z_2^64, lr (k, reps, D), sig (n, reps, D) or empty (no sigma), nz (m,) rows not all zero,
-    out (reps, m n, D)."""
+    Z_2^64, lr (k, reps D) (repetition j's coefficients at columns j D .. j D + D - 1),
+    sig (n, reps, D) or empty (no sigma), nz (m,) rows not all zero, out (reps, m n, D).
+    By blocks of positions: each chunk's slice of x is read in order into an L1 block of
+    accumulators."""
     m, L = x.shape
-    k, reps, D = lr.shape
-    acc = np.zeros((reps, D), dtype=np.int64)
+    k, R = lr.shape
+    reps, D = out.shape[0], out.shape[2]
+    acc = np.zeros((BLOCK, R), dtype=np.int64)
     c = np.zeros(2 * D - 1, dtype=np.int64)
     weighted = sig.shape[0] > 0
     for a in range(m):
-        for t in range(t0, t1):
-            o = a * n + t
+        for s in range(t0, t1, BLOCK):
+            w = min(t1, s + BLOCK) - s
             if not nz[a]:
                 for j in range(reps):
-                    for d in range(D):
-                        out[j, o, d] = 0
+                    out[j, a * n + s:a * n + s + w] = 0
                 continue
-            acc[:] = 0
+            acc[:w] = 0
             for i in range(k):
-                idx = i * n + t
-                if idx >= L:
-                    break
-                xv = x[a, idx]
+                base = i * n + s
+                top = min(w, L - base)
+                li = lr[i]
+                for t in range(top):
+                    xv = x[a, base + t]
+                    row = acc[t]
+                    for e in range(R):
+                        row[e] += xv * li[e]
+            for t in range(w):
+                o = a * n + s + t
                 for j in range(reps):
-                    for d in range(D):
-                        acc[j, d] += xv * lr[i, j, d]
-            for j in range(reps):
-                if weighted:
-                    _ring_mul_into_jit(acc[j], sig[t, j], taps, c, out[j, o])
-                else:
-                    for d in range(D):
-                        out[j, o, d] = acc[j, d]
+                    if weighted:
+                        _ring_mul_into_jit(acc[t, j * D:(j + 1) * D], sig[s + t, j], taps, c,
+                                           out[j, o])
+                    else:
+                        for d in range(D):
+                            out[j, o, d] = acc[t, j * D + d]
 
 
 def _fold_int_all(x, n, lr, sig, nz, taps, out, parts):  # pragma: no cover
@@ -181,26 +187,29 @@ def _fold_int_all(x, n, lr, sig, nz, taps, out, parts):  # pragma: no cover
 def _fold_ring_part(X, n, mats, nz, t0, t1, out):  # pragma: no cover
     """out[r, t] = sum_i X[r, i n + t] @ mats[r, i] (a ring element times L_i(r) as its D x D
     multiplication matrix) for t0 <= t < t1, skipping chunks i with nz[r, i] false; X (reps,
-    N, D), mats (reps, k, D, D), out (reps, n, D)."""
+    N, D), mats (reps, k, D, D), out (reps, n, D). By blocks of positions, so that each
+    matrix stays in L1 while the block passes."""
     reps, N, D = X.shape
     k = mats.shape[1]
     for r in range(reps):
-        for t in range(t0, t1):
-            o = out[r, t]
+        for s in range(t0, t1, BLOCK):
+            w = min(t1, s + BLOCK) - s
+            o = out[r, s:s + w]
             o[:] = 0
             for i in range(k):
-                idx = i * n + t
-                if idx >= N:
-                    break
                 if not nz[r, i]:
                     continue
-                xi = X[r, idx]
+                base = i * n + s
+                top = min(w, N - base)
                 M = mats[r, i]
-                for d in range(D):
-                    xd = xi[d]
-                    Md = M[d]
-                    for e in range(D):
-                        o[e] += xd * Md[e]
+                for t in range(top):
+                    xi = X[r, base + t]
+                    ot = o[t]
+                    for d in range(D):
+                        xd = xi[d]
+                        Md = M[d]
+                        for e in range(D):
+                            ot[e] += xd * Md[e]
 
 
 def _fold_ring_all(X, n, mats, nz, out, parts):  # pragma: no cover
@@ -323,7 +332,7 @@ def fold_int(x: np.ndarray, k: int, lr: np.ndarray, sig: np.ndarray | None,
     s = np.zeros((0, reps, D), np.int64) if sig is None else \
         np.ascontiguousarray(_i64(sig).transpose(1, 0, 2))
     _kernels()["_fold_int_all", par](_i64(x), n, np.ascontiguousarray(
-        _i64(lr).transpose(1, 0, 2)), s, nz, taps, out, parts)
+        _i64(lr).transpose(1, 0, 2)).reshape(-1, reps * D), s, nz, taps, out, parts)
     return out.view(np.uint64)
 
 
