@@ -38,9 +38,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from .comm import ProtocolError
-from . import ring
 from .freivalds import reduce_mats
-from .galois import LONG_BLOCK, GaloisRing, galois_ring, long_matmul
+from . import dzkp_kernels as dk
+from .galois import GaloisRing, galois_ring, long_matmul
 from .party import Party
 from .prg import aes_ctr_bytes
 
@@ -180,18 +180,19 @@ class _Round:
         # L_i(w_e) for the k data nodes at all 2k - 1 nodes, and its pairwise products
         lag = g.lagrange(self.nodes[:k], self.nodes[:2 * k - 1])
         pair = g.mul(lag[:, :, None, :], lag[:, None, :, :])          # (2k-1, k, k, D)
-        self._pairs_by_ii = np.ascontiguousarray(
-            pair[k:].reshape(k - 1, k * k, g.D).transpose(1, 0, 2))     # (k k, k-1, D)
+        # the nodes after the k data nodes, by pair i <= i' (L_i L_i' is symmetric)
+        self.pairs = dk.pairs(k)
+        self._pairs_sym = np.ascontiguousarray(
+            np.stack([pair[k:, i, i2] for i, i2 in self.pairs]))            # (P, k-1, D)
+        self._diag = np.array([p for p, (i, i2) in enumerate(self.pairs) if i == i2])
 
-    def evals(self, gram: np.ndarray) -> np.ndarray:
-        """h at the 2k - 1 nodes from G[i, i'] = sum_t u_it v_i't: (reps, 2k-1, D), one
-        GEMM per repetition (the products L_i(w_e) L_i'(w_e) times the G as matrices)."""
-        k, D = self.k, self.g.D
-        parts = self._pairs_by_ii                       # the nodes after the k data nodes
-        diag = np.arange(k)
-        return np.stack([np.concatenate([G[diag, diag],           # h(w_i) = G_ii, i < k
-                                         self.g.combine(parts, G.reshape(k * k, D))])
-                         for G in gram])
+    def evals(self, sym: np.ndarray) -> np.ndarray:
+        """h at the 2k - 1 nodes from T[(i, i')] = G[i, i'] + G[i', i] (G[i, i] on the
+        diagonal), G[i, i'] = sum_t u_it v_i't: (reps, 2k-1, D) - h(w_i) = G_ii for i < k,
+        and at the other nodes sum over i <= i' of L_i(w) L_i'(w) T[i, i'], one GEMM per
+        repetition."""
+        return np.stack([np.concatenate([T[self._diag], self.g.combine(self._pairs_sym, T)])
+                         for T in sym])
 
     def at(self, values: np.ndarray, r: np.ndarray, nodes: int) -> np.ndarray:
         """Each repetition's polynomial through ``values`` (reps, nodes, D) at the nodes
@@ -214,16 +215,16 @@ def _chunks(x: np.ndarray, k: int) -> np.ndarray:
     return x.reshape(x.shape[:axis] + (k, n) + x.shape[axis + 1:])
 
 
-def _gram(g: GaloisRing, U: np.ndarray, V: np.ndarray, k: int) -> np.ndarray:
-    """G[j, i, i'] = sum_t U[j, i, t] V[j, i', t] for ring vectors (reps, k, n, D)."""
-    reps, _, n, D = U.shape
-    out = np.empty((reps, k, k, D), dtype=np.uint64)
-    for j in range(reps):
-        A = np.ascontiguousarray(U[j].transpose(1, 0, 2)).reshape(n, k * D)
-        B = np.ascontiguousarray(V[j].transpose(1, 0, 2)).reshape(n, k * D)
-        C = long_matmul(np.ascontiguousarray(A.T), B).reshape(k, D, k, D)
-        out[j] = g.fold_products(C.transpose(0, 2, 1, 3))
-    return out
+def _gram(g: GaloisRing, rd: _Round, U: np.ndarray, V: np.ndarray) -> np.ndarray:
+    """T[j, (i, i')] = G[i, i'] + G[i', i] (G[i, i] on the diagonal) for ring vectors U, V
+    (reps, N, D) in k chunks, G[i, i'] = sum_t U_it V_i't: from P = sum_t (U_i + U_i')
+    (V_i + V_i') as P[i, i'] - G[i, i] - G[i', i']. (reps, pairs, D)."""
+    P = g.fold_products(dk.gram_ring(U, V, rd.k))                 # (reps, pairs, D)
+    diag = P[:, rd._diag]
+    for p, (i, i2) in enumerate(rd.pairs):
+        if i != i2:
+            P[:, p] -= diag[:, i] + diag[:, i2]
+    return P
 
 
 def verify_claims(p: Party, mine, as_left, as_right,
@@ -239,6 +240,12 @@ def verify_claims(p: Party, mine, as_left, as_right,
     with the proofs' verdicts. ``mats``: lists of matrix-product claims
     (:class:`mpc3.freivalds.MatClaim`) in the same three roles, reduced by random ring
     vectors and joined to the batch. Cost: :func:`cost_verify`."""
+    with dk.verifying():
+        _verify(p, mine, as_left, as_right, params, digests, mats)
+
+
+def _verify(p: Party, mine, as_left, as_right, params: Params,
+            digests: tuple | None, mats: tuple | None) -> None:
     data = {role: [c for c in (cs if isinstance(cs, (list, tuple)) else [cs]) if c.z.size]
             for role, cs in (("P", mine), ("L", as_left), ("R", as_right))}
     ring_len = sum(c.inner for c in mats[0]) if mats else 0
@@ -282,11 +289,11 @@ def verify_claims(p: Party, mine, as_left, as_right,
                 sigma.transpose(1, 0, 2).reshape(-1, reps * g.D)))
                 for c, sigma in zip(data[role], sigmas)).reshape(k1, reps, g.D)
             claims[role] = g.mul(theta, s.transpose(1, 0, 2)).sum(axis=1)   # (reps, D)
-        gram = np.zeros((k1 * k1, reps * g.D), dtype=np.uint64)
-        for c, sigma in zip(data["P"], weights["P"][1]):
-            _gram_first(c, sigma, k1, gram)
-        gram = gram.reshape(k1, k1, reps, g.D)
-        h = rd1.evals(np.ascontiguousarray(gram.transpose(2, 0, 1, 3)))
+        # G = sum_t sigma_t u_it v_i't, by symmetric pairs (mpc3.dzkp_kernels), per batch
+        sym = sum(dk.gram_int(c.u, c.v, np.ascontiguousarray(
+            sigma.transpose(1, 0, 2).reshape(-1, reps * g.D)), k1)
+            for c, sigma in zip(data["P"], weights["P"][1])).reshape(-1, reps, g.D)
+        h = rd1.evals(np.ascontiguousarray(sym.transpose(1, 0, 2)))
         hs["P"], hs["L"], hs["R"] = _send_h(p, h, share_from_prover, 1)
         for role in ("L", "R"):
             checks[role].append(g.mul(weights[role][0], hs[role][:, :k1]).sum(axis=1)
@@ -325,8 +332,7 @@ def verify_claims(p: Party, mine, as_left, as_right,
         if U.shape[1] <= k:
             break
         step += 1
-        Uk, Vk = _chunks(U, k), _chunks(V, k)
-        h = rd.evals(_gram(g, Uk, Vk, k))
+        h = rd.evals(_gram(g, rd, U, V))
         hs["P"], hs["L"], hs["R"] = _send_h(p, h, share_from_prover, step)
         for role in ("L", "R"):
             checks[role].append(hs[role][:, :k].sum(axis=1) - claims[role])
@@ -404,45 +410,16 @@ def _send_h(p: Party, h: np.ndarray, share_from_prover, step) -> tuple:
     return h, as_left, got[0].reshape(h.shape)
 
 
-def _gram_first(c: Claim, sigma: np.ndarray, k1: int, gram: np.ndarray) -> None:
-    """Add G[i, i'] = sum_t sigma_t sum_a u_ait v_ai't of one batch into ``gram``
-    (k1 k1, reps D), by blocks of the chunk length."""
-    m = c.u.shape[0]
-    uk, vk = _chunks(c.u, k1), _chunks(c.v, k1)               # (m, k1, n)
-    n = uk.shape[2]
-    sig = np.ascontiguousarray(sigma.transpose(1, 0, 2).reshape(n, -1))
-    for s in range(0, n, LONG_BLOCK):
-        b = slice(s, s + LONG_BLOCK)
-        prod = np.zeros((k1, k1, min(n, s + LONG_BLOCK) - s), dtype=np.uint64)
-        for a in range(m):
-            prod += uk[a, :, b][:, None, :] * vk[a, :, b][None, :, :]
-        ring.matmul(prod.reshape(k1 * k1, -1), sig[b], gram, n)
-
-
 def _fold_first(g: GaloisRing, rd: _Round, c: Claim, sigma: np.ndarray, r: np.ndarray,
                 k: int):
     """u'_(a,t) = sigma_t p_(a,t)(r), v'_(a,t) = q_(a,t)(r) for Z_2^64 data: (reps, m n, D)."""
-    uk, vk = _chunks(c.u, k), _chunks(c.v, k)                          # (m, k, n)
-    m, _, n = uk.shape
     lr = g.lagrange(rd.nodes[:k], r)                                   # (reps, k, D)
-    coeffs = np.ascontiguousarray(lr.transpose(1, 0, 2)).reshape(k, -1)
-    pu = g.combine_int(uk.transpose(1, 0, 2), coeffs).reshape(m, n, -1, g.D)
-    pv = g.combine_int(vk.transpose(1, 0, 2), coeffs).reshape(m, n, -1, g.D)
-    reps = r.shape[0]
-    U = np.empty((reps, m, n, g.D), dtype=np.uint64)
-    for j in range(reps):
-        for a in range(m):
-            U[j, a] = g.mul(np.ascontiguousarray(pu[a, :, j]), sigma[j])
-    return U.reshape(reps, m * n, g.D), np.ascontiguousarray(
-        pv.transpose(2, 0, 1, 3)).reshape(reps, m * n, g.D)
+    return (dk.fold_int(c.u, k, lr, sigma, g._taps), dk.fold_int(c.v, k, lr, None, g._taps))
 
 
 def _fold(g: GaloisRing, rd: _Round, vecs, r: np.ndarray, k: int):
-    U, V = vecs
-    Uk, Vk = _chunks(U, k), _chunks(V, k)                              # (reps, k, n, D)
-    lr = g.lagrange(rd.nodes[:k], r)
-    return (np.stack([g.combine(Uk[j], lr[j]) for j in range(r.shape[0])]),
-            np.stack([g.combine(Vk[j], lr[j]) for j in range(r.shape[0])]))
+    mats = g.mul_matrix(g.lagrange(rd.nodes[:k], r))                  # (reps, k, D, D)
+    return tuple(dk.fold_ring(X, k, mats) for X in vecs)
 
 
 def _accept(g: GaloisRing, mine: np.ndarray, theirs: np.ndarray) -> bool:

@@ -78,6 +78,58 @@ def _mul_jit():
     return numba.njit(cache=True, nogil=True)(_mul_kernel)
 
 
+def _mul_one(a: np.ndarray, b: np.ndarray, taps: np.ndarray, c: np.ndarray,
+             out: np.ndarray) -> None:  # pragma: no cover
+    """out = a * b for single elements (int64 views; c: scratch of 2D - 1; out may be a)."""
+    d = a.shape[0]
+    c[:] = 0
+    for i in range(d):
+        ai = a[i]
+        for j in range(d):
+            c[i + j] += ai * b[j]
+    for m in range(2 * d - 2, d - 1, -1):
+        top = c[m]
+        for t in taps:
+            c[m - d + t] -= top
+    out[:] = c[:d]
+
+
+def _lagrange_kernel(nodes: np.ndarray, z: np.ndarray, w: np.ndarray, taps: np.ndarray,
+                     out: np.ndarray) -> None:  # pragma: no cover
+    """out[r, i] = w_i prod_{m != i} (z[r] - nodes[m]) (int64 views): prefix products, then
+    suffix products from the top."""
+    k, d = nodes.shape
+    c = np.zeros(2 * d - 1, dtype=np.int64)
+    diff = np.empty((k, d), dtype=np.int64)
+    pre = np.empty((k, d), dtype=np.int64)
+    suf = np.empty(d, dtype=np.int64)
+    tmp = np.empty(d, dtype=np.int64)
+    for r in range(z.shape[0]):
+        for i in range(k):
+            for e in range(d):
+                diff[i, e] = z[r, e] - nodes[i, e]
+        pre[0, :] = 0
+        pre[0, 0] = 1
+        for i in range(1, k):
+            _mul_one_jit(pre[i - 1], diff[i - 1], taps, c, pre[i])
+        suf[:] = 0
+        suf[0] = 1
+        for i in range(k - 1, -1, -1):
+            _mul_one_jit(pre[i], suf, taps, c, tmp)
+            _mul_one_jit(tmp, w[i], taps, c, out[r, i])
+            _mul_one_jit(suf, diff[i], taps, c, suf)
+
+
+_mul_one_jit = _mul_one
+
+
+@functools.cache
+def _lagrange_jit():
+    import numba
+    globals()["_mul_one_jit"] = numba.njit(cache=True, nogil=True)(_mul_one)
+    return numba.njit(cache=True, nogil=True)(_lagrange_kernel)
+
+
 class GaloisRing:
     """GR(2^64, degree) with the modulus of :data:`MODULI`."""
 
@@ -216,15 +268,11 @@ class GaloisRing:
         Barycentric form: L_i(z) = w_i prod_{m != i} (z - nodes[m]), the weights cached."""
         k = nodes.shape[0]
         w = self._weights(nodes.tobytes(), k)
-        diff = z[..., None, :] - nodes                               # (..., k, D)
-        pre = np.empty_like(diff)
-        suf = np.empty_like(diff)
-        pre[..., 0, :] = self.one()
-        suf[..., k - 1, :] = self.one()
-        for i in range(1, k):
-            pre[..., i, :] = self.mul(pre[..., i - 1, :], diff[..., i - 1, :])
-            suf[..., k - 1 - i, :] = self.mul(suf[..., k - i, :], diff[..., k - i, :])
-        return self.mul(w, self.mul(pre, suf))
+        flat = np.ascontiguousarray(z, dtype=np.uint64).reshape(-1, self.D)
+        out = np.empty((flat.shape[0], k, self.D), dtype=np.uint64)
+        _lagrange_jit()(np.ascontiguousarray(nodes, dtype=np.uint64).view(np.int64),
+                        flat.view(np.int64), w.view(np.int64), self._taps, out.view(np.int64))
+        return out.reshape(z.shape[:-1] + (k, self.D))
 
     @functools.lru_cache(maxsize=64)
     def _weights(self, key: bytes, k: int) -> np.ndarray:

@@ -1,0 +1,351 @@
+"""Fused numba kernels of :mod:`mpc3.dzkp`'s compressions: the Gram sums whose values at the
+nodes the prover sends, and the folds of the vectors at a challenge.
+
+They compute exactly what the generic route (chunk copies, ring GEMMs, elementwise ring
+products on numpy temporaries) computed, with fewer multiply-adds:
+
+- **symmetric Gram sums.** h at the extra nodes needs G[i, i'] only through
+  L_i(w) L_i'(w) G[i, i'], symmetric in (i, i'), so only T[i, i'] = G[i, i'] + G[i', i]
+  for i < i' (and G[i, i]) is computed: k (k + 1) / 2 sums, not k^2. Over Z_2^64 data the
+  integer products are cheap and each pair's weighted sum (reps D multiply-adds per
+  position) is done once; over ring data G[i, i'] + G[i', i] = P[i, i'] - G[i, i] - G[i', i']
+  with P[i, i'] = sum_t (U_i + U_i')(V_i + V_i') (Karatsuba's trick on the chunks): one ring
+  product per pair and position, not two.
+- **folds without temporaries.** The first fold reads the Z_2^64 data where they lie (chunk
+  i, position t at i n + t, zero past the end), combines the k chunks with the Lagrange
+  coefficients and multiplies by sigma_t in one pass; rows or chunks that are zero (the
+  verifiers' claims of a replicated product have a zero half) are skipped - their fold is
+  zero.
+
+Arithmetic is int64 (wrapping = mod 2^64) on uint64 views. Each kernel has a serial
+(GIL-free) and a parallel form over parts of the positions; the parallel one runs only for
+at least ``ring.PARALLEL_MIN_MACS`` multiply-adds, as :mod:`mpc3.ringmm` decides.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+
+import numpy as np
+
+from .ringmm import PARALLEL_MIN_MACS
+
+#: positions per block: a block of the weights / chunks stays in L1 while every pair passes
+BLOCK = 64
+
+_prange = range  # replaced by numba.prange when the kernels are compiled
+
+
+def _gram_int_part(u, v, sig, k, n, t0, t1, out):  # pragma: no cover
+    """out[p] += sum_t (sum_a u_i v_i' + u_i' v_i)[t] sig[t] over t0 <= t < t1 for the pairs
+    p = (i <= i') in row order (the diagonal counted once); u, v (m, L) chunked by n."""
+    m, L = u.shape
+    R = sig.shape[1]
+    ub = np.zeros((k, m, BLOCK), dtype=np.int64)
+    vb = np.zeros((k, m, BLOCK), dtype=np.int64)
+    q = np.zeros(BLOCK + 3, dtype=np.int64)
+    for s in range(t0, t1, BLOCK):
+        w = min(t1, s + BLOCK) - s
+        for i in range(k):
+            for a in range(m):
+                for t in range(w):
+                    idx = i * n + s + t
+                    ub[i, a, t] = u[a, idx] if idx < L else 0
+                    vb[i, a, t] = v[a, idx] if idx < L else 0
+        p = 0
+        for i in range(k):
+            for i2 in range(i, k):
+                for t in range(w):
+                    acc = 0
+                    for a in range(m):
+                        acc += ub[i, a, t] * vb[i2, a, t]
+                    if i2 != i:
+                        for a in range(m):
+                            acc += ub[i2, a, t] * vb[i, a, t]
+                    q[t] = acc
+                for t in range(w, w + 3):
+                    q[t] = 0
+                row = out[p]
+                for t in range(0, w, 4):
+                    q0, q1, q2, q3 = q[t], q[t + 1], q[t + 2], q[t + 3]
+                    s0 = sig[s + t]
+                    s1 = sig[min(s + t + 1, t1 - 1)]
+                    s2 = sig[min(s + t + 2, t1 - 1)]
+                    s3 = sig[min(s + t + 3, t1 - 1)]
+                    for c in range(R):
+                        row[c] += q0 * s0[c] + q1 * s1[c] + q2 * s2[c] + q3 * s3[c]
+                p += 1
+
+
+def _gram_int_all(u, v, sig, k, n, out):  # pragma: no cover
+    """out (parts, pairs, R): part j sums its share of the positions."""
+    parts = out.shape[0]
+    for j in _prange(parts):
+        _gram_int_part_jit(u, v, sig, k, n, n * j // parts, n * (j + 1) // parts, out[j])
+
+
+def _gram_ring_part(U, V, k, n, t0, t1, out):  # pragma: no cover
+    """out[p, a, b] += sum_t A_p[t, a] B_p[t, b] over t0 <= t < t1, for the pairs p = (i <= i')
+    with A_p = U_i (+ U_i'), B_p = V_i (+ V_i'): U, V (N, D) chunked by n."""
+    N, D = U.shape
+    A = np.zeros((BLOCK, D), dtype=np.int64)
+    B = np.zeros((BLOCK, D), dtype=np.int64)
+    for s in range(t0, t1, BLOCK):
+        w = min(t1, s + BLOCK) - s
+        w4 = w + (-w) % 4
+        p = 0
+        for i in range(k):
+            for i2 in range(i, k):
+                for t in range(w4):
+                    x, y = i * n + s + t, i2 * n + s + t
+                    inx = t < w and x < N
+                    iny = t < w and i2 != i and y < N
+                    for d in range(D):
+                        A[t, d] = (U[x, d] if inx else 0) + (U[y, d] if iny else 0)
+                        B[t, d] = (V[x, d] if inx else 0) + (V[y, d] if iny else 0)
+                C = out[p]
+                for t in range(0, w4, 4):
+                    b0, b1, b2, b3 = B[t], B[t + 1], B[t + 2], B[t + 3]
+                    for a in range(D):
+                        a0, a1, a2, a3 = A[t, a], A[t + 1, a], A[t + 2, a], A[t + 3, a]
+                        row = C[a]
+                        for b in range(D):
+                            row[b] += a0 * b0[b] + a1 * b1[b] + a2 * b2[b] + a3 * b3[b]
+                p += 1
+
+
+def _gram_ring_all(U, V, k, n, out):  # pragma: no cover
+    """out (parts, reps, pairs, D, D); U, V (reps, N, D)."""
+    parts, reps = out.shape[0], out.shape[1]
+    for jj in _prange(parts * reps):
+        j, r = jj // reps, jj % reps
+        _gram_ring_part_jit(U[r], V[r], k, n, n * j // parts, n * (j + 1) // parts, out[j, r])
+
+
+def _ring_mul_into(a, b, taps, c, out):  # pragma: no cover
+    """out = a * b in GR(2^64, D) (c: scratch of 2D - 1)."""
+    D = a.shape[0]
+    c[:] = 0
+    for i in range(D):
+        ai = a[i]
+        for j in range(D):
+            c[i + j] += ai * b[j]
+    for mm in range(2 * D - 2, D - 1, -1):
+        top = c[mm]
+        for t in taps:
+            c[mm - D + t] -= top
+    for i in range(D):
+        out[i] = c[i]
+
+
+def _fold_int_part(x, n, lr, sig, nz, taps, t0, t1, out):  # pragma: no cover
+    """out[j, a n + t] = (sigma_t *) sum_i lr[i, j] x[a, i n + t] for t0 <= t < t1: x (m, L)
+    Z_2^64, lr (k, reps D) (repetition j's coefficients at columns j D .. j D + D - 1),
+    sig (n, reps, D) or empty (no sigma), nz (m,) rows not all zero, out (reps, m n, D).
+    By blocks of positions: each chunk's slice of x is read in order into an L1 block of
+    accumulators."""
+    m, L = x.shape
+    k, R = lr.shape
+    reps, D = out.shape[0], out.shape[2]
+    acc = np.zeros((BLOCK, R), dtype=np.int64)
+    c = np.zeros(2 * D - 1, dtype=np.int64)
+    weighted = sig.shape[0] > 0
+    for a in range(m):
+        for s in range(t0, t1, BLOCK):
+            w = min(t1, s + BLOCK) - s
+            if not nz[a]:
+                for j in range(reps):
+                    out[j, a * n + s:a * n + s + w] = 0
+                continue
+            acc[:w] = 0
+            for i in range(k):
+                base = i * n + s
+                top = min(w, L - base)
+                li = lr[i]
+                for t in range(top):
+                    xv = x[a, base + t]
+                    row = acc[t]
+                    for e in range(R):
+                        row[e] += xv * li[e]
+            for t in range(w):
+                o = a * n + s + t
+                for j in range(reps):
+                    if weighted:
+                        _ring_mul_into_jit(acc[t, j * D:(j + 1) * D], sig[s + t, j], taps, c,
+                                           out[j, o])
+                    else:
+                        for d in range(D):
+                            out[j, o, d] = acc[t, j * D + d]
+
+
+def _fold_int_all(x, n, lr, sig, nz, taps, out, parts):  # pragma: no cover
+    for j in _prange(parts):
+        _fold_int_part_jit(x, n, lr, sig, nz, taps, n * j // parts, n * (j + 1) // parts, out)
+
+
+def _fold_ring_part(X, n, mats, nz, t0, t1, out):  # pragma: no cover
+    """out[r, t] = sum_i X[r, i n + t] @ mats[r, i] (a ring element times L_i(r) as its D x D
+    multiplication matrix) for t0 <= t < t1, skipping chunks i with nz[r, i] false; X (reps,
+    N, D), mats (reps, k, D, D), out (reps, n, D). By blocks of positions, so that each
+    matrix stays in L1 while the block passes."""
+    reps, N, D = X.shape
+    k = mats.shape[1]
+    for r in range(reps):
+        for s in range(t0, t1, BLOCK):
+            w = min(t1, s + BLOCK) - s
+            o = out[r, s:s + w]
+            o[:] = 0
+            for i in range(k):
+                if not nz[r, i]:
+                    continue
+                base = i * n + s
+                top = min(w, N - base)
+                M = mats[r, i]
+                for t in range(top):
+                    xi = X[r, base + t]
+                    ot = o[t]
+                    for d in range(D):
+                        xd = xi[d]
+                        Md = M[d]
+                        for e in range(D):
+                            ot[e] += xd * Md[e]
+
+
+def _fold_ring_all(X, n, mats, nz, out, parts):  # pragma: no cover
+    for j in _prange(parts):
+        _fold_ring_part_jit(X, n, mats, nz, n * j // parts, n * (j + 1) // parts, out)
+
+
+_gram_int_part_jit = _gram_int_part
+_gram_ring_part_jit = _gram_ring_part
+_ring_mul_into_jit = _ring_mul_into
+_fold_int_part_jit = _fold_int_part
+_fold_ring_part_jit = _fold_ring_part
+
+
+@functools.cache
+def _kernels() -> dict:
+    """Compile lazily (disk-cached): the part kernels, and serial / parallel drivers."""
+    import numba
+
+    g = globals()
+    for name in ("_gram_int_part", "_gram_ring_part", "_ring_mul_into", "_fold_int_part",
+                 "_fold_ring_part"):
+        g[name + "_jit"] = numba.njit(cache=True, nogil=True)(g[name])
+    out = {}
+    for name in ("_gram_int_all", "_gram_ring_all", "_fold_int_all", "_fold_ring_all"):
+        g["_prange"] = range
+        out[name, False] = numba.njit(cache=True, nogil=True)(g[name])
+    g["_prange"] = numba.prange
+    for name in ("_gram_int_all", "_gram_ring_all", "_fold_int_all", "_fold_ring_all"):
+        out[name, True] = _parallel_twin(numba, g[name])
+    return out
+
+
+def _parallel_twin(numba, func):
+    """A parallel compilation of ``func`` under its own cache name (numba's cache key ignores
+    the flags) with ``_prange`` bound to numba.prange."""
+    import types
+
+    glob = dict(func.__globals__)
+    glob["_prange"] = numba.prange
+    twin = types.FunctionType(func.__code__, glob, func.__name__ + "_par")
+    twin.__qualname__ = func.__qualname__ + "_par"
+    return numba.njit(cache=True, nogil=True, parallel=True)(twin)
+
+
+_active = [0]
+_active_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def verifying():
+    """Marks one party's verification in this process. While more than one runs at once
+    (parties as threads of one process: the simulator, the tests, the benchmarks), each
+    already has its core and the kernels run serially - parallel ones would oversubscribe
+    the cores (3 parties x numba threads) and wait on the slowest thread at every join; a
+    party alone in its process gets the parallel kernels for large work, as in
+    :mod:`mpc3.ringmm`."""
+    with _active_lock:
+        _active[0] += 1
+    try:
+        yield
+    finally:
+        with _active_lock:
+            _active[0] -= 1
+
+
+def _parts(macs: int) -> tuple[bool, int]:
+    if macs >= PARALLEL_MIN_MACS and _active[0] <= 1:
+        import numba
+        return True, 2 * numba.get_num_threads()
+    return False, 1
+
+
+def _i64(x: np.ndarray) -> np.ndarray:
+    x = np.ascontiguousarray(x, dtype=np.uint64)
+    if not x.flags.writeable:
+        x = x.copy()
+    return x.view(np.int64)
+
+
+def pairs(k: int) -> list[tuple[int, int]]:
+    """The pairs (i <= i') in the order the Gram kernels return them."""
+    return [(i, i2) for i in range(k) for i2 in range(i, k)]
+
+
+def gram_int(u: np.ndarray, v: np.ndarray, sig: np.ndarray, k: int) -> np.ndarray:
+    """T[p] = sum_t sig[t] sum_a (u_i v_i' + u_i' v_i)[a, t] (G[i, i] once on the diagonal)
+    for Z_2^64 u, v (m, L) in k chunks of n = ceil(L / k) and weights sig (n, R): (pairs, R)."""
+    n, R = sig.shape
+    P = k * (k + 1) // 2
+    par, parts = _parts(P * n * R)
+    out = np.zeros((parts, P, R), dtype=np.int64)
+    _kernels()["_gram_int_all", par](_i64(u), _i64(v), _i64(sig), k, n, out)
+    return out.sum(axis=0, dtype=np.int64).view(np.uint64)
+
+
+def gram_ring(U: np.ndarray, V: np.ndarray, k: int) -> np.ndarray:
+    """P[r, p, a, b] = sum_t A_p[t, a] B_p[t, b] (coefficient products, unreduced) for ring
+    vectors U, V (reps, N, D) in k chunks of n = ceil(N / k), A_p = U_i + U_i' (U_i on the
+    diagonal), B_p likewise: (reps, pairs, D, D)."""
+    reps, N, D = U.shape
+    n = -(-N // k)
+    P = k * (k + 1) // 2
+    par, parts = _parts(reps * P * n * D * D)
+    out = np.zeros((parts, reps, P, D, D), dtype=np.int64)
+    _kernels()["_gram_ring_all", par](_i64(U), _i64(V), k, n, out)
+    return out.sum(axis=0, dtype=np.int64).view(np.uint64)
+
+
+def fold_int(x: np.ndarray, k: int, lr: np.ndarray, sig: np.ndarray | None,
+             taps: np.ndarray) -> np.ndarray:
+    """(sigma_t *) p_(a,t)(r) for Z_2^64 rows x (m, L) in k chunks: lr (reps, k, D) the
+    Lagrange coefficients at r, sig (reps, n, D) or None: (reps, m n, D)."""
+    m, L = x.shape
+    reps, _, D = lr.shape
+    n = -(-L // k)
+    nz = np.array([bool(row.any()) for row in x])
+    par, parts = _parts(int(nz.sum()) * n * reps * D * (k + (D if sig is not None else 0)))
+    out = np.empty((reps, m * n, D), dtype=np.int64)
+    s = np.zeros((0, reps, D), np.int64) if sig is None else \
+        np.ascontiguousarray(_i64(sig).transpose(1, 0, 2))
+    _kernels()["_fold_int_all", par](_i64(x), n, np.ascontiguousarray(
+        _i64(lr).transpose(1, 0, 2)).reshape(-1, reps * D), s, nz, taps, out, parts)
+    return out.view(np.uint64)
+
+
+def fold_ring(X: np.ndarray, k: int, mats: np.ndarray) -> np.ndarray:
+    """sum_i L_i(r) X_i for ring vectors X (reps, N, D) in k chunks, mats (reps, k, D, D) the
+    multiplication matrices of L_i(r): (reps, ceil(N / k), D). All-zero chunks are skipped."""
+    reps, N, D = X.shape
+    n = -(-N // k)
+    nz = np.zeros((reps, k), dtype=np.bool_)
+    for r in range(reps):
+        for i in range(k):
+            nz[r, i] = bool(X[r, i * n:(i + 1) * n].any())
+    par, parts = _parts(int(nz.sum()) * n * D * D)
+    out = np.empty((reps, n, D), dtype=np.int64)
+    _kernels()["_fold_ring_all", par](_i64(X), n, _i64(mats), nz, out, parts)
+    return out.view(np.uint64)
