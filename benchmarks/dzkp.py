@@ -3,7 +3,8 @@ products themselves, three parties in this process (threads): for L gates, the p
 reshare (8 L bytes per party, one round) and the proof that every party's product message
 was honest (every party proves its own batch and checks its two neighbours'); and for
 matrix products (``--matmul``), the product and the flush of ``party.checks`` that reduces
-it by random vectors (mpc3.freivalds) and proves it. Rounds and
+it by random vectors (mpc3.freivalds) and proves it; and for fixed-point matrix products
+(``--fxp``), the whole product with its truncation in semi-honest and in malicious mode. Rounds and
 bytes are the parties' own counters beside the declared cost; walls are this machine's,
 with the three parties sharing its cores:
 
@@ -103,12 +104,53 @@ def measure_matmul(shape: tuple[int, int, int], params: dzkp.Params, seed: int =
             "verify_s": round(max(o[2] for o in out), 4)}
 
 
+def _fxp_job(p, x, y, malicious, params):
+    """A fixed-point matrix product: semi-honest (truncation fused into the reshare) or
+    malicious (plain product, trunc_a, then the flush that proves both)."""
+    if malicious:
+        p.checks = Checks(p, params)
+    before, t0 = p.stats.snapshot(), time.perf_counter()
+    z = arith.matmul_aa(p, x, y)
+    t1 = time.perf_counter()
+    if malicious:
+        p.checks.flush(p)
+    return z, t1 - t0, time.perf_counter() - t1, p.stats - before
+
+
+def measure_fxp(shape: tuple[int, int, int], params: dzkp.Params, seed: int = 0) -> dict:
+    """One M x K x N fixed-point matrix product (truncation included) in both modes, in one
+    run: bytes and rounds per party of the whole (product, truncation, and in malicious
+    mode the flush with the truncation's witness), and walls."""
+    M, K, N = shape
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-(1 << 20), 1 << 20, size=(M, K)).astype(np.uint64)
+    y = rng.integers(-(1 << 20), 1 << 20, size=(K, N)).astype(np.uint64)
+    xs, ys = deal(x, rng), deal(y, rng)
+    row, values = {"shape": list(shape)}, []
+    for mode in ("semi-honest", "malicious"):
+        out = run_parties(_fxp_job, [(xs[i], ys[i], mode == "malicious", params)
+                                     for i in range(3)])
+        values.append(reveal([o[0] for o in out]).astype(np.int64))
+        row[mode] = {"bytes_per_party": [o[3].bytes_sent for o in out],
+                     "rounds": max(o[3].rounds for o in out),
+                     "product_s": round(max(o[1] for o in out), 4),
+                     "verify_s": round(max(o[2] for o in out), 4)}
+    assert np.abs(values[0] - values[1]).max() <= 2          # both: stochastic rounding
+    semi, mal = row["semi-honest"], row["malicious"]
+    row["bytes_ratio"] = round(sum(mal["bytes_per_party"]) / sum(semi["bytes_per_party"]), 4)
+    row["rounds_ratio"] = round(mal["rounds"] / semi["rounds"], 3)
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[10**3, 10**4, 10**5, 10**6])
     ap.add_argument("--matmul", nargs="*", default=["128x768x2304", "1x768x2304"],
                     help="matrix products MxKxN (GPT-2-small's QKV projection of a 128-token "
                          "prompt and of one decoding step by default)")
+    ap.add_argument("--fxp", nargs="*", default=["128x768x768", "1x768x768"],
+                    help="fixed-point matrix products MxKxN measured in both modes (a "
+                         "GPT-2-small attention output projection, prompt and one step)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     params = dzkp.Params()
@@ -118,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     result["runs"] = [measure(n, params) for n in args.sizes]
     result["matmul_runs"] = [measure_matmul(tuple(int(v) for v in s.split("x")), params)
                              for s in args.matmul]
+    result["fxp_runs"] = [measure_fxp(tuple(int(v) for v in s.split("x")), params)
+                          for s in args.fxp]
     runinfo.finish(result, args.json)
     return 0
 

@@ -10,10 +10,15 @@ B = script("dzkp")
 
 def test_the_benchmark_records_declared_equal_measured(tmp_path):
     out = tmp_path / "r.json"
-    B.main(["--sizes", "50", "700", "--matmul", "4x48x8", "1x48x8", "--json", str(out)])
+    B.main(["--sizes", "50", "700", "--matmul", "4x48x8", "1x48x8", "--fxp", "3x16x5",
+            "--json", str(out)])
     r = json.loads(out.read_text())
     assert r["benchmark"] == "dzkp" and r["commit"] and "load_avg_1m_at_end" in r
     runs = r["runs"] + r["matmul_runs"]
     assert [x["gates"] for x in r["runs"]] == [50, 700] and len(runs) == 4
     assert all(x["declared_equals_measured"] for x in runs)
     assert all(x["soundness_bits"] >= 49 for x in runs)
+    fxp, = r["fxp_runs"]
+    semi, mal = fxp["semi-honest"], fxp["malicious"]
+    assert semi["rounds"] == 2 and mal["rounds"] > semi["rounds"]       # exact truncation
+    assert fxp["bytes_ratio"] > 1
