@@ -29,6 +29,7 @@ import threading
 
 import numpy as np
 
+from .galois import _mul_one
 from .ringmm import PARALLEL_MIN_MACS
 
 #: positions per block: a block of the weights / chunks stays in L1 while every pair passes
@@ -123,22 +124,6 @@ def _gram_ring_all(U, V, k, n, out):  # pragma: no cover
         _gram_ring_part_jit(U[r], V[r], k, n, n * j // parts, n * (j + 1) // parts, out[j, r])
 
 
-def _ring_mul_into(a, b, taps, c, out):  # pragma: no cover
-    """out = a * b in GR(2^64, D) (c: scratch of 2D - 1)."""
-    D = a.shape[0]
-    c[:] = 0
-    for i in range(D):
-        ai = a[i]
-        for j in range(D):
-            c[i + j] += ai * b[j]
-    for mm in range(2 * D - 2, D - 1, -1):
-        top = c[mm]
-        for t in taps:
-            c[mm - D + t] -= top
-    for i in range(D):
-        out[i] = c[i]
-
-
 def _fold_int_part(x, n, lr, sig, nz, taps, t0, t1, out):  # pragma: no cover
     """out[j, a n + t] = (sigma_t *) sum_i lr[i, j] x[a, i n + t] for t0 <= t < t1: x (m, L)
     Z_2^64, lr (k, reps D) (repetition j's coefficients at columns j D .. j D + D - 1),
@@ -219,7 +204,7 @@ def _fold_ring_all(X, n, mats, nz, out, parts):  # pragma: no cover
 
 _gram_int_part_jit = _gram_int_part
 _gram_ring_part_jit = _gram_ring_part
-_ring_mul_into_jit = _ring_mul_into
+_ring_mul_into_jit = _mul_one          # out = a * b in GR(2^64, D), c: scratch
 _fold_int_part_jit = _fold_int_part
 _fold_ring_part_jit = _fold_ring_part
 
@@ -230,9 +215,9 @@ def _kernels() -> dict:
     import numba
 
     g = globals()
-    for name in ("_gram_int_part", "_gram_ring_part", "_ring_mul_into", "_fold_int_part",
-                 "_fold_ring_part"):
+    for name in ("_gram_int_part", "_gram_ring_part", "_fold_int_part", "_fold_ring_part"):
         g[name + "_jit"] = numba.njit(cache=True, nogil=True)(g[name])
+    g["_ring_mul_into_jit"] = numba.njit(cache=True, nogil=True)(_mul_one)
     out = {}
     for name in ("_gram_int_all", "_gram_ring_all", "_fold_int_all", "_fold_ring_all"):
         g["_prange"] = range
