@@ -183,12 +183,17 @@ def reached(probed: dict, n_dec_layers: int) -> set:
 
 
 def secure_trace(cfg, w, X, Y=None, fold: bool = True, block: int | None = None,
-                 ring: RingConfig = RingConfig()) -> dict:
+                 ring: RingConfig = RingConfig(), beyond: frozenset = frozenset()) -> dict:
     """What a secure run on three in-process parties hands its range-limited kernels
     (:meth:`Probe.values`) when it runs what the calibration's driver for ``cfg.arch``
     (:func:`protocols.calibration.shadow.trace`, without a secret head) runs on a shadow party:
     the same passes over the samples ``X`` (and targets ``Y``), the same sessions and
-    schedules, each input row as the parties would receive it."""
+    schedules, each input row as the parties would receive it. ``beyond``: attention
+    sublayers whose decode-step o W^O is past the deferred W^O's exact range (site
+    ``wo_raw`` >= ``arith.product_limit(frac, frac)``), left out of the deferred-W^O passes -
+    the parties' truncation by 2 frac fails there (13-37 % of the elements, a
+    2^(64 - 3 frac) error each), as the calibration's schedule choice
+    (:func:`protocols.stacks.schedule.deferred_wo`) never has it run."""
     from protocols import model as M
     from protocols.calibration.shadow import rows
     from protocols.layers.secure_model import share_model
@@ -213,7 +218,7 @@ def secure_trace(cfg, w, X, Y=None, fold: bool = True, block: int | None = None,
         elif cfg.arch == M.DECODER_ONLY:
             for t in range(1, x.shape[1] + 1):     # the calibration's prefill takes every
                 LM.lm_prefill(p, cfg, s, x[:, :t], block)   # row on: the prompt ending there
-            lm_self = frozenset(k for k in every if k.endswith(".self"))
+            lm_self = frozenset(k for k in every if k.endswith(".self")) - beyond
             for raw in [frozenset()] + [lm_self] * performer:
                 st = LM.lm_open(p, cfg, s, x.shape[0], block, LM.DEFAULT_LM_FUSE,
                                 Schedule(raw_wo=raw))
@@ -222,7 +227,8 @@ def secure_trace(cfg, w, X, Y=None, fold: bool = True, block: int | None = None,
         else:
             enc = encoder(p, cfg, s, x)
             sessions = [(frozenset(), frozenset(), True)]
-            sessions += [(every, frozenset(), True), (frozenset(), every, False)] * performer
+            sessions += [(every - beyond, frozenset(), True),
+                         (frozenset(), every, False)] * performer
             for raw, fold_wo, steps in sessions if cfg.n_dec_layers else ():
                 st = D.DecodeState.start(p, cfg, s, enc, block, D.DEFAULT_FUSE,
                                          Schedule(raw_wo=raw, fold_wo=fold_wo))

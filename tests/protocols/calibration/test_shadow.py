@@ -4,13 +4,27 @@ run of the same stacks on three parties hands those kernels (tests/helpers/kerne
 the parties' kernel arguments reconstructed and measured as the shadow measures), within the
 secure run's fixed-point error.
 
-Equal sites, equal values (relative 1e-2: the secure run's truncations and approximations; a
-wrong scale is off by a power of two) on the shipped classifier and LMs and on small configs
-across attentions, norms, activations and flags. The sites the shadow records and the secure
-run does not reach are exactly the alternatives a calibration covers for a job that may take
-them: the other attention order's (``scores`` / ``kv`` of a folded Performer's full sequence)
-and the classifier's arg-max bound. (What the shadow computes is checked against the float64
-reference in tests/helpers/shadow_run.py's users.)
+Equal sites, equal values on the shipped classifier and LMs and on small configs across
+attentions, norms, activations and flags. The sites the shadow records and the secure run
+does not reach are exactly the alternatives a calibration covers for a job that may take
+them: the other attention order's (``scores`` / ``kv`` of a folded Performer's full sequence),
+the classifier's arg-max bound, and the deferred W^O (``wo_raw``) of a layer past that
+schedule's exact range. (What the shadow computes is checked against the float64 reference
+in tests/helpers/shadow_run.py's users.)
+
+A secure run is an oracle only where its kernels are inside their documented ranges: every
+limiting site within its kernel's range (the calibration's check at margin 1), and the
+deferred-W^O passes only for layers whose ``wo_raw`` is below
+``arith.product_limit(frac, frac)`` (2^8). Past it the truncation by 2 frac fails for some
+elements (mpc3.kernels.arith.product_limit: 13-37 %) by 2^(64 - 3 frac) = 2^10 each - which
+the calibration's schedule choice never runs, and which made batchnorm-decoder-only
+(dec.1.self.wo_raw 379.9) fail in 12 of 50 seeds (dec.1.ln2.bn 642.7 or 719.2 vs 382.5).
+
+Inside the ranges the values differ by the fixed-point error alone: stochastic rounding,
+below 1 ulp (2^-18) per truncation, of values that are maxima of order 1-1000. Measured on
+batchnorm-decoder-only over 50 seeds: worst relative deviation 4.0e-5 (dec.final_ln.bn);
+RTOL = 1e-2 leaves a factor ~250 above that for the approximated kernels of other configs,
+and is far below what a wrong scale (a power of two) or a ring-wrapped element gives.
 """
 import numpy as np
 import pytest
@@ -18,6 +32,7 @@ from helpers.kernel_probe import compare, reached, secure_trace
 
 from mpc3 import ring
 from mpc3.kernels import arith, convert
+from mpc3.party import RingConfig
 from mpc3.shadow import ShadowParty
 from protocols.calibration import calibrate as C
 from protocols import model as M
@@ -26,6 +41,7 @@ from app import textdata as TD
 from protocols.model.presets import aero
 
 RTOL = 1e-2
+RING = RingConfig()
 
 
 def other_order(layer: str, site: str) -> bool:
@@ -37,14 +53,21 @@ def other_order(layer: str, site: str) -> bool:
 def check(cfg, w, X, fold=True, block=None, Y=None):
     """The shadow's records of the calibration's passes equal the secure run's, site by site
     (the other attention order's at least the secure run's); it records no site the secure
-    run does not reach but those of the other order and the classifier's arg-max bound."""
+    run does not reach but those of the other order, the classifier's arg-max bound and the
+    deferred W^O of a layer past its exact range (which the secure run does not defer: its
+    kernels would be outside their contract, and the calibration never schedules it)."""
     shadow = SH.trace(cfg, w, X, Y, fold_omega=fold, block=block).values
-    secure = secure_trace(cfg, w, X, Y, fold, block)
+    C.Calibration(shadow, {}, margin=1.0, frac=RING.frac,          # kernels in their ranges
+                  relu_bound_bits=RING.relu_bound_bits).check()
+    limit = arith.product_limit(RING.frac, RING.frac)
+    beyond = frozenset(layer for layer, row in shadow.items() if row.get("wo_raw", 0) >= limit)
+    secure = secure_trace(cfg, w, X, Y, fold, block, RING, beyond)
     compare(secure, shadow, RTOL, other_order)
     unreached = {(layer, s) for layer, row in shadow.items() for s in row} - \
         reached(secure, cfg.n_dec_layers)
     alternatives = {(layer, s) for layer, s in unreached
-                    if other_order(layer, s) or (layer, s) == ("head", "argmax")}
+                    if other_order(layer, s) or (layer, s) == ("head", "argmax")
+                    or (layer in beyond and s == "wo_raw")}
     assert unreached == alternatives, sorted(unreached - alternatives)
 
 
