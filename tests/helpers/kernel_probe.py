@@ -183,16 +183,18 @@ def reached(probed: dict, n_dec_layers: int) -> set:
 
 
 def secure_trace(cfg, w, X, Y=None, fold: bool = True, block: int | None = None,
-                 ring: RingConfig = RingConfig(), beyond: frozenset = frozenset()) -> dict:
+                 ring: RingConfig = RingConfig(), seed: int | None = 0,
+                 beyond: frozenset = frozenset()) -> dict:
     """What a secure run on three in-process parties hands its range-limited kernels
     (:meth:`Probe.values`) when it runs what the calibration's driver for ``cfg.arch``
     (:func:`protocols.calibration.shadow.trace`, without a secret head) runs on a shadow party:
     the same passes over the samples ``X`` (and targets ``Y``), the same sessions and
-    schedules, each input row as the parties would receive it. ``beyond``: attention
-    sublayers whose decode-step o W^O is past the deferred W^O's exact range (site
-    ``wo_raw`` >= ``arith.product_limit(frac, frac)``), left out of the deferred-W^O passes -
-    the parties' truncation by 2 frac fails there (13-37 % of the elements, a
-    2^(64 - 3 frac) error each), as the calibration's schedule choice
+    schedules, each input row as the parties would receive it. ``seed`` fixes the run: the
+    model's and the inputs' shares and every job's PRG keys (the same run every time; None:
+    fresh ones). ``beyond``: attention sublayers whose decode-step o W^O is past the
+    deferred W^O's exact range (site ``wo_raw`` >= ``arith.product_limit(frac, frac)``), left
+    out of the deferred-W^O passes - the parties' truncation by 2 frac fails there (13-37 % of
+    the elements, a 2^(64 - 3 frac) error each), as the calibration's schedule choice
     (:func:`protocols.stacks.schedule.deferred_wo`) never has it run."""
     from protocols import model as M
     from protocols.calibration.shadow import rows
@@ -235,11 +237,14 @@ def secure_trace(cfg, w, X, Y=None, fold: bool = True, block: int | None = None,
                 for t in range(y.shape[1] if steps else 0):
                     D.decoder_step(p, cfg, s, st, y[:, t])
 
-    def dealt(a):
-        return deal(R.encode(np.asarray(a, dtype=np.float64), ring.frac)) if a is not None \
-            else [None] * 3
+    rng = None if seed is None else np.random.default_rng(seed)
 
-    sh = share_model(cfg, w, fold_omega=fold, frac=ring.frac)
+    def dealt(a):
+        return deal(R.encode(np.asarray(a, dtype=np.float64), ring.frac), rng) \
+            if a is not None else [None] * 3
+
+    sh = share_model(cfg, w, fold_omega=fold, frac=ring.frac, rng=rng)
+    jobs = 0
     with pytest.MonkeyPatch.context() as mp:
         probe = Probe(mp)
         for i, x in enumerate(X):
@@ -248,6 +253,8 @@ def secure_trace(cfg, w, X, Y=None, fold: bool = True, block: int | None = None,
                                                                       M.ENCODER) else [(x, y)]
             for c, cy in parts:
                 xs, ys = dealt(c), dealt(cy)
+                keys = None if seed is None else b"probe %d job %d" % (seed, jobs)
                 run_parties(job, [(sh[r], xs[r], ys[r]) for r in range(3)],
-                            parties=make_parties(ring))
+                            parties=make_parties(ring, seed=keys))
+                jobs += 1
     return probe.values(ring)
