@@ -1,48 +1,73 @@
-"""Test-only probe: the values that reach range-limited kernels in a SECURE run.
+"""Test-only probe: what a SECURE run hands its range-limited kernels, measured the way the
+calibration measures it.
 
-:class:`Probe` wraps the kernel entry points (mul_aa, matmul_aa, mul_many_aa, trunc_a, relu_a,
-drelu_a, sqrt_inv_a, reciprocal_a, exp_a) for three in-process parties. Each top-level call
-(calls made inside another wrapped kernel, e.g. sqrt_inv_a's Newton products, are the kernel's
-own business) is attributed from the call stack to a calibration site (layer, site) of
-:mod:`protocols.calibration.site_catalog`; a call that matches no site fails the test, naming the
-source line. After the run the operands are reconstructed from the three parties' shares and each
-call's largest value is computed exactly in the ring: for a product the untruncated result (real
-value = raw / 2^(2 frac + extra), so raw / 2^62 is the fraction of its limit used), for relu
-the input, for sqrt_inv the input's minimum and maximum.
+:class:`Probe` wraps, for the duration of a test (pytest's ``monkeypatch``), every kernel
+entry point a shadow party takes over at (:data:`ENTRIES`) and gives real parties a scoped
+``p.at`` (:class:`Scoped`: the same party, carrying the layer the stack names). A top-level
+call that names a calibration site (its ``site=`` / ``sites=`` keyword) is kept with its
+layer and arguments, per party. After the run the arguments are reconstructed from the three
+parties' shares and handed to the same-named method of a :class:`mpc3.shadow.ShadowParty`
+recording into a :class:`protocols.calibration.shadow.ShadowRecorder`: ``values`` then holds,
+in the calibration's units, what the secure parties' kernels received - which the
+calibration (the stacks on a shadow party, each kernel's ideal functionality) claims to have
+recorded. Calls made inside another probed kernel are the kernel's own business.
+
+A real party that runs several decoder layers' cross attention in one call
+(:func:`protocols.layers.cross.cross_precompute`, :func:`protocols.stacks.decoder.fold_wo_into_kv`)
+names no layer there; its records are filed under :data:`ALL_CROSS`, and
+:func:`compare` checks them against the largest of the shadow's per-layer records.
 """
 from __future__ import annotations
 
-import linecache
+import inspect
 import sys
 import threading
-from collections import defaultdict
 
 import numpy as np
+import pytest
 
-from mpc3 import ring
-from mpc3.kernels import arith, convert, fxp, truncation
+from mpc3.kernels import activations, arith, convert, extrema, fxp, silu
 from mpc3.kernels.base import group_bounds
-from mpc3.shares import SplitShare
+from mpc3.party import Party, RingConfig
+from mpc3.shadow import ShadowParty
+from mpc3.shares import AShare, SplitShare
 from mpc3.sharing import reveal
+from protocols.calibration.shadow import ShadowRecorder
+from protocols.layers import vocab
 
-KERNELS = ((arith, "mul_aa"), (arith, "matmul_aa"), (arith, "mul_many_aa"),
-           (arith, "mul_split_aa"), (truncation, "trunc_a"),
-           (convert, "relu_a"), (convert, "drelu_a"), (fxp, "sqrt_inv_a"),
-           (fxp, "reciprocal_a"), (fxp, "exp_a"))
-#: kernels written as lockstep steps (generators), recorded under the name of their
-#: blocking form: calls made while they run are theirs
-STEPS = {(fxp, "sqrt_inv_steps"): "sqrt_inv_a", (arith, "mul_many_steps"): "mul_many_aa"}
-HELPERS = {"mul_many", "relu_many", "relu_products", "wrapped",
-           "activation", "<lambda>", "relu_split", "relu_outputs"}
-SUBLAYER = {"mha": "attn", "ffn": "ffn", "ffn_hidden": "ffn", "_self_step": "self",
-            "_cross_step": "cross"}
+#: (module, kernel) -> the ShadowParty method that stands for it
+ENTRIES = {(arith, "mul_aa"): "mul_aa", (arith, "matmul_aa"): "matmul_aa",
+           (arith, "mul_many_aa"): "mul_many_aa", (arith, "mul_many_steps"): "mul_many_aa",
+           (arith, "mul_split_aa"): "mul_split_aa", (convert, "relu_a"): "relu_a",
+           (convert, "drelu_a"): "drelu_a", (fxp, "sqrt_inv_a"): "sqrt_inv_a",
+           (fxp, "sqrt_inv_steps"): "sqrt_inv_a", (fxp, "reciprocal_a"): "reciprocal_a",
+           (fxp, "exp_a"): "exp_a", (fxp, "exp_neg_a"): "exp_neg_a",
+           (activations, "gelu_a"): "gelu_a", (activations, "tanh_a"): "tanh_a",
+           (silu, "silu_a"): "silu_a", (extrema, "max_rows_a"): "max_rows_a",
+           (vocab, "argmax_a"): "argmax_a"}
+#: the layer of a call no ``p.at`` scope names (several decoder layers' cross attention)
+ALL_CROSS = ""
 
 
-class UnmappedCall(AssertionError):
-    pass
+class Scoped:
+    """A real party seen through ``p.at(layer)``: every attribute is the party's (reads and
+    writes), ``probe_layer`` the scope."""
+
+    def __init__(self, party: Party, layer: str) -> None:
+        object.__setattr__(self, "_party", party)
+        object.__setattr__(self, "probe_layer", layer)
+
+    def __getattr__(self, name):
+        return getattr(self._party, name)
+
+    def __setattr__(self, name, value) -> None:
+        setattr(self._party, name, value)
+
+    def at(self, layer: str) -> "Scoped":
+        return Scoped(self._party, layer)
 
 
-def _reveal_any(shares):
+def _reveal_any(shares) -> np.ndarray:
     """reveal, or for SplitShares (arith.mul_split_aa) A + B per element group: role 0 of
     group g is rank g % 3 (its a + b), role 1 the next rank (its b)."""
     if not isinstance(shares[0], SplitShare):
@@ -55,155 +80,44 @@ def _reveal_any(shares):
     return out.reshape(shares[0].shape)
 
 
-def _frames():
-    f = sys._getframe(1)
-    while f is not None:
-        mod = f.f_globals.get("__name__", "")
-        if mod.startswith("protocols."):
-            yield f
-        f = f.f_back
-
-
-def _layer(frames) -> str:
-    kind = None
-    for f in frames:
-        name = f.f_code.co_name
-        if name == "_ln":
-            return f.f_locals["prefix"]
-        if name == "ln_proj":
-            return f.f_locals["ln"]
-        if name == "fused_biases":                 # items of several layers: sites say which
-            return "dec.*"
-        if name in ("cross_precompute", "start"):
-            return "dec.*.cross"
-        if kind is None and name in SUBLAYER:
-            kind = SUBLAYER[name]
-        if kind is None and name == "sublayer":     # decoder_step: split features' ReLU
-            kind = f.f_locals["kind"]
-        if name == "decoder_step" and "pre" not in f.f_locals:
-            return "dec.0.self"                # the first layer's own projection
-        if name in ("encoder_layer", "decoder_step"):
-            return f"{f.f_locals['pre']}.{kind}"
-    raise UnmappedCall("kernel call outside an encoder layer / decode step")
-
-
-def _sites(inner, kernel: str, n_items: int) -> list[str]:
-    """Site of each product item (one entry unless mul_many_aa)."""
-    fn = inner.f_code.co_name
-    text = linecache.getline(inner.f_code.co_filename, inner.f_lineno)
-    one = None
-    if fn == "project" or (fn == "project_features" and kernel != "relu_a"):
-        return ["proj"] * n_items
-    if fn in ("project_features", "_cross_features") and kernel == "relu_a":
-        return ["features"]
-    if fn == "_cross_features":     # K' per decoder layer, then V of all layers (one item)
-        return [f"dec.{i}.cross|proj" for i in range(n_items - 1)] + ["proj"]
-    if fn == "features":
-        one = "omega" if kernel == "matmul_aa" else "features"
-    elif fn in ("cross_precompute", "_with_kv"):
-        one = {"enc, wcat": "proj", "kst, om": "omega", "kf.T, vst": "kv"}.get(
-            next((k for k in ("enc, wcat", "kst, om", "kf.T, vst") if k in text), None),
-            "features" if kernel == "relu_a" else None)
-    elif fn == "relu_attention":
-        one = next((s for k, s in (("kf.T, v", "kv"), ("qf, kv", "out"), ("qf, kf.T", "scores"),
-                                   ("a, v", "out")) if k in text), None)
-    elif fn == "attention_step":
-        if kernel == "mul_many_aa":
-            st = inner.f_locals["state"]
-            return ["scores"] + ["out"] * bool(st.folded) + ["kv"] * bool(inner.f_locals["fold"])
-        one = "out"
-    elif fn == "cross_attention_step":
-        one = "out"
-    elif fn == "fold_wo_into_kv":               # (K'^T V)_h W^O_h of every decoder layer
-        one = "kvwo"
-    elif fn == "_cross_step":                   # a folded W^O: o W^O = Q' M in one product
-        one = "wo"
-    elif fn == "finish":            # the 1/n row scale rides in its truncation, or (raw: a
-        one = "wo_raw" if inner.f_locals.get("raw") else "wo"   # deferred one) is applied
-    elif fn == "decoder_step" and kernel == "mul_many_aa":   # the first layer's projection
-        return ["proj"] * n_items
-    elif fn == "step_project":                          # decode step: split, then plain
-        loc = inner.f_locals
-        names = loc["split"] + loc["plain"] if kernel == "mul_split_aa" else loc["plain"]
-        return [f"{w.rsplit('.', 1)[0]}|{'w1' if w.endswith('.w1') else 'proj'}"
-                for w in names]
-    elif fn == "sublayer" and kernel == "relu_a":            # decode step: split features
-        one = "features"
-    elif fn == "fused_biases":                      # beta W of each fused LayerNorm projection
-        ln = inner.f_locals["ln"]
-        return [f"{ln}|{'lnw1' if w.endswith('.w1') else 'lnproj'}" for w in inner.f_locals["ws"]]
-    elif fn == "layernorm_project":
-        if kernel == "mul_many_aa" and "rs" not in inner.f_locals:   # (x - mu) gamma W_i
-            return ["lnw1" if bits == inner.f_locals["p"].cfg.frac else "lnproj"
-                    for _, bits in inner.f_locals["mats"]]
-        if kernel == "mul_many_aa":
-            k = len(inner.f_locals["keep"])
-            return ["scale"] * (n_items - k) + ["lnscale"] * k
-        if kernel == "mul_split_aa":       # products feeding relu_a, then xg and the rest
-            k, ns = len(inner.f_locals["keep"]), len(inner.f_locals["split"])
-            return ["lnscale"] * ns + ["scale"] * (n_items - ns - k) + ["lnscale"] * k
-        one = "var_eps" if kernel == "sqrt_inv_a" else None
-    elif fn == "batchnorm":                     # norm batchnorm: x * scale
-        one = "bn"
-    elif fn in ("layernorm", "_stats"):
-        if kernel == "mul_many_aa":
-            return ["sumsq", "sum2", "xgamma"]
-        one = {"sqrt_inv_a": "var_eps", "mul_aa": "scale"}.get(kernel)
-    elif fn in ("ffn", "ffn_hidden"):
-        one = "hidden" if kernel == "relu_a" else \
-            "w1" if 'w["w1"]' in text else "w2" if 'w["w2"]' in text else None
-    if one is None:
-        raise UnmappedCall(f"{kernel} called from {inner.f_globals['__name__']}.{fn}:"
-                           f"{inner.f_lineno} `{text.strip()}` is not a calibration site")
-    return [one] * n_items
+def _plain(per_party):
+    """The three parties' values of one argument -> the shadow party's: shares revealed
+    (as AShare(x, 0)), lists and tuples item by item, public values as party 0 holds them."""
+    first = per_party[0]
+    if isinstance(first, (AShare, SplitShare)):
+        v = _reveal_any(per_party)
+        return AShare(v, np.zeros_like(v))
+    if type(first) in (list, tuple):
+        return type(first)(_plain(items) for items in zip(*per_party))
+    return first
 
 
 class Probe:
-    def __init__(self, monkeypatch, n_dec_layers: int) -> None:
+    def __init__(self, monkeypatch) -> None:
         self.calls: dict[int, list] = {0: [], 1: [], 2: []}
         self.local = threading.local()
-        self.n_dec = n_dec_layers
-        for mod, name in KERNELS:
-            monkeypatch.setattr(mod, name, self._wrap(name, getattr(mod, name)))
-        for (mod, name), kernel in STEPS.items():
-            monkeypatch.setattr(mod, name, self._wrap_steps(kernel, getattr(mod, name)))
+        monkeypatch.setattr(Party, "at", lambda p, layer: Scoped(p, layer))
+        for (mod, name), method in ENTRIES.items():
+            fn = getattr(mod, name)
+            wrapped = self._wrap(fn, method)
+            for m in list(sys.modules.values()):       # every binding of the kernel
+                if getattr(m, "__name__", "").split(".")[0] in ("mpc3", "protocols") \
+                        and vars(m).get(name) is fn:
+                    monkeypatch.setattr(m, name, wrapped)
 
-    def _wrap_steps(self, kernel, fn):
-        """A steps kernel: recorded when called, its body runs one level deeper."""
+    def _wrap(self, fn, method: str):
+        sig = inspect.signature(fn)
+        steps = inspect.isgeneratorfunction(fn)
+
         def wrapped(p, *args, **kw):
-            self._record(kernel, p, args, kw)
-            gen = fn(p, *args, **kw)
-
-            def steps():
-                value = None
-                while True:
-                    depth = getattr(self.local, "depth", 0)
-                    self.local.depth = depth + 1
-                    try:
-                        r = gen.send(value)
-                    except StopIteration as stop:
-                        return stop.value
-                    finally:
-                        self.local.depth = depth
-                    value = yield r
-            return steps()
-        return wrapped
-
-    def _record(self, kernel, p, args, kw):
-        if getattr(self.local, "depth", 0) == 0:
-            frames = list(_frames())
-            inner = next(f for f in frames if f.f_code.co_name not in HELPERS)
-            seen = args
-            if kernel == "mul_split_aa":              # its completed items too
-                seen = (list(args[0]) + list(kw.get("replicated", ())),) + args[1:]
-            n = len(seen[0]) if kernel in ("mul_many_aa", "mul_split_aa") else 1
-            self.calls[p.rank].append((kernel, _layer(frames), _sites(inner, kernel, n),
-                                       seen, kw))
-
-    def _wrap(self, kernel, fn):
-        def wrapped(p, *args, **kw):
-            self._record(kernel, p, args, kw)
             depth = getattr(self.local, "depth", 0)
+            if depth == 0:
+                bound = sig.bind(p, *args, **kw).arguments
+                if bound.get("site") or any(bound.get("sites") or ()):
+                    self.calls[p.rank].append((getattr(p, "probe_layer", ALL_CROSS), method,
+                                               bound))
+            if steps:              # a steps kernel's body runs later, inside lockstep
+                return self._steps(fn(p, *args, **kw))
             self.local.depth = depth + 1
             try:
                 return fn(p, *args, **kw)
@@ -211,59 +125,136 @@ class Probe:
                 self.local.depth = depth
         return wrapped
 
-    # ------------------------------------------------------------------ after the run ----
-    def _split(self, layer: str, arr: np.ndarray, axis: int):
-        if layer != "dec.*.cross":
-            return [(layer, arr)]
-        parts = np.split(arr, self.n_dec, axis=axis)
-        return [(f"dec.{i}.cross", part) for i, part in enumerate(parts)]
+    def _steps(self, gen):
+        value = None
+        while True:
+            depth = getattr(self.local, "depth", 0)
+            self.local.depth = depth + 1
+            try:
+                r = gen.send(value)
+            except StopIteration as stop:
+                return stop.value
+            finally:
+                self.local.depth = depth
+            value = yield r
 
-    def values(self, frac: int, relu_limit: float) -> dict:
-        """(layer, site) -> largest fraction of its product/relu limit, or (min, max) real
-        for var_eps, over every probed call."""
-        out: dict = defaultdict(float)
-        spans: dict = {}
+    def values(self, ring: RingConfig = RingConfig()) -> dict:
+        """``values[layer][site]`` (a ShadowRecorder's) of every probed call."""
+        rec = ShadowRecorder(ring)
+        assert [len(c) for c in self.calls.values()] == [len(self.calls[0])] * 3
         for per in zip(*(self.calls[r] for r in range(3))):
-            kernel, layer, sites, _, _ = per[0]
-            args = [c[3] for c in per]
-            if kernel in ("mul_many_aa", "mul_split_aa"):
-                prods = []
-                for k in range(len(args[0][0])):
-                    item = [a[0][k] for a in args]
-                    x, y = reveal([i[0] for i in item]), reveal([i[1] for i in item])
-                    z = x * y if item[0][2] == "mul" else ring.matmul(x, y)
-                    if len(item[0]) > 4:
-                        z = np.where(np.broadcast_to(item[0][4], z.shape), z, np.uint64(0))
-                    prods.append(z)
-            elif kernel in ("mul_aa", "matmul_aa"):
-                x, y = reveal([a[0] for a in args]), reveal([a[1] for a in args])
-                prods = [x * y if kernel == "mul_aa" else ring.matmul(x, y)]
-            elif kernel == "trunc_a":
-                prods = [reveal([a[0] for a in args])]
-            else:
-                prods = None
-            if prods is not None:
-                for site, z in zip(sites, prods):
-                    axis = -1 if site == "proj" else 0
-                    if "|" in site:                      # fused_biases: "layer|site"
-                        lay, site = site.split("|")
-                        pairs = [(lay, z)]
-                    else:
-                        pairs = self._split(layer, z, axis)
-                    for lay, part in pairs:
-                        fill = float(np.abs(ring.to_signed(part).astype(np.float64)).max()) \
-                            / 2.0 ** arith.OFFSET_BITS
-                        out[(lay, site)] = max(out[(lay, site)], fill)
+            layer, method, bound = per[0]
+            fn = getattr(ShadowParty(ring, rec, layer), method)
+            names = inspect.signature(fn).parameters
+            fn(**{k: _plain([c[2][k] for c in per]) for k in bound if k in names})
+        return rec.values
+
+
+def compare(probed: dict, shadow: dict, rtol: float, bounded=lambda layer, site: False) -> None:
+    """Every (layer, site) the secure run reached was recorded by the shadow with the same
+    value (``rtol``: the secure run's fixed-point error), or at least that value where
+    ``bounded(layer, site)`` (a site the shadow reaches on more inputs than a secure run).
+    A site of :data:`ALL_CROSS` (several decoder layers' cross attention in one call) is
+    compared as the largest over the decoder layers' cross attentions, where a layer's own
+    calls only bound it."""
+    joint = probed.get(ALL_CROSS, {})
+    for layer, row in probed.items():
+        for site, got in row.items():
+            if layer == ALL_CROSS:
+                per = [r[site] for lay, r in shadow.items() if lay.endswith(".cross") and site in r]
+                assert per, f"cross attention site {site} not in the shadow's records"
+                got = max([got] + [r[site] for lay, r in probed.items()
+                                   if lay.endswith(".cross") and site in r])
+                np.testing.assert_allclose(got, max(per), rtol=rtol, err_msg=f"cross.{site}")
                 continue
-            x = ring.decode(_reveal_any([a[0] for a in args]), frac)
-            if kernel == "relu_a":
-                x = x.reshape(self.n_dec, -1) if layer == "dec.*.cross" else x
-                for lay, part in self._split(layer, x, 0):
-                    out[(lay, sites[0])] = max(out[(lay, sites[0])],
-                                               float(np.abs(part).max()) / relu_limit)
-            elif kernel == "sqrt_inv_a":
-                lo, hi = spans.get((layer, "var_eps"), (np.inf, -np.inf))
-                spans[(layer, "var_eps")] = (min(lo, float(x.min())), max(hi, float(x.max())))
+            assert site in shadow.get(layer, {}), f"{layer}.{site} not recorded by the shadow"
+            want = shadow[layer][site]
+            if (layer.endswith(".cross") and site in joint) or bounded(layer, site):
+                assert got <= want * (1 + rtol), f"{layer}.{site}: {got} > {want}"
             else:
-                raise UnmappedCall(f"{kernel} reached from {layer}: no model site uses it")
-        return {**out, **spans}
+                np.testing.assert_allclose(got, want, rtol=rtol, err_msg=f"{layer}.{site}")
+
+
+def reached(probed: dict, n_dec_layers: int) -> set:
+    """(layer, site) of every record, those of :data:`ALL_CROSS` as every decoder layer's."""
+    return {(lay, s) for layer, row in probed.items() for s in row
+            for lay in ([layer] if layer != ALL_CROSS else
+                        [f"dec.{i}.cross" for i in range(n_dec_layers)])}
+
+
+def secure_trace(cfg, w, X, Y=None, fold: bool = True, block: int | None = None,
+                 ring: RingConfig = RingConfig(), seed: int | None = 0,
+                 beyond: frozenset = frozenset()) -> dict:
+    """What a secure run on three in-process parties hands its range-limited kernels
+    (:meth:`Probe.values`) when it runs what the calibration's driver for ``cfg.arch``
+    (:func:`protocols.calibration.shadow.trace`, without a secret head) runs on a shadow party:
+    the same passes over the samples ``X`` (and targets ``Y``), the same sessions and
+    schedules, each input row as the parties would receive it. ``seed`` fixes the run: the
+    model's and the inputs' shares and every job's PRG keys (the same run every time; None:
+    fresh ones). ``beyond``: attention sublayers whose decode-step o W^O is past the
+    deferred W^O's exact range (site ``wo_raw`` >= ``arith.product_limit(frac, frac)``), left
+    out of the deferred-W^O passes - the parties' truncation by 2 frac fails there (13-37 % of
+    the elements, a 2^(64 - 3 frac) error each), as the calibration's schedule choice
+    (:func:`protocols.stacks.schedule.deferred_wo`) never has it run."""
+    from protocols import model as M
+    from protocols.calibration.shadow import rows
+    from protocols.layers.secure_model import share_model
+    from protocols.stacks import causal_lm as LM
+    from protocols.stacks import decoder as D
+    from protocols.stacks.classifier import classify
+    from protocols.stacks.encoder import encoder
+    from protocols.stacks.schedule import Schedule
+    from protocols.stacks.sentence import embed_sentence
+    from mpc3 import ring as R
+    from mpc3.sharing import deal
+    from mpc3.sim import make_parties, run_parties
+
+    every = frozenset(f"dec.{i}.{k}" for i in range(cfg.n_dec_layers) for k in ("self", "cross"))
+    performer = cfg.attention == M.PERFORMER
+
+    def job(p, s, x, y):
+        if cfg.arch == M.ENCODER_CLASSIFIER:
+            classify(p, cfg, s, x)
+        elif cfg.arch == M.ENCODER:
+            embed_sentence(p, cfg, s, x)
+        elif cfg.arch == M.DECODER_ONLY:
+            for t in range(1, x.shape[1] + 1):     # the calibration's prefill takes every
+                LM.lm_prefill(p, cfg, s, x[:, :t], block)   # row on: the prompt ending there
+            lm_self = frozenset(k for k in every if k.endswith(".self")) - beyond
+            for raw in [frozenset()] + [lm_self] * performer:
+                st = LM.lm_open(p, cfg, s, x.shape[0], block, LM.DEFAULT_LM_FUSE,
+                                Schedule(raw_wo=raw))
+                for t in range(x.shape[1]):
+                    LM.lm_step(p, cfg, s, st, x[:, t])
+        else:
+            enc = encoder(p, cfg, s, x)
+            sessions = [(frozenset(), frozenset(), True)]
+            sessions += [(every - beyond, frozenset(), True),
+                         (frozenset(), every, False)] * performer
+            for raw, fold_wo, steps in sessions if cfg.n_dec_layers else ():
+                st = D.DecodeState.start(p, cfg, s, enc, block, D.DEFAULT_FUSE,
+                                         Schedule(raw_wo=raw, fold_wo=fold_wo))
+                for t in range(y.shape[1] if steps else 0):
+                    D.decoder_step(p, cfg, s, st, y[:, t])
+
+    rng = None if seed is None else np.random.default_rng(seed)
+
+    def dealt(a):
+        return deal(R.encode(np.asarray(a, dtype=np.float64), ring.frac), rng) \
+            if a is not None else [None] * 3
+
+    sh = share_model(cfg, w, fold_omega=fold, frac=ring.frac, rng=rng)
+    jobs = 0
+    with pytest.MonkeyPatch.context() as mp:
+        probe = Probe(mp)
+        for i, x in enumerate(X):
+            y = Y[i] if Y is not None else None
+            parts = [(c, None) for c in rows(cfg, x)] if cfg.arch in (M.ENCODER_CLASSIFIER,
+                                                                      M.ENCODER) else [(x, y)]
+            for c, cy in parts:
+                xs, ys = dealt(c), dealt(cy)
+                keys = None if seed is None else b"probe %d job %d" % (seed, jobs)
+                run_parties(job, [(sh[r], xs[r], ys[r]) for r in range(3)],
+                            parties=make_parties(ring, seed=keys))
+                jobs += 1
+    return probe.values(ring)

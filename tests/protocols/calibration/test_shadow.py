@@ -1,24 +1,42 @@
 """The shadow party (mpc3.shadow, protocols.calibration.shadow): the secure stacks themselves, run
-on plaintext ring values, record what reaches every range-limited kernel - the values the
-hand-written float64 trace (tests/helpers/trace_oracle.py, the calibration before) records, within
-fixed-point error.
+on plaintext ring values, record what reaches every range-limited kernel - the values a SECURE
+run of the same stacks on three parties hands those kernels (tests/helpers/kernel_probe.py:
+the parties' kernel arguments reconstructed and measured as the shadow measures), within the
+secure run's fixed-point error.
 
-Equal sites, equal values (relative 2e-3 plus 1e-3 absolute: the shadow carries frac = 18
-fixed point, the trace float64; a wrong scale is off by a power of two) on the shipped
-classifier and LMs and on small configs across attentions, norms, activations and flags.
-Where the two differ, the shadow measures the secure code and the trace bounded it:
-sigma-attention's ``sigma_sum`` is the product with its actual multiplier c = 2^b / L
-(within [1/2, 1] of the trace's 2^SIG_BITS bound) and no ``vout`` (no kernel takes its
-output as an input before W^O).
+Equal sites, equal values on the shipped classifier and LMs and on small configs across
+attentions, norms, activations and flags. The sites the shadow records and the secure run
+does not reach are exactly the alternatives a calibration covers for a job that may take
+them: the other attention order's (``scores`` / ``kv`` of a folded Performer's full sequence),
+the classifier's arg-max bound, and the deferred W^O (``wo_raw``) of a layer past that
+schedule's exact range. (What the shadow computes is checked against the float64 reference
+in tests/helpers/shadow_run.py's users.)
+
+A secure run is an oracle only where its kernels are inside their documented ranges: every
+limiting site within its kernel's range (the calibration's check at margin 1), and the
+deferred-W^O passes only for layers whose ``wo_raw`` is below
+``arith.product_limit(frac, frac)`` (2^8). Past it the truncation by 2 frac fails for some
+elements (mpc3.kernels.arith.product_limit: 13-37 %) by 2^(64 - 3 frac) = 2^10 each - which
+the calibration's schedule choice never runs, and which made batchnorm-decoder-only
+(dec.1.self.wo_raw 379.9) fail in 12 of 50 seeds (dec.1.ln2.bn 642.7 or 719.2 vs 382.5).
+
+Inside the ranges the values differ by the secure run's fixed-point error alone: stochastic
+rounding, below 1 ulp (2^-18) per truncation, and the approximated kernels' error. Measured:
+batchnorm-decoder-only over 50 seeds, worst relative deviation 4.0e-5 (dec.final_ln.bn);
+every case here at SEED 0, 1, 2, worst 1.32e-3 (power-softmax's vout and powers s^p, +1.0e-3
+to +1.3e-3 at every seed: the approximation, not the seed; 9.2e-4 elsewhere). RTOL = 1e-2 is
+~7x that, and far below a wrong scale (a power of two) or a wrapped element (2^10 off). The
+runs are seeded (SEED): the same shares and PRG keys every time.
 """
-import itertools
+import os
 
 import numpy as np
 import pytest
-from helpers.trace_oracle import Recorder, Trace
+from helpers.kernel_probe import compare, reached, secure_trace
 
 from mpc3 import ring
 from mpc3.kernels import arith, convert
+from mpc3.party import RingConfig
 from mpc3.shadow import ShadowParty
 from protocols.calibration import calibrate as C
 from protocols import model as M
@@ -26,69 +44,57 @@ from protocols.calibration import shadow as SH
 from app import textdata as TD
 from protocols.model.presets import aero
 
-RTOL, ATOL = 2e-3, 1e-3
+RTOL = 1e-2
+RING = RingConfig()
+#: the secure runs' shares and PRG keys (helpers.kernel_probe.secure_trace): the same runs
+#: every time; MPC3_SHADOW_SEED picks another set of runs (no case depends on its value)
+SEED = int(os.environ.get("MPC3_SHADOW_SEED", "0"))
 
 
-def compare(trace: dict, shadow: dict, attention: str, ordered: bool = True) -> None:
-    """``shadow`` records the layers and sites of ``trace`` in the same order (``ordered``;
-    an encoder-decoder's shadow files every cross attention and fused LayerNorm at the
-    session's start, where the parties compute them, the trace with its layer), with values
-    within RTOL / ATOL (sigma-attention: see the module docstring)."""
-    assert (list(shadow) if ordered else set(shadow)) == (list(trace) if ordered else set(trace))
-    for layer, row in trace.items():
-        want = set(row) - ({"vout"} if attention == "sigma-relu" else set())
-        assert set(shadow[layer]) == want, (layer, set(shadow[layer]) ^ want)
-        for site in want:
-            t, s = np.atleast_1d(row[site]), np.atleast_1d(shadow[layer][site])
-            if site == "sigma_sum":
-                assert np.all((s <= t * (1 + RTOL)) & (s >= t / 2 * (1 - RTOL))), (layer, t, s)
-            else:
-                np.testing.assert_allclose(s, t, rtol=RTOL, atol=ATOL, err_msg=f"{layer}.{site}")
+def other_order(layer: str, site: str) -> bool:
+    """A folded Performer's full-sequence attention: the shadow runs both orders
+    (protocols.layers.attention.relu_attention), a secure run the one its length picks."""
+    return layer.startswith("enc.") and layer.endswith(".attn") and site in ("scores", "kv")
 
 
-def traced(cfg, w, X, fold=True, block=None, Y=None):
-    rec = Recorder()
-    tr = Trace(cfg, w, fold, block, rec)
-    if cfg.arch == M.ENCODER_DECODER:
-        for x, y in zip(X, Y):
-            enc = tr.encoder(x)
-            if cfg.n_dec_layers:
-                tr.decoder(y, enc)
-        return rec.values
-    run = {M.ENCODER_CLASSIFIER: tr.classifier, M.ENCODER: tr.embedding,
-           M.DECODER_ONLY: tr.lm}[cfg.arch]
-    for x in X:
-        run(x)
-    return rec.values
-
-
-def shadowed(cfg, w, X, fold=True, block=None, Y=None):
-    if cfg.arch == M.ENCODER_DECODER:
-        return SH.trace_translator(cfg, w, X, Y, fold_omega=fold, block=block).values
-    if cfg.arch == M.ENCODER_CLASSIFIER:
-        return SH.trace_classifier(cfg, w, X, fold_omega=fold).values
-    if cfg.arch == M.ENCODER:
-        return SH.trace_embedding(cfg, w, X, fold_omega=fold).values
-    return SH.trace_lm(cfg, w, X, fold_omega=fold, block=block).values
+def check(cfg, w, X, fold=True, block=None, Y=None):
+    """The shadow's records of the calibration's passes equal the secure run's, site by site
+    (the other attention order's at least the secure run's); it records no site the secure
+    run does not reach but those of the other order, the classifier's arg-max bound and the
+    deferred W^O of a layer past its exact range (which the secure run does not defer: its
+    kernels would be outside their contract, and the calibration never schedules it)."""
+    shadow = SH.trace(cfg, w, X, Y, fold_omega=fold, block=block).values
+    C.Calibration(shadow, {}, margin=1.0, frac=RING.frac,          # kernels in their ranges
+                  relu_bound_bits=RING.relu_bound_bits).check()
+    limit = arith.product_limit(RING.frac, RING.frac)
+    beyond = frozenset(layer for layer, row in shadow.items() if row.get("wo_raw", 0) >= limit)
+    secure = secure_trace(cfg, w, X, Y, fold, block, RING, SEED, beyond)
+    compare(secure, shadow, RTOL, other_order)
+    unreached = {(layer, s) for layer, row in shadow.items() for s in row} - \
+        reached(secure, cfg.n_dec_layers)
+    alternatives = {(layer, s) for layer, s in unreached
+                    if other_order(layer, s) or (layer, s) == ("head", "argmax")
+                    or (layer in beyond and s == "wo_raw")}
+    assert unreached == alternatives, sorted(unreached - alternatives)
 
 
 # ------------------------------------------------------------- shipped models ----
 @pytest.mark.parametrize("path", [TD.SHIPPED_CLASSIFIER, *TD.SHIPPED_LMS.values()],
                          ids=["classifier", *TD.SHIPPED_LMS])
-def test_shipped_models_record_what_the_trace_records(path):
+def test_shipped_models_record_what_the_secure_run_reaches(path):
     if not path.exists():
         pytest.skip("no shipped model")
     cfg, w, user = M.load_model(path)
-    X = C.default_samples(cfg, user, np.random.default_rng(0), n_seq=2).X
-    compare(traced(cfg, w, X), shadowed(cfg, w, X), cfg.attention)
+    X = C.default_samples(cfg, user, np.random.default_rng(0), n_seq=1).X
+    check(cfg, w, [X[0][:1, :6]])
 
 
-def test_shipped_translator_records_what_the_trace_records():
+def test_shipped_translator_records_what_the_secure_run_reaches():
     if not TD.SHIPPED_MODEL.exists():
         pytest.skip("no shipped model")
     cfg, w, user = M.load_model(TD.SHIPPED_MODEL)
-    s = C.default_samples(cfg, user, np.random.default_rng(0), n_seq=2)
-    compare(traced(cfg, w, s.X, Y=s.Y), shadowed(cfg, w, s.X, Y=s.Y), cfg.attention, False)
+    s = C.default_samples(cfg, user, np.random.default_rng(0), n_seq=1)
+    check(cfg, w, [x[:1] for x in s.X], Y=[y[:1] for y in s.Y])
 
 
 # ------------------------------------------------------------- small configs ----
@@ -109,22 +115,22 @@ def small(arch: str, **kw) -> M.ModelConfig:
 def samples(cfg, seed=2):
     rng = np.random.default_rng(seed)
     return [rng.standard_normal((2, cfg.max_len, cfg.d_model)),
-            rng.standard_normal((1, 3, cfg.d_model)), rng.standard_normal((1, 1, cfg.d_model))]
+            rng.standard_normal((1, 3, cfg.d_model))]
 
 
 @pytest.mark.parametrize("arch", [M.ENCODER_CLASSIFIER, M.ENCODER, M.DECODER_ONLY])
 @pytest.mark.parametrize("attention,norm_first,act",
-                         list(itertools.product(ATTENTIONS, (False, True), ("relu", "gelu"))))
+                         [(a, *v) for a in ATTENTIONS for v in ((False, "relu"), (True, "gelu"))])
 def test_small_configs_across_attentions(arch, attention, norm_first, act):
     cfg = small(arch, attention=attention, norm_first=norm_first, ffn_act=act,
                 attn_bias=act == "gelu")
     w, X = M.random_weights(cfg, 1), samples(cfg)
-    compare(traced(cfg, w, X, block=3), shadowed(cfg, w, X, block=3), attention)
+    check(cfg, w, X, block=3)
 
 
 @pytest.mark.parametrize("arch", [M.ENCODER_CLASSIFIER, M.ENCODER, M.DECODER_ONLY])
 @pytest.mark.parametrize("variant", ["unfolded", "const", "linear-ffn", "batchnorm",
-                                     "cls-tanh", "aero-scaled", "aero-pruned"])
+                                     "cls-tanh", "aero-scaled", "aero-pruned", "llama"])
 def test_small_configs_across_flags(arch, variant):
     kw, fold = {}, variant != "unfolded"
     if variant == "const":
@@ -140,15 +146,20 @@ def test_small_configs_across_flags(arch, variant):
     elif variant.startswith("aero"):
         if arch != M.DECODER_ONLY:
             pytest.skip("AERO's FFN scales are a decoder-only LM's")
+    elif variant == "llama":
+        if arch != M.DECODER_ONLY:
+            pytest.skip("grouped-query attention is a decoder-only LM's")
+        kw = {"norm": "rmsnorm", "norm_first": True, "ffn_act": "swiglu",
+              "embedding": "rotary", "n_kv_heads": 1, "attention": "softmax"}
     cfg = small(arch, **kw)
     if variant.startswith("aero"):
         cfg = aero(cfg, scale=variant == "aero-scaled", pruned=int(variant == "aero-pruned"))
     w, X = M.random_weights(cfg, 4), samples(cfg, 5)
-    compare(traced(cfg, w, X, fold, 2), shadowed(cfg, w, X, fold, 2), cfg.attention)
+    check(cfg, w, X, fold, 2)
 
 
 @pytest.mark.parametrize("attention,norm_first,fold",
-                         list(itertools.product(ATTENTIONS, (False, True), (True, False))))
+                         [(a, *v) for a in ATTENTIONS for v in ((False, True), (True, False))])
 def test_encoder_decoders_across_attentions(attention, norm_first, fold):
     cfg = M.ModelConfig(d_model=8, n_heads=2, d_head=4, d_ff=16, n_features=6, n_enc_layers=1,
                         n_dec_layers=2, max_len=7, src_vocab=10, tgt_vocab=10, attn_c=0.5,
@@ -157,7 +168,7 @@ def test_encoder_decoders_across_attentions(attention, norm_first, fold):
     w, rng = M.random_weights(cfg, 1), np.random.default_rng(2)
     X = [rng.standard_normal((2, 7, 8)), rng.standard_normal((1, 3, 8))]
     Y = [rng.standard_normal((2, 7, 8)), rng.standard_normal((1, 2, 8))]
-    compare(traced(cfg, w, X, fold, 3, Y), shadowed(cfg, w, X, fold, 3, Y), attention, False)
+    check(cfg, w, X, fold, 3, Y)
 
 
 @pytest.mark.parametrize("pool,normalize", [("mean", False), ("mean", True), ("cls", True),
@@ -165,7 +176,7 @@ def test_encoder_decoders_across_attentions(attention, norm_first, fold):
 def test_sentence_embeddings_pool_and_normalize(pool, normalize):
     cfg = small(M.ENCODER, pool=pool, normalize=normalize)
     w, X = M.random_weights(cfg, 6), samples(cfg, 7)
-    compare(traced(cfg, w, X), shadowed(cfg, w, X), cfg.attention)
+    check(cfg, w, X)
 
 
 # ------------------------------------------------------------ the mechanism ----
@@ -210,9 +221,9 @@ def test_a_real_party_ignores_the_site_names():
     assert [r[1] for r in runs[0]] == [r[1] for r in runs[1]]
 
 
-def test_a_product_beyond_its_limit_is_recorded_whole_and_carried_on_as_the_trace_did():
+def test_a_product_beyond_its_limit_is_recorded_whole_and_carried_on():
     """The parties' product would wrap (2^76 at 2 frac); the shadow records its real value
-    and goes on with it (as the float64 trace did), so later sites show where else the
+    and goes on with it, so later sites show where else the
     model leaves a range; only an output beyond the ring's 64 bits itself wraps."""
     rec = SH.ShadowRecorder()
     p = ShadowParty(record=rec).at("enc.0.ffn")
