@@ -29,10 +29,10 @@ import numpy as np
 from . import dzkp
 from .freivalds import matmul_claims
 from .comm import ProtocolError
-from .claims import and_claims, injection_claims, trunc_claims, trunc_witness
+from .claims import _concat, and_claims, injection_claims, trunc_claims, trunc_witness
 from .kernels.base import width_bytes
+from .kernels.boolean import cost_and_bb
 from .kernels.truncation import _default_segments
-from .shares import group_sizes
 
 
 class Unverified(ProtocolError):
@@ -92,7 +92,7 @@ class Checks:
         ``out.b`` received, masked with the boolean zero sharing ``(kop, tag)``; proven as
         the same replicated-product claim mod 2 (:func:`and_claims`)."""
         self.claims.append(and_claims(p, x, y, out, tag, kop))
-        self._cover(p, sum(x.planes * ((n + 7) // 8) for n in group_sizes(x.n)))
+        self._cover(p, cost_and_bb(x.n, planes=x.planes).bytes_per_party[p.rank])
 
     def injection(self, p, x, bit, st: list[dict], got2, other_form) -> None:
         """Bit injection's two rounds (:func:`mpc3.kernels.convert.inject_steps`) for a bit
@@ -102,12 +102,11 @@ class Checks:
             return
         for views in injection_claims(p, x, bit, st, got2).values():
             self.claims.append(views)
-        per_row = int(np.prod(x.shape[1:], dtype=np.int64))
-        for s, ng in zip(st, group_sizes(x.shape[0])):
+        for s in st:                         # the arrays the kernel sent, round by round
             if s["role"] == 0:
-                self._cover(p, 3 * 8 * ng * per_row, back=1)     # m1, m2, s0
+                self._cover(p, s["m1"].nbytes + s["m2"].nbytes + s["s0"].nbytes, back=1)
             else:
-                self._cover(p, 8 * ng * per_row)                 # y
+                self._cover(p, s["y"].nbytes)
 
     def truncation(self, p, x, per, state: list[dict], got2, plain_form: bool) -> None:
         """A truncation's messages (:func:`mpc3.kernels.truncation.trunc_steps`); covered
@@ -189,9 +188,3 @@ def _pad(c: dzkp.Claim, size: int) -> dzkp.Claim:
     wide = np.zeros((c.u.shape[0], extra), dtype=np.uint64)
     return dzkp.Claim(np.concatenate([c.u, wide], axis=1), np.concatenate([c.v, wide], axis=1),
                       np.concatenate([c.z, np.zeros(extra, dtype=np.uint64)]))
-
-
-def _concat(claims: list[dzkp.Claim]) -> dzkp.Claim:
-    return dzkp.Claim(np.concatenate([c.u for c in claims], axis=1),
-                      np.concatenate([c.v for c in claims], axis=1),
-                      np.concatenate([c.z for c in claims]))

@@ -14,9 +14,10 @@ from __future__ import annotations
 import numpy as np
 
 from .dzkp import Claim
-from .kernels.base import unpack_by_width
-from .shares import planes_to_bits
-from .shares import group_sizes, words
+from .kernels.base import group_bounds, unpack_by_width
+from .kernels.boolean import word_slices
+from .kernels.convert import _bits_u64
+from .shares import group_sizes, planes_to_bits
 
 _TOP = np.uint64(1 << 63)
 _TWO = np.uint64(2)
@@ -83,19 +84,14 @@ def injection_claims(p, x, bit, st: list[dict], got2) -> dict[int, tuple[list, l
     """
     n = x.shape[0]
     views: dict[int, tuple[list, list, list]] = {w: ([], [], []) for w in (1, 2, 4)}
-    start_w = 0
-    for g, (s, ng) in enumerate(zip(st, group_sizes(n))):
-        wsl = slice(start_w, start_w + words(ng))
-        start_w += wsl.stop - wsl.start
-        role = s["role"]
-        sl = slice(sum(group_sizes(n)[:g]), sum(group_sizes(n)[:g + 1]))
+    for g, (s, sl, wsl) in enumerate(zip(st, group_bounds(n),
+                                         word_slices(group_sizes(n)))):
+        role, ng = s["role"], s["n"]
         xa, xb = x.a[sl].reshape(ng, -1), x.b[sl].reshape(ng, -1)
         cols = xa.shape[1]
 
         def lifted(planes):                  # a row's bit for each of its values
-            b = np.unpackbits(np.ascontiguousarray(planes[:1, wsl]).view(np.uint8),
-                              bitorder="little")[:ng].astype(np.uint64)
-            return np.repeat(b, cols)
+            return np.repeat(_bits_u64(planes[:, wsl], ng), cols)
         flat = lambda a: np.ascontiguousarray(a).reshape(-1)     # noqa: E731
         ea, eb, va, vb = lifted(bit.a), lifted(bit.b), flat(xa), flat(xb)
 
@@ -218,18 +214,13 @@ def trunc_claims(p, rec: dict, witness: np.ndarray) -> dict[int, tuple[Claim, Cl
         xh = x.b[sl] if role == 0 else x.a[sl]               # slot g+1 (V_R's) - role 1's a
         c = _shift_rows(sh, ng)
         two_j = np.left_shift(_ONE, _J + _ONE)
-
-        def u64():
-            Kb = _bit_rows(K)
-            return np.concatenate([two_j * Kb, (c * Kb) * np.uint64(2)], axis=1)
-
-        def v64():
-            Mb = _bit_rows(M)
-            return np.concatenate([Mb, Mb], axis=1)
+        Kb = None if K is None else _bit_rows(K)             # each bit row computed once
+        Mb = None if M is None else _bit_rows(M)
         views[64][_slot(pos)].append(_view(
-            pos, u64, v64,
-            lambda: np.concatenate([K - xg, (c * _bit_rows(K)).sum(axis=0) - st["Uk"]]),
-            lambda: np.concatenate([M - xh, (c * _bit_rows(M)).sum(axis=0) - st["kappa"]])))
+            pos, lambda: np.concatenate([two_j * Kb, (c * Kb) * np.uint64(2)], axis=1),
+            lambda: np.concatenate([Mb, Mb], axis=1),
+            lambda: np.concatenate([K - xg, (c * Kb).sum(axis=0) - st["Uk"]]),
+            lambda: np.concatenate([M - xh, (c * Mb).sum(axis=0) - st["kappa"]])))
         if not exact:
             continue
         t = st["t"] if role == 0 else st.get("at_rho")

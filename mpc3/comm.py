@@ -87,11 +87,12 @@ class Communicator(abc.ABC):
             if payload is None:
                 continue
             arrays = [np.ascontiguousarray(a) for a in payload]
-            self.stats.bytes_sent += sum(a.nbytes for a in arrays)
+            nbytes = sum(a.nbytes for a in arrays)
+            self.stats.bytes_sent += nbytes
             self.stats.messages += 1
             self._post(direction, op, arrays)
             if self.watch is not None:
-                self.watch(op, sum(a.nbytes for a in arrays))
+                self.watch(op, nbytes)
             active = True
         got_next = self._take(NEXT, op) if from_next else None
         got_prev = self._take(PREV, op) if from_prev else None
