@@ -30,7 +30,8 @@ from . import dzkp
 from .freivalds import matmul_claims
 from .comm import ProtocolError
 from .claims import _concat, and_claims, injection_claims, trunc_claims, trunc_witness
-from .kernels.base import width_bytes
+from .claims_compare import leaves_claims, leaves_witness
+from .kernels.base import packed_bytes, width_bytes
 from .kernels.boolean import cost_and_bb
 from .kernels.truncation import _default_segments
 
@@ -52,7 +53,8 @@ class Checks:
         self.covered: dict[int, int] = {}           # op -> bytes of them a claim covers
         self.claims: list[tuple[dzkp.Claim, dzkp.Claim, dzkp.Claim]] = []
         self.mats: list[tuple[list, list, list]] = []
-        self.truncs: list[dict] = []
+        #: (record, its witness, its claims): kernels whose single sends A's bits at the flush
+        self.witnessed: list[tuple[dict, object, object]] = []
         self.received = hashlib.blake2b(digest_size=32, person=b"mpc3-open-recv")
         self.for_next = hashlib.blake2b(digest_size=32, person=b"mpc3-open-recv")
         #: both digests are of the same values when everyone is honest (one personalisation)
@@ -115,8 +117,9 @@ class Checks:
         witness goes out at the flush."""
         if not plain_form:
             return
-        self.truncs.append({"x": x, "per": per, "state": state, "got2": got2, "kop": p.kop,
-                            "groups": [sl for sl, _, _ in _default_segments(x.a.size, False)]})
+        rec = {"x": x, "per": per, "state": state, "got2": got2, "kop": p.kop,
+               "groups": [sl for sl, _, _ in _default_segments(x.a.size, False)]}
+        self.witnessed.append((rec, trunc_witness, trunc_claims))
         exact = got2 is not None
         for st, (_, _, _, plan) in zip(state, per):
             ng = st["n"]
@@ -125,6 +128,19 @@ class Checks:
                 self._cover(p, 8 * ng + wb, back=int(exact))      # Uk (and t)
             elif exact:
                 self._cover(p, wb)                                # x1 / x2
+
+    def leaves(self, p, rec: dict) -> None:
+        """The comparison leaves' messages (:func:`mpc3.kernels.leaves.leaves_steps`):
+        :func:`mpc3.claims_compare.leaves_claims`, whose witness goes out at the flush; the
+        late form (``pair_b``, a product's split form) is not covered."""
+        if rec["late"]:
+            return
+        self.witnessed.append((rec, leaves_witness, leaves_claims))
+        nrows = sum((1 << k) - 1 for _, k in rec["blocks"]) + 1
+        nconv = 2 * len(rec["blocks"]) - 1
+        for s in rec["state"]:
+            role, bits = s["role"], packed_bytes(s["n"], 1)
+            self._cover(p, bits * (nrows if role == 0 else nconv), back=int(role != 2))
 
     def shared_input(self, x) -> None:
         """A sharing this party received from outside (the query user's input, the model
@@ -166,11 +182,11 @@ class Checks:
                              f"verification yet; the job is refused (docs/MALICIOUS.md lists "
                              f"what is covered)")
         digests = np.frombuffer(self.for_next.digest() + self.input_next.digest(), np.uint8)
-        witness = [trunc_witness(p, rec) for rec in self.truncs]
+        witness = [make(p, rec) for rec, make, _ in self.witnessed]
         _, got = p.comm.exchange(to_next=[digests, *witness], from_prev=True)
         theirs = got[0].tobytes()
-        for rec, wit in zip(self.truncs, got[1:]):
-            for views in trunc_claims(p, rec, wit).values():
+        for (rec, _, claims), wit in zip(self.witnessed, got[1:]):
+            for views in claims(p, rec, wit).values():
                 self.claims.append(views)
         opened_ok = theirs[:32] == self.received.digest()
         inputs_ok = theirs[32:] == self.input_mine.digest()

@@ -167,13 +167,36 @@ def trunc_witness(p, rec: dict) -> np.ndarray:
     """The single's witness of a truncation (:func:`trunc_claims`): for the group where
     this party is role 0, the bits of its ``A = x_g + x_{g+1}`` XOR a pad from the key it
     shares with V_L (role 2), one word per element, for V_R (role 1)."""
+    return a_witness(p, rec["x"], rec["groups"], [st["role"] for st in rec["state"]],
+                     rec["kop"])
+
+
+def a_witness(p, x, groups, roles, kop: int) -> np.ndarray:
+    """The bits of the single's ``A = x_g + x_{g+1}`` in the group where this party is
+    role 0, XOR the pad ``(kop, "wit<g>")`` it shares with V_L, for V_R (sent at the flush)."""
     out = []
-    for g, (sl, st) in enumerate(zip(rec["groups"], rec["state"])):
-        if st["role"] == 0:
-            x = rec["x"]
-            pad = p.prg.ring("prev", rec["kop"], f"wit{g}", (st["n"],))
+    for g, (sl, role) in enumerate(zip(groups, roles)):
+        if role == 0:
+            pad = p.prg.ring("prev", kop, f"wit{g}", (sl.stop - sl.start,))
             out.append((x.a[sl] + x.b[sl]) ^ pad)
     return np.concatenate(out) if out else np.zeros(0, dtype=np.uint64)
+
+
+def a_bits(p, x, sl: slice, g: int, role: int, kop: int, witness: np.ndarray):
+    """This party's part of the single's witness in group g: ``(K, M, x_g, x_{g+1})`` with
+    ``K ^ M = A`` - K (V_L's pad) and x_g for the prover and V_L, M (the witness) and
+    x_{g+1} for the prover and V_R, None where it holds neither."""
+    pos, ng = role % 3, sl.stop - sl.start
+    K = M = None
+    if pos in (0, 2):
+        K = p.prg.ring("prev" if pos == 0 else "next", kop, f"wit{g}", (ng,))
+    if pos == 0:
+        M = (x.a[sl] + x.b[sl]) ^ K
+    elif pos == 1:                           # a witness of the wrong length fails the proof
+        M = witness if witness.size == ng else np.zeros(ng, dtype=np.uint64)
+    xg = x.a[sl] if role == 0 else x.b[sl]               # slot g (V_L's) - role 2's b
+    xh = x.b[sl] if role == 0 else x.a[sl]               # slot g+1 (V_R's) - role 1's a
+    return K, M, xg, xh
 
 
 def trunc_claims(p, rec: dict, witness: np.ndarray) -> dict[int, tuple[Claim, Claim, Claim]]:
@@ -203,15 +226,7 @@ def trunc_claims(p, rec: dict, witness: np.ndarray) -> dict[int, tuple[Claim, Cl
         sh, up = per[0], per[1]
         top = np.left_shift(_ONE, np.broadcast_to(np.asarray(up, np.uint64), (ng,)))
         pos = role % 3                                           # prover: role 0
-        K = M = None
-        if pos in (0, 2):
-            K = p.prg.ring("prev" if pos == 0 else "next", kop, f"wit{g}", (ng,))
-        if pos == 0:
-            M = (x.a[sl] + x.b[sl]) ^ K
-        elif pos == 1:                       # a witness of the wrong length fails the proof
-            M = witness if witness.size == ng else np.zeros(ng, dtype=np.uint64)
-        xg = x.a[sl] if role == 0 else x.b[sl]               # slot g (V_L's) - role 2's b
-        xh = x.b[sl] if role == 0 else x.a[sl]               # slot g+1 (V_R's) - role 1's a
+        K, M, xg, xh = a_bits(p, x, sl, g, role, kop, witness)
         c = _shift_rows(sh, ng)
         two_j = np.left_shift(_ONE, _J + _ONE)
         Kb = None if K is None else _bit_rows(K)             # each bit row computed once

@@ -74,7 +74,7 @@ def leaves_steps(p: Party, x: AShare, L: int, m: int, pair_b: np.ndarray | None 
     """Replicated bits [c, G_0..G_{N-1}, P_1..P_{N-1}] with c = 1 ^ a_top ^ b_top, and N;
     2 rounds (lockstep steps). ``pair_b``: the pair's B, read after round 1 (module doc);
     role 0's A is then ``x.a + x.b``. Cost: :func:`leaf_cost`."""
-    p.new_op()
+    kop = p.new_op()
     n = x.size
     blocks = leaf_blocks(m - 1, n)
     nb = len(blocks)
@@ -91,8 +91,10 @@ def leaves_steps(p: Party, x: AShare, L: int, m: int, pair_b: np.ndarray | None 
         s["b"] = ((B + sL) >> lsh) & mask
         s["c_pair"] = bit_plane((s["b"] >> top) ^ np.uint64(1), s["n"])  # its top bit, negated
 
+    keep = p.checks is not None            # malicious mode: the claims read b (and more)
+
     def role1_half(s, g):
-        u = select_planes(s["rho"], s.pop("b"), blocks, const_one=False)     # b's last use
+        u = select_planes(s["rho"], s["b"] if keep else s.pop("b"), blocks, const_one=False)
         s["kappa"], s["sigma"] = random_planes_many(p, "next", nconv, words(s["n"]),
                                                     (f"kappa{g}", f"sigma{g}"))
         s["u"] = u ^ s["kappa"]
@@ -107,8 +109,11 @@ def leaves_steps(p: Party, x: AShare, L: int, m: int, pair_b: np.ndarray | None 
             a = ((x.a[sl] + x.b[sl]) >> lsh) & mask
             rho = random_planes(p, "next", nrows, w, f"thermo{g}")
             planes = thermometer_planes(a, blocks, m - 1, w)
-            s["rho_top"], s["atop_masked"] = rho[-1:], (planes ^ rho)[-1:]
-            r1.send(PREV, pack_planes(planes ^ rho, ng))            # to role 2
+            therm = planes ^ rho
+            s["rho_top"], s["atop_masked"] = rho[-1:], therm[-1:]
+            if keep:
+                s.update(rho=rho, therm=therm)
+            r1.send(PREV, pack_planes(therm, ng))                   # to role 2
             if not late:
                 r1.recv(NEXT, g, 1)                                 # role 1's half
         else:
@@ -139,7 +144,9 @@ def leaves_steps(p: Party, x: AShare, L: int, m: int, pair_b: np.ndarray | None 
         if s["role"] == 2:
             therm = unpack_planes(got[(NEXT, g)][0], ng)
             s["atop_masked"] = therm[-1:]
-            u = select_planes(therm, s.pop("b"), blocks, const_one=True)     # b's last use
+            if keep:
+                s["therm"] = therm
+            u = select_planes(therm, s["b"] if keep else s.pop("b"), blocks, const_one=True)
             s["kappa"], s["sigma"] = random_planes_many(p, "prev", nconv, w,
                                                         (f"kappa{g}", f"sigma{g}"))
             s["u"] = u ^ s["kappa"] ^ s["sigma"]
@@ -154,7 +161,7 @@ def leaves_steps(p: Party, x: AShare, L: int, m: int, pair_b: np.ndarray | None 
         if s["role"] == 0:
             if late:
                 s["u1"] = unpack_planes(got2[(NEXT, g)][0], ng)
-            u2 = unpack_planes(got2[(PREV, g)][0], ng)
+            s["u2"] = u2 = unpack_planes(got2[(PREV, g)][0], ng)
             a_parts.append(np.concatenate([s["atop_masked"], u2]))
             b_parts.append(np.concatenate([s["rho_top"], s["u1"]]))
         else:
@@ -165,6 +172,9 @@ def leaves_steps(p: Party, x: AShare, L: int, m: int, pair_b: np.ndarray | None 
             else:
                 a_parts.append(np.concatenate([c_pair, s["sigma"]]))
                 b_parts.append(np.concatenate([s["atop_masked"], s["u"]]))
+    if keep:                                # malicious mode: the messages' claims
+        p.checks.leaves(p, {"x": x, "L": L, "m": m, "blocks": blocks, "state": st,
+                            "kop": kop, "late": late})
     return BShare(np.concatenate(a_parts, axis=1), np.concatenate(b_parts, axis=1), n), nb
 
 

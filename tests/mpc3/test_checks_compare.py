@@ -1,0 +1,83 @@
+"""Malicious mode over the comparisons (mpc3.claims_compare): the DReLU leaves' thermometer
+codes are pinned by the single's bit witness (sums and monotonicity), the pair's halves are
+selections; drelu_a and msb_a (leaves, then AND layers) pass honest runs at the declared
+cost and abort on any changed message, the flush's witness included."""
+import numpy as np
+import pytest
+
+from mpc3 import dzkp, tamper
+from mpc3.checks import Checks
+from mpc3.claims_compare import leaves_claim_gates
+from mpc3.kernels import convert
+from mpc3.kernels.leaves import ands_per_level, leaf_blocks
+from mpc3.kernels.thresholds import window_for
+from mpc3.party import RingConfig
+from mpc3.shares import group_sizes, planes_to_bits
+from mpc3.sharing import deal
+from mpc3.sim import make_parties
+
+
+def _drelu_job(p, x, exact):
+    p.checks = Checks(p)
+    bit = convert.drelu_a(p, x, exact=exact)
+    last = p.comm.op
+    before = p.stats.snapshot()
+    p.checks.flush(p)
+    return bit, last, p.stats - before
+
+
+def _opened(results, n):
+    return planes_to_bits(np.bitwise_xor.reduce([r[0].a for r in results]), n)[0]
+
+
+def _declared_flush(n: int, L: int, m: int) -> list[tuple[int, int]]:
+    """(rounds, bytes) of each party's flush: the leaves' gates and the carry tree's AND
+    layers (every party proves each layer on all n elements), padded per width to the
+    largest prover, plus the digests and this party's witness (8 B per element it is the
+    single for)."""
+    nb = len(leaf_blocks(m - 1, n))
+    per = [leaves_claim_gates(n, m, r) for r in range(3)]
+    ands = sum(ands_per_level(nb)) * n
+    widths = sorted(set().union(*per))
+    L_, m_ = [], []
+    for w in widths:
+        L_.append(max(g.get(w, 0) + (ands if w == 2 else 0) for g in per))
+        m_.append(w)
+    rounds, sent = dzkp.cost_verify(L_, m_)
+    return [(rounds + 1, sent + 64 + 8 * group_sizes(n)[r]) for r in range(3)]
+
+
+@pytest.mark.parametrize("n,exact", [(150, False), (67, True)])
+def test_drelu_is_verified_through_the_leaves_claims(n, exact):
+    cfg = RingConfig()
+    L, m = window_for(cfg, exact)
+    rng = np.random.default_rng(n)
+    lim = 1 << (L + m - 3)
+    v = rng.integers(-lim, lim, size=n)
+    v[:4] = [0, -1, lim - 1, -lim]
+    d = deal(v.astype(np.uint64), rng)
+    args = [(d[i], exact) for i in range(3)]
+    clean = tamper.run(_drelu_job, args, make_parties(cfg))
+    assert clean.error is None, clean.error
+    bits = _opened(clean.results, n)
+    sure = (v >= 0) | (v < -(1 << L))                  # outside the error region
+    assert np.array_equal(bits[sure], (v >= 0)[sure])
+    assert [(s.rounds, s.bytes_sent) for _, _, s in clean.results] == \
+        _declared_flush(n, L, m)
+    last = clean.results[0][1]
+    kinds = ("add", "flip")
+    rng = np.random.default_rng(7)
+    # every kernel message (leaves' two rounds, each tree level) and the witness in the
+    # flush's first message (after the 64 digest bytes)
+    for i, s in enumerate(s for s in clean.sent if s.op <= last + 1 and s.entries):
+        witness = s.op == last + 1
+        got = tamper.run(_drelu_job, args, make_parties(cfg),
+                         tamper.Target(s.party, s.direction, op=s.op),
+                         tamper.Deviation(kinds[i % 2], error=int(rng.integers(1, 255)),
+                                          element=64 + i % (s.entries - 64) if witness
+                                          else None, seed=i))
+        if got.error is None:     # a packed message's padding bits are no element's value
+            assert np.array_equal(_opened(got.results, n), bits), (s, got.records)
+            continue
+        assert isinstance(got.error, dzkp.CheatingDetected), (s, got.error)
+        assert s.party in got.error.rejected, (s, got.error)
