@@ -29,10 +29,14 @@ import numpy as np
 from . import dzkp
 from .freivalds import matmul_claims
 from .comm import ProtocolError
-from .claims import _concat, and_claims, injection_claims, trunc_claims, trunc_witness
-from .claims_compare import leaves_claims, leaves_witness
+from .claims import (_concat, _slot, and_claims, injection_claims, trunc_claims,
+                     trunc_witness)
+from .claims_compare import (bit_parts, compare_claims, compare_witness, leaves_claims,
+                             leaves_witness, swap_claims)
 from .kernels.base import packed_bytes, width_bytes
 from .kernels.boolean import cost_and_bb
+from .kernels.convert import _bits_u64
+from .kernels.thresholds import carry_plan
 from .kernels.truncation import _default_segments
 
 
@@ -53,8 +57,11 @@ class Checks:
         self.covered: dict[int, int] = {}           # op -> bytes of them a claim covers
         self.claims: list[tuple[dzkp.Claim, dzkp.Claim, dzkp.Claim]] = []
         self.mats: list[tuple[list, list, list]] = []
-        #: (record, its witness, its claims): kernels whose single sends A's bits at the flush
+        #: (record, its witness or None, its claims): claims built at the flush - kernels
+        #: whose single sends A's bits then, and those that read such a kernel's record
         self.witnessed: list[tuple[dict, object, object]] = []
+        #: (planes, record): masked 3-out-of-3 bits a verified comparison made, by identity
+        self.masked: list[tuple[np.ndarray, dict]] = []
         self.received = hashlib.blake2b(digest_size=32, person=b"mpc3-open-recv")
         self.for_next = hashlib.blake2b(digest_size=32, person=b"mpc3-open-recv")
         #: both digests are of the same values when everyone is honest (one personalisation)
@@ -96,19 +103,49 @@ class Checks:
         self.claims.append(and_claims(p, x, y, out, tag, kop))
         self._cover(p, cost_and_bb(x.n, planes=x.planes).bytes_per_party[p.rank])
 
-    def injection(self, p, x, bit, st: list[dict], got2, other_form) -> None:
-        """Bit injection's two rounds (:func:`mpc3.kernels.convert.inject_steps`) for a bit
-        given as an RSS sharing and no run sums (``other_form`` false; the masked-bit and
-        run-sum forms are not covered yet): :func:`mpc3.claims.injection_claims`."""
-        if other_form:
+    def injection(self, p, x, bit, st: list[dict], got2, masked: bool, seg: int) -> None:
+        """Bit injection's two rounds (:func:`mpc3.kernels.convert.inject_steps`) without
+        run sums (``seg``; not covered yet): :func:`mpc3.claims.injection_claims` for a bit
+        given as an RSS sharing, or as masked 3-out-of-3 planes a verified comparison made
+        (``masked``; the claims then wait for the flush, where the comparison's witness
+        splits the single's bit, and cover the pair's swap of its halves too)."""
+        if seg:
             return
-        for views in injection_claims(p, x, bit, st, got2).values():
-            self.claims.append(views)
+        if not masked:
+            for views in injection_claims(p, x, bit, st, got2).values():
+                self.claims.append(views)
+        else:
+            rec = next((r for planes, r in self.masked if planes is bit), None)
+            if rec is None:
+                return                        # masked bits of an unverified kernel
+            self.witnessed.append(({"x": x, "st": st, "got2": got2, "origin": rec}, None,
+                                   _masked_injection_claims))
         for s in st:                         # the arrays the kernel sent, round by round
             if s["role"] == 0:
                 self._cover(p, s["m1"].nbytes + s["m2"].nbytes + s["s0"].nbytes, back=1)
             else:
                 self._cover(p, s["y"].nbytes)
+                if masked:
+                    self._cover(p, packed_bytes(s["n"], 1), back=1)     # the swap
+
+    def compare(self, p, bits, rec: dict) -> None:
+        """The comparison with public thresholds (:func:`mpc3.kernels.thresholds.
+        compare_steps`): :func:`mpc3.claims_compare.compare_claims`, whose witness (A's
+        bits of the rows) goes out at the flush; its output bits are known by identity to
+        the injection that consumes them. The late form (``pair_b``) is not covered."""
+        if rec["late"]:
+            return
+        self.witnessed.append((rec, compare_witness, compare_claims))
+        self.masked.append((bits.planes, rec))
+        nb = len(rec["blocks"])
+        nmask, ndeal = 2 * nb - 2, len(carry_plan(nb)[2])
+        therm = sum((1 << w) - 1 for _, w in rec["blocks"])
+        for s in rec["state"]:
+            one = packed_bytes(s["n"], 1)
+            if s["role"] == 0:
+                self._cover(p, packed_bytes(s["nrows"], 1) * therm + one * ndeal, back=1)
+            else:
+                self._cover(p, one * nmask, back=int(s["role"] == 1))
 
     def truncation(self, p, x, per, state: list[dict], got2, plain_form: bool) -> None:
         """A truncation's messages (:func:`mpc3.kernels.truncation.trunc_steps`); covered
@@ -182,12 +219,12 @@ class Checks:
                              f"verification yet; the job is refused (docs/MALICIOUS.md lists "
                              f"what is covered)")
         digests = np.frombuffer(self.for_next.digest() + self.input_next.digest(), np.uint8)
-        witness = [make(p, rec) for rec, make, _ in self.witnessed]
+        witness = [make(p, rec) for rec, make, _ in self.witnessed if make is not None]
         _, got = p.comm.exchange(to_next=[digests, *witness], from_prev=True)
-        theirs = got[0].tobytes()
-        for (rec, _, claims), wit in zip(self.witnessed, got[1:]):
-            for views in claims(p, rec, wit).values():
-                self.claims.append(views)
+        theirs, wits = got[0].tobytes(), iter(got[1:])
+        for rec, make, claims in self.witnessed:          # in registration order
+            views = claims(p, rec, next(wits) if make is not None else None)
+            self.claims.extend(views.values() if isinstance(views, dict) else views)
         opened_ok = theirs[:32] == self.received.digest()
         inputs_ok = theirs[32:] == self.input_mine.digest()
         mine, left, right = self.batches()
@@ -195,6 +232,22 @@ class Checks:
         dzkp.verify_claims(p, mine, left, right, self.params,
                            digests=(opened_ok, inputs_ok), mats=mats if self.mats else None)
         self._reset(p)
+
+
+def _masked_injection_claims(p, rec: dict, _witness) -> list:
+    """The claims of an injection of masked bits (:meth:`Checks.injection`), built at the
+    flush after those of the comparison that made the bits: the injection's own, and the
+    pair's swap of its halves (:func:`mpc3.claims_compare.swap_claims`)."""
+    origin, st = rec["origin"], rec["st"]
+    triples = list(injection_claims(p, rec["x"], None, st, rec["got2"],
+                                    parts=lambda g, role: bit_parts(origin, g, role)).values())
+    swaps: dict[int, tuple[list, list, list]] = {}
+    for g, s in enumerate(st):
+        e_in = s["beta"] ^ _bits_u64(s["e"], s["n"]) if s["role"] else None
+        for pos, claims in swap_claims(origin, g, s["role"], e_in):
+            for w, c in claims.items():
+                swaps.setdefault(w, ([], [], []))[_slot(pos)].append(c)
+    return triples + [tuple(_concat(v) for v in vs) for vs in swaps.values()]
 
 
 def _pad(c: dzkp.Claim, size: int) -> dzkp.Claim:

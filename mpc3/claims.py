@@ -64,7 +64,8 @@ def _view(pos: int, u, v, zl, zr) -> Claim:
     return Claim(np.zeros_like(vv), vv, zr())
 
 
-def injection_claims(p, x, bit, st: list[dict], got2) -> dict[int, tuple[list, list, list]]:
+def injection_claims(p, x, bit, st: list[dict], got2,
+                     parts=None) -> dict[int, tuple[list, list, list]]:
     """The claims of :func:`mpc3.kernels.convert.inject_steps` (bit d given as an RSS
     BShare, no run sums): gates by width -> (own, as V_L of next, as V_R of prev) lists.
 
@@ -81,6 +82,12 @@ def injection_claims(p, x, bit, st: list[dict], got2) -> dict[int, tuple[list, l
     Role 1 (V_L: role 0, V_R: role 2) sends ``y1 = beta m1 + m2 sB + beta B - tau1`` and
     role 2 (V_L: role 1, V_R: role 0) ``y2 = beta rho1 + rho2 sB - tau2``, with beta, B the
     pair's slot g+2 and ``sB = B - 2 beta B``: two terms each.
+
+    A masked 3-out-of-3 bit (``parts`` given: the comparison that made it, e.g.
+    :func:`mpc3.claims_compare.bit_parts`) works the same way: ``parts(g, role)`` gives the
+    single's bit as an XOR of a value role 2 holds and one role 1 holds (None where this
+    party holds neither) in place of its two slots, and the pair's beta is the bit it
+    learnt in the swap.
     """
     n = x.shape[0]
     views: dict[int, tuple[list, list, list]] = {w: ([], [], []) for w in (1, 2, 4)}
@@ -93,7 +100,13 @@ def injection_claims(p, x, bit, st: list[dict], got2) -> dict[int, tuple[list, l
         def lifted(planes):                  # a row's bit for each of its values
             return np.repeat(_bits_u64(planes[:, wsl], ng), cols)
         flat = lambda a: np.ascontiguousarray(a).reshape(-1)     # noqa: E731
-        ea, eb, va, vb = lifted(bit.a), lifted(bit.b), flat(xa), flat(xb)
+        va, vb = flat(xa), flat(xb)
+        if parts is None:
+            ea, eb = lifted(bit.a), lifted(bit.b)
+        else:                                # slot-like: role 0 (eg, eh), V_L eb, V_R ea
+            eg_, eh_ = (None if e is None else np.repeat(e, cols) for e in parts(g, role))
+            beta_ = np.repeat(s["beta"], cols) if role else None
+            ea, eb = {0: (eg_, eh_), 1: (eh_, beta_), 2: (beta_, eg_)}[role]
 
         # --- the single's messages (prover role 0): V_L = role 2, V_R = role 1
         pos = (role - 0) % 3

@@ -32,6 +32,7 @@ from .claims import _TOP, _bit_rows, _concat, _slot, a_bits, a_witness
 from .dzkp import Claim
 from .kernels.base import group_bounds
 from .kernels.leaves import leaf_blocks
+from .kernels.thresholds import _plan_arrays, carry_plan
 from .shares import group_sizes
 
 _ONE = np.uint64(1)
@@ -72,10 +73,11 @@ def _sum_width(blocks) -> int:
     return max(3, max((1 << k) - 1 + k for _, k in blocks))
 
 
-def _therm_side(T: np.ndarray, K: np.ndarray, x: np.ndarray, blocks, L: int, top: int,
+def _therm_side(T: np.ndarray, K: np.ndarray, x: np.ndarray, blocks, L: int, top,
                 left: bool) -> dict:
-    """One verifier's side of role 0's claim: V_L (``left``) holds T' rows, its pad K and
-    x_g; V_R rho rows, the witness M and x_{g+1} (here also T, K, x)."""
+    """One verifier's side of the single's thermometer claim: V_L (``left``) holds T' rows,
+    its pad K and x_g; V_R rho rows, the witness M and x_{g+1} (here also T, K, x). ``top``:
+    the window's top bit, whose row ends T (leaves), or None (thresholds: no such row)."""
     Kb, n = _bit_rows(K), K.size
     two_j = np.left_shift(_ONE, np.arange(64, dtype=np.uint64) + _ONE)[:, None]
     out = {64: ((two_j * Kb) if left else Kb, K - x)}
@@ -99,18 +101,21 @@ def _therm_side(T: np.ndarray, K: np.ndarray, x: np.ndarray, blocks, L: int, top
             else:                                  # b = rho_hi, d = rho_lo
                 mono_u.append(np.stack([lo, hi]))
                 mono_z.append(_TOP * hi * lo)
-    mono_u.append(np.zeros((2, n), dtype=np.uint64))           # the window's top bit
-    mono_z.append(_TOP * (T[-1] + Kb[L + top]))
+    if top is not None:                            # the window's top bit: zero terms
+        mono_u.append(np.zeros((2, n), dtype=np.uint64))
+        mono_z.append(_TOP * (T[-1] + Kb[L + top]))
     out[wide] = (np.concatenate(sums_u, axis=1), np.concatenate(sums_z))
-    out[2] = (np.concatenate(mono_u, axis=1), np.concatenate(mono_z))
+    if mono_u:
+        out[2] = (np.concatenate(mono_u, axis=1), np.concatenate(mono_z))
     return out
 
 
 # ---------------------------------------------------------------- the selection -------
 def _selection(b: np.ndarray, blocks, width: int) -> tuple[np.ndarray, np.ndarray]:
-    """(S, S0): leaf l's share is ``XOR_v S[v-1] t_v ^ S0 t_0`` (:func:`select_planes`:
-    G_j = t[2^k - b_j], P_j = t[2^k - 1 - b_j] ^ G_j), S of shape (width, leaves * n) -
-    leaf-major, G_0..G_(nb-1) then P_1..P_(nb-1) - and S0 (leaves * n,)."""
+    """(S, S0): leaf l's share is ``XOR_v S[v-1, l] t_v ^ S0[l] t_0``
+    (:func:`mpc3.kernels.bitplanes.select_planes`: G_j = t[2^k - b_j], P_j = t[2^k - 1 - b_j]
+    ^ G_j), S of shape (width, leaves, n) - G_0..G_(nb-1) then P_1..P_(nb-1) - and S0
+    (leaves, n)."""
     n = b.size
     v = np.arange(1, width + 1, dtype=np.uint64)[:, None]
     gs, ps, g0, p0 = [], [], [], []
@@ -123,19 +128,25 @@ def _selection(b: np.ndarray, blocks, width: int) -> tuple[np.ndarray, np.ndarra
         if j:
             ps.append(g ^ ((v == (size - _ONE - beta)[None]) & (v < size)))
             p0.append(beta == size - _ONE)
-    S = np.concatenate(gs + ps, axis=1).astype(np.uint64)
-    return S, np.concatenate(g0 + p0).astype(np.uint64)
+    return (np.stack(gs + ps, axis=1).astype(np.uint64),
+            np.stack(g0 + p0).astype(np.uint64))
 
 
 def _leaf_rows(T: np.ndarray, blocks, width: int) -> np.ndarray:
-    """(width, leaves * n): each leaf's block code rows (zero-padded), leaf-major."""
+    """(width, leaves, n): each leaf's block code rows (zero-padded)."""
     n = T.shape[1]
     per = []
     for (_, k), base in zip(blocks, _bases(blocks)):
         rows = np.zeros((width, n), dtype=np.uint64)
         rows[:(1 << k) - 1] = T[base:base + (1 << k) - 1]
         per.append(rows)
-    return np.concatenate(per + per[1:], axis=1)
+    return np.stack(per + per[1:], axis=1)
+
+
+def _flat(a: np.ndarray, leaves=None) -> np.ndarray:
+    """(width, leaves, n) -> (width, leaves * n) over the chosen leaves (all if None)."""
+    a = a if leaves is None else a[:, leaves]
+    return a.reshape(a.shape[0], -1)
 
 
 # --------------------------------------------------------------------- the kernel -----
@@ -170,17 +181,19 @@ def leaves_claims(p, rec: dict, witness: np.ndarray) -> dict[int, tuple[Claim, C
         mine1 = "u1" if role == 0 else "u"
         add((role - 1) % 3, _sided(
             (role - 1) % 3,
-            lambda: {width: (_TOP * _leaf_rows(rho(), blocks, width), _TOP * bits(mine1))},
-            lambda: {width: (_selection(s["b"], blocks, width)[0], _TOP * bits("kappa"))}))
+            lambda: {width: (_TOP * _flat(_leaf_rows(rho(), blocks, width)), _TOP * bits(mine1))},
+            lambda: {width: (_flat(_selection(s["b"], blocks, width)[0]),
+                             _TOP * bits("kappa"))}))
         # role 2's half: V_L = role 1 (b, kappa, sigma), V_R = role 0 (T', u2)
         mine2 = "u2" if role == 0 else "u"
 
         def left2():
             S, S0 = _selection(s["b"], blocks, width)
-            return {width: (_TOP * S, _TOP * (bits("kappa") + bits("sigma") + S0))}
+            return {width: (_TOP * _flat(S), _TOP * (bits("kappa") + bits("sigma") +
+                                                     S0.reshape(-1)))}
         add((role - 2) % 3, _sided(
             (role - 2) % 3, left2,
-            lambda: {width: (_leaf_rows(therm(), blocks, width), _TOP * bits(mine2))}))
+            lambda: {width: (_flat(_leaf_rows(therm(), blocks, width)), _TOP * bits(mine2))}))
     return {w: tuple(_concat(v) for v in vs) for w, vs in views.items()}
 
 
@@ -195,3 +208,167 @@ def leaves_claim_gates(n: int, m: int, rank: int) -> dict[int, int]:
     return {64: single, _sum_width(blocks): nb * single,
             2: (sum(max((1 << k) - 2, 0) for _, k in blocks) + 1) * single,
             max((1 << k) - 1 for _, k in blocks): (2 * nb - 1) * (n - single)}
+
+
+# ------------------------------------------------------------- thresholds' carry ------
+#: The comparison with public thresholds (:func:`mpc3.kernels.thresholds.compare_steps`):
+#: role 0 sends the thermometer codes of its rows (no top row) and the dealt mask products
+#: ``D_U = prod_(v in U) alpha_v ^ dm_U`` (alpha = alpha1 ^ alpha2: alpha1 and dm from its
+#: key with role 1, alpha2 with role 2); each pair member its half of the masked leaves
+#: ``sel(code share, b) ^ alpha_i``. Every dealt product is one mod-2 gate of two terms:
+#: ``prod_U = prod_(U - last) alpha_last`` with both factors XOR-shared between role 2 (D,
+#: alpha2) and role 1 (dm, alpha1). The pair's 3-out-of-3 output bits, which the injection
+#: swaps, are polynomials in the opened delta (both pair members) times alpha/dealt shares
+#: (role 0 and the member) plus a selection: one gate each (:func:`swap_claims`).
+def compare_witness(p, rec: dict) -> np.ndarray:
+    return a_witness(p, rec["x"], [s["rsl"] for s in rec["state"]],
+                     [s["role"] for s in rec["state"]], rec["kop"])
+
+
+def _halves(s: dict, role: int, nmask: int, rows) -> dict:
+    """What a party holds of a group's masks (None where it holds nothing)."""
+    if role == 0:
+        rn, rp = s["r_next"], s["r_prev"]
+        return {"a1": rows(rn[:nmask]), "dm": rows(rn[nmask:-1]), "lam1": rows(rn[-1:])[0],
+                "a2": rows(rp[:nmask]), "D": rows(s["deal"]), "lam2": rows(rp[-1:])[0]}
+    mine = {"a1" if role == 1 else "a2": rows(s["alpha"]),
+            "dm" if role == 1 else "D": rows(s["dealt"]),
+            "lam1" if role == 1 else "lam2": rows(s["lam"][None])[0]}
+    return mine
+
+
+def compare_claims(p, rec: dict, witness: np.ndarray) -> dict[int, tuple[Claim, Claim, Claim]]:
+    """Gates by width -> (own, as V_L of next, as V_R of prev) of compare_steps' three
+    messages per group; keeps each group's (K, M) for the injection (:func:`bit_parts`)."""
+    x, blocks, L, kop = rec["x"], rec["blocks"], rec["L"], rec["kop"]
+    nb = len(blocks)
+    masked, _, dealt = carry_plan(nb)
+    leaves = [i for i in range(2 * nb - 1) if i != nb - 1]       # masked, as select orders
+    pos_of = {v: i for i, v in enumerate(masked)}
+    dpos = {u: i for i, u in enumerate(dealt)}
+    width = max((1 << k) - 1 for _, k in blocks)
+    views: dict[int, tuple[list, list, list]] = {}
+    rec["KM"] = {}
+
+    def add(pos, claims):
+        for w, c in claims.items():
+            views.setdefault(w, ([], [], []))[_slot(pos)].append(c)
+
+    for g, s in enumerate(rec["state"]):
+        role, ng, idx = s["role"], s["n"], s["idx"]
+        K, M, xg, xh = a_bits(p, x, s["rsl"], g, role, kop, witness)
+        rec["KM"][g] = (K, M)
+        rows = (lambda planes: _rows(planes, ng))
+        code = (lambda key: _rows(s[key], s["nrows"])[:, idx])      # rows -> elements
+        h = _halves(s, role, len(masked), rows)
+
+        def dealt_side(left):
+            """The dealt products' gates: X (the smaller product or alpha) times alpha_last."""
+            xs, ys, zs = [], [], []
+            for i, u in enumerate(dealt):
+                a = h["a2" if left else "a1"]
+                X = a[pos_of[u[0]]] if len(u) == 2 else h["D" if left else "dm"][dpos[u[:-1]]]
+                Y = a[pos_of[u[-1]]]
+                xs.append(X)
+                ys.append(Y)
+                zs.append(_TOP * (h["D" if left else "dm"][i] + X * Y))
+            if left:
+                return np.stack([_TOP * np.concatenate(xs), _TOP * np.concatenate(ys)]), \
+                    np.concatenate(zs)
+            return np.stack([np.concatenate(ys), np.concatenate(xs)]), np.concatenate(zs)
+
+        def side0(left):
+            out = _therm_side(_rows(s["therm" if left else "rho"], s["nrows"]),  # per row
+                              K if left else M,
+                              xg if left else xh, blocks, L, None, left)
+            u, z = dealt_side(left)
+            if 2 in out:
+                u, z = np.concatenate([out[2][0], u], axis=1), np.concatenate([out[2][1], z])
+            out[2] = (u, z)
+            return out
+        add(role % 3, _sided(role % 3, lambda: side0(True), lambda: side0(False)))
+
+        # role 1's half (round 1, to role 2): V_L = role 0 (rho, alpha1), V_R = role 2
+        half1 = (lambda: rows(s["half"] if role == 1 else s["delta"] ^ s["half"]))
+        half2 = (lambda: rows(s["half"] if role == 2 else s["delta"] ^ s["half"]))
+        sel = (lambda: _selection(s["b"], blocks, width))
+        add((role - 1) % 3, _sided(
+            (role - 1) % 3,
+            lambda: {width: (_TOP * _flat(_leaf_rows(code("rho"), blocks, width), leaves),
+                             _TOP * h["a1"].reshape(-1))},
+            lambda: {width: (_flat(sel()[0], leaves), _TOP * half1().reshape(-1))}))
+        # role 2's half (round 2, to role 1): V_L = role 1 (b), V_R = role 0 (T', alpha2)
+        add((role - 2) % 3, _sided(
+            (role - 2) % 3,
+            lambda: {width: (_TOP * _flat(sel()[0], leaves),
+                             _TOP * (half2() + sel()[1][leaves]).reshape(-1))},
+            lambda: {width: (_flat(_leaf_rows(code("therm"), blocks, width), leaves),
+                             _TOP * h["a2"].reshape(-1))}))
+    return {w: tuple(_concat(v) for v in vs) for w, vs in views.items()}
+
+
+def bit_parts(rec: dict, g: int, role: int):
+    """Role 0's output bit of group g, ``e0 = a_top ^ lam1 ^ lam2``, as (V_L's part, V_R's
+    part) - ``K_top ^ lam2`` (role 2) and ``M_top ^ lam1`` (role 1) - each None where this
+    party holds neither; (ng,) 0/1 words (after :func:`compare_claims`)."""
+    s, (K, M) = rec["state"][g], rec["KM"][g]
+    h = _halves(s, role, 0, lambda planes: _rows(planes, s["n"]))
+    top = np.uint64(rec["L"] + rec["m"] - 1)
+    pos = role % 3
+    eg = ((K[s["idx"]] >> top) & _ONE) ^ h["lam2"] if pos in (0, 2) else None
+    eh = ((M[s["idx"]] >> top) & _ONE) ^ h["lam1"] if pos in (0, 1) else None
+    return eg, eh
+
+
+def swap_claims(rec: dict, g: int, role: int, e_in: np.ndarray | None) -> list:
+    """(pos, {width: Claim}) of the pair's output bits of group g, which the injection's
+    first round swaps: role 1's ``e1`` (to role 2) and role 2's ``e2`` (to role 1) are
+    ``XOR_c mono_c(delta) coef_c ^ leaf_(G, nb-1) (^ kind-0 monomials ^ b_top ^ 1 for
+    role 1) ^ lam``; ``e_in``: the bit this party received in the swap (pair members)."""
+    s, blocks = rec["state"][g], rec["blocks"]
+    nb, ng = len(blocks), s["n"]
+    (rest, kind, idx), _ = _plan_arrays(nb)
+    masked = carry_plan(nb)[0]
+    width = max((1 << k) - 1 for _, k in blocks)
+    rows = (lambda planes: _rows(planes, ng))
+    h = _halves(s, role, len(masked), rows)
+    live = np.flatnonzero(kind != 0)
+
+    def monos():
+        delta = rows(s["delta"])
+        out = np.ones((kind.size, ng), dtype=np.uint64)
+        for c in range(kind.size):
+            for r in rest[c][rest[c] >= 0]:
+                out[c] &= delta[r]
+        return out
+
+    def coefs(one):                 # alpha_i / dealt rows of each live entry
+        a, d = (h["a1"], h["dm"]) if one else (h["a2"], h["D"])
+        return np.stack([a[idx[c]] if kind[c] == 1 else d[idx[c]] for c in live])
+
+    def code(key):
+        return _flat(_leaf_rows(_rows(s[key], s["nrows"])[:, s["idx"]], blocks, width),
+                     [nb - 1])
+
+    def sel():
+        return _flat(_selection(s["b"], blocks, width)[0], [nb - 1])
+
+    def own_e():
+        return rows(s["e"])[0]
+
+    def e1_right():
+        mono = monos()
+        btop = rows(s["btop"][None])[0]
+        e1 = own_e() if role == 1 else e_in
+        return {width + live.size: (np.concatenate([mono[live], sel()]),
+                                    _TOP * (e1 + btop + _ONE + mono[kind == 0].sum(axis=0)))}
+
+    def e2_left():
+        e2 = own_e() if role == 2 else e_in
+        return {width + live.size: (_TOP * np.concatenate([monos()[live], sel()]), _TOP * e2)}
+    p1, p2 = (role - 1) % 3, (role - 2) % 3
+    return [(p1, _sided(p1, lambda: {width + live.size: (
+                _TOP * np.concatenate([coefs(True), code("rho")]), _TOP * h["lam1"])},
+                e1_right)),
+            (p2, _sided(p2, e2_left, lambda: {width + live.size: (
+                np.concatenate([coefs(False), code("therm")]), _TOP * h["lam2"])}))]

@@ -248,7 +248,7 @@ def inject_steps(p: Party, x: AShare, bit, from_masked: bool, seg: int = 0):
         r2.send(PREV if role == 1 else NEXT, fold(y))
     got2 = yield r2
     if p.checks is not None:                # malicious mode: the messages' claims
-        p.checks.injection(p, x, bit, st, got2, from_masked or seg)
+        p.checks.injection(p, x, bit, st, got2, from_masked, seg)
 
     for g, (sl, s) in enumerate(zip(group_bounds(n), st)):
         if not seg:                             # the pair's slots: written by inject_pair

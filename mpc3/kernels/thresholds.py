@@ -206,7 +206,8 @@ def compare_steps(p: Party, x: AShare, thresholds: np.ndarray, win: tuple[int, i
     (another kernel of the same lockstep fills it after round 1: a product's truncation),
     and role 1 sends its leaves' half in round 2 instead of round 1 - same rounds, same
     bytes."""
-    p.new_op()
+    kop = p.new_op()
+    keep = p.checks is not None             # malicious mode: the claims read the state
     t = ring.check_ring(np.asarray(thresholds, dtype=np.uint64).reshape(-1), "thresholds")
     xa, xb = x.a.reshape(-1), x.b.reshape(-1)
     rows, k = xa.size, t.size
@@ -245,8 +246,11 @@ def compare_steps(p: Party, x: AShare, thresholds: np.ndarray, win: tuple[int, i
             r_prev = random_planes(p, "prev", nmask + 1, w, f"al2{g}")
             prods = and_products(r_next[:nmask] ^ r_prev[:nmask], _plan_arrays(len(blocks))[1])
             s["e"] = _top_plane(a[idx], top, ng) ^ r_next[-1] ^ r_prev[-1]
-            r1.send(PREV, pack_planes(planes ^ rho, nrows),                # to role 2
-                    pack_planes(prods ^ r_next[nmask:nmask + ndeal], ng))
+            therm, deal = planes ^ rho, prods ^ r_next[nmask:nmask + ndeal]
+            if keep:
+                s.update(rsl=rsl, idx=idx, nrows=nrows, therm=therm, rho=rho, deal=deal,
+                         r_next=r_next, r_prev=r_prev)
+            r1.send(PREV, pack_planes(therm, nrows), pack_planes(deal, ng))  # to role 2
             continue
         s.update(sl=sl, rsl=rsl, idx=idx, nrows=nrows)
         if not late:
@@ -274,8 +278,10 @@ def compare_steps(p: Party, x: AShare, thresholds: np.ndarray, win: tuple[int, i
             pair_leaves(s)
         if s["role"] == 2:
             therm, deal = got[(NEXT, g)]
-            s["leaves"] = _select(unpack_planes(therm, s["nrows"]), s["nrows"], s["idx"],
-                                  s["b"], blocks, True)
+            therm = unpack_planes(therm, s["nrows"])
+            if keep:
+                s["therm"] = therm
+            s["leaves"] = _select(therm, s["nrows"], s["idx"], s["b"], blocks, True)
             s["dealt"] = unpack_planes(deal, ng)
             s["half"] = s["leaves"][masked] ^ s["alpha"]
             if late:
@@ -307,7 +313,13 @@ def compare_steps(p: Party, x: AShare, thresholds: np.ndarray, win: tuple[int, i
         if s["role"] == 1:
             z = z ^ s["btop"] ^ _ONES
         out[0, ws] = z ^ s["lam"]
-    return MaskedBits(out, n)
+        if keep:
+            s["e"] = out[:, ws]
+    bits = MaskedBits(out, n)
+    if keep:                                # malicious mode: the messages' claims
+        p.checks.compare(p, bits, {"x": AShare(xa, xb), "t": t, "k": k, "L": L, "m": m,
+                                   "blocks": blocks, "state": st, "kop": kop, "late": late})
+    return bits
 
 
 def cost_compare_public(rows: int, k: int, L: int, m: int) -> Cost:

@@ -81,3 +81,53 @@ def test_drelu_is_verified_through_the_leaves_claims(n, exact):
             continue
         assert isinstance(got.error, dzkp.CheatingDetected), (s, got.error)
         assert s.party in got.error.rejected, (s, got.error)
+
+
+def _value(results):
+    return results[0][0].a + results[0][0].b + results[1][0].b
+
+
+def _relu_job(p, x):
+    p.checks = Checks(p)
+    y = convert.relu_a(p, x)
+    last = p.comm.op
+    before = p.stats.snapshot()
+    p.checks.flush(p)
+    return y, last, p.stats - before
+
+
+def test_relu_on_few_elements_is_verified_through_the_dealt_carry_and_masked_injection():
+    """relu_a on at most ROUND_LEAN_ELEMENTS: thresholds' two-round comparison (thermometer,
+    dealt mask products, the pair's halves) and the injection of its masked bit (the
+    single's bit split by the witness, the pair's swapped halves as carry polynomials).
+    Honest: the semi-honest ReLU; any message changed, in any of the four rounds or in the
+    witness, aborts and names its sender."""
+    cfg = RingConfig()
+    L, m = window_for(cfg)
+    n = 90
+    rng = np.random.default_rng(3)
+    lim = 1 << (L + m - 3)
+    v = rng.integers(-lim, lim, size=n)
+    v[:3] = [0, -1, lim - 1]
+    d = deal(v.astype(np.uint64), rng)
+    args = [(d[i],) for i in range(3)]
+    clean = tamper.run(_relu_job, args, make_parties(cfg))
+    assert clean.error is None, clean.error
+    err = np.abs(_value(clean.results).astype(np.int64) - np.maximum(v, 0))
+    assert err.max() < 1 << L
+    last = clean.results[0][1]
+    rng = np.random.default_rng(8)
+    for i, s in enumerate(s for s in clean.sent if s.op <= last + 1 and s.entries):
+        witness = s.op == last + 1
+        got = tamper.run(_relu_job, args, make_parties(cfg),
+                         tamper.Target(s.party, s.direction, op=s.op),
+                         tamper.Deviation(("add", "flip")[i % 2],
+                                          error=int(rng.integers(1, 1 << 62)),
+                                          element=64 + i % (s.entries - 64) if witness
+                                          else None, seed=i))
+        if got.error is None:     # only a packed message's padding bits can change nothing
+            assert np.array_equal(_value(got.results), _value(clean.results)), \
+                (s, got.records)
+            continue
+        assert isinstance(got.error, dzkp.CheatingDetected), (s, got.error)
+        assert s.party in got.error.rejected, (s, got.error)
