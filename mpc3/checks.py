@@ -69,20 +69,21 @@ class Checks:
         self.covered[op] = self.covered.get(op, 0) + nbytes
 
     # --------------------------------------------------------- what kernels register --
-    def product(self, p, x, y, out, trunc, kop: int) -> None:
+    def product(self, p, x, y, out, trunc, kop: int, tag: str = "reshare") -> None:
         """``mul_aa``'s message, if it was a plain reshare (``trunc`` False) of
-        ``x.a (y.a + y.b) + x.b y.a`` under the zero sharing ``(kop, "reshare")``."""
+        ``x.a (y.a + y.b) + x.b y.a`` under the zero sharing ``(kop, tag)`` (mul_many's
+        items in malicious mode: one tag each, :mod:`mpc3.kernels.checked`)."""
         if trunc is not False:
             return                                  # truncating products: not yet covered
-        self.claims.append(dzkp.mul_claims(p, x, y, out.a, out.b, "reshare", kop))
+        self.claims.append(dzkp.mul_claims(p, x, y, out.a, out.b, tag, kop))
         self._cover(p, out.a.nbytes)
 
-    def matmul(self, p, x, y, out, trunc, kop: int) -> None:
+    def matmul(self, p, x, y, out, trunc, kop: int, tag: str = "reshare") -> None:
         """``matmul_aa``'s message, if it was a plain reshare (``trunc`` False) of operands
-        :func:`mpc3.freivalds.matmul_claims` covers."""
+        :func:`mpc3.freivalds.matmul_claims` covers, masked under ``(kop, tag)``."""
         if trunc is not False:
             return
-        views = matmul_claims(p, x, y, out, kop)
+        views = matmul_claims(p, x, y, out, kop, tag)
         if views is not None:
             self.mats.append(views)
             self._cover(p, out.a.nbytes)

@@ -242,12 +242,10 @@ def _checked_trunc(p: Party, z: AShare, trunc) -> AShare:
     """Malicious mode: a truncating product is its plain product, then the truncation of
     the replicated result (both verified, :mod:`mpc3.checks`) - one round and the single's
     8 bytes an element more than the fused form, whose truncation of a 3-out-of-3 sum has
-    no claim yet. Scaled truncations run unverified and are refused at the flush."""
+    no claim yet. A Scaled truncation: two truncations (:func:`checked.trunc_scaled`)."""
     if isinstance(trunc, Scaled):
-        flat = AShare(z.a.reshape(-1), z.b.reshape(-1))
-        mult = np.broadcast_to(trunc.mult, z.shape).reshape(-1)
-        p.new_op()
-        return trunc_split(p, flat, trunc.shift, from_rss=True, mult=mult).reshape(z.shape)
+        from . import checked
+        return checked.trunc_scaled(p, z, trunc)
     bits = p.cfg.frac if trunc is True else trunc
     return trunc_a(p, z, bits if np.ndim(bits) == 0 else np.broadcast_to(bits, z.shape))
 
@@ -283,6 +281,9 @@ def mul_many_steps(p: Party, items: list[tuple], sites: list | None = None):
     """:func:`mul_many_aa` as lockstep steps (:func:`base.lockstep`)."""
     if p.shadow is not None:               # no rounds: done at the first step
         return p.shadow.mul_many_aa(items, sites)
+    if p.checks is not None:               # malicious mode: verified products, then truncation
+        from . import checked
+        return (yield from checked.many_steps(p, items))
     p.new_op()
     parts, (zt, flat_plain), mults = _many_products(p, items)
     if flat_plain is not None:
@@ -374,6 +375,9 @@ def mul_split_aa(p: Party, items: list[tuple], trunc: bool | int = True,
     :func:`cost_mul_split`. ``sites``: per item, then per replicated item (mpc3.shadow)."""
     if p.shadow is not None:
         return p.shadow.mul_split_aa(items, trunc, replicated, biases, sites)
+    if p.checks is not None:               # malicious mode: replicated, verified (AShares)
+        from . import checked
+        return checked.split_checked(p, items, trunc, replicated, biases)
     p.new_op()
 
     zs = [_item_product(*it[:3], it[3] if len(it) > 3 else None, p.rank) for it in items]
