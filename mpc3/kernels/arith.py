@@ -270,7 +270,7 @@ def mul_many_aa(p: Party, items: list[tuple], sites: list | None = None) -> list
     ``trunc`` True/int (fixed-point shift) or False (plain reshare, riding the first round);
     ``keep`` is a public boolean mask: only kept outputs are reshared, the rest are 0.
     ``sites``: the calibration site of each item (a shadow party's records, mpc3.shadow).
-    Cost: :func:`cost_mul_many`.
+    Cost: :func:`cost_mul_many`; malicious mode: :func:`checked.cost_checked`.
     """
     if p.shadow is not None:
         return p.shadow.mul_many_aa(items, sites)
@@ -372,7 +372,8 @@ def mul_split_aa(p: Party, items: list[tuple], trunc: bool | int = True,
     the shifted window would leave the ring. With ``replicated`` (a list, possibly empty) the result is
     ``(split, [outputs])``: those items come back completed, as AShares, from the same rounds
     and messages (the split ones keep their own element groups). Cost:
-    :func:`cost_mul_split`. ``sites``: per item, then per replicated item (mpc3.shadow)."""
+    :func:`cost_mul_split`. ``sites``: per item, then per replicated item (mpc3.shadow).
+    Malicious mode: the same values as AShares, no sign (:func:`checked.cost_checked`)."""
     if p.shadow is not None:
         return p.shadow.mul_split_aa(items, trunc, replicated, biases, sites)
     if p.checks is not None:               # malicious mode: replicated, verified (AShares)
