@@ -10,6 +10,7 @@ import pytest
 from mpc3 import dzkp, tamper
 from mpc3.checks import Checks
 from mpc3.kernels import arith
+from mpc3.kernels.base import Cost, run_steps
 from mpc3.kernels.checked import cost_checked
 from mpc3.kernels.truncation import MAX_MULT, Scaled, scaled
 from mpc3.party import RingConfig
@@ -45,9 +46,9 @@ def _job(kernel, malicious=True, span=None):
     return job
 
 
-def _check(kernel, args, declared, refs, tols, cfg=RingConfig(), trials=2, seed=0):
+def _check(kernel, args, declared, refs, tols, cfg=RingConfig(), seed=0):
     """Honest run: accepted, values within ``tols`` ulps of ``refs``, cost as declared;
-    then ``trials`` changed kernel messages, each caught."""
+    then in each of the kernel's rounds one message (drawn) changed: each caught."""
     span = {}
     clean = tamper.run(_job(kernel, span=span), args, make_parties(cfg))
     assert clean.error is None, clean.error
@@ -59,8 +60,8 @@ def _check(kernel, args, declared, refs, tols, cfg=RingConfig(), trials=2, seed=
     msgs = [s for s in clean.sent if span[s.party][0] < s.op <= span[s.party][1]
             and s.entries]
     rng = np.random.default_rng(seed)
-    for trial in range(trials):
-        target = tamper.draw(msgs, rng, "add")
+    for trial, op in enumerate(sorted({s.op for s in msgs})):
+        target = tamper.draw([s for s in msgs if s.op == op], rng, "add")
         got = tamper.run(_job(kernel), args, make_parties(cfg), target,
                          tamper.Deviation("add", error=int(rng.integers(1, 1 << 62)),
                                           seed=trial))
@@ -103,7 +104,26 @@ def test_mul_many_steps_without_truncation_is_one_round():
     declared = cost_checked([((4, 3), "mul", False)] * 2, RingConfig())
     assert declared.rounds == 1
     _check(lambda p, u, v: arith.mul_many_aa(p, [(u, v, "mul", False), (v, u, "mul", False)]),
-           _deal(rng, u, v), declared, [u * v, u * v], [1, 1], trials=1)
+           _deal(rng, u, v), declared, [u * v, u * v], [1, 1])
+
+
+def test_mul_many_steps_in_lockstep_share_rounds_and_stay_covered():
+    """Two mul_many_steps in lockstep (as kernels built on them run it): the rounds they
+    share carry both kernels' claims; cost Cost.parallel of the two."""
+    rng = np.random.default_rng(9)
+    u, v = _ints(rng, (4, 6)), _ints(rng, (4, 6))
+    rows = scaled(1.0 / np.arange(1, 5)[:, None], F)
+
+    def kernel(p, u, v):
+        (a,), (b, c) = run_steps(p, arith.mul_many_steps(p, [(u, v, "mul", rows)]),
+                                 arith.mul_many_steps(p, [(u, u, "mul", True),
+                                                          (v, v, "mul", False)]))
+        return [a, b, c]
+    declared = Cost.parallel(cost_checked([((4, 6), "mul", rows)], RingConfig()),
+                             cost_checked([((4, 6), "mul", True), ((4, 6), "mul", False)],
+                                          RingConfig()))
+    _check(kernel, _deal(rng, u, v), declared,
+           [_scaled_ref(u * v, rows), u * u / 2.0 ** F, v * v], [2, 1, 1])
 
 
 def test_mul_split_with_biases_and_replicated_items():
