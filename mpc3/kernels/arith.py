@@ -23,7 +23,7 @@ from .. import ring
 from ..comm import NEXT, PREV
 from ..party import Party, profiled
 from ..shares import AShare, SignedSplit, SplitShare
-from . import leaves, thresholds
+from . import checked, leaves, thresholds
 from .base import Cost, Round, group_bounds, run_steps
 from .truncation import (OFFSET_BITS, Scaled, cost_trunc_shifts, trunc_a, trunc_split,
                          trunc_steps)
@@ -244,7 +244,6 @@ def _checked_trunc(p: Party, z: AShare, trunc) -> AShare:
     8 bytes an element more than the fused form, whose truncation of a 3-out-of-3 sum has
     no claim yet. A Scaled truncation: two truncations (:func:`checked.trunc_scaled`)."""
     if isinstance(trunc, Scaled):
-        from . import checked
         return checked.trunc_scaled(p, z, trunc)
     bits = p.cfg.frac if trunc is True else trunc
     return trunc_a(p, z, bits if np.ndim(bits) == 0 else np.broadcast_to(bits, z.shape))
@@ -282,8 +281,7 @@ def mul_many_steps(p: Party, items: list[tuple], sites: list | None = None):
     if p.shadow is not None:               # no rounds: done at the first step
         return p.shadow.mul_many_aa(items, sites)
     if p.checks is not None:               # malicious mode: verified products, then truncation
-        from . import checked
-        return (yield from checked.many_steps(p, items))
+        return (yield from checked.many_steps(p, items, _item_product))
     p.new_op()
     parts, (zt, flat_plain), mults = _many_products(p, items)
     if flat_plain is not None:
@@ -377,8 +375,7 @@ def mul_split_aa(p: Party, items: list[tuple], trunc: bool | int = True,
     if p.shadow is not None:
         return p.shadow.mul_split_aa(items, trunc, replicated, biases, sites)
     if p.checks is not None:               # malicious mode: replicated, verified (AShares)
-        from . import checked
-        return checked.split_checked(p, items, trunc, replicated, biases)
+        return checked.split_checked(p, items, trunc, replicated, biases, _item_product)
     p.new_op()
 
     zs = [_item_product(*it[:3], it[3] if len(it) > 3 else None, p.rank) for it in items]

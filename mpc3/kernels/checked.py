@@ -37,7 +37,6 @@ import numpy as np
 from ..comm import NEXT, PREV
 from ..party import Party
 from ..shares import AShare
-from .arith import _item_product, cost_reshare
 from .base import Cost, Round, run_steps
 from .truncation import MAX_MULT, Scaled, cost_trunc_shifts, trunc_steps
 
@@ -84,7 +83,7 @@ def cost_checked(items, cfg) -> Cost:
     Scaled items the second truncation. The flush's own bytes are not included."""
     plans = [_item_plan(it[0], it[1], it[2], it[3] if len(it) > 3 else None, cfg.frac)
              for it in items]
-    cost = cost_reshare(sum(pl[0] for pl in plans))
+    cost = Cost.uniform(1, 8 * sum(pl[0] for pl in plans))      # arith.cost_reshare
     tr = [pl for pl in plans if pl[2] is not None]
     if not tr:
         return cost
@@ -123,9 +122,10 @@ def trunc_scaled(p: Party, z: AShare, trunc: Scaled) -> AShare:
     return run_steps(p, _trunc_steps(p, flat, t, mult, s))[0].reshape(z.shape)
 
 
-def flat_steps(p: Party, items: list[tuple]):
+def flat_steps(p: Party, items: list[tuple], product):
     """mul_many's items in malicious mode, as steps: per item (its kept outputs, flat, as
-    an AShare; its output shape; its keep mask broadcast, or None)."""
+    an AShare; its output shape; its keep mask broadcast, or None). ``product``: arith's
+    ``_item_product`` (passed in: arith imports this module, not the other way)."""
     kop = p.new_op()
     r, made = Round(p), []
     for i, item in enumerate(items):
@@ -135,7 +135,7 @@ def flat_steps(p: Party, items: list[tuple]):
         if kind == "mul" and keep is not None and x.shape == y.shape:
             kb = np.broadcast_to(keep, x.shape)            # reshare the kept outputs only
             x, y = AShare(x.a[kb], x.b[kb]), AShare(y.a[kb], y.b[kb])
-        z = _item_product(x, y, kind, None, p.rank)[0]
+        z = product(x, y, kind, None, p.rank)[0]
         shape = shape if kind == "mul" else z.shape
         p.add_zero_share(z, f"reshare{i}")
         r.send(PREV, z)
@@ -165,10 +165,10 @@ def flat_steps(p: Party, items: list[tuple]):
     return [(v, m[5], m[6]) for v, m in zip(pieces, made)]
 
 
-def many_steps(p: Party, items: list[tuple]):
+def many_steps(p: Party, items: list[tuple], product):
     """:func:`mpc3.kernels.arith.mul_many_steps` in malicious mode (module docstring)."""
     outs = []
-    for v, shape, keep in (yield from flat_steps(p, items)):
+    for v, shape, keep in (yield from flat_steps(p, items, product)):
         if keep is None:
             outs.append(v.reshape(shape))
         else:
@@ -178,13 +178,13 @@ def many_steps(p: Party, items: list[tuple]):
     return outs
 
 
-def split_checked(p: Party, items: list[tuple], trunc, replicated, biases):
+def split_checked(p: Party, items: list[tuple], trunc, replicated, biases, product):
     """:func:`mpc3.kernels.arith.mul_split_aa` in malicious mode: its values, replicated -
     the split items' kept outputs flat and concatenated, biases added (an AShare), and
     with ``replicated`` ``(that, [outputs])``."""
     many = [(*it[:3], trunc, it[3] if len(it) > 3 else None) for it in items]
     many += [(*it[:3], trunc) for it in replicated or []]
-    got = run_steps(p, flat_steps(p, many))[0]
+    got = run_steps(p, flat_steps(p, many, product))[0]
     flats = []
     for (v, shape, keep), b in zip(got, biases or [None] * len(items)):
         if b is not None:
