@@ -46,10 +46,10 @@ def _job(kernel, malicious=True, span=None):
     return job
 
 
-def _check(kernel, args, declared, refs, tols, cfg=RingConfig(), seed=0):
+def _check(kernel, args, declared, refs, tols, cfg=None, seed=0):
     """Honest run: accepted, values within ``tols`` ulps of ``refs``, cost as declared;
     then in each of the kernel's rounds one message (drawn) changed: each caught."""
-    span = {}
+    cfg, span = cfg or RingConfig(), {}
     clean = tamper.run(_job(kernel, span=span), args, make_parties(cfg))
     assert clean.error is None, clean.error
     for got, ref, tol in zip(clean.results[0][0], refs, tols):
@@ -83,7 +83,7 @@ def test_mul_many_mixed_items_keep_masks_and_scaled(mode):
     keep = rng.random((6, 5)) < 0.6
     rows = scaled(1.0 / np.arange(1, 7)[:, None], F)
     shifts = rng.integers(F - 4, F + 4, size=int(keep.sum()))
-    items = lambda a, w, u, v: [                                       # noqa: E731
+    items = lambda a, w, u, v: [
         (a, w, "matmul", True), (u, v, "mul", False), (u, v, "mul", shifts, keep),
         (a, w, "matmul", rows, keep), (u, v, "mul", rows), (a, w, "matmul", False, keep)]
     aw, uv = a @ w, u * v
