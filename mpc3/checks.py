@@ -83,6 +83,11 @@ class Checks:
         :func:`mpc3.freivalds.matmul_claims` covers, masked under ``(kop, tag)``."""
         if trunc is not False:
             return
+        dots = dzkp.dot_claims(p, x, y, out, tag, kop)       # per-element dot products
+        if dots is not None:
+            self.claims.append(dots)
+            self._cover(p, out.a.nbytes)
+            return
         views = matmul_claims(p, x, y, out, kop, tag)
         if views is not None:
             self.mats.append(views)

@@ -11,9 +11,8 @@ malicious mode (``p.checks`` set; semi-honest code paths never come here):
   form :meth:`Checks.truncation` covers; per-element shifts). One round more than the
   semi-honest kernel. ``keep`` masks: an elementwise item reshares its kept outputs only; a
   matrix product reshares its whole output (its claim reads the whole message) and
-  truncates the kept outputs only. Matrix products :func:`mpc3.freivalds.matmul_claims`
-  does not cover (a vector operand, batches of more than one leading dimension, broadcast
-  batches) stay unverified: the flush refuses them.
+  truncates the kept outputs only. Matrix products with a vector operand or broadcast
+  batches have no claim (:meth:`Checks.matmul`): the flush refuses them.
 * :class:`Scaled` truncations ``floor(z m / 2^S)`` (:func:`trunc_scaled`, and Scaled items
   of mul_many): with ``t`` the bit length of m (m < 2^t <= 2^31), the first truncation gives
   ``r = trunc(z, t)`` and ``z_lo = z - 2^t r``, |z_lo| < 2^t (stochastic rounding); then one

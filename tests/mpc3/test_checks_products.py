@@ -126,6 +126,30 @@ def test_mul_many_steps_in_lockstep_share_rounds_and_stay_covered():
            [_scaled_ref(u * v, rows), u * u / 2.0 ** F, v * v], [2, 1, 1])
 
 
+def test_dot_products_and_four_dimensional_batches_are_verified():
+    """Per-element dot products (..., 1, K) @ (..., K, 1) (the piecewise activations', one
+    gate of 2K terms each, dzkp.dot_claims) and matrix products batched over two leading
+    dimensions (freivalds.matmul_claims, per batch item), in mul_many and in matmul_aa."""
+    rng = np.random.default_rng(13)
+    x, y = _ints(rng, (5, 3, 1, 4)), _ints(rng, (5, 3, 4, 1))
+    a, b = _ints(rng, (2, 3, 4, 6)), _ints(rng, (2, 3, 6, 2))
+    xy, ab = x @ y, a @ b
+
+    def kernel(p, x, y, a, b):
+        return arith.mul_many_aa(p, [(x, y, "matmul", True), (a, b, "matmul", False)]) + \
+            [arith.matmul_aa(p, a, b)]
+    declared = cost_checked([(xy.shape, "matmul", True), (ab.shape, "matmul", False)],
+                            RingConfig()) + cost_checked([(ab.shape, "matmul", True)],
+                                                         RingConfig())
+    args = _deal(rng, x, y, a, b)
+    _check(kernel, args, declared, [xy / 2.0 ** F, ab, ab / 2.0 ** F], [1, 1, 1])
+    for element in (0, xy.size + ab.size - 1):      # the dot products', the 4-D product's
+        got = tamper.run(_job(kernel), args, make_parties(), tamper.Target(1, -1, op=1),
+                         tamper.Deviation("add", error=1 << 63, element=element))
+        assert isinstance(got.error, dzkp.CheatingDetected), (element, got.error)
+        assert got.error.prover == 1
+
+
 def test_mul_split_with_biases_and_replicated_items():
     rng = np.random.default_rng(11)
     x, w1, w2, b = _ints(rng, (5, 24)), _ints(rng, (24, 6)), _ints(rng, (24, 3)), \
