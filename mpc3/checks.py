@@ -6,7 +6,10 @@ registers them as it runs - the message's op counter and what its verification n
 * a replicated product's reshare (``mul_aa`` without truncation): the claim of
   :func:`mpc3.dzkp.mul_claims`, proven at the flush;
 * a matrix product's reshare (``matmul_aa`` without truncation): the claims of
-  :func:`mpc3.freivalds.matmul_claims`, reduced by random vectors and joined to the proof;
+  :func:`mpc3.freivalds.matmul_claims`, reduced by random vectors and joined to the proof
+  (per-element dot products: :func:`mpc3.dzkp.dot_claims`, one 2K-term gate each);
+* truncating, scaled, mul_many and mul_split products run as these products and trunc_a
+  in malicious mode (:mod:`mpc3.kernels.checked`);
 * an opening (``open_a``): the slot a party receives from its next neighbour is also held
   by its previous one, which sends a digest of every such slot at the flush.
 
