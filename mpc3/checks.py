@@ -6,7 +6,10 @@ registers them as it runs - the message's op counter and what its verification n
 * a replicated product's reshare (``mul_aa`` without truncation): the claim of
   :func:`mpc3.dzkp.mul_claims`, proven at the flush;
 * a matrix product's reshare (``matmul_aa`` without truncation): the claims of
-  :func:`mpc3.freivalds.matmul_claims`, reduced by random vectors and joined to the proof;
+  :func:`mpc3.freivalds.matmul_claims`, reduced by random vectors and joined to the proof
+  (per-element dot products: :func:`mpc3.dzkp.dot_claims`, one 2K-term gate each);
+* truncating, scaled, mul_many and mul_split products run as these products and trunc_a
+  in malicious mode (:mod:`mpc3.kernels.checked`);
 * an opening (``open_a``): the slot a party receives from its next neighbour is also held
   by its previous one, which sends a digest of every such slot at the flush.
 
@@ -78,20 +81,26 @@ class Checks:
         self.covered[op] = self.covered.get(op, 0) + nbytes
 
     # --------------------------------------------------------- what kernels register --
-    def product(self, p, x, y, out, trunc, kop: int) -> None:
+    def product(self, p, x, y, out, trunc, kop: int, tag: str = "reshare") -> None:
         """``mul_aa``'s message, if it was a plain reshare (``trunc`` False) of
-        ``x.a (y.a + y.b) + x.b y.a`` under the zero sharing ``(kop, "reshare")``."""
+        ``x.a (y.a + y.b) + x.b y.a`` under the zero sharing ``(kop, tag)`` (mul_many's
+        items in malicious mode: one tag each, :mod:`mpc3.kernels.checked`)."""
         if trunc is not False:
             return                                  # truncating products: not yet covered
-        self.claims.append(dzkp.mul_claims(p, x, y, out.a, out.b, "reshare", kop))
+        self.claims.append(dzkp.mul_claims(p, x, y, out.a, out.b, tag, kop))
         self._cover(p, out.a.nbytes)
 
-    def matmul(self, p, x, y, out, trunc, kop: int) -> None:
+    def matmul(self, p, x, y, out, trunc, kop: int, tag: str = "reshare") -> None:
         """``matmul_aa``'s message, if it was a plain reshare (``trunc`` False) of operands
-        :func:`mpc3.freivalds.matmul_claims` covers."""
+        :func:`mpc3.freivalds.matmul_claims` covers, masked under ``(kop, tag)``."""
         if trunc is not False:
             return
-        views = matmul_claims(p, x, y, out, kop)
+        dots = dzkp.dot_claims(p, x, y, out, tag, kop)       # per-element dot products
+        if dots is not None:
+            self.claims.append(dots)
+            self._cover(p, out.a.nbytes)
+            return
+        views = matmul_claims(p, x, y, out, kop, tag)
         if views is not None:
             self.mats.append(views)
             self._cover(p, out.a.nbytes)

@@ -448,3 +448,25 @@ def mul_claims(p: Party, x, y, sent: np.ndarray, received: np.ndarray, tag: str,
                     np.ravel(received) - xb * yb + f_next)
     as_right = Claim(np.stack([zero, xa]), np.stack([ya, zero]), -f_prev)
     return mine, as_left, as_right
+
+
+def dot_claims(p: Party, x, y, out, tag: str, kop: int) -> tuple[Claim, Claim, Claim] | None:
+    """:func:`mul_claims` of a batch of dot products, ``x`` (..., 1, K) @ ``y`` (..., K, 1)
+    with equal batch shapes (the piecewise activations' per-element sums): one gate of 2K
+    terms per output. Such a product is always in :func:`mpc3.kernels.arith._local_matmul`'s
+    two-product form, whose term is ``sum_k x_a y_a + x_a y_b + x_b y_a``. None for other
+    shapes (:func:`mpc3.freivalds.matmul_claims` takes matrices)."""
+    if not (x.a.ndim == y.a.ndim >= 3 and x.shape[:-2] == y.shape[:-2]
+            and x.shape[-2] == 1 and y.shape[-1] == 1):
+        return None
+    K = x.shape[-1]
+    xa, xb, ya, yb = (np.ascontiguousarray(t.reshape(-1, K).T) for t in (x.a, x.b, y.a, y.b))
+    f_next = np.ravel(p.prg.ring("next", kop, tag, out.shape))
+    f_prev = np.ravel(p.prg.ring("prev", kop, tag, out.shape))
+    zero = np.zeros_like(xa)
+    mine = Claim(np.concatenate([xa, xb]), np.concatenate([yb, ya]),
+                 np.ravel(out.a) - (xa * ya).sum(0) - f_next + f_prev)
+    as_left = Claim(np.concatenate([xb, zero]), np.concatenate([zero, yb]),
+                    np.ravel(out.b) - (xb * yb).sum(0) + f_next)
+    as_right = Claim(np.concatenate([zero, xa]), np.concatenate([ya, zero]), -f_prev)
+    return mine, as_left, as_right

@@ -68,8 +68,9 @@ def matmul_claims(p, x, y, out, kop: int, tag: str = "reshare"):
     if y.a.ndim == 2 and x.a.ndim >= 2:
         items = [(x.a.reshape(-1, x.shape[-1]), x.b.reshape(-1, x.shape[-1]), y.a, y.b,
                   out.a.reshape(-1, y.shape[-1]), out.b.reshape(-1, y.shape[-1]))]
-    elif x.a.ndim == y.a.ndim == 3 and x.shape[0] == y.shape[0]:
-        items = [(x.a[i], x.b[i], y.a[i], y.b[i], out.a[i], out.b[i]) for i in range(x.shape[0])]
+    elif x.a.ndim == y.a.ndim >= 3 and x.shape[:-2] == y.shape[:-2]:    # equal batches
+        items = list(zip(*(t.reshape(-1, *t.shape[-2:]) for t in (x.a, x.b, y.a, y.b,
+                                                                  out.a, out.b))))
     else:
         return None
     f_next = p.prg.ring("next", kop, tag, out.shape).reshape(-1, out.shape[-1])

@@ -23,7 +23,7 @@ from .. import ring
 from ..comm import NEXT, PREV
 from ..party import Party, profiled
 from ..shares import AShare, SignedSplit, SplitShare
-from . import leaves, thresholds
+from . import checked, leaves, thresholds
 from .base import Cost, Round, group_bounds, run_steps
 from .truncation import (OFFSET_BITS, Scaled, cost_trunc_shifts, trunc_a, trunc_split,
                          trunc_steps)
@@ -242,12 +242,9 @@ def _checked_trunc(p: Party, z: AShare, trunc) -> AShare:
     """Malicious mode: a truncating product is its plain product, then the truncation of
     the replicated result (both verified, :mod:`mpc3.checks`) - one round and the single's
     8 bytes an element more than the fused form, whose truncation of a 3-out-of-3 sum has
-    no claim yet. Scaled truncations run unverified and are refused at the flush."""
+    no claim yet. A Scaled truncation: two truncations (:func:`checked.trunc_scaled`)."""
     if isinstance(trunc, Scaled):
-        flat = AShare(z.a.reshape(-1), z.b.reshape(-1))
-        mult = np.broadcast_to(trunc.mult, z.shape).reshape(-1)
-        p.new_op()
-        return trunc_split(p, flat, trunc.shift, from_rss=True, mult=mult).reshape(z.shape)
+        return checked.trunc_scaled(p, z, trunc)
     bits = p.cfg.frac if trunc is True else trunc
     return trunc_a(p, z, bits if np.ndim(bits) == 0 else np.broadcast_to(bits, z.shape))
 
@@ -272,7 +269,7 @@ def mul_many_aa(p: Party, items: list[tuple], sites: list | None = None) -> list
     ``trunc`` True/int (fixed-point shift) or False (plain reshare, riding the first round);
     ``keep`` is a public boolean mask: only kept outputs are reshared, the rest are 0.
     ``sites``: the calibration site of each item (a shadow party's records, mpc3.shadow).
-    Cost: :func:`cost_mul_many`.
+    Cost: :func:`cost_mul_many`; malicious mode: :func:`checked.cost_checked`.
     """
     if p.shadow is not None:
         return p.shadow.mul_many_aa(items, sites)
@@ -283,6 +280,8 @@ def mul_many_steps(p: Party, items: list[tuple], sites: list | None = None):
     """:func:`mul_many_aa` as lockstep steps (:func:`base.lockstep`)."""
     if p.shadow is not None:               # no rounds: done at the first step
         return p.shadow.mul_many_aa(items, sites)
+    if p.checks is not None:               # malicious mode: verified products, then truncation
+        return (yield from checked.many_steps(p, items, _item_product))
     p.new_op()
     parts, (zt, flat_plain), mults = _many_products(p, items)
     if flat_plain is not None:
@@ -371,9 +370,12 @@ def mul_split_aa(p: Party, items: list[tuple], trunc: bool | int = True,
     the shifted window would leave the ring. With ``replicated`` (a list, possibly empty) the result is
     ``(split, [outputs])``: those items come back completed, as AShares, from the same rounds
     and messages (the split ones keep their own element groups). Cost:
-    :func:`cost_mul_split`. ``sites``: per item, then per replicated item (mpc3.shadow)."""
+    :func:`cost_mul_split`. ``sites``: per item, then per replicated item (mpc3.shadow).
+    Malicious mode: the same values as AShares, no sign (:func:`checked.cost_checked`)."""
     if p.shadow is not None:
         return p.shadow.mul_split_aa(items, trunc, replicated, biases, sites)
+    if p.checks is not None:               # malicious mode: replicated, verified (AShares)
+        return checked.split_checked(p, items, trunc, replicated, biases, _item_product)
     p.new_op()
 
     zs = [_item_product(*it[:3], it[3] if len(it) > 3 else None, p.rank) for it in items]

@@ -180,7 +180,7 @@ def trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None = 
 
 def trunc_steps(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None = None,
                 split: bool = False, segments=None, pair_sum: np.ndarray | None = None,
-                mult=None):
+                mult=None, mode: str | None = None):
     """Core of fused/standalone truncation as lockstep steps (:func:`base.run_steps`);
     ``src`` is z (3-of-3, flat) or a flat AShare.
 
@@ -205,9 +205,11 @@ def trunc_steps(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None = 
     exactness (|x| < 2^62): each piece is multiplied before its shift in 95-bit integers, so
     the product x * mult is never reduced mod 2^64, and the carry correction is multiplied
     too (:func:`scaled`). A public real factor then costs no rounds of its own.
+
+    ``mode``: "exact" or "prob" for this call (None: cfg.trunc; mpc3.kernels.checked).
     """
     p.new_op()
-    exact = p.cfg.trunc == "exact"
+    exact = (mode or p.cfg.trunc) == "exact"
     n = src.a.size if from_rss else src.size
     given, segments = segments, segments or _default_segments(n, split)
     groups = [sl for sl, _, _ in segments]

@@ -11,7 +11,8 @@ from mpc3.kernels import catalog
 from mpc3.party import RingConfig
 from mpc3.sim import make_parties, run_parties
 
-VERIFIED = {"mult", "matmul", "trunc", "open", "and", "b2a", "mul-ab", "select", "drelu", "msb", "relu", "max-rows"}
+VERIFIED = {"mult", "matmul", "trunc", "open", "and", "b2a", "mul-ab", "select",
+            "matmul-rowscale", "exp", "drelu", "msb", "relu", "max-rows"}
 N, SHAPE = 64, (8, 16, 8)
 
 

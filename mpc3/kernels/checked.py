@@ -1,0 +1,196 @@
+"""Malicious-mode routes of the fused product kernels (docs/MALICIOUS.md): the same values
+from messages that :class:`mpc3.checks.Checks` covers.
+
+A fused truncation truncates a product's 3-out-of-3 sum, which no claim covers yet, so in
+malicious mode (``p.checks`` set; semi-honest code paths never come here):
+
+* :func:`many_steps` (``mul_many_aa`` / ``mul_many_steps``, still lockstep steps): round 1
+  reshares every item's plain product, each under its own zero sharing (``reshare<i>``),
+  registered as :meth:`Checks.product` / :meth:`Checks.matmul` claims; then the truncated
+  items' replicated products are truncated together (``trunc_steps`` from_rss, the plain
+  form :meth:`Checks.truncation` covers; per-element shifts). One round more than the
+  semi-honest kernel. ``keep`` masks: an elementwise item reshares its kept outputs only; a
+  matrix product reshares its whole output (its claim reads the whole message) and
+  truncates the kept outputs only. Matrix products with a vector operand or broadcast
+  batches have no claim (:meth:`Checks.matmul`): the flush refuses them.
+* :class:`Scaled` truncations ``floor(z m / 2^S)`` (:func:`trunc_scaled`, and Scaled items
+  of mul_many): with ``t`` the bit length of m (m < 2^t <= 2^31), the first truncation gives
+  ``r = trunc(z, t)`` and ``z_lo = z - 2^t r``, |z_lo| < 2^t (stochastic rounding); then one
+  more truncation gives ``trunc(r m, S - t) + trunc(z_lo m, S)``. Both inputs stay below
+  2^62 for every |z| < 2^62 (|r m| < 2^(62 - t) 2^t, |z_lo m| < 2^(2t) <= 2^62), so the
+  product range of the kernel is kept; the error is below 2 ulps (two stochastic roundings)
+  instead of 1. The second truncation is exact-mode in either mode: in prob mode ``z_lo m``
+  (up to 2^(2t), whatever z) would fail with probability ~2^(2t - 64) per element (2^-3
+  for a multiplier near 2^30), so only the first truncation keeps prob mode's failure
+  ~|z| / 2^64, that of the product itself. ``S <= t`` is refused (ValueError). Two rounds
+  more than semi-honest in exact mode, three in prob mode.
+* :func:`split_checked` (``mul_split_aa``): the products of :func:`many_steps`, biases added
+  after the truncation, as AShares (relu_a reads them); no sign in the products' rounds.
+
+Costs: :func:`cost_checked` (measured = declared: tests/mpc3/test_checks_products.py).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..comm import NEXT, PREV
+from ..party import Party
+from ..shares import AShare
+from .base import Cost, Round, run_steps
+from .truncation import MAX_MULT, Scaled, cost_trunc_shifts, trunc_steps
+
+
+def _kept(arr, shape: tuple, keep) -> np.ndarray:
+    """A public array broadcast to an item's output ``shape``, over its kept outputs, flat."""
+    full = np.broadcast_to(arr, shape)
+    return full[keep] if keep is not None else full.reshape(-1)
+
+
+def _scaled_plan(mult: np.ndarray, shift: int) -> tuple[np.ndarray, np.ndarray]:
+    """(t, shift) per element of a Scaled truncation: t the multiplier's bit length."""
+    mult = np.asarray(mult, dtype=np.uint64)
+    if mult.size and (mult.min() < 1 or mult.max() > MAX_MULT):
+        raise ValueError(f"truncation multipliers must lie in [1, {MAX_MULT}]")
+    t = np.frexp(mult.astype(np.float64))[1].astype(np.int64)      # m < 2^t, exactly
+    if t.size and int(shift) <= int(t.max()):
+        raise ValueError(f"malicious mode: a scaled truncation by {shift} bits needs a shift "
+                         f"above the multipliers' bit length ({int(t.max())})")
+    return t, np.full(t.shape, int(shift), dtype=np.int64)
+
+
+def _item_plan(shape: tuple, kind: str, trunc, keep, frac: int):
+    """(elements reshared in round 1, kept outputs, stage-1 shifts, multipliers (0: not
+    scaled), final shifts) of one item with output ``shape``; shifts None if not truncated."""
+    keep = None if keep is None else np.broadcast_to(keep, shape)
+    kept = int(np.prod(shape)) if keep is None else int(keep.sum())
+    sent = kept if kind == "mul" else int(np.prod(shape))
+    if trunc is False:
+        return sent, kept, None, None, None
+    if isinstance(trunc, Scaled):
+        mult = _kept(np.asarray(trunc.mult, dtype=np.uint64), shape, keep)
+        t, s = _scaled_plan(mult, trunc.shift)
+        return sent, kept, t, mult, s
+    bits = frac if trunc is True else trunc
+    bits = np.broadcast_to(np.asarray(bits, dtype=np.int64), (kept,))
+    return sent, kept, bits, np.zeros(kept, np.uint64), bits
+
+
+def cost_checked(items, cfg) -> Cost:
+    """Malicious-mode rounds and bytes per party of mul_many_aa (and mul_split_aa, and a
+    truncating mul_aa / matmul_aa: one item) on ``items`` ``(out_shape, kind, trunc)`` or
+    ``(out_shape, kind, trunc, keep)``: the plain products, their truncation, and for
+    Scaled items the second truncation. The flush's own bytes are not included."""
+    plans = [_item_plan(it[0], it[1], it[2], it[3] if len(it) > 3 else None, cfg.frac)
+             for it in items]
+    cost = Cost.uniform(1, 8 * sum(pl[0] for pl in plans))      # arith.cost_reshare
+    tr = [pl for pl in plans if pl[2] is not None]
+    if not tr:
+        return cost
+    cost = cost + cost_trunc_shifts(np.concatenate([pl[2] for pl in tr]), cfg.trunc, True)
+    mult = np.concatenate([pl[3] for pl in tr])
+    sc = np.flatnonzero(mult)
+    if sc.size:
+        t, s = (np.concatenate([pl[j] for pl in tr])[sc] for j in (2, 4))
+        cost = cost + cost_trunc_shifts(np.concatenate([s - t, s]), "exact", True)
+    return cost
+
+
+def _trunc_steps(p: Party, src: AShare, bits, mult, shifts):
+    """Truncate the flat replicated ``src`` by ``bits``; where ``mult`` is non-zero, the
+    Scaled route of the module docstring to ``floor(src mult / 2^shifts)``."""
+    r = yield from trunc_steps(p, src, bits, from_rss=True)
+    sc = np.flatnonzero(mult)
+    if not sc.size:
+        return r
+    m, t, k = mult[sc], bits[sc].astype(np.uint64), sc.size
+    hi = (r.a[sc] * m, r.b[sc] * m)
+    lo = ((src.a[sc] - (r.a[sc] << t)) * m, (src.b[sc] - (r.b[sc] << t)) * m)
+    both = AShare(np.concatenate([hi[0], lo[0]]), np.concatenate([hi[1], lo[1]]))
+    u = yield from trunc_steps(p, both, np.concatenate([shifts[sc] - bits[sc], shifts[sc]]),
+                               from_rss=True, mode="exact")
+    a, b = r.a.copy(), r.b.copy()
+    a[sc], b[sc] = u.a[:k] + u.a[k:], u.b[:k] + u.b[k:]
+    return AShare(a, b)
+
+
+def trunc_scaled(p: Party, z: AShare, trunc: Scaled) -> AShare:
+    """A truncating product's Scaled truncation of its (verified) replicated product ``z``."""
+    mult = _kept(np.asarray(trunc.mult, dtype=np.uint64), z.shape, None)
+    t, s = _scaled_plan(mult, trunc.shift)
+    flat = AShare(z.a.reshape(-1), z.b.reshape(-1))
+    return run_steps(p, _trunc_steps(p, flat, t, mult, s))[0].reshape(z.shape)
+
+
+def flat_steps(p: Party, items: list[tuple], product):
+    """mul_many's items in malicious mode, as steps: per item (its kept outputs, flat, as
+    an AShare; its output shape; its keep mask broadcast, or None). ``product``: arith's
+    ``_item_product`` (passed in: arith imports this module, not the other way)."""
+    kop = p.new_op()
+    r, made = Round(p), []
+    for i, item in enumerate(items):
+        x, y, kind, trunc = item[:4]
+        keep = item[4] if len(item) > 4 else None
+        shape = x.shape
+        if kind == "mul" and keep is not None and x.shape == y.shape:
+            kb = np.broadcast_to(keep, x.shape)            # reshare the kept outputs only
+            x, y = AShare(x.a[kb], x.b[kb]), AShare(y.a[kb], y.b[kb])
+        z = product(x, y, kind, None, p.rank)[0]
+        shape = shape if kind == "mul" else z.shape
+        p.add_zero_share(z, f"reshare{i}")
+        r.send(PREV, z)
+        r.recv(NEXT, i, 1)
+        made.append((x, y, kind, trunc, z, shape,
+                     None if keep is None else np.broadcast_to(keep, shape)))
+    got = yield r
+    plans, pieces = [], []
+    for i, (x, y, kind, trunc, z, shape, keep) in enumerate(made):
+        out = AShare(z, got[(NEXT, i)][0].reshape(z.shape))
+        if kind == "mul":
+            p.checks.product(p, x, y, out, False, kop, tag=f"reshare{i}")
+        else:
+            p.checks.matmul(p, x, y, out, False, kop, tag=f"reshare{i}")
+        pieces.append(AShare(out.a[keep], out.b[keep]) if kind == "matmul" and keep is not None
+                      else AShare(out.a.reshape(-1), out.b.reshape(-1)))
+        plans.append(_item_plan(shape, kind, trunc, keep, p.cfg.frac))
+    tr = [i for i, pl in enumerate(plans) if pl[2] is not None]
+    if tr:
+        src = AShare(np.concatenate([pieces[i].a for i in tr]),
+                     np.concatenate([pieces[i].b for i in tr]))
+        bits, mult, shifts = (np.concatenate([plans[i][j] for i in tr]) for j in (2, 3, 4))
+        res = yield from _trunc_steps(p, src, bits, mult, shifts)
+        cut = np.cumsum([0] + [plans[i][1] for i in tr])
+        for i, lo, hi in zip(tr, cut, cut[1:]):
+            pieces[i] = AShare(res.a[lo:hi], res.b[lo:hi])
+    return [(v, m[5], m[6]) for v, m in zip(pieces, made)]
+
+
+def many_steps(p: Party, items: list[tuple], product):
+    """:func:`mpc3.kernels.arith.mul_many_steps` in malicious mode (module docstring)."""
+    outs = []
+    for v, shape, keep in (yield from flat_steps(p, items, product)):
+        if keep is None:
+            outs.append(v.reshape(shape))
+        else:
+            a, b = np.zeros(shape, np.uint64), np.zeros(shape, np.uint64)
+            a[keep], b[keep] = v.a, v.b
+            outs.append(AShare(a, b))
+    return outs
+
+
+def split_checked(p: Party, items: list[tuple], trunc, replicated, biases, product):
+    """:func:`mpc3.kernels.arith.mul_split_aa` in malicious mode: its values, replicated -
+    the split items' kept outputs flat and concatenated, biases added (an AShare), and
+    with ``replicated`` ``(that, [outputs])``."""
+    many = [(*it[:3], trunc, it[3] if len(it) > 3 else None) for it in items]
+    many += [(*it[:3], trunc) for it in replicated or []]
+    got = run_steps(p, flat_steps(p, many, product))[0]
+    flats = []
+    for (v, shape, keep), b in zip(got, biases or [None] * len(items)):
+        if b is not None:
+            v = AShare(v.a + _kept(b.a, shape, keep), v.b + _kept(b.b, shape, keep))
+        flats.append(v)
+    split = AShare(np.concatenate([v.a for v in flats] or [np.zeros(0, np.uint64)]),
+                   np.concatenate([v.b for v in flats] or [np.zeros(0, np.uint64)]))
+    if replicated is None:
+        return split
+    return split, [v.reshape(shape) for v, shape, _ in got[len(items):]]
