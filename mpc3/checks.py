@@ -113,27 +113,25 @@ class Checks:
         self._cover(p, cost_and_bb(x.n, planes=x.planes).bytes_per_party[p.rank])
 
     def injection(self, p, x, bit, st: list[dict], got2, masked: bool, seg: int) -> None:
-        """Bit injection's two rounds (:func:`mpc3.kernels.convert.inject_steps`) without
-        run sums (``seg``; not covered yet): :func:`mpc3.claims.injection_claims` for a bit
-        given as an RSS sharing, or as masked 3-out-of-3 planes a verified comparison made
-        (``masked``; the claims then wait for the flush, where the comparison's witness
-        splits the single's bit, and cover the pair's swap of its halves too)."""
-        if seg:
-            return
+        """Bit injection's two rounds (:func:`mpc3.kernels.convert.inject_steps`), with run
+        sums or not (``seg``): :func:`mpc3.claims.injection_claims` for a bit given as an
+        RSS sharing, or as masked 3-out-of-3 planes a verified comparison made (``masked``;
+        the claims then wait for the flush, where the comparison's witness splits the
+        single's bit, and cover the pair's swap of its halves too)."""
         if not masked:
-            for views in injection_claims(p, x, bit, st, got2).values():
+            for views in injection_claims(p, x, bit, st, got2, seg=seg).values():
                 self.claims.append(views)
         else:
             rec = next((r for planes, r in self.masked if planes is bit), None)
             if rec is None:
                 return                        # masked bits of an unverified kernel
-            self.witnessed.append(({"x": x, "st": st, "got2": got2, "origin": rec}, None,
-                                   _masked_injection_claims))
+            self.witnessed.append(({"x": x, "st": st, "got2": got2, "origin": rec,
+                                    "seg": seg}, None, _masked_injection_claims))
         for s in st:                         # the arrays the kernel sent, round by round
             if s["role"] == 0:
                 self._cover(p, s["m1"].nbytes + s["m2"].nbytes + s["s0"].nbytes, back=1)
             else:
-                self._cover(p, s["y"].nbytes)
+                self._cover(p, s["fold"](s["y"]).nbytes)
                 if masked:
                     self._cover(p, packed_bytes(s["n"], 1), back=1)     # the swap
 
@@ -248,7 +246,7 @@ def _masked_injection_claims(p, rec: dict, _witness) -> list:
     flush after those of the comparison that made the bits: the injection's own, and the
     pair's swap of its halves (:func:`mpc3.claims_compare.swap_claims`)."""
     origin, st = rec["origin"], rec["st"]
-    triples = list(injection_claims(p, rec["x"], None, st, rec["got2"],
+    triples = list(injection_claims(p, rec["x"], None, st, rec["got2"], seg=rec["seg"],
                                     parts=lambda g, role: bit_parts(origin, g, role)).values())
     swaps: dict[int, tuple[list, list, list]] = {}
     for g, s in enumerate(st):

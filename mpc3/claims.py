@@ -16,7 +16,7 @@ import numpy as np
 from .dzkp import Claim
 from .kernels.base import group_bounds, unpack_by_width
 from .kernels.boolean import word_slices
-from .kernels.convert import _bits_u64
+from .kernels.convert import _bits_u64, _run_starts, _run_sums
 from .shares import group_sizes, planes_to_bits
 
 _TOP = np.uint64(1 << 63)
@@ -64,8 +64,8 @@ def _view(pos: int, u, v, zl, zr) -> Claim:
     return Claim(np.zeros_like(vv), vv, zr())
 
 
-def injection_claims(p, x, bit, st: list[dict], got2,
-                     parts=None) -> dict[int, tuple[list, list, list]]:
+def injection_claims(p, x, bit, st: list[dict], got2, parts=None,
+                     seg: int = 0) -> dict[int, tuple[list, list, list]]:
     """The claims of :func:`mpc3.kernels.convert.inject_steps` (bit d given as an RSS
     BShare, no run sums): gates by width -> (own, as V_L of next, as V_R of prev) lists.
 
@@ -88,12 +88,20 @@ def injection_claims(p, x, bit, st: list[dict], got2,
     single's bit as an XOR of a value role 2 holds and one role 1 holds (None where this
     party holds neither) in place of its two slots, and the pair's beta is the bit it
     learnt in the swap.
+
+    With run sums (``seg``: s0, y1 and y2 carry one sum per run of ``seg`` elements) their
+    gates are the sums of the elements' gates: one gate per run, its terms the run's
+    elements' terms side by side (:func:`_runs`).
     """
     n = x.shape[0]
-    views: dict[int, tuple[list, list, list]] = {w: ([], [], []) for w in (1, 2, 4)}
+    views: dict[int, tuple[list, list, list]] = {}
+
+    def add(w, pos, claim):
+        views.setdefault(w, ([], [], []))[_slot(pos)].append(claim)
     for g, (s, sl, wsl) in enumerate(zip(st, group_bounds(n),
                                          word_slices(group_sizes(n)))):
         role, ng = s["role"], s["n"]
+        F, S = _runs(sl, seg)
         xa, xb = x.a[sl].reshape(ng, -1), x.b[sl].reshape(ng, -1)
         cols = xa.shape[1]
 
@@ -116,32 +124,52 @@ def injection_claims(p, x, bit, st: list[dict], got2,
         cross_u = lambda k=np.uint64(1): np.stack([eg, xg, _MINUS2 * eg * xg,   # noqa: E731
                                                    _MINUS2 * eg]) * k
         cross_v = lambda: np.stack([xh, eh, eh, eh * xh])                            # noqa: E731
-        views[1][_slot(pos)].append(_view(
+        add(1, pos, _view(
             pos, lambda: (_TWO * eg)[None], lambda: eh[None],
             lambda: eg - flat(s["rho2"]), lambda: eh - flat(s["m2"])))
-        both = lambda f, h: np.concatenate([f(), h()], axis=-1)                     # noqa: E731
-        views[4][_slot(pos)].append(_view(
-            pos, lambda: both(cross_u, lambda: cross_u(_TWO)), lambda: both(cross_v, cross_v),
-            lambda: np.concatenate([flat(s["s0"]) - eg * xg,
-                                    xg - flat(s["rho1"]) - _TWO * eg * xg]),
-            lambda: np.concatenate([flat(s["kappa"]) - eh * xh,
-                                    xh - flat(s["m1"]) - _TWO * eh * xh])))
+        add(4 * max(seg, 1), pos, _view(                        # s0 (a sum per run)
+            pos, lambda: F(cross_u()), lambda: F(cross_v()),
+            lambda: flat(s["s0"]) - S(eg * xg), lambda: S(flat(s["kappa"]) - eh * xh)))
+        add(4, pos, _view(                                      # m1
+            pos, lambda: cross_u(_TWO), cross_v,
+            lambda: xg - flat(s["rho1"]) - _TWO * eg * xg,
+            lambda: xh - flat(s["m1"]) - _TWO * eh * xh))
 
         # --- the pair's messages: beta, B = slot g+2 (role 1's b, role 2's a)
         beta, B = (eb, vb) if role == 1 else (ea, va)
         sB = B - _TWO * beta * B
-        y1 = flat(got2[(1, g)][0]) if role == 0 else flat(s.get("y", 0))
-        y2 = flat(got2[(-1, g)][0]) if role == 0 else flat(s.get("y", 0))
+        y1 = flat(got2[(1, g)][0]) if role == 0 else S(flat(s.get("y", 0)))
+        y2 = flat(got2[(-1, g)][0]) if role == 0 else S(flat(s.get("y", 0)))
         pos = (role - 1) % 3                 # prover role 1: V_L role 0, V_R role 2
-        views[2][_slot(pos)].append(_view(
-            pos, lambda: np.stack([flat(s["m1"]), flat(s["m2"])]),
-            lambda: np.stack([beta, sB]), lambda: y1, lambda: flat(s["tau1"]) - beta * B))
+        add(2 * max(seg, 1), pos, _view(
+            pos, lambda: F(np.stack([flat(s["m1"]), flat(s["m2"])])),
+            lambda: F(np.stack([beta, sB])), lambda: y1,
+            lambda: S(flat(s["tau1"]) - beta * B)))
         pos = (role - 2) % 3                 # prover role 2: V_L role 1, V_R role 0
-        views[2][_slot(pos)].append(_view(
-            pos, lambda: np.stack([beta, sB]),
-            lambda: np.stack([flat(s["rho1"]), flat(s["rho2"])]),
-            lambda: flat(s["tau2"]), lambda: y2))
+        add(2 * max(seg, 1), pos, _view(
+            pos, lambda: F(np.stack([beta, sB])),
+            lambda: F(np.stack([flat(s["rho1"]), flat(s["rho2"])])),
+            lambda: S(flat(s["tau2"])), lambda: y2))
     return {w: tuple(_concat(v) for v in vs) for w, vs in views.items()}
+
+
+def _runs(sl: slice, seg: int):
+    """(F, S) of a group's run sums (:func:`mpc3.kernels.convert._run_sums` over ``seg``):
+    F lays each run's elements' gate terms side by side, (w, ng) -> (w seg, runs), S sums
+    a value over each run; both the identity without runs."""
+    if not seg:
+        return (lambda u: u), (lambda z: z)
+    ng = sl.stop - sl.start
+    starts = _run_starts(sl.start, sl.stop, seg)
+    run = np.searchsorted(starts, np.arange(ng), side="right") - 1
+    at = np.arange(ng) - starts[run]
+
+    def F(u):
+        out = np.zeros((u.shape[0] * seg, starts.size), dtype=np.uint64)
+        for t in range(u.shape[0]):
+            out[t * seg + at, run] = u[t]
+        return out
+    return F, (lambda z: _run_sums(np.ascontiguousarray(z), sl, seg))
 
 
 def _slot(pos: int) -> int:

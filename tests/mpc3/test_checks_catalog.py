@@ -11,8 +11,9 @@ from mpc3.kernels import catalog
 from mpc3.party import RingConfig
 from mpc3.sim import make_parties, run_parties
 
-VERIFIED = {"mult", "matmul", "trunc", "open", "and", "b2a", "mul-ab", "select",
-            "matmul-rowscale", "exp", "drelu", "msb", "relu", "max-rows"}
+#: every kernel but the resharing of a 3-out-of-3 input, which no other party's values
+#: determine (it is verified inside the kernels that produce such an input, never alone)
+VERIFIED = set(catalog.KERNELS) - {"reshare"}
 N, SHAPE = 64, (8, 16, 8)
 
 
