@@ -32,13 +32,14 @@ import numpy as np
 from . import dzkp
 from .freivalds import matmul_claims
 from .comm import ProtocolError
-from .claims import (_concat, _slot, and_claims, injection_claims, trunc_claims,
+from .claims import (_concat, and_claims, injection_claims, trunc_claims,
                      trunc_witness)
+from .claims_masked import (masked_injection_claims, tree_keep, tree_parts, tree_swaps,
+                            tree_witness)
 from .claims_compare import (bit_parts, compare_claims, compare_witness, leaves_claims,
                              leaves_witness, swap_claims)
 from .kernels.base import packed_bytes, width_bytes
 from .kernels.boolean import cost_and_bb
-from .kernels.convert import _bits_u64
 from .kernels.thresholds import carry_plan
 from .kernels.truncation import _default_segments
 
@@ -126,7 +127,7 @@ class Checks:
             if rec is None:
                 return                        # masked bits of an unverified kernel
             self.witnessed.append(({"x": x, "st": st, "got2": got2, "origin": rec,
-                                    "seg": seg}, None, _masked_injection_claims))
+                                    "seg": seg}, None, masked_injection_claims))
         for s in st:                         # the arrays the kernel sent, round by round
             if s["role"] == 0:
                 self._cover(p, s["m1"].nbytes + s["m2"].nbytes + s["s0"].nbytes, back=1)
@@ -143,7 +144,8 @@ class Checks:
         if rec["late"]:
             return
         self.witnessed.append((rec, compare_witness, compare_claims))
-        self.masked.append((bits.planes, rec))
+        self.masked.append((bits.planes, {"rec": rec, "parts": bit_parts,
+                                          "swaps": swap_claims}))
         nb = len(rec["blocks"])
         nmask, ndeal = 2 * nb - 2, len(carry_plan(nb)[2])
         therm = sum((1 << w) - 1 for _, w in rec["blocks"])
@@ -185,6 +187,15 @@ class Checks:
         for s in rec["state"]:
             role, bits = s["role"], packed_bytes(s["n"], 1)
             self._cover(p, bits * (nrows if role == 0 else nconv), back=int(role != 2))
+
+    def fused_and(self, p, planes: np.ndarray, rec: dict) -> None:
+        """The carry tree's last AND layer kept as masked 3-out-of-3 ``planes``
+        (:func:`mpc3.kernels.convert._carry_steps`): no message of its own; the single's
+        share goes out as a witness at the flush and the injection that consumes the
+        planes proves all three shares (:mod:`mpc3.claims_masked`)."""
+        rec["planes"] = planes
+        self.witnessed.append((rec, tree_witness, tree_keep))
+        self.masked.append((planes, {"rec": rec, "parts": tree_parts, "swaps": tree_swaps}))
 
     def shared_input(self, x) -> None:
         """A sharing this party received from outside (the query user's input, the model
@@ -239,22 +250,6 @@ class Checks:
         dzkp.verify_claims(p, mine, left, right, self.params,
                            digests=(opened_ok, inputs_ok), mats=mats if self.mats else None)
         self._reset(p)
-
-
-def _masked_injection_claims(p, rec: dict, _witness) -> list:
-    """The claims of an injection of masked bits (:meth:`Checks.injection`), built at the
-    flush after those of the comparison that made the bits: the injection's own, and the
-    pair's swap of its halves (:func:`mpc3.claims_compare.swap_claims`)."""
-    origin, st = rec["origin"], rec["st"]
-    triples = list(injection_claims(p, rec["x"], None, st, rec["got2"], seg=rec["seg"],
-                                    parts=lambda g, role: bit_parts(origin, g, role)).values())
-    swaps: dict[int, tuple[list, list, list]] = {}
-    for g, s in enumerate(st):
-        e_in = s["beta"] ^ _bits_u64(s["e"], s["n"]) if s["role"] else None
-        for pos, claims in swap_claims(origin, g, s["role"], e_in):
-            for w, c in claims.items():
-                swaps.setdefault(w, ([], [], []))[_slot(pos)].append(c)
-    return triples + [tuple(_concat(v) for v in vs) for vs in swaps.values()]
 
 
 def _pad(c: dzkp.Claim, size: int) -> dzkp.Claim:

@@ -69,7 +69,7 @@ def _bits_u64(planes: np.ndarray, n: int) -> np.ndarray:
 # -------------------------------------------------------------------------- tree ------
 def _carry(p: Party, leaves: BShare, nb: int, fused: bool):
     """Carry into the top window bit. Returns an RSS BShare, or (fused) this party's
-    masked 3-out-of-3 share of the last node's G."""
+    masked 3-out-of-3 share of the last node's G xor the leaves' c: the DReLU bit."""
     return run_steps(p, _carry_steps(p, leaves, nb, fused))[0]
 
 
@@ -84,8 +84,11 @@ def _carry_steps(p: Party, leaves: BShare, nb: int, fused: bool):
         xs, ys = BShare.stack(left), BShare.stack(right)
         last = li == len(levels) - 1
         if last and fused:
-            z = and_local(p, xs, ys, f"tree{li}")
-            return z ^ G[lvl[0][0]].a
+            z = and_local(p, xs, ys, f"tree{li}") ^ G[lvl[0][0]].a ^ leaves[0].a
+            if p.checks is not None:        # malicious mode: the claims of its use
+                p.checks.fused_and(p, z, {"x": xs, "y": ys, "lin": G[lvl[0][0]] ^ leaves[0],
+                                          "tag": f"tree{li}", "kop": p.kop})
+            return z
         prod = yield from and_steps(p, xs, ys, f"tree{li}")
         newG, newP, pos = [], [], 0
         for hi, lo, need in lvl:
@@ -99,7 +102,7 @@ def _carry_steps(p: Party, leaves: BShare, nb: int, fused: bool):
     if fused:   # a single block: mask slot values into a fresh 3-out-of-3 sharing
         shape = G[0].a.shape
         alpha = random_planes(p, "next", *shape, "one") ^ random_planes(p, "prev", *shape, "one")
-        return G[0].a ^ alpha
+        return G[0].a ^ leaves[0].a ^ alpha
     return G[0]
 
 
@@ -115,7 +118,7 @@ def sign_of_leaves(p: Party, leaves: BShare, nb: int, fused: bool):
     """DReLU from its leaves (:mod:`mpc3.kernels.leaves`): c ^ the carry - an RSS BShare,
     or (fused) this party's masked 3-out-of-3 planes for the injection."""
     carry = _carry(p, leaves, nb, fused)
-    return carry ^ leaves[0].a if fused else carry ^ leaves[0]
+    return carry if fused else carry ^ leaves[0]
 
 
 def _drelu_masked_steps(p: Party, flat: AShare, L: int, m: int):
@@ -130,8 +133,7 @@ def _drelu_masked_steps(p: Party, flat: AShare, L: int, m: int):
         return bits.planes
     leaves, nb = yield from leaves_steps(p, flat, L, m)
     p.kop = outer
-    carry = yield from _carry_steps(p, leaves, nb, True)
-    return carry ^ leaves[0].a
+    return (yield from _carry_steps(p, leaves, nb, True))
 
 
 def drelu_a(p: Party, x: AShare, exact: bool = False,

@@ -131,3 +131,47 @@ def test_relu_on_few_elements_is_verified_through_the_dealt_carry_and_masked_inj
             continue
         assert isinstance(got.error, dzkp.CheatingDetected), (s, got.error)
         assert s.party in got.error.rejected, (s, got.error)
+
+
+def _offset(s, array: int) -> int:
+    """Flat entry index where array ``array`` of a sent message starts."""
+    return sum(int(np.prod(shape)) for shape in s.shapes[:array])
+
+
+def test_relu_on_many_elements_is_verified_through_the_tree_and_the_singles_share():
+    """Past ROUND_LEAN_ELEMENTS relu_a takes the leaves, the carry tree and its last AND
+    layer kept 3-out-of-3 for the injection: the pair's halves are swapped messages, the
+    single's is a witness sent at the flush (one bit per element). Honest: the semi-honest
+    ReLU; a flipped bit in a pair member's half, in the single's witness or in a tree level
+    aborts and names the sender."""
+    cfg = RingConfig()
+    L, m = window_for(cfg)
+    n = (1 << 14) + 30
+    rng = np.random.default_rng(4)
+    lim = 1 << (L + m - 3)
+    v = rng.integers(-lim, lim, size=n)
+    d = deal(v.astype(np.uint64), rng)
+    args = [(d[i],) for i in range(3)]
+    clean = tamper.run(_relu_job, args, make_parties(cfg))
+    assert clean.error is None, clean.error
+    err = np.abs(_value(clean.results).astype(np.int64) - np.maximum(v, 0))
+    assert err.max() < 1 << L
+    last = clean.results[0][1]
+    sent = [s for s in clean.sent if s.op <= last + 1]
+    swap_op = last - 1                        # the injection's first round
+    targets = []
+    for party in range(3):
+        mine = [s for s in sent if s.party == party]
+        swap, at = next((s, i) for s in mine if s.op == swap_op
+                        for i, shape in enumerate(s.shapes) if len(shape) == 2)
+        flush = next(s for s in mine if s.op == last + 1)
+        tree = next(s for s in mine if s.op == swap_op - 1)
+        targets += [(swap, _offset(swap, at) + 5),                          # its half
+                    (flush, _offset(flush, 2) + 3),                         # the witness
+                    (tree, 17)]                                             # a tree level
+    for s, element in targets:
+        got = tamper.run(_relu_job, args, make_parties(cfg),
+                         tamper.Target(s.party, s.direction, op=s.op),
+                         tamper.Deviation("flip", element=element, bit=2))
+        assert isinstance(got.error, dzkp.CheatingDetected), (s, element, got.error)
+        assert s.party in got.error.rejected, (s, got.error)
