@@ -102,8 +102,8 @@ def injection_claims(p, x, bit, st: list[dict], got2, parts=None,
                                          word_slices(group_sizes(n)))):
         role, ng = s["role"], s["n"]
         F, S = _runs(sl, seg)
-        xa, xb = x.a[sl].reshape(ng, -1), x.b[sl].reshape(ng, -1)
-        cols = xa.shape[1]
+        cols = int(np.prod(x.shape[1:], dtype=np.int64))    # a group may be empty
+        xa, xb = x.a[sl].reshape(ng, cols), x.b[sl].reshape(ng, cols)
 
         def lifted(planes):                  # a row's bit for each of its values
             return np.repeat(_bits_u64(planes[:, wsl], ng), cols)

@@ -146,7 +146,7 @@ def _leaf_rows(T: np.ndarray, blocks, width: int) -> np.ndarray:
 def _flat(a: np.ndarray, leaves=None) -> np.ndarray:
     """(width, leaves, n) -> (width, leaves * n) over the chosen leaves (all if None)."""
     a = a if leaves is None else a[:, leaves]
-    return a.reshape(a.shape[0], -1)
+    return a.reshape(a.shape[0], a.shape[1] * a.shape[2])
 
 
 # --------------------------------------------------------------------- the kernel -----
@@ -307,7 +307,7 @@ def compare_claims(p, rec: dict, witness: np.ndarray) -> dict[int, tuple[Claim, 
     return {w: tuple(_concat(v) for v in vs) for w, vs in views.items()}
 
 
-def bit_parts(rec: dict, g: int, role: int):
+def bit_parts(p, rec: dict, g: int, role: int):
     """Role 0's output bit of group g, ``e0 = a_top ^ lam1 ^ lam2``, as (V_L's part, V_R's
     part) - ``K_top ^ lam2`` (role 2) and ``M_top ^ lam1`` (role 1) - each None where this
     party holds neither; (ng,) 0/1 words (after :func:`compare_claims`)."""
@@ -320,7 +320,7 @@ def bit_parts(rec: dict, g: int, role: int):
     return eg, eh
 
 
-def swap_claims(rec: dict, g: int, role: int, e_in: np.ndarray | None) -> list:
+def swap_claims(p, rec: dict, g: int, role: int, e_in: np.ndarray | None) -> list:
     """(pos, {width: Claim}) of the pair's output bits of group g, which the injection's
     first round swaps: role 1's ``e1`` (to role 2) and role 2's ``e2`` (to role 1) are
     ``XOR_c mono_c(delta) coef_c ^ leaf_(G, nb-1) (^ kind-0 monomials ^ b_top ^ 1 for

@@ -169,6 +169,29 @@ def blocks_for(nlow: int, rows: int, k: int) -> tuple[tuple[int, int], ...]:
         _cost(rows, k, _even_blocks(nlow, nb)).bytes_total, nb)))
 
 
+@functools.lru_cache(maxsize=256)
+def claim_blocks(nlow: int, k: int) -> tuple[tuple[int, int], ...]:
+    """The blocks of malicious mode: 2..MAX_BLOCKS even blocks of at most 8 bits, the fewest
+    proof terms per element (mpc3.claims_compare). Each block's code (2^w - 1 rows) is
+    proven per row and selected from per element, the dealt products and carry polynomial
+    grow with ~2^nb, so the byte-optimal choice of a table lookup (blocks up to 16 bits)
+    would make the claims huge. Terms per element: the row's claims over k thresholds, the
+    dealt products, both halves' selections and both swapped bits (:func:`claim_terms`)."""
+    options = [nb for nb in range(2, MAX_BLOCKS + 1) if -(-nlow // nb) <= 8]
+    return _even_blocks(nlow, min(options, key=lambda nb: (claim_terms(nlow, nb, k), nb)))
+
+
+def claim_terms(nlow: int, nb: int, k: int) -> float:
+    """Proof terms per element of compare_steps' claims with ``nb`` even blocks."""
+    blocks = _even_blocks(nlow, nb)
+    width = max((1 << w) - 1 for _, w in blocks)
+    row = 64 + nb * max(3, max((1 << w) - 1 + w for _, w in blocks)) + \
+        2 * sum(max((1 << w) - 2, 0) for _, w in blocks)
+    masked, _, dealt = carry_plan(nb)
+    live = int((_plan_arrays(nb)[0][1] != 0).sum())
+    return row / k + 2 * len(dealt) + 2 * len(masked) * width + 2 * (live + width)
+
+
 # ---------------------------------------------------------------------- protocol ------
 def _top_plane(v: np.ndarray, top: np.uint64, n: int) -> np.ndarray:
     """The (words(n),) plane of bit ``top`` of n window values."""
@@ -213,7 +236,7 @@ def compare_steps(p: Party, x: AShare, thresholds: np.ndarray, win: tuple[int, i
     rows, k = xa.size, t.size
     L, m = win
     n = rows * k
-    blocks = blocks_for(m - 1, rows, k)
+    blocks = claim_blocks(m - 1, k) if keep else blocks_for(m - 1, rows, k)
     plan = carry_plan(len(blocks))
     masked, dealt = list(plan[0]), plan[2]
     nmask, ndeal = len(masked), len(dealt)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from mpc3 import tamper
-from mpc3.kernels import arith, convert
+from mpc3.kernels import arith
 from mpc3.sharing import deal, reveal
 from mpc3.shares import AShare
 from net.errors import BadRequest, Code
@@ -28,12 +28,13 @@ M64 = 1 << 64
 
 def _covered(ctx, inputs):
     """X @ W without truncation (one layer, marked), then an opening of the product to the
-    parties; with ``compare``, also the product's sign (DReLU: not verified yet)."""
+    parties; with ``unverified``, also a bare reshare of a 3-out-of-3 value (which nothing
+    can verify: malicious mode refuses it)."""
     p = ctx.party
     with tamper.scope(p, "matmul"):
         y = arith.matmul_aa(p, inputs["X"], ctx.model.shares["W"], trunc=False)
-    if ctx.params.get("compare", False):
-        convert.drelu_a(p, y)
+    if ctx.params.get("unverified", False):
+        arith.reshare(p, y.a.copy())
     ctx.costs.mark("layer.0")
     with tamper.scope(p, "open"):
         arith.open_a(p, y)
@@ -42,7 +43,7 @@ def _covered(ctx, inputs):
 
 REGISTRY = JobRegistry([JobSpec("covered", _covered, (TensorSpec("X", ("M", "K")),),
                                 (TensorSpec("Y", ("M", "N")),), (TENSORS,), "covered",
-                                "test only", params=("compare",), diagnostic=True)])
+                                "test only", params=("unverified",), diagnostic=True)])
 
 
 def _cluster(security: str, seed: int = 0):
@@ -126,7 +127,7 @@ def test_one_deviating_message_aborts_the_job_at_every_party_naming_job_and_part
 def test_an_unverified_operation_is_refused_at_every_party_then_the_next_job_runs():
     x = _x(6)
     ip, w = _cluster("malicious", seed=7)
-    jobs, err = _run(ip, x, {"compare": True})
+    jobs, err = _run(ip, x, {"unverified": True})
     assert err is not None
     for j in jobs:
         assert j.state == S.FAILED and j.outputs is None
@@ -178,7 +179,7 @@ def test_weight_digests_are_computed_once_per_loaded_array():
 
 def test_semi_honest_runs_the_unverified_operation():
     ip, _ = _cluster("semi-honest", seed=8)
-    jobs, err = _run(ip, _x(9), {"compare": True})
+    jobs, err = _run(ip, _x(9), {"unverified": True})
     assert err is None and all(j.party.checks is None for j in jobs)
 
 

@@ -1,0 +1,168 @@
+"""Malicious mode against semi-honest on a whole encoder stack, and a tamper campaign
+(issue 35's table; docs/MALICIOUS.md, "Whole workloads"):
+
+    python benchmarks/malicious.py --json benchmarks/results/malicious_encoder.json
+    python benchmarks/malicious.py --quick --json benchmarks/results/malicious_encoder_quick.json
+    python benchmarks/malicious.py --tiny --campaign 200 --honest 20 \\
+        --json benchmarks/results/malicious_campaign_tiny.json
+
+Three in-process parties run the encoder workload (``mpc3 bench layer encoder``'s secure
+code, random weights of the given shape, uniform inputs) in both modes from the same shares:
+
+* semi-honest: the stack as it is;
+* malicious: each party carries :class:`mpc3.checks.Checks`; the input's and every weight's
+  sharing go through ``shared_input`` (as the job runner does); the stack flushes at each
+  layer's end (``on_layer``) and once more before the output is opened.
+
+Reported per mode: bytes each party sent, rounds, wall time (one run each, same process,
+same load), the output's error against the float64 reference. ``--campaign N``: N runs in
+malicious mode with one deviation each (``add`` of a uniform nonzero error to one entry, or
+``flip`` of one bit, alternately), at a message drawn uniformly (seeded) among every message
+of the honest malicious run - the kernels' and the flushes' - the cheater being its sender;
+each trial's outcome is ``aborted`` (CheatingDetected or another protocol error at some
+party, before the output is opened), ``unchanged`` (no abort and the opened output equals the
+honest one bit for bit: the deviation touched bits nothing reads, e.g. a packed message's
+padding) or ``undetected`` (no abort, a different output). ``--honest M`` runs M honest
+malicious-mode jobs (fresh keys each) and counts aborts.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import runinfo  # noqa: E402
+from mpc3 import ring, tamper  # noqa: E402
+from mpc3.checks import Checks  # noqa: E402
+from mpc3.comm import ProtocolError  # noqa: E402
+from mpc3.sharing import reveal  # noqa: E402
+from mpc3.sim import make_parties, run_parties  # noqa: E402
+from protocols import model as M  # noqa: E402
+from protocols.jobs import workloads  # noqa: E402
+from protocols.layers.secure_model import deal_tensors, plain_tensors, share_input  # noqa: E402
+from protocols.stacks.encoder import encoder  # noqa: E402
+
+TABLE2 = dict(seq=64, d_model=512, heads=8, features=266, d_ff=2048, layers=6)
+QUICK = dict(seq=16, d_model=64, heads=4, features=44, d_ff=128, layers=1)
+TINY = dict(seq=4, d_model=16, heads=2, features=8, d_ff=32, layers=1)
+
+
+def _case(shape: dict, seed: int = 0):
+    cfg = M.ModelConfig(d_model=shape["d_model"], n_heads=shape["heads"],
+                        d_head=shape["d_model"] // shape["heads"],
+                        n_features=shape["features"], d_ff=shape["d_ff"],
+                        n_enc_layers=shape["layers"], n_dec_layers=0,
+                        attn_c=1.0 / (shape["features"] * shape["seq"]), attn_norm="const",
+                        norm_first=False, src_vocab=2, tgt_vocab=2,
+                        max_len=shape["seq"]).validate()
+    w = M.random_weights(cfg, seed=seed)
+    wl = workloads.get("encoder")
+    opts = workloads.Options(fold=True, block=None, decode_block=None, exp="poly",
+                             input_range=None)
+    inputs, ref = wl.case(cfg, w, 1, np.random.default_rng(seed + 1), opts)
+    shares = deal_tensors(plain_tensors(cfg, w, fold_omega=True), prefixes=wl.prefixes,
+                          shared_replicas=True)
+    x = share_input(inputs[0])
+    return cfg, [(shares[i], x[i]) for i in range(3)], ref
+
+
+def _job(cfg, malicious: bool):
+    def job(p, sh, x):
+        if malicious:
+            p.checks = Checks(p)
+            p.checks.shared_input(x)
+            for name in sorted(sh):
+                p.checks.shared_input(sh[name])
+        y = encoder(p, cfg, sh, x, on_layer=(lambda _: p.checks.flush(p)) if malicious
+                    else None)
+        if malicious:
+            p.checks.flush(p)
+        return y, p.stats.snapshot()
+    return job
+
+
+def measure(cfg, args, ref, malicious: bool) -> dict:
+    parties = make_parties()
+    t0 = time.perf_counter()
+    out = run_parties(_job(cfg, malicious), args, parties=parties)
+    wall = time.perf_counter() - t0
+    y = ring.decode(reveal([o[0] for o in out]))
+    stats = [o[1] for o in out]
+    return {"bytes_per_party": [s.bytes_sent for s in stats],
+            "rounds": max(s.rounds for s in stats), "wall_s": wall,
+            "max_abs_err": float(np.max(np.abs(y - ref))), "output": y}
+
+
+def campaign(cfg, args, trials: int, honest: int, seed: int) -> dict:
+    job = _job(cfg, True)
+    clean = tamper.run(job, args, make_parties())
+    if clean.error is not None:
+        raise RuntimeError(f"the honest run failed: {clean.error}")
+    want = reveal([r[0] for r in clean.results])
+    pool = [s for s in clean.sent if s.entries]
+    rng = np.random.default_rng(seed)
+    outcomes, where = Counter(), Counter()
+    kinds = ("add", "flip")
+    for t in range(trials):
+        kind = kinds[t % 2]
+        s = pool[int(rng.integers(len(pool)))]
+        dev = tamper.Deviation(kind, error=int(rng.integers(1, 1 << 63)), seed=int(t))
+        got = tamper.run(job, args, make_parties(), tamper.Target(s.party, s.direction,
+                                                                  op=s.op), dev)
+        if got.error is not None:
+            outcome = "aborted"
+        elif np.array_equal(reveal([r[0] for r in got.results]), want):
+            outcome = "unchanged"
+        else:
+            outcome = "undetected"
+        outcomes[outcome] += 1
+        where[(kind, outcome)] += 1
+    honest_aborts = 0
+    for _ in range(honest):
+        try:
+            run_parties(job, args, parties=make_parties())
+        except ProtocolError:
+            honest_aborts += 1
+    return {"trials": trials, "messages_in_pool": len(pool), "outcomes": dict(outcomes),
+            "by_kind": {f"{k}/{o}": n for (k, o), n in sorted(where.items())},
+            "honest_runs": honest, "honest_aborts": honest_aborts}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help=f"the shape {QUICK} (else Table 2)")
+    ap.add_argument("--tiny", action="store_true", help=f"the shape {TINY} (campaigns)")
+    ap.add_argument("--layers", type=int, help="override the shape's layer count")
+    ap.add_argument("--campaign", type=int, default=0, help="tampered runs")
+    ap.add_argument("--honest", type=int, default=0, help="honest malicious-mode runs")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args(argv)
+    shape = dict(TINY if a.tiny else QUICK if a.quick else TABLE2)
+    if a.layers:
+        shape["layers"] = a.layers
+    result = runinfo.start("malicious")
+    result["shape"] = shape
+    cfg, args, ref = _case(shape, a.seed)
+    semi = measure(cfg, args, ref, False)
+    mal = measure(cfg, args, ref, True)
+    result["semi_honest"] = {k: v for k, v in semi.items() if k != "output"}
+    result["malicious"] = {k: v for k, v in mal.items() if k != "output"}
+    result["ratio"] = {"bytes": max(mal["bytes_per_party"]) / max(semi["bytes_per_party"]),
+                       "rounds": mal["rounds"] / semi["rounds"],
+                       "wall": mal["wall_s"] / semi["wall_s"]}
+    if a.campaign or a.honest:
+        result["campaign"] = campaign(cfg, args, a.campaign, a.honest, a.seed)
+    runinfo.finish(result, a.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
