@@ -28,6 +28,7 @@ malicious-mode jobs (fresh keys each) and counts aborts.
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import time
 from collections import Counter
@@ -124,6 +125,10 @@ def campaign(cfg, args, trials: int, honest: int, seed: int) -> dict:
             outcome = "undetected"
         outcomes[outcome] += 1
         where[(kind, outcome)] += 1
+        print(f"trial {t}: {kind} at op {s.op} of party {s.party}: {outcome}",
+              file=sys.stderr, flush=True)
+        del got
+        gc.collect()       # an aborted run's tracebacks hold its arrays in reference cycles
     honest_aborts = 0
     for _ in range(honest):
         try:

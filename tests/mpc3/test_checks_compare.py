@@ -96,16 +96,12 @@ def _relu_job(p, x):
     return y, last, p.stats - before
 
 
-def test_relu_on_few_elements_is_verified_through_the_dealt_carry_and_masked_injection():
-    """relu_a on at most ROUND_LEAN_ELEMENTS: thresholds' two-round comparison (thermometer,
-    dealt mask products, the pair's halves) and the injection of its masked bit (the
-    single's bit split by the witness, the pair's swapped halves as carry polynomials).
-    Honest: the semi-honest ReLU; any message changed, in any of the four rounds or in the
-    witness, aborts and names its sender."""
+def _honest_relu(n: int, seed: int):
+    """An honest malicious-mode relu_a on n values across its range (0, -1 and the top
+    included): the config, the parties' arguments and the run, checked against ReLU."""
     cfg = RingConfig()
     L, m = window_for(cfg)
-    n = 90
-    rng = np.random.default_rng(3)
+    rng = np.random.default_rng(seed)
     lim = 1 << (L + m - 3)
     v = rng.integers(-lim, lim, size=n)
     v[:3] = [0, -1, lim - 1]
@@ -115,6 +111,16 @@ def test_relu_on_few_elements_is_verified_through_the_dealt_carry_and_masked_inj
     assert clean.error is None, clean.error
     err = np.abs(_value(clean.results).astype(np.int64) - np.maximum(v, 0))
     assert err.max() < 1 << L
+    return cfg, args, clean
+
+
+def test_relu_on_few_elements_is_verified_through_the_dealt_carry_and_masked_injection():
+    """relu_a on at most ROUND_LEAN_ELEMENTS: thresholds' two-round comparison (thermometer,
+    dealt mask products, the pair's halves) and the injection of its masked bit (the
+    single's bit split by the witness, the pair's swapped halves as carry polynomials).
+    Honest: the semi-honest ReLU; any message changed, in any of the four rounds or in the
+    witness, aborts and names its sender."""
+    cfg, args, clean = _honest_relu(90, seed=3)
     last = clean.results[0][1]
     rng = np.random.default_rng(8)
     for i, s in enumerate(s for s in clean.sent if s.op <= last + 1 and s.entries):
@@ -144,18 +150,7 @@ def test_relu_on_many_elements_is_verified_through_the_tree_and_the_singles_shar
     single's is a witness sent at the flush (one bit per element). Honest: the semi-honest
     ReLU; a flipped bit in a pair member's half, in the single's witness or in a tree level
     aborts and names the sender."""
-    cfg = RingConfig()
-    L, m = window_for(cfg)
-    n = (1 << 14) + 30
-    rng = np.random.default_rng(4)
-    lim = 1 << (L + m - 3)
-    v = rng.integers(-lim, lim, size=n)
-    d = deal(v.astype(np.uint64), rng)
-    args = [(d[i],) for i in range(3)]
-    clean = tamper.run(_relu_job, args, make_parties(cfg))
-    assert clean.error is None, clean.error
-    err = np.abs(_value(clean.results).astype(np.int64) - np.maximum(v, 0))
-    assert err.max() < 1 << L
+    cfg, args, clean = _honest_relu((1 << 14) + 30, seed=4)
     last = clean.results[0][1]
     sent = [s for s in clean.sent if s.op <= last + 1]
     swap_op = last - 1                        # the injection's first round

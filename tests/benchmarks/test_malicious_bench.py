@@ -1,0 +1,23 @@
+"""benchmarks/malicious.py on its smallest encoder: both modes give the float64 reference's
+output, malicious mode sends more and takes more rounds than semi-honest, the JSON carries
+provenance, and a short tamper campaign aborts or leaves the output bit-for-bit unchanged in
+every trial, with no abort in an honest run."""
+import json
+
+from helpers.bench_scripts import script
+
+B = script("malicious")
+
+
+def test_the_benchmark_compares_the_modes_and_runs_a_campaign(tmp_path):
+    out = tmp_path / "r.json"
+    B.main(["--tiny", "--campaign", "4", "--honest", "1", "--json", str(out)])
+    r = json.loads(out.read_text())
+    assert r["benchmark"] == "malicious" and r["commit"] and "load_avg_1m_at_end" in r
+    semi, mal = r["semi_honest"], r["malicious"]
+    assert semi["max_abs_err"] < 1e-2 and mal["max_abs_err"] < 1e-2
+    assert r["ratio"]["bytes"] > 1 and mal["rounds"] > semi["rounds"]
+    c = r["campaign"]
+    assert c["trials"] == 4 and sum(c["outcomes"].values()) == 4
+    assert set(c["outcomes"]) <= {"aborted", "unchanged"}, c
+    assert c["honest_aborts"] == 0
