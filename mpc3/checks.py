@@ -38,8 +38,9 @@ from .claims_masked import (masked_injection_claims, tree_keep, tree_parts, tree
                             tree_witness)
 from .claims_compare import (bit_parts, compare_claims, compare_witness, leaves_claims,
                              leaves_witness, swap_claims)
-from .kernels.base import packed_bytes, width_bytes
+from .kernels.base import group_bounds, packed_bytes, width_bytes
 from .kernels.boolean import cost_and_bb
+from .kernels.convert import _run_starts
 from .kernels.thresholds import carry_plan
 from .kernels.truncation import _default_segments
 
@@ -120,19 +121,19 @@ class Checks:
         the claims then wait for the flush, where the comparison's witness splits the
         single's bit, and cover the pair's swap of its halves too)."""
         if not masked:
-            for views in injection_claims(p, x, bit, st, got2, seg=seg).values():
-                self.claims.append(views)
+            self.claims.extend(injection_claims(p, x, bit, st, got2, seg=seg))
         else:
             rec = next((r for planes, r in self.masked if planes is bit), None)
             if rec is None:
                 return                        # masked bits of an unverified kernel
             self.witnessed.append(({"x": x, "st": st, "got2": got2, "origin": rec,
                                     "seg": seg}, None, masked_injection_claims))
-        for s in st:                         # the arrays the kernel sent, round by round
+        for s, sl in zip(st, group_bounds(x.shape[0])):   # what the kernel sent, by round
             if s["role"] == 0:
                 self._cover(p, s["m1"].nbytes + s["m2"].nbytes + s["s0"].nbytes, back=1)
-            else:
-                self._cover(p, s["fold"](s["y"]).nbytes)
+            else:                            # y, or one sum per run
+                self._cover(p, 8 * _run_starts(sl.start, sl.stop, seg).size if seg
+                            else s["y"].nbytes)
                 if masked:
                     self._cover(p, packed_bytes(s["n"], 1), back=1)     # the swap
 
@@ -241,8 +242,7 @@ class Checks:
         _, got = p.comm.exchange(to_next=[digests, *witness], from_prev=True)
         theirs, wits = got[0].tobytes(), iter(got[1:])
         for rec, make, claims in self.witnessed:          # in registration order
-            views = claims(p, rec, next(wits) if make is not None else None)
-            self.claims.extend(views.values() if isinstance(views, dict) else views)
+            self.claims.extend(claims(p, rec, next(wits) if make is not None else None))
         opened_ok = theirs[:32] == self.received.digest()
         inputs_ok = theirs[32:] == self.input_mine.digest()
         mine, left, right = self.batches()

@@ -65,9 +65,9 @@ def _view(pos: int, u, v, zl, zr) -> Claim:
 
 
 def injection_claims(p, x, bit, st: list[dict], got2, parts=None,
-                     seg: int = 0) -> dict[int, tuple[list, list, list]]:
+                     seg: int = 0) -> list[tuple[Claim, Claim, Claim]]:
     """The claims of :func:`mpc3.kernels.convert.inject_steps` (bit d given as an RSS
-    BShare, no run sums): gates by width -> (own, as V_L of next, as V_R of prev) lists.
+    BShare, or masked bits, with run sums or not): (own, as V_L, as V_R) per gate width.
 
     In group g the single (role 0) holds slots g, g+1 of x and of the bit, shared with
     role 2 (slot g) and role 1 (slot g+1). With e, x its slots' bits and values and
@@ -94,10 +94,8 @@ def injection_claims(p, x, bit, st: list[dict], got2, parts=None,
     elements' terms side by side (:func:`_runs`).
     """
     n = x.shape[0]
-    views: dict[int, tuple[list, list, list]] = {}
-
-    def add(w, pos, claim):
-        views.setdefault(w, ([], [], []))[_slot(pos)].append(claim)
+    views = Views()
+    add = views.add
     for g, (s, sl, wsl) in enumerate(zip(st, group_bounds(n),
                                          word_slices(group_sizes(n)))):
         role, ng = s["role"], s["n"]
@@ -150,7 +148,7 @@ def injection_claims(p, x, bit, st: list[dict], got2, parts=None,
             pos, lambda: F(np.stack([beta, sB])),
             lambda: F(np.stack([flat(s["rho1"]), flat(s["rho2"])])),
             lambda: S(flat(s["tau2"])), lambda: y2))
-    return {w: tuple(_concat(v) for v in vs) for w, vs in views.items()}
+    return views.triples()
 
 
 def _runs(sl: slice, seg: int):
@@ -181,6 +179,27 @@ def _concat(claims: list[Claim]) -> Claim:
     return Claim(np.concatenate([c.u for c in claims], axis=1),
                  np.concatenate([c.v for c in claims], axis=1),
                  np.concatenate([c.z for c in claims]))
+
+
+class Views:
+    """A kernel's claims as this party holds them, by gate width: what it proves, what it
+    checks as V_L of its next neighbour and as V_R of its previous one."""
+
+    def __init__(self) -> None:
+        self.by_width: dict[int, tuple[list, list, list]] = {}
+
+    def add(self, width: int, pos: int, claim: Claim) -> None:
+        """A view at position ``pos`` (0 the prover, 2 its V_L, 1 its V_R)."""
+        self.by_width.setdefault(width, ([], [], []))[_slot(pos)].append(claim)
+
+    def add_all(self, pos: int, claims: dict[int, Claim]) -> None:
+        for width, claim in claims.items():
+            self.add(width, pos, claim)
+
+    def triples(self) -> list[tuple[Claim, Claim, Claim]]:
+        """One (own, as V_L, as V_R) triple per width, as :class:`mpc3.checks.Checks`
+        collects them."""
+        return [tuple(_concat(v) for v in vs) for vs in self.by_width.values()]
 
 
 # ------------------------------------------------------------------- truncation -------
@@ -240,9 +259,9 @@ def a_bits(p, x, sl: slice, g: int, role: int, kop: int, witness: np.ndarray):
     return K, M, xg, xh
 
 
-def trunc_claims(p, rec: dict, witness: np.ndarray) -> dict[int, tuple[Claim, Claim, Claim]]:
+def trunc_claims(p, rec: dict, witness: np.ndarray) -> list[tuple[Claim, Claim, Claim]]:
     """The claims of :func:`mpc3.kernels.truncation.trunc_a`'s messages (replicated input,
-    no multiplier): gates by width -> (own, as V_L of next, as V_R of prev).
+    no multiplier): (own, as V_L of next, as V_R of prev) per gate width.
 
     The single (role 0) knows ``A = x_g + x_{g+1}`` alone and sends ``Uk = (A >>a f) -
     kappa`` (and, exact mode, ``t = (a_63 - rho) mod 2^f``) - not products of what its
@@ -260,7 +279,7 @@ def trunc_claims(p, rec: dict, witness: np.ndarray) -> dict[int, tuple[Claim, Cl
     ``x1 = b_t rho + nu1`` (role 1: rho from role 0, b_t from role 2) and ``x2 = b_t t +
     nu2`` (role 2: b_t from role 1, t from role 0).
     """
-    views: dict[int, tuple[list, list, list]] = {64: ([], [], []), 1: ([], [], [])}
+    views = Views()
     x, kop, exact = rec["x"], rec["kop"], rec["got2"] is not None
     for g, (sl, st, per) in enumerate(zip(rec["groups"], rec["state"], rec["per"])):
         role, ng = st["role"], st["n"]
@@ -272,7 +291,7 @@ def trunc_claims(p, rec: dict, witness: np.ndarray) -> dict[int, tuple[Claim, Cl
         two_j = np.left_shift(_ONE, _J + _ONE)
         Kb = None if K is None else _bit_rows(K)             # each bit row computed once
         Mb = None if M is None else _bit_rows(M)
-        views[64][_slot(pos)].append(_view(
+        views.add(64, pos, _view(
             pos, lambda: np.concatenate([two_j * Kb, (c * Kb) * np.uint64(2)], axis=1),
             lambda: np.concatenate([Mb, Mb], axis=1),
             lambda: np.concatenate([K - xg, (c * Kb).sum(axis=0) - st["Uk"]]),
@@ -280,7 +299,7 @@ def trunc_claims(p, rec: dict, witness: np.ndarray) -> dict[int, tuple[Claim, Cl
         if not exact:
             continue
         t = st["t"] if role == 0 else st.get("at_rho")
-        views[1][_slot(pos)].append(_view(
+        views.add(1, pos, _view(
             pos, lambda: (top * np.uint64(2) * (K >> np.uint64(63)))[None],
             lambda: (M >> np.uint64(63))[None],
             lambda: top * ((K >> np.uint64(63)) - t), lambda: top * ((M >> np.uint64(63)) - st["rho"])))
@@ -289,11 +308,11 @@ def trunc_claims(p, rec: dict, witness: np.ndarray) -> dict[int, tuple[Claim, Cl
         x1 = unpack_by_width(got2[(1, g)][0], per[3], ng) if role == 0 else st.get("x")
         x2 = unpack_by_width(got2[(-1, g)][0], per[3], ng) if role == 0 else st.get("x")
         pos = (role - 1) % 3                                     # prover: role 1
-        views[1][_slot(pos)].append(_view(
+        views.add(1, pos, _view(
             pos, lambda: (top * st["rho"])[None], lambda: bt[None],
             lambda: top * x1, lambda: np.uint64(0) - top * st["nu"][0]))
         pos = (role - 2) % 3                                     # prover: role 2
-        views[1][_slot(pos)].append(_view(
+        views.add(1, pos, _view(
             pos, lambda: (top * bt)[None], lambda: t[None],
             lambda: np.uint64(0) - top * st["nu"][1], lambda: top * x2))
-    return {w: tuple(_concat(v) for v in vs) for w, vs in views.items() if vs[0] or vs[1]}
+    return views.triples()

@@ -26,9 +26,11 @@ A leaf set whose pair part arrives late (``pair_b``: a product's split form, who
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
-from .claims import _TOP, _bit_rows, _concat, _slot, a_bits, a_witness
+from .claims import _TOP, Views, _bit_rows, a_bits, a_witness
 from .dzkp import Claim
 from .kernels.base import group_bounds
 from .kernels.leaves import leaf_blocks
@@ -156,16 +158,13 @@ def leaves_witness(p, rec: dict) -> np.ndarray:
                      rec["kop"])
 
 
-def leaves_claims(p, rec: dict, witness: np.ndarray) -> dict[int, tuple[Claim, Claim, Claim]]:
-    """Gates by width -> (own, as V_L of next, as V_R of prev) of the leaves' messages
+def leaves_claims(p, rec: dict, witness: np.ndarray) -> list[tuple[Claim, Claim, Claim]]:
+    """(own, as V_L of next, as V_R of prev) per gate width of the leaves' messages
     (module docstring)."""
     x, blocks, L, m, kop = rec["x"], rec["blocks"], rec["L"], rec["m"], rec["kop"]
     width = max((1 << k) - 1 for _, k in blocks)
-    views: dict[int, tuple[list, list, list]] = {}
-
-    def add(pos, claims):
-        for w, c in claims.items():
-            views.setdefault(w, ([], [], []))[_slot(pos)].append(c)
+    views = Views()
+    add = views.add_all
 
     for g, (sl, s) in enumerate(zip(group_bounds(x.size), rec["state"])):
         role, ng = s["role"], s["n"]
@@ -194,7 +193,7 @@ def leaves_claims(p, rec: dict, witness: np.ndarray) -> dict[int, tuple[Claim, C
         add((role - 2) % 3, _sided(
             (role - 2) % 3, left2,
             lambda: {width: (_flat(_leaf_rows(therm(), blocks, width)), _TOP * bits(mine2))}))
-    return {w: tuple(_concat(v) for v in vs) for w, vs in views.items()}
+    return views.triples()
 
 
 def leaves_claim_gates(n: int, m: int, rank: int) -> dict[int, int]:
@@ -237,8 +236,8 @@ def _halves(s: dict, role: int, nmask: int, rows) -> dict:
     return mine
 
 
-def compare_claims(p, rec: dict, witness: np.ndarray) -> dict[int, tuple[Claim, Claim, Claim]]:
-    """Gates by width -> (own, as V_L of next, as V_R of prev) of compare_steps' three
+def compare_claims(p, rec: dict, witness: np.ndarray) -> list[tuple[Claim, Claim, Claim]]:
+    """(own, as V_L of next, as V_R of prev) per gate width of compare_steps' three
     messages per group; keeps each group's (K, M) for the injection (:func:`bit_parts`)."""
     x, blocks, L, kop = rec["x"], rec["blocks"], rec["L"], rec["kop"]
     nb = len(blocks)
@@ -247,12 +246,9 @@ def compare_claims(p, rec: dict, witness: np.ndarray) -> dict[int, tuple[Claim, 
     pos_of = {v: i for i, v in enumerate(masked)}
     dpos = {u: i for i, u in enumerate(dealt)}
     width = max((1 << k) - 1 for _, k in blocks)
-    views: dict[int, tuple[list, list, list]] = {}
+    views = Views()
+    add = views.add_all
     rec["KM"] = {}
-
-    def add(pos, claims):
-        for w, c in claims.items():
-            views.setdefault(w, ([], [], []))[_slot(pos)].append(c)
 
     for g, s in enumerate(rec["state"]):
         role, ng, idx = s["role"], s["n"], s["idx"]
@@ -291,7 +287,7 @@ def compare_claims(p, rec: dict, witness: np.ndarray) -> dict[int, tuple[Claim, 
         # role 1's half (round 1, to role 2): V_L = role 0 (rho, alpha1), V_R = role 2
         half1 = (lambda: rows(s["half"] if role == 1 else s["delta"] ^ s["half"]))
         half2 = (lambda: rows(s["half"] if role == 2 else s["delta"] ^ s["half"]))
-        sel = (lambda: _selection(s["b"], blocks, width))
+        sel = functools.cache(lambda: _selection(s["b"], blocks, width))   # both halves
         add((role - 1) % 3, _sided(
             (role - 1) % 3,
             lambda: {width: (_TOP * _flat(_leaf_rows(code("rho"), blocks, width), leaves),
@@ -304,7 +300,7 @@ def compare_claims(p, rec: dict, witness: np.ndarray) -> dict[int, tuple[Claim, 
                              _TOP * (half2() + sel()[1][leaves]).reshape(-1))},
             lambda: {width: (_flat(_leaf_rows(code("therm"), blocks, width), leaves),
                              _TOP * h["a2"].reshape(-1))}))
-    return {w: tuple(_concat(v) for v in vs) for w, vs in views.items()}
+    return views.triples()
 
 
 def bit_parts(p, rec: dict, g: int, role: int):
@@ -312,11 +308,12 @@ def bit_parts(p, rec: dict, g: int, role: int):
     part) - ``K_top ^ lam2`` (role 2) and ``M_top ^ lam1`` (role 1) - each None where this
     party holds neither; (ng,) 0/1 words (after :func:`compare_claims`)."""
     s, (K, M) = rec["state"][g], rec["KM"][g]
-    h = _halves(s, role, 0, lambda planes: _rows(planes, s["n"]))
+    lam = (lambda plane: _rows(plane[None], s["n"])[0])
+    lam1 = lam(s["r_next"][-1] if role == 0 else s["lam"]) if role in (0, 1) else None
+    lam2 = lam(s["r_prev"][-1] if role == 0 else s["lam"]) if role in (0, 2) else None
     top = np.uint64(rec["L"] + rec["m"] - 1)
-    pos = role % 3
-    eg = ((K[s["idx"]] >> top) & _ONE) ^ h["lam2"] if pos in (0, 2) else None
-    eh = ((M[s["idx"]] >> top) & _ONE) ^ h["lam1"] if pos in (0, 1) else None
+    eg = ((K[s["idx"]] >> top) & _ONE) ^ lam2 if role in (0, 2) else None
+    eh = ((M[s["idx"]] >> top) & _ONE) ^ lam1 if role in (0, 1) else None
     return eg, eh
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .claims import _TOP, _concat, _slot, injection_claims
+from .claims import _TOP, Views, injection_claims
 from .claims_compare import _sided
 from .kernels.boolean import word_slices
 from .kernels.convert import _bits_u64
@@ -29,15 +29,13 @@ def masked_injection_claims(p, rec: dict, _witness) -> list:
     ``rec["origin"]`` (its record, ``parts`` and ``swaps``)."""
     origin, st = rec["origin"], rec["st"]
     made, parts, swaps = origin["rec"], origin["parts"], origin["swaps"]
-    triples = list(injection_claims(p, rec["x"], None, st, rec["got2"], seg=rec["seg"],
-                                    parts=lambda g, role: parts(p, made, g, role)).values())
-    out: dict[int, tuple[list, list, list]] = {}
+    swapped = Views()
     for g, s in enumerate(st):
         e_in = s["beta"] ^ _bits_u64(s["e"], s["n"]) if s["role"] else None
         for pos, claims in swaps(p, made, g, s["role"], e_in):
-            for w, c in claims.items():
-                out.setdefault(w, ([], [], []))[_slot(pos)].append(c)
-    return triples + [tuple(_concat(v) for v in vs) for vs in out.values()]
+            swapped.add_all(pos, claims)
+    return injection_claims(p, rec["x"], None, st, rec["got2"], seg=rec["seg"],
+                            parts=lambda g, role: parts(p, made, g, role)) + swapped.triples()
 
 
 # ------------------------------------------------------------- the fused AND layer ----
@@ -72,10 +70,12 @@ def _group_bits(p, rec: dict, g: int) -> dict:
         v = rec[name]
         out[name + "a"] = _bits_u64(v.a[:, wsl], ng)
         out[name + "b"] = _bits_u64(v.b[:, wsl], ng)
-    W = rec["x"].a.shape[1]
-    for stream in ("next", "prev"):
-        raw = p.prg.bytes(stream, rec["kop"], rec["tag"], 8 * W).view(np.uint64)
-        out[stream] = _bits_u64(raw[None, wsl], ng)
+    if "masks" not in rec:                   # and_local's zero sharing, drawn once
+        W = rec["x"].a.shape[1]
+        rec["masks"] = {stream: p.prg.bytes(stream, rec["kop"], rec["tag"], 8 * W)
+                        .view(np.uint64)[None] for stream in ("next", "prev")}
+    for stream, raw in rec["masks"].items():
+        out[stream] = _bits_u64(raw[:, wsl], ng)
     return out
 
 

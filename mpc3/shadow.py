@@ -86,6 +86,7 @@ class ShadowParty:
 
     rank = 0
     kop = 0                     # (mpc3.kernels.base.run_steps saves and restores it)
+    checks = None               # nothing to verify: no messages (mpc3.checks)
 
     def __init__(self, cfg: RingConfig = RingConfig(), record: Record = _ignore,
                  layer: str = "") -> None:

@@ -101,7 +101,7 @@ def pool_a(p: Party, cfg: M.ModelConfig, h: AShare) -> AShare:
     if cfg.normalize:
         return s
     t = mean_trunc(h.shape[1], p.cfg.frac)
-    if getattr(p, "checks", None) is not None:   # malicious mode: the verified scaled route
+    if p.checks is not None:                 # malicious mode: the verified scaled route
         return checked.trunc_scaled(p, s, t)
     p.new_op()
     flat = AShare(s.a.reshape(-1), s.b.reshape(-1))

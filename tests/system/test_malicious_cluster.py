@@ -126,7 +126,8 @@ def test_every_production_kind_runs_verified_with_the_semi_honest_result(cluster
     with cluster.user() as u, semi.user() as v:
         for kind in KINDS:
             params = {"session": f"s-{kind}"} if kind in SESSIONS else None
-            both(kind, *_inputs(KINDS[kind][1])[:1], params, _inputs(KINDS[kind][1])[1])
+            inputs, encoded = _inputs(KINDS[kind][1])
+            both(kind, inputs, params, encoded)
             if kind in SESSIONS and not (failed and failed[-1].startswith(kind + ":")):
                 step, spec, close = SESSIONS[kind]
                 inputs, encoded = _inputs(spec)
