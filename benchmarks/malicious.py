@@ -15,8 +15,9 @@ code, random weights of the given shape, uniform inputs) in both modes from the 
   layer's end (``on_layer``) and once more before the output is opened.
 
 Reported per mode: bytes each party sent, rounds, wall time (one run each, same process,
-same load), the output's error against the float64 reference, and the gate terms party 0
-proves at each flush (matrix products' reduced claims not counted). ``--campaign N``: N runs in
+same load), the output's error against the float64 reference, the gate terms party 0
+proves at each flush (matrix products' reduced claims not counted) and the process's peak
+RSS after the mode's run (VmHWM: the three parties together; semi-honest runs first). ``--campaign N``: N runs in
 malicious mode with one deviation each (``add`` of a uniform nonzero error to one entry, or
 ``flip`` of one bit, alternately), at a message drawn uniformly (seeded) among every message
 of the honest malicious run - the kernels' and the flushes' - the cheater being its sender;
@@ -41,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import runinfo  # noqa: E402
-from mpc3 import dzkp, ring, tamper  # noqa: E402
+from mpc3 import dzkp, procinfo, ring, tamper  # noqa: E402
 from mpc3.checks import Checks  # noqa: E402
 from mpc3.comm import ProtocolError  # noqa: E402
 from mpc3.sharing import reveal  # noqa: E402
@@ -97,7 +98,7 @@ def measure(cfg, args, ref, malicious: bool) -> dict:
 
     def counted(p, mine, *rest, **kw):
         if p.rank == 0:
-            terms.append(sum(c.u.size for c in mine))
+            terms.append(sum(c.terms for c in mine))
         return verify(p, mine, *rest, **kw)
     dzkp.verify_claims = counted
     try:
@@ -110,7 +111,7 @@ def measure(cfg, args, ref, malicious: bool) -> dict:
     stats = [o[1] for o in out]
     return {"bytes_per_party": [s.bytes_sent for s in stats],
             "rounds": max(s.rounds for s in stats), "wall_s": wall,
-            "proof_gate_terms_party0": terms,
+            "proof_gate_terms_party0": terms, "peak_rss_bytes": procinfo.peak_rss(),
             "max_abs_err": float(np.max(np.abs(y - ref))), "output": y}
 
 
@@ -158,14 +159,16 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help=f"the shape {QUICK} (else Table 2)")
     ap.add_argument("--tiny", action="store_true", help=f"the shape {TINY} (campaigns)")
     ap.add_argument("--layers", type=int, help="override the shape's layer count")
+    ap.add_argument("--seq", type=int, help="override the shape's sequence length")
     ap.add_argument("--campaign", type=int, default=0, help="tampered runs")
     ap.add_argument("--honest", type=int, default=0, help="honest malicious-mode runs")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
     shape = dict(TINY if a.tiny else QUICK if a.quick else TABLE2)
-    if a.layers:
-        shape["layers"] = a.layers
+    for key in ("layers", "seq"):
+        if getattr(a, key):
+            shape[key] = getattr(a, key)
     result = runinfo.start("malicious")
     result["shape"] = shape
     cfg, args, ref = _case(shape, a.seed)

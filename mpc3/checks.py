@@ -32,7 +32,7 @@ import numpy as np
 from . import dzkp
 from .freivalds import matmul_claims
 from .comm import ProtocolError
-from .claims import (_concat, and_claims, injection_claims, trunc_claims,
+from .claims import (and_claims, injection_claims, trunc_claims,
                      trunc_witness)
 from .claims_masked import (masked_injection_claims, tree_keep, tree_parts, tree_swaps,
                             tree_witness)
@@ -216,17 +216,16 @@ class Checks:
 
     # ---------------------------------------------------------------------- flush -------
     def batches(self) -> tuple[list, list, list]:
-        """The registered claims as one batch per width (terms a gate), in the three roles.
-        A kernel whose roles rotate over element groups gives the three provers batches
-        that differ by a few gates, and the proof's rounds follow its length: every batch
-        is padded with true zero gates to the longest of the three (all public sizes)."""
+        """The registered claims in the three roles, one batch per registered triple (one
+        kernel's gates of one width), handed over: the proof releases each batch once
+        folded, so the claims are held once and never copied. A kernel whose roles rotate
+        over element groups gives the three provers batches that differ by a few gates; the
+        proof takes each as long as the longest of the three (a public size)."""
         out = ([], [], [])
-        for m in sorted({c[0].u.shape[0] for c in self.claims}):
-            views = [_concat([c[j] for c in self.claims if c[0].u.shape[0] == m])
-                     for j in range(3)]
-            size = max(v.z.size for v in views)
-            for j, v in enumerate(views):
-                out[j].append(_pad(v, size))
+        for trio in self.claims:
+            for j in range(3):
+                out[j].append(trio[j])
+        self.claims = []
         return out
 
     def flush(self, p) -> None:
@@ -251,11 +250,3 @@ class Checks:
                            digests=(opened_ok, inputs_ok), mats=mats if self.mats else None)
         self._reset(p)
 
-
-def _pad(c: dzkp.Claim, size: int) -> dzkp.Claim:
-    extra = size - c.z.size
-    if not extra:
-        return c
-    wide = np.zeros((c.u.shape[0], extra), dtype=np.uint64)
-    return dzkp.Claim(np.concatenate([c.u, wide], axis=1), np.concatenate([c.v, wide], axis=1),
-                      np.concatenate([c.z, np.zeros(extra, dtype=np.uint64)]))

@@ -58,10 +58,8 @@ def _view(pos: int, u, v, zl, zr) -> Claim:
     if pos == 0:
         return Claim(u(), v(), zl() + zr())
     if pos == 2:
-        uu = u()
-        return Claim(uu, np.zeros_like(uu), zl())
-    vv = v()
-    return Claim(np.zeros_like(vv), vv, zr())
+        return Claim(u(), None, zl())
+    return Claim(None, v(), zr())
 
 
 def injection_claims(p, x, bit, st: list[dict], got2, parts=None,
@@ -176,9 +174,14 @@ def _slot(pos: int) -> int:
 
 
 def _concat(claims: list[Claim]) -> Claim:
-    return Claim(np.concatenate([c.u for c in claims], axis=1),
-                 np.concatenate([c.v for c in claims], axis=1),
-                 np.concatenate([c.z for c in claims]))
+    """One batch of several (a side that is None in all of them stays None)."""
+    def side(xs, other):
+        if all(x is None for x in xs):
+            return None
+        return np.concatenate([x if x is not None else np.zeros_like(o)
+                               for x, o in zip(xs, other)], axis=1)
+    us, vs = [c.u for c in claims], [c.v for c in claims]
+    return Claim(side(us, vs), side(vs, us), np.concatenate([c.z for c in claims]))
 
 
 class Views:

@@ -57,9 +57,9 @@ def _sided(pos: int, left, right) -> dict[int, Claim]:
         if pos == 0:
             out[w] = Claim(lv[w][0], rv[w][0], lv[w][1] + rv[w][1])
         elif pos == 2:
-            out[w] = Claim(lv[w][0], np.zeros_like(lv[w][0]), lv[w][1])
+            out[w] = Claim(lv[w][0], None, lv[w][1])
         else:
-            out[w] = Claim(np.zeros_like(rv[w][0]), rv[w][0], rv[w][1])
+            out[w] = Claim(None, rv[w][0], rv[w][1])
     return out
 
 

@@ -54,21 +54,34 @@ class Params:
     degree: int = 32
     reps: int = 2
     k: int = 8
-    k_first: int = 32
+    k_first: int = 64
 
 
 @dataclass
 class Claim:
     """One party's view of one prover's batch: u, v (m, L) and z (L,) over Z_2^64, whole for
-    the prover, additive shares for each verifier."""
+    the prover, additive shares for each verifier. A verifier's side it holds nothing of is
+    None (zero: V_L's v, V_R's u), never allocated."""
 
-    u: np.ndarray
-    v: np.ndarray
+    u: np.ndarray | None
+    v: np.ndarray | None
     z: np.ndarray
 
     def __post_init__(self) -> None:
-        if self.u.shape != self.v.shape or self.u.ndim != 2 or self.z.shape != self.u.shape[1:]:
-            raise ValueError(f"claim shapes u {self.u.shape}, v {self.v.shape}, z {self.z.shape}")
+        given = [x for x in (self.u, self.v) if x is not None]
+        if not given or any(x.ndim != 2 or x.shape != given[0].shape for x in given) \
+                or self.z.shape != given[0].shape[1:]:
+            raise ValueError(f"claim shapes u {_shape(self.u)}, v {_shape(self.v)}, "
+                             f"z {self.z.shape}")
+
+    @property
+    def terms(self) -> int:
+        """m L: the gate terms of the batch."""
+        return (self.u if self.u is not None else self.v).size
+
+
+def _shape(x) -> tuple | None:
+    return None if x is None else x.shape
 
 
 class CheatingDetected(ProtocolError):
@@ -179,11 +192,11 @@ class _Round:
         self.nodes = g.from_ints(np.arange(2 * k + 1))
         # L_i(w_e) for the k data nodes at all 2k - 1 nodes, and its pairwise products
         lag = g.lagrange(self.nodes[:k], self.nodes[:2 * k - 1])
-        pair = g.mul(lag[:, :, None, :], lag[:, None, :, :])          # (2k-1, k, k, D)
+        pair = g.mul(lag[k:, :, None, :], lag[k:, None, :, :])        # (k-1, k, k, D)
         # the nodes after the k data nodes, by pair i <= i' (L_i L_i' is symmetric)
         self.pairs = dk.pairs(k)
         self._pairs_sym = np.ascontiguousarray(
-            np.stack([pair[k:, i, i2] for i, i2 in self.pairs]))            # (P, k-1, D)
+            np.stack([pair[:, i, i2] for i, i2 in self.pairs]))             # (P, k-1, D)
         self._diag = np.array([p for p, (i, i2) in enumerate(self.pairs) if i == i2])
 
     def evals(self, sym: np.ndarray) -> np.ndarray:
@@ -201,11 +214,12 @@ class _Round:
         return self.g.mul(lag, values).sum(axis=1)
 
 
-def _chunks(x: np.ndarray, k: int) -> np.ndarray:
-    """(..., L[, D]) -> (..., k, n[, D]) zero-padded, chunk i = elements i*n .. (i+1)*n - 1."""
+def _chunks(x: np.ndarray, k: int, n: int | None = None) -> np.ndarray:
+    """(..., L[, D]) -> (..., k, n[, D]) zero-padded, chunk i = elements i*n .. (i+1)*n - 1
+    (n: ceil(L / k) unless given, >= that)."""
     axis = 1 if x.ndim >= 2 else 0
     L = x.shape[axis]
-    n = -(-L // k)
+    n = -(-L // k) if n is None else n
     if k * n != L:
         shape = list(x.shape)
         shape[axis] = k * n
@@ -246,10 +260,16 @@ def verify_claims(p: Party, mine, as_left, as_right,
 
 def _verify(p: Party, mine, as_left, as_right, params: Params,
             digests: tuple | None, mats: tuple | None) -> None:
-    data = {role: [c for c in (cs if isinstance(cs, (list, tuple)) else [cs]) if c.z.size]
+    data = {role: cs if isinstance(cs, list) else list(cs) if isinstance(cs, tuple) else [cs]
             for role, cs in (("P", mine), ("L", as_left), ("R", as_right))}
+    if not len(data["P"]) == len(data["L"]) == len(data["R"]):
+        raise ValueError("the three roles' claims must come in the same batches")
+    # batch b of every role is one record's gates, as long as the longest of the three
+    # provers' (the same at every party); shorter views are zero past their end
+    sizes = [max(c.z.size for c in trio) for trio in zip(data["P"], data["L"], data["R"])]
+    live = [b for b, size in enumerate(sizes) if size]
     ring_len = sum(c.inner for c in mats[0]) if mats else 0
-    if not data["P"] and ring_len == 0:
+    if not live and ring_len == 0:
         if digests is not None:
             _verdicts(p, np.array([1, 1, *digests], dtype=np.uint8))
         return
@@ -273,8 +293,8 @@ def _verify(p: Party, mine, as_left, as_right, params: Params,
                        for j, role in enumerate(("P", "L", "R"))}
     claims, vecs, checks, hs = {}, {}, {"L": [], "R": []}, {}
     awaiting, step = None, 0
-    if data["P"]:
-        ns = [-(-c.z.size // k1) for c in data["P"]]
+    if live:
+        ns = [-(-sizes[b] // k1) for b in live]
         at = np.cumsum([0] + ns)
         n = int(at[-1])
         weights = {}
@@ -285,14 +305,15 @@ def _verify(p: Party, mine, as_left, as_right, params: Params,
         # first compression: Z_2^64 data, weighted gates
         for role in ("L", "R"):
             theta, sigmas = weights[role]
-            s = sum(long_matmul(_chunks(c.z, k1), np.ascontiguousarray(
+            s = sum(long_matmul(_chunks(data[role][b].z, k1, n), np.ascontiguousarray(
                 sigma.transpose(1, 0, 2).reshape(-1, reps * g.D)))
-                for c, sigma in zip(data[role], sigmas)).reshape(k1, reps, g.D)
+                for b, n, sigma in zip(live, ns, sigmas)).reshape(k1, reps, g.D)
             claims[role] = g.mul(theta, s.transpose(1, 0, 2)).sum(axis=1)   # (reps, D)
         # G = sum_t sigma_t u_it v_i't, by symmetric pairs (mpc3.dzkp_kernels), per batch
         sym = sum(dk.gram_int(c.u, c.v, np.ascontiguousarray(
             sigma.transpose(1, 0, 2).reshape(-1, reps * g.D)), k1)
-            for c, sigma in zip(data["P"], weights["P"][1])).reshape(-1, reps, g.D)
+            for c, sigma in zip((data["P"][b] for b in live), weights["P"][1])
+        ).reshape(-1, reps, g.D)
         h = rd1.evals(np.ascontiguousarray(sym.transpose(1, 0, 2)))
         hs["P"], hs["L"], hs["R"] = _send_h(p, h, share_from_prover, 1)
         for role in ("L", "R"):
@@ -309,13 +330,11 @@ def _verify(p: Party, mine, as_left, as_right, params: Params,
             got, _ = p.comm.exchange(to_prev=[np.frombuffer(seed_of["R"](step), np.uint8)],
                                      from_next=True)
             seeds = {"P": got[0].tobytes(), "L": seed_of["L"](step), "R": seed_of["R"](step)}
-            for role, c in data.items():
+            for role in data:
                 r = _challenge(g, seeds[role], reps, avoid)
                 if awaiting == "first":
-                    folded = [_fold_first(g, rd1, cb, sigma, r, k1)
-                              for cb, sigma in zip(c, weights[role][1])]
-                    vecs[role] = tuple(np.concatenate([f[j] for f in folded], axis=1)
-                                       for j in range(2))
+                    vecs[role] = _fold_first(g, rd1, data[role], live, ns, weights[role][1],
+                                             r, k1, extra=ring_len if ring_claims else 0)
                     claims[role] = rd1.at(hs[role], r, 2 * k1 - 1)
                 else:
                     vecs[role] = _fold(g, rd, vecs[role], r, k)
@@ -323,9 +342,10 @@ def _verify(p: Party, mine, as_left, as_right, params: Params,
                 if ring_claims is not None:          # join the products' claim, weighted
                     gamma = g.exceptional(_words(seeds[role], "join", reps))
                     U, V, c = ring_claims[role]
-                    scaled = np.stack([g.scale(U[j], gamma[j]) for j in range(reps)])
-                    vecs[role] = (np.concatenate([vecs[role][0], scaled], axis=1),
-                                  np.concatenate([vecs[role][1], V], axis=1))
+                    tail = slice(vecs[role][0].shape[1] - ring_len, None)   # left for them
+                    vecs[role][0][:, tail] = np.stack([g.scale(U[j], gamma[j])
+                                                       for j in range(reps)])
+                    vecs[role][1][:, tail] = V
                     claims[role] = claims[role] + g.mul(gamma, c)
             ring_claims = None
         U, V = vecs["P"]
@@ -410,11 +430,12 @@ def _send_h(p: Party, h: np.ndarray, share_from_prover, step) -> tuple:
     return h, as_left, got[0].reshape(h.shape)
 
 
-def _fold_first(g: GaloisRing, rd: _Round, c: Claim, sigma: np.ndarray, r: np.ndarray,
-                k: int):
-    """u'_(a,t) = sigma_t p_(a,t)(r), v'_(a,t) = q_(a,t)(r) for Z_2^64 data: (reps, m n, D)."""
-    lr = g.lagrange(rd.nodes[:k], r)                                   # (reps, k, D)
-    return (dk.fold_int(c.u, k, lr, sigma, g._taps), dk.fold_int(c.v, k, lr, None, g._taps))
+def _fold_first(g: GaloisRing, rd: _Round, batches: list, live: list, ns: list, sigmas: list,
+                r: np.ndarray, k: int, extra: int = 0):
+    """u'_(a,t) = sigma_t p_(a,t)(r), v'_(a,t) = q_(a,t)(r) of every live batch for Z_2^64
+    data: :func:`mpc3.dzkp_kernels.fold_batches` (which releases each batch)."""
+    return dk.fold_batches(batches, live, ns, sigmas, g.lagrange(rd.nodes[:k], r), g._taps,
+                           k, extra)
 
 
 def _fold(g: GaloisRing, rd: _Round, vecs, r: np.ndarray, k: int):

@@ -29,8 +29,13 @@ import threading
 
 import numpy as np
 
+from . import procinfo
 from .galois import _mul_one
 from .ringmm import PARALLEL_MIN_MACS
+
+#: Claims released while folding are returned to the kernel every this many bytes (their
+#: small buffers would otherwise stay in the heap while the fold's large ones are mapped).
+TRIM_BYTES = 256 << 20
 
 #: positions per block: a block of the weights / chunks stays in L1 while every pair passes
 BLOCK = 64
@@ -127,9 +132,9 @@ def _gram_ring_all(U, V, k, n, out):  # pragma: no cover
 def _fold_int_part(x, n, lr, sig, nz, taps, t0, t1, out):  # pragma: no cover
     """out[j, a n + t] = (sigma_t *) sum_i lr[i, j] x[a, i n + t] for t0 <= t < t1: x (m, L)
     Z_2^64, lr (k, reps D) (repetition j's coefficients at columns j D .. j D + D - 1),
-    sig (n, reps, D) or empty (no sigma), nz (m,) rows not all zero, out (reps, m n, D).
-    By blocks of positions: each chunk's slice of x is read in order into an L1 block of
-    accumulators."""
+    sig (n, reps, D) or empty (no sigma), nz (m,) rows not all zero, out (reps, m n, D)
+    zero on entry (a zero row's fold is zero: its positions are not written). By blocks of
+    positions: each chunk's slice of x is read in order into an L1 block of accumulators."""
     m, L = x.shape
     k, R = lr.shape
     reps, D = out.shape[0], out.shape[2]
@@ -140,8 +145,6 @@ def _fold_int_part(x, n, lr, sig, nz, taps, t0, t1, out):  # pragma: no cover
         for s in range(t0, t1, BLOCK):
             w = min(t1, s + BLOCK) - s
             if not nz[a]:
-                for j in range(reps):
-                    out[j, a * n + s:a * n + s + w] = 0
                 continue
             acc[:w] = 0
             for i in range(k):
@@ -305,20 +308,52 @@ def gram_ring(U: np.ndarray, V: np.ndarray, k: int) -> np.ndarray:
 
 
 def fold_int(x: np.ndarray, k: int, lr: np.ndarray, sig: np.ndarray | None,
-             taps: np.ndarray) -> np.ndarray:
-    """(sigma_t *) p_(a,t)(r) for Z_2^64 rows x (m, L) in k chunks: lr (reps, k, D) the
-    Lagrange coefficients at r, sig (reps, n, D) or None: (reps, m n, D)."""
+             taps: np.ndarray, n: int | None = None, out: np.ndarray | None = None
+             ) -> np.ndarray:
+    """(sigma_t *) p_(a,t)(r) for Z_2^64 rows x (m, L) in k chunks of n (>= ceil(L / k);
+    that unless given): lr (reps, k, D) the Lagrange coefficients at r, sig (reps, n, D) or
+    None: (reps, m n, D), written into ``out`` if given (uint64, zero on entry)."""
     m, L = x.shape
     reps, _, D = lr.shape
-    n = -(-L // k)
+    n = -(-L // k) if n is None else n
     nz = np.array([bool(row.any()) for row in x])
     par, parts = _parts(int(nz.sum()) * n * reps * D * (k + (D if sig is not None else 0)))
-    out = np.empty((reps, m * n, D), dtype=np.int64)
+    out = np.zeros((reps, m * n, D), dtype=np.uint64) if out is None else out
+    if out.shape != (reps, m * n, D) or out.dtype != np.uint64:
+        raise ValueError(f"fold_int: out {out.shape} {out.dtype}, want {(reps, m * n, D)}")
     s = np.zeros((0, reps, D), np.int64) if sig is None else \
         np.ascontiguousarray(_i64(sig).transpose(1, 0, 2))
     _kernels()["_fold_int_all", par](_i64(x), n, np.ascontiguousarray(
-        _i64(lr).transpose(1, 0, 2)).reshape(-1, reps * D), s, nz, taps, out, parts)
-    return out.view(np.uint64)
+        _i64(lr).transpose(1, 0, 2)).reshape(-1, reps * D), s, nz, taps, out.view(np.int64),
+        parts)
+    return out
+
+
+def fold_batches(batches: list, live: list, ns: list, sigmas: list, lr: np.ndarray,
+                 taps: np.ndarray, k: int, extra: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`fold_int` of the u (weighted by its sigma) and v of every live batch (Claims,
+    chunk length n each), side by side: (reps, sum m n + extra, D) each, the ``extra`` tail
+    left zero. Each batch is released (``batches[b] = None``) once folded, so the claims and
+    their folds are not held together; a side a view holds nothing of (None) stays untouched
+    zero pages."""
+    reps, D = lr.shape[0], lr.shape[2]
+    rows = [(c.u if c.u is not None else c.v).shape[0] for c in (batches[b] for b in live)]
+    total = sum(m * n for m, n in zip(rows, ns)) + extra
+    U, V = (np.zeros((reps, total, D), dtype=np.uint64) for _ in range(2))
+    at = freed = 0
+    for b, m, n, sigma in zip(live, rows, ns, sigmas):
+        c, span = batches[b], slice(at, at + m * n)
+        if c.u is not None:
+            fold_int(c.u, k, lr, sigma, taps, n=n, out=U[:, span])
+        if c.v is not None:
+            fold_int(c.v, k, lr, None, taps, n=n, out=V[:, span])
+        batches[b] = c = None
+        at += m * n
+        freed += m * n * k
+        if freed >= TRIM_BYTES // 32:          # ~32 bytes a term over the three roles
+            procinfo.release_freed()
+            freed = 0
+    return U, V
 
 
 def fold_ring(X: np.ndarray, k: int, mats: np.ndarray) -> np.ndarray:

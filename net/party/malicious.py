@@ -29,8 +29,8 @@ The job runner (:mod:`net.party.runner`) calls these around :func:`protocols.job
   its verdicts makes the others fail at the peer timeout instead.)
 
 Soundness per job: a flush proves three batches (each party's), each failing to catch a
-false one with probability <= 2^-49 (:func:`mpc3.dzkp.soundness_bits`); :data:`MAX_FLUSHES`
-keeps a job at <= 2^9 proofs, below 2^-40 (docs/MALICIOUS.md). A job with more layers than
+false one with probability <= 2^-47.9 up to 10^10 gates (:func:`mpc3.dzkp.soundness_bits`);
+:data:`MAX_FLUSHES` keeps a job at <= 192 proofs, below 2^-40 (docs/MALICIOUS.md). A job with more layers than
 that flushes at the first ones and once at its end, which covers the rest.
 """
 from __future__ import annotations
@@ -51,8 +51,8 @@ from protocols.jobs import CostRecorder, ModelView
 
 SEMI_HONEST = "semi-honest"
 MALICIOUS = "malicious"
-#: flushes per job at most (3 proofs each: 384 <= 2^9, see the module docstring)
-MAX_FLUSHES = 128
+#: flushes per job at most (3 proofs each: 192 <= 2^7.6, see the module docstring)
+MAX_FLUSHES = 64
 
 
 class ModeMismatch(ProtocolError):

@@ -22,6 +22,8 @@ import ctypes.util
 import functools
 import os
 
+from mpc3 import procinfo
+
 M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -2, -3, -8
 #: Allocations below this come from the heap and are reused after free (32 MiB is glibc's
 #: upper limit on 64-bit hosts; larger requests are still mmap'd).
@@ -80,8 +82,4 @@ def trim() -> bool:
     the next round's buffers, so without this a party's RSS stayed at its largest job's peak
     (issue 33, item 5: 2.0 -> 3.2 GB idle); the runner calls it when a large job ends and
     no other job runs (net.party.runner, measured in docs/PERFORMANCE.md)."""
-    fn = _libc("malloc_trim")
-    if fn is None:
-        return False
-    fn(0)
-    return True
+    return procinfo.release_freed()

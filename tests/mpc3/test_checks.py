@@ -272,12 +272,13 @@ def test_bit_injection_select_and_b2a_are_verified(n, cols, kind):
     b = bits[0][0].astype(np.uint64)
     assert np.array_equal(sel, np.where((b[:, None] if cols > 1 else b) == 1, y, x))
     assert np.array_equal(as_int, b)
-    # a party's batch per injection of N elements: its single's group (widths 1 and 4:
-    # m2; s0 and m1) and the two groups it pairs in (width 2), padded to the longest party's
+    # a party's batches per injection of N elements: its single's group (widths 1 and 4:
+    # m2; s0 and m1) and the two groups it pairs in (width 2), each as long as the longest
+    # party's
     big = max(group_sizes(n))
-    per = sum(N * big for N in (cols, 1))                # select's, b2a's largest group
-    pair = sum(N * max(a + b for a, b in combinations(group_sizes(n), 2)) for N in (cols, 1))
-    rounds, sent = dzkp.cost_verify([per, pair, 2 * per], [1, 2, 4])
+    pair = max(a + b for a, b in combinations(group_sizes(n), 2))
+    rounds, sent = dzkp.cost_verify([x for N in (cols, 1) for x in (N * big, 2 * N * big,
+                                                                    N * pair)], [1, 4, 2] * 2)
     assert all((s.rounds, s.bytes_sent) == (rounds + 1, sent + 64) for _, s in clean.results)
     injection_ops = {s.op for s in clean.sent if s.op <= 4}
     assert injection_ops == {1, 2, 3, 4}                 # two rounds per injection

@@ -120,10 +120,12 @@ def test_opened_values_are_masked_by_the_provers_pads(monkeypatch):
 
 
 def test_soundness_of_the_default_parameters():
-    """Per proof, the declared bound is below 2^-49 from one gate to 10^8 gates, so a job
-    of up to 2^9 such proofs stays below 2^-40; one repetition alone would not do."""
-    for L in (1, 10**3, 10**6, 10**8):
-        assert dzkp.soundness_bits(L, 2) >= 49
+    """Per proof, the declared bound is below 2^-47.9 from one gate to 10^10 gates, so a job
+    of up to 192 such proofs (64 flushes of three: net.party.malicious.MAX_FLUSHES) stays
+    below 2^-40; one repetition alone would not do."""
+    for L in (1, 10**3, 10**6, 10**8, 10**10):
+        assert dzkp.soundness_bits(L, 2) >= 47.9
+    assert 47.9 - np.log2(3 * 64) >= 40
     assert dzkp.soundness_bits(10**6, 2, dzkp.Params(reps=1)) < 26
 
 
