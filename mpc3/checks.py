@@ -76,6 +76,11 @@ class Checks:
     def _sent(self, op: int, nbytes: int) -> None:
         self.sent[op] = self.sent.get(op, 0) + nbytes
 
+    def _add(self, triples) -> None:
+        """Keep (own, as V_L, as V_R) claim triples, each side of bits held as bits
+        (:func:`mpc3.dzkp.compact`)."""
+        self.claims.extend(tuple(dzkp.compact(c) for c in trio) for trio in triples)
+
     def _cover(self, p, nbytes: int, back: int = 0) -> None:
         """The message(s) of this party in the last round (``back`` rounds before it)
         include ``nbytes`` a claim covers."""
@@ -89,7 +94,7 @@ class Checks:
         items in malicious mode: one tag each, :mod:`mpc3.kernels.checked`)."""
         if trunc is not False:
             return                                  # truncating products: not yet covered
-        self.claims.append(dzkp.mul_claims(p, x, y, out.a, out.b, tag, kop))
+        self._add([dzkp.mul_claims(p, x, y, out.a, out.b, tag, kop)])
         self._cover(p, out.a.nbytes)
 
     def matmul(self, p, x, y, out, trunc, kop: int, tag: str = "reshare") -> None:
@@ -99,7 +104,7 @@ class Checks:
             return
         dots = dzkp.dot_claims(p, x, y, out, tag, kop)       # per-element dot products
         if dots is not None:
-            self.claims.append(dots)
+            self._add([dots])
             self._cover(p, out.a.nbytes)
             return
         views = matmul_claims(p, x, y, out, kop, tag)
@@ -111,7 +116,7 @@ class Checks:
         """An AND layer's message (:func:`mpc3.kernels.boolean.and_steps`): ``out.a`` sent,
         ``out.b`` received, masked with the boolean zero sharing ``(kop, tag)``; proven as
         the same replicated-product claim mod 2 (:func:`and_claims`)."""
-        self.claims.append(and_claims(p, x, y, out, tag, kop))
+        self._add([and_claims(p, x, y, out, tag, kop)])
         self._cover(p, cost_and_bb(x.n, planes=x.planes).bytes_per_party[p.rank])
 
     def injection(self, p, x, bit, st: list[dict], got2, masked: bool, seg: int) -> None:
@@ -121,7 +126,7 @@ class Checks:
         the claims then wait for the flush, where the comparison's witness splits the
         single's bit, and cover the pair's swap of its halves too)."""
         if not masked:
-            self.claims.extend(injection_claims(p, x, bit, st, got2, seg=seg))
+            self._add(injection_claims(p, x, bit, st, got2, seg=seg))
         else:
             rec = next((r for planes, r in self.masked if planes is bit), None)
             if rec is None:
@@ -241,7 +246,7 @@ class Checks:
         _, got = p.comm.exchange(to_next=[digests, *witness], from_prev=True)
         theirs, wits = got[0].tobytes(), iter(got[1:])
         for rec, make, claims in self.witnessed:          # in registration order
-            self.claims.extend(claims(p, rec, next(wits) if make is not None else None))
+            self._add(claims(p, rec, next(wits) if make is not None else None))
         opened_ok = theirs[:32] == self.received.digest()
         inputs_ok = theirs[32:] == self.input_mine.digest()
         mine, left, right = self.batches()

@@ -66,6 +66,9 @@ class Claim:
     u: np.ndarray | None
     v: np.ndarray | None
     z: np.ndarray
+    #: where u (v) is held as bits: uint8 0/1 and each row's value (m,) - :func:`compact`
+    us: np.ndarray | None = None
+    vs: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         given = [x for x in (self.u, self.v) if x is not None]
@@ -82,6 +85,20 @@ class Claim:
 
 def _shape(x) -> tuple | None:
     return None if x is None else x.shape
+
+
+def compact(c: Claim) -> Claim:
+    """The same claim, each side whose rows each hold zeros and one value (a boolean
+    circuit's bits, lifted or scaled) held as uint8 bits and the rows' values: 8 times
+    smaller, read by the proof as it is (:func:`mpc3.dzkp_kernels.rows`)."""
+    sides = []
+    for x, scale in ((c.u, c.us), (c.v, c.vs)):
+        if x is not None and scale is None and x.size:
+            top = x.max(axis=1)
+            if ((x == 0) | (x == top[:, None])).all():
+                x, scale = (x != 0).view(np.uint8), top
+        sides.append((x, scale))
+    return Claim(sides[0][0], sides[1][0], c.z, sides[0][1], sides[1][1])
 
 
 class CheatingDetected(ProtocolError):
@@ -311,7 +328,7 @@ def _verify(p: Party, mine, as_left, as_right, params: Params,
             claims[role] = g.mul(theta, s.transpose(1, 0, 2)).sum(axis=1)   # (reps, D)
         # G = sum_t sigma_t u_it v_i't, by symmetric pairs (mpc3.dzkp_kernels), per batch
         sym = sum(dk.gram_int(c.u, c.v, np.ascontiguousarray(
-            sigma.transpose(1, 0, 2).reshape(-1, reps * g.D)), k1)
+            sigma.transpose(1, 0, 2).reshape(-1, reps * g.D)), k1, c.us, c.vs)
             for c, sigma in zip((data["P"][b] for b in live), weights["P"][1])
         ).reshape(-1, reps, g.D)
         h = rd1.evals(np.ascontiguousarray(sym.transpose(1, 0, 2)))

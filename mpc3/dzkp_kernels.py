@@ -43,9 +43,10 @@ BLOCK = 64
 _prange = range  # replaced by numba.prange when the kernels are compiled
 
 
-def _gram_int_part(u, v, sig, k, n, t0, t1, out):  # pragma: no cover
+def _gram_int_part(u, v, us, vs, sig, k, n, t0, t1, out):  # pragma: no cover
     """out[p] += sum_t (sum_a u_i v_i' + u_i' v_i)[t] sig[t] over t0 <= t < t1 for the pairs
-    p = (i <= i') in row order (the diagonal counted once); u, v (m, L) chunked by n."""
+    p = (i <= i') in row order (the diagonal counted once); u, v (m, L) chunked by n, row a
+    of u times us[a] (of v times vs[a]): words and ones, or bits and their rows' values."""
     m, L = u.shape
     R = sig.shape[1]
     ub = np.zeros((k, m, BLOCK), dtype=np.int64)
@@ -57,8 +58,8 @@ def _gram_int_part(u, v, sig, k, n, t0, t1, out):  # pragma: no cover
             for a in range(m):
                 for t in range(w):
                     idx = i * n + s + t
-                    ub[i, a, t] = u[a, idx] if idx < L else 0
-                    vb[i, a, t] = v[a, idx] if idx < L else 0
+                    ub[i, a, t] = u[a, idx] * us[a] if idx < L else 0
+                    vb[i, a, t] = v[a, idx] * vs[a] if idx < L else 0
         p = 0
         for i in range(k):
             for i2 in range(i, k):
@@ -84,11 +85,12 @@ def _gram_int_part(u, v, sig, k, n, t0, t1, out):  # pragma: no cover
                 p += 1
 
 
-def _gram_int_all(u, v, sig, k, n, out):  # pragma: no cover
+def _gram_int_all(u, v, us, vs, sig, k, n, out):  # pragma: no cover
     """out (parts, pairs, R): part j sums its share of the positions."""
     parts = out.shape[0]
     for j in _prange(parts):
-        _gram_int_part_jit(u, v, sig, k, n, n * j // parts, n * (j + 1) // parts, out[j])
+        _gram_int_part_jit(u, v, us, vs, sig, k, n, n * j // parts, n * (j + 1) // parts,
+                           out[j])
 
 
 def _gram_ring_part(U, V, k, n, t0, t1, out):  # pragma: no cover
@@ -129,9 +131,9 @@ def _gram_ring_all(U, V, k, n, out):  # pragma: no cover
         _gram_ring_part_jit(U[r], V[r], k, n, n * j // parts, n * (j + 1) // parts, out[j, r])
 
 
-def _fold_int_part(x, n, lr, sig, nz, taps, t0, t1, out):  # pragma: no cover
-    """out[j, a n + t] = (sigma_t *) sum_i lr[i, j] x[a, i n + t] for t0 <= t < t1: x (m, L)
-    Z_2^64, lr (k, reps D) (repetition j's coefficients at columns j D .. j D + D - 1),
+def _fold_int_part(x, xs, n, lr, sig, nz, taps, t0, t1, out):  # pragma: no cover
+    """out[j, a n + t] = (sigma_t *) sum_i lr[i, j] xs[a] x[a, i n + t] for t0 <= t < t1: x
+    (m, L) Z_2^64 words (xs ones) or bits (xs their rows' values), lr (k, reps D) (repetition j's coefficients at columns j D .. j D + D - 1),
     sig (n, reps, D) or empty (no sigma), nz (m,) rows not all zero, out (reps, m n, D)
     zero on entry (a zero row's fold is zero: its positions are not written). By blocks of
     positions: each chunk's slice of x is read in order into an L1 block of accumulators."""
@@ -147,12 +149,13 @@ def _fold_int_part(x, n, lr, sig, nz, taps, t0, t1, out):  # pragma: no cover
             if not nz[a]:
                 continue
             acc[:w] = 0
+            sc = xs[a]
             for i in range(k):
                 base = i * n + s
                 top = min(w, L - base)
                 li = lr[i]
                 for t in range(top):
-                    xv = x[a, base + t]
+                    xv = x[a, base + t] * sc
                     row = acc[t]
                     for e in range(R):
                         row[e] += xv * li[e]
@@ -167,9 +170,10 @@ def _fold_int_part(x, n, lr, sig, nz, taps, t0, t1, out):  # pragma: no cover
                             out[j, o, d] = acc[t, j * D + d]
 
 
-def _fold_int_all(x, n, lr, sig, nz, taps, out, parts):  # pragma: no cover
+def _fold_int_all(x, xs, n, lr, sig, nz, taps, out, parts):  # pragma: no cover
     for j in _prange(parts):
-        _fold_int_part_jit(x, n, lr, sig, nz, taps, n * j // parts, n * (j + 1) // parts, out)
+        _fold_int_part_jit(x, xs, n, lr, sig, nz, taps, n * j // parts, n * (j + 1) // parts,
+                           out)
 
 
 def _fold_ring_part(X, n, mats, nz, t0, t1, out):  # pragma: no cover
@@ -283,14 +287,17 @@ def pairs(k: int) -> list[tuple[int, int]]:
     return [(i, i2) for i in range(k) for i2 in range(i, k)]
 
 
-def gram_int(u: np.ndarray, v: np.ndarray, sig: np.ndarray, k: int) -> np.ndarray:
+def gram_int(u: np.ndarray, v: np.ndarray, sig: np.ndarray, k: int, us=None,
+             vs=None) -> np.ndarray:
     """T[p] = sum_t sig[t] sum_a (u_i v_i' + u_i' v_i)[a, t] (G[i, i] once on the diagonal)
-    for Z_2^64 u, v (m, L) in k chunks of n = ceil(L / k) and weights sig (n, R): (pairs, R)."""
+    for Z_2^64 u, v (m, L) in k chunks of n (>= ceil(L / k)) and weights sig (n, R):
+    (pairs, R). ``us``/``vs``: the rows' values where u/v are bits (:func:`rows`)."""
     n, R = sig.shape
     P = k * (k + 1) // 2
     par, parts = _parts(P * n * R)
     out = np.zeros((parts, P, R), dtype=np.int64)
-    _kernels()["_gram_int_all", par](_i64(u), _i64(v), _i64(sig), k, n, out)
+    (u, us), (v, vs) = rows(u, us), rows(v, vs)
+    _kernels()["_gram_int_all", par](u, v, us, vs, _i64(sig), k, n, out)
     return out.sum(axis=0, dtype=np.int64).view(np.uint64)
 
 
@@ -307,12 +314,23 @@ def gram_ring(U: np.ndarray, V: np.ndarray, k: int) -> np.ndarray:
     return out.sum(axis=0, dtype=np.int64).view(np.uint64)
 
 
+def rows(x: np.ndarray, scale) -> tuple[np.ndarray, np.ndarray]:
+    """(data, row values) as the kernels read them: uint64 words (as int64) with ones, or
+    uint8 bits with their rows' values ``scale`` (as int64)."""
+    if scale is None:
+        return _i64(x), np.ones(x.shape[0], dtype=np.int64)
+    if x.dtype != np.uint8:
+        raise ValueError(f"bit rows must be uint8, not {x.dtype}")
+    return np.ascontiguousarray(x), _i64(scale)
+
+
 def fold_int(x: np.ndarray, k: int, lr: np.ndarray, sig: np.ndarray | None,
-             taps: np.ndarray, n: int | None = None, out: np.ndarray | None = None
-             ) -> np.ndarray:
+             taps: np.ndarray, n: int | None = None, out: np.ndarray | None = None,
+             scale: np.ndarray | None = None) -> np.ndarray:
     """(sigma_t *) p_(a,t)(r) for Z_2^64 rows x (m, L) in k chunks of n (>= ceil(L / k);
     that unless given): lr (reps, k, D) the Lagrange coefficients at r, sig (reps, n, D) or
-    None: (reps, m n, D), written into ``out`` if given (uint64, zero on entry)."""
+    None: (reps, m n, D), written into ``out`` if given (uint64, zero on entry). ``scale``:
+    the rows' values where x is bits (:func:`rows`)."""
     m, L = x.shape
     reps, _, D = lr.shape
     n = -(-L // k) if n is None else n
@@ -323,7 +341,8 @@ def fold_int(x: np.ndarray, k: int, lr: np.ndarray, sig: np.ndarray | None,
         raise ValueError(f"fold_int: out {out.shape} {out.dtype}, want {(reps, m * n, D)}")
     s = np.zeros((0, reps, D), np.int64) if sig is None else \
         np.ascontiguousarray(_i64(sig).transpose(1, 0, 2))
-    _kernels()["_fold_int_all", par](_i64(x), n, np.ascontiguousarray(
+    x, xs = rows(x, scale)
+    _kernels()["_fold_int_all", par](x, xs, n, np.ascontiguousarray(
         _i64(lr).transpose(1, 0, 2)).reshape(-1, reps * D), s, nz, taps, out.view(np.int64),
         parts)
     return out
@@ -344,9 +363,9 @@ def fold_batches(batches: list, live: list, ns: list, sigmas: list, lr: np.ndarr
     for b, m, n, sigma in zip(live, rows, ns, sigmas):
         c, span = batches[b], slice(at, at + m * n)
         if c.u is not None:
-            fold_int(c.u, k, lr, sigma, taps, n=n, out=U[:, span])
+            fold_int(c.u, k, lr, sigma, taps, n=n, out=U[:, span], scale=c.us)
         if c.v is not None:
-            fold_int(c.v, k, lr, None, taps, n=n, out=V[:, span])
+            fold_int(c.v, k, lr, None, taps, n=n, out=V[:, span], scale=c.vs)
         batches[b] = c = None
         at += m * n
         freed += m * n * k
