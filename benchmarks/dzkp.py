@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import runinfo  # noqa: E402
 from mpc3 import dzkp, ring  # noqa: E402
 from mpc3.checks import Checks  # noqa: E402
+from mpc3.claims import mul_claims  # noqa: E402
 from mpc3.kernels import arith  # noqa: E402
 from mpc3.kernels.arith import _local_mul  # noqa: E402
 from mpc3.sharing import deal, reveal  # noqa: E402
@@ -42,7 +43,7 @@ def _job(p, x, y, params):
     got, _ = p.comm.exchange(to_prev=[sent], from_next=True)
     t1 = time.perf_counter()
     product = p.stats.snapshot()
-    dzkp.verify_claims(p, *dzkp.mul_claims(p, x, y, sent, got[0], "mul", kop), params=params)
+    dzkp.verify_claims(p, *mul_claims(p, x, y, sent, got[0], "mul", kop), params=params)
     proof = p.stats - product
     return (AShare(sent, got[0]), t1 - t0, time.perf_counter() - t1, product, proof)
 

@@ -4,10 +4,10 @@ A party in malicious mode carries a :class:`Checks` (``party.checks``; None in s
 mode, where no kernel does anything extra). A kernel whose messages can be verified
 registers them as it runs - the message's op counter and what its verification needs:
 * a replicated product's reshare (``mul_aa`` without truncation): the claim of
-  :func:`mpc3.dzkp.mul_claims`, proven at the flush;
+  :func:`mpc3.claims.mul_claims`, proven at the flush;
 * a matrix product's reshare (``matmul_aa`` without truncation): the claims of
   :func:`mpc3.freivalds.matmul_claims`, reduced by random vectors and joined to the proof
-  (per-element dot products: :func:`mpc3.dzkp.dot_claims`, one 2K-term gate each);
+  (per-element dot products: :func:`mpc3.claims.dot_claims`, one 2K-term gate each);
 * truncating, scaled, mul_many and mul_split products run as these products and trunc_a
   in malicious mode (:mod:`mpc3.kernels.checked`);
 * an opening (``open_a``): the slot a party receives from its next neighbour is also held
@@ -32,7 +32,7 @@ import numpy as np
 from . import dzkp
 from .freivalds import matmul_claims
 from .comm import ProtocolError
-from .claims import (and_claims, injection_claims, trunc_claims,
+from .claims import (and_claims, dot_claims, mul_claims, injection_claims, trunc_claims,
                      trunc_witness)
 from .claims_masked import (masked_injection_claims, tree_keep, tree_parts, tree_swaps,
                             tree_witness)
@@ -94,7 +94,7 @@ class Checks:
         items in malicious mode: one tag each, :mod:`mpc3.kernels.checked`)."""
         if trunc is not False:
             return                                  # truncating products: not yet covered
-        self._add([dzkp.mul_claims(p, x, y, out.a, out.b, tag, kop)])
+        self._add([mul_claims(p, x, y, out.a, out.b, tag, kop)])
         self._cover(p, out.a.nbytes)
 
     def matmul(self, p, x, y, out, trunc, kop: int, tag: str = "reshare") -> None:
@@ -102,7 +102,7 @@ class Checks:
         :func:`mpc3.freivalds.matmul_claims` covers, masked under ``(kop, tag)``."""
         if trunc is not False:
             return
-        dots = dzkp.dot_claims(p, x, y, out, tag, kop)       # per-element dot products
+        dots = dot_claims(p, x, y, out, tag, kop)       # per-element dot products
         if dots is not None:
             self._add([dots])
             self._cover(p, out.a.nbytes)

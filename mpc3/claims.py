@@ -1,5 +1,5 @@
 """The claims of verified kernels' messages beyond the plain replicated product
-(:func:`mpc3.dzkp.mul_claims`) and matrix product (:mod:`mpc3.freivalds`): what
+(:func:`mul_claims`) and matrix product (:mod:`mpc3.freivalds`): what
 :class:`mpc3.checks.Checks` registers for the AND layers of the boolean circuits and for bit
 injection.
 
@@ -29,9 +29,50 @@ def _bits(planes: np.ndarray, n: int) -> np.ndarray:
     return planes_to_bits(planes, n).reshape(-1).astype(np.uint64)
 
 
+# ------------------------------------------------------------ replicated products ------
+def mul_claims(p, x, y, sent: np.ndarray, received: np.ndarray, tag: str,
+               kop: int) -> tuple[Claim, Claim, Claim]:
+    """The three claims of one replicated product z = x y (:func:`mpc3.kernels.arith.reshare`
+    of ``x.a (y.a + y.b) + x.b y.a`` masked with the zero sharing ``(kop, tag)``): this
+    party's own (it ``sent`` its masked term to prev) and its shares of its neighbours'
+    (it ``received`` next's term)."""
+    xa, xb, ya, yb = (np.ravel(t) for t in (x.a, x.b, y.a, y.b))
+    f_next = np.ravel(p.prg.ring("next", kop, tag, np.shape(x.a)))
+    f_prev = np.ravel(p.prg.ring("prev", kop, tag, np.shape(x.a)))
+    zero = np.zeros_like(xa)
+    mine = Claim(np.stack([xa, xb]), np.stack([yb, ya]),
+                 np.ravel(sent) - xa * ya - f_next + f_prev)
+    as_left = Claim(np.stack([xb, zero]), np.stack([zero, yb]),
+                    np.ravel(received) - xb * yb + f_next)
+    as_right = Claim(np.stack([zero, xa]), np.stack([ya, zero]), -f_prev)
+    return mine, as_left, as_right
+
+
+def dot_claims(p, x, y, out, tag: str, kop: int) -> tuple[Claim, Claim, Claim] | None:
+    """:func:`mul_claims` of a batch of dot products, ``x`` (..., 1, K) @ ``y`` (..., K, 1)
+    with equal batch shapes (the piecewise activations' per-element sums): one gate of 2K
+    terms per output. Such a product is always in :func:`mpc3.kernels.arith._local_matmul`'s
+    two-product form, whose term is ``sum_k x_a y_a + x_a y_b + x_b y_a``. None for other
+    shapes (:func:`mpc3.freivalds.matmul_claims` takes matrices)."""
+    if not (x.a.ndim == y.a.ndim >= 3 and x.shape[:-2] == y.shape[:-2]
+            and x.shape[-2] == 1 and y.shape[-1] == 1):
+        return None
+    K = x.shape[-1]
+    xa, xb, ya, yb = (np.ascontiguousarray(t.reshape(-1, K).T) for t in (x.a, x.b, y.a, y.b))
+    f_next = np.ravel(p.prg.ring("next", kop, tag, out.shape))
+    f_prev = np.ravel(p.prg.ring("prev", kop, tag, out.shape))
+    zero = np.zeros_like(xa)
+    mine = Claim(np.concatenate([xa, xb]), np.concatenate([yb, ya]),
+                 np.ravel(out.a) - (xa * ya).sum(0) - f_next + f_prev)
+    as_left = Claim(np.concatenate([xb, zero]), np.concatenate([zero, yb]),
+                    np.ravel(out.b) - (xb * yb).sum(0) + f_next)
+    as_right = Claim(np.concatenate([zero, xa]), np.concatenate([ya, zero]), -f_prev)
+    return mine, as_left, as_right
+
+
 # ------------------------------------------------------------------- AND layers -------
 def and_claims(p, x, y, out, tag: str, kop: int) -> tuple[Claim, Claim, Claim]:
-    """The three views of an AND layer's claim: :func:`mpc3.dzkp.mul_claims`'s replicated
+    """The three views of an AND layer's claim: :func:`mul_claims`'s replicated
     product, read mod 2. XOR is addition mod 2, and ``2^63 a b = 2^63 (a b mod 2)`` in
     Z_2^64, so with u and z multiplied by 2^63 (every bit lifted to a word) the Z_2^64 proof
     checks the GF(2) gate ``z = x_a y_a ^ x_a y_b ^ x_b y_a ^ alpha`` with the same soundness

@@ -4,15 +4,18 @@ The statement. Party P_i (the *prover*) sent messages whose correctness reduces 
 gates ``sum_a u[a, j] * v[a, j] == z[j]`` over Z_2^64 (j < L, a < m). P_i knows every value;
 its two neighbours, the *verifiers* V_L = P_{i-1} and V_R = P_{i+1}, hold additive shares of
 u, v and z (a value one of them knows whole is shared as (value, 0)). For the replicated
-product (:func:`mul_claims`) u and v are the cross terms of the two slots the verifiers hold
+product (:func:`mpc3.claims.mul_claims`) u and v are the cross terms of the two slots the verifiers hold
 and z is the message minus what the receiver can account for.
 
 The proof (Boyle-Gilboa-Ishai-Nof, CCS 2019: a fully linear PCP compiled to two verifiers
 holding shares; lifted to the Galois ring of :mod:`mpc3.galois` for Z_2^64):
 
-1. The verifiers send a challenge seed; every gate gets the weight theta_i sigma_t (j = (i, t),
-   uniform ring elements), and the claim becomes one weighted sum. A false gate survives with
-   probability <= 2 / 2^D (a bilinear form in theta, sigma over GF(2^D)).
+1. The verifiers send a challenge seed; every gate gets the weight theta_i sigma_t (j = (i, t);
+   theta uniform ring elements, sigma uniform over the exceptional set of binary polynomials,
+   whose coefficients are 0 or 1: the prover's products by sigma are masked additions), and
+   the claim becomes one weighted sum. A false gate survives with probability <= 2 / 2^D:
+   divided by the 2-power of its smallest error, the sum is a non-zero bilinear form in
+   theta and sigma mod 2, both uniform over GF(2^D).
 2. Compression by k: the prover sends (shared) the 2k - 1 values at public exceptional nodes
    of h(X) = sum_t p_t(X) q_t(X), p_t and q_t interpolating k chunks of u and v. The
    verifiers check sum_i theta_i h(w_i) == claim on shares (opened at the end) and send a
@@ -317,6 +320,7 @@ def _verify(p: Party, mine, as_left, as_right, params: Params,
         weights = {}
         for role, seed in seeds.items():
             w = _words(seed, "weights", reps * (k1 + n) * g.D).reshape(reps, k1 + n, g.D)
+            w[:, k1:] &= np.uint64(1)            # sigma: binary (module docstring, step 1)
             weights[role] = (w[:, :k1], [w[:, k1 + at[b]:k1 + at[b + 1]]    # theta, sigma
                                          for b in range(len(ns))])
         # first compression: Z_2^64 data, weighted gates
@@ -467,44 +471,3 @@ def _accept(g: GaloisRing, mine: np.ndarray, theirs: np.ndarray) -> bool:
     tot = mine + theirs
     checks, pr, qr, hr = tot[:, :-3], tot[:, -3], tot[:, -2], tot[:, -1]
     return bool(not checks.any() and np.array_equal(g.mul(pr, qr), hr))
-
-
-# ------------------------------------------------------------ replicated products ------
-def mul_claims(p: Party, x, y, sent: np.ndarray, received: np.ndarray, tag: str,
-               kop: int) -> tuple[Claim, Claim, Claim]:
-    """The three claims of one replicated product z = x y (:func:`mpc3.kernels.arith.reshare`
-    of ``x.a (y.a + y.b) + x.b y.a`` masked with the zero sharing ``(kop, tag)``): this
-    party's own (it ``sent`` its masked term to prev) and its shares of its neighbours'
-    (it ``received`` next's term)."""
-    xa, xb, ya, yb = (np.ravel(t) for t in (x.a, x.b, y.a, y.b))
-    f_next = np.ravel(p.prg.ring("next", kop, tag, np.shape(x.a)))
-    f_prev = np.ravel(p.prg.ring("prev", kop, tag, np.shape(x.a)))
-    zero = np.zeros_like(xa)
-    mine = Claim(np.stack([xa, xb]), np.stack([yb, ya]),
-                 np.ravel(sent) - xa * ya - f_next + f_prev)
-    as_left = Claim(np.stack([xb, zero]), np.stack([zero, yb]),
-                    np.ravel(received) - xb * yb + f_next)
-    as_right = Claim(np.stack([zero, xa]), np.stack([ya, zero]), -f_prev)
-    return mine, as_left, as_right
-
-
-def dot_claims(p: Party, x, y, out, tag: str, kop: int) -> tuple[Claim, Claim, Claim] | None:
-    """:func:`mul_claims` of a batch of dot products, ``x`` (..., 1, K) @ ``y`` (..., K, 1)
-    with equal batch shapes (the piecewise activations' per-element sums): one gate of 2K
-    terms per output. Such a product is always in :func:`mpc3.kernels.arith._local_matmul`'s
-    two-product form, whose term is ``sum_k x_a y_a + x_a y_b + x_b y_a``. None for other
-    shapes (:func:`mpc3.freivalds.matmul_claims` takes matrices)."""
-    if not (x.a.ndim == y.a.ndim >= 3 and x.shape[:-2] == y.shape[:-2]
-            and x.shape[-2] == 1 and y.shape[-1] == 1):
-        return None
-    K = x.shape[-1]
-    xa, xb, ya, yb = (np.ascontiguousarray(t.reshape(-1, K).T) for t in (x.a, x.b, y.a, y.b))
-    f_next = np.ravel(p.prg.ring("next", kop, tag, out.shape))
-    f_prev = np.ravel(p.prg.ring("prev", kop, tag, out.shape))
-    zero = np.zeros_like(xa)
-    mine = Claim(np.concatenate([xa, xb]), np.concatenate([yb, ya]),
-                 np.ravel(out.a) - (xa * ya).sum(0) - f_next + f_prev)
-    as_left = Claim(np.concatenate([xb, zero]), np.concatenate([zero, yb]),
-                    np.ravel(out.b) - (xb * yb).sum(0) + f_next)
-    as_right = Claim(np.concatenate([zero, xa]), np.concatenate([ya, zero]), -f_prev)
-    return mine, as_left, as_right

@@ -30,7 +30,6 @@ import threading
 import numpy as np
 
 from . import procinfo
-from .galois import _mul_one
 from .ringmm import PARALLEL_MIN_MACS
 
 #: Claims released while folding are returned to the kernel every this many bytes (their
@@ -45,6 +44,7 @@ _prange = range  # replaced by numba.prange when the kernels are compiled
 
 def _gram_int_part(u, v, us, vs, sig, k, n, t0, t1, out):  # pragma: no cover
     """out[p] += sum_t (sum_a u_i v_i' + u_i' v_i)[t] sig[t] over t0 <= t < t1 for the pairs
+    (sig: binary weights as masks, 0 or -1: masked additions)
     p = (i <= i') in row order (the diagonal counted once); u, v (m, L) chunked by n, row a
     of u times us[a] (of v times vs[a]): words and ones, or bits and their rows' values."""
     m, L = u.shape
@@ -81,7 +81,7 @@ def _gram_int_part(u, v, us, vs, sig, k, n, t0, t1, out):  # pragma: no cover
                     s2 = sig[min(s + t + 2, t1 - 1)]
                     s3 = sig[min(s + t + 3, t1 - 1)]
                     for c in range(R):
-                        row[c] += q0 * s0[c] + q1 * s1[c] + q2 * s2[c] + q3 * s3[c]
+                        row[c] += (q0 & s0[c]) + (q1 & s1[c]) + (q2 & s2[c]) + (q3 & s3[c])
                 p += 1
 
 
@@ -142,23 +142,30 @@ def _fold_int_part(x, xs, n, lr, sig, nz, taps, t0, t1, out):  # pragma: no cove
     reps, D = out.shape[0], out.shape[2]
     acc = np.zeros((BLOCK, R), dtype=np.int64)
     c = np.zeros(2 * D - 1, dtype=np.int64)
+    lrs = np.empty((k, R), dtype=np.int64)
     weighted = sig.shape[0] > 0
     for a in range(m):
+        if not nz[a]:
+            continue
+        for i in range(k):                    # the row's value folded into the coefficients
+            for e in range(R):
+                lrs[i, e] = lr[i, e] * xs[a]
         for s in range(t0, t1, BLOCK):
             w = min(t1, s + BLOCK) - s
-            if not nz[a]:
-                continue
             acc[:w] = 0
-            sc = xs[a]
             for i in range(k):
                 base = i * n + s
                 top = min(w, L - base)
-                li = lr[i]
+                li = lrs[i]
                 for t in range(top):
-                    xv = x[a, base + t] * sc
+                    xv = x[a, base + t]
                     row = acc[t]
-                    for e in range(R):
-                        row[e] += xv * li[e]
+                    if xv == 1:                   # bits: additions only (zeros skipped)
+                        for e in range(R):
+                            row[e] += li[e]
+                    elif xv != 0:
+                        for e in range(R):
+                            row[e] += xv * li[e]
             for t in range(w):
                 o = a * n + s + t
                 for j in range(reps):
@@ -211,7 +218,23 @@ def _fold_ring_all(X, n, mats, nz, out, parts):  # pragma: no cover
 
 _gram_int_part_jit = _gram_int_part
 _gram_ring_part_jit = _gram_ring_part
-_ring_mul_into_jit = _mul_one          # out = a * b in GR(2^64, D), c: scratch
+def _mul_binary(a, bmask, taps, c, out):  # pragma: no cover
+    """out = a * b in GR(2^64, D) for b whose coefficients are 0 or 1, given as masks
+    ``bmask`` (0 or -1): masked additions in place of products (c: scratch of 2D - 1)."""
+    d = a.shape[0]
+    c[:] = 0
+    for i in range(d):
+        ai = a[i]
+        for j in range(d):
+            c[i + j] += ai & bmask[j]
+    for m in range(2 * d - 2, d - 1, -1):
+        top = c[m]
+        for t in taps:
+            c[m - d + t] -= top
+    out[:] = c[:d]
+
+
+_ring_mul_into_jit = _mul_binary       # out = a * sigma in GR(2^64, D), c: scratch
 _fold_int_part_jit = _fold_int_part
 _fold_ring_part_jit = _fold_ring_part
 
@@ -224,7 +247,7 @@ def _kernels() -> dict:
     g = globals()
     for name in ("_gram_int_part", "_gram_ring_part", "_fold_int_part", "_fold_ring_part"):
         g[name + "_jit"] = numba.njit(cache=True, nogil=True)(g[name])
-    g["_ring_mul_into_jit"] = numba.njit(cache=True, nogil=True)(_mul_one)
+    g["_ring_mul_into_jit"] = numba.njit(cache=True, nogil=True)(_mul_binary)
     out = {}
     for name in ("_gram_int_all", "_gram_ring_all", "_fold_int_all", "_fold_ring_all"):
         g["_prange"] = range
@@ -290,14 +313,15 @@ def pairs(k: int) -> list[tuple[int, int]]:
 def gram_int(u: np.ndarray, v: np.ndarray, sig: np.ndarray, k: int, us=None,
              vs=None) -> np.ndarray:
     """T[p] = sum_t sig[t] sum_a (u_i v_i' + u_i' v_i)[a, t] (G[i, i] once on the diagonal)
-    for Z_2^64 u, v (m, L) in k chunks of n (>= ceil(L / k)) and weights sig (n, R):
-    (pairs, R). ``us``/``vs``: the rows' values where u/v are bits (:func:`rows`)."""
+    for Z_2^64 u, v (m, L) in k chunks of n (>= ceil(L / k)) and binary weights sig (n, R)
+    (every coefficient 0 or 1: :func:`masks`): (pairs, R). ``us``/``vs``: the rows' values
+    where u/v are bits (:func:`rows`)."""
     n, R = sig.shape
     P = k * (k + 1) // 2
     par, parts = _parts(P * n * R)
     out = np.zeros((parts, P, R), dtype=np.int64)
     (u, us), (v, vs) = rows(u, us), rows(v, vs)
-    _kernels()["_gram_int_all", par](u, v, us, vs, _i64(sig), k, n, out)
+    _kernels()["_gram_int_all", par](u, v, us, vs, masks(sig), k, n, out)
     return out.sum(axis=0, dtype=np.int64).view(np.uint64)
 
 
@@ -314,6 +338,14 @@ def gram_ring(U: np.ndarray, V: np.ndarray, k: int) -> np.ndarray:
     return out.sum(axis=0, dtype=np.int64).view(np.uint64)
 
 
+def masks(sig: np.ndarray) -> np.ndarray:
+    """Binary weights (uint64 coefficients, each 0 or 1: sigma drawn from the exceptional
+    set of binary polynomials, :mod:`mpc3.dzkp`) as the kernels' masks, 0 or -1 (int64)."""
+    if sig.size and int(sig.max()) > 1:
+        raise ValueError("the first compression's weights sigma must be binary")
+    return (np.uint64(0) - np.ascontiguousarray(sig, dtype=np.uint64)).view(np.int64)
+
+
 def rows(x: np.ndarray, scale) -> tuple[np.ndarray, np.ndarray]:
     """(data, row values) as the kernels read them: uint64 words (as int64) with ones, or
     uint8 bits with their rows' values ``scale`` (as int64)."""
@@ -328,8 +360,8 @@ def fold_int(x: np.ndarray, k: int, lr: np.ndarray, sig: np.ndarray | None,
              taps: np.ndarray, n: int | None = None, out: np.ndarray | None = None,
              scale: np.ndarray | None = None) -> np.ndarray:
     """(sigma_t *) p_(a,t)(r) for Z_2^64 rows x (m, L) in k chunks of n (>= ceil(L / k);
-    that unless given): lr (reps, k, D) the Lagrange coefficients at r, sig (reps, n, D) or
-    None: (reps, m n, D), written into ``out`` if given (uint64, zero on entry). ``scale``:
+    that unless given): lr (reps, k, D) the Lagrange coefficients at r, sig (reps, n, D)
+    binary (:func:`masks`) or None: (reps, m n, D), written into ``out`` if given (uint64, zero on entry). ``scale``:
     the rows' values where x is bits (:func:`rows`)."""
     m, L = x.shape
     reps, _, D = lr.shape
@@ -340,7 +372,7 @@ def fold_int(x: np.ndarray, k: int, lr: np.ndarray, sig: np.ndarray | None,
     if out.shape != (reps, m * n, D) or out.dtype != np.uint64:
         raise ValueError(f"fold_int: out {out.shape} {out.dtype}, want {(reps, m * n, D)}")
     s = np.zeros((0, reps, D), np.int64) if sig is None else \
-        np.ascontiguousarray(_i64(sig).transpose(1, 0, 2))
+        np.ascontiguousarray(masks(sig).transpose(1, 0, 2))
     x, xs = rows(x, scale)
     _kernels()["_fold_int_all", par](x, xs, n, np.ascontiguousarray(
         _i64(lr).transpose(1, 0, 2)).reshape(-1, reps * D), s, nz, taps, out.view(np.int64),

@@ -128,7 +128,7 @@ def test_mul_many_steps_in_lockstep_share_rounds_and_stay_covered():
 
 def test_dot_products_and_four_dimensional_batches_are_verified():
     """Per-element dot products (..., 1, K) @ (..., K, 1) (the piecewise activations', one
-    gate of 2K terms each, dzkp.dot_claims) and matrix products batched over two leading
+    gate of 2K terms each, claims.dot_claims) and matrix products batched over two leading
     dimensions (freivalds.matmul_claims, per batch item), in mul_many and in matmul_aa."""
     rng = np.random.default_rng(13)
     x, y = _ints(rng, (5, 3, 1, 4)), _ints(rng, (5, 3, 4, 1))

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from mpc3 import dzkp, tamper
+from mpc3.claims import mul_claims
 from mpc3.comm import PREV, ProtocolError
 from mpc3.kernels.arith import _local_mul
 from mpc3.party import Party
@@ -23,7 +24,7 @@ def _product_then_verify(p, x, y):
     sent = p.add_zero_share(_local_mul(x, y), "mul")
     got, _ = p.comm.exchange(to_prev=[sent], from_next=True)
     before = p.stats.snapshot()
-    dzkp.verify_claims(p, *dzkp.mul_claims(p, x, y, sent, got[0], "mul", kop))
+    dzkp.verify_claims(p, *mul_claims(p, x, y, sent, got[0], "mul", kop))
     return AShare(sent, got[0]), p.stats - before
 
 
@@ -132,7 +133,7 @@ def test_soundness_of_the_default_parameters():
 def _dot_claims(p, x, y, sent, got, tag, kop):
     """Claims of a row-dot-product reshare (each gate c columns, 2c terms): mul_claims'
     views with the columns stacked as terms."""
-    views = dzkp.mul_claims(p, x, y, sent, got, tag, kop)       # with rows summed below
+    views = mul_claims(p, x, y, sent, got, tag, kop)       # with rows summed below
     cols = x.shape[1]
     out = []
     for v in views:
@@ -147,7 +148,7 @@ def _two_widths_then_verify(p, x, y, a, b):
     kop = p.new_op()
     sent = p.add_zero_share(_local_mul(x, y), "mul")
     got, _ = p.comm.exchange(to_prev=[sent], from_next=True)
-    products = dzkp.mul_claims(p, x, y, sent, got[0], "mul", kop)
+    products = mul_claims(p, x, y, sent, got[0], "mul", kop)
     kop2 = p.new_op()
     full = _local_mul(a, b)                     # (rows, cols): each row's sum is one gate
     masks = [p.prg.ring(s, kop2, "dot", full.shape) for s in ("next", "prev")]
