@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -52,12 +52,25 @@ from .prg import aes_ctr_bytes
 class Params:
     """degree: of the Galois ring; reps: parallel repetitions; k: compression factor;
     k_first: that of the first compression (its data are Z_2^64 values, so a wide first
-    step is cheap and shortens every later, Galois-ring step)."""
+    step is cheap and shortens every later, Galois-ring step); None: 64 for batches of at
+    least :data:`WIDE_TERMS` terms (its folded vectors, held until the next challenge, are
+    half those of 32), else 32 (its first h is 64 ring elements, ~33 KB, smaller)."""
 
     degree: int = 32
     reps: int = 2
     k: int = 8
-    k_first: int = 64
+    k_first: int | None = None
+
+
+#: Gate terms from which the first compression is by 64 rather than 32 (:class:`Params`).
+WIDE_TERMS = 1 << 22
+
+
+def _resolved(params: Params, terms: int) -> Params:
+    """``params`` with k_first chosen for a batch of ``terms`` gate terms."""
+    if params.k_first is not None:
+        return params
+    return replace(params, k_first=64 if terms >= WIDE_TERMS else 32)
 
 
 @dataclass
@@ -84,6 +97,11 @@ class Claim:
     def terms(self) -> int:
         """m L: the gate terms of the batch."""
         return (self.u if self.u is not None else self.v).size
+
+    @property
+    def width(self) -> int:
+        """m: the terms of each gate."""
+        return (self.u if self.u is not None else self.v).shape[0]
 
 
 def _shape(x) -> tuple | None:
@@ -136,6 +154,7 @@ def _lengths(L, m, params: Params, ring_len: int = 0) -> list[int]:
     """Vector lengths entering each compression: the weighted Z_2^64 one (if any gates),
     then the Galois-ring ones (with the ``ring_len`` terms of matrix-product claims joined)."""
     k, batches = params.k, _batches(L, m)
+    params = _resolved(params, sum(a * b for a, b in batches))
     out = [sum(a for a, _ in batches)] if batches else []
     n = sum(b * -(-a // params.k_first) for a, b in batches) + ring_len
     while n > k:
@@ -150,6 +169,7 @@ def soundness_bits(L, m, params: Params = Params(), ring_len: int = 0) -> float:
     gate weights, 2 / 2^D for the matrix products' random vectors and 1 / 2^D for joining
     them, (2k - 2) / (2^D - 2K - 1) per compression (k_first for the first) and
     2k' / (2^D - 2K - 1) for the last, K the larger factor; repetitions are independent."""
+    params = _resolved(params, sum(a * b for a, b in _batches(L, m)))
     g, k, k1 = 2.0 ** params.degree, params.k, params.k_first
     steps = _lengths(L, m, params, ring_len)
     last, free = steps[-1], g - _avoid(params)
@@ -168,6 +188,7 @@ def cost_verify(L, m, params: Params = Params(),
     gates = bool(_batches(L, m))
     if not gates and ring_len == 0:
         return 0, 0
+    params = _resolved(params, sum(a * b for a, b in _batches(L, m)))
     steps = _lengths(L, m, params, ring_len)
     elt = params.reps * params.degree * 8
     S = len(steps)
@@ -293,6 +314,7 @@ def _verify(p: Party, mine, as_left, as_right, params: Params,
         if digests is not None:
             _verdicts(p, np.array([1, 1, *digests], dtype=np.uint8))
         return
+    params = _resolved(params, sum(sizes[b] * data["P"][b].width for b in live))
     g, k, k1, reps = galois_ring(params.degree), params.k, params.k_first, params.reps
     rd, rd1, avoid = _round(params.degree, k), _round(params.degree, params.k_first), \
         _avoid(params)

@@ -388,7 +388,7 @@ def fold_batches(batches: list, live: list, ns: list, sigmas: list, lr: np.ndarr
     their folds are not held together; a side a view holds nothing of (None) stays untouched
     zero pages."""
     reps, D = lr.shape[0], lr.shape[2]
-    rows = [(c.u if c.u is not None else c.v).shape[0] for c in (batches[b] for b in live)]
+    rows = [batches[b].width for b in live]
     total = sum(m * n for m, n in zip(rows, ns)) + extra
     U, V = (np.zeros((reps, total, D), dtype=np.uint64) for _ in range(2))
     at = freed = 0
