@@ -241,9 +241,10 @@ class Views:
             self.add(width, pos, claim)
 
     def triples(self) -> list[tuple[Claim, Claim, Claim]]:
-        """One (own, as V_L, as V_R) triple per width, as :class:`mpc3.checks.Checks`
-        collects them."""
-        return [tuple(_concat(v) for v in vs) for vs in self.by_width.values()]
+        """One (own, as V_L, as V_R) triple per width, by width (every party lists a
+        kernel's batches in the same order, whichever of its groups it met first), as
+        :class:`mpc3.checks.Checks` collects them."""
+        return [tuple(_concat(v) for v in self.by_width[w]) for w in sorted(self.by_width)]
 
 
 # ------------------------------------------------------------------- truncation -------
