@@ -115,9 +115,13 @@ def compact(c: Claim) -> Claim:
     sides = []
     for x, scale in ((c.u, c.us), (c.v, c.vs)):
         if x is not None and scale is None and x.size:
-            top = x.max(axis=1)
-            if ((x == 0) | (x == top[:, None])).all():
-                x, scale = (x != 0).view(np.uint8), top
+            tops = []                # row by row: a side of words fails at its first row
+            for row in x:
+                tops.append(row.max())
+                if not ((row == 0) | (row == tops[-1])).all():
+                    break
+            else:
+                x, scale = (x != 0).view(np.uint8), np.array(tops, dtype=np.uint64)
         sides.append((x, scale))
     return Claim(sides[0][0], sides[1][0], c.z, sides[0][1], sides[1][1])
 
