@@ -11,6 +11,8 @@ prev) from what it holds; :func:`mpc3.dzkp.verify_claims` proves them.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .dzkp import Claim
@@ -304,6 +306,14 @@ def a_bits(p, x, sl: slice, g: int, role: int, kop: int, witness: np.ndarray):
     return K, M, xg, xh
 
 
+def trunc_gate_bits(shifts) -> tuple[int, int]:
+    """(min, max) of a truncation's shifts (one or per element, over every group): its
+    claims' gates run over A's bits min..63 and below max (:func:`trunc_claims`)."""
+    fs = [np.asarray(f).reshape(-1) for f in shifts]
+    fs = np.concatenate(fs) if fs else np.zeros(0, np.int64)
+    return (int(fs.min()), int(fs.max())) if fs.size else (0, 0)
+
+
 def trunc_claims(p, rec: dict, witness: np.ndarray) -> list[tuple[Claim, Claim, Claim]]:
     """The claims of :func:`mpc3.kernels.truncation.trunc_a`'s messages (replicated input,
     no multiplier): (own, as V_L of next, as V_R of prev) per gate width.
@@ -315,9 +325,13 @@ def trunc_claims(p, rec: dict, witness: np.ndarray) -> list[tuple[Claim, Claim, 
     makes them linear in the bits, whose arithmetic values ``K_j + M_j - 2 K_j M_j`` are
     one product each (K, M are bits by construction):
 
-    * A:    sum_j (2^(j+1) K_j) M_j = (K - x_g) + (M - x_{g+1})
-    * Uk:   sum_j (2 c_j K_j) M_j = (sum c_j K_j - Uk) + (sum c_j M_j - kappa), c_j of
-      :func:`_shift_rows` - with A's 64 bits pinned, Uk is pinned mod 2^64
+    * Uk:   sum_(j >= f) (2 c_j K_j) M_j = (sum c_j K_j - Uk) + (sum c_j M_j - kappa) =:
+      z_U, c_j of :func:`_shift_rows` (zero below f)
+    * A:    sum_(j < f) (2^(j+1) K_j) M_j = (K - x_g) + (M - x_{g+1}) - 2^f z_U; with Uk's
+      gate times 2^f that is ``sum_j 2^j a_j = A`` (2^f 2 c_j = 2^(j+1) for f <= j < 63,
+      and 0 = 2^64 for j = 63): A's 64 bits are pinned, and with them Uk mod 2^64 - in 64
+      terms an element, each bit's product once (f per element: the gates run over bits
+      min f..63 and below max f, the coefficients zero past an element's own f)
     * t:    (2^(65-f) K_63) M_63 = 2^(64-f) (K_63 - t) + 2^(64-f) (M_63 - rho)
 
     and the pair's exact-mode replies are one product each, mod 2^f (times 2^(64-f)):
@@ -326,6 +340,7 @@ def trunc_claims(p, rec: dict, witness: np.ndarray) -> list[tuple[Claim, Claim, 
     """
     views = Views()
     x, kop, exact = rec["x"], rec["kop"], rec["got2"] is not None
+    fmin, fmax = trunc_gate_bits(per[0] for per in rec["per"])    # public: every group's
     for g, (sl, st, per) in enumerate(zip(rec["groups"], rec["state"], rec["per"])):
         role, ng = st["role"], st["n"]
         sh, up = per[0], per[1]
@@ -333,14 +348,18 @@ def trunc_claims(p, rec: dict, witness: np.ndarray) -> list[tuple[Claim, Claim, 
         pos = role % 3                                           # prover: role 0
         K, M, xg, xh = a_bits(p, x, sl, g, role, kop, witness)
         c = _shift_rows(sh, ng)
-        two_j = np.left_shift(_ONE, _J + _ONE)
+        f = np.broadcast_to(np.asarray(sh, dtype=np.uint64), (ng,))
+        two_j = np.where(_J[:fmax] < f, np.left_shift(_ONE, _J[:fmax] + _ONE), np.uint64(0))
         Kb = None if K is None else _bit_rows(K)             # each bit row computed once
         Mb = None if M is None else _bit_rows(M)
-        views.add(64, pos, _view(
-            pos, lambda: np.concatenate([two_j * Kb, (c * Kb) * np.uint64(2)], axis=1),
-            lambda: np.concatenate([Mb, Mb], axis=1),
-            lambda: np.concatenate([K - xg, (c * Kb).sum(axis=0) - st["Uk"]]),
-            lambda: np.concatenate([M - xh, (c * Mb).sum(axis=0) - st["kappa"]])))
+        zu = functools.cache(lambda: (c * Kb).sum(axis=0) - st["Uk"])
+        zv = functools.cache(lambda: (c * Mb).sum(axis=0) - st["kappa"])
+        views.add(64 - fmin, pos, _view(                        # Uk's gate: bits f..63
+            pos, lambda: np.uint64(2) * c[fmin:] * Kb[fmin:], lambda: Mb[fmin:], zu, zv))
+        if fmax:                                                # A's, less 2^f Uk's: bits < f
+            views.add(fmax, pos, _view(
+                pos, lambda: two_j * Kb[:fmax], lambda: Mb[:fmax],
+                lambda: K - xg - (zu() << f), lambda: M - xh - (zv() << f)))
         if not exact:
             continue
         t = st["t"] if role == 0 else st.get("at_rho")

@@ -1,6 +1,7 @@
 """Malicious-mode bookkeeping (mpc3.checks): verified kernels register their messages, a
 flush proves them; any deviation of one party in a product or an opening aborts every party,
 and a kernel without verification is refused instead of run unchecked."""
+from collections import Counter
 from itertools import combinations
 
 import numpy as np
@@ -8,6 +9,7 @@ import pytest
 
 from mpc3 import dzkp, ring, tamper
 from mpc3.checks import Checks, Unverified
+from mpc3.claims import trunc_gate_bits
 from mpc3.comm import ProtocolError
 from mpc3.kernels import arith, boolean, convert
 from mpc3.kernels.base import run_steps
@@ -304,7 +306,8 @@ def _trunc_job(p, x, bits):
 @pytest.mark.parametrize("mode,bits", [("exact", 16), ("prob", 16), ("exact", "mixed")])
 def test_truncation_is_verified_through_the_singles_bit_witness(mode, bits):
     """trunc_a: the single's Uk and t are pinned by the 64 bits of its A (XOR-shared with
-    its neighbours at the flush, 8 bytes an element), the pair's replies are products.
+    its neighbours at the flush, 8 bytes an element; two gates of 64 terms in all), the
+    pair's replies are products.
     Honest: the semi-honest output at the declared cost; every message changed is caught
     and the sender's proof is among the rejected ones."""
     n = 100
@@ -319,8 +322,10 @@ def test_truncation_is_verified_through_the_singles_bit_witness(mode, bits):
     got = clean.results[0][0].astype(np.int64)
     assert np.abs(got - (v >> shifts)).max() <= 1                  # stochastic rounding
     big, exact = max(group_sizes(n)), mode == "exact"
-    L, m = [2 * big] + ([3 * big] if exact else []), [64] + ([1] if exact else [])
-    rounds, sent = dzkp.cost_verify(L, m)
+    fmin, fmax = trunc_gate_bits([shifts])          # Uk's gate over bits fmin.., A's below
+    gates = Counter({64 - fmin: big, 1: 3 * big if exact else 0})
+    gates[fmax] += big
+    rounds, sent = dzkp.cost_verify([gates[w] for w in sorted(gates)], sorted(gates))
     for r, (_, spent) in enumerate(clean.results):
         witness = 8 * group_sizes(n)[r]
         assert (spent.rounds, spent.bytes_sent) == (rounds + 1, sent + 64 + witness)
