@@ -27,6 +27,7 @@ A leaf set whose pair part arrives late (``pair_b``: a product's split form, who
 from __future__ import annotations
 
 import functools
+from collections import Counter
 
 import numpy as np
 
@@ -69,46 +70,97 @@ def _bases(blocks) -> list[int]:
 
 
 # ------------------------------------------------------------- the thermometer --------
-def _sum_width(blocks) -> int:
-    """Terms of a block's sum gate (2^k - 1 code rows and k bits; never the 2 of the
-    monotonicity gates, which go in the same dict)."""
-    return max(3, max((1 << k) - 1 + k for _, k in blocks))
+#: Bits of a merged gate (:func:`_merge`): exact constraints whose integer errors need at
+#: most this many bits in all share one gate.
+MERGE_BITS = 64
+
+
+@functools.cache
+def _groups(bits: tuple) -> list[list[int]]:
+    """Consecutive parts whose bits sum to at most MERGE_BITS, as lists of indices."""
+    out, used = [[]], 0
+    for i, b in enumerate(bits):
+        if out[-1] and used + b > MERGE_BITS:
+            out.append([])
+            used = 0
+        out[-1].append(i)
+        used += b
+    return [g for g in out if g]
+
+
+def merged_widths(layout) -> Counter:
+    """{width: gates} of parts with (rows, bits) ``layout``, merged as :func:`_merge` does."""
+    return Counter(sum(layout[i][0] for i in g) for g in _groups(tuple(b for _, b in layout)))
+
+
+def _merge(parts: list, weighted: bool) -> dict:
+    """{width: (rows, z)} of exact constraints merged into as few gates as fit: ``parts`` a
+    list of (rows (r, n), z (n,), bits), each a gate ``sum rows_u rows_v = z_L + z_R`` whose
+    value over the integers is 0 when honest and otherwise a non-zero integer of magnitude
+    below 2^bits (the rows are bits by construction). Consecutive parts whose bits sum to
+    at most MERGE_BITS become one gate, part c scaled by 2^off_c (off_c: the bits before it):
+    if some part is wrong, the first wrong one, c, leaves the sum = 2^off_c e_c, non-zero,
+    mod 2^(off_c + bits_c), so the merged gate is wrong mod 2^64 (docs/MALICIOUS.md, "Merged
+    gates"). ``weighted``: this side carries the scale (V_L's rows; both z)."""
+    out: dict[int, tuple[list, list]] = {}
+    for group in _groups(tuple(b for _, _, b in parts)):
+        rows, z, off = [], None, 0
+        for r, zc, bits in (parts[i] for i in group):
+            w = np.uint64(1 << off)
+            rows.append(r * w if weighted and off else r)
+            z = zc * w if z is None else z + zc * w
+            off += bits
+        u = np.concatenate(rows)
+        lists = out.setdefault(u.shape[0], ([], []))
+        lists[0].append(u)
+        lists[1].append(z)
+    return {w: (np.concatenate(us, axis=1), np.concatenate(zs)) for w, (us, zs) in out.items()}
+
+
+def therm_layout(blocks, top: bool) -> list[tuple[int, int]]:
+    """(rows, bits) of the thermometer's exact constraints, in :func:`_therm_side`'s order."""
+    out = []
+    for _, k in blocks:
+        out.append(((1 << k) - 1 + k, k))
+        out.extend([(2, 1)] * ((1 << k) - 2))
+    return out + ([(2, 1)] if top else [])
 
 
 def _therm_side(T: np.ndarray, K: np.ndarray, x: np.ndarray, blocks, L: int, top,
                 left: bool) -> dict:
     """One verifier's side of the single's thermometer claim: V_L (``left``) holds T' rows,
     its pad K and x_g; V_R rho rows, the witness M and x_{g+1} (here also T, K, x). ``top``:
-    the window's top bit, whose row ends T (leaves), or None (thresholds: no such row)."""
+    the window's top bit, whose row ends T (leaves), or None (thresholds: no such row).
+    A's 64-term gate; then every block's sum and every monotonicity and top constraint,
+    exact over the integers, merged (:func:`_merge`)."""
     Kb, n = _bit_rows(K), K.size
     two_j = np.left_shift(_ONE, np.arange(64, dtype=np.uint64) + _ONE)[:, None]
-    out = {64: ((two_j * Kb) if left else Kb, K - x)}
-    wide = _sum_width(blocks)
-    sums_u, sums_z, mono_u, mono_z = [], [], [], []
+    parts = []
     for (off, k), base in zip(blocks, _bases(blocks)):
         t = T[base:base + (1 << k) - 1]
         bits = Kb[L + off:L + off + k]
         scale = np.left_shift(_ONE, np.arange(k, dtype=np.uint64))[:, None]
-        terms = np.zeros((wide, n), dtype=np.uint64)
-        terms[:t.shape[0]] = (np.uint64(0) - np.uint64(2) * t) if left else t
-        terms[t.shape[0]:t.shape[0] + k] = (scale * np.uint64(2) * bits) if left else bits
-        sums_u.append(terms)
-        sums_z.append((scale * bits).sum(axis=0) - t.sum(axis=0))
-        for v in range(t.shape[0] - 1):            # t_(v+2) (1 - t_(v+1)) = 0 mod 2
-            hi, lo = t[v + 1], t[v]
-            if left:                               # a = T'_hi, c = 1 - T'_lo
+        # sum_v t_v = sum_i 2^i a_i: error in (-2^k, 2^k)
+        rows = np.concatenate([(np.uint64(0) - np.uint64(2) * t) if left else t,
+                               (scale * np.uint64(2) * bits) if left else bits])
+        parts.append((rows, (scale * bits).sum(axis=0) - t.sum(axis=0), k))
+        for v in range(t.shape[0] - 1):   # t_(v+2) (1 - t_(v+1)) = 0: a d + c b = a c + b d
+            hi, lo = t[v + 1], t[v]        # (a - b)(d - c) in {-1, 0, 1}
+            if left:                       # a = T'_hi, c = 1 - T'_lo
                 c = _ONE - lo
-                mono_u.append(np.stack([_TOP * hi, _TOP * c]))
-                mono_z.append(_TOP * hi * c)
-            else:                                  # b = rho_hi, d = rho_lo
-                mono_u.append(np.stack([lo, hi]))
-                mono_z.append(_TOP * hi * lo)
-    if top is not None:                            # the window's top bit: zero terms
-        mono_u.append(np.zeros((2, n), dtype=np.uint64))
-        mono_z.append(_TOP * (T[-1] + Kb[L + top]))
-    out[wide] = (np.concatenate(sums_u, axis=1), np.concatenate(sums_z))
-    if mono_u:
-        out[2] = (np.concatenate(mono_u, axis=1), np.concatenate(mono_z))
+                parts.append((np.stack([hi, c]), hi * c, 1))
+            else:                          # b = rho_hi, d = rho_lo
+                parts.append((np.stack([lo, hi]), hi * lo, 1))
+    if top is not None:                    # the window's top bit: t_top = a_top
+        j = L + top                        # -2 T' rho + 2 K M = (K - T') + (M - rho)
+        rows = np.stack([np.uint64(0) - np.uint64(2) * T[-1], np.uint64(2) * Kb[j]]) \
+            if left else np.stack([T[-1], Kb[j]])
+        parts.append((rows, Kb[j] - T[-1], 1))
+    out = _merge(parts, left)
+    a = ((two_j * Kb) if left else Kb, K - x)
+    if 64 in out:
+        a = (np.concatenate([a[0], out[64][0]], axis=1), np.concatenate([a[1], out[64][1]]))
+    out[64] = a
     return out
 
 
@@ -151,6 +203,37 @@ def _flat(a: np.ndarray, leaves=None) -> np.ndarray:
     return a.reshape(a.shape[0], a.shape[1] * a.shape[2])
 
 
+def _p_from_g(a: np.ndarray, nb: int) -> np.ndarray:
+    """Leaves [G_0..G_(nb-1), P_1..P_(nb-1)] along axis -2 with each P_j XOR G_j."""
+    a = a.copy()
+    a[..., nb:, :] ^= a[..., 1:nb, :]
+    return a
+
+
+def _one_hot(S: np.ndarray, nb: int) -> np.ndarray:
+    """:func:`_selection`'s S with P_j's rows XOR G_j's: the row ``2^k - 1 - b_j`` alone
+    (every leaf's selector one-hot or zero)."""
+    return _p_from_g(S, nb)
+
+
+def _half_side(rows: np.ndarray, bits: np.ndarray, nb: int, left: bool,
+               const: np.ndarray | None = None) -> dict:
+    """One verifier's side of a pair member's leaves, exact and merged (:func:`_merge`).
+    With E the message's bits and F the mask's (one on each side), leaf G_j's share is a
+    one-hot selection of its block's code rows, ``sum_v S_v t_v = E ^ F``, and P_j's, XOR
+    G_j's, is the selection of one more row: ``sum_v S'_v t_v (+ const) = E' ^ F'`` with
+    E' = E_Pj ^ E_Gj and F' likewise. Over the integers, with ``E ^ F = E + F - 2 E F``:
+    ``sum_v S_v t_v + (2 E) F = E + F (- const)``, whose error is in {-1, 0, 1}: one bit a
+    leaf. ``rows`` (width, leaves, n): this side's code rows or one-hot selectors; ``bits``
+    (leaves, n): its E or F; ``const`` (leaves, n): the constant-one row's selector, on
+    the side that holds the selectors (role 2's half)."""
+    bits = _p_from_g(bits, nb)
+    two = (np.uint64(2) * bits) if left else bits
+    z = bits if const is None else bits - const
+    return _merge([(np.concatenate([rows[:, j], two[j][None]]), z[j], 1)
+                   for j in range(bits.shape[0])], left)
+
+
 # --------------------------------------------------------------------- the kernel -----
 def leaves_witness(p, rec: dict) -> np.ndarray:
     x = rec["x"]
@@ -162,7 +245,7 @@ def leaves_claims(p, rec: dict, witness: np.ndarray) -> list[tuple[Claim, Claim,
     """(own, as V_L of next, as V_R of prev) per gate width of the leaves' messages
     (module docstring)."""
     x, blocks, L, m, kop = rec["x"], rec["blocks"], rec["L"], rec["m"], rec["kop"]
-    width = max((1 << k) - 1 for _, k in blocks)
+    width, nb = max((1 << k) - 1 for _, k in blocks), len(blocks)
     views = Views()
     add = views.add_all
 
@@ -171,42 +254,42 @@ def leaves_claims(p, rec: dict, witness: np.ndarray) -> list[tuple[Claim, Claim,
         K, M, xg, xh = a_bits(p, x, sl, g, role, kop, witness)
         therm = (lambda: _rows(s["therm"], ng))
         rho = (lambda: _rows(s["rho"], ng))
-        bits = (lambda key: _rows(s[key], ng).reshape(-1))
+        rows = (lambda key: _rows(s[key], ng))
         # role 0's thermometer: V_L = role 2 (T', K, x_g), V_R = role 1 (rho, M, x_{g+1})
         add(role % 3, _sided(role % 3,
                              lambda: _therm_side(therm(), K, xg, blocks, L, m - 1, True),
                              lambda: _therm_side(rho(), M, xh, blocks, L, m - 1, False)))
         # role 1's half: V_L = role 0 (rho, u1), V_R = role 2 (b, kappa)
         mine1 = "u1" if role == 0 else "u"
+        sel = functools.cache(lambda: _selection(s["b"], blocks, width))
         add((role - 1) % 3, _sided(
             (role - 1) % 3,
-            lambda: {width: (_TOP * _flat(_leaf_rows(rho(), blocks, width)), _TOP * bits(mine1))},
-            lambda: {width: (_flat(_selection(s["b"], blocks, width)[0]),
-                             _TOP * bits("kappa"))}))
+            lambda: _half_side(_leaf_rows(rho(), blocks, width), rows(mine1), nb, True),
+            lambda: _half_side(_one_hot(sel()[0], nb), rows("kappa"), nb, False)))
         # role 2's half: V_L = role 1 (b, kappa, sigma), V_R = role 0 (T', u2)
         mine2 = "u2" if role == 0 else "u"
-
-        def left2():
-            S, S0 = _selection(s["b"], blocks, width)
-            return {width: (_TOP * _flat(S), _TOP * (bits("kappa") + bits("sigma") +
-                                                     S0.reshape(-1)))}
         add((role - 2) % 3, _sided(
-            (role - 2) % 3, left2,
-            lambda: {width: (_flat(_leaf_rows(therm(), blocks, width)), _TOP * bits(mine2))}))
+            (role - 2) % 3,
+            lambda: _half_side(_one_hot(sel()[0], nb), rows("kappa") ^ rows("sigma"), nb,
+                               True, sel()[1]),
+            lambda: _half_side(_leaf_rows(therm(), blocks, width), rows(mine2), nb, False)))
     return views.triples()
 
 
 def leaves_claim_gates(n: int, m: int, rank: int) -> dict[int, int]:
     """Gates of each width the leaves' claims on ``n`` elements (window width ``m``) give
-    party ``rank`` to prove (:func:`mpc3.checks.Checks.batches` pads each width to the
-    largest of the three): its group as the single proves its thermometer (A, sums,
-    monotonicity and top), the two as a pair member its halves."""
+    party ``rank`` to prove: its group as the single proves its thermometer (A's gate, then
+    the sums, monotonicity and top merged), the two as a pair member its halves."""
     blocks = leaf_blocks(m - 1, n)
     nb, sizes = len(blocks), group_sizes(n)
     single = sizes[rank]
-    return {64: single, _sum_width(blocks): nb * single,
-            2: (sum(max((1 << k) - 2, 0) for _, k in blocks) + 1) * single,
-            max((1 << k) - 1 for _, k in blocks): (2 * nb - 1) * (n - single)}
+    out = Counter({64: single})
+    for w, c in merged_widths(therm_layout(blocks, True)).items():
+        out[w] += c * single
+    width = max((1 << k) - 1 for _, k in blocks)
+    for w, c in merged_widths([(width + 1, 1)] * (2 * nb - 1)).items():
+        out[w] += c * (n - single)
+    return dict(out)
 
 
 # ------------------------------------------------------------- thresholds' carry ------

@@ -34,15 +34,13 @@ def _declared_flush(n: int, L: int, m: int) -> list[tuple[int, int]]:
     """(rounds, bytes) of each party's flush: the leaves' gates and the carry tree's AND
     layers (every party proves each layer on all n elements), padded per width to the
     largest prover, plus the digests and this party's witness (8 B per element it is the
-    single for)."""
+    single for). The leaves' batches, one per width, then the tree's."""
     nb = len(leaf_blocks(m - 1, n))
     per = [leaves_claim_gates(n, m, r) for r in range(3)]
     ands = sum(ands_per_level(nb)) * n
     widths = sorted(set().union(*per))
-    L_, m_ = [], []
-    for w in widths:
-        L_.append(max(g.get(w, 0) + (ands if w == 2 else 0) for g in per))
-        m_.append(w)
+    L_ = [max(g.get(w, 0) for g in per) for w in widths] + [ands]
+    m_ = widths + [2]
     rounds, sent = dzkp.cost_verify(L_, m_)
     return [(rounds + 1, sent + 64 + 8 * group_sizes(n)[r]) for r in range(3)]
 
