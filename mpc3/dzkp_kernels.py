@@ -39,21 +39,25 @@ TRIM_BYTES = 256 << 20
 #: positions per block: a block of the weights / chunks stays in L1 while every pair passes
 BLOCK = 64
 
+#: bytes of the chunks' blocks the Gram sums keep at hand (half a core's L2 here): wide gates
+#: take fewer positions a block (:func:`gram_block`)
+GRAM_CACHE = 256 << 10
+
 _prange = range  # replaced by numba.prange when the kernels are compiled
 
 
-def _gram_int_part(u, v, us, vs, sig, k, n, t0, t1, out):  # pragma: no cover
+def _gram_int_part(u, v, us, vs, sig, k, n, t0, t1, out, blk):  # pragma: no cover
     """out[p] += sum_t (sum_a u_i v_i' + u_i' v_i)[t] sig[t] over t0 <= t < t1 for the pairs
     (sig: binary weights as masks, 0 or -1: masked additions)
     p = (i <= i') in row order (the diagonal counted once); u, v (m, L) chunked by n, row a
     of u times us[a] (of v times vs[a]): words and ones, or bits and their rows' values."""
     m, L = u.shape
     R = sig.shape[1]
-    ub = np.zeros((k, m, BLOCK), dtype=np.int64)
-    vb = np.zeros((k, m, BLOCK), dtype=np.int64)
-    q = np.zeros(BLOCK + 3, dtype=np.int64)
-    for s in range(t0, t1, BLOCK):
-        w = min(t1, s + BLOCK) - s
+    ub = np.zeros((k, m, blk), dtype=np.int64)
+    vb = np.zeros((k, m, blk), dtype=np.int64)
+    q = np.zeros(blk + 3, dtype=np.int64)
+    for s in range(t0, t1, blk):
+        w = min(t1, s + blk) - s
         for i in range(k):
             for a in range(m):
                 for t in range(w):
@@ -85,12 +89,12 @@ def _gram_int_part(u, v, us, vs, sig, k, n, t0, t1, out):  # pragma: no cover
                 p += 1
 
 
-def _gram_int_all(u, v, us, vs, sig, k, n, out):  # pragma: no cover
-    """out (parts, pairs, R): part j sums its share of the positions."""
+def _gram_int_all(u, v, us, vs, sig, k, n, out, blk):  # pragma: no cover
+    """out (parts, pairs, R): part j sums its share of the positions, by blocks of ``blk``."""
     parts = out.shape[0]
     for j in _prange(parts):
         _gram_int_part_jit(u, v, us, vs, sig, k, n, n * j // parts, n * (j + 1) // parts,
-                           out[j])
+                           out[j], blk)
 
 
 def _gram_ring_part(U, V, k, n, t0, t1, out):  # pragma: no cover
@@ -321,7 +325,8 @@ def gram_int(u: np.ndarray, v: np.ndarray, sig: np.ndarray, k: int, us=None,
     par, parts = _parts(P * n * R)
     out = np.zeros((parts, P, R), dtype=np.int64)
     (u, us), (v, vs) = rows(u, us), rows(v, vs)
-    _kernels()["_gram_int_all", par](u, v, us, vs, masks(sig), k, n, out)
+    _kernels()["_gram_int_all", par](u, v, us, vs, masks(sig), k, n, out,
+                                     gram_block(k, u.shape[0]))
     return out.sum(axis=0, dtype=np.int64).view(np.uint64)
 
 
@@ -336,6 +341,12 @@ def gram_ring(U: np.ndarray, V: np.ndarray, k: int) -> np.ndarray:
     out = np.zeros((parts, reps, P, D, D), dtype=np.int64)
     _kernels()["_gram_ring_all", par](_i64(U), _i64(V), k, n, out)
     return out.sum(axis=0, dtype=np.int64).view(np.uint64)
+
+
+def gram_block(k: int, m: int) -> int:
+    """Positions per block of the Z_2^64 Gram sums: the k chunks' block of u and of v (2 k m
+    words a position) stay within GRAM_CACHE bytes (a multiple of 4, 4 to BLOCK)."""
+    return max(4, min(BLOCK, GRAM_CACHE // (16 * k * m) // 4 * 4))
 
 
 def masks(sig: np.ndarray) -> np.ndarray:
