@@ -73,23 +73,65 @@ def dot_claims(p, x, y, out, tag: str, kop: int) -> tuple[Claim, Claim, Claim] |
 
 
 # ------------------------------------------------------------------- AND layers -------
+#: AND claims merged into one gate (:func:`and_claims`): each one's error is one bit.
+AND_MERGE = 64
+
+
+def and_claim_gates(bits: int) -> tuple[int, int]:
+    """(gates, terms a gate) of an AND layer's claims on ``bits`` ANDs."""
+    return -(-bits // AND_MERGE), 4 * AND_MERGE
+
+
+def _merged(rows: np.ndarray, z: np.ndarray, weighted: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(r, L) rows and (L,) z of L one-bit-error claims -> AND_MERGE of them a gate:
+    ((r AND_MERGE, G), (G,)), claim j of a gate scaled by 2^j (the rows only if
+    ``weighted``), zero claims past the end."""
+    r, L = rows.shape
+    G = -(-L // AND_MERGE)
+    w = np.left_shift(_ONE, np.arange(AND_MERGE, dtype=np.uint64))
+    pad = np.zeros((r, G * AND_MERGE), dtype=np.uint64)
+    pad[:, :L] = rows
+    u = pad.reshape(r, G, AND_MERGE).transpose(2, 0, 1)            # (j, row, gate)
+    if weighted:
+        u = u * w[:, None, None]
+    zp = np.zeros(G * AND_MERGE, dtype=np.uint64)
+    zp[:L] = z
+    return np.ascontiguousarray(u).reshape(AND_MERGE * r, G), \
+        (zp.reshape(G, AND_MERGE) * w).sum(axis=1)
+
+
 def and_claims(p, x, y, out, tag: str, kop: int) -> tuple[Claim, Claim, Claim]:
-    """The three views of an AND layer's claim: :func:`mul_claims`'s replicated
-    product, read mod 2. XOR is addition mod 2, and ``2^63 a b = 2^63 (a b mod 2)`` in
-    Z_2^64, so with u and z multiplied by 2^63 (every bit lifted to a word) the Z_2^64 proof
-    checks the GF(2) gate ``z = x_a y_a ^ x_a y_b ^ x_b y_a ^ alpha`` with the same soundness
-    (an error 2^63 is caught by the Galois-ring proof like any other;
-    tests/mpc3/test_galois.py)."""
+    """The three views of an AND layer's claims, exact over the integers and merged. With
+    a, b the prover's slots (V_L holds slot a and the message the prover sent it, V_R slot
+    b), the message is ``z = x_a y_a ^ x_a y_b ^ x_b y_a ^ f_prev ^ f_next`` (f_prev the
+    pad the prover shares with V_L, f_next with V_R), i.e. ``A ^ B = p ^ q`` with V_L's
+    ``A = z ^ f_prev ^ x_a y_a``, V_R's ``B = f_next``, ``p = x_a y_b``, ``q = x_b y_a``.
+    All are bits, and ``s ^ t = s + t - 2 s t``, so over the integers
+
+        x_a y_b + y_a x_b + (-2 x_a y_a)(x_b y_b) + (2 A) B = A + B
+
+    (p q = (x_a y_a)(x_b y_b)): four terms, V_L's factors against V_R's, whose error is in
+    {-1, 0, 1}. AND_MERGE consecutive claims share one gate, claim j scaled by 2^j: the
+    first wrong one leaves the gate wrong mod 2^64 (as :func:`mpc3.claims_compare._merge`;
+    docs/MALICIOUS.md, "Merged gates")."""
     n, shape = x.n, x.a.shape
     xa, xb, ya, yb, sent, got = (_bits(t, n) for t in (x.a, x.b, y.a, y.b, out.a, out.b))
     f_next, f_prev = (_bits(p.prg.bytes(stream, kop, tag, 8 * shape[0] * shape[1])
                             .view(np.uint64).reshape(shape), n) for stream in ("next", "prev"))
-    zero = np.zeros_like(xa)
-    mine = Claim(_TOP * np.stack([xa, xb]), np.stack([yb, ya]),
-                 _TOP * (sent + xa * ya + f_next + f_prev))
-    as_left = Claim(_TOP * np.stack([xb, zero]), np.stack([zero, yb]),
-                    _TOP * (got + xb * yb + f_next))
-    as_right = Claim(_TOP * np.stack([zero, xa]), np.stack([ya, zero]), _TOP * f_prev)
+
+    def left(xa, ya, z, f):                  # V_L's side: slot a, the message, f_prev
+        A = z ^ f ^ (xa & ya)
+        return _merged(np.stack([xa, ya, _MINUS2 * (xa & ya), _TWO * A]), A, True)
+
+    def right(xb, yb, f):                    # V_R's side: slot b, f_next
+        return _merged(np.stack([yb, xb, xb & yb, f]), f, False)
+
+    (u, zl), (v, zr) = left(xa, ya, sent, f_prev), right(xb, yb, f_next)
+    mine = Claim(u, v, zl + zr)
+    lu, lz = left(xb, yb, got, f_next)       # next's slot a is this party's b; its f_prev
+    ru, rz = right(xa, ya, f_prev)           # prev's slot b is this party's a; its f_next
+    as_left = Claim(lu, None, lz)
+    as_right = Claim(None, ru, rz)
     return mine, as_left, as_right
 
 
@@ -227,6 +269,10 @@ def _concat(claims: list[Claim]) -> Claim:
     return Claim(side(us, vs), side(vs, us), np.concatenate([c.z for c in claims]))
 
 
+#: Gate terms from which each group's views stay their own batch (:meth:`Views.triples`).
+SPLIT_TERMS = 1 << 16
+
+
 class Views:
     """A kernel's claims as this party holds them, by gate width: what it proves, what it
     checks as V_L of its next neighbour and as V_R of its previous one."""
@@ -243,10 +289,22 @@ class Views:
             self.add(width, pos, claim)
 
     def triples(self) -> list[tuple[Claim, Claim, Claim]]:
-        """One (own, as V_L, as V_R) triple per width, by width (every party lists a
-        kernel's batches in the same order, whichever of its groups it met first), as
-        :class:`mpc3.checks.Checks` collects them."""
-        return [tuple(_concat(v) for v in self.by_width[w]) for w in sorted(self.by_width)]
+        """(own, as V_L, as V_R) triples by width (every party lists a kernel's batches in
+        the same order, whichever of its groups it met first), as
+        :class:`mpc3.checks.Checks` collects them: a width's views as they came, one
+        batch per group, when the three roles have as many (then every party has as many,
+        in the same group order: nothing is copied) and each has at least SPLIT_TERMS
+        terms (a batch's last chunk is padded in the proof), else joined into one batch
+        each. Every party sees the same three provers' views, so all decide alike."""
+        out = []
+        for w in sorted(self.by_width):
+            views = self.by_width[w]
+            if len(views[0]) == len(views[1]) == len(views[2]) and \
+                    min(c.terms for v in views for c in v) >= SPLIT_TERMS:
+                out.extend(zip(*views))
+            else:
+                out.append(tuple(_concat(v) for v in views))
+        return out
 
 
 # ------------------------------------------------------------------- truncation -------

@@ -9,7 +9,7 @@ import pytest
 
 from mpc3 import dzkp, ring, tamper
 from mpc3.checks import Checks, Unverified
-from mpc3.claims import trunc_gate_bits
+from mpc3.claims import and_claim_gates, trunc_gate_bits
 from mpc3.comm import ProtocolError
 from mpc3.kernels import arith, boolean, convert
 from mpc3.kernels.base import run_steps
@@ -212,14 +212,14 @@ def _and_job(p, x, y):
 
 @pytest.mark.parametrize("n,planes", [(70, 1), (131, 5)])
 def test_and_layers_are_verified_mod_2_at_their_declared_cost(n, planes):
-    """The GF(2) gate checked by the Z_2^64 proof with u and z times 2^63: honest layers
-    pass at the declared cost, one flipped bit (or any change) in any party's message fails
-    and names it."""
+    """The GF(2) gate checked by the Z_2^64 proof as an exact integer claim, 64 of them a
+    gate: honest layers pass at the declared cost, one flipped bit (or any change) in any
+    party's message fails and names it."""
     bits, args = _bit_operands(n, planes, seed=n)
     out = run_parties(_and_job, args)
     z = out[0][0].a ^ out[1][0].a ^ out[2][0].a
     assert np.array_equal(planes_to_bits(z, n), bits[0] & bits[1])
-    rounds, sent = dzkp.cost_verify(planes * n, 2)
+    rounds, sent = dzkp.cost_verify(*and_claim_gates(planes * n))
     assert all((s.rounds, s.bytes_sent) == (rounds + 1, sent + 64) for _, s in out)
     for cheater in range(3):
         for kind in ("flip", "add", "replace"):

@@ -7,6 +7,7 @@ import pytest
 
 from mpc3 import dzkp, tamper
 from mpc3.checks import Checks
+from mpc3.claims import and_claim_gates
 from mpc3.claims_compare import leaves_claim_gates
 from mpc3.kernels import convert
 from mpc3.kernels.leaves import ands_per_level, leaf_blocks
@@ -34,13 +35,13 @@ def _declared_flush(n: int, L: int, m: int) -> list[tuple[int, int]]:
     """(rounds, bytes) of each party's flush: the leaves' gates and the carry tree's AND
     layers (every party proves each layer on all n elements), padded per width to the
     largest prover, plus the digests and this party's witness (8 B per element it is the
-    single for). The leaves' batches, one per width, then the tree's."""
+    single for). The leaves' batches, one per width, then each tree level's."""
     nb = len(leaf_blocks(m - 1, n))
     per = [leaves_claim_gates(n, m, r) for r in range(3)]
-    ands = sum(ands_per_level(nb)) * n
+    ands = [and_claim_gates(count * n) for count in ands_per_level(nb)]
     widths = sorted(set().union(*per))
-    L_ = [max(g.get(w, 0) for g in per) for w in widths] + [ands]
-    m_ = widths + [2]
+    L_ = [max(g.get(w, 0) for g in per) for w in widths] + [g for g, _ in ands]
+    m_ = widths + [w for _, w in ands]
     rounds, sent = dzkp.cost_verify(L_, m_)
     return [(rounds + 1, sent + 64 + 8 * group_sizes(n)[r]) for r in range(3)]
 
