@@ -15,7 +15,7 @@ code, random weights of the given shape, uniform inputs) in both modes from the 
   layer's end (``on_layer``) and once more before the output is opened.
 
 Reported per mode: bytes each party sent, rounds, wall time (one run each, same process,
-same load), the output's error against the float64 reference, the gate terms party 0
+same load), the output's error against the float64 reference, the gates and gate terms party 0
 proves at each flush (matrix products' reduced claims not counted) and the process's peak
 RSS after the mode's run (VmHWM: the three parties together; semi-honest runs first). ``--campaign N``: N runs in
 malicious mode with one deviation each (``add`` of a uniform nonzero error to one entry, or
@@ -93,12 +93,13 @@ def _job(cfg, malicious: bool):
 
 def measure(cfg, args, ref, malicious: bool) -> dict:
     parties = make_parties()
-    terms = []                          # gate terms party 0 proves, per flush
+    terms, gates = [], []               # gate terms and gates party 0 proves, per flush
     verify = dzkp.verify_claims
 
     def counted(p, mine, *rest, **kw):
         if p.rank == 0:
             terms.append(sum(c.terms for c in mine))
+            gates.append(sum(c.z.size for c in mine))
         return verify(p, mine, *rest, **kw)
     dzkp.verify_claims = counted
     try:
@@ -111,7 +112,8 @@ def measure(cfg, args, ref, malicious: bool) -> dict:
     stats = [o[1] for o in out]
     return {"bytes_per_party": [s.bytes_sent for s in stats],
             "rounds": max(s.rounds for s in stats), "wall_s": wall,
-            "proof_gate_terms_party0": terms, "peak_rss_bytes": procinfo.peak_rss(),
+            "proof_gate_terms_party0": terms, "proof_gates_party0": gates,
+            "peak_rss_bytes": procinfo.peak_rss(),
             "max_abs_err": float(np.max(np.abs(y - ref))), "output": y}
 
 
