@@ -12,6 +12,8 @@ with the three parties sharing its cores:
 
 Each size runs once after a warm-up at L = 1000 (numba compiles the ring kernels on first
 use). ``verify_s`` is the slowest party's verification; ``product_s`` its product.
+``gram_runs``: the prover's first Gram sums alone on 2^22 bit terms in gates of each of
+``--widths`` terms (the proof's cost per term by gate width).
 """
 from __future__ import annotations
 
@@ -143,6 +145,25 @@ def measure_fxp(shape: tuple[int, int, int], params: dzkp.Params, seed: int = 0)
     return row
 
 
+def measure_gram(m: int, terms: int, k: int = 64, seed: int = 0) -> dict:
+    """The prover's Gram sums of a first compression by ``k`` (:func:`mpc3.dzkp_kernels.
+    gram_int`) on ``terms`` random bit terms in gates of ``m`` terms, one party alone in
+    this process (parallel kernels for large work): its cost per term by gate width."""
+    from mpc3 import dzkp_kernels as dk
+    rng = np.random.default_rng(seed)
+    L = terms // m
+    n = -(-L // k)
+    u, v = (rng.integers(0, 2, size=(m, L), dtype=np.uint8) for _ in range(2))
+    scale = np.arange(1, m + 1, dtype=np.uint64)
+    sig = rng.integers(0, 2, size=(n, 64), dtype=np.uint64)
+    dk.gram_int(u[:, :k * 8], v[:, :k * 8], sig[:8], k, scale, scale)     # compile
+    t0 = time.perf_counter()
+    dk.gram_int(u, v, sig, k, scale, scale)
+    wall = time.perf_counter() - t0
+    return {"terms_per_gate": m, "gates": L, "k_first": k, "gram_s": round(wall, 4),
+            "us_per_term": round(wall / (m * L) * 1e6, 4)}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[10**3, 10**4, 10**5, 10**6])
@@ -152,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fxp", nargs="*", default=["128x768x768", "1x768x768"],
                     help="fixed-point matrix products MxKxN measured in both modes (a "
                          "GPT-2-small attention output projection, prompt and one step)")
+    ap.add_argument("--widths", type=int, nargs="*", default=[2, 8, 64, 256],
+                    help="gate widths whose first-compression Gram sums are timed alone")
+    ap.add_argument("--gram-terms", type=int, default=1 << 22)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     params = dzkp.Params()
@@ -163,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
                              for s in args.matmul]
     result["fxp_runs"] = [measure_fxp(tuple(int(v) for v in s.split("x")), params)
                           for s in args.fxp]
+    result["gram_runs"] = [measure_gram(m, args.gram_terms) for m in args.widths]
     runinfo.finish(result, args.json)
     return 0
 

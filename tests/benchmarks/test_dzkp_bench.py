@@ -11,7 +11,7 @@ B = script("dzkp")
 def test_the_benchmark_records_declared_equal_measured(tmp_path):
     out = tmp_path / "r.json"
     B.main(["--sizes", "50", "700", "--matmul", "4x48x8", "1x48x8", "--fxp", "3x16x5",
-            "--json", str(out)])
+            "--widths", "2", "64", "--gram-terms", "8192", "--json", str(out)])
     r = json.loads(out.read_text())
     assert r["benchmark"] == "dzkp" and r["commit"] and "load_avg_1m_at_end" in r
     runs = r["runs"] + r["matmul_runs"]
@@ -22,3 +22,4 @@ def test_the_benchmark_records_declared_equal_measured(tmp_path):
     semi, mal = fxp["semi-honest"], fxp["malicious"]
     assert semi["rounds"] == 2 and mal["rounds"] > semi["rounds"]       # exact truncation
     assert fxp["bytes_ratio"] > 1
+    assert [(g["terms_per_gate"], g["gates"]) for g in r["gram_runs"]] == [(2, 4096), (64, 128)]
