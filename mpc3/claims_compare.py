@@ -95,26 +95,35 @@ def merged_widths(layout) -> Counter:
 
 def _merge(parts: list, weighted: bool) -> dict:
     """{width: (rows, z)} of exact constraints merged into as few gates as fit: ``parts`` a
-    list of (rows (r, n), z (n,), bits), each a gate ``sum rows_u rows_v = z_L + z_R`` whose
+    list of (rows (r, n) or a list of such blocks, z (n,), bits), each a gate ``sum rows_u rows_v = z_L + z_R`` whose
     value over the integers is 0 when honest and otherwise a non-zero integer of magnitude
     below 2^bits (the rows are bits by construction). Consecutive parts whose bits sum to
     at most MERGE_BITS become one gate, part c scaled by 2^off_c (off_c: the bits before it):
     if some part is wrong, the first wrong one, c, leaves the sum = 2^off_c e_c, non-zero,
     mod 2^(off_c + bits_c), so the merged gate is wrong mod 2^64 (docs/MALICIOUS.md, "Merged
     gates"). ``weighted``: this side carries the scale (V_L's rows; both z)."""
-    out: dict[int, tuple[list, list]] = {}
-    for group in _groups(tuple(b for _, _, b in parts)):
-        rows, z, off = [], None, 0
+    groups = _groups(tuple(b for _, _, b in parts))
+    n = parts[0][1].shape[0]
+    parts = [([r] if isinstance(r, np.ndarray) else r, zc, bits) for r, zc, bits in parts]
+    height = [sum(piece.shape[0] for piece in r) for r, _, _ in parts]
+    widths = [sum(height[i] for i in g) for g in groups]
+    out = {w: (np.empty((w, widths.count(w) * n), dtype=np.uint64),
+               np.zeros(widths.count(w) * n, dtype=np.uint64)) for w in set(widths)}
+    filled = dict.fromkeys(out, 0)
+    for group, width in zip(groups, widths):              # each gate written in place
+        u, z = out[width]
+        col = slice(filled[width] * n, (filled[width] + 1) * n)
+        filled[width] += 1
+        row, off = 0, 0
         for r, zc, bits in (parts[i] for i in group):
             w = np.uint64(1 << off)
-            rows.append(r * w if weighted and off else r)
-            z = zc * w if z is None else z + zc * w
+            for piece in r:
+                np.multiply(piece, w if weighted else _ONE,
+                            out=u[row:row + piece.shape[0], col])
+                row += piece.shape[0]
+            z[col] += zc * w
             off += bits
-        u = np.concatenate(rows)
-        lists = out.setdefault(u.shape[0], ([], []))
-        lists[0].append(u)
-        lists[1].append(z)
-    return {w: (np.concatenate(us, axis=1), np.concatenate(zs)) for w, (us, zs) in out.items()}
+    return out
 
 
 def therm_layout(blocks, top: bool) -> list[tuple[int, int]]:
@@ -141,16 +150,16 @@ def _therm_side(T: np.ndarray, K: np.ndarray, x: np.ndarray, blocks, L: int, top
         bits = Kb[L + off:L + off + k]
         scale = np.left_shift(_ONE, np.arange(k, dtype=np.uint64))[:, None]
         # sum_v t_v = sum_i 2^i a_i: error in (-2^k, 2^k)
-        rows = np.concatenate([(np.uint64(0) - np.uint64(2) * t) if left else t,
-                               (scale * np.uint64(2) * bits) if left else bits])
+        rows = [(np.uint64(0) - np.uint64(2) * t) if left else t,
+                (scale * np.uint64(2) * bits) if left else bits]
         parts.append((rows, (scale * bits).sum(axis=0) - t.sum(axis=0), k))
         for v in range(t.shape[0] - 1):   # t_(v+2) (1 - t_(v+1)) = 0: a d + c b = a c + b d
             hi, lo = t[v + 1], t[v]        # (a - b)(d - c) in {-1, 0, 1}
             if left:                       # a = T'_hi, c = 1 - T'_lo
                 c = _ONE - lo
-                parts.append((np.stack([hi, c]), hi * c, 1))
+                parts.append(([hi[None], c[None]], hi * c, 1))
             else:                          # b = rho_hi, d = rho_lo
-                parts.append((np.stack([lo, hi]), hi * lo, 1))
+                parts.append(([lo[None], hi[None]], hi * lo, 1))
     if top is not None:                    # the window's top bit: t_top = a_top
         j = L + top                        # -2 T' rho + 2 K M = (K - T') + (M - rho)
         rows = np.stack([np.uint64(0) - np.uint64(2) * T[-1], np.uint64(2) * Kb[j]]) \
@@ -230,8 +239,8 @@ def _half_side(rows: np.ndarray, bits: np.ndarray, nb: int, left: bool,
     bits = _p_from_g(bits, nb)
     two = (np.uint64(2) * bits) if left else bits
     z = bits if const is None else bits - const
-    return _merge([(np.concatenate([rows[:, j], two[j][None]]), z[j], 1)
-                   for j in range(bits.shape[0])], left)
+    return _merge([([rows[:, j], two[j][None]], z[j], 1) for j in range(bits.shape[0])],
+                  left)
 
 
 # --------------------------------------------------------------------- the kernel -----
