@@ -67,6 +67,11 @@ class Checks:
         self.witnessed: list[tuple[dict, object, object]] = []
         #: (planes, record): masked 3-out-of-3 bits a verified comparison made, by identity
         self.masked: list[tuple[np.ndarray, dict]] = []
+        #: the pending checks' size, the same at every party: the gates of the registered
+        #: claims (all three provers'), plus the elements of kernels whose claims wait for
+        #: the flush (the job runner flushes at a layer's end from a size on:
+        #: :data:`net.party.malicious.FLUSH_AT`)
+        self.pending = 0
         self.received = hashlib.blake2b(digest_size=32, person=b"mpc3-open-recv")
         self.for_next = hashlib.blake2b(digest_size=32, person=b"mpc3-open-recv")
         #: both digests are of the same values when everyone is honest (one personalisation)
@@ -79,7 +84,15 @@ class Checks:
     def _add(self, triples) -> None:
         """Keep (own, as V_L, as V_R) claim triples, each side of bits held as bits
         (:func:`mpc3.dzkp.compact`)."""
-        self.claims.extend(tuple(dzkp.compact(c) for c in trio) for trio in triples)
+        for trio in triples:
+            self.claims.append(tuple(dzkp.compact(c) for c in trio))
+            self.pending += sum(c.z.size for c in trio)
+
+    def _wait(self, rec, make, claims, n: int) -> None:
+        """A kernel whose claims are built at the flush (``make`` its witness or None), on
+        ``n`` elements."""
+        self.witnessed.append((rec, make, claims))
+        self.pending += n
 
     def _cover(self, p, nbytes: int, back: int = 0) -> None:
         """The message(s) of this party in the last round (``back`` rounds before it)
@@ -110,6 +123,7 @@ class Checks:
         views = matmul_claims(p, x, y, out, kop, tag)
         if views is not None:
             self.mats.append(views)
+            self.pending += out.a.size
             self._cover(p, out.a.nbytes)
 
     def and_product(self, p, x, y, out, tag: str, kop: int) -> None:
@@ -131,8 +145,8 @@ class Checks:
             rec = next((r for planes, r in self.masked if planes is bit), None)
             if rec is None:
                 return                        # masked bits of an unverified kernel
-            self.witnessed.append(({"x": x, "st": st, "got2": got2, "origin": rec,
-                                    "seg": seg}, None, masked_injection_claims))
+            self._wait({"x": x, "st": st, "got2": got2, "origin": rec, "seg": seg}, None,
+                       masked_injection_claims, x.shape[0])
         for s, sl in zip(st, group_bounds(x.shape[0])):   # what the kernel sent, by round
             if s["role"] == 0:
                 self._cover(p, s["m1"].nbytes + s["m2"].nbytes + s["s0"].nbytes, back=1)
@@ -149,7 +163,7 @@ class Checks:
         the injection that consumes them. The late form (``pair_b``) is not covered."""
         if rec["late"]:
             return
-        self.witnessed.append((rec, compare_witness, compare_claims))
+        self._wait(rec, compare_witness, compare_claims, rec["x"].size)
         self.masked.append((bits.planes, {"rec": rec, "parts": bit_parts,
                                           "swaps": swap_claims}))
         nb = len(rec["blocks"])
@@ -171,7 +185,7 @@ class Checks:
             return
         rec = {"x": x, "per": per, "state": state, "got2": got2, "kop": p.kop,
                "groups": [sl for sl, _, _ in _default_segments(x.a.size, False)]}
-        self.witnessed.append((rec, trunc_witness, trunc_claims))
+        self._wait(rec, trunc_witness, trunc_claims, x.a.size)
         exact = got2 is not None
         for st, (_, _, _, plan) in zip(state, per):
             ng = st["n"]
@@ -187,7 +201,7 @@ class Checks:
         late form (``pair_b``, a product's split form) is not covered."""
         if rec["late"]:
             return
-        self.witnessed.append((rec, leaves_witness, leaves_claims))
+        self._wait(rec, leaves_witness, leaves_claims, rec["x"].size)
         nrows = sum((1 << k) - 1 for _, k in rec["blocks"]) + 1
         nconv = 2 * len(rec["blocks"]) - 1
         for s in rec["state"]:
@@ -200,7 +214,7 @@ class Checks:
         share goes out as a witness at the flush and the injection that consumes the
         planes proves all three shares (:mod:`mpc3.claims_masked`)."""
         rec["planes"] = planes
-        self.witnessed.append((rec, tree_witness, tree_keep))
+        self._wait(rec, tree_witness, tree_keep, 0)
         self.masked.append((planes, {"rec": rec, "parts": tree_parts, "swaps": tree_swaps}))
 
     def shared_input(self, x) -> None:

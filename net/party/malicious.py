@@ -14,8 +14,8 @@ The job runner (:mod:`net.party.runner`) calls these around :func:`protocols.job
   computed once per loaded array rather than per job (GPT-2-small's slots are 2 GB; this
   machine hashes 120-260 MB/s): both holders of a slot digest the same bytes, so the
   comparison is the same. It returns the job's cost recorder, a :class:`FlushingCosts`:
-  the protocols mark every layer's end on it (``on_layer``), and it flushes there
-  (:data:`MAX_FLUSHES` per job at most).
+  the protocols mark every layer's end on it (``on_layer``), and it flushes there once
+  the pending checks are large (:data:`FLUSH_AT`; :data:`MAX_FLUSHES` per job at most).
 * :func:`finish` after the job's last message and before its outputs are kept: the last
   flush. No output share leaves a party before it (clients fetch outputs only of a job
   that is DONE).
@@ -53,6 +53,12 @@ SEMI_HONEST = "semi-honest"
 MALICIOUS = "malicious"
 #: flushes per job at most (3 proofs each: 192 <= 2^7.6, see the module docstring)
 MAX_FLUSHES = 64
+#: a layer's end flushes only from this many pending gates and elements on
+#: (``Checks.pending``, the same at every party): a prompt's layers flush one by one (a
+#: Table 2 layer registers millions), which bounds a flush's memory, while a decoding
+#: step's small layers are proven together at the job's end - one proof's rounds per
+#: generated token, not one per layer
+FLUSH_AT = 1 << 17
 
 
 class ModeMismatch(ProtocolError):
@@ -61,8 +67,8 @@ class ModeMismatch(ProtocolError):
 
 class FlushingCosts(CostRecorder):
     """The per-layer cost recorder of a malicious-mode job: it flushes the party's checks at
-    each layer's end (the flush's traffic is counted in that layer), keeping the last of
-    :data:`MAX_FLUSHES` for :func:`finish`."""
+    a layer's end once they are large (:data:`FLUSH_AT`; the flush's traffic is counted in
+    that layer), keeping the last of :data:`MAX_FLUSHES` for :func:`finish`."""
 
     def __init__(self, party: Party) -> None:
         super().__init__(party)
@@ -73,7 +79,7 @@ class FlushingCosts(CostRecorder):
         self.flushes += 1
 
     def mark(self, layer: str) -> None:
-        if self.flushes < MAX_FLUSHES - 1:
+        if self.flushes < MAX_FLUSHES - 1 and self.party.checks.pending >= FLUSH_AT:
             self.flush()
         super().mark(layer)
 

@@ -15,7 +15,7 @@ from mpc3.shares import AShare
 from net.errors import BadRequest, Code
 from net.party.inproc import InprocParties
 from net.party import malicious
-from net.party.malicious import MAX_FLUSHES, FlushingCosts
+from net.party.malicious import FLUSH_AT, MAX_FLUSHES, FlushingCosts
 from net.peer.linkbase import Link
 from net.peer.handshake import Handshake
 from net.peer.router import PeerRouter
@@ -94,10 +94,10 @@ def test_a_covered_job_passes_its_flushes_and_gives_the_semi_honest_result():
     assert np.array_equal(y, x @ w)                     # modulo 2^64, untruncated
     sjobs, err = _run(semi, x)
     assert err is None and np.array_equal(reveal([j.outputs["Y"] for j in sjobs]), y)
-    for j, s in zip(jobs, sjobs):                        # the flushes cost rounds, per layer
-        assert [c["layer"] for c in j.costs] == ["layer.0"]
+    for j, s in zip(jobs, sjobs):      # the flush costs rounds; a small layer's waits for
+        assert [c["layer"] for c in j.costs] == ["layer.0"]         # the job's end
         assert j.party.stats.rounds > s.party.stats.rounds
-        assert j.costs[0]["rounds"] > s.costs[0]["rounds"]
+        assert j.costs[0]["rounds"] == s.costs[0]["rounds"]
 
 
 @pytest.mark.parametrize("where,kind", [("matmul", "add"), ("matmul", "flip"),
@@ -183,13 +183,32 @@ def test_semi_honest_runs_the_unverified_operation():
     assert err is None and all(j.party.checks is None for j in jobs)
 
 
-def test_flushes_per_job_are_bounded():
-    class Stub:
-        def __init__(self):
-            self.n = 0
+class _Stub:
+    """Checks as FlushingCosts sees them: a pending size, flushes counted."""
 
-        def flush(self, p):
-            self.n += 1
+    def __init__(self, pending=FLUSH_AT):
+        self.n, self.pending = 0, pending
+
+    def flush(self, p):
+        self.n += 1
+
+
+def test_a_layer_end_flushes_only_large_pending_checks():
+    """A decoding step's small layers are proven together at the job's end; a prompt's
+    large ones one by one (their memory)."""
+    ip, _ = _cluster("malicious")
+    party = ip._opener(0)("sizes")
+    party.checks = _Stub(pending=FLUSH_AT - 1)
+    costs = FlushingCosts(party)
+    costs.mark("layer.0")
+    assert party.checks.n == 0
+    party.checks.pending = FLUSH_AT
+    costs.mark("layer.1")
+    assert party.checks.n == 1
+
+
+def test_flushes_per_job_are_bounded():
+    Stub = _Stub
 
     ip, _ = _cluster("malicious")
     party = ip._opener(0)("bound")
