@@ -1,0 +1,138 @@
+"""Malicious mode against semi-honest on translation decoding steps (issue 35's "bytes and
+rounds per generated token"; docs/MALICIOUS.md, "Whole workloads"):
+
+    python benchmarks/malicious_decode.py --json benchmarks/results/malicious_decode.json
+
+Three in-process parties run the Table 2 decoder's incremental decoding (``decoder-step``'s
+secure code: :meth:`protocols.stacks.decoder.DecodeState.start` on the encoder output, then
+:func:`protocols.stacks.decoder.decoder_step` per token; random weights of the shape,
+uniform inputs) in both modes from the same shares. Malicious mode passes the inputs and
+weights through ``shared_input`` and flushes once after the start and once per token, as a
+job does whose layers are small (``net.party.malicious.FLUSH_AT``): each generated token
+pays one proof. Reported per mode: the start's and each token's bytes per party, rounds and
+wall (one run each, same process), the output's error against the float64 reference, and
+the gates party 0 proves at each flush.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import runinfo  # noqa: E402
+from mpc3 import dzkp, procinfo, ring  # noqa: E402
+from mpc3.checks import Checks  # noqa: E402
+from mpc3.sharing import reveal  # noqa: E402
+from mpc3.sim import make_parties, run_parties  # noqa: E402
+from protocols import model as M  # noqa: E402
+from protocols.jobs import workloads  # noqa: E402
+from protocols.layers.secure_model import deal_tensors, plain_tensors, share_input  # noqa: E402
+from protocols.stacks import decoder as D  # noqa: E402
+
+TABLE2 = dict(seq=64, d_model=512, heads=8, features=266, d_ff=2048, layers=6)
+TINY = dict(seq=4, d_model=16, heads=2, features=8, d_ff=32, layers=1)
+
+
+def _case(shape: dict, seed: int = 0):
+    cfg = M.ModelConfig(d_model=shape["d_model"], n_heads=shape["heads"],
+                        d_head=shape["d_model"] // shape["heads"],
+                        n_features=shape["features"], d_ff=shape["d_ff"],
+                        n_enc_layers=1, n_dec_layers=shape["layers"],
+                        attn_c=1.0 / (shape["features"] * shape["seq"]), attn_norm="const",
+                        norm_first=False, src_vocab=2, tgt_vocab=2,
+                        max_len=shape["seq"]).validate()
+    w = M.random_weights(cfg, seed=seed)
+    wl = workloads.get("decoder-step")
+    opts = workloads.Options(fold=True, block=None, decode_block=None, exp="poly",
+                             input_range=None)
+    (ys, es), ref = wl.case(cfg, w, 1, np.random.default_rng(seed + 1), opts)
+    shares = deal_tensors(plain_tensors(cfg, w, fold_omega=True), prefixes=wl.prefixes,
+                          shared_replicas=True)
+    y, e = share_input(ys), share_input(es)
+    return cfg, [(shares[i], y[i], e[i]) for i in range(3)], ref
+
+
+def _job(cfg, tokens: int, malicious: bool):
+    def job(p, sh, ys, es):
+        if malicious:
+            p.checks = Checks(p)
+            for s in (ys, es, *(sh[name] for name in sorted(sh))):
+                p.checks.shared_input(s)
+        phases, outs = [], []
+
+        def phase(run):
+            before, t0 = p.stats.snapshot(), time.perf_counter()
+            out = run()
+            if malicious:
+                p.checks.flush(p)
+            spent = p.stats - before
+            phases.append((spent.bytes_sent, spent.rounds, time.perf_counter() - t0))
+            return out
+        st = phase(lambda: D.DecodeState.start(p, cfg, sh, es))
+        for t in range(tokens):
+            outs.append(phase(lambda: D.decoder_step(p, cfg, sh, st, ys[:, t])))
+        return outs, phases
+    return job
+
+
+def measure(cfg, args, ref, tokens: int, malicious: bool) -> dict:
+    gates = []
+    verify = dzkp.verify_claims
+
+    def counted(p, mine, *rest, **kw):
+        if p.rank == 0:
+            gates.append(sum(c.z.size for c in mine))
+        return verify(p, mine, *rest, **kw)
+    dzkp.verify_claims = counted
+    try:
+        out = run_parties(_job(cfg, tokens, malicious), args, parties=make_parties())
+    finally:
+        dzkp.verify_claims = verify
+    ys = [ring.decode(reveal([o[0][t] for o in out])) for t in range(tokens)]
+    err = max(float(np.max(np.abs(y - ref[:, t]))) for t, y in enumerate(ys))
+    phases = [o[1] for o in out]                     # per party: [start, token 0, ...]
+
+    def row(i):
+        return {"bytes_per_party": [ph[i][0] for ph in phases],
+                "rounds": max(ph[i][1] for ph in phases),
+                "wall_s": max(ph[i][2] for ph in phases)}
+    return {"start": row(0), "tokens": [row(1 + t) for t in range(tokens)],
+            "proof_gates_party0": gates, "peak_rss_bytes": procinfo.peak_rss(),
+            "max_abs_err": err}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tiny", action="store_true", help=f"the shape {TINY} (else Table 2)")
+    ap.add_argument("--layers", type=int, help="override the shape's layer count")
+    ap.add_argument("--tokens", type=int, default=2, help="decoding steps measured")
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args(argv)
+    shape = dict(TINY if a.tiny else TABLE2)
+    if a.layers:
+        shape["layers"] = a.layers
+    if not 1 <= a.tokens <= shape["seq"]:
+        ap.error(f"--tokens must be in 1..{shape['seq']}")
+    result = runinfo.start("malicious_decode")
+    result["shape"], result["tokens"] = shape, a.tokens
+    cfg, args, ref = _case(shape)
+    semi = measure(cfg, args, ref, a.tokens, False)
+    mal = measure(cfg, args, ref, a.tokens, True)
+    result["semi_honest"], result["malicious"] = semi, mal
+    last = (semi["tokens"][-1], mal["tokens"][-1])
+    result["last_token_ratio"] = {
+        "bytes": round(sum(last[1]["bytes_per_party"]) / sum(last[0]["bytes_per_party"]), 4),
+        "rounds": round(last[1]["rounds"] / last[0]["rounds"], 4),
+        "wall": round(last[1]["wall_s"] / last[0]["wall_s"], 2)}
+    runinfo.finish(result, a.json)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
