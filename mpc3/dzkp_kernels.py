@@ -181,6 +181,54 @@ def _fold_int_part(x, xs, n, lr, sig, nz, taps, t0, t1, out):  # pragma: no cove
                             out[j, o, d] = acc[t, j * D + d]
 
 
+def _fold_bits_part(x, xs, n, tab, sig, nz, taps, t0, t1, out):  # pragma: no cover
+    """:func:`_fold_int_part` for bit rows, by tables: tab[g, b] = the sum of lr[8 g + j]
+    over the set bits j of b, so a position adds one table row per 8 chunks (the byte of
+    their bits), not one coefficient per set bit; the row's value multiplies the sum once."""
+    m, L = x.shape
+    G, R, reps, D = tab.shape[0], tab.shape[2], out.shape[0], out.shape[2]
+    acc = np.zeros((BLOCK, R), dtype=np.int64)
+    c = np.zeros(2 * D - 1, dtype=np.int64)
+    idx = np.zeros(BLOCK, dtype=np.int64)
+    weighted = sig.shape[0] > 0
+    for a in range(m):
+        sa = xs[a]
+        for s in range(t0 if nz[a] else t1, t1, BLOCK):           # a zero row stays zero
+            w = min(t1, s + BLOCK) - s
+            acc[:w] = 0
+            for g in range(G):
+                idx[:w] = 0
+                for j in range(8):
+                    base = (8 * g + j) * n + s
+                    top = min(w, L - base)
+                    for t in range(top):
+                        idx[t] |= np.int64(x[a, base + t]) << j
+                tg = tab[g]
+                for t in range(w):
+                    b = idx[t]
+                    if b:
+                        src = tg[b]
+                        row = acc[t]
+                        for e in range(R):
+                            row[e] += src[e]
+            for t in range(w):
+                acc[t] *= sa
+                o = a * n + s + t
+                for j in range(reps):
+                    if weighted:
+                        _ring_mul_into_jit(acc[t, j * D:(j + 1) * D], sig[s + t, j], taps, c,
+                                           out[j, o])
+                    else:
+                        for d in range(D):
+                            out[j, o, d] = acc[t, j * D + d]
+
+
+def _fold_bits_all(x, xs, n, tab, sig, nz, taps, out, parts):  # pragma: no cover
+    for j in _prange(parts):
+        _fold_bits_part_jit(x, xs, n, tab, sig, nz, taps, n * j // parts,
+                            n * (j + 1) // parts, out)
+
+
 def _fold_int_all(x, xs, n, lr, sig, nz, taps, out, parts):  # pragma: no cover
     for j in _prange(parts):
         _fold_int_part_jit(x, xs, n, lr, sig, nz, taps, n * j // parts, n * (j + 1) // parts,
@@ -240,6 +288,7 @@ def _mul_binary(a, bmask, taps, c, out):  # pragma: no cover
 
 _ring_mul_into_jit = _mul_binary       # out = a * sigma in GR(2^64, D), c: scratch
 _fold_int_part_jit = _fold_int_part
+_fold_bits_part_jit = _fold_bits_part
 _fold_ring_part_jit = _fold_ring_part
 
 
@@ -249,15 +298,18 @@ def _kernels() -> dict:
     import numba
 
     g = globals()
-    for name in ("_gram_int_part", "_gram_ring_part", "_fold_int_part", "_fold_ring_part"):
+    for name in ("_gram_int_part", "_gram_ring_part", "_fold_int_part", "_fold_bits_part",
+                 "_fold_ring_part"):
         g[name + "_jit"] = numba.njit(cache=True, nogil=True)(g[name])
     g["_ring_mul_into_jit"] = numba.njit(cache=True, nogil=True)(_mul_binary)
     out = {}
-    for name in ("_gram_int_all", "_gram_ring_all", "_fold_int_all", "_fold_ring_all"):
+    for name in ("_gram_int_all", "_gram_ring_all", "_fold_int_all", "_fold_bits_all",
+                 "_fold_ring_all"):
         g["_prange"] = range
         out[name, False] = numba.njit(cache=True, nogil=True)(g[name])
     g["_prange"] = numba.prange
-    for name in ("_gram_int_all", "_gram_ring_all", "_fold_int_all", "_fold_ring_all"):
+    for name in ("_gram_int_all", "_gram_ring_all", "_fold_int_all", "_fold_bits_all",
+                 "_fold_ring_all"):
         out[name, True] = _parallel_twin(numba, g[name])
     return out
 
@@ -385,10 +437,25 @@ def fold_int(x: np.ndarray, k: int, lr: np.ndarray, sig: np.ndarray | None,
     s = np.zeros((0, reps, D), np.int64) if sig is None else \
         np.ascontiguousarray(masks(sig).transpose(1, 0, 2))
     x, xs = rows(x, scale)
-    _kernels()["_fold_int_all", par](x, xs, n, np.ascontiguousarray(
-        _i64(lr).transpose(1, 0, 2)).reshape(-1, reps * D), s, nz, taps, out.view(np.int64),
-        parts)
+    lr2 = np.ascontiguousarray(_i64(lr).transpose(1, 0, 2)).reshape(-1, reps * D)
+    if x.dtype == np.uint8 and k % 8 == 0:               # bit rows: by tables of 8 chunks
+        _kernels()["_fold_bits_all", par](x, xs, n, _byte_tables(lr2), s, nz, taps,
+                                          out.view(np.int64), parts)
+    else:
+        _kernels()["_fold_int_all", par](x, xs, n, lr2, s, nz, taps, out.view(np.int64),
+                                         parts)
     return out
+
+
+_BYTE_BITS = ((np.arange(256)[:, None] >> np.arange(8)) & 1).astype(np.uint64)
+
+
+def _byte_tables(lr: np.ndarray) -> np.ndarray:
+    """(k / 8, 256, R): table g, row b = the sum of lr[8 g + j] over the set bits j of b
+    (mod 2^64)."""
+    k, R = lr.shape
+    coef = lr.view(np.uint64).reshape(k // 8, 8, R)
+    return np.stack([_BYTE_BITS @ coef[g] for g in range(k // 8)]).view(np.int64)
 
 
 def fold_batches(batches: list, live: list, ns: list, sigmas: list, lr: np.ndarray,

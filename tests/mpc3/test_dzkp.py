@@ -180,3 +180,33 @@ def test_batches_of_different_widths_join_one_proof():
                          tamper.Target(cheater, PREV, op=op), tamper.Deviation("add", error=1))
         assert isinstance(got.error, dzkp.CheatingDetected), (cheater, op, got.error)
         assert got.error.prover == cheater
+
+
+@pytest.mark.parametrize("k,weighted", [(64, True), (32, False), (8, True)])
+def test_the_first_fold_of_bit_rows_is_the_lagrange_combination(k, weighted):
+    """dzkp_kernels.fold_int on rows of bits (by tables of 8 chunks) equals the fold of the
+    same rows as words, and both equal sigma_t sum_i lr_i u_(a, i n + t) computed in the
+    Galois ring (rows of zeros skipped, positions past the end zero)."""
+    from mpc3 import dzkp_kernels as dk
+    from mpc3.galois import galois_ring
+    g = galois_ring(32)
+    rng = np.random.default_rng(k)
+    m, L, reps = 5, 37 * k + 5, 2
+    n = -(-L // k)
+    bits = rng.integers(0, 2, size=(m, L), dtype=np.uint8)
+    bits[2] = 0                                          # a zero row
+    scale = rng.integers(0, M64, size=m, dtype=np.uint64)
+    lr = rng.integers(0, M64, size=(reps, k, g.D), dtype=np.uint64)
+    sig = rng.integers(0, 2, size=(reps, n, g.D), dtype=np.uint64) if weighted else None
+    got = dk.fold_int(bits, k, lr, sig, g._taps, scale=scale)
+    words = bits.astype(np.uint64) * scale[:, None]
+    assert np.array_equal(got, dk.fold_int(words, k, lr, sig, g._taps))
+    pad = np.zeros((m, k * n), dtype=np.uint64)
+    pad[:, :L] = words
+    chunks = pad.reshape(m, k, n)                        # chunk i, position t
+    for r in range(reps):
+        want = np.einsum("ain,id->and", chunks, lr[r]).reshape(m * n, g.D)   # mod 2^64
+        if weighted:
+            want = np.stack([g.mul(want[a * n + t], sig[r, t])
+                             for a in range(m) for t in range(n)])
+        assert np.array_equal(got[r], want)
