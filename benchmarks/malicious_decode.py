@@ -6,12 +6,15 @@ rounds per generated token"; docs/MALICIOUS.md, "Whole workloads"):
 Three in-process parties run the Table 2 decoder's incremental decoding (``decoder-step``'s
 secure code: :meth:`protocols.stacks.decoder.DecodeState.start` on the encoder output, then
 :func:`protocols.stacks.decoder.decoder_step` per token; random weights of the shape,
-uniform inputs) in both modes from the same shares. Malicious mode passes the inputs and
-weights through ``shared_input`` and flushes once after the start and once per token, as a
-job does whose layers are small (``net.party.malicious.FLUSH_AT``): each generated token
-pays one proof. Reported per mode: the start's and each token's bytes per party, rounds and
-wall (one run each, same process), the output's error against the float64 reference, and
-the gates party 0 proves at each flush.
+uniform inputs) in both modes from the same shares. The start runs unverified in both
+modes: its six layers' claims in one flush (``cross_precompute`` computes every layer's
+K'^T V together, with no layer mark between) took more than this machine's 24 GB in
+malicious mode and were killed. Then malicious mode passes the tokens' inputs and the
+weights through ``shared_input`` and flushes once per token, as a job does whose layers
+are small (``net.party.malicious.FLUSH_AT``): each generated token pays one proof.
+Reported per mode: the start's (semi-honest in both) and each token's bytes per party,
+rounds and wall (one run each, same process), the output's error against the float64
+reference, and the gates party 0 proves at each flush.
 """
 from __future__ import annotations
 
@@ -60,21 +63,21 @@ def _case(shape: dict, seed: int = 0):
 
 def _job(cfg, tokens: int, malicious: bool):
     def job(p, sh, ys, es):
-        if malicious:
-            p.checks = Checks(p)
-            for s in (ys, es, *(sh[name] for name in sorted(sh))):
-                p.checks.shared_input(s)
         phases, outs = [], []
 
         def phase(run):
             before, t0 = p.stats.snapshot(), time.perf_counter()
             out = run()
-            if malicious:
+            if p.checks is not None:
                 p.checks.flush(p)
             spent = p.stats - before
             phases.append((spent.bytes_sent, spent.rounds, time.perf_counter() - t0))
             return out
-        st = phase(lambda: D.DecodeState.start(p, cfg, sh, es))
+        st = phase(lambda: D.DecodeState.start(p, cfg, sh, es))     # unverified (docstring)
+        if malicious:
+            p.checks = Checks(p)
+            for s in (ys, *(sh[name] for name in sorted(sh))):
+                p.checks.shared_input(s)
         for t in range(tokens):
             outs.append(phase(lambda: D.decoder_step(p, cfg, sh, st, ys[:, t])))
         return outs, phases
