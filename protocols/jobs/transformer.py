@@ -140,7 +140,8 @@ def run_decode_open(ctx: JobContext, inputs: dict) -> dict:
     enc = encoder(ctx.party, cfg, shares, inputs["X"], on_layer=ctx.costs.mark)
     state = DecodeState.start(ctx.party, cfg, shares, enc, fuse=session_fuse(ctx.params),
                               schedule=session_schedule(
-                                  cfg, ctx.model.meta.get("calibration"), ctx.party.cfg))
+                                  cfg, ctx.model.meta.get("calibration"), ctx.party.cfg),
+                              on_layer=ctx.costs.mark)
     ctx.costs.mark("dec.cross_kv")
     ctx.session.state = DecodeSession(cfg, state)
     return {}

@@ -175,23 +175,36 @@ class DecodeState:
     @staticmethod
     def start(p: Party, cfg: M.ModelConfig, shares: dict, enc: AShare,
               block: int | None = None, fuse=DEFAULT_FUSE,
-              schedule: Schedule = GENERAL) -> "DecodeState":
+              schedule: Schedule = GENERAL,
+              on_layer: Callable[[str], None] | None = None) -> "DecodeState":
         """``block``: tokens cached before folding into G (:class:`attention.PrefixState`);
         ``fuse``: the LayerNorms fused with the projections after them (:func:`ln_fusions`;
         "wo" folds the cross attentions' W^O the ``schedule`` allows); ``schedule``: the
-        session's calibrated choices (:class:`~protocols.stacks.schedule.Schedule`). Cost:
+        session's calibrated choices (:class:`~protocols.stacks.schedule.Schedule`);
+        ``on_layer``: in malicious mode (``p.checks`` set) the cross attentions are computed
+        layer by layer, ``on_layer("dec.<i>.cross")`` after each - where a job flushes its
+        checks once they are large, as a Table 2 decoder's all-layer claims would not fit
+        one flush; else all layers together (fewer rounds). Cost:
         :func:`cost_decode_start`."""
         B, S, _ = enc.shape
+
+        def cross_all(**kw):
+            if on_layer is None or p.checks is None:
+                return cross_precompute(p, cfg, shares, enc, **kw)
+            out = []
+            for i in range(cfg.n_dec_layers):
+                out += cross_precompute(p, cfg, shares, enc, layers=[i], **kw)
+                on_layer(f"dec.{i}.cross")
+            return out
         if cfg.attention != M.PERFORMER:            # KV caches of capacity max_len
             return DecodeState([KVCache.empty(B, cfg.n_heads, cfg.d_head, cfg.max_len,
                                               p.shadow is not None)
                                 for _ in range(cfg.n_dec_layers)],
-                               cross_precompute(p, cfg, shares, enc), S,
+                               cross_all(), S,
                                fused_biases(p, shares, ln_fusions(cfg, fuse)), tuple(fuse),
                                schedule)
         scale = 1.0 / S if cfg.attn_norm == "mean" else None     # in K'^T V's truncation
-        cross = [c.kv for c in cross_precompute(p, cfg, shares, enc, need_kv=True,
-                                                kv_scale=scale)]
+        cross = [c.kv for c in cross_all(need_kv=True, kv_scale=scale)]
         cross = fold_wo_into_kv(p, cfg, shares, cross,
                                 folded_layers(cfg, fuse, schedule.fold_wo))
         return DecodeState([A.PrefixState.empty(B, cfg.n_heads, cfg.n_features, cfg.d_head,
