@@ -6,15 +6,13 @@ rounds per generated token"; docs/MALICIOUS.md, "Whole workloads"):
 Three in-process parties run the Table 2 decoder's incremental decoding (``decoder-step``'s
 secure code: :meth:`protocols.stacks.decoder.DecodeState.start` on the encoder output, then
 :func:`protocols.stacks.decoder.decoder_step` per token; random weights of the shape,
-uniform inputs) in both modes from the same shares. The start runs unverified in both
-modes: its six layers' claims in one flush (``cross_precompute`` computes every layer's
-K'^T V together, with no layer mark between) took more than this machine's 24 GB in
-malicious mode and were killed. Then malicious mode passes the tokens' inputs and the
-weights through ``shared_input`` and flushes once per token, as a job does whose layers
-are small (``net.party.malicious.FLUSH_AT``): each generated token pays one proof.
-Reported per mode: the start's (semi-honest in both) and each token's bytes per party,
-rounds and wall (one run each, same process), the output's error against the float64
-reference, and the gates party 0 proves at each flush.
+uniform inputs) in both modes from the same shares. Malicious mode passes the inputs and
+weights through ``shared_input``; the start computes the cross attentions layer by layer
+and flushes after each once the pending checks are large, and once at its end, and each
+token flushes once, as a job does (``net.party.malicious.FLUSH_AT``; a decoding step's
+layers are small): each generated token pays one proof. Reported per mode: the start's and
+each token's bytes per party, rounds and wall (one run each, same process), the output's
+error against the float64 reference, and the gates party 0 proves at each flush.
 """
 from __future__ import annotations
 
@@ -33,6 +31,7 @@ from mpc3 import dzkp, procinfo, ring  # noqa: E402
 from mpc3.checks import Checks  # noqa: E402
 from mpc3.sharing import reveal  # noqa: E402
 from mpc3.sim import make_parties, run_parties  # noqa: E402
+from net.party.malicious import FLUSH_AT  # noqa: E402
 from protocols import model as M  # noqa: E402
 from protocols.jobs import workloads  # noqa: E402
 from protocols.layers.secure_model import deal_tensors, plain_tensors, share_input  # noqa: E402
@@ -73,11 +72,15 @@ def _job(cfg, tokens: int, malicious: bool):
             spent = p.stats - before
             phases.append((spent.bytes_sent, spent.rounds, time.perf_counter() - t0))
             return out
-        st = phase(lambda: D.DecodeState.start(p, cfg, sh, es))     # unverified (docstring)
         if malicious:
             p.checks = Checks(p)
-            for s in (ys, *(sh[name] for name in sorted(sh))):
+            for s in (ys, es, *(sh[name] for name in sorted(sh))):
                 p.checks.shared_input(s)
+
+        def mark(_):                                 # the job runner's policy at a layer end
+            if p.checks is not None and p.checks.pending >= FLUSH_AT:
+                p.checks.flush(p)
+        st = phase(lambda: D.DecodeState.start(p, cfg, sh, es, on_layer=mark))
         for t in range(tokens):
             outs.append(phase(lambda: D.decoder_step(p, cfg, sh, st, ys[:, t])))
         return outs, phases
