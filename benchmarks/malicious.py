@@ -57,14 +57,19 @@ QUICK = dict(seq=16, d_model=64, heads=4, features=44, d_ff=128, layers=1)
 TINY = dict(seq=4, d_model=16, heads=2, features=8, d_ff=32, layers=1)
 
 
+def config(shape: dict, enc_layers: int, dec_layers: int) -> M.ModelConfig:
+    """The model of a benchmark ``shape`` (Privformer's attention: ReLU features, c/(r n))."""
+    return M.ModelConfig(d_model=shape["d_model"], n_heads=shape["heads"],
+                         d_head=shape["d_model"] // shape["heads"],
+                         n_features=shape["features"], d_ff=shape["d_ff"],
+                         n_enc_layers=enc_layers, n_dec_layers=dec_layers,
+                         attn_c=1.0 / (shape["features"] * shape["seq"]), attn_norm="const",
+                         norm_first=False, src_vocab=2, tgt_vocab=2,
+                         max_len=shape["seq"]).validate()
+
+
 def _case(shape: dict, seed: int = 0):
-    cfg = M.ModelConfig(d_model=shape["d_model"], n_heads=shape["heads"],
-                        d_head=shape["d_model"] // shape["heads"],
-                        n_features=shape["features"], d_ff=shape["d_ff"],
-                        n_enc_layers=shape["layers"], n_dec_layers=0,
-                        attn_c=1.0 / (shape["features"] * shape["seq"]), attn_norm="const",
-                        norm_first=False, src_vocab=2, tgt_vocab=2,
-                        max_len=shape["seq"]).validate()
+    cfg = config(shape, shape["layers"], 0)
     w = M.random_weights(cfg, seed=seed)
     wl = workloads.get("encoder")
     opts = workloads.Options(fold=True, block=None, decode_block=None, exp="poly",

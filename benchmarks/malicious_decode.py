@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import runinfo  # noqa: E402
+from malicious import TABLE2, TINY, config  # noqa: E402
 from mpc3 import dzkp, procinfo, ring  # noqa: E402
 from mpc3.checks import Checks  # noqa: E402
 from mpc3.sharing import reveal  # noqa: E402
@@ -37,18 +38,8 @@ from protocols.jobs import workloads  # noqa: E402
 from protocols.layers.secure_model import deal_tensors, plain_tensors, share_input  # noqa: E402
 from protocols.stacks import decoder as D  # noqa: E402
 
-TABLE2 = dict(seq=64, d_model=512, heads=8, features=266, d_ff=2048, layers=6)
-TINY = dict(seq=4, d_model=16, heads=2, features=8, d_ff=32, layers=1)
-
-
 def _case(shape: dict, seed: int = 0):
-    cfg = M.ModelConfig(d_model=shape["d_model"], n_heads=shape["heads"],
-                        d_head=shape["d_model"] // shape["heads"],
-                        n_features=shape["features"], d_ff=shape["d_ff"],
-                        n_enc_layers=1, n_dec_layers=shape["layers"],
-                        attn_c=1.0 / (shape["features"] * shape["seq"]), attn_norm="const",
-                        norm_first=False, src_vocab=2, tgt_vocab=2,
-                        max_len=shape["seq"]).validate()
+    cfg = config(shape, 1, shape["layers"])          # the encoder's weights go unused
     w = M.random_weights(cfg, seed=seed)
     wl = workloads.get("decoder-step")
     opts = workloads.Options(fold=True, block=None, decode_block=None, exp="poly",

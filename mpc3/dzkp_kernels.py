@@ -171,14 +171,7 @@ def _fold_int_part(x, xs, n, lr, sig, nz, taps, t0, t1, out):  # pragma: no cove
                         for e in range(R):
                             row[e] += xv * li[e]
             for t in range(w):
-                o = a * n + s + t
-                for j in range(reps):
-                    if weighted:
-                        _ring_mul_into_jit(acc[t, j * D:(j + 1) * D], sig[s + t, j], taps, c,
-                                           out[j, o])
-                    else:
-                        for d in range(D):
-                            out[j, o, d] = acc[t, j * D + d]
+                _emit_jit(acc[t], sig, s + t, taps, c, out, a * n + s + t, weighted)
 
 
 def _fold_bits_part(x, xs, n, tab, sig, nz, taps, t0, t1, out):  # pragma: no cover
@@ -213,20 +206,23 @@ def _fold_bits_part(x, xs, n, tab, sig, nz, taps, t0, t1, out):  # pragma: no co
                             row[e] += src[e]
             for t in range(w):
                 acc[t] *= sa
-                o = a * n + s + t
-                for j in range(reps):
-                    if weighted:
-                        _ring_mul_into_jit(acc[t, j * D:(j + 1) * D], sig[s + t, j], taps, c,
-                                           out[j, o])
-                    else:
-                        for d in range(D):
-                            out[j, o, d] = acc[t, j * D + d]
+                _emit_jit(acc[t], sig, s + t, taps, c, out, a * n + s + t, weighted)
 
 
 def _fold_bits_all(x, xs, n, tab, sig, nz, taps, out, parts):  # pragma: no cover
     for j in _prange(parts):
         _fold_bits_part_jit(x, xs, n, tab, sig, nz, taps, n * j // parts,
                             n * (j + 1) // parts, out)
+
+
+def _emit(acc, sig, t, taps, c, out, o, weighted):  # pragma: no cover
+    """out[j, o] = (sigma_t *) repetition j's D words of the accumulated ``acc``."""
+    D = out.shape[2]
+    for j in range(out.shape[0]):
+        if weighted:
+            _ring_mul_into_jit(acc[j * D:(j + 1) * D], sig[t, j], taps, c, out[j, o])
+        else:
+            out[j, o] = acc[j * D:(j + 1) * D]
 
 
 def _fold_int_all(x, xs, n, lr, sig, nz, taps, out, parts):  # pragma: no cover
@@ -289,6 +285,7 @@ def _mul_binary(a, bmask, taps, c, out):  # pragma: no cover
 _ring_mul_into_jit = _mul_binary       # out = a * sigma in GR(2^64, D), c: scratch
 _fold_int_part_jit = _fold_int_part
 _fold_bits_part_jit = _fold_bits_part
+_emit_jit = _emit
 _fold_ring_part_jit = _fold_ring_part
 
 
@@ -298,8 +295,8 @@ def _kernels() -> dict:
     import numba
 
     g = globals()
-    for name in ("_gram_int_part", "_gram_ring_part", "_fold_int_part", "_fold_bits_part",
-                 "_fold_ring_part"):
+    for name in ("_emit", "_gram_int_part", "_gram_ring_part", "_fold_int_part",
+                 "_fold_bits_part", "_fold_ring_part"):
         g[name + "_jit"] = numba.njit(cache=True, nogil=True)(g[name])
     g["_ring_mul_into_jit"] = numba.njit(cache=True, nogil=True)(_mul_binary)
     out = {}
