@@ -8,18 +8,23 @@
   :func:`mpc3.claims.a_witness` (``a = K ^ M``: V_L's pad, V_R's witness). With the
   arithmetic value ``t = T' + rho - 2 T' rho`` of a shared bit, the code is right iff
     - A's bits are A's (the 64-term gate of :func:`mpc3.claims.trunc_claims`);
-    - each block's code sums to the block's value: ``sum_v t_v = sum_i 2^i a_i`` (one
-      gate of 2^k - 1 + k terms: every t_v and a_i is one product);
-    - each code is monotone, ``t_(v+1) (1 - t_v) = 0`` mod 2 - with ``t = T' ^ rho``
-      that is ``2^63 (a d + c b) = 2^63 (a c + b d)`` for a = T'_(v+1), c = 1 - T'_v
-      (V_L's) and b = rho_(v+1), d = rho_v (V_R's) - a binary, monotone code with the
+    - each block's code sums to the block's value: ``sum_v t_v = sum_i 2^i a_i`` (2^k - 1
+      + k terms: every t_v and a_i is one product; error below 2^k);
+    - each code is monotone, ``t_(v+1) (1 - t_v) = 0``: with a = T'_(v+1), c = 1 - T'_v
+      (V_L's) and b = rho_(v+1), d = rho_v (V_R's) that is ``(a - b)(d - c) = 0``, i.e.
+      ``a d + c b = a c + b d`` (error -1, 0 or 1) - a binary, monotone code with the
       block's sum is its thermometer;
-    - the top row is A's window top bit (linear mod 2: zero terms).
+    - the top row is A's window top bit: ``-2 T' rho + 2 K M = (K - T') + (M - rho)``.
 * Each pair member sends role 0 its XOR share of the leaves, masked: role 1
   ``sel(rho, b) ^ kappa``, role 2 ``sel(T', b) ^ kappa ^ sigma`` (kappa, sigma from the pair's
-  key). A leaf's share is a selection of its block's code rows by the pair's ``b``:
-  ``XOR_v S_v(b) t_v``, one 2^63-lifted gate of 2^k - 1 terms, the code share on one
-  verifier's side (role 0 holds rho and T') and S(b) on the other's (the other pair member).
+  key). Leaf G_j's share is one row of its block's code selected by the pair's ``b``, P_j's
+  XOR G_j's one more row (:func:`_half_side`): ``sum_v S_v t_v + (2 E) F = E + F`` over the
+  integers, E the message's bit and F the mask's, the code share on one verifier's side
+  (role 0 holds rho and T') and S(b) on the other's (the other pair member).
+
+Every constraint but A's gate is exact over the integers, its factors bits, so they are
+merged into gates of at most 64 bits of error (:func:`_merge`; docs/MALICIOUS.md, "Merged
+gates").
 
 A leaf set whose pair part arrives late (``pair_b``: a product's split form, whose A is a
 3-out-of-3 share) has no claim; malicious mode takes the replicated products instead.
