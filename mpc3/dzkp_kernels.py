@@ -418,11 +418,12 @@ def rows(x: np.ndarray, scale) -> tuple[np.ndarray, np.ndarray]:
 
 def fold_int(x: np.ndarray, k: int, lr: np.ndarray, sig: np.ndarray | None,
              taps: np.ndarray, n: int | None = None, out: np.ndarray | None = None,
-             scale: np.ndarray | None = None) -> np.ndarray:
+             scale: np.ndarray | None = None, coef: tuple | None = None) -> np.ndarray:
     """(sigma_t *) p_(a,t)(r) for Z_2^64 rows x (m, L) in k chunks of n (>= ceil(L / k);
     that unless given): lr (reps, k, D) the Lagrange coefficients at r, sig (reps, n, D)
-    binary (:func:`masks`) or None: (reps, m n, D), written into ``out`` if given (uint64, zero on entry). ``scale``:
-    the rows' values where x is bits (:func:`rows`)."""
+    binary (:func:`masks`) or None: (reps, m n, D), written into ``out`` if given (uint64,
+    zero on entry). ``scale``: the rows' values where x is bits (:func:`rows`). ``coef``:
+    :func:`_coefficients` of lr, when one fold reads several batches."""
     m, L = x.shape
     reps, _, D = lr.shape
     n = -(-L // k) if n is None else n
@@ -434,25 +435,26 @@ def fold_int(x: np.ndarray, k: int, lr: np.ndarray, sig: np.ndarray | None,
     s = np.zeros((0, reps, D), np.int64) if sig is None else \
         np.ascontiguousarray(masks(sig).transpose(1, 0, 2))
     x, xs = rows(x, scale)
-    lr2 = np.ascontiguousarray(_i64(lr).transpose(1, 0, 2)).reshape(-1, reps * D)
-    if x.dtype == np.uint8 and k % 8 == 0:               # bit rows: by tables of 8 chunks
-        _kernels()["_fold_bits_all", par](x, xs, n, _byte_tables(lr2), s, nz, taps,
-                                          out.view(np.int64), parts)
-    else:
-        _kernels()["_fold_int_all", par](x, xs, n, lr2, s, nz, taps, out.view(np.int64),
-                                         parts)
+    lr2, tables = coef or _coefficients(lr)
+    bits = x.dtype == np.uint8 and tables is not None     # bit rows: by tables of 8 chunks
+    _kernels()["_fold_bits_all" if bits else "_fold_int_all", par](
+        x, xs, n, tables if bits else lr2, s, nz, taps, out.view(np.int64), parts)
     return out
 
 
 _BYTE_BITS = ((np.arange(256)[:, None] >> np.arange(8)) & 1).astype(np.uint64)
 
 
-def _byte_tables(lr: np.ndarray) -> np.ndarray:
-    """(k / 8, 256, R): table g, row b = the sum of lr[8 g + j] over the set bits j of b
-    (mod 2^64)."""
-    k, R = lr.shape
-    coef = lr.view(np.uint64).reshape(k // 8, 8, R)
-    return np.stack([_BYTE_BITS @ coef[g] for g in range(k // 8)]).view(np.int64)
+def _coefficients(lr: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """lr (reps, k, D) as the folds read it: (k, reps D), and for k a multiple of 8 the
+    byte tables of the bit rows' fold, (k / 8, 256, reps D): table g, row b = the sum of the
+    coefficients of chunks 8 g + j over the set bits j of b (mod 2^64); else None."""
+    reps, k, D = lr.shape
+    lr2 = np.ascontiguousarray(_i64(lr).transpose(1, 0, 2)).reshape(-1, reps * D)
+    if k % 8:
+        return lr2, None
+    c = lr2.view(np.uint64).reshape(k // 8, 8, reps * D)
+    return lr2, np.stack([_BYTE_BITS @ c[g] for g in range(k // 8)]).view(np.int64)
 
 
 def fold_batches(batches: list, live: list, ns: list, sigmas: list, lr: np.ndarray,
@@ -467,12 +469,13 @@ def fold_batches(batches: list, live: list, ns: list, sigmas: list, lr: np.ndarr
     total = sum(m * n for m, n in zip(rows, ns)) + extra
     U, V = (np.zeros((reps, total, D), dtype=np.uint64) for _ in range(2))
     at = freed = 0
+    coef = _coefficients(lr)                          # once for every batch
     for b, m, n, sigma in zip(live, rows, ns, sigmas):
         c, span = batches[b], slice(at, at + m * n)
         if c.u is not None:
-            fold_int(c.u, k, lr, sigma, taps, n=n, out=U[:, span], scale=c.us)
+            fold_int(c.u, k, lr, sigma, taps, n=n, out=U[:, span], scale=c.us, coef=coef)
         if c.v is not None:
-            fold_int(c.v, k, lr, None, taps, n=n, out=V[:, span], scale=c.vs)
+            fold_int(c.v, k, lr, None, taps, n=n, out=V[:, span], scale=c.vs, coef=coef)
         batches[b] = c = None
         at += m * n
         freed += m * n * k
