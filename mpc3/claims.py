@@ -12,6 +12,7 @@ prev) from what it holds; :func:`mpc3.dzkp.verify_claims` proves them.
 from __future__ import annotations
 
 import functools
+from collections import Counter
 
 import numpy as np
 
@@ -24,6 +25,7 @@ from .shares import group_sizes, planes_to_bits
 _TOP = np.uint64(1 << 63)
 _TWO = np.uint64(2)
 _MINUS2 = np.uint64((1 << 64) - 2)
+_ONE = np.uint64(1)
 
 
 def _bits(planes: np.ndarray, n: int) -> np.ndarray:
@@ -73,31 +75,82 @@ def dot_claims(p, x, y, out, tag: str, kop: int) -> tuple[Claim, Claim, Claim] |
 
 
 # ------------------------------------------------------------------- AND layers -------
-#: AND claims merged into one gate (:func:`and_claims`): each one's error is one bit.
-AND_MERGE = 64
+# ------------------------------------------------------------------ merged gates ------
+#: Bits of a merged gate (:func:`_merge`): exact constraints whose integer errors need at
+#: most this many bits in all share one gate.
+MERGE_BITS = 64
+
+
+@functools.cache
+def _groups(bits: tuple) -> list[list[int]]:
+    """Consecutive parts whose bits sum to at most MERGE_BITS, as lists of indices."""
+    out, used = [[]], 0
+    for i, b in enumerate(bits):
+        if out[-1] and used + b > MERGE_BITS:
+            out.append([])
+            used = 0
+        out[-1].append(i)
+        used += b
+    return [g for g in out if g]
+
+
+def merged_widths(layout) -> Counter:
+    """{width: gates} of parts with (rows, bits) ``layout``, merged as :func:`_merge` does."""
+    return Counter(sum(layout[i][0] for i in g) for g in _groups(tuple(b for _, b in layout)))
+
+
+def _merge(parts: list, weighted: bool) -> dict:
+    """{width: (rows, z)} of exact constraints merged into as few gates as fit: ``parts`` a
+    list of (rows (r, n) or a list of such blocks, z (n,), bits), each a gate
+    ``sum rows_u rows_v = z_L + z_R`` whose value over the integers is 0 when honest and
+    otherwise a non-zero integer of magnitude below 2^bits (the rows are bits by
+    construction). Consecutive parts whose bits sum to
+    at most MERGE_BITS become one gate, part c scaled by 2^off_c (off_c: the bits before it):
+    if some part is wrong, the first wrong one, c, leaves the sum = 2^off_c e_c, non-zero,
+    mod 2^(off_c + bits_c), so the merged gate is wrong mod 2^64 (docs/MALICIOUS.md, "Merged
+    gates"). ``weighted``: this side carries the scale (V_L's rows; both z)."""
+    groups = _groups(tuple(b for _, _, b in parts))
+    n = parts[0][1].shape[0]
+    parts = [([r] if isinstance(r, np.ndarray) else r, zc, bits) for r, zc, bits in parts]
+    height = [sum(piece.shape[0] for piece in r) for r, _, _ in parts]
+    widths = [sum(height[i] for i in g) for g in groups]
+    out = {w: (np.empty((w, widths.count(w) * n), dtype=np.uint64),
+               np.zeros(widths.count(w) * n, dtype=np.uint64)) for w in set(widths)}
+    filled = dict.fromkeys(out, 0)
+    for group, width in zip(groups, widths):              # each gate written in place
+        u, z = out[width]
+        col = slice(filled[width] * n, (filled[width] + 1) * n)
+        filled[width] += 1
+        row, off = 0, 0
+        for r, zc, bits in (parts[i] for i in group):
+            w = np.uint64(1 << off)
+            for piece in r:
+                np.multiply(piece, w if weighted else _ONE,
+                            out=u[row:row + piece.shape[0], col])
+                row += piece.shape[0]
+            z[col] += zc * w
+            off += bits
+    return out
 
 
 def and_claim_gates(bits: int) -> tuple[int, int]:
-    """(gates, terms a gate) of an AND layer's claims on ``bits`` ANDs."""
-    return -(-bits // AND_MERGE), 4 * AND_MERGE
+    """(gates, terms a gate) of an AND layer's claims on ``bits`` ANDs (one bit of error
+    each, MERGE_BITS of them a gate)."""
+    return -(-bits // MERGE_BITS), 4 * MERGE_BITS
 
 
-def _merged(rows: np.ndarray, z: np.ndarray, weighted: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(r, L) rows and (L,) z of L one-bit-error claims -> AND_MERGE of them a gate:
-    ((r AND_MERGE, G), (G,)), claim j of a gate scaled by 2^j (the rows only if
-    ``weighted``), zero claims past the end."""
+def _merged_along(rows: np.ndarray, z: np.ndarray, weighted: bool):
+    """(r, L) rows and (L,) z of L one-bit-error claims, MERGE_BITS consecutive ones a gate
+    (:func:`_merge`; zero claims past the end): ((r MERGE_BITS, G), (G,))."""
     r, L = rows.shape
-    G = -(-L // AND_MERGE)
-    w = np.left_shift(_ONE, np.arange(AND_MERGE, dtype=np.uint64))
-    pad = np.zeros((r, G * AND_MERGE), dtype=np.uint64)
+    G = -(-L // MERGE_BITS)
+    pad = np.zeros((r, G * MERGE_BITS), dtype=np.uint64)
     pad[:, :L] = rows
-    u = pad.reshape(r, G, AND_MERGE).transpose(2, 0, 1)            # (j, row, gate)
-    if weighted:
-        u = u * w[:, None, None]
-    zp = np.zeros(G * AND_MERGE, dtype=np.uint64)
+    zp = np.zeros(G * MERGE_BITS, dtype=np.uint64)
     zp[:L] = z
-    return np.ascontiguousarray(u).reshape(AND_MERGE * r, G), \
-        (zp.reshape(G, AND_MERGE) * w).sum(axis=1)
+    u, zz = pad.reshape(r, G, MERGE_BITS), zp.reshape(G, MERGE_BITS)
+    (gate,) = _merge([(u[:, :, j], zz[:, j], 1) for j in range(MERGE_BITS)], weighted).values()
+    return gate
 
 
 def and_claims(p, x, y, out, tag: str, kop: int) -> tuple[Claim, Claim, Claim]:
@@ -111,9 +164,9 @@ def and_claims(p, x, y, out, tag: str, kop: int) -> tuple[Claim, Claim, Claim]:
         x_a y_b + y_a x_b + (-2 x_a y_a)(x_b y_b) + (2 A) B = A + B
 
     (p q = (x_a y_a)(x_b y_b)): four terms, V_L's factors against V_R's, whose error is in
-    {-1, 0, 1}. AND_MERGE consecutive claims share one gate, claim j scaled by 2^j: the
-    first wrong one leaves the gate wrong mod 2^64 (as :func:`mpc3.claims_compare._merge`;
-    docs/MALICIOUS.md, "Merged gates")."""
+    {-1, 0, 1}. MERGE_BITS consecutive claims share one gate, claim j scaled by 2^j: the
+    first wrong one leaves the gate wrong mod 2^64 (:func:`_merge`; docs/MALICIOUS.md,
+    "Merged gates")."""
     n, shape = x.n, x.a.shape
     xa, xb, ya, yb, sent, got = (_bits(t, n) for t in (x.a, x.b, y.a, y.b, out.a, out.b))
     f_next, f_prev = (_bits(p.prg.bytes(stream, kop, tag, 8 * shape[0] * shape[1])
@@ -121,10 +174,10 @@ def and_claims(p, x, y, out, tag: str, kop: int) -> tuple[Claim, Claim, Claim]:
 
     def left(xa, ya, z, f):                  # V_L's side: slot a, the message, f_prev
         A = z ^ f ^ (xa & ya)
-        return _merged(np.stack([xa, ya, _MINUS2 * (xa & ya), _TWO * A]), A, True)
+        return _merged_along(np.stack([xa, ya, _MINUS2 * (xa & ya), _TWO * A]), A, True)
 
     def right(xb, yb, f):                    # V_R's side: slot b, f_next
-        return _merged(np.stack([yb, xb, xb & yb, f]), f, False)
+        return _merged_along(np.stack([yb, xb, xb & yb, f]), f, False)
 
     (u, zl), (v, zr) = left(xa, ya, sent, f_prev), right(xb, yb, f_next)
     mine = Claim(u, v, zl + zr)
@@ -309,7 +362,6 @@ class Views:
 
 # ------------------------------------------------------------------- truncation -------
 _J = np.arange(64, dtype=np.uint64)[:, None]
-_ONE = np.uint64(1)
 
 
 def _bit_rows(words: np.ndarray) -> np.ndarray:

@@ -36,7 +36,7 @@ from collections import Counter
 
 import numpy as np
 
-from .claims import _TOP, Views, _bit_rows, a_bits, a_witness
+from .claims import _TOP, Views, _bit_rows, _merge, a_bits, a_witness, merged_widths
 from .dzkp import Claim
 from .kernels.base import group_bounds
 from .kernels.leaves import leaf_blocks
@@ -75,62 +75,6 @@ def _bases(blocks) -> list[int]:
 
 
 # ------------------------------------------------------------- the thermometer --------
-#: Bits of a merged gate (:func:`_merge`): exact constraints whose integer errors need at
-#: most this many bits in all share one gate.
-MERGE_BITS = 64
-
-
-@functools.cache
-def _groups(bits: tuple) -> list[list[int]]:
-    """Consecutive parts whose bits sum to at most MERGE_BITS, as lists of indices."""
-    out, used = [[]], 0
-    for i, b in enumerate(bits):
-        if out[-1] and used + b > MERGE_BITS:
-            out.append([])
-            used = 0
-        out[-1].append(i)
-        used += b
-    return [g for g in out if g]
-
-
-def merged_widths(layout) -> Counter:
-    """{width: gates} of parts with (rows, bits) ``layout``, merged as :func:`_merge` does."""
-    return Counter(sum(layout[i][0] for i in g) for g in _groups(tuple(b for _, b in layout)))
-
-
-def _merge(parts: list, weighted: bool) -> dict:
-    """{width: (rows, z)} of exact constraints merged into as few gates as fit: ``parts`` a
-    list of (rows (r, n) or a list of such blocks, z (n,), bits), each a gate ``sum rows_u rows_v = z_L + z_R`` whose
-    value over the integers is 0 when honest and otherwise a non-zero integer of magnitude
-    below 2^bits (the rows are bits by construction). Consecutive parts whose bits sum to
-    at most MERGE_BITS become one gate, part c scaled by 2^off_c (off_c: the bits before it):
-    if some part is wrong, the first wrong one, c, leaves the sum = 2^off_c e_c, non-zero,
-    mod 2^(off_c + bits_c), so the merged gate is wrong mod 2^64 (docs/MALICIOUS.md, "Merged
-    gates"). ``weighted``: this side carries the scale (V_L's rows; both z)."""
-    groups = _groups(tuple(b for _, _, b in parts))
-    n = parts[0][1].shape[0]
-    parts = [([r] if isinstance(r, np.ndarray) else r, zc, bits) for r, zc, bits in parts]
-    height = [sum(piece.shape[0] for piece in r) for r, _, _ in parts]
-    widths = [sum(height[i] for i in g) for g in groups]
-    out = {w: (np.empty((w, widths.count(w) * n), dtype=np.uint64),
-               np.zeros(widths.count(w) * n, dtype=np.uint64)) for w in set(widths)}
-    filled = dict.fromkeys(out, 0)
-    for group, width in zip(groups, widths):              # each gate written in place
-        u, z = out[width]
-        col = slice(filled[width] * n, (filled[width] + 1) * n)
-        filled[width] += 1
-        row, off = 0, 0
-        for r, zc, bits in (parts[i] for i in group):
-            w = np.uint64(1 << off)
-            for piece in r:
-                np.multiply(piece, w if weighted else _ONE,
-                            out=u[row:row + piece.shape[0], col])
-                row += piece.shape[0]
-            z[col] += zc * w
-            off += bits
-    return out
-
-
 def therm_layout(blocks, top: bool) -> list[tuple[int, int]]:
     """(rows, bits) of the thermometer's exact constraints, in :func:`_therm_side`'s order."""
     out = []
@@ -218,16 +162,11 @@ def _flat(a: np.ndarray, leaves=None) -> np.ndarray:
 
 
 def _p_from_g(a: np.ndarray, nb: int) -> np.ndarray:
-    """Leaves [G_0..G_(nb-1), P_1..P_(nb-1)] along axis -2 with each P_j XOR G_j."""
+    """Leaves [G_0..G_(nb-1), P_1..P_(nb-1)] along axis -2 with each P_j XOR G_j (on
+    :func:`_selection`'s S: P_j's row ``2^k - 1 - b_j`` alone, every selector one-hot)."""
     a = a.copy()
     a[..., nb:, :] ^= a[..., 1:nb, :]
     return a
-
-
-def _one_hot(S: np.ndarray, nb: int) -> np.ndarray:
-    """:func:`_selection`'s S with P_j's rows XOR G_j's: the row ``2^k - 1 - b_j`` alone
-    (every leaf's selector one-hot or zero)."""
-    return _p_from_g(S, nb)
 
 
 def _half_side(rows: np.ndarray, bits: np.ndarray, nb: int, left: bool,
@@ -279,12 +218,12 @@ def leaves_claims(p, rec: dict, witness: np.ndarray) -> list[tuple[Claim, Claim,
         add((role - 1) % 3, _sided(
             (role - 1) % 3,
             lambda: _half_side(_leaf_rows(rho(), blocks, width), rows(mine1), nb, True),
-            lambda: _half_side(_one_hot(sel()[0], nb), rows("kappa"), nb, False)))
+            lambda: _half_side(_p_from_g(sel()[0], nb), rows("kappa"), nb, False)))
         # role 2's half: V_L = role 1 (b, kappa, sigma), V_R = role 0 (T', u2)
         mine2 = "u2" if role == 0 else "u"
         add((role - 2) % 3, _sided(
             (role - 2) % 3,
-            lambda: _half_side(_one_hot(sel()[0], nb), rows("kappa") ^ rows("sigma"), nb,
+            lambda: _half_side(_p_from_g(sel()[0], nb), rows("kappa") ^ rows("sigma"), nb,
                                True, sel()[1]),
             lambda: _half_side(_leaf_rows(therm(), blocks, width), rows(mine2), nb, False)))
     return views.triples()

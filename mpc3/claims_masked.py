@@ -8,8 +8,8 @@ after the claims of the kernel that made the bits, by that kernel's ``parts`` an
   fused; here). Party P's share ``e_P = x_a y_a ^ x_a y_b ^ x_b y_a ^ f_next ^ f_prev ^ l_a``
   (l the layer's linear term, G_hi ^ c) is an AND layer's claim with e_P in place of the
   reshared message, read mod 2 (u and z lifted by 2^63): its cross terms are products of
-  what V_L and V_R hold. The pair's halves are messages of the swap (role 1's to role 2, role 2's to
-  role 1); the single's is never sent, so at the flush it sends ``w = e_0 ^ pad`` (one bit
+  what V_L and V_R hold. The pair's halves are messages of the swap (role 1's to role 2,
+  role 2's to role 1); the single's is never sent, so at the flush it sends ``w = e_0 ^ pad`` (one bit
   per element, the pad from its key with V_L) to V_R, and its bit is ``pad ^ w`` - split
   between its neighbours as the injection's claims need.
 """
