@@ -32,8 +32,9 @@ import numpy as np
 from . import dzkp
 from .freivalds import matmul_claims
 from .comm import ProtocolError
-from .claims import (and_claims, dot_claims, mul_claims, injection_claims, trunc_claims,
-                     trunc_witness)
+from .claims import (and_claims, dot_claims, masks, mul_claims, injection_claims,
+                     term_views)
+from .claims_trunc import fused_claims, fused_witness, trunc_claims, trunc_witness
 from .claims_masked import (masked_injection_claims, tree_keep, tree_parts, tree_swaps,
                             tree_witness)
 from .claims_compare import (bit_parts, compare_claims, compare_witness, leaves_claims,
@@ -176,24 +177,47 @@ class Checks:
             else:
                 self._cover(p, one * nmask, back=int(s["role"] == 1))
 
-    def truncation(self, p, x, per, state: list[dict], got2, plain_form: bool) -> None:
+    def truncation(self, p, x, per, state: list[dict], got2, plain_form: bool, got=None,
+                   terms=None) -> None:
         """A truncation's messages (:func:`mpc3.kernels.truncation.trunc_steps`); covered
-        for a replicated input without multipliers (``plain_form``: trunc_a; the fused,
-        split and scaled forms are not yet): :func:`mpc3.claims.trunc_claims`, whose
-        witness goes out at the flush."""
-        if not plain_form:
+        for a replicated input without multipliers (``plain_form``: trunc_a) and, with
+        ``terms`` (the products whose masked terms ``x`` is, :mod:`mpc3.kernels.checked`),
+        fused into their resharing (``got``: its first round's messages):
+        :mod:`mpc3.claims_trunc`, whose witness goes out at the flush. The split and
+        scaled forms are not covered."""
+        if not plain_form and terms is None:
             return
-        rec = {"x": x, "per": per, "state": state, "got2": got2, "kop": p.kop,
-               "groups": [sl for sl, _, _ in _default_segments(x.a.size, False)]}
-        self._wait(rec, trunc_witness, trunc_claims, x.a.size)
+        rec = {"per": per, "state": state, "got2": got2, "kop": p.kop,
+               "groups": [sl for sl, _, _ in _default_segments(x.size, False)]}
+        if terms is None:
+            rec["x"] = x
+            self._wait(rec, trunc_witness, trunc_claims, x.a.size)
+        else:
+            rec.update(z=x, got=got, terms=terms)
+            self._wait(rec, fused_witness, fused_claims, x.size)
         exact = got2 is not None
         for st, (_, _, _, plan) in zip(state, per):
             ng = st["n"]
             wb = width_bytes(plan, ng) if exact else 0
             if st["role"] == 0:
                 self._cover(p, 8 * ng + wb, back=int(exact))      # Uk (and t)
-            elif exact:
-                self._cover(p, wb)                                # x1 / x2
+            else:
+                if terms is not None:
+                    self._cover(p, 8 * ng, back=int(exact))       # the pair's terms
+                if exact:
+                    self._cover(p, wb)                            # x1 / x2
+
+    def reshared(self, p, items, sent, received, kop: int, tag: str, back: int) -> None:
+        """Products reshared side by side (``sent`` to prev, ``received`` from next, flat;
+        items as :func:`mpc3.claims.term_views`') under the zero sharing ``(kop, tag)``,
+        ``back`` rounds before the last."""
+        triples, mats = term_views(p.rank, items, sent, received, None,
+                                   *masks(p, kop, tag, sent.shape))
+        self._add(triples)
+        if mats is not None:
+            self.mats.append(mats)
+            self.pending += sum(c.target.size for c in mats[0])
+        self._cover(p, sent.nbytes, back=back)
 
     def leaves(self, p, rec: dict) -> None:
         """The comparison leaves' messages (:func:`mpc3.kernels.leaves.leaves_steps`):
@@ -260,7 +284,12 @@ class Checks:
         _, got = p.comm.exchange(to_next=[digests, *witness], from_prev=True)
         theirs, wits = got[0].tobytes(), iter(got[1:])
         for rec, make, claims in self.witnessed:          # in registration order
-            self._add(claims(p, rec, next(wits) if make is not None else None))
+            made = claims(p, rec, next(wits) if make is not None else None)
+            if isinstance(made, tuple):                   # (triples, matrix products' views)
+                made, mats = made
+                if mats is not None:
+                    self.mats.append(mats)
+            self._add(made)
         opened_ok = theirs[:32] == self.received.digest()
         inputs_ok = theirs[32:] == self.input_mine.digest()
         mine, left, right = self.batches()

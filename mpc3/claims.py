@@ -17,7 +17,9 @@ from collections import Counter
 import numpy as np
 
 from .dzkp import Claim
-from .kernels.base import group_bounds, unpack_by_width
+from .freivalds import mat_views
+from .kernels.checked import dot_shaped
+from .kernels.base import group_bounds
 from .kernels.boolean import word_slices
 from .kernels.convert import _bits_u64, _run_starts, _run_sums
 from .shares import group_sizes, planes_to_bits
@@ -34,21 +36,33 @@ def _bits(planes: np.ndarray, n: int) -> np.ndarray:
 
 
 # ------------------------------------------------------------ replicated products ------
+def masks(p, kop: int, tag: str, shape) -> tuple[np.ndarray, np.ndarray]:
+    """(f_next, f_prev), flat: this party's zero-sharing draws ``(kop, tag)`` of ``shape``
+    (its mask is ``f_next - f_prev``, :meth:`mpc3.party.Party.add_zero_share`)."""
+    return tuple(np.ravel(p.prg.ring(s, kop, tag, shape)) for s in ("next", "prev"))
+
+
 def mul_claims(p, x, y, sent: np.ndarray, received: np.ndarray, tag: str,
                kop: int) -> tuple[Claim, Claim, Claim]:
     """The three claims of one replicated product z = x y (:func:`mpc3.kernels.arith.reshare`
     of ``x.a (y.a + y.b) + x.b y.a`` masked with the zero sharing ``(kop, tag)``): this
     party's own (it ``sent`` its masked term to prev) and its shares of its neighbours'
     (it ``received`` next's term)."""
+    return mul_views(x, y, sent, received, None, *masks(p, kop, tag, np.shape(x.a)))
+
+
+def mul_views(x, y, term, left, right, f_next, f_prev) -> tuple[Claim, Claim, Claim]:
+    """The claims that each party's masked 3-out-of-3 term ``x.a (y.a + y.b) + x.b y.a +
+    f_next - f_prev`` of a product is what its two verifiers hold of it, one part each
+    (V_L's + V_R's; a reshare: V_L, its receiver, holds it all): this party's own (``term``)
+    and its shares of its neighbours' - ``left`` its part of next's term, as next's V_L,
+    ``right`` its part of prev's, as prev's V_R (None: nothing). Flat arrays."""
     xa, xb, ya, yb = (np.ravel(t) for t in (x.a, x.b, y.a, y.b))
-    f_next = np.ravel(p.prg.ring("next", kop, tag, np.shape(x.a)))
-    f_prev = np.ravel(p.prg.ring("prev", kop, tag, np.shape(x.a)))
     zero = np.zeros_like(xa)
-    mine = Claim(np.stack([xa, xb]), np.stack([yb, ya]),
-                 np.ravel(sent) - xa * ya - f_next + f_prev)
-    as_left = Claim(np.stack([xb, zero]), np.stack([zero, yb]),
-                    np.ravel(received) - xb * yb + f_next)
-    as_right = Claim(np.stack([zero, xa]), np.stack([ya, zero]), -f_prev)
+    mine = Claim(np.stack([xa, xb]), np.stack([yb, ya]), np.ravel(term) - xa * ya - f_next + f_prev)
+    as_left = Claim(np.stack([xb, zero]), np.stack([zero, yb]), np.ravel(left) - xb * yb + f_next)
+    as_right = Claim(np.stack([zero, xa]), np.stack([ya, zero]),
+                     -f_prev if right is None else np.ravel(right) - f_prev)
     return mine, as_left, as_right
 
 
@@ -58,20 +72,44 @@ def dot_claims(p, x, y, out, tag: str, kop: int) -> tuple[Claim, Claim, Claim] |
     terms per output. Such a product is always in :func:`mpc3.kernels.arith._local_matmul`'s
     two-product form, whose term is ``sum_k x_a y_a + x_a y_b + x_b y_a``. None for other
     shapes (:func:`mpc3.freivalds.matmul_claims` takes matrices)."""
-    if not (x.a.ndim == y.a.ndim >= 3 and x.shape[:-2] == y.shape[:-2]
-            and x.shape[-2] == 1 and y.shape[-1] == 1):
+    if not dot_shaped(x.shape, y.shape):
         return None
+    return dot_views(x, y, out.a, out.b, None, *masks(p, kop, tag, out.shape))
+
+
+def dot_views(x, y, term, left, right, f_next, f_prev) -> tuple[Claim, Claim, Claim]:
+    """:func:`mul_views` of the dot products of :func:`dot_claims`."""
     K = x.shape[-1]
     xa, xb, ya, yb = (np.ascontiguousarray(t.reshape(-1, K).T) for t in (x.a, x.b, y.a, y.b))
-    f_next = np.ravel(p.prg.ring("next", kop, tag, out.shape))
-    f_prev = np.ravel(p.prg.ring("prev", kop, tag, out.shape))
     zero = np.zeros_like(xa)
     mine = Claim(np.concatenate([xa, xb]), np.concatenate([yb, ya]),
-                 np.ravel(out.a) - (xa * ya).sum(0) - f_next + f_prev)
+                 np.ravel(term) - (xa * ya).sum(0) - f_next + f_prev)
     as_left = Claim(np.concatenate([xb, zero]), np.concatenate([zero, yb]),
-                    np.ravel(out.b) - (xb * yb).sum(0) + f_next)
-    as_right = Claim(np.concatenate([zero, xa]), np.concatenate([ya, zero]), -f_prev)
+                    np.ravel(left) - (xb * yb).sum(0) + f_next)
+    as_right = Claim(np.concatenate([zero, xa]), np.concatenate([ya, zero]),
+                     -f_prev if right is None else np.ravel(right) - f_prev)
     return mine, as_left, as_right
+
+
+def term_views(rank: int, items, term, left, right, f_next, f_prev):
+    """The claims of products whose masked terms lie side by side in the flat ``term``
+    (``left``, ``right``, the masks alike; :func:`mul_views`): items ``(x, y, kind, lo,
+    hi)``, "mul" (x, y flat or of the output's shape) or "matmul" (dot products,
+    :func:`dot_views`, or :func:`mpc3.freivalds.mat_views`). Returns (triples - the
+    elementwise products' joined into one batch -, the matrix products' views or None)."""
+    muls, triples, mats = [], [], ([], [], [])
+    for x, y, kind, lo, hi in items:
+        cut = [None if a is None else a[lo:hi] for a in (term, left, right, f_next, f_prev)]
+        if kind == "mul":
+            muls.append(mul_views(x, y, *cut))
+        elif dot_shaped(x.shape, y.shape):
+            triples.append(dot_views(x, y, *cut))
+        else:
+            for j, views in enumerate(mat_views(rank, x, y, *cut)):
+                mats[j].extend(views)
+    if muls:
+        triples.insert(0, tuple(_concat([t[j] for t in muls]) for j in range(3)))
+    return triples, (mats if mats[0] else None)
 
 
 # ------------------------------------------------------------------- AND layers -------
@@ -358,135 +396,3 @@ class Views:
             else:
                 out.append(tuple(_concat(v) for v in views))
         return out
-
-
-# ------------------------------------------------------------------- truncation -------
-_J = np.arange(64, dtype=np.uint64)[:, None]
-
-
-def _bit_rows(words: np.ndarray) -> np.ndarray:
-    """(N,) words -> (64, N) their bits as 0/1 words (row j: bit j)."""
-    return (words[None, :] >> _J) & _ONE
-
-
-def _shift_rows(sh, n: int) -> np.ndarray:
-    """(64, n) coefficients c_j with sum_j c_j a_j = (A >>a f) for A's bits a_j:
-    2^(j-f) for f <= j < 63, -2^(63-f) for j = 63, 0 below f (f per element or one)."""
-    f = np.broadcast_to(np.asarray(sh, dtype=np.int64), (n,))
-    e = np.arange(64)[:, None] - f[None, :]
-    c = np.where(e >= 0, np.left_shift(_ONE, np.maximum(e, 0).astype(np.uint64)),
-                 np.uint64(0)).astype(np.uint64)
-    c[63] = np.uint64(0) - np.left_shift(_ONE, (63 - f).astype(np.uint64))
-    return c
-
-
-def trunc_witness(p, rec: dict) -> np.ndarray:
-    """The single's witness of a truncation (:func:`trunc_claims`): for the group where
-    this party is role 0, the bits of its ``A = x_g + x_{g+1}`` XOR a pad from the key it
-    shares with V_L (role 2), one word per element, for V_R (role 1)."""
-    return a_witness(p, rec["x"], rec["groups"], [st["role"] for st in rec["state"]],
-                     rec["kop"])
-
-
-def a_witness(p, x, groups, roles, kop: int) -> np.ndarray:
-    """The bits of the single's ``A = x_g + x_{g+1}`` in the group where this party is
-    role 0, XOR the pad ``(kop, "wit<g>")`` it shares with V_L, for V_R (sent at the flush)."""
-    out = []
-    for g, (sl, role) in enumerate(zip(groups, roles)):
-        if role == 0:
-            pad = p.prg.ring("prev", kop, f"wit{g}", (sl.stop - sl.start,))
-            out.append((x.a[sl] + x.b[sl]) ^ pad)
-    return np.concatenate(out) if out else np.zeros(0, dtype=np.uint64)
-
-
-def a_bits(p, x, sl: slice, g: int, role: int, kop: int, witness: np.ndarray):
-    """This party's part of the single's witness in group g: ``(K, M, x_g, x_{g+1})`` with
-    ``K ^ M = A`` - K (V_L's pad) and x_g for the prover and V_L, M (the witness) and
-    x_{g+1} for the prover and V_R, None where it holds neither."""
-    pos, ng = role % 3, sl.stop - sl.start
-    K = M = None
-    if pos in (0, 2):
-        K = p.prg.ring("prev" if pos == 0 else "next", kop, f"wit{g}", (ng,))
-    if pos == 0:
-        M = (x.a[sl] + x.b[sl]) ^ K
-    elif pos == 1:                           # a witness of the wrong length fails the proof
-        M = witness if witness.size == ng else np.zeros(ng, dtype=np.uint64)
-    xg = x.a[sl] if role == 0 else x.b[sl]               # slot g (V_L's) - role 2's b
-    xh = x.b[sl] if role == 0 else x.a[sl]               # slot g+1 (V_R's) - role 1's a
-    return K, M, xg, xh
-
-
-def trunc_gate_bits(shifts) -> tuple[int, int]:
-    """(min, max) of a truncation's shifts (one or per element, over every group): its
-    claims' gates run over A's bits min..63 and below max (:func:`trunc_claims`)."""
-    fs = [np.asarray(f).reshape(-1) for f in shifts]
-    fs = np.concatenate(fs) if fs else np.zeros(0, np.int64)
-    return (int(fs.min()), int(fs.max())) if fs.size else (0, 0)
-
-
-def trunc_claims(p, rec: dict, witness: np.ndarray) -> list[tuple[Claim, Claim, Claim]]:
-    """The claims of :func:`mpc3.kernels.truncation.trunc_a`'s messages (replicated input,
-    no multiplier): (own, as V_L of next, as V_R of prev) per gate width.
-
-    The single (role 0) knows ``A = x_g + x_{g+1}`` alone and sends ``Uk = (A >>a f) -
-    kappa`` (and, exact mode, ``t = (a_63 - rho) mod 2^f``) - not products of what its
-    neighbours hold. Its witness, A's 64 bits a_j = K_j ^ M_j with K a pad V_L (role 2)
-    draws from their key and M sent to V_R (role 1) at the flush (:func:`trunc_witness`),
-    makes them linear in the bits, whose arithmetic values ``K_j + M_j - 2 K_j M_j`` are
-    one product each (K, M are bits by construction):
-
-    * Uk:   sum_(j >= f) (2 c_j K_j) M_j = (sum c_j K_j - Uk) + (sum c_j M_j - kappa) =:
-      z_U, c_j of :func:`_shift_rows` (zero below f)
-    * A:    sum_(j < f) (2^(j+1) K_j) M_j = (K - x_g) + (M - x_{g+1}) - 2^f z_U; with Uk's
-      gate times 2^f that is ``sum_j 2^j a_j = A`` (2^f 2 c_j = 2^(j+1) for f <= j < 63,
-      and 0 = 2^64 for j = 63): A's 64 bits are pinned, and with them Uk mod 2^64 - in 64
-      terms an element, each bit's product once (f per element: the gates run over bits
-      min f..63 and below max f, the coefficients zero past an element's own f)
-    * t:    (2^(65-f) K_63) M_63 = 2^(64-f) (K_63 - t) + 2^(64-f) (M_63 - rho)
-
-    and the pair's exact-mode replies are one product each, mod 2^f (times 2^(64-f)):
-    ``x1 = b_t rho + nu1`` (role 1: rho from role 0, b_t from role 2) and ``x2 = b_t t +
-    nu2`` (role 2: b_t from role 1, t from role 0).
-    """
-    views = Views()
-    x, kop, exact = rec["x"], rec["kop"], rec["got2"] is not None
-    fmin, fmax = trunc_gate_bits(per[0] for per in rec["per"])    # public: every group's
-    for g, (sl, st, per) in enumerate(zip(rec["groups"], rec["state"], rec["per"])):
-        role, ng = st["role"], st["n"]
-        sh, up = per[0], per[1]
-        top = np.left_shift(_ONE, np.broadcast_to(np.asarray(up, np.uint64), (ng,)))
-        pos = role % 3                                           # prover: role 0
-        K, M, xg, xh = a_bits(p, x, sl, g, role, kop, witness)
-        c = _shift_rows(sh, ng)
-        f = np.broadcast_to(np.asarray(sh, dtype=np.uint64), (ng,))
-        two_j = np.where(_J[:fmax] < f, np.left_shift(_ONE, _J[:fmax] + _ONE), np.uint64(0))
-        Kb = None if K is None else _bit_rows(K)             # each bit row computed once
-        Mb = None if M is None else _bit_rows(M)
-        zu = functools.cache(lambda: (c * Kb).sum(axis=0) - st["Uk"])
-        zv = functools.cache(lambda: (c * Mb).sum(axis=0) - st["kappa"])
-        views.add(64 - fmin, pos, _view(                        # Uk's gate: bits f..63
-            pos, lambda: np.uint64(2) * c[fmin:] * Kb[fmin:], lambda: Mb[fmin:], zu, zv))
-        if fmax:                                                # A's, less 2^f Uk's: bits < f
-            views.add(fmax, pos, _view(
-                pos, lambda: two_j * Kb[:fmax], lambda: Mb[:fmax],
-                lambda: K - xg - (zu() << f), lambda: M - xh - (zv() << f)))
-        if not exact:
-            continue
-        t = st["t"] if role == 0 else st.get("at_rho")
-        views.add(1, pos, _view(
-            pos, lambda: (top * np.uint64(2) * (K >> np.uint64(63)))[None],
-            lambda: (M >> np.uint64(63))[None],
-            lambda: top * ((K >> np.uint64(63)) - t), lambda: top * ((M >> np.uint64(63)) - st["rho"])))
-        got2 = rec["got2"]
-        bt = st["bt"].astype(np.uint64) if role else None
-        x1 = unpack_by_width(got2[(1, g)][0], per[3], ng) if role == 0 else st.get("x")
-        x2 = unpack_by_width(got2[(-1, g)][0], per[3], ng) if role == 0 else st.get("x")
-        pos = (role - 1) % 3                                     # prover: role 1
-        views.add(1, pos, _view(
-            pos, lambda: (top * st["rho"])[None], lambda: bt[None],
-            lambda: top * x1, lambda: np.uint64(0) - top * st["nu"][0]))
-        pos = (role - 2) % 3                                     # prover: role 2
-        views.add(1, pos, _view(
-            pos, lambda: (top * bt)[None], lambda: t[None],
-            lambda: np.uint64(0) - top * st["nu"][1], lambda: top * x2))
-    return views.triples()

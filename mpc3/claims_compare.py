@@ -5,9 +5,9 @@
   window blocks and A's window top bit, rho from the key it shares with role 1. T is
   XOR-shared between its verifiers (V_L = role 2 holds T', V_R = role 1 holds rho), and the
   bits of ``A = x_g + x_{g+1}`` are too, with the witness of
-  :func:`mpc3.claims.a_witness` (``a = K ^ M``: V_L's pad, V_R's witness). With the
+  :func:`mpc3.claims_trunc.a_witness` (``a = K ^ M``: V_L's pad, V_R's witness). With the
   arithmetic value ``t = T' + rho - 2 T' rho`` of a shared bit, the code is right iff
-    - A's bits are A's (the 64-term gate of :func:`mpc3.claims.trunc_claims`);
+    - A's bits are A's (the 64-term gate of :func:`mpc3.claims_trunc.trunc_claims`);
     - each block's code sums to the block's value: ``sum_v t_v = sum_i 2^i a_i`` (2^k - 1
       + k terms: every t_v and a_i is one product; error below 2^k);
     - each code is monotone, ``t_(v+1) (1 - t_v) = 0``: with a = T'_(v+1), c = 1 - T'_v
@@ -36,7 +36,8 @@ from collections import Counter
 
 import numpy as np
 
-from .claims import _TOP, Views, _bit_rows, _merge, a_bits, a_witness, merged_widths
+from .claims import _TOP, Views, _merge, merged_widths
+from .claims_trunc import _bit_rows, a_bits, a_witness
 from .dzkp import Claim
 from .kernels.base import group_bounds
 from .kernels.leaves import leaf_blocks

@@ -26,6 +26,7 @@ import numpy as np
 
 from .galois import GaloisRing, long_matmul
 from .kernels.arith import five_product_form, k_blocks
+from .kernels.checked import mat_shaped
 
 
 @dataclass
@@ -65,30 +66,39 @@ def matmul_claims(p, x, y, out, kop: int, tag: str = "reshare"):
     """The three views (own, as V_L of next, as V_R of prev) of ``matmul_aa``'s plain
     reshare of ``x @ y`` (``out`` its result: ``out.a`` sent, ``out.b`` received); lists of
     one claim per batch item, or None for operand shapes it does not cover."""
-    if y.a.ndim == 2 and x.a.ndim >= 2:
-        items = [(x.a.reshape(-1, x.shape[-1]), x.b.reshape(-1, x.shape[-1]), y.a, y.b,
-                  out.a.reshape(-1, y.shape[-1]), out.b.reshape(-1, y.shape[-1]))]
-    elif x.a.ndim == y.a.ndim >= 3 and x.shape[:-2] == y.shape[:-2]:    # equal batches
-        items = list(zip(*(t.reshape(-1, *t.shape[-2:]) for t in (x.a, x.b, y.a, y.b,
-                                                                  out.a, out.b))))
-    else:
+    if not mat_shaped(x.shape, y.shape):
         return None
-    f_next = p.prg.ring("next", kop, tag, out.shape).reshape(-1, out.shape[-1])
-    f_prev = p.prg.ring("prev", kop, tag, out.shape).reshape(-1, out.shape[-1])
-    rows = items[0][4].shape[0]
+    f_next, f_prev = (p.prg.ring(s, kop, tag, out.shape) for s in ("next", "prev"))
+    return mat_views(p.rank, x, y, out.a, out.b, None, f_next, f_prev)
+
+
+def mat_views(rank: int, x, y, term, left, right, f_next, f_prev):
+    """:func:`matmul_claims` of each party's masked 3-out-of-3 term of ``x @ y`` held by its
+    verifiers one part each (:func:`mpc3.claims.mul_views`; arrays of the output's shape,
+    ``right`` None: nothing)."""
+    if y.a.ndim == 2:
+        items = [(x.a.reshape(-1, x.shape[-1]), x.b.reshape(-1, x.shape[-1]), y.a, y.b)]
+    else:                                                               # equal batches
+        items = list(zip(*(t.reshape(-1, *t.shape[-2:]) for t in (x.a, x.b, y.a, y.b))))
+    cols = y.shape[-1]
+    flat = lambda t: None if t is None else t.reshape(-1, cols)      # noqa: E731
+    term, left, right, f_next, f_prev = map(flat, (term, left, right, f_next, f_prev))
+    rows = items[0][0].shape[0]
     views = ([], [], [])
     masks = [_diagonal_masks(x.shape, y.shape, prover)             # the same for every item
-             for prover in (p.rank, (p.rank + 1) % 3, (p.rank - 1) % 3)]
-    for i, (xa, xb, ya, yb, sent, got) in enumerate(items):
-        fn, fp = f_next[i * rows:(i + 1) * rows], f_prev[i * rows:(i + 1) * rows]
+             for prover in (rank, (rank + 1) % 3, (rank - 1) % 3)]
+    for i, (xa, xb, ya, yb) in enumerate(items):
+        at = slice(i * rows, (i + 1) * rows)
+        fn, fp = f_next[at], f_prev[at]
         for role, view in enumerate(views):
             aa, bb = masks[role]
             if role == 0:                   # the prover: everything, its own masks
-                view.append(MatClaim(xa, xb, ya, yb, sent - fn + fp, aa, bb))
+                view.append(MatClaim(xa, xb, ya, yb, term[at] - fn + fp, aa, bb))
             elif role == 1:                 # V_L of next: its slot a is this party's b
-                view.append(MatClaim(xb, None, yb, None, got + fn, aa, bb))
+                view.append(MatClaim(xb, None, yb, None, left[at] + fn, aa, bb))
             else:                           # V_R of prev: its slot b is this party's a
-                view.append(MatClaim(None, xa, None, ya, -fp, aa, bb))
+                view.append(MatClaim(None, xa, None, ya,
+                                     -fp if right is None else right[at] - fp, aa, bb))
     return views
 
 

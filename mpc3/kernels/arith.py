@@ -25,7 +25,7 @@ from ..party import Party, profiled
 from ..shares import AShare, SignedSplit, SplitShare
 from . import checked, leaves, thresholds
 from .base import Cost, Round, group_bounds, run_steps
-from .truncation import (OFFSET_BITS, Scaled, cost_trunc_shifts, trunc_a, trunc_split,
+from .truncation import (OFFSET_BITS, Scaled, cost_trunc_shifts, trunc_split,
                          trunc_steps)
 
 
@@ -209,8 +209,8 @@ def mul_aa(p: Party, x: AShare, y: AShare, trunc: bool | int = True,
         raise ValueError(f"mul_aa: shapes differ {x.shape} vs {y.shape}")
     if p.shadow is not None:
         return p.shadow.mul_aa(x, y, trunc, site)
-    if p.checks is not None and trunc is not False:
-        return _checked_trunc(p, mul_aa(p, x, y, False, site), trunc)
+    if p.checks is not None and trunc is not False:      # malicious mode: mpc3.kernels.checked
+        return mul_many_aa(p, [(x, y, "mul", trunc)])[0]
     kop = p.new_op()
     out = _finish(p, _local_mul(x, y), trunc)
     if p.checks is not None:                 # malicious mode: the message's claim
@@ -229,24 +229,13 @@ def matmul_aa(p: Party, x: AShare, y: AShare, trunc: bool | int = True,
         raise ValueError(f"matmul_aa: inner dimensions differ {x.shape} @ {y.shape}")
     if p.shadow is not None:
         return p.shadow.matmul_aa(x, y, trunc, site)
-    if p.checks is not None and trunc is not False:
-        return _checked_trunc(p, matmul_aa(p, x, y, False, site), trunc)
+    if p.checks is not None and trunc is not False:      # malicious mode: mpc3.kernels.checked
+        return mul_many_aa(p, [(x, y, "matmul", trunc)])[0]
     kop = p.new_op()
     out = _finish(p, _local_matmul(x, y, p.rank), trunc)
     if p.checks is not None:                 # malicious mode: the message's claim
         p.checks.matmul(p, x, y, out, trunc, kop)
     return out
-
-
-def _checked_trunc(p: Party, z: AShare, trunc) -> AShare:
-    """Malicious mode: a truncating product is its plain product, then the truncation of
-    the replicated result (both verified, :mod:`mpc3.checks`) - one round and the single's
-    8 bytes an element more than the fused form, whose truncation of a 3-out-of-3 sum has
-    no claim yet. A Scaled truncation: two truncations (:func:`checked.trunc_scaled`)."""
-    if isinstance(trunc, Scaled):
-        return checked.trunc_scaled(p, z, trunc)
-    bits = p.cfg.frac if trunc is True else trunc
-    return trunc_a(p, z, bits if np.ndim(bits) == 0 else np.broadcast_to(bits, z.shape))
 
 
 def _item_product(x: AShare, y: AShare, kind: str, keep, rank: int):

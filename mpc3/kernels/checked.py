@@ -1,10 +1,16 @@
 """Malicious-mode routes of the fused product kernels (docs/MALICIOUS.md): the same values
-from messages that :class:`mpc3.checks.Checks` covers.
+from messages that :class:`mpc3.checks.Checks` covers (``p.checks`` set; semi-honest code
+paths never come here).
 
-A fused truncation truncates a product's 3-out-of-3 sum, which no claim covers yet, so in
-malicious mode (``p.checks`` set; semi-honest code paths never come here):
-
-* :func:`many_steps` (``mul_many_aa`` / ``mul_many_steps``, still lockstep steps): round 1
+* :func:`fused_steps`: products whose truncation is by public shifts and whose claims cover
+  every output the kernel computes (:func:`fusable`: no :class:`Scaled` item, no matrix
+  product with a keep mask) run as semi-honest mode runs them - the truncation fused into
+  the resharing of the 3-out-of-3 sum, plain items beside it in its first round - with the
+  fused form's claims (:mod:`mpc3.claims_trunc`; the single's witness is 16 bytes an
+  element at the flush). Same rounds and messages as semi-honest mode. ``mul_aa`` and
+  ``matmul_aa`` with truncation and ``mul_split_aa`` come here too (``mul_split_aa`` as
+  AShares: no split form, no sign in the products' rounds).
+* otherwise (:func:`flat_steps`), round 1
   reshares every item's plain product, each under its own zero sharing (``reshare<i>``),
   registered as :meth:`Checks.product` / :meth:`Checks.matmul` claims; then the truncated
   items' replicated products are truncated together (``trunc_steps`` from_rss, the plain
@@ -82,6 +88,14 @@ def cost_checked(items, cfg) -> Cost:
     Scaled items the second truncation. The flush's own bytes are not included."""
     plans = [_item_plan(it[0], it[1], it[2], it[3] if len(it) > 3 else None, cfg.frac)
              for it in items]
+    if all(not isinstance(it[2], Scaled) and (it[1] == "mul" or len(it) < 4 or it[3] is None)
+           for it in items):                                   # fused_steps: semi-honest's
+        tr = [pl for pl in plans if pl[2] is not None]
+        plain = sum(pl[1] for pl in plans if pl[2] is None)
+        if not tr:
+            return Cost.uniform(1, 8 * plain)
+        return (cost_trunc_shifts(np.concatenate([pl[2] for pl in tr]), cfg.trunc, False)
+                + Cost(0, (8 * plain,) * 3))
     cost = Cost.uniform(1, 8 * sum(pl[0] for pl in plans))      # arith.cost_reshare
     tr = [pl for pl in plans if pl[2] is not None]
     if not tr:
@@ -121,10 +135,88 @@ def trunc_scaled(p: Party, z: AShare, trunc: Scaled) -> AShare:
     return run_steps(p, _trunc_steps(p, flat, t, mult, s))[0].reshape(z.shape)
 
 
+def dot_shaped(x_shape: tuple, y_shape: tuple) -> bool:
+    """Whether ``x @ y`` is a batch of dot products :func:`mpc3.claims.dot_claims` takes: (..., 1, K) @
+    (..., K, 1) with equal batch shapes."""
+    return (len(x_shape) == len(y_shape) >= 3 and x_shape[:-2] == y_shape[:-2]
+            and x_shape[-2] == 1 and y_shape[-1] == 1)
+
+
+def mat_shaped(x_shape: tuple, y_shape: tuple) -> bool:
+    """Whether :func:`mpc3.freivalds.matmul_claims` takes ``x @ y``: a matrix (or a stack of them, as
+    rows) times one matrix, or equal batches of matrices."""
+    return (len(y_shape) == 2 and len(x_shape) >= 2) or (
+        len(x_shape) == len(y_shape) >= 3 and x_shape[:-2] == y_shape[:-2])
+
+
+def fusable(items: list[tuple]) -> bool:
+    """Whether mul_many's ``items`` take :func:`fused_steps`: no Scaled truncation, and each
+    matrix product's claims cover its whole output (no keep mask) and its shapes."""
+    for item in items:
+        x, y, kind, trunc = item[:4]
+        if isinstance(trunc, Scaled):
+            return False
+        if kind == "matmul" and ((len(item) > 4 and item[4] is not None) or not (
+                dot_shaped(x.shape, y.shape) or mat_shaped(x.shape, y.shape))):
+            return False
+    return True
+
+
+def fused_steps(p: Party, items: list[tuple], product):
+    """:func:`flat_steps`' results from semi-honest mode's messages: the truncated items'
+    masked terms truncated together, fused (:func:`mpc3.kernels.truncation.trunc_steps`
+    with their ``terms``), the plain items' reshared in its first round."""
+    kop = p.new_op()
+    made, flat = [], {True: [], False: []}
+    for item in items:
+        x, y, kind, trunc = item[:4]
+        keep = item[4] if len(item) > 4 else None
+        shape = x.shape
+        if kind == "mul" and keep is not None:             # the kept outputs only
+            kb = np.broadcast_to(keep, x.shape)
+            x, y = AShare(x.a[kb], x.b[kb]), AShare(y.a[kb], y.b[kb])
+        z = product(x, y, kind, None, p.rank)[0]
+        shape = shape if kind == "mul" else z.shape
+        keep = None if keep is None else np.broadcast_to(keep, shape)
+        cut = sum(t[4] - t[3] for t in flat[trunc is not False])
+        flat[trunc is not False].append((x, y, kind, cut, cut + z.size, z))
+        made.append((trunc, shape, keep, z.size))
+    zt, zp = (np.concatenate([t[5].reshape(-1) for t in flat[k]]) if flat[k] else None
+              for k in (True, False))
+    terms = {k: [t[:5] for t in flat[k]] for k in (True, False)}
+    del flat
+    if zp is not None:
+        p.add_zero_share(zp, "plainmask")                  # fresh: in place
+    if zt is not None:
+        p.add_zero_share(zt, "mulmask")
+        bits = np.concatenate([np.broadcast_to(np.asarray(
+            p.cfg.frac if trunc is True else trunc, dtype=np.int64), (n,))
+            for trunc, _, _, n in made if trunc is not False])
+        got = yield from trunc_steps(p, zt, bits, from_rss=False, plain=zp,
+                                     terms={"kop": kop, "items": terms[True]})
+        tr, pl = got if zp is not None else (got, None)
+        back = int(p.cfg.trunc == "exact")
+    else:
+        r = Round(p)
+        r.send(PREV, zp)
+        r.recv(NEXT, 0, 1)
+        tr, pl, back = None, AShare(zp, (yield r)[(NEXT, 0)][0]), 0
+    if pl is not None:
+        p.checks.reshared(p, terms[False], pl.a, pl.b, kop, "plainmask", back)
+    out, at = [], {True: 0, False: 0}
+    for trunc, shape, keep, n in made:
+        src, lo = (tr, at[True]) if trunc is not False else (pl, at[False])
+        at[trunc is not False] += n
+        out.append((AShare(src.a[lo:lo + n], src.b[lo:lo + n]), shape, keep))
+    return out
+
+
 def flat_steps(p: Party, items: list[tuple], product):
     """mul_many's items in malicious mode, as steps: per item (its kept outputs, flat, as
     an AShare; its output shape; its keep mask broadcast, or None). ``product``: arith's
     ``_item_product`` (passed in: arith imports this module, not the other way)."""
+    if fusable(items):
+        return (yield from fused_steps(p, items, product))
     kop = p.new_op()
     r, made = Round(p), []
     for i, item in enumerate(items):

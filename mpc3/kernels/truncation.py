@@ -180,7 +180,7 @@ def trunc_split(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None = 
 
 def trunc_steps(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None = None,
                 split: bool = False, segments=None, pair_sum: np.ndarray | None = None,
-                mult=None, mode: str | None = None):
+                mult=None, mode: str | None = None, terms=None):
     """Core of fused/standalone truncation as lockstep steps (:func:`base.run_steps`);
     ``src`` is z (3-of-3, flat) or a flat AShare.
 
@@ -207,6 +207,8 @@ def trunc_steps(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None = 
     too (:func:`scaled`). A public real factor then costs no rounds of its own.
 
     ``mode``: "exact" or "prob" for this call (None: cfg.trunc; mpc3.kernels.checked).
+    ``terms``: malicious mode, the products whose masked terms ``src`` (z) is, for the
+    fused form's claims (:meth:`mpc3.checks.Checks.truncation`).
     """
     p.new_op()
     exact = (mode or p.cfg.trunc) == "exact"
@@ -329,9 +331,11 @@ def trunc_steps(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None = 
         else:                               # a_out[sl] is W already
             b_out[sl] = st["s0"]
     if p.checks is not None:                # malicious mode: the messages' claims
-        p.checks.truncation(p, src, per, state, got2 if exact else None, plain_form=(
-            from_rss and mult is None and plain is None and pair_sum is None
-            and not any(sp for _, _, sp in segments) and given is None))
+        simple = (mult is None and pair_sum is None and given is None
+                  and not any(sp for _, _, sp in segments))
+        p.checks.truncation(p, src, per, state, got2 if exact else None,
+                            plain_form=simple and from_rss and plain is None, got=got,
+                            terms=terms if simple and not from_rss else None)
     if plain is not None:
         return AShare(a_out, b_out), AShare(plain, got[(NEXT, -1)][0])
     return SplitShare(a_out, b_out) if all(sp for _, _, sp in segments) else \

@@ -9,11 +9,12 @@ import pytest
 
 from mpc3 import dzkp, ring, tamper
 from mpc3.checks import Checks, Unverified
-from mpc3.claims import and_claim_gates, trunc_gate_bits
+from mpc3.claims import and_claim_gates
+from mpc3.claims_trunc import trunc_gate_bits
 from mpc3.comm import ProtocolError
 from mpc3.kernels import arith, boolean, convert
 from mpc3.kernels.base import run_steps
-from mpc3.kernels.truncation import cost_trunc, trunc_a
+from mpc3.kernels.truncation import trunc_a
 from mpc3.party import RingConfig
 from mpc3.shares import BShare, bits_to_planes, group_sizes, planes_to_bits
 from mpc3.sharing import deal
@@ -337,10 +338,12 @@ def test_truncation_is_verified_through_the_singles_bit_witness(mode, bits):
         assert s.party in got.error.rejected, (s, got.error)
 
 
-def test_fixed_point_products_are_verified_as_product_then_truncation():
-    """In malicious mode a truncating mul_aa / matmul_aa is the plain product, then trunc_a
-    (both verified): fixed-point results as in semi-honest mode, at the declared cost of
-    the two, and a wrong message anywhere aborts."""
+@pytest.mark.parametrize("mode", ["exact", "prob"])
+def test_fixed_point_products_are_verified_with_the_truncation_fused(mode):
+    """In malicious mode a truncating mul_aa / matmul_aa runs as in semi-honest mode, the
+    truncation fused into the resharing (mpc3.claims_trunc's fused form): the same
+    fixed-point results, semi-honest mode's rounds and bytes (the single's witness goes at
+    the flush), and a wrong message anywhere aborts, naming its sender."""
     rng = np.random.default_rng(21)
     f = RingConfig().frac
     a = rng.normal(size=(6, 8))
@@ -358,17 +361,27 @@ def test_fixed_point_products_are_verified_as_product_then_truncation():
         p.checks.flush(p)
         return out, spent
     args = [(da[i], dw[i]) for i in range(3)]
-    clean = tamper.run(job, args, make_parties())
+    cfg = RingConfig(trunc=mode)
+    clean = tamper.run(job, args, make_parties(cfg))
     assert clean.error is None, clean.error
     got = clean.results[0][0].astype(np.int64) / 2.0 ** f
     assert np.abs(got - (a @ w) ** 2).max() < 1e-3
-    cfg = RingConfig()
-    one = arith.cost_mul(30, cfg, trunc=False) + cost_trunc(30, cfg)      # per product
-    declared = one + one
+    declared = arith.cost_mul(30, cfg) + arith.cost_mul(30, cfg)       # semi-honest mode's
     for r, (_, spent) in enumerate(clean.results):
         assert (spent.rounds, spent.bytes_sent) == (declared.rounds, declared.bytes_per_party[r])
-    for trial, s in enumerate([s for s in clean.sent if s.op <= 6][::3]):
-        got = tamper.run(job, args, make_parties(), tamper.Target(s.party, s.direction, op=s.op),
+    kernel = [s for s in clean.sent if s.op <= declared.rounds]
+    assert {s.op for s in kernel} == set(range(1, declared.rounds + 1))
+    witness = [s for s in clean.sent if s.op == declared.rounds + 2]     # after the opening
+    assert witness and all(s.entries > 64 for s in witness)             # digests + witness
+    for s in witness:               # the single's witness: A's bits (first), M' (last word)
+        for element in (64, s.entries - 1):
+            got = tamper.run(job, args, make_parties(cfg),
+                             tamper.Target(s.party, s.direction, op=s.op),
+                             tamper.Deviation("add", error=1, element=element))
+            assert isinstance(got.error, dzkp.CheatingDetected), (s, element, got.error)
+    for trial, s in enumerate(kernel):
+        got = tamper.run(job, args, make_parties(cfg), tamper.Target(s.party, s.direction,
+                                                                     op=s.op),
                          tamper.Deviation("flip", seed=trial))
         assert isinstance(got.error, dzkp.CheatingDetected), (s, got.error)
         assert s.party in got.error.rejected, (s, got.error)

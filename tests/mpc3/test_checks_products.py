@@ -143,11 +143,58 @@ def test_dot_products_and_four_dimensional_batches_are_verified():
                                                          RingConfig())
     args = _deal(rng, x, y, a, b)
     _check(kernel, args, declared, [xy / 2.0 ** F, ab, ab / 2.0 ** F], [1, 1, 1])
-    for element in (0, xy.size + ab.size - 1):      # the dot products', the 4-D product's
+    for element in (0, xy.size + ab.size - 1):      # first and last entries of op 1's
         got = tamper.run(_job(kernel), args, make_parties(), tamper.Target(1, -1, op=1),
                          tamper.Deviation("add", error=1 << 63, element=element))
         assert isinstance(got.error, dzkp.CheatingDetected), (element, got.error)
         assert got.error.prover == 1
+
+
+@pytest.mark.parametrize("mode", ["exact", "prob"])
+def test_fused_truncation_of_mixed_items_costs_what_semi_honest_mode_does(mode):
+    """Items without Scaled truncations or masked matrix products take the fused route
+    (checked.fused_steps): a matrix product, a batch of dot products, an elementwise
+    product with a keep mask and per-element shifts, plain items beside them - semi-honest
+    mode's rounds and bytes (arith.cost_mul_many), every message of the kernel checked."""
+    rng = np.random.default_rng([17, len(mode)])
+    a, w, u, v = _ints(rng, (6, 40)), _ints(rng, (40, 5)), _ints(rng, (6, 5)), _ints(rng, (6, 5))
+    x, y = _ints(rng, (4, 1, 7)), _ints(rng, (4, 7, 1))
+    keep = rng.random((6, 5)) < 0.6
+    shifts = rng.integers(F - 4, F + 4, size=int(keep.sum()))
+    items = lambda a, w, u, v, x, y: [                                   # noqa: E731
+        (a, w, "matmul", True), (u, v, "mul", shifts, keep), (x, y, "matmul", F - 2),
+        (u, v, "mul", False), (a, w, "matmul", False)]
+    aw, uv, xy = a @ w, u * v, x @ y
+    kept = np.zeros((6, 5))
+    kept[keep] = uv[keep] / 2.0 ** shifts
+    refs = [aw / 2.0 ** F, kept, xy / 2.0 ** (F - 2), uv, aw]
+    cfg = RingConfig(trunc=mode)
+    semi = arith.cost_mul_many(np.concatenate([np.full(aw.size, F), shifts,
+                                               np.full(xy.size, F - 2)]), uv.size + aw.size,
+                               mode)
+    declared = cost_checked([(aw.shape, "matmul", True), ((6, 5), "mul", shifts, keep),
+                             (xy.shape, "matmul", F - 2), ((6, 5), "mul", False),
+                             (aw.shape, "matmul", False)], cfg)
+    assert declared == semi
+    _check(lambda p, *ops: arith.mul_many_aa(p, items(*ops)), _deal(rng, a, w, u, v, x, y),
+           declared, refs, [1, 1, 1, 1, 1], cfg, seed=len(mode))
+
+
+def test_mul_split_takes_the_fused_route_without_keep_masks():
+    rng = np.random.default_rng(12)
+    x, w1, w2, b = _ints(rng, (5, 24)), _ints(rng, (24, 6)), _ints(rng, (24, 3)), \
+        _ints(rng, (6,))
+
+    def kernel(p, x, w1, w2, b):
+        split, (rep,) = arith.mul_split_aa(p, [(x, w1, "matmul"), (x, w2, "matmul")],
+                                           replicated=[(x, w2, "matmul")], biases=[b, None])
+        return [split, rep]
+    z1, z2 = x @ w1 / 2.0 ** F, x @ w2 / 2.0 ** F
+    refs = [np.concatenate([(z1 + b).reshape(-1), z2.reshape(-1)]), z2]
+    declared = cost_checked([((5, 6), "matmul", True), ((5, 3), "matmul", True),
+                             ((5, 3), "matmul", True)], RingConfig())
+    assert declared == arith.cost_mul(30 + 15 + 15, RingConfig())
+    _check(kernel, _deal(rng, x, w1, w2, b), declared, refs, [1, 1])
 
 
 def test_mul_split_with_biases_and_replicated_items():
