@@ -161,10 +161,10 @@ class Checks:
         """The comparison with public thresholds (:func:`mpc3.kernels.thresholds.
         compare_steps`): :func:`mpc3.claims_compare.compare_claims`, whose witness (A's
         bits of the rows) goes out at the flush; its output bits are known by identity to
-        the injection that consumes them. The late form (``pair_b``) is not covered."""
-        if rec["late"]:
-            return
-        self._wait(rec, compare_witness, compare_claims, rec["x"].size)
+        the injection that consumes them. The late form (``pair_b``) reads A's bits from
+        the product's fused truncation (no witness of its own)."""
+        late = rec["late"]
+        self._wait(rec, None if late else compare_witness, compare_claims, rec["x"].size)
         self.masked.append((bits.planes, {"rec": rec, "parts": bit_parts,
                                           "swaps": swap_claims}))
         nb = len(rec["blocks"])
@@ -174,8 +174,8 @@ class Checks:
             one = packed_bytes(s["n"], 1)
             if s["role"] == 0:
                 self._cover(p, packed_bytes(s["nrows"], 1) * therm + one * ndeal, back=1)
-            else:
-                self._cover(p, one * nmask, back=int(s["role"] == 1))
+            else:                           # role 1: round 1 (round 2 if late)
+                self._cover(p, one * nmask, back=int(s["role"] == 1 and not late))
 
     def truncation(self, p, x, per, state: list[dict], got2, plain_form: bool, got=None,
                    terms=None) -> None:
@@ -187,13 +187,13 @@ class Checks:
         scaled forms are not covered."""
         if not plain_form and terms is None:
             return
-        rec = {"per": per, "state": state, "got2": got2, "kop": p.kop,
-               "groups": [sl for sl, _, _ in _default_segments(x.size, False)]}
+        rec = {"per": per, "state": state, "got2": got2, "kop": p.kop}
         if terms is None:
-            rec["x"] = x
+            rec.update(x=x, groups=[sl for sl, _, _ in _default_segments(x.size, False)])
             self._wait(rec, trunc_witness, trunc_claims, x.a.size)
-        else:
-            rec.update(z=x, got=got, terms=terms)
+        else:                               # groups: the kernel's segments
+            rec.update(z=x, got=got, terms=terms, groups=terms["groups"],
+                       pair_sum=terms["pair_sum"])
             self._wait(rec, fused_witness, fused_claims, x.size)
         exact = got2 is not None
         for st, (_, _, _, plan) in zip(state, per):
@@ -222,15 +222,16 @@ class Checks:
     def leaves(self, p, rec: dict) -> None:
         """The comparison leaves' messages (:func:`mpc3.kernels.leaves.leaves_steps`):
         :func:`mpc3.claims_compare.leaves_claims`, whose witness goes out at the flush; the
-        late form (``pair_b``, a product's split form) is not covered."""
-        if rec["late"]:
-            return
-        self._wait(rec, leaves_witness, leaves_claims, rec["x"].size)
+        late form (``pair_b``, a product's split form) reads A's bits from the product's
+        fused truncation (no witness of its own)."""
+        late = rec["late"]
+        self._wait(rec, None if late else leaves_witness, leaves_claims, rec["x"].size)
         nrows = sum((1 << k) - 1 for _, k in rec["blocks"]) + 1
         nconv = 2 * len(rec["blocks"]) - 1
         for s in rec["state"]:
-            role, bits = s["role"], packed_bytes(s["n"], 1)
-            self._cover(p, bits * (nrows if role == 0 else nconv), back=int(role != 2))
+            role, bits = s["role"], packed_bytes(s["n"], 1)      # role 1: round 2 if late
+            self._cover(p, bits * (nrows if role == 0 else nconv),
+                        back=int(role == 0 or (role == 1 and not late)))
 
     def fused_and(self, p, planes: np.ndarray, rec: dict) -> None:
         """The carry tree's last AND layer kept as masked 3-out-of-3 ``planes``
@@ -271,6 +272,14 @@ class Checks:
         self.claims = []
         return out
 
+    def _product_of(self, pair_b: np.ndarray) -> dict:
+        """The fused truncation whose pair sums a late comparison read (by identity)."""
+        for rec, _, _ in self.witnessed:
+            if rec.get("pair_sum") is pair_b:
+                return rec
+        raise Unverified("malicious mode: a comparison of a product's split form without "
+                         "its product's fused truncation is not covered")
+
     def flush(self, p) -> None:
         """Verify everything registered since the last flush (see the module docstring)."""
         missing = [op for op, n in sorted(self.sent.items()) if self.covered.get(op, 0) < n]
@@ -283,8 +292,12 @@ class Checks:
         witness = [make(p, rec) for rec, make, _ in self.witnessed if make is not None]
         _, got = p.comm.exchange(to_next=[digests, *witness], from_prev=True)
         theirs, wits = got[0].tobytes(), iter(got[1:])
-        for rec, make, claims in self.witnessed:          # in registration order
-            made = claims(p, rec, next(wits) if make is not None else None)
+        for rec, make, _ in self.witnessed:
+            rec["witness"] = next(wits) if make is not None else None
+        for rec, _, claims in self.witnessed:             # in registration order
+            if rec.get("late"):                           # its product's fused truncation
+                rec["trunc"] = self._product_of(rec["pair_b"])
+            made = claims(p, rec, rec["witness"])
             if isinstance(made, tuple):                   # (triples, matrix products' views)
                 made, mats = made
                 if mats is not None:

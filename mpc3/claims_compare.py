@@ -26,8 +26,9 @@ Every constraint but A's gate is exact over the integers, its factors bits, so t
 merged into gates of at most 64 bits of error (:func:`_merge`; docs/MALICIOUS.md, "Merged
 gates").
 
-A leaf set whose pair part arrives late (``pair_b``: a product's split form, whose A is a
-3-out-of-3 share) has no claim; malicious mode takes the replicated products instead.
+A leaf set whose pair part arrives late (``pair_b``: a product's split form, whose A is the
+single's 3-out-of-3 term) reads A's bits from the product's fused truncation
+(:func:`a_parts`): no witness or A gate of its own, the same claims otherwise.
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ from collections import Counter
 import numpy as np
 
 from .claims import _TOP, Views, _merge, merged_widths
-from .claims_trunc import _bit_rows, a_bits, a_witness
+from .claims_trunc import _bit_rows, a_bits, a_witness, shared_bits
 from .dzkp import Claim
 from .kernels.base import group_bounds
 from .kernels.leaves import leaf_blocks
@@ -88,11 +89,12 @@ def therm_layout(blocks, top: bool) -> list[tuple[int, int]]:
 def _therm_side(T: np.ndarray, K: np.ndarray, x: np.ndarray, blocks, L: int, top,
                 left: bool) -> dict:
     """One verifier's side of the single's thermometer claim: V_L (``left``) holds T' rows,
-    its pad K and x_g; V_R rho rows, the witness M and x_{g+1} (here also T, K, x). ``top``:
+    its pad K and x_g; V_R rho rows, the witness M and x_{g+1} (here also T, K, x; x None:
+    no A gate, A's bits being a fused truncation's, :func:`a_parts`). ``top``:
     the window's top bit, whose row ends T (leaves), or None (thresholds: no such row).
     A's 64-term gate; then every block's sum and every monotonicity and top constraint,
     exact over the integers, merged (:func:`_merge`)."""
-    Kb, n = _bit_rows(K), K.size
+    Kb = _bit_rows(K)
     two_j = np.left_shift(_ONE, np.arange(64, dtype=np.uint64) + _ONE)[:, None]
     parts = []
     for (off, k), base in zip(blocks, _bases(blocks)):
@@ -116,6 +118,8 @@ def _therm_side(T: np.ndarray, K: np.ndarray, x: np.ndarray, blocks, L: int, top
             if left else np.stack([T[-1], Kb[j]])
         parts.append((rows, Kb[j] - T[-1], 1))
     out = _merge(parts, left)
+    if x is None:                          # A's bits pinned elsewhere (a late leaf set)
+        return out
     a = ((two_j * Kb) if left else Kb, K - x)
     if 64 in out:
         a = (np.concatenate([a[0], out[64][0]], axis=1), np.concatenate([a[1], out[64][1]]))
@@ -189,6 +193,16 @@ def _half_side(rows: np.ndarray, bits: np.ndarray, nb: int, left: bool,
 
 
 # --------------------------------------------------------------------- the kernel -----
+def a_parts(p, rec: dict, sl: slice, g: int, role: int, witness):
+    """(K, M, x_g, x_{g+1}) of the single's A in group g (:func:`mpc3.claims_trunc.a_bits`);
+    in the late form (``pair_b``: A is the single's term of a product whose truncation is
+    fused, ``rec["trunc"]``) A's bits are that truncation's (``shared_bits``), pinned to A
+    by its claims, and x_g, x_{g+1} None: no A gate, no witness of its own."""
+    if rec["late"]:
+        return (*shared_bits(p, rec["trunc"], g, role), None, None)
+    return a_bits(p, rec["x"], sl, g, role, rec["kop"], witness)
+
+
 def leaves_witness(p, rec: dict) -> np.ndarray:
     x = rec["x"]
     return a_witness(p, x, group_bounds(x.size), [s["role"] for s in rec["state"]],
@@ -198,14 +212,14 @@ def leaves_witness(p, rec: dict) -> np.ndarray:
 def leaves_claims(p, rec: dict, witness: np.ndarray) -> list[tuple[Claim, Claim, Claim]]:
     """(own, as V_L of next, as V_R of prev) per gate width of the leaves' messages
     (module docstring)."""
-    x, blocks, L, m, kop = rec["x"], rec["blocks"], rec["L"], rec["m"], rec["kop"]
+    x, blocks, L, m = rec["x"], rec["blocks"], rec["L"], rec["m"]
     width, nb = max((1 << k) - 1 for _, k in blocks), len(blocks)
     views = Views()
     add = views.add_all
 
     for g, (sl, s) in enumerate(zip(group_bounds(x.size), rec["state"])):
         role, ng = s["role"], s["n"]
-        K, M, xg, xh = a_bits(p, x, sl, g, role, kop, witness)
+        K, M, xg, xh = a_parts(p, rec, sl, g, role, witness)
         therm = (lambda: _rows(s["therm"], ng))
         rho = (lambda: _rows(s["rho"], ng))
         rows = (lambda key: _rows(s[key], ng))
@@ -276,7 +290,7 @@ def _halves(s: dict, role: int, nmask: int, rows) -> dict:
 def compare_claims(p, rec: dict, witness: np.ndarray) -> list[tuple[Claim, Claim, Claim]]:
     """(own, as V_L of next, as V_R of prev) per gate width of compare_steps' three
     messages per group; keeps each group's (K, M) for the injection (:func:`bit_parts`)."""
-    x, blocks, L, kop = rec["x"], rec["blocks"], rec["L"], rec["kop"]
+    blocks, L = rec["blocks"], rec["L"]
     nb = len(blocks)
     masked, _, dealt = carry_plan(nb)
     leaves = [i for i in range(2 * nb - 1) if i != nb - 1]       # masked, as select orders
@@ -289,7 +303,7 @@ def compare_claims(p, rec: dict, witness: np.ndarray) -> list[tuple[Claim, Claim
 
     for g, s in enumerate(rec["state"]):
         role, ng, idx = s["role"], s["n"], s["idx"]
-        K, M, xg, xh = a_bits(p, x, s["rsl"], g, role, kop, witness)
+        K, M, xg, xh = a_parts(p, rec, s["rsl"], g, role, witness)
         rec["KM"][g] = (K, M)
         rows = (lambda planes: _rows(planes, ng))
         code = (lambda key: _rows(s[key], s["nrows"])[:, idx])      # rows -> elements

@@ -81,7 +81,8 @@ def a_bits(p, x, sl: slice, g: int, role: int, kop: int, witness: np.ndarray,
     if pos == 0:
         M = (xg + xh) ^ K
     elif pos == 1:                           # a witness of the wrong length fails the proof
-        M = witness if witness.size == ng else np.zeros(ng, dtype=np.uint64)
+        M = witness if witness is not None and witness.size == ng else \
+            np.zeros(ng, dtype=np.uint64)
     return K, M, xg, xh
 
 
@@ -124,12 +125,13 @@ def trunc_claims(p, rec: dict, witness: np.ndarray,
     views = Views()
     x, kop, exact = rec.get("x"), rec["kop"], rec["got2"] is not None
     fmin, fmax = trunc_gate_bits(per[0] for per in rec["per"])    # public: every group's
+    wits = received(rec, witness, 1)
     for g, (sl, st, per) in enumerate(zip(rec["groups"], rec["state"], rec["per"])):
         role, ng = st["role"], st["n"]
         sh, up = per[0], per[1]
         top = np.left_shift(_ONE, np.broadcast_to(np.asarray(up, np.uint64), (ng,)))
         pos = role % 3                                           # prover: role 0
-        K, M, xg, xh = a_bits(p, x, sl, g, role, kop, witness,
+        K, M, xg, xh = a_bits(p, x, sl, g, role, kop, wits.get(g, [None])[0],
                               None if halves is None else halves(g, sl, role))
         c = _shift_rows(sh, ng)
         f = np.broadcast_to(np.asarray(sh, dtype=np.uint64), (ng,))
@@ -166,21 +168,49 @@ def trunc_claims(p, rec: dict, witness: np.ndarray,
     return views.triples()
 
 
+def received(rec: dict, witness: np.ndarray, parts: int) -> dict:
+    """{g: (parts arrays of the group's size)} of a witness this party received as V_R
+    (role 1) of the groups' singles: ``parts`` blocks, each the concatenation over those
+    groups in order (:func:`fused_witness`'s layout). A witness of the wrong length is read
+    as zeros (its proof fails)."""
+    mine = [(g, st["n"]) for g, st in enumerate(rec["state"]) if st["role"] == 1]
+    total = sum(n for _, n in mine)
+    if witness is None or witness.size != parts * total:
+        witness = np.zeros(parts * total, dtype=np.uint64)
+    out, at = {}, 0
+    for g, n in mine:
+        out[g] = tuple(witness[j * total + at:j * total + at + n] for j in range(parts))
+        at += n
+    return out
+
+
 # ------------------------------------------------------------------ the fused form ----
-def _role_group(rec: dict, role: int):
-    """(g, slice) of the group where this party has ``role`` (one per role)."""
-    return next((g, sl) for g, (sl, st) in enumerate(zip(rec["groups"], rec["state"]))
-                if st["role"] == role)
-
-
 def fused_witness(p, rec: dict) -> np.ndarray:
     """The single's witness of a fused truncation, for V_R: A's bits XOR the pad ``wit<g>``
     (as :func:`trunc_witness`), then ``M' = A - K'`` with K' the pad ``arith<g>`` it shares
-    with V_L; A its own product term, in the group where it is role 0."""
-    g, sl = _role_group(rec, 0)
-    A = rec["z"][sl]
-    K, K2 = (p.prg.ring("prev", rec["kop"], f"{t}{g}", A.shape) for t in ("wit", "arith"))
-    return np.concatenate([A ^ K, A - K2])
+    with V_L; A its own product term, over the groups where it is role 0 (in order, the
+    bits of all, then M' of all)."""
+    bits, arith = [], []
+    for g, (sl, st) in enumerate(zip(rec["groups"], rec["state"])):
+        if st["role"] == 0:
+            A = rec["z"][sl]
+            K, K2 = (p.prg.ring("prev", rec["kop"], f"{t}{g}", A.shape)
+                     for t in ("wit", "arith"))
+            bits.append(A ^ K)
+            arith.append(A - K2)
+    return np.concatenate(bits + arith) if bits else np.zeros(0, dtype=np.uint64)
+
+
+def shared_bits(p, rec: dict, g: int, role: int):
+    """(K, M) of A's bits in group g of the fused truncation ``rec`` as a party of
+    ``role`` holds them (None where it holds neither; its received witness in
+    ``rec["witness"]``): a comparison of the same product's split form reads A's bits from
+    them, the truncation's claims pinning them to A (:mod:`mpc3.claims_compare`)."""
+    sl = rec["groups"][g]
+    wit = received(rec, rec.get("witness"), 2).get(g, (None,))[0]
+    K, M, _, _ = a_bits(p, None, sl, g, role, rec["kop"], wit,
+                        halves=(rec["z"][sl], np.uint64(0)) if role == 0 else (None, None))
+    return K, M
 
 
 def fused_claims(p, rec: dict, witness: np.ndarray):
@@ -193,31 +223,34 @@ def fused_claims(p, rec: dict, witness: np.ndarray):
     ``K' + M'`` (:func:`fused_witness`), K' by V_L (role 2), M' by V_R (role 1). The
     truncation's claims are :func:`trunc_claims` with A's halves K', M'; the product
     claims (:func:`mpc3.claims.term_views`) say that each party's term is its product term
-    under the zero sharing ``(terms kop, "mulmask")``.
+    under the zero sharing ``(terms kop, "mulmask")``, plus its slot a of the biases
+    (``terms["bias"]``: this party's slots a and b, shifted, flat; V_L takes off its
+    prover's).
     """
     z, kop, got = rec["z"], rec["kop"], rec["got"]
-    ng = rec["state"][_role_group(rec, 1)[0]]["n"]
-    if witness.size != 2 * ng:                    # a witness of the wrong length fails
-        witness = np.zeros(2 * ng, dtype=np.uint64)
-    M, M2 = witness[:ng], witness[ng:]
+    wits = received(rec, witness, 2)
     pads = {}
 
     def halves(g, sl, role):
         if role == 1:
-            return None, M2
+            return None, wits[g][1]
         if g not in pads:
             pads[g] = p.prg.ring("prev" if role == 0 else "next", kop, f"arith{g}",
                                  (sl.stop - sl.start,))
         return pads[g], (z[sl] - pads[g] if role == 0 else None)
-    triples = trunc_claims(p, rec, M, halves)
+    triples = trunc_claims(p, rec, np.concatenate([w[0] for w in wits.values()] or
+                                                  [np.zeros(0, np.uint64)]), halves)
     left, right = np.zeros_like(z), np.zeros_like(z)   # of next's term, of prev's
     for g, (sl, st) in enumerate(zip(rec["groups"], rec["state"])):
         role = st["role"]
         if role == 1:                                  # next is role 2, prev the single
-            left[sl], right[sl] = got[(NEXT, g)][0], M2
+            left[sl], right[sl] = got[(NEXT, g)][0], wits[g][1]
         elif role == 2:                                # next is the single, prev role 1
             left[sl], right[sl] = halves(g, sl, 2)[0], got[(PREV, g)][0]
     terms = rec["terms"]
-    more, mats = term_views(p.rank, terms["items"], z, left, right,
+    term = z
+    if terms.get("bias") is not None:
+        term, left = z - terms["bias"][0], left - terms["bias"][1]
+    more, mats = term_views(p.rank, terms["items"], term, left, right,
                             *masks(p, terms["kop"], "mulmask", z.shape))
     return triples + more, mats

@@ -360,17 +360,23 @@ def mul_split_aa(p: Party, items: list[tuple], trunc: bool | int = True,
     ``(split, [outputs])``: those items come back completed, as AShares, from the same rounds
     and messages (the split ones keep their own element groups). Cost:
     :func:`cost_mul_split`. ``sites``: per item, then per replicated item (mpc3.shadow).
-    Malicious mode: the same values as AShares, no sign (:func:`checked.cost_checked`)."""
+    Malicious mode: the same kernel, every output completed, with the fused form's claims
+    (``cost_mul_split(..., malicious=True)``); items :func:`checked.fusable` refuses (a
+    masked matrix product) give AShares without the sign (:func:`checked.cost_checked`)."""
     if p.shadow is not None:
         return p.shadow.mul_split_aa(items, trunc, replicated, biases, sites)
-    if p.checks is not None:               # malicious mode: replicated, verified (AShares)
+    every = [(*it[:3], trunc, it[3] if len(it) > 3 else None) for it in items] + \
+        [(*it[:3], trunc, None) for it in replicated or []]
+    if p.checks is not None and not checked.fusable(every):   # malicious mode, unfused
         return checked.split_checked(p, items, trunc, replicated, biases, _item_product)
-    p.new_op()
-
+    kop = p.new_op()
+    malicious = p.checks is not None       # replicated outputs, the fused form's claims
     zs = [_item_product(*it[:3], it[3] if len(it) > 3 else None, p.rank) for it in items]
     zr = [_item_product(*it[:3], None, p.rank) for it in replicated or []]
     bits = p.cfg.frac if trunc is True else int(trunc)
     z = np.concatenate([v for _, _, v in zs + zr])
+    terms = checked.split_terms(every, [v.size for _, _, v in zs + zr], kop) \
+        if malicious else None
     # past here only the items' shapes: their products go (the widest step's memory)
     zs = [(full.shape, keep, v.size) for full, keep, v in zs]
     zr = [(full.shape, keep, v.size) for full, keep, v in zr]
@@ -379,9 +385,12 @@ def mul_split_aa(p: Party, items: list[tuple], trunc: bool | int = True,
     for (shape, keep, size), b in zip(zs, biases or [None] * len(zs)):
         if b is not None:                   # slot a of the bias: a 3-of-3 share, pre-shifted
             z[pos:pos + size] += _bias_z(shape, keep, b, bits)
+            if malicious:                   # both slots, for the products' claims
+                checked.bias_slots(terms, z.size, pos, _bias_z(shape, keep, b, bits),
+                                   _bias_z(shape, keep, AShare(b.b, b.a), bits))
         pos += size
     p.add_zero_share(z, "mulmask")                        # fresh: in place
-    segs = _segments(n_split, z.size - n_split)
+    segs = _segments(n_split, z.size - n_split, split=not malicious)
     win = split_sign_window(p.cfg, n_split, bits)
     if win is not None:
         pair = np.empty(n_split, dtype=np.uint64)     # filled by the truncation's round 1
@@ -389,12 +398,13 @@ def mul_split_aa(p: Party, items: list[tuple], trunc: bool | int = True,
         sign = thresholds.compare_steps(p, mine, np.zeros(1, np.uint64), win, pair_b=pair) \
             if thresholds.dealt_carry(n_split) else \
             leaves.leaves_steps(p, mine, *win, pair_b=pair)
-        out, sign = run_steps(
-            p, trunc_steps(p, z, bits, False, split=True, segments=segs, pair_sum=pair), sign)
+        out, sign = run_steps(p, trunc_steps(p, z, bits, False, split=not malicious,
+                                             segments=segs, pair_sum=pair, terms=terms), sign)
         split = SignedSplit(out.a[:n_split], out.b[:n_split], sign)
     else:
-        out = trunc_split(p, z, bits, from_rss=False, split=True, segments=segs)
-        split = SplitShare(out.a[:n_split], out.b[:n_split])
+        out = run_steps(p, trunc_steps(p, z, bits, False, split=not malicious,
+                                       segments=segs, terms=terms))[0]
+        split = (AShare if malicious else SplitShare)(out.a[:n_split], out.b[:n_split])
     if replicated is None:
         return split
     cut = np.cumsum([n_split] + [size for _, _, size in zr])
@@ -410,10 +420,11 @@ def _bias_z(shape: tuple, keep, b: AShare, shift: int) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=256)
-def _segments(n_split: int, n_rep: int) -> tuple[tuple[slice, int, bool], ...]:
+def _segments(n_split: int, n_rep: int, split: bool = True) -> tuple[tuple[slice, int, bool], ...]:
     """(elements, role group, split?) of a mul_split_aa call: the split elements in the groups
-    of their own count (what relu_a reads), then the replicated ones in theirs."""
-    return tuple((sl, g, True) for g, sl in enumerate(group_bounds(n_split))) + tuple(
+    of their own count (what relu_a reads), then the replicated ones in theirs (``split``
+    False: malicious mode, whose split elements are completed too)."""
+    return tuple((sl, g, split) for g, sl in enumerate(group_bounds(n_split))) + tuple(
         (slice(n_split + sl.start, n_split + sl.stop), g, False)
         for g, sl in enumerate(group_bounds(n_rep)) if n_rep)
 
@@ -427,16 +438,20 @@ def split_sign_window(cfg, n: int, trunc: bool | int) -> tuple[int, int] | None:
     return win if n and win is not None else None
 
 
-def cost_mul_split(n: int, cfg, trunc: bool | int = True, n_rep: int = 0) -> Cost:
+def cost_mul_split(n: int, cfg, trunc: bool | int = True, n_rep: int = 0,
+                   malicious: bool = False) -> Cost:
     """mul_split_aa with ``n`` split and ``n_rep`` replicated outputs (``cfg``: the
-    RingConfig), the sign's comparison included when it rides along."""
+    RingConfig), the sign's comparison included when it rides along; ``malicious``: its
+    fused route in malicious mode (every output completed, the comparison's blocks those of
+    malicious mode)."""
     bits = cfg.frac if trunc is True else trunc
     cost = cost_trunc_shifts(np.broadcast_to(np.asarray(bits), (n + n_rep,)), cfg.trunc,
-                             from_rss=False, split=True, segments=_segments(n, n_rep))
+                             from_rss=False, split=not malicious,
+                             segments=_segments(n, n_rep, split=not malicious))
     win = split_sign_window(cfg, n, trunc)
     if win is None:
         return cost
-    return Cost.parallel(cost, thresholds.cost_compare_public(n, 1, *win)
+    return Cost.parallel(cost, thresholds.cost_compare_public(n, 1, *win, malicious)
                          if thresholds.dealt_carry(n) else leaves.leaf_cost(n, *win)[0])
 
 

@@ -8,8 +8,9 @@ paths never come here).
   the resharing of the 3-out-of-3 sum, plain items beside it in its first round - with the
   fused form's claims (:mod:`mpc3.claims_trunc`; the single's witness is 16 bytes an
   element at the flush). Same rounds and messages as semi-honest mode. ``mul_aa`` and
-  ``matmul_aa`` with truncation and ``mul_split_aa`` come here too (``mul_split_aa`` as
-  AShares: no split form, no sign in the products' rounds).
+  ``matmul_aa`` with truncation come here too; ``mul_split_aa`` runs its own kernel with
+  the same claims (:func:`split_terms`, :func:`bias_slots`: every output completed, the
+  sign's comparison in the products' rounds).
 * otherwise (:func:`flat_steps`), round 1
   reshares every item's plain product, each under its own zero sharing (``reshare<i>``),
   registered as :meth:`Checks.product` / :meth:`Checks.matmul` claims; then the truncated
@@ -30,8 +31,9 @@ paths never come here).
   for a multiplier near 2^30), so only the first truncation keeps prob mode's failure
   ~|z| / 2^64, that of the product itself. ``S <= t`` is refused (ValueError). Two rounds
   more than semi-honest in exact mode, three in prob mode.
-* :func:`split_checked` (``mul_split_aa``): the products of :func:`many_steps`, biases added
-  after the truncation, as AShares (relu_a reads them); no sign in the products' rounds.
+* :func:`split_checked` (``mul_split_aa`` with items :func:`fusable` refuses): the products
+  of :func:`many_steps`, biases added after the truncation, as AShares (relu_a reads
+  them); no sign in the products' rounds.
 
 Costs: :func:`cost_checked` (measured = declared: tests/mpc3/test_checks_products.py).
 """
@@ -209,6 +211,29 @@ def fused_steps(p: Party, items: list[tuple], product):
         at[trunc is not False] += n
         out.append((AShare(src.a[lo:lo + n], src.b[lo:lo + n]), shape, keep))
     return out
+
+
+def split_terms(items: list[tuple], sizes: list[int], kop: int) -> dict:
+    """The fused form's ``terms`` of mul_split_aa's products (``items`` ``(x, y, kind,
+    trunc, keep)``, their kept outputs' ``sizes`` side by side; an elementwise item's
+    operands cut to its kept outputs), masked under ``(kop, "mulmask")``."""
+    out, at = [], 0
+    for (x, y, kind, _, keep), n in zip(items, sizes):
+        if kind == "mul" and keep is not None:
+            kb = np.broadcast_to(keep, x.shape)
+            x, y = AShare(x.a[kb], x.b[kb]), AShare(y.a[kb], y.b[kb])
+        out.append((x, y, kind, at, at + n))
+        at += n
+    return {"kop": kop, "items": out, "bias": None}
+
+
+def bias_slots(terms: dict, n: int, pos: int, a: np.ndarray, b: np.ndarray) -> None:
+    """Record a bias added to the terms at ``pos``: this party's slots a (in its own term)
+    and b (in next's), shifted (:func:`mpc3.claims_trunc.fused_claims`)."""
+    if terms["bias"] is None:
+        terms["bias"] = (np.zeros(n, np.uint64), np.zeros(n, np.uint64))
+    terms["bias"][0][pos:pos + a.size] = a
+    terms["bias"][1][pos:pos + b.size] = b
 
 
 def flat_steps(p: Party, items: list[tuple], product):

@@ -174,7 +174,7 @@ def leaves_steps(p: Party, x: AShare, L: int, m: int, pair_b: np.ndarray | None 
                 b_parts.append(np.concatenate([s["atop_masked"], s["u"]]))
     if keep:                                # malicious mode: the messages' claims
         p.checks.leaves(p, {"x": x, "L": L, "m": m, "blocks": blocks, "state": st,
-                            "kop": kop, "late": late})
+                            "kop": kop, "late": late, "pair_b": pair_b})
     return BShare(np.concatenate(a_parts, axis=1), np.concatenate(b_parts, axis=1), n), nb
 
 

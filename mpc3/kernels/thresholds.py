@@ -341,10 +341,12 @@ def compare_steps(p: Party, x: AShare, thresholds: np.ndarray, win: tuple[int, i
     bits = MaskedBits(out, n)
     if keep:                                # malicious mode: the messages' claims
         p.checks.compare(p, bits, {"x": AShare(xa, xb), "t": t, "k": k, "L": L, "m": m,
-                                   "blocks": blocks, "state": st, "kop": kop, "late": late})
+                                   "blocks": blocks, "state": st, "kop": kop, "late": late,
+                                   "pair_b": pair_b})
     return bits
 
 
-def cost_compare_public(rows: int, k: int, L: int, m: int) -> Cost:
-    """Rounds and bytes per party of :func:`compare_public_masked` (rows x k comparisons)."""
-    return _cost(rows, k, blocks_for(m - 1, rows, k))
+def cost_compare_public(rows: int, k: int, L: int, m: int, malicious: bool = False) -> Cost:
+    """Rounds and bytes per party of :func:`compare_public_masked` (rows x k comparisons;
+    ``malicious``: with the blocks of malicious mode, :func:`claim_blocks`)."""
+    return _cost(rows, k, claim_blocks(m - 1, k) if malicious else blocks_for(m - 1, rows, k))

@@ -184,10 +184,10 @@ def trunc_steps(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None = 
     """Core of fused/standalone truncation as lockstep steps (:func:`base.run_steps`);
     ``src`` is z (3-of-3, flat) or a flat AShare.
 
-    ``pair_sum`` (z input only): a flat array over the split segments' elements that this
-    kernel fills, after its first round, with the untruncated ``B = z_1 + z_2`` of every
-    element whose group has this party in the pair (role 0's ``A`` is its own z): the split
-    form of the product itself, for a comparison running in the same rounds
+    ``pair_sum`` (z input only): a flat array over the first elements (the split segments')
+    that this kernel fills, after its first round, with the untruncated ``B = z_1 + z_2`` of
+    every element whose group has this party in the pair (role 0's ``A`` is its own z): the
+    split form of the product itself, for a comparison running in the same rounds
     (:func:`mpc3.kernels.arith.mul_split_aa`).
 
     ``split``: stop at the split form (:class:`SplitShare`): role 0 keeps U and never sends
@@ -267,7 +267,7 @@ def trunc_steps(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None = 
         if role == 0:
             continue
         sh, up, low, plan = per[g]
-        if pair_sum is not None and st["split"]:
+        if pair_sum is not None and groups[g].stop <= pair_sum.size:
             pair_sum[groups[g]] = st["z"] + got[(_dir(role, 3 - role), g)][0]
         # W = ((B + offset + 2^f - 1) >>a f) - (offset >> f) (+ 2^f - 1: unbiased rounding,
         # module doc), bt = top bit of B + offset + 2^f - 1, with B = z + the other's z
@@ -331,11 +331,13 @@ def trunc_steps(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None = 
         else:                               # a_out[sl] is W already
             b_out[sl] = st["s0"]
     if p.checks is not None:                # malicious mode: the messages' claims
-        simple = (mult is None and pair_sum is None and given is None
-                  and not any(sp for _, _, sp in segments))
-        p.checks.truncation(p, src, per, state, got2 if exact else None,
-                            plain_form=simple and from_rss and plain is None, got=got,
-                            terms=terms if simple and not from_rss else None)
+        simple = mult is None and not any(sp for _, _, sp in segments)
+        claimed = None                      # the fused form: its groups, the pair's sums
+        if terms is not None and simple and not from_rss:
+            claimed = dict(terms, groups=groups, pair_sum=pair_sum)
+        p.checks.truncation(p, src, per, state, got2 if exact else None, plain_form=(
+            simple and from_rss and plain is None and pair_sum is None and given is None),
+            got=got, terms=claimed)
     if plain is not None:
         return AShare(a_out, b_out), AShare(plain, got[(NEXT, -1)][0])
     return SplitShare(a_out, b_out) if all(sp for _, _, sp in segments) else \

@@ -9,12 +9,13 @@ import pytest
 
 from mpc3 import dzkp, tamper
 from mpc3.checks import Checks
-from mpc3.kernels import arith
+from mpc3.kernels import arith, convert
 from mpc3.kernels.base import Cost, run_steps
 from mpc3.kernels.checked import cost_checked
 from mpc3.kernels.truncation import MAX_MULT, Scaled, scaled
 from mpc3.party import RingConfig
 from mpc3.sharing import deal
+from mpc3.shares import SignedSplit
 from mpc3.sim import make_parties, run_parties
 
 F = RingConfig().frac
@@ -180,21 +181,33 @@ def test_fused_truncation_of_mixed_items_costs_what_semi_honest_mode_does(mode):
            declared, refs, [1, 1, 1, 1, 1], cfg, seed=len(mode))
 
 
-def test_mul_split_takes_the_fused_route_without_keep_masks():
+@pytest.mark.parametrize("rows", [5, 2000])
+def test_mul_split_takes_the_fused_route_with_the_sign_in_its_rounds(rows):
+    """Without Scaled truncations or masked matrix products mul_split_aa runs as in
+    semi-honest mode, every output completed (the single's Uk sent), the sign's comparison
+    in the products' rounds - the dealt carry (few elements) or the leaves (many) in the
+    late form, reading A's bits from the fused truncation - and relu_a of the result only
+    injects: semi-honest mode's rounds. Every message of the kernel and of the ReLU is
+    checked."""
     rng = np.random.default_rng(12)
-    x, w1, w2, b = _ints(rng, (5, 24)), _ints(rng, (24, 6)), _ints(rng, (24, 3)), \
+    x, w1, w2, b = _ints(rng, (rows, 24)), _ints(rng, (24, 6)), _ints(rng, (24, 3)), \
         _ints(rng, (6,))
 
     def kernel(p, x, w1, w2, b):
         split, (rep,) = arith.mul_split_aa(p, [(x, w1, "matmul"), (x, w2, "matmul")],
                                            replicated=[(x, w2, "matmul")], biases=[b, None])
-        return [split, rep]
+        assert isinstance(split, SignedSplit)
+        return [split, rep, convert.relu_a(p, split)]
     z1, z2 = x @ w1 / 2.0 ** F, x @ w2 / 2.0 ** F
-    refs = [np.concatenate([(z1 + b).reshape(-1), z2.reshape(-1)]), z2]
-    declared = cost_checked([((5, 6), "matmul", True), ((5, 3), "matmul", True),
-                             ((5, 3), "matmul", True)], RingConfig())
-    assert declared == arith.cost_mul(30 + 15 + 15, RingConfig())
-    _check(kernel, _deal(rng, x, w1, w2, b), declared, refs, [1, 1])
+    flat = np.concatenate([(z1 + b).reshape(-1), z2.reshape(-1)])
+    refs = [flat, z2, np.maximum(flat, 0)]
+    n = flat.size
+    cfg = RingConfig()
+    declared = arith.cost_mul_split(n, cfg, n_rep=z2.size, malicious=True) + \
+        convert.cost_relu_split(n, cfg)
+    assert declared.rounds == arith.cost_mul_split(n, cfg, n_rep=z2.size).rounds + \
+        convert.cost_relu_split(n, cfg).rounds                      # semi-honest mode's
+    _check(kernel, _deal(rng, x, w1, w2, b), declared, refs, [1, 1, 2 ** 6])
 
 
 def test_mul_split_with_biases_and_replicated_items():
