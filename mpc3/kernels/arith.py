@@ -420,7 +420,8 @@ def _bias_z(shape: tuple, keep, b: AShare, shift: int) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=256)
-def _segments(n_split: int, n_rep: int, split: bool = True) -> tuple[tuple[slice, int, bool], ...]:
+def _segments(n_split: int, n_rep: int,
+              split: bool = True) -> tuple[tuple[slice, int, bool], ...]:
     """(elements, role group, split?) of a mul_split_aa call: the split elements in the groups
     of their own count (what relu_a reads), then the replicated ones in theirs (``split``
     False: malicious mode, whose split elements are completed too)."""

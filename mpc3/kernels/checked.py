@@ -138,15 +138,15 @@ def trunc_scaled(p: Party, z: AShare, trunc: Scaled) -> AShare:
 
 
 def dot_shaped(x_shape: tuple, y_shape: tuple) -> bool:
-    """Whether ``x @ y`` is a batch of dot products :func:`mpc3.claims.dot_claims` takes: (..., 1, K) @
-    (..., K, 1) with equal batch shapes."""
+    """Whether ``x @ y`` is a batch of dot products :func:`mpc3.claims.dot_claims` takes:
+    (..., 1, K) @ (..., K, 1) with equal batch shapes."""
     return (len(x_shape) == len(y_shape) >= 3 and x_shape[:-2] == y_shape[:-2]
             and x_shape[-2] == 1 and y_shape[-1] == 1)
 
 
 def mat_shaped(x_shape: tuple, y_shape: tuple) -> bool:
-    """Whether :func:`mpc3.freivalds.matmul_claims` takes ``x @ y``: a matrix (or a stack of them, as
-    rows) times one matrix, or equal batches of matrices."""
+    """Whether :func:`mpc3.freivalds.matmul_claims` takes ``x @ y``: a matrix (or a stack of
+    them, as rows) times one matrix, or equal batches of matrices."""
     return (len(y_shape) == 2 and len(x_shape) >= 2) or (
         len(x_shape) == len(y_shape) >= 3 and x_shape[:-2] == y_shape[:-2])
 
