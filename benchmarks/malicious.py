@@ -122,13 +122,19 @@ def measure(cfg, args, ref, malicious: bool) -> dict:
             "max_abs_err": float(np.max(np.abs(y - ref))), "output": y}
 
 
-def campaign(cfg, args, trials: int, honest: int, seed: int) -> dict:
-    job = _job(cfg, True)
+def campaign(job, args, trials: int, honest: int, seed: int, opened=None,
+             span=None) -> dict:
+    """``trials`` runs of ``job`` (malicious mode) with one deviation each at a message drawn
+    uniformly (seeded) among the honest run's - those whose op lies in ``span(results)``
+    (lo, hi], if given - and ``honest`` honest runs; ``opened(results)``: the revealed
+    output compared with the honest one (default: each party's result's first item)."""
+    opened = opened or (lambda results: reveal([r[0] for r in results]))
     clean = tamper.run(job, args, make_parties())
     if clean.error is not None:
         raise RuntimeError(f"the honest run failed: {clean.error}")
-    want = reveal([r[0] for r in clean.results])
-    pool = [s for s in clean.sent if s.entries]
+    want = opened(clean.results)
+    lo, hi = span(clean.results) if span else (0, float("inf"))
+    pool = [s for s in clean.sent if s.entries and lo < s.op <= hi]
     rng = np.random.default_rng(seed)
     outcomes, where = Counter(), Counter()
     kinds = ("add", "flip")
@@ -140,7 +146,7 @@ def campaign(cfg, args, trials: int, honest: int, seed: int) -> dict:
                                                                   op=s.op), dev)
         if got.error is not None:
             outcome = "aborted"
-        elif np.array_equal(reveal([r[0] for r in got.results]), want):
+        elif np.array_equal(opened(got.results), want):
             outcome = "unchanged"
         else:
             outcome = "undetected"
@@ -187,7 +193,7 @@ def main(argv=None) -> int:
                        "rounds": mal["rounds"] / semi["rounds"],
                        "wall": mal["wall_s"] / semi["wall_s"]}
     if a.campaign or a.honest:
-        result["campaign"] = campaign(cfg, args, a.campaign, a.honest, a.seed)
+        result["campaign"] = campaign(_job(cfg, True), args, a.campaign, a.honest, a.seed)
     runinfo.finish(result, a.json)
     return 0
 

@@ -13,6 +13,12 @@ token flushes once, as a job does (``net.party.malicious.FLUSH_AT``; a decoding 
 layers are small): each generated token pays one proof. Reported per mode: the start's and
 each token's bytes per party, rounds and wall (one run each, same process), the output's
 error against the float64 reference, and the gates party 0 proves at each flush.
+``--campaign N`` (and ``--honest M``): malicious.py's tamper campaign on the last token -
+each trial one deviation at a message drawn uniformly among that token's (its kernels'
+and its flush's), every generated token compared with the honest run's:
+
+    python benchmarks/malicious_decode.py --tiny --tokens 1 --campaign 200 --honest 20 \\
+        --json benchmarks/results/malicious_decode_campaign_tiny.json
 """
 from __future__ import annotations
 
@@ -27,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import runinfo  # noqa: E402
-from malicious import TABLE2, TINY, config  # noqa: E402
+from malicious import TABLE2, TINY, campaign, config  # noqa: E402
 from mpc3 import dzkp, procinfo, ring  # noqa: E402
 from mpc3.checks import Checks  # noqa: E402
 from mpc3.sharing import reveal  # noqa: E402
@@ -73,8 +79,9 @@ def _job(cfg, tokens: int, malicious: bool):
                 p.checks.flush(p)
         st = phase(lambda: D.DecodeState.start(p, cfg, sh, es, on_layer=mark))
         for t in range(tokens):
+            first = p.comm.op
             outs.append(phase(lambda: D.decoder_step(p, cfg, sh, st, ys[:, t])))
-        return outs, phases
+        return outs, phases, (first, p.comm.op)        # the last token's messages' ops
     return job
 
 
@@ -109,6 +116,9 @@ def main(argv=None) -> int:
     ap.add_argument("--tiny", action="store_true", help=f"the shape {TINY} (else Table 2)")
     ap.add_argument("--layers", type=int, help="override the shape's layer count")
     ap.add_argument("--tokens", type=int, default=2, help="decoding steps measured")
+    ap.add_argument("--campaign", type=int, default=0, help="tampered runs (the last token)")
+    ap.add_argument("--honest", type=int, default=0, help="honest malicious-mode runs")
+    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
     shape = dict(TINY if a.tiny else TABLE2)
@@ -127,6 +137,12 @@ def main(argv=None) -> int:
         "bytes": round(sum(last[1]["bytes_per_party"]) / sum(last[0]["bytes_per_party"]), 4),
         "rounds": round(last[1]["rounds"] / last[0]["rounds"], 4),
         "wall": round(last[1]["wall_s"] / last[0]["wall_s"], 2)}
+    if a.campaign or a.honest:
+        result["campaign"] = campaign(
+            _job(cfg, a.tokens, True), args, a.campaign, a.honest, a.seed,
+            opened=lambda res: np.stack([reveal([r[0][t] for r in res])
+                                         for t in range(a.tokens)]),
+            span=lambda res: res[0][2])
     runinfo.finish(result, a.json)
     return 0
 

@@ -1,6 +1,7 @@
 """benchmarks/malicious_decode.py on its smallest decoder: both modes decode the float64
 reference's tokens, malicious mode proves the start and each token (one flush each at
-this size) and costs more bytes and rounds a token, and the JSON carries provenance."""
+this size) and costs more bytes and rounds a token, and the JSON carries provenance; a
+short tamper campaign on a token's messages aborts or leaves every token unchanged."""
 import json
 
 from helpers.bench_scripts import script
@@ -21,3 +22,12 @@ def test_the_benchmark_compares_the_modes_per_token(tmp_path):
         assert sum(m["bytes_per_party"]) > sum(s["bytes_per_party"])
         assert m["rounds"] > s["rounds"]
     assert r["last_token_ratio"]["rounds"] > 1
+
+
+def test_a_campaign_tampers_with_the_last_tokens_messages(tmp_path):
+    out = tmp_path / "r.json"
+    B.main(["--tiny", "--tokens", "1", "--campaign", "3", "--honest", "1", "--json", str(out)])
+    c = json.loads(out.read_text())["campaign"]
+    assert c["trials"] == 3 and sum(c["outcomes"].values()) == 3 and c["messages_in_pool"]
+    assert set(c["outcomes"]) <= {"aborted", "unchanged"}, c
+    assert c["honest_aborts"] == 0
