@@ -384,9 +384,10 @@ def mul_split_aa(p: Party, items: list[tuple], trunc: bool | int = True,
     pos = 0
     for (shape, keep, size), b in zip(zs, biases or [None] * len(zs)):
         if b is not None:                   # slot a of the bias: a 3-of-3 share, pre-shifted
-            z[pos:pos + size] += _bias_z(shape, keep, b, bits)
+            slot_a = _bias_z(shape, keep, b, bits)
+            z[pos:pos + size] += slot_a
             if malicious:                   # both slots, for the products' claims
-                checked.bias_slots(terms, z.size, pos, _bias_z(shape, keep, b, bits),
+                checked.bias_slots(terms, z.size, pos, slot_a,
                                    _bias_z(shape, keep, AShare(b.b, b.a), bits))
         pos += size
     p.add_zero_share(z, "mulmask")                        # fresh: in place

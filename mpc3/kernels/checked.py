@@ -137,6 +137,14 @@ def trunc_scaled(p: Party, z: AShare, trunc: Scaled) -> AShare:
     return run_steps(p, _trunc_steps(p, flat, t, mult, s))[0].reshape(z.shape)
 
 
+def _kept_operands(x: AShare, y: AShare, kind: str, keep):
+    """An elementwise item's operands cut to its kept outputs, flat (others as they are)."""
+    if kind != "mul" or keep is None or x.shape != y.shape:
+        return x, y
+    kb = np.broadcast_to(keep, x.shape)
+    return AShare(x.a[kb], x.b[kb]), AShare(y.a[kb], y.b[kb])
+
+
 def dot_shaped(x_shape: tuple, y_shape: tuple) -> bool:
     """Whether ``x @ y`` is a batch of dot products :func:`mpc3.claims.dot_claims` takes:
     (..., 1, K) @ (..., K, 1) with equal batch shapes."""
@@ -169,18 +177,17 @@ def fused_steps(p: Party, items: list[tuple], product):
     masked terms truncated together, fused (:func:`mpc3.kernels.truncation.trunc_steps`
     with their ``terms``), the plain items' reshared in its first round."""
     kop = p.new_op()
-    made, flat = [], {True: [], False: []}
+    made, flat, at = [], {True: [], False: []}, {True: 0, False: 0}
     for item in items:
         x, y, kind, trunc = item[:4]
         keep = item[4] if len(item) > 4 else None
         shape = x.shape
-        if kind == "mul" and keep is not None:             # the kept outputs only
-            kb = np.broadcast_to(keep, x.shape)
-            x, y = AShare(x.a[kb], x.b[kb]), AShare(y.a[kb], y.b[kb])
+        x, y = _kept_operands(x, y, kind, keep)
         z = product(x, y, kind, None, p.rank)[0]
         shape = shape if kind == "mul" else z.shape
         keep = None if keep is None else np.broadcast_to(keep, shape)
-        cut = sum(t[4] - t[3] for t in flat[trunc is not False])
+        cut = at[trunc is not False]
+        at[trunc is not False] += z.size
         flat[trunc is not False].append((x, y, kind, cut, cut + z.size, z))
         made.append((trunc, shape, keep, z.size))
     zt, zp = (np.concatenate([t[5].reshape(-1) for t in flat[k]]) if flat[k] else None
@@ -219,10 +226,7 @@ def split_terms(items: list[tuple], sizes: list[int], kop: int) -> dict:
     operands cut to its kept outputs), masked under ``(kop, "mulmask")``."""
     out, at = [], 0
     for (x, y, kind, _, keep), n in zip(items, sizes):
-        if kind == "mul" and keep is not None:
-            kb = np.broadcast_to(keep, x.shape)
-            x, y = AShare(x.a[kb], x.b[kb]), AShare(y.a[kb], y.b[kb])
-        out.append((x, y, kind, at, at + n))
+        out.append((*_kept_operands(x, y, kind, keep), kind, at, at + n))
         at += n
     return {"kop": kop, "items": out, "bias": None}
 
@@ -248,9 +252,7 @@ def flat_steps(p: Party, items: list[tuple], product):
         x, y, kind, trunc = item[:4]
         keep = item[4] if len(item) > 4 else None
         shape = x.shape
-        if kind == "mul" and keep is not None and x.shape == y.shape:
-            kb = np.broadcast_to(keep, x.shape)            # reshare the kept outputs only
-            x, y = AShare(x.a[kb], x.b[kb]), AShare(y.a[kb], y.b[kb])
+        x, y = _kept_operands(x, y, kind, keep)        # reshare the kept outputs only
         z = product(x, y, kind, None, p.rank)[0]
         shape = shape if kind == "mul" else z.shape
         p.add_zero_share(z, f"reshare{i}")
