@@ -155,8 +155,8 @@ def trunc_claims(p, rec: dict, witness: np.ndarray,
             lambda: top * ((K >> np.uint64(63)) - t), lambda: top * ((M >> np.uint64(63)) - st["rho"])))
         got2 = rec["got2"]
         bt = st["bt"].astype(np.uint64) if role else None
-        x1 = unpack_by_width(got2[(1, g)][0], per[3], ng) if role == 0 else st.get("x")
-        x2 = unpack_by_width(got2[(-1, g)][0], per[3], ng) if role == 0 else st.get("x")
+        x1 = unpack_by_width(got2[(1, g)][0], per[3], ng, (p, 1)) if role == 0 else st.get("x")
+        x2 = unpack_by_width(got2[(-1, g)][0], per[3], ng, (p, -1)) if role == 0 else st.get("x")
         pos = (role - 1) % 3                                     # prover: role 1
         views.add(1, pos, _view(
             pos, lambda: (top * st["rho"])[None], lambda: bt[None],

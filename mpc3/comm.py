@@ -38,6 +38,37 @@ class Aborted(ProtocolError):
     """The job was aborted (another party failed or the job was cancelled)."""
 
 
+class CheatingDetected(ProtocolError):
+    """A proof was rejected: the prover deviated, or a verifier fed the check wrong values
+    (a message it sent the prover that a claim reads on both sides, or its shares of the
+    check) or reports falsely. ``rejected``: every party whose proof some party rejected."""
+
+    def __init__(self, prover: int, reporter: int, detail: str,
+                 message: str | None = None, rejected: frozenset = frozenset()) -> None:
+        others = sorted(set(rejected) - {prover})
+        also = f"; the proof(s) of part{'ies' if len(others) > 1 else 'y'} " \
+            f"{', '.join(map(str, others))} failed too" if others else ""
+        super().__init__(message or (
+            f"the proof of party {prover}'s messages was rejected by party {reporter} "
+            f"({detail}): party {prover} deviated from the protocol, or one of its two "
+            f"verifiers fed the check wrong values or reports falsely{also}; the job is "
+            f"aborted"))
+        self.prover, self.reporter = prover, reporter
+        self.rejected = frozenset(rejected) | {prover}
+
+
+class MalformedMessage(CheatingDetected):
+    """A party received a message that is not in its canonical form: a byte-packed message
+    of the wrong length or whose padding bits (past its packed data, in its last byte or in
+    a width run's) are not zero. Honest senders zero them, and no party reads them, so only a
+    deviating sender makes one: the receiver refuses it at once (``prover`` is the sender)."""
+
+    def __init__(self, sender: int, receiver: int, detail: str) -> None:
+        super().__init__(sender, receiver, detail, message=(
+            f"party {receiver} received from party {sender} a malformed message ({detail}): "
+            f"party {sender} deviated from the protocol; the job is aborted"))
+
+
 @dataclass
 class CommStats:
     """Traffic counted by the communicator itself (never estimated)."""

@@ -40,7 +40,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .comm import ProtocolError
+from .comm import CheatingDetected, ProtocolError  # noqa: F401 - CheatingDetected re-exported
 from .freivalds import reduce_mats
 from . import dzkp_kernels as dk
 from .galois import GaloisRing, galois_ring, long_matmul
@@ -124,25 +124,6 @@ def compact(c: Claim) -> Claim:
                 x, scale = (x != 0).view(np.uint8), np.array(tops, dtype=np.uint64)
         sides.append((x, scale))
     return Claim(sides[0][0], sides[1][0], c.z, sides[0][1], sides[1][1])
-
-
-class CheatingDetected(ProtocolError):
-    """A proof was rejected: the prover deviated, or a verifier fed the check wrong values
-    (a message it sent the prover that a claim reads on both sides, or its shares of the
-    check) or reports falsely. ``rejected``: every party whose proof some party rejected."""
-
-    def __init__(self, prover: int, reporter: int, detail: str,
-                 message: str | None = None, rejected: frozenset = frozenset()) -> None:
-        others = sorted(set(rejected) - {prover})
-        also = f"; the proof(s) of part{'ies' if len(others) > 1 else 'y'} " \
-            f"{', '.join(map(str, others))} failed too" if others else ""
-        super().__init__(message or (
-            f"the proof of party {prover}'s messages was rejected by party {reporter} "
-            f"({detail}): party {prover} deviated from the protocol, or one of its two "
-            f"verifiers fed the check wrong values or reports falsely{also}; the job is "
-            f"aborted"))
-        self.prover, self.reporter = prover, reporter
-        self.rejected = frozenset(rejected) | {prover}
 
 
 # ------------------------------------------------------------------ public costs ------

@@ -57,6 +57,8 @@ __all__ = [
     "width_plan",
     "pack_var",
     "unpack_var",
+    "NonCanonical",
+    "check_padding",
 ]
 
 RING_BITS: int = 64
@@ -143,6 +145,21 @@ def unpack_bits(buf: np.ndarray, n: int) -> np.ndarray:
     if len(data) * 8 < n:
         raise ValueError(f"unpack_bits: buffer too short for {n} bits")
     return np.unpackbits(data, count=n, bitorder="little")
+
+
+class NonCanonical(ValueError):
+    """A packed buffer is not what :func:`pack_uint` / :func:`pack_var` (or the boolean
+    planes' packing) makes of any values: wrong length, or padding bits (past the packed
+    bits of the buffer or of a width run, in its last byte) that are not zero."""
+
+
+def check_padding(last: np.ndarray, used_bits) -> None:
+    """Refuse set bits above the low ``used_bits`` (mod 8; 0 means all 8) of the bytes
+    ``last``: the padding of packed bit strings, which honest packing leaves zero."""
+    used = np.asarray(used_bits, dtype=np.int64) % 8
+    pad = np.where(used == 0, 0, (0xFF << used) & 0xFF).astype(np.uint8)
+    if (np.asarray(last, dtype=np.uint8) & pad).any():
+        raise NonCanonical("non-zero padding bits")
 
 
 def _check_width(width: int) -> None:
@@ -243,15 +260,18 @@ def unpack_uint(buf: np.ndarray, width: int, n: int) -> np.ndarray:
     """Inverse of :func:`pack_uint`: ``n`` values of ``width`` bits as uint64."""
     _check_width(width)
     data = np.frombuffer(buf, dtype=np.uint8) if isinstance(buf, (bytes, bytearray)) else buf
-    if len(data) * 8 < n * width:
-        raise ValueError(f"unpack_uint: buffer too short for {n} x {width} bits")
+    nbytes = (n * width + 7) // 8
+    if len(data) != nbytes:
+        raise NonCanonical(f"{len(data)} bytes for {n} values of {width} bits "
+                           f"({nbytes} bytes)")
     if width % 8 == 0:
         out = np.zeros((n, 8), dtype=np.uint8)
         out[:, : width // 8] = data[: n * width // 8].reshape(n, width // 8)
         return out.reshape(-1).view("<u8").astype(DTYPE, copy=False)
-    nbytes = (n * width + 7) // 8
+    if nbytes:
+        check_padding(data[-1:], n * width)
     words = np.zeros(-(-nbytes // 8), dtype="<u8")
-    words.view(np.uint8)[:nbytes] = data[:nbytes]
+    words.view(np.uint8)[:nbytes] = data
     out = np.empty(n, dtype=DTYPE)
     _bit_kernel(1, n)(words, width, out)
     return out
@@ -276,6 +296,8 @@ class WidthPlan:
         rank = np.arange(self.n) - np.repeat(starts, counts)        # position in its run
         self.bitoff = np.repeat(run_bit0, counts) + rank * self.widths
         self.nbytes = int(run_bytes.sum())
+        self.run_last = np.cumsum(run_bytes) - 1                    # each run's last byte
+        self.run_bits = counts * self.widths[starts]               # and its packed bits
 
 
 @functools.lru_cache(maxsize=256)
@@ -301,8 +323,10 @@ def pack_var(values: np.ndarray, plan: WidthPlan) -> np.ndarray:
 def unpack_var(buf: np.ndarray, plan: WidthPlan) -> np.ndarray:
     """Inverse of :func:`pack_var`."""
     data = np.frombuffer(buf, dtype=np.uint8) if isinstance(buf, (bytes, bytearray)) else buf
-    if len(data) < plan.nbytes:
-        raise ValueError(f"unpack_var: buffer too short for {plan.nbytes} bytes")
+    if len(data) != plan.nbytes:
+        raise NonCanonical(f"{len(data)} bytes for a width plan of {plan.nbytes}")
+    if plan.n:
+        check_padding(data[plan.run_last], plan.run_bits)
     out = np.empty(plan.n, dtype=DTYPE)
     _bit_kernel(3, plan.n)(np.ascontiguousarray(data), plan.order, plan.widths, plan.bitoff, out)
     return out

@@ -6,13 +6,14 @@ and compare the communicator's measured traffic with the declaration.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass
 
 import numpy as np
 
 from .. import ring
-from ..comm import NEXT, PREV
+from ..comm import NEXT, PREV, MalformedMessage
 from ..party import Party
 from ..shares import group_sizes
 
@@ -92,10 +93,27 @@ def pack_by_width(values: np.ndarray, plan) -> np.ndarray:
     return ring.pack_var(values, plan)
 
 
-def unpack_by_width(buf: np.ndarray, plan, n: int) -> np.ndarray:
-    if isinstance(plan, int):
-        return ring.unpack_uint(buf, plan, n)
-    return ring.unpack_var(buf, plan)
+def unpack_by_width(buf: np.ndarray, plan, n: int, src: tuple[Party, int]) -> np.ndarray:
+    """Inverse of :func:`pack_by_width` on a message received at ``src`` = (party,
+    direction): one that is not canonical (:class:`ring.NonCanonical`) is refused, naming
+    its sender (:func:`malformed`)."""
+    with malformed(src):
+        if isinstance(plan, int):
+            return ring.unpack_uint(buf, plan, n)
+        return ring.unpack_var(buf, plan)
+
+
+@contextlib.contextmanager
+def malformed(src: tuple[Party, int]):
+    """Around the unpacking of a message party ``src[0]`` received from direction
+    ``src[1]``: a :class:`ring.NonCanonical` buffer raises
+    :class:`~mpc3.comm.MalformedMessage` naming the sender. Honest packing zeroes every
+    padding bit, so in either security mode a flipped one is refused, not ignored."""
+    try:
+        yield
+    except ring.NonCanonical as exc:
+        p, direction = src
+        raise MalformedMessage(p.comm.peer(direction), p.rank, str(exc)) from None
 
 
 def width_bytes(plan, n: int) -> int:

@@ -13,7 +13,8 @@ import numpy as np
 
 from ..party import Party
 from ..shares import BShare, group_sizes, words
-from .base import NEXT, PREV, Cost, Round, run_steps
+from .. import ring
+from .base import NEXT, PREV, Cost, Round, malformed, run_steps
 
 
 def word_slices(sizes: list[int]) -> list[slice]:
@@ -25,12 +26,24 @@ def word_slices(sizes: list[int]) -> list[slice]:
 
 
 def pack_planes(planes: np.ndarray, n: int) -> np.ndarray:
-    """(P, words(n)) uint64 -> (P, ceil(n/8)) uint8: the bytes that go on the wire."""
+    """(P, words(n)) uint64 -> (P, ceil(n/8)) uint8: the bytes that go on the wire, the
+    padding bits past ``n`` zeroed (:func:`unpack_planes` refuses others)."""
     nb = (n + 7) // 8
-    return np.ascontiguousarray(planes).view(np.uint8).reshape(planes.shape[0], -1)[:, :nb].copy()
+    out = np.ascontiguousarray(planes).view(np.uint8).reshape(planes.shape[0], -1)[:, :nb].copy()
+    if n % 8:
+        out[:, -1] &= np.uint8((1 << (n % 8)) - 1)
+    return out
 
 
-def unpack_planes(buf: np.ndarray, n: int) -> np.ndarray:
+def unpack_planes(buf: np.ndarray, n: int, src: tuple[Party, int]) -> np.ndarray:
+    """Inverse of :func:`pack_planes` on the (P, ceil(n/8)) bytes party ``src[0]`` received
+    from direction ``src[1]``; a wrong length or a set padding bit is refused naming the
+    sender (:func:`base.malformed`)."""
+    with malformed(src):
+        if buf.ndim != 2 or buf.shape[1] != (n + 7) // 8:
+            raise ring.NonCanonical(f"{buf.shape} bytes for bit planes of {n} bits")
+        if n % 8:
+            ring.check_padding(buf[:, -1], n)
     out = np.zeros((buf.shape[0], words(n) * 8), dtype=np.uint8)
     out[:, :buf.shape[1]] = buf
     return out.view(np.uint64)
@@ -41,11 +54,15 @@ def pack_grouped(planes: np.ndarray, sizes: list[int]) -> np.ndarray:
                            for sl, n in zip(word_slices(sizes), sizes)])
 
 
-def unpack_grouped(buf: np.ndarray, sizes: list[int], nplanes: int) -> np.ndarray:
+def unpack_grouped(buf: np.ndarray, sizes: list[int], nplanes: int,
+                   src: tuple[Party, int]) -> np.ndarray:
     parts, pos = [], 0
+    with malformed(src):
+        if buf.size != nplanes * sum((n + 7) // 8 for n in sizes):
+            raise ring.NonCanonical(f"{buf.size} bytes for bit planes of groups {sizes}")
     for n in sizes:
         nb = (n + 7) // 8
-        parts.append(unpack_planes(buf[pos:pos + nplanes * nb].reshape(nplanes, nb), n))
+        parts.append(unpack_planes(buf[pos:pos + nplanes * nb].reshape(nplanes, nb), n, src))
         pos += nplanes * nb
     return np.concatenate(parts, axis=1)
 
@@ -80,7 +97,7 @@ def reshare_bits_steps(p: Party, z: np.ndarray, n: int):
     r.send(PREV, pack_grouped(z, sizes))
     r.recv(NEXT, 0, 1)
     got = yield r
-    return BShare(z, unpack_grouped(got[(NEXT, 0)][0], sizes, z.shape[0]), n)
+    return BShare(z, unpack_grouped(got[(NEXT, 0)][0], sizes, z.shape[0], (p, NEXT)), n)
 
 
 def and_bb(p: Party, x: BShare, y: BShare, tag: str = "and") -> BShare:

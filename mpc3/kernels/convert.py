@@ -222,7 +222,7 @@ def inject_steps(p: Party, x: AShare, bit, from_masked: bool, seg: int = 0):
             continue
         other = NEXT if role == 1 else PREV
         if from_masked:
-            s["beta"] = _bits_u64(s["e"] ^ unpack_planes(got[(other, g)][0], ng), ng)
+            s["beta"] = _bits_u64(s["e"] ^ unpack_planes(got[(other, g)][0], ng, (p, other)), ng)
         beta = s["beta"]                                     # one bit per row
         B = x.b[sl] if role == 1 else x.a[sl]
         shp = B.shape

@@ -136,13 +136,13 @@ def leaves_steps(p: Party, x: AShare, L: int, m: int, pair_b: np.ndarray | None 
             if late:
                 r2.recv(NEXT, g, 1)
             else:
-                s["u1"] = unpack_planes(got[(NEXT, g)][0], ng)
+                s["u1"] = unpack_planes(got[(NEXT, g)][0], ng, (p, NEXT))
             r2.recv(PREV, g, 1)
             continue
         if late:
             pair_window(s)
         if s["role"] == 2:
-            therm = unpack_planes(got[(NEXT, g)][0], ng)
+            therm = unpack_planes(got[(NEXT, g)][0], ng, (p, NEXT))
             s["atop_masked"] = therm[-1:]
             if keep:
                 s["therm"] = therm
@@ -160,8 +160,8 @@ def leaves_steps(p: Party, x: AShare, L: int, m: int, pair_b: np.ndarray | None 
         ng = s["n"]
         if s["role"] == 0:
             if late:
-                s["u1"] = unpack_planes(got2[(NEXT, g)][0], ng)
-            s["u2"] = u2 = unpack_planes(got2[(PREV, g)][0], ng)
+                s["u1"] = unpack_planes(got2[(NEXT, g)][0], ng, (p, NEXT))
+            s["u2"] = u2 = unpack_planes(got2[(PREV, g)][0], ng, (p, PREV))
             a_parts.append(np.concatenate([s["atop_masked"], u2]))
             b_parts.append(np.concatenate([s["rho_top"], s["u1"]]))
         else:

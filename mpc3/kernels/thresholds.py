@@ -301,16 +301,16 @@ def compare_steps(p: Party, x: AShare, thresholds: np.ndarray, win: tuple[int, i
             pair_leaves(s)
         if s["role"] == 2:
             therm, deal = got[(NEXT, g)]
-            therm = unpack_planes(therm, s["nrows"])
+            therm = unpack_planes(therm, s["nrows"], (p, NEXT))
             if keep:
                 s["therm"] = therm
             s["leaves"] = _select(therm, s["nrows"], s["idx"], s["b"], blocks, True)
-            s["dealt"] = unpack_planes(deal, ng)
+            s["dealt"] = unpack_planes(deal, ng, (p, NEXT))
             s["half"] = s["leaves"][masked] ^ s["alpha"]
             if late:
                 r2.recv(PREV, g, 1)                                        # from role 1
             else:
-                s["delta"] = s["half"] ^ unpack_planes(got[(PREV, g)][0], ng)
+                s["delta"] = s["half"] ^ unpack_planes(got[(PREV, g)][0], ng, (p, PREV))
             r2.send(PREV, pack_planes(s["half"], ng))                      # to role 1
         elif s["role"] == 1:
             if late:
@@ -328,9 +328,9 @@ def compare_steps(p: Party, x: AShare, thresholds: np.ndarray, win: tuple[int, i
             out[0, ws] = s["e"]
             continue
         if s["role"] == 1:
-            s["delta"] = s["half"] ^ unpack_planes(got2[(NEXT, s["g"])][0], s["n"])
+            s["delta"] = s["half"] ^ unpack_planes(got2[(NEXT, s["g"])][0], s["n"], (p, NEXT))
         elif late:
-            s["delta"] = s["half"] ^ unpack_planes(got2[(PREV, s["g"])][0], s["n"])
+            s["delta"] = s["half"] ^ unpack_planes(got2[(PREV, s["g"])][0], s["n"], (p, PREV))
         z = carry_share(s["delta"], s["alpha"], s["dealt"], s["leaves"][len(blocks) - 1],
                         _plan_arrays(len(blocks))[0], first=s["role"] == 1)
         if s["role"] == 1:

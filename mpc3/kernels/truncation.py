@@ -282,7 +282,7 @@ def trunc_steps(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None = 
             st["s0"] = np.uint64(0) if split else msg[0]      # split: a slot nobody reads
             st["Uk"] = st["s0"]
             if exact:
-                st["at_rho"] = unpack_by_width(msg[-1], plan, st["n"])
+                st["at_rho"] = unpack_by_width(msg[-1], plan, st["n"], (p, NEXT))
 
     if exact:   # Round 2: a_t*b_t = b_t*rho + b_t*(a_t - rho), masked towards role 0.
         r2 = Round(p)
@@ -316,8 +316,8 @@ def trunc_steps(p: Party, src, bits, from_rss: bool, plain: np.ndarray | None = 
         if role == 0:
             if exact:
                 fused.single_final(st["Uk"], st["kappa"],
-                                   unpack_by_width(got2[(NEXT, g)][0], plan, st["n"]),
-                                   unpack_by_width(got2[(PREV, g)][0], plan, st["n"]),
+                                   unpack_by_width(got2[(NEXT, g)][0], plan, st["n"], (p, NEXT)),
+                                   unpack_by_width(got2[(PREV, g)][0], plan, st["n"], (p, PREV)),
                                    up, a_out[sl], b_out[sl], mults[g])
             else:
                 a_out[sl], b_out[sl] = st["Uk"], st["kappa"]

@@ -226,13 +226,31 @@ def test_pack_uint_kernel_equals_numpy(width, n):
     vals = rand_ring(n)
     buf = pack_uint(vals, width)
     np.testing.assert_array_equal(buf, _pack_uint_numpy(vals, width))
-    noise = np.concatenate([buf, RNG.integers(0, 256, 3, dtype=np.uint8)])   # trailing bytes
-    np.testing.assert_array_equal(unpack_uint(noise, width, n), _unpack_uint_numpy(buf, width, n))
+    np.testing.assert_array_equal(unpack_uint(buf, width, n), _unpack_uint_numpy(buf, width, n))
+    _refuses_noncanonical(lambda b: unpack_uint(b, width, n), buf, [n * width])
     np.testing.assert_array_equal(unpack_uint(buf.tobytes(), width, n), vals & np.uint64(2**width - 1))
     for v in (np.zeros(n, np.uint64), np.full(n, 2**64 - 1, np.uint64)):   # all-0 / all-1 bits
         np.testing.assert_array_equal(pack_uint(v, width), _pack_uint_numpy(v, width))
         np.testing.assert_array_equal(unpack_uint(pack_uint(v, width), width, n),
                                       v & np.uint64(2**width - 1))
+
+
+def _refuses_noncanonical(unpack, buf, runs):
+    """``unpack`` refuses ``buf`` with a trailing byte, one byte short, and with a padding bit
+    set in any run (``runs``: the packed bits of each byte-aligned run) that has one."""
+    from mpc3.ring import NonCanonical
+    for bad in (np.append(buf, np.uint8(0)), buf[:-1] if len(buf) else None):
+        if bad is not None:
+            with pytest.raises(NonCanonical):
+                unpack(bad)
+    end = 0
+    for bits in runs:
+        end += (bits + 7) // 8
+        if bits % 8:
+            bad = buf.copy()
+            bad[end - 1] ^= np.uint8(0x80)                       # the run's top padding bit
+            with pytest.raises(NonCanonical, match="padding"):
+                unpack(bad)
 
 
 def test_pack_uint_layout_and_errors():
@@ -298,7 +316,9 @@ def test_pack_var_equals_pack_per_width(n):
     assert plan.nbytes == len(want)
     np.testing.assert_array_equal(buf, want)
     masks = (np.uint64(1) << widths.astype(np.uint64)) - np.uint64(1)
-    np.testing.assert_array_equal(unpack_var(np.append(buf, np.uint8(7)), plan), vals & masks)
+    np.testing.assert_array_equal(unpack_var(buf, plan), vals & masks)
+    runs = [int((widths == w).sum() * w) for w in np.unique(widths)]
+    _refuses_noncanonical(lambda b: unpack_var(b, plan), buf, runs)
     np.testing.assert_array_equal(unpack_var(buf.tobytes(), plan), vals & masks)
     with pytest.raises(ValueError):
         WidthPlan(np.array([0, 3]))
