@@ -24,9 +24,12 @@ The job runner (:mod:`net.party.runner`) calls these around :func:`protocols.job
   :class:`mpc3.dzkp.CheatingDetected` (a proof or a digest failed; the suspect is named).
   Both are raised at every party together (the first before any check, from the same op
   counters; the second from the verdicts every party receives), so all three fail the job
-  with the same reason - the runner sends no abort of its own for them, which would race
-  the peers' verdicts - and the party goes on serving other jobs. (A cheater that withholds
-  its verdicts makes the others fail at the peer timeout instead.)
+  with the same reason - the runner sends no abort of its own for them
+  (:func:`raised_everywhere`), which would race the peers' verdicts - and the party goes on
+  serving other jobs. (A cheater that withholds its verdicts makes the others fail at the
+  peer timeout instead.) A :class:`mpc3.comm.MalformedMessage` (a packed message whose
+  padding or length no honest sender makes; in either mode) is raised by its receiver
+  alone: the runner names the sender and sends the abort to the peers.
 
 Soundness per job: a flush proves three batches (each party's), each failing to catch a
 false one with probability <= 2^-47.9 up to 10^10 gates (:func:`mpc3.dzkp.soundness_bits`);
@@ -43,7 +46,7 @@ from typing import NamedTuple
 import numpy as np
 
 from mpc3.checks import Checks, Unverified
-from mpc3.comm import ProtocolError
+from mpc3.comm import MalformedMessage, ProtocolError
 from mpc3.dzkp import CheatingDetected
 from mpc3.party import Party
 from mpc3.shares import AShare
@@ -146,10 +149,22 @@ def finish(costs: FlushingCosts) -> None:
 
 
 def refusal(rank: int, job_id: str, exc: BaseException) -> str | None:
-    """The job's error for a failed flush (None for any other failure)."""
+    """The job's error for a failed flush or a refused message (None for any other
+    failure)."""
+    if isinstance(exc, MalformedMessage):      # either mode: the receiver refused it
+        return f"party {rank}: job {job_id} aborted, suspect party {exc.prover}: {exc}"
     if isinstance(exc, Unverified):
         return f"party {rank}: job {job_id} refused: {exc}"
     if isinstance(exc, CheatingDetected):
         return (f"party {rank}: job {job_id} aborted in malicious mode, suspect party "
                 f"{exc.prover} (reported by party {exc.reporter}); nothing was revealed: {exc}")
     return None
+
+
+def raised_everywhere(exc: BaseException) -> bool:
+    """Whether every party raises ``exc``'s failure by itself: a failed flush (refused
+    before any check, or rejected by the verdicts every party receives). Any other failure
+    - a malformed message included, which only its receiver sees - must be sent to the
+    peers as an abort, or they would wait for the peer timeout."""
+    return isinstance(exc, (Unverified, CheatingDetected)) and \
+        not isinstance(exc, MalformedMessage)

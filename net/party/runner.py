@@ -371,7 +371,7 @@ class JobRunner:
         except Exception as exc:  # noqa: BLE001 - any failure ends the job, not the process
             refused = malicious.refusal(self.rank, job.job_id, exc)
             state, error = S.FAILED, refused or f"party {self.rank}: {type(exc).__name__}: {exc}"
-            if refused is None:       # a failed flush fails at every party by itself
+            if not malicious.raised_everywhere(exc):   # a failed flush fails everywhere
                 party.comm.abort(error)
         finally:
             watchdog.cancel()

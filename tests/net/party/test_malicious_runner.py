@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from mpc3 import tamper
-from mpc3.kernels import arith
+from mpc3.kernels import arith, convert
 from mpc3.sharing import deal, reveal
 from mpc3.shares import AShare
 from net.errors import BadRequest, Code
@@ -41,9 +41,20 @@ def _covered(ctx, inputs):
     return {"Y": y}
 
 
+def _packed(ctx, inputs):
+    """ReLU of X: its comparison's bit planes travel packed, with padding (6 bits a group)."""
+    with tamper.scope(ctx.party, "relu"):
+        y = convert.relu_a(ctx.party, inputs["X"])
+    ctx.costs.mark("layer.0")
+    return {"Y": y}
+
+
 REGISTRY = JobRegistry([JobSpec("covered", _covered, (TensorSpec("X", ("M", "K")),),
                                 (TensorSpec("Y", ("M", "N")),), (TENSORS,), "covered",
-                                "test only", params=("unverified",), diagnostic=True)])
+                                "test only", params=("unverified",), diagnostic=True),
+                        JobSpec("packed", _packed, (TensorSpec("X", ("M", "K")),),
+                                (TensorSpec("Y", ("M", "K")),), (TENSORS,), "packed",
+                                "test only", diagnostic=True)])
 
 
 def _cluster(security: str, seed: int = 0):
@@ -54,10 +65,10 @@ def _cluster(security: str, seed: int = 0):
     return InprocParties(models, registry=REGISTRY, timeout=20.0, security=security), w
 
 
-def _run(ip, x, params=None, seed=1):
+def _run(ip, x, params=None, seed=1, kind="covered"):
     xs = deal(x, np.random.default_rng(seed))
     try:
-        jobs = ip.run("covered", params or {}, [{"X": xs[r]} for r in range(3)])
+        jobs = ip.run(kind, params or {}, [{"X": xs[r]} for r in range(3)])
         return jobs, None
     except RuntimeError as exc:
         jobs = [list(ip.runners[r].jobs.values())[-1] for r in range(3)]
@@ -253,3 +264,33 @@ def test_a_disagreement_seen_only_once_the_job_starts_fails_it_everywhere():
     assert all(j.state == S.FAILED and j.outputs is None for j in jobs)
     assert 'ModeMismatch: party 1 runs security = "malicious"' in jobs[1].error, jobs[1].error
     assert jobs[1].party.comm.op == 0
+
+
+@pytest.mark.parametrize("security", ["semi-honest", "malicious"])
+def test_a_set_padding_bit_is_refused_by_its_receiver_and_aborts_every_party(security):
+    """Bit 7 of the last byte of one of party 1's packed bit planes (a padding bit: 6 bits
+    a group) set: the receiver refuses the message at once (MalformedMessage, either mode),
+    naming party 1; the runner sends the abort, so the other two fail with that reason too
+    rather than at the peer timeout; the parties then serve the next job."""
+    x = _x(16) - np.uint64(1 << 63)                  # both signs
+    ip, _ = _cluster(security, seed=17)
+    comms = _wrap(ip, 1)
+    honest, err = _run(ip, x, kind="packed")
+    assert err is None
+    sent = next(s for s in comms[0].sent if s.kernel == "relu" and s.dtypes[0] == "|u1")
+    element = int(np.prod(sent.shapes[0])) - 1
+    _wrap(ip, 1, tamper.Target(1, sent.direction, op=sent.op),
+          tamper.Deviation("flip", element=element, bit=7))
+    jobs, err = _run(ip, x, kind="packed")
+    assert err is not None
+    receiver = (1 + sent.direction) % 3
+    for j in jobs:
+        assert j.state == S.FAILED and j.outputs is None, (j.state, j.error)
+        assert "suspect party 1" in j.error and "malformed message" in j.error, j.error
+        assert "non-zero padding bits" in j.error, j.error
+    assert jobs[receiver].error.startswith(f"party {receiver}: job {jobs[receiver].job_id} "
+                                           "aborted, suspect party 1: party")
+    again, err = _run(ip, x, kind="packed")
+    assert err is None
+    assert np.array_equal(reveal([j.outputs["Y"] for j in again]),
+                          reveal([j.outputs["Y"] for j in honest]))
