@@ -25,7 +25,8 @@ each trial's outcome is ``aborted`` (CheatingDetected or another protocol error 
 party, before the output is opened), ``unchanged`` (no abort and the opened output equals,
 bit for bit, that of an honest run with the trial's keys - each trial draws its parties'
 keys from the campaign's seed, as stochastic rounding makes outputs differ by an ulp from
-keys to keys: the deviation touched bits nothing reads, e.g. a packed message's padding)
+keys to keys: the deviation touched bits nothing reads; a packed message's padding is
+refused since bc1193c, so none is known)
 or ``undetected`` (no abort, a different output). ``--honest M`` runs M honest
 malicious-mode jobs (fresh keys each) and counts aborts.
 """

@@ -75,9 +75,6 @@ def test_drelu_is_verified_through_the_leaves_claims(n, exact):
                          tamper.Deviation(kinds[i % 2], error=int(rng.integers(1, 255)),
                                           element=64 + i % (s.entries - 64) if witness
                                           else None, seed=i))
-        if got.error is None:     # a packed message's padding bits are no element's value
-            assert np.array_equal(_opened(got.results, n), bits), (s, got.records)
-            continue
         assert isinstance(got.error, dzkp.CheatingDetected), (s, got.error)
         assert s.party in got.error.rejected, (s, got.error)
 
@@ -130,10 +127,6 @@ def test_relu_on_few_elements_is_verified_through_the_dealt_carry_and_masked_inj
                                           error=int(rng.integers(1, 1 << 62)),
                                           element=64 + i % (s.entries - 64) if witness
                                           else None, seed=i))
-        if got.error is None:     # only a packed message's padding bits can change nothing
-            assert np.array_equal(_value(got.results), _value(clean.results)), \
-                (s, got.records)
-            continue
         assert isinstance(got.error, dzkp.CheatingDetected), (s, got.error)
         assert s.party in got.error.rejected, (s, got.error)
 
