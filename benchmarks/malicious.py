@@ -17,12 +17,14 @@ code, random weights of the given shape, uniform inputs) in both modes from the 
 Reported per mode: bytes each party sent, rounds, wall time (one run each, same process,
 same load), the output's error against the float64 reference, the gates and gate terms party 0
 proves at each flush (matrix products' reduced claims not counted) and the process's peak
-RSS after the mode's run (VmHWM: the three parties together; semi-honest runs first). ``--campaign N``: N runs in
+RSS after the mode's run (VmHWM: the three parties together; semi-honest runs first);
+``--kernels``: also the seconds malicious mode spends in each of the proof's compute kernels,
+by kind (:func:`timed_kernels`). ``--campaign N``: N runs in
 malicious mode with one deviation each (``add`` of a uniform nonzero error to one entry, or
 ``flip`` of one bit, alternately), at a message drawn uniformly (seeded) among every message
 of the honest malicious run - the kernels' and the flushes' - the cheater being its sender;
 each trial's outcome is ``aborted`` (CheatingDetected or another protocol error at some
-party, before the output is opened), ``unchanged`` (no abort and the opened output equals,
+party, before the output is opened; ``aborts_by_error`` counts them by the error's type), ``unchanged`` (no abort and the opened output equals,
 bit for bit, that of an honest run with the trial's keys - each trial draws its parties'
 keys from the campaign's seed, as stochastic rounding makes outputs differ by an ulp from
 keys to keys: the deviation touched bits nothing reads; a packed message's padding is
@@ -33,8 +35,10 @@ malicious-mode jobs (fresh keys each) and counts aborts.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -46,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import runinfo  # noqa: E402
 from mpc3 import dzkp, procinfo, ring, tamper  # noqa: E402
+from mpc3 import dzkp_kernels as dk  # noqa: E402
 from mpc3.checks import Checks  # noqa: E402
 from mpc3.comm import ProtocolError  # noqa: E402
 from mpc3.sharing import reveal  # noqa: E402
@@ -99,10 +104,51 @@ def _job(cfg, malicious: bool):
     return job
 
 
-def measure(cfg, args, ref, malicious: bool) -> dict:
+#: the proof's compute kernels (mpc3.dzkp_kernels) ``--kernels`` times
+KERNELS = ("gram_int", "fold_int", "gram_ring", "fold_ring")
+
+
+def _kind(name: str, x) -> str:
+    """A kernel call's class: the Z_2^64 ones by their rows' form (bits or words) and
+    count (a gate's terms: 1, 2 or wider), the Galois-ring ones by size (the first ring
+    step, over 2^16 elements, or later ones)."""
+    if name.endswith("_int"):
+        rows = x.shape[0]
+        return (f"{name} {'bits' if x.dtype == np.uint8 else 'words'} "
+                f"{rows if rows < 3 else 'wide'}")
+    return f"{name} {'first' if x.shape[1] > 1 << 16 else 'later'}"
+
+
+@contextlib.contextmanager
+def timed_kernels(into: Counter):
+    """While active, each proof kernel call's wall seconds, by :func:`_kind`, are added to
+    ``into`` (summed over the parties' threads: three parties share this machine's cores,
+    so the sum exceeds the wall time)."""
+    lock, saved = threading.Lock(), {n: getattr(dk, n) for n in KERNELS}
+
+    def wrap(name, f):
+        def timed(x, *rest, **kw):
+            t0 = time.perf_counter()
+            try:
+                return f(x, *rest, **kw)
+            finally:
+                with lock:
+                    into[_kind(name, x)] += time.perf_counter() - t0
+        return timed
+    for name, f in saved.items():
+        setattr(dk, name, wrap(name, f))
+    try:
+        yield
+    finally:
+        for name, f in saved.items():
+            setattr(dk, name, f)
+
+
+def measure(cfg, args, ref, malicious: bool, kernels: bool = False) -> dict:
     parties = make_parties()
     terms, gates = [], []               # gate terms and gates party 0 proves, per flush
     verify = dzkp.verify_claims
+    spent = Counter()
 
     def counted(p, mine, *rest, **kw):
         if p.rank == 0:
@@ -111,9 +157,10 @@ def measure(cfg, args, ref, malicious: bool) -> dict:
         return verify(p, mine, *rest, **kw)
     dzkp.verify_claims = counted
     try:
-        t0 = time.perf_counter()
-        out = run_parties(_job(cfg, malicious), args, parties=parties)
-        wall = time.perf_counter() - t0
+        with timed_kernels(spent) if kernels else contextlib.nullcontext():
+            t0 = time.perf_counter()
+            out = run_parties(_job(cfg, malicious), args, parties=parties)
+            wall = time.perf_counter() - t0
     finally:
         dzkp.verify_claims = verify
     y = ring.decode(reveal([o[0] for o in out]))
@@ -122,7 +169,9 @@ def measure(cfg, args, ref, malicious: bool) -> dict:
             "rounds": max(s.rounds for s in stats), "wall_s": wall,
             "proof_gate_terms_party0": terms, "proof_gates_party0": gates,
             "peak_rss_bytes": procinfo.peak_rss(),
-            "max_abs_err": float(np.max(np.abs(y - ref))), "output": y}
+            "max_abs_err": float(np.max(np.abs(y - ref))), "output": y,
+            **({"proof_kernel_s_summed_over_parties": {
+                k: round(v, 3) for k, v in spent.most_common()}} if kernels else {})}
 
 
 def campaign(job, args, trials: int, honest: int, seed: int, opened=None,
@@ -138,7 +187,7 @@ def campaign(job, args, trials: int, honest: int, seed: int, opened=None,
     lo, hi = span(clean.results) if span else (0, float("inf"))
     pool = [s for s in clean.sent if s.entries and lo < s.op <= hi]
     rng = np.random.default_rng(seed)
-    outcomes, where = Counter(), Counter()
+    outcomes, where, errors = Counter(), Counter(), Counter()
     kinds = ("add", "flip")
     for t in range(trials):
         kind = kinds[t % 2]
@@ -149,6 +198,7 @@ def campaign(job, args, trials: int, honest: int, seed: int, opened=None,
                          tamper.Target(s.party, s.direction, op=s.op), dev)
         if got.error is not None:
             outcome = "aborted"
+            errors[type(got.error).__name__] += 1
         else:                           # the same keys, no deviation: bit for bit?
             twin = run_parties(job, args, parties=make_parties(seed=keys))
             same = np.array_equal(opened(got.results), opened(twin))
@@ -167,6 +217,7 @@ def campaign(job, args, trials: int, honest: int, seed: int, opened=None,
             honest_aborts += 1
     return {"trials": trials, "messages_in_pool": len(pool), "outcomes": dict(outcomes),
             "by_kind": {f"{k}/{o}": n for (k, o), n in sorted(where.items())},
+            "aborts_by_error": dict(errors),
             "honest_runs": honest, "honest_aborts": honest_aborts}
 
 
@@ -179,6 +230,8 @@ def main(argv=None) -> int:
     ap.add_argument("--campaign", type=int, default=0, help="tampered runs")
     ap.add_argument("--honest", type=int, default=0, help="honest malicious-mode runs")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--kernels", action="store_true",
+                    help="time the proof's kernels in malicious mode, by kind")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
     shape = dict(TINY if a.tiny else QUICK if a.quick else TABLE2)
@@ -189,7 +242,7 @@ def main(argv=None) -> int:
     result["shape"] = shape
     cfg, args, ref = _case(shape, a.seed)
     semi = measure(cfg, args, ref, False)
-    mal = measure(cfg, args, ref, True)
+    mal = measure(cfg, args, ref, True, a.kernels)
     result["semi_honest"] = {k: v for k, v in semi.items() if k != "output"}
     result["malicious"] = {k: v for k, v in mal.items() if k != "output"}
     result["ratio"] = {"bytes": max(mal["bytes_per_party"]) / max(semi["bytes_per_party"]),

@@ -11,7 +11,7 @@ B = script("malicious")
 
 def test_the_benchmark_compares_the_modes_and_runs_a_campaign(tmp_path):
     out = tmp_path / "r.json"
-    B.main(["--tiny", "--campaign", "4", "--honest", "1", "--json", str(out)])
+    B.main(["--tiny", "--campaign", "4", "--honest", "1", "--kernels", "--json", str(out)])
     r = json.loads(out.read_text())
     assert r["benchmark"] == "malicious" and r["commit"] and "load_avg_1m_at_end" in r
     semi, mal = r["semi_honest"], r["malicious"]
@@ -20,4 +20,8 @@ def test_the_benchmark_compares_the_modes_and_runs_a_campaign(tmp_path):
     c = r["campaign"]
     assert c["trials"] == 4 and sum(c["outcomes"].values()) == 4
     assert set(c["outcomes"]) <= {"aborted", "unchanged"}, c
+    assert sum(c["aborts_by_error"].values()) == c["outcomes"].get("aborted", 0)
+    spent = mal["proof_kernel_s_summed_over_parties"]     # --kernels: every kernel ran
+    assert {k.split()[0] for k in spent} == set(B.KERNELS) and min(spent.values()) >= 0
+    assert "proof_kernel_s_summed_over_parties" not in semi
     assert c["honest_aborts"] == 0
