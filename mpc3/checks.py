@@ -47,7 +47,10 @@ from .kernels.truncation import _default_segments
 
 
 class Unverified(ProtocolError):
-    """Malicious mode met a message no verification covers."""
+    """Malicious mode met a message no verification covers (raised at every party, at the
+    flush, before any check: the parties' op counters agree)."""
+
+    everywhere = True
 
 
 class Checks:

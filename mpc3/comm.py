@@ -29,6 +29,10 @@ Payload = list[np.ndarray]
 class ProtocolError(RuntimeError):
     """Parties disagree on the protocol state (wrong op counter, shape, peer)."""
 
+    #: whether every party raises this failure by itself, at the same point (then no party
+    #: needs to tell the others: a job runner sends an abort only for the other failures)
+    everywhere = False
+
 
 class PeerTimeout(ProtocolError):
     """A peer did not deliver an expected message within the deadline."""
@@ -41,7 +45,10 @@ class Aborted(ProtocolError):
 class CheatingDetected(ProtocolError):
     """A proof was rejected: the prover deviated, or a verifier fed the check wrong values
     (a message it sent the prover that a claim reads on both sides, or its shares of the
-    check) or reports falsely. ``rejected``: every party whose proof some party rejected."""
+    check) or reports falsely. ``rejected``: every party whose proof some party rejected.
+    Raised at every party together, from the verdicts each receives."""
+
+    everywhere = True
 
     def __init__(self, prover: int, reporter: int, detail: str,
                  message: str | None = None, rejected: frozenset = frozenset()) -> None:
@@ -61,7 +68,10 @@ class MalformedMessage(CheatingDetected):
     """A party received a message that is not in its canonical form: a byte-packed message
     of the wrong length or whose padding bits (past its packed data, in its last byte or in
     a width run's) are not zero. Honest senders zero them, and no party reads them, so only a
-    deviating sender makes one: the receiver refuses it at once (``prover`` is the sender)."""
+    deviating sender makes one: the receiver refuses it at once (``prover`` is the sender),
+    alone: the others learn of it from its abort."""
+
+    everywhere = False
 
     def __init__(self, sender: int, receiver: int, detail: str) -> None:
         super().__init__(sender, receiver, detail, message=(

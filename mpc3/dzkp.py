@@ -40,7 +40,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .comm import CheatingDetected, ProtocolError  # noqa: F401 - CheatingDetected re-exported
+from .comm import CheatingDetected  # noqa: F401 - re-exported: raised by _verdicts
 from .freivalds import reduce_mats
 from . import dzkp_kernels as dk
 from .galois import GaloisRing, galois_ring, long_matmul

@@ -162,9 +162,8 @@ def refusal(rank: int, job_id: str, exc: BaseException) -> str | None:
 
 
 def raised_everywhere(exc: BaseException) -> bool:
-    """Whether every party raises ``exc``'s failure by itself: a failed flush (refused
-    before any check, or rejected by the verdicts every party receives). Any other failure
-    - a malformed message included, which only its receiver sees - must be sent to the
-    peers as an abort, or they would wait for the peer timeout."""
-    return isinstance(exc, (Unverified, CheatingDetected)) and \
-        not isinstance(exc, MalformedMessage)
+    """Whether every party raises ``exc``'s failure by itself (``ProtocolError.everywhere``:
+    a failed flush - refused before any check, or rejected by the verdicts every party
+    receives). Any other failure - a malformed message included, which only its receiver
+    sees - must be sent to the peers as an abort, or they would wait for the peer timeout."""
+    return getattr(exc, "everywhere", False)
