@@ -31,10 +31,55 @@ REPO = Path(__file__).resolve().parent.parent
 INSECURE_FLAG = "--insecure-plaintext-for-local-dev"
 
 
+#: Ports this process has handed out: never handed out twice (a cluster binds them later).
+_GIVEN: set[int] = set()
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        lo, hi = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(lo), int(hi)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct ports free on ``host`` now, outside the kernel's ephemeral range where
+    there is room (else from it). A port from that range can be taken by any outgoing
+    connection's source port before its party binds it - even by a peer dialling that very
+    port before it listens (a TCP self-connect) - which failed a CI run: "cannot listen for
+    peers ... Address already in use". The sockets stay bound until all ``n`` are picked."""
+    import random
+    lo, hi = _ephemeral_range()
+    pool = [p for p in (*range(max(1024, lo - 12000), lo), *range(hi + 1, 65536))
+            if p not in _GIVEN]
+    random.shuffle(pool)
+    held: list[socket.socket] = []
+    try:
+        for port in pool:
+            if len(held) == n:
+                break
+            s = socket.socket()
+            try:
+                s.bind((host, port))
+            except OSError:
+                s.close()
+                continue
+            held.append(s)
+        while len(held) < n:                 # no room outside the range: the kernel's pick
+            s = socket.socket()
+            s.bind((host, 0))
+            held.append(s)
+        ports = [s.getsockname()[1] for s in held]
+    finally:
+        for s in held:
+            s.close()
+    _GIVEN.update(ports)
+    return ports
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    return free_ports(1, host)[0]
 
 
 def write_config(d: Path, host: str = "127.0.0.1", base_port: int = 0,
@@ -65,9 +110,9 @@ def write_config(d: Path, host: str = "127.0.0.1", base_port: int = 0,
             parties = [{"id": n, "address": old.parties[n].address,
                         "peer_address": old.parties[n].peer_address} for n in range(3)]
         else:
-            parties = [{"id": n, "address": f"{host}:{base_port + n}",
-                        "peer_address": f"{host}:{base_port + 3 + n}"} if base_port else
-                       {"id": n, "address": f"{host}:{free_port(host)}"} for n in range(3)]
+            ports = [base_port + n for n in range(6)] if base_port else free_ports(6, host)
+            parties = [{"id": n, "address": f"{host}:{ports[n]}",
+                        "peer_address": f"{host}:{ports[3 + n]}"} for n in range(3)]
     cluster = {"peer_timeout_s": peer_timeout, "job_timeout_s": job_timeout, "frac": 18,
                "peer_transport": peer_transport}
     if security != "semi-honest":

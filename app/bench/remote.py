@@ -134,11 +134,13 @@ class RemoteCluster:
             print(msg, file=sys.stderr, flush=True)
 
     def _start(self) -> None:
-        from ..localcluster import LocalCluster, free_port
+        from ..localcluster import LocalCluster, free_ports
         self.dir = Path(tempfile.mkdtemp(prefix="mpc3-bench-"))
         launch = None
         if self.net == "none":
-            parties = [{"address": f"127.0.0.1:{free_port()}"} for _ in range(3)]
+            ports = free_ports(6)
+            parties = [{"address": f"127.0.0.1:{ports[n]}",
+                        "peer_address": f"127.0.0.1:{ports[3 + n]}"} for n in range(3)]
         else:
             self._start_emulation()
             parties = []

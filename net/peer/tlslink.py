@@ -303,6 +303,15 @@ class SocketLink(ReadTurns, Link):
             self.sock.close()
 
 
+def _self_connected(sock: socket.socket) -> bool:
+    """A dial to a local port nobody listens on can, rarely, connect to itself (TCP
+    simultaneous open, when the kernel picks that very port as the source port)."""
+    try:
+        return sock.getsockname() == sock.getpeername()
+    except OSError:
+        return False
+
+
 class SocketTransport:
     """The dialler and the listener of one party's peer links.
 
@@ -415,11 +424,15 @@ class SocketTransport:
             except OSError as exc:
                 reason = f"party {r.next} at {self.dial} unreachable ({exc})"
             else:
-                try:
-                    reason = self._run_link(sock, r.next, dialling=True)
-                except Exception as exc:  # noqa: BLE001 - keep dialling whatever happened
-                    reason = f"link failed ({type(exc).__name__}: {exc})"
-                backoff = 0.1 if not reason.startswith("handshake") else backoff
+                if _self_connected(sock):   # it would hold the port its party must bind
+                    sock.close()
+                    reason = f"party {r.next} at {self.dial} not listening yet"
+                else:
+                    try:
+                        reason = self._run_link(sock, r.next, dialling=True)
+                    except Exception as exc:  # noqa: BLE001 - keep dialling whatever happened
+                        reason = f"link failed ({type(exc).__name__}: {exc})"
+                    backoff = 0.1 if not reason.startswith("handshake") else backoff
             if not r.stopping.is_set() and reason != said:     # each new reason once
                 log.warning("party %d: link to party %d at %s: %s", r.rank, r.next, self.dial,
                             reason)

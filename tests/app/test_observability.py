@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from app.doctor import tiny_model
-from app.localcluster import LocalCluster, free_port, write_config
+from app.localcluster import LocalCluster, free_port, free_ports, write_config
 from app.owner import share_transformer
 from conftest import ROOT, mpc3_cli
 from net import config as cconf
@@ -29,12 +29,13 @@ SAMPLE = re.compile(r'^([a-z_:][a-z0-9_:]*)(\{([a-z_]+="(\\.|[^"\\])*",?)*\})? (
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     d = tmp_path_factory.mktemp("obs")
-    ports = [free_port() for _ in range(3)]
-    parties = [{"address": f"127.0.0.1:{free_port()}", "log_format": "json",
+    ports = free_ports(9)
+    parties = [{"address": f"127.0.0.1:{ports[3 + n]}", "log_format": "json",
+                "peer_address": f"127.0.0.1:{ports[6 + n]}",
                 "metrics_listen": f"127.0.0.1:{ports[n]}"} for n in range(3)]
     c = LocalCluster(d, peer_timeout=5.0, parties=parties)
     c.start(wait=240)
-    c.metrics_urls = [f"http://127.0.0.1:{p}/metrics" for p in ports]
+    c.metrics_urls = [f"http://127.0.0.1:{p}/metrics" for p in ports[:3]]
     yield c
     c.stop()
 

@@ -9,6 +9,7 @@ import textwrap
 import pytest
 from conftest import ROOT, netns_skip_reason
 
+from app.localcluster import free_ports
 from net.peer import emulate
 from net.peer.emulate import PROBE_PORT_OFFSET, Emulation, NetProfile, parse_profile, verify_link
 
@@ -135,11 +136,6 @@ def test_teardown_on_sigterm():
                 subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_relay_delays_keeps_order_and_half_closes():
@@ -151,7 +147,7 @@ def test_relay_delays_keeps_order_and_half_closes():
     import socket
     import threading
     import time
-    up, lp, dead = _free_port(), _free_port(), _free_port()
+    up, lp, dead = free_ports(3)
     server = socket.create_server(("127.0.0.1", up))
 
     def serve():

@@ -283,3 +283,29 @@ def test_a_sender_refuses_what_its_peer_would_refuse():
         b.recv(1)
     a.close()
     b.close()
+
+
+def test_a_dial_that_reaches_itself_is_dropped():
+    """A socket bound to port P dialling P on loopback connects to itself (TCP simultaneous
+    open); the dial loop must see that and let go of the port its party is about to bind."""
+    from net.peer.tlslink import _self_connected
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.connect(s.getsockname())
+        assert _self_connected(s)
+    ls = socket.create_server(("127.0.0.1", 0))
+    with ls, socket.create_connection(ls.getsockname()) as c:
+        assert not _self_connected(c)
+
+
+def test_free_ports_are_distinct_bindable_and_outside_the_ephemeral_range():
+    """Cluster ports come from outside the kernel's source-port range (where no outgoing
+    connection can take them before the party binds), distinct, never handed out twice."""
+    from app.localcluster import _ephemeral_range, free_ports
+    lo, hi = _ephemeral_range()
+    a, b = free_ports(6), free_ports(6)
+    assert len(set(a + b)) == 12
+    assert all(not lo <= p <= hi for p in a + b)
+    for p in a:
+        with socket.create_server(("127.0.0.1", p)):
+            pass
