@@ -12,7 +12,9 @@ code, random weights of the given shape, uniform inputs) in both modes from the 
 * semi-honest: the stack as it is;
 * malicious: each party carries :class:`mpc3.checks.Checks`; the input's and every weight's
   sharing go through ``shared_input`` (as the job runner does); the stack flushes at each
-  layer's end (``on_layer``) and once more before the output is opened.
+  layer's end (``on_layer``), inside a layer between kernels once ``--split`` checks are
+  pending (a job's :data:`net.party.malicious.SPLIT_AT` by default), and once more before
+  the output is opened.
 
 Reported per mode: bytes each party sent, rounds, wall time (one run each, same process,
 same load), the output's error against the float64 reference, the gates and gate terms party 0
@@ -55,6 +57,7 @@ from mpc3.checks import Checks  # noqa: E402
 from mpc3.comm import ProtocolError  # noqa: E402
 from mpc3.sharing import reveal  # noqa: E402
 from mpc3.sim import make_parties, run_parties  # noqa: E402
+from net.party.malicious import SPLIT_AT  # noqa: E402
 from protocols import model as M  # noqa: E402
 from protocols.jobs import workloads  # noqa: E402
 from protocols.layers.secure_model import deal_tensors, plain_tensors, share_input  # noqa: E402
@@ -89,10 +92,12 @@ def _case(shape: dict, seed: int = 0):
     return cfg, [(shares[i], x[i]) for i in range(3)], ref
 
 
-def _job(cfg, malicious: bool):
+def _job(cfg, malicious: bool, split: int | None = SPLIT_AT):
+    """The encoder on three parties; in malicious mode its checks flush at every layer's end
+    and, inside a layer, between kernels from ``split`` pending on (None: never)."""
     def job(p, sh, x):
         if malicious:
-            p.checks = Checks(p)
+            p.checks = Checks(p, split_at=split)
             p.checks.shared_input(x)
             for name in sorted(sh):
                 p.checks.shared_input(sh[name])
@@ -144,7 +149,8 @@ def timed_kernels(into: Counter):
             setattr(dk, name, f)
 
 
-def measure(cfg, args, ref, malicious: bool, kernels: bool = False) -> dict:
+def measure(cfg, args, ref, malicious: bool, kernels: bool = False,
+            split: int | None = SPLIT_AT) -> dict:
     parties = make_parties()
     terms, gates = [], []               # gate terms and gates party 0 proves, per flush
     verify = dzkp.verify_claims
@@ -159,7 +165,7 @@ def measure(cfg, args, ref, malicious: bool, kernels: bool = False) -> dict:
     try:
         with timed_kernels(spent) if kernels else contextlib.nullcontext():
             t0 = time.perf_counter()
-            out = run_parties(_job(cfg, malicious), args, parties=parties)
+            out = run_parties(_job(cfg, malicious, split), args, parties=parties)
             wall = time.perf_counter() - t0
     finally:
         dzkp.verify_claims = verify
@@ -232,6 +238,10 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--kernels", action="store_true",
                     help="time the proof's kernels in malicious mode, by kind")
+    ap.add_argument("--split", type=int, default=SPLIT_AT,
+                    help="flush inside a layer, between kernels, from this many pending "
+                         "checks on (0: only at layers' ends); default: a job's "
+                         "(net.party.malicious.SPLIT_AT)")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
     shape = dict(TINY if a.tiny else QUICK if a.quick else TABLE2)
@@ -241,15 +251,18 @@ def main(argv=None) -> int:
     result = runinfo.start("malicious")
     result["shape"] = shape
     cfg, args, ref = _case(shape, a.seed)
+    split = a.split or None
+    result["split_at"] = split
     semi = measure(cfg, args, ref, False)
-    mal = measure(cfg, args, ref, True, a.kernels)
+    mal = measure(cfg, args, ref, True, a.kernels, split)
     result["semi_honest"] = {k: v for k, v in semi.items() if k != "output"}
     result["malicious"] = {k: v for k, v in mal.items() if k != "output"}
     result["ratio"] = {"bytes": max(mal["bytes_per_party"]) / max(semi["bytes_per_party"]),
                        "rounds": mal["rounds"] / semi["rounds"],
                        "wall": mal["wall_s"] / semi["wall_s"]}
     if a.campaign or a.honest:
-        result["campaign"] = campaign(_job(cfg, True), args, a.campaign, a.honest, a.seed)
+        result["campaign"] = campaign(_job(cfg, True, split), args, a.campaign, a.honest,
+                                      a.seed)
     runinfo.finish(result, a.json)
     return 0
 

@@ -56,8 +56,14 @@ class Unverified(ProtocolError):
 class Checks:
     """The pending verification of one party since its last flush."""
 
-    def __init__(self, p, params: dzkp.Params = dzkp.Params()) -> None:
+    def __init__(self, p, params: dzkp.Params = dzkp.Params(), split_at: int | None = None,
+                 limit: int | None = None) -> None:
         self.params = params
+        #: :meth:`checkpoint` flushes from this many pending on (None: never), while fewer
+        #: than ``limit`` flushes ran; ``flushes`` counts every flush of the job
+        self.split_at, self.limit, self.flushes = split_at, limit, 0
+        #: profiled entry points (:func:`mpc3.party.profiled`) open now: 0 between kernels
+        self.depth = 0
         self._reset(p)
 
     def _reset(self, p) -> None:
@@ -149,6 +155,7 @@ class Checks:
             rec = next((r for planes, r in self.masked if planes is bit), None)
             if rec is None:
                 return                        # masked bits of an unverified kernel
+            rec["used"] = True
             self._wait({"x": x, "st": st, "got2": got2, "origin": rec, "seg": seg}, None,
                        masked_injection_claims, x.shape[0])
         for s, sl in zip(st, group_bounds(x.shape[0])):   # what the kernel sent, by round
@@ -283,8 +290,34 @@ class Checks:
         raise Unverified("malicious mode: a comparison of a product's split form without "
                          "its product's fused truncation is not covered")
 
+    def checkpoint(self, p) -> bool:
+        """Between two kernels (no profiled entry point open: :func:`mpc3.party.profiled`
+        calls this), flush if the pending checks reached ``split_at`` and everything
+        registered is self-contained: every message sent is covered, and every masked bit
+        a comparison left has been injected (the injection's claims read the comparison's
+        record). Every party decides alike (the same pending size, the same kernels), so
+        the flush's rounds line up. It bounds a flush's memory inside a layer (a
+        GPT-2-small layer's claims do not fit at once). True if it flushed."""
+        if (self.split_at is None or self.depth or self.pending < self.split_at
+                or (self.limit is not None and self.flushes >= self.limit)):
+            return False
+        if any(self.covered.get(op, 0) < n for op, n in self.sent.items()):
+            return False
+        if not all(rec.get("used") for _, rec in self.masked):
+            return False
+        self.flush(p)
+        return True
+
     def flush(self, p) -> None:
         """Verify everything registered since the last flush (see the module docstring)."""
+        self.depth += 1             # the proof's own kernels are not checkpoints
+        try:
+            self._flush(p)
+        finally:
+            self.depth -= 1
+        self.flushes += 1
+
+    def _flush(self, p) -> None:
         missing = [op for op, n in sorted(self.sent.items()) if self.covered.get(op, 0) < n]
         if missing:
             raise Unverified(f"malicious mode: {len(missing)} round(s) (first: op "

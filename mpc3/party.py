@@ -140,11 +140,12 @@ def profiled(fn):
     """An entry point a profiler attributes costs to (:mod:`protocols.jobs.breakdown`): a
     call whose party has a ``profiler`` opens a region named ``module.function`` while it runs
     (``profiler.enter(name)``, then ``profiler.exit()`` if it returned True); with none (every
-    party of a job, a shadow party) the call goes straight on."""
+    party of a job, a shadow party) the call goes straight on. In malicious mode the return
+    from an outermost entry point is a point between kernels, where the party's checks may
+    flush (:meth:`mpc3.checks.Checks.checkpoint`)."""
     name = f"{fn.__module__}.{fn.__name__}"
 
-    @functools.wraps(fn)
-    def entry(p, *args, **kw):
+    def run(p, args, kw):
         prof = getattr(p, "profiler", None)
         if prof is None or not prof.enter(name):
             return fn(p, *args, **kw)
@@ -152,5 +153,18 @@ def profiled(fn):
             return fn(p, *args, **kw)
         finally:
             prof.exit()
+
+    @functools.wraps(fn)
+    def entry(p, *args, **kw):
+        checks = getattr(p, "checks", None)
+        if checks is None:
+            return run(p, args, kw)
+        checks.depth += 1
+        try:
+            out = run(p, args, kw)
+        finally:
+            checks.depth -= 1
+        checks.checkpoint(p)       # between two kernels: malicious mode may flush here
+        return out
     entry.profiled = name
     return entry

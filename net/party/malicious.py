@@ -62,6 +62,12 @@ MAX_FLUSHES = 64
 #: step's small layers are proven together at the job's end - one proof's rounds per
 #: generated token, not one per layer
 FLUSH_AT = 1 << 17
+#: inside a layer, the checks flush between two kernels once this many are pending
+#: (:meth:`mpc3.checks.Checks.checkpoint`): a flush's memory grows with what it proves, and
+#: one GPT-2-small layer on a 128-token prompt registers more than this machine holds. A
+#: Table 2 encoder layer reaches 1.73 M at its end (0.99 M after its Q/K/V features, its
+#: largest kernel); a decoding step stays below :data:`FLUSH_AT`, so it never splits
+SPLIT_AT = 1 << 19
 
 
 class ModeMismatch(ProtocolError):
@@ -73,16 +79,12 @@ class FlushingCosts(CostRecorder):
     a layer's end once they are large (:data:`FLUSH_AT`; the flush's traffic is counted in
     that layer), keeping the last of :data:`MAX_FLUSHES` for :func:`finish`."""
 
-    def __init__(self, party: Party) -> None:
-        super().__init__(party)
-        self.flushes = 0
-
     def flush(self) -> None:
         self.party.checks.flush(self.party)
-        self.flushes += 1
 
     def mark(self, layer: str) -> None:
-        if self.flushes < MAX_FLUSHES - 1 and self.party.checks.pending >= FLUSH_AT:
+        checks = self.party.checks
+        if checks.flushes < MAX_FLUSHES - 1 and checks.pending >= FLUSH_AT:
             self.flush()
         super().mark(layer)
 
@@ -122,7 +124,7 @@ def slot_digest(arr: np.ndarray) -> np.ndarray:
 def begin(party: Party, inputs: dict[str, AShare], model: ModelView | None) -> FlushingCosts:
     """Attach the checks to the job's ``party`` and register the sharings it received from
     outside (in name order, the same at every party); the job's cost recorder."""
-    party.checks = Checks(party)
+    party.checks = Checks(party, split_at=SPLIT_AT, limit=MAX_FLUSHES - 1)
     for name in sorted(inputs):
         party.checks.shared_input(inputs[name])
     shares = model.shares if model is not None else {}

@@ -198,10 +198,10 @@ class _Stub:
     """Checks as FlushingCosts sees them: a pending size, flushes counted."""
 
     def __init__(self, pending=FLUSH_AT):
-        self.n, self.pending = 0, pending
+        self.flushes, self.pending = 0, pending
 
     def flush(self, p):
-        self.n += 1
+        self.flushes += 1
 
 
 def test_a_layer_end_flushes_only_large_pending_checks():
@@ -212,10 +212,10 @@ def test_a_layer_end_flushes_only_large_pending_checks():
     party.checks = _Stub(pending=FLUSH_AT - 1)
     costs = FlushingCosts(party)
     costs.mark("layer.0")
-    assert party.checks.n == 0
+    assert party.checks.flushes == 0
     party.checks.pending = FLUSH_AT
     costs.mark("layer.1")
-    assert party.checks.n == 1
+    assert party.checks.flushes == 1
 
 
 def test_flushes_per_job_are_bounded():
@@ -227,9 +227,9 @@ def test_flushes_per_job_are_bounded():
     costs = FlushingCosts(party)
     for i in range(3 * MAX_FLUSHES):
         costs.mark(f"layer.{i}")
-    assert party.checks.n == MAX_FLUSHES - 1 and len(costs.entries) == 3 * MAX_FLUSHES
+    assert party.checks.flushes == MAX_FLUSHES - 1 and len(costs.entries) == 3 * MAX_FLUSHES
     costs.flush()                                        # the job's last one
-    assert party.checks.n == MAX_FLUSHES
+    assert party.checks.flushes == MAX_FLUSHES
 
 
 def test_modes_travel_in_the_hello_and_a_disagreement_refuses_jobs():
