@@ -290,9 +290,9 @@ class Checks:
         raise Unverified("malicious mode: a comparison of a product's split form without "
                          "its product's fused truncation is not covered")
 
-    def checkpoint(self, p) -> bool:
+    def checkpoint(self, p, where: str = "") -> bool:
         """Between two kernels (no profiled entry point open: :func:`mpc3.party.profiled`
-        calls this), flush if the pending checks reached ``split_at`` and everything
+        calls this, ``where`` naming the entry point that returned), flush if the pending checks reached ``split_at`` and everything
         registered is self-contained: every message sent is covered, and every masked bit
         a comparison left has been injected (the injection's claims read the comparison's
         record). Every party decides alike (the same pending size, the same kernels), so

@@ -164,7 +164,7 @@ def profiled(fn):
             out = run(p, args, kw)
         finally:
             checks.depth -= 1
-        checks.checkpoint(p)       # between two kernels: malicious mode may flush here
+        checks.checkpoint(p, name)   # between two kernels: malicious mode may flush here
         return out
     entry.profiled = name
     return entry

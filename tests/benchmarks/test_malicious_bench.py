@@ -25,3 +25,18 @@ def test_the_benchmark_compares_the_modes_and_runs_a_campaign(tmp_path):
     assert {k.split()[0] for k in spent} == set(B.KERNELS) and min(spent.values()) >= 0
     assert "proof_kernel_s_summed_over_parties" not in semi
     assert c["honest_aborts"] == 0
+
+
+def test_the_pending_profile_names_each_kernel_and_adds_up(tmp_path):
+    """benchmarks/malicious_pending.py on a tiny causal LM: every point between kernels is
+    named, the increases add up to the end's pending, and nothing flushed inside a layer."""
+    P = script("malicious_pending")
+    out = tmp_path / "p.json"
+    P.main(["--prompt", "4", "--d-model", "16", "--heads", "2", "--d-ff", "32", "--json",
+            str(out)])
+    r = json.loads(out.read_text())
+    pts = r["points"]
+    assert pts and all(p["kernel"].count(".") >= 2 for p in pts)
+    assert sum(p["added"] for p in pts) == r["pending_at_end"] == pts[-1]["pending"]
+    assert r["largest_added"] == max(p["added"] for p in pts) > 0 and r["flushes"] == 1
+    assert "protocols.layers.ffn.activation" in {p["kernel"] for p in pts}

@@ -1,0 +1,98 @@
+"""Where a malicious-mode prompt's pending checks accrue, kernel by kernel (issue 35: what
+a flush must hold, docs/MALICIOUS.md "Flushes inside a layer"):
+
+    python benchmarks/malicious_pending.py --prompt 16 \\
+        --json benchmarks/results/malicious_pending_gpt2small_p16.json
+
+Three in-process parties run a GPT-2-small-shaped causal LM's prompt (``mpc3 bench lm``'s
+model: d 768, 12 heads, d_ff 3072, GELU, pre-LN, the max-subtracted softmax, random weights;
+``--layers`` of them, default 2: the last layer computes its last row only) in malicious
+mode with no flush inside a layer. At every point between kernels where the job runner may
+flush (:meth:`mpc3.checks.Checks.checkpoint`) it records ``Checks.pending`` (the unit
+:data:`net.party.malicious.SPLIT_AT` counts) and the kernel that returned there. Reported:
+each point's pending and its increase, the flushes, the process's peak RSS (the three
+parties' single flush at the end holds everything), rounds and bytes. The largest increase
+is what a flush between kernels cannot split: one kernel's claims.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import runinfo  # noqa: E402
+from app.bench.lm import lm_config, make_case  # noqa: E402
+from mpc3 import procinfo  # noqa: E402
+from mpc3.checks import Checks  # noqa: E402
+from mpc3.sim import make_parties, run_parties  # noqa: E402
+from protocols.layers.secure_model import share_input, share_model  # noqa: E402
+from protocols.stacks import causal_lm as LM  # noqa: E402
+
+
+class Recording(Checks):
+    """Checks that log (pending, the kernel just returned) at every point between kernels."""
+
+    def __init__(self, p, log: list) -> None:
+        super().__init__(p)
+        self.log = log
+
+    def checkpoint(self, p, where: str = "") -> bool:
+        if not self.depth:
+            self.log.append((self.pending, where))
+        return super().checkpoint(p, where)
+
+
+def measure(a) -> dict:
+    cfg = lm_config("decoder-only", "softmax", a.d_model, a.heads, a.layers, a.d_ff, a.prompt,
+                    0, "gelu")
+    w, x, _ = make_case(cfg, a.prompt, 0, a.seed)
+    shares, xs = share_model(cfg, w, shared_replicas=True), share_input(x)
+    logs = [[], [], []]
+
+    def job(p, s, xx):
+        p.checks = Recording(p, logs[p.rank])
+        LM.lm_prefill(p, cfg, s, xx)
+        p.checks.flush(p)
+        return p.checks.flushes, p.stats.snapshot()
+
+    t0 = time.perf_counter()
+    out = run_parties(job, [(shares[r], xs[r]) for r in range(3)], parties=make_parties())
+    wall = time.perf_counter() - t0
+    if not logs[0] == logs[1] == logs[2]:
+        raise RuntimeError("the parties' pending checks differ")
+    points, prev = [], 0
+    for pending, kernel in logs[0]:
+        points.append({"kernel": kernel, "pending": pending, "added": pending - prev})
+        prev = pending
+    return {"points": points, "largest_added": max(p["added"] for p in points),
+            "pending_at_end": prev, "flushes": out[0][0], "wall_s": wall,
+            "rounds": max(o[1].rounds for o in out),
+            "bytes_per_party": [o[1].bytes_sent for o in out],
+            "peak_rss_bytes": procinfo.peak_rss()}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prompt", type=int, default=16)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--d-model", type=int, default=768)
+    ap.add_argument("--heads", type=int, default=12)
+    ap.add_argument("--d-ff", type=int, default=3072)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args(argv)
+    result = runinfo.start("malicious_pending")
+    result["shape"] = {"d_model": a.d_model, "heads": a.heads, "d_ff": a.d_ff,
+                       "layers": a.layers, "prompt": a.prompt}
+    result.update(measure(a))
+    runinfo.finish(result, a.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
