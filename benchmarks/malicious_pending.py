@@ -7,12 +7,13 @@ a flush must hold, docs/MALICIOUS.md "Flushes inside a layer"):
 Three in-process parties run a GPT-2-small-shaped causal LM's prompt (``mpc3 bench lm``'s
 model: d 768, 12 heads, d_ff 3072, GELU, pre-LN, the max-subtracted softmax, random weights;
 ``--layers`` of them, default 2: the last layer computes its last row only) in malicious
-mode with no flush inside a layer. At every point between kernels where the job runner may
-flush (:meth:`mpc3.checks.Checks.checkpoint`) it records ``Checks.pending`` (the unit
-:data:`net.party.malicious.SPLIT_AT` counts) and the kernel that returned there. Reported:
-each point's pending and its increase, the flushes, the process's peak RSS (the three
-parties' single flush at the end holds everything), rounds and bytes. The largest increase
-is what a flush between kernels cannot split: one kernel's claims.
+mode, flushing at its end only (``--split``: also between kernels, as a job does). At every
+point between kernels where a job may flush (:meth:`mpc3.checks.Checks.checkpoint`) it
+records ``Checks.pending`` (the unit :data:`net.party.malicious.SPLIT_AT` counts) and the
+kernel that returned there. Reported: each point's pending, its increase and whether it
+flushed there, the flushes, the process's peak RSS (without ``--split`` the one flush at
+the end holds everything), rounds and bytes. The largest increase is what a flush between
+kernels cannot split: one kernel's claims.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from app.bench.lm import lm_config, make_case  # noqa: E402
 from mpc3 import procinfo  # noqa: E402
 from mpc3.checks import Checks  # noqa: E402
 from mpc3.sim import make_parties, run_parties  # noqa: E402
+from net.party.malicious import SPLIT_AT  # noqa: E402
 from protocols.layers.secure_model import share_input, share_model  # noqa: E402
 from protocols.stacks import causal_lm as LM  # noqa: E402
 
@@ -36,14 +38,16 @@ from protocols.stacks import causal_lm as LM  # noqa: E402
 class Recording(Checks):
     """Checks that log (pending, the kernel just returned) at every point between kernels."""
 
-    def __init__(self, p, log: list) -> None:
-        super().__init__(p)
+    def __init__(self, p, log: list, split: int | None) -> None:
+        super().__init__(p, split_at=split)
         self.log = log
 
     def checkpoint(self, p, where: str = "") -> bool:
+        before = self.pending
+        flushed = super().checkpoint(p, where)
         if not self.depth:
-            self.log.append((self.pending, where))
-        return super().checkpoint(p, where)
+            self.log.append((before, where, flushed))
+        return flushed
 
 
 def measure(a) -> dict:
@@ -54,7 +58,7 @@ def measure(a) -> dict:
     logs = [[], [], []]
 
     def job(p, s, xx):
-        p.checks = Recording(p, logs[p.rank])
+        p.checks = Recording(p, logs[p.rank], a.split or None)
         LM.lm_prefill(p, cfg, s, xx)
         p.checks.flush(p)
         return p.checks.flushes, p.stats.snapshot()
@@ -65,9 +69,10 @@ def measure(a) -> dict:
     if not logs[0] == logs[1] == logs[2]:
         raise RuntimeError("the parties' pending checks differ")
     points, prev = [], 0
-    for pending, kernel in logs[0]:
-        points.append({"kernel": kernel, "pending": pending, "added": pending - prev})
-        prev = pending
+    for pending, kernel, flushed in logs[0]:
+        points.append({"kernel": kernel, "pending": pending, "added": pending - prev,
+                       "flushed": flushed})
+        prev = 0 if flushed else pending
     return {"points": points, "largest_added": max(p["added"] for p in points),
             "pending_at_end": prev, "flushes": out[0][0], "wall_s": wall,
             "rounds": max(o[1].rounds for o in out),
@@ -83,12 +88,17 @@ def main(argv=None) -> int:
     ap.add_argument("--d-model", type=int, default=768)
     ap.add_argument("--heads", type=int, default=12)
     ap.add_argument("--d-ff", type=int, default=3072)
+    ap.add_argument("--split", type=int, default=0,
+                    help="flush between kernels from this many pending on, as a job does "
+                         f"(net.party.malicious.SPLIT_AT = {SPLIT_AT}); 0 (default): only "
+                         "at the end, so every point's pending is the prompt's so far")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
     result = runinfo.start("malicious_pending")
     result["shape"] = {"d_model": a.d_model, "heads": a.heads, "d_ff": a.d_ff,
                        "layers": a.layers, "prompt": a.prompt}
+    result["split_at"] = a.split or None
     result.update(measure(a))
     runinfo.finish(result, a.json)
     return 0
