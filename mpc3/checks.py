@@ -46,6 +46,34 @@ from .kernels.thresholds import carry_plan
 from .kernels.truncation import _default_segments
 
 
+#: in malicious mode with flushes inside a layer (``Checks.split_at``), row-wise kernels
+#: (:func:`in_blocks`: the GELU, LayerNorm, the softmax's exponential) run over blocks of at
+#: most this many elements, a point between kernels after each: one such kernel on a GPT-2-
+#: small prompt of 128 tokens registers millions of pending checks (docs/MALICIOUS.md)
+BLOCK_ELEMENTS = 1 << 15
+
+
+def in_blocks(p, fn, x, *rest, where: str = "", rowwise: bool = True):
+    """``fn(p, x, *rest)`` - a kernel on x's rows (``rowwise``: over its last axis; else
+    elementwise) - over blocks of x's leading rows of at most :data:`BLOCK_ELEMENTS`
+    elements, with a checkpoint between blocks (:meth:`Checks.between_blocks`), when ``p``
+    is in malicious mode with flushes inside a layer; else in one call. The same values
+    (each block's own rounding), a kernel's rounds per block."""
+    checks = p.checks
+    if checks is None or checks.split_at is None or x.size <= BLOCK_ELEMENTS:
+        return fn(p, x, *rest)
+    width = x.shape[-1] if rowwise else 1
+    flat = x.reshape(-1, width)
+    rows = max(1, BLOCK_ELEMENTS // width)
+    outs = []
+    for i in range(0, flat.shape[0], rows):
+        if outs:
+            checks.between_blocks(p, where)
+        part = flat[i:i + rows]
+        outs.append(fn(p, part if rowwise else part.reshape(-1), *rest).reshape(part.shape))
+    return type(outs[0]).concat(outs, 0).reshape(*x.shape)
+
+
 class Unverified(ProtocolError):
     """Malicious mode met a message no verification covers (raised at every party, at the
     flush, before any check: the parties' op counters agree)."""
@@ -307,6 +335,17 @@ class Checks:
             return False
         self.flush(p)
         return True
+
+    def between_blocks(self, p, where: str) -> bool:
+        """A point between two blocks of entry point ``where``'s rows (:func:`in_blocks`):
+        between kernels if ``where`` is the only entry point open."""
+        if self.depth != 1:
+            return False
+        self.depth = 0
+        try:
+            return self.checkpoint(p, where)
+        finally:
+            self.depth = 1
 
     def flush(self, p) -> None:
         """Verify everything registered since the last flush (see the module docstring)."""

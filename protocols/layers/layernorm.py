@@ -121,6 +121,15 @@ def layernorm(p: Party, x: AShare, gamma: AShare, beta: AShare, eps: float,
     """``span``: octaves bounding var + eps (:func:`mpc3.kernels.fxp.sqrt_inv_a`; None: its
     whole range). ``wide``: the output at 2 frac fractional bits, its last product reshared
     untruncated (one round fewer: an output the query user truncates itself, :func:`widen`)."""
+    if p.checks is not None and x.size > 1:   # malicious mode: maybe in row blocks
+        from mpc3.checks import in_blocks
+        return in_blocks(p, lambda q, v: _layernorm(q, v, gamma, beta, eps, span, wide), x,
+                         where="protocols.layers.layernorm.layernorm")
+    return _layernorm(p, x, gamma, beta, eps, span, wide)
+
+
+def _layernorm(p: Party, x: AShare, gamma: AShare, beta: AShare, eps: float,
+               span=None, wide: bool = False) -> AShare:
     from mpc3.kernels import fxp
     xg, var = _stats(p, x, gamma, beta, eps)
     rs = fxp.sqrt_inv_a(p, var, span=span, site="var_eps")

@@ -91,3 +91,28 @@ def test_no_flush_while_a_comparisons_masked_bits_wait_for_their_injection(run, 
     res = run(fn, share(x), share(y))
     assert [r[1:] for r in res] == [(0, 1)] * 3
     assert np.max(np.abs(value([r[0] for r in res]) - np.maximum(x @ y, 0).reshape(-1))) < 1e-4
+
+
+def test_gpt2_style_kernels_in_row_blocks_give_the_reference_output(run, rng, monkeypatch):
+    """The GELU, LayerNorm and the softmax's exponential over blocks of 16 elements, a
+    flush possible between blocks: GPT-2's layer (pre-LN, max-subtracted softmax, GELU)
+    gives the reference's output, with more flushes than without blocks."""
+    from app.bench.lm import lm_config
+    from mpc3 import checks
+    cfg = lm_config("decoder-only", "softmax", 16, 2, 2, 32, 6, 0, "gelu")
+    w = M.random_weights(cfg, 4)
+    x = rng.uniform(-1, 1, (1, 6, 16))
+
+    def fn(p, s, xs):
+        p.checks = Checks(p, split_at=1)
+        h, _ = LM.lm_prefill(p, cfg, s, xs)
+        p.checks.flush(p)
+        return h, p.checks.flushes
+
+    whole = run(fn, SM.share_model(cfg, w), share(x))
+    monkeypatch.setattr(checks, "BLOCK_ELEMENTS", 16)
+    blocks = run(fn, SM.share_model(cfg, w), share(x))
+    ref = M.ref_lm(cfg, w, x)[:, -1]
+    assert blocks[0][1] > whole[0][1]
+    for res in (whole, blocks):
+        assert np.max(np.abs(value([r[0] for r in res]) - ref)) < 2e-3
