@@ -323,9 +323,10 @@ class Checks:
         calls this, ``where`` naming the entry point that returned), flush if the pending
         checks reached ``split_at`` and everything registered is self-contained: every
         message sent is covered, and every masked bit a comparison left has been injected
-        (the injection's claims read the comparison's record). Every party decides alike (the same pending size, the same kernels), so
-        the flush's rounds line up. It bounds a flush's memory inside a layer (a
-        GPT-2-small layer's claims do not fit at once). True if it flushed."""
+        (the injection's claims read the comparison's record). Every party decides alike
+        (the same pending size, the same kernels), so the flush's rounds line up. It
+        bounds a flush's memory inside a layer (a GPT-2-small layer's claims do not fit
+        at once). True if it flushed."""
         if (self.split_at is None or self.depth or self.pending < self.split_at
                 or (self.limit is not None and self.flushes >= self.limit)):
             return False
