@@ -53,7 +53,7 @@ from .kernels.truncation import _default_segments
 BLOCK_ELEMENTS = 1 << 15
 
 
-def in_blocks(p, fn, x, *rest, where: str = "", rowwise: bool = True):
+def in_blocks(p, fn, x, *rest, rowwise: bool = True):
     """``fn(p, x, *rest)`` - a kernel on x's rows (``rowwise``: over its last axis; else
     elementwise) - over blocks of x's leading rows of at most :data:`BLOCK_ELEMENTS`
     elements, with a checkpoint between blocks (:meth:`Checks.between_blocks`), when ``p``
@@ -68,7 +68,7 @@ def in_blocks(p, fn, x, *rest, where: str = "", rowwise: bool = True):
     outs = []
     for i in range(0, flat.shape[0], rows):
         if outs:
-            checks.between_blocks(p, where)
+            checks.between_blocks(p)
         part = flat[i:i + rows]
         outs.append(fn(p, part if rowwise else part.reshape(-1), *rest).reshape(part.shape))
     return type(outs[0]).concat(outs, 0).reshape(*x.shape)
@@ -90,8 +90,9 @@ class Checks:
         #: :meth:`checkpoint` flushes from this many pending on (None: never), while fewer
         #: than ``limit`` flushes ran; ``flushes`` counts every flush of the job
         self.split_at, self.limit, self.flushes = split_at, limit, 0
-        #: profiled entry points (:func:`mpc3.party.profiled`) open now: 0 between kernels
-        self.depth = 0
+        #: profiled entry points (:func:`mpc3.party.profiled`) open now: 0 between kernels;
+        #: ``entry``: the name of the outermost one opened last
+        self.depth, self.entry = 0, ""
         self._reset(p)
 
     def _reset(self, p) -> None:
@@ -337,14 +338,14 @@ class Checks:
         self.flush(p)
         return True
 
-    def between_blocks(self, p, where: str) -> bool:
-        """A point between two blocks of entry point ``where``'s rows (:func:`in_blocks`):
-        between kernels if ``where`` is the only entry point open."""
+    def between_blocks(self, p) -> bool:
+        """A point between two blocks of an entry point's rows (:func:`in_blocks`): between
+        kernels if that entry point is the only one open."""
         if self.depth != 1:
             return False
         self.depth = 0
         try:
-            return self.checkpoint(p, where)
+            return self.checkpoint(p, self.entry)
         finally:
             self.depth = 1
 

@@ -159,6 +159,8 @@ def profiled(fn):
         checks = getattr(p, "checks", None)
         if checks is None:
             return run(p, args, kw)
+        if not checks.depth:
+            checks.entry = name      # the outermost entry point open (Checks.between_blocks)
         checks.depth += 1
         try:
             out = run(p, args, kw)

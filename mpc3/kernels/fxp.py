@@ -416,7 +416,7 @@ def exp_neg_a(p: Party, x: AShare, site: str | None = None) -> AShare:
         return p.shadow.exp_neg_a(x, site)
     if p.checks is not None:              # malicious mode: maybe in blocks, proven between
         from mpc3.checks import in_blocks
-        return in_blocks(p, _exp_neg, x, where="mpc3.kernels.fxp.exp_neg_a", rowwise=False)
+        return in_blocks(p, _exp_neg, x, rowwise=False)
     return _exp_neg(p, x)
 
 

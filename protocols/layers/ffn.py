@@ -36,8 +36,7 @@ def activation(p: Party, h: AShare, act: str) -> AShare:
     if act == "gelu":
         if p.checks is not None:           # malicious mode: maybe in blocks, proven between
             from mpc3.checks import in_blocks
-            return in_blocks(p, lambda q, v: activations.gelu_a(q, v, site="hidden_gelu"), h,
-                             where="protocols.layers.ffn.activation")
+            return in_blocks(p, lambda q, v: activations.gelu_a(q, v, site="hidden_gelu"), h)
         return activations.gelu_a(p, h, site="hidden_gelu")
     if act == "none":
         return h

@@ -121,10 +121,9 @@ def layernorm(p: Party, x: AShare, gamma: AShare, beta: AShare, eps: float,
     """``span``: octaves bounding var + eps (:func:`mpc3.kernels.fxp.sqrt_inv_a`; None: its
     whole range). ``wide``: the output at 2 frac fractional bits, its last product reshared
     untruncated (one round fewer: an output the query user truncates itself, :func:`widen`)."""
-    if p.checks is not None and x.size > 1:   # malicious mode: maybe in row blocks
+    if p.checks is not None:                  # malicious mode: maybe in row blocks
         from mpc3.checks import in_blocks
-        return in_blocks(p, lambda q, v: _layernorm(q, v, gamma, beta, eps, span, wide), x,
-                         where="protocols.layers.layernorm.layernorm")
+        return in_blocks(p, lambda q, v: _layernorm(q, v, gamma, beta, eps, span, wide), x)
     return _layernorm(p, x, gamma, beta, eps, span, wide)
 
 
