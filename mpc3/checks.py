@@ -85,8 +85,11 @@ class Checks:
     """The pending verification of one party since its last flush."""
 
     def __init__(self, p, params: dzkp.Params = dzkp.Params(), split_at: int | None = None,
-                 limit: int | None = None) -> None:
-        self.params = params
+                 limit: int | None = None,
+                 later: tuple[int, dzkp.Params] | None = None) -> None:
+        #: the proof's parameters: ``params``, or from flush ``later[0]`` on ``later[1]``
+        #: (:meth:`params_at`; a long job's later flushes prove with a larger soundness margin)
+        self.params, self.later = params, later
         #: :meth:`checkpoint` flushes from this many pending on (None: never), while fewer
         #: than ``limit`` flushes ran; ``flushes`` counts every flush of the job
         self.split_at, self.limit, self.flushes = split_at, limit, 0
@@ -349,6 +352,12 @@ class Checks:
         finally:
             self.depth = 1
 
+    def params_at(self, flush: int) -> dzkp.Params:
+        """The proof parameters of the job's flush number ``flush`` (from 0)."""
+        if self.later is not None and flush >= self.later[0]:
+            return self.later[1]
+        return self.params
+
     def flush(self, p) -> None:
         """Verify everything registered since the last flush (see the module docstring)."""
         self.depth += 1             # the proof's own kernels are not checkpoints
@@ -384,7 +393,7 @@ class Checks:
         inputs_ok = theirs[32:] == self.input_mine.digest()
         mine, left, right = self.batches()
         mats = tuple([c for views in self.mats for c in views[j]] for j in range(3))
-        dzkp.verify_claims(p, mine, left, right, self.params,
+        dzkp.verify_claims(p, mine, left, right, self.params_at(self.flushes),
                            digests=(opened_ok, inputs_ok), mats=mats if self.mats else None)
         self._reset(p)
 

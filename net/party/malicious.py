@@ -31,20 +31,27 @@ The job runner (:mod:`net.party.runner`) calls these around :func:`protocols.job
   padding or length no honest sender makes; in either mode) is raised by its receiver
   alone: the runner names the sender and sends the abort to the peers.
 
-Soundness per job: a flush proves three batches (each party's), each failing to catch a
-false one with probability <= 2^-47.9 up to 10^10 gates (:func:`mpc3.dzkp.soundness_bits`);
-:data:`MAX_FLUSHES` keeps a job at <= 192 proofs, below 2^-40 (docs/MALICIOUS.md). A job with more layers than
-that flushes at the first ones and once at its end, which covers the rest.
+Soundness per job: a flush proves three batches (each party's). The job's first
+:data:`EARLY_FLUSHES` prove with :class:`mpc3.dzkp.Params`' defaults (GR(2^64, 32), two
+repetitions: a false batch passes with probability <= 2^-47.7 up to 10^11 gate terms,
+:func:`mpc3.dzkp.soundness_bits`), later ones with :data:`LATE_PARAMS` (GR(2^64, 64), one
+repetition: <= 2^-55.8), so that :data:`MAX_FLUSHES` flushes stay below 2^-40 by the union
+bound (:func:`job_soundness_bits`; docs/MALICIOUS.md). A short job pays the cheaper proof; a
+long one (a GPT-2-small prompt flushes between kernels ~15 times a layer) can split as
+often as its memory needs. A job with more flushes than that flushes at the first ones and
+once at its end, which covers the rest.
 """
 from __future__ import annotations
 
 import hashlib
+import math
 import threading
 import weakref
 from typing import NamedTuple
 
 import numpy as np
 
+from mpc3 import dzkp
 from mpc3.checks import Checks, Unverified
 from mpc3.comm import MalformedMessage, ProtocolError
 from mpc3.dzkp import CheatingDetected
@@ -54,8 +61,13 @@ from protocols.jobs import CostRecorder, ModelView
 
 SEMI_HONEST = "semi-honest"
 MALICIOUS = "malicious"
-#: flushes per job at most (3 proofs each: 192 <= 2^7.6, see the module docstring)
-MAX_FLUSHES = 64
+#: flushes per job at most (3 proofs each; see the module docstring)
+MAX_FLUSHES = 4096
+#: a job's first flushes prove with dzkp.Params() (cheaper: GR(2^64, 32) has a quarter of
+#: GR(2^64, 64)'s multiply-adds per product, and two repetitions half of them per element)
+EARLY_FLUSHES = 31
+#: the proof parameters of a job's later flushes
+LATE_PARAMS = dzkp.Params(degree=64, reps=1)
 #: a layer's end flushes only from this many pending gates and elements on
 #: (``Checks.pending``, the same at every party): a prompt's layers flush one by one (a
 #: Table 2 layer registers millions), which bounds a flush's memory, while a decoding
@@ -68,6 +80,20 @@ FLUSH_AT = 1 << 17
 #: Table 2 encoder layer reaches 1.73 M at its end (0.99 M after its Q/K/V features, its
 #: largest kernel); a decoding step stays below :data:`FLUSH_AT`, so it never splits
 SPLIT_AT = 1 << 19
+#: what :func:`job_soundness_bits` assumes a proof holds at most: gate terms (800 GB of
+#: one side's words, more than a party holds) and matrix products' inner terms
+MAX_TERMS, MAX_RING_TERMS = 10 ** 11, 10 ** 9
+
+
+def job_soundness_bits(flushes: int = MAX_FLUSHES) -> float:
+    """-log2 of the union bound on a job of ``flushes`` flushes passing a false batch: three
+    proofs a flush, each of at most :data:`MAX_TERMS` gate terms and :data:`MAX_RING_TERMS`
+    (the bound grows with both), the first :data:`EARLY_FLUSHES` with the defaults."""
+    def fails(params: dzkp.Params) -> float:
+        return 2.0 ** -dzkp.soundness_bits(MAX_TERMS, 1, params, ring_len=MAX_RING_TERMS)
+    early = min(flushes, EARLY_FLUSHES)
+    return -math.log2(3 * early * fails(dzkp.Params())
+                      + 3 * (flushes - early) * fails(LATE_PARAMS))
 
 
 class ModeMismatch(ProtocolError):
@@ -124,7 +150,8 @@ def slot_digest(arr: np.ndarray) -> np.ndarray:
 def begin(party: Party, inputs: dict[str, AShare], model: ModelView | None) -> FlushingCosts:
     """Attach the checks to the job's ``party`` and register the sharings it received from
     outside (in name order, the same at every party); the job's cost recorder."""
-    party.checks = Checks(party, split_at=SPLIT_AT, limit=MAX_FLUSHES - 1)
+    party.checks = Checks(party, split_at=SPLIT_AT, limit=MAX_FLUSHES - 1,
+                          later=(EARLY_FLUSHES, LATE_PARAMS))
     for name in sorted(inputs):
         party.checks.shared_input(inputs[name])
     shares = model.shares if model is not None else {}

@@ -16,6 +16,7 @@ from mpc3.checks import Checks
 from mpc3.kernels import arith, convert
 from mpc3.sharing import reveal
 from mpc3.sim import make_parties, run_parties
+from net.party.malicious import LATE_PARAMS
 from protocols import model as M
 from protocols.layers import secure_model as SM
 from protocols.stacks import causal_lm as LM
@@ -116,3 +117,33 @@ def test_gpt2_style_kernels_in_row_blocks_give_the_reference_output(run, rng, mo
     assert blocks[0][1] > whole[0][1]
     for res in (whole, blocks):
         assert np.max(np.abs(value([r[0] for r in res]) - ref)) < 2e-3
+
+
+def test_a_long_jobs_later_flushes_prove_with_the_wider_ring():
+    """From flush ``later[0]`` on, Checks proves with ``later[1]`` (a long job's
+    net.party.malicious.LATE_PARAMS: GR(2^64, 64), one repetition): the encoder split at
+    every point gives the reference output, and a deviation at a message after the first
+    flush - proven with the later parameters - aborts."""
+    cfg, args, ref = B._case(B.TINY)
+
+    class Recording(Checks):
+        first_op = None
+
+        def flush(self, p):
+            super().flush(p)
+            if self.flushes == 1:
+                self.first_op = p.kop
+
+    def job(p, sh, x):
+        p.checks = Recording(p, split_at=1, later=(1, LATE_PARAMS))
+        y = encoder(p, cfg, sh, x, on_layer=lambda _: p.checks.flush(p))
+        p.checks.flush(p)
+        assert p.checks.params_at(p.checks.flushes - 1) is LATE_PARAMS
+        return y, p.checks.first_op
+
+    out = run_parties(job, args, parties=make_parties())
+    assert np.max(np.abs(ring.decode(reveal([r[0] for r in out])) - ref)) < 1e-2
+    c = B.campaign(job, args, trials=4, honest=0, seed=5,
+                   span=lambda results: (results[0][1], float("inf")))
+    assert c["outcomes"] == {"aborted": 4}
+

@@ -14,17 +14,18 @@ from mpc3.prg import PRG
 from mpc3.shares import AShare
 from mpc3.sharing import deal, reveal
 from mpc3.sim import make_parties, run_parties
+from net.party.malicious import EARLY_FLUSHES, LATE_PARAMS, MAX_FLUSHES, job_soundness_bits
 
 M64 = 1 << 64
 
 
-def _product_then_verify(p, x, y):
+def _product_then_verify(p, x, y, params=dzkp.Params()):
     """z = x y by one reshare (the message tested), then the proof of every party's message."""
     kop = p.new_op()
     sent = p.add_zero_share(_local_mul(x, y), "mul")
     got, _ = p.comm.exchange(to_prev=[sent], from_next=True)
     before = p.stats.snapshot()
-    dzkp.verify_claims(p, *mul_claims(p, x, y, sent, got[0], "mul", kop))
+    dzkp.verify_claims(p, *mul_claims(p, x, y, sent, got[0], "mul", kop), params)
     return AShare(sent, got[0]), p.stats - before
 
 
@@ -43,6 +44,23 @@ def test_honest_products_pass_at_declared_cost(n):
     rounds, sent = dzkp.cost_verify(n, 2)
     for _, spent in out:
         assert (spent.rounds, spent.bytes_sent) == (rounds, sent)
+
+
+def test_the_late_flushes_proof_passes_at_declared_cost_and_catches_a_wrong_message():
+    """GR(2^64, 64) with one repetition (a long job's flushes after its first ones:
+    net.party.malicious.LATE_PARAMS): honest products pass at its declared cost, and an
+    error of 2^63 or 1 in any party's message is caught, naming it."""
+    params = LATE_PARAMS
+    x, y, xs, ys = _operands(3000)
+    args = [(xs[i], ys[i], params) for i in range(3)]
+    out = run_parties(_product_then_verify, args)
+    assert np.array_equal(reveal([o[0] for o in out]), x * y)
+    rounds, sent = dzkp.cost_verify(3000, 2, params)
+    assert all((spent.rounds, spent.bytes_sent) == (rounds, sent) for _, spent in out)
+    for cheater, error in ((0, 1 << 63), (1, 1), (2, 12345)):
+        got = tamper.run(_product_then_verify, args, make_parties(),
+                         tamper.Target(cheater, PREV, op=1), tamper.Deviation("add", error))
+        assert isinstance(got.error, dzkp.CheatingDetected) and got.error.prover == cheater
 
 
 @pytest.mark.parametrize("cheater", [0, 1, 2])
@@ -121,12 +139,18 @@ def test_opened_values_are_masked_by_the_provers_pads(monkeypatch):
 
 
 def test_soundness_of_the_default_parameters():
-    """Per proof, the declared bound is below 2^-47.9 from one gate to 10^10 gates, so a job
-    of up to 192 such proofs (64 flushes of three: net.party.malicious.MAX_FLUSHES) stays
-    below 2^-40; one repetition alone would not do."""
+    """Per proof, the declared bound is below 2^-47.9 from one gate to 10^10 gates (2^-47.7
+    to 10^11 gate terms), and below 2^-55.8 with a long job's later parameters; a job of
+    net.party.malicious.MAX_FLUSHES flushes (the first EARLY_FLUSHES with the defaults, three
+    proofs each) stays below 2^-40; one repetition of the defaults alone would not do."""
     for L in (1, 10**3, 10**6, 10**8, 10**10):
         assert dzkp.soundness_bits(L, 2) >= 47.9
-    assert 47.9 - np.log2(3 * 64) >= 40
+        assert dzkp.soundness_bits(L, 2, LATE_PARAMS) >= 55.8
+    assert dzkp.soundness_bits(10**11, 1, ring_len=10**9) >= 47.7
+    assert dzkp.soundness_bits(10**11, 1, LATE_PARAMS, ring_len=10**9) >= 55.8
+    assert 3 * EARLY_FLUSHES * 2 ** -47.7 + 3 * (MAX_FLUSHES - EARLY_FLUSHES) * 2 ** -55.8 \
+        <= 2 ** -40
+    assert job_soundness_bits() >= 40 and job_soundness_bits(4 * MAX_FLUSHES) < 40
     assert dzkp.soundness_bits(10**6, 2, dzkp.Params(reps=1)) < 26
 
 
