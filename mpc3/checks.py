@@ -45,6 +45,9 @@ from .kernels.convert import _run_starts
 from .kernels.thresholds import carry_plan
 from .kernels.truncation import _default_segments
 
+#: the region a flush opens in a party's profiler (protocols.jobs.breakdown.VERIFY)
+VERIFY = "mpc3.checks.Checks.flush"
+
 
 #: in malicious mode with flushes inside a layer (``Checks.split_at``), row-wise kernels
 #: (:func:`in_blocks`: the GELU, LayerNorm, the softmax's exponential) run over blocks of at
@@ -284,6 +287,13 @@ class Checks:
         self._wait(rec, tree_witness, tree_keep, 0)
         self.masked.append((planes, {"rec": rec, "parts": tree_parts, "swaps": tree_swaps}))
 
+    def public(self, p, nbytes: int) -> None:
+        """This party's message in the last round carried ``nbytes`` that no proof can or
+        need cover: a constant its receivers check themselves (a barrier's zero), or a
+        party's report of its own measurements, which no protocol determines (a diagnostic
+        job's figures: benchmark registries only)."""
+        self._cover(p, nbytes)
+
     def shared_input(self, x) -> None:
         """A sharing this party received from outside (the query user's input, the model
         owner's weights): its slot b is the next party's slot a, compared at the flush."""
@@ -361,10 +371,14 @@ class Checks:
     def flush(self, p) -> None:
         """Verify everything registered since the last flush (see the module docstring)."""
         self.depth += 1             # the proof's own kernels are not checkpoints
+        prof = getattr(p, "profiler", None)     # a cost breakdown's "verify" region
+        opened = prof is not None and prof.enter(VERIFY)
         try:
             self._flush(p)
         finally:
             self.depth -= 1
+            if opened:
+                prof.exit()
         self.flushes += 1
 
     def _flush(self, p) -> None:

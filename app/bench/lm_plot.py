@@ -5,7 +5,8 @@ side, as stacked bars with each category's share (AERO's Figure 1 style). matplo
 from __future__ import annotations
 
 COLORS = {"matmul": "#4c72b0", "attention": "#dd8452", "ffn_act": "#55a868",
-          "norm": "#c44e52", "rotary": "#8172b3", "other": "#8c8c8c"}
+          "norm": "#c44e52", "rotary": "#8172b3", "verify": "#937860",
+          "other": "#8c8c8c"}
 
 
 def require_matplotlib():

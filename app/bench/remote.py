@@ -93,8 +93,10 @@ class RemoteCluster:
 
     def __init__(self, net: str = "none", verify_seconds: float = 1.0, quiet: bool = False,
                  job_timeout_s: float = 4 * 3600.0, peer_timeout_s: float = 900.0,
-                 peer_transport: str = "tls", insecure: bool = False) -> None:
+                 peer_transport: str = "tls", insecure: bool = False,
+                 security: str = "semi-honest") -> None:
         self.net = net.strip().lower()
+        self.security = security             # the parties' [cluster] security mode
         self.peer_transport = peer_transport
         # development plaintext, to measure what TLS costs: the results keep peer_transport
         # (the socket links, "tls", or gRPC streams) and say tls: false
@@ -157,7 +159,7 @@ class RemoteCluster:
                                     parties=parties, peer_timeout=self.peer_timeout_s,
                                     job_timeout=self.job_timeout_s,
                                     peer_transport=self.peer_transport,
-                                    limits={"running_jobs": 2})
+                                    limits={"running_jobs": 2}, security=self.security)
         try:
             self.cluster.start(wait=90.0)
         except RuntimeError as exc:

@@ -26,6 +26,11 @@ in place): output ``stats``, the public (3, 1 + T, len(CATEGORIES) + 1, 4) array
 [party][phase][category..., total][wall_ns, bytes, messages, rounds], the last category row
 being the communicator's and the clock's own totals of the phase; ``mem``, the public (3, 1)
 peak resident set size in bytes of each party process at the end of the job.
+
+In malicious mode (``[cluster] security``, :mod:`net.party.malicious`) every phase ends with
+a flush, as the production job that runs it alone (``lm_prefill``, ``decode_step``, ...)
+would end with its last one, so each phase's stats include its whole verification (the
+breakdown's ``verify`` category); the job's own last flush then has nothing to prove.
 """
 from __future__ import annotations
 
@@ -37,7 +42,7 @@ from mpc3.shares import AShare
 from .. import model as M
 from .breakdown import recording
 from .contract import TENSORS, JobContext, JobSpec, TensorSpec
-from .diagnostic import public_stats
+from .diagnostic import barrier, public_stats
 
 MAX_TOKENS = 4096
 
@@ -88,11 +93,12 @@ def run_bench_lm(ctx: JobContext, inputs: dict) -> dict:
     party, params = ctx.party, ctx.params
     cfg = M.ModelConfig.from_dict(params["config"])
     T = int(params.get("tokens", 0))
-    one = np.zeros(1, np.uint64)
-    party.comm.exchange([one], [one], from_next=True, from_prev=True)      # barrier, 16 B
+    barrier(party)
     rows, outs = [], []
     with recording(party) as rec:
         for out in _phases(ctx, cfg, inputs["X"], inputs.get("Y"), T):
+            if party.checks is not None:     # malicious mode: each phase verified in its own
+                party.checks.flush(party)    # stats, as its production job would be
             rows.append(rec.take())
             if out is not None:
                 outs.append(out)

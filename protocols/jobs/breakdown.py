@@ -32,6 +32,10 @@ Categories (:data:`CATEGORIES`):
 * ``rotary`` - LLaMA's rotary embeddings of q and k (their one truncation,
   :func:`protocols.layers.rotary.rope_many`); the gated FFN's SiLU is ``ffn_act``, its two
   products and the gate product ``matmul``;
+* ``verify`` - malicious mode's flushes (:meth:`mpc3.checks.Checks.flush`: the witnesses,
+  digests and the proof), wherever they run - between kernels, at a layer's end, between
+  the blocks of a row-wise kernel - so the other categories hold semi-honest mode's work
+  plus what each kernel itself adds in malicious mode;
 * ``other`` - the classifier's pooler tanh and arg-max, a sentence embedding's pooling and
   normalization, and the time of local work between
   kernel calls (bias additions, head reshapes, KV-cache appends): no bytes for an LM.
@@ -48,10 +52,11 @@ import time
 
 import numpy as np
 
+from mpc3.checks import VERIFY
 from mpc3.comm import CommStats
 from mpc3.party import Party
 
-CATEGORIES = ("matmul", "attention", "ffn_act", "norm", "rotary", "other")
+CATEGORIES = ("matmul", "attention", "ffn_act", "norm", "rotary", "verify", "other")
 FIELDS = ("wall_ns", "bytes", "messages", "rounds")
 #: (module, function, category): the entry points a region opens at.
 TARGETS = (
@@ -91,6 +96,9 @@ TARGETS = (
 _OTHER = CATEGORIES.index("other")
 #: ``module.function`` (the name :func:`mpc3.party.profiled` reports) -> category index
 _REGION = {f"{mod}.{name}": CATEGORIES.index(cat) for mod, name, cat in TARGETS}
+#: the region a malicious-mode flush opens (:data:`mpc3.checks.VERIFY`), also inside another
+#: region (a flush between a row-wise kernel's blocks)
+_REGION[VERIFY] = CATEGORIES.index("verify")
 
 
 class Recorder:
@@ -114,8 +122,9 @@ class Recorder:
 
     def enter(self, entry: str) -> bool:
         """Open a region of the category of ``entry`` (a :data:`TARGETS` entry point's
-        ``module.function``); False (nothing opened) inside a region that claims its callees."""
-        if self.stack and CATEGORIES[self.stack[-1]] != "matmul":
+        ``module.function``, or :data:`VERIFY`); False (nothing opened) inside a region that
+        claims its callees (a flush opens its own everywhere)."""
+        if self.stack and CATEGORIES[self.stack[-1]] != "matmul" and entry != VERIFY:
             return False
         self._flush()
         self.stack.append(_REGION[entry])

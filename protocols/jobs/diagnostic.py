@@ -26,6 +26,7 @@ import time
 
 import numpy as np
 
+from mpc3.comm import MalformedMessage
 from mpc3.kernels import catalog
 from mpc3.kernels.arith import matmul_aa
 from mpc3.party import Party, RingConfig
@@ -47,8 +48,7 @@ OPS = tuple(k.name for k in catalog.KERNELS.values()
 def timed_runs(party: Party, run, repeat: int) -> tuple[object, np.ndarray]:
     """Barrier, then ``repeat`` timed calls of ``run()``; returns (last output, this
     party's (4, repeat) [wall_ns, bytes, messages, rounds])."""
-    one = np.zeros(1, np.uint64)
-    party.comm.exchange([one], [one], from_next=True, from_prev=True)      # barrier, 16 B
+    barrier(party)
     mine = np.zeros((len(STATS_FIELDS), repeat), np.uint64)
     out = None
     for k in range(repeat):
@@ -61,9 +61,27 @@ def timed_runs(party: Party, run, repeat: int) -> tuple[object, np.ndarray]:
     return out, mine
 
 
+def barrier(party: Party) -> None:
+    """One round of a zero word to each neighbour (16 bytes a party): the three parties
+    start what follows together. In malicious mode each receiver checks the zeros itself
+    (a sender of anything else is named: MalformedMessage)."""
+    one = np.zeros(1, np.uint64)
+    nxt, prv = party.comm.exchange([one], [one], from_next=True, from_prev=True)
+    if party.checks is None:
+        return
+    for got, sender in ((nxt[0], (party.rank + 1) % 3), (prv[0], (party.rank - 1) % 3)):
+        if got.shape != one.shape or got.any():
+            raise MalformedMessage(sender, party.rank, "a barrier's word is not one zero")
+    party.checks.public(party, 2 * one.nbytes)
+
+
 def public_stats(party: Party, mine: np.ndarray) -> AShare:
-    """Swap the parties' figures (one uncounted round) -> public sharing of (3, 4, R)."""
+    """Swap the parties' figures (one uncounted round) -> public sharing of (3, 4, R). In
+    malicious mode the figures are each party's report of its own costs: nothing proves
+    them (:meth:`mpc3.checks.Checks.public`)."""
     nxt, prv = party.comm.exchange([mine], [mine], from_next=True, from_prev=True)
+    if party.checks is not None:
+        party.checks.public(party, 2 * mine.nbytes)
     allp = np.zeros((3,) + mine.shape, np.uint64)
     allp[party.rank] = mine
     allp[(party.rank + 1) % 3] = nxt[0].reshape(mine.shape)

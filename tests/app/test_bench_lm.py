@@ -244,3 +244,29 @@ def test_every_target_is_a_profiled_entry_point():
     assert marked == {f"{m}.{n}" for m, n, _ in BD.TARGETS}
     for m, n, _ in BD.TARGETS:
         assert getattr(importlib.import_module(m), n).profiled == f"{m}.{n}"
+
+
+@pytest.mark.parametrize("transport", ["inproc", "grpc"])
+def test_malicious_mode_counts_each_phases_verification(transport):
+    """--security malicious: the parties (in process, or three party processes whose
+    cluster.toml says so) run in malicious mode; every phase ends with its flush, whose
+    traffic is the breakdown's ``verify`` category (absent from semi-honest mode); the
+    categories still sum to the measured totals, the output is the reference's, and every
+    other category carries at least semi-honest mode's bytes and rounds (malicious mode
+    keeps their messages and adds to some)."""
+    args = ["--layers", "1", "--prompt", "4", "--tokens", "1", "--attention",
+            "relu-performer", "--ffn", "relu", "--transport", transport]
+    semi = _run(*args)
+    mal = _run(*args, "--security", "malicious")
+    assert (semi["security"], mal["security"]) == ("semi-honest", "malicious")
+    assert mal["checks"] == {"breakdown_equals_measured": True}
+    assert mal["max_abs_err"] < 1e-2
+    for s, m in zip([semi["prefill"]] + semi["steps"], [mal["prefill"]] + mal["steps"]):
+        _check_phase(s)
+        assert s["breakdown"]["verify"]["bytes_total"] == 0
+        assert m["breakdown"]["verify"]["bytes_total"] > 0
+        assert m["breakdown"]["verify"]["rounds"] >= 10       # digests, a proof, verdicts
+        for c in BD.CATEGORIES:
+            if c != "verify":
+                assert m["breakdown"][c]["bytes_total"] >= s["breakdown"][c]["bytes_total"]
+                assert m["breakdown"][c]["rounds"] >= s["breakdown"][c]["rounds"], c
