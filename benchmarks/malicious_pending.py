@@ -13,12 +13,17 @@ records ``Checks.pending`` (the unit :data:`net.party.malicious.SPLIT_AT` counts
 kernel that returned there. Reported: each point's pending, its increase and whether it
 flushed there, the flushes, the process's peak RSS (without ``--split`` the one flush at
 the end holds everything), rounds and bytes. The largest increase is what a flush between
-kernels cannot split: one kernel's claims.
+kernels cannot split: one kernel's claims. And where the proof's work comes from: party 0's
+gate terms by the function that built their claims (a kernel's registration in
+:class:`mpc3.checks.Checks` - ``product``, ``and_product``, ... - or the claims it builds at
+the flush - ``compare_claims``, ``masked_injection_claims``, ``fused_claims``, ...; the
+matrix products' Freivalds-reduced claims are not gate terms and are not counted).
 """
 from __future__ import annotations
 
 import argparse
 import sys
+from collections import Counter
 import time
 from pathlib import Path
 
@@ -36,11 +41,37 @@ from protocols.stacks import causal_lm as LM  # noqa: E402
 
 
 class Recording(Checks):
-    """Checks that log (pending, the kernel just returned) at every point between kernels."""
+    """Checks that log (pending, the kernel just returned) at every point between kernels,
+    and the proof's gate terms by the function that built their claims."""
 
-    def __init__(self, p, log: list, split: int | None) -> None:
+    def __init__(self, p, log: list, split: int | None, terms: Counter) -> None:
         super().__init__(p, split_at=split)
-        self.log = log
+        self.log, self.terms = log, terms
+
+    def _add(self, triples) -> None:
+        triples = list(triples)
+        self.terms_of(sys._getframe(1), [trio[0] for trio in triples])
+        super()._add(triples)
+
+    def _wait(self, rec, make, claims, n: int) -> None:
+        rec["_entry"] = self.entry               # the kernel that registered it
+        super()._wait(rec, make, claims, n)
+
+    def terms_of(self, caller, own: list) -> None:
+        """Count this party's own batches (gates, terms) under the claims' builder - the
+        registering method of Checks, or at the flush the claims function it calls - and
+        under the kernel (the outermost profiled entry point) that registered them."""
+        name, entry = caller.f_code.co_name, self.entry
+        if name == "_flush":
+            fn = caller.f_locals.get("claims")
+            fn = getattr(fn, "func", fn)
+            name = getattr(fn, "__name__", repr(fn))
+            entry = caller.f_locals.get("rec", {}).get("_entry", "?")
+        for c in own:
+            if c is not None:
+                self.terms[(name, "terms")] += c.terms
+                self.terms[(name, "gates")] += c.z.size
+                self.terms[("kernel", entry.rpartition(".")[2] or "?")] += c.terms
 
     def checkpoint(self, p, where: str = "") -> bool:
         before = self.pending
@@ -51,20 +82,31 @@ class Recording(Checks):
 
 
 def measure(a) -> dict:
+    steps = int(a.step)
     cfg = lm_config("decoder-only", "softmax", a.d_model, a.heads, a.layers, a.d_ff, a.prompt,
-                    0, "gelu")
-    w, x, _ = make_case(cfg, a.prompt, 0, a.seed)
+                    steps, "gelu")
+    w, x, y = make_case(cfg, a.prompt, steps, a.seed)
     shares, xs = share_model(cfg, w, shared_replicas=True), share_input(x)
+    ys = share_input(y[0]) if steps else [None] * 3
     logs = [[], [], []]
+    terms = [Counter(), Counter(), Counter()]
 
-    def job(p, s, xx):
-        p.checks = Recording(p, logs[p.rank], a.split or None)
-        LM.lm_prefill(p, cfg, s, xx)
+    def job(p, s, xx, yy):
+        p.checks = Recording(p, logs[p.rank], a.split or None, terms[p.rank])
+        _, state = LM.lm_prefill(p, cfg, s, xx)
         p.checks.flush(p)
+        if yy is not None:              # the step alone: what its flush proves
+            before = p.stats.snapshot()
+            logs[p.rank].clear()
+            terms[p.rank].clear()
+            LM.lm_step(p, cfg, s, state, yy)
+            p.checks.flush(p)
+            return 1, p.stats - before
         return p.checks.flushes, p.stats.snapshot()
 
     t0 = time.perf_counter()
-    out = run_parties(job, [(shares[r], xs[r]) for r in range(3)], parties=make_parties())
+    out = run_parties(job, [(shares[r], xs[r], ys[r]) for r in range(3)],
+                      parties=make_parties())
     wall = time.perf_counter() - t0
     if not logs[0] == logs[1] == logs[2]:
         raise RuntimeError("the parties' pending checks differ")
@@ -73,7 +115,15 @@ def measure(a) -> dict:
         points.append({"kernel": kernel, "pending": pending, "added": pending - prev,
                        "flushed": flushed})
         prev = 0 if flushed else pending
+    total = sum(v for (_, kind), v in terms[0].items() if kind == "terms")
+    by_claims = {name: {"gates": terms[0][(name, "gates")], "terms": v,
+                        "share": round(v / max(total, 1), 4)}
+                 for (name, kind), v in terms[0].most_common() if kind == "terms"}
+    by_kernel = {name: {"terms": v, "share": round(v / max(total, 1), 4)}
+                 for (kind, name), v in terms[0].most_common() if kind == "kernel"}
     return {"points": points, "largest_added": max(p["added"] for p in points),
+            "gate_terms_party0": total, "gate_terms_by_claims": by_claims,
+            "gate_terms_by_kernel": by_kernel,
             "pending_at_end": prev, "flushes": out[0][0], "wall_s": wall,
             "rounds": max(o[1].rounds for o in out),
             "bytes_per_party": [o[1].bytes_sent for o in out],
@@ -92,12 +142,16 @@ def main(argv=None) -> int:
                     help="flush between kernels from this many pending on, as a job does "
                          f"(net.party.malicious.SPLIT_AT = {SPLIT_AT}); 0 (default): only "
                          "at the end, so every point's pending is the prompt's so far")
+    ap.add_argument("--step", action="store_true",
+                    help="report one generated token's step after the prompt instead (its "
+                         "pending checks, terms, rounds and bytes; the wall is the whole run)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
     result = runinfo.start("malicious_pending")
     result["shape"] = {"d_model": a.d_model, "heads": a.heads, "d_ff": a.d_ff,
                        "layers": a.layers, "prompt": a.prompt}
+    result["phase"] = "step" if a.step else "prompt"
     result["split_at"] = a.split or None
     result.update(measure(a))
     runinfo.finish(result, a.json)

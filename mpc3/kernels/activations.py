@@ -135,7 +135,7 @@ def gelu_a(p: Party, x: AShare, method: str = "auto", site: str | None = None) -
     Algorithm and costs: module docstring. Cost: :func:`cost_gelu`."""
     if p.shadow is not None:
         return p.shadow.gelu_a(x, site)
-    if gelu_method(method, x.size, p.cfg.trunc) == "cheb":
+    if form("gelu_a", method, x.size, p.checks is not None) == "cheb":
         f, (e, K) = p.cfg.frac, GELU_CHEB_SCALES[p.cfg.trunc]
         T = gelu_cheb_threshold()
         return piecewise(p, x, (-T, T), lambda v: _cheb_poly(p, v, f + e, K))

@@ -162,7 +162,7 @@ def silu_a(p: Party, x: AShare, method: str = "auto", site: str | None = None) -
     calibration's name of this call (a shadow party records |x| there; a party ignores it)."""
     if p.shadow is not None:
         return p.shadow.silu_a(x, site)
-    if silu_method(method, x.size) == "cheb":
+    if form("silu_a", method, x.size, p.checks is not None) == "cheb":
         f, (e, K) = p.cfg.frac, SILU_CHEB_SCALES[p.cfg.trunc]
         T = silu_cheb_threshold()
         return piecewise(p, x, (-T, T), lambda v: _cheb_poly(p, v, f + e, K))

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from mpc3 import dzkp, tamper
+from mpc3.ring import decode as ring_decode, encode as ring_encode
 from mpc3.checks import Checks, Unverified
 from mpc3.comm import MalformedMessage
 from mpc3.kernels import catalog
@@ -107,3 +108,37 @@ def test_padding_is_refused_in_semi_honest_mode_too():
         assert isinstance(got.error, MalformedMessage), (s, got.error)
         assert got.error.prover == s.party and "padding" in str(got.error)
         assert f"received from party {s.party}" in str(got.error)
+
+
+@pytest.mark.parametrize("kernel", ["gelu", "silu"])
+def test_malicious_mode_takes_the_chebyshev_form_of_gelu_and_silu(kernel):
+    """In malicious mode "auto" is the Chebyshev form also on few elements (a decode step's
+    FFN row): its two comparisons, not the segments' five, so fewer pending checks; the
+    Chebyshev form's rounds, the error claim kept, and the flush passes."""
+    from mpc3.kernels import activations, silu
+    from mpc3.kernels.piecewise import form
+    from mpc3.sharing import deal, reveal
+    fn, ref, err, cost = {
+        "gelu": (activations.gelu_a, activations.gelu_ref, activations.GELU_ERROR,
+                 activations.cost_gelu),
+        "silu": (silu.silu_a, silu.silu_ref, silu.SILU_ERROR, silu.cost_silu)}[kernel]
+    cfg = RingConfig()
+    x = np.linspace(-6, 6, 96)
+    xs = deal(ring_encode(x, cfg.frac), np.random.default_rng(0))
+    assert form(kernel, "auto", x.size) == "segments" and form(kernel, "auto", x.size, True) \
+        == "cheb"
+
+    def job(p, xv, method):
+        p.checks = Checks(p)
+        before = p.stats.snapshot()
+        out = fn(p, xv, method)
+        spent, pending = p.stats - before, p.checks.pending
+        p.checks.flush(p)
+        return out, spent.rounds, pending
+
+    auto = run_parties(job, [(xs[i], "auto") for i in range(3)], parties=make_parties())
+    seg = run_parties(job, [(xs[i], "segments") for i in range(3)], parties=make_parties())
+    got = ring_decode(reveal([r[0] for r in auto]), cfg.frac)
+    assert np.max(np.abs(got - ref(x))) <= err[cfg.trunc]
+    assert auto[0][1] == cost(x.size, cfg, "cheb").rounds
+    assert auto[0][2] < seg[0][2]
