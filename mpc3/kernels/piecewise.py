@@ -93,7 +93,7 @@ def form(kernel: str, method: str, n: int, malicious: bool = False) -> str:
     """"auto": "segments" (fewest rounds) for calls of at most ROUND_LEAN_ELEMENTS
     elements, else "cheb" (fewest bytes) - and always "cheb" in malicious mode
     (``malicious``: the party has checks), whose proof the comparisons dominate: the
-    segments' five thresholds cost it about 2.3 times the proof terms of the Chebyshev form's
+    segments' five thresholds cost it about twice the proof terms of the Chebyshev form's
     two (docs/MALICIOUS.md), for 3 rounds more (exact mode); a named method as it is."""
     if method == "auto":
         if malicious:
