@@ -25,12 +25,9 @@ def bench(args: list[str]) -> dict:
 
 
 def start(benchmark: str) -> dict:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], capture_output=True, text=True,
-                              cwd=ROOT).stdout.strip()
-    return {"benchmark": benchmark, "commit": git("rev-parse", "--short", "HEAD"),
-            "dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--", ".",
-                              ":!benchmarks/results")),
+    sys.path.insert(0, str(ROOT))
+    from app.bench.op import provenance
+    return {"benchmark": benchmark, **provenance(),
             "cpus": os.cpu_count(), "load_avg_1m_at_start": os.getloadavg()[0],
             "started": time.strftime("%F %T")}
 

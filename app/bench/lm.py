@@ -256,7 +256,8 @@ def _sum(phases: list[dict]) -> dict:
 def run_lm(a) -> dict:
     """The ``mpc3 bench lm`` result object for parsed arguments ``a``."""
     from mpc3 import ring
-    load_at_start = os.getloadavg()[0]
+    from .op import provenance
+    load_at_start, source = os.getloadavg()[0], provenance()
     cfg = lm_config(a.arch, a.attention, a.d_model, a.heads, a.layers, a.d_ff, a.prompt,
                     a.tokens, a.ffn, a.preset, a.features, softmax=a.softmax,
                     kv_heads=a.kv_heads)
@@ -315,7 +316,7 @@ def run_lm(a) -> dict:
                    "fuse": a.fuse or "default",
                    "trunc": "exact", "model_config": cfg.to_dict(), "host": platform.node(),
                    "cpus": os.cpu_count(), "run_s_with_upload": round(elapsed, 3),
-                   "load_avg_1m_at_start": load_at_start,
+                   "load_avg_1m_at_start": load_at_start, **source,
                    "load_avg_1m_at_end": os.getloadavg()[0]},
         "security": a.security,
         "transport": "grpc" if a.net != "none" else a.transport,

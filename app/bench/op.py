@@ -6,6 +6,7 @@ import argparse
 import json
 import platform
 import statistics
+import subprocess
 import time
 from pathlib import Path
 
@@ -65,6 +66,25 @@ def print_table(result: dict) -> None:
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
+
+
+def provenance() -> dict:
+    """Which code a result comes from: the commit of the checkout this package runs from and
+    whether its tracked files (benchmarks/results aside) have uncommitted changes - both
+    None outside a git checkout (an installed wheel)."""
+    root = Path(__file__).resolve().parents[2]
+
+    def git(*args: str) -> str | None:
+        try:
+            r = subprocess.run(["git", *args], capture_output=True, text=True, cwd=root,
+                               timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return r.stdout.strip() if r.returncode == 0 else None
+    commit = git("rev-parse", "--short", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                 ":!benchmarks/results") if commit else None
+    return {"commit": commit, "dirty": None if status is None else bool(status)}
 
 
 def write_json(result: dict, path: str | None) -> None:

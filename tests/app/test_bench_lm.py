@@ -3,6 +3,8 @@ command runs for every architecture and attention, the JSON has DESIGN.md's fiel
 categories sum to the communicators' totals, the totals equal the declared costs, and the
 categories hold what they say (LayerNorm and FFN-activation bytes = their declared costs)."""
 import json
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -164,6 +166,9 @@ def test_cli_writes_json_and_plot(tmp_path, capsys):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     r = json.loads(out.read_text())
     assert r["workload"] == "lm/decoder-only/sigma" and r["checks"]["declared_equals_measured"]
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True, cwd=Path(L.__file__).parents[2]).stdout.strip()
+    assert r["params"]["commit"] == (head or None) and "dirty" in r["params"]
 
 
 @pytest.mark.parametrize("arch", ["decoder-only", "encoder-decoder"])
