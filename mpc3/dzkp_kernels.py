@@ -1,21 +1,18 @@
 """Fused numba kernels of :mod:`mpc3.dzkp`'s compressions: the Gram sums whose values at the
-nodes the prover sends, and the folds of the vectors at a challenge.
-
-They compute exactly what the generic route (chunk copies, ring GEMMs, elementwise ring
-products on numpy temporaries) computed, with fewer multiply-adds:
+nodes the prover sends, and the folds of the vectors at a challenge - what the generic route
+(chunk copies, ring GEMMs, ring products on numpy temporaries) computed, with fewer
+multiply-adds:
 
 - **symmetric Gram sums.** h at the extra nodes needs G[i, i'] only through
-  L_i(w) L_i'(w) G[i, i'], symmetric in (i, i'), so only T[i, i'] = G[i, i'] + G[i', i]
-  for i < i' (and G[i, i]) is computed: k (k + 1) / 2 sums, not k^2. Over Z_2^64 data the
-  integer products are cheap and each pair's weighted sum (reps D multiply-adds per
-  position) is done once; over ring data G[i, i'] + G[i', i] = P[i, i'] - G[i, i] - G[i', i']
-  with P[i, i'] = sum_t (U_i + U_i')(V_i + V_i') (Karatsuba's trick on the chunks): one ring
-  product per pair and position, not two.
+  L_i(w) L_i'(w) G[i, i'], so only T[i, i'] = G[i, i'] + G[i', i] for i < i' (and G[i, i])
+  is computed: k (k + 1) / 2 sums, not k^2. Over Z_2^64 data each pair's weighted sum is
+  done once; over ring data T[i, i'] = P[i, i'] - G[i, i] - G[i', i'] with P[i, i'] =
+  sum_t (U_i + U_i')(V_i + V_i') (Karatsuba's trick on the chunks): one ring product per
+  pair and position, not two.
 - **folds without temporaries.** The first fold reads the Z_2^64 data where they lie (chunk
   i, position t at i n + t, zero past the end), combines the k chunks with the Lagrange
-  coefficients and multiplies by sigma_t in one pass; rows or chunks that are zero (the
-  verifiers' claims of a replicated product have a zero half) are skipped - their fold is
-  zero.
+  coefficients and multiplies by sigma_t in one pass, skipping zero rows or chunks (a
+  replicated product's verifiers hold a zero half).
 
 Arithmetic is int64 (wrapping = mod 2^64) on uint64 views. Each kernel has a serial
 (GIL-free) and a parallel form over parts of the positions; the parallel one runs only for
@@ -176,9 +173,8 @@ def _fold_int_part(x, xs, n, lr, sig, nz, taps, t0, t1, out):  # pragma: no cove
 
 
 def _fold_bits_part(x, xs, n, tab, sig, nz, taps, t0, t1, out):  # pragma: no cover
-    """:func:`_fold_int_part` for bit rows, by tables: tab[g, b] = the sum of lr[8 g + j]
-    over the set bits j of b, so a position adds one table row per 8 chunks (the byte of
-    their bits), not one coefficient per set bit; the row's value multiplies the sum once."""
+    """:func:`_fold_int_part` for bit rows: tab[g, b] = sum of lr[8 g + j] over b's set bits
+    j, one table row per 8 chunks a position; the row's value multiplies the sum once."""
     m, L = x.shape
     G, R, reps, D = tab.shape[0], tab.shape[2], out.shape[0], out.shape[2]
     acc = np.zeros((BLOCK, R), dtype=np.int64)
@@ -217,8 +213,7 @@ def _fold_bits_all(x, xs, n, tab, sig, nz, taps, out, parts):  # pragma: no cove
 
 
 def _emit(acc, sig, t, taps, c, out, o, weighted):  # pragma: no cover
-    """out[j, o] = (sigma_t *) repetition j's D words of the accumulated ``acc``; sig (n,
-    reps, D + 1): sigma's set coefficients (:func:`set_bits`)."""
+    """out[j, o] = (sigma_t *) repetition j's D words of ``acc`` (sig: :func:`set_bits`)."""
     D = out.shape[2]
     for j in range(out.shape[0]):
         if weighted:
@@ -234,10 +229,9 @@ def _fold_int_all(x, xs, n, lr, sig, nz, taps, out, parts):  # pragma: no cover
 
 
 def _fold_ring_part(X, n, mats, nz, t0, t1, out):  # pragma: no cover
-    """out[r, t] = sum_i X[r, i n + t] @ mats[r, i] (a ring element times L_i(r) as its D x D
-    multiplication matrix) for t0 <= t < t1, skipping chunks i with nz[r, i] false; X (reps,
-    N, D), mats (reps, k, D, D), out (reps, n, D). By blocks of positions, so that each
-    matrix stays in L1 while the block passes."""
+    """out[r, t] = sum_i X[r, i n + t] @ mats[r, i] (L_i(r)'s D x D multiplication matrix) for
+    t0 <= t < t1, chunks with nz[r, i] false skipped; X (reps, N, D), mats (reps, k, D, D), out
+    (reps, n, D). By blocks of positions: each matrix stays in L1 while the block passes."""
     reps, N, D = X.shape
     k = mats.shape[1]
     for r in range(reps):
@@ -268,11 +262,11 @@ def _fold_ring_all(X, n, mats, nz, out, parts):  # pragma: no cover
 
 _gram_int_part_jit = _gram_int_part
 _gram_ring_part_jit = _gram_ring_part
+
+
 def _mul_binary(a, bset, taps, c, out):  # pragma: no cover
-    """out = a * b in GR(2^64, D) for b whose coefficients are 0 or 1, given as ``bset``:
-    their count, then the exponents of the set ones (:func:`set_bits`) - a shifted copy of a
-    added per set coefficient, a contiguous (vectorized) addition, in place of D masked
-    products (c: scratch of 2D - 1)."""
+    """out = a * b in GR(2^64, D) for b with 0/1 coefficients given by :func:`set_bits`: a
+    shifted copy of a added per set one, a vectorized addition (c: scratch of 2D - 1)."""
     d = a.shape[0]
     c[:] = 0
     for q in range(bset[0]):
@@ -303,14 +297,11 @@ def _kernels() -> dict:
                  "_fold_bits_part", "_fold_ring_part"):
         g[name + "_jit"] = numba.njit(cache=True, nogil=True)(g[name])
     g["_ring_mul_into_jit"] = numba.njit(cache=True, nogil=True)(_mul_binary)
-    out = {}
-    for name in ("_gram_int_all", "_gram_ring_all", "_fold_int_all", "_fold_bits_all",
-                 "_fold_ring_all"):
-        g["_prange"] = range
-        out[name, False] = numba.njit(cache=True, nogil=True)(g[name])
-    g["_prange"] = numba.prange
-    for name in ("_gram_int_all", "_gram_ring_all", "_fold_int_all", "_fold_bits_all",
-                 "_fold_ring_all"):
+    out, drivers = {}, ("_gram_int_all", "_gram_ring_all", "_fold_int_all", "_fold_bits_all",
+                        "_fold_ring_all")
+    for name in drivers:
+        out[name, False] = numba.njit(cache=True, nogil=True)(g[name])   # _prange: range
+    for name in drivers:
         out[name, True] = _parallel_twin(numba, g[name])
     return out
 
@@ -333,12 +324,10 @@ _active_lock = threading.Lock()
 
 @contextlib.contextmanager
 def verifying():
-    """Marks one party's verification in this process. While more than one runs at once
-    (parties as threads of one process: the simulator, the tests, the benchmarks), each
-    already has its core and the kernels run serially - parallel ones would oversubscribe
-    the cores (3 parties x numba threads) and wait on the slowest thread at every join; a
-    party alone in its process gets the parallel kernels for large work, as in
-    :mod:`mpc3.ringmm`."""
+    """Marks one party's verification in this process. While several run at once (parties
+    as threads: the simulator, tests, benchmarks) the kernels run serially - parallel ones
+    would oversubscribe the cores and wait at every join; a party alone in its process gets
+    the parallel kernels for large work, as in :mod:`mpc3.ringmm`."""
     with _active_lock:
         _active[0] += 1
     try:
@@ -411,14 +400,11 @@ def masks(sig: np.ndarray) -> np.ndarray:
 
 
 def set_bits(sig: np.ndarray) -> np.ndarray:
-    """Binary weights (..., D) (each coefficient 0 or 1) as the folds read them: (..., D + 1)
-    int64, the count of set coefficients, then their exponents (the rest unused)."""
-    sig = np.asarray(sig, dtype=np.uint64)
-    if sig.size and int(sig.max()) > 1:
-        raise ValueError("the first compression's weights sigma must be binary")
-    order = np.argsort(sig == 0, axis=-1, kind="stable")        # set coefficients first
-    return np.concatenate([sig.sum(axis=-1, dtype=np.int64)[..., None], order],
-                          axis=-1).astype(np.int64)
+    """Binary weights (..., D) as the folds read them: (..., D + 1) int64, the count of set
+    coefficients, then their exponents (the rest unused)."""
+    on = masks(sig) != 0
+    order = np.argsort(~on, axis=-1, kind="stable")              # set coefficients first
+    return np.concatenate([on.sum(axis=-1)[..., None], order], axis=-1).astype(np.int64)
 
 
 def rows(x: np.ndarray, scale) -> tuple[np.ndarray, np.ndarray]:
@@ -436,7 +422,7 @@ def fold_int(x: np.ndarray, k: int, lr: np.ndarray, sig: np.ndarray | None,
              scale: np.ndarray | None = None, coef: tuple | None = None) -> np.ndarray:
     """(sigma_t *) p_(a,t)(r) for Z_2^64 rows x (m, L) in k chunks of n (>= ceil(L / k);
     that unless given): lr (reps, k, D) the Lagrange coefficients at r, sig (reps, n, D)
-    binary (:func:`masks`) or None: (reps, m n, D), written into ``out`` if given (uint64,
+    binary or None: (reps, m n, D), written into ``out`` if given (uint64,
     zero on entry). ``scale``: the rows' values where x is bits (:func:`rows`). ``coef``:
     :func:`_coefficients` of lr, when one fold reads several batches."""
     m, L = x.shape
@@ -476,9 +462,8 @@ def fold_batches(batches: list, live: list, ns: list, sigmas: list, lr: np.ndarr
                  taps: np.ndarray, k: int, extra: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """:func:`fold_int` of the u (weighted by its sigma) and v of every live batch (Claims,
     chunk length n each), side by side: (reps, sum m n + extra, D) each, the ``extra`` tail
-    left zero. Each batch is released (``batches[b] = None``) once folded, so the claims and
-    their folds are not held together; a side a view holds nothing of (None) stays untouched
-    zero pages."""
+    zero. Each batch is released (``batches[b] = None``) once folded, so claims and folds
+    are not held together; a side a view holds nothing of (None) stays zero pages."""
     reps, D = lr.shape[0], lr.shape[2]
     rows = [batches[b].width for b in live]
     total = sum(m * n for m, n in zip(rows, ns)) + extra
