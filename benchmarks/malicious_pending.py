@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections import Counter
 import time
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))

@@ -124,10 +124,10 @@ def gelu_table(extra: int, coef_bits: int) -> tuple[np.ndarray, np.ndarray]:
     return quartic_table(gelu_ref, GELU_BREAKS, extra, coef_bits)
 
 
-def gelu_method(method: str, n: int, trunc: str) -> str:
+def gelu_method(method: str, n: int, trunc: str, malicious: bool = False) -> str:
     """"auto": "segments" (fewest rounds) for calls of at most ROUND_LEAN_ELEMENTS
-    elements, else "cheb" (fewest bytes)."""
-    return form("gelu_a", method, n)
+    elements, else "cheb" (fewest bytes); always "cheb" in malicious mode (piecewise.form)."""
+    return form("gelu_a", method, n, malicious)
 
 
 def gelu_a(p: Party, x: AShare, method: str = "auto", site: str | None = None) -> AShare:
@@ -135,7 +135,7 @@ def gelu_a(p: Party, x: AShare, method: str = "auto", site: str | None = None) -
     Algorithm and costs: module docstring. Cost: :func:`cost_gelu`."""
     if p.shadow is not None:
         return p.shadow.gelu_a(x, site)
-    if form("gelu_a", method, x.size, p.checks is not None) == "cheb":
+    if gelu_method(method, x.size, p.cfg.trunc, p.checks is not None) == "cheb":
         f, (e, K) = p.cfg.frac, GELU_CHEB_SCALES[p.cfg.trunc]
         T = gelu_cheb_threshold()
         return piecewise(p, x, (-T, T), lambda v: _cheb_poly(p, v, f + e, K))

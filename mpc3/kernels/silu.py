@@ -116,10 +116,10 @@ def silu_ref(x) -> np.ndarray:
     return x * np.exp(-np.logaddexp(0.0, -x))
 
 
-def silu_method(method: str, n: int) -> str:
+def silu_method(method: str, n: int, malicious: bool = False) -> str:
     """"auto": "segments" (fewest rounds) for calls of at most ROUND_LEAN_ELEMENTS
-    elements, else "cheb" (fewest bytes)."""
-    return form("silu_a", method, n)
+    elements, else "cheb" (fewest bytes); always "cheb" in malicious mode (piecewise.form)."""
+    return form("silu_a", method, n, malicious)
 
 
 @functools.lru_cache(maxsize=None)
@@ -162,7 +162,7 @@ def silu_a(p: Party, x: AShare, method: str = "auto", site: str | None = None) -
     calibration's name of this call (a shadow party records |x| there; a party ignores it)."""
     if p.shadow is not None:
         return p.shadow.silu_a(x, site)
-    if form("silu_a", method, x.size, p.checks is not None) == "cheb":
+    if silu_method(method, x.size, p.checks is not None) == "cheb":
         f, (e, K) = p.cfg.frac, SILU_CHEB_SCALES[p.cfg.trunc]
         T = silu_cheb_threshold()
         return piecewise(p, x, (-T, T), lambda v: _cheb_poly(p, v, f + e, K))
