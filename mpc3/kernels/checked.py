@@ -30,7 +30,10 @@ paths never come here).
   (up to 2^(2t), whatever z) would fail with probability ~2^(2t - 64) per element (2^-3
   for a multiplier near 2^30), so only the first truncation keeps prob mode's failure
   ~|z| / 2^64, that of the product itself. ``S <= t`` is refused (ValueError). Two rounds
-  more than semi-honest in exact mode, three in prob mode.
+  more than semi-honest in exact mode, three in prob mode. A Scaled truncation whose
+  multipliers are all one power of two 2^e (e < S: attention's row scale 1/n for a power of
+  two n, the same for every row) is the shift ``S - e`` exactly, and runs as one
+  (:func:`as_shift`): the fused route, when nothing else in the call prevents it.
 * :func:`split_checked` (``mul_split_aa`` with items :func:`fusable` refuses): the products
   of :func:`many_steps`, biases added after the truncation, as AShares (relu_a reads
   them); no sign in the products' rounds.
@@ -66,6 +69,23 @@ def _scaled_plan(mult: np.ndarray, shift: int) -> tuple[np.ndarray, np.ndarray]:
     return t, np.full(t.shape, int(shift), dtype=np.int64)
 
 
+def as_shift(trunc):
+    """``trunc``, or the plain shift ``S - e`` that a :class:`Scaled` truncation
+    ``floor(z 2^e / 2^S)`` whose multipliers are all 2^e (e < S) equals."""
+    if not isinstance(trunc, Scaled):
+        return trunc
+    m = np.unique(np.asarray(trunc.mult, dtype=np.uint64))
+    e = int(m[0]).bit_length() - 1 if m.size == 1 else -1
+    if e < 0 or int(m[0]) != 1 << e or e >= int(trunc.shift):
+        return trunc
+    return int(trunc.shift) - e
+
+
+def _shifted(items: list[tuple]) -> list[tuple]:
+    """Items with their truncations as :func:`as_shift` gives them."""
+    return [(*it[:3], as_shift(it[3]), *it[4:]) if len(it) > 3 else it for it in items]
+
+
 def _item_plan(shape: tuple, kind: str, trunc, keep, frac: int):
     """(elements reshared in round 1, kept outputs, stage-1 shifts, multipliers (0: not
     scaled), final shifts) of one item with output ``shape``; shifts None if not truncated."""
@@ -88,6 +108,7 @@ def cost_checked(items, cfg) -> Cost:
     truncating mul_aa / matmul_aa: one item) on ``items`` ``(out_shape, kind, trunc)`` or
     ``(out_shape, kind, trunc, keep)``: the plain products, their truncation, and for
     Scaled items the second truncation. The flush's own bytes are not included."""
+    items = [(*it[:2], as_shift(it[2]), *it[3:]) for it in items]
     plans = [_item_plan(it[0], it[1], it[2], it[3] if len(it) > 3 else None, cfg.frac)
              for it in items]
     if all(not isinstance(it[2], Scaled) and (it[1] == "mul" or len(it) < 4 or it[3] is None)
@@ -131,9 +152,12 @@ def _trunc_steps(p: Party, src: AShare, bits, mult, shifts):
 
 def trunc_scaled(p: Party, z: AShare, trunc: Scaled) -> AShare:
     """A truncating product's Scaled truncation of its (verified) replicated product ``z``."""
+    flat = AShare(z.a.reshape(-1), z.b.reshape(-1))
+    shift = as_shift(trunc)
+    if not isinstance(shift, Scaled):
+        return run_steps(p, trunc_steps(p, flat, shift, from_rss=True))[0].reshape(z.shape)
     mult = _kept(np.asarray(trunc.mult, dtype=np.uint64), z.shape, None)
     t, s = _scaled_plan(mult, trunc.shift)
-    flat = AShare(z.a.reshape(-1), z.b.reshape(-1))
     return run_steps(p, _trunc_steps(p, flat, t, mult, s))[0].reshape(z.shape)
 
 
@@ -244,6 +268,7 @@ def flat_steps(p: Party, items: list[tuple], product):
     """mul_many's items in malicious mode, as steps: per item (its kept outputs, flat, as
     an AShare; its output shape; its keep mask broadcast, or None). ``product``: arith's
     ``_item_product`` (passed in: arith imports this module, not the other way)."""
+    items = _shifted(items)
     if fusable(items):
         return (yield from fused_steps(p, items, product))
     kop = p.new_op()

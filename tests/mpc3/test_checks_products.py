@@ -11,12 +11,13 @@ from mpc3 import dzkp, tamper
 from mpc3.checks import Checks
 from mpc3.kernels import arith, convert
 from mpc3.kernels.base import Cost, run_steps
-from mpc3.kernels.checked import cost_checked
+from mpc3.kernels.checked import as_shift, cost_checked
 from mpc3.kernels.truncation import MAX_MULT, Scaled, scaled
 from mpc3.party import RingConfig
 from mpc3.sharing import deal
 from mpc3.shares import SignedSplit
 from mpc3.sim import make_parties, run_parties
+from protocols.layers import attention
 
 F = RingConfig().frac
 
@@ -238,6 +239,25 @@ def test_scaled_products_are_verified(kind):
     declared = cost_checked([(z.shape, kind, sc)], RingConfig())
     _check(lambda p, x, y: [fn(p, x, y, sc)], _deal(rng, x, y), declared,
            [_scaled_ref(z, sc)], [2], seed=len(kind))
+
+
+@pytest.mark.parametrize("n", [64, 48])
+def test_a_row_scale_of_one_power_of_two_is_a_plain_shift(n):
+    """Attention's row scale 1/n, the same for every row (relu-performer's o W^O): for n a
+    power of two the Scaled truncation is the shift S - e exactly (checked.as_shift) and
+    takes the fused route - semi-honest mode's rounds and bytes for the plain shift, values
+    within 1 ulp; any other n keeps the Scaled route (5 rounds in exact mode, not 2)."""
+    rng = np.random.default_rng([5, n])
+    x, w = _ints(rng, (6, 12)), _ints(rng, (12, 5))
+    sc = attention.row_scale_trunc(np.full((6, 1), 1.0 / n), F)
+    shift = as_shift(sc)
+    assert (shift == F + 6) if n == 64 else (shift is sc)
+    declared = cost_checked([((6, 5), "matmul", sc)], RingConfig())
+    semi = arith.cost_mul_many(np.full(30, F + 6), 0, "exact")
+    assert (declared == semi) == (n == 64)
+    assert declared.rounds == (2 if n == 64 else 5)     # Scaled: reshare, two truncations
+    _check(lambda p, x, w: [arith.matmul_aa(p, x, w, sc)], _deal(rng, x, w), declared,
+           [_scaled_ref(x @ w, sc)], [1 if n == 64 else 2], seed=n)
 
 
 def test_scaled_truncation_keeps_the_product_range():
