@@ -18,7 +18,10 @@ code, random weights of the given shape, uniform inputs) in both modes from the 
 
 Reported per mode: bytes each party sent, rounds, wall time (one run each, same process,
 same load), the output's error against the float64 reference, the gates and gate terms party 0
-proves at each flush (matrix products' reduced claims not counted) and the process's peak
+proves at each flush (matrix products' reduced claims not counted), the bytes party 0 sent
+at its flushes by part (``flush_bytes_party0``: digests, each witness by the claims that
+read it, the proof; :attr:`mpc3.checks.Checks.flush_bytes`) - the rest of the bytes
+malicious mode adds are sent inside the kernels (``extra_bytes_party0``) - and the process's peak
 RSS after the mode's run (VmHWM: the three parties together; semi-honest runs first);
 ``--kernels``: also the seconds malicious mode spends in each of the proof's compute kernels,
 by kind (:func:`timed_kernels`). ``--campaign N``: N runs in
@@ -105,7 +108,7 @@ def _job(cfg, malicious: bool, split: int | None = SPLIT_AT):
                     else None)
         if malicious:
             p.checks.flush(p)
-        return y, p.stats.snapshot()
+        return y, p.stats.snapshot(), dict(p.checks.flush_bytes) if malicious else {}
     return job
 
 
@@ -174,6 +177,7 @@ def measure(cfg, args, ref, malicious: bool, kernels: bool = False,
     return {"bytes_per_party": [s.bytes_sent for s in stats],
             "rounds": max(s.rounds for s in stats), "wall_s": wall,
             "proof_gate_terms_party0": terms, "proof_gates_party0": gates,
+            **({"flush_bytes_party0": dict(sorted(out[0][2].items()))} if malicious else {}),
             "peak_rss_bytes": procinfo.peak_rss(),
             "max_abs_err": float(np.max(np.abs(y - ref))), "output": y,
             **({"proof_kernel_s_summed_over_parties": {
@@ -257,6 +261,9 @@ def main(argv=None) -> int:
     mal = measure(cfg, args, ref, True, a.kernels, split)
     result["semi_honest"] = {k: v for k, v in semi.items() if k != "output"}
     result["malicious"] = {k: v for k, v in mal.items() if k != "output"}
+    extra = mal["bytes_per_party"][0] - semi["bytes_per_party"][0]
+    flushed = sum(mal["flush_bytes_party0"].values())
+    result["extra_bytes_party0"] = {"flushes": flushed, "inside_kernels": extra - flushed}
     result["ratio"] = {"bytes": max(mal["bytes_per_party"]) / max(semi["bytes_per_party"]),
                        "rounds": mal["rounds"] / semi["rounds"],
                        "wall": mal["wall_s"] / semi["wall_s"]}

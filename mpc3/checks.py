@@ -26,6 +26,7 @@ holder's copy goes to the other. Cost: one round and 64 bytes per party for the 
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 
 import numpy as np
 
@@ -96,6 +97,10 @@ class Checks:
         #: :meth:`checkpoint` flushes from this many pending on (None: never), while fewer
         #: than ``limit`` flushes ran; ``flushes`` counts every flush of the job
         self.split_at, self.limit, self.flushes = split_at, limit, 0
+        #: bytes this party sent at its flushes so far, by part: "digests", each witness by
+        #: the claims that read it ("witness fused_claims", ...), and "proof" (the proof's
+        #: messages and the verdicts)
+        self.flush_bytes: Counter = Counter()
         #: profiled entry points (:func:`mpc3.party.profiled`) open now: 0 between kernels;
         #: ``entry``: the name of the outermost one opened last
         self.depth, self.entry = 0, ""
@@ -390,6 +395,9 @@ class Checks:
                              f"what is covered)")
         digests = np.frombuffer(self.for_next.digest() + self.input_next.digest(), np.uint8)
         witness = [make(p, rec) for rec, make, _ in self.witnessed if make is not None]
+        self.flush_bytes["digests"] += digests.nbytes
+        for w, (_, _, claims) in zip(witness, [t for t in self.witnessed if t[1] is not None]):
+            self.flush_bytes[f"witness {claims.__name__}"] += w.nbytes
         _, got = p.comm.exchange(to_next=[digests, *witness], from_prev=True)
         theirs, wits = got[0].tobytes(), iter(got[1:])
         for rec, make, _ in self.witnessed:
@@ -407,7 +415,9 @@ class Checks:
         inputs_ok = theirs[32:] == self.input_mine.digest()
         mine, left, right = self.batches()
         mats = tuple([c for views in self.mats for c in views[j]] for j in range(3))
+        before = p.comm.stats.bytes_sent
         dzkp.verify_claims(p, mine, left, right, self.params_at(self.flushes),
                            digests=(opened_ok, inputs_ok), mats=mats if self.mats else None)
+        self.flush_bytes["proof"] += p.comm.stats.bytes_sent - before
         self._reset(p)
 

@@ -17,6 +17,13 @@ def test_the_benchmark_compares_the_modes_and_runs_a_campaign(tmp_path):
     semi, mal = r["semi_honest"], r["malicious"]
     assert semi["max_abs_err"] < 1e-2 and mal["max_abs_err"] < 1e-2
     assert r["ratio"]["bytes"] > 1 and mal["rounds"] > semi["rounds"]
+    parts, flushes = mal["flush_bytes_party0"], len(mal["proof_gates_party0"])
+    assert parts["digests"] == 64 * flushes and parts["proof"] > 0
+    assert parts["witness fused_claims"] > 0 and parts["witness fused_claims"] % 16 == 0
+    extra = r["extra_bytes_party0"]
+    assert extra["flushes"] == sum(parts.values()) and extra["inside_kernels"] >= 0
+    assert extra["flushes"] + extra["inside_kernels"] == (mal["bytes_per_party"][0]
+                                                          - semi["bytes_per_party"][0])
     c = r["campaign"]
     assert c["trials"] == 4 and sum(c["outcomes"].values()) == 4
     assert set(c["outcomes"]) <= {"aborted", "unchanged"}, c

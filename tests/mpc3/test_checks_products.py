@@ -260,6 +260,27 @@ def test_a_row_scale_of_one_power_of_two_is_a_plain_shift(n):
            [_scaled_ref(x @ w, sc)], [1 if n == 64 else 2], seed=n)
 
 
+def test_a_flush_counts_its_bytes_by_part():
+    """Checks.flush_bytes: a fused truncating matrix product's single sends 16 bytes an
+    element (A's bits and M'; every element has one single), each flush 64 bytes of
+    digests, and the proof the rest of the flush's bytes."""
+    rng = np.random.default_rng(9)
+    x, w = _ints(rng, (6, 12)), _ints(rng, (12, 5))
+
+    def job(p, x, w):
+        p.checks = Checks(p)
+        arith.matmul_aa(p, x, w)
+        before = p.stats.snapshot()
+        p.checks.flush(p)
+        return dict(p.checks.flush_bytes), (p.stats - before).bytes_sent
+
+    got = run_parties(job, _deal(rng, x, w), parties=make_parties(RingConfig()))
+    assert sum(parts["witness fused_claims"] for parts, _ in got) == 16 * 30
+    for parts, sent in got:
+        assert parts["digests"] == 64 and parts["proof"] > 0
+        assert sum(parts.values()) == sent
+
+
 def test_scaled_truncation_keeps_the_product_range():
     """Products just below arith.product_limit(frac) = 2^26 (|z| ~ 2^62 at scale 2^(2 frac)),
     scaled by any multiplier up to MAX_MULT: still within 2 ulps (exact mode)."""
