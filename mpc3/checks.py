@@ -394,10 +394,12 @@ class Checks:
                              f"verification yet; the job is refused (docs/MALICIOUS.md lists "
                              f"what is covered)")
         digests = np.frombuffer(self.for_next.digest() + self.input_next.digest(), np.uint8)
-        witness = [make(p, rec) for rec, make, _ in self.witnessed if make is not None]
+        witness = []
+        for rec, make, claims in self.witnessed:
+            if make is not None:
+                witness.append(make(p, rec))
+                self.flush_bytes[f"witness {claims.__name__}"] += witness[-1].nbytes
         self.flush_bytes["digests"] += digests.nbytes
-        for w, (_, _, claims) in zip(witness, [t for t in self.witnessed if t[1] is not None]):
-            self.flush_bytes[f"witness {claims.__name__}"] += w.nbytes
         _, got = p.comm.exchange(to_next=[digests, *witness], from_prev=True)
         theirs, wits = got[0].tobytes(), iter(got[1:])
         for rec, make, _ in self.witnessed:

@@ -152,13 +152,9 @@ def _trunc_steps(p: Party, src: AShare, bits, mult, shifts):
 
 def trunc_scaled(p: Party, z: AShare, trunc: Scaled) -> AShare:
     """A truncating product's Scaled truncation of its (verified) replicated product ``z``."""
+    _, _, bits, mult, shifts = _item_plan(z.shape, "mul", as_shift(trunc), None, p.cfg.frac)
     flat = AShare(z.a.reshape(-1), z.b.reshape(-1))
-    shift = as_shift(trunc)
-    if not isinstance(shift, Scaled):
-        return run_steps(p, trunc_steps(p, flat, shift, from_rss=True))[0].reshape(z.shape)
-    mult = _kept(np.asarray(trunc.mult, dtype=np.uint64), z.shape, None)
-    t, s = _scaled_plan(mult, trunc.shift)
-    return run_steps(p, _trunc_steps(p, flat, t, mult, s))[0].reshape(z.shape)
+    return run_steps(p, _trunc_steps(p, flat, bits, mult, shifts))[0].reshape(z.shape)
 
 
 def _kept_operands(x: AShare, y: AShare, kind: str, keep):

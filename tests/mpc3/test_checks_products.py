@@ -9,7 +9,7 @@ import pytest
 
 from mpc3 import dzkp, tamper
 from mpc3.checks import Checks
-from mpc3.kernels import arith, convert
+from mpc3.kernels import arith, checked, convert
 from mpc3.kernels.base import Cost, run_steps
 from mpc3.kernels.checked import as_shift, cost_checked
 from mpc3.kernels.truncation import MAX_MULT, Scaled, scaled
@@ -258,6 +258,25 @@ def test_a_row_scale_of_one_power_of_two_is_a_plain_shift(n):
     assert declared.rounds == (2 if n == 64 else 5)     # Scaled: reshare, two truncations
     _check(lambda p, x, w: [arith.matmul_aa(p, x, w, sc)], _deal(rng, x, w), declared,
            [_scaled_ref(x @ w, sc)], [1 if n == 64 else 2], seed=n)
+
+
+@pytest.mark.parametrize("n", [4, 3])
+def test_trunc_scaled_of_a_replicated_value(n):
+    """checked.trunc_scaled (a sentence embedding's mean pooling in malicious mode): the
+    scale 1/n as a plain shift for n a power of two, else the Scaled route; values within
+    its rounding, and the flush accepts."""
+    rng = np.random.default_rng([11, n])
+    z = _ints(rng, (5, 7))
+    sc = scaled(1.0 / n, F)
+
+    def job(p, z):
+        p.checks = Checks(p)
+        out = arith.open_a(p, checked.trunc_scaled(p, z, sc)).astype(np.int64)
+        p.checks.flush(p)
+        return out
+
+    got = run_parties(job, _deal(rng, z), parties=make_parties(RingConfig()))[0]
+    assert np.abs(got - _scaled_ref(z, sc)).max() < 2
 
 
 def test_a_flush_counts_its_bytes_by_part():
