@@ -20,8 +20,11 @@ then exchanges the opening digests and proves every product claim in one
 :func:`mpc3.dzkp.verify_claims`, whose verdicts carry the digest comparison, so every party
 aborts together. Inputs a party received from outside (``shared_input``: the query user's,
 the model owner's) are compared the same way: each slot has two holders, so a digest of one
-holder's copy goes to the other. Cost: one round and 64 bytes per party for the digests, plus
-:func:`mpc3.dzkp.cost_verify` of the claims (or one verdict round when there are none).
+holder's copy goes to the other. Mod-2 linear relations of a prover's claims (the
+comparisons' thermometer sums, :meth:`Checks.linear`) are compared the same way, by its
+verifiers' digests of their sides. Cost: one round and 64 bytes per party for the digests,
+plus :func:`mpc3.dzkp.cost_verify` of the claims (``linear`` when a comparison's claims are
+in the flush; one verdict round when there is nothing to prove).
 """
 from __future__ import annotations
 
@@ -127,6 +130,20 @@ class Checks:
         #: both digests are of the same values when everyone is honest (one personalisation)
         self.input_mine = hashlib.blake2b(digest_size=32, person=b"mpc3-input")
         self.input_next = hashlib.blake2b(digest_size=32, person=b"mpc3-input")
+        #: this party's XOR shares of its neighbours' mod-2 linear relations (the
+        #: comparisons' thermometer sums, :func:`mpc3.claims_compare._therm_side`): as V_L
+        #: of next, as V_R of prev - equal digests when everyone is honest
+        self.linear_left = hashlib.blake2b(digest_size=32, person=b"mpc3-linear")
+        self.linear_right = hashlib.blake2b(digest_size=32, person=b"mpc3-linear")
+        self.linear_used = False
+
+    def linear(self, pos: int, shares: np.ndarray) -> None:
+        """This party's XOR shares (0/1 uint8 rows) of mod-2 linear relations of a prover's
+        claim, at view ``pos`` (2: its V_L, 1: its V_R): a relation holds iff its two
+        verifiers' shares are equal, so V_R sends V_L a digest of its shares at the flush,
+        with the proof (:func:`mpc3.dzkp.verify_claims`, ``linear``)."""
+        (self.linear_left if pos == 2 else self.linear_right).update(
+            np.ascontiguousarray(shares, dtype=np.uint8).tobytes())
 
     def _sent(self, op: int, nbytes: int) -> None:
         self.sent[op] = self.sent.get(op, 0) + nbytes
@@ -418,8 +435,11 @@ class Checks:
         mine, left, right = self.batches()
         mats = tuple([c for views in self.mats for c in views[j]] for j in range(3))
         before = p.comm.stats.bytes_sent
+        linear = (self.linear_left.digest(), self.linear_right.digest()) \
+            if self.linear_used else None
         dzkp.verify_claims(p, mine, left, right, self.params_at(self.flushes),
-                           digests=(opened_ok, inputs_ok), mats=mats if self.mats else None)
+                           digests=(opened_ok, inputs_ok), mats=mats if self.mats else None,
+                           linear=linear)
         self.flush_bytes["proof"] += p.comm.stats.bytes_sent - before
         self._reset(p)
 

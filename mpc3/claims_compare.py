@@ -8,13 +8,14 @@
   :func:`mpc3.claims_trunc.a_witness` (``a = K ^ M``: V_L's pad, V_R's witness). With the
   arithmetic value ``t = T' + rho - 2 T' rho`` of a shared bit, the code is right iff
     - A's bits are A's (the 64-term gate of :func:`mpc3.claims_trunc.trunc_claims`);
-    - each block's code sums to the block's value: ``sum_v t_v = sum_i 2^i a_i`` (2^k - 1
-      + k terms: every t_v and a_i is one product; error below 2^k);
     - each code is monotone, ``t_(v+1) (1 - t_v) = 0``: with a = T'_(v+1), c = 1 - T'_v
       (V_L's) and b = rho_(v+1), d = rho_v (V_R's) that is ``(a - b)(d - c) = 0``, i.e.
-      ``a d + c b = a c + b d`` (error -1, 0 or 1) - a binary, monotone code with the
-      block's sum is its thermometer;
-    - the top row is A's window top bit: ``-2 T' rho + 2 K M = (K - T') + (M - rho)``.
+      ``a d + c b = a c + b d`` (error -1, 0 or 1);
+    - each block's bits are its code's count, and the top row is A's window top bit: mod-2
+      linear relations of the XOR-shared rows and bits (:func:`_sum_selectors`), which hold
+      iff the verifiers' sides are equal - compared by digest, no proof terms
+      (:meth:`mpc3.checks.Checks.linear`). A monotone code of the block's count is its
+      thermometer.
 * Each pair member sends role 0 its XOR share of the leaves, masked: role 1
   ``sel(rho, b) ^ kappa``, role 2 ``sel(T', b) ^ kappa ^ sigma`` (kappa, sigma from the pair's
   key). Leaf G_j's share is one row of its block's code selected by the pair's ``b``, P_j's
@@ -22,7 +23,7 @@
   integers, E the message's bit and F the mask's, the code share on one verifier's side
   (role 0 holds rho and T') and S(b) on the other's (the other pair member).
 
-Every constraint but A's gate is exact over the integers, its factors bits, so they are
+Every gate but A's is exact over the integers, its factors bits, so they are
 merged into gates of at most 64 bits of error (:func:`_merge`; docs/MALICIOUS.md, "Merged
 gates").
 
@@ -54,12 +55,19 @@ def _rows(planes: np.ndarray, n: int) -> np.ndarray:
                          bitorder="little")[:, :n].astype(np.uint64)
 
 
-def _sided(pos: int, left, right) -> dict[int, Claim]:
+def _sided(pos: int, left, right, linear=None) -> dict[int, Claim]:
     """{width: Claim} of a party's view at ``pos`` (0 prover, 2 V_L, 1 V_R) of gates whose
     V_L side ``left() -> {width: (u, zl)}`` and V_R side ``right() -> {width: (v, zr)}``
-    are evaluated only by the parties that hold them."""
+    are evaluated only by the parties that hold them. A side may also give, under the key
+    LINEAR, its XOR shares of mod-2 linear relations (:func:`_therm_side`): a verifier hands
+    them to ``linear(pos, shares)`` (:meth:`mpc3.checks.Checks.linear`); the prover drops
+    them."""
     lv = left() if pos in (0, 2) else None
     rv = right() if pos in (0, 1) else None
+    for side, at in ((lv, 2), (rv, 1)):
+        shares = side.pop(LINEAR, None) if side is not None else None
+        if shares is not None and pos == at:
+            linear(pos, shares)
     out = {}
     for w in (lv or rv):
         if pos == 0:
@@ -77,13 +85,24 @@ def _bases(blocks) -> list[int]:
 
 
 # ------------------------------------------------------------- the thermometer --------
-def therm_layout(blocks, top: bool) -> list[tuple[int, int]]:
-    """(rows, bits) of the thermometer's exact constraints, in :func:`_therm_side`'s order."""
-    out = []
-    for _, k in blocks:
-        out.append(((1 << k) - 1 + k, k))
-        out.extend([(2, 1)] * ((1 << k) - 2))
-    return out + ([(2, 1)] if top else [])
+def therm_layout(blocks) -> list[tuple[int, int]]:
+    """(rows, bits) of the thermometer's exact constraints, in :func:`_therm_side`'s order:
+    the monotonicity pairs (the sums and the top row are mod-2 linear: no gate)."""
+    return [(2, 1)] * sum((1 << k) - 2 for _, k in blocks)
+
+
+#: the key under which a claims side gives its shares of mod-2 linear relations (:func:`_sided`)
+LINEAR = "linear"
+
+
+@functools.cache
+def _sum_selectors(k: int) -> np.ndarray:
+    """(k, 2^k - 1) 0/1: block bit i of a thermometer's count is the XOR of its rows
+    t_u (u = 1 .. 2^k - 1) where bit i of u and of u - 1 differ (the count's one-hot
+    e_v = t_v ^ t_(v+1), with t_0 = 1 and t_(2^k) = 0, XORed over the v whose bit i is
+    set)."""
+    u = np.arange(1, 1 << k)
+    return np.stack([((u >> i) ^ ((u - 1) >> i)) & 1 for i in range(k)]).astype(bool)
 
 
 def _therm_side(T: np.ndarray, K: np.ndarray, x: np.ndarray, blocks, L: int, top,
@@ -92,19 +111,18 @@ def _therm_side(T: np.ndarray, K: np.ndarray, x: np.ndarray, blocks, L: int, top
     its pad K and x_g; V_R rho rows, the witness M and x_{g+1} (here also T, K, x; x None:
     no A gate, A's bits being a fused truncation's, :func:`a_parts`). ``top``:
     the window's top bit, whose row ends T (leaves), or None (thresholds: no such row).
-    A's 64-term gate; then every block's sum and every monotonicity and top constraint,
-    exact over the integers, merged (:func:`_merge`)."""
+    A's 64-term gate; every monotonicity constraint, exact over the integers, merged
+    (:func:`_merge`); and under LINEAR this side's XOR shares of the mod-2 linear relations
+    - each block's bits are its code's count (:func:`_sum_selectors`), the top row is A's
+    window top bit - which hold iff both verifiers' shares are equal (module docstring)."""
     Kb = _bit_rows(K)
     two_j = np.left_shift(_ONE, np.arange(64, dtype=np.uint64) + _ONE)[:, None]
-    parts = []
+    parts, linear = [], []
     for (off, k), base in zip(blocks, _bases(blocks)):
         t = T[base:base + (1 << k) - 1]
-        bits = Kb[L + off:L + off + k]
-        scale = np.left_shift(_ONE, np.arange(k, dtype=np.uint64))[:, None]
-        # sum_v t_v = sum_i 2^i a_i: error in (-2^k, 2^k)
-        rows = [(np.uint64(0) - np.uint64(2) * t) if left else t,
-                (scale * np.uint64(2) * bits) if left else bits]
-        parts.append((rows, (scale * bits).sum(axis=0) - t.sum(axis=0), k))
+        sel = _sum_selectors(k)
+        for i in range(k):                 # a_i = XOR of t_u over sel[i]
+            linear.append(np.bitwise_xor.reduce(t[sel[i]], axis=0) ^ Kb[L + off + i])
         for v in range(t.shape[0] - 1):   # t_(v+2) (1 - t_(v+1)) = 0: a d + c b = a c + b d
             hi, lo = t[v + 1], t[v]        # (a - b)(d - c) in {-1, 0, 1}
             if left:                       # a = T'_hi, c = 1 - T'_lo
@@ -113,11 +131,9 @@ def _therm_side(T: np.ndarray, K: np.ndarray, x: np.ndarray, blocks, L: int, top
             else:                          # b = rho_hi, d = rho_lo
                 parts.append(([lo[None], hi[None]], hi * lo, 1))
     if top is not None:                    # the window's top bit: t_top = a_top
-        j = L + top                        # -2 T' rho + 2 K M = (K - T') + (M - rho)
-        rows = np.stack([np.uint64(0) - np.uint64(2) * T[-1], np.uint64(2) * Kb[j]]) \
-            if left else np.stack([T[-1], Kb[j]])
-        parts.append((rows, Kb[j] - T[-1], 1))
-    out = _merge(parts, left)
+        linear.append(T[-1] ^ Kb[L + top])
+    out = _merge(parts, left) if parts else {}
+    out[LINEAR] = np.stack(linear).astype(np.uint8)
     if x is None:                          # A's bits pinned elsewhere (a late leaf set)
         return out
     a = ((two_j * Kb) if left else Kb, K - x)
@@ -214,6 +230,7 @@ def leaves_claims(p, rec: dict, witness: np.ndarray) -> list[tuple[Claim, Claim,
     (module docstring)."""
     x, blocks, L, m = rec["x"], rec["blocks"], rec["L"], rec["m"]
     width, nb = max((1 << k) - 1 for _, k in blocks), len(blocks)
+    p.checks.linear_used = True               # every party, whatever its groups hold
     views = Views()
     add = views.add_all
 
@@ -226,7 +243,8 @@ def leaves_claims(p, rec: dict, witness: np.ndarray) -> list[tuple[Claim, Claim,
         # role 0's thermometer: V_L = role 2 (T', K, x_g), V_R = role 1 (rho, M, x_{g+1})
         add(role % 3, _sided(role % 3,
                              lambda: _therm_side(therm(), K, xg, blocks, L, m - 1, True),
-                             lambda: _therm_side(rho(), M, xh, blocks, L, m - 1, False)))
+                             lambda: _therm_side(rho(), M, xh, blocks, L, m - 1, False),
+                             p.checks.linear))
         # role 1's half: V_L = role 0 (rho, u1), V_R = role 2 (b, kappa)
         mine1 = "u1" if role == 0 else "u"
         sel = functools.cache(lambda: _selection(s["b"], blocks, width))
@@ -252,7 +270,7 @@ def leaves_claim_gates(n: int, m: int, rank: int) -> dict[int, int]:
     nb, sizes = len(blocks), group_sizes(n)
     single = sizes[rank]
     out = Counter({64: single})
-    for w, c in merged_widths(therm_layout(blocks, True)).items():
+    for w, c in merged_widths(therm_layout(blocks)).items():
         out[w] += c * single
     width = max((1 << k) - 1 for _, k in blocks)
     for w, c in merged_widths([(width + 1, 1)] * (2 * nb - 1)).items():
@@ -300,6 +318,7 @@ def compare_claims(p, rec: dict, witness: np.ndarray) -> list[tuple[Claim, Claim
     views = Views()
     add = views.add_all
     rec["KM"] = {}
+    p.checks.linear_used = True               # every party, whatever its groups hold
 
     for g, s in enumerate(rec["state"]):
         role, ng, idx = s["role"], s["n"], s["idx"]
@@ -333,7 +352,8 @@ def compare_claims(p, rec: dict, witness: np.ndarray) -> list[tuple[Claim, Claim
                 u, z = np.concatenate([out[2][0], u], axis=1), np.concatenate([out[2][1], z])
             out[2] = (u, z)
             return out
-        add(role % 3, _sided(role % 3, lambda: side0(True), lambda: side0(False)))
+        add(role % 3, _sided(role % 3, lambda: side0(True), lambda: side0(False),
+                             p.checks.linear))
 
         # role 1's half (round 1, to role 2): V_L = role 0 (rho, alpha1), V_R = role 2
         half1 = (lambda: rows(s["half"] if role == 1 else s["delta"] ^ s["half"]))

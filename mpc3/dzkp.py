@@ -64,6 +64,8 @@ class Params:
 
 #: Gate terms from which the first compression is by 64 rather than 32 (:class:`Params`).
 WIDE_TERMS = 1 << 22
+#: bytes of the digest of mod-2 linear relations (:func:`verify_claims`, ``linear``)
+LINEAR_BYTES = 32
 
 
 def _resolved(params: Params, terms: int) -> Params:
@@ -166,13 +168,14 @@ def soundness_bits(L, m, params: Params = Params(), ring_len: int = 0) -> float:
 
 
 def cost_verify(L, m, params: Params = Params(),
-                ring_len: int = 0) -> tuple[int, int]:
+                ring_len: int = 0, linear: bool = False) -> tuple[int, int]:
     """(rounds, bytes each party sends) of :func:`verify_claims` for batches of L gates of m
     terms (or sequences: one batch per entry) and matrix-product claims of ``ring_len``
-    inner terms (every party proves one batch of that size)."""
+    inner terms (every party proves one batch of that size); ``linear``: with the 32-byte
+    digest of mod-2 linear relations (a round of its own when there is nothing to prove)."""
     gates = bool(_batches(L, m))
     if not gates and ring_len == 0:
-        return 0, 0
+        return (1, LINEAR_BYTES) if linear else (0, 0)
     params = _resolved(params, sum(a * b for a, b in _batches(L, m)))
     steps = _lengths(L, m, params, ring_len)
     elt = params.reps * params.degree * 8
@@ -183,7 +186,7 @@ def cost_verify(L, m, params: Params = Params(),
     bytes_ += (2 * steps[-1] + 1 + 2) * elt             # last h and the two pads
     bytes_ += 2 * (S + 3) * elt                         # checks, p(r), q(r), h(r) both ways
     bytes_ += 2 * 4                                     # verdicts
-    return 2 * S + 2, bytes_
+    return 2 * S + 2, bytes_ + (LINEAR_BYTES if linear else 0)
 
 
 # --------------------------------------------------------------- randomness ------------
@@ -269,7 +272,7 @@ def _gram(g: GaloisRing, rd: _Round, U: np.ndarray, V: np.ndarray) -> np.ndarray
 
 def verify_claims(p: Party, mine, as_left, as_right,
                   params: Params = Params(), digests: tuple | None = None,
-                  mats: tuple | None = None) -> None:
+                  mats: tuple | None = None, linear: tuple | None = None) -> None:
     """Prove ``mine`` to the two neighbours and verify theirs; raise
     :class:`CheatingDetected` at every party if any proof fails. ``as_left``: this party's
     shares of the next party's claim (this party is its V_L); ``as_right``: of the previous
@@ -279,13 +282,22 @@ def verify_claims(p: Party, mine, as_left, as_right,
     party's verdicts on the openings and on the inputs' replicas (:mod:`mpc3.checks`), sent
     with the proofs' verdicts. ``mats``: lists of matrix-product claims
     (:class:`mpc3.freivalds.MatClaim`) in the same three roles, reduced by random ring
-    vectors and joined to the batch. Cost: :func:`cost_verify`."""
+    vectors and joined to the batch. ``linear``: this party's digests of its shares of
+    mod-2 linear relations (as V_L of next, as V_R of prev; :meth:`mpc3.checks.Checks.linear`):
+    V_R's goes to V_L with the openings; a mismatch fails the prover's proof. Cost:
+    :func:`cost_verify`."""
     with dk.verifying():
-        _verify(p, mine, as_left, as_right, params, digests, mats)
+        _verify(p, mine, as_left, as_right, params, digests, mats, linear)
+
+
+def _linear_ok(linear: tuple | None, got: list) -> bool:
+    """Whether the previous party's digest (as V_R of this party's next) equals this
+    party's own (as its V_L); true without linear relations."""
+    return linear is None or (len(got) == 2 and got[1].tobytes() == linear[0])
 
 
 def _verify(p: Party, mine, as_left, as_right, params: Params,
-            digests: tuple | None, mats: tuple | None) -> None:
+            digests: tuple | None, mats: tuple | None, linear: tuple | None) -> None:
     data = {role: cs if isinstance(cs, list) else list(cs) if isinstance(cs, tuple) else [cs]
             for role, cs in (("P", mine), ("L", as_left), ("R", as_right))}
     if not len(data["P"]) == len(data["L"]) == len(data["R"]):
@@ -294,10 +306,13 @@ def _verify(p: Party, mine, as_left, as_right, params: Params,
     # provers' (the same at every party); shorter views are zero past their end
     sizes = [max(c.z.size for c in trio) for trio in zip(data["P"], data["L"], data["R"])]
     live = [b for b, size in enumerate(sizes) if size]
+    lin_out = [] if linear is None else [np.frombuffer(linear[1], np.uint8)]
     ring_len = sum(c.inner for c in mats[0]) if mats else 0
     if not live and ring_len == 0:
-        if digests is not None:
-            _verdicts(p, np.array([1, 1, *digests], dtype=np.uint8))
+        ok = linear is None or _linear_ok(
+            linear, [None, *p.comm.exchange(to_next=lin_out, from_prev=True)[1]])
+        if digests is not None or linear is not None:
+            _verdicts(p, np.array([ok, 1, *(digests or (1, 1))], dtype=np.uint8))
         return
     params = _resolved(params, sum(sizes[b] * data["P"][b].width for b in live))
     g, k, k1, reps = galois_ring(params.degree), params.k, params.k_first, params.reps
@@ -410,9 +425,11 @@ def _verify(p: Party, mine, as_left, as_right, params: Params,
         opened[role] = np.concatenate([np.stack(checks[role], axis=1), pr[:, None], qr[:, None],
                                        hr[:, None]], axis=1)
     # V_L and V_R open to each other: as V_L (of next) talk to prev, as V_R to next
-    from_next, from_prev = p.comm.exchange(to_prev=[opened["L"]], to_next=[opened["R"]],
+    from_next, from_prev = p.comm.exchange(to_prev=[opened["L"]],
+                                           to_next=[opened["R"], *lin_out],
                                            from_next=True, from_prev=True)
-    _verdicts(p, np.array([_accept(g, opened["L"], from_prev[0]),
+    _verdicts(p, np.array([_accept(g, opened["L"], from_prev[0])
+                           and _linear_ok(linear, from_prev),
                            _accept(g, opened["R"], from_next[0]),
                            *((1, 1) if digests is None else digests)], dtype=np.uint8))
 

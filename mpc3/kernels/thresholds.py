@@ -175,7 +175,8 @@ def claim_blocks(nlow: int, k: int) -> tuple[tuple[int, int], ...]:
     proof terms per element (mpc3.claims_compare). Each block's code (2^w - 1 rows) is
     proven per row and selected from per element, the dealt products and carry polynomial
     grow with ~2^nb, so the byte-optimal choice of a table lookup (blocks up to 16 bits)
-    would make the claims huge. Terms per element: the row's claims over k thresholds, the
+    would make the claims huge. Terms per element: the row's claims (A's gate and the codes'
+    monotonicity; their sums are mod-2 linear relations, no terms) over k thresholds, the
     dealt products, both halves' selections and both swapped bits (:func:`claim_terms`)."""
     options = [nb for nb in range(2, MAX_BLOCKS + 1) if -(-nlow // nb) <= 8]
     return _even_blocks(nlow, min(options, key=lambda nb: (claim_terms(nlow, nb, k), nb)))
@@ -185,8 +186,7 @@ def claim_terms(nlow: int, nb: int, k: int) -> float:
     """Proof terms per element of compare_steps' claims with ``nb`` even blocks."""
     blocks = _even_blocks(nlow, nb)
     width = max((1 << w) - 1 for _, w in blocks)
-    row = 64 + nb * max(3, max((1 << w) - 1 + w for _, w in blocks)) + \
-        2 * sum(max((1 << w) - 2, 0) for _, w in blocks)
+    row = 64 + 2 * sum(max((1 << w) - 2, 0) for _, w in blocks)   # A's gate, monotonicity
     masked, _, dealt = carry_plan(nb)
     live = int((_plan_arrays(nb)[0][1] != 0).sum())
     return row / k + 2 * len(dealt) + 2 * len(masked) * width + 2 * (live + width)

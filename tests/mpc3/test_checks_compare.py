@@ -9,7 +9,7 @@ from mpc3 import dzkp, tamper
 from mpc3.checks import Checks
 from mpc3.claims import and_claim_gates
 from mpc3.claims_compare import leaves_claim_gates
-from mpc3.kernels import convert
+from mpc3.kernels import convert, leaves
 from mpc3.kernels.leaves import ands_per_level, leaf_blocks
 from mpc3.kernels.thresholds import window_for
 from mpc3.party import RingConfig
@@ -42,7 +42,7 @@ def _declared_flush(n: int, L: int, m: int) -> list[tuple[int, int]]:
     widths = sorted(set().union(*per))
     L_ = [max(g.get(w, 0) for g in per) for w in widths] + [g for g, _ in ands]
     m_ = widths + [w for _, w in ands]
-    rounds, sent = dzkp.cost_verify(L_, m_)
+    rounds, sent = dzkp.cost_verify(L_, m_, linear=True)   # the thermometers' sums: linear
     return [(rounds + 1, sent + 64 + 8 * group_sizes(n)[r]) for r in range(3)]
 
 
@@ -162,3 +162,61 @@ def test_relu_on_many_elements_is_verified_through_the_tree_and_the_singles_shar
                          tamper.Deviation("flip", element=element, bit=2))
         assert isinstance(got.error, dzkp.CheatingDetected), (s, element, got.error)
         assert s.party in got.error.rejected, (s, got.error)
+
+
+
+def _drelu_case(n: int, seed: int):
+    cfg = RingConfig()
+    L, m = window_for(cfg)
+    rng = np.random.default_rng(seed)
+    v = rng.integers(-(1 << (L + m - 3)), 1 << (L + m - 3), size=n)
+    d = deal(v.astype(np.uint64), rng)
+    return cfg, L, m, d, [(d[i], False) for i in range(3)]
+
+
+def test_a_monotone_code_of_the_wrong_count_aborts_through_the_linear_relations(monkeypatch):
+    """A single that computes one block's thermometer for a count one too high - still
+    monotone, and used consistently in all it sends - passes every gate of the proof and
+    fails only the mod-2 linear relation of the block's bits and its code's count
+    (claims_compare._sum_selectors): the job aborts naming the single alone; with the
+    digests' comparison forced to pass, the same deviation goes through."""
+    n, e = 120, 3
+    cfg, L, m, d, args = _drelu_case(n, seed=5)
+    blocks = leaf_blocks(m - 1, n)
+    a = int(((d[0].a[e] + d[0].b[e]) >> np.uint64(L)) & np.uint64((1 << m) - 1))
+    base = 0
+    for off, k in blocks:                  # the first block whose count can grow
+        if (a >> off) & ((1 << k) - 1) < (1 << k) - 1:
+            row = base + ((a >> off) & ((1 << k) - 1))      # t_(count + 1): 0 -> 1
+            break
+        base += (1 << k) - 1
+    honest = leaves.thermometer_planes
+
+    def miscounted(x, blocks, top, words):
+        out = honest(x, blocks, top, words)
+        if x.size == group_sizes(n)[0] and int(x[e]) == a:     # party 0's group, as single
+            out[row, e // 64] ^= np.uint64(1 << (e % 64))
+        return out
+
+    monkeypatch.setattr(leaves, "thermometer_planes", miscounted)
+    got = tamper.run(_drelu_job, args, make_parties(cfg))
+    assert isinstance(got.error, dzkp.CheatingDetected), got.error
+    assert got.error.rejected == {0}
+    monkeypatch.setattr(dzkp, "_linear_ok", lambda linear, got: True)
+    assert tamper.run(_drelu_job, args, make_parties(cfg)).error is None
+
+
+def test_a_changed_linear_digest_aborts():
+    """V_R's digest of its shares of the linear relations, sent to V_L with the final
+    openings: any bit of it changed fails the proof of the prover it was about."""
+    cfg, _, _, _, args = _drelu_case(40, seed=6)
+    clean = tamper.run(_drelu_job, args, make_parties(cfg))
+    digests = [s for s in clean.sent if s.shapes and s.shapes[-1] == (dzkp.LINEAR_BYTES,)
+               and s.direction == tamper.NEXT]
+    assert len(digests) == 3                      # one a party, as V_R of its previous
+    for i, s in enumerate(digests):
+        got = tamper.run(_drelu_job, args, make_parties(cfg),
+                         tamper.Target(s.party, s.direction, op=s.op),
+                         tamper.Deviation("flip", element=s.entries - 1 - i, seed=i))
+        assert isinstance(got.error, dzkp.CheatingDetected), (s, got.error)
+        assert got.error.rejected == {(s.party - 1) % 3}    # the prover whose check it was
