@@ -35,7 +35,9 @@ keys from the campaign's seed, as stochastic rounding makes outputs differ by an
 keys to keys: the deviation touched bits nothing reads; a packed message's padding is
 refused since bc1193c, so none is known)
 or ``undetected`` (no abort, a different output). ``--honest M`` runs M honest
-malicious-mode jobs (fresh keys each) and counts aborts.
+malicious-mode jobs (fresh keys each) and counts aborts. ``--minutes T``: the campaign
+stops starting trials when the honest runs would no longer fit in T minutes (``trials``
+in the JSON counts those that ran, ``trials_asked`` the N asked for).
 """
 from __future__ import annotations
 
@@ -185,13 +187,17 @@ def measure(cfg, args, ref, malicious: bool, kernels: bool = False,
 
 
 def campaign(job, args, trials: int, honest: int, seed: int, opened=None,
-             span=None) -> dict:
+             span=None, minutes: float | None = None) -> dict:
     """``trials`` runs of ``job`` (malicious mode) with one deviation each at a message drawn
     uniformly (seeded) among the honest run's - those whose op lies in ``span(results)``
     (lo, hi], if given - and ``honest`` honest runs; ``opened(results)``: the revealed
-    output compared with the honest one (default: each party's result's first item)."""
+    output compared with the honest one (default: each party's result's first item).
+    ``minutes``: a budget - no trial starts once the honest runs, at the first honest run's
+    time each, would end past it (``trials`` then counts those that ran)."""
     opened = opened or (lambda results: reveal([r[0] for r in results]))
+    t0 = time.perf_counter()
     clean = tamper.run(job, args, make_parties())
+    reserve = honest * (time.perf_counter() - t0)
     if clean.error is not None:
         raise RuntimeError(f"the honest run failed: {clean.error}")
     lo, hi = span(clean.results) if span else (0, float("inf"))
@@ -199,7 +205,11 @@ def campaign(job, args, trials: int, honest: int, seed: int, opened=None,
     rng = np.random.default_rng(seed)
     outcomes, where, errors = Counter(), Counter(), Counter()
     kinds = ("add", "flip")
+    ran = 0
     for t in range(trials):
+        if minutes is not None and time.perf_counter() - t0 + reserve > 60 * minutes:
+            break
+        ran += 1
         kind = kinds[t % 2]
         s = pool[int(rng.integers(len(pool)))]
         dev = tamper.Deviation(kind, error=int(rng.integers(1, 1 << 63)), seed=int(t))
@@ -225,7 +235,8 @@ def campaign(job, args, trials: int, honest: int, seed: int, opened=None,
             run_parties(job, args, parties=make_parties())
         except ProtocolError:
             honest_aborts += 1
-    return {"trials": trials, "messages_in_pool": len(pool), "outcomes": dict(outcomes),
+    return {"trials": ran, "trials_asked": trials, "minutes": minutes,
+            "messages_in_pool": len(pool), "outcomes": dict(outcomes),
             "by_kind": {f"{k}/{o}": n for (k, o), n in sorted(where.items())},
             "aborts_by_error": dict(errors),
             "honest_runs": honest, "honest_aborts": honest_aborts}
@@ -239,6 +250,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seq", type=int, help="override the shape's sequence length")
     ap.add_argument("--campaign", type=int, default=0, help="tampered runs")
     ap.add_argument("--honest", type=int, default=0, help="honest malicious-mode runs")
+    ap.add_argument("--minutes", type=float,
+                    help="the campaign's budget: fewer trials if they would overrun it")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--kernels", action="store_true",
                     help="time the proof's kernels in malicious mode, by kind")
@@ -269,7 +282,7 @@ def main(argv=None) -> int:
                        "wall": mal["wall_s"] / semi["wall_s"]}
     if a.campaign or a.honest:
         result["campaign"] = campaign(_job(cfg, True, split), args, a.campaign, a.honest,
-                                      a.seed)
+                                      a.seed, minutes=a.minutes)
     runinfo.finish(result, a.json)
     return 0
 

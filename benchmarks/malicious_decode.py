@@ -118,6 +118,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=2, help="decoding steps measured")
     ap.add_argument("--campaign", type=int, default=0, help="tampered runs (the last token)")
     ap.add_argument("--honest", type=int, default=0, help="honest malicious-mode runs")
+    ap.add_argument("--minutes", type=float,
+                    help="the campaign's budget: fewer trials if they would overrun it")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
@@ -142,7 +144,7 @@ def main(argv=None) -> int:
             _job(cfg, a.tokens, True), args, a.campaign, a.honest, a.seed,
             opened=lambda res: np.stack([reveal([r[0][t] for r in res])
                                          for t in range(a.tokens)]),
-            span=lambda res: res[0][2])
+            span=lambda res: res[0][2], minutes=a.minutes)
     runinfo.finish(result, a.json)
     return 0
 

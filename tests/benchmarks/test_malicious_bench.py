@@ -34,6 +34,16 @@ def test_the_benchmark_compares_the_modes_and_runs_a_campaign(tmp_path):
     assert c["honest_aborts"] == 0
 
 
+def test_a_campaigns_budget_stops_its_trials(tmp_path):
+    """--minutes: no trial starts past the budget (here none fits), the honest runs run."""
+    out = tmp_path / "r.json"
+    B.main(["--tiny", "--campaign", "50", "--honest", "1", "--minutes", "0.001", "--json",
+            str(out)])
+    c = json.loads(out.read_text())["campaign"]
+    assert c["trials"] == 0 and c["trials_asked"] == 50 and c["minutes"] == 0.001
+    assert c["honest_runs"] == 1 and c["honest_aborts"] == 0
+
+
 def test_the_pending_profile_names_each_kernel_and_adds_up(tmp_path):
     """benchmarks/malicious_pending.py on a tiny causal LM: every point between kernels is
     named, the increases add up to the end's pending, and nothing flushed inside a layer."""
