@@ -13,7 +13,8 @@ with the three parties sharing its cores:
 Each size runs once after a warm-up at L = 1000 (numba compiles the ring kernels on first
 use). ``verify_s`` is the slowest party's verification; ``product_s`` its product.
 ``gram_runs``: the prover's first Gram sums alone on 2^22 bit terms in gates of each of
-``--widths`` terms (the proof's cost per term by gate width).
+``--widths`` terms (the proof's cost per term by gate width); ``fold_runs``: the first fold
+of one side alone, likewise (``--kernels-only``: these two alone).
 """
 from __future__ import annotations
 
@@ -167,6 +168,31 @@ def measure_gram(m: int, terms: int, k: int = 64, seed: int = 0) -> dict:
             "us_per_term": round(wall / (m * L) * 1e6, 4)}
 
 
+def measure_fold(m: int, terms: int, k: int = 64, seed: int = 0) -> dict:
+    """The first fold (:func:`mpc3.dzkp_kernels.fold_int`: the chunks combined at the
+    challenge, times sigma) of ``terms`` random bit terms in gates of ``m`` terms, as
+    :func:`measure_gram` times the Gram sums: one side's cost per term (every party folds
+    four sides a batch: its own two as prover, one of each neighbour's as verifier)."""
+    from mpc3 import dzkp_kernels as dk
+    from mpc3.galois import galois_ring
+    params = dzkp.Params()
+    g, reps = galois_ring(params.degree), params.reps
+    rng = np.random.default_rng(seed)
+    L = terms // m
+    n = -(-L // k)
+    x = rng.integers(0, 2, size=(m, L), dtype=np.uint8)
+    lr = rng.integers(0, 1 << 63, size=(reps, k, g.D), dtype=np.uint64)
+    sig = rng.integers(0, 2, size=(reps, n, g.D), dtype=np.uint64)
+    walls = []
+    for _ in range(2):                  # the first call compiles
+        t0 = time.perf_counter()
+        dk.fold_int(x, k, lr, sig, g._taps, n=n, scale=np.arange(1, m + 1, dtype=np.uint64))
+        walls.append(time.perf_counter() - t0)
+    wall = walls[-1]
+    return {"terms_per_gate": m, "gates": L, "k_first": k, "fold_s": round(wall, 4),
+            "us_per_term": round(wall / (m * L) * 1e6, 4)}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[10**3, 10**4, 10**5, 10**6])
@@ -179,18 +205,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--widths", type=int, nargs="*", default=[2, 8, 64, 256],
                     help="gate widths whose first-compression Gram sums are timed alone")
     ap.add_argument("--gram-terms", type=int, default=1 << 22)
+    ap.add_argument("--kernels-only", action="store_true",
+                    help="only the first compression's kernels alone (gram_runs, fold_runs)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     params = dzkp.Params()
     result = runinfo.start("dzkp")
     result["params"] = {"degree": params.degree, "reps": params.reps, "k": params.k}
-    measure(1000, params)                                   # warm-up: numba compiles
-    result["runs"] = [measure(n, params) for n in args.sizes]
-    result["matmul_runs"] = [measure_matmul(tuple(int(v) for v in s.split("x")), params)
-                             for s in args.matmul]
-    result["fxp_runs"] = [measure_fxp(tuple(int(v) for v in s.split("x")), params)
-                          for s in args.fxp]
+    if not args.kernels_only:
+        measure(1000, params)                               # warm-up: numba compiles
+        result["runs"] = [measure(n, params) for n in args.sizes]
+        result["matmul_runs"] = [measure_matmul(tuple(int(v) for v in s.split("x")), params)
+                                 for s in args.matmul]
+        result["fxp_runs"] = [measure_fxp(tuple(int(v) for v in s.split("x")), params)
+                              for s in args.fxp]
     result["gram_runs"] = [measure_gram(m, args.gram_terms) for m in args.widths]
+    result["fold_runs"] = [measure_fold(m, args.gram_terms) for m in args.widths]
     runinfo.finish(result, args.json)
     return 0
 

@@ -23,3 +23,12 @@ def test_the_benchmark_records_declared_equal_measured(tmp_path):
     assert semi["rounds"] == 2 and mal["rounds"] > semi["rounds"]       # exact truncation
     assert fxp["bytes_ratio"] > 1
     assert [(g["terms_per_gate"], g["gates"]) for g in r["gram_runs"]] == [(2, 4096), (64, 128)]
+    assert [(f["terms_per_gate"], f["gates"]) for f in r["fold_runs"]] == [(2, 4096), (64, 128)]
+    assert all(f["us_per_term"] > 0 for f in r["fold_runs"] + r["gram_runs"])
+
+
+def test_kernels_only_times_the_first_compression_alone(tmp_path):
+    out = tmp_path / "k.json"
+    B.main(["--kernels-only", "--widths", "8", "--gram-terms", "4096", "--json", str(out)])
+    r = json.loads(out.read_text())
+    assert "runs" not in r and len(r["gram_runs"]) == len(r["fold_runs"]) == 1
