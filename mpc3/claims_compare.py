@@ -69,7 +69,7 @@ def _sided(pos: int, left, right, linear=None) -> dict[int, Claim]:
         if shares is not None and pos == at:
             linear(pos, shares)
     out = {}
-    for w in (lv or rv):
+    for w in (lv if lv is not None else rv):
         if pos == 0:
             out[w] = Claim(lv[w][0], rv[w][0], lv[w][1] + rv[w][1])
         elif pos == 2:
@@ -265,7 +265,8 @@ def leaves_claims(p, rec: dict, witness: np.ndarray) -> list[tuple[Claim, Claim,
 def leaves_claim_gates(n: int, m: int, rank: int) -> dict[int, int]:
     """Gates of each width the leaves' claims on ``n`` elements (window width ``m``) give
     party ``rank`` to prove: its group as the single proves its thermometer (A's gate, then
-    the sums, monotonicity and top merged), the two as a pair member its halves."""
+    the monotonicity pairs merged; the sums and the top row are linear relations), the two
+    as a pair member its halves."""
     blocks = leaf_blocks(m - 1, n)
     nb, sizes = len(blocks), group_sizes(n)
     single = sizes[rank]

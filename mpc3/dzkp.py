@@ -64,8 +64,9 @@ class Params:
 
 #: Gate terms from which the first compression is by 64 rather than 32 (:class:`Params`).
 WIDE_TERMS = 1 << 22
-#: bytes of the digest of mod-2 linear relations (:func:`verify_claims`, ``linear``)
-LINEAR_BYTES = 32
+#: bytes of the digest of mod-2 linear relations (:func:`verify_claims`, ``linear``), and
+#: the verdict on a proof whose checks opened to zero but whose relations' digests differ
+LINEAR_BYTES, LINEAR_FAILED = 32, 2
 
 
 def _resolved(params: Params, terms: int) -> Params:
@@ -291,8 +292,7 @@ def verify_claims(p: Party, mine, as_left, as_right,
 
 
 def _linear_ok(linear: tuple | None, got: list) -> bool:
-    """Whether the previous party's digest (as V_R of this party's next) equals this
-    party's own (as its V_L); true without linear relations."""
+    """Whether prev's digest (as V_R of next) is this party's own (as V_L); true if none."""
     return linear is None or (len(got) == 2 and got[1].tobytes() == linear[0])
 
 
@@ -312,12 +312,12 @@ def _verify(p: Party, mine, as_left, as_right, params: Params,
         ok = linear is None or _linear_ok(
             linear, [None, *p.comm.exchange(to_next=lin_out, from_prev=True)[1]])
         if digests is not None or linear is not None:
-            _verdicts(p, np.array([ok, 1, *(digests or (1, 1))], dtype=np.uint8))
+            _verdicts(p, np.array([1 if ok else LINEAR_FAILED, 1, *(digests or (1, 1))],
+                                  dtype=np.uint8))
         return
     params = _resolved(params, sum(sizes[b] * data["P"][b].width for b in live))
     g, k, k1, reps = galois_ring(params.degree), params.k, params.k_first, params.reps
-    rd, rd1, avoid = _round(params.degree, k), _round(params.degree, params.k_first), \
-        _avoid(params)
+    rd, rd1, avoid = _round(params.degree, k), _round(params.degree, k1), _avoid(params)
     op = p.new_op()
     seed_of = {"L": lambda s: p.prg.bytes("prev", op, f"dzkp/seed{s}", 16).tobytes(),
                "R": lambda s: p.prg.bytes("next", op, f"dzkp/seed{s}", 16).tobytes()}
@@ -425,12 +425,11 @@ def _verify(p: Party, mine, as_left, as_right, params: Params,
         opened[role] = np.concatenate([np.stack(checks[role], axis=1), pr[:, None], qr[:, None],
                                        hr[:, None]], axis=1)
     # V_L and V_R open to each other: as V_L (of next) talk to prev, as V_R to next
-    from_next, from_prev = p.comm.exchange(to_prev=[opened["L"]],
-                                           to_next=[opened["R"], *lin_out],
+    from_next, from_prev = p.comm.exchange(to_prev=[opened["L"]], to_next=[opened["R"], *lin_out],
                                            from_next=True, from_prev=True)
-    _verdicts(p, np.array([_accept(g, opened["L"], from_prev[0])
-                           and _linear_ok(linear, from_prev),
-                           _accept(g, opened["R"], from_next[0]),
+    ok = _accept(g, opened["L"], from_prev)
+    _verdicts(p, np.array([LINEAR_FAILED if ok and not _linear_ok(linear, from_prev) else ok,
+                           _accept(g, opened["R"], from_next),
                            *((1, 1) if digests is None else digests)], dtype=np.uint8))
 
 
@@ -441,11 +440,13 @@ def _verdicts(p: Party, verdict: np.ndarray) -> None:
                                            from_next=True, from_prev=True)
     reports = {p.rank: verdict, p.comm.peer(1): from_next[0], p.comm.peer(-1): from_prev[0]}
     oks = {r: (v == 1).tolist() if v.shape == (4,) else [0, 0, 0, 0] for r, v in reports.items()}
+    why = {r: "its mod-2 linear relations' digests differ" if v.shape == (4,) and
+           v[0] == LINEAR_FAILED else "checks did not open to zero" for r, v in reports.items()}
     rejected = frozenset(((r + 1) % 3 if j == 0 else (r - 1) % 3)
                          for r, ok in oks.items() for j in (0, 1) if not ok[j])
     for reporter, ok in sorted(oks.items()):
         if not ok[0]:
-            raise CheatingDetected((reporter + 1) % 3, reporter, "checks did not open to zero",
+            raise CheatingDetected((reporter + 1) % 3, reporter, why[reporter],
                                    rejected=rejected)
         if not ok[1]:
             raise CheatingDetected((reporter - 1) % 3, reporter, "checks did not open to zero",
@@ -488,9 +489,10 @@ def _fold(g: GaloisRing, rd: _Round, vecs, r: np.ndarray, k: int):
     return tuple(dk.fold_ring(X, k, mats) for X in vecs)
 
 
-def _accept(g: GaloisRing, mine: np.ndarray, theirs: np.ndarray) -> bool:
-    """Both verifiers' shares: every check opens to zero and h(r) == p(r) q(r)."""
-    if theirs.shape != mine.shape:
+def _accept(g: GaloisRing, mine: np.ndarray, got: list) -> bool:
+    """Both verifiers' shares (the other's: ``got[0]``): checks 0, h(r) == p(r) q(r)."""
+    theirs = got[0] if got else None
+    if theirs is None or theirs.shape != mine.shape:
         return False
     tot = mine + theirs
     checks, pr, qr, hr = tot[:, :-3], tot[:, -3], tot[:, -2], tot[:, -1]

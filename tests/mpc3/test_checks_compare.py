@@ -1,5 +1,6 @@
 """Malicious mode over the comparisons (mpc3.claims_compare): the DReLU leaves' thermometer
-codes are pinned by the single's bit witness (sums and monotonicity), the pair's halves are
+codes are pinned by the single's bit witness (monotonicity gates; the sums and top row as
+mod-2 linear relations compared by digest), the pair's halves are
 selections; drelu_a and msb_a (leaves, then AND layers) pass honest runs at the declared
 cost and abort on any changed message, the flush's witness included."""
 import numpy as np
@@ -201,14 +202,15 @@ def test_a_monotone_code_of_the_wrong_count_aborts_through_the_linear_relations(
     monkeypatch.setattr(leaves, "thermometer_planes", miscounted)
     got = tamper.run(_drelu_job, args, make_parties(cfg))
     assert isinstance(got.error, dzkp.CheatingDetected), got.error
-    assert got.error.rejected == {0}
+    assert got.error.rejected == {0} and "linear relations' digests differ" in str(got.error)
     monkeypatch.setattr(dzkp, "_linear_ok", lambda linear, got: True)
     assert tamper.run(_drelu_job, args, make_parties(cfg)).error is None
 
 
 def test_a_changed_linear_digest_aborts():
     """V_R's digest of its shares of the linear relations, sent to V_L with the final
-    openings: any bit of it changed fails the proof of the prover it was about."""
+    openings: a bit of it flipped (each party's in turn) fails the proof of the prover it
+    was about."""
     cfg, _, _, _, args = _drelu_case(40, seed=6)
     clean = tamper.run(_drelu_job, args, make_parties(cfg))
     digests = [s for s in clean.sent if s.shapes and s.shapes[-1] == (dzkp.LINEAR_BYTES,)
@@ -220,3 +222,13 @@ def test_a_changed_linear_digest_aborts():
                          tamper.Deviation("flip", element=s.entries - 1 - i, seed=i))
         assert isinstance(got.error, dzkp.CheatingDetected), (s, got.error)
         assert got.error.rejected == {(s.party - 1) % 3}    # the prover whose check it was
+
+
+def test_a_side_of_linear_relations_only_leaves_no_gates():
+    """A verifier's side whose relations are all linear (a late leaf set of one-bit blocks:
+    no monotonicity pair) hands its shares over and makes no gate."""
+    from mpc3.claims_compare import LINEAR, _sided
+    got = []
+    shares = np.ones((2, 5), dtype=np.uint8)
+    assert _sided(2, lambda: {LINEAR: shares}, lambda: {}, lambda pos, s: got.append(pos)) == {}
+    assert got == [2]

@@ -8,6 +8,7 @@ import pytest
 from mpc3 import dzkp, tamper
 from mpc3.claims import mul_claims
 from mpc3.comm import PREV, ProtocolError
+from mpc3.galois import galois_ring
 from mpc3.kernels.arith import _local_mul
 from mpc3.party import Party
 from mpc3.prg import PRG
@@ -123,9 +124,9 @@ def test_opened_values_are_masked_by_the_provers_pads(monkeypatch):
     opened = []
     real = dzkp._accept
 
-    def spy(g, mine, theirs):
-        opened.append((mine + theirs)[:, -3:-1].copy())
-        return real(g, mine, theirs)
+    def spy(g, mine, got):                  # got: the other verifier's message
+        opened.append((mine + got[0])[:, -3:-1].copy())
+        return real(g, mine, got)
     monkeypatch.setattr(dzkp, "_accept", spy)
     x, y, xs, ys = _operands(200)
     args = [(xs[i], ys[i]) for i in range(3)]
@@ -234,3 +235,12 @@ def test_the_first_fold_of_bit_rows_is_the_lagrange_combination(k, weighted):
             want = np.stack([g.mul(want[a * n + t], sig[r, t])
                              for a in range(m) for t in range(n)])
         assert np.array_equal(got[r], want)
+
+
+def test_a_missing_opening_is_a_rejection_not_a_crash():
+    """The other verifier's final openings absent from its message (or of another shape):
+    the verdict on the prover is false, so every party aborts with CheatingDetected."""
+    g = galois_ring(32)
+    mine = np.zeros((2, 4, 32), dtype=np.uint64)
+    assert dzkp._accept(g, mine, []) is False
+    assert dzkp._accept(g, mine, [np.zeros((2, 3, 32), dtype=np.uint64)]) is False
