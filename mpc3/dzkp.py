@@ -291,9 +291,10 @@ def verify_claims(p: Party, mine, as_left, as_right,
         _verify(p, mine, as_left, as_right, params, digests, mats, linear)
 
 
-def _linear_ok(linear: tuple | None, got: list) -> bool:
-    """Whether prev's digest (as V_R of next) is this party's own (as V_L); true if none."""
-    return linear is None or (len(got) == 2 and got[1].tobytes() == linear[0])
+def _linear_ok(linear: tuple | None, extra: list) -> bool:
+    """Whether prev's digest (as V_R of next; ``extra``: the arrays it sent past the
+    openings) is this party's own (as V_L); true without linear relations."""
+    return linear is None or (len(extra) == 1 and extra[0].tobytes() == linear[0])
 
 
 def _verify(p: Party, mine, as_left, as_right, params: Params,
@@ -310,7 +311,7 @@ def _verify(p: Party, mine, as_left, as_right, params: Params,
     ring_len = sum(c.inner for c in mats[0]) if mats else 0
     if not live and ring_len == 0:
         ok = linear is None or _linear_ok(
-            linear, [None, *p.comm.exchange(to_next=lin_out, from_prev=True)[1]])
+            linear, p.comm.exchange(to_next=lin_out, from_prev=True)[1])
         if digests is not None or linear is not None:
             _verdicts(p, np.array([1 if ok else LINEAR_FAILED, 1, *(digests or (1, 1))],
                                   dtype=np.uint8))
@@ -428,7 +429,7 @@ def _verify(p: Party, mine, as_left, as_right, params: Params,
     from_next, from_prev = p.comm.exchange(to_prev=[opened["L"]], to_next=[opened["R"], *lin_out],
                                            from_next=True, from_prev=True)
     ok = _accept(g, opened["L"], from_prev)
-    _verdicts(p, np.array([LINEAR_FAILED if ok and not _linear_ok(linear, from_prev) else ok,
+    _verdicts(p, np.array([LINEAR_FAILED if ok and not _linear_ok(linear, from_prev[1:]) else ok,
                            _accept(g, opened["R"], from_next),
                            *((1, 1) if digests is None else digests)], dtype=np.uint8))
 

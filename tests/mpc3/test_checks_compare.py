@@ -165,7 +165,6 @@ def test_relu_on_many_elements_is_verified_through_the_tree_and_the_singles_shar
         assert s.party in got.error.rejected, (s, got.error)
 
 
-
 def _drelu_case(n: int, seed: int):
     cfg = RingConfig()
     L, m = window_for(cfg)
