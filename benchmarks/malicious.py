@@ -18,7 +18,8 @@ code, random weights of the given shape, uniform inputs) in both modes from the 
 
 Reported per mode: bytes each party sent, rounds, wall time (one run each, same process,
 same load), the output's error against the float64 reference, the gates and gate terms party 0
-proves at each flush (matrix products' reduced claims not counted), the bytes party 0 sent
+proves at each flush (matrix products' reduced claims not counted; its mod-2 gates' terms over
+GF(2^64) apart, ``mod2_gate_terms_party0``, padding bits included), the bytes party 0 sent
 at its flushes by part (``flush_bytes_party0``: digests, each witness by the claims that
 read it, the proof; :attr:`mpc3.checks.Checks.flush_bytes`) - the rest of the bytes
 malicious mode adds are sent inside the kernels (``extra_bytes_party0``) - and the process's peak
@@ -56,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import runinfo  # noqa: E402
-from mpc3 import dzkp, procinfo, ring, tamper  # noqa: E402
+from mpc3 import dzkp, dzkp_bits, procinfo, ring, tamper  # noqa: E402
 from mpc3 import dzkp_kernels as dk  # noqa: E402
 from mpc3.checks import Checks  # noqa: E402
 from mpc3.comm import ProtocolError  # noqa: E402
@@ -158,7 +159,8 @@ def measure(cfg, args, ref, malicious: bool, kernels: bool = False,
             split: int | None = SPLIT_AT) -> dict:
     parties = make_parties()
     terms, gates = [], []               # gate terms and gates party 0 proves, per flush
-    verify = dzkp.verify_claims
+    bit_terms = []                      # its mod-2 gate terms (padding bits included)
+    verify, verify_bits = dzkp.verify_claims, dzkp_bits.verify_bits
     spent = Counter()
 
     def counted(p, mine, *rest, **kw):
@@ -166,19 +168,25 @@ def measure(cfg, args, ref, malicious: bool, kernels: bool = False,
             terms.append(sum(c.terms for c in mine))
             gates.append(sum(c.z.size for c in mine))
         return verify(p, mine, *rest, **kw)
-    dzkp.verify_claims = counted
+
+    def counted_bits(p, mine, *rest):
+        if p.rank == 0:
+            bit_terms.append(sum(c.terms for c in mine))
+        return verify_bits(p, mine, *rest)
+    dzkp.verify_claims, dzkp_bits.verify_bits = counted, counted_bits
     try:
         with timed_kernels(spent) if kernels else contextlib.nullcontext():
             t0 = time.perf_counter()
             out = run_parties(_job(cfg, malicious, split), args, parties=parties)
             wall = time.perf_counter() - t0
     finally:
-        dzkp.verify_claims = verify
+        dzkp.verify_claims, dzkp_bits.verify_bits = verify, verify_bits
     y = ring.decode(reveal([o[0] for o in out]))
     stats = [o[1] for o in out]
     return {"bytes_per_party": [s.bytes_sent for s in stats],
             "rounds": max(s.rounds for s in stats), "wall_s": wall,
             "proof_gate_terms_party0": terms, "proof_gates_party0": gates,
+            "mod2_gate_terms_party0": bit_terms,
             **({"flush_bytes_party0": dict(sorted(out[0][2].items()))} if malicious else {}),
             "peak_rss_bytes": procinfo.peak_rss(),
             "max_abs_err": float(np.max(np.abs(y - ref))), "output": y,

@@ -11,7 +11,10 @@ registers them as it runs - the message's op counter and what its verification n
 * truncating, scaled, mul_many and mul_split products run as these products and trunc_a
   in malicious mode (:mod:`mpc3.kernels.checked`);
 * an opening (``open_a``): the slot a party receives from its next neighbour is also held
-  by its previous one, which sends a digest of every such slot at the flush.
+  by its previous one, which sends a digest of every such slot at the flush;
+* an AND layer: its mod-2 claims (:func:`mpc3.claims.and_claims`), proven over GF(2^64) by
+  :func:`mpc3.dzkp_bits.verify_bits` at the flush, before the ring proof that carries its
+  verdicts.
 
 :meth:`Checks.flush` runs before anything leaves the parties: it refuses (at every party,
 before any check) if any message since the last flush was sent by a kernel that registered
@@ -24,7 +27,8 @@ holder's copy goes to the other. Mod-2 linear relations of a prover's claims (th
 comparisons' thermometer sums, :meth:`Checks.linear`) are compared the same way, by its
 verifiers' digests of their sides. Cost: one round and 64 bytes per party for the digests,
 plus :func:`mpc3.dzkp.cost_verify` of the claims (``linear`` when a comparison's claims are
-in the flush; one verdict round when there is nothing to prove).
+in the flush; one verdict round when there is nothing to prove) and
+:func:`mpc3.dzkp_bits.cost_verify_bits` of the mod-2 ones.
 """
 from __future__ import annotations
 
@@ -33,7 +37,7 @@ from collections import Counter
 
 import numpy as np
 
-from . import dzkp
+from . import dzkp, dzkp_bits
 from .freivalds import matmul_claims
 from .comm import ProtocolError
 from .claims import (and_claims, dot_claims, masks, mul_claims, injection_claims,
@@ -114,6 +118,8 @@ class Checks:
         self.sent: dict[int, int] = {}              # op -> payload bytes this party sent
         self.covered: dict[int, int] = {}           # op -> bytes of them a claim covers
         self.claims: list[tuple[dzkp.Claim, dzkp.Claim, dzkp.Claim]] = []
+        #: mod-2 gates' (own, as V_L, as V_R) views, proven over GF(2^64) (:mod:`mpc3.dzkp_bits`)
+        self.bit_claims: list[tuple] = []
         self.mats: list[tuple[list, list, list]] = []
         #: (record, its witness or None, its claims): claims built at the flush - kernels
         #: whose single sends A's bits then, and those that read such a kernel's record
@@ -149,10 +155,13 @@ class Checks:
         self.sent[op] = self.sent.get(op, 0) + nbytes
 
     def _add(self, triples) -> None:
-        """Keep (own, as V_L, as V_R) claim triples, each side of bits held as bits
-        (:func:`mpc3.dzkp.compact`)."""
+        """Keep (own, as V_L, as V_R) claim triples: ring claims with each side of bits held
+        as bits (:func:`mpc3.dzkp.compact`), mod-2 gates for :mod:`mpc3.dzkp_bits`."""
         for trio in triples:
-            self.claims.append(tuple(dzkp.compact(c) for c in trio))
+            if isinstance(trio[0], dzkp_bits.BitClaim):       # mod-2 gates, packed
+                self.bit_claims.append(trio)
+            else:
+                self.claims.append(tuple(dzkp.compact(c) for c in trio))
             self.pending += sum(c.z.size for c in trio)
 
     def _wait(self, rec, make, claims, n: int) -> None:
@@ -196,7 +205,7 @@ class Checks:
     def and_product(self, p, x, y, out, tag: str, kop: int) -> None:
         """An AND layer's message (:func:`mpc3.kernels.boolean.and_steps`): ``out.a`` sent,
         ``out.b`` received, masked with the boolean zero sharing ``(kop, tag)``; proven as
-        the same replicated-product claim mod 2 (:func:`and_claims`)."""
+        the replicated product's claim mod 2 (:func:`and_claims`)."""
         self._add([and_claims(p, x, y, out, tag, kop)])
         self._cover(p, cost_and_bb(x.n, planes=x.planes).bytes_per_party[p.rank])
 
@@ -437,9 +446,11 @@ class Checks:
         before = p.comm.stats.bytes_sent
         linear = (self.linear_left.digest(), self.linear_right.digest()) \
             if self.linear_used else None
+        bits = dzkp_bits.verify_bits(p, *zip(*self.bit_claims)) if self.bit_claims \
+            else (True, True)
         dzkp.verify_claims(p, mine, left, right, self.params_at(self.flushes),
                            digests=(opened_ok, inputs_ok), mats=mats if self.mats else None,
-                           linear=linear)
+                           linear=linear, bits=bits)
         self.flush_bytes["proof"] += p.comm.stats.bytes_sent - before
         self._reset(p)
 

@@ -1,7 +1,7 @@
 """The claims of verified kernels' messages beyond the plain replicated product
 (:func:`mul_claims`) and matrix product (:mod:`mpc3.freivalds`): what
-:class:`mpc3.checks.Checks` registers for the AND layers of the boolean circuits and for bit
-injection.
+:class:`mpc3.checks.Checks` registers for the AND layers of the boolean circuits (mod-2
+gates, :mod:`mpc3.dzkp_bits`) and for bit injection.
 
 A claim is a batch of gates ``sum_a u[a] v[a] = z`` whose factors are known, one side
 each, to the prover's two neighbours - V_L (prev) knows every u, V_R (next) every v - and
@@ -11,28 +11,21 @@ prev) from what it holds; :func:`mpc3.dzkp.verify_claims` proves them.
 """
 from __future__ import annotations
 
-import functools
-from collections import Counter
 
 import numpy as np
 
 from .dzkp import Claim
+from .dzkp_bits import BitClaim
 from .freivalds import mat_views
 from .kernels.checked import dot_shaped
 from .kernels.base import group_bounds
 from .kernels.boolean import word_slices
 from .kernels.convert import _bits_u64, _run_starts, _run_sums
-from .shares import group_sizes, planes_to_bits
+from .shares import bits_to_planes, group_sizes, grouped_words
 
-_TOP = np.uint64(1 << 63)
 _TWO = np.uint64(2)
 _MINUS2 = np.uint64((1 << 64) - 2)
 _ONE = np.uint64(1)
-
-
-def _bits(planes: np.ndarray, n: int) -> np.ndarray:
-    """Grouped planes -> their P n bits as 0/1 words (a group's padding is never sent)."""
-    return planes_to_bits(planes, n).reshape(-1).astype(np.uint64)
 
 
 # ------------------------------------------------------------ replicated products ------
@@ -113,117 +106,36 @@ def term_views(rank: int, items, term, left, right, f_next, f_prev):
 
 
 # ------------------------------------------------------------------- AND layers -------
-# ------------------------------------------------------------------ merged gates ------
-#: Bits of a merged gate (:func:`_merge`): exact constraints whose integer errors need at
-#: most this many bits in all share one gate.
-MERGE_BITS = 64
+def and_bit_batch(n: int, planes: int) -> tuple[int, int]:
+    """(words, terms a gate) of an AND layer's mod-2 claims (:func:`and_claims`) on
+    ``planes`` planes of n bits: one gate a bit, the planes' grouped words."""
+    return planes * grouped_words(n), 2
 
 
-@functools.cache
-def _groups(bits: tuple) -> list[list[int]]:
-    """Consecutive parts whose bits sum to at most MERGE_BITS, as lists of indices."""
-    out, used = [[]], 0
-    for i, b in enumerate(bits):
-        if out[-1] and used + b > MERGE_BITS:
-            out.append([])
-            used = 0
-        out[-1].append(i)
-        used += b
-    return [g for g in out if g]
+def and_claims(p, x, y, out, tag: str, kop: int) -> tuple[BitClaim, BitClaim, BitClaim]:
+    """The three views of an AND layer's claims, mod 2 (:mod:`mpc3.dzkp_bits`). With a, b
+    the prover's slots (V_L holds slot a and the message the prover sent it, V_R slot b),
+    the message is ``z = x_a y_a ^ x_a y_b ^ x_b y_a ^ f_prev ^ f_next`` (f_prev the pad the
+    prover shares with V_L, f_next with V_R), i.e. the gate
 
+        x_a y_b ^ y_a x_b = A ^ B,  V_L's A = z ^ f_prev ^ x_a y_a,  V_R's B = f_next
 
-def merged_widths(layout) -> Counter:
-    """{width: gates} of parts with (rows, bits) ``layout``, merged as :func:`_merge` does."""
-    return Counter(sum(layout[i][0] for i in g) for g in _groups(tuple(b for _, b in layout)))
-
-
-def _merge(parts: list, weighted: bool) -> dict:
-    """{width: (rows, z)} of exact constraints merged into as few gates as fit: ``parts`` a
-    list of (rows (r, n) or a list of such blocks, z (n,), bits), each a gate
-    ``sum rows_u rows_v = z_L + z_R`` whose value over the integers is 0 when honest and
-    otherwise a non-zero integer of magnitude below 2^bits (the rows are bits by
-    construction). Consecutive parts whose bits sum to
-    at most MERGE_BITS become one gate, part c scaled by 2^off_c (off_c: the bits before it):
-    if some part is wrong, the first wrong one, c, leaves the sum = 2^off_c e_c, non-zero,
-    mod 2^(off_c + bits_c), so the merged gate is wrong mod 2^64 (docs/MALICIOUS.md, "Merged
-    gates"). ``weighted``: this side carries the scale (V_L's rows; both z)."""
-    groups = _groups(tuple(b for _, _, b in parts))
-    n = parts[0][1].shape[0]
-    parts = [([r] if isinstance(r, np.ndarray) else r, zc, bits) for r, zc, bits in parts]
-    height = [sum(piece.shape[0] for piece in r) for r, _, _ in parts]
-    widths = [sum(height[i] for i in g) for g in groups]
-    out = {w: (np.empty((w, widths.count(w) * n), dtype=np.uint64),
-               np.zeros(widths.count(w) * n, dtype=np.uint64)) for w in set(widths)}
-    filled = dict.fromkeys(out, 0)
-    for group, width in zip(groups, widths):              # each gate written in place
-        u, z = out[width]
-        col = slice(filled[width] * n, (filled[width] + 1) * n)
-        filled[width] += 1
-        row, off = 0, 0
-        for r, zc, bits in (parts[i] for i in group):
-            w = np.uint64(1 << off)
-            for piece in r:
-                np.multiply(piece, w if weighted else _ONE,
-                            out=u[row:row + piece.shape[0], col])
-                row += piece.shape[0]
-            z[col] += zc * w
-            off += bits
-    return out
-
-
-def and_claim_gates(bits: int) -> tuple[int, int]:
-    """(gates, terms a gate) of an AND layer's claims on ``bits`` ANDs (one bit of error
-    each, MERGE_BITS of them a gate)."""
-    return -(-bits // MERGE_BITS), 4 * MERGE_BITS
-
-
-def _merged_along(rows: np.ndarray, z: np.ndarray, weighted: bool):
-    """(r, L) rows and (L,) z of L one-bit-error claims, MERGE_BITS consecutive ones a gate
-    (:func:`_merge`; zero claims past the end): ((r MERGE_BITS, G), (G,))."""
-    r, L = rows.shape
-    G = -(-L // MERGE_BITS)
-    pad = np.zeros((r, G * MERGE_BITS), dtype=np.uint64)
-    pad[:, :L] = rows
-    zp = np.zeros(G * MERGE_BITS, dtype=np.uint64)
-    zp[:L] = z
-    u, zz = pad.reshape(r, G, MERGE_BITS), zp.reshape(G, MERGE_BITS)
-    (gate,) = _merge([(u[:, :, j], zz[:, j], 1) for j in range(MERGE_BITS)], weighted).values()
-    return gate
-
-
-def and_claims(p, x, y, out, tag: str, kop: int) -> tuple[Claim, Claim, Claim]:
-    """The three views of an AND layer's claims, exact over the integers and merged. With
-    a, b the prover's slots (V_L holds slot a and the message the prover sent it, V_R slot
-    b), the message is ``z = x_a y_a ^ x_a y_b ^ x_b y_a ^ f_prev ^ f_next`` (f_prev the
-    pad the prover shares with V_L, f_next with V_R), i.e. ``A ^ B = p ^ q`` with V_L's
-    ``A = z ^ f_prev ^ x_a y_a``, V_R's ``B = f_next``, ``p = x_a y_b``, ``q = x_b y_a``.
-    All are bits, and ``s ^ t = s + t - 2 s t``, so over the integers
-
-        x_a y_b + y_a x_b + (-2 x_a y_a)(x_b y_b) + (2 A) B = A + B
-
-    (p q = (x_a y_a)(x_b y_b)): four terms, V_L's factors against V_R's, whose error is in
-    {-1, 0, 1}. MERGE_BITS consecutive claims share one gate, claim j scaled by 2^j: the
-    first wrong one leaves the gate wrong mod 2^64 (:func:`_merge`; docs/MALICIOUS.md,
-    "Merged gates")."""
+    of two terms, V_L's factors (x_a, y_a) against V_R's (y_b, x_b), on the packed planes
+    as they are (a group's padding bits, never sent, masked to zero on every side)."""
     n, shape = x.n, x.a.shape
-    xa, xb, ya, yb, sent, got = (_bits(t, n) for t in (x.a, x.b, y.a, y.b, out.a, out.b))
-    f_next, f_prev = (_bits(p.prg.bytes(stream, kop, tag, 8 * shape[0] * shape[1])
-                            .view(np.uint64).reshape(shape), n) for stream in ("next", "prev"))
+    valid = bits_to_planes(np.ones((1, n), dtype=np.uint8))
+    xa, xb, ya, yb, sent, got = (np.ravel(t & valid) for t in (x.a, x.b, y.a, y.b, out.a, out.b))
+    f_next, f_prev = (np.ravel(p.prg.bytes(stream, kop, tag, 8 * shape[0] * shape[1])
+                               .view(np.uint64).reshape(shape) & valid)
+                      for stream in ("next", "prev"))
 
     def left(xa, ya, z, f):                  # V_L's side: slot a, the message, f_prev
-        A = z ^ f ^ (xa & ya)
-        return _merged_along(np.stack([xa, ya, _MINUS2 * (xa & ya), _TWO * A]), A, True)
+        return np.stack([xa, ya]), z ^ f ^ (xa & ya)
 
-    def right(xb, yb, f):                    # V_R's side: slot b, f_next
-        return _merged_along(np.stack([yb, xb, xb & yb, f]), f, False)
-
-    (u, zl), (v, zr) = left(xa, ya, sent, f_prev), right(xb, yb, f_next)
-    mine = Claim(u, v, zl + zr)
+    (u, zl), v = left(xa, ya, sent, f_prev), np.stack([yb, xb])
     lu, lz = left(xb, yb, got, f_next)       # next's slot a is this party's b; its f_prev
-    ru, rz = right(xa, ya, f_prev)           # prev's slot b is this party's a; its f_next
-    as_left = Claim(lu, None, lz)
-    as_right = Claim(None, ru, rz)
-    return mine, as_left, as_right
+    return (BitClaim(u, v, zl ^ f_next), BitClaim(lu, None, lz),
+            BitClaim(None, np.stack([ya, xa]), f_prev))   # prev's slot b is this party's a
 
 
 # ---------------------------------------------------------------- bit injection -------
@@ -349,15 +261,16 @@ def _slot(pos: int) -> int:
     return {0: 0, 2: 1, 1: 2}[pos]
 
 
-def _concat(claims: list[Claim]) -> Claim:
-    """One batch of several (a side that is None in all of them stays None)."""
+def _concat(claims: list):
+    """One batch of several claims of one kind (:class:`Claim` or, packed,
+    :class:`mpc3.dzkp_bits.BitClaim`); a side that is None in all of them stays None."""
     def side(xs, other):
         if all(x is None for x in xs):
             return None
         return np.concatenate([x if x is not None else np.zeros_like(o)
                                for x, o in zip(xs, other)], axis=1)
     us, vs = [c.u for c in claims], [c.v for c in claims]
-    return Claim(side(us, vs), side(vs, us), np.concatenate([c.z for c in claims]))
+    return type(claims[0])(side(us, vs), side(vs, us), np.concatenate([c.z for c in claims]))
 
 
 #: Gate terms from which each group's views stay their own batch (:meth:`Views.triples`).
@@ -371,8 +284,9 @@ class Views:
     def __init__(self) -> None:
         self.by_width: dict[int, tuple[list, list, list]] = {}
 
-    def add(self, width: int, pos: int, claim: Claim) -> None:
-        """A view at position ``pos`` (0 the prover, 2 its V_L, 1 its V_R)."""
+    def add(self, width, pos: int, claim) -> None:
+        """A view at position ``pos`` (0 the prover, 2 its V_L, 1 its V_R); ``width``: the
+        gates' terms (("bits", terms) for mod-2 gates, :class:`mpc3.dzkp_bits.BitClaim`)."""
         self.by_width.setdefault(width, ([], [], []))[_slot(pos)].append(claim)
 
     def add_all(self, pos: int, claims: dict[int, Claim]) -> None:
@@ -388,7 +302,7 @@ class Views:
         terms (a batch's last chunk is padded in the proof), else joined into one batch
         each. Every party sees the same three provers' views, so all decide alike."""
         out = []
-        for w in sorted(self.by_width):
+        for w in sorted(self.by_width, key=lambda w: (isinstance(w, tuple), w[-1] if isinstance(w, tuple) else w)):
             views = self.by_width[w]
             if len(views[0]) == len(views[1]) == len(views[2]) and \
                     min(c.terms for v in views for c in v) >= SPLIT_TERMS:

@@ -34,17 +34,17 @@ single's 3-out-of-3 term) reads A's bits from the product's fused truncation
 from __future__ import annotations
 
 import functools
-from collections import Counter
 
 import numpy as np
 
-from .claims import _TOP, Views, _merge, merged_widths
+from .claims import SPLIT_TERMS, Views
 from .claims_trunc import _bit_rows, a_bits, a_witness, shared_bits
 from .dzkp import Claim
+from .dzkp_bits import BitClaim, pack
 from .kernels.base import group_bounds
 from .kernels.leaves import leaf_blocks
 from .kernels.thresholds import _plan_arrays, carry_plan
-from .shares import group_sizes
+from .shares import group_sizes, words
 
 _ONE = np.uint64(1)
 
@@ -53,6 +53,12 @@ def _rows(planes: np.ndarray, n: int) -> np.ndarray:
     """(rows, words(n)) planes of one group -> (rows, n) 0/1 words."""
     return np.unpackbits(np.ascontiguousarray(planes).view(np.uint8), axis=1,
                          bitorder="little")[:, :n].astype(np.uint64)
+
+
+def mod2(rows: np.ndarray, z: np.ndarray) -> dict:
+    """A claims side of mod-2 gates (:mod:`mpc3.dzkp_bits`) from 0/1 words: its factors
+    ``rows`` (terms, L) and its share of z (L,), packed, for :func:`_sided`."""
+    return {BITS: {rows.shape[0]: (pack(rows), pack(np.reshape(z, (1, -1)))[0])}}
 
 
 def _sided(pos: int, left, right, linear=None) -> dict[int, Claim]:
@@ -69,6 +75,11 @@ def _sided(pos: int, left, right, linear=None) -> dict[int, Claim]:
         if shares is not None and pos == at:
             linear(pos, shares)
     out = {}
+    bl, br = (side.pop(BITS, {}) if side is not None else None for side in (lv, rv))
+    for w in (bl if bl is not None else br):       # mod-2 gates: {terms: (rows, z share)}
+        u, v = (None if b is None else b[w][0] for b in (bl, br))
+        z = bl[w][1] if br is None else br[w][1] if bl is None else bl[w][1] ^ br[w][1]
+        out["bits", w] = BitClaim(u, v, z)
     for w in (lv if lv is not None else rv):
         if pos == 0:
             out[w] = Claim(lv[w][0], rv[w][0], lv[w][1] + rv[w][1])
@@ -85,14 +96,9 @@ def _bases(blocks) -> list[int]:
 
 
 # ------------------------------------------------------------- the thermometer --------
-def therm_layout(blocks) -> list[tuple[int, int]]:
-    """(rows, bits) of the thermometer's exact constraints, in :func:`_therm_side`'s order:
-    the monotonicity pairs (the sums and the top row are mod-2 linear: no gate)."""
-    return [(2, 1)] * sum((1 << k) - 2 for _, k in blocks)
-
-
-#: the key under which a claims side gives its shares of mod-2 linear relations (:func:`_sided`)
-LINEAR = "linear"
+#: the keys under which a claims side gives its shares of mod-2 linear relations and its
+#: side of mod-2 gates, {terms: (packed rows, packed z share)} (:func:`_sided`)
+LINEAR, BITS = "linear", "bits"
 
 
 @functools.cache
@@ -117,29 +123,29 @@ def _therm_side(T: np.ndarray, K: np.ndarray, x: np.ndarray, blocks, L: int, top
     window top bit - which hold iff both verifiers' shares are equal (module docstring)."""
     Kb = _bit_rows(K)
     two_j = np.left_shift(_ONE, np.arange(64, dtype=np.uint64) + _ONE)[:, None]
-    parts, linear = [], []
+    rows, zs, linear = [], [], []
     for (off, k), base in zip(blocks, _bases(blocks)):
         t = T[base:base + (1 << k) - 1]
         sel = _sum_selectors(k)
         for i in range(k):                 # a_i = XOR of t_u over sel[i]
             linear.append(np.bitwise_xor.reduce(t[sel[i]], axis=0) ^ Kb[L + off + i])
-        for v in range(t.shape[0] - 1):   # t_(v+2) (1 - t_(v+1)) = 0: a d + c b = a c + b d
-            hi, lo = t[v + 1], t[v]        # (a - b)(d - c) in {-1, 0, 1}
-            if left:                       # a = T'_hi, c = 1 - T'_lo
-                c = _ONE - lo
-                parts.append(([hi[None], c[None]], hi * c, 1))
-            else:                          # b = rho_hi, d = rho_lo
-                parts.append(([lo[None], hi[None]], hi * lo, 1))
+        hi, lo = t[1:], t[:-1]             # t_(v+2) (1 - t_(v+1)) = 0: a d ^ c b = a c ^ b d
+        if left:                           # a = T'_hi, c = 1 ^ T'_lo
+            c = _ONE ^ lo
+            rows.append(np.stack([hi, c]))
+            zs.append(hi & c)
+        else:                              # b = rho_hi, d = rho_lo
+            rows.append(np.stack([lo, hi]))
+            zs.append(hi & lo)
     if top is not None:                    # the window's top bit: t_top = a_top
         linear.append(T[-1] ^ Kb[L + top])
-    out = _merge(parts, left) if parts else {}
-    out[LINEAR] = np.stack(linear).astype(np.uint8)
+    out = {LINEAR: np.stack(linear).astype(np.uint8)}
+    if any(r.shape[1] for r in rows):
+        u = np.concatenate([r.reshape(2, -1) for r in rows], axis=1)
+        out[BITS] = {2: (pack(u), pack(np.concatenate([z.reshape(-1) for z in zs]))[0])}
     if x is None:                          # A's bits pinned elsewhere (a late leaf set)
         return out
-    a = ((two_j * Kb) if left else Kb, K - x)
-    if 64 in out:
-        a = (np.concatenate([a[0], out[64][0]], axis=1), np.concatenate([a[1], out[64][1]]))
-    out[64] = a
+    out[64] = ((two_j * Kb) if left else Kb, K - x)
     return out
 
 
@@ -190,22 +196,19 @@ def _p_from_g(a: np.ndarray, nb: int) -> np.ndarray:
     return a
 
 
-def _half_side(rows: np.ndarray, bits: np.ndarray, nb: int, left: bool,
+def _half_side(rows: np.ndarray, bits: np.ndarray, nb: int,
                const: np.ndarray | None = None) -> dict:
-    """One verifier's side of a pair member's leaves, exact and merged (:func:`_merge`).
-    With E the message's bits and F the mask's (one on each side), leaf G_j's share is a
-    one-hot selection of its block's code rows, ``sum_v S_v t_v = E ^ F``, and P_j's, XOR
-    G_j's, is the selection of one more row: ``sum_v S'_v t_v (+ const) = E' ^ F'`` with
-    E' = E_Pj ^ E_Gj and F' likewise. Over the integers, with ``E ^ F = E + F - 2 E F``:
-    ``sum_v S_v t_v + (2 E) F = E + F (- const)``, whose error is in {-1, 0, 1}: one bit a
-    leaf. ``rows`` (width, leaves, n): this side's code rows or one-hot selectors; ``bits``
-    (leaves, n): its E or F; ``const`` (leaves, n): the constant-one row's selector, on
-    the side that holds the selectors (role 2's half)."""
-    bits = _p_from_g(bits, nb)
-    two = (np.uint64(2) * bits) if left else bits
-    z = bits if const is None else bits - const
-    return _merge([([rows[:, j], two[j][None]], z[j], 1) for j in range(bits.shape[0])],
-                  left)
+    """One verifier's side of a pair member's leaves, mod-2 gates
+    (:mod:`mpc3.dzkp_bits`). With E the message's bits and F the mask's (one on each side),
+    leaf G_j's share is a one-hot selection of its block's code rows,
+    ``XOR_v S_v t_v = E ^ F``, and P_j's, XOR G_j's, is the selection of one more row:
+    ``XOR_v S'_v t_v (^ const) = E' ^ F'`` with E' = E_Pj ^ E_Gj and F' likewise. ``rows``
+    (width, leaves, n): this side's code rows or one-hot selectors; ``bits`` (leaves, n):
+    its E or F; ``const`` (leaves, n): the constant-one row's selector, on the side that
+    holds the selectors (role 2's half)."""
+    z = _p_from_g(bits, nb)
+    z = z if const is None else z ^ const
+    return {BITS: {rows.shape[0]: (pack(_flat(rows)), pack(z.reshape(1, -1))[0])}}
 
 
 # --------------------------------------------------------------------- the kernel -----
@@ -250,33 +253,40 @@ def leaves_claims(p, rec: dict, witness: np.ndarray) -> list[tuple[Claim, Claim,
         sel = functools.cache(lambda: _selection(s["b"], blocks, width))
         add((role - 1) % 3, _sided(
             (role - 1) % 3,
-            lambda: _half_side(_leaf_rows(rho(), blocks, width), rows(mine1), nb, True),
-            lambda: _half_side(_p_from_g(sel()[0], nb), rows("kappa"), nb, False)))
+            lambda: _half_side(_leaf_rows(rho(), blocks, width), rows(mine1), nb),
+            lambda: _half_side(_p_from_g(sel()[0], nb), rows("kappa"), nb)))
         # role 2's half: V_L = role 1 (b, kappa, sigma), V_R = role 0 (T', u2)
         mine2 = "u2" if role == 0 else "u"
         add((role - 2) % 3, _sided(
             (role - 2) % 3,
             lambda: _half_side(_p_from_g(sel()[0], nb), rows("kappa") ^ rows("sigma"), nb,
-                               True, sel()[1]),
-            lambda: _half_side(_leaf_rows(therm(), blocks, width), rows(mine2), nb, False)))
+                               sel()[1]),
+            lambda: _half_side(_leaf_rows(therm(), blocks, width), rows(mine2), nb)))
     return views.triples()
 
 
 def leaves_claim_gates(n: int, m: int, rank: int) -> dict[int, int]:
-    """Gates of each width the leaves' claims on ``n`` elements (window width ``m``) give
-    party ``rank`` to prove: its group as the single proves its thermometer (A's gate, then
-    the monotonicity pairs merged; the sums and the top row are linear relations), the two
-    as a pair member its halves."""
+    """Gates of each width the leaves' ring claims on ``n`` elements give party ``rank`` to
+    prove: A's 64-term gate for each element of its group as the single (its mod-2 gates:
+    :func:`leaves_bit_batches`; the sums and the top row are linear relations)."""
+    return {64: group_sizes(n)[rank]}
+
+
+def leaves_bit_batches(n: int, m: int) -> list[tuple[int, int]]:
+    """(words, terms) of each batch of the leaves' mod-2 gates on ``n`` elements (window
+    width ``m``), as :meth:`mpc3.claims.Views.triples` forms them and the proof pads them
+    (to the largest of the three provers' views): the monotonicity pairs, each group's
+    single proving its own; then the halves, each party a pair member in the two groups it
+    does not lead, one batch per group if every view is at least SPLIT_TERMS terms."""
     blocks = leaf_blocks(m - 1, n)
     nb, sizes = len(blocks), group_sizes(n)
-    single = sizes[rank]
-    out = Counter({64: single})
-    for w, c in merged_widths(therm_layout(blocks)).items():
-        out[w] += c * single
+    npairs = sum(max((1 << k) - 2, 0) for _, k in blocks)
     width = max((1 << k) - 1 for _, k in blocks)
-    for w, c in merged_widths([(width + 1, 1)] * (2 * nb - 1)).items():
-        out[w] += c * (n - single)
-    return dict(out)
+    out = [(max(words(npairs * ng) for ng in sizes), 2)] if npairs else []
+    views = [[words((2 * nb - 1) * sizes[g]) for g in range(3) if g != r] for r in range(3)]
+    if min(64 * width * w for v in views for w in v) >= SPLIT_TERMS:
+        return out + [(max(v[i] for v in views), width) for i in range(2)]
+    return out + [(max(sum(v) for v in views), width)]
 
 
 # ------------------------------------------------------------- thresholds' carry ------
@@ -330,7 +340,9 @@ def compare_claims(p, rec: dict, witness: np.ndarray) -> list[tuple[Claim, Claim
         h = _halves(s, role, len(masked), rows)
 
         def dealt_side(left):
-            """The dealt products' gates: X (the smaller product or alpha) times alpha_last."""
+            """The dealt products' gates, (X_L ^ X_R)(Y_L ^ Y_R) = D ^ dm: X (the smaller
+            product or alpha) times Y = alpha_last, X_L Y_R ^ Y_L X_R = D ^ X_L Y_L ^ dm ^
+            X_R Y_R (V_L = role 2: D, alpha2; V_R = role 1: dm, alpha1)."""
             xs, ys, zs = [], [], []
             for i, u in enumerate(dealt):
                 a = h["a2" if left else "a1"]
@@ -338,20 +350,19 @@ def compare_claims(p, rec: dict, witness: np.ndarray) -> list[tuple[Claim, Claim
                 Y = a[pos_of[u[-1]]]
                 xs.append(X)
                 ys.append(Y)
-                zs.append(_TOP * (h["D" if left else "dm"][i] + X * Y))
-            if left:
-                return np.stack([_TOP * np.concatenate(xs), _TOP * np.concatenate(ys)]), \
-                    np.concatenate(zs)
-            return np.stack([np.concatenate(ys), np.concatenate(xs)]), np.concatenate(zs)
+                zs.append(h["D" if left else "dm"][i] ^ (X & Y))
+            xs, ys = np.concatenate(xs), np.concatenate(ys)
+            return np.stack([xs, ys] if left else [ys, xs]), np.concatenate(zs)
 
         def side0(left):
             out = _therm_side(_rows(s["therm" if left else "rho"], s["nrows"]),  # per row
                               K if left else M,
                               xg if left else xh, blocks, L, None, left)
-            u, z = dealt_side(left)
-            if 2 in out:
-                u, z = np.concatenate([out[2][0], u], axis=1), np.concatenate([out[2][1], z])
-            out[2] = (u, z)
+            dealt_bits = mod2(*dealt_side(left))[BITS][2]
+            mono = out.setdefault(BITS, {}).get(2)     # the monotonicity pairs' gates
+            out[BITS][2] = dealt_bits if mono is None else (
+                np.concatenate([mono[0], dealt_bits[0]], axis=1),
+                np.concatenate([mono[1], dealt_bits[1]]))
             return out
         add(role % 3, _sided(role % 3, lambda: side0(True), lambda: side0(False),
                              p.checks.linear))
@@ -360,18 +371,16 @@ def compare_claims(p, rec: dict, witness: np.ndarray) -> list[tuple[Claim, Claim
         half1 = (lambda: rows(s["half"] if role == 1 else s["delta"] ^ s["half"]))
         half2 = (lambda: rows(s["half"] if role == 2 else s["delta"] ^ s["half"]))
         sel = functools.cache(lambda: _selection(s["b"], blocks, width))   # both halves
+        # (mod-2 gates: XOR_v sel_v code_v = the half's masked leaf ^ its alpha share)
         add((role - 1) % 3, _sided(
             (role - 1) % 3,
-            lambda: {width: (_TOP * _flat(_leaf_rows(code("rho"), blocks, width), leaves),
-                             _TOP * h["a1"].reshape(-1))},
-            lambda: {width: (_flat(sel()[0], leaves), _TOP * half1().reshape(-1))}))
+            lambda: mod2(_flat(_leaf_rows(code("rho"), blocks, width), leaves), h["a1"]),
+            lambda: mod2(_flat(sel()[0], leaves), half1())))
         # role 2's half (round 2, to role 1): V_L = role 1 (b), V_R = role 0 (T', alpha2)
         add((role - 2) % 3, _sided(
             (role - 2) % 3,
-            lambda: {width: (_TOP * _flat(sel()[0], leaves),
-                             _TOP * (half2() + sel()[1][leaves]).reshape(-1))},
-            lambda: {width: (_flat(_leaf_rows(code("therm"), blocks, width), leaves),
-                             _TOP * h["a2"].reshape(-1))}))
+            lambda: mod2(_flat(sel()[0], leaves), half2() ^ sel()[1][leaves]),
+            lambda: mod2(_flat(_leaf_rows(code("therm"), blocks, width), leaves), h["a2"])))
     return views.triples()
 
 
@@ -429,15 +438,14 @@ def swap_claims(p, rec: dict, g: int, role: int, e_in: np.ndarray | None) -> lis
         mono = monos()
         btop = rows(s["btop"][None])[0]
         e1 = own_e() if role == 1 else e_in
-        return {width + live.size: (np.concatenate([mono[live], sel()]),
-                                    _TOP * (e1 + btop + _ONE + mono[kind == 0].sum(axis=0)))}
+        return mod2(np.concatenate([mono[live], sel()]),
+                    e1 ^ btop ^ _ONE ^ np.bitwise_xor.reduce(mono[kind == 0], axis=0))
 
     def e2_left():
         e2 = own_e() if role == 2 else e_in
-        return {width + live.size: (_TOP * np.concatenate([monos()[live], sel()]), _TOP * e2)}
+        return mod2(np.concatenate([monos()[live], sel()]), e2)
     p1, p2 = (role - 1) % 3, (role - 2) % 3
-    return [(p1, _sided(p1, lambda: {width + live.size: (
-                _TOP * np.concatenate([coefs(True), code("rho")]), _TOP * h["lam1"])},
-                e1_right)),
-            (p2, _sided(p2, e2_left, lambda: {width + live.size: (
-                np.concatenate([coefs(False), code("therm")]), _TOP * h["lam2"])}))]
+    return [(p1, _sided(p1, lambda: mod2(np.concatenate([coefs(True), code("rho")]),
+                                         h["lam1"]), e1_right)),
+            (p2, _sided(p2, e2_left, lambda: mod2(np.concatenate([coefs(False), code("therm")]),
+                                                  h["lam2"])))]

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .claims import _TOP, Views, injection_claims
-from .claims_compare import _sided
+from .claims import Views, injection_claims
+from .claims_compare import _sided, mod2
 from .kernels.boolean import word_slices
 from .kernels.convert import _bits_u64
 from .shares import group_sizes, words
@@ -92,7 +92,7 @@ def tree_parts(p, rec: dict, g: int, role: int):
 
 
 def tree_swaps(p, rec: dict, g: int, role: int, e_in) -> list:
-    """(pos, {2: Claim}) of the three shares of group g: each is the AND claim with the
+    """(pos, {"bits": ...}) of the three shares of group g: each is the AND claim with the
     share, split between V_L and V_R, in place of a message (module docstring)."""
     b = _group_bits(p, rec, g)
     zero = np.zeros(group_sizes(rec["x"].n)[g], dtype=np.uint64)
@@ -109,12 +109,12 @@ def tree_swaps(p, rec: dict, g: int, role: int, e_in) -> list:
         def left(el=el):                     # the prover's slot a: V_L's b
             xa, ya, la, fp = ((b["xa"], b["ya"], b["lina"], b["prev"]) if pos == 0 else
                               (b["xb"], b["yb"], b["linb"], b["next"]))
-            return {2: (_TOP * np.stack([xa, ya]), _TOP * (xa * ya + fp + la + el))}
+            return mod2(np.stack([xa, ya]), (xa & ya) ^ fp ^ la ^ el)
 
         def right(er=er):                    # the prover's slot b: V_R's a
             xb, yb, fn = ((b["xb"], b["yb"], b["next"]) if pos == 0 else
                           (b["xa"], b["ya"], b["prev"]))
-            return {2: (np.stack([yb, xb]), _TOP * (fn + er))}
+            return mod2(np.stack([yb, xb]), fn ^ er)
         out.append((pos, _sided(pos, left, right)))
     return out
 

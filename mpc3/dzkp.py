@@ -93,7 +93,8 @@ class Claim:
         given = [x for x in (self.u, self.v) if x is not None]
         if not given or any(x.ndim != 2 or x.shape != given[0].shape for x in given) \
                 or self.z.shape != given[0].shape[1:]:
-            raise ValueError(f"claim shapes u {_shape(self.u)}, v {_shape(self.v)}, "
+            raise ValueError(f"claim shapes u {getattr(self.u, 'shape', None)}, v "
+                             f"{getattr(self.v, 'shape', None)}, "
                              f"z {self.z.shape}")
 
     @property
@@ -105,10 +106,6 @@ class Claim:
     def width(self) -> int:
         """m: the terms of each gate."""
         return (self.u if self.u is not None else self.v).shape[0]
-
-
-def _shape(x) -> tuple | None:
-    return None if x is None else x.shape
 
 
 def compact(c: Claim) -> Claim:
@@ -273,7 +270,8 @@ def _gram(g: GaloisRing, rd: _Round, U: np.ndarray, V: np.ndarray) -> np.ndarray
 
 def verify_claims(p: Party, mine, as_left, as_right,
                   params: Params = Params(), digests: tuple | None = None,
-                  mats: tuple | None = None, linear: tuple | None = None) -> None:
+                  mats: tuple | None = None, linear: tuple | None = None,
+                  bits: tuple = (True, True)) -> None:
     """Prove ``mine`` to the two neighbours and verify theirs; raise
     :class:`CheatingDetected` at every party if any proof fails. ``as_left``: this party's
     shares of the next party's claim (this party is its V_L); ``as_right``: of the previous
@@ -285,10 +283,11 @@ def verify_claims(p: Party, mine, as_left, as_right,
     (:class:`mpc3.freivalds.MatClaim`) in the same three roles, reduced by random ring
     vectors and joined to the batch. ``linear``: this party's digests of its shares of
     mod-2 linear relations (as V_L of next, as V_R of prev; :meth:`mpc3.checks.Checks.linear`):
-    V_R's goes to V_L with the openings; a mismatch fails the prover's proof. Cost:
-    :func:`cost_verify`."""
+    V_R's goes to V_L with the openings; a mismatch fails the prover's proof. ``bits``: this
+    party's verdicts on next's and prev's proofs of mod-2 gates
+    (:func:`mpc3.dzkp_bits.verify_bits`), sent with these. Cost: :func:`cost_verify`."""
     with dk.verifying():
-        _verify(p, mine, as_left, as_right, params, digests, mats, linear)
+        _verify(p, mine, as_left, as_right, params, digests, mats, linear, bits)
 
 
 def _linear_ok(linear: tuple | None, extra: list) -> bool:
@@ -297,8 +296,8 @@ def _linear_ok(linear: tuple | None, extra: list) -> bool:
     return linear is None or (len(extra) == 1 and extra[0].tobytes() == linear[0])
 
 
-def _verify(p: Party, mine, as_left, as_right, params: Params,
-            digests: tuple | None, mats: tuple | None, linear: tuple | None) -> None:
+def _verify(p: Party, mine, as_left, as_right, params: Params, digests: tuple | None,
+            mats: tuple | None, linear: tuple | None, bits: tuple) -> None:
     data = {role: cs if isinstance(cs, list) else list(cs) if isinstance(cs, tuple) else [cs]
             for role, cs in (("P", mine), ("L", as_left), ("R", as_right))}
     if not len(data["P"]) == len(data["L"]) == len(data["R"]):
@@ -312,9 +311,9 @@ def _verify(p: Party, mine, as_left, as_right, params: Params,
     if not live and ring_len == 0:
         ok = linear is None or _linear_ok(
             linear, p.comm.exchange(to_next=lin_out, from_prev=True)[1])
-        if digests is not None or linear is not None:
-            _verdicts(p, np.array([1 if ok else LINEAR_FAILED, 1, *(digests or (1, 1))],
-                                  dtype=np.uint8))
+        if digests is not None or linear is not None or not all(bits):
+            _verdicts(p, np.array([(1 if ok else LINEAR_FAILED) if bits[0] else 0, bits[1],
+                                   *(digests or (1, 1))], dtype=np.uint8))
         return
     params = _resolved(params, sum(sizes[b] * data["P"][b].width for b in live))
     g, k, k1, reps = galois_ring(params.degree), params.k, params.k_first, params.reps
@@ -428,9 +427,9 @@ def _verify(p: Party, mine, as_left, as_right, params: Params,
     # V_L and V_R open to each other: as V_L (of next) talk to prev, as V_R to next
     from_next, from_prev = p.comm.exchange(to_prev=[opened["L"]], to_next=[opened["R"], *lin_out],
                                            from_next=True, from_prev=True)
-    ok = _accept(g, opened["L"], from_prev)
+    ok = _accept(g, opened["L"], from_prev) and bits[0]
     _verdicts(p, np.array([LINEAR_FAILED if ok and not _linear_ok(linear, from_prev[1:]) else ok,
-                           _accept(g, opened["R"], from_next),
+                           _accept(g, opened["R"], from_next) and bits[1],
                            *((1, 1) if digests is None else digests)], dtype=np.uint8))
 
 

@@ -35,8 +35,9 @@ Soundness per job: a flush proves three batches (each party's). The job's first
 :data:`EARLY_FLUSHES` prove with :class:`mpc3.dzkp.Params`' defaults (GR(2^64, 32), two
 repetitions: a false batch passes with probability <= 2^-47.7 up to 10^11 gate terms,
 :func:`mpc3.dzkp.soundness_bits`), later ones with :data:`LATE_PARAMS` (GR(2^64, 64), one
-repetition: <= 2^-55.8), so that :data:`MAX_FLUSHES` flushes stay below 2^-40 by the union
-bound (:func:`job_soundness_bits`; docs/MALICIOUS.md). A short job pays the cheaper proof; a
+repetition: <= 2^-55.8), and each its mod-2 gates over GF(2^64) (<= 2^-55.5 up to 10^11
+gates, :func:`mpc3.dzkp_bits.soundness_bits`), so that :data:`MAX_FLUSHES` flushes stay below
+2^-40 by the union bound (:func:`job_soundness_bits`; docs/MALICIOUS.md). A short job pays the cheaper proof; a
 long one (a GPT-2-small prompt flushes between kernels ~15 times a layer) can split as
 often as its memory needs. A job with more flushes than that flushes at the first ones and
 once at its end, which covers the rest.
@@ -51,7 +52,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from mpc3 import dzkp
+from mpc3 import dzkp, dzkp_bits
 from mpc3.checks import Checks, Unverified
 from mpc3.comm import MalformedMessage, ProtocolError
 from mpc3.dzkp import CheatingDetected
@@ -87,13 +88,15 @@ MAX_TERMS, MAX_RING_TERMS = 10 ** 11, 10 ** 9
 
 def job_soundness_bits(flushes: int = MAX_FLUSHES) -> float:
     """-log2 of the union bound on a job of ``flushes`` flushes passing a false batch: three
-    proofs a flush, each of at most :data:`MAX_TERMS` gate terms and :data:`MAX_RING_TERMS`
-    (the bound grows with both), the first :data:`EARLY_FLUSHES` with the defaults."""
+    ring proofs and three proofs of mod-2 gates a flush, each of at most :data:`MAX_TERMS`
+    gate terms and :data:`MAX_RING_TERMS` (the bound grows with both), the first
+    :data:`EARLY_FLUSHES` ring proofs with the defaults."""
     def fails(params: dzkp.Params) -> float:
         return 2.0 ** -dzkp.soundness_bits(MAX_TERMS, 1, params, ring_len=MAX_RING_TERMS)
     early = min(flushes, EARLY_FLUSHES)
+    bits = 2.0 ** -dzkp_bits.soundness_bits([(MAX_TERMS // 64, 1)])
     return -math.log2(3 * early * fails(dzkp.Params())
-                      + 3 * (flushes - early) * fails(LATE_PARAMS))
+                      + 3 * (flushes - early) * fails(LATE_PARAMS) + 3 * flushes * bits)
 
 
 class ModeMismatch(ProtocolError):

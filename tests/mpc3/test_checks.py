@@ -9,7 +9,8 @@ import pytest
 
 from mpc3 import dzkp, ring, tamper
 from mpc3.checks import Checks, Unverified
-from mpc3.claims import and_claim_gates
+from mpc3.claims import and_bit_batch
+from mpc3.dzkp_bits import cost_verify_bits
 from mpc3.claims_trunc import trunc_gate_bits
 from mpc3.comm import ProtocolError
 from mpc3.kernels import arith, boolean, convert
@@ -213,15 +214,16 @@ def _and_job(p, x, y):
 
 @pytest.mark.parametrize("n,planes", [(70, 1), (131, 5)])
 def test_and_layers_are_verified_mod_2_at_their_declared_cost(n, planes):
-    """The GF(2) gate checked by the Z_2^64 proof as an exact integer claim, 64 of them a
-    gate: honest layers pass at the declared cost, one flipped bit (or any change) in any
-    party's message fails and names it."""
+    """The GF(2) gate proven over GF(2^64) (mpc3.dzkp_bits), its verdicts sent with the
+    ring proof's: honest layers pass at the declared cost (the proof of bits, the digests'
+    round and the verdicts' round), one flipped bit (or any change) in any party's message
+    fails and names it."""
     bits, args = _bit_operands(n, planes, seed=n)
     out = run_parties(_and_job, args)
     z = out[0][0].a ^ out[1][0].a ^ out[2][0].a
     assert np.array_equal(planes_to_bits(z, n), bits[0] & bits[1])
-    rounds, sent = dzkp.cost_verify(*and_claim_gates(planes * n))
-    assert all((s.rounds, s.bytes_sent) == (rounds + 1, sent + 64) for _, s in out)
+    rounds, sent = cost_verify_bits([and_bit_batch(n, planes)])
+    assert all((s.rounds, s.bytes_sent) == (rounds + 2, sent + 64 + 8) for _, s in out)
     for cheater in range(3):
         for kind in ("flip", "add", "replace"):
             got = tamper.run(_and_job, args, make_parties(), tamper.Target(cheater, -1, op=1),

@@ -8,8 +8,9 @@ import pytest
 
 from mpc3 import dzkp, tamper
 from mpc3.checks import Checks
-from mpc3.claims import and_claim_gates
-from mpc3.claims_compare import leaves_claim_gates
+from mpc3.claims import and_bit_batch
+from mpc3.dzkp_bits import cost_verify_bits
+from mpc3.claims_compare import leaves_bit_batches, leaves_claim_gates
 from mpc3.kernels import convert, leaves
 from mpc3.kernels.leaves import ands_per_level, leaf_blocks
 from mpc3.kernels.thresholds import window_for
@@ -33,18 +34,18 @@ def _opened(results, n):
 
 
 def _declared_flush(n: int, L: int, m: int) -> list[tuple[int, int]]:
-    """(rounds, bytes) of each party's flush: the leaves' gates and the carry tree's AND
-    layers (every party proves each layer on all n elements), padded per width to the
-    largest prover, plus the digests and this party's witness (8 B per element it is the
-    single for). The leaves' batches, one per width, then each tree level's."""
+    """(rounds, bytes) of each party's flush: the leaves' gates (every party proves each
+    on all n elements), padded per width to the largest prover, and the carry tree's AND
+    layers, proven mod 2 before them, plus the digests and this party's witness (8 B per
+    element it is the single for)."""
     nb = len(leaf_blocks(m - 1, n))
     per = [leaves_claim_gates(n, m, r) for r in range(3)]
-    ands = [and_claim_gates(count * n) for count in ands_per_level(nb)]
     widths = sorted(set().union(*per))
-    L_ = [max(g.get(w, 0) for g in per) for w in widths] + [g for g, _ in ands]
-    m_ = widths + [w for _, w in ands]
-    rounds, sent = dzkp.cost_verify(L_, m_, linear=True)   # the thermometers' sums: linear
-    return [(rounds + 1, sent + 64 + 8 * group_sizes(n)[r]) for r in range(3)]
+    L_ = [max(g.get(w, 0) for g in per) for w in widths]
+    rounds, sent = dzkp.cost_verify(L_, widths, linear=True)   # the thermometers' sums: linear
+    brounds, bsent = cost_verify_bits(leaves_bit_batches(n, m) + [
+        and_bit_batch(n, count) for count in ands_per_level(nb)])
+    return [(rounds + brounds + 1, sent + bsent + 64 + 8 * group_sizes(n)[r]) for r in range(3)]
 
 
 @pytest.mark.parametrize("n,exact", [(150, False), (67, True)])

@@ -10,11 +10,10 @@ from mpc3.claims import mul_claims
 from mpc3.comm import PREV, ProtocolError
 from mpc3.galois import galois_ring
 from mpc3.kernels.arith import _local_mul
-from mpc3.party import Party
-from mpc3.prg import PRG
 from mpc3.shares import AShare
 from mpc3.sharing import deal, reveal
 from mpc3.sim import make_parties, run_parties
+from helpers.parties import parties_with_private
 from net.party.malicious import EARLY_FLUSHES, LATE_PARAMS, MAX_FLUSHES, job_soundness_bits
 
 M64 = 1 << 64
@@ -106,17 +105,6 @@ def test_claims_of_other_sizes_are_refused_before_any_message():
                    np.zeros(3, np.uint64))
 
 
-def _parties_with_private(seed: bytes, private: bytes):
-    """Three parties whose pairwise keys come from ``seed`` and private keys from
-    ``private`` (so two runs share every challenge and differ in the prover's pads)."""
-    from mpc3.sim import InProcComm, _Net
-    net = _Net()
-    pair = [seed + b"pair%d" % i for i in range(3)]
-    return [Party(rank=r, comm=InProcComm(rank=r, net=net),
-                  prg=PRG.for_job(pair[(r - 1) % 3], pair[r], private + b"%d" % r, "job"))
-            for r in range(3)]
-
-
 def test_opened_values_are_masked_by_the_provers_pads(monkeypatch):
     """Zero knowledge: the verifiers open p(r), q(r) only after the prover's random padding.
     Same data, same challenges, other pads: every opened p(r), q(r) differs; same pads:
@@ -133,7 +121,7 @@ def test_opened_values_are_masked_by_the_provers_pads(monkeypatch):
     runs = []
     for private in (b"a", b"b", b"a"):
         opened.clear()
-        run_parties(_product_then_verify, args, parties=_parties_with_private(b"s" * 8, private))
+        run_parties(_product_then_verify, args, parties=parties_with_private(b"s" * 8, private))
         runs.append(np.stack(sorted(opened, key=lambda a: a.tobytes())))
     assert np.array_equal(runs[0], runs[2])
     assert (runs[0] != runs[1]).any(axis=-1).all()
