@@ -49,6 +49,15 @@ from .shares import group_sizes, words
 _ONE = np.uint64(1)
 
 
+def _planes(planes: np.ndarray, n: int) -> np.ndarray:
+    """(rows, words(n)) planes of one group with the bits past n cleared (a group's padding
+    is never sent, so the gates read zeros there on every side)."""
+    out = np.array(planes[..., :words(n)], dtype=np.uint64)
+    if n % 64:
+        out[..., -1] &= np.uint64((1 << (n % 64)) - 1)
+    return out
+
+
 def _rows(planes: np.ndarray, n: int) -> np.ndarray:
     """(rows, words(n)) planes of one group -> (rows, n) 0/1 words."""
     return np.unpackbits(np.ascontiguousarray(planes).view(np.uint8), axis=1,
@@ -111,40 +120,43 @@ def _sum_selectors(k: int) -> np.ndarray:
     return np.stack([((u >> i) ^ ((u - 1) >> i)) & 1 for i in range(k)]).astype(bool)
 
 
-def _therm_side(T: np.ndarray, K: np.ndarray, x: np.ndarray, blocks, L: int, top,
+def _therm_side(P: np.ndarray, n: int, K: np.ndarray, x: np.ndarray, blocks, L: int, top,
                 left: bool) -> dict:
-    """One verifier's side of the single's thermometer claim: V_L (``left``) holds T' rows,
-    its pad K and x_g; V_R rho rows, the witness M and x_{g+1} (here also T, K, x; x None:
-    no A gate, A's bits being a fused truncation's, :func:`a_parts`). ``top``:
-    the window's top bit, whose row ends T (leaves), or None (thresholds: no such row).
-    A's 64-term gate; every monotonicity constraint, exact over the integers, merged
-    (:func:`_merge`); and under LINEAR this side's XOR shares of the mod-2 linear relations
-    - each block's bits are its code's count (:func:`_sum_selectors`), the top row is A's
-    window top bit - which hold iff both verifiers' shares are equal (module docstring)."""
-    Kb = _bit_rows(K)
-    two_j = np.left_shift(_ONE, np.arange(64, dtype=np.uint64) + _ONE)[:, None]
+    """One verifier's side of the single's thermometer claim on n rows: V_L (``left``) holds
+    T' (``P``: its packed planes, :func:`_planes`), its pad K and x_g; V_R rho, the witness
+    M and x_{g+1} (here also T, K, x; x None: no A gate, A's bits being a fused
+    truncation's, :func:`a_parts`). ``top``: the window's top bit, whose row ends T
+    (leaves), or None (thresholds: no such row). A's 64-term gate; every monotonicity
+    constraint, a mod-2 gate on the packed rows; and under LINEAR this side's XOR shares of
+    the mod-2 linear relations, packed - each block's bits are its code's count
+    (:func:`_sum_selectors`), the top row is A's window top bit - which hold iff both
+    verifiers' shares are equal (module docstring)."""
+    def kbit(j: int) -> np.ndarray:                  # bit j of each K, packed
+        return pack(((K >> np.uint64(j)) & _ONE)[None])[0]
     rows, zs, linear = [], [], []
     for (off, k), base in zip(blocks, _bases(blocks)):
-        t = T[base:base + (1 << k) - 1]
+        t = P[base:base + (1 << k) - 1]
         sel = _sum_selectors(k)
         for i in range(k):                 # a_i = XOR of t_u over sel[i]
-            linear.append(np.bitwise_xor.reduce(t[sel[i]], axis=0) ^ Kb[L + off + i])
+            linear.append(np.bitwise_xor.reduce(t[sel[i]], axis=0) ^ kbit(L + off + i))
         hi, lo = t[1:], t[:-1]             # t_(v+2) (1 - t_(v+1)) = 0: a d ^ c b = a c ^ b d
         if left:                           # a = T'_hi, c = 1 ^ T'_lo
-            c = _ONE ^ lo
+            c = _planes(~lo, n)
             rows.append(np.stack([hi, c]))
             zs.append(hi & c)
         else:                              # b = rho_hi, d = rho_lo
             rows.append(np.stack([lo, hi]))
             zs.append(hi & lo)
     if top is not None:                    # the window's top bit: t_top = a_top
-        linear.append(T[-1] ^ Kb[L + top])
-    out = {LINEAR: np.stack(linear).astype(np.uint8)}
+        linear.append(P[-1] ^ kbit(L + top))
+    out = {LINEAR: np.stack(linear).view(np.uint8)}
     if any(r.shape[1] for r in rows):
-        u = np.concatenate([r.reshape(2, -1) for r in rows], axis=1)
-        out[BITS] = {2: (pack(u), pack(np.concatenate([z.reshape(-1) for z in zs]))[0])}
+        out[BITS] = {2: (np.concatenate([r.reshape(2, -1) for r in rows], axis=1),
+                         np.concatenate([z.reshape(-1) for z in zs]))}
     if x is None:                          # A's bits pinned elsewhere (a late leaf set)
         return out
+    two_j = np.left_shift(_ONE, np.arange(64, dtype=np.uint64) + _ONE)[:, None]
+    Kb = _bit_rows(K)
     out[64] = ((two_j * Kb) if left else Kb, K - x)
     return out
 
@@ -198,17 +210,26 @@ def _p_from_g(a: np.ndarray, nb: int) -> np.ndarray:
 
 def _half_side(rows: np.ndarray, bits: np.ndarray, nb: int,
                const: np.ndarray | None = None) -> dict:
-    """One verifier's side of a pair member's leaves, mod-2 gates
+    """One verifier's side of a pair member's leaves, mod-2 gates on packed planes
     (:mod:`mpc3.dzkp_bits`). With E the message's bits and F the mask's (one on each side),
     leaf G_j's share is a one-hot selection of its block's code rows,
     ``XOR_v S_v t_v = E ^ F``, and P_j's, XOR G_j's, is the selection of one more row:
     ``XOR_v S'_v t_v (^ const) = E' ^ F'`` with E' = E_Pj ^ E_Gj and F' likewise. ``rows``
-    (width, leaves, n): this side's code rows or one-hot selectors; ``bits`` (leaves, n):
-    its E or F; ``const`` (leaves, n): the constant-one row's selector, on the side that
-    holds the selectors (role 2's half)."""
+    (width, leaves, W): this side's code rows or one-hot selectors; ``bits`` (leaves, W):
+    its E or F; ``const`` (leaves, W): the constant-one row's selector, on the side that
+    holds the selectors (role 2's half); a gate per leaf and element."""
     z = _p_from_g(bits, nb)
     z = z if const is None else z ^ const
-    return {BITS: {rows.shape[0]: (pack(_flat(rows)), pack(z.reshape(1, -1))[0])}}
+    return {BITS: {rows.shape[0]: (_flat(rows), z.reshape(-1))}}
+
+
+def _packed_selection(b: np.ndarray, blocks, width: int, nb: int):
+    """:func:`_selection`'s (S with each P_j XOR G_j, S0), packed along the elements:
+    ((width, leaves, W), (leaves, W))."""
+    S, S0 = _selection(b, blocks, width)
+    S = _p_from_g(S, nb)
+    return (pack(S.reshape(-1, b.size)).reshape(S.shape[0], S.shape[1], -1),
+            pack(S0))
 
 
 # --------------------------------------------------------------------- the kernel -----
@@ -240,27 +261,26 @@ def leaves_claims(p, rec: dict, witness: np.ndarray) -> list[tuple[Claim, Claim,
     for g, (sl, s) in enumerate(zip(group_bounds(x.size), rec["state"])):
         role, ng = s["role"], s["n"]
         K, M, xg, xh = a_parts(p, rec, sl, g, role, witness)
-        therm = (lambda: _rows(s["therm"], ng))
-        rho = (lambda: _rows(s["rho"], ng))
-        rows = (lambda key: _rows(s[key], ng))
+        therm = (lambda: _planes(s["therm"], ng))
+        rho = (lambda: _planes(s["rho"], ng))
+        rows = (lambda key: _planes(s[key], ng))
         # role 0's thermometer: V_L = role 2 (T', K, x_g), V_R = role 1 (rho, M, x_{g+1})
         add(role % 3, _sided(role % 3,
-                             lambda: _therm_side(therm(), K, xg, blocks, L, m - 1, True),
-                             lambda: _therm_side(rho(), M, xh, blocks, L, m - 1, False),
+                             lambda: _therm_side(therm(), ng, K, xg, blocks, L, m - 1, True),
+                             lambda: _therm_side(rho(), ng, M, xh, blocks, L, m - 1, False),
                              p.checks.linear))
         # role 1's half: V_L = role 0 (rho, u1), V_R = role 2 (b, kappa)
         mine1 = "u1" if role == 0 else "u"
-        sel = functools.cache(lambda: _selection(s["b"], blocks, width))
+        sel = functools.cache(lambda: _packed_selection(s["b"], blocks, width, nb))
         add((role - 1) % 3, _sided(
             (role - 1) % 3,
             lambda: _half_side(_leaf_rows(rho(), blocks, width), rows(mine1), nb),
-            lambda: _half_side(_p_from_g(sel()[0], nb), rows("kappa"), nb)))
+            lambda: _half_side(sel()[0], rows("kappa"), nb)))
         # role 2's half: V_L = role 1 (b, kappa, sigma), V_R = role 0 (T', u2)
         mine2 = "u2" if role == 0 else "u"
         add((role - 2) % 3, _sided(
             (role - 2) % 3,
-            lambda: _half_side(_p_from_g(sel()[0], nb), rows("kappa") ^ rows("sigma"), nb,
-                               sel()[1]),
+            lambda: _half_side(sel()[0], rows("kappa") ^ rows("sigma"), nb, sel()[1]),
             lambda: _half_side(_leaf_rows(therm(), blocks, width), rows(mine2), nb)))
     return views.triples()
 
@@ -275,15 +295,16 @@ def leaves_claim_gates(n: int, m: int, rank: int) -> dict[int, int]:
 def leaves_bit_batches(n: int, m: int) -> list[tuple[int, int]]:
     """(words, terms) of each batch of the leaves' mod-2 gates on ``n`` elements (window
     width ``m``), as :meth:`mpc3.claims.Views.triples` forms them and the proof pads them
-    (to the largest of the three provers' views): the monotonicity pairs, each group's
+    (to the largest of the three provers' views), each row's or leaf's gates on its own
+    words of the packed planes: the monotonicity pairs, each group's
     single proving its own; then the halves, each party a pair member in the two groups it
     does not lead, one batch per group if every view is at least SPLIT_TERMS terms."""
     blocks = leaf_blocks(m - 1, n)
     nb, sizes = len(blocks), group_sizes(n)
     npairs = sum(max((1 << k) - 2, 0) for _, k in blocks)
     width = max((1 << k) - 1 for _, k in blocks)
-    out = [(max(words(npairs * ng) for ng in sizes), 2)] if npairs else []
-    views = [[words((2 * nb - 1) * sizes[g]) for g in range(3) if g != r] for r in range(3)]
+    out = [(max(npairs * words(ng) for ng in sizes), 2)] if npairs else []
+    views = [[(2 * nb - 1) * words(sizes[g]) for g in range(3) if g != r] for r in range(3)]
     if min(64 * width * w for v in views for w in v) >= SPLIT_TERMS:
         return out + [(max(v[i] for v in views), width) for i in range(2)]
     return out + [(max(sum(v) for v in views), width)]
@@ -355,8 +376,8 @@ def compare_claims(p, rec: dict, witness: np.ndarray) -> list[tuple[Claim, Claim
             return np.stack([xs, ys] if left else [ys, xs]), np.concatenate(zs)
 
         def side0(left):
-            out = _therm_side(_rows(s["therm" if left else "rho"], s["nrows"]),  # per row
-                              K if left else M,
+            out = _therm_side(_planes(s["therm" if left else "rho"], s["nrows"]),  # per row
+                              s["nrows"], K if left else M,
                               xg if left else xh, blocks, L, None, left)
             dealt_bits = mod2(*dealt_side(left))[BITS][2]
             mono = out.setdefault(BITS, {}).get(2)     # the monotonicity pairs' gates

@@ -35,8 +35,9 @@ def _bit_rows(words: np.ndarray) -> np.ndarray:
 
 def _shift_rows(sh, n: int) -> np.ndarray:
     """(64, n) coefficients c_j with sum_j c_j a_j = (A >>a f) for A's bits a_j:
-    2^(j-f) for f <= j < 63, -2^(63-f) for j = 63, 0 below f (f per element or one)."""
-    f = np.broadcast_to(np.asarray(sh, dtype=np.int64), (n,))
+    2^(j-f) for f <= j < 63, -2^(63-f) for j = 63, 0 below f (f per element; one f: a
+    (64, 1) column, broadcast)."""
+    f = np.broadcast_to(np.asarray(sh, dtype=np.int64), (n if np.ndim(sh) else 1,))
     e = np.arange(64)[:, None] - f[None, :]
     c = np.where(e >= 0, np.left_shift(_ONE, np.maximum(e, 0).astype(np.uint64)),
                  np.uint64(0)).astype(np.uint64)

@@ -276,15 +276,16 @@ class GaloisRing:
 
     @functools.lru_cache(maxsize=64)
     def _weights(self, key: bytes, k: int) -> np.ndarray:
+        """w_i = 1 / prod_(m != i) (nodes[i] - nodes[m]): the k products pairwise, all rows
+        at once (log2 k vectorised steps), then k inverses."""
         nodes = np.frombuffer(key, dtype=np.uint64).reshape(k, self.D)
-        out = np.empty((k, self.D), dtype=np.uint64)
-        for i in range(k):
-            den = self.one()
-            for m in range(k):
-                if m != i:
-                    den = self.mul(den, nodes[i] - nodes[m])
-            out[i] = self.inv(den)
-        return out
+        den = nodes[:, None, :] - nodes[None, :, :]                   # (k, k, D)
+        den[np.arange(k), np.arange(k)] = self.one()
+        while den.shape[1] > 1:
+            if den.shape[1] % 2:
+                den = np.concatenate([den, np.broadcast_to(self.one(), (k, 1, self.D))], axis=1)
+            den = self.mul(den[:, 0::2], den[:, 1::2])
+        return np.stack([self.inv(d) for d in den[:, 0]])
 
 
 @functools.cache
