@@ -52,38 +52,21 @@ def inv_int(a: int) -> int:
 
 def lagrange(nodes: list[int], x: int) -> np.ndarray:
     """L_i(x) for the distinct ``nodes`` (ints), as uint64 (len(nodes),): the barycentric
-    form ``l(x) b_i / (x - w_i)``, with one inversion for all the denominators."""
+    form ``l(x) b_i / (x - w_i)``, b_i cached per node set, one inversion for all the
+    denominators (:func:`_lagrange_at`)."""
     if x in nodes:
         return np.array([int(w == x) for w in nodes], dtype=np.uint64)
-    dens = [mul_int(x ^ w, c) for w, c in zip(nodes, _spreads(tuple(nodes)))]
-    lx = 1
-    for w in nodes:
-        lx = mul_int(lx, x ^ w)
-    return np.array([mul_int(lx, d) for d in _inverses(dens)], dtype=np.uint64)
+    key = tuple(nodes)
+    out = np.empty(len(nodes), dtype=np.uint64)
+    _kernels()["lagrange_at"](np.array(key, dtype=np.uint64), _bary(key), np.uint64(x), out)
+    return out
 
 
 @functools.cache
-def _spreads(nodes: tuple) -> tuple:
-    """prod_(j != i) (w_i - w_j) for each node."""
-    out = []
-    for i, wi in enumerate(nodes):
-        d = 1
-        for j, wj in enumerate(nodes):
-            if j != i:
-                d = mul_int(d, wi ^ wj)
-        out.append(d)
-    return tuple(out)
-
-
-def _inverses(xs: list[int]) -> list[int]:
-    """Every x^-1 with one inversion (Montgomery's trick)."""
-    pre = [1]
-    for x in xs:
-        pre.append(mul_int(pre[-1], x))
-    inv, out = inv_int(pre[-1]), [0] * len(xs)
-    for i in range(len(xs) - 1, -1, -1):
-        out[i] = mul_int(inv, pre[i])
-        inv = mul_int(inv, xs[i])
+def _bary(nodes: tuple) -> np.ndarray:
+    """b_i = 1 / prod_(j != i) (w_i - w_j) for each node."""
+    out = np.empty(len(nodes), dtype=np.uint64)
+    _kernels()["bary"](np.array(nodes, dtype=np.uint64), out)
     return out
 
 
@@ -141,6 +124,37 @@ def _dot(a, b):  # pragma: no cover
         lo ^= x
         hi ^= y
     return _reduce_jit(lo, hi)
+
+
+def _inv(a):  # pragma: no cover
+    """a^(2^64 - 2), a != 0."""
+    r = np.uint64(1)
+    for _ in range(63):                  # r = a^(2^63 - 1) by squares, then squared
+        r = _mul_jit(_mul_jit(r, r), a)
+    return _mul_jit(r, r)
+
+
+def _lagrange_at(nodes, bary, x, out):  # pragma: no cover
+    """out[i] = l(x) bary[i] / (x - nodes[i]), x not a node (Montgomery's trick)."""
+    k = nodes.size
+    pre = np.empty(k + 1, dtype=np.uint64)
+    pre[0] = 1
+    for i in range(k):
+        pre[i + 1] = _mul_jit(pre[i], x ^ nodes[i])
+    lx = pre[k]
+    inv = _inv_jit(lx)
+    for i in range(k - 1, -1, -1):                   # inv = 1 / prod_(j <= i) (x - w_j)
+        out[i] = _mul_jit(_mul_jit(_mul_jit(inv, pre[i]), lx), bary[i])
+        inv = _mul_jit(inv, x ^ nodes[i])
+
+
+def _bary_weights(nodes, out):  # pragma: no cover
+    for i in range(nodes.size):
+        d = np.uint64(1)
+        for j in range(nodes.size):
+            if j != i:
+                d = _mul_jit(d, nodes[i] ^ nodes[j])
+        out[i] = _inv_jit(d)
 
 
 def _subset_table(vals, out):  # pragma: no cover
@@ -222,6 +236,7 @@ _mul_jit = _mul
 _lookup_jit = _lookup
 _powers_jit = _powers
 _subset_table_jit = _subset_table
+_inv_jit = _inv
 
 
 @functools.cache
@@ -231,12 +246,13 @@ def _kernels() -> dict:
 
     g = globals()
     jit = numba.njit(cache=True, nogil=True)
-    for name in ("_clmul", "_reduce", "_mul", "_lookup", "_powers", "_subset_table"):
+    for name in ("_clmul", "_reduce", "_mul", "_inv", "_lookup", "_powers", "_subset_table"):
         g[name + "_jit"] = jit(g[name])
     return {"mul_vec": jit(_mul_vec), "dot": jit(_dot), "const_tables": jit(_const_tables),
             "fold_field": jit(_fold_field), "gram_field": jit(_gram_field),
             "reduce": g["_reduce_jit"], "subset_table": g["_subset_table_jit"],
-            "lookup": g["_lookup_jit"]}
+            "lookup": g["_lookup_jit"], "lagrange_at": jit(_lagrange_at),
+            "bary": jit(_bary_weights)}
 
 
 # --------------------------------------------------------------- vector forms --------
