@@ -14,7 +14,11 @@ Each size runs once after a warm-up at L = 1000 (numba compiles the ring kernels
 use). ``verify_s`` is the slowest party's verification; ``product_s`` its product.
 ``gram_runs``: the prover's first Gram sums alone on 2^22 bit terms in gates of each of
 ``--widths`` terms (the proof's cost per term by gate width); ``fold_runs``: the first fold
-of one side alone, likewise (``--kernels-only``: these two alone).
+of one side alone, likewise (``--kernels-only``: these two alone). ``--ands N ...``: N AND
+gates' claims proven as mod-2 gates over GF(2^64) and, for comparison, as the Galois-ring
+proof's integer claims they were before (``ands_runs``; with ``--kernels-only``, alone):
+
+    python benchmarks/dzkp.py --kernels-only --ands 1048576 8388608 --json benchmarks/results/dzkp_ands.json
 """
 from __future__ import annotations
 
@@ -192,6 +196,54 @@ def measure_fold(m: int, terms: int, k: int = 64, seed: int = 0) -> dict:
             "us_per_term": round(wall / (m * L) * 1e6, 4)}
 
 
+def measure_ands(ands: int, seed: int = 0) -> dict:
+    """The proof of ``ands`` AND gates' claims, three parties in this process, both ways:
+    as mod-2 gates over GF(2^64) (:func:`mpc3.dzkp_bits.verify_bits`, 2 terms a gate, 64
+    gates a word) and as the integer claims the Galois-ring proof took before them (4 bit
+    terms an AND, 64 ANDs merged into a gate of 256 terms): each prover's gates true, the
+    slowest party's wall, bytes and rounds."""
+    from mpc3 import dzkp_bits
+    rng = np.random.default_rng(seed)
+    W = -(-ands // 64)
+    words = lambda *s: rng.integers(0, 1 << 64, size=s, dtype=np.uint64)  # noqa: E731
+    bits = []
+    for _ in range(3):
+        u, v, zl = words(2, W), words(2, W), words(W)
+        bits.append((u, v, zl, np.bitwise_xor.reduce(u & v, axis=0) ^ zl))
+    m, L = 256, W
+    scale = np.left_shift(np.uint64(1), np.arange(m, dtype=np.uint64) % np.uint64(64))
+    ring_claims = []
+    for _ in range(3):
+        u, v = (rng.integers(0, 2, size=(m, L), dtype=np.uint8) for _ in range(2))
+        z = ((u.astype(np.uint64) * scale[:, None]) * v).sum(axis=0, dtype=np.uint64)
+        zl = words(L)
+        ring_claims.append((u, v, zl, z - zl))
+
+    def job(p, kind):
+        i, nxt, prv = p.rank, (p.rank + 1) % 3, (p.rank - 1) % 3
+        before, t0 = p.stats.snapshot(), time.perf_counter()
+        if kind == "bits":
+            ok = dzkp_bits.verify_bits(p, [dzkp_bits.BitClaim(bits[i][0], bits[i][1],
+                                                                bits[i][2] ^ bits[i][3])],
+                                       [dzkp_bits.BitClaim(bits[nxt][0], None, bits[nxt][2])],
+                                       [dzkp_bits.BitClaim(None, bits[prv][1], bits[prv][3])])
+            assert ok == (True, True)
+        else:
+            c, one = ring_claims, np.ones(m, dtype=np.uint64)
+            dzkp.verify_claims(p, dzkp.Claim(c[i][0], c[i][1], c[i][2] + c[i][3], scale, one),
+                               dzkp.Claim(c[nxt][0], None, c[nxt][2], scale, None),
+                               dzkp.Claim(None, c[prv][1], c[prv][3], None, one))
+        return time.perf_counter() - t0, p.stats - before
+    out = {"ands": ands}
+    for kind in ("bits", "ring"):
+        got = run_parties(job, [(kind,)] * 3)
+        out[kind] = {"verify_s": round(max(t for t, _ in got), 3),
+                     "bytes_per_party": got[0][1].bytes_sent, "rounds": got[0][1].rounds}
+    out["bits"]["declared"] = list(dzkp_bits.cost_verify_bits([(W, 2)]))
+    out["ring"]["declared"] = list(dzkp.cost_verify(L, m))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[10**3, 10**4, 10**5, 10**6])
@@ -206,11 +258,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gram-terms", type=int, default=1 << 22)
     ap.add_argument("--kernels-only", action="store_true",
                     help="only the first compression's kernels alone (gram_runs, fold_runs)")
+    ap.add_argument("--ands", type=int, nargs="*", default=[],
+                    help="AND gates proven both ways (mod-2 gates over GF(2^64); the "
+                         "integer claims of the Galois-ring proof): ands_runs")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     params = dzkp.Params()
     result = runinfo.start("dzkp")
     result["params"] = {"degree": params.degree, "reps": params.reps, "k": params.k}
+    if args.ands:
+        measure_ands(4096)                                  # warm-up: numba compiles
+        result["ands_runs"] = [measure_ands(n) for n in args.ands]
+    if args.ands and args.kernels_only:
+        runinfo.finish(result, args.json)
+        return 0
     if not args.kernels_only:
         measure(1000, params)                               # warm-up: numba compiles
         result["runs"] = [measure(n, params) for n in args.sizes]
