@@ -139,15 +139,16 @@ def and_claims(p, x, y, out, tag: str, kop: int) -> tuple[BitClaim, BitClaim, Bi
 
 
 # ---------------------------------------------------------------- bit injection -------
-def _view(pos: int, u, v, zl, zr) -> Claim:
+def _view(pos: int, u, v, zl, zr, us=None, vs=None) -> Claim:
     """This party's view of one gate batch: pos 0 the prover (everything), 2 its V_L (u and
     its z share), 1 its V_R (v and its z share); u, v, zl, zr: callables, so a party only
-    evaluates what it holds."""
+    evaluates what it holds; ``us``/``vs``: u's/v's rows' values where they are given as
+    uint8 bits (:class:`mpc3.dzkp.Claim`)."""
     if pos == 0:
-        return Claim(u(), v(), zl() + zr())
+        return Claim(u(), v(), zl() + zr(), us, vs)
     if pos == 2:
-        return Claim(u(), None, zl())
-    return Claim(None, v(), zr())
+        return Claim(u(), None, zl(), us)
+    return Claim(None, v(), zr(), None, vs)
 
 
 def injection_claims(p, x, bit, st: list[dict], got2, parts=None,
@@ -269,6 +270,20 @@ def _concat(claims: list):
             return None
         return np.concatenate([x if x is not None else np.zeros_like(o)
                                for x, o in zip(xs, other)], axis=1)
+    scaled = isinstance(claims[0], Claim) and any(
+        s is not None for c in claims for s in (c.us, c.vs))
+    if scaled:                      # bits with their rows' values: kept if all alike
+        us = [c.us for c in claims if c.u is not None]
+        vs = [c.vs for c in claims if c.v is not None]
+        alike = all(s is not None and np.array_equal(s, ss[0]) for ss in (us, vs) for s in ss)
+        if alike:
+            return Claim(side([c.u for c in claims], [c.v for c in claims]),
+                         side([c.v for c in claims], [c.u for c in claims]),
+                         np.concatenate([c.z for c in claims]), us[0] if us else None,
+                         vs[0] if vs else None)
+        claims = [Claim(*(None if x is None else x if s is None else
+                          x.astype(np.uint64) * s[:, None] for x, s in ((c.u, c.us), (c.v, c.vs))),
+                        c.z) for c in claims]
     us, vs = [c.u for c in claims], [c.v for c in claims]
     return type(claims[0])(side(us, vs), side(vs, us), np.concatenate([c.z for c in claims]))
 

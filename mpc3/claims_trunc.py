@@ -33,6 +33,17 @@ def _bit_rows(words: np.ndarray) -> np.ndarray:
     return (words[None, :] >> _J) & _ONE
 
 
+def _bits8(words: np.ndarray) -> np.ndarray:
+    """(N,) words -> (64, N) their bits as uint8 0/1 (row j: bit j)."""
+    return np.unpackbits(np.ascontiguousarray(words).view(np.uint8).reshape(-1, 8), axis=1,
+                         bitorder="little").T.copy()
+
+
+def _sra(words: np.ndarray, f) -> np.ndarray:
+    """Arithmetic shift right by f of uint64 words: sum_j c_j w_j (:func:`_shift_rows`)."""
+    return (np.ascontiguousarray(words).view(np.int64) >> np.int64(f)).view(np.uint64)
+
+
 def _shift_rows(sh, n: int) -> np.ndarray:
     """(64, n) coefficients c_j with sum_j c_j a_j = (A >>a f) for A's bits a_j:
     2^(j-f) for f <= j < 63, -2^(63-f) for j = 63, 0 below f (f per element; one f: a
@@ -137,16 +148,30 @@ def trunc_claims(p, rec: dict, witness: np.ndarray,
         c = _shift_rows(sh, ng)
         f = np.broadcast_to(np.asarray(sh, dtype=np.uint64), (ng,))
         two_j = np.where(_J[:fmax] < f, np.left_shift(_ONE, _J[:fmax] + _ONE), np.uint64(0))
-        Kb = None if K is None else _bit_rows(K)             # each bit row computed once
-        Mb = None if M is None else _bit_rows(M)
-        zu = functools.cache(lambda: (c * Kb).sum(axis=0) - st["Uk"])
-        zv = functools.cache(lambda: (c * Mb).sum(axis=0) - st["kappa"])
+        if np.ndim(sh) == 0:      # one shift: bit rows as uint8 with each row's value
+            Kb = None if K is None else _bits8(K)
+            Mb = None if M is None else _bits8(M)
+            zu = functools.cache(lambda: _sra(K, sh) - st["Uk"])     # sum_j c_j K_j
+            zv = functools.cache(lambda: _sra(M, sh) - st["kappa"])
+            two = np.where(_J[:fmax, 0] < np.uint64(sh), np.left_shift(_ONE, _J[:fmax, 0] + _ONE),
+                           np.uint64(0))
+            scales = ((np.uint64(2) * c[fmin:, 0], np.ones(64 - fmin, np.uint64)),
+                      (two, np.ones(fmax, np.uint64)))
+            uk_u, a_u = (lambda: Kb[fmin:]), (lambda: Kb[:fmax])
+        else:
+            Kb = None if K is None else _bit_rows(K)         # each bit row computed once
+            Mb = None if M is None else _bit_rows(M)
+            zu = functools.cache(lambda: (c * Kb).sum(axis=0) - st["Uk"])
+            zv = functools.cache(lambda: (c * Mb).sum(axis=0) - st["kappa"])
+            scales = ((None, None), (None, None))
+            uk_u = (lambda: np.uint64(2) * c[fmin:] * Kb[fmin:])
+            a_u = (lambda: two_j * Kb[:fmax])
         views.add(64 - fmin, pos, _view(                        # Uk's gate: bits f..63
-            pos, lambda: np.uint64(2) * c[fmin:] * Kb[fmin:], lambda: Mb[fmin:], zu, zv))
+            pos, uk_u, lambda: Mb[fmin:], zu, zv, *scales[0]))
         if fmax:                                                # A's, less 2^f Uk's: bits < f
             views.add(fmax, pos, _view(
-                pos, lambda: two_j * Kb[:fmax], lambda: Mb[:fmax],
-                lambda: K - xg - (zu() << f), lambda: M - xh - (zv() << f)))
+                pos, a_u, lambda: Mb[:fmax],
+                lambda: K - xg - (zu() << f), lambda: M - xh - (zv() << f), *scales[1]))
         if not exact:
             continue
         t = st["t"] if role == 0 else st.get("at_rho")
