@@ -446,8 +446,7 @@ class Checks:
         before = p.comm.stats.bytes_sent
         linear = (self.linear_left.digest(), self.linear_right.digest()) \
             if self.linear_used else None
-        bits = dzkp_bits.verify_bits(p, *zip(*self.bit_claims)) if self.bit_claims \
-            else (True, True)
+        bits = dzkp_bits.verify_bits(p, *zip(*self.bit_claims)) if self.bit_claims else None
         dzkp.verify_claims(p, mine, left, right, self.params_at(self.flushes),
                            digests=(opened_ok, inputs_ok), mats=mats if self.mats else None,
                            linear=linear, bits=bits)

@@ -79,6 +79,31 @@ class MalformedMessage(CheatingDetected):
             f"party {sender} deviated from the protocol; the job is aborted"))
 
 
+class SeedMismatch(CheatingDetected):
+    """The prover's two verifiers sent it different challenge seeds of a proof
+    (:mod:`mpc3.dzkp`, :mod:`mpc3.dzkp_bits`): one of them deviated (the prover cannot tell
+    which). Raised by the prover alone, before it answers: answering other challenges than
+    its partner checks would let a verifier learn a linear function of the prover's secret
+    values from its partner's opened checks."""
+
+    everywhere = False
+
+    def __init__(self, rank: int) -> None:
+        nxt, prv = (rank + 1) % 3, (rank - 1) % 3
+        super().__init__(nxt, rank, "challenge seeds", rejected=frozenset({prv}), message=(
+            f"party {rank} received different challenge seeds from its verifiers, parties "
+            f"{prv} and {nxt}: one of them deviated; the job is aborted"))
+
+
+def one_array(got, sender: int, receiver: int, dtype, size: int, what: str) -> np.ndarray:
+    """The one array of ``size`` elements of ``dtype`` a message must carry, flat; else
+    :class:`mpc3.comm.MalformedMessage` (never an IndexError or ValueError)."""
+    if not got or len(got) != 1 or got[0].dtype != dtype or got[0].size != size:
+        raise MalformedMessage(sender, receiver, f"{what}: not one {np.dtype(dtype)} array "
+                                                 f"of {size} elements")
+    return got[0].reshape(-1)
+
+
 @dataclass
 class CommStats:
     """Traffic counted by the communicator itself (never estimated)."""

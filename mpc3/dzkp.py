@@ -40,7 +40,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .comm import CheatingDetected  # noqa: F401 - re-exported: raised by _verdicts
+from .comm import CheatingDetected, SeedMismatch, one_array  # noqa: F401 - re-exported
+from .dzkp_rounds import LINEAR_FAILED, send_verdicts, challenge_seeds
 from .freivalds import reduce_mats
 from . import dzkp_kernels as dk
 from .galois import GaloisRing, galois_ring, long_matmul
@@ -64,9 +65,8 @@ class Params:
 
 #: Gate terms from which the first compression is by 64 rather than 32 (:class:`Params`).
 WIDE_TERMS = 1 << 22
-#: bytes of the digest of mod-2 linear relations (:func:`verify_claims`, ``linear``), and
-#: the verdict on a proof whose checks opened to zero but whose relations' digests differ
-LINEAR_BYTES, LINEAR_FAILED = 32, 2
+#: bytes of the digest of mod-2 linear relations (:func:`verify_claims`, ``linear``)
+LINEAR_BYTES = 32
 
 
 def _resolved(params: Params, terms: int) -> Params:
@@ -179,7 +179,7 @@ def cost_verify(L, m, params: Params = Params(),
     elt = params.reps * params.degree * 8
     S = len(steps)
     first = 2 * (params.k_first if gates else params.k) - 1
-    bytes_ = 16 * S                                     # challenge seeds (V_R -> prover)
+    bytes_ = 32 * S                     # challenge seeds (V_L and V_R -> prover)
     bytes_ += (first + (S - 2) * (2 * params.k - 1)) * elt * (S > 1)    # each h
     bytes_ += (2 * steps[-1] + 1 + 2) * elt             # last h and the two pads
     bytes_ += 2 * (S + 3) * elt                         # checks, p(r), q(r), h(r) both ways
@@ -271,7 +271,7 @@ def _gram(g: GaloisRing, rd: _Round, U: np.ndarray, V: np.ndarray) -> np.ndarray
 def verify_claims(p: Party, mine, as_left, as_right,
                   params: Params = Params(), digests: tuple | None = None,
                   mats: tuple | None = None, linear: tuple | None = None,
-                  bits: tuple = (True, True)) -> None:
+                  bits: tuple | None = None) -> None:
     """Prove ``mine`` to the two neighbours and verify theirs; raise
     :class:`CheatingDetected` at every party if any proof fails. ``as_left``: this party's
     shares of the next party's claim (this party is its V_L); ``as_right``: of the previous
@@ -297,7 +297,7 @@ def _linear_ok(linear: tuple | None, extra: list) -> bool:
 
 
 def _verify(p: Party, mine, as_left, as_right, params: Params, digests: tuple | None,
-            mats: tuple | None, linear: tuple | None, bits: tuple) -> None:
+            mats: tuple | None, linear: tuple | None, bits: tuple | None) -> None:
     data = {role: cs if isinstance(cs, list) else list(cs) if isinstance(cs, tuple) else [cs]
             for role, cs in (("P", mine), ("L", as_left), ("R", as_right))}
     if not len(data["P"]) == len(data["L"]) == len(data["R"]):
@@ -311,8 +311,9 @@ def _verify(p: Party, mine, as_left, as_right, params: Params, digests: tuple | 
     if not live and ring_len == 0:
         ok = linear is None or _linear_ok(
             linear, p.comm.exchange(to_next=lin_out, from_prev=True)[1])
-        if digests is not None or linear is not None or not all(bits):
-            _verdicts(p, np.array([(1 if ok else LINEAR_FAILED) if bits[0] else 0, bits[1],
+        if digests is not None or linear is not None or bits is not None:
+            bits = bits or (True, True)
+            send_verdicts(p, np.array([(1 if ok else LINEAR_FAILED) if bits[0] else 0, bits[1],
                                    *(digests or (1, 1))], dtype=np.uint8))
         return
     params = _resolved(params, sum(sizes[b] * data["P"][b].width for b in live))
@@ -325,9 +326,8 @@ def _verify(p: Party, mine, as_left, as_right, params: Params, digests: tuple | 
     def share_from_prover(stream: str, s: int, shape) -> np.ndarray:
         return p.prg.ring(stream, op, f"dzkp/h{s}", shape)
 
-    # round 0: V_R hands each prover the seed of the gate weights and product vectors
-    got, _ = p.comm.exchange(to_prev=[np.frombuffer(seed_of["R"](0), np.uint8)], from_next=True)
-    seeds = {"P": got[0].tobytes(), "L": seed_of["L"](0), "R": seed_of["R"](0)}
+    # round 0: both verifiers hand each prover the seed of the gate weights and vectors
+    seeds = challenge_seeds(p, seed_of, 0)
     ring_claims = None
     if ring_len:
         ring_claims = {role: reduce_mats(g, mats[j], reps,
@@ -370,9 +370,7 @@ def _verify(p: Party, mine, as_left, as_right, params: Params, digests: tuple | 
         ring_claims = None
     while True:
         if awaiting:
-            got, _ = p.comm.exchange(to_prev=[np.frombuffer(seed_of["R"](step), np.uint8)],
-                                     from_next=True)
-            seeds = {"P": got[0].tobytes(), "L": seed_of["L"](step), "R": seed_of["R"](step)}
+            seeds = challenge_seeds(p, seed_of, step)
             for role in data:
                 r = _challenge(g, seeds[role], reps, avoid)
                 if awaiting == "first":
@@ -427,44 +425,11 @@ def _verify(p: Party, mine, as_left, as_right, params: Params, digests: tuple | 
     # V_L and V_R open to each other: as V_L (of next) talk to prev, as V_R to next
     from_next, from_prev = p.comm.exchange(to_prev=[opened["L"]], to_next=[opened["R"], *lin_out],
                                            from_next=True, from_prev=True)
+    bits = bits or (True, True)
     ok = _accept(g, opened["L"], from_prev) and bits[0]
-    _verdicts(p, np.array([LINEAR_FAILED if ok and not _linear_ok(linear, from_prev[1:]) else ok,
+    send_verdicts(p, np.array([LINEAR_FAILED if ok and not _linear_ok(linear, from_prev[1:]) else ok,
                            _accept(g, opened["R"], from_next) and bits[1],
                            *((1, 1) if digests is None else digests)], dtype=np.uint8))
-
-
-def _verdicts(p: Party, verdict: np.ndarray) -> None:
-    """Every party tells both neighbours its four verdicts (the proof of next, of prev, its
-    openings' and its inputs' digests); any failure anywhere raises at every party."""
-    from_next, from_prev = p.comm.exchange(to_prev=[verdict], to_next=[verdict],
-                                           from_next=True, from_prev=True)
-    reports = {p.rank: verdict, p.comm.peer(1): from_next[0], p.comm.peer(-1): from_prev[0]}
-    oks = {r: (v == 1).tolist() if v.shape == (4,) else [0, 0, 0, 0] for r, v in reports.items()}
-    why = {r: "its mod-2 linear relations' digests differ" if v.shape == (4,) and
-           v[0] == LINEAR_FAILED else "checks did not open to zero" for r, v in reports.items()}
-    rejected = frozenset(((r + 1) % 3 if j == 0 else (r - 1) % 3)
-                         for r, ok in oks.items() for j in (0, 1) if not ok[j])
-    for reporter, ok in sorted(oks.items()):
-        if not ok[0]:
-            raise CheatingDetected((reporter + 1) % 3, reporter, why[reporter],
-                                   rejected=rejected)
-        if not ok[1]:
-            raise CheatingDetected((reporter - 1) % 3, reporter, "checks did not open to zero",
-                                   rejected=rejected)
-        if not ok[2]:
-            raise CheatingDetected(
-                (reporter + 1) % 3, reporter, "opening", message=(
-                    f"party {reporter} received an opened value that differs from its other "
-                    f"holder's digest: party {(reporter + 1) % 3} sent a wrong value, party "
-                    f"{(reporter - 1) % 3} a wrong digest, or party {reporter} reports "
-                    f"falsely; the job is aborted"))
-        if not ok[3]:
-            raise CheatingDetected(
-                (reporter - 1) % 3, reporter, "inputs", message=(
-                    f"party {reporter}'s copy of an input slot differs from party "
-                    f"{(reporter - 1) % 3}'s: whoever shared the input (query user or model "
-                    f"owner) dealt inconsistent shares, or one of the two parties altered "
-                    f"its copy, or party {reporter} reports falsely; the job is aborted"))
 
 
 def _send_h(p: Party, h: np.ndarray, share_from_prover, step) -> tuple:
@@ -473,7 +438,8 @@ def _send_h(p: Party, h: np.ndarray, share_from_prover, step) -> tuple:
     left = share_from_prover("prev", step, h.shape)
     _, got = p.comm.exchange(to_next=[h - left], from_prev=True)
     as_left = share_from_prover("next", step, h.shape)
-    return h, as_left, got[0].reshape(h.shape)
+    return h, as_left, one_array(got, p.comm.peer(-1), p.rank, np.uint64, h.size,
+                                 "share of h").reshape(h.shape)
 
 
 def _fold_first(g: GaloisRing, rd: _Round, batches: list, live: list, ns: list, sigmas: list,

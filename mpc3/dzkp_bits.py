@@ -15,7 +15,8 @@ combination misses it with probability 1 / 2^64, so one repetition does.
 The proof is :mod:`mpc3.dzkp`'s (Boyle-Gilboa-Ishai-Nof, CCS 2019), with the field in place
 of the ring:
 
-1. V_R sends the prover a seed of the key it shares with V_L. Gate (i, t) (chunk i of k1,
+1. V_L and V_R both send the prover a seed of the key they share (it aborts if they
+   differ: :class:`SeedMismatch`). Gate (i, t) (chunk i of k1,
    position t) gets the weight theta_i sigma_t, both uniform in the field; the claim is
    ``sum_i theta_i sum_t sigma_t z_(i,t)``, each verifier's share computed from its z share.
 2. The prover sends (XOR-shared: V_L's share from their key, V_R's sent) h at 2 k1 - 1
@@ -43,8 +44,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import gf2k
+from .comm import one_array
 from .party import Party
 from .dzkp import _words
+from .dzkp_rounds import challenge_seeds
 
 #: chunks of the first compression (one bit of a word each: the fold's transpose) and of
 #: the later ones
@@ -131,7 +134,7 @@ def cost_verify_bits(batches: list[tuple[int, int]]) -> tuple[int, int]:
     if not steps:
         return 0, 0
     S = len(steps)
-    bytes_ = 16 * S                                     # challenge seeds
+    bytes_ = 2 * 16 * S                 # challenge seeds: to the prover from both verifiers
     bytes_ += 8 * ((2 * K_FIRST - 1) + (S - 2) * (2 * K - 1))        # each h
     bytes_ += 8 * (2 * steps[-1] + 1 + 2)               # the last h and the pads
     bytes_ += 2 * 8 * (S + 3)                           # checks, p(r), q(r), h(r) both ways
@@ -303,22 +306,18 @@ def verify_bits(p: Party, mine, as_left, as_right) -> tuple[bool, bool]:
     seed_of = {"L": lambda s: p.prg.bytes("prev", op, f"dzkpb/seed{s}", 16).tobytes(),
                "R": lambda s: p.prg.bytes("next", op, f"dzkpb/seed{s}", 16).tobytes()}
 
-    def seeds(step) -> dict:
-        got, _ = p.comm.exchange(to_prev=[np.frombuffer(seed_of["R"](step), np.uint8)],
-                                 from_next=True)
-        return {"P": got[0].tobytes(), "L": seed_of["L"](step), "R": seed_of["R"](step)}
-
     def send_h(h: np.ndarray, step) -> dict:
         """The prover's h XOR-shared: V_L's share from their key, V_R's sent."""
         left = p.prg.ring("prev", op, f"dzkpb/h{step}", h.shape)
         _, got = p.comm.exchange(to_next=[h ^ left], from_prev=True)
         return {"P": h, "L": p.prg.ring("next", op, f"dzkpb/h{step}", h.shape),
-                "R": got[0].reshape(h.shape)}
+                "R": one_array(got, p.comm.peer(-1), p.rank, np.uint64, h.size,
+                               "share of h").reshape(h.shape)}
 
     nws = [-(-sizes[b] // K_FIRST) for b in live]
     at = np.cumsum([0] + [64 * nw for nw in nws])
     widths = [trios[b][0].width for b in live]
-    sd = seeds(0)
+    sd = challenge_seeds(p, seed_of, 0)
     theta, sigmas = {}, {}
     for role, seed in sd.items():
         w = _words(seed, "bits/weights", K_FIRST + int(at[-1]))
@@ -338,7 +337,7 @@ def verify_bits(p: Party, mine, as_left, as_right) -> tuple[bool, bool]:
         checks[role].append(gf2k.dot(theta[role], hs[role][:K_FIRST]) ^ claims[role])
     vecs, k, step = {}, K_FIRST, 1
     while True:
-        sd = seeds(step)
+        sd = challenge_seeds(p, seed_of, step)
         for role in data:
             r = _challenge(sd[role])
             lag = gf2k.lagrange(list(range(k)), r)

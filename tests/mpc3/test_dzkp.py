@@ -7,13 +7,13 @@ import pytest
 
 from mpc3 import dzkp, tamper
 from mpc3.claims import mul_claims
-from mpc3.comm import PREV, ProtocolError
+from mpc3.comm import PREV, MalformedMessage, ProtocolError
 from mpc3.galois import galois_ring
 from mpc3.kernels.arith import _local_mul
 from mpc3.shares import AShare
 from mpc3.sharing import deal, reveal
 from mpc3.sim import make_parties, run_parties
-from helpers.parties import parties_with_private
+from helpers.parties import deviating, parties_with_private
 from net.party.malicious import EARLY_FLUSHES, LATE_PARAMS, MAX_FLUSHES, job_soundness_bits
 
 M64 = 1 << 64
@@ -232,3 +232,31 @@ def test_a_missing_opening_is_a_rejection_not_a_crash():
     mine = np.zeros((2, 4, 32), dtype=np.uint64)
     assert dzkp._accept(g, mine, []) is False
     assert dzkp._accept(g, mine, [np.zeros((2, 3, 32), dtype=np.uint64)]) is False
+
+
+def test_a_verifier_cannot_make_the_prover_answer_other_challenges():
+    """Zero knowledge against a malicious V_R: both verifiers send the prover each seed and
+    it refuses two different ones before it answers (had it answered, V_L's opened checks
+    would give V_R a linear function of the prover's secret values); V_R never receives
+    V_L's openings."""
+    x, y, xs, ys = _operands(50)
+    received = {r: [] for r in range(3)}
+    fake = [np.frombuffer(b"another seed 16b", np.uint8)]
+    out = run_parties(deviating, [(_product_then_verify, (xs[i], ys[i]), 2, 2, "to_prev",
+                                   lambda a: fake, received) for i in range(3)])
+    assert isinstance(out[1], dzkp.SeedMismatch) and not out[1].everywhere
+    assert all(a.ndim < 2 for a in received[2])   # openings are (reps, S + 3, D): none
+
+
+@pytest.mark.parametrize("call, direction, receiver", [(2, "to_prev", 0), (3, "to_next", 2)])
+@pytest.mark.parametrize("change", [lambda a: [], lambda a: [a[0][:-1]],
+                                    lambda a: [a[0].view(np.int64)], lambda a: [a[0], a[0]]])
+def test_malformed_proof_messages_are_refused_by_their_receiver(call, direction, receiver,
+                                                                change):
+    """A seed (to the prover) or a share of h (to V_R) that is not one array of the expected
+    dtype and size: MalformedMessage naming the sender, never an IndexError."""
+    x, y, xs, ys = _operands(300)
+    received = {r: [] for r in range(3)}
+    out = run_parties(deviating, [(_product_then_verify, (xs[i], ys[i]), 1, call, direction,
+                                   change, received) for i in range(3)])
+    assert isinstance(out[receiver], MalformedMessage) and out[receiver].prover == 1, out

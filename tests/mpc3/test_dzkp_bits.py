@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from mpc3 import dzkp, dzkp_bits as B, gf2k, tamper
-from mpc3.comm import ProtocolError
+from mpc3.comm import MalformedMessage, ProtocolError, SeedMismatch
 from mpc3.sim import make_parties, run_parties
-from helpers.parties import parties_with_private
+from helpers.parties import deviating, parties_with_private
 
 
 def _slow_mul(a: int, b: int) -> int:
@@ -221,3 +221,32 @@ def test_malformed_views_are_refused():
         B.BitClaim(np.zeros((2, 3), np.uint64), None, np.zeros(4, np.uint64))
     with pytest.raises(ValueError, match="bit claim"):
         B.BitClaim(np.zeros((2, 3), np.uint8), None, np.zeros(3, np.uint64))
+
+
+def test_a_verifier_cannot_make_the_prover_answer_other_challenges():
+    """Zero knowledge against a malicious V_R: had the prover answered a seed other than
+    the one V_L checks against, V_L's opened check (h's weighted sum against its claim
+    share) would give V_R a linear function of the prover's secret gates - 64 of them
+    recovered whole from one batch word. The prover takes the seed from both verifiers and
+    aborts on a mismatch before it answers, so V_R never sees V_L's openings."""
+    data = _batches([(1, 1)], seed=8)
+    received = {r: [] for r in range(3)}
+    out = run_parties(deviating, [(_prove, (data,), 2, 1, "to_prev",
+                                   lambda a: [np.frombuffer(b"another seed 16b", np.uint8)],
+                                   received)] * 3)
+    assert isinstance(out[1], SeedMismatch) and not out[1].everywhere
+    assert received[2] == []                 # V_L's (party 0's) openings never reached V_R
+
+
+@pytest.mark.parametrize("call, direction, receiver", [(1, "to_prev", 0), (2, "to_next", 2)])
+@pytest.mark.parametrize("change", [lambda a: [], lambda a: [a[0][:-1]],
+                                    lambda a: [a[0].view(np.int64)], lambda a: [a[0], a[0]]])
+def test_malformed_proof_messages_are_refused_by_their_receiver(call, direction, receiver,
+                                                                change):
+    """A seed (round 1, to the prover) or a share of h (round 2, to V_R) that is not one
+    array of the expected dtype and size: MalformedMessage naming the sender, never an
+    IndexError or ValueError."""
+    data = _batches([(200, 2)], seed=9)
+    received = {r: [] for r in range(3)}
+    out = run_parties(deviating, [(_prove, (data,), 1, call, direction, change, received)] * 3)
+    assert isinstance(out[receiver], MalformedMessage) and out[receiver].prover == 1, out
