@@ -54,7 +54,7 @@ import numpy as np
 
 from mpc3 import dzkp, dzkp_bits
 from mpc3.checks import Checks, Unverified
-from mpc3.comm import MalformedMessage, ProtocolError
+from mpc3.comm import MalformedMessage, ProtocolError, SeedMismatch
 from mpc3.dzkp import CheatingDetected
 from mpc3.party import Party
 from mpc3.shares import AShare
@@ -187,6 +187,9 @@ def refusal(rank: int, job_id: str, exc: BaseException) -> str | None:
         return f"party {rank}: job {job_id} aborted, suspect party {exc.prover}: {exc}"
     if isinstance(exc, Unverified):
         return f"party {rank}: job {job_id} refused: {exc}"
+    if isinstance(exc, SeedMismatch):          # one of its two verifiers: it cannot tell
+        return (f"party {rank}: job {job_id} aborted in malicious mode, suspect parties "
+                f"{' or '.join(map(str, sorted(exc.rejected)))}; nothing was revealed: {exc}")
     if isinstance(exc, CheatingDetected):
         return (f"party {rank}: job {job_id} aborted in malicious mode, suspect party "
                 f"{exc.prover} (reported by party {exc.reporter}); nothing was revealed: {exc}")

@@ -294,3 +294,14 @@ def test_a_set_padding_bit_is_refused_by_its_receiver_and_aborts_every_party(sec
     assert err is None
     assert np.array_equal(reveal([j.outputs["Y"] for j in again]),
                           reveal([j.outputs["Y"] for j in honest]))
+
+
+def test_a_seed_mismatch_names_both_verifiers_and_is_sent_to_the_peers():
+    """The prover cannot tell which of its verifiers sent the other challenge seed
+    (mpc3.dzkp_rounds.challenge_seeds): the job's error names both, and the runner sends
+    it to the peers (only the prover raises it)."""
+    from mpc3.comm import SeedMismatch
+    exc = SeedMismatch(0)
+    msg = malicious.refusal(0, "job-7", exc)
+    assert "job-7" in msg and "suspect parties 1 or 2" in msg and "nothing was revealed" in msg
+    assert not malicious.raised_everywhere(exc)
