@@ -224,7 +224,7 @@ def _kernels() -> dict:
     g = globals()
     g["_lookup_jit"], g["_subset_table_jit"] = kern["lookup"], kern["subset_table"]
     jit = numba.njit(cache=True, nogil=True)
-    g["_transpose64_jit"] = jit(_transpose64)
+    gf2k.bind_jit(g, ("_transpose64",))
     return {"gram": jit(_gram_bits), "sums": jit(_weighted_sums), "fold": jit(_fold_bits),
             "transpose": g["_transpose64_jit"]}
 

@@ -27,6 +27,7 @@ import threading
 import numpy as np
 
 from . import procinfo
+from .gf2k import bind_jit
 from .ringmm import PARALLEL_MIN_MACS
 
 #: Claims released while folding are returned to the kernel every this many bytes (their
@@ -293,9 +294,8 @@ def _kernels() -> dict:
     import numba
 
     g = globals()
-    for name in ("_emit", "_gram_int_part", "_gram_ring_part", "_fold_int_part",
-                 "_fold_bits_part", "_fold_ring_part"):
-        g[name + "_jit"] = numba.njit(cache=True, nogil=True)(g[name])
+    bind_jit(g, ("_emit", "_gram_int_part", "_gram_ring_part", "_fold_int_part",
+                 "_fold_bits_part", "_fold_ring_part"))
     g["_ring_mul_into_jit"] = numba.njit(cache=True, nogil=True)(_mul_binary)
     out, drivers = {}, ("_gram_int_all", "_gram_ring_all", "_fold_int_all", "_fold_bits_all",
                         "_fold_ring_all")

@@ -239,6 +239,15 @@ _subset_table_jit = _subset_table
 _inv_jit = _inv
 
 
+def bind_jit(g: dict, names) -> None:
+    """Compile each of ``names`` in the module globals ``g`` (numba, disk-cached, GIL-free)
+    into the ``<name>_jit`` the other kernels call (its Python form until then)."""
+    import numba
+
+    for name in names:
+        g[name + "_jit"] = numba.njit(cache=True, nogil=True)(g[name])
+
+
 @functools.cache
 def _kernels() -> dict:
     """Compile lazily (disk-cached)."""
@@ -246,8 +255,7 @@ def _kernels() -> dict:
 
     g = globals()
     jit = numba.njit(cache=True, nogil=True)
-    for name in ("_clmul", "_reduce", "_mul", "_inv", "_lookup", "_powers", "_subset_table"):
-        g[name + "_jit"] = jit(g[name])
+    bind_jit(g, ("_clmul", "_reduce", "_mul", "_inv", "_lookup", "_powers", "_subset_table"))
     return {"mul_vec": jit(_mul_vec), "dot": jit(_dot), "const_tables": jit(_const_tables),
             "fold_field": jit(_fold_field), "gram_field": jit(_gram_field),
             "reduce": g["_reduce_jit"], "subset_table": g["_subset_table_jit"],
