@@ -283,10 +283,6 @@ def _challenge(seed: bytes) -> int:
     return next((int(w) for w in _words(seed, "bits/point", 4) if int(w) >= AVOID), AVOID)
 
 
-def _at(values: np.ndarray, x: int) -> int:
-    return gf2k.at(values, x)
-
-
 # ------------------------------------------------------------------ the proof ----------
 def verify_bits(p: Party, mine, as_left, as_right) -> tuple[bool, bool]:
     """Prove ``mine`` (a list of :class:`BitClaim`, one per batch) to the two neighbours and
@@ -353,7 +349,7 @@ def verify_bits(p: Party, mine, as_left, as_right) -> tuple[bool, bool]:
                 vecs[role] = (np.concatenate(U), np.concatenate(V))
             else:
                 vecs[role] = tuple(gf2k.fold(X, lag, k) for X in vecs[role])
-            claims[role] = _at(hs[role], r)
+            claims[role] = gf2k.at(hs[role], r)
         k = K
         U, V = vecs["P"]
         if U.size <= k:
@@ -361,30 +357,25 @@ def verify_bits(p: Party, mine, as_left, as_right) -> tuple[bool, bool]:
         step += 1
         hs = send_h(_evals(gf2k.gram(U, V, k), k), step)
         for role in ("L", "R"):
-            x = claims[role]
-            for e in hs[role][:k]:
-                x ^= int(e)
-            checks[role].append(x)
+            checks[role].append(claims[role] ^ int(np.bitwise_xor.reduce(hs[role][:k])))
     # last: pad with one random value each, open at a final point
     kk = U.size
     pads = p.prg.ring("private", op, "dzkpb/pads", 2)
 
     def extended(vals: np.ndarray) -> np.ndarray:
         """values at nodes 0 .. kk, extended to nodes 0 .. 2 kk."""
-        return np.concatenate([vals, np.array([_at(vals, e) for e in range(kk + 1, 2 * kk + 1)],
+        return np.concatenate([vals, np.array([gf2k.at(vals, e) for e in range(kk + 1, 2 * kk + 1)],
                                               dtype=np.uint64)])
     h = gf2k.mul(extended(np.append(U, pads[0])), extended(np.append(V, pads[1])))
     sent = send_h(np.concatenate([h, pads]), "last")
     opened = {}
     for role in ("L", "R"):
         hl, pad = sent[role][:2 * kk + 1], sent[role][2 * kk + 1:]
-        x = claims[role]
-        for e in hl[:kk]:
-            x ^= int(e)
+        x = claims[role] ^ int(np.bitwise_xor.reduce(hl[:kk]))
         r = _challenge(seed_of[role]("final"))
         Ul, Vl = vecs[role]
-        opened[role] = np.array(checks[role] + [x, _at(np.append(Ul, pad[0]), r),
-                                                _at(np.append(Vl, pad[1]), r), _at(hl, r)],
+        opened[role] = np.array(checks[role] + [x, gf2k.at(np.append(Ul, pad[0]), r),
+                                                gf2k.at(np.append(Vl, pad[1]), r), gf2k.at(hl, r)],
                                 dtype=np.uint64)
     # V_L and V_R open to each other: as V_L (of next) talk to prev, as V_R to next
     from_next, from_prev = p.comm.exchange(to_prev=[opened["L"]], to_next=[opened["R"]],
