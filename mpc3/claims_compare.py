@@ -38,7 +38,7 @@ import functools
 import numpy as np
 
 from .claims import SPLIT_TERMS, Views
-from .claims_trunc import _bit_rows, a_bits, a_witness, shared_bits
+from .claims_trunc import a_bits, a_witness, carry_side, shared_bits
 from .dzkp import Claim
 from .dzkp_bits import BitClaim, pack
 from .kernels.base import group_bounds
@@ -120,14 +120,16 @@ def _sum_selectors(k: int) -> np.ndarray:
     return np.stack([((u >> i) ^ ((u - 1) >> i)) & 1 for i in range(k)]).astype(bool)
 
 
-def _therm_side(P: np.ndarray, n: int, K: np.ndarray, x: np.ndarray, blocks, L: int, top,
+def _therm_side(P: np.ndarray, n: int, K: np.ndarray, half, blocks, L: int, top,
                 left: bool) -> dict:
     """One verifier's side of the single's thermometer claim on n rows: V_L (``left``) holds
-    T' (``P``: its packed planes, :func:`_planes`), its pad K and x_g; V_R rho, the witness
-    M and x_{g+1} (here also T, K, x; x None: no A gate, A's bits being a fused
-    truncation's, :func:`a_parts`). ``top``: the window's top bit, whose row ends T
-    (leaves), or None (thresholds: no such row). A's 64-term gate; every monotonicity
-    constraint, a mod-2 gate on the packed rows; and under LINEAR this side's XOR shares of
+    T' (``P``: its packed planes, :func:`_planes`), its share K of A's bits and ``half`` =
+    (x_g, P) (:func:`mpc3.claims_trunc.a_bits`); V_R rho, its share M and (x_{g+1}, Q)
+    (here also T, K, half; half None: no carry gates, A's bits being a fused truncation's,
+    :func:`a_parts`). ``top``: the window's top bit, whose row ends T (leaves), or None
+    (thresholds: no such row). The carry gates that pin A's bits to A
+    (:func:`mpc3.claims_trunc.carry_side`) and every monotonicity constraint, mod-2 gates
+    of two terms; and under LINEAR this side's XOR shares of
     the mod-2 linear relations, packed - each block's bits are its code's count
     (:func:`_sum_selectors`), the top row is A's window top bit - which hold iff both
     verifiers' shares are equal (module docstring)."""
@@ -153,11 +155,12 @@ def _therm_side(P: np.ndarray, n: int, K: np.ndarray, x: np.ndarray, blocks, L: 
     if any(r.shape[1] for r in rows):
         out[BITS] = {2: (np.concatenate([r.reshape(2, -1) for r in rows], axis=1),
                          np.concatenate([z.reshape(-1) for z in zs]))}
-    if x is None:                          # A's bits pinned elsewhere (a late leaf set)
+    if half is None:                       # A's bits pinned elsewhere (a late leaf set)
         return out
-    two_j = np.left_shift(_ONE, np.arange(64, dtype=np.uint64) + _ONE)[:, None]
-    Kb = _bit_rows(K)
-    out[64] = ((two_j * Kb) if left else Kb, K - x)
+    crows, cz = carry_side(*half)          # A's bits are A's: its carries' gates
+    bits = out.setdefault(BITS, {})
+    bits[2] = (crows, cz) if 2 not in bits else (np.concatenate([bits[2][0], crows], axis=1),
+                                                 np.concatenate([bits[2][1], cz]))
     return out
 
 
@@ -234,10 +237,10 @@ def _packed_selection(b: np.ndarray, blocks, width: int, nb: int):
 
 # --------------------------------------------------------------------- the kernel -----
 def a_parts(p, rec: dict, sl: slice, g: int, role: int, witness):
-    """(K, M, x_g, x_{g+1}) of the single's A in group g (:func:`mpc3.claims_trunc.a_bits`);
+    """(K, M, left, right) of the single's A in group g (:func:`mpc3.claims_trunc.a_bits`);
     in the late form (``pair_b``: A is the single's term of a product whose truncation is
     fused, ``rec["trunc"]``) A's bits are that truncation's (``shared_bits``), pinned to A
-    by its claims, and x_g, x_{g+1} None: no A gate, no witness of its own."""
+    by its claims, and left, right None: no carry gates, no witness of its own."""
     if rec["late"]:
         return (*shared_bits(p, rec["trunc"], g, role), None, None)
     return a_bits(p, rec["x"], sl, g, role, rec["kop"], witness)
@@ -260,14 +263,14 @@ def leaves_claims(p, rec: dict, witness: np.ndarray) -> list[tuple[Claim, Claim,
 
     for g, (sl, s) in enumerate(zip(group_bounds(x.size), rec["state"])):
         role, ng = s["role"], s["n"]
-        K, M, xg, xh = a_parts(p, rec, sl, g, role, witness)
+        K, M, lft, rgt = a_parts(p, rec, sl, g, role, witness)
         therm = (lambda: _planes(s["therm"], ng))
         rho = (lambda: _planes(s["rho"], ng))
         rows = (lambda key: _planes(s[key], ng))
         # role 0's thermometer: V_L = role 2 (T', K, x_g), V_R = role 1 (rho, M, x_{g+1})
         add(role % 3, _sided(role % 3,
-                             lambda: _therm_side(therm(), ng, K, xg, blocks, L, m - 1, True),
-                             lambda: _therm_side(rho(), ng, M, xh, blocks, L, m - 1, False),
+                             lambda: _therm_side(therm(), ng, K, lft, blocks, L, m - 1, True),
+                             lambda: _therm_side(rho(), ng, M, rgt, blocks, L, m - 1, False),
                              p.checks.linear))
         # role 1's half: V_L = role 0 (rho, u1), V_R = role 2 (b, kappa)
         mine1 = "u1" if role == 0 else "u"
@@ -285,25 +288,21 @@ def leaves_claims(p, rec: dict, witness: np.ndarray) -> list[tuple[Claim, Claim,
     return views.triples()
 
 
-def leaves_claim_gates(n: int, m: int, rank: int) -> dict[int, int]:
-    """Gates of each width the leaves' ring claims on ``n`` elements give party ``rank`` to
-    prove: A's 64-term gate for each element of its group as the single (its mod-2 gates:
-    :func:`leaves_bit_batches`; the sums and the top row are linear relations)."""
-    return {64: group_sizes(n)[rank]}
-
-
-def leaves_bit_batches(n: int, m: int) -> list[tuple[int, int]]:
+def leaves_bit_batches(n: int, m: int, late: bool = False) -> list[tuple[int, int]]:
     """(words, terms) of each batch of the leaves' mod-2 gates on ``n`` elements (window
     width ``m``), as :meth:`mpc3.claims.Views.triples` forms them and the proof pads them
     (to the largest of the three provers' views), each row's or leaf's gates on its own
-    words of the packed planes: the monotonicity pairs, each group's
-    single proving its own; then the halves, each party a pair member in the two groups it
-    does not lead, one batch per group if every view is at least SPLIT_TERMS terms."""
+    words of the packed planes: the monotonicity pairs and A's carry gates (a word an
+    element; none in the late form, ``late``), each group's single proving its own; then
+    the halves, each party a pair member in the two groups it does not lead, one batch per
+    group if every view is at least SPLIT_TERMS terms. The leaves have no ring claims: the
+    sums and the top row are linear relations."""
     blocks = leaf_blocks(m - 1, n)
     nb, sizes = len(blocks), group_sizes(n)
     npairs = sum(max((1 << k) - 2, 0) for _, k in blocks)
     width = max((1 << k) - 1 for _, k in blocks)
-    out = [(max(npairs * words(ng) for ng in sizes), 2)] if npairs else []
+    two = max(npairs * words(ng) + (0 if late else ng) for ng in sizes)
+    out = [(two, 2)] if two else []
     views = [[(2 * nb - 1) * words(sizes[g]) for g in range(3) if g != r] for r in range(3)]
     if min(64 * width * w for v in views for w in v) >= SPLIT_TERMS:
         return out + [(max(v[i] for v in views), width) for i in range(2)]
@@ -354,7 +353,7 @@ def compare_claims(p, rec: dict, witness: np.ndarray) -> list[tuple[Claim, Claim
 
     for g, s in enumerate(rec["state"]):
         role, ng, idx = s["role"], s["n"], s["idx"]
-        K, M, xg, xh = a_parts(p, rec, s["rsl"], g, role, witness)
+        K, M, lft, rgt = a_parts(p, rec, s["rsl"], g, role, witness)
         rec["KM"][g] = (K, M)
         rows = (lambda planes: _rows(planes, ng))
         code = (lambda key: _rows(s[key], s["nrows"])[:, idx])      # rows -> elements
@@ -378,7 +377,7 @@ def compare_claims(p, rec: dict, witness: np.ndarray) -> list[tuple[Claim, Claim
         def side0(left):
             out = _therm_side(_planes(s["therm" if left else "rho"], s["nrows"]),  # per row
                               s["nrows"], K if left else M,
-                              xg if left else xh, blocks, L, None, left)
+                              lft if left else rgt, blocks, L, None, left)
             dealt_bits = mod2(*dealt_side(left))[BITS][2]
             mono = out.setdefault(BITS, {}).get(2)     # the monotonicity pairs' gates
             out[BITS][2] = dealt_bits if mono is None else (

@@ -13,97 +13,108 @@ with the pair's exchanged terms, to the product (:func:`fused_claims`).
 """
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from .claims import Views, _view, masks, term_views
 from .comm import NEXT, PREV
 from .dzkp import Claim
+from .dzkp_bits import BitClaim
 from .kernels.base import unpack_by_width
 
 _ONE = np.uint64(1)
+_TWO = np.uint64(2)
+_63 = np.uint64(63)
 
 
-_J = np.arange(64, dtype=np.uint64)[:, None]
+def carries(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """The carries of ``x + y`` (uint64 words): bit j is the carry out of bit j, c_(j+1),
+    bit 63 the sum's overflow."""
+    s = x + y
+    return ((x ^ y ^ s) >> _ONE) | ((s < x).astype(np.uint64) << _63)
 
 
-def _bit_rows(words: np.ndarray) -> np.ndarray:
-    """(N,) words -> (64, N) their bits as 0/1 words (row j: bit j)."""
-    return (words[None, :] >> _J) & _ONE
+def carry_side(x: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One verifier's side of the carry gates of ``A = x_g + x_(g+1)`` (:func:`a_bits`):
+    with its half x of A and its XOR share c of the carries (bit j: c_(j+1)), the rows
+    ``(x ^ ci, ci)`` and its share ``c ^ ci ^ ((x ^ ci) & ci)`` of z, ci = c << 1 its share
+    of the carries into each bit. With V_L's (x_g, P) and V_R's (x_(g+1), Q) the gate of
+    bit j, ``(x_g ^ P') (x_(g+1) ^ Q') ^ P' Q' = z_L ^ z_R``, is the cross terms of
+    ``c_(j+1) ^ c_j = (x_j ^ c_j)(y_j ^ c_j)`` - the full adder's carry, c = P ^ Q - so
+    the gates hold for every bit iff P ^ Q are the carries of x_g + x_(g+1): 64 gates of
+    two terms an element, one word each side."""
+    ci = c << _ONE
+    a = x ^ ci
+    return np.stack([a, ci]), c ^ ci ^ (a & ci)
 
 
-def _bits8(words: np.ndarray) -> np.ndarray:
-    """(N,) words -> (64, N) their bits as uint8 0/1 (row j: bit j)."""
-    return np.unpackbits(np.ascontiguousarray(words).view(np.uint8).reshape(-1, 8), axis=1,
-                         bitorder="little").T.copy()
+def carry_claim(pos: int, left, right) -> BitClaim:
+    """This party's view at ``pos`` (0 the prover, 2 V_L, 1 V_R) of the carry gates of
+    :func:`carry_side`, from the sides ``left`` = (x_g, P) and ``right`` = (x_(g+1), Q)."""
+    lv = carry_side(*left) if pos in (0, 2) else None
+    rv = carry_side(*right) if pos in (0, 1) else None
+    z = lv[1] if rv is None else rv[1] if lv is None else lv[1] ^ rv[1]
+    return BitClaim(None if lv is None else lv[0], None if rv is None else rv[0], z)
 
 
-def _sra(words: np.ndarray, f) -> np.ndarray:
-    """Arithmetic shift right by f of uint64 words: sum_j c_j w_j (:func:`_shift_rows`)."""
-    return (np.ascontiguousarray(words).view(np.int64) >> np.int64(f)).view(np.uint64)
+def _uk_rows(half, bits: np.ndarray, f: np.ndarray) -> np.ndarray:
+    """(3, n) one side's shares of the bits that make ``A >>a f`` from A's halves
+    (:func:`trunc_claims`): the carry into bit f, the overflow and A's top bit."""
+    c = half[1]
+    return np.stack([((c << _ONE) >> f) & _ONE, c >> _63, bits >> _63])
 
 
-def _shift_rows(sh, n: int) -> np.ndarray:
-    """(64, n) coefficients c_j with sum_j c_j a_j = (A >>a f) for A's bits a_j:
-    2^(j-f) for f <= j < 63, -2^(63-f) for j = 63, 0 below f (f per element; one f: a
-    (64, 1) column, broadcast)."""
-    f = np.broadcast_to(np.asarray(sh, dtype=np.int64), (n if np.ndim(sh) else 1,))
-    e = np.arange(64)[:, None] - f[None, :]
-    c = np.where(e >= 0, np.left_shift(_ONE, np.maximum(e, 0).astype(np.uint64)),
-                 np.uint64(0)).astype(np.uint64)
-    c[63] = np.uint64(0) - np.left_shift(_ONE, (63 - f).astype(np.uint64))
-    return c
+def _uk_coefficients(f: np.ndarray) -> np.ndarray:
+    """(3, n) the ring weights of :func:`_uk_rows`' bits: 1, -2^(64-f), -2^(64-f)."""
+    big = np.where(f == 0, np.uint64(0),
+                   np.uint64(0) - np.left_shift(_ONE, np.uint64(64) - np.maximum(f, _ONE)))
+    return np.stack([np.ones_like(f), big, big])
 
 
 def trunc_witness(p, rec: dict) -> np.ndarray:
     """The single's witness of a truncation (:func:`trunc_claims`): for the group where
-    this party is role 0, the bits of its ``A = x_g + x_{g+1}`` XOR a pad from the key it
-    shares with V_L (role 2), one word per element, for V_R (role 1)."""
+    this party is role 0, the carries of its ``A = x_g + x_{g+1}`` XOR a pad from the key
+    it shares with V_L (role 2), one word per element, for V_R (role 1)."""
     return a_witness(p, rec["x"], rec["groups"], [st["role"] for st in rec["state"]],
                      rec["kop"])
 
 
 def a_witness(p, x, groups, roles, kop: int) -> np.ndarray:
-    """The bits of the single's ``A = x_g + x_{g+1}`` in the group where this party is
-    role 0, XOR the pad ``(kop, "wit<g>")`` it shares with V_L, for V_R (sent at the flush)."""
+    """The carries of the single's ``A = x_g + x_{g+1}`` (:func:`carries`) in the group
+    where this party is role 0, XOR the pad ``(kop, "wit<g>")`` it shares with V_L, for V_R
+    (sent at the flush)."""
     out = []
     for g, (sl, role) in enumerate(zip(groups, roles)):
         if role == 0:
             pad = p.prg.ring("prev", kop, f"wit{g}", (sl.stop - sl.start,))
-            out.append((x.a[sl] + x.b[sl]) ^ pad)
+            out.append(carries(x.a[sl], x.b[sl]) ^ pad)
     return np.concatenate(out) if out else np.zeros(0, dtype=np.uint64)
 
 
 def a_bits(p, x, sl: slice, g: int, role: int, kop: int, witness: np.ndarray,
            halves=None):
-    """This party's part of the single's witness in group g: ``(K, M, x_g, x_{g+1})`` with
-    ``K ^ M = A`` - K (V_L's pad) and x_g for the prover and V_L, M (the witness) and
-    x_{g+1} for the prover and V_R, None where it holds neither. ``halves``: (x_g, x_{g+1})
-    given (A = their sum; the fused form's K', M'), else the slots of the replicated x."""
+    """This party's part of the single's witness in group g: ``(K, M, left, right)``, A's
+    bits XOR-shared as ``K ^ M`` and the sides of their carry gates (:func:`carry_side`),
+    ``left = (x_g, P)`` for the prover and V_L, ``right = (x_{g+1}, Q)`` for the prover and
+    V_R (None where it holds neither): A = x_g + x_{g+1} has the carries ``P ^ Q``, P V_L's
+    pad and Q the witness, so its bits are ``K = x_g ^ (P << 1)`` (V_L's) XOR ``M = x_{g+1}
+    ^ (Q << 1)`` (V_R's). ``halves``: (x_g, x_{g+1}) given (A = their sum; the fused form's
+    K', M'), else the slots of the replicated x."""
     pos, ng = role % 3, sl.stop - sl.start
     if halves is None:
         xg = x.a[sl] if role == 0 else x.b[sl]           # slot g (V_L's) - role 2's b
         xh = x.b[sl] if role == 0 else x.a[sl]           # slot g+1 (V_R's) - role 1's a
     else:
         xg, xh = halves
-    K = M = None
+    K = M = left = right = None
     if pos in (0, 2):
-        K = p.prg.ring("prev" if pos == 0 else "next", kop, f"wit{g}", (ng,))
-    if pos == 0:
-        M = (xg + xh) ^ K
-    elif pos == 1:                           # a witness of the wrong length fails the proof
-        M = witness if witness is not None and witness.size == ng else \
+        P = p.prg.ring("prev" if pos == 0 else "next", kop, f"wit{g}", (ng,))
+        left, K = (xg, P), xg ^ (P << _ONE)
+    if pos in (0, 1):                        # a witness of the wrong length fails the proof
+        Q = carries(xg, xh) ^ left[1] if pos == 0 else \
+            witness if witness is not None and witness.size == ng else \
             np.zeros(ng, dtype=np.uint64)
-    return K, M, xg, xh
-
-
-def trunc_gate_bits(shifts) -> tuple[int, int]:
-    """(min, max) of a truncation's shifts (one or per element, over every group): its
-    claims' gates run over A's bits min..63 and below max (:func:`trunc_claims`)."""
-    fs = [np.asarray(f).reshape(-1) for f in shifts]
-    fs = np.concatenate(fs) if fs else np.zeros(0, np.int64)
-    return (int(fs.min()), int(fs.max())) if fs.size else (0, 0)
+        right, M = (xh, Q), xh ^ (Q << _ONE)
+    return K, M, left, right
 
 
 def trunc_claims(p, rec: dict, witness: np.ndarray,
@@ -113,18 +124,16 @@ def trunc_claims(p, rec: dict, witness: np.ndarray,
 
     The single (role 0) knows ``A = x_g + x_{g+1}`` alone and sends ``Uk = (A >>a f) -
     kappa`` (and, exact mode, ``t = (a_63 - rho) mod 2^f``) - not products of what its
-    neighbours hold. Its witness, A's 64 bits a_j = K_j ^ M_j with K a pad V_L (role 2)
-    draws from their key and M sent to V_R (role 1) at the flush (:func:`trunc_witness`),
-    makes them linear in the bits, whose arithmetic values ``K_j + M_j - 2 K_j M_j`` are
-    one product each (K, M are bits by construction):
+    neighbours hold. Its witness, the carries of that sum XOR-shared as ``P ^ Q`` (P a pad
+    V_L, role 2, draws from their key, Q sent to V_R, role 1, at the flush:
+    :func:`trunc_witness`), is pinned by 64 mod-2 gates an element (:func:`carry_side`)
+    and gives A's bits XOR-shared (:func:`a_bits`). Then, with x, y the halves, f the shift
+    and b = b_L ^ b_R (arithmetic value ``b_L + b_R - 2 b_L b_R``) the carry into bit f,
+    the overflow and a_63, ``A >>a f = (x >> f) + (y >> f) + c_f - 2^(64-f) (c_64 +
+    a_63)`` (logical shifts), so Uk is one gate of three terms an element:
 
-    * Uk:   sum_(j >= f) (2 c_j K_j) M_j = (sum c_j K_j - Uk) + (sum c_j M_j - kappa) =:
-      z_U, c_j of :func:`_shift_rows` (zero below f)
-    * A:    sum_(j < f) (2^(j+1) K_j) M_j = (K - x_g) + (M - x_{g+1}) - 2^f z_U; with Uk's
-      gate times 2^f that is ``sum_j 2^j a_j = A`` (2^f 2 c_j = 2^(j+1) for f <= j < 63,
-      and 0 = 2^64 for j = 63): A's 64 bits are pinned, and with them Uk mod 2^64 - in 64
-      terms an element, each bit's product once (f per element: the gates run over bits
-      min f..63 and below max f, the coefficients zero past an element's own f)
+    * Uk:   sum_b (2 e_b b_L) b_R = ((x >> f) + sum e_b b_L - Uk) + ((y >> f) + sum e_b b_R
+      - kappa), e = (1, -2^(64-f), -2^(64-f)) (:func:`_uk_coefficients`)
     * t:    (2^(65-f) K_63) M_63 = 2^(64-f) (K_63 - t) + 2^(64-f) (M_63 - rho)
 
     and the pair's exact-mode replies are one product each, mod 2^f (times 2^(64-f)):
@@ -136,49 +145,28 @@ def trunc_claims(p, rec: dict, witness: np.ndarray,
     """
     views = Views()
     x, kop, exact = rec.get("x"), rec["kop"], rec["got2"] is not None
-    fmin, fmax = trunc_gate_bits(per[0] for per in rec["per"])    # public: every group's
     wits = received(rec, witness, 1)
     for g, (sl, st, per) in enumerate(zip(rec["groups"], rec["state"], rec["per"])):
         role, ng = st["role"], st["n"]
         sh, up = per[0], per[1]
         top = np.left_shift(_ONE, np.broadcast_to(np.asarray(up, np.uint64), (ng,)))
         pos = role % 3                                           # prover: role 0
-        K, M, xg, xh = a_bits(p, x, sl, g, role, kop, wits.get(g, [None])[0],
-                              None if halves is None else halves(g, sl, role))
-        c = _shift_rows(sh, ng)
+        K, M, left, right = a_bits(p, x, sl, g, role, kop, wits.get(g, [None])[0],
+                                   None if halves is None else halves(g, sl, role))
         f = np.broadcast_to(np.asarray(sh, dtype=np.uint64), (ng,))
-        two_j = np.where(_J[:fmax] < f, np.left_shift(_ONE, _J[:fmax] + _ONE), np.uint64(0))
-        if np.ndim(sh) == 0:      # one shift: bit rows as uint8 with each row's value
-            Kb = None if K is None else _bits8(K)
-            Mb = None if M is None else _bits8(M)
-            zu = functools.cache(lambda: _sra(K, sh) - st["Uk"])     # sum_j c_j K_j
-            zv = functools.cache(lambda: _sra(M, sh) - st["kappa"])
-            two = np.where(_J[:fmax, 0] < np.uint64(sh), np.left_shift(_ONE, _J[:fmax, 0] + _ONE),
-                           np.uint64(0))
-            scales = ((np.uint64(2) * c[fmin:, 0], np.ones(64 - fmin, np.uint64)),
-                      (two, np.ones(fmax, np.uint64)))
-            uk_u, a_u = (lambda: Kb[fmin:]), (lambda: Kb[:fmax])
-        else:
-            Kb = None if K is None else _bit_rows(K)         # each bit row computed once
-            Mb = None if M is None else _bit_rows(M)
-            zu = functools.cache(lambda: (c * Kb).sum(axis=0) - st["Uk"])
-            zv = functools.cache(lambda: (c * Mb).sum(axis=0) - st["kappa"])
-            scales = ((None, None), (None, None))
-            uk_u = (lambda: np.uint64(2) * c[fmin:] * Kb[fmin:])
-            a_u = (lambda: two_j * Kb[:fmax])
-        views.add(64 - fmin, pos, _view(                        # Uk's gate: bits f..63
-            pos, uk_u, lambda: Mb[fmin:], zu, zv, *scales[0]))
-        if fmax:                                                # A's, less 2^f Uk's: bits < f
-            views.add(fmax, pos, _view(
-                pos, a_u, lambda: Mb[:fmax],
-                lambda: K - xg - (zu() << f), lambda: M - xh - (zv() << f), *scales[1]))
+        e = _uk_coefficients(f)
+        views.add(("bits", 2), pos, carry_claim(pos, left, right))
+        views.add(3, pos, _view(
+            pos, lambda: _TWO * e * _uk_rows(left, K, f), lambda: _uk_rows(right, M, f),
+            lambda: (left[0] >> f) + (e * _uk_rows(left, K, f)).sum(0) - st["Uk"],
+            lambda: (right[0] >> f) + (e * _uk_rows(right, M, f)).sum(0) - st["kappa"]))
         if not exact:
             continue
         t = st["t"] if role == 0 else st.get("at_rho")
         views.add(1, pos, _view(
-            pos, lambda: (top * np.uint64(2) * (K >> np.uint64(63)))[None],
-            lambda: (M >> np.uint64(63))[None],
-            lambda: top * ((K >> np.uint64(63)) - t), lambda: top * ((M >> np.uint64(63)) - st["rho"])))
+            pos, lambda: (top * _TWO * (K >> _63))[None],
+            lambda: (M >> _63)[None],
+            lambda: top * ((K >> _63) - t), lambda: top * ((M >> _63) - st["rho"])))
         got2 = rec["got2"]
         bt = st["bt"].astype(np.uint64) if role else None
         x1 = unpack_by_width(got2[(1, g)][0], per[3], ng, (p, 1)) if role == 0 else st.get("x")
@@ -212,19 +200,33 @@ def received(rec: dict, witness: np.ndarray, parts: int) -> dict:
 
 # ------------------------------------------------------------------ the fused form ----
 def fused_witness(p, rec: dict) -> np.ndarray:
-    """The single's witness of a fused truncation, for V_R: A's bits XOR the pad ``wit<g>``
-    (as :func:`trunc_witness`), then ``M' = A - K'`` with K' the pad ``arith<g>`` it shares
-    with V_L; A its own product term, over the groups where it is role 0 (in order, the
-    bits of all, then M' of all)."""
+    """The single's witness of a fused truncation, for V_R: over the groups where it is role
+    0 (in order), the carries of ``A = K' + M'`` XOR the pad ``wit<g>`` (as
+    :func:`trunc_witness`) of all, then ``M' = A - K'`` of all, with A its own product term
+    and K' the pad ``arith<g>`` it shares with V_L."""
     bits, arith = [], []
     for g, (sl, st) in enumerate(zip(rec["groups"], rec["state"])):
         if st["role"] == 0:
             A = rec["z"][sl]
             K, K2 = (p.prg.ring("prev", rec["kop"], f"{t}{g}", A.shape)
                      for t in ("wit", "arith"))
-            bits.append(A ^ K)
+            bits.append(carries(K2, A - K2) ^ K)
             arith.append(A - K2)
     return np.concatenate(bits + arith) if bits else np.zeros(0, dtype=np.uint64)
+
+
+def _fused_halves(p, rec: dict, wits: dict, pads: dict):
+    """``halves(g, sl, role)`` of :func:`trunc_claims` for a fused truncation: A's parts
+    (K', M') as a party of ``role`` holds them - the single both, V_L (role 2) the pad K',
+    V_R (role 1) the received M' (``wits``, :func:`received`); ``pads`` caches K'."""
+    def halves(g, sl, role):
+        if role == 1:
+            return None, wits[g][1]
+        if g not in pads:
+            pads[g] = p.prg.ring("prev" if role == 0 else "next", rec["kop"], f"arith{g}",
+                                 (sl.stop - sl.start,))
+        return pads[g], (rec["z"][sl] - pads[g] if role == 0 else None)
+    return halves
 
 
 def shared_bits(p, rec: dict, g: int, role: int):
@@ -233,9 +235,9 @@ def shared_bits(p, rec: dict, g: int, role: int):
     ``rec["witness"]``): a comparison of the same product's split form reads A's bits from
     them, the truncation's claims pinning them to A (:mod:`mpc3.claims_compare`)."""
     sl = rec["groups"][g]
-    wit = received(rec, rec.get("witness"), 2).get(g, (None,))[0]
-    K, M, _, _ = a_bits(p, None, sl, g, role, rec["kop"], wit,
-                        halves=(rec["z"][sl], np.uint64(0)) if role == 0 else (None, None))
+    wits = received(rec, rec.get("witness"), 2)
+    K, M, _, _ = a_bits(p, None, sl, g, role, rec["kop"], wits.get(g, (None,))[0],
+                        halves=_fused_halves(p, rec, wits, {})(g, sl, role))
     return K, M
 
 
@@ -253,17 +255,9 @@ def fused_claims(p, rec: dict, witness: np.ndarray):
     (``terms["bias"]``: this party's slots a and b, shifted, flat; V_L takes off its
     prover's).
     """
-    z, kop, got = rec["z"], rec["kop"], rec["got"]
+    z, got = rec["z"], rec["got"]
     wits = received(rec, witness, 2)
-    pads = {}
-
-    def halves(g, sl, role):
-        if role == 1:
-            return None, wits[g][1]
-        if g not in pads:
-            pads[g] = p.prg.ring("prev" if role == 0 else "next", kop, f"arith{g}",
-                                 (sl.stop - sl.start,))
-        return pads[g], (z[sl] - pads[g] if role == 0 else None)
+    halves = _fused_halves(p, rec, wits, {})
     triples = trunc_claims(p, rec, np.concatenate([w[0] for w in wits.values()] or
                                                   [np.zeros(0, np.uint64)]), halves)
     left, right = np.zeros_like(z), np.zeros_like(z)   # of next's term, of prev's

@@ -166,14 +166,17 @@ def soundness_bits(L, m, params: Params = Params(), ring_len: int = 0) -> float:
 
 
 def cost_verify(L, m, params: Params = Params(),
-                ring_len: int = 0, linear: bool = False) -> tuple[int, int]:
+                ring_len: int = 0, linear: bool = False,
+                verdicts: bool = False) -> tuple[int, int]:
     """(rounds, bytes each party sends) of :func:`verify_claims` for batches of L gates of m
     terms (or sequences: one batch per entry) and matrix-product claims of ``ring_len``
     inner terms (every party proves one batch of that size); ``linear``: with the 32-byte
-    digest of mod-2 linear relations (a round of its own when there is nothing to prove)."""
+    digest of mod-2 linear relations (a round of its own when there is nothing to prove);
+    ``verdicts``: with nothing to prove, the verdicts are still sent (a round; digests,
+    linear relations or mod-2 gates to report on)."""
     gates = bool(_batches(L, m))
     if not gates and ring_len == 0:
-        return (1, LINEAR_BYTES) if linear else (0, 0)
+        return (int(linear) + int(verdicts), LINEAR_BYTES * linear + 2 * 4 * verdicts)
     params = _resolved(params, sum(a * b for a, b in _batches(L, m)))
     steps = _lengths(L, m, params, ring_len)
     elt = params.reps * params.degree * 8

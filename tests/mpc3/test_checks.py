@@ -1,7 +1,6 @@
 """Malicious-mode bookkeeping (mpc3.checks): verified kernels register their messages, a
 flush proves them; any deviation of one party in a product or an opening aborts every party,
 and a kernel without verification is refused instead of run unchecked."""
-from collections import Counter
 from itertools import combinations
 
 import numpy as np
@@ -11,7 +10,6 @@ from mpc3 import dzkp, ring, tamper
 from mpc3.checks import Checks, Unverified
 from mpc3.claims import and_bit_batch
 from mpc3.dzkp_bits import cost_verify_bits
-from mpc3.claims_trunc import trunc_gate_bits
 from mpc3.comm import ProtocolError
 from mpc3.kernels import arith, boolean, convert
 from mpc3.kernels.base import run_steps
@@ -308,9 +306,9 @@ def _trunc_job(p, x, bits):
 
 @pytest.mark.parametrize("mode,bits", [("exact", 16), ("prob", 16), ("exact", "mixed")])
 def test_truncation_is_verified_through_the_singles_bit_witness(mode, bits):
-    """trunc_a: the single's Uk and t are pinned by the 64 bits of its A (XOR-shared with
-    its neighbours at the flush, 8 bytes an element; two gates of 64 terms in all), the
-    pair's replies are products.
+    """trunc_a: the single's Uk and t are pinned by the carries of its A (XOR-shared with
+    its neighbours at the flush, 8 bytes an element; 64 mod-2 gates of two terms, then a
+    ring gate of three terms), the pair's replies are products.
     Honest: the semi-honest output at the declared cost; every message changed is caught
     and the sender's proof is among the rejected ones."""
     n = 100
@@ -325,13 +323,13 @@ def test_truncation_is_verified_through_the_singles_bit_witness(mode, bits):
     got = clean.results[0][0].astype(np.int64)
     assert np.abs(got - (v >> shifts)).max() <= 1                  # stochastic rounding
     big, exact = max(group_sizes(n)), mode == "exact"
-    fmin, fmax = trunc_gate_bits([shifts])          # Uk's gate over bits fmin.., A's below
-    gates = Counter({64 - fmin: big, 1: 3 * big if exact else 0})
-    gates[fmax] += big
-    rounds, sent = dzkp.cost_verify([gates[w] for w in sorted(gates)], sorted(gates))
+    gates = {3: big, 1: 3 * big} if exact else {3: big}     # Uk's, then t's and the pair's
+    rounds, sent = dzkp.cost_verify(list(gates.values()), list(gates))
+    brounds, bsent = cost_verify_bits([(big, 2)])             # the carries, a word an element
     for r, (_, spent) in enumerate(clean.results):
         witness = 8 * group_sizes(n)[r]
-        assert (spent.rounds, spent.bytes_sent) == (rounds + 1, sent + 64 + witness)
+        assert (spent.rounds, spent.bytes_sent) == \
+            (rounds + brounds + 1, sent + bsent + 64 + witness)
     for s in [s for s in clean.sent if s.op <= (2 if exact else 1)]:
         got = tamper.run(_trunc_job, args, make_parties(cfg),
                          tamper.Target(s.party, s.direction, op=s.op),

@@ -10,7 +10,7 @@ from mpc3 import dzkp, tamper
 from mpc3.checks import Checks
 from mpc3.claims import and_bit_batch
 from mpc3.dzkp_bits import cost_verify_bits
-from mpc3.claims_compare import leaves_bit_batches, leaves_claim_gates
+from mpc3.claims_compare import leaves_bit_batches
 from mpc3.kernels import convert, leaves
 from mpc3.kernels.leaves import ands_per_level, leaf_blocks
 from mpc3.kernels.thresholds import window_for
@@ -34,15 +34,13 @@ def _opened(results, n):
 
 
 def _declared_flush(n: int, L: int, m: int) -> list[tuple[int, int]]:
-    """(rounds, bytes) of each party's flush: the leaves' gates (every party proves each
-    on all n elements), padded per width to the largest prover, and the carry tree's AND
-    layers, proven mod 2 before them, plus the digests and this party's witness (8 B per
-    element it is the single for)."""
+    """(rounds, bytes) of each party's flush: the leaves' mod-2 gates (the single's carry
+    and monotonicity gates, the pair's halves; padded to the largest prover) and the carry
+    tree's AND layers, no ring gates - the thermometers' sums are linear relations, a
+    digest - plus the digests and this party's witness (8 B per element it is the single
+    for)."""
     nb = len(leaf_blocks(m - 1, n))
-    per = [leaves_claim_gates(n, m, r) for r in range(3)]
-    widths = sorted(set().union(*per))
-    L_ = [max(g.get(w, 0) for g in per) for w in widths]
-    rounds, sent = dzkp.cost_verify(L_, widths, linear=True)   # the thermometers' sums: linear
+    rounds, sent = dzkp.cost_verify(0, 2, linear=True, verdicts=True)
     brounds, bsent = cost_verify_bits(leaves_bit_batches(n, m) + [
         and_bit_batch(n, count) for count in ands_per_level(nb)])
     return [(rounds + brounds + 1, sent + bsent + 64 + 8 * group_sizes(n)[r]) for r in range(3)]
