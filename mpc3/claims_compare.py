@@ -5,9 +5,10 @@
   window blocks and A's window top bit, rho from the key it shares with role 1. T is
   XOR-shared between its verifiers (V_L = role 2 holds T', V_R = role 1 holds rho), and the
   bits of ``A = x_g + x_{g+1}`` are too, with the witness of
-  :func:`mpc3.claims_trunc.a_witness` (``a = K ^ M``: V_L's pad, V_R's witness). With the
+  :func:`mpc3.claims_trunc.a_witness` (``a = K ^ M``, from the sum's carries XOR-shared
+  as V_L's pad and V_R's witness). With the
   arithmetic value ``t = T' + rho - 2 T' rho`` of a shared bit, the code is right iff
-    - A's bits are A's (the 64-term gate of :func:`mpc3.claims_trunc.trunc_claims`);
+    - A's bits are A's (the carries' mod-2 gates, :func:`mpc3.claims_trunc.carry_side`);
     - each code is monotone, ``t_(v+1) (1 - t_v) = 0``: with a = T'_(v+1), c = 1 - T'_v
       (V_L's) and b = rho_(v+1), d = rho_v (V_R's) that is ``(a - b)(d - c) = 0``, i.e.
       ``a d + c b = a c + b d`` (error -1, 0 or 1);
@@ -23,13 +24,11 @@
   integers, E the message's bit and F the mask's, the code share on one verifier's side
   (role 0 holds rho and T') and S(b) on the other's (the other pair member).
 
-Every gate but A's is exact over the integers, its factors bits, so they are
-merged into gates of at most 64 bits of error (:func:`_merge`; docs/MALICIOUS.md, "Merged
-gates").
+Every gate is a mod-2 gate, proven over GF(2^64) (:mod:`mpc3.dzkp_bits`).
 
 A leaf set whose pair part arrives late (``pair_b``: a product's split form, whose A is the
 single's 3-out-of-3 term) reads A's bits from the product's fused truncation
-(:func:`a_parts`): no witness or A gate of its own, the same claims otherwise.
+(:func:`a_parts`): no witness or carry gates of its own, the same claims otherwise.
 """
 from __future__ import annotations
 
