@@ -136,8 +136,8 @@ def _gram_ring_all(U, V, k, n, out):  # pragma: no cover
 def _fold_int_part(x, xs, n, lr, sig, nz, taps, t0, t1, out):  # pragma: no cover
     """out[j, a n + t] = (sigma_t *) sum_i lr[i, j] xs[a] x[a, i n + t] for t0 <= t < t1: x
     (m, L) Z_2^64 words (xs ones) or bits (xs their rows' values), lr (k, reps D)
-    (repetition j's coefficients at columns j D .. j D + D - 1), sig (n, reps, D + 1)
-    (:func:`set_bits`) or empty (no sigma), nz (m,) rows not all zero, out (reps, m n, D)
+    (repetition j's coefficients at columns j D .. j D + D - 1), sig (reps, n, D) sigma's
+    0/1 coefficients (int64) or empty (no sigma), nz (m,) rows not all zero, out (reps, m n, D)
     zero on entry (a zero row's fold is zero: its positions are not written). By blocks of
     positions: each chunk's slice of x is read in order into an L1 block of accumulators."""
     m, L = x.shape
@@ -214,11 +214,11 @@ def _fold_bits_all(x, xs, n, tab, sig, nz, taps, out, parts):  # pragma: no cove
 
 
 def _emit(acc, sig, t, taps, c, out, o, weighted):  # pragma: no cover
-    """out[j, o] = (sigma_t *) repetition j's D words of ``acc`` (sig: :func:`set_bits`)."""
+    """out[j, o] = (sigma_t *) repetition j's D words of ``acc`` (sig: (reps, n, D) 0/1)."""
     D = out.shape[2]
     for j in range(out.shape[0]):
         if weighted:
-            _ring_mul_into_jit(acc[j * D:(j + 1) * D], sig[t, j], taps, c, out[j, o])
+            _ring_mul_into_jit(acc[j * D:(j + 1) * D], sig[j, t], taps, c, out[j, o])
         else:
             out[j, o] = acc[j * D:(j + 1) * D]
 
@@ -265,15 +265,15 @@ _gram_int_part_jit = _gram_int_part
 _gram_ring_part_jit = _gram_ring_part
 
 
-def _mul_binary(a, bset, taps, c, out):  # pragma: no cover
-    """out = a * b in GR(2^64, D) for b with 0/1 coefficients given by :func:`set_bits`: a
-    shifted copy of a added per set one, a vectorized addition (c: scratch of 2D - 1)."""
+def _mul_binary(a, b, taps, c, out):  # pragma: no cover
+    """out = a * b in GR(2^64, D) for b with 0/1 coefficients: a shifted copy of a added
+    per set one, a vectorized addition (c: scratch of 2D - 1)."""
     d = a.shape[0]
     c[:] = 0
-    for q in range(bset[0]):
-        e = bset[1 + q]
-        ce = c[e:e + d]
-        ce += a
+    for e in range(d):
+        if b[e]:
+            ce = c[e:e + d]
+            ce += a
     for m in range(2 * d - 2, d - 1, -1):
         top = c[m]
         for t in taps:
@@ -399,14 +399,6 @@ def masks(sig: np.ndarray) -> np.ndarray:
     return (np.uint64(0) - np.ascontiguousarray(sig, dtype=np.uint64)).view(np.int64)
 
 
-def set_bits(sig: np.ndarray) -> np.ndarray:
-    """Binary weights (..., D) as the folds read them: (..., D + 1) int64, the count of set
-    coefficients, then their exponents (the rest unused)."""
-    on = masks(sig) != 0
-    order = np.argsort(~on, axis=-1, kind="stable")              # set coefficients first
-    return np.concatenate([on.sum(axis=-1)[..., None], order], axis=-1).astype(np.int64)
-
-
 def rows(x: np.ndarray, scale) -> tuple[np.ndarray, np.ndarray]:
     """(data, row values) as the kernels read them: uint64 words (as int64) with ones, or
     uint8 bits with their rows' values ``scale`` (as int64)."""
@@ -428,13 +420,12 @@ def fold_int(x: np.ndarray, k: int, lr: np.ndarray, sig: np.ndarray | None,
     m, L = x.shape
     reps, _, D = lr.shape
     n = -(-L // k) if n is None else n
-    nz = np.array([bool(row.any()) for row in x])
+    nz = x.any(axis=1)
     par, parts = _parts(int(nz.sum()) * n * reps * D * (k + (D if sig is not None else 0)))
     out = np.zeros((reps, m * n, D), dtype=np.uint64) if out is None else out
     if out.shape != (reps, m * n, D) or out.dtype != np.uint64:
         raise ValueError(f"fold_int: out {out.shape} {out.dtype}, want {(reps, m * n, D)}")
-    s = np.zeros((0, reps, D + 1), np.int64) if sig is None else \
-        set_bits(np.ascontiguousarray(sig.transpose(1, 0, 2)))
+    s = np.zeros((0, 1, D), np.int64) if sig is None else _i64(sig)
     x, xs = rows(x, scale)
     lr2, tables = coef or _coefficients(lr)
     bits = x.dtype == np.uint8 and tables is not None     # bit rows: by tables of 8 chunks
