@@ -156,10 +156,15 @@ def _therm_side(P: np.ndarray, n: int, K: np.ndarray, half, blocks, L: int, top,
                          np.concatenate([z.reshape(-1) for z in zs]))}
     if half is None:                       # A's bits pinned elsewhere (a late leaf set)
         return out
-    crows, cz = carry_side(*half)          # A's bits are A's: its carries' gates
+    return _join_bits(out, carry_side(*half))   # A's bits are A's: its carries' gates
+
+
+def _join_bits(out: dict, gates: tuple[np.ndarray, np.ndarray]) -> dict:
+    """``out`` (a claims side, :func:`_sided`) with more two-term mod-2 gates, ``gates`` =
+    (rows (2, W), z share (W,)), after those it holds: one batch."""
     bits = out.setdefault(BITS, {})
-    bits[2] = (crows, cz) if 2 not in bits else (np.concatenate([bits[2][0], crows], axis=1),
-                                                 np.concatenate([bits[2][1], cz]))
+    bits[2] = gates if 2 not in bits else (np.concatenate([bits[2][0], gates[0]], axis=1),
+                                           np.concatenate([bits[2][1], gates[1]]))
     return out
 
 
@@ -287,12 +292,12 @@ def leaves_claims(p, rec: dict, witness: np.ndarray) -> list[tuple[Claim, Claim,
     return views.triples()
 
 
-def leaves_bit_batches(n: int, m: int, late: bool = False) -> list[tuple[int, int]]:
+def leaves_bit_batches(n: int, m: int) -> list[tuple[int, int]]:
     """(words, terms) of each batch of the leaves' mod-2 gates on ``n`` elements (window
     width ``m``), as :meth:`mpc3.claims.Views.triples` forms them and the proof pads them
     (to the largest of the three provers' views), each row's or leaf's gates on its own
     words of the packed planes: the monotonicity pairs and A's carry gates (a word an
-    element; none in the late form, ``late``), each group's single proving its own; then
+    element), each group's single proving its own; then
     the halves, each party a pair member in the two groups it does not lead, one batch per
     group if every view is at least SPLIT_TERMS terms. The leaves have no ring claims: the
     sums and the top row are linear relations."""
@@ -300,7 +305,7 @@ def leaves_bit_batches(n: int, m: int, late: bool = False) -> list[tuple[int, in
     nb, sizes = len(blocks), group_sizes(n)
     npairs = sum(max((1 << k) - 2, 0) for _, k in blocks)
     width = max((1 << k) - 1 for _, k in blocks)
-    two = max(npairs * words(ng) + (0 if late else ng) for ng in sizes)
+    two = max(npairs * words(ng) + ng for ng in sizes)
     out = [(two, 2)] if two else []
     views = [[(2 * nb - 1) * words(sizes[g]) for g in range(3) if g != r] for r in range(3)]
     if min(64 * width * w for v in views for w in v) >= SPLIT_TERMS:
@@ -377,12 +382,7 @@ def compare_claims(p, rec: dict, witness: np.ndarray) -> list[tuple[Claim, Claim
             out = _therm_side(_planes(s["therm" if left else "rho"], s["nrows"]),  # per row
                               s["nrows"], K if left else M,
                               lft if left else rgt, blocks, L, None, left)
-            dealt_bits = mod2(*dealt_side(left))[BITS][2]
-            mono = out.setdefault(BITS, {}).get(2)     # the monotonicity pairs' gates
-            out[BITS][2] = dealt_bits if mono is None else (
-                np.concatenate([mono[0], dealt_bits[0]], axis=1),
-                np.concatenate([mono[1], dealt_bits[1]]))
-            return out
+            return _join_bits(out, mod2(*dealt_side(left))[BITS][2])   # after monotonicity
         add(role % 3, _sided(role % 3, lambda: side0(True), lambda: side0(False),
                              p.checks.linear))
 

@@ -156,10 +156,12 @@ def trunc_claims(p, rec: dict, witness: np.ndarray,
         f = np.broadcast_to(np.asarray(sh, dtype=np.uint64), (ng,))
         e = _uk_coefficients(f)
         views.add(("bits", 2), pos, carry_claim(pos, left, right))
+        lb = None if left is None else _uk_rows(left, K, f)      # each side's bits, once
+        rb = None if right is None else _uk_rows(right, M, f)
         views.add(3, pos, _view(
-            pos, lambda: _TWO * e * _uk_rows(left, K, f), lambda: _uk_rows(right, M, f),
-            lambda: (left[0] >> f) + (e * _uk_rows(left, K, f)).sum(0) - st["Uk"],
-            lambda: (right[0] >> f) + (e * _uk_rows(right, M, f)).sum(0) - st["kappa"]))
+            pos, lambda: _TWO * e * lb, lambda: rb,
+            lambda: (left[0] >> f) + (e * lb).sum(0) - st["Uk"],
+            lambda: (right[0] >> f) + (e * rb).sum(0) - st["kappa"]))
         if not exact:
             continue
         t = st["t"] if role == 0 else st.get("at_rho")
@@ -215,10 +217,12 @@ def fused_witness(p, rec: dict) -> np.ndarray:
     return np.concatenate(bits + arith) if bits else np.zeros(0, dtype=np.uint64)
 
 
-def _fused_halves(p, rec: dict, wits: dict, pads: dict):
+def _fused_halves(p, rec: dict, wits: dict):
     """``halves(g, sl, role)`` of :func:`trunc_claims` for a fused truncation: A's parts
-    (K', M') as a party of ``role`` holds them - the single both, V_L (role 2) the pad K',
-    V_R (role 1) the received M' (``wits``, :func:`received`); ``pads`` caches K'."""
+    (K', M') as a party of ``role`` holds them - the single both, V_L (role 2) the pad K'
+    (drawn once a group), V_R (role 1) the received M' (``wits``, :func:`received`)."""
+    pads = {}
+
     def halves(g, sl, role):
         if role == 1:
             return None, wits[g][1]
@@ -237,7 +241,7 @@ def shared_bits(p, rec: dict, g: int, role: int):
     sl = rec["groups"][g]
     wits = received(rec, rec.get("witness"), 2)
     K, M, _, _ = a_bits(p, None, sl, g, role, rec["kop"], wits.get(g, (None,))[0],
-                        halves=_fused_halves(p, rec, wits, {})(g, sl, role))
+                        halves=_fused_halves(p, rec, wits)(g, sl, role))
     return K, M
 
 
@@ -257,7 +261,7 @@ def fused_claims(p, rec: dict, witness: np.ndarray):
     """
     z, got = rec["z"], rec["got"]
     wits = received(rec, witness, 2)
-    halves = _fused_halves(p, rec, wits, {})
+    halves = _fused_halves(p, rec, wits)
     triples = trunc_claims(p, rec, np.concatenate([w[0] for w in wits.values()] or
                                                   [np.zeros(0, np.uint64)]), halves)
     left, right = np.zeros_like(z), np.zeros_like(z)   # of next's term, of prev's
