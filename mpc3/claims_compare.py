@@ -173,7 +173,13 @@ def _selection(b: np.ndarray, blocks, width: int) -> tuple[np.ndarray, np.ndarra
     """(S, S0): leaf l's share is ``XOR_v S[v-1, l] t_v ^ S0[l] t_0``
     (:func:`mpc3.kernels.bitplanes.select_planes`: G_j = t[2^k - b_j], P_j = t[2^k - 1 - b_j]
     ^ G_j), S of shape (width, leaves, n) - G_0..G_(nb-1) then P_1..P_(nb-1) - and S0
-    (leaves, n)."""
+    (leaves, n), as 0/1 words."""
+    S, S0 = _selection_bits(b, blocks, width)
+    return S.astype(np.uint64), S0.astype(np.uint64)
+
+
+def _selection_bits(b: np.ndarray, blocks, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_selection` as booleans (an eighth of the memory, packed without a copy)."""
     n = b.size
     v = np.arange(1, width + 1, dtype=np.uint64)[:, None]
     gs, ps, g0, p0 = [], [], [], []
@@ -186,8 +192,7 @@ def _selection(b: np.ndarray, blocks, width: int) -> tuple[np.ndarray, np.ndarra
         if j:
             ps.append(g ^ ((v == (size - _ONE - beta)[None]) & (v < size)))
             p0.append(beta == size - _ONE)
-    return (np.stack(gs + ps, axis=1).astype(np.uint64),
-            np.stack(g0 + p0).astype(np.uint64))
+    return np.stack(gs + ps, axis=1), np.stack(g0 + p0)
 
 
 def _leaf_rows(T: np.ndarray, blocks, width: int) -> np.ndarray:
@@ -233,7 +238,7 @@ def _half_side(rows: np.ndarray, bits: np.ndarray, nb: int,
 def _packed_selection(b: np.ndarray, blocks, width: int, nb: int):
     """:func:`_selection`'s (S with each P_j XOR G_j, S0), packed along the elements:
     ((width, leaves, W), (leaves, W))."""
-    S, S0 = _selection(b, blocks, width)
+    S, S0 = _selection_bits(b, blocks, width)
     S = _p_from_g(S, nb)
     return (pack(S.reshape(-1, b.size)).reshape(S.shape[0], S.shape[1], -1),
             pack(S0))

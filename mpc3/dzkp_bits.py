@@ -92,7 +92,7 @@ def pack(rows: np.ndarray) -> np.ndarray:
     """(r, L) 0/1 (any integer dtype) -> (r, words(L)) uint64 packed bits, bit t of word w the
     element 64 w + t."""
     rows = np.atleast_2d(rows)
-    packed = np.packbits(rows.astype(bool), axis=1, bitorder="little")
+    packed = np.packbits(rows.astype(bool, copy=False), axis=1, bitorder="little")
     out = np.zeros((rows.shape[0], -(-rows.shape[1] // 64) * 8), dtype=np.uint8)
     out[:, :packed.shape[1]] = packed
     return out.view(np.uint64)

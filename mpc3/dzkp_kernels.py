@@ -257,6 +257,14 @@ def _fold_ring_part(X, n, mats, nz, t0, t1, out):  # pragma: no cover
 
 
 def _fold_ring_all(X, n, mats, nz, out, parts):  # pragma: no cover
+    """nz[r, i] first: chunk i of X[r] holds a non-zero word (a scan that stops there)."""
+    reps, N, D = X.shape
+    for r in range(reps):
+        for i in range(nz.shape[1]):
+            t, end = i * n * D, min(N, (i + 1) * n) * D
+            while t < end and X[r, t // D, t % D] == 0:
+                t += 1
+            nz[r, i] = t < end
     for j in _prange(parts):
         _fold_ring_part_jit(X, n, mats, nz, n * j // parts, n * (j + 1) // parts, out)
 
@@ -481,11 +489,8 @@ def fold_ring(X: np.ndarray, k: int, mats: np.ndarray) -> np.ndarray:
     multiplication matrices of L_i(r): (reps, ceil(N / k), D). All-zero chunks are skipped."""
     reps, N, D = X.shape
     n = -(-N // k)
-    nz = np.zeros((reps, k), dtype=np.bool_)
-    for r in range(reps):
-        for i in range(k):
-            nz[r, i] = bool(X[r, i * n:(i + 1) * n].any())
-    par, parts = _parts(int(nz.sum()) * n * D * D)
+    nz = np.zeros((reps, k), dtype=np.bool_)          # filled by the kernel
+    par, parts = _parts(reps * k * n * D * D)
     out = np.empty((reps, n, D), dtype=np.int64)
     _kernels()["_fold_ring_all", par](_i64(X), n, _i64(mats), nz, out, parts)
     return out.view(np.uint64)

@@ -4,8 +4,10 @@ An element is one uint64 word (bit e the coefficient of X^e); addition is XOR, s
 sharing is XOR sharing and every share is one word. Multiplication is the carry-less product
 reduced by ``X^64 = X^4 + X^3 + X + 1``. Three forms, by what varies:
 
-- two varying elements (:func:`mul`, the Gram sums of vectors): a 64-step carry-less product
-  (:func:`_clmul`), reduced once per sum (:func:`_reduce`: the reduction is linear);
+- two varying elements (:func:`mul`, the Gram sums of vectors): a carry-less product, the
+  CPU's one instruction where it has one (x86-64's PCLMULQDQ: :func:`hardware_clmul`) or
+  a 64-step loop (:func:`_clmul`), reduced once per sum (:func:`_reduce`: the reduction is
+  linear);
 - by a fixed element c (the folds' Lagrange coefficients): eight byte tables of c X^(8j) b
   (:func:`subset_tables` of c X^0 .. c X^63), eight lookups a product;
 - a subset sum of 64 weights selected by the bits of a word (the weights of bit gates):
@@ -98,6 +100,51 @@ def _clmul(a, b):  # pragma: no cover - compiled
         lo ^= (a << np.uint64(i)) & m
         hi ^= (a >> np.uint64(64 - i)) & m
     return lo, hi
+
+
+def hardware_clmul() -> bool:
+    """Whether the kernels use the CPU's carry-less multiplication (PCLMULQDQ): on x86-64
+    hosts that have it, with numba compiling for this host (``NUMBA_CPU_NAME`` unset or
+    "host": a build for a generic CPU keeps the loop). numba's disk cache is keyed by the
+    CPU name and features, so each choice keeps its own compiled kernels."""
+    import platform
+
+    import llvmlite.binding as ll
+    import numba
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    if numba.config.CPU_NAME not in (None, "host"):
+        return False
+    return bool(ll.get_host_cpu_features().get("pclmul"))
+
+
+@functools.cache
+def _pclmul():
+    """A numba intrinsic: the carry-less product of two uint64 as (low, high) words, by
+    LLVM's ``llvm.x86.pclmulqdq`` on the low lanes of two 128-bit vectors."""
+    from llvmlite import ir
+    from numba.core import cgutils, types
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def clmul(typingctx, a, b):
+        sig = types.UniTuple(types.uint64, 2)(types.uint64, types.uint64)
+
+        def codegen(context, builder, signature, args):
+            i64, i32 = ir.IntType(64), ir.IntType(32)
+            v2 = ir.VectorType(i64, 2)
+            lane = [ir.Constant(i32, j) for j in (0, 1)]
+            va, vb = (builder.insert_element(ir.Constant(v2, [0, 0]), x, lane[0])
+                      for x in args)
+            fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(v2, [v2, v2, ir.IntType(8)]),
+                "llvm.x86.pclmulqdq")
+            r = builder.call(fn, [va, vb, ir.Constant(ir.IntType(8), 0)])
+            return context.make_tuple(builder, signature.return_type,
+                                      [builder.extract_element(r, j) for j in lane])
+        return sig, codegen
+    return clmul
 
 
 def _reduce(lo, hi):  # pragma: no cover
@@ -256,6 +303,8 @@ def _kernels() -> dict:
     g = globals()
     jit = numba.njit(cache=True, nogil=True)
     bind_jit(g, ("_clmul", "_reduce", "_mul", "_inv", "_lookup", "_powers", "_subset_table"))
+    if hardware_clmul():             # bound before anything that calls it is compiled
+        g["_clmul_jit"] = _pclmul()
     return {"mul_vec": jit(_mul_vec), "dot": jit(_dot), "const_tables": jit(_const_tables),
             "fold_field": jit(_fold_field), "gram_field": jit(_gram_field),
             "reduce": g["_reduce_jit"], "subset_table": g["_subset_table_jit"],

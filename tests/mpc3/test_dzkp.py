@@ -260,3 +260,23 @@ def test_malformed_proof_messages_are_refused_by_their_receiver(call, direction,
     out = run_parties(deviating, [(_product_then_verify, (xs[i], ys[i]), 1, call, direction,
                                    change, received) for i in range(3)])
     assert isinstance(out[receiver], MalformedMessage) and out[receiver].prover == 1, out
+
+
+def test_the_ring_fold_skips_zero_chunks_and_pads_the_last():
+    """dzkp_kernels.fold_ring = sum_i X_i mats_i (row vector times the multiplication
+    matrix, mod 2^64) with a chunk of zeros, a chunk zero but for its last word, and a
+    short last chunk."""
+    from mpc3 import dzkp_kernels as dk
+    rng = np.random.default_rng(5)
+    reps, k, D, N = 2, 8, 4, 8 * 9 - 4
+    n = -(-N // k)
+    X = rng.integers(0, M64, size=(reps, N, D), dtype=np.uint64)
+    X[0, 2 * n:3 * n] = 0
+    X[1, 4 * n:5 * n] = 0
+    X[1, 5 * n - 1, D - 1] = 7
+    mats = rng.integers(0, M64, size=(reps, k, D, D), dtype=np.uint64)
+    pad = np.zeros((reps, k * n, D), dtype=np.uint64)
+    pad[:, :N] = X
+    with np.errstate(over="ignore"):
+        want = np.einsum("rind,ride->rne", pad.reshape(reps, k, n, D), mats)
+    assert np.array_equal(dk.fold_ring(X, k, mats), want)

@@ -69,6 +69,30 @@ def test_field_arithmetic_matches_its_definition():
         assert int(T[p]) == (G(i, i) if i == j else G(i, j) ^ G(j, i))
 
 
+def test_both_carry_less_products_match_the_schoolbook():
+    """The 64-step loop (any CPU) and, where this host has it, PCLMULQDQ: (lo, hi) of the
+    127-bit carry-less product, on edge and random words."""
+    import numba
+
+    rng = np.random.default_rng(3)
+    a = np.concatenate([np.array([0, 1, 1 << 63, (1 << 64) - 1], np.uint64), _words(rng, 200)])
+    b = np.concatenate([np.array([(1 << 64) - 1, 1 << 63, 1, 0], np.uint64), _words(rng, 200)])
+    forms = [numba.njit(gf2k._clmul)] + ([gf2k._pclmul()] if gf2k.hardware_clmul() else [])
+    for form in forms:
+        @numba.njit
+        def each(x, y, lo, hi):
+            for i in range(x.size):
+                lo[i], hi[i] = form(x[i], y[i])
+        lo, hi = np.empty_like(a), np.empty_like(a)
+        each(a, b, lo, hi)
+        for x, y, low, high in zip(a, b, lo, hi):
+            r = 0
+            for i in range(64):
+                if int(y) >> i & 1:
+                    r ^= int(x) << i
+            assert (int(low), int(high)) == (r & ((1 << 64) - 1), r >> 64)
+
+
 def _bit(X, r, i, t, nw):
     w, b = divmod(t, 64)
     idx = i * nw + w
