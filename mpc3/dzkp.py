@@ -196,6 +196,13 @@ def _words(seed: bytes, tag: str, n: int) -> np.ndarray:
     return np.frombuffer(aes_ctr_bytes(seed, nonce, 8 * n), dtype=np.uint64).copy()
 
 
+def _bits(seed: bytes, tag: str, n: int) -> np.ndarray:
+    """n uniform 0/1 words, one keystream bit each."""
+    nonce = (tag.encode() + bytes(16))[:16]
+    raw = np.frombuffer(aes_ctr_bytes(seed, nonce, -(-n // 8)), dtype=np.uint8)
+    return np.unpackbits(raw, count=n, bitorder="little").astype(np.uint64)
+
+
 def _challenge(g: GaloisRing, seed: bytes, reps: int, avoid: int) -> np.ndarray:
     """reps exceptional points, none equal mod 2 to the nodes 0 .. avoid - 1."""
     raw = _words(seed, "point", 4 * reps).reshape(reps, 4) & np.uint64((1 << g.D) - 1)
@@ -343,11 +350,10 @@ def _verify(p: Party, mine, as_left, as_right, params: Params, digests: tuple | 
         at = np.cumsum([0] + ns)
         n = int(at[-1])
         weights = {}
-        for role, seed in seeds.items():
-            w = _words(seed, "weights", reps * (k1 + n) * g.D).reshape(reps, k1 + n, g.D)
-            w[:, k1:] &= np.uint64(1)            # sigma: binary (module docstring, step 1)
-            weights[role] = (w[:, :k1], [w[:, k1 + at[b]:k1 + at[b + 1]]    # theta, sigma
-                                         for b in range(len(ns))])
+        for role, seed in seeds.items():      # theta: ring elements; sigma: binary
+            sig = _bits(seed, "sigma", reps * n * g.D).reshape(reps, n, g.D)
+            weights[role] = (_words(seed, "weights", reps * k1 * g.D).reshape(reps, k1, g.D),
+                             [sig[:, at[b]:at[b + 1]] for b in range(len(ns))])
         # first compression: Z_2^64 data, weighted gates
         for role in ("L", "R"):
             theta, sigmas = weights[role]
