@@ -105,8 +105,9 @@ def _clmul(a, b):  # pragma: no cover - compiled
 def hardware_clmul() -> bool:
     """Whether the kernels use the CPU's carry-less multiplication (PCLMULQDQ): on x86-64
     hosts that have it, with numba compiling for this host (``NUMBA_CPU_NAME`` unset or
-    "host": a build for a generic CPU keeps the loop). numba's disk cache is keyed by the
-    CPU name and features, so each choice keeps its own compiled kernels."""
+    "host": a build for a generic CPU keeps the loop, as does ``NUMBA_DISABLE_JIT``).
+    numba's disk cache is keyed by the CPU name and features, so each choice keeps its own
+    compiled kernels."""
     import platform
 
     import llvmlite.binding as ll
@@ -114,7 +115,7 @@ def hardware_clmul() -> bool:
 
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return False
-    if numba.config.CPU_NAME not in (None, "host"):
+    if numba.config.CPU_NAME not in (None, "host") or numba.config.DISABLE_JIT:
         return False
     return bool(ll.get_host_cpu_features().get("pclmul"))
 
