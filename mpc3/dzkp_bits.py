@@ -48,6 +48,7 @@ from .comm import one_array
 from .party import Party
 from .dzkp import _words
 from .dzkp_rounds import challenge_seeds
+from .ringmm import once
 
 #: chunks of the first compression (one bit of a word each: the fold's transpose) and of
 #: the later ones
@@ -216,7 +217,7 @@ _lookup_jit = gf2k._lookup
 _subset_table_jit = gf2k._subset_table
 
 
-@functools.cache
+@once
 def _kernels() -> dict:
     import numba
 

@@ -21,14 +21,13 @@ at least ``ring.PARALLEL_MIN_MACS`` multiply-adds, as :mod:`mpc3.ringmm` decides
 from __future__ import annotations
 
 import contextlib
-import functools
 import threading
 
 import numpy as np
 
 from . import procinfo
 from .gf2k import bind_jit
-from .ringmm import PARALLEL_MIN_MACS
+from .ringmm import PARALLEL_MIN_MACS, once, twins
 
 #: Claims released while folding are returned to the kernel every this many bytes (their
 #: small buffers would otherwise stay in the heap while the fold's large ones are mapped).
@@ -296,7 +295,7 @@ _emit_jit = _emit
 _fold_ring_part_jit = _fold_ring_part
 
 
-@functools.cache
+@once
 def _kernels() -> dict:
     """Compile lazily (disk-cached): the part kernels, and serial / parallel drivers."""
     import numba
@@ -311,6 +310,7 @@ def _kernels() -> dict:
         out[name, False] = numba.njit(cache=True, nogil=True)(g[name])   # _prange: range
     for name in drivers:
         out[name, True] = _parallel_twin(numba, g[name])
+        twins(out[name, False], out[name, True])
     return out
 
 

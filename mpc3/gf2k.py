@@ -22,6 +22,8 @@ import functools
 
 import numpy as np
 
+from .ringmm import once
+
 #: X^64 = LOW (mod the field's polynomial): X^4 + X^3 + X + 1
 LOW = 0x1B
 _MASK = (1 << 64) - 1
@@ -296,7 +298,7 @@ def bind_jit(g: dict, names) -> None:
         g[name + "_jit"] = numba.njit(cache=True, nogil=True)(g[name])
 
 
-@functools.cache
+@once
 def _kernels() -> dict:
     """Compile lazily (disk-cached)."""
     import numba

@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .ringmm import NOGIL_MIN_WORK, PARALLEL_MIN_MACS, jit_pair, ring_matmul
+from .ringmm import NOGIL_MIN_WORK, PARALLEL_MIN_MACS, jit_pair, once, ring_matmul
 
 __all__ = [
     "RING_BITS",
@@ -232,7 +232,7 @@ def _unpack_var_kernel(data: np.ndarray, order: np.ndarray, widths: np.ndarray,
         out[order[j]] = v & ((np.uint64(1) << np.uint64(width)) - np.uint64(1))
 
 
-@functools.cache
+@once
 def _bit_kernels() -> tuple[tuple[Callable[..., None], ...], ...]:
     """The compiled pack/unpack kernels, each as :func:`jit_pair` (numba imported on first
     use, disk-cached)."""

@@ -83,7 +83,8 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Callable
+import threading
+from typing import Any, Callable
 
 import numpy as np
 
@@ -221,11 +222,53 @@ def jit_pair(func: Callable[..., None], **flags) -> tuple[Callable[..., None], .
     twin = types.FunctionType(func.__code__, func.__globals__, func.__name__ + "_nogil",
                               func.__defaults__, func.__closure__)
     twin.__qualname__ = func.__qualname__ + "_nogil"
-    return (numba.njit(cache=True, **flags)(func),
-            numba.njit(cache=True, nogil=True, **flags)(twin))
+    return twins(numba.njit(cache=True, **flags)(func),
+                 numba.njit(cache=True, nogil=True, **flags)(twin))
 
 
-@functools.cache
+def once(build: Callable[[], Any]) -> Callable[[], Any]:
+    """``functools.cache`` for a module's kernel builder (no arguments), safe when the three
+    party threads of one process make the first call together: one builds, the others wait
+    and share it (with functools.cache each built, compiled and registered its own set)."""
+    lock, built = threading.Lock(), []
+
+    @functools.wraps(build)
+    def get():
+        if not built:
+            with lock:
+                if not built:
+                    built.append(build())
+        return built[0]
+    return get
+
+
+#: groups of compilations of one function (GIL-holding / GIL-free / parallel) that take the
+#: same arguments and are chosen by the work's size (:func:`twins`)
+_TWINS: list[tuple] = []
+
+
+def twins(*dispatchers):
+    """Register compilations of one function chosen by size: a party's small warm-up
+    (:mod:`mpc3.warmup`) reaches one of them, :func:`compile_twins` builds the others for the
+    same argument types, so a large job compiles nothing. Returns ``dispatchers``."""
+    _TWINS.append(dispatchers)
+    return dispatchers
+
+
+def compile_twins() -> int:
+    """Compile (or load from numba's cache) every registered twin for every signature another
+    member of its group has; the number of signatures added."""
+    added = 0
+    for group in _TWINS:
+        sigs = {sig for d in group for sig in d.signatures}
+        for d in group:
+            for sig in sigs - set(d.signatures):
+                d.compile(sig)
+                added += 1
+    return added
+
+
+@once
 def _kernels() -> tuple[Callable[..., None], ...]:
     """Import numba and wrap the kernels (compiled on first call, disk-cached): serial
     holding the GIL, serial releasing it, parallel; tiled serial, tiled parallel."""
@@ -237,8 +280,18 @@ def _kernels() -> tuple[Callable[..., None], ...]:
         g[name + "_jit"] = numba.njit(cache=True, nogil=True)(g[name])
     serial_gil, serial = jit_pair(_mm_serial)
     par = functools.partial(numba.njit, cache=True, nogil=True, parallel=True)
-    return (serial_gil, serial, par()(_mm_parallel),
-            numba.njit(cache=True, nogil=True)(_mm_tiled_serial), par()(_mm_tiled_parallel))
+    return (*twins(serial_gil, serial, par()(_mm_parallel)),
+            *twins(numba.njit(cache=True, nogil=True)(_mm_tiled_serial),
+                   par()(_mm_tiled_parallel)))
+
+
+def warm_up() -> None:
+    """Each matmul kernel's group once on tiny C-contiguous int64 operands, the only types
+    :func:`ring_matmul` passes (the tiled ones are reached only by large products)."""
+    a, b = np.ones((1, 2, 3), np.int64), np.ones((1, 3, 4), np.int64)
+    k = _kernels()
+    k[0](a, b, np.zeros((1, 2, 4), np.int64))
+    k[3](a, b, np.zeros((1, 2, 4), np.int64), TILE_COLS)
 
 
 def _tiled(rows: int, K: int, N: int) -> bool:

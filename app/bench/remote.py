@@ -161,7 +161,7 @@ class RemoteCluster:
                                     peer_transport=self.peer_transport,
                                     limits={"running_jobs": 2}, security=self.security)
         try:
-            self.cluster.start(wait=90.0)
+            self.cluster.start()          # START_WAIT_S: a cold kernel cache compiles first
         except RuntimeError as exc:
             logs = "\n".join((self.dir / f"party-{n}.log").read_text()[-2000:]
                              for n in range(3) if (self.dir / f"party-{n}.log").exists())

@@ -9,12 +9,12 @@ base_j + 2^k_j - 2`` (``base`` = running sum of ``2^k - 1``). Compiled lazily by
 """
 from __future__ import annotations
 
-import functools
 from typing import Callable
 
 import numpy as np
 
 from .. import ring
+from ..ringmm import once
 
 
 def _planes(x: np.ndarray, e0: int, out: np.ndarray) -> None:  # pragma: no cover
@@ -185,7 +185,7 @@ def _products_kernel(alpha: np.ndarray, members: np.ndarray,
             out[u, w] = v
 
 
-@functools.cache
+@once
 def _kernels() -> tuple[tuple[Callable[..., None], ...], ...]:
     import numba
     globals()["_planes_jit"] = numba.njit(cache=True, nogil=True, inline="always")(_planes)

@@ -8,12 +8,12 @@ with the numpy expressions they replace.
 """
 from __future__ import annotations
 
-import functools
 from typing import Callable
 
 import numpy as np
 
 from .. import ring
+from ..ringmm import once
 
 
 def _split_kernel(z: np.ndarray, other: np.ndarray, add_low: np.ndarray, sh: np.ndarray,
@@ -157,7 +157,7 @@ def _inject_pair_kernel(bv: np.ndarray, beta: np.ndarray, p1: np.ndarray, p2: np
         s2[i] = tau_own[i] + tau_other[i]
 
 
-@functools.cache
+@once
 def _kernels() -> tuple[tuple[Callable[..., None], ...], ...]:
     import numba
     globals()["_mulshift_jit"] = numba.njit(cache=True, nogil=True, inline="always")(_mulshift)

@@ -16,6 +16,7 @@ say so loudly in their log and in Status.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -254,8 +255,28 @@ def _writable(d: Path) -> bool:
         return False
 
 
-def prepare_kernels(data_dir, rank: int = 0, env=os.environ) -> float:
-    """Compile the secure kernels before the party serves (seconds taken). numba caches
+@contextlib.contextmanager
+def _one_compiler(cache: Path):
+    """Parties sharing a kernel cache (one host) warm up one at a time: the first compiles,
+    the others load what it cached, instead of three compiling the same kernels at once
+    (cold, 3 x 57 CPU-s semi-honest on this box). The lock is released when the holder exits,
+    however it ends."""
+    import fcntl
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        f = open(cache / "mpc3-warmup.lock", "a")
+    except OSError:                 # no lock where none can be made: numba reports the cache
+        yield
+        return
+    with f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def prepare_kernels(data_dir, rank: int = 0, env=os.environ,
+                    security: str = "semi-honest") -> float:
+    """Compile the secure kernels a job in ``security`` mode reaches, every size's form
+    (:mod:`mpc3.warmup`), before the party serves (seconds taken). numba caches
     compiled code beside the package's sources; a read-only install (systemd's
     ProtectSystem=strict, ProtectHome) has no such place, and the first job failed with
     "cannot cache function ...: no locator available" - so, unless the operator set
@@ -269,8 +290,10 @@ def prepare_kernels(data_dir, rank: int = 0, env=os.environ) -> float:
             cache = Path(data_dir) / "numba-cache"
             cache.mkdir(parents=True, exist_ok=True, mode=0o700)
             env["NUMBA_CACHE_DIR"] = str(cache)
-        from mpc3.kernels import catalog  # imports numba only when kernels compile
-        catalog.warm_up()
+        from mpc3 import warmup  # imports numba only when kernels compile
+        with _one_compiler(Path(env.get("NUMBA_CACHE_DIR") or
+                                Path(mpc3.__file__).parent / "__pycache__")):
+            warmup.warm_up(security)
     except Exception as exc:  # noqa: BLE001 - any compile failure: one line, party not started
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise RuntimeError(f"party {rank} cannot compile its secure kernels ({first}); give "
@@ -286,7 +309,7 @@ def serve(cfg: ClusterConfig, rank: int, registry: JobRegistry = PRODUCTION) -> 
     (:func:`net.party.malloc.keep_freed_memory`: no page faults for every fresh buffer)."""
     runtime_defaults()
     malloc.keep_freed_memory()
-    took = prepare_kernels(cfg.party(rank).data_dir, rank)
+    took = prepare_kernels(cfg.party(rank).data_dir, rank, security=cfg.security)
     log.info("party %d: secure kernels ready in %.1f s", rank, took,
              extra={"event": "kernels_ready"})
     srv = PartyServer(cfg, rank, registry)
