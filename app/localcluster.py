@@ -235,7 +235,8 @@ def wait_healthy(cfg: cconf.ClusterConfig, timeout: float, procs=None) -> list[s
 
 
 #: How long starting parties may take to link up: each compiles its secure kernels first
-#: (~12 s of CPU with an empty numba cache; three at once on two busy cores took over 60 s).
+#: (:mod:`mpc3.warmup`: with an empty numba cache 53 CPU-s, 120 in malicious mode, the
+#: parties of one host one after another, the others then loading the cache; 6-9 cached).
 START_WAIT_S = 240.0
 
 

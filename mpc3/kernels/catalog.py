@@ -456,9 +456,10 @@ WARM_UP_SIZES = ((7, (3, 5, 4)), (64, (8, 16, 8)))
 
 
 def warm_up(cfg: RingConfig | None = None) -> None:
-    """Every kernel once at each of :data:`WARM_UP_SIZES` on three in-process parties: its
-    compiled (numba) code is built - or loaded from numba's cache - now, not in a user's
-    first job (a party process calls this before it serves; ~12 s cold, ~2 s cached)."""
+    """Every kernel once at each of :data:`WARM_UP_SIZES` on three in-process parties: the
+    small, serial forms of its compiled (numba) code are built - or loaded from numba's
+    cache - now (:mod:`mpc3.warmup` adds the other forms; a party calls that before it
+    serves)."""
     from ..sim import make_parties, run_parties
     cfg = cfg or RingConfig()
     rng = np.random.default_rng(0)
