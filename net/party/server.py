@@ -259,8 +259,8 @@ def _writable(d: Path) -> bool:
 def _one_compiler(cache: Path):
     """Parties sharing a kernel cache (one host) warm up one at a time: the first compiles,
     the others load what it cached, instead of three compiling the same kernels at once
-    (cold, 3 x 57 CPU-s semi-honest on this box). The lock is released when the holder exits,
-    however it ends."""
+    (cold, 3 x 53 CPU-s semi-honest on this box). The lock is released when the holder exits,
+    however it ends; a party that waits for it says so in its log."""
     import fcntl
     try:
         cache.mkdir(parents=True, exist_ok=True)
@@ -269,7 +269,12 @@ def _one_compiler(cache: Path):
         yield
         return
     with f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("another process is compiling the kernels into %s: waiting for it, then "
+                     "loading them", cache, extra={"event": "kernels_wait"})
+            fcntl.flock(f, fcntl.LOCK_EX)
         yield
 
 
