@@ -70,7 +70,7 @@ def check_parties(cfg: ClusterConfig, cl, report: Report, max_skew: float = MAX_
         st, skew, rtt = got
         up[n] = st
         limits = json.loads(st.limits_json or "{}")
-        kernels = (f"kernels ready ({st.kernels_compiled} kernel runs compiled or loaded in "
+        kernels = (f"kernels ready ({st.kernels_compiled} compiled forms, built or loaded in "
                    f"{st.kernels_compile_s:.1f} s)" if st.kernels_ready else
                    "kernels NOT prepared (compiled in the first jobs)")
         report.lines.append(

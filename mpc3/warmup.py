@@ -26,8 +26,8 @@ from .party import RingConfig
 
 
 def warm_up(security: str = "semi-honest", cfg: RingConfig | None = None) -> int:
-    """Compile what a job in ``security`` mode can reach; the number of twin signatures that
-    had to be added to what the small runs compiled."""
+    """Compile what a job in ``security`` mode can reach; the number of compiled kernel forms
+    (signatures of every numba dispatcher) this process then holds."""
     from .kernels import catalog
 
     if security not in ("semi-honest", "malicious"):
@@ -37,7 +37,17 @@ def warm_up(security: str = "semi-honest", cfg: RingConfig | None = None) -> int
     if security == "malicious":
         _verified(cfg)
     ringmm.warm_up()
-    return ringmm.compile_twins()
+    ringmm.compile_twins()
+    return sum(compiled_forms().values())
+
+
+def compiled_forms() -> dict:
+    """Every numba dispatcher of this process: how many signatures it has compiled or loaded
+    (numba's compile event does not fire for those loaded from the disk cache)."""
+    import gc
+
+    from numba.core.dispatcher import Dispatcher
+    return {d: len(d.signatures) for d in gc.get_objects() if issubclass(type(d), Dispatcher)}
 
 
 def _verified(cfg: RingConfig) -> None:

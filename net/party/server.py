@@ -70,7 +70,7 @@ class PartyServer:
         self.router = PeerRouter(rank, self._peer_transport(creds), cfg.security)
         self.sessions = SessionStore(rank, self.limits)
         self.metrics = Metrics(rank, VERSION)
-        self.kernels: tuple[int, float] | None = None   # (warm-up runs, seconds): serve()
+        self.kernels: tuple[int, float] | None = None   # (compiled forms, seconds): serve()
         self.metrics_server: MetricsServer | None = None
         self.runner = JobRunner(rank, registry, self.limits, self.sessions, self._open_party,
                                 self.router.close_job, self._tell,
@@ -279,9 +279,9 @@ def _one_compiler(cache: Path):
 
 
 def prepare_kernels(data_dir, rank: int = 0, env=os.environ,
-                    security: str = "semi-honest") -> float:
+                    security: str = "semi-honest") -> tuple[int, float]:
     """Compile the secure kernels a job in ``security`` mode reaches, every size's form
-    (:mod:`mpc3.warmup`), before the party serves (seconds taken). numba caches
+    (:mod:`mpc3.warmup`), before the party serves: (compiled kernel forms, seconds). numba caches
     compiled code beside the package's sources; a read-only install (systemd's
     ProtectSystem=strict, ProtectHome) has no such place, and the first job failed with
     "cannot cache function ...: no locator available" - so, unless the operator set
@@ -298,13 +298,13 @@ def prepare_kernels(data_dir, rank: int = 0, env=os.environ,
         from mpc3 import warmup  # imports numba only when kernels compile
         with _one_compiler(Path(env.get("NUMBA_CACHE_DIR") or
                                 Path(mpc3.__file__).parent / "__pycache__")):
-            warmup.warm_up(security)
+            forms = warmup.warm_up(security)
     except Exception as exc:  # noqa: BLE001 - any compile failure: one line, party not started
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise RuntimeError(f"party {rank} cannot compile its secure kernels ({first}); give "
                            "it a writable NUMBA_CACHE_DIR (its data_dir is used when the "
                            "install is read-only)") from None
-    return time.monotonic() - t0
+    return forms, time.monotonic() - t0
 
 
 def serve(cfg: ClusterConfig, rank: int, registry: JobRegistry = PRODUCTION) -> int:
@@ -314,12 +314,11 @@ def serve(cfg: ClusterConfig, rank: int, registry: JobRegistry = PRODUCTION) -> 
     (:func:`net.party.malloc.keep_freed_memory`: no page faults for every fresh buffer)."""
     runtime_defaults()
     malloc.keep_freed_memory()
-    took = prepare_kernels(cfg.party(rank).data_dir, rank, security=cfg.security)
-    log.info("party %d: secure kernels ready in %.1f s", rank, took,
+    forms, took = prepare_kernels(cfg.party(rank).data_dir, rank, security=cfg.security)
+    log.info("party %d: secure kernels ready in %.1f s (%d compiled forms)", rank, took, forms,
              extra={"event": "kernels_ready"})
     srv = PartyServer(cfg, rank, registry)
-    from mpc3.kernels.catalog import KERNELS, WARM_UP_SIZES
-    srv.kernels = (len(KERNELS) * len(WARM_UP_SIZES), took)
+    srv.kernels = (forms, took)
     srv.metrics.kernels_s = took
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: threading.Thread(target=srv.stop).start())

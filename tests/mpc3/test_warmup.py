@@ -2,11 +2,8 @@
 kernel (GIL-holding, GIL-free, parallel) has the argument types another form was compiled
 for, and a job larger than the warm-up's - so taking the GIL-free and parallel forms - in
 malicious mode compiles nothing."""
-import gc
-
 import numpy as np
 import pytest
-from numba.core.dispatcher import Dispatcher
 
 from mpc3 import ringmm, warmup
 from mpc3.checks import Checks
@@ -21,17 +18,12 @@ def warm():
 
 
 def test_every_form_of_a_kernel_has_every_signature_of_its_twins(warm):
+    assert warm == sum(warmup.compiled_forms().values()) >= sum(map(len, ringmm._TWINS))
     assert ringmm._TWINS, "no kernel registered its forms"
     for group in ringmm._TWINS:
         sigs = [set(d.signatures) for d in group]
         assert sigs[0] and all(s == sigs[0] for s in sigs), [d.py_func.__name__ for d in group]
     assert ringmm.compile_twins() == 0          # nothing left to add
-
-
-def _signatures() -> dict:
-    """Every numba dispatcher of the process: its compiled signatures, loaded from the disk
-    cache or compiled (numba's compile event misses the loaded ones)."""
-    return {d: len(d.signatures) for d in gc.get_objects() if issubclass(type(d), Dispatcher)}
 
 
 def test_a_large_malicious_job_after_the_warm_up_compiles_nothing(warm):
@@ -49,9 +41,9 @@ def test_a_large_malicious_job_after_the_warm_up_compiles_nothing(warm):
             catalog.KERNELS[name].run(p, *args)
         p.checks.flush(p)
 
-    before = _signatures()
+    before = warmup.compiled_forms()
     run_parties(job, [tuple(d[r] for d in dealt) for r in range(3)], parties=make_parties(cfg))
-    compiled = sorted(d.py_func.__name__ for d, n in _signatures().items()
+    compiled = sorted(d.py_func.__name__ for d, n in warmup.compiled_forms().items()
                       if n != before.get(d, 0))
     assert not compiled, compiled           # without compile_twins: _mm_parallel, ...nogil
 
