@@ -257,7 +257,8 @@ def twins(*dispatchers):
 
 def compile_twins() -> int:
     """Compile (or load from numba's cache) every registered twin for every signature another
-    member of its group has; the number of signatures added."""
+    member of its group has, groups in registration order (a form in two groups passes what
+    the first gave it on to the second); the number of signatures added."""
     added = 0
     for group in _TWINS:
         if not all(hasattr(d, "compile") for d in group):   # NUMBA_DISABLE_JIT: Python
@@ -282,7 +283,9 @@ def _kernels() -> tuple[Callable[..., None], ...]:
         g[name + "_jit"] = numba.njit(cache=True, nogil=True)(g[name])
     serial_gil, serial = jit_pair(_mm_serial)
     par = functools.partial(numba.njit, cache=True, nogil=True, parallel=True)
-    return (*twins(serial_gil, serial, par()(_mm_parallel)),
+    parallel = par()(_mm_parallel)
+    twins(serial, parallel)                   # jit_pair registered (serial_gil, serial)
+    return (serial_gil, serial, parallel,
             *twins(numba.njit(cache=True, nogil=True)(_mm_tiled_serial),
                    par()(_mm_tiled_parallel)))
 

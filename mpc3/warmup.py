@@ -51,8 +51,8 @@ def compiled_forms() -> dict:
 
 
 def _verified(cfg: RingConfig) -> None:
-    """Every verified catalog kernel in one malicious-mode job, one flush for all (the proofs'
-    kernels; a flush per kernel took 8 CPU-s, cached)."""
+    """Every verified catalog kernel in one malicious-mode job with one flush for all: what
+    compiles the proofs' kernels."""
     from .checks import Checks
     from .kernels import catalog
     from .sim import make_parties, run_parties

@@ -430,10 +430,10 @@ _ALL = [
 
 #: name (as typed in ``mpc3 bench op``) -> Kernel, in registration order.
 KERNELS: dict[str, Kernel] = {k.name: k for k in _ALL}
+assert len(KERNELS) == len(_ALL), "duplicate kernel name in the catalog"
 #: refused alone in malicious mode by design: a bare resharing of a 3-out-of-3 input, which no
 #: other party's values determine (verified inside the kernels that make such an input)
 UNVERIFIED = frozenset({"reshare"})
-assert len(KERNELS) == len(_ALL), "duplicate kernel name in the catalog"
 
 
 # ------------------------------------------------------------- benchmark workloads ----

@@ -289,15 +289,14 @@ def prepare_kernels(data_dir, rank: int = 0, env=os.environ,
     before numba is imported. RuntimeError in one line if the kernels cannot be compiled."""
     import mpc3
     t0 = time.monotonic()
+    beside = Path(mpc3.__file__).parent / "__pycache__"        # numba's default cache
     try:
-        if "NUMBA_CACHE_DIR" not in env and not _writable(Path(mpc3.__file__).parent /
-                                                           "__pycache__"):
+        if "NUMBA_CACHE_DIR" not in env and not _writable(beside):
             cache = Path(data_dir) / "numba-cache"
             cache.mkdir(parents=True, exist_ok=True, mode=0o700)
             env["NUMBA_CACHE_DIR"] = str(cache)
         from mpc3 import warmup  # imports numba only when kernels compile
-        with _one_compiler(Path(env.get("NUMBA_CACHE_DIR") or
-                                Path(mpc3.__file__).parent / "__pycache__")):
+        with _one_compiler(Path(env.get("NUMBA_CACHE_DIR") or beside)):
             forms = warmup.warm_up(security)
     except Exception as exc:  # noqa: BLE001 - any compile failure: one line, party not started
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
