@@ -86,7 +86,7 @@ def open_a(p: Party, x: AShare, to: int | None = None) -> np.ndarray | None:
         p.checks.opened(p, x, None if got is None else got[0], to)
     if got is None:
         return None
-    return x.a + x.b + got[0]
+    return x.a + x.b + got[0].reshape(x.shape)      # a 0-d value arrives as one element
 
 
 def cost_open_a(n: int, cfg=None, to: int | None = None) -> Cost:
@@ -229,8 +229,8 @@ def matmul_aa(p: Party, x: AShare, y: AShare, trunc: bool | int = True,
         raise ValueError(f"matmul_aa: inner dimensions differ {x.shape} @ {y.shape}")
     if p.shadow is not None:
         return p.shadow.matmul_aa(x, y, trunc, site)
-    if p.checks is not None and trunc is not False:      # malicious mode: mpc3.kernels.checked
-        return mul_many_aa(p, [(x, y, "matmul", trunc)])[0]
+    if p.checks is not None and (trunc is not False or not checked.covered(x.shape, y.shape)):
+        return mul_many_aa(p, [(x, y, "matmul", trunc)])[0]     # malicious mode: checked
     kop = p.new_op()
     out = _finish(p, _local_matmul(x, y, p.rank), trunc)
     if p.checks is not None:                 # malicious mode: the message's claim
@@ -242,7 +242,7 @@ def _item_product(x: AShare, y: AShare, kind: str, keep, rank: int):
     """One item's local 3-out-of-3 product: (z, keep broadcast or None, kept entries flat)."""
     if kind == "mul" and x.shape != y.shape:
         raise ValueError(f"mul_many_aa: shapes differ {x.shape} vs {y.shape}")
-    if kind == "matmul" and x.shape[-1] != y.shape[-2]:
+    if kind == "matmul" and x.shape[-1] != y.shape[-2 if len(y.shape) > 1 else 0]:
         raise ValueError(f"mul_many_aa: inner dimensions differ {x.shape} @ {y.shape}")
     if kind not in ("mul", "matmul"):
         raise ValueError(f"mul_many_aa: unknown kind {kind!r}")

@@ -125,19 +125,6 @@ def test_matrix_products_are_verified_at_their_declared_cost(xs, ys):
             assert got.error.prover == cheater
 
 
-def test_a_matrix_product_it_cannot_reduce_is_refused():
-    rng = np.random.default_rng(4)
-    x = deal(rng.integers(0, M64, size=(4, 6), dtype=np.uint64), rng)
-    y = deal(rng.integers(0, M64, size=6, dtype=np.uint64), rng)       # a vector operand
-
-    def job(p, x, y):
-        p.checks = Checks(p)
-        arith.matmul_aa(p, x, y, trunc=False)
-        p.checks.flush(p)
-    with pytest.raises(Unverified):
-        run_parties(job, [(x[i], y[i]) for i in range(3)])
-
-
 def test_products_and_matrix_products_join_one_proof():
     """Elementwise products (the weighted first compression) and a matrix product (joined
     after it by a random weight) in one flush: honest at the declared cost, and random
