@@ -284,8 +284,9 @@ def as_matrices(x: AShare, y: AShare) -> tuple[AShare, AShare]:
         y = AShare(y.a[:, None], y.b[:, None])
     if not mat_shaped(x.shape, y.shape):
         batch = np.broadcast_shapes(x.shape[:-2], y.shape[:-2])
-        x, y = (AShare(*(np.ascontiguousarray(np.broadcast_to(h, batch + t.shape[-2:]))
-                         for h in (t.a, t.b))) for t in (x, y))
+        x, y = (t if t.shape[:-2] == batch else AShare(*(
+            np.ascontiguousarray(np.broadcast_to(h, batch + t.shape[-2:])) for h in (t.a, t.b)))
+            for t in (x, y))
     return x, y
 
 

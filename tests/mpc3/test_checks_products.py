@@ -161,26 +161,28 @@ def test_vector_operands_and_broadcast_batches_are_verified():
     Semi-honest mode gives the same shapes (mul_many's vector operand included)."""
     rng = np.random.default_rng(17)
     v, w, m = _ints(rng, (6,)), _ints(rng, (6,)), _ints(rng, (6, 5))
-    a, b = _ints(rng, (2, 1, 3, 6)), _ints(rng, (1, 4, 6, 2))
-    vm, mv, ab, vv = v @ m, m.T @ v, a @ b, v @ w
+    a, b, c = _ints(rng, (2, 1, 3, 6)), _ints(rng, (1, 4, 6, 2)), _ints(rng, (3, 6, 2))
+    vm, mv, ab, vv, vc = v @ m, m.T @ v, a @ b, v @ w, v @ c
     keep = rng.random(ab.shape) < 0.5
     sc = scaled(rng.uniform(0.2, 1.0, size=vm.shape), F)
 
-    def kernel(p, v, w, m, a, b):
+    def kernel(p, v, w, m, a, b, c):
         mt = m.transpose()
         return [arith.matmul_aa(p, v, m), arith.matmul_aa(p, mt, v, trunc=False),
-                arith.matmul_aa(p, a, b)] + arith.mul_many_aa(
+                arith.matmul_aa(p, a, b), arith.matmul_aa(p, v, c)] + arith.mul_many_aa(
             p, [(a, b, "matmul", True, keep), (v, w, "matmul", False), (v, m, "matmul", sc)])
     declared = (cost_checked([(vm.shape, "matmul", True)], RingConfig())
                 + Cost.uniform(1, 8 * mv.size)
                 + cost_checked([(ab.shape, "matmul", True)], RingConfig())
+                + cost_checked([(vc.shape, "matmul", True)], RingConfig())
                 + cost_checked([(ab.shape, "matmul", True, keep), (vv.shape, "matmul", False),
                                 (vm.shape, "matmul", sc)], RingConfig()))
-    args = _deal(rng, v, w, m, a, b)
+    args = _deal(rng, v, w, m, a, b, c)
     clean = _check(kernel, args, declared,
-                   [vm / 2.0 ** F, mv, ab / 2.0 ** F, np.where(keep, ab / 2.0 ** F, 0), vv,
-                    _scaled_ref(vm, sc)], [1, 1, 1, 1, 1, 2])
-    refs = [vm, mv, ab, ab, vv, vm]
+                   [vm / 2.0 ** F, mv, ab / 2.0 ** F, vc / 2.0 ** F,
+                    np.where(keep, ab / 2.0 ** F, 0), vv, _scaled_ref(vm, sc)],
+                   [1, 1, 1, 1, 1, 1, 2])
+    refs = [vm, mv, ab, vc, ab, vv, vm]
     assert [o.shape for o in clean.results[0][0]] == [r.shape for r in refs]
     semi = tamper.run(_job(kernel, malicious=False), args, make_parties())   # the same shapes
     assert [o.shape for o in semi.results[0][0]] == [r.shape for r in refs]
