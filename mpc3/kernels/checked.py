@@ -292,7 +292,8 @@ def as_matrices(x: AShare, y: AShare) -> tuple[AShare, AShare]:
 
 def _covered(items: list[tuple]) -> tuple[list[tuple], list]:
     """Items with every matrix product's operands :func:`as_matrices` (a keep mask and
-    Scaled multipliers reshaped to match) and, per item, the output shape to give back (None: unchanged)."""
+    Scaled multipliers reshaped to match) and, per item, the output shape to give back
+    (None: unchanged)."""
     out, shapes = [], []
     for it in items:
         x, y, kind = it[:3]
