@@ -188,7 +188,7 @@ class Checks:
 
     def matmul(self, p, x, y, out, trunc, kop: int, tag: str = "reshare") -> None:
         """``matmul_aa``'s message, if it was a plain reshare (``trunc`` False) of operands
-        :func:`mpc3.freivalds.matmul_claims` covers, masked under ``(kop, tag)``."""
+        :func:`mpc3.freivalds.matmul_claims` (any shape), masked under ``(kop, tag)``."""
         if trunc is not False:
             return
         dots = dot_claims(p, x, y, out, tag, kop)       # per-element dot products
@@ -196,11 +196,9 @@ class Checks:
             self._add([dots])
             self._cover(p, out.a.nbytes)
             return
-        views = matmul_claims(p, x, y, out, kop, tag)
-        if views is not None:
-            self.mats.append(views)
-            self.pending += out.a.size
-            self._cover(p, out.a.nbytes)
+        self.mats.append(matmul_claims(p, x, y, out, kop, tag))
+        self.pending += out.a.size
+        self._cover(p, out.a.nbytes)
 
     def and_product(self, p, x, y, out, tag: str, kop: int) -> None:
         """An AND layer's message (:func:`mpc3.kernels.boolean.and_steps`): ``out.a`` sent,

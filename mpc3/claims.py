@@ -64,7 +64,7 @@ def dot_claims(p, x, y, out, tag: str, kop: int) -> tuple[Claim, Claim, Claim] |
     with equal batch shapes (the piecewise activations' per-element sums): one gate of 2K
     terms per output. Such a product is always in :func:`mpc3.kernels.arith._local_matmul`'s
     two-product form, whose term is ``sum_k x_a y_a + x_a y_b + x_b y_a``. None for other
-    shapes (:func:`mpc3.freivalds.matmul_claims` takes matrices)."""
+    shapes (:func:`mpc3.freivalds.matmul_claims` takes them)."""
     if not dot_shaped(x.shape, y.shape):
         return None
     return dot_views(x, y, out.a, out.b, None, *masks(p, kop, tag, out.shape))

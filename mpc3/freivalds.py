@@ -26,7 +26,7 @@ import numpy as np
 
 from .galois import GaloisRing, long_matmul
 from .kernels.arith import five_product_form, k_blocks
-from .kernels.checked import mat_shaped
+from .shares import AShare
 
 
 @dataclass
@@ -62,12 +62,34 @@ def _diagonal_masks(x_shape, y_shape, rank: int) -> tuple[np.ndarray, np.ndarray
     return aa, bb
 
 
+def mat_shaped(x_shape: tuple, y_shape: tuple) -> bool:
+    """Whether :func:`mat_views` takes ``x @ y`` as it is: a matrix (or a stack of them, as
+    rows) times one matrix, or equal batches of matrices (else :func:`as_matrices`)."""
+    return (len(y_shape) == 2 and len(x_shape) >= 2) or (
+        len(x_shape) == len(y_shape) >= 3 and x_shape[:-2] == y_shape[:-2])
+
+
+def as_matrices(x: AShare, y: AShare) -> tuple[AShare, AShare]:
+    """``x @ y``'s operands as :func:`mat_shaped` takes them: a vector made a one-row (x) or
+    one-column (y) matrix, batches that broadcast against each other made equal (the
+    operand whose batch differs copied). The product has the same entries in the same
+    order: only numpy's shape of it differs."""
+    if x.a.ndim == 1:
+        x = AShare(x.a[None], x.b[None])
+    if y.a.ndim == 1:
+        y = AShare(y.a[:, None], y.b[:, None])
+    if not mat_shaped(x.shape, y.shape):
+        batch = np.broadcast_shapes(x.shape[:-2], y.shape[:-2])
+        x, y = (t if t.shape[:-2] == batch else AShare(*(
+            np.ascontiguousarray(np.broadcast_to(h, batch + t.shape[-2:])) for h in (t.a, t.b)))
+            for t in (x, y))
+    return x, y
+
+
 def matmul_claims(p, x, y, out, kop: int, tag: str = "reshare"):
     """The three views (own, as V_L of next, as V_R of prev) of ``matmul_aa``'s plain
     reshare of ``x @ y`` (``out`` its result: ``out.a`` sent, ``out.b`` received); lists of
-    one claim per batch item, or None for operand shapes it does not cover."""
-    if not mat_shaped(x.shape, y.shape):
-        return None
+    one claim per batch item."""
     f_next, f_prev = (p.prg.ring(s, kop, tag, out.shape) for s in ("next", "prev"))
     return mat_views(p.rank, x, y, out.a, out.b, None, f_next, f_prev)
 
@@ -75,7 +97,10 @@ def matmul_claims(p, x, y, out, kop: int, tag: str = "reshare"):
 def mat_views(rank: int, x, y, term, left, right, f_next, f_prev):
     """:func:`matmul_claims` of each party's masked 3-out-of-3 term of ``x @ y`` held by its
     verifiers one part each (:func:`mpc3.claims.mul_views`; arrays of the output's shape,
-    ``right`` None: nothing)."""
+    ``right`` None: nothing); operands of any shape np.matmul takes (:func:`as_matrices`)."""
+    masks = [_diagonal_masks(x.shape, y.shape, prover)             # the same for every item
+             for prover in (rank, (rank + 1) % 3, (rank - 1) % 3)]
+    x, y = as_matrices(x, y)
     if y.a.ndim == 2:
         items = [(x.a.reshape(-1, x.shape[-1]), x.b.reshape(-1, x.shape[-1]), y.a, y.b)]
     else:                                                               # equal batches
@@ -85,8 +110,6 @@ def mat_views(rank: int, x, y, term, left, right, f_next, f_prev):
     term, left, right, f_next, f_prev = map(flat, (term, left, right, f_next, f_prev))
     rows = items[0][0].shape[0]
     views = ([], [], [])
-    masks = [_diagonal_masks(x.shape, y.shape, prover)             # the same for every item
-             for prover in (rank, (rank + 1) % 3, (rank - 1) % 3)]
     for i, (xa, xb, ya, yb) in enumerate(items):
         at = slice(i * rows, (i + 1) * rows)
         fn, fp = f_next[at], f_prev[at]

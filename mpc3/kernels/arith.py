@@ -169,10 +169,14 @@ def _local_matmul(x: AShare, y: AShare, rank: int) -> np.ndarray:
     a, 1 - a is even), for the sums of one block of each operand. The zero sharing that
     masks the result makes any split of the nine products equally safe."""
     sum_x = x.size <= y.size
-    if not five_product_form(x.shape, y.shape):
-        if sum_x:
-            return ring.matmul(x.a + x.b, y.a) + ring.matmul(x.a, y.b)
-        return ring.matmul(x.a, y.a + y.b) + ring.matmul(x.b, y.a)
+    if not five_product_form(x.shape, y.shape):      # added in place: a 0-d product (two
+        if sum_x:                                    # vectors) stays an array
+            z = ring.matmul(x.a + x.b, y.a)
+            z += ring.matmul(x.a, y.b)
+        else:
+            z = ring.matmul(x.a, y.a + y.b)
+            z += ring.matmul(x.b, y.a)
+        return z
     K = x.shape[-1]
     shape = np.broadcast_shapes(x.shape[:-2], y.shape[:-2]) + (x.shape[-2], y.shape[-1])
     out = np.zeros(shape, dtype=np.uint64)
@@ -229,8 +233,8 @@ def matmul_aa(p: Party, x: AShare, y: AShare, trunc: bool | int = True,
         raise ValueError(f"matmul_aa: inner dimensions differ {x.shape} @ {y.shape}")
     if p.shadow is not None:
         return p.shadow.matmul_aa(x, y, trunc, site)
-    if p.checks is not None and (trunc is not False or not checked.covered(x.shape, y.shape)):
-        return mul_many_aa(p, [(x, y, "matmul", trunc)])[0]     # malicious mode: checked
+    if p.checks is not None and trunc is not False:      # malicious mode: mpc3.kernels.checked
+        return mul_many_aa(p, [(x, y, "matmul", trunc)])[0]
     kop = p.new_op()
     out = _finish(p, _local_matmul(x, y, p.rank), trunc)
     if p.checks is not None:                 # malicious mode: the message's claim

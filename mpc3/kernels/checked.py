@@ -19,7 +19,8 @@ paths never come here).
   semi-honest kernel. ``keep`` masks: an elementwise item reshares its kept outputs only; a
   matrix product reshares its whole output (its claim reads the whole message) and
   truncates the kept outputs only. Matrix products with a vector operand or broadcast
-  batches take either route as :func:`as_matrices` gives them (a matrix, equal batches).
+  batches take either route: their claims take every shape
+  (:func:`mpc3.freivalds.as_matrices`).
 * :class:`Scaled` truncations ``floor(z m / 2^S)`` (:func:`trunc_scaled`, and Scaled items
   of mul_many): with ``t`` the bit length of m (m < 2^t <= 2^31), the first truncation gives
   ``r = trunc(z, t)`` and ``z_lo = z - 2^t r``, |z_lo| < 2^t (stochastic rounding); then one
@@ -172,27 +173,14 @@ def dot_shaped(x_shape: tuple, y_shape: tuple) -> bool:
             and x_shape[-2] == 1 and y_shape[-1] == 1)
 
 
-def mat_shaped(x_shape: tuple, y_shape: tuple) -> bool:
-    """Whether :func:`mpc3.freivalds.matmul_claims` takes ``x @ y``: a matrix (or a stack of
-    them, as rows) times one matrix, or equal batches of matrices."""
-    return (len(y_shape) == 2 and len(x_shape) >= 2) or (
-        len(x_shape) == len(y_shape) >= 3 and x_shape[:-2] == y_shape[:-2])
-
-
-def covered(x_shape: tuple, y_shape: tuple) -> bool:
-    """Whether the claims take ``x @ y`` as it is (else :func:`as_matrices` first)."""
-    return dot_shaped(x_shape, y_shape) or mat_shaped(x_shape, y_shape)
-
-
 def fusable(items: list[tuple]) -> bool:
     """Whether mul_many's ``items`` take :func:`fused_steps`: no Scaled truncation, and each
-    matrix product's claims cover its whole output (no keep mask) and its shapes."""
+    matrix product's claims cover its whole output (no keep mask)."""
     for item in items:
-        x, y, kind, trunc = item[:4]
+        kind, trunc = item[2:4]
         if isinstance(trunc, Scaled):
             return False
-        if kind == "matmul" and ((len(item) > 4 and item[4] is not None)
-                                 or not covered(x.shape, y.shape)):
+        if kind == "matmul" and len(item) > 4 and item[4] is not None:
             return False
     return True
 
@@ -265,70 +253,13 @@ def bias_slots(terms: dict, n: int, pos: int, a: np.ndarray, b: np.ndarray) -> N
     terms["bias"][1][pos:pos + b.size] = b
 
 
-def matmul_shape(x_shape: tuple, y_shape: tuple) -> tuple:
-    """The shape of ``x @ y`` as numpy gives it (a vector operand's dimension dropped)."""
-    if len(x_shape) == 1 or len(y_shape) == 1:
-        return (y_shape[:-2] + y_shape[-1:] if len(y_shape) > 1 else
-                x_shape[:-1])
-    return np.broadcast_shapes(x_shape[:-2], y_shape[:-2]) + (x_shape[-2], y_shape[-1])
-
-
-def as_matrices(x: AShare, y: AShare) -> tuple[AShare, AShare]:
-    """``x @ y``'s operands in a form the claims take (:func:`mat_shaped`): a vector made a
-    one-row (x) or one-column (y) matrix, batches that broadcast against each other made
-    equal (copies). The product has the same entries in the same order, of
-    :func:`matmul_shape`'s size; its shape keeps the vectors' unit dimensions."""
-    if x.a.ndim == 1:
-        x = AShare(x.a[None], x.b[None])
-    if y.a.ndim == 1:
-        y = AShare(y.a[:, None], y.b[:, None])
-    if not mat_shaped(x.shape, y.shape):
-        batch = np.broadcast_shapes(x.shape[:-2], y.shape[:-2])
-        x, y = (t if t.shape[:-2] == batch else AShare(*(
-            np.ascontiguousarray(np.broadcast_to(h, batch + t.shape[-2:])) for h in (t.a, t.b)))
-            for t in (x, y))
-    return x, y
-
-
-def _covered(items: list[tuple]) -> tuple[list[tuple], list]:
-    """Items with every matrix product's operands :func:`as_matrices` (a keep mask and
-    Scaled multipliers reshaped to match) and, per item, the output shape to give back
-    (None: unchanged)."""
-    out, shapes = [], []
-    for it in items:
-        x, y, kind = it[:3]
-        if kind != "matmul" or covered(x.shape, y.shape):
-            out.append(it)
-            shapes.append(None)
-            continue
-        shape = matmul_shape(x.shape, y.shape)
-        x, y = as_matrices(x, y)
-        rest, made = list(it[3:]), matmul_shape(x.shape, y.shape)
-        if isinstance(rest[0], Scaled):                      # per-output multipliers
-            rest[0] = Scaled(rest[0].shift, np.broadcast_to(rest[0].mult, shape).reshape(made))
-        if len(rest) > 1 and rest[1] is not None:
-            rest[1] = np.broadcast_to(rest[1], shape).reshape(made)
-        out.append((x, y, kind, *rest))
-        shapes.append(shape)
-    return out, shapes
-
-
 def flat_steps(p: Party, items: list[tuple], product):
     """mul_many's items in malicious mode, as steps: per item (its kept outputs, flat, as
     an AShare; its output shape; its keep mask broadcast, or None). ``product``: arith's
-    ``_item_product`` (passed in: arith imports this module, not the other way). Matrix
-    products with a vector operand or broadcast batches run as :func:`as_matrices` gives
-    them, their outputs reshaped back."""
-    items, shapes = _covered(_shifted(items))
-    steps = fused_steps if fusable(items) else _unfused_steps
-    got = yield from steps(p, items, product)
-    return [(v, shape, keep) if s is None else
-            (v, s, None if keep is None else keep.reshape(s))
-            for (v, shape, keep), s in zip(got, shapes)]
-
-
-def _unfused_steps(p: Party, items: list[tuple], product):
-    """:func:`flat_steps` of items :func:`fusable` refuses (module docstring)."""
+    ``_item_product`` (passed in: arith imports this module, not the other way)."""
+    items = _shifted(items)
+    if fusable(items):
+        return (yield from fused_steps(p, items, product))
     kop = p.new_op()
     r, made = Round(p), []
     for i, item in enumerate(items):

@@ -154,7 +154,7 @@ def test_dot_products_and_four_dimensional_batches_are_verified():
 
 def test_vector_operands_and_broadcast_batches_are_verified():
     """Matrix products with a vector operand or batches that broadcast against each other
-    (checked.as_matrices: a one-row / one-column matrix, equal batches) are verified with
+    (freivalds.as_matrices: a one-row / one-column matrix, equal batches) are verified with
     numpy's output shapes, truncated or plain, keep masks and Scaled multipliers of the
     output's shape included: in matmul_aa (each on the fused route) and in one mul_many_aa
     whose keep mask takes the unfused route; every round's changed message is caught.
