@@ -30,7 +30,13 @@ Soundness per proof: see :func:`soundness_bits`; ``reps`` independent repetition
 rounds. The prover never learns a challenge before it has sent the message the challenge
 tests: seeds come from the key the two verifiers share and the prover lacks, and V_R sends
 each one only after receiving the prover's message. The three parties prove their own
-batches at the same time, so every round carries three proofs.
+batches at the same time, so every round carries three proofs. The matrix products'
+random vectors (:mod:`mpc3.freivalds`) are drawn once for the three, from the XOR of the
+three first seeds: every party holds all three after the first round (its own, received,
+and the two it gives as a verifier), and for a cheating prover the XOR is uniform - its own
+seed is, drawn from its verifiers' key and received only after its messages, and the other
+two are fixed by keys it shares with an honest party, who checks what it sends
+(:class:`SeedMismatch`). Each party then reduces each slot it holds once, not once a role.
 """
 from __future__ import annotations
 
@@ -44,6 +50,7 @@ from .comm import CheatingDetected, SeedMismatch, one_array  # noqa: F401 - re-e
 from .dzkp_rounds import LINEAR_FAILED, send_verdicts, challenge_seeds
 from .freivalds import reduce_mats
 from . import dzkp_kernels as dk
+from . import ring
 from .galois import GaloisRing, galois_ring, long_matmul
 from .party import Party
 from .prg import aes_ctr_bytes
@@ -114,14 +121,10 @@ def compact(c: Claim) -> Claim:
     smaller, read by the proof as it is (:func:`mpc3.dzkp_kernels.rows`)."""
     sides = []
     for x, scale in ((c.u, c.us), (c.v, c.vs)):
-        if x is not None and scale is None and x.size:
-            tops = []                # row by row: a side of words fails at its first row
-            for row in x:
-                tops.append(row.max())
-                if not ((row == 0) | (row == tops[-1])).all():
-                    break
-            else:
-                x, scale = (x != 0).view(np.uint8), np.array(tops, dtype=np.uint64)
+        if x is not None and scale is None:
+            held = dk.bit_rows(x)                # a side of words fails in its first row
+            if held is not None:
+                x, scale = held
         sides.append((x, scale))
     return Claim(sides[0][0], sides[1][0], c.z, sides[0][1], sides[1][1])
 
@@ -339,10 +342,10 @@ def _verify(p: Party, mine, as_left, as_right, params: Params, digests: tuple | 
     # round 0: both verifiers hand each prover the seed of the gate weights and vectors
     seeds = challenge_seeds(p, seed_of, 0)
     ring_claims = None
-    if ring_len:
-        ring_claims = {role: reduce_mats(g, mats[j], reps,
-                                         lambda n, s=seeds[role]: _words(s, "mats", n))
-                       for j, role in enumerate(("P", "L", "R"))}
+    if ring_len:            # one set of vectors for the three proofs (module docstring)
+        common = bytes(a ^ b ^ c for a, b, c in zip(seeds["P"], seeds["L"], seeds["R"]))
+        ring_claims = dict(zip(("P", "L", "R"), reduce_mats(
+            g, mats, reps, lambda n: _words(common, "mats", n))))
     claims, vecs, checks, hs = {}, {}, {"L": [], "R": []}, {}
     awaiting, step = None, 0
     if live:
@@ -393,8 +396,8 @@ def _verify(p: Party, mine, as_left, as_right, params: Params, digests: tuple | 
                     gamma = g.exceptional(_words(seeds[role], "join", reps))
                     U, V, c = ring_claims[role]
                     tail = slice(vecs[role][0].shape[1] - ring_len, None)   # left for them
-                    vecs[role][0][:, tail] = np.stack([g.scale(U[j], gamma[j])
-                                                       for j in range(reps)])
+                    for j in range(reps):                   # U gamma, added to its zeros
+                        ring.matmul(U[j], g.mul_matrix(gamma[j]), vecs[role][0][j, tail])
                     vecs[role][1][:, tail] = V
                     claims[role] = claims[role] + g.mul(gamma, c)
             ring_claims = None

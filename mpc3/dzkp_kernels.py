@@ -268,6 +268,26 @@ def _fold_ring_all(X, n, mats, nz, out, parts):  # pragma: no cover
         _fold_ring_part_jit(X, n, mats, nz, n * j // parts, n * (j + 1) // parts, out)
 
 
+def _bit_rows(x, bits, tops):  # pragma: no cover
+    """Whether every row of x (m, L) holds zeros and one value; as it goes, bits[a, t] =
+    (x[a, t] != 0) and tops[a] = row a's value (0: a zero row). Stops at the first row that
+    holds two values (a side of words stops in its first row)."""
+    m, L = x.shape
+    zero = np.uint64(0)                # uint64 throughout (with an int64 0 numba unifies
+    for a in range(m):                 # the two as float64)
+        top = zero
+        for t in range(L):
+            v = x[a, t]
+            if v != zero:
+                if top == zero:
+                    top = v
+                elif v != top:
+                    return False
+            bits[a, t] = v != zero
+        tops[a] = top
+    return True
+
+
 _gram_int_part_jit = _gram_int_part
 _gram_ring_part_jit = _gram_ring_part
 
@@ -311,6 +331,7 @@ def _kernels() -> dict:
     for name in drivers:
         out[name, True] = _parallel_twin(numba, g[name])
         twins(out[name, False], out[name, True])
+    out["_bit_rows"] = numba.njit(cache=True, nogil=True)(_bit_rows)
     return out
 
 
@@ -415,6 +436,22 @@ def rows(x: np.ndarray, scale) -> tuple[np.ndarray, np.ndarray]:
     if x.dtype != np.uint8:
         raise ValueError(f"bit rows must be uint8, not {x.dtype}")
     return np.ascontiguousarray(x), _i64(scale)
+
+
+def bit_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """(bits (m, L) uint8, the rows' values (m,) uint64) if every row of the uint64 rows x
+    holds zeros and one value (a boolean circuit's bits, lifted or scaled), else None: one
+    compiled pass, stopping at the first row that does not (its first row is tested first,
+    before a non-contiguous x is copied)."""
+    if x.shape[0] == 0 or x.shape[1] == 0:
+        return None
+    first = x[0]
+    top = first.max()
+    if not ((first == 0) | (first == top)).all():
+        return None
+    x = np.ascontiguousarray(x, dtype=np.uint64)
+    bits, tops = np.empty(x.shape, dtype=np.uint8), np.empty(x.shape[0], dtype=np.uint64)
+    return (bits, tops) if _kernels()["_bit_rows"](x, bits, tops) else None
 
 
 def fold_int(x: np.ndarray, k: int, lr: np.ndarray, sig: np.ndarray | None,

@@ -15,8 +15,14 @@ where each verifier computes its share of the left side alone (the diagonal term
 verifier's: it holds both factors) and holds one factor of each inner product. A false
 message survives the vectors with probability <= 2 / 2^D (a bilinear form over GF(2^D),
 :mod:`mpc3.galois`); the inner products then join the batch :func:`mpc3.dzkp.verify_claims`
-proves. Cost of the reduction: local, (M + N) K ring multiply-adds per repetition and
-coefficient.
+proves.
+
+One set of vectors serves the three proofs of a flush (drawn from the XOR of their three
+first challenge seeds: uniform for each prover and unknown to it until its messages are
+sent, :mod:`mpc3.dzkp`). A party then reduces each slot it holds once: its slot a serves its
+own proof and, held by it as V_R of prev, prev's; its slot b its own and next's. Cost of
+the reduction, local: 2 (M + N) K ring multiply-adds per repetition and coefficient a party
+(its two slots of x and of y), plus M N for each of its three targets.
 """
 from __future__ import annotations
 
@@ -125,39 +131,56 @@ def mat_views(rank: int, x, y, term, left, right, f_next, f_prev):
     return views
 
 
-def reduce_mats(g: GaloisRing, claims: list[MatClaim], reps: int, words) -> tuple:
-    """Every claim reduced by its random vectors (``words(n)``: n uniform words, the same
-    for the three parties' views): (U, V) (reps, sum of inner, D) and the claimed inner
-    product (reps, D), this party's shares."""
+def reduce_mats(g: GaloisRing, views: tuple, reps: int, words) -> list[tuple]:
+    """The three roles' claims (own, as V_L of next, as V_R of prev: lists of
+    :class:`MatClaim`, item by item of one shape) reduced by one set of random vectors
+    (``words(n)``: n uniform words, the same at the three parties): for each role (U, V)
+    (reps, sum of inner, D) and the claimed inner product (reps, D), this party's shares.
+    One set serves the three proofs, so a slot two roles read - the prover's a, which it
+    also holds as V_R of prev, and its b, held as V_L of next - is reduced once."""
     D = g.D
-    sizes = [(c.target.shape[0], c.target.shape[1]) for c in claims]
+    sizes = [c.target.shape for c in views[0]]
     w = words(reps * D * sum(M + N for M, N in sizes))
-    Us, Vs, total, at = [], [], g.zeros((reps,)), 0
-    for c, (M, N) in zip(claims, sizes):
+    inner = sum(c.inner for c in views[0])
+    out = [(np.zeros((reps, inner, D), dtype=np.uint64),
+            np.zeros((reps, inner, D), dtype=np.uint64), g.zeros((reps,))) for _ in views]
+    at = pos = 0
+    for i, (M, N) in enumerate(sizes):
         rho = w[at:at + M * reps * D].reshape(M, reps * D)
         at += M * reps * D
         kappa = w[at:at + N * reps * D].reshape(N, reps * D)
         at += N * reps * D
-        K = c.aa.shape[0]
+        K = views[0][i].aa.shape[0]
+        done = {}
 
-        def left(X):                        # rho^T X: (reps, K, D)
-            if X is None:
-                return g.zeros((reps, K))
-            return long_matmul(np.ascontiguousarray(X.T), rho).reshape(K, reps, D) \
-                .transpose(1, 0, 2)
+        def reduced(X, left: bool):         # rho^T X or X kappa: (reps, K, D), once a slot
+            key = (id(X), left)
+            if key not in done:
+                r = long_matmul(np.ascontiguousarray(X.T), rho) if left else \
+                    long_matmul(X, kappa)
+                done[key] = r.reshape(K, reps, D).transpose(1, 0, 2)
+            return done[key]
+        first, second = slice(pos, pos + K), slice(pos + K, pos + 2 * K)
+        for (U, V, total), view in zip(out, views):
+            c = view[i]
+            la, lb, ra, rb = (None if X is None else reduced(X, left) for X, left in
+                              ((c.xa, True), (c.xb, True), (c.ya, False), (c.yb, False)))
+            for dst, part, val in ((U, first, la), (U, second, lb), (V, first, rb),
+                                   (V, second, ra)):
+                if val is not None:
+                    dst[:, part] = val
+            tr = long_matmul(np.ascontiguousarray(c.target.T), rho).reshape(N, reps, D)
+            total += _dots(g, tr.transpose(1, 0, 2), kappa.reshape(N, reps, D)
+                           .transpose(1, 0, 2))                       # rho^T T kappa
+            if la is not None and ra is not None and c.aa.any():
+                total -= _dots(g, la[:, c.aa], ra[:, c.aa])
+            if lb is not None and rb is not None and c.bb.any():
+                total -= _dots(g, lb[:, c.bb], rb[:, c.bb])
+        pos += 2 * K
+    return out
 
-        def right(Y):                       # Y kappa: (reps, K, D)
-            if Y is None:
-                return g.zeros((reps, K))
-            return long_matmul(Y, kappa).reshape(K, reps, D).transpose(1, 0, 2)
-        la, lb, ra, rb = left(c.xa), left(c.xb), right(c.ya), right(c.yb)
-        tr = long_matmul(np.ascontiguousarray(c.target.T), rho).reshape(N, reps, D)
-        claim = g.mul(tr, kappa.reshape(N, reps, D)).sum(axis=0)          # rho^T T kappa
-        if c.xa is not None and c.ya is not None and c.aa.any():
-            claim = claim - g.mul(la[:, c.aa], ra[:, c.aa]).sum(axis=1)
-        if c.xb is not None and c.yb is not None and c.bb.any():
-            claim = claim - g.mul(lb[:, c.bb], rb[:, c.bb]).sum(axis=1)
-        Us.append(np.concatenate([la, lb], axis=1))
-        Vs.append(np.concatenate([rb, ra], axis=1))
-        total = total + claim
-    return np.concatenate(Us, axis=1), np.concatenate(Vs, axis=1), total
+
+def _dots(g: GaloisRing, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Each repetition's inner product sum_t a[j, t] b[j, t] of element vectors (reps, n, D):
+    one GEMM of coefficient columns each (:meth:`GaloisRing.dot`)."""
+    return np.stack([g.dot(a[j], b[j]) for j in range(a.shape[0])])

@@ -188,6 +188,29 @@ def test_vector_operands_and_broadcast_batches_are_verified():
     assert [o.shape for o in semi.results[0][0]] == [r.shape for r in refs]
 
 
+
+def test_each_slot_of_a_matrix_product_is_reduced_once_a_party(monkeypatch):
+    """The three proofs share one set of random vectors (freivalds.reduce_mats), so a party
+    reduces each of its two slots of x and of y once - not once for each role that reads it
+    (the prover's slot a is also its slot as V_R of prev, its b as V_L of next) - and the
+    honest product is still accepted. x (3, 5) @ y (5, 7): per party, rho^T X for two slots
+    (X^T: (5, 3)), Y kappa for two (Y: (5, 7)) and rho^T T for its three targets (T^T: (7, 3))."""
+    from collections import Counter
+    from mpc3 import freivalds
+    rng = np.random.default_rng(19)
+    x, y = _ints(rng, (3, 5)), _ints(rng, (5, 7))
+    calls, real = Counter(), freivalds.long_matmul
+
+    def counted(a, b):
+        calls[a.shape] += 1
+        return real(a, b)
+    monkeypatch.setattr(freivalds, "long_matmul", counted)
+    got = tamper.run(_job(lambda p, x, y: [arith.matmul_aa(p, x, y)]), _deal(rng, x, y),
+                     make_parties())
+    assert got.error is None, got.error
+    assert np.abs(got.results[0][0][0] - x @ y / 2.0 ** F).max() < 1
+    assert calls == Counter({(5, 3): 3 * 2, (5, 7): 3 * 2, (7, 3): 3 * 3}), calls
+
 @pytest.mark.parametrize("mode", ["exact", "prob"])
 def test_fused_truncation_of_mixed_items_costs_what_semi_honest_mode_does(mode):
     """Items without Scaled truncations or masked matrix products take the fused route

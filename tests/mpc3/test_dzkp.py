@@ -280,3 +280,27 @@ def test_the_ring_fold_skips_zero_chunks_and_pads_the_last():
     with np.errstate(over="ignore"):
         want = np.einsum("rind,ride->rne", pad.reshape(reps, k, n, D), mats)
     assert np.array_equal(dk.fold_ring(X, k, mats), want)
+
+
+def test_compact_holds_bit_sides_as_bytes_and_leaves_words_alone():
+    """dzkp.compact (dzkp_kernels.bit_rows): a side whose rows each hold zeros and one value
+    - a zero row included, contiguous or a transposed view - becomes uint8 bits and the rows'
+    values, and reads back as the same side; a side with a second value in any row (its first
+    or a later one) stays words."""
+    rng = np.random.default_rng(5)
+    L = 37
+    bits = rng.integers(0, 2, size=(4, L), dtype=np.uint64)
+    bits[2] = 0
+    vals = np.array([1, 3 << 40, 7, M64 - 5], dtype=np.uint64)
+    side = bits * vals[:, None]
+    words = side.copy()
+    words[3, 5], words[3, 6] = 1, 2                          # a later row holds two values
+    z = np.zeros(L, dtype=np.uint64)
+    for u in (side, np.ascontiguousarray(side.T).T):
+        c = dzkp.compact(dzkp.Claim(u, words, z))
+        assert c.u.dtype == np.uint8 and c.v is words and c.vs is None
+        assert np.array_equal(c.u.astype(np.uint64) * c.us[:, None], side)
+        assert np.array_equal(c.us[[0, 1, 3]], vals[[0, 1, 3]]) and c.us[2] == 0
+    first = side.copy()
+    first[0, :2] = (1, 2)                                    # its first row holds two values
+    assert dzkp.compact(dzkp.Claim(None, first, z)).vs is None
