@@ -37,6 +37,10 @@ and the two it gives as a verifier), and for a cheating prover the XOR is unifor
 seed is, drawn from its verifiers' key and received only after its messages, and the other
 two are fixed by keys it shares with an honest party, who checks what it sends
 (:class:`SeedMismatch`). Each party then reduces each slot it holds once, not once a role.
+The weight gamma that joins the products' claims to the first compression's is common too
+(the XOR of the next round's seeds), and the products are reduced only then, with each
+rho multiplied by gamma: U and the claims come out weighted (they are linear in rho), at
+M ring products a matrix rather than one a term of U, straight into the folded vectors.
 """
 from __future__ import annotations
 
@@ -50,7 +54,6 @@ from .comm import CheatingDetected, SeedMismatch, one_array  # noqa: F401 - re-e
 from .dzkp_rounds import LINEAR_FAILED, send_verdicts, challenge_seeds
 from .freivalds import reduce_mats
 from . import dzkp_kernels as dk
-from . import ring
 from .galois import GaloisRing, galois_ring, long_matmul
 from .party import Party
 from .prg import aes_ctr_bytes
@@ -341,11 +344,10 @@ def _verify(p: Party, mine, as_left, as_right, params: Params, digests: tuple | 
 
     # round 0: both verifiers hand each prover the seed of the gate weights and vectors
     seeds = challenge_seeds(p, seed_of, 0)
-    ring_claims = None
-    if ring_len:            # one set of vectors for the three proofs (module docstring)
-        common = bytes(a ^ b ^ c for a, b, c in zip(seeds["P"], seeds["L"], seeds["R"]))
-        ring_claims = dict(zip(("P", "L", "R"), reduce_mats(
-            g, mats, reps, lambda n: _words(common, "mats", n))))
+    mat_words = None        # the matrix products' vectors: one set for the three proofs
+    if ring_len:
+        common = _common(seeds)
+        mat_words = lambda n: _words(common, "mats", n)     # noqa: E731
     claims, vecs, checks, hs = {}, {}, {"L": [], "R": []}, {}
     awaiting, step = None, 0
     if live:
@@ -375,11 +377,10 @@ def _verify(p: Party, mine, as_left, as_right, params: Params, digests: tuple | 
             checks[role].append(g.mul(weights[role][0], hs[role][:, :k1]).sum(axis=1)
                                 - claims[role])
         awaiting, step = "first", 1
-    else:
-        for role in data:
-            U, V, c = ring_claims[role]
+    else:                   # the products' claims start the proof
+        for role, (U, V, c) in zip(data, reduce_mats(g, mats, reps, mat_words)):
             vecs[role], claims[role] = (U, V), c
-        ring_claims = None
+        mat_words = None
     while True:
         if awaiting:
             seeds = challenge_seeds(p, seed_of, step)
@@ -387,20 +388,19 @@ def _verify(p: Party, mine, as_left, as_right, params: Params, digests: tuple | 
                 r = _challenge(g, seeds[role], reps, avoid)
                 if awaiting == "first":
                     vecs[role] = _fold_first(g, rd1, data[role], live, ns, weights[role][1],
-                                             r, k1, extra=ring_len if ring_claims else 0)
+                                             r, k1, extra=ring_len if mat_words else 0)
                     claims[role] = rd1.at(hs[role], r, 2 * k1 - 1)
                 else:
                     vecs[role] = _fold(g, rd, vecs[role], r, k)
                     claims[role] = rd.at(hs[role], r, 2 * k - 1)
-                if ring_claims is not None:          # join the products' claim, weighted
-                    gamma = g.exceptional(_words(seeds[role], "join", reps))
-                    U, V, c = ring_claims[role]
-                    tail = slice(vecs[role][0].shape[1] - ring_len, None)   # left for them
-                    for j in range(reps):                   # U gamma, added to its zeros
-                        ring.matmul(U[j], g.mul_matrix(gamma[j]), vecs[role][0][j, tail])
-                    vecs[role][1][:, tail] = V
-                    claims[role] = claims[role] + g.mul(gamma, c)
-            ring_claims = None
+            if mat_words is not None:    # join the products' claims weighted by gamma, their
+                gamma = g.exceptional(_words(_common(seeds), "join", reps))  # vectors reduced
+                tails = [tuple(x[:, x.shape[1] - ring_len:] for x in vecs[role])  # into the
+                         for role in data]                                   # tails left
+                for role, (_, _, c) in zip(data, reduce_mats(g, mats, reps, mat_words, gamma,
+                                                             tails)):
+                    claims[role] = claims[role] + c
+            mat_words = None
         U, V = vecs["P"]
         if U.shape[1] <= k:
             break
@@ -442,6 +442,11 @@ def _verify(p: Party, mine, as_left, as_right, params: Params, digests: tuple | 
     send_verdicts(p, np.array([LINEAR_FAILED if ok and not _linear_ok(linear, from_prev[1:]) else ok,
                            _accept(g, opened["R"], from_next) and bits[1],
                            *((1, 1) if digests is None else digests)], dtype=np.uint8))
+
+
+def _common(seeds: dict) -> bytes:
+    """The XOR of the three proofs' seeds of one round (module docstring)."""
+    return bytes(a ^ b ^ c for a, b, c in zip(seeds["P"], seeds["L"], seeds["R"]))
 
 
 def _send_h(p: Party, h: np.ndarray, share_from_prover, step) -> tuple:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import ring
 from .galois import GaloisRing, long_matmul
 from .kernels.arith import five_product_form, k_blocks
 from .shares import AShare
@@ -131,25 +132,34 @@ def mat_views(rank: int, x, y, term, left, right, f_next, f_prev):
     return views
 
 
-def reduce_mats(g: GaloisRing, views: tuple, reps: int, words) -> list[tuple]:
+def reduce_mats(g: GaloisRing, views: tuple, reps: int, words, weight=None,
+                outs: list | None = None) -> list[tuple]:
     """The three roles' claims (own, as V_L of next, as V_R of prev: lists of
     :class:`MatClaim`, item by item of one shape) reduced by one set of random vectors
     (``words(n)``: n uniform words, the same at the three parties): for each role (U, V)
     (reps, sum of inner, D) and the claimed inner product (reps, D), this party's shares.
     One set serves the three proofs, so a slot two roles read - the prover's a, which it
-    also holds as V_R of prev, and its b, held as V_L of next - is reduced once."""
+    also holds as V_R of prev, and its b, held as V_L of next - is reduced once.
+    ``weight`` (reps, D): every rho multiplied by it first, which multiplies U and the
+    claims by it (all are linear in rho) - the join's weight (:mod:`mpc3.dzkp`) at M
+    products a row rather than the inner dimension's. ``outs``: each role's (U, V) to write
+    into (zero), else allocated."""
     D = g.D
     sizes = [c.target.shape for c in views[0]]
     w = words(reps * D * sum(M + N for M, N in sizes))
     inner = sum(c.inner for c in views[0])
-    out = [(np.zeros((reps, inner, D), dtype=np.uint64),
-            np.zeros((reps, inner, D), dtype=np.uint64), g.zeros((reps,))) for _ in views]
+    outs = outs or [tuple(np.zeros((reps, inner, D), dtype=np.uint64) for _ in range(2))
+                    for _ in views]
+    acc = np.zeros((len(views), 2, reps, D, D), dtype=np.uint64)   # coefficient products: +, -
     at = pos = 0
     for i, (M, N) in enumerate(sizes):
         rho = w[at:at + M * reps * D].reshape(M, reps * D)
         at += M * reps * D
-        kappa = w[at:at + N * reps * D].reshape(N, reps * D)
+        kap = w[at:at + N * reps * D].reshape(N, reps * D)
         at += N * reps * D
+        if weight is not None:
+            rho = g.mul(rho.reshape(M, reps, D), weight).reshape(M, reps * D)
+        kappa = [np.ascontiguousarray(kap[:, j * D:(j + 1) * D]) for j in range(reps)]
         K = views[0][i].aa.shape[0]
         done = {}
 
@@ -157,11 +167,11 @@ def reduce_mats(g: GaloisRing, views: tuple, reps: int, words) -> list[tuple]:
             key = (id(X), left)
             if key not in done:
                 r = long_matmul(np.ascontiguousarray(X.T), rho) if left else \
-                    long_matmul(X, kappa)
+                    long_matmul(X, kap)
                 done[key] = r.reshape(K, reps, D).transpose(1, 0, 2)
             return done[key]
         first, second = slice(pos, pos + K), slice(pos + K, pos + 2 * K)
-        for (U, V, total), view in zip(out, views):
+        for (U, V), view, sums in zip(outs, views, acc):
             c = view[i]
             la, lb, ra, rb = (None if X is None else reduced(X, left) for X, left in
                               ((c.xa, True), (c.xb, True), (c.ya, False), (c.yb, False)))
@@ -170,17 +180,11 @@ def reduce_mats(g: GaloisRing, views: tuple, reps: int, words) -> list[tuple]:
                 if val is not None:
                     dst[:, part] = val
             tr = long_matmul(np.ascontiguousarray(c.target.T), rho).reshape(N, reps, D)
-            total += _dots(g, tr.transpose(1, 0, 2), kappa.reshape(N, reps, D)
-                           .transpose(1, 0, 2))                       # rho^T T kappa
-            if la is not None and ra is not None and c.aa.any():
-                total -= _dots(g, la[:, c.aa], ra[:, c.aa])
-            if lb is not None and rb is not None and c.bb.any():
-                total -= _dots(g, lb[:, c.bb], rb[:, c.bb])
+            for j in range(reps):                                   # rho^T T kappa
+                ring.matmul(np.ascontiguousarray(tr[:, j].T), kappa[j], sums[0, j])
+                for lx, ry, mask in ((la, ra, c.aa), (lb, rb, c.bb)):   # minus the diagonal
+                    if lx is not None and ry is not None and mask.any():
+                        ring.matmul(np.ascontiguousarray(lx[j, mask].T),
+                                    np.ascontiguousarray(ry[j, mask]), sums[1, j])
         pos += 2 * K
-    return out
-
-
-def _dots(g: GaloisRing, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Each repetition's inner product sum_t a[j, t] b[j, t] of element vectors (reps, n, D):
-    one GEMM of coefficient columns each (:meth:`GaloisRing.dot`)."""
-    return np.stack([g.dot(a[j], b[j]) for j in range(a.shape[0])])
+    return [(U, V, g.fold_products(sums[0] - sums[1])) for (U, V), sums in zip(outs, acc)]
