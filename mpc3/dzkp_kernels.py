@@ -137,7 +137,7 @@ def _fold_int_part(x, xs, n, lr, sig, nz, taps, t0, t1, out):  # pragma: no cove
     (m, L) Z_2^64 words (xs ones) or bits (xs their rows' values), lr (k, reps D)
     (repetition j's coefficients at columns j D .. j D + D - 1), sig (reps, n, D) sigma's
     0/1 coefficients (int64) or empty (no sigma), nz (m,) rows not all zero, out (reps, m n, D)
-    zero on entry (a zero row's fold is zero: its positions are not written). By blocks of
+    (every position written: a zero row's with zeros, without reading it). By blocks of
     positions: each chunk's slice of x is read in order into an L1 block of accumulators."""
     m, L = x.shape
     k, R = lr.shape
@@ -147,7 +147,8 @@ def _fold_int_part(x, xs, n, lr, sig, nz, taps, t0, t1, out):  # pragma: no cove
     lrs = np.empty((k, R), dtype=np.int64)
     weighted = sig.shape[0] > 0
     for a in range(m):
-        if not nz[a]:
+        if not nz[a]:                         # a zero row's fold is zero
+            _zero_row_jit(out, a * n + t0, a * n + t1)
             continue
         for i in range(k):                    # the row's value folded into the coefficients
             for e in range(R):
@@ -183,7 +184,9 @@ def _fold_bits_part(x, xs, n, tab, sig, nz, taps, t0, t1, out):  # pragma: no co
     weighted = sig.shape[0] > 0
     for a in range(m):
         sa = xs[a]
-        for s in range(t0 if nz[a] else t1, t1, BLOCK):           # a zero row stays zero
+        if not nz[a]:                                           # a zero row's fold is zero
+            _zero_row_jit(out, a * n + t0, a * n + t1)
+        for s in range(t0 if nz[a] else t1, t1, BLOCK):
             w = min(t1, s + BLOCK) - s
             acc[:w] = 0
             for g in range(G):
@@ -204,6 +207,14 @@ def _fold_bits_part(x, xs, n, tab, sig, nz, taps, t0, t1, out):  # pragma: no co
             for t in range(w):
                 acc[t] *= sa
                 _emit_jit(acc[t], sig, s + t, taps, c, out, a * n + s + t, weighted)
+
+
+def _zero_row(out, o0, o1):  # pragma: no cover
+    """out[:, o0:o1] = 0 (out: (reps, positions, D))."""
+    for j in range(out.shape[0]):
+        for o in range(o0, o1):
+            for d in range(out.shape[2]):
+                out[j, o, d] = 0
 
 
 def _fold_bits_all(x, xs, n, tab, sig, nz, taps, out, parts):  # pragma: no cover
@@ -308,6 +319,7 @@ def _mul_binary(a, b, taps, c, out):  # pragma: no cover
     out[:] = c[:d]
 
 
+_zero_row_jit = _zero_row
 _ring_mul_into_jit = _mul_binary       # out = a * sigma in GR(2^64, D), c: scratch
 _fold_int_part_jit = _fold_int_part
 _fold_bits_part_jit = _fold_bits_part
@@ -321,7 +333,7 @@ def _kernels() -> dict:
     import numba
 
     g = globals()
-    bind_jit(g, ("_emit", "_gram_int_part", "_gram_ring_part", "_fold_int_part",
+    bind_jit(g, ("_emit", "_zero_row", "_gram_int_part", "_gram_ring_part", "_fold_int_part",
                  "_fold_bits_part", "_fold_ring_part"))
     g["_ring_mul_into_jit"] = numba.njit(cache=True, nogil=True)(_mul_binary)
     out, drivers = {}, ("_gram_int_all", "_gram_ring_all", "_fold_int_all", "_fold_bits_all",
@@ -459,15 +471,15 @@ def fold_int(x: np.ndarray, k: int, lr: np.ndarray, sig: np.ndarray | None,
              scale: np.ndarray | None = None, coef: tuple | None = None) -> np.ndarray:
     """(sigma_t *) p_(a,t)(r) for Z_2^64 rows x (m, L) in k chunks of n (>= ceil(L / k);
     that unless given): lr (reps, k, D) the Lagrange coefficients at r, sig (reps, n, D)
-    binary or None: (reps, m n, D), written into ``out`` if given (uint64,
-    zero on entry). ``scale``: the rows' values where x is bits (:func:`rows`). ``coef``:
+    binary or None: (reps, m n, D), written into ``out`` if given (uint64; every position
+    is written). ``scale``: the rows' values where x is bits (:func:`rows`). ``coef``:
     :func:`_coefficients` of lr, when one fold reads several batches."""
     m, L = x.shape
     reps, _, D = lr.shape
     n = -(-L // k) if n is None else n
     nz = x.any(axis=1)
     par, parts = _parts(int(nz.sum()) * n * reps * D * (k + (D if sig is not None else 0)))
-    out = np.zeros((reps, m * n, D), dtype=np.uint64) if out is None else out
+    out = np.empty((reps, m * n, D), dtype=np.uint64) if out is None else out
     if out.shape != (reps, m * n, D) or out.dtype != np.uint64:
         raise ValueError(f"fold_int: out {out.shape} {out.dtype}, want {(reps, m * n, D)}")
     s = np.zeros((0, 1, D), np.int64) if sig is None else _i64(sig)
@@ -499,11 +511,16 @@ def fold_batches(batches: list, live: list, ns: list, sigmas: list, lr: np.ndarr
     """:func:`fold_int` of the u (weighted by its sigma) and v of every live batch (Claims,
     chunk length n each), side by side: (reps, sum m n + extra, D) each, the ``extra`` tail
     zero. Each batch is released (``batches[b] = None``) once folded, so claims and folds
-    are not held together; a side a view holds nothing of (None) stays zero pages."""
+    are not held together; a side a view holds nothing of (None) stays zero pages, and a
+    side every batch holds is not zeroed first (the folds write every position)."""
     reps, D = lr.shape[0], lr.shape[2]
     rows = [batches[b].width for b in live]
     total = sum(m * n for m, n in zip(rows, ns)) + extra
-    U, V = (np.zeros((reps, total, D), dtype=np.uint64) for _ in range(2))
+    U, V = (np.empty((reps, total, D), dtype=np.uint64) if all(
+        getattr(batches[b], side) is not None for b in live)
+        else np.zeros((reps, total, D), dtype=np.uint64) for side in ("u", "v"))
+    U[:, total - extra:] = 0
+    V[:, total - extra:] = 0
     at = freed = 0
     coef = _coefficients(lr)                          # once for every batch
     for b, m, n, sigma in zip(live, rows, ns, sigmas):

@@ -199,7 +199,8 @@ def test_batches_of_different_widths_join_one_proof():
 def test_the_first_fold_of_bit_rows_is_the_lagrange_combination(k, weighted):
     """dzkp_kernels.fold_int on rows of bits (by tables of 8 chunks) equals the fold of the
     same rows as words, and both equal sigma_t sum_i lr_i u_(a, i n + t) computed in the
-    Galois ring (rows of zeros skipped, positions past the end zero)."""
+    Galois ring (a zero row's fold zero, positions past the end zero), into an output that
+    held other values (every position is written: fold_batches does not zero it)."""
     from mpc3 import dzkp_kernels as dk
     from mpc3.galois import galois_ring
     g = galois_ring(32)
@@ -214,6 +215,9 @@ def test_the_first_fold_of_bit_rows_is_the_lagrange_combination(k, weighted):
     got = dk.fold_int(bits, k, lr, sig, g._taps, scale=scale)
     words = bits.astype(np.uint64) * scale[:, None]
     assert np.array_equal(got, dk.fold_int(words, k, lr, sig, g._taps))
+    for x, sc in ((bits, scale), (words, None)):         # every position is written
+        dirty = np.full((reps, m * n, g.D), 7, dtype=np.uint64)
+        assert np.array_equal(dk.fold_int(x, k, lr, sig, g._taps, out=dirty, scale=sc), got)
     pad = np.zeros((m, k * n), dtype=np.uint64)
     pad[:, :L] = words
     chunks = pad.reshape(m, k, n)                        # chunk i, position t
