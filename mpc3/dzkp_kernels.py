@@ -74,15 +74,13 @@ def _gram_int_part(u, v, us, vs, sig, k, n, t0, t1, out, blk):  # pragma: no cov
                     q[t] = acc
                 for t in range(w, w + 3):
                     q[t] = 0
-                row = out[p]
-                for t in range(0, w, 4):
-                    q0, q1, q2, q3 = q[t], q[t + 1], q[t + 2], q[t + 3]
-                    s0 = sig[s + t]
-                    s1 = sig[min(s + t + 1, t1 - 1)]
-                    s2 = sig[min(s + t + 2, t1 - 1)]
-                    s3 = sig[min(s + t + 3, t1 - 1)]
+                for t in range(0, w, 4):           # indexed, not row views: a view made
+                    q0, q1, q2, q3 = q[t], q[t + 1], q[t + 2], q[t + 3]   # in this loop
+                    r0, r1 = s + t, min(s + t + 1, t1 - 1)    # costs reference counting
+                    r2, r3 = min(s + t + 2, t1 - 1), min(s + t + 3, t1 - 1)   # (1.3-1.4x)
                     for c in range(R):
-                        row[c] += (q0 & s0[c]) + (q1 & s1[c]) + (q2 & s2[c]) + (q3 & s3[c])
+                        out[p, c] += (q0 & sig[r0, c]) + (q1 & sig[r1, c]) + \
+                            (q2 & sig[r2, c]) + (q3 & sig[r3, c])
                 p += 1
 
 
