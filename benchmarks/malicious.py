@@ -59,6 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import runinfo  # noqa: E402
 from mpc3 import dzkp, dzkp_bits, procinfo, ring, tamper  # noqa: E402
 from mpc3 import dzkp_kernels as dk  # noqa: E402
+from mpc3 import dzkp_ring_kernels as rk  # noqa: E402
 from mpc3.checks import Checks  # noqa: E402
 from mpc3.comm import ProtocolError  # noqa: E402
 from mpc3.sharing import reveal  # noqa: E402
@@ -115,8 +116,8 @@ def _job(cfg, malicious: bool, split: int | None = SPLIT_AT):
     return job
 
 
-#: the proof's compute kernels (mpc3.dzkp_kernels) ``--kernels`` times
-KERNELS = ("gram_int", "fold_int", "gram_ring", "fold_ring")
+#: the proof's compute kernels ``--kernels`` times: (module, name)
+KERNELS = ((dk, "gram_int"), (dk, "fold_int"), (rk, "gram_ring"), (rk, "fold_ring"))
 
 
 def _kind(name: str, x) -> str:
@@ -135,7 +136,7 @@ def timed_kernels(into: Counter):
     """While active, each proof kernel call's wall seconds, by :func:`_kind`, are added to
     ``into`` (summed over the parties' threads: three parties share this machine's cores,
     so the sum exceeds the wall time)."""
-    lock, saved = threading.Lock(), {n: getattr(dk, n) for n in KERNELS}
+    lock, saved = threading.Lock(), {(m, n): getattr(m, n) for m, n in KERNELS}
 
     def wrap(name, f):
         def timed(x, *rest, **kw):
@@ -146,13 +147,13 @@ def timed_kernels(into: Counter):
                 with lock:
                     into[_kind(name, x)] += time.perf_counter() - t0
         return timed
-    for name, f in saved.items():
-        setattr(dk, name, wrap(name, f))
+    for (module, name), f in saved.items():
+        setattr(module, name, wrap(name, f))
     try:
         yield
     finally:
-        for name, f in saved.items():
-            setattr(dk, name, f)
+        for (module, name), f in saved.items():
+            setattr(module, name, f)
 
 
 def measure(cfg, args, ref, malicious: bool, kernels: bool = False,

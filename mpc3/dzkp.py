@@ -54,6 +54,7 @@ from .comm import CheatingDetected, SeedMismatch, one_array  # noqa: F401 - re-e
 from .dzkp_rounds import LINEAR_FAILED, send_verdicts, challenge_seeds
 from .freivalds import reduce_mats
 from . import dzkp_kernels as dk
+from . import dzkp_ring_kernels as rk
 from .galois import GaloisRing, galois_ring, long_matmul
 from .party import Party
 from .prg import aes_ctr_bytes
@@ -276,7 +277,7 @@ def _gram(g: GaloisRing, rd: _Round, U: np.ndarray, V: np.ndarray) -> np.ndarray
     """T[j, (i, i')] = G[i, i'] + G[i', i] (G[i, i] on the diagonal) for ring vectors U, V
     (reps, N, D) in k chunks, G[i, i'] = sum_t U_it V_i't: from P = sum_t (U_i + U_i')
     (V_i + V_i') as P[i, i'] - G[i, i] - G[i', i']. (reps, pairs, D)."""
-    P = g.fold_products(dk.gram_ring(U, V, rd.k))                 # (reps, pairs, D)
+    P = g.fold_products(rk.gram_ring(U, V, rd.k))                 # (reps, pairs, D)
     diag = P[:, rd._diag]
     for p, (i, i2) in enumerate(rd.pairs):
         if i != i2:
@@ -469,7 +470,7 @@ def _fold_first(g: GaloisRing, rd: _Round, batches: list, live: list, ns: list, 
 
 def _fold(g: GaloisRing, rd: _Round, vecs, r: np.ndarray, k: int):
     mats = g.mul_matrix(g.lagrange(rd.nodes[:k], r))                  # (reps, k, D, D)
-    return tuple(dk.fold_ring(X, k, mats) for X in vecs)
+    return tuple(rk.fold_ring(X, k, mats) for X in vecs)
 
 
 def _accept(g: GaloisRing, mine: np.ndarray, got: list) -> bool:

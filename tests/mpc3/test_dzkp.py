@@ -267,10 +267,10 @@ def test_malformed_proof_messages_are_refused_by_their_receiver(call, direction,
 
 
 def test_the_ring_fold_skips_zero_chunks_and_pads_the_last():
-    """dzkp_kernels.fold_ring = sum_i X_i mats_i (row vector times the multiplication
+    """dzkp_ring_kernels.fold_ring = sum_i X_i mats_i (row vector times the multiplication
     matrix, mod 2^64) with a chunk of zeros, a chunk zero but for its last word, and a
     short last chunk."""
-    from mpc3 import dzkp_kernels as dk
+    from mpc3 import dzkp_ring_kernels as rk
     rng = np.random.default_rng(5)
     reps, k, D, N = 2, 8, 4, 8 * 9 - 4
     n = -(-N // k)
@@ -283,7 +283,7 @@ def test_the_ring_fold_skips_zero_chunks_and_pads_the_last():
     pad[:, :N] = X
     with np.errstate(over="ignore"):
         want = np.einsum("rind,ride->rne", pad.reshape(reps, k, n, D), mats)
-    assert np.array_equal(dk.fold_ring(X, k, mats), want)
+    assert np.array_equal(rk.fold_ring(X, k, mats), want)
 
 
 def test_compact_holds_bit_sides_as_bytes_and_leaves_words_alone():
