@@ -394,10 +394,12 @@ def _verify(p: Party, mine, as_left, as_right, params: Params, digests: tuple | 
                 else:
                     vecs[role] = _fold(g, rd, vecs[role], r, k)
                     claims[role] = rd.at(hs[role], r, 2 * k - 1)
-            if mat_words is not None:    # join the products' claims weighted by gamma, their
-                gamma = g.exceptional(_words(_common(seeds), "join", reps))  # vectors reduced
-                tails = [tuple(x[:, x.shape[1] - ring_len:] for x in vecs[role])  # into the
-                         for role in data]                                   # tails left
+            if mat_words is not None:
+                # join the products' claims, weighted by gamma: their vectors are reduced
+                # straight into the tails the first fold left for them
+                gamma = g.exceptional(_words(_common(seeds), "join", reps))
+                tails = [tuple(x[:, x.shape[1] - ring_len:] for x in vecs[role])
+                         for role in data]
                 for role, (_, _, c) in zip(data, reduce_mats(g, mats, reps, mat_words, gamma,
                                                              tails)):
                     claims[role] = claims[role] + c
