@@ -73,10 +73,11 @@ def _gram_int_part(u, v, us, vs, sig, k, n, t0, t1, out, blk):  # pragma: no cov
                     q[t] = acc
                 for t in range(w, w + 3):
                     q[t] = 0
-                for t in range(0, w, 4):           # indexed, not row views: a view made
-                    q0, q1, q2, q3 = q[t], q[t + 1], q[t + 2], q[t + 3]   # in this loop
-                    r0, r1 = s + t, min(s + t + 1, t1 - 1)    # costs reference counting
-                    r2, r3 = min(s + t + 2, t1 - 1), min(s + t + 3, t1 - 1)   # (1.3-1.4x)
+                # indexed, not through row views: numba reference-counts a view made here
+                for t in range(0, w, 4):
+                    q0, q1, q2, q3 = q[t], q[t + 1], q[t + 2], q[t + 3]
+                    r0, r1 = s + t, min(s + t + 1, t1 - 1)
+                    r2, r3 = min(s + t + 2, t1 - 1), min(s + t + 3, t1 - 1)
                     for c in range(R):
                         out[p, c] += (q0 & sig[r0, c]) + (q1 & sig[r1, c]) + \
                             (q2 & sig[r2, c]) + (q3 & sig[r3, c])
@@ -145,7 +146,8 @@ def _fold_bits_part(x, xs, n, tab, sig, nz, taps, t0, t1, out):  # pragma: no co
         sa = xs[a]
         if not nz[a]:                                           # a zero row's fold is zero
             _zero_row_jit(out, a * n + t0, a * n + t1)
-        for s in range(t0 if nz[a] else t1, t1, BLOCK):
+            continue
+        for s in range(t0, t1, BLOCK):
             w = min(t1, s + BLOCK) - s
             acc[:w] = 0
             for g in range(G):
