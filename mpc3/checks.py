@@ -39,6 +39,7 @@ import numpy as np
 
 from . import dzkp, dzkp_bits
 from .freivalds import matmul_claims
+from .scratch import Scratch
 from .comm import ProtocolError
 from .claims import (and_claims, dot_claims, masks, mul_claims, injection_claims,
                      term_views)
@@ -111,6 +112,8 @@ class Checks:
         #: profiled entry points (:func:`mpc3.party.profiled`) open now: 0 between kernels;
         #: ``entry``: the name of the outermost one opened last
         self.depth, self.entry = 0, ""
+        #: the proof's large vectors, kept from one flush to the next (:mod:`mpc3.scratch`)
+        self.scratch = Scratch()
         self._reset(p)
 
     def _reset(self, p) -> None:
@@ -447,7 +450,7 @@ class Checks:
         bits = dzkp_bits.verify_bits(p, *zip(*self.bit_claims)) if self.bit_claims else None
         dzkp.verify_claims(p, mine, left, right, self.params_at(self.flushes),
                            digests=(opened_ok, inputs_ok), mats=mats if self.mats else None,
-                           linear=linear, bits=bits)
+                           linear=linear, bits=bits, scratch=self.scratch)
         self.flush_bytes["proof"] += p.comm.stats.bytes_sent - before
         self._reset(p)
 

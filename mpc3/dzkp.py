@@ -288,7 +288,7 @@ def _gram(g: GaloisRing, rd: _Round, U: np.ndarray, V: np.ndarray) -> np.ndarray
 def verify_claims(p: Party, mine, as_left, as_right,
                   params: Params = Params(), digests: tuple | None = None,
                   mats: tuple | None = None, linear: tuple | None = None,
-                  bits: tuple | None = None) -> None:
+                  bits: tuple | None = None, scratch=None) -> None:
     """Prove ``mine`` to the two neighbours and verify theirs; raise
     :class:`CheatingDetected` at every party if any proof fails. ``as_left``: this party's
     shares of the next party's claim (this party is its V_L); ``as_right``: of the previous
@@ -302,9 +302,11 @@ def verify_claims(p: Party, mine, as_left, as_right,
     mod-2 linear relations (as V_L of next, as V_R of prev; :meth:`mpc3.checks.Checks.linear`):
     V_R's goes to V_L with the openings; a mismatch fails the prover's proof. ``bits``: this
     party's verdicts on next's and prev's proofs of mod-2 gates
-    (:func:`mpc3.dzkp_bits.verify_bits`), sent with these. Cost: :func:`cost_verify`."""
+    (:func:`mpc3.dzkp_bits.verify_bits`), sent with these. ``scratch``: a
+    :class:`mpc3.scratch.Scratch` the first fold's vectors are written into (kept from one
+    flush to the next), else fresh arrays. Cost: :func:`cost_verify`."""
     with dk.verifying():
-        _verify(p, mine, as_left, as_right, params, digests, mats, linear, bits)
+        _verify(p, mine, as_left, as_right, params, digests, mats, linear, bits, scratch)
 
 
 def _linear_ok(linear: tuple | None, extra: list) -> bool:
@@ -314,7 +316,8 @@ def _linear_ok(linear: tuple | None, extra: list) -> bool:
 
 
 def _verify(p: Party, mine, as_left, as_right, params: Params, digests: tuple | None,
-            mats: tuple | None, linear: tuple | None, bits: tuple | None) -> None:
+            mats: tuple | None, linear: tuple | None, bits: tuple | None,
+            scratch) -> None:
     data = {role: cs if isinstance(cs, list) else list(cs) if isinstance(cs, tuple) else [cs]
             for role, cs in (("P", mine), ("L", as_left), ("R", as_right))}
     if not len(data["P"]) == len(data["L"]) == len(data["R"]):
@@ -389,7 +392,8 @@ def _verify(p: Party, mine, as_left, as_right, params: Params, digests: tuple | 
                 r = _challenge(g, seeds[role], reps, avoid)
                 if awaiting == "first":
                     vecs[role] = _fold_first(g, rd1, data[role], live, ns, weights[role][1],
-                                             r, k1, extra=ring_len if mat_words else 0)
+                                             r, k1, ring_len if mat_words else 0,
+                                             _taker(scratch, role))
                     claims[role] = rd1.at(hs[role], r, 2 * k1 - 1)
                 else:
                     vecs[role] = _fold(g, rd, vecs[role], r, k)
@@ -463,11 +467,18 @@ def _send_h(p: Party, h: np.ndarray, share_from_prover, step) -> tuple:
 
 
 def _fold_first(g: GaloisRing, rd: _Round, batches: list, live: list, ns: list, sigmas: list,
-                r: np.ndarray, k: int, extra: int = 0):
+                r: np.ndarray, k: int, extra: int = 0, take=None):
     """u'_(a,t) = sigma_t p_(a,t)(r), v'_(a,t) = q_(a,t)(r) of every live batch for Z_2^64
     data: :func:`mpc3.dzkp_kernels.fold_batches` (which releases each batch)."""
     return dk.fold_batches(batches, live, ns, sigmas, g.lagrange(rd.nodes[:k], r), g._taps,
-                           k, extra)
+                           k, extra, take)
+
+
+def _taker(scratch, role: str):
+    """Where a role's first-fold vectors live: ``scratch``'s buffers by role and side."""
+    if scratch is None:
+        return None
+    return lambda side, shape, zero: scratch.take(f"dzkp/first/{role}/{side}", shape, zero)
 
 
 def _fold(g: GaloisRing, rd: _Round, vecs, r: np.ndarray, k: int):

@@ -411,20 +411,22 @@ def _coefficients(lr: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
 
 
 def fold_batches(batches: list, live: list, ns: list, sigmas: list, lr: np.ndarray,
-                 taps: np.ndarray, k: int, extra: int = 0) -> tuple[np.ndarray, np.ndarray]:
+                 taps: np.ndarray, k: int, extra: int = 0,
+                 take=None) -> tuple[np.ndarray, np.ndarray]:
     """:func:`fold_int` of the u (weighted by its sigma) and v of every live batch (Claims,
     chunk length n each), side by side: (reps, sum m n + extra, D) each, the ``extra`` tail
-    zero. Each batch is released (``batches[b] = None``) once folded, so claims and folds
-    are not held together; a side a view holds nothing of (None) stays zero pages, and a
-    side every batch holds is not zeroed first (the folds write every position)."""
+    left for the caller to write. Each batch is released (``batches[b] = None``) once
+    folded, so claims and folds are not held together; a side some batch holds nothing of
+    (None) starts zero, and every other position is written by the folds. ``take(side,
+    shape, zero)``: where the two vectors live (:meth:`mpc3.scratch.Scratch.take`);
+    default fresh arrays (zero: untouched zero pages)."""
     reps, D = lr.shape[0], lr.shape[2]
     rows = [batches[b].width for b in live]
     total = sum(m * n for m, n in zip(rows, ns)) + extra
-    U, V = (np.empty((reps, total, D), dtype=np.uint64) if all(
-        getattr(batches[b], side) is not None for b in live)
-        else np.zeros((reps, total, D), dtype=np.uint64) for side in ("u", "v"))
-    U[:, total - extra:] = 0
-    V[:, total - extra:] = 0
+    take = take or (lambda side, shape, zero: (np.zeros if zero else np.empty)(
+        shape, dtype=np.uint64))
+    U, V = (take(side, (reps, total, D), any(getattr(batches[b], side) is None for b in live))
+            for side in ("u", "v"))
     at = freed = 0
     coef = _coefficients(lr)                          # once for every batch
     for b, m, n, sigma in zip(live, rows, ns, sigmas):

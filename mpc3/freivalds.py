@@ -143,12 +143,12 @@ def reduce_mats(g: GaloisRing, views: tuple, reps: int, words, weight=None,
     ``weight`` (reps, D): every rho multiplied by it first, which multiplies U and the
     claims by it (all are linear in rho) - the join's weight (:mod:`mpc3.dzkp`) at M
     products a row rather than the inner dimension's. ``outs``: each role's (U, V) to write
-    into (zero), else allocated."""
+    into (every position is written), else allocated."""
     D = g.D
     sizes = [c.target.shape for c in views[0]]
     w = words(reps * D * sum(M + N for M, N in sizes))
     inner = sum(c.inner for c in views[0])
-    outs = outs or [tuple(np.zeros((reps, inner, D), dtype=np.uint64) for _ in range(2))
+    outs = outs or [tuple(np.empty((reps, inner, D), dtype=np.uint64) for _ in range(2))
                     for _ in views]
     acc = np.zeros((len(views), 2, reps, D, D), dtype=np.uint64)   # coefficient products: +, -
     at = pos = 0
@@ -177,8 +177,7 @@ def reduce_mats(g: GaloisRing, views: tuple, reps: int, words, weight=None,
                               ((c.xa, True), (c.xb, True), (c.ya, False), (c.yb, False)))
             for dst, part, val in ((U, first, la), (U, second, lb), (V, first, rb),
                                    (V, second, ra)):
-                if val is not None:
-                    dst[:, part] = val
+                dst[:, part] = 0 if val is None else val
             tr = long_matmul(np.ascontiguousarray(c.target.T), rho).reshape(N, reps, D)
             for j in range(reps):                                   # rho^T T kappa
                 ring.matmul(np.ascontiguousarray(tr[:, j].T), kappa[j], sums[0, j])
