@@ -37,7 +37,8 @@ class Scratch:
     def take(self, name: str, shape: tuple, zero: bool = False,
              dtype=np.uint64) -> np.ndarray:
         """An array of ``shape``, uninitialised unless ``zero``: a view of the buffer kept
-        under ``name`` (grown, or first made, if it is smaller), or a fresh one if keeping
+        under ``name`` (grown, or first made, if it is smaller - with an eighth more, as a
+        decoding step's vectors grow a little with its cache), or a fresh one if keeping
         it would pass the cap (zero: untouched zero pages). A name serves one array at a
         time: the caller's previous array under it is overwritten."""
         dtype = np.dtype(dtype)
@@ -48,7 +49,8 @@ class Scratch:
             if held + size > self.cap:
                 return (np.zeros if zero else np.empty)(shape, dtype=dtype)
             self._bufs.pop(name, None)
-            buf = self._bufs[name] = np.empty(size, dtype=np.uint8)
+            grown = min(size + size // 8, self.cap - held)      # room for the next flush's
+            buf = self._bufs[name] = np.empty(grown, dtype=np.uint8)   # few more
         out = buf[:size].view(dtype).reshape(shape)
         if zero:
             out.fill(0)

@@ -22,11 +22,14 @@ def test_a_name_reuses_its_buffer_grows_it_and_the_cap_holds():
     b = s.take("a", (2, 100))                        # smaller: the same memory
     assert np.shares_memory(a, b) and b.shape == (2, 100) and b.dtype == np.uint64
     assert (s.take("a", (3, 10), zero=True) == 0).all()
-    c = s.take("a", (8, 100))                        # larger: grown, kept
-    assert not np.shares_memory(a, c) and s.kept == c.nbytes
+    c = s.take("a", (8, 100))                        # larger: grown by an eighth more, kept
+    assert not np.shares_memory(a, c) and s.kept == c.nbytes * 9 // 8
+    assert np.shares_memory(s.take("a", (9, 100)), c)               # within the eighth
     big = s.take("b", (1 << 17,), zero=True)         # 1 MiB more: past the cap, not kept
-    assert (big == 0).all() and s.kept == c.nbytes
+    assert (big == 0).all() and s.kept == c.nbytes * 9 // 8
     assert np.shares_memory(s.take("a", (8, 100)), c)
+    near = Scratch(cap=1000)
+    assert near.take("a", (120,)).nbytes == 960 and near.kept == 1000       # up to the cap
     s.clear()
     assert s.kept == 0
 
