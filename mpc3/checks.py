@@ -39,6 +39,7 @@ import numpy as np
 
 from . import dzkp, dzkp_bits
 from .freivalds import matmul_claims
+from . import scratch
 from .scratch import Scratch
 from .comm import ProtocolError
 from .claims import (and_claims, dot_claims, masks, mul_claims, injection_claims,
@@ -112,8 +113,9 @@ class Checks:
         #: profiled entry points (:func:`mpc3.party.profiled`) open now: 0 between kernels;
         #: ``entry``: the name of the outermost one opened last
         self.depth, self.entry = 0, ""
-        #: the proof's large vectors, kept from one flush to the next (:mod:`mpc3.scratch`)
-        self.scratch = Scratch()
+        #: the proof's large vectors, kept from one flush to the next and, given back at
+        #: the job's end (:meth:`release`), for the next job (:mod:`mpc3.scratch`)
+        self.scratch: Scratch | None = scratch.lease()
         self._reset(p)
 
     def _reset(self, p) -> None:
@@ -399,6 +401,12 @@ class Checks:
         if self.later is not None and flush >= self.later[0]:
             return self.later[1]
         return self.params
+
+    def release(self) -> None:
+        """The job ended: its scratch goes back for the next job's flushes."""
+        if self.scratch is not None:
+            scratch.give_back(self.scratch)
+            self.scratch = None
 
     def flush(self, p) -> None:
         """Verify everything registered since the last flush (see the module docstring)."""

@@ -9,17 +9,29 @@ system time (docs/MALICIOUS.md, "Whole workloads"). Kept here, by name, the page
 mapped and the next flush writes into them.
 
 A buffer is kept only while the kept total stays within ``cap`` bytes (default
-:data:`CAP`); a request past it is served fresh and not kept, so a job's resident memory
-between flushes grows by at most ``cap``. Buffers come back uninitialised: callers write
-every position they read (or zero what they do not write).
+:data:`CAP`); a request past it is served fresh and not kept (and the name's smaller
+buffer let go), so a job's resident memory between flushes grows by at most ``cap``.
+Buffers come back uninitialised: callers write every position they read (or zero what they
+do not write).
+
+A job leases its scratch (:func:`lease`) and gives it back when it ends (:func:`give_back`):
+a party process keeps :data:`IDLE` of them between jobs, so consecutive jobs - a decoding
+session's steps, one job each - write into the pages the previous one faulted in.
 """
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 
 #: bytes a party keeps between flushes, at most (a Table 2 decoding step's first folds:
 #: 6 x 88 MB)
 CAP = 768 << 20
+#: scratches a process keeps while no job holds them
+IDLE = 1
+
+_idle: list["Scratch"] = []
+_idle_lock = threading.Lock()
 
 
 class Scratch:
@@ -47,6 +59,7 @@ class Scratch:
         if buf is None or buf.nbytes < size:
             held = self.kept - (0 if buf is None else buf.nbytes)
             if held + size > self.cap:
+                self._bufs.pop(name, None)
                 return (np.zeros if zero else np.empty)(shape, dtype=dtype)
             self._bufs.pop(name, None)
             grown = min(size + size // 8, self.cap - held)      # room for the next flush's
@@ -59,3 +72,18 @@ class Scratch:
     def clear(self) -> None:
         """Let every kept buffer go."""
         self._bufs.clear()
+
+
+def lease() -> Scratch:
+    """A scratch for a job: one a previous job gave back, else a new (empty) one."""
+    with _idle_lock:
+        return _idle.pop() if _idle else Scratch()
+
+
+def give_back(s: Scratch) -> None:
+    """A job's scratch at its end: kept for the next job (up to :data:`IDLE`), else let go."""
+    with _idle_lock:
+        if len(_idle) < IDLE and s not in _idle:
+            _idle.append(s)
+            return
+    s.clear()

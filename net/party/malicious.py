@@ -180,6 +180,13 @@ def finish(costs: FlushingCosts) -> None:
     costs.flush()
 
 
+def end(party: Party) -> None:
+    """The job ended (either way): its checks give their scratch back for the next job's
+    flushes (:mod:`mpc3.scratch`)."""
+    if party.checks is not None:
+        party.checks.release()
+
+
 def refusal(rank: int, job_id: str, exc: BaseException) -> str | None:
     """The job's error for a failed flush or a refused message (None for any other
     failure)."""

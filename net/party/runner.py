@@ -375,6 +375,7 @@ class JobRunner:
                 party.comm.abort(error)
         finally:
             watchdog.cancel()
+            malicious.end(party)               # its checks' scratch serves the next job
             self.close_party(job.job_id)
         # A job that never exchanged a message cannot have changed its session's state
         # (session job kinds change state only after communicating): the session survives.

@@ -77,3 +77,27 @@ def test_a_second_flush_in_kept_buffers_accepts_and_catches():
                          tamper.Target(0, target.direction, op=target.op),
                          tamper.Deviation("add", error=1 + trial))
         assert isinstance(got.error, dzkp.CheatingDetected), (target, got.error)
+
+
+def test_a_job_gives_its_scratch_back_for_the_next(monkeypatch):
+    """A party process keeps one scratch between jobs (a decoding session's steps are one
+    job each): the next job's checks lease the one the last job's gave back; a second one
+    given back while one waits lets its buffers go."""
+    from mpc3 import scratch
+    from net.party import malicious
+    monkeypatch.setattr(scratch, "_idle", [])
+    parties = make_parties()
+    first = Checks(parties[0])
+    first.scratch.take("x", (1000,))
+    kept = first.scratch
+    parties[0].checks = first
+    malicious.end(parties[0])                        # the runner's end of a job
+    assert first.scratch is None and scratch._idle == [kept]
+    second = Checks(parties[1])
+    assert second.scratch is kept and kept.kept >= 8000 and scratch._idle == []
+    other = Checks(parties[2]).scratch                # leased while none waits: new
+    assert other is not kept
+    other.take("x", (10,))
+    second.release()
+    scratch.give_back(other)
+    assert scratch._idle == [kept] and other.kept == 0
