@@ -436,13 +436,14 @@ def swap_claims(p, rec: dict, g: int, role: int, e_in: np.ndarray | None) -> lis
     h = _halves(s, role, len(masked), rows)
     live = np.flatnonzero(kind != 0)
 
-    def monos():
-        delta = rows(s["delta"])
-        out = np.ones((kind.size, ng), dtype=np.uint64)
+    @functools.cache                # both of a pair member's sides read them
+    def monos():                    # ANDed as packed planes, 64 bits a word, then unpacked
+        delta = np.ascontiguousarray(s["delta"])
+        out = np.full((kind.size, delta.shape[1]), -1, dtype=np.int64).view(delta.dtype)
         for c in range(kind.size):
             for r in rest[c][rest[c] >= 0]:
                 out[c] &= delta[r]
-        return out
+        return rows(out)
 
     def coefs(one):                 # alpha_i / dealt rows of each live entry
         a, d = (h["a1"], h["dm"]) if one else (h["a2"], h["D"])
@@ -452,6 +453,7 @@ def swap_claims(p, rec: dict, g: int, role: int, e_in: np.ndarray | None) -> lis
         return _flat(_leaf_rows(_rows(s[key], s["nrows"])[:, s["idx"]], blocks, width),
                      [nb - 1])
 
+    @functools.cache
     def sel():
         return _flat(_selection(s["b"], blocks, width)[0], [nb - 1])
 
